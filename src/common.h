@@ -1,0 +1,30 @@
+// Shared basics for every module: the one error type users see, and small helpers.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace kvrun {
+
+// The single error type thrown for bad input (files, flags, requests) and resource
+// exhaustion. main() prints what() on one line and exits non-zero; `hint` (optional)
+// tells the user how to fix it.
+class Error : public std::runtime_error {
+public:
+    explicit Error(const std::string& message, std::string hint = {})
+        : std::runtime_error(message), hint_(std::move(hint)) {}
+    const std::string& hint() const { return hint_; }
+
+private:
+    std::string hint_;
+};
+
+template <typename... Args>
+[[noreturn]] void fail(fmt::format_string<Args...> f, Args&&... args) {
+    throw Error(fmt::format(f, std::forward<Args>(args)...));
+}
+
+}  // namespace kvrun

@@ -1,0 +1,91 @@
+// The CPU backend's operations: plain, readable float32 reference implementations.
+// Every CUDA op in src/cuda/ops.h has a twin here with the same shape contract, and a
+// test (tests/test_cuda_*.cpp) compares the two on random inputs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gguf.h"
+
+namespace kvrun {
+
+// A 2-D weight matrix as stored in GGUF: n_out rows of n_in elements of `type`,
+// row r starting at data + r * row_bytes. (GGUF dims = {n_in, n_out}.)
+struct WeightView {
+    GgmlType type = GgmlType::F32;
+    int64_t n_in = 0;
+    int64_t n_out = 0;
+    size_t row_bytes = 0;
+    const void* data = nullptr;
+};
+
+// Storage type of one KV pool (K and V may differ). Q8/Q4 arrive with KV quantization.
+enum class KvType : uint8_t { F32, F16, Q8, Q4 };
+
+// One layer's paged K and V pools, each shaped [n_blocks][n_kv_head][block_size][head_dim]
+// of its KvType, so one head of one block is contiguous. Block tables map a sequence's
+// slot j to physical block block_table[seq * max_blocks_per_seq + j / block_size], row
+// j % block_size.
+struct KvLayerView {
+    KvType k_type = KvType::F16;
+    KvType v_type = KvType::F16;
+    void* k = nullptr;
+    void* v = nullptr;
+    int64_t n_blocks = 0;
+    int64_t n_kv_head = 0;
+    int64_t block_size = 0;
+    int64_t head_dim = 0;
+};
+
+// Which cache slots a batch of tokens touches: token t belongs to sequence token_seq[t]
+// and lives at cache slot token_slot[t]; it attends to slots 0..token_slot[t] of its
+// sequence (causal). block_table: [n_seqs][max_blocks_per_seq] physical block ids.
+struct KvBatchView {
+    const int32_t* token_seq = nullptr;   // [n_tokens]
+    const int32_t* token_slot = nullptr;  // [n_tokens]
+    const int32_t* block_table = nullptr; // [n_seqs][max_blocks_per_seq]
+    int64_t max_blocks_per_seq = 0;
+    int64_t n_tokens = 0;
+};
+
+namespace cpu {
+
+// out[r][i] = x[r][i] / sqrt(mean(x[r]^2) + eps) * w[i];  x,out: [n_rows][dim], w: [dim]
+void rmsnorm(float* out, const float* x, const float* w, int64_t n_rows, int64_t dim, float eps);
+
+// out[r][o] = sum_i x[r][i] * W[o][i];  x: [n_rows][n_in], out: [n_rows][n_out]
+void matmul(float* out, const float* x, const WeightView& w, int64_t n_rows);
+
+// Adds bias[n] to every row of x: [n_rows][n]
+void add_bias(float* x, const float* bias, int64_t n_rows, int64_t n);
+
+// Rotary embedding in place on x: [n_tokens][n_heads][head_dim], rotating the first n_rot
+// dims of each head. theta_i = pos * freq_scale * base^(-2i/n_rot).
+// neox=false: pairs (2i, 2i+1) (llama); neox=true: pairs (i, i + n_rot/2) (qwen2, neox).
+void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+          int64_t n_rot, float freq_base, float freq_scale, bool neox);
+
+// out[i] = silu(gate[i]) * up[i], n elements.
+void swiglu(float* out, const float* gate, const float* up, int64_t n);
+
+// x[i] += y[i], n elements.
+void add(float* x, const float* y, int64_t n);
+
+// out[t][:] = dequantized row tokens[t] of the embedding table; out: [n_tokens][n_embd]
+void embed(float* out, const WeightView& table, const int32_t* tokens, int64_t n_tokens);
+
+// Numerically stable softmax in place over x[n].
+void softmax(float* x, int64_t n);
+
+// Stores k, v: [n_tokens][n_kv_head][head_dim] into the pools at each token's slot.
+void kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, const float* v);
+
+// Paged causal attention. q: [n_tokens][n_head][head_dim] (RoPE applied),
+// out: [n_tokens][n_head][head_dim]. Query head h reads KV head h / (n_head / n_kv_head).
+// scores = q.k * scale, softmax over slots 0..token_slot[t], out = sum p * v.
+void paged_attention(float* out, const float* q, const KvLayerView& kv, const KvBatchView& batch,
+                     int64_t n_head, float scale);
+
+}  // namespace cpu
+}  // namespace kvrun

@@ -1,0 +1,122 @@
+// GGUF v2/v3 reader: mmaps a file (or wraps a byte buffer) and exposes its metadata and
+// tensor table. The file is treated as hostile: every read is bounds-checked and every
+// failure throws GgufError naming the file, what was wrong and where (key/tensor, offset).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "common.h"
+
+namespace kvrun {
+
+// Tensor element types as numbered in the GGUF/ggml format.
+enum class GgmlType : uint32_t {
+    F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
+    Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
+    IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21,
+    IQ2_S = 22, IQ4_XS = 23, I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29,
+    BF16 = 30, TQ1_0 = 34, TQ2_0 = 35,
+};
+
+enum class GgufValueType : uint32_t {
+    UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5, FLOAT32 = 6,
+    BOOL = 7, STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
+};
+
+const char* gguf_value_type_name(GgufValueType t);
+
+// Thrown for every malformed-file condition (a kvrun::Error, so main prints it in one line).
+class GgufError : public Error {
+public:
+    using Error::Error;
+};
+
+// One metadata value. Arrays hold their elements (possibly nested arrays) as GgufValues.
+struct GgufValue {
+    GgufValueType type = GgufValueType::UINT8;
+    std::variant<uint64_t, int64_t, double, bool, std::string, std::vector<GgufValue>> data;
+    GgufValueType array_type = GgufValueType::UINT8;  // element type when type == ARRAY
+
+    bool is_int() const;                 // any integer type
+    bool is_float() const;               // FLOAT32 / FLOAT64
+    int64_t as_int() const;              // integer (or bool) value; throws if not integral
+    double as_float() const;             // float or integer value
+    bool as_bool() const;
+    const std::string& as_string() const;
+    const std::vector<GgufValue>& as_array() const;
+    std::string to_display(size_t max_items = 8) const;  // short human-readable rendering
+};
+
+struct GgufTensorInfo {
+    std::string name;
+    std::vector<int64_t> dims;   // ggml order: dims[0] is the contiguous (row) length
+    GgmlType type = GgmlType::F32;
+    uint64_t offset = 0;         // relative to the data section
+    int64_t n_elements = 0;
+    uint64_t n_bytes = 0;
+    const uint8_t* data = nullptr;  // points into the mapping (valid while GgufFile lives)
+};
+
+class GgufFile {
+public:
+    // Map and parse `path`. Throws GgufError (or Error for a missing/unreadable file).
+    static GgufFile open(const std::string& path);
+    // Parse an in-memory buffer (tests, fuzzing). The bytes are copied and owned.
+    static GgufFile from_memory(const void* bytes, size_t size, std::string name = "<memory>");
+
+    GgufFile(GgufFile&&) noexcept;
+    GgufFile& operator=(GgufFile&&) noexcept;
+    ~GgufFile();
+
+    const std::string& path() const { return path_; }
+    uint32_t version() const { return version_; }
+    uint64_t alignment() const { return alignment_; }
+    uint64_t data_offset() const { return data_offset_; }
+    uint64_t file_size() const { return size_; }
+
+    // Metadata in file order.
+    const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return kv_; }
+    const GgufValue* find(std::string_view key) const;  // nullptr when absent
+    bool has(std::string_view key) const { return find(key) != nullptr; }
+    // Typed getters: throw GgufError naming the key when absent or of the wrong type.
+    int64_t get_int(std::string_view key) const;
+    double get_float(std::string_view key) const;
+    bool get_bool(std::string_view key) const;
+    const std::string& get_string(std::string_view key) const;
+    const std::vector<GgufValue>& get_array(std::string_view key) const;
+    // Defaulting getters (still throw on a present key of the wrong type).
+    int64_t get_int_or(std::string_view key, int64_t def) const;
+    double get_float_or(std::string_view key, double def) const;
+    bool get_bool_or(std::string_view key, bool def) const;
+    std::string get_string_or(std::string_view key, std::string def) const;
+
+    const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
+    const GgufTensorInfo* find_tensor(std::string_view name) const;  // nullptr when absent
+
+private:
+    GgufFile() = default;
+    void parse();
+
+    std::string path_;
+    uint32_t version_ = 0;
+    uint64_t alignment_ = 32;
+    uint64_t data_offset_ = 0;
+    const uint8_t* base_ = nullptr;
+    uint64_t size_ = 0;
+    void* map_ = nullptr;            // mmap base when mapped
+    std::vector<uint8_t> owned_;     // buffer when from_memory
+    std::vector<std::pair<std::string, GgufValue>> kv_;
+    std::map<std::string, size_t, std::less<>> kv_index_;
+    std::vector<GgufTensorInfo> tensors_;
+    std::map<std::string, size_t, std::less<>> tensor_index_;
+};
+
+}  // namespace kvrun

@@ -1,0 +1,175 @@
+// `kvrun info`: what a GGUF file holds — architecture, hyperparameters, vocabulary,
+// tensor types, weight bytes and the KV cache cost per token — as a table or JSON.
+#include <fmt/core.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "gguf.h"
+#include "kv_format.h"
+#include "modes/modes.h"
+#include "quant.h"
+
+namespace kvrun {
+namespace {
+
+struct InfoOptions {
+    std::string model;
+    bool json = false;
+    bool tensors = false;
+    bool metadata = false;
+};
+
+struct Hyper {
+    std::string arch;
+    int64_t n_layer = 0, n_embd = 0, n_ff = 0, n_head = 0, n_head_kv = 0, n_ctx_train = 0;
+    int64_t head_dim = 0, n_rot = 0, n_vocab = 0;
+    double rope_base = 10000, norm_eps = 0;
+};
+
+Hyper read_hyper(const GgufFile& f) {
+    Hyper h;
+    h.arch = f.get_string_or("general.architecture", "");
+    const std::string a = h.arch + ".";
+    h.n_layer = f.get_int_or(a + "block_count", 0);
+    h.n_embd = f.get_int_or(a + "embedding_length", 0);
+    h.n_ff = f.get_int_or(a + "feed_forward_length", 0);
+    h.n_head = f.get_int_or(a + "attention.head_count", 0);
+    h.n_head_kv = f.get_int_or(a + "attention.head_count_kv", h.n_head);
+    h.n_ctx_train = f.get_int_or(a + "context_length", 0);
+    h.head_dim = h.n_head > 0 ? h.n_embd / h.n_head : 0;
+    h.head_dim = f.get_int_or(a + "attention.key_length", h.head_dim);
+    h.n_rot = f.get_int_or(a + "rope.dimension_count", h.head_dim);
+    h.rope_base = f.get_float_or(a + "rope.freq_base", 10000.0);
+    h.norm_eps = f.get_float_or(a + "attention.layer_norm_rms_epsilon", 0.0);
+    if (const GgufValue* toks = f.find("tokenizer.ggml.tokens"); toks && toks->type == GgufValueType::ARRAY)
+        h.n_vocab = static_cast<int64_t>(toks->as_array().size());
+    return h;
+}
+
+std::string human_bytes(double b) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4) b /= 1024, ++u;
+    return u == 0 ? fmt::format("{:.0f} {}", b, units[u]) : fmt::format("{:.2f} {}", b, units[u]);
+}
+
+int run_info(const InfoOptions& o) {
+    GgufFile f = GgufFile::open(o.model);
+    Hyper h = read_hyper(f);
+
+    std::map<std::string, std::pair<int64_t, uint64_t>> histogram;  // type -> (count, bytes)
+    uint64_t weight_bytes = 0;
+    int64_t n_params = 0;
+    for (const auto& t : f.tensors()) {
+        auto& e = histogram[ggml_type_name(t.type)];
+        e.first += 1;
+        e.second += t.n_bytes;
+        weight_bytes += t.n_bytes;
+        n_params += t.n_elements;
+    }
+    struct KvRow {
+        const char* name;
+        double bytes;
+    };
+    std::vector<KvRow> kv_rows;
+    const bool has_attn = h.n_layer > 0 && h.n_head_kv > 0 && h.head_dim > 0;
+    for (KvType t : {KvType::F32, KvType::F16, KvType::Q8, KvType::Q4}) {
+        double per_elem = kv_bytes_per_element(t, h.head_dim);
+        kv_rows.push_back({kv_type_name(t),
+                           has_attn ? 2.0 * h.n_layer * h.n_head_kv * h.head_dim * per_elem : 0});
+    }
+
+    if (o.json) {
+        nlohmann::json j;
+        j["file"] = o.model;
+        j["gguf_version"] = f.version();
+        j["architecture"] = h.arch;
+        j["name"] = f.get_string_or("general.name", "");
+        j["hyperparameters"] = {{"n_layer", h.n_layer},     {"n_embd", h.n_embd},
+                                {"n_ff", h.n_ff},           {"n_head", h.n_head},
+                                {"n_head_kv", h.n_head_kv}, {"head_dim", h.head_dim},
+                                {"n_rot", h.n_rot},         {"rope_freq_base", h.rope_base},
+                                {"rms_norm_eps", h.norm_eps}, {"n_ctx_train", h.n_ctx_train}};
+        j["vocab"] = {{"model", f.get_string_or("tokenizer.ggml.model", "")},
+                      {"pre", f.get_string_or("tokenizer.ggml.pre", "")},
+                      {"n_vocab", h.n_vocab},
+                      {"bos", f.get_int_or("tokenizer.ggml.bos_token_id", -1)},
+                      {"eos", f.get_int_or("tokenizer.ggml.eos_token_id", -1)}};
+        nlohmann::json types = nlohmann::json::object();
+        for (auto& [name, e] : histogram) types[name] = {{"tensors", e.first}, {"bytes", e.second}};
+        j["tensor_types"] = types;
+        j["n_tensors"] = f.tensors().size();
+        j["n_params"] = n_params;
+        j["weight_bytes"] = weight_bytes;
+        nlohmann::json kv = nlohmann::json::object();
+        for (auto& r : kv_rows) kv[r.name] = r.bytes;
+        j["kv_bytes_per_token"] = kv;
+        if (o.tensors) {
+            nlohmann::json ts = nlohmann::json::array();
+            for (const auto& t : f.tensors())
+                ts.push_back({{"name", t.name}, {"type", ggml_type_name(t.type)},
+                              {"dims", t.dims}, {"bytes", t.n_bytes}});
+            j["tensors"] = ts;
+        }
+        fmt::print("{}\n", j.dump(2));
+        return 0;
+    }
+
+    fmt::print("file            {}\n", o.model);
+    fmt::print("gguf version    {}  ({} tensors, {} metadata keys, {})\n", f.version(),
+               f.tensors().size(), f.metadata().size(), human_bytes(double(f.file_size())));
+    fmt::print("name            {}\n", f.get_string_or("general.name", "-"));
+    fmt::print("architecture    {}\n\n", h.arch.empty() ? "-" : h.arch);
+    fmt::print("hyperparameters\n");
+    fmt::print("  n_layer       {:>10}    n_ctx_train   {:>10}\n", h.n_layer, h.n_ctx_train);
+    fmt::print("  n_embd        {:>10}    n_ff          {:>10}\n", h.n_embd, h.n_ff);
+    fmt::print("  n_head        {:>10}    n_head_kv     {:>10}\n", h.n_head, h.n_head_kv);
+    fmt::print("  head_dim      {:>10}    n_rot         {:>10}\n", h.head_dim, h.n_rot);
+    fmt::print("  rope_base     {:>10g}    rms_norm_eps  {:>10g}\n\n", h.rope_base, h.norm_eps);
+    fmt::print("vocabulary      {} ({}{}), {} tokens, bos {}, eos {}\n\n",
+               f.get_string_or("tokenizer.ggml.model", "-"),
+               f.get_string_or("tokenizer.ggml.pre", "") .empty() ? "" : "pre ",
+               f.get_string_or("tokenizer.ggml.pre", ""), h.n_vocab,
+               f.get_int_or("tokenizer.ggml.bos_token_id", -1),
+               f.get_int_or("tokenizer.ggml.eos_token_id", -1));
+    fmt::print("tensor types    {:<8} {:>8} {:>14}\n", "type", "tensors", "bytes");
+    for (auto& [name, e] : histogram)
+        fmt::print("                {:<8} {:>8} {:>14}\n", name, e.first, human_bytes(double(e.second)));
+    fmt::print("weights         {} parameters, {}\n\n", n_params, human_bytes(double(weight_bytes)));
+    fmt::print("KV cache        {:<8} {:>14} {:>16}\n", "type", "bytes/token", "per 4096 tokens");
+    for (auto& r : kv_rows)
+        fmt::print("                {:<8} {:>14.1f} {:>16}\n", r.name, r.bytes,
+                   human_bytes(r.bytes * 4096));
+    if (o.metadata) {
+        fmt::print("\nmetadata\n");
+        for (const auto& [key, v] : f.metadata())
+            fmt::print("  {:<40} {}\n", key, v.to_display());
+    }
+    if (o.tensors) {
+        fmt::print("\ntensors\n");
+        for (const auto& t : f.tensors()) {
+            std::string dims;
+            for (size_t i = 0; i < t.dims.size(); ++i) dims += (i ? " x " : "") + std::to_string(t.dims[i]);
+            fmt::print("  {:<32} {:<8} {:<20} {:>12}\n", t.name, ggml_type_name(t.type), dims,
+                       human_bytes(double(t.n_bytes)));
+        }
+    }
+    return 0;
+}
+
+}  // namespace
+
+void add_info_command(CLI::App& root, int& exit_code) {
+    auto o = std::make_shared<InfoOptions>();
+    CLI::App* cmd = root.add_subcommand(
+        "info", "Show a model's architecture, hyperparameters, vocabulary, tensor types, "
+                "weight size and KV cache bytes per token");
+    cmd->add_option("-m,--model", o->model, "GGUF model file")->required()->check(CLI::ExistingFile);
+    cmd->add_flag("--json", o->json, "Print machine-readable JSON instead of a table");
+    cmd->add_flag("--tensors", o->tensors, "Also list every tensor (name, type, dims, bytes)");
+    cmd->add_flag("--metadata", o->metadata, "Also list every metadata key and value");
+    cmd->callback([o, &exit_code] { exit_code = run_info(*o); });
+}
+
+}  // namespace kvrun

@@ -1,0 +1,12 @@
+// The command-line modes: each adds its subcommand to the root CLI11 app and runs it.
+// A mode's callback stores its exit code in `exit_code`; errors are thrown as kvrun::Error.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace kvrun {
+
+void add_info_command(CLI::App& root, int& exit_code);
+void add_tokenize_command(CLI::App& root, int& exit_code);
+
+}  // namespace kvrun

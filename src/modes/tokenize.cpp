@@ -1,0 +1,69 @@
+// `kvrun tokenize`: the token ids (and pieces) a model's tokenizer makes of a text.
+#include <fmt/core.h>
+
+#include "gguf.h"
+#include "modes/modes.h"
+#include "text_input.h"
+#include "tokenizer.h"
+
+namespace kvrun {
+namespace {
+
+struct TokenizeOptions {
+    std::string model, prompt, file;
+    bool ids = false, no_bos = false, parse_special = false, show_count = false;
+};
+
+// Renders a piece for display: printable as-is, control bytes escaped.
+std::string escape_piece(const std::string& s) {
+    std::string out;
+    for (unsigned char c : s) {
+        if (c == '\n') out += "\\n";
+        else if (c == '\t') out += "\\t";
+        else if (c == '\r') out += "\\r";
+        else if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
+        else out += static_cast<char>(c);
+    }
+    return out;
+}
+
+int run_tokenize(const TokenizeOptions& o) {
+    std::string text = read_prompt_text(o.prompt, o.file, /*allow_stdin=*/true);
+    GgufFile f = GgufFile::open(o.model);
+    auto tok = Tokenizer::from_gguf(f);
+    std::vector<TokenId> ids = tok->encode(text, !o.no_bos && tok->add_bos(), o.parse_special);
+    if (o.ids) {
+        std::string line;
+        for (size_t i = 0; i < ids.size(); ++i) line += (i ? " " : "") + std::to_string(ids[i]);
+        fmt::print("{}\n", line);
+    } else {
+        for (TokenId id : ids)
+            fmt::print("{:>8} -> '{}'\n", id, escape_piece(tok->token_to_piece(id, true)));
+    }
+    if (o.show_count) fmt::print(stderr, "{} tokens\n", ids.size());
+    return 0;
+}
+
+}  // namespace
+
+void add_tokenize_command(CLI::App& root, int& exit_code) {
+    auto o = std::make_shared<TokenizeOptions>();
+    CLI::App* cmd = root.add_subcommand(
+        "tokenize", "Tokenize a text with a model's tokenizer and print the token ids and pieces");
+    cmd->add_option("-m,--model", o->model, "GGUF model (or vocabulary-only GGUF) file")
+        ->required()
+        ->check(CLI::ExistingFile);
+    auto* p = cmd->add_option("-p,--prompt", o->prompt, "Text to tokenize");
+    auto* f = cmd->add_option("-f,--file", o->file, "Read the text from this file")
+                  ->check(CLI::ExistingFile);
+    p->excludes(f);
+    cmd->add_flag("--ids", o->ids, "Print only the ids, space-separated on one line");
+    cmd->add_flag("--no-bos", o->no_bos, "Do not add the BOS token");
+    cmd->add_flag("--parse-special", o->parse_special,
+                  "Recognize special/control token texts (e.g. <s>) in the input");
+    cmd->add_flag("--show-count", o->show_count, "Print the number of tokens to stderr");
+    cmd->footer("Without -p or -f the text is read from standard input.");
+    cmd->callback([o, &exit_code] { exit_code = run_tokenize(*o); });
+}
+
+}  // namespace kvrun

@@ -1,0 +1,42 @@
+// Block layouts of every GGUF tensor type, CPU dequantization to float32 (the reference
+// for every GPU kernel) and quantization for the types kvrun writes itself.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gguf.h"
+
+namespace kvrun {
+
+struct GgmlTypeTraits {
+    const char* name = "?";
+    int64_t block_elems = 0;   // elements per block (1 for F32/F16/BF16)
+    size_t block_bytes = 0;    // bytes per block
+    bool can_dequantize = false;
+    bool can_quantize = false;
+};
+
+// True when `id` is a type id kvrun knows the layout of (even if it can't compute with it).
+bool ggml_type_known(uint32_t id);
+// Traits of a known type; throws Error for an unknown id.
+const GgmlTypeTraits& ggml_type_traits(GgmlType t);
+const char* ggml_type_name(GgmlType t);
+// Bytes for `n` elements (n must be a multiple of block_elems; throws otherwise).
+size_t ggml_row_bytes(GgmlType t, int64_t n);
+
+// src: n elements of type t (n a multiple of the block size) -> dst[n] float32.
+void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
+// src[n] float32 -> dst (ggml_row_bytes(t, n) bytes). Throws for types without a quantizer.
+void quantize_row(GgmlType t, const float* src, void* dst, int64_t n);
+// dot(row of type t with n elements, x[n]) in float32 accumulation; equal to
+// dequantize_row followed by a float dot product, but without the temporary row.
+float vec_dot_row(GgmlType t, const void* row, const float* x, int64_t n);
+
+// Half/bfloat16 scalar conversions (round-to-nearest-even).
+uint16_t fp32_to_fp16(float f);
+float fp16_to_fp32(uint16_t h);
+uint16_t fp32_to_bf16(float f);
+float bf16_to_fp32(uint16_t h);
+
+}  // namespace kvrun

@@ -1,0 +1,86 @@
+// Helpers for tests: locating ../shared (real models and references) and the kvrun binary.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+#include <algorithm>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace kvrun::test {
+
+// The shared data directory: $KVRUN_SHARED, else ../shared beside the source tree.
+// Empty when absent (tests then skip with a message).
+inline std::filesystem::path shared_dir() {
+    if (const char* env = std::getenv("KVRUN_SHARED"); env && *env) {
+        if (std::filesystem::is_directory(env)) return env;
+    }
+    std::filesystem::path p = std::filesystem::path(KVRUN_SOURCE_DIR) / ".." / "shared";
+    if (std::filesystem::is_directory(p / "models")) return std::filesystem::weakly_canonical(p);
+    return {};
+}
+
+// Returns shared_dir()/rel, or an empty path (after printing why) when ../shared is absent.
+inline std::filesystem::path shared_path(const std::string& rel) {
+    auto dir = shared_dir();
+    if (dir.empty()) {
+        MESSAGE("SKIP: ../shared not found (set KVRUN_SHARED); skipping real-data test");
+        return {};
+    }
+    return dir / rel;
+}
+
+// Every model file under ../shared/models, sorted (empty when absent).
+inline std::vector<std::filesystem::path> shared_models() {
+    std::vector<std::filesystem::path> out;
+    auto dir = shared_dir();
+    if (dir.empty()) return out;
+    for (auto& e : std::filesystem::directory_iterator(dir / "models"))
+        if (e.path().extension() == ".gguf") out.push_back(e.path());
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+inline std::string kvrun_binary() { return KVRUN_BINARY; }
+
+struct CommandResult {
+    int exit_code = -1;
+    std::string out;  // stdout
+    std::string err;  // stderr
+};
+
+// Runs `cmd` through /bin/sh, capturing stdout and stderr (via a temp file).
+inline CommandResult run_command(const std::string& cmd, const std::string& stdin_text = {}) {
+    namespace fs = std::filesystem;
+    static int counter = 0;
+    fs::path tmp = fs::temp_directory_path() /
+                   ("kvrun_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    std::string in_file = tmp.string() + ".in", err_file = tmp.string() + ".err";
+    {
+        FILE* f = std::fopen(in_file.c_str(), "wb");
+        std::fwrite(stdin_text.data(), 1, stdin_text.size(), f);
+        std::fclose(f);
+    }
+    std::string full = cmd + " <" + in_file + " 2>" + err_file;
+    CommandResult r;
+    FILE* p = ::popen(full.c_str(), "r");
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+    int status = ::pclose(p);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (FILE* f = std::fopen(err_file.c_str(), "rb")) {
+        while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) r.err.append(buf, n);
+        std::fclose(f);
+    }
+    fs::remove(in_file);
+    fs::remove(err_file);
+    return r;
+}
+
+}  // namespace kvrun::test
