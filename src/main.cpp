@@ -17,8 +17,18 @@ int main(int argc, char** argv) {
     app.set_version_flag("--version", "kvrun 0.1.0");
     int exit_code = 0;
     kvrun::add_info_command(app, exit_code);
+    kvrun::add_run_command(app, exit_code);
     kvrun::add_tokenize_command(app, exit_code);
     try {
+        auto is_command = [&](const std::string& name) {
+            for (const CLI::App* sub : app.get_subcommands({}))
+                if (sub->check_name(name)) return true;
+            return false;
+        };
+        if (argc > 1 && argv[1][0] != '-' && !is_command(argv[1]))
+            throw kvrun::Error(fmt::format("unknown command '{}'", argv[1]),
+                               "commands: run, chat, batch, perplexity, bench, info, tokenize "
+                               "(see `kvrun --help`)");
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
         return app.exit(e);

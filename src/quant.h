@@ -11,8 +11,8 @@ namespace kvrun {
 
 struct GgmlTypeTraits {
     const char* name = "?";
-    int64_t block_elems = 0;   // elements per block (1 for F32/F16/BF16)
-    size_t block_bytes = 0;    // bytes per block
+    int64_t block_elems = 0;  // elements per block (1 for F32/F16/BF16)
+    size_t block_bytes = 0;   // bytes per block
     bool can_dequantize = false;
     bool can_quantize = false;
 };
@@ -21,16 +21,19 @@ struct GgmlTypeTraits {
 bool ggml_type_known(uint32_t id);
 // Traits of a known type; throws Error for an unknown id.
 const GgmlTypeTraits& ggml_type_traits(GgmlType t);
+// Name of a type ("Q4_K"); "unknown" for an unknown id (never throws).
 const char* ggml_type_name(GgmlType t);
 // Bytes for `n` elements (n must be a multiple of block_elems; throws otherwise).
 size_t ggml_row_bytes(GgmlType t, int64_t n);
 
+// All functions below are thread-safe and allocation-free; they throw Error for an unknown
+// type, a type without the needed codec, or n not a multiple of the block size.
 // src: n elements of type t (n a multiple of the block size) -> dst[n] float32.
 void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
 // src[n] float32 -> dst (ggml_row_bytes(t, n) bytes). Throws for types without a quantizer.
 void quantize_row(GgmlType t, const float* src, void* dst, int64_t n);
-// dot(row of type t with n elements, x[n]) in float32 accumulation; equal to
-// dequantize_row followed by a float dot product, but without the temporary row.
+// dot(row of type t with n elements, x[n]) in float32 accumulation; equal (to float
+// rounding) to dequantize_row followed by a dot product, without the temporary row.
 float vec_dot_row(GgmlType t, const void* row, const float* x, int64_t n);
 
 // Half/bfloat16 scalar conversions (round-to-nearest-even).

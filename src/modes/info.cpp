@@ -127,10 +127,10 @@ int run_info(const InfoOptions& o) {
     fmt::print("  n_head        {:>10}    n_head_kv     {:>10}\n", h.n_head, h.n_head_kv);
     fmt::print("  head_dim      {:>10}    n_rot         {:>10}\n", h.head_dim, h.n_rot);
     fmt::print("  rope_base     {:>10g}    rms_norm_eps  {:>10g}\n\n", h.rope_base, h.norm_eps);
-    fmt::print("vocabulary      {} ({}{}), {} tokens, bos {}, eos {}\n\n",
+    const std::string pre = f.get_string_or("tokenizer.ggml.pre", "");
+    fmt::print("vocabulary      {}{}, {} tokens, bos {}, eos {}\n\n",
                f.get_string_or("tokenizer.ggml.model", "-"),
-               f.get_string_or("tokenizer.ggml.pre", "") .empty() ? "" : "pre ",
-               f.get_string_or("tokenizer.ggml.pre", ""), h.n_vocab,
+               pre.empty() ? "" : " (pre-tokenizer " + pre + ")", h.n_vocab,
                f.get_int_or("tokenizer.ggml.bos_token_id", -1),
                f.get_int_or("tokenizer.ggml.eos_token_id", -1));
     fmt::print("tensor types    {:<8} {:>8} {:>14}\n", "type", "tensors", "bytes");

@@ -1,0 +1,291 @@
+// Chat templates: detection from Jinja source, names, and the exact text of each format.
+//
+// The formats, for [system S, user U1, assistant A1, user U2] + generation prompt
+// (no leading BOS; "trim" = strip ASCII whitespace at both ends, as Jinja's trim/strip):
+//   llama2  [INST] <<SYS>>\nS\n<</SYS>>\n\nU1 [/INST] A1 </s><s>[INST] U2 [/INST]
+//           (Meta's template: the [INST] block and each reply are trimmed)
+//   llama3  <|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>... per message, content
+//           trimmed; generation prompt <|start_header_id|>assistant<|end_header_id|>\n\n
+//   chatml  <|im_start|>role\ncontent<|im_end|>\n per message; prompt <|im_start|>assistant\n
+//   mistral [INST] S\n\nU1 [/INST]A1</s>[INST] U2 [/INST]   (Mistral's documented v0.1 form)
+//   zephyr  <|role|>\ncontent</s>\n per message; prompt <|assistant|>\n
+//   phi3    <|role|>\ncontent<|end|>\n per message; prompt <|assistant|>\n
+//   gemma   <start_of_turn>user\nS\n\nU1<end_of_turn>\n<start_of_turn>model\nA1<end_of_turn>\n
+//           ... content trimmed, assistant is "model"; prompt <start_of_turn>model\n
+//   plain   S\n\nUser: U1\nAssistant: A1\nUser: U2\nAssistant:   (for models without a
+//           template; the reply follows "Assistant:" with its own leading space)
+// Each message is formatted independently of later ones, which gives the prefix properties
+// promised in chat_template.h.
+#include "chat_template.h"
+
+#include <algorithm>
+#include <array>
+
+#include "common.h"
+
+namespace kvrun {
+
+namespace {
+
+struct NamedKind {
+    std::string_view name;
+    ChatTemplateKind kind;
+};
+
+// Canonical names first (chat_template_name reads this table), then aliases.
+constexpr std::array<NamedKind, 11> kNames = {{
+    {"llama2", ChatTemplateKind::Llama2},
+    {"llama3", ChatTemplateKind::Llama3},
+    {"chatml", ChatTemplateKind::ChatML},
+    {"mistral", ChatTemplateKind::Mistral},
+    {"zephyr", ChatTemplateKind::Zephyr},
+    {"phi3", ChatTemplateKind::Phi3},
+    {"gemma", ChatTemplateKind::Gemma},
+    {"plain", ChatTemplateKind::Plain},
+    {"llama-2", ChatTemplateKind::Llama2},
+    {"llama-3", ChatTemplateKind::Llama3},
+    {"phi-3", ChatTemplateKind::Phi3},
+}};
+constexpr size_t kCanonicalNames = 8;
+
+bool contains(std::string_view haystack, std::string_view needle) {
+    return haystack.find(needle) != std::string_view::npos;
+}
+
+std::string_view trim(std::string_view s) {
+    constexpr std::string_view ws = " \t\n\r\v\f";
+    size_t b = s.find_first_not_of(ws);
+    if (b == std::string_view::npos) return {};
+    size_t e = s.find_last_not_of(ws);
+    return s.substr(b, e - b + 1);
+}
+
+enum class Role { System, User, Assistant };
+
+Role parse_role(const ChatMessage& m, size_t index) {
+    if (m.role == "system") return Role::System;
+    if (m.role == "user") return Role::User;
+    if (m.role == "assistant") return Role::Assistant;
+    fail("chat message {}: unknown role '{}' (expected system, user or assistant)", index, m.role);
+}
+
+// Formats for which a system message is folded into the first user turn: the leading system
+// text waits in `pending_system` until that turn, and later system messages act as users.
+bool folds_system(ChatTemplateKind kind) {
+    return kind == ChatTemplateKind::Llama2 || kind == ChatTemplateKind::Mistral ||
+           kind == ChatTemplateKind::Gemma;
+}
+
+// Appends one user turn of a folding format; `system` is the pending system text or null.
+void append_folded_user(ChatTemplateKind kind, std::string& out, std::string_view content,
+                        const std::string* system, const ChatSpecialTexts& special) {
+    switch (kind) {
+        case ChatTemplateKind::Llama2: {
+            std::string text;
+            if (system) text = "<<SYS>>\n" + *system + "\n<</SYS>>\n\n";
+            text += content;
+            if (!out.empty()) out += special.bos;  // the first BOS comes from the tokenizer
+            out += "[INST] ";
+            out += trim(text);
+            out += " [/INST]";
+            break;
+        }
+        case ChatTemplateKind::Mistral:
+            out += "[INST] ";
+            if (system) out += *system + "\n\n";
+            out += content;
+            out += " [/INST]";
+            break;
+        default:  // Gemma
+            out += "<start_of_turn>user\n";
+            if (system) out += *system + "\n\n";
+            out += trim(content);
+            out += "<end_of_turn>\n";
+            break;
+    }
+}
+
+// Appends one message of a format whose turns all look alike: header, content, suffix.
+void append_uniform(ChatTemplateKind kind, std::string& out, Role role, const ChatMessage& m,
+                    const ChatSpecialTexts& special) {
+    switch (kind) {
+        case ChatTemplateKind::Llama3:
+            out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n";
+            out += trim(m.content);
+            out += "<|eot_id|>";
+            break;
+        case ChatTemplateKind::ChatML:
+            out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+            break;
+        case ChatTemplateKind::Zephyr:
+            out += "<|" + m.role + "|>\n" + m.content + special.eos + "\n";
+            break;
+        case ChatTemplateKind::Phi3:
+            out += "<|" + m.role + "|>\n" + m.content + "<|end|>\n";
+            break;
+        default:  // Plain
+            if (role == Role::System) out += m.content + "\n\n";
+            if (role == Role::User) out += "User: " + m.content + "\n";
+            if (role == Role::Assistant) out += "Assistant: " + m.content + "\n";
+            break;
+    }
+}
+
+// The assistant header that add_generation_prompt appends.
+std::string_view generation_prompt(ChatTemplateKind kind) {
+    switch (kind) {
+        case ChatTemplateKind::Llama2:
+        case ChatTemplateKind::Mistral:
+            return "";  // "[/INST]" already asks for the reply
+        case ChatTemplateKind::Llama3:
+            return "<|start_header_id|>assistant<|end_header_id|>\n\n";
+        case ChatTemplateKind::ChatML:
+            return "<|im_start|>assistant\n";
+        case ChatTemplateKind::Zephyr:
+        case ChatTemplateKind::Phi3:
+            return "<|assistant|>\n";
+        case ChatTemplateKind::Gemma:
+            return "<start_of_turn>model\n";
+        case ChatTemplateKind::Plain:
+            return "Assistant:";
+    }
+    return "";
+}
+
+}  // namespace
+
+ChatTemplateKind chat_template_detect(std::string_view src) {
+    if (contains(src, "<|im_start|>")) return ChatTemplateKind::ChatML;
+    if (contains(src, "<|start_header_id|>")) return ChatTemplateKind::Llama3;
+    if (contains(src, "<start_of_turn>")) return ChatTemplateKind::Gemma;
+    // Zephyr/Phi-3 templates may build "<|user|>" from the role, but all of them write the
+    // "<|assistant|>" generation prompt literally.
+    if (contains(src, "<|user|>") || contains(src, "<|assistant|>")) {
+        return contains(src, "<|end|>") ? ChatTemplateKind::Phi3 : ChatTemplateKind::Zephyr;
+    }
+    if (contains(src, "[INST]")) {
+        return contains(src, "<<SYS>>") ? ChatTemplateKind::Llama2 : ChatTemplateKind::Mistral;
+    }
+    return ChatTemplateKind::Plain;
+}
+
+ChatTemplateKind chat_template_from_name(std::string_view name) {
+    std::string lower(name);
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) {
+        return static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    });
+    for (const auto& n : kNames) {
+        if (n.name == lower) return n.kind;
+    }
+    std::string valid;
+    for (size_t i = 0; i < kCanonicalNames; ++i) {
+        if (i) valid += ", ";
+        valid += kNames[i].name;
+    }
+    throw Error(fmt::format("unknown chat template '{}' (valid: {})", name, valid),
+                "pass --chat-template with one of: " + valid);
+}
+
+std::string chat_template_name(ChatTemplateKind kind) {
+    for (size_t i = 0; i < kCanonicalNames; ++i) {
+        if (kNames[i].kind == kind) return std::string(kNames[i].name);
+    }
+    return "plain";
+}
+
+std::string chat_template_apply(ChatTemplateKind kind, const std::vector<ChatMessage>& messages,
+                                bool add_generation_prompt, const ChatSpecialTexts& special) {
+    std::string out;
+    std::string pending_system;  // folding formats: leading system text not yet written
+    bool has_pending_system = false;
+    for (size_t i = 0; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        Role role = parse_role(m, i);
+        if (!folds_system(kind)) {
+            append_uniform(kind, out, role, m, special);
+            continue;
+        }
+        if (role == Role::System && i == 0) {
+            pending_system = m.content;
+            has_pending_system = true;
+        } else if (role == Role::Assistant) {
+            if (kind == ChatTemplateKind::Llama2) {
+                out += " ";
+                out += trim(m.content);
+                out += " " + special.eos;
+            } else if (kind == ChatTemplateKind::Mistral) {
+                out += m.content + special.eos;
+            } else {
+                out += "<start_of_turn>model\n";
+                out += trim(m.content);
+                out += "<end_of_turn>\n";
+            }
+        } else {  // user, or a later system message formatted as a user turn
+            append_folded_user(kind, out, m.content, has_pending_system ? &pending_system : nullptr,
+                               special);
+            has_pending_system = false;
+        }
+    }
+    if (add_generation_prompt) out += generation_prompt(kind);
+    return out;
+}
+
+std::string chat_template_apply_delta(ChatTemplateKind kind,
+                                      const std::vector<ChatMessage>& history,
+                                      const ChatMessage& new_message,
+                                      const ChatSpecialTexts& special) {
+    std::vector<ChatMessage> extended = history;
+    extended.push_back(new_message);
+    std::string full = chat_template_apply(kind, extended, true, special);
+    std::string prefix = chat_template_apply(kind, history, false, special);
+    if (full.compare(0, prefix.size(), prefix) != 0) {
+        fail("chat template {}: the formatted conversation does not extend its history",
+             chat_template_name(kind));
+    }
+    return full.substr(prefix.size());
+}
+
+std::string chat_template_assistant_suffix(ChatTemplateKind kind, const ChatSpecialTexts& special) {
+    switch (kind) {
+        case ChatTemplateKind::Llama2:
+            return " " + special.eos;
+        case ChatTemplateKind::Mistral:
+            return special.eos;
+        case ChatTemplateKind::Llama3:
+            return "<|eot_id|>";
+        case ChatTemplateKind::ChatML:
+            return "<|im_end|>\n";
+        case ChatTemplateKind::Zephyr:
+            return special.eos + "\n";
+        case ChatTemplateKind::Phi3:
+            return "<|end|>\n";
+        case ChatTemplateKind::Gemma:
+            return "<end_of_turn>\n";
+        case ChatTemplateKind::Plain:
+            return "\n";
+    }
+    return "";
+}
+
+std::vector<std::string> chat_template_stop_strings(ChatTemplateKind kind) {
+    switch (kind) {
+        case ChatTemplateKind::Llama2:
+        case ChatTemplateKind::Mistral:
+            return {"</s>"};
+        case ChatTemplateKind::Llama3:
+            return {"<|eot_id|>", "<|end_of_text|>"};
+        case ChatTemplateKind::ChatML:
+            return {"<|im_end|>", "<|endoftext|>"};
+        case ChatTemplateKind::Zephyr:
+            return {"</s>", "<|user|>"};
+        case ChatTemplateKind::Phi3:
+            return {"<|end|>", "<|endoftext|>"};
+        case ChatTemplateKind::Gemma:
+            return {"<end_of_turn>", "<eos>"};
+        case ChatTemplateKind::Plain:
+            return {"\nUser:"};
+    }
+    return {};
+}
+
+}  // namespace kvrun

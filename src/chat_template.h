@@ -1,0 +1,81 @@
+// Chat templates: turn a conversation (system/user/assistant messages) into the prompt text
+// that a chat-tuned model was trained on, detect the format from a GGUF file's
+// `tokenizer.chat_template` (Jinja source), and name the stop strings of each format.
+//
+// BOS: the formatted text never starts with the BOS token's text. Tokenize it with
+// add_bos = tokenizer.add_bos() and parse_special = true, so the tokenizer adds the one
+// leading BOS itself. Templates that repeat BOS/EOS *between* turns (Llama-2 writes
+// "</s><s>[INST] ...") do include those texts; they become tokens through parse_special.
+//
+// Incremental chat: for every format, with h any conversation and m any message,
+//   apply(h, false) is a prefix of apply(h + [m], add_generation_prompt)      (extension)
+//   apply(h, true) is a prefix of apply(h + [assistant reply], false)         (reply fits)
+// so the engine only prefills the new text. After the model stops (its end-of-turn token
+// sampled but not yet fed), the text to prefill for the next user message `u` is
+//   chat_template_assistant_suffix(kind) + chat_template_apply_delta(kind, h, u)
+// where h already holds the assistant's reply.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvrun {
+
+struct ChatMessage {
+    std::string role;  // "system", "user" or "assistant"
+    std::string content;
+};
+
+enum class ChatTemplateKind { Llama2, Llama3, ChatML, Mistral, Zephyr, Phi3, Gemma, Plain };
+
+// The BOS/EOS texts of the vocabulary, for formats that write them between turns
+// (Llama-2, Mistral and Zephyr use eos; Llama-2 also bos). Pass tok.token_text(tok.eos())
+// etc. when the vocabulary's texts differ from the defaults.
+struct ChatSpecialTexts {
+    std::string bos = "<s>";
+    std::string eos = "</s>";
+};
+
+// Guesses the format from a Jinja chat template: "<|im_start|>" → ChatML,
+// "<|start_header_id|>" → Llama3, "<start_of_turn>" → Gemma, "<|user|>" or "<|assistant|>"
+// with "<|end|>" → Phi3, without → Zephyr, "[INST]" with "<<SYS>>" → Llama2, other "[INST]"
+// → Mistral; empty or unrecognized → Plain.
+ChatTemplateKind chat_template_detect(std::string_view jinja_source);
+
+// "llama2" (or "llama-2"), "llama3" ("llama-3"), "chatml", "mistral", "zephyr", "phi3"
+// ("phi-3"), "gemma", "plain"; case-insensitive. Throws Error listing the valid names.
+ChatTemplateKind chat_template_from_name(std::string_view name);
+
+// The canonical name ("llama2", "llama3", ...), accepted by chat_template_from_name.
+std::string chat_template_name(ChatTemplateKind kind);
+
+// Formats the conversation (see the formats in chat_template.cpp). A leading system message
+// is native in Llama3, ChatML, Zephyr, Phi3 and Plain; Llama-2 wraps it in <<SYS>> inside
+// the first [INST]; Mistral and Gemma prepend it (plus "\n\n") to the first user message.
+// In Llama-2, Mistral and Gemma a system message that is not the first is formatted as a
+// user turn.
+// add_generation_prompt appends the assistant header the model continues from. Throws Error
+// for a role other than system/user/assistant.
+std::string chat_template_apply(ChatTemplateKind kind, const std::vector<ChatMessage>& messages,
+                                bool add_generation_prompt, const ChatSpecialTexts& special = {});
+
+// apply(history + [new_message], true) minus its prefix apply(history, false): the text to
+// prefill for a new message when the KV cache already holds apply(history, false).
+std::string chat_template_apply_delta(ChatTemplateKind kind,
+                                      const std::vector<ChatMessage>& history,
+                                      const ChatMessage& new_message,
+                                      const ChatSpecialTexts& special = {});
+
+// The text a format writes right after an assistant reply's content to close the turn
+// (e.g. "<|im_end|>\n", "<|eot_id|>", " </s>"): what the KV cache still lacks when the
+// model stopped on its end-of-turn token without feeding it.
+std::string chat_template_assistant_suffix(ChatTemplateKind kind,
+                                           const ChatSpecialTexts& special = {});
+
+// Texts that end an assistant reply: end-of-turn token texts (map a text to its token id
+// when it is one special token of the vocabulary, and stop on that id) or, for Plain, text
+// to look for in the decoded output (cut the reply before it).
+std::vector<std::string> chat_template_stop_strings(ChatTemplateKind kind);
+
+}  // namespace kvrun

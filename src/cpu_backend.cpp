@@ -1,0 +1,174 @@
+// The CPU reference forward pass (see cpu_backend.h):
+// embed -> per layer [rmsnorm, Q/K/V (+bias), RoPE, KV write, paged attention, output
+// projection, residual, rmsnorm, SwiGLU FFN, residual] -> final rmsnorm -> logits for the
+// requested rows only.
+#include "cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common.h"
+#include "thread_pool.h"
+
+namespace kvrun {
+
+CpuBackend::CpuBackend(const GgufFile& file, const BackendOptions& options)
+    : config_(model_config_from_gguf(file)),
+      weights_(weights_load(file, config_)),
+      options_(options) {
+    n_blocks_ = kv_blocks_for(config_, options_);
+    k_block_bytes_ = kv_layer_block_bytes(options_.kv_type_k, config_.n_kv_head,
+                                          options_.kv_block_size, config_.head_dim);
+    v_block_bytes_ = kv_layer_block_bytes(options_.kv_type_v, config_.n_kv_head,
+                                          options_.kv_block_size, config_.head_dim);
+    try {
+        for (int64_t l = 0; l < config_.n_layer; ++l) {
+            // Uninitialized: a slot is always written before attention reads it.
+            k_pool_.emplace_back(new uint8_t[size_t(n_blocks_ * k_block_bytes_)]);
+            v_pool_.emplace_back(new uint8_t[size_t(n_blocks_ * v_block_bytes_)]);
+        }
+    } catch (const std::bad_alloc&) {
+        throw Error(fmt::format("cannot allocate the KV cache: {} blocks x {} layers", n_blocks_,
+                                config_.n_layer),
+                    "lower --kv-memory");
+    }
+    if (options_.n_threads > 0) cpu_set_num_threads(options_.n_threads);
+}
+
+KvLayerView CpuBackend::kv_layer(int64_t layer) const {
+    KvLayerView kv;
+    kv.k_type = options_.kv_type_k;
+    kv.v_type = options_.kv_type_v;
+    kv.k = k_pool_.at(layer).get();
+    kv.v = v_pool_.at(layer).get();
+    kv.n_blocks = n_blocks_;
+    kv.n_kv_head = config_.n_kv_head;
+    kv.block_size = options_.kv_block_size;
+    kv.head_dim = config_.head_dim;
+    return kv;
+}
+
+void CpuBackend::validate(const ForwardBatch& b) const {
+    const size_t n = b.tokens.size();
+    if (b.positions.size() != n || b.seq_index.size() != n || b.slots.size() != n)
+        fail("forward batch: {} tokens but {} positions, {} sequence indices, {} slots", n,
+             b.positions.size(), b.seq_index.size(), b.slots.size());
+    const int64_t bs = options_.kv_block_size;
+    for (const auto& table : b.block_tables)
+        for (int32_t id : table)
+            if (id < 0 || id >= n_blocks_)
+                fail("forward batch: block id {} outside the pool of {} blocks", id, n_blocks_);
+    for (size_t i = 0; i < n; ++i) {
+        if (b.tokens[i] < 0 || b.tokens[i] >= config_.n_vocab)
+            fail("forward batch: token id {} out of range (vocabulary of {})", b.tokens[i],
+                 config_.n_vocab);
+        if (b.positions[i] < 0) fail("forward batch: negative position {}", b.positions[i]);
+        if (b.seq_index[i] < 0 || size_t(b.seq_index[i]) >= b.block_tables.size())
+            fail("forward batch: sequence index {} but {} block tables", b.seq_index[i],
+                 b.block_tables.size());
+        const auto& table = b.block_tables[b.seq_index[i]];
+        if (b.slots[i] < 0 || b.slots[i] / bs >= int64_t(table.size()))
+            fail("forward batch: slot {} of sequence {} is outside its {} blocks of {} tokens",
+                 b.slots[i], b.seq_index[i], table.size(), bs);
+    }
+    for (int32_t r : b.logit_rows)
+        if (r < 0 || size_t(r) >= n)
+            fail("forward batch: logit row {} outside the batch of {} tokens", r, n);
+}
+
+void CpuBackend::forward(const ForwardBatch& b, float* logits) {
+    validate(b);
+    const ModelConfig& c = config_;
+    const int64_t T = int64_t(b.tokens.size());
+    if (T == 0) return;
+
+    // Block tables flattened to [n_seqs][max_blocks], padded with -1 (never read: slots
+    // were checked against each table's length).
+    int64_t max_blocks = 1;
+    for (const auto& table : b.block_tables)
+        max_blocks = std::max<int64_t>(max_blocks, table.size());
+    flat_tables_.assign(b.block_tables.size() * max_blocks, -1);
+    for (size_t s = 0; s < b.block_tables.size(); ++s)
+        std::copy(b.block_tables[s].begin(), b.block_tables[s].end(),
+                  flat_tables_.begin() + s * max_blocks);
+    KvBatchView kb;
+    kb.token_seq = b.seq_index.data();
+    kb.token_slot = b.slots.data();
+    kb.block_table = flat_tables_.data();
+    kb.max_blocks_per_seq = max_blocks;
+    kb.n_tokens = T;
+
+    x_.resize(T * c.n_embd);
+    xb_.resize(T * c.n_embd);
+    q_.resize(T * c.q_dim());
+    k_.resize(T * c.kv_dim());
+    v_.resize(T * c.kv_dim());
+    att_.resize(T * c.q_dim());
+    gate_.resize(T * c.n_ff);
+    up_.resize(T * c.n_ff);
+    const float scale = 1.0f / std::sqrt(float(c.head_dim));
+
+    cpu::embed(x_.data(), weights_.token_embd, b.tokens.data(), T);
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+        const LayerWeights& w = weights_.layers[l];
+        // Attention block.
+        cpu::rmsnorm(xb_.data(), x_.data(), w.attn_norm.data(), T, c.n_embd, c.norm_eps);
+        cpu::matmul(q_.data(), xb_.data(), w.wq, T);
+        cpu::matmul(k_.data(), xb_.data(), w.wk, T);
+        cpu::matmul(v_.data(), xb_.data(), w.wv, T);
+        if (!w.bq.empty()) {
+            cpu::add_bias(q_.data(), w.bq.data(), T, c.q_dim());
+            cpu::add_bias(k_.data(), w.bk.data(), T, c.kv_dim());
+            cpu::add_bias(v_.data(), w.bv.data(), T, c.kv_dim());
+        }
+        cpu::rope(q_.data(), b.positions.data(), T, c.n_head, c.head_dim, c.n_rot, c.rope_freq_base,
+                  c.rope_freq_scale, c.rope_neox);
+        cpu::rope(k_.data(), b.positions.data(), T, c.n_kv_head, c.head_dim, c.n_rot,
+                  c.rope_freq_base, c.rope_freq_scale, c.rope_neox);
+        KvLayerView kv = kv_layer(l);
+        cpu::kv_write(kv, kb, k_.data(), v_.data());
+        cpu::paged_attention(att_.data(), q_.data(), kv, kb, c.n_head, scale);
+        cpu::matmul(xb_.data(), att_.data(), w.wo, T);
+        cpu::add(x_.data(), xb_.data(), T * c.n_embd);
+        // Feed-forward block.
+        cpu::rmsnorm(xb_.data(), x_.data(), w.ffn_norm.data(), T, c.n_embd, c.norm_eps);
+        cpu::matmul(gate_.data(), xb_.data(), w.w_gate, T);
+        cpu::matmul(up_.data(), xb_.data(), w.w_up, T);
+        cpu::swiglu(gate_.data(), gate_.data(), up_.data(), T * c.n_ff);
+        cpu::matmul(xb_.data(), gate_.data(), w.w_down, T);
+        cpu::add(x_.data(), xb_.data(), T * c.n_embd);
+    }
+
+    // Final norm and output projection only for the rows that need logits.
+    const int64_t R = int64_t(b.logit_rows.size());
+    if (R == 0) return;
+    xb_.resize(std::max(xb_.size(), size_t(R * c.n_embd)));
+    for (int64_t r = 0; r < R; ++r)
+        std::memcpy(xb_.data() + r * c.n_embd, x_.data() + int64_t(b.logit_rows[r]) * c.n_embd,
+                    c.n_embd * sizeof(float));
+    cpu::rmsnorm(xb_.data(), xb_.data(), weights_.output_norm.data(), R, c.n_embd, c.norm_eps);
+    cpu::matmul(logits, xb_.data(), weights_.output, R);
+}
+
+void CpuBackend::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) {
+    for (auto [src, dst] : src_dst)
+        if (src < 0 || src >= n_blocks_ || dst < 0 || dst >= n_blocks_)
+            fail("copy_blocks: block pair ({}, {}) outside the pool of {} blocks", src, dst,
+                 n_blocks_);
+    for (auto [src, dst] : src_dst) {
+        if (src == dst) continue;
+        for (int64_t l = 0; l < config_.n_layer; ++l) {
+            uint8_t* k = k_pool_[l].get();
+            uint8_t* v = v_pool_[l].get();
+            std::memcpy(k + dst * k_block_bytes_, k + src * k_block_bytes_, k_block_bytes_);
+            std::memcpy(v + dst * v_block_bytes_, v + src * v_block_bytes_, v_block_bytes_);
+        }
+    }
+}
+
+std::unique_ptr<Backend> make_cpu_backend(const GgufFile& file, const BackendOptions& options) {
+    return std::make_unique<CpuBackend>(file, options);
+}
+
+}  // namespace kvrun

@@ -1,0 +1,50 @@
+// The CPU reference backend: the llama / qwen2 forward pass over a paged KV cache held in
+// host memory, built from the ops in cpu_ops.h.
+#pragma once
+
+#include <memory>
+
+#include "backend.h"
+#include "weights.h"
+
+namespace kvrun {
+
+class CpuBackend final : public Backend {
+  public:
+    // `file` must outlive the backend (weights are read from its mapping).
+    CpuBackend(const GgufFile& file, const BackendOptions& options);
+
+    const ModelConfig& config() const override { return config_; }
+    void forward(const ForwardBatch& batch, float* logits) override;
+    void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) override;
+    int64_t n_kv_blocks() const override { return n_blocks_; }
+    int32_t kv_block_size() const override { return options_.kv_block_size; }
+    std::string name() const override { return "cpu"; }
+
+    const ModelWeights& weights() const { return weights_; }
+    // One layer's K/V pools, for tests that inspect the cache.
+    KvLayerView kv_layer(int64_t layer) const;
+
+  private:
+    void validate(const ForwardBatch& batch) const;
+
+    ModelConfig config_;
+    ModelWeights weights_;
+    BackendOptions options_;
+    int64_t n_blocks_ = 0;
+    int64_t k_block_bytes_ = 0, v_block_bytes_ = 0;  // one layer, one block
+    std::vector<std::unique_ptr<uint8_t[]>> k_pool_,
+        v_pool_;  // [n_layer] of
+                  // [n_blocks][n_kv_head][block_size][head_dim]
+
+    // Scratch activations, grown to the largest batch seen.
+    std::vector<float> x_;              // [n_tokens][n_embd] residual stream
+    std::vector<float> xb_;             // [n_tokens][n_embd] normed input / projection output
+    std::vector<float> q_;              // [n_tokens][n_head][head_dim]
+    std::vector<float> k_, v_;          // [n_tokens][n_kv_head][head_dim]
+    std::vector<float> att_;            // [n_tokens][n_head][head_dim]
+    std::vector<float> gate_, up_;      // [n_tokens][n_ff]
+    std::vector<int32_t> flat_tables_;  // [n_seqs][max_blocks_per_seq], -1 padded
+};
+
+}  // namespace kvrun

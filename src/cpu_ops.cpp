@@ -1,0 +1,274 @@
+// CPU reference implementations of the ops declared in cpu_ops.h: float32 activations,
+// weights dequantized row by row from their GGUF types, K/V stored as f32 or f16.
+//
+// Every op computes each output row from its own inputs only, in a fixed order, so results
+// are bit-identical whatever the batch composition, thread count or KV block size (a
+// sequence decoded alone or batched with others gives the same logits; speculative
+// verification of K tokens matches K single steps exactly).
+#include "cpu_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common.h"
+#include "quant.h"
+#include "thread_pool.h"
+
+namespace kvrun::cpu {
+namespace {
+
+// Work (multiply-adds) below which an op runs on the calling thread: a thread wake-up
+// costs a few microseconds, about as much as 30k multiply-adds.
+constexpr int64_t kMinParallelWork = 32 * 1024;
+
+// dot(a[n], b[n]) with eight independent float accumulators (vectorizable without
+// -ffast-math), combined in a fixed order.
+float dot_f32(const float* a, const float* b, int64_t n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+    for (; i < n; ++i) acc[i & 7] += a[i] * b[i];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+// y[n] += p * x[n]
+void axpy_f32(float* y, float p, const float* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] += p * x[i];
+}
+
+size_t kv_elem_bytes(KvType t) {
+    switch (t) {
+        case KvType::F32:
+            return 4;
+        case KvType::F16:
+            return 2;
+        case KvType::Q8:
+        case KvType::Q4:
+            break;
+    }
+    fail("KV cache type q8/q4 is not implemented in the CPU backend yet (use f16 or f32)");
+}
+
+// Address of row (block, head, row) in a pool of [n_blocks][n_kv_head][block_size][head_dim].
+uint8_t* kv_row(void* pool, KvType t, const KvLayerView& kv, int64_t block, int64_t head,
+                int64_t row) {
+    int64_t index = ((block * kv.n_kv_head + head) * kv.block_size + row) * kv.head_dim;
+    return static_cast<uint8_t*>(pool) + index * kv_elem_bytes(t);
+}
+
+void kv_store_row(uint8_t* dst, KvType t, const float* src, int64_t n) {
+    if (t == KvType::F32)
+        std::memcpy(dst, src, n * sizeof(float));
+    else
+        for (int64_t i = 0; i < n; ++i) {
+            uint16_t h = fp32_to_fp16(src[i]);
+            std::memcpy(dst + 2 * i, &h, 2);
+        }
+}
+
+// Returns a float view of a stored row: the row itself for F32, else converted into tmp[n].
+const float* kv_load_row(const uint8_t* src, KvType t, float* tmp, int64_t n) {
+    if (t == KvType::F32) {
+        std::memcpy(tmp, src, n * sizeof(float));  // rows may not be float-aligned in theory
+        return tmp;
+    }
+    dequantize_row(GgmlType::F16, src, tmp, n);
+    return tmp;
+}
+
+// Physical block holding `slot` of token t's sequence; throws for an out-of-range id.
+int64_t kv_block_of(const KvLayerView& kv, const KvBatchView& batch, int64_t t, int64_t slot) {
+    int64_t seq = batch.token_seq[t];
+    int64_t j = slot / kv.block_size;
+    if (seq < 0 || j >= batch.max_blocks_per_seq)
+        fail("KV batch: token {} (sequence {}, slot {}) lies outside its block table", t, seq,
+             slot);
+    int64_t block = batch.block_table[seq * batch.max_blocks_per_seq + j];
+    if (block < 0 || block >= kv.n_blocks)
+        fail("KV batch: token {} uses block id {}, outside the pool of {} blocks", t, block,
+             kv.n_blocks);
+    return block;
+}
+
+void check_kv_view(const KvLayerView& kv) {
+    if (kv.n_blocks <= 0 || kv.n_kv_head <= 0 || kv.block_size <= 0 || kv.head_dim <= 0 || !kv.k ||
+        !kv.v)
+        fail("KV layer view is empty or has non-positive dimensions");
+    kv_elem_bytes(kv.k_type);
+    kv_elem_bytes(kv.v_type);
+}
+
+}  // namespace
+
+void rmsnorm(float* out, const float* x, const float* w, int64_t n_rows, int64_t dim, float eps) {
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const float* xr = x + r * dim;
+        double sum = 0;
+        for (int64_t i = 0; i < dim; ++i) sum += double(xr[i]) * xr[i];
+        float scale = float(1.0 / std::sqrt(sum / double(dim) + double(eps)));
+        float* o = out + r * dim;
+        for (int64_t i = 0; i < dim; ++i) o[i] = xr[i] * scale * w[i];
+    }
+}
+
+void matmul(float* out, const float* x, const WeightView& w, int64_t n_rows) {
+    if (!w.data || w.n_in <= 0 || w.n_out <= 0)
+        fail("matmul: empty weight view ({} x {})", w.n_out, w.n_in);
+    const int64_t n_in = w.n_in, n_out = w.n_out;
+    const auto* base = static_cast<const uint8_t*>(w.data);
+    // Output rows per chunk: enough multiply-adds to be worth a thread hand-off.
+    int64_t work_per_row = std::max<int64_t>(1, n_in * n_rows);
+    int64_t grain = std::max<int64_t>(1, kMinParallelWork / work_per_row);
+    cpu_thread_pool().parallel_for(n_out, grain, [&](int64_t o0, int64_t o1) {
+        // Each weight row is dequantized once and dotted with every token's activations.
+        std::vector<float> row(w.type == GgmlType::F32 ? 0 : n_in);  // [n_in]
+        for (int64_t o = o0; o < o1; ++o) {
+            const uint8_t* src = base + o * w.row_bytes;
+            const float* wr;
+            if (w.type == GgmlType::F32) {
+                wr = reinterpret_cast<const float*>(src);
+            } else {
+                dequantize_row(w.type, src, row.data(), n_in);
+                wr = row.data();
+            }
+            for (int64_t r = 0; r < n_rows; ++r)
+                out[r * n_out + o] = dot_f32(wr, x + r * n_in, n_in);
+        }
+    });
+}
+
+void add_bias(float* x, const float* bias, int64_t n_rows, int64_t n) {
+    for (int64_t r = 0; r < n_rows; ++r)
+        for (int64_t i = 0; i < n; ++i) x[r * n + i] += bias[i];
+}
+
+void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+          int64_t n_rot, float freq_base, float freq_scale, bool neox) {
+    if (n_rot <= 0 || n_rot > head_dim || n_rot % 2 != 0)
+        fail("rope: rotated dims {} must be even and within head_dim {}", n_rot, head_dim);
+    const int64_t half = n_rot / 2;
+    std::vector<float> cos_t(half), sin_t(half);  // [n_rot / 2] for one position
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        for (int64_t i = 0; i < half; ++i) {
+            double inv_freq = std::pow(double(freq_base), -2.0 * double(i) / double(n_rot));
+            double theta = double(pos[t]) * double(freq_scale) * inv_freq;
+            cos_t[i] = float(std::cos(theta));
+            sin_t[i] = float(std::sin(theta));
+        }
+        for (int64_t h = 0; h < n_heads; ++h) {
+            float* v = x + (t * n_heads + h) * head_dim;
+            for (int64_t i = 0; i < half; ++i) {
+                int64_t a = neox ? i : 2 * i;
+                int64_t b = neox ? i + half : 2 * i + 1;
+                float x0 = v[a], x1 = v[b];
+                v[a] = x0 * cos_t[i] - x1 * sin_t[i];
+                v[b] = x0 * sin_t[i] + x1 * cos_t[i];
+            }
+        }
+    }
+}
+
+void swiglu(float* out, const float* gate, const float* up, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        float g = gate[i];
+        out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+}
+
+void add(float* x, const float* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void embed(float* out, const WeightView& table, const int32_t* tokens, int64_t n_tokens) {
+    const auto* base = static_cast<const uint8_t*>(table.data);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        if (tokens[t] < 0 || tokens[t] >= table.n_out)
+            fail("token id {} is out of range (vocabulary of {})", tokens[t], table.n_out);
+        dequantize_row(table.type, base + tokens[t] * table.row_bytes, out + t * table.n_in,
+                       table.n_in);
+    }
+}
+
+void softmax(float* x, int64_t n) {
+    if (n <= 0) return;
+    float mx = *std::max_element(x, x + n);
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        x[i] = std::exp(x[i] - mx);
+        sum += x[i];
+    }
+    float inv = float(1.0 / sum);
+    for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, const float* v) {
+    check_kv_view(kv);
+    const int64_t row = kv.n_kv_head * kv.head_dim;
+    for (int64_t t = 0; t < batch.n_tokens; ++t) {
+        int64_t slot = batch.token_slot[t];
+        if (slot < 0) fail("KV batch: token {} has negative slot {}", t, slot);
+        int64_t block = kv_block_of(kv, batch, t, slot);
+        for (int64_t h = 0; h < kv.n_kv_head; ++h) {
+            int64_t r = slot % kv.block_size;
+            kv_store_row(kv_row(kv.k, kv.k_type, kv, block, h, r), kv.k_type,
+                         k + t * row + h * kv.head_dim, kv.head_dim);
+            kv_store_row(kv_row(kv.v, kv.v_type, kv, block, h, r), kv.v_type,
+                         v + t * row + h * kv.head_dim, kv.head_dim);
+        }
+    }
+}
+
+void paged_attention(float* out, const float* q, const KvLayerView& kv, const KvBatchView& batch,
+                     int64_t n_head, float scale) {
+    check_kv_view(kv);
+    if (n_head <= 0 || n_head % kv.n_kv_head != 0)
+        fail("paged_attention: {} query heads do not divide into {} KV heads", n_head,
+             kv.n_kv_head);
+    const int64_t hd = kv.head_dim, group = n_head / kv.n_kv_head;
+    int64_t max_slot = -1, work = 0;
+    for (int64_t t = 0; t < batch.n_tokens; ++t) {
+        if (batch.token_slot[t] < 0)
+            fail("KV batch: token {} has negative slot {}", t, batch.token_slot[t]);
+        max_slot = std::max<int64_t>(max_slot, batch.token_slot[t]);
+        work += (batch.token_slot[t] + 1) * n_head * hd * 2;
+    }
+    // Validate every block id up front, so worker threads never meet bad input.
+    for (int64_t t = 0; t < batch.n_tokens; ++t)
+        for (int64_t s = 0; s <= batch.token_slot[t]; s += kv.block_size)
+            kv_block_of(kv, batch, t, s);
+
+    const int64_t n_items = batch.n_tokens * n_head;  // one (token, head) pair each
+    int64_t per_item = std::max<int64_t>(1, work / std::max<int64_t>(1, n_items));
+    int64_t grain = std::max<int64_t>(1, kMinParallelWork / per_item);
+    cpu_thread_pool().parallel_for(n_items, grain, [&](int64_t i0, int64_t i1) {
+        std::vector<float> scores(max_slot + 1);  // [n_slots] of the current token
+        std::vector<float> tmp(hd);               // [head_dim] one converted K or V row
+        for (int64_t item = i0; item < i1; ++item) {
+            const int64_t t = item / n_head, h = item % n_head, kvh = h / group;
+            const int64_t n_slots = batch.token_slot[t] + 1;
+            const float* qv = q + item * hd;
+            for (int64_t s = 0; s < n_slots; ++s) {
+                int64_t block = kv_block_of(kv, batch, t, s);
+                const float* kr =
+                    kv_load_row(kv_row(kv.k, kv.k_type, kv, block, kvh, s % kv.block_size),
+                                kv.k_type, tmp.data(), hd);
+                scores[s] = dot_f32(qv, kr, hd) * scale;
+            }
+            softmax(scores.data(), n_slots);
+            float* o = out + item * hd;
+            std::fill(o, o + hd, 0.0f);
+            for (int64_t s = 0; s < n_slots; ++s) {
+                int64_t block = kv_block_of(kv, batch, t, s);
+                const float* vr =
+                    kv_load_row(kv_row(kv.v, kv.v_type, kv, block, kvh, s % kv.block_size),
+                                kv.v_type, tmp.data(), hd);
+                axpy_f32(o, scores[s], vr, hd);
+            }
+        }
+    });
+}
+
+}  // namespace kvrun::cpu

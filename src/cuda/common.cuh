@@ -1,0 +1,107 @@
+// Shared CUDA helpers: CUDA_CHECK / CUBLAS_CHECK (a failed call stops the program with
+// file:line by throwing kvrun::Error), warp reductions and half/bfloat16 loads.
+// The checking macros are plain C++ so host .cpp files of the CUDA backend can use them too.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace kvrun {
+
+// Throws kvrun::Error("what (at file:line)"). Defined in device.cpp so CUDA
+// translation units need not include fmt.
+[[noreturn]] void cuda_throw(const char* file, int line, const char* what);
+// Same for a failed CUDA runtime call: names the call and the CUDA error string.
+[[noreturn]] void cuda_throw_call(const char* file, int line, const char* call, cudaError_t err);
+// Same for a failed cuBLAS call (status is a cublasStatus_t).
+[[noreturn]] void cuda_throw_cublas(const char* file, int line, const char* call, int status);
+
+}  // namespace kvrun
+
+#define CUDA_CHECK(call)                                                              \
+    do {                                                                              \
+        cudaError_t kvrun_err_ = (call);                                              \
+        if (kvrun_err_ != cudaSuccess)                                                \
+            ::kvrun::cuda_throw_call(__FILE__, __LINE__, #call, kvrun_err_);          \
+    } while (0)
+
+#define CUBLAS_CHECK(call)                                                            \
+    do {                                                                              \
+        int kvrun_st_ = int(call);                                                    \
+        if (kvrun_st_ != 0) ::kvrun::cuda_throw_cublas(__FILE__, __LINE__, #call, kvrun_st_); \
+    } while (0)
+
+// Checks the most recent kernel launch (bad configuration, missing image for this GPU).
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+// Precondition check in launchers: throws with file:line and the message when false.
+#define CUDA_REQUIRE(cond, msg)                                            \
+    do {                                                                   \
+        if (!(cond)) ::kvrun::cuda_throw(__FILE__, __LINE__, msg);         \
+    } while (0)
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace kvrun::cu {
+
+constexpr int kWarp = 32;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024). Every thread gets
+// the result. `scratch` holds 32 floats of shared memory; it may be reused after return.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    const int n_warps = blockDim.x / kWarp;
+    v = warp_sum(v);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < n_warps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    const int n_warps = blockDim.x / kWarp;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < n_warps ? scratch[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+// Byte-packed little-endian loads (GGUF blocks are not naturally aligned).
+__device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) {
+    return *reinterpret_cast<const uint16_t*>(p);  // callers guarantee 2-byte alignment
+}
+__device__ __forceinline__ float ld_f16(const uint8_t* p) {
+    return __half2float(*reinterpret_cast<const __half*>(p));
+}
+__device__ __forceinline__ float bf16_bits_to_float(uint32_t bits16) {
+    return __uint_as_float(bits16 << 16);
+}
+// 32-bit word from a 2-byte aligned address.
+__device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t* p) {
+    const uint16_t* q = reinterpret_cast<const uint16_t*>(p);
+    return uint32_t(q[0]) | (uint32_t(q[1]) << 16);
+}
+
+__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace kvrun::cu
+#endif  // __CUDACC__

@@ -1,0 +1,532 @@
+// The CUDA backend (cuda_backend.h): weights uploaded once into one device arena, per-layer
+// paged K/V pools in device memory, and the same forward pass as the CPU backend built from
+// the ops in ops.h on one stream. Decode-sized batches (<= kGraphMaxTokens tokens) are
+// captured into a CUDA graph per shape (tokens, logit rows, block-table width) on their
+// second occurrence and replayed afterwards; batch contents travel in device buffers with
+// fixed addresses, so one graph serves every step of the same shape.
+#include "cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "common.h"
+#include "cuda/common.cuh"
+#include "cuda/ops.h"
+#include "model_config.h"
+#include "quant.h"
+#include "weights.h"
+
+namespace kvrun {
+namespace {
+
+constexpr int64_t kGraphMaxTokens = 16;     // batches up to this size replay CUDA graphs
+constexpr int64_t kMinTokenCapacity = 64;   // activation buffers hold at least this many
+constexpr size_t kAlign = 256;
+
+size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+// One device allocation that frees itself.
+class DeviceMem {
+  public:
+    DeviceMem() = default;
+    DeviceMem(size_t bytes, const char* what) : p_(cuda_alloc(bytes, what)), bytes_(bytes) {}
+    DeviceMem(DeviceMem&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(o.bytes_) {}
+    DeviceMem& operator=(DeviceMem&& o) noexcept {
+        std::swap(p_, o.p_);
+        std::swap(bytes_, o.bytes_);
+        return *this;
+    }
+    ~DeviceMem() { cuda_free(p_); }
+    uint8_t* get() const { return static_cast<uint8_t*>(p_); }
+    size_t size() const { return bytes_; }
+
+  private:
+    void* p_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+// Pinned host memory (fast, truly asynchronous uploads).
+class PinnedMem {
+  public:
+    PinnedMem() = default;
+    explicit PinnedMem(size_t bytes) : bytes_(bytes) {
+        CUDA_CHECK(cudaHostAlloc(&p_, bytes, cudaHostAllocDefault));
+    }
+    PinnedMem(PinnedMem&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(o.bytes_) {}
+    PinnedMem& operator=(PinnedMem&& o) noexcept {
+        std::swap(p_, o.p_);
+        std::swap(bytes_, o.bytes_);
+        return *this;
+    }
+    ~PinnedMem() {
+        if (p_) (void)cudaFreeHost(p_);
+    }
+    uint8_t* get() const { return static_cast<uint8_t*>(p_); }
+
+  private:
+    void* p_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+// The backend's stream; declared before the members that use it so it is destroyed last.
+class Stream {
+  public:
+    Stream() { CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+    ~Stream() {
+        if (s_) {
+            (void)cudaStreamSynchronize(s_);
+            (void)cudaStreamDestroy(s_);
+        }
+    }
+    Stream(const Stream&) = delete;
+    Stream& operator=(const Stream&) = delete;
+    cudaStream_t get() const { return s_; }
+
+  private:
+    cudaStream_t s_ = nullptr;
+};
+
+struct DeviceLayer {
+    const float* attn_norm = nullptr;  // [n_embd]
+    const float* ffn_norm = nullptr;   // [n_embd]
+    const float *bq = nullptr, *bk = nullptr, *bv = nullptr;  // [q_dim], [kv_dim] x2 or null
+    WeightView wq, wk, wv, wo, w_gate, w_up, w_down;          // data in device memory
+};
+
+class CudaBackend final : public Backend {
+  public:
+    CudaBackend(const GgufFile& file, const BackendOptions& options, int device);
+    ~CudaBackend() override { clear_graphs(); }
+
+    const ModelConfig& config() const override { return config_; }
+    void forward(const ForwardBatch& batch, float* logits) override;
+    void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) override;
+    int64_t n_kv_blocks() const override { return n_blocks_; }
+    int32_t kv_block_size() const override { return options_.kv_block_size; }
+    std::string name() const override { return "cuda"; }
+
+  private:
+    void upload_weights(const GgufFile& file);
+    void allocate_kv();
+    void validate(const ForwardBatch& b) const;
+    void ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t table_entries);
+    void enqueue_forward(int64_t n_tokens, int64_t n_rows, int64_t max_blocks);
+    void run_step(int64_t n_tokens, int64_t n_rows, int64_t max_blocks);
+    KvLayerView kv_layer(int64_t l) const;
+    void clear_graphs();
+
+    int device_;
+    ModelConfig config_;
+    BackendOptions options_;
+    Stream stream_;
+    CudaScratch scratch_;
+
+    DeviceMem weight_mem_;  // every matrix and vector, 256-byte aligned
+    WeightView token_embd_, output_;
+    const float* output_norm_ = nullptr;
+    std::vector<DeviceLayer> layers_;
+
+    int64_t n_blocks_ = 0, k_block_bytes_ = 0, v_block_bytes_ = 0;
+    DeviceMem kv_mem_;                  // per layer: K pool then V pool
+    std::vector<uint8_t*> k_pool_, v_pool_;  // [n_layer] of [n_blocks][n_kv_head][bs][hd]
+
+    // Activations for up to token_cap_ tokens.
+    int64_t token_cap_ = 0, row_cap_ = 0, table_cap_ = 0;
+    DeviceMem act_mem_, logits_mem_, meta_mem_;
+    PinnedMem meta_host_;
+    float *x_ = nullptr, *xb_ = nullptr;  // [T][n_embd] residual / normed or projected
+    float *q_ = nullptr, *att_ = nullptr; // [T][q_dim]
+    float *k_ = nullptr, *v_ = nullptr;   // [T][kv_dim]
+    float *gate_ = nullptr, *up_ = nullptr;  // [T][n_ff]
+    float *xr_ = nullptr;                 // [R][n_embd] rows that need logits
+    float* logits_ = nullptr;             // [R][n_vocab]
+    // Batch metadata on the device (int32): tokens, positions, seq, slot [token_cap_] each,
+    // logit rows [row_cap_], block tables [table_cap_].
+    int32_t *d_tokens_ = nullptr, *d_pos_ = nullptr, *d_seq_ = nullptr, *d_slot_ = nullptr;
+    int32_t *d_rows_ = nullptr, *d_table_ = nullptr;
+
+    bool use_graphs_ = true;
+    size_t scratch_seen_ = 0;  // scratch size the captured graphs were recorded with
+    struct GraphEntry {
+        cudaGraphExec_t exec = nullptr;
+        int eager_runs = 0;
+    };
+    std::map<std::tuple<int64_t, int64_t, int64_t>, GraphEntry> graphs_;
+};
+
+CudaBackend::CudaBackend(const GgufFile& file, const BackendOptions& options, int device)
+    : device_((cuda_set_device(device), device)),
+      config_(model_config_from_gguf(file)),
+      options_(options) {
+    if (config_.head_dim > 256)
+        throw Error(fmt::format("{}: head_dim {} is larger than the CUDA attention kernels "
+                                "support (256)",
+                                file.path(), config_.head_dim),
+                    "use --device cpu");
+    for (KvType t : {options_.kv_type_k, options_.kv_type_v})
+        if (t != KvType::F16 && t != KvType::F32)
+            throw Error("the CUDA backend stores the KV cache as f16 or f32 only (for now)",
+                        "use --kv-type f16");
+    if (const char* env = std::getenv("KVRUN_CUDA_GRAPHS"); env && std::string(env) == "0")
+        use_graphs_ = false;
+    upload_weights(file);
+    allocate_kv();
+    ensure_capacity(kMinTokenCapacity, 1, 1024);
+}
+
+void CudaBackend::upload_weights(const GgufFile& file) {
+    const ModelWeights hw = weights_load(file, config_);
+    // Plan the arena: every matrix and vector at a 256-byte aligned offset.
+    struct Item {
+        const void* src;
+        size_t bytes;
+        size_t offset;
+    };
+    std::vector<Item> items;
+    size_t total = 0;
+    auto add = [&](const void* src, size_t bytes) {
+        items.push_back({src, bytes, total});
+        total += align_up(bytes);
+        return items.size() - 1;
+    };
+    auto add_matrix = [&](const WeightView& w, const std::string& what) {
+        if (!cuda_supports_weight_type(w.type))
+            throw Error(fmt::format("{}: {} has type {}, which the CUDA kernels do not support",
+                                    file.path(), what, ggml_type_name(w.type)),
+                        "use --device cpu");
+        return add(w.data, w.row_bytes * size_t(w.n_out));
+    };
+    auto add_vector = [&](const std::vector<float>& v) {
+        return add(v.data(), v.size() * sizeof(float));
+    };
+    const size_t i_embd = add_matrix(hw.token_embd, "token_embd.weight");
+    const size_t i_out = hw.output_tied ? i_embd : add_matrix(hw.output, "output.weight");
+    const size_t i_out_norm = add_vector(hw.output_norm);
+    struct LayerItems {
+        size_t attn_norm, ffn_norm, bq, bk, bv, wq, wk, wv, wo, gate, up, down;
+    };
+    std::vector<LayerItems> li(hw.layers.size());
+    for (size_t l = 0; l < hw.layers.size(); ++l) {
+        const LayerWeights& w = hw.layers[l];
+        const std::string p = fmt::format("blk.{}.", l);
+        LayerItems& it = li[l];
+        it.attn_norm = add_vector(w.attn_norm);
+        it.ffn_norm = add_vector(w.ffn_norm);
+        it.bq = w.bq.empty() ? SIZE_MAX : add_vector(w.bq);
+        it.bk = w.bk.empty() ? SIZE_MAX : add_vector(w.bk);
+        it.bv = w.bv.empty() ? SIZE_MAX : add_vector(w.bv);
+        it.wq = add_matrix(w.wq, p + "attn_q.weight");
+        it.wk = add_matrix(w.wk, p + "attn_k.weight");
+        it.wv = add_matrix(w.wv, p + "attn_v.weight");
+        it.wo = add_matrix(w.wo, p + "attn_output.weight");
+        it.gate = add_matrix(w.w_gate, p + "ffn_gate.weight");
+        it.up = add_matrix(w.w_up, p + "ffn_up.weight");
+        it.down = add_matrix(w.w_down, p + "ffn_down.weight");
+    }
+    weight_mem_ = DeviceMem(total, "the model weights");
+    for (const Item& it : items)
+        CUDA_CHECK(cudaMemcpy(weight_mem_.get() + it.offset, it.src, it.bytes,
+                              cudaMemcpyHostToDevice));
+
+    uint8_t* base = weight_mem_.get();
+    auto on_device = [&](const WeightView& w, size_t i) {
+        WeightView d = w;
+        d.data = base + items[i].offset;
+        return d;
+    };
+    auto vec = [&](size_t i) -> const float* {
+        return i == SIZE_MAX ? nullptr : reinterpret_cast<const float*>(base + items[i].offset);
+    };
+    token_embd_ = on_device(hw.token_embd, i_embd);
+    output_ = on_device(hw.output, i_out);
+    output_norm_ = vec(i_out_norm);
+    layers_.resize(hw.layers.size());
+    for (size_t l = 0; l < hw.layers.size(); ++l) {
+        const LayerWeights& w = hw.layers[l];
+        const LayerItems& it = li[l];
+        DeviceLayer& d = layers_[l];
+        d.attn_norm = vec(it.attn_norm);
+        d.ffn_norm = vec(it.ffn_norm);
+        d.bq = vec(it.bq);
+        d.bk = vec(it.bk);
+        d.bv = vec(it.bv);
+        d.wq = on_device(w.wq, it.wq);
+        d.wk = on_device(w.wk, it.wk);
+        d.wv = on_device(w.wv, it.wv);
+        d.wo = on_device(w.wo, it.wo);
+        d.w_gate = on_device(w.w_gate, it.gate);
+        d.w_up = on_device(w.w_up, it.up);
+        d.w_down = on_device(w.w_down, it.down);
+    }
+}
+
+void CudaBackend::allocate_kv() {
+    n_blocks_ = kv_blocks_for(config_, options_);
+    k_block_bytes_ = kv_layer_block_bytes(options_.kv_type_k, config_.n_kv_head,
+                                          options_.kv_block_size, config_.head_dim);
+    v_block_bytes_ = kv_layer_block_bytes(options_.kv_type_v, config_.n_kv_head,
+                                          options_.kv_block_size, config_.head_dim);
+    const size_t k_bytes = align_up(size_t(n_blocks_) * size_t(k_block_bytes_));
+    const size_t v_bytes = align_up(size_t(n_blocks_) * size_t(v_block_bytes_));
+    const std::string what = fmt::format("the KV cache ({} blocks of {} tokens x {} layers)",
+                                         n_blocks_, options_.kv_block_size, config_.n_layer);
+    kv_mem_ = DeviceMem((k_bytes + v_bytes) * size_t(config_.n_layer), what.c_str());
+    // Zeroed so that no stale NaN can ever meet a zero attention weight.
+    CUDA_CHECK(cudaMemset(kv_mem_.get(), 0, kv_mem_.size()));
+    for (int64_t l = 0; l < config_.n_layer; ++l) {
+        k_pool_.push_back(kv_mem_.get() + size_t(l) * (k_bytes + v_bytes));
+        v_pool_.push_back(k_pool_.back() + k_bytes);
+    }
+}
+
+KvLayerView CudaBackend::kv_layer(int64_t l) const {
+    KvLayerView kv;
+    kv.k_type = options_.kv_type_k;
+    kv.v_type = options_.kv_type_v;
+    kv.k = k_pool_[size_t(l)];
+    kv.v = v_pool_[size_t(l)];
+    kv.n_blocks = n_blocks_;
+    kv.n_kv_head = config_.n_kv_head;
+    kv.block_size = options_.kv_block_size;
+    kv.head_dim = config_.head_dim;
+    return kv;
+}
+
+void CudaBackend::clear_graphs() {
+    for (auto& [key, g] : graphs_)
+        if (g.exec) (void)cudaGraphExecDestroy(g.exec);
+    graphs_.clear();
+}
+
+void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t table_entries) {
+    const ModelConfig& c = config_;
+    bool grown = false;
+    if (n_tokens > token_cap_) {
+        token_cap_ = std::max({n_tokens, 2 * token_cap_, kMinTokenCapacity});
+        const size_t T = size_t(token_cap_);
+        const size_t sizes[] = {T * size_t(c.n_embd), T * size_t(c.n_embd), T * size_t(c.q_dim()),
+                                T * size_t(c.q_dim()), T * size_t(c.kv_dim()), T * size_t(c.kv_dim()),
+                                T * size_t(c.n_ff),   T * size_t(c.n_ff),   T * size_t(c.n_embd)};
+        float** ptrs[] = {&x_, &xb_, &q_, &att_, &k_, &v_, &gate_, &up_, &xr_};
+        size_t total = 0;
+        for (size_t s : sizes) total += align_up(s * sizeof(float));
+        act_mem_ = DeviceMem();  // free first: the old buffers are no longer needed
+        act_mem_ = DeviceMem(total, "activation buffers");
+        size_t off = 0;
+        for (size_t i = 0; i < std::size(sizes); ++i) {
+            *ptrs[i] = reinterpret_cast<float*>(act_mem_.get() + off);
+            off += align_up(sizes[i] * sizeof(float));
+        }
+        grown = true;
+    }
+    if (n_rows > row_cap_) {
+        row_cap_ = std::max({n_rows, 2 * row_cap_, int64_t(8)});
+        logits_mem_ = DeviceMem();
+        logits_mem_ = DeviceMem(size_t(row_cap_) * size_t(c.n_vocab) * sizeof(float),
+                                "the logits buffer");
+        logits_ = reinterpret_cast<float*>(logits_mem_.get());
+        grown = true;
+    }
+    if (grown || table_entries > table_cap_) {
+        table_cap_ = std::max({table_entries, 2 * table_cap_, int64_t(1024)});
+        const size_t n = size_t(4 * token_cap_ + row_cap_ + table_cap_);
+        meta_mem_ = DeviceMem();
+        meta_mem_ = DeviceMem(n * sizeof(int32_t), "batch metadata");
+        meta_host_ = PinnedMem(n * sizeof(int32_t));
+        auto* m = reinterpret_cast<int32_t*>(meta_mem_.get());
+        d_tokens_ = m;
+        d_pos_ = m + token_cap_;
+        d_seq_ = m + 2 * token_cap_;
+        d_slot_ = m + 3 * token_cap_;
+        d_rows_ = m + 4 * token_cap_;
+        d_table_ = d_rows_ + row_cap_;
+        grown = true;
+    }
+    if (grown) clear_graphs();  // captured graphs point at the old buffers
+}
+
+void CudaBackend::validate(const ForwardBatch& b) const {
+    const size_t n = b.tokens.size();
+    if (b.positions.size() != n || b.seq_index.size() != n || b.slots.size() != n)
+        fail("forward batch: {} tokens but {} positions, {} sequence indices, {} slots", n,
+             b.positions.size(), b.seq_index.size(), b.slots.size());
+    const int64_t bs = options_.kv_block_size;
+    for (const auto& table : b.block_tables)
+        for (int32_t id : table)
+            if (id < 0 || id >= n_blocks_)
+                fail("forward batch: block id {} outside the pool of {} blocks", id, n_blocks_);
+    for (size_t i = 0; i < n; ++i) {
+        if (b.tokens[i] < 0 || b.tokens[i] >= config_.n_vocab)
+            fail("forward batch: token id {} out of range (vocabulary of {})", b.tokens[i],
+                 config_.n_vocab);
+        if (b.positions[i] < 0) fail("forward batch: negative position {}", b.positions[i]);
+        if (b.seq_index[i] < 0 || size_t(b.seq_index[i]) >= b.block_tables.size())
+            fail("forward batch: sequence index {} but {} block tables", b.seq_index[i],
+                 b.block_tables.size());
+        const auto& table = b.block_tables[size_t(b.seq_index[i])];
+        if (b.slots[i] < 0 || b.slots[i] / bs >= int64_t(table.size()))
+            fail("forward batch: slot {} of sequence {} is outside its {} blocks of {} tokens",
+                 b.slots[i], b.seq_index[i], table.size(), bs);
+    }
+    for (int32_t r : b.logit_rows)
+        if (r < 0 || size_t(r) >= n)
+            fail("forward batch: logit row {} outside the batch of {} tokens", r, n);
+}
+
+// Enqueues the whole forward pass on the stream (no host synchronization, capturable).
+void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
+    const ModelConfig& c = config_;
+    const cudaStream_t s = stream_.get();
+    const KvBatchView kb{d_seq_, d_slot_, d_table_, max_blocks, T};
+    const float scale = 1.0f / std::sqrt(float(c.head_dim));
+    cuda_embed(x_, token_embd_, d_tokens_, T, s);
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+        const DeviceLayer& w = layers_[size_t(l)];
+        // Attention block.
+        cuda_rmsnorm(xb_, x_, w.attn_norm, T, c.n_embd, c.norm_eps, s);
+        cuda_matmul(q_, xb_, w.wq, T, scratch_, s);
+        cuda_matmul(k_, xb_, w.wk, T, scratch_, s);
+        cuda_matmul(v_, xb_, w.wv, T, scratch_, s);
+        if (w.bq) {
+            cuda_add_bias(q_, w.bq, T, c.q_dim(), s);
+            cuda_add_bias(k_, w.bk, T, c.kv_dim(), s);
+            cuda_add_bias(v_, w.bv, T, c.kv_dim(), s);
+        }
+        cuda_rope(q_, d_pos_, T, c.n_head, c.head_dim, c.n_rot, c.rope_freq_base,
+                  c.rope_freq_scale, c.rope_neox, s);
+        cuda_rope(k_, d_pos_, T, c.n_kv_head, c.head_dim, c.n_rot, c.rope_freq_base,
+                  c.rope_freq_scale, c.rope_neox, s);
+        const KvLayerView kv = kv_layer(l);
+        cuda_kv_write(kv, kb, k_, v_, s);
+        cuda_paged_attention(att_, q_, kv, kb, c.n_head, scale, scratch_, s);
+        cuda_matmul(xb_, att_, w.wo, T, scratch_, s);
+        cuda_add(x_, xb_, T * c.n_embd, s);
+        // Feed-forward block.
+        cuda_rmsnorm(xb_, x_, w.ffn_norm, T, c.n_embd, c.norm_eps, s);
+        cuda_matmul(gate_, xb_, w.w_gate, T, scratch_, s);
+        cuda_matmul(up_, xb_, w.w_up, T, scratch_, s);
+        cuda_swiglu(gate_, gate_, up_, T * c.n_ff, s);
+        cuda_matmul(xb_, gate_, w.w_down, T, scratch_, s);
+        cuda_add(x_, xb_, T * c.n_embd, s);
+    }
+    if (R == 0) return;
+    // Final norm and output projection only for the rows that need logits.
+    cuda_gather_rows(xr_, x_, d_rows_, R, c.n_embd, s);
+    cuda_rmsnorm(xr_, xr_, output_norm_, R, c.n_embd, c.norm_eps, s);
+    cuda_matmul(logits_, xr_, output_, R, scratch_, s);
+}
+
+// Runs the step: eagerly, or from a CUDA graph for decode-sized batches (captured on the
+// second eager-free occurrence of a shape, so the first run sizes the scratch buffers).
+void CudaBackend::run_step(int64_t T, int64_t R, int64_t max_blocks) {
+    if (!use_graphs_ || T > kGraphMaxTokens) {
+        enqueue_forward(T, R, max_blocks);
+        return;
+    }
+    GraphEntry& g = graphs_[{T, R, max_blocks}];
+    if (!g.exec && g.eager_runs == 0) {
+        enqueue_forward(T, R, max_blocks);
+        ++g.eager_runs;
+        return;
+    }
+    if (!g.exec) {
+        cudaGraph_t graph = nullptr;
+        CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
+        try {
+            enqueue_forward(T, R, max_blocks);
+        } catch (...) {
+            // Leave capture mode so the stream stays usable, then run without graphs.
+            (void)cudaStreamEndCapture(stream_.get(), &graph);
+            if (graph) (void)cudaGraphDestroy(graph);
+            (void)cudaGetLastError();
+            use_graphs_ = false;
+            enqueue_forward(T, R, max_blocks);
+            return;
+        }
+        CUDA_CHECK(cudaStreamEndCapture(stream_.get(), &graph));
+        const cudaError_t err = cudaGraphInstantiate(&g.exec, graph, 0);
+        (void)cudaGraphDestroy(graph);
+        if (err != cudaSuccess) cuda_throw_call(__FILE__, __LINE__, "cudaGraphInstantiate", err);
+    }
+    CUDA_CHECK(cudaGraphLaunch(g.exec, stream_.get()));
+}
+
+void CudaBackend::forward(const ForwardBatch& b, float* logits) {
+    validate(b);
+    const int64_t T = int64_t(b.tokens.size());
+    if (T == 0) return;
+    CUDA_CHECK(cudaSetDevice(device_));
+    const int64_t R = int64_t(b.logit_rows.size());
+    // Block tables flattened to [n_seqs][max_blocks], -1 padded. The width is rounded up
+    // to a power of two so growing sequences reuse the same captured graph for long.
+    int64_t width = 1;
+    for (const auto& table : b.block_tables) width = std::max<int64_t>(width, table.size());
+    int64_t max_blocks = 8;
+    while (max_blocks < width) max_blocks *= 2;
+    const int64_t n_seqs = int64_t(b.block_tables.size());
+    ensure_capacity(T, std::max<int64_t>(R, 1), n_seqs * max_blocks);
+
+    auto* h = reinterpret_cast<int32_t*>(meta_host_.get());
+    std::memcpy(h, b.tokens.data(), size_t(T) * 4);
+    std::memcpy(h + token_cap_, b.positions.data(), size_t(T) * 4);
+    std::memcpy(h + 2 * token_cap_, b.seq_index.data(), size_t(T) * 4);
+    std::memcpy(h + 3 * token_cap_, b.slots.data(), size_t(T) * 4);
+    std::memcpy(h + 4 * token_cap_, b.logit_rows.data(), size_t(R) * 4);
+    int32_t* ht = h + 4 * token_cap_ + row_cap_;
+    std::fill(ht, ht + n_seqs * max_blocks, -1);
+    for (int64_t sq = 0; sq < n_seqs; ++sq)
+        std::copy(b.block_tables[size_t(sq)].begin(), b.block_tables[size_t(sq)].end(),
+                  ht + sq * max_blocks);
+    const size_t meta_bytes = size_t(4 * token_cap_ + row_cap_ + n_seqs * max_blocks) * 4;
+    CUDA_CHECK(cudaMemcpyAsync(meta_mem_.get(), h, meta_bytes, cudaMemcpyHostToDevice,
+                               stream_.get()));
+    run_step(T, R, max_blocks);
+    if (R > 0)
+        CUDA_CHECK(cudaMemcpyAsync(logits, logits_, size_t(R * config_.n_vocab) * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream_.get()));
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    if (scratch_.size() != scratch_seen_) {
+        clear_graphs();  // an eager run grew (reallocated) the scratch the graphs point at
+        scratch_seen_ = scratch_.size();
+    }
+}
+
+void CudaBackend::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) {
+    for (auto [src, dst] : src_dst)
+        if (src < 0 || src >= n_blocks_ || dst < 0 || dst >= n_blocks_)
+            fail("copy_blocks: block pair ({}, {}) outside the pool of {} blocks", src, dst,
+                 n_blocks_);
+    CUDA_CHECK(cudaSetDevice(device_));
+    for (auto [src, dst] : src_dst) {
+        if (src == dst) continue;
+        for (int64_t l = 0; l < config_.n_layer; ++l) {
+            uint8_t* k = k_pool_[size_t(l)];
+            uint8_t* v = v_pool_[size_t(l)];
+            CUDA_CHECK(cudaMemcpyAsync(k + dst * k_block_bytes_, k + src * k_block_bytes_,
+                                       size_t(k_block_bytes_), cudaMemcpyDeviceToDevice,
+                                       stream_.get()));
+            CUDA_CHECK(cudaMemcpyAsync(v + dst * v_block_bytes_, v + src * v_block_bytes_,
+                                       size_t(v_block_bytes_), cudaMemcpyDeviceToDevice,
+                                       stream_.get()));
+        }
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const GgufFile& file, const BackendOptions& options,
+                                           int device) {
+    return std::make_unique<CudaBackend>(file, options, device);
+}
+
+}  // namespace kvrun

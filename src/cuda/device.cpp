@@ -1,0 +1,109 @@
+// CUDA device queries, checked allocation with a helpful out-of-memory message, and the
+// error helpers behind CUDA_CHECK / CUBLAS_CHECK (common.cuh).
+#include "cuda/device.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "common.h"
+#include "cuda/common.cuh"
+
+namespace kvrun {
+
+void cuda_throw(const char* file, int line, const char* what) {
+    throw Error(fmt::format("{} (at {}:{})", what, file, line));
+}
+
+void cuda_throw_call(const char* file, int line, const char* call, cudaError_t err) {
+    throw Error(fmt::format("CUDA error at {}:{}: {} failed: {} ({})", file, line, call,
+                            cudaGetErrorString(err), cudaGetErrorName(err)));
+}
+
+void cuda_throw_cublas(const char* file, int line, const char* call, int status) {
+    throw Error(fmt::format("cuBLAS error at {}:{}: {} failed: {} ({})", file, line, call,
+                            cublasGetStatusString(cublasStatus_t(status)), status));
+}
+
+int cuda_device_count() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();  // clear the sticky "no driver" error
+        return 0;
+    }
+    return n;
+}
+
+CudaDeviceInfo cuda_device_info(int device) {
+    const int n = cuda_device_count();
+    if (device < 0 || device >= n)
+        throw Error(fmt::format("CUDA device {} does not exist ({} device{} found)", device, n,
+                                n == 1 ? "" : "s"),
+                    n ? fmt::format("use --device cuda:0 .. cuda:{}", n - 1)
+                      : "use --device cpu");
+    cudaDeviceProp p{};
+    CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+    CudaDeviceInfo info;
+    info.id = device;
+    info.name = p.name;
+    info.cc_major = p.major;
+    info.cc_minor = p.minor;
+    info.sm_count = p.multiProcessorCount;
+    info.total_bytes = p.totalGlobalMem;
+    info.smem_per_block_optin = p.sharedMemPerBlockOptin;
+    int clock_khz = 0, bus_bits = 0;
+    if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess)
+        info.peak_bandwidth_gbs = 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / 1e9;  // DDR
+    (void)cudaGetLastError();
+    int current = 0;
+    CUDA_CHECK(cudaGetDevice(&current));
+    if (current == device) {
+        size_t free_b = 0, total_b = 0;
+        if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) info.free_bytes = free_b;
+    }
+    return info;
+}
+
+std::string cuda_device_summary(const CudaDeviceInfo& i) {
+    return fmt::format("{} (sm_{}{}, {} SMs, {:.1f} GiB, {:.0f} GB/s)", i.name, i.cc_major,
+                       i.cc_minor, i.sm_count, double(i.total_bytes) / (1 << 30),
+                       i.peak_bandwidth_gbs);
+}
+
+void cuda_set_device(int device) {
+    (void)cuda_device_info(device);  // validates the id with a clear message
+    CUDA_CHECK(cudaSetDevice(device));
+}
+
+void cuda_mem_info(size_t* free_bytes, size_t* total_bytes) {
+    CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
+std::string cuda_oom_message(const char* what, size_t requested, size_t free_bytes,
+                             size_t total_bytes) {
+    const double mib = 1024.0 * 1024.0;
+    return fmt::format(
+        "out of GPU memory allocating {}: requested {:.1f} MiB, {:.1f} MiB free of {:.1f} MiB",
+        what, requested / mib, free_bytes / mib, total_bytes / mib);
+}
+
+void* cuda_alloc(size_t bytes, const char* what) {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        (void)cudaMemGetInfo(&free_b, &total_b);
+        throw Error(cuda_oom_message(what, bytes, free_b, total_b),
+                    "use a smaller --kv-memory or --ctx, a smaller model, or --device cpu");
+    }
+    if (err != cudaSuccess) cuda_throw_call(__FILE__, __LINE__, "cudaMalloc", err);
+    return p;
+}
+
+void cuda_free(void* p) noexcept {
+    if (p) (void)cudaFree(p);
+}
+
+}  // namespace kvrun

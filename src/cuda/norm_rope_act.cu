@@ -1,0 +1,155 @@
+// Small dense ops of the forward pass: RMSNorm, softmax (one block per row), RoPE (one
+// thread per rotated pair), SwiGLU, residual add, bias add and row gather (one thread per
+// element).
+#include <cstdint>
+
+#include "cuda/common.cuh"
+#include "cuda/ops.h"
+
+namespace kvrun {
+namespace {
+
+constexpr int kRowThreads = 256;
+constexpr int kEltThreads = 256;
+
+unsigned elt_blocks(int64_t n) { return unsigned(cu::ceil_div(n, kEltThreads)); }
+
+// out, x: [n_rows][dim], w: [dim]; one block per row. out may alias x (each thread reads
+// its elements before writing them).
+__global__ void rmsnorm_kernel(float* out, const float* x,
+                               const float* __restrict__ w, int64_t dim, float eps) {
+    __shared__ float scratch[32];
+    const float* xr = x + int64_t(blockIdx.x) * dim;
+    float* outr = out + int64_t(blockIdx.x) * dim;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = cu::block_sum(ss, scratch);
+    const float inv = rsqrtf(ss / float(dim) + eps);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) outr[i] = xr[i] * inv * w[i];
+}
+
+// x: [n_rows][n] softmax in place; one block per row.
+__global__ void softmax_kernel(float* __restrict__ x, int64_t n) {
+    __shared__ float scratch[32];
+    float* xr = x + int64_t(blockIdx.x) * n;
+    float mx = -INFINITY;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) mx = fmaxf(mx, xr[i]);
+    mx = cu::block_max(mx, scratch);
+    float sum = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float e = expf(xr[i] - mx);
+        xr[i] = e;
+        sum += e;
+    }
+    sum = cu::block_sum(sum, scratch);
+    const float inv = 1.0f / sum;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xr[i] *= inv;
+}
+
+// x: [n_tokens][n_heads][head_dim]; one thread per rotated pair (t, h, i), i < n_rot / 2.
+// The angle is computed in double so it stays exact for long positions.
+__global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ pos,
+                            int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t n_rot,
+                            float freq_base, float freq_scale, bool neox) {
+    const int64_t half = n_rot / 2;
+    const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (idx >= n_tokens * n_heads * half) return;
+    const int64_t i = idx % half, th = idx / half, t = th / n_heads;
+    const double inv_freq = pow(double(freq_base), -2.0 * double(i) / double(n_rot));
+    const double theta = double(pos[t]) * double(freq_scale) * inv_freq;
+    double sd, cd;
+    sincos(theta, &sd, &cd);
+    const float c = float(cd), s = float(sd);
+    float* head = x + th * head_dim;
+    const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+    const float x0 = head[a], x1 = head[b];
+    head[a] = x0 * c - x1 * s;
+    head[b] = x0 * s + x1 * c;
+}
+
+// out may alias gate or up (elementwise).
+__global__ void swiglu_kernel(float* out, const float* gate,
+                              const float* up, int64_t n) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float g = gate[i];
+    out[i] = g / (1.0f + expf(-g)) * up[i];
+}
+
+__global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t n) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+// x: [n_rows][n] += bias[n]
+__global__ void add_bias_kernel(float* __restrict__ x, const float* __restrict__ bias,
+                                int64_t n_rows, int64_t n) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n_rows * n) x[i] += bias[i % n];
+}
+
+// out[r][:] = x[rows[r]][:]; out: [n_rows][dim], one thread per element.
+__global__ void gather_rows_kernel(float* __restrict__ out, const float* __restrict__ x,
+                                   const int32_t* __restrict__ rows, int64_t n_rows,
+                                   int64_t dim) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n_rows * dim) out[i] = x[int64_t(rows[i / dim]) * dim + i % dim];
+}
+
+}  // namespace
+
+void cuda_gather_rows(float* out, const float* x, const int32_t* rows, int64_t n_rows,
+                      int64_t dim, cudaStream_t s) {
+    if (n_rows <= 0 || dim <= 0) return;
+    gather_rows_kernel<<<elt_blocks(n_rows * dim), kEltThreads, 0, s>>>(out, x, rows, n_rows, dim);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_rmsnorm(float* out, const float* x, const float* w, int64_t n_rows, int64_t dim,
+                  float eps, cudaStream_t s) {
+    CUDA_REQUIRE(n_rows >= 0 && dim > 0, "cuda_rmsnorm: bad shape");
+    if (n_rows == 0) return;
+    CUDA_REQUIRE(n_rows <= INT32_MAX, "cuda_rmsnorm: too many rows");
+    rmsnorm_kernel<<<unsigned(n_rows), kRowThreads, 0, s>>>(out, x, w, dim, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_softmax(float* x, int64_t n_rows, int64_t n, cudaStream_t s) {
+    CUDA_REQUIRE(n_rows >= 0 && n > 0, "cuda_softmax: bad shape");
+    if (n_rows == 0) return;
+    CUDA_REQUIRE(n_rows <= INT32_MAX, "cuda_softmax: too many rows");
+    softmax_kernel<<<unsigned(n_rows), kRowThreads, 0, s>>>(x, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+               int64_t n_rot, float freq_base, float freq_scale, bool neox, cudaStream_t s) {
+    CUDA_REQUIRE(n_tokens >= 0 && n_heads > 0 && head_dim > 0, "cuda_rope: bad shape");
+    CUDA_REQUIRE(n_rot > 0 && n_rot % 2 == 0 && n_rot <= head_dim,
+                 "cuda_rope: n_rot must be even and at most head_dim");
+    const int64_t n = n_tokens * n_heads * (n_rot / 2);
+    if (n == 0) return;
+    rope_kernel<<<elt_blocks(n), kEltThreads, 0, s>>>(x, pos, n_tokens, n_heads, head_dim, n_rot,
+                                                     freq_base, freq_scale, neox);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_swiglu(float* out, const float* gate, const float* up, int64_t n, cudaStream_t s) {
+    if (n <= 0) return;
+    swiglu_kernel<<<elt_blocks(n), kEltThreads, 0, s>>>(out, gate, up, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_add(float* x, const float* y, int64_t n, cudaStream_t s) {
+    if (n <= 0) return;
+    add_kernel<<<elt_blocks(n), kEltThreads, 0, s>>>(x, y, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_add_bias(float* x, const float* bias, int64_t n_rows, int64_t n, cudaStream_t s) {
+    if (n_rows <= 0 || n <= 0) return;
+    add_bias_kernel<<<elt_blocks(n_rows * n), kEltThreads, 0, s>>>(x, bias, n_rows, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace kvrun

@@ -1,0 +1,133 @@
+// Host-callable CUDA ops: the GPU twins of src/cpu_ops.h. Same arguments and shape
+// contracts, but every pointer (including WeightView::data and the KvLayerView /
+// KvBatchView arrays) is device memory, and each op is enqueued on stream `s` (no sync).
+// Preconditions are checked on the host (CUDA_REQUIRE: throws kvrun::Error with file:line).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cpu_ops.h"
+
+namespace kvrun {
+
+// Per-stream working memory of the CUDA ops plus the cuBLAS handle. get() grows the buffer
+// when needed (synchronizing the device); while the stream is being captured into a CUDA
+// graph a buffer that is too small throws instead, so call reserve() before capture.
+class CudaScratch {
+public:
+    CudaScratch() = default;
+    ~CudaScratch();
+    CudaScratch(const CudaScratch&) = delete;
+    CudaScratch& operator=(const CudaScratch&) = delete;
+
+    void* get(size_t bytes, cudaStream_t s);  // device buffer of >= bytes (256-byte aligned)
+    void reserve(size_t bytes);               // grow now (outside capture)
+    size_t size() const { return size_; }
+    void* cublas(cudaStream_t s);             // cublasHandle_t bound to stream s
+
+private:
+    void* buf_ = nullptr;
+    size_t size_ = 0;
+    void* cublas_ = nullptr;     // cublasHandle_t
+    void* cublas_ws_ = nullptr;  // cuBLAS workspace (so GEMMs can be graph-captured)
+};
+
+// ---- dense ops (norm_rope_act.cu) --------------------------------------------------------
+
+// out[r][i] = x[r][i] / sqrt(mean(x[r]^2) + eps) * w[i];  x,out: [n_rows][dim], w: [dim].
+// out may equal x (also for cuda_swiglu's out and gate).
+void cuda_rmsnorm(float* out, const float* x, const float* w, int64_t n_rows, int64_t dim,
+                  float eps, cudaStream_t s);
+// Adds bias[n] to every row of x: [n_rows][n]
+void cuda_add_bias(float* x, const float* bias, int64_t n_rows, int64_t n, cudaStream_t s);
+// RoPE in place on x: [n_tokens][n_heads][head_dim]; pos: [n_tokens] (device). See cpu::rope.
+void cuda_rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+               int64_t n_rot, float freq_base, float freq_scale, bool neox, cudaStream_t s);
+// out[i] = silu(gate[i]) * up[i], n elements.
+void cuda_swiglu(float* out, const float* gate, const float* up, int64_t n, cudaStream_t s);
+// x[i] += y[i], n elements.
+void cuda_add(float* x, const float* y, int64_t n, cudaStream_t s);
+// Numerically stable softmax in place over each row of x: [n_rows][n]
+void cuda_softmax(float* x, int64_t n_rows, int64_t n, cudaStream_t s);
+// out[r][:] = x[rows[r]][:]; out: [n_rows][dim], rows: [n_rows] valid row ids (device).
+void cuda_gather_rows(float* out, const float* x, const int32_t* rows, int64_t n_rows,
+                      int64_t dim, cudaStream_t s);
+
+// ---- weights (dequant.cu, gemv.cu, gemm.cu) ----------------------------------------------
+
+// Weight types the CUDA kernels compute with: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS.
+bool cuda_supports_weight_type(GgmlType t);
+
+// out[t][:] = dequantized row tokens[t] of the table; out: [n_tokens][n_embd], tokens on
+// the device. A token id outside [0, n_out) yields a zero row (validate ids on the host).
+void cuda_embed(float* out, const WeightView& table, const int32_t* tokens, int64_t n_tokens,
+                cudaStream_t s);
+// Dequantizes rows [row0, row0 + n_rows) of w to half: out [n_rows][w.n_in] (__half bits).
+void cuda_dequantize_f16(uint16_t* out, const WeightView& w, int64_t row0, int64_t n_rows,
+                         cudaStream_t s);
+
+// Largest n_rows for which cuda_matmul uses the fused dequantize x vector kernel.
+constexpr int64_t kCudaGemvMaxRows = 8;
+// out[r][o] = sum_i x[r][i] * W[o][i];  x: [n_rows][n_in], out: [n_rows][n_out].
+// n_rows <= kCudaGemvMaxRows: fused GEMV (f32 accumulate, weights read once); larger:
+// weights dequantized tile-wise to f16 and multiplied with cuBLAS on tensor cores (f32
+// accumulate; F32 weights use f32 SGEMM).
+void cuda_matmul(float* out, const float* x, const WeightView& w, int64_t n_rows,
+                 CudaScratch& scratch, cudaStream_t s);
+// The two paths, callable directly (tests, benchmarks). cuda_gemv takes any n_rows.
+void cuda_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows, cudaStream_t s);
+void cuda_gemm(float* out, const float* x, const WeightView& w, int64_t n_rows,
+               CudaScratch& scratch, cudaStream_t s);
+
+// ---- paged KV cache (kv_write.cu, attention_*.cu) ----------------------------------------
+
+// Stores k, v: [n_tokens][n_kv_head][head_dim] into the pools at each token's slot.
+// Supported pool types: F32, F16 (Q8/Q4 throw until their kernels land).
+void cuda_kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k,
+                   const float* v, cudaStream_t s);
+// Paged causal attention, cpu::paged_attention's contract. q, out: [n_tokens][n_head][head_dim].
+// head_dim <= 256, any block_size >= 1. Few tokens: one thread block per (token, KV head,
+// context split) with split-K merge; many tokens: flash-style query tiles.
+void cuda_paged_attention(float* out, const float* q, const KvLayerView& kv,
+                          const KvBatchView& batch, int64_t n_head, float scale,
+                          CudaScratch& scratch, cudaStream_t s);
+// The two kernels, callable directly (tests): both accept any batch.
+void cuda_paged_attention_decode(float* out, const float* q, const KvLayerView& kv,
+                                 const KvBatchView& batch, int64_t n_head, float scale,
+                                 CudaScratch& scratch, cudaStream_t s);
+void cuda_paged_attention_prefill(float* out, const float* q, const KvLayerView& kv,
+                                  const KvBatchView& batch, int64_t n_head, float scale,
+                                  cudaStream_t s);
+
+// ---- sampling (sampling.cu) ---------------------------------------------------------------
+
+// Filters follow llama.cpp's chain order: top-k, then top-p and min-p on the temperature-1
+// distribution, then temperature. temperature <= 0 means greedy (argmax).
+struct CudaSamplerConfig {
+    float temperature = 1.0f;
+    int32_t top_k = 0;    // <= 0: off
+    float top_p = 1.0f;   // >= 1: off
+    float min_p = 0.0f;   // <= 0: off
+};
+
+// out[r] = index of the largest logits[r][:] (lowest index on ties); logits: [n_rows][n_vocab]
+void cuda_argmax(int32_t* out, const float* logits, int64_t n_rows, int64_t n_vocab,
+                 cudaStream_t s);
+// Samples one token per row given uniform numbers u[n_rows] in [0, 1) (device).
+// Kept set: tokens whose temperature-1 probability p_i is >= the largest of the three
+// thresholds (k-th largest p; smallest p of the shortest top-probability prefix holding
+// top_p of the mass; min_p * max p); ties at a threshold are all kept. Weights
+// w_i = exp((logit_i - max) / temperature) over the kept set; the result is the first
+// index i (in vocabulary order) whose running sum of w exceeds u * sum(w).
+void cuda_sample(int32_t* out, const float* logits, int64_t n_rows, int64_t n_vocab,
+                 const CudaSamplerConfig& cfg, const float* u, cudaStream_t s);
+// Repetition penalty (llama.cpp rule) on logits[n_vocab] for each distinct id in
+// tokens[n_tokens] (device): logit > 0 ? logit / penalty : logit * penalty.
+void cuda_repeat_penalty(float* logits, int64_t n_vocab, const int32_t* tokens, int64_t n_tokens,
+                         float penalty, cudaStream_t s);
+
+}  // namespace kvrun

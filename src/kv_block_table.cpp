@@ -1,0 +1,381 @@
+// KvBlockTable: block allocation, reference counts, copy-on-write, truncation and the
+// prefix-cache registry with LRU eviction (see kv_block_table.h for the contract).
+#include "kv_block_table.h"
+
+#include <algorithm>
+
+#include "common.h"
+
+namespace kvrun {
+
+namespace {
+
+constexpr int32_t kMaxBlocks = 1 << 24;
+constexpr int32_t kMaxBlockSize = 256;
+
+// splitmix64's finalizer: a bijective 64-bit mixer with full avalanche.
+uint64_t mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return x;
+}
+
+}  // namespace
+
+std::string KvAppendResult::reason() const {
+    if (ok) return {};
+    return fmt::format("out of KV blocks: needed {} new block(s), {} available", n_blocks_needed,
+                       n_blocks_available);
+}
+
+double KvBlockStats::waste_fraction() const {
+    int64_t slots = static_cast<int64_t>(used_blocks) * block_size;
+    return slots > 0 ? static_cast<double>(unfilled_slots) / static_cast<double>(slots) : 0.0;
+}
+
+uint64_t KvBlockTable::hash_block(uint64_t parent, std::span<const TokenId> tokens) {
+    uint64_t h = mix64(parent ^ 0x6b76'7275'6e5f'6b76ULL);
+    for (TokenId t : tokens) {
+        h = mix64(h + 0x9e3779b97f4a7c15ULL + static_cast<uint32_t>(t));
+    }
+    return mix64(h ^ static_cast<uint64_t>(tokens.size()));
+}
+
+KvBlockTable::KvBlockTable(int32_t n_blocks, int32_t block_size)
+    : n_blocks_(n_blocks), block_size_(block_size) {
+    if (block_size < 1 || block_size > kMaxBlockSize) {
+        fail("KV block size {} is out of range (1..{})", block_size, kMaxBlockSize);
+    }
+    if (n_blocks < 1 || n_blocks > kMaxBlocks) {
+        fail("KV block count {} is out of range (1..{})", n_blocks, kMaxBlocks);
+    }
+    blocks_.resize(static_cast<size_t>(n_blocks));
+    free_.reserve(static_cast<size_t>(n_blocks));
+    // A stack popped from the back: block 0 is handed out first.
+    for (BlockId b = n_blocks - 1; b >= 0; --b) free_.push_back(b);
+}
+
+// ---- internals ----
+
+KvBlockTable::Sequence& KvBlockTable::seq_ref(SeqId seq) {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) fail("KV block table: unknown sequence {}", seq);
+    return it->second;
+}
+
+const KvBlockTable::Sequence& KvBlockTable::seq_ref(SeqId seq) const {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) fail("KV block table: unknown sequence {}", seq);
+    return it->second;
+}
+
+void KvBlockTable::check_block(BlockId block) const {
+    if (block < 0 || block >= n_blocks_) {
+        fail("KV block id {} is out of range (0..{})", block, n_blocks_ - 1);
+    }
+}
+
+BlockId KvBlockTable::allocate_block() {
+    BlockId b;
+    if (!free_.empty()) {
+        b = free_.back();
+        free_.pop_back();
+    } else {
+        // Evict the least recently released cached block.
+        b = lru_.front();
+        lru_.pop_front();
+        blocks_[b].in_lru = false;
+        uncache_block(b);
+    }
+    blocks_[b].refcount = 1;
+    ++n_used_;
+    peak_used_ = std::max(peak_used_, n_used_);
+    return b;
+}
+
+void KvBlockTable::retain_block(BlockId b) {
+    Block& blk = blocks_[b];
+    if (blk.refcount == 0) {
+        // Only cached blocks can be revived (prefix adoption): leave the LRU.
+        if (blk.in_lru) {
+            lru_.erase(blk.lru_it);
+            blk.in_lru = false;
+        }
+        ++n_used_;
+        peak_used_ = std::max(peak_used_, n_used_);
+    }
+    ++blk.refcount;
+}
+
+void KvBlockTable::release_block(BlockId b) {
+    Block& blk = blocks_[b];
+    if (--blk.refcount > 0) return;
+    --n_used_;
+    if (blk.cached) {
+        blk.lru_it = lru_.insert(lru_.end(), b);
+        blk.in_lru = true;
+    } else {
+        free_.push_back(b);
+    }
+}
+
+void KvBlockTable::uncache_block(BlockId b) {
+    Block& blk = blocks_[b];
+    if (!blk.cached) return;
+    auto it = registry_.find(blk.hash);
+    if (it != registry_.end() && it->second == b) registry_.erase(it);
+    blk.cached = false;
+    blk.tokens.clear();
+    blk.tokens.shrink_to_fit();
+}
+
+void KvBlockTable::register_full_block(BlockId b, uint64_t hash, uint64_t parent_hash,
+                                       std::span<const TokenId> tokens) {
+    // An identical block already cached keeps its entry; this one stays private.
+    if (registry_.count(hash) != 0) return;
+    Block& blk = blocks_[b];
+    if (blk.cached) uncache_block(b);
+    registry_.emplace(hash, b);
+    blk.cached = true;
+    blk.hash = hash;
+    blk.parent_hash = parent_hash;
+    blk.tokens.assign(tokens.begin(), tokens.end());
+}
+
+void KvBlockTable::find_prefix(std::span<const TokenId> tokens, std::vector<BlockId>& out) const {
+    out.clear();
+    const size_t bs = static_cast<size_t>(block_size_);
+    uint64_t parent = 0;
+    for (size_t i = 0; (i + 1) * bs <= tokens.size(); ++i) {
+        auto chunk = tokens.subspan(i * bs, bs);
+        uint64_t h = hash_block(parent, chunk);
+        auto it = registry_.find(h);
+        if (it == registry_.end()) break;
+        const Block& blk = blocks_[it->second];
+        // Guard against hash collisions: the stored block must really hold these tokens
+        // after the same parent.
+        if (blk.parent_hash != parent ||
+            !std::equal(chunk.begin(), chunk.end(), blk.tokens.begin(), blk.tokens.end())) {
+            break;
+        }
+        out.push_back(it->second);
+        parent = h;
+    }
+}
+
+// ---- sequences ----
+
+SeqId KvBlockTable::create_sequence() {
+    if (next_seq_ == INT32_MAX) fail("KV block table: sequence ids exhausted");
+    SeqId id = next_seq_++;
+    seqs_.emplace(id, Sequence{});
+    return id;
+}
+
+SeqId KvBlockTable::create_sequence_with_prefix(std::span<const TokenId> tokens) {
+    SeqId id = create_sequence();
+    adopt_prefix(id, tokens);
+    return id;
+}
+
+int32_t KvBlockTable::adopt_prefix(SeqId seq, std::span<const TokenId> tokens) {
+    Sequence& s = seq_ref(seq);
+    if (!s.tokens.empty()) {
+        fail("KV block table: adopt_prefix needs an empty sequence ({} holds {} tokens)", seq,
+             s.tokens.size());
+    }
+    std::vector<BlockId> found;
+    find_prefix(tokens, found);
+    const size_t n = found.size() * static_cast<size_t>(block_size_);
+    for (BlockId b : found) {
+        retain_block(b);
+        s.blocks.push_back(b);
+        s.hashes.push_back(blocks_[b].hash);
+    }
+    s.tokens.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n));
+    prefix_hit_tokens_ += static_cast<int64_t>(n);
+    return static_cast<int32_t>(n);
+}
+
+void KvBlockTable::free_sequence(SeqId seq) {
+    Sequence& s = seq_ref(seq);
+    // Release the tail first so its blocks are the first evicted (a cached block is only
+    // reachable through its parents).
+    for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) release_block(*it);
+    seqs_.erase(seq);
+}
+
+SeqId KvBlockTable::fork(SeqId seq) {
+    Sequence copy = seq_ref(seq);
+    SeqId id = create_sequence();
+    for (BlockId b : copy.blocks) retain_block(b);
+    seqs_[id] = std::move(copy);
+    return id;
+}
+
+bool KvBlockTable::has_sequence(SeqId seq) const {
+    return seqs_.count(seq) != 0;
+}
+
+int32_t KvBlockTable::blocks_needed(SeqId seq, int32_t n_tokens) const {
+    const Sequence& s = seq_ref(seq);
+    if (n_tokens < 0) fail("KV block table: cannot append {} tokens", n_tokens);
+    const int64_t cur = static_cast<int64_t>(s.tokens.size());
+    const int64_t after = cur + n_tokens;
+    if (after > INT32_MAX) fail("KV block table: sequence {} would exceed 2^31 tokens", seq);
+    const int64_t total = (after + block_size_ - 1) / block_size_;
+    int64_t need = total - static_cast<int64_t>(s.blocks.size());
+    // Writing into a shared, partly filled last block copies it first.
+    if (n_tokens > 0 && cur % block_size_ != 0 && blocks_[s.blocks.back()].refcount > 1) ++need;
+    return static_cast<int32_t>(std::min<int64_t>(need, INT32_MAX));
+}
+
+KvAppendResult KvBlockTable::append(SeqId seq, int32_t n_tokens, const TokenId* tokens) {
+    KvAppendResult result;
+    result.n_blocks_needed = blocks_needed(seq, n_tokens);  // validates seq and n_tokens
+    result.n_blocks_available = n_available_blocks();
+    if (n_tokens == 0) return result;
+    if (tokens == nullptr) fail("KV block table: append of {} tokens without token ids", n_tokens);
+    if (result.n_blocks_needed > result.n_blocks_available) {
+        result.ok = false;
+        return result;
+    }
+
+    Sequence& s = seq_ref(seq);
+    const size_t bs = static_cast<size_t>(block_size_);
+    const size_t cur = s.tokens.size();
+    if (cur % bs != 0) {
+        BlockId last = s.blocks.back();
+        if (blocks_[last].refcount > 1) {
+            // Copy-on-write: this sequence gets a private copy of the valid rows.
+            BlockId dst = allocate_block();
+            pending_copies_.push_back({last, dst, static_cast<int32_t>(cur % bs)});
+            ++n_copies_;
+            release_block(last);
+            s.blocks.back() = dst;
+        } else {
+            // Sole owner of a block that was full once (then truncated): its cached content
+            // is about to be overwritten.
+            uncache_block(last);
+        }
+    }
+    const size_t after = cur + static_cast<size_t>(n_tokens);
+    while (s.blocks.size() * bs < after) s.blocks.push_back(allocate_block());
+    s.tokens.insert(s.tokens.end(), tokens, tokens + n_tokens);
+
+    // Hash and register every block this append completed.
+    for (size_t i = s.hashes.size(); (i + 1) * bs <= after; ++i) {
+        const uint64_t parent = i > 0 ? s.hashes[i - 1] : 0;
+        auto chunk = std::span<const TokenId>(s.tokens).subspan(i * bs, bs);
+        const uint64_t h = hash_block(parent, chunk);
+        s.hashes.push_back(h);
+        register_full_block(s.blocks[i], h, parent, chunk);
+    }
+    return result;
+}
+
+void KvBlockTable::truncate(SeqId seq, int32_t n_tokens) {
+    Sequence& s = seq_ref(seq);
+    if (n_tokens < 0 || static_cast<size_t>(n_tokens) > s.tokens.size()) {
+        fail("KV block table: cannot truncate sequence {} of {} tokens to {}", seq, s.tokens.size(),
+             n_tokens);
+    }
+    const size_t bs = static_cast<size_t>(block_size_);
+    const size_t keep = (static_cast<size_t>(n_tokens) + bs - 1) / bs;
+    while (s.blocks.size() > keep) {
+        release_block(s.blocks.back());
+        s.blocks.pop_back();
+    }
+    s.tokens.resize(static_cast<size_t>(n_tokens));
+    s.hashes.resize(static_cast<size_t>(n_tokens) / bs);
+}
+
+std::vector<BlockCopy> KvBlockTable::take_pending_copies() {
+    std::vector<BlockCopy> out;
+    out.swap(pending_copies_);
+    return out;
+}
+
+// ---- queries ----
+
+const std::vector<BlockId>& KvBlockTable::block_ids(SeqId seq) const {
+    return seq_ref(seq).blocks;
+}
+
+const std::vector<TokenId>& KvBlockTable::tokens(SeqId seq) const {
+    return seq_ref(seq).tokens;
+}
+
+int32_t KvBlockTable::n_tokens(SeqId seq) const {
+    return static_cast<int32_t>(seq_ref(seq).tokens.size());
+}
+
+KvSlot KvBlockTable::slot(SeqId seq, int32_t pos) const {
+    const Sequence& s = seq_ref(seq);
+    if (pos < 0 || static_cast<size_t>(pos) >= s.tokens.size()) {
+        fail("KV block table: position {} outside sequence {} of {} tokens", pos, seq,
+             s.tokens.size());
+    }
+    return {s.blocks[static_cast<size_t>(pos / block_size_)], pos % block_size_};
+}
+
+int32_t KvBlockTable::refcount(BlockId block) const {
+    check_block(block);
+    return blocks_[block].refcount;
+}
+
+bool KvBlockTable::is_cached(BlockId block) const {
+    check_block(block);
+    return blocks_[block].cached;
+}
+
+int32_t KvBlockTable::match_prefix(std::span<const TokenId> tokens) const {
+    std::vector<BlockId> found;
+    find_prefix(tokens, found);
+    return static_cast<int32_t>(found.size()) * block_size_;
+}
+
+void KvBlockTable::clear_cache() {
+    while (!lru_.empty()) {
+        BlockId b = lru_.front();
+        lru_.pop_front();
+        blocks_[b].in_lru = false;
+        uncache_block(b);
+        free_.push_back(b);
+    }
+}
+
+KvBlockStats KvBlockTable::stats() const {
+    KvBlockStats st;
+    st.n_blocks = n_blocks_;
+    st.block_size = block_size_;
+    st.n_sequences = n_sequences();
+    st.used_blocks = n_used_;
+    st.peak_used_blocks = peak_used_;
+    st.free_blocks = n_free_blocks();
+    st.evictable_blocks = n_evictable_blocks();
+    st.cached_blocks = static_cast<int32_t>(registry_.size());
+    st.prefix_hit_tokens = prefix_hit_tokens_;
+    st.copies = n_copies_;
+    // A used block is filled up to the furthest row any of its sequences uses.
+    std::vector<int32_t> fill(static_cast<size_t>(n_blocks_), 0);
+    for (const auto& [id, s] : seqs_) {
+        const int64_t n = static_cast<int64_t>(s.tokens.size());
+        for (size_t i = 0; i < s.blocks.size(); ++i) {
+            int64_t rows =
+                std::min<int64_t>(block_size_, n - static_cast<int64_t>(i) * block_size_);
+            int32_t& f = fill[static_cast<size_t>(s.blocks[i])];
+            f = std::max(f, static_cast<int32_t>(rows));
+        }
+    }
+    for (BlockId b = 0; b < n_blocks_; ++b) {
+        if (blocks_[b].refcount > 0)
+            st.unfilled_slots += block_size_ - fill[static_cast<size_t>(b)];
+    }
+    return st;
+}
+
+}  // namespace kvrun

@@ -1,0 +1,173 @@
+// The paged KV cache's bookkeeping (pure host code, no K/V storage): which physical blocks
+// hold which sequence's token slots. Blocks are allocated on demand and reference-counted so
+// sequences can share them (fork, prefix caching); writing into a shared, partly filled block
+// triggers copy-on-write, reported to the caller as a BlockCopy to execute on the storage.
+// Full blocks are hashed (the block's tokens chained with the parent block's hash) and kept
+// in a registry so a new sequence with the same prefix can adopt them; a cached block whose
+// last user leaves stays cached (evictable, LRU) until the allocator runs out of free blocks.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tokenizer.h"
+
+namespace kvrun {
+
+using SeqId = int32_t;
+using BlockId = int32_t;
+
+// A copy the storage must perform before the next write into `dst`: rows [0, n_rows) of
+// physical block `src` (every layer, K and V) into block `dst`.
+struct BlockCopy {
+    BlockId src = -1;
+    BlockId dst = -1;
+    int32_t n_rows = 0;
+    bool operator==(const BlockCopy&) const = default;
+};
+
+// Outcome of append(): running out of blocks is an expected condition the caller handles
+// (preempt, wait); the table is then unchanged.
+struct [[nodiscard]] KvAppendResult {
+    bool ok = true;
+    int32_t n_blocks_needed = 0;     // new blocks the append needed (incl. copy-on-write)
+    int32_t n_blocks_available = 0;  // free + evictable blocks at the time of the call
+    explicit operator bool() const { return ok; }
+    std::string reason() const;  // "" when ok
+};
+
+// Where one token's K/V row lives: row `row` of physical block `block`.
+struct KvSlot {
+    BlockId block = -1;
+    int32_t row = 0;
+};
+
+struct KvBlockStats {
+    int32_t n_blocks = 0;
+    int32_t block_size = 0;
+    int32_t n_sequences = 0;
+    int32_t used_blocks = 0;        // referenced by at least one sequence
+    int32_t peak_used_blocks = 0;   // max of used_blocks since construction
+    int32_t free_blocks = 0;        // never used or released uncached
+    int32_t evictable_blocks = 0;   // refcount 0 but still cached (prefix reuse)
+    int32_t cached_blocks = 0;      // in the prefix registry (in use or evictable)
+    int64_t unfilled_slots = 0;     // slots of used blocks no sequence has filled
+    int64_t prefix_hit_tokens = 0;  // tokens adopted from the prefix cache, cumulative
+    int64_t copies = 0;             // copy-on-write block copies, cumulative
+    // Share of the used blocks' slots that hold no token (the "KV waste").
+    double waste_fraction() const;
+};
+
+class KvBlockTable {
+  public:
+    // n_blocks: pool size (1 .. 2^24); block_size: tokens per block (1 .. 256). Throws Error.
+    KvBlockTable(int32_t n_blocks, int32_t block_size);
+
+    // ---- sequences ----
+    SeqId create_sequence();
+    // Creates a sequence holding the longest cached prefix of `tokens` (whole blocks); its
+    // n_tokens() says how many were adopted. Pass the prompt minus its last token when the
+    // last position's logits must be computed anyway.
+    SeqId create_sequence_with_prefix(std::span<const TokenId> tokens);
+    // Like create_sequence_with_prefix for an existing, empty sequence; returns tokens adopted.
+    int32_t adopt_prefix(SeqId seq, std::span<const TokenId> tokens);
+    void free_sequence(SeqId seq);
+    // A new sequence sharing every block of `seq` (refcounts +1); never needs a block.
+    SeqId fork(SeqId seq);
+    bool has_sequence(SeqId seq) const;
+    int32_t n_sequences() const { return static_cast<int32_t>(seqs_.size()); }
+
+    // Reserves slots for n_tokens new tokens (tokens: [n_tokens], may be null only when
+    // n_tokens == 0), allocating blocks on demand. Atomic: on failure nothing changes.
+    // A copy-on-write it performs is queued for take_pending_copies().
+    KvAppendResult append(SeqId seq, int32_t n_tokens, const TokenId* tokens);
+    KvAppendResult append(SeqId seq, std::span<const TokenId> tokens) {
+        return append(seq, static_cast<int32_t>(tokens.size()), tokens.data());
+    }
+    // New blocks append(seq, n_tokens, ...) would need right now (incl. copy-on-write).
+    int32_t blocks_needed(SeqId seq, int32_t n_tokens) const;
+    // Rolls `seq` back to its first n_tokens tokens (0 .. n_tokens(seq)), releasing blocks
+    // it no longer needs.
+    void truncate(SeqId seq, int32_t n_tokens);
+
+    // Copies queued by append(); the caller must execute them on the K/V storage before it
+    // writes the appended tokens' rows (and before any other append that could reuse a
+    // source block). Empties the queue.
+    std::vector<BlockCopy> take_pending_copies();
+    bool has_pending_copies() const { return !pending_copies_.empty(); }
+
+    // ---- queries (references stay valid until the next call that changes `seq`) ----
+    const std::vector<BlockId>& block_ids(SeqId seq) const;  // [ceil(n_tokens / block_size)]
+    const std::vector<TokenId>& tokens(SeqId seq) const;     // [n_tokens]
+    int32_t n_tokens(SeqId seq) const;
+    KvSlot slot(SeqId seq, int32_t pos) const;  // pos in [0, n_tokens(seq))
+    int32_t refcount(BlockId block) const;
+    bool is_cached(BlockId block) const;  // in the prefix registry
+
+    // ---- prefix cache ----
+    // Number of leading tokens (a multiple of block_size) whose full blocks are cached.
+    int32_t match_prefix(std::span<const TokenId> tokens) const;
+    // Drops every evictable block from the cache (they become free).
+    void clear_cache();
+
+    // ---- pool ----
+    int32_t n_blocks() const { return n_blocks_; }
+    int32_t block_size() const { return block_size_; }
+    int32_t n_free_blocks() const { return static_cast<int32_t>(free_.size()); }
+    int32_t n_evictable_blocks() const { return static_cast<int32_t>(lru_.size()); }
+    int32_t n_used_blocks() const { return n_used_; }
+    // What an allocation can draw on: free blocks, then evictable ones.
+    int32_t n_available_blocks() const { return n_free_blocks() + n_evictable_blocks(); }
+    KvBlockStats stats() const;
+
+    // Chained hash of one full block: `parent` is the previous block's hash (0 for the first).
+    static uint64_t hash_block(uint64_t parent, std::span<const TokenId> tokens);
+
+  private:
+    struct Block {
+        int32_t refcount = 0;
+        bool cached = false;          // registered in registry_ under `hash`
+        bool in_lru = false;          // evictable (refcount 0, cached)
+        uint64_t hash = 0;            // valid when cached
+        uint64_t parent_hash = 0;     // valid when cached
+        std::vector<TokenId> tokens;  // [block_size] when cached (collision guard)
+        std::list<BlockId>::iterator lru_it;
+    };
+    struct Sequence {
+        std::vector<BlockId> blocks;   // [ceil(n_tokens / block_size)]
+        std::vector<TokenId> tokens;   // [n_tokens]
+        std::vector<uint64_t> hashes;  // [n_tokens / block_size] chained hashes of full blocks
+    };
+
+    Sequence& seq_ref(SeqId seq);
+    const Sequence& seq_ref(SeqId seq) const;
+    void check_block(BlockId block) const;
+    BlockId allocate_block();  // caller checked availability
+    void retain_block(BlockId block);
+    void release_block(BlockId block);
+    void uncache_block(BlockId block);
+    void register_full_block(BlockId block, uint64_t hash, uint64_t parent_hash,
+                             std::span<const TokenId> tokens);
+    // Walks the registry along `tokens`; fills `out` with the cached blocks of the prefix.
+    void find_prefix(std::span<const TokenId> tokens, std::vector<BlockId>& out) const;
+
+    int32_t n_blocks_ = 0;
+    int32_t block_size_ = 0;
+    std::vector<Block> blocks_;                       // [n_blocks]
+    std::vector<BlockId> free_;                       // stack of free blocks
+    std::list<BlockId> lru_;                          // evictable blocks, least recent first
+    std::unordered_map<uint64_t, BlockId> registry_;  // chained hash -> cached full block
+    std::unordered_map<SeqId, Sequence> seqs_;
+    std::vector<BlockCopy> pending_copies_;
+    SeqId next_seq_ = 0;
+    int32_t n_used_ = 0;
+    int32_t peak_used_ = 0;
+    int64_t prefix_hit_tokens_ = 0;
+    int64_t n_copies_ = 0;
+};
+
+}  // namespace kvrun

@@ -1,0 +1,139 @@
+// Shared model/sampling flags, model loading with backend selection, and Ctrl-C handling.
+#include "modes/model_options.h"
+
+#include <csignal>
+#include <unistd.h>
+
+#include "common.h"
+#include "kv_format.h"
+#include "model_config.h"
+#include "thread_pool.h"
+#if KVRUN_HAS_CUDA
+#include "cuda/cuda_backend.h"
+#endif
+
+namespace kvrun {
+
+void add_model_options(CLI::App* cmd, ModelOptions& o) {
+    cmd->add_option("-m,--model", o.model, "GGUF model file")->required()->check(CLI::ExistingFile);
+    cmd->add_option("--device", o.device, "Compute device: cpu, cuda, cuda:N or auto (cuda when present)")
+        ->capture_default_str();
+    cmd->add_option("-c,--ctx", o.n_ctx, "Context length per sequence (0: the model's)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--kv-block-size", o.kv_block_size, "Tokens per KV cache block (1-256)")
+        ->check(CLI::Range(1, 256))
+        ->capture_default_str();
+    cmd->add_option("--kv-type", o.kv_type, "KV cache storage: f16, q8, q4 (or f32)")->capture_default_str();
+    cmd->add_option("--kv-type-k", o.kv_type_k, "Storage of K only (overrides --kv-type)");
+    cmd->add_option("--kv-type-v", o.kv_type_v, "Storage of V only (overrides --kv-type)");
+    cmd->add_option("--kv-memory", o.kv_memory_mib, "KV cache pool size in MiB (0: sized for the context)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("-t,--threads", o.n_threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
+    cmd->add_option("-b,--batch-size", o.n_batch, "Max tokens per forward pass (prefill chunk)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+}
+
+void add_sampling_options(CLI::App* cmd, SamplingParams& p) {
+    cmd->add_option("--temp,--temperature", p.temperature, "Sampling temperature (0: greedy)")
+        ->capture_default_str();
+    cmd->add_option("--top-k", p.top_k, "Keep the k most likely tokens (0: off)")->capture_default_str();
+    cmd->add_option("--top-p", p.top_p, "Nucleus sampling threshold (1: off)")->capture_default_str();
+    cmd->add_option("--min-p", p.min_p, "Drop tokens below min-p x the top probability (0: off)")
+        ->capture_default_str();
+    cmd->add_option("--repeat-penalty", p.repeat_penalty, "Penalty for recently seen tokens (1: off)")
+        ->capture_default_str();
+    cmd->add_option("--repeat-last-n", p.repeat_last_n, "How many recent tokens the penalty looks at")
+        ->capture_default_str();
+    cmd->add_option("-s,--seed", p.seed, "Random seed (same seed, same output)")->capture_default_str();
+}
+
+static bool cuda_available() {
+#if KVRUN_HAS_CUDA
+    return cuda_device_count() > 0;
+#else
+    return false;
+#endif
+}
+
+LoadedModel load_model(const ModelOptions& o, int32_t n_sequences) {
+    LoadedModel m;
+    m.file = std::make_unique<GgufFile>(GgufFile::open(o.model));
+    m.tokenizer = Tokenizer::from_gguf(*m.file);
+    ModelConfig cfg = model_config_from_gguf(*m.file);
+
+    BackendOptions bo;
+    bo.kv_block_size = o.kv_block_size;
+    bo.kv_type_k = kv_type_parse(o.kv_type_k.empty() ? o.kv_type : o.kv_type_k);
+    bo.kv_type_v = kv_type_parse(o.kv_type_v.empty() ? o.kv_type : o.kv_type_v);
+    bo.n_threads = o.n_threads;
+    if (o.kv_memory_mib > 0) {
+        bo.kv_memory_mib = static_cast<int64_t>(o.kv_memory_mib);
+        bo.n_kv_blocks = static_cast<int64_t>(o.kv_memory_mib * 1024 * 1024 /
+                                              static_cast<double>(kv_block_bytes(cfg, bo)));
+        if (bo.n_kv_blocks < 1)
+            throw Error(fmt::format("--kv-memory {} MiB is less than one KV block ({} bytes)",
+                                    o.kv_memory_mib, kv_block_bytes(cfg, bo)),
+                        "give a larger --kv-memory or a smaller --kv-block-size");
+    } else {
+        int64_t ctx = o.n_ctx > 0 ? o.n_ctx : (cfg.n_ctx_train > 0 ? cfg.n_ctx_train : 4096);
+        int64_t per_seq = (ctx + o.kv_block_size - 1) / o.kv_block_size;
+        bo.n_kv_blocks = per_seq * std::max<int32_t>(1, n_sequences);
+    }
+    if (o.n_threads > 0) cpu_set_num_threads(o.n_threads);
+
+    std::string dev = o.device;
+    if (dev == "auto") dev = cuda_available() ? "cuda" : "cpu";
+    if (dev == "cpu") {
+        m.backend = make_cpu_backend(*m.file, bo);
+        m.device = "cpu";
+    } else if (dev == "cuda" || dev.rfind("cuda:", 0) == 0) {
+        int index = 0;
+        if (dev.size() > 5) {
+            try {
+                index = std::stoi(dev.substr(5));
+            } catch (...) {
+                fail("bad --device '{}' (expected cpu, cuda or cuda:N)", o.device);
+            }
+        }
+#if KVRUN_HAS_CUDA
+        if (!cuda_available())
+            throw Error("--device cuda: no CUDA device is available", "use --device cpu");
+        m.backend = make_cuda_backend(*m.file, bo, index);
+        m.device = fmt::format("cuda:{}", index);
+#else
+        (void)index;
+        throw Error("--device cuda: this kvrun was built without CUDA",
+                    "rebuild with the CUDA toolkit installed, or use --device cpu");
+#endif
+    } else {
+        fail("bad --device '{}' (expected cpu, cuda, cuda:N or auto)", o.device);
+    }
+    return m;
+}
+
+EngineOptions engine_options(const ModelOptions& o, int32_t max_parallel) {
+    EngineOptions e;
+    e.max_parallel = max_parallel;
+    e.n_batch = o.n_batch;
+    e.n_ctx = o.n_ctx;
+    return e;
+}
+
+static std::atomic<bool> g_interrupted{false};
+
+static void on_sigint(int) {
+    if (g_interrupted.exchange(true)) _exit(130);
+}
+
+void install_interrupt_handler() {
+    struct sigaction sa {};
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;
+    sigaction(SIGINT, &sa, nullptr);
+}
+
+std::atomic<bool>& interrupt_flag() { return g_interrupted; }
+
+}  // namespace kvrun

@@ -1,0 +1,51 @@
+// Options shared by every mode that runs a model (run, chat, batch, perplexity, bench),
+// and loading a model with them: GGUF file, tokenizer and backend (cpu or cuda).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "backend.h"
+#include "engine.h"
+#include "gguf.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+namespace kvrun {
+
+struct ModelOptions {
+    std::string model;
+    std::string device = "auto";  // auto | cpu | cuda | cuda:N
+    int32_t n_ctx = 0;            // 0: the model's training context (capped by the pool)
+    int32_t kv_block_size = 16;
+    std::string kv_type = "f16", kv_type_k, kv_type_v;
+    double kv_memory_mib = 0;     // 0: enough for the context (x parallel sequences)
+    int32_t n_threads = 0;
+    int32_t n_batch = 512;
+};
+
+void add_model_options(CLI::App* cmd, ModelOptions& o);
+void add_sampling_options(CLI::App* cmd, SamplingParams& p);
+
+struct LoadedModel {
+    std::unique_ptr<GgufFile> file;
+    std::unique_ptr<Tokenizer> tokenizer;
+    std::unique_ptr<Backend> backend;
+    std::string device;  // what was chosen, e.g. "cpu" or "cuda:0"
+};
+
+// Opens the model and creates the backend with a KV pool of kv_memory_mib, or when that is
+// 0, enough blocks for `n_sequences` full contexts. Throws Error with a hint on failure.
+LoadedModel load_model(const ModelOptions& o, int32_t n_sequences = 1);
+
+// The engine options these flags imply.
+EngineOptions engine_options(const ModelOptions& o, int32_t max_parallel);
+
+// SIGINT handling for long-running modes: the first Ctrl-C sets the flag (the mode stops
+// cleanly), a second one exits immediately.
+void install_interrupt_handler();
+std::atomic<bool>& interrupt_flag();
+
+}  // namespace kvrun

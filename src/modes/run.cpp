@@ -1,0 +1,216 @@
+// `kvrun run`: one completion streamed to stdout (prompt from -p, -f or stdin), or with
+// --jsonl one JSON request per stdin line -> one JSON result per stdout line.
+#include <fmt/core.h>
+
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "modes/model_options.h"
+#include "modes/modes.h"
+#include "text_input.h"
+
+namespace kvrun {
+namespace {
+
+struct RunOptions {
+    ModelOptions model;
+    SamplingParams sampling;
+    std::string prompt, file;
+    int32_t n_predict = 128;
+    int32_t n_samples = 1;
+    bool stats = false, jsonl = false, truncate = false, ignore_eos = false;
+    bool no_bos = false, parse_special = false, echo = false;
+    std::vector<std::string> stop;
+};
+
+// Keeps the last tokens of a prompt that is too long for the context (BOS kept first).
+void truncate_prompt(std::vector<TokenId>& prompt, int32_t n_ctx, int32_t n_predict, TokenId bos) {
+    int32_t keep = std::max<int32_t>(1, n_ctx - std::max<int32_t>(n_predict, 1) - 1);
+    if (static_cast<int32_t>(prompt.size()) <= keep) return;
+    bool has_bos = !prompt.empty() && prompt[0] == bos;
+    std::vector<TokenId> out;
+    if (has_bos) out.push_back(bos), --keep;
+    out.insert(out.end(), prompt.end() - keep, prompt.end());
+    prompt = std::move(out);
+}
+
+void print_stats(const GenerationResult& r, const Engine& e, const LoadedModel& m) {
+    const auto& t = r.timings;
+    const auto ks = e.kv_table().stats();
+    fmt::print(stderr,
+               "\n--- stats ({}) ---\n"
+               "prompt tokens     {} ({} computed, {} from the prefix cache)\n"
+               "generated tokens  {} (stop: {})\n"
+               "time to first tok {:.2f} ms\n"
+               "prefill           {:.1f} tokens/s\n"
+               "decode            {:.1f} tokens/s\n"
+               "KV blocks used    {} peak of {} ({} tokens each), waste {:.1f}%\n",
+               m.device, t.n_prompt, t.n_prompt_computed, t.n_prompt - t.n_prompt_computed,
+               t.n_generated, stop_reason_name(r.stop), t.ttft_ms, t.prefill_tokens_per_s(),
+               t.decode_tokens_per_s(), e.stats().peak_blocks_used, ks.n_blocks, ks.block_size,
+               100.0 * e.stats().peak_waste_fraction);
+}
+
+nlohmann::json timings_json(const GenerationTimings& t) {
+    return {{"queue_ms", t.queue_ms},
+            {"ttft_ms", t.ttft_ms},
+            {"prefill_ms", t.prefill_ms},
+            {"decode_ms", t.decode_ms},
+            {"prompt_tokens_computed", t.n_prompt_computed},
+            {"prefill_tokens_per_s", t.prefill_tokens_per_s()},
+            {"decode_tokens_per_s", t.decode_tokens_per_s()}};
+}
+
+int run_single(const RunOptions& o) {
+    std::string text = read_prompt_text(o.prompt, o.file, /*allow_stdin=*/true);
+    LoadedModel m = load_model(o.model, o.n_samples);
+    Engine engine(*m.backend, *m.tokenizer, engine_options(o.model, std::max(1, o.n_samples)));
+    GenerationRequest req;
+    req.prompt = m.tokenizer->encode(text, !o.no_bos && m.tokenizer->add_bos(), o.parse_special);
+    if (o.truncate) truncate_prompt(req.prompt, engine.n_ctx(), o.n_predict, m.tokenizer->bos());
+    req.n_predict = o.n_predict;
+    req.sampling = o.sampling;
+    req.n_samples = o.n_samples;
+    req.ignore_eos = o.ignore_eos;
+    req.stop_strings = o.stop;
+    engine.submit(req);
+
+    install_interrupt_handler();
+    if (o.echo) fmt::print("{}", text), std::fflush(stdout);
+    std::vector<StreamDecoder> decoders(o.n_samples, StreamDecoder(*m.tokenizer));
+    std::vector<GenerationResult> results(o.n_samples);
+    if (o.n_samples == 1) {
+        engine.on_token([&](int32_t, int32_t, TokenId tok) {
+            std::string piece = decoders[0].push(tok);
+            if (!piece.empty()) fmt::print("{}", piece), std::fflush(stdout);
+        });
+    }
+    engine.on_finish([&](const GenerationResult& r) { results[r.sample] = r; });
+    engine.run(&interrupt_flag());
+    if (o.n_samples == 1) {
+        fmt::print("{}\n", decoders[0].flush());
+    } else {
+        for (const auto& r : results)
+            fmt::print("--- sample {} ({} tokens, stop: {}) ---\n{}\n", r.sample, r.tokens.size(),
+                       stop_reason_name(r.stop), m.tokenizer->decode(r.tokens, false));
+    }
+    std::fflush(stdout);
+    if (o.stats) {
+        print_stats(results[0], engine, m);
+        if (o.n_samples > 1)
+            fmt::print(stderr, "samples           {} sharing the prompt's KV blocks\n", o.n_samples);
+    }
+    for (const auto& r : results)
+        if (r.stop == StopReason::Error) fail("{}", r.error);
+    if (interrupt_flag()) {
+        fmt::print(stderr, "kvrun: interrupted\n");
+        return 130;
+    }
+    return 0;
+}
+
+// Parses one JSONL request into `req` (throws Error with the reason on bad input).
+void parse_request(const std::string& line, const RunOptions& o, const Tokenizer& tok,
+                   GenerationRequest& req, std::string& prompt_text) {
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+        fail("malformed JSON: {}", e.what());
+    }
+    if (!j.is_object()) fail("a request must be a JSON object");
+    if (!j.contains("prompt") || !j["prompt"].is_string()) fail("missing string field 'prompt'");
+    try {
+        prompt_text = j["prompt"].get<std::string>();
+        utf8_require_valid(prompt_text, "'prompt'");
+        if (prompt_text.empty()) fail("'prompt' is empty");
+        req.n_predict = j.value("n_predict", o.n_predict);
+        req.sampling = o.sampling;
+        req.sampling.temperature = j.value("temperature", o.sampling.temperature);
+        req.sampling.top_k = j.value("top_k", o.sampling.top_k);
+        req.sampling.top_p = j.value("top_p", o.sampling.top_p);
+        req.sampling.min_p = j.value("min_p", o.sampling.min_p);
+        req.sampling.repeat_penalty = j.value("repeat_penalty", o.sampling.repeat_penalty);
+        req.sampling.seed = j.value("seed", o.sampling.seed);
+        req.n_samples = j.value("n_samples", 1);
+        req.ignore_eos = j.value("ignore_eos", o.ignore_eos);
+        req.stop_strings = j.value("stop", o.stop);
+    } catch (const nlohmann::json::exception& e) {
+        fail("bad field type: {}", e.what());
+    }
+    req.prompt = tok.encode(prompt_text, !o.no_bos && tok.add_bos(), o.parse_special);
+}
+
+int run_jsonl(const RunOptions& o) {
+    LoadedModel m = load_model(o.model, 1);
+    Engine engine(*m.backend, *m.tokenizer, engine_options(o.model, 8));
+    install_interrupt_handler();
+    std::string line;
+    int64_t line_no = 0;
+    while (!interrupt_flag() && std::getline(std::cin, line)) {
+        ++line_no;
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        nlohmann::json out;
+        try {
+            GenerationRequest req;
+            std::string prompt_text;
+            parse_request(line, o, *m.tokenizer, req, prompt_text);
+            if (o.truncate) truncate_prompt(req.prompt, engine.n_ctx(), req.n_predict, m.tokenizer->bos());
+            std::vector<GenerationResult> results(req.n_samples);
+            engine.on_finish([&](const GenerationResult& r) { results[r.sample] = r; });
+            engine.submit(req);
+            engine.run(&interrupt_flag());
+            auto one = [&](const GenerationResult& r) {
+                nlohmann::json x = {{"tokens", r.tokens},
+                                    {"text", m.tokenizer->decode(r.tokens, false)},
+                                    {"stop", stop_reason_name(r.stop)},
+                                    {"timings", timings_json(r.timings)}};
+                if (r.stop == StopReason::Error) x["error"] = r.error;
+                return x;
+            };
+            out = one(results[0]);
+            out["prompt_tokens"] = req.prompt;
+            if (req.n_samples > 1) {
+                out["samples"] = nlohmann::json::array();
+                for (const auto& r : results) out["samples"].push_back(one(r));
+            }
+        } catch (const Error& e) {
+            out = {{"error", e.what()}, {"line", line_no}};
+        }
+        fmt::print("{}\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+        std::fflush(stdout);
+    }
+    return interrupt_flag() ? 130 : 0;
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& root, int& exit_code) {
+    auto o = std::make_shared<RunOptions>();
+    CLI::App* cmd = root.add_subcommand(
+        "run", "Generate a completion for a prompt (from -p, -f or stdin) and stream it to stdout; "
+               "with --jsonl, answer one JSON request per stdin line");
+    add_model_options(cmd, o->model);
+    auto* p = cmd->add_option("-p,--prompt", o->prompt, "The prompt text");
+    cmd->add_option("-f,--file", o->file, "Read the prompt from this file")->check(CLI::ExistingFile)->excludes(p);
+    cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate (-1: until EOS or the context is full)")
+        ->capture_default_str();
+    add_sampling_options(cmd, o->sampling);
+    cmd->add_option("--n-samples", o->n_samples, "Parallel continuations sharing the prompt's KV blocks")
+        ->check(CLI::Range(1, 256))
+        ->capture_default_str();
+    cmd->add_option("--stop", o->stop, "Stop when the output contains this text (repeatable)");
+    cmd->add_flag("--stats", o->stats, "Print timings and KV usage to stderr");
+    cmd->add_flag("--jsonl", o->jsonl,
+                  "Read JSON requests from stdin, one per line: {\"prompt\": ..., \"n_predict\": ..., "
+                  "\"temperature\": ..., \"top_k\", \"top_p\", \"min_p\", \"seed\", \"n_samples\", \"stop\"}; "
+                  "write one JSON result per line");
+    cmd->add_flag("--truncate", o->truncate, "Keep the end of a prompt that is longer than the context");
+    cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after the end-of-sequence token");
+    cmd->add_flag("--no-bos", o->no_bos, "Do not add the BOS token to the prompt");
+    cmd->add_flag("--parse-special", o->parse_special, "Recognize special token texts in the prompt");
+    cmd->add_flag("--echo", o->echo, "Print the prompt before the completion");
+    cmd->callback([o, &exit_code] { exit_code = o->jsonl ? run_jsonl(*o) : run_single(*o); });
+}
+
+}  // namespace kvrun

@@ -1,0 +1,100 @@
+// Internal to the quant module: the per-type block codecs that quant.cpp dispatches to,
+// grouped by family (quant.cpp: float and legacy 32-blocks, quant_k.cpp: K-quants,
+// quant_iq.cpp: IQ4). Every function handles `nb` whole blocks.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace kvrun::quant_detail {
+
+// Hot loops get an AVX2+FMA clone picked at load time on x86-64 (GCC ifunc), so the
+// portable build still runs fast on modern CPUs.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__)
+#define KVRUN_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define KVRUN_SIMD_CLONES
+#endif
+
+// Block sizes of the K-quant / IQ4_XS super-blocks and the legacy blocks.
+constexpr int kQK = 256;
+constexpr int kQ32 = 32;
+
+// src: nb blocks of the type -> dst[nb * block_elems]
+using DequantFn = void (*)(const uint8_t* src, float* dst, int64_t nb);
+// src[nb * block_elems] -> dst: nb blocks
+using QuantFn = void (*)(const float* src, uint8_t* dst, int64_t nb);
+
+void dequant_q2_k(const uint8_t* src, float* dst, int64_t nb);
+void dequant_q3_k(const uint8_t* src, float* dst, int64_t nb);
+void dequant_q4_k(const uint8_t* src, float* dst, int64_t nb);
+void dequant_q5_k(const uint8_t* src, float* dst, int64_t nb);
+void dequant_q6_k(const uint8_t* src, float* dst, int64_t nb);
+void dequant_q8_k(const uint8_t* src, float* dst, int64_t nb);
+void quant_q2_k(const float* src, uint8_t* dst, int64_t nb);
+void quant_q3_k(const float* src, uint8_t* dst, int64_t nb);
+void quant_q4_k(const float* src, uint8_t* dst, int64_t nb);
+void quant_q5_k(const float* src, uint8_t* dst, int64_t nb);
+void quant_q6_k(const float* src, uint8_t* dst, int64_t nb);
+void quant_q8_k(const float* src, uint8_t* dst, int64_t nb);
+
+void dequant_iq4_nl(const uint8_t* src, float* dst, int64_t nb);
+void dequant_iq4_xs(const uint8_t* src, float* dst, int64_t nb);
+void quant_iq4_nl(const float* src, uint8_t* dst, int64_t nb);
+void quant_iq4_xs(const float* src, uint8_t* dst, int64_t nb);
+
+// Little-endian scalar loads/stores (blocks are byte-packed, so no aligned access).
+inline float load_f16(const uint8_t* p);  // defined below via quant.h's converters
+inline uint16_t load_u16(const uint8_t* p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+}
+inline uint32_t load_u32(const uint8_t* p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+inline void store_u16(uint8_t* p, uint16_t v) {
+    std::memcpy(p, &v, 2);
+}
+inline float load_f32(const uint8_t* p) {
+    float v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+inline void store_f32(uint8_t* p, float v) {
+    std::memcpy(p, &v, 4);
+}
+
+// Fast half -> float (exact; handles subnormals, inf, nan), branch-free so loops vectorize.
+inline float half_to_float(uint16_t h) {
+    const uint32_t rest = h & 0x7fffu;
+    uint32_t bits = rest << 13;  // exponent and mantissa moved to float position
+    float f;
+    std::memcpy(&f, &bits, 4);
+    f *= 0x1p112f;  // rebias exponent 15 -> 127 (also scales subnormals exactly)
+    std::memcpy(&bits, &f, 4);
+    // inf/nan: the product is 2^16 * 1.m; force the exponent to all ones, keep m.
+    bits |= (rest >= 0x7c00u ? 0x7f800000u : 0u) | uint32_t(h & 0x8000u) << 16;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+inline float load_f16(const uint8_t* p) {
+    return half_to_float(load_u16(p));
+}
+
+// Nearest integer (ties to even) without a libm call: adding 1.5 * 2^23 leaves the
+// rounded integer in the low mantissa bits. Inputs are clamped to +-2^22 (callers clamp
+// codes to far smaller ranges); nan gives an arbitrary value, never undefined behaviour.
+inline int nearest_int(float v) {
+    v = v > 4194303.0f ? 4194303.0f : (v < -4194303.0f ? -4194303.0f : v);
+    const float f = v + 12582912.0f;
+    int32_t i;
+    std::memcpy(&i, &f, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+}  // namespace kvrun::quant_detail

@@ -1,0 +1,137 @@
+// IQ4_NL / IQ4_XS codecs: 4-bit indices into a fixed non-linear 16-entry codebook.
+//   IQ4_NL [f16 d][16 B nibbles]: 32 elements, x = d * kCodebook[nibble]; element j < 16
+//          is the low nibble of byte j, element j + 16 its high nibble (as Q4_0).
+//   IQ4_XS [f16 d][u16 scales_h][4 B scales_l][128 B nibbles]: 256 elements in 8
+//          sub-blocks of 32 laid out like IQ4_NL; sub-block j has a 6-bit scale whose low
+//          nibble is nibble j%2 of scales_l[j/2] and whose top 2 bits are bits 2j of
+//          scales_h; x = d * (scale - 32) * kCodebook[nibble].
+#include <algorithm>
+#include <cmath>
+
+#include "quant.h"
+#include "quant_impl.h"
+
+namespace kvrun::quant_detail {
+
+namespace {
+
+// The IQ4 codebook (ggml's non-linear 4-bit levels).
+constexpr int8_t kCodebook[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                  1,    13,   25,  38,  53,  69,  89,  113};
+
+// 16 nibbles-bytes for 32 elements -> y[32] = scale * codebook value.
+inline void decode_iq4_32(const uint8_t* qs, float scale, float* y) {
+    for (int j = 0; j < 16; ++j) {
+        y[j] = scale * float(kCodebook[qs[j] & 0xf]);
+        y[j + 16] = scale * float(kCodebook[qs[j] >> 4]);
+    }
+}
+
+// Index of the codebook entry nearest to v: the number of midpoints between neighbouring
+// entries that lie below v (branch-free).
+inline int nearest_code(float v) {
+    int idx = 0;
+    for (int i = 0; i < 15; ++i) idx += v > 0.5f * float(kCodebook[i] + kCodebook[i + 1]);
+    return idx;
+}
+
+// Squared error of x[32] coded with scale d; writes the codes to idx.
+float code_block(const float* x, float d, uint8_t* idx) {
+    const float id = d != 0 ? 1.0f / d : 0.0f;
+    float err = 0;
+    for (int i = 0; i < 32; ++i) {
+        idx[i] = uint8_t(nearest_code(x[i] * id));
+        const float e = d * float(kCodebook[idx[i]]) - x[i];
+        err += e * e;
+    }
+    return err;
+}
+
+// Best scale for x[32]: candidates around +-amax/127, each refit by least squares for
+// its codes; the one with the least squared error wins.
+float fit_iq4_scale(const float* x) {
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+    if (amax == 0) return 0;
+    float best = amax / 127.0f, best_err = INFINITY;
+    uint8_t idx[32];
+    for (float sign : {1.0f, -1.0f}) {
+        for (int step = -4; step <= 4; ++step) {
+            const float d0 = sign * amax / 127.0f * (1.0f + 0.04f * float(step));
+            code_block(x, d0, idx);
+            float skx = 0, skk = 0, sxx = 0;
+            for (int i = 0; i < 32; ++i) {
+                const float k = kCodebook[idx[i]];
+                skx += k * x[i], skk += k * k, sxx += x[i] * x[i];
+            }
+            if (skk <= 0) continue;
+            const float d1 = skx / skk;
+            const float err = sxx - d1 * skx;  // residual of the least-squares fit
+            if (err < best_err) best_err = err, best = d1;
+        }
+    }
+    return best;
+}
+
+void pack_nibbles_32(const uint8_t* idx, uint8_t* qs) {
+    for (int j = 0; j < 16; ++j) qs[j] = uint8_t(idx[j] | idx[j + 16] << 4);
+}
+
+}  // namespace
+
+KVRUN_SIMD_CLONES
+void dequant_iq4_nl(const uint8_t* src, float* dst, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, src += 18, dst += kQ32)
+        decode_iq4_32(src + 2, load_f16(src), dst);
+}
+
+KVRUN_SIMD_CLONES
+void dequant_iq4_xs(const uint8_t* src, float* dst, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, src += 136, dst += kQK) {
+        const float d = load_f16(src);
+        const uint16_t scales_h = load_u16(src + 2);
+        const uint8_t* scales_l = src + 4;
+        for (int j = 0; j < 8; ++j) {
+            const int ls =
+                ((scales_l[j / 2] >> (4 * (j % 2))) & 0xf) | (((scales_h >> (2 * j)) & 3) << 4);
+            decode_iq4_32(src + 8 + 16 * j, d * float(ls - 32), dst + 32 * j);
+        }
+    }
+}
+
+void quant_iq4_nl(const float* src, uint8_t* dst, int64_t nb) {
+    uint8_t idx[32];
+    for (int64_t b = 0; b < nb; ++b, src += kQ32, dst += 18) {
+        const uint16_t dh = fp32_to_fp16(fit_iq4_scale(src));
+        store_u16(dst, dh);
+        code_block(src, half_to_float(dh), idx);
+        pack_nibbles_32(idx, dst + 2);
+    }
+}
+
+void quant_iq4_xs(const float* src, uint8_t* dst, int64_t nb) {
+    uint8_t idx[32];
+    for (int64_t b = 0; b < nb; ++b, src += kQK, dst += 136) {
+        float scales[8], amax = 0;
+        for (int j = 0; j < 8; ++j) {
+            scales[j] = fit_iq4_scale(src + 32 * j);
+            amax = std::max(amax, std::fabs(scales[j]));
+        }
+        const uint16_t dh = fp32_to_fp16(amax / 31.0f);
+        const float d = half_to_float(dh);
+        store_u16(dst, dh);
+        uint16_t scales_h = 0;
+        std::fill(dst + 4, dst + 8, 0);
+        for (int j = 0; j < 8; ++j) {
+            const int ls = d > 0 ? std::clamp(nearest_int(scales[j] / d), -32, 31) : 0;
+            const int v = ls + 32;
+            dst[4 + j / 2] |= uint8_t((v & 0xf) << (4 * (j % 2)));
+            scales_h |= uint16_t((v >> 4) << (2 * j));
+            code_block(src + 32 * j, d * float(ls), idx);
+            pack_nibbles_32(idx, dst + 8 + 16 * j);
+        }
+        store_u16(dst + 2, scales_h);
+    }
+}
+
+}  // namespace kvrun::quant_detail

@@ -1,0 +1,213 @@
+// Sampler: the filter chain (repetition penalty -> top-k -> top-p -> min-p -> temperature),
+// the filtered distribution, and seeded draws that are identical on every platform.
+#include "sampler.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <limits>
+
+#include "common.h"
+
+namespace kvrun {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Higher logit first, lower token id first among equal logits (deterministic ties).
+bool better(const std::pair<float, TokenId>& a, const std::pair<float, TokenId>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+}
+
+// Index of the entry of probs [n] that u in [0, 1) selects by inverse CDF, walking in index
+// order; zero entries are never selected. Caller guarantees a positive total.
+size_t draw_index(const float* probs, size_t n, double u) {
+    double total = 0.0;
+    for (size_t i = 0; i < n; ++i) total += probs[i];
+    const double target = u * total;
+    double cum = 0.0;
+    size_t last = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (probs[i] <= 0.0f) continue;
+        cum += probs[i];
+        last = i;
+        if (target < cum) return i;
+    }
+    return last;  // rounding left target at the very top
+}
+
+void check_vocab(const float* p, int n_vocab, const char* what) {
+    if (p == nullptr) fail("sampler: null {} buffer", what);
+    if (n_vocab <= 0) fail("sampler: vocabulary size {} must be positive", n_vocab);
+}
+
+}  // namespace
+
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
+    if (std::isnan(params.temperature) || std::isinf(params.temperature)) {
+        fail("sampling temperature must be a finite number (got {})", params.temperature);
+    }
+    if (std::isnan(params.top_p) || params.top_p < 0.0f) {
+        fail("top-p must be >= 0 (got {}; 1 disables it)", params.top_p);
+    }
+    if (std::isnan(params.min_p) || params.min_p < 0.0f) {
+        fail("min-p must be >= 0 (got {}; 0 disables it)", params.min_p);
+    }
+    if (!(params.repeat_penalty > 0.0f) || std::isinf(params.repeat_penalty)) {
+        fail("repeat penalty must be a positive number (got {}; 1 disables it)",
+             params.repeat_penalty);
+    }
+    if (params.repeat_last_n < -1) {
+        fail("repeat-last-n must be >= -1 (got {})", params.repeat_last_n);
+    }
+}
+
+double Sampler::uniform() {
+    return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+}
+
+void Sampler::penalized_logits(const float* logits, int n_vocab, std::span<const TokenId> recent) {
+    check_vocab(logits, n_vocab, "logits");
+    work_.assign(logits, logits + n_vocab);
+    bool any_finite = false;
+    for (float& l : work_) {
+        if (std::isnan(l))
+            l = kNegInf;
+        else if (l == std::numeric_limits<float>::infinity())
+            l = FLT_MAX;
+        any_finite |= l != kNegInf;
+    }
+    if (!any_finite) fail("sampler: every logit is -inf or NaN; nothing can be sampled");
+
+    if (params_.repeat_penalty == 1.0f || params_.repeat_last_n == 0) return;
+    size_t n_recent = recent.size();
+    if (params_.repeat_last_n > 0) {
+        n_recent = std::min(n_recent, static_cast<size_t>(params_.repeat_last_n));
+    }
+    std::vector<TokenId> ids(recent.end() - static_cast<std::ptrdiff_t>(n_recent), recent.end());
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    for (TokenId id : ids) {
+        if (id < 0 || id >= n_vocab) {
+            fail("sampler: recent token id {} is outside the vocabulary (0..{})", id, n_vocab - 1);
+        }
+        float& l = work_[static_cast<size_t>(id)];
+        if (l == kNegInf) continue;
+        // Each distinct token once, as llama.cpp does: shrink toward zero when positive,
+        // push further down when negative.
+        l = l > 0.0f ? l / params_.repeat_penalty : l * params_.repeat_penalty;
+    }
+}
+
+TokenId Sampler::argmax_of_work() const {
+    size_t best = 0;
+    for (size_t i = 1; i < work_.size(); ++i) {
+        if (work_[i] > work_[best]) best = i;
+    }
+    return static_cast<TokenId>(best);
+}
+
+void Sampler::filter(const float* logits, int n_vocab, std::span<const TokenId> recent_tokens) {
+    penalized_logits(logits, n_vocab, recent_tokens);
+    cand_.clear();
+    for (size_t i = 0; i < work_.size(); ++i) {
+        if (work_[i] != kNegInf) cand_.emplace_back(work_[i], static_cast<TokenId>(i));
+    }
+
+    // top-k: the k best (ties broken by lower id), then sorted best first.
+    const size_t k = params_.top_k > 0 ? static_cast<size_t>(params_.top_k) : cand_.size();
+    if (k < cand_.size()) {
+        std::nth_element(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(k), cand_.end(),
+                         better);
+        cand_.resize(k);
+    }
+    std::sort(cand_.begin(), cand_.end(), better);
+    const float max_logit = cand_.front().first;
+
+    // top-p on the untempered softmax of the survivors: keep the shortest head whose mass
+    // reaches top_p (at least one token).
+    if (params_.top_p < 1.0f) {
+        double z = 0.0;
+        for (const auto& c : cand_) z += std::exp(static_cast<double>(c.first) - max_logit);
+        double cum = 0.0;
+        size_t keep = cand_.size();
+        for (size_t i = 0; i < cand_.size(); ++i) {
+            cum += std::exp(static_cast<double>(cand_[i].first) - max_logit) / z;
+            if (cum >= params_.top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        cand_.resize(keep);
+    }
+
+    // min-p: keep tokens whose probability is at least min_p times the best one's.
+    if (params_.min_p > 0.0f) {
+        const double threshold = static_cast<double>(max_logit) + std::log(params_.min_p);
+        size_t keep = 1;
+        while (keep < cand_.size() && static_cast<double>(cand_[keep].first) >= threshold) ++keep;
+        cand_.resize(keep);
+    }
+
+    // Temperature, softmax, then token-id order so draws match sample_from().
+    std::sort(cand_.begin(), cand_.end(),
+              [](const auto& a, const auto& b) { return a.second < b.second; });
+    const double inv_t = 1.0 / static_cast<double>(params_.temperature);
+    cand_prob_.resize(cand_.size());
+    double z = 0.0;
+    for (size_t i = 0; i < cand_.size(); ++i) {
+        const double e = std::exp((static_cast<double>(cand_[i].first) - max_logit) * inv_t);
+        cand_prob_[i] = static_cast<float>(e);
+        z += e;
+    }
+    for (float& p : cand_prob_) p = static_cast<float>(p / z);
+}
+
+TokenId Sampler::sample(const float* logits, int n_vocab, std::span<const TokenId> recent_tokens) {
+    if (greedy()) {
+        penalized_logits(logits, n_vocab, recent_tokens);
+        return argmax_of_work();
+    }
+    filter(logits, n_vocab, recent_tokens);
+    const size_t i = draw_index(cand_prob_.data(), cand_prob_.size(), uniform());
+    return cand_[i].second;
+}
+
+void Sampler::compute_probabilities(const float* logits, int n_vocab,
+                                    std::span<const TokenId> recent_tokens, float* probs) {
+    check_vocab(probs, n_vocab, "probabilities");
+    if (greedy()) {
+        penalized_logits(logits, n_vocab, recent_tokens);
+        std::fill(probs, probs + n_vocab, 0.0f);
+        probs[argmax_of_work()] = 1.0f;
+        return;
+    }
+    filter(logits, n_vocab, recent_tokens);
+    std::fill(probs, probs + n_vocab, 0.0f);
+    for (size_t i = 0; i < cand_.size(); ++i) probs[cand_[i].second] = cand_prob_[i];
+}
+
+std::vector<float> Sampler::probabilities(const float* logits, int n_vocab,
+                                          std::span<const TokenId> recent_tokens) {
+    check_vocab(logits, n_vocab, "logits");
+    std::vector<float> out(static_cast<size_t>(n_vocab));
+    compute_probabilities(logits, n_vocab, recent_tokens, out.data());
+    return out;
+}
+
+TokenId Sampler::sample_from(const float* probs, int n_vocab) {
+    check_vocab(probs, n_vocab, "probabilities");
+    double total = 0.0;
+    for (int i = 0; i < n_vocab; ++i) {
+        if (!(probs[i] >= 0.0f) || std::isinf(probs[i])) {
+            fail("sampler: probability {} of token {} is not a finite non-negative number",
+                 probs[i], i);
+        }
+        total += probs[i];
+    }
+    if (!(total > 0.0)) fail("sampler: the distribution to sample from is all zeros");
+    return static_cast<TokenId>(draw_index(probs, static_cast<size_t>(n_vocab), uniform()));
+}
+
+}  // namespace kvrun

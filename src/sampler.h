@@ -1,0 +1,71 @@
+// Token sampling on the host: llama.cpp's default chain (repetition penalty, top-k, top-p,
+// min-p, temperature, then a seeded draw), greedy argmax when temperature <= 0, and the
+// filtered distribution itself (speculative decoding compares target and draft distributions).
+// Deterministic across platforms: std::mt19937_64 plus our own uniform conversion.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "tokenizer.h"
+
+namespace kvrun {
+
+// Defaults follow llama.cpp. A filter whose value disables it: top_k <= 0, top_p >= 1,
+// min_p <= 0, repeat_penalty == 1, repeat_last_n == 0 (-1: every recent token given).
+struct SamplingParams {
+    float temperature = 0.8f;  // <= 0: greedy (argmax, lowest id on ties)
+    int top_k = 40;
+    float top_p = 0.95f;
+    float min_p = 0.05f;
+    float repeat_penalty = 1.0f;  // positive logits divided by it, negative ones multiplied
+    int repeat_last_n = 64;       // how many of the most recent tokens the penalty looks at
+    uint64_t seed = 0x5EED;
+};
+
+class Sampler {
+  public:
+    // Throws Error for invalid parameters (NaN values, negative top_p/min_p, penalty <= 0).
+    explicit Sampler(const SamplingParams& params);
+
+    // Picks the next token. logits: [n_vocab]; recent_tokens: the sequence so far (only its
+    // last repeat_last_n entries are penalized). Throws Error when no logit is finite or a
+    // recent token id is outside [0, n_vocab).
+    TokenId sample(const float* logits, int n_vocab, std::span<const TokenId> recent_tokens);
+
+    // The final distribution after the filters (one-hot at the argmax when greedy).
+    std::vector<float> probabilities(const float* logits, int n_vocab,
+                                     std::span<const TokenId> recent_tokens);
+    // The same into a caller buffer: probs: [n_vocab], zero for excluded tokens, sums to 1.
+    void compute_probabilities(const float* logits, int n_vocab,
+                               std::span<const TokenId> recent_tokens, float* probs);
+    // Draws a token from a distribution (probs: [n_vocab], non-negative, not all zero; need
+    // not be normalized) with this sampler's RNG. For the same RNG state,
+    // sample_from(probabilities(x)) == sample(x) for non-greedy parameters.
+    TokenId sample_from(const float* probs, int n_vocab);
+    // The next uniform number in [0, 1) from the RNG (speculative acceptance tests).
+    double uniform();
+
+    void reseed(uint64_t seed) { rng_.seed(seed); }
+    const SamplingParams& params() const { return params_; }
+    bool greedy() const { return params_.temperature <= 0.0f; }
+
+  private:
+    // Runs the filter chain; leaves the surviving candidates in cand_ (sorted by token id) and
+    // their probabilities in cand_prob_.
+    void filter(const float* logits, int n_vocab, std::span<const TokenId> recent_tokens);
+    // Copies logits into work_ with NaN -> -inf and the repetition penalty applied.
+    void penalized_logits(const float* logits, int n_vocab, std::span<const TokenId> recent);
+    TokenId argmax_of_work() const;
+
+    SamplingParams params_;
+    std::mt19937_64 rng_;
+    std::vector<float> work_;                      // [n_vocab] penalized logits
+    std::vector<std::pair<float, TokenId>> cand_;  // surviving (logit, id)
+    std::vector<float> cand_prob_;                 // [cand_.size()]
+};
+
+}  // namespace kvrun

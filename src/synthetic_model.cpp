@@ -1,0 +1,362 @@
+// Synthetic llama models: presets, the tensor plan (names, shapes, types, magnitudes), parallel
+// deterministic generation into a GgufWriter, and cutting a model to its first L layers.
+#include "synthetic_model.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "gguf_writer.h"
+#include "quant.h"
+#include "synthetic_fill.h"
+#include "synthetic_vocab.h"
+
+namespace kvrun {
+namespace {
+
+// One tensor to generate: n_rows = product of dims[1..] rows of dims[0] elements.
+struct TensorPlan {
+    std::string name;
+    GgmlType type = GgmlType::F32;
+    std::vector<int64_t> dims;  // ggml order: {n_in, n_out}
+    float sigma = 0;
+    float mean = 0;
+};
+
+int64_t n_rows_of(const std::vector<int64_t>& dims) {
+    int64_t r = 1;
+    for (size_t i = 1; i < dims.size(); ++i) r *= dims[i];
+    return r;
+}
+
+bool is_k_quant(GgmlType t) {
+    return t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::Q4_K ||
+           t == GgmlType::Q5_K || t == GgmlType::Q6_K;
+}
+
+// llama.cpp's rule for which layers get more bits in the _M mixes.
+bool use_more_bits(int64_t i, int64_t n) {
+    return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
+// Norm weights: F32, 1 + 0.05 * gaussian.
+constexpr float kNormStd = 0.05f;
+
+std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab) {
+    const int64_t head_dim = c.n_embd / c.n_head, n_embd_kv = head_dim * c.n_head_kv;
+    const float s = c.weight_std;
+    std::vector<TensorPlan> p;
+    p.push_back({"token_embd.weight", c.type, {c.n_embd, n_vocab}, s, 0});
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+        auto nm = [&](const char* what) { return fmt::format("blk.{}.{}.weight", i, what); };
+        const GgmlType more = c.k_mix && use_more_bits(i, c.n_layer) ? GgmlType::Q6_K : c.type;
+        const float s_out = i >= c.scaled_from ? s * c.residual_scale : s;
+        p.push_back({nm("attn_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
+        p.push_back({nm("attn_q"), c.type, {c.n_embd, c.n_embd}, s, 0});
+        p.push_back({nm("attn_k"), c.type, {c.n_embd, n_embd_kv}, s, 0});
+        p.push_back({nm("attn_v"), more, {c.n_embd, n_embd_kv}, s, 0});
+        p.push_back({nm("attn_output"), c.type, {c.n_embd, c.n_embd}, s_out, 0});
+        p.push_back({nm("ffn_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
+        p.push_back({nm("ffn_gate"), c.type, {c.n_embd, c.n_ff}, s, 0});
+        p.push_back({nm("ffn_up"), c.type, {c.n_embd, c.n_ff}, s, 0});
+        p.push_back({nm("ffn_down"), more, {c.n_ff, c.n_embd}, s_out, 0});
+    }
+    p.push_back({"output_norm.weight", GgmlType::F32, {c.n_embd}, kNormStd, 1});
+    p.push_back({"output.weight", c.output_type, {c.n_embd, n_vocab}, s, 0});
+    return p;
+}
+
+// llama.cpp's general.file_type for the weight type (or mix).
+uint32_t file_type_of(const SyntheticModelConfig& c) {
+    switch (c.type) {
+        case GgmlType::F32:
+            return 0;
+        case GgmlType::F16:
+            return 1;
+        case GgmlType::Q4_0:
+            return 2;
+        case GgmlType::Q4_1:
+            return 3;
+        case GgmlType::Q8_0:
+            return 7;
+        case GgmlType::Q5_0:
+            return 8;
+        case GgmlType::Q5_1:
+            return 9;
+        case GgmlType::Q2_K:
+            return 10;
+        case GgmlType::Q3_K:
+            return 11;
+        case GgmlType::Q4_K:
+            return c.k_mix ? 15 : 14;
+        case GgmlType::Q5_K:
+            return c.k_mix ? 17 : 16;
+        case GgmlType::Q6_K:
+            return 18;
+        case GgmlType::IQ4_NL:
+            return 25;
+        case GgmlType::IQ4_XS:
+            return 30;
+        case GgmlType::BF16:
+            return 32;
+        default:
+            return 0;
+    }
+}
+
+// Runs fn(begin, end) over [0, n) in chunks of `chunk` on n_threads threads; rethrows the
+// first exception.
+template <typename Fn>
+void parallel_for(int64_t n, int64_t chunk, int n_threads, Fn fn) {
+    std::atomic<int64_t> next{0};
+    std::exception_ptr error;
+    std::mutex error_mutex;
+    auto worker = [&] {
+        try {
+            for (int64_t b; (b = next.fetch_add(chunk)) < n;) fn(b, std::min(n, b + chunk));
+        } catch (...) {
+            std::lock_guard<std::mutex> lock(error_mutex);
+            if (!error) error = std::current_exception();
+            next = n;
+        }
+    };
+    const int t = int(std::clamp<int64_t>((n + chunk - 1) / chunk, 1, n_threads));
+    std::vector<std::thread> threads;
+    for (int i = 1; i < t; ++i) threads.emplace_back(worker);
+    worker();
+    for (auto& th : threads) th.join();
+    if (error) std::rethrow_exception(error);
+}
+
+void set_tokenizer(GgufWriter& w, const SyntheticModelConfig& c, int64_t& n_vocab) {
+    if (!c.vocab_from.empty()) {
+        GgufFile src = GgufFile::open(c.vocab_from);
+        const GgufValue* tokens = src.find("tokenizer.ggml.tokens");
+        if (!tokens || tokens->type != GgufValueType::ARRAY)
+            fail("{}: no tokenizer.ggml.tokens array to copy (--vocab-from)", c.vocab_from);
+        n_vocab = int64_t(tokens->as_array().size());
+        for (const auto& [key, value] : src.metadata())
+            if (key.rfind("tokenizer.", 0) == 0) w.set_value(key, value);
+        return;
+    }
+    SpmVocab v = synthetic_spm_vocab(c.n_vocab);
+    n_vocab = c.n_vocab;
+    w.set_string("tokenizer.ggml.model", "llama");
+    w.set_array_str("tokenizer.ggml.tokens", v.tokens);
+    w.set_array_f32("tokenizer.ggml.scores", v.scores);
+    w.set_array_i32("tokenizer.ggml.token_type", v.token_types);
+    w.set_u32("tokenizer.ggml.bos_token_id", uint32_t(v.bos_id));
+    w.set_u32("tokenizer.ggml.eos_token_id", uint32_t(v.eos_id));
+    w.set_u32("tokenizer.ggml.unknown_token_id", uint32_t(v.unk_id));
+    w.set_bool("tokenizer.ggml.add_bos_token", true);
+    w.set_bool("tokenizer.ggml.add_eos_token", false);
+}
+
+void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) {
+    const bool quantized =
+        !(c.type == GgmlType::F32 || c.type == GgmlType::F16 || c.type == GgmlType::BF16);
+    w.set_string("general.architecture", "llama");
+    w.set_string("general.name", fmt::format("synthetic {} {}{}", c.name, ggml_type_name(c.type),
+                                             c.k_mix ? "_M" : ""));
+    w.set_u32("general.file_type", file_type_of(c));
+    if (quantized) w.set_u32("general.quantization_version", 2);
+    w.set_u32("llama.context_length", uint32_t(c.n_ctx));
+    w.set_u32("llama.embedding_length", uint32_t(c.n_embd));
+    w.set_u32("llama.block_count", uint32_t(c.n_layer));
+    w.set_u32("llama.feed_forward_length", uint32_t(c.n_ff));
+    w.set_u32("llama.rope.dimension_count", uint32_t(c.n_embd / c.n_head));
+    w.set_u32("llama.attention.head_count", uint32_t(c.n_head));
+    w.set_u32("llama.attention.head_count_kv", uint32_t(c.n_head_kv));
+    w.set_f32("llama.rope.freq_base", float(c.rope_base));
+    w.set_f32("llama.attention.layer_norm_rms_epsilon", float(c.norm_eps));
+    w.set_u32("llama.vocab_size", uint32_t(n_vocab));
+    // Provenance, so a benchmark report can say what it ran on.
+    w.set_u64("kvrun.synthetic.seed", c.seed);
+    w.set_f32("kvrun.synthetic.weight_std", c.weight_std);
+    w.set_bool("kvrun.synthetic.exact", c.exact);
+    w.set_f32("kvrun.synthetic.residual_scale", c.residual_scale);
+    w.set_u32("kvrun.synthetic.scaled_from", uint32_t(c.scaled_from));
+}
+
+uint64_t file_size_of(const std::string& path) {
+    std::error_code ec;
+    auto n = std::filesystem::file_size(path, ec);
+    return ec ? 0 : uint64_t(n);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::vector<std::string> synthetic_preset_names() {
+    return {"llama2-7b", "llama3-8b", "llama-1b", "tiny"};
+}
+
+SyntheticModelConfig synthetic_preset(std::string_view name) {
+    SyntheticModelConfig c;
+    c.name = std::string(name);
+    if (name == "llama2-7b") {
+        c.n_layer = 32, c.n_embd = 4096, c.n_head = 32, c.n_head_kv = 32, c.n_ff = 11008;
+        c.n_vocab = 32000, c.rope_base = 10000, c.n_ctx = 4096, c.norm_eps = 1e-5;
+    } else if (name == "llama3-8b") {
+        c.n_layer = 32, c.n_embd = 4096, c.n_head = 32, c.n_head_kv = 8, c.n_ff = 14336;
+        c.n_vocab = 128256, c.rope_base = 500000, c.n_ctx = 8192, c.norm_eps = 1e-5;
+    } else if (name == "llama-1b") {  // shaped like Llama-3.2-1B
+        c.n_layer = 16, c.n_embd = 2048, c.n_head = 32, c.n_head_kv = 8, c.n_ff = 8192;
+        c.n_vocab = 128256, c.rope_base = 500000, c.n_ctx = 8192, c.norm_eps = 1e-5;
+    } else if (name == "tiny") {
+        c.n_layer = 2, c.n_embd = 256, c.n_head = 4, c.n_head_kv = 2, c.n_ff = 512;
+        c.n_vocab = 512, c.rope_base = 10000, c.n_ctx = 2048, c.norm_eps = 1e-5;
+    } else {
+        std::string known;
+        for (const auto& n : synthetic_preset_names()) known += (known.empty() ? "" : ", ") + n;
+        throw Error(fmt::format("unknown synthetic model preset '{}'", name),
+                    fmt::format("known presets: {}", known));
+    }
+    return c;
+}
+
+void synthetic_set_type(SyntheticModelConfig& cfg, std::string_view type_name) {
+    std::string up(type_name);
+    for (char& ch : up) ch = char(std::toupper(uint8_t(ch)));
+    cfg.k_mix = false;
+    if (up == "Q4_K_M" || up == "Q5_K_M") {
+        cfg.k_mix = true;
+        up = up.substr(0, 4);
+    }
+    static const GgmlType kTypes[] = {
+        GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,   GgmlType::Q4_0,
+        GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K,   GgmlType::Q3_K,
+        GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
+    for (GgmlType t : kTypes) {
+        if (up == ggml_type_name(t)) {
+            cfg.type = t;
+            cfg.output_type = is_k_quant(t) ? GgmlType::Q6_K : t;
+            return;
+        }
+    }
+    throw Error(fmt::format("unknown synthetic model type '{}'", type_name),
+                "use F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, "
+                "Q6_K, IQ4_NL, IQ4_XS, Q4_K_M or Q5_K_M");
+}
+
+void synthetic_validate(const SyntheticModelConfig& c) {
+    auto positive = [](const char* what, int64_t v, int64_t max) {
+        if (v < 1 || v > max)
+            fail("synthetic model: {} = {} is out of range [1, {}]", what, v, max);
+    };
+    positive("n_layer", c.n_layer, 1024);
+    positive("n_embd", c.n_embd, 1 << 20);
+    positive("n_head", c.n_head, 1 << 16);
+    positive("n_head_kv", c.n_head_kv, 1 << 16);
+    positive("n_ff", c.n_ff, 1 << 22);
+    positive("n_ctx", c.n_ctx, int64_t(1) << 31);
+    if (c.vocab_from.empty()) positive("n_vocab", c.n_vocab, int64_t(1) << 24);
+    if (c.n_embd % c.n_head != 0)
+        fail("synthetic model: n_embd {} is not a multiple of n_head {}", c.n_embd, c.n_head);
+    if ((c.n_embd / c.n_head) % 2 != 0)
+        fail("synthetic model: head_dim {} must be even for RoPE", c.n_embd / c.n_head);
+    if (c.n_head % c.n_head_kv != 0)
+        fail("synthetic model: n_head {} is not a multiple of n_head_kv {}", c.n_head, c.n_head_kv);
+    if (!(c.rope_base > 0) || !(c.norm_eps > 0) || !(c.weight_std >= 0) || !(c.residual_scale >= 0))
+        fail(
+            "synthetic model: rope base, norm eps, weight std and residual scale must be "
+            "positive (got {}, {}, {}, {})",
+            c.rope_base, c.norm_eps, c.weight_std, c.residual_scale);
+    if (c.scaled_from < 0) fail("synthetic model: --scaled-from must be >= 0");
+    if (c.k_mix && !is_k_quant(c.type)) fail("synthetic model: K-quant mix needs a K-quant type");
+    std::vector<GgmlType> types = {c.type, c.output_type};
+    if (c.k_mix) types.push_back(GgmlType::Q6_K);
+    for (GgmlType t : types) {
+        if (!synthetic_type_supported(t))
+            fail("synthetic model: cannot generate tensors of type {}", ggml_type_name(t));
+        const GgmlTypeTraits& tr = ggml_type_traits(t);
+        for (auto [what, n] : {std::pair{"n_embd", c.n_embd}, std::pair{"n_ff", c.n_ff}})
+            if (n % tr.block_elems != 0)
+                throw Error(fmt::format("synthetic model: {} = {} is not a multiple of the {} "
+                                        "block size {}",
+                                        what, n, tr.name, tr.block_elems),
+                            "pick another --type or a width that is a multiple of it");
+        if (c.exact && !tr.can_quantize && t != GgmlType::F32 && t != GgmlType::F16 &&
+            t != GgmlType::BF16)
+            fail("synthetic model: --exact needs a quantizer for {}, which kvrun lacks", tr.name);
+    }
+}
+
+SyntheticModelStats synthetic_model_write(const SyntheticModelConfig& cfg,
+                                          const std::string& path) {
+    const auto t0 = std::chrono::steady_clock::now();
+    synthetic_validate(cfg);
+    const int n_threads =
+        cfg.n_threads > 0 ? cfg.n_threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    GgufWriter w;
+    int64_t n_vocab = 0;
+    set_tokenizer(w, cfg, n_vocab);
+    set_hparams(w, cfg, n_vocab);
+
+    SyntheticModelStats st;
+    for (const TensorPlan& t : make_plan(cfg, n_vocab)) {
+        const int64_t n_rows = n_rows_of(t.dims);
+        const size_t row_bytes = ggml_row_bytes(t.type, t.dims[0]);
+        const size_t bytes = row_bytes * size_t(n_rows);
+        std::unique_ptr<uint8_t[]> data(new uint8_t[bytes]);  // [n_rows][row_bytes]
+        const uint64_t name_seed = synthetic_seed(cfg.seed, t.name);
+        const int64_t chunk = std::max<int64_t>(1, int64_t((size_t(1) << 18) / row_bytes));
+        parallel_for(n_rows, chunk, n_threads, [&](int64_t r0, int64_t r1) {
+            for (int64_t r = r0; r < r1; ++r)
+                synthetic_fill_row(t.type, data.get() + size_t(r) * row_bytes, t.dims[0], t.sigma,
+                                   t.mean, synthetic_seed(name_seed, {}, uint64_t(r)), cfg.exact);
+        });
+        w.add_tensor(t.name, t.type, t.dims, data.get(), bytes);
+        st.n_params += t.dims[0] * n_rows;
+        ++st.n_tensors;
+    }
+    w.write_file(path);
+    st.n_bytes = file_size_of(path);
+    st.seconds = seconds_since(t0);
+    return st;
+}
+
+SyntheticModelStats synthetic_draft_write(const std::string& src_path, int64_t n_layer,
+                                          const std::string& path) {
+    const auto t0 = std::chrono::steady_clock::now();
+    GgufFile src = GgufFile::open(src_path);
+    const std::string arch = src.get_string("general.architecture");
+    const std::string count_key = arch + ".block_count";
+    const int64_t n_src = src.get_int(count_key);
+    if (n_layer < 1 || n_layer > n_src)
+        fail("{}: cannot keep {} layers of a {}-layer model", src_path, n_layer, n_src);
+    GgufWriter w(uint32_t(src.alignment()));
+    for (const auto& [key, value] : src.metadata()) w.set_value(key, value);
+    w.set_value(count_key, gguf_make_uint(GgufValueType::UINT32, uint64_t(n_layer)));
+    w.set_string("general.name",
+                 fmt::format("{} (first {} of {} layers)",
+                             src.get_string_or("general.name", "model"), n_layer, n_src));
+    SyntheticModelStats st;
+    for (const GgufTensorInfo& t : src.tensors()) {
+        if (t.name.rfind("blk.", 0) == 0) {
+            int64_t layer = 0;
+            size_t i = 4;
+            while (i < t.name.size() && std::isdigit(uint8_t(t.name[i])) && layer <= n_src)
+                layer = layer * 10 + (t.name[i++] - '0');
+            if (layer >= n_layer) continue;
+        }
+        w.add_tensor(t.name, t.type, t.dims, t.data, t.n_bytes);
+        st.n_params += t.n_elements;
+        ++st.n_tensors;
+    }
+    w.write_file(path);
+    st.n_bytes = file_size_of(path);
+    st.seconds = seconds_since(t0);
+    return st;
+}
+
+}  // namespace kvrun

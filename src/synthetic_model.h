@@ -1,0 +1,80 @@
+// Synthetic llama models: GGUF files with real shapes (presets such as llama2-7b, llama3-8b)
+// and random weights, generated quickly and deterministically from a seed, for benchmarks and
+// tests. Also cuts a model down to its first L layers (a draft model for speculative decoding).
+//
+// Weights are N(0, weight_std^2)-like (see synthetic_fill.h for how quantized blocks are made);
+// norm weights are F32 near 1. The tokenizer is a synthetic SPM vocabulary (synthetic_vocab.h)
+// or the tokenizer.* metadata copied from another GGUF. Every tensor row is seeded from
+// (seed, tensor name, row), so two models with the same seed share identical tensors wherever
+// names and shapes agree (e.g. a 4-layer model equals the first 4 layers of a 32-layer one).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gguf.h"
+
+namespace kvrun {
+
+struct SyntheticModelConfig {
+    std::string name = "custom";  // preset name (goes into general.name)
+    int64_t n_layer = 2;
+    int64_t n_embd = 256;
+    int64_t n_head = 4;
+    int64_t n_head_kv = 2;
+    int64_t n_ff = 512;
+    int64_t n_vocab = 512;  // ignored with vocab_from (taken from that file)
+    int64_t n_ctx = 2048;
+    double rope_base = 10000.0;
+    double norm_eps = 1e-5;
+
+    GgmlType type = GgmlType::F32;         // 2-D weights (attention, FFN) and token_embd
+    GgmlType output_type = GgmlType::F32;  // output.weight
+    // Q4_K_M / Q5_K_M-style mix: attn_v and ffn_down of some layers (llama.cpp's "use more
+    // bits" rule: the first and last eighth, and every third layer between) in Q6_K.
+    bool k_mix = false;
+
+    uint64_t seed = 1;
+    float weight_std = 0.02f;
+    bool exact = false;  // quantize float data with quantize_row instead of random blocks
+
+    // Agreement dial: attn_output and ffn_down of layers >= scaled_from get std * residual_scale.
+    float residual_scale = 1.0f;
+    int64_t scaled_from = 0;
+
+    std::string vocab_from;  // copy tokenizer.* metadata from this GGUF when not empty
+    int n_threads = 0;       // 0: all hardware threads
+};
+
+struct SyntheticModelStats {
+    int64_t n_params = 0;  // elements in all tensors
+    uint64_t n_bytes = 0;  // file size
+    int64_t n_tensors = 0;
+    double seconds = 0;  // wall time (generation + writing)
+};
+
+// Names accepted by synthetic_preset: llama2-7b, llama3-8b, llama-1b, tiny.
+std::vector<std::string> synthetic_preset_names();
+// The hyperparameters of a preset (type F32, other fields default). Throws Error for an
+// unknown name, listing the known ones.
+SyntheticModelConfig synthetic_preset(std::string_view name);
+
+// Sets cfg.type, cfg.output_type and cfg.k_mix from a type name: a GGUF type (F32, F16, BF16,
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; output in the
+// same type, except Q6_K for K-quants) or a mix (Q4_K_M, Q5_K_M). Case-insensitive.
+void synthetic_set_type(SyntheticModelConfig& cfg, std::string_view type_name);
+
+// Checks shapes and types (head_dim, GQA ratio, block-size divisibility, ...); throws Error.
+void synthetic_validate(const SyntheticModelConfig& cfg);
+
+// Generates the model and writes it to `path`. Throws Error on bad config or I/O failure.
+SyntheticModelStats synthetic_model_write(const SyntheticModelConfig& cfg, const std::string& path);
+
+// Writes a copy of the llama GGUF at `src_path` keeping only its first n_layer layers
+// (tensors copied byte for byte, llama.block_count set to n_layer, other metadata kept).
+SyntheticModelStats synthetic_draft_write(const std::string& src_path, int64_t n_layer,
+                                          const std::string& path);
+
+}  // namespace kvrun

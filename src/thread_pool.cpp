@@ -1,0 +1,125 @@
+// The CPU backend's persistent thread pool (see thread_pool.h).
+#include "thread_pool.h"
+
+#include <algorithm>
+#include <memory>
+
+namespace kvrun {
+namespace {
+
+thread_local bool t_in_pool_task = false;
+
+struct TaskScope {
+    bool saved = t_in_pool_task;
+    TaskScope() { t_in_pool_task = true; }
+    ~TaskScope() { t_in_pool_task = saved; }
+};
+
+int resolve_threads(int n_threads) {
+    if (n_threads > 0) return n_threads;
+    unsigned hw = std::thread::hardware_concurrency();
+    return hw == 0 ? 1 : static_cast<int>(hw);
+}
+
+}  // namespace
+
+ThreadPool::ThreadPool(int n_threads) {
+    int n = resolve_threads(n_threads);
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+ThreadPool::~ThreadPool() {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& w : workers_) w.join();
+}
+
+void ThreadPool::run_chunks() {
+    TaskScope scope;
+    for (;;) {
+        int64_t begin = next_.fetch_add(chunk_);
+        if (begin >= n_) break;
+        int64_t end = std::min(n_, begin + chunk_);
+        try {
+            (*fn_)(begin, end);
+        } catch (...) {
+            std::lock_guard<std::mutex> lock(error_mutex_);
+            if (!error_) error_ = std::current_exception();
+        }
+    }
+}
+
+void ThreadPool::worker_loop() {
+    uint64_t seen = 0;
+    for (;;) {
+        {
+            std::unique_lock<std::mutex> lock(mutex_);
+            wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+            if (stop_) return;
+            seen = generation_;
+        }
+        run_chunks();
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (--active_ == 0) done_.notify_one();
+        }
+    }
+}
+
+void ThreadPool::parallel_for(int64_t n, int64_t grain,
+                              const std::function<void(int64_t, int64_t)>& fn) {
+    if (n <= 0) return;
+    grain = std::max<int64_t>(grain, 1);
+    if (workers_.empty() || t_in_pool_task || n <= grain) {
+        fn(0, n);
+        return;
+    }
+    std::lock_guard<std::mutex> call_lock(call_mutex_);
+    // About four chunks per thread balances uneven chunks without much claiming overhead.
+    int64_t target = (n + n_threads() * 4 - 1) / (n_threads() * 4);
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        fn_ = &fn;
+        n_ = n;
+        chunk_ = std::max(grain, target);
+        next_.store(0);
+        error_ = nullptr;
+        active_ = static_cast<int>(workers_.size());
+        ++generation_;
+    }
+    wake_.notify_all();
+    run_chunks();
+    std::exception_ptr error;
+    {
+        std::unique_lock<std::mutex> lock(mutex_);
+        done_.wait(lock, [&] { return active_ == 0; });
+        fn_ = nullptr;
+        error = error_;
+        error_ = nullptr;
+    }
+    if (error) std::rethrow_exception(error);
+}
+
+namespace {
+std::mutex g_pool_mutex;
+std::unique_ptr<ThreadPool> g_pool;
+}  // namespace
+
+ThreadPool& cpu_thread_pool() {
+    std::lock_guard<std::mutex> lock(g_pool_mutex);
+    if (!g_pool) g_pool = std::make_unique<ThreadPool>(0);
+    return *g_pool;
+}
+
+void cpu_set_num_threads(int n_threads) {
+    std::lock_guard<std::mutex> lock(g_pool_mutex);
+    int n = resolve_threads(n_threads);
+    if (g_pool && g_pool->n_threads() == n) return;
+    g_pool.reset();
+    g_pool = std::make_unique<ThreadPool>(n);
+}
+
+}  // namespace kvrun

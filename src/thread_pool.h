@@ -1,0 +1,59 @@
+// A small persistent thread pool for the CPU backend: parallel_for over an index range,
+// split into contiguous chunks that the calling thread and the workers claim in turn.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kvrun {
+
+class ThreadPool {
+  public:
+    // n_threads counts the calling thread: n_threads - 1 workers are started (0 = hardware).
+    explicit ThreadPool(int n_threads = 0);
+    ~ThreadPool();
+    ThreadPool(const ThreadPool&) = delete;
+    ThreadPool& operator=(const ThreadPool&) = delete;
+
+    int n_threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+    // Calls fn(begin, end) on disjoint chunks covering [0, n), each at least `grain` long
+    // (except the last), on all threads; returns when every chunk is done. Runs inline
+    // when there is one chunk, one thread, or when called from inside a pool task.
+    // Concurrent callers from different threads are serialized. An exception thrown by fn
+    // is rethrown here (the first one; the remaining chunks still run).
+    void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+  private:
+    void worker_loop();
+    void run_chunks();
+
+    std::vector<std::thread> workers_;
+    std::mutex call_mutex_;  // one parallel_for at a time
+    std::mutex mutex_;
+    std::condition_variable wake_;
+    std::condition_variable done_;
+    uint64_t generation_ = 0;
+    bool stop_ = false;
+    int active_ = 0;  // workers still inside the current job
+
+    // The current job.
+    const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+    int64_t n_ = 0, chunk_ = 1;
+    std::atomic<int64_t> next_{0};
+    std::exception_ptr error_;
+    std::mutex error_mutex_;
+};
+
+// The process-wide pool the CPU ops use (created on first use with hardware threads).
+ThreadPool& cpu_thread_pool();
+// Replaces the process-wide pool with one of n_threads (0 = hardware); not thread-safe
+// against a running parallel_for.
+void cpu_set_num_threads(int n_threads);
+
+}  // namespace kvrun

@@ -1,0 +1,107 @@
+// Finds and checks the llama / qwen2 weight tensors of a GGUF file (see weights.h).
+#include "weights.h"
+
+#include <fmt/ranges.h>
+
+#include "common.h"
+#include "quant.h"
+
+namespace kvrun {
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& dims) {
+    return fmt::format("[{}]", fmt::join(dims, ", "));
+}
+
+// The tensor's dims with trailing 1s dropped (a [n, 1] tensor is 1-D).
+std::vector<int64_t> squeezed_dims(const GgufTensorInfo& t) {
+    std::vector<int64_t> d = t.dims;
+    while (d.size() > 1 && d.back() == 1) d.pop_back();
+    return d;
+}
+
+const GgufTensorInfo& find_checked(const GgufFile& f, const std::string& name,
+                                   const std::vector<int64_t>& expected) {
+    const GgufTensorInfo* t = f.find_tensor(name);
+    if (!t)
+        fail("{}: missing tensor '{}' (expected shape {})", f.path(), name, shape_str(expected));
+    if (squeezed_dims(*t) != expected)
+        fail("{}: tensor '{}' has shape {}, expected {} (ggml order: row length first)", f.path(),
+             name, shape_str(t->dims), shape_str(expected));
+    if (!ggml_type_known(static_cast<uint32_t>(t->type)) ||
+        !ggml_type_traits(t->type).can_dequantize)
+        fail("{}: tensor '{}' has type {}, which kvrun cannot compute with yet", f.path(), name,
+             ggml_type_known(static_cast<uint32_t>(t->type)) ? ggml_type_name(t->type) : "unknown");
+    const int64_t block = ggml_type_traits(t->type).block_elems;
+    if (block <= 0 || expected[0] % block != 0)
+        fail("{}: tensor '{}' rows of {} elements are not a whole number of {} blocks ({})",
+             f.path(), name, expected[0], ggml_type_name(t->type), block);
+    return *t;
+}
+
+// A 2-D weight: GGUF dims {n_in, n_out}.
+WeightView load_matrix(const GgufFile& f, const std::string& name, int64_t n_in, int64_t n_out,
+                       uint64_t& total_bytes) {
+    const GgufTensorInfo& t = find_checked(f, name, {n_in, n_out});
+    WeightView w;
+    w.type = t.type;
+    w.n_in = n_in;
+    w.n_out = n_out;
+    w.row_bytes = ggml_row_bytes(t.type, n_in);
+    w.data = t.data;
+    if (w.row_bytes * uint64_t(n_out) > t.n_bytes)
+        fail("{}: tensor '{}' holds {} bytes, fewer than {} rows of {} bytes", f.path(), name,
+             t.n_bytes, n_out, w.row_bytes);
+    total_bytes += w.row_bytes * uint64_t(n_out);
+    return w;
+}
+
+// A 1-D norm weight or bias of n elements, converted to float32.
+std::vector<float> load_vector(const GgufFile& f, const std::string& name, int64_t n) {
+    const GgufTensorInfo& t = find_checked(f, name, {n});
+    std::vector<float> out(n);
+    dequantize_row(t.type, t.data, out.data(), n);
+    return out;
+}
+
+}  // namespace
+
+ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
+    ModelWeights w;
+    w.token_embd = load_matrix(f, "token_embd.weight", c.n_embd, c.n_vocab, w.matrix_bytes);
+    w.output_norm = load_vector(f, "output_norm.weight", c.n_embd);
+    if (f.find_tensor("output.weight")) {
+        w.output = load_matrix(f, "output.weight", c.n_embd, c.n_vocab, w.matrix_bytes);
+    } else {
+        w.output = w.token_embd;
+        w.output_tied = true;
+    }
+    w.layers.resize(c.n_layer);
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+        LayerWeights& l = w.layers[i];
+        auto name = [i](const char* what) { return fmt::format("blk.{}.{}", i, what); };
+        uint64_t& bytes = w.matrix_bytes;
+        l.attn_norm = load_vector(f, name("attn_norm.weight"), c.n_embd);
+        l.wq = load_matrix(f, name("attn_q.weight"), c.n_embd, c.q_dim(), bytes);
+        l.wk = load_matrix(f, name("attn_k.weight"), c.n_embd, c.kv_dim(), bytes);
+        l.wv = load_matrix(f, name("attn_v.weight"), c.n_embd, c.kv_dim(), bytes);
+        l.wo = load_matrix(f, name("attn_output.weight"), c.q_dim(), c.n_embd, bytes);
+        // Biases: required by qwen2, optional for llama (a few llama conversions have them).
+        const bool has_bias = f.find_tensor(name("attn_q.bias")) != nullptr;
+        if (c.qkv_bias || has_bias) {
+            l.bq = load_vector(f, name("attn_q.bias"), c.q_dim());
+            l.bk = load_vector(f, name("attn_k.bias"), c.kv_dim());
+            l.bv = load_vector(f, name("attn_v.bias"), c.kv_dim());
+        }
+        if (f.find_tensor(name("attn_output.bias")))
+            fail("{}: tensor '{}' (attention output bias) is not supported", f.path(),
+                 name("attn_output.bias"));
+        l.ffn_norm = load_vector(f, name("ffn_norm.weight"), c.n_embd);
+        l.w_gate = load_matrix(f, name("ffn_gate.weight"), c.n_embd, c.n_ff, bytes);
+        l.w_up = load_matrix(f, name("ffn_up.weight"), c.n_embd, c.n_ff, bytes);
+        l.w_down = load_matrix(f, name("ffn_down.weight"), c.n_ff, c.n_embd, bytes);
+    }
+    return w;
+}
+
+}  // namespace kvrun

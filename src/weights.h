@@ -1,0 +1,38 @@
+// The tensor-name table of llama / qwen2 GGUF models: finds every weight, checks its shape
+// and type, and exposes 2-D matrices as WeightViews into the file's mapping (no copies) and
+// 1-D norm / bias vectors as float32.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cpu_ops.h"
+#include "gguf.h"
+#include "model_config.h"
+
+namespace kvrun {
+
+struct LayerWeights {
+    std::vector<float> attn_norm;     // [n_embd]
+    WeightView wq, wk, wv, wo;        // [q_dim][n_embd], [kv_dim][n_embd] x2,
+                                      // [n_embd][q_dim]
+    std::vector<float> bq, bk, bv;    // [q_dim], [kv_dim], [kv_dim]; empty if none
+    std::vector<float> ffn_norm;      // [n_embd]
+    WeightView w_gate, w_up, w_down;  // [n_ff][n_embd] x2, [n_embd][n_ff]
+};
+
+struct ModelWeights {
+    WeightView token_embd;           // [n_vocab][n_embd]
+    std::vector<float> output_norm;  // [n_embd]
+    WeightView output;               // [n_vocab][n_embd] (token_embd when tied)
+    bool output_tied = false;
+    std::vector<LayerWeights> layers;  // [n_layer]
+    uint64_t matrix_bytes = 0;         // bytes of all 2-D weights (tied counted once)
+};
+
+// Looks up and checks every tensor. Throws Error naming the tensor for a missing tensor, a
+// wrong shape (expected vs actual) or a type kvrun cannot dequantize. The views point
+// into `file`, which must outlive the returned weights.
+ModelWeights weights_load(const GgufFile& file, const ModelConfig& config);
+
+}  // namespace kvrun

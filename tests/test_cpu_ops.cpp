@@ -1,0 +1,314 @@
+// Tests of the CPU reference ops (cpu_ops.h) against naive implementations and hand-computed
+// values, and of the thread pool they run on.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "common.h"
+#include "cpu_ops.h"
+#include "quant.h"
+#include "thread_pool.h"
+
+using namespace kvrun;
+
+namespace {
+
+std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.0f, scale);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+
+float round_f16(float x) {
+    return fp16_to_fp32(fp32_to_fp16(x));
+}
+
+// Weight matrix [n_out][n_in] stored as `type`, plus its dequantized float copy.
+struct TestMatrix {
+    std::vector<uint8_t> bytes;
+    std::vector<float> dequant;  // [n_out][n_in]
+    WeightView view;
+};
+
+TestMatrix make_matrix(GgmlType type, int64_t n_out, int64_t n_in, uint32_t seed) {
+    TestMatrix m;
+    std::vector<float> src = random_vec(n_out * n_in, seed);
+    size_t row_bytes = ggml_row_bytes(type, n_in);
+    m.bytes.resize(row_bytes * n_out);
+    m.dequant.resize(n_out * n_in);
+    for (int64_t o = 0; o < n_out; ++o) {
+        quantize_row(type, src.data() + o * n_in, m.bytes.data() + o * row_bytes, n_in);
+        dequantize_row(type, m.bytes.data() + o * row_bytes, m.dequant.data() + o * n_in, n_in);
+    }
+    m.view = WeightView{type, n_in, n_out, row_bytes, m.bytes.data()};
+    return m;
+}
+
+}  // namespace
+
+TEST_CASE("rmsnorm matches hand-computed values") {
+    std::vector<float> x = {1, 2, 3, 4, -2, 0, 0, 0}, w = {1, 1, 2, 0.5f}, out(8);
+    cpu::rmsnorm(out.data(), x.data(), w.data(), 2, 4, 1e-5f);
+    float s0 = 1.0f / std::sqrt(7.5f + 1e-5f), s1 = 1.0f / std::sqrt(1.0f + 1e-5f);
+    CHECK(out[0] == doctest::Approx(1 * s0).epsilon(1e-6));
+    CHECK(out[2] == doctest::Approx(6 * s0).epsilon(1e-6));
+    CHECK(out[3] == doctest::Approx(2 * s0).epsilon(1e-6));
+    CHECK(out[4] == doctest::Approx(-2 * s1).epsilon(1e-6));
+    CHECK(out[5] == 0.0f);
+    // In place works too.
+    cpu::rmsnorm(x.data(), x.data(), w.data(), 2, 4, 1e-5f);
+    CHECK(x == out);
+}
+
+TEST_CASE("matmul equals a naive product for float and quantized weights") {
+    for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_K}) {
+        CAPTURE(ggml_type_name(type));
+        const int64_t n_out = 300, n_in = 256, n_rows = 5;  // big enough to use the threads
+        TestMatrix m = make_matrix(type, n_out, n_in, 7);
+        std::vector<float> x = random_vec(n_rows * n_in, 8), out(n_rows * n_out);
+        cpu::matmul(out.data(), x.data(), m.view, n_rows);
+        double max_err = 0;
+        for (int64_t r = 0; r < n_rows; ++r)
+            for (int64_t o = 0; o < n_out; ++o) {
+                double ref = 0;
+                for (int64_t i = 0; i < n_in; ++i)
+                    ref += double(m.dequant[o * n_in + i]) * x[r * n_in + i];
+                max_err = std::max(max_err, std::abs(ref - out[r * n_out + o]));
+            }
+        CHECK(max_err < 1e-4);
+        // Batch invariance: each row alone gives bit-identical results.
+        std::vector<float> one(n_out);
+        cpu::matmul(one.data(), x.data() + 3 * n_in, m.view, 1);
+        CHECK(std::equal(one.begin(), one.end(), out.begin() + 3 * n_out));
+    }
+}
+
+TEST_CASE("add_bias, add, swiglu and softmax") {
+    std::vector<float> x = {1, 2, 3, 4, 5, 6}, b = {10, 20, 30};
+    cpu::add_bias(x.data(), b.data(), 2, 3);
+    CHECK(x == std::vector<float>{11, 22, 33, 14, 25, 36});
+    std::vector<float> y = {1, 1, 1, 1, 1, 1};
+    cpu::add(x.data(), y.data(), 6);
+    CHECK(x[5] == 37);
+
+    std::vector<float> g = {0, 1, -2}, u = {5, 2, 3}, out(3);
+    cpu::swiglu(out.data(), g.data(), u.data(), 3);
+    CHECK(out[0] == 0.0f);
+    CHECK(out[1] == doctest::Approx(2.0 / (1 + std::exp(-1.0))).epsilon(1e-6));
+    CHECK(out[2] == doctest::Approx(-2.0 / (1 + std::exp(2.0)) * 3).epsilon(1e-6));
+
+    std::vector<float> s = {1000, 1000 + std::log(3.0f), -1e30f};
+    cpu::softmax(s.data(), 3);
+    CHECK(s[0] == doctest::Approx(0.25).epsilon(1e-5));
+    CHECK(s[1] == doctest::Approx(0.75).epsilon(1e-5));
+    CHECK(s[2] == 0.0f);
+}
+
+TEST_CASE("rope rotates the right pairs by the right angles") {
+    // One head of 6 dims, 4 rotated; base 100 -> frequencies 1 and 1/10.
+    const int32_t pos[2] = {0, 3};
+    std::vector<float> base = {1, 2, 3, 4, 5, 6};
+    for (bool neox : {false, true}) {
+        CAPTURE(neox);
+        std::vector<float> x = base;
+        x.insert(x.end(), base.begin(), base.end());
+        cpu::rope(x.data(), pos, 2, 1, 6, 4, 100.0f, 0.5f, neox);
+        // Position 0: unchanged.
+        for (int i = 0; i < 6; ++i) CHECK(x[i] == base[i]);
+        // Position 3 with freq_scale 0.5: angles 1.5 (pair 0) and 0.15 (pair 1).
+        const float* v = x.data() + 6;
+        int a0 = 0, b0 = neox ? 2 : 1, a1 = neox ? 1 : 2, b1 = 3;
+        auto rot = [&](int a, int b, double th) {
+            CHECK(v[a] ==
+                  doctest::Approx(base[a] * std::cos(th) - base[b] * std::sin(th)).epsilon(1e-5));
+            CHECK(v[b] ==
+                  doctest::Approx(base[a] * std::sin(th) + base[b] * std::cos(th)).epsilon(1e-5));
+        };
+        rot(a0, b0, 1.5);
+        rot(a1, b1, 0.15);
+        CHECK(v[4] == 5);  // dims past n_rot untouched
+        CHECK(v[5] == 6);
+    }
+    std::vector<float> x(8);
+    CHECK_THROWS_AS(cpu::rope(x.data(), pos, 1, 1, 8, 3, 1e4f, 1, false), Error);
+}
+
+TEST_CASE("embed dequantizes rows and rejects bad token ids") {
+    TestMatrix m = make_matrix(GgmlType::Q8_0, 10, 64, 3);
+    const int32_t toks[2] = {7, 2};
+    std::vector<float> out(128);
+    cpu::embed(out.data(), m.view, toks, 2);
+    CHECK(std::equal(out.begin(), out.begin() + 64, m.dequant.begin() + 7 * 64));
+    CHECK(std::equal(out.begin() + 64, out.end(), m.dequant.begin() + 2 * 64));
+    const int32_t bad[1] = {10};
+    CHECK_THROWS_AS(cpu::embed(out.data(), m.view, bad, 1), Error);
+}
+
+namespace {
+
+// A paged cache for the attention tests: [n_blocks][n_kv_head][block_size][head_dim].
+struct TestCache {
+    std::vector<uint8_t> k, v;
+    KvLayerView view;
+    TestCache(KvType type, int64_t n_blocks, int64_t n_kv_head, int64_t block_size,
+              int64_t head_dim) {
+        size_t bytes =
+            size_t(n_blocks * n_kv_head * block_size * head_dim) * (type == KvType::F32 ? 4 : 2);
+        k.assign(bytes, 0xff);  // garbage (NaN for f16 / f32) where nothing was written
+        v.assign(bytes, 0xff);
+        view =
+            KvLayerView{type, type, k.data(), v.data(), n_blocks, n_kv_head, block_size, head_dim};
+    }
+};
+
+}  // namespace
+
+TEST_CASE("kv_write stores rows at the slot's block and row, f32 exactly, f16 rounded") {
+    const int64_t n_kv = 2, hd = 8, bs = 4;
+    for (KvType type : {KvType::F32, KvType::F16}) {
+        TestCache cache(type, 6, n_kv, bs, hd);
+        // One sequence over blocks {4, 1, 3}; tokens at slots 0, 5, 11.
+        const int32_t table[3] = {4, 1, 3}, seq[3] = {0, 0, 0}, slot[3] = {0, 5, 11};
+        KvBatchView b{seq, slot, table, 3, 3};
+        std::vector<float> k = random_vec(3 * n_kv * hd, 1), v = random_vec(3 * n_kv * hd, 2);
+        cpu::kv_write(cache.view, b, k.data(), v.data());
+        const int64_t block_of[3] = {4, 1, 3}, row_of[3] = {0, 1, 3};
+        for (int t = 0; t < 3; ++t)
+            for (int h = 0; h < n_kv; ++h)
+                for (int i = 0; i < hd; ++i) {
+                    int64_t idx = ((block_of[t] * n_kv + h) * bs + row_of[t]) * hd + i;
+                    float want_k = k[(t * n_kv + h) * hd + i], want_v = v[(t * n_kv + h) * hd + i];
+                    float got_k, got_v;
+                    if (type == KvType::F32) {
+                        got_k = reinterpret_cast<const float*>(cache.k.data())[idx];
+                        got_v = reinterpret_cast<const float*>(cache.v.data())[idx];
+                    } else {
+                        got_k =
+                            fp16_to_fp32(reinterpret_cast<const uint16_t*>(cache.k.data())[idx]);
+                        got_v =
+                            fp16_to_fp32(reinterpret_cast<const uint16_t*>(cache.v.data())[idx]);
+                        want_k = round_f16(want_k);
+                        want_v = round_f16(want_v);
+                    }
+                    CHECK(got_k == want_k);
+                    CHECK(got_v == want_v);
+                }
+        // A slot past the table or a block id outside the pool is an error, not a crash.
+        const int32_t far[1] = {12}, zero[1] = {0};
+        CHECK_THROWS_AS(
+            cpu::kv_write(cache.view, KvBatchView{zero, far, table, 3, 1}, k.data(), v.data()),
+            Error);
+        const int32_t bad_table[3] = {4, 9, 3}, s5[1] = {5};
+        CHECK_THROWS_AS(
+            cpu::kv_write(cache.view, KvBatchView{zero, s5, bad_table, 3, 1}, k.data(), v.data()),
+            Error);
+    }
+}
+
+TEST_CASE("paged attention equals contiguous causal attention (GQA, any block size)") {
+    const int64_t n_head = 8, n_kv = 2, hd = 16, group = n_head / n_kv;
+    const int64_t lens[2] = {37, 12};  // two sequences
+    const int64_t n_tok = lens[0] + lens[1];
+    // Tokens of both sequences interleaved, each at slot = its index within its sequence.
+    std::vector<int32_t> seq, slot;
+    for (int64_t i = 0; i < std::max(lens[0], lens[1]); ++i)
+        for (int s = 0; s < 2; ++s)
+            if (i < lens[s]) {
+                seq.push_back(s);
+                slot.push_back(int32_t(i));
+            }
+    std::vector<float> q = random_vec(n_tok * n_head * hd, 11, 0.5f);
+    std::vector<float> k = random_vec(n_tok * n_kv * hd, 12, 0.5f);
+    std::vector<float> v = random_vec(n_tok * n_kv * hd, 13);
+    const float scale = 1.0f / 4.0f;
+
+    for (KvType type : {KvType::F32, KvType::F16}) {
+        // Contiguous reference (double) on the values the cache can hold.
+        auto stored = [&](float x) { return type == KvType::F16 ? round_f16(x) : x; };
+        std::vector<double> ref(n_tok * n_head * hd, 0.0);
+        for (int64_t t = 0; t < n_tok; ++t)
+            for (int64_t h = 0; h < n_head; ++h) {
+                std::vector<int64_t> keys;  // batch indices of the same sequence, slot <= own
+                for (int64_t u = 0; u < n_tok; ++u)
+                    if (seq[u] == seq[t] && slot[u] <= slot[t]) keys.push_back(u);
+                std::vector<double> p(keys.size());
+                double mx = -1e300, sum = 0;
+                for (size_t j = 0; j < keys.size(); ++j) {
+                    double d = 0;
+                    for (int64_t i = 0; i < hd; ++i)
+                        d += double(q[(t * n_head + h) * hd + i]) *
+                             stored(k[(keys[j] * n_kv + h / group) * hd + i]);
+                    p[j] = d * scale;
+                    mx = std::max(mx, p[j]);
+                }
+                for (auto& x : p) sum += (x = std::exp(x - mx));
+                for (size_t j = 0; j < keys.size(); ++j)
+                    for (int64_t i = 0; i < hd; ++i)
+                        ref[(t * n_head + h) * hd + i] +=
+                            p[j] / sum * stored(v[(keys[j] * n_kv + h / group) * hd + i]);
+            }
+
+        std::vector<float> first;
+        for (int64_t bs : {1, 3, 16, 64}) {
+            CAPTURE(bs);
+            CAPTURE(int(type));
+            const int64_t max_blocks = (lens[0] + bs - 1) / bs;
+            const int64_t n_blocks = 2 * max_blocks + 3;
+            // Shuffled physical block ids, disjoint between the sequences.
+            std::vector<int32_t> ids(n_blocks);
+            std::iota(ids.begin(), ids.end(), 0);
+            std::shuffle(ids.begin(), ids.end(), std::mt19937(uint32_t(bs)));
+            std::vector<int32_t> table(2 * max_blocks);
+            std::copy(ids.begin(), ids.begin() + table.size(), table.begin());
+            TestCache cache(type, n_blocks, n_kv, bs, hd);
+            KvBatchView b{seq.data(), slot.data(), table.data(), max_blocks, n_tok};
+            cpu::kv_write(cache.view, b, k.data(), v.data());
+            std::vector<float> out(n_tok * n_head * hd);
+            cpu::paged_attention(out.data(), q.data(), cache.view, b, n_head, scale);
+            double max_err = 0;
+            for (size_t i = 0; i < out.size(); ++i)
+                max_err = std::max(max_err, std::abs(out[i] - ref[i]));
+            CHECK(max_err < 1e-5);
+            // The block size changes nothing, not even rounding.
+            if (first.empty()) first = out;
+            CHECK(out == first);
+        }
+    }
+}
+
+TEST_CASE("paged attention rejects inconsistent shapes and block ids") {
+    TestCache cache(KvType::F16, 2, 2, 4, 8);
+    const int32_t seq[1] = {0}, slot[1] = {5}, table[2] = {0, 7};
+    std::vector<float> q(3 * 8), out(3 * 8);
+    KvBatchView b{seq, slot, table, 2, 1};
+    CHECK_THROWS_AS(cpu::paged_attention(out.data(), q.data(), cache.view, b, 3, 1.0f), Error);
+    CHECK_THROWS_AS(cpu::paged_attention(out.data(), q.data(), cache.view, b, 2, 1.0f), Error);
+}
+
+TEST_CASE("thread pool covers every index once, nests inline and rethrows") {
+    ThreadPool pool(4);
+    std::vector<std::atomic<int>> hits(10007);
+    pool.parallel_for(10007, 10, [&](int64_t a, int64_t b) {
+        for (int64_t i = a; i < b; ++i) hits[i]++;
+        pool.parallel_for(5, 1, [](int64_t, int64_t) {});  // nested call runs inline
+    });
+    CHECK(std::all_of(hits.begin(), hits.end(), [](auto& h) { return h.load() == 1; }));
+    CHECK_THROWS_AS(pool.parallel_for(1000, 1,
+                                      [](int64_t a, int64_t) {
+                                          if (a == 0) fail("boom");
+                                      }),
+                    Error);
+    // Still usable afterwards.
+    std::atomic<int64_t> sum{0};
+    pool.parallel_for(100, 1, [&](int64_t a, int64_t b) {
+        for (int64_t i = a; i < b; ++i) sum += i;
+    });
+    CHECK(sum == 4950);
+}

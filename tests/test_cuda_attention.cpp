@@ -1,0 +1,202 @@
+// CUDA paged attention vs cpu::paged_attention on random caches: decode batches (one token
+// per sequence, contexts up to 2100 so split-K engages), prefill batches (several
+// sequences interleaved, cached prefixes, a decode token mixed in), speculative-style
+// verification; block sizes 1/16/64, GQA 1/4/8/12, head_dim 8..256, f16 and f32 pools.
+// Exits 77 (skipped) without a GPU (see cuda_test_util.h).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "common.h"
+#include "cpu_ops.h"
+#include "cuda_test_util.h"
+
+#ifdef KVRUN_HAS_CUDA
+
+using namespace kvrun;
+using namespace kvrun::test;
+
+namespace {
+
+constexpr double kAttnBound = 1e-8;  // both sides read identical K/V and compute in f32
+
+struct AttnShape {
+    int64_t block_size, n_kv_head, group, head_dim;
+    KvType k_type, v_type;
+};
+
+// A batch: sequence s holds history[s] cached slots; `tokens` are (seq, slot) pairs whose
+// K/V are written (with the history) before attention runs.
+struct Scenario {
+    std::vector<int64_t> history;
+    std::vector<std::pair<int32_t, int32_t>> tokens;
+};
+
+size_t elem_bytes(KvType t) { return t == KvType::F32 ? 4 : 2; }
+
+void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
+    const int64_t n_seqs = int64_t(sc.history.size());
+    const int64_t n_head = sh.n_kv_head * sh.group, hd = sh.head_dim, bs = sh.block_size;
+    // Context length of each sequence: history plus the batch's slots.
+    std::vector<int64_t> len(sc.history);
+    for (auto [s, slot] : sc.tokens) len[s] = std::max<int64_t>(len[s], slot + 1);
+    int64_t max_blocks = 1, total_blocks = 0;
+    for (int64_t l : len) {
+        max_blocks = std::max(max_blocks, (l + bs - 1) / bs);
+        total_blocks += (l + bs - 1) / bs;
+    }
+    max_blocks += 1;                          // a spare, unused column
+    const int64_t n_blocks = total_blocks + 3;  // and a few unused blocks
+    std::mt19937 rng(seed);
+    std::vector<int32_t> perm(size_t(n_blocks));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int32_t> table(size_t(n_seqs * max_blocks), -1);
+    size_t next = 0;
+    for (int64_t s = 0; s < n_seqs; ++s)
+        for (int64_t b = 0; b < (len[s] + bs - 1) / bs; ++b)
+            table[size_t(s * max_blocks + b)] = perm[next++];
+
+    // Every cached slot (history and batch) gets random K/V, written on both sides.
+    std::vector<int32_t> w_seq, w_slot;
+    for (int64_t s = 0; s < n_seqs; ++s)
+        for (int64_t j = 0; j < sc.history[s]; ++j) w_seq.push_back(int32_t(s)), w_slot.push_back(int32_t(j));
+    for (auto [s, slot] : sc.tokens) w_seq.push_back(s), w_slot.push_back(slot);
+    const int64_t nw = int64_t(w_seq.size());
+    const std::vector<float> k = random_floats(size_t(nw * sh.n_kv_head * hd), seed + 1);
+    const std::vector<float> v = random_floats(size_t(nw * sh.n_kv_head * hd), seed + 2);
+
+    const size_t pool_elems = size_t(n_blocks * sh.n_kv_head * bs * hd);
+    std::vector<uint8_t> hk(pool_elems * elem_bytes(sh.k_type), 0);
+    std::vector<uint8_t> hv(pool_elems * elem_bytes(sh.v_type), 0);
+    KvLayerView hkv{sh.k_type, sh.v_type, hk.data(), hv.data(), n_blocks, sh.n_kv_head, bs, hd};
+    cpu::kv_write(hkv, KvBatchView{w_seq.data(), w_slot.data(), table.data(), max_blocks, nw},
+                  k.data(), v.data());
+
+    DevBuf<uint8_t> dk(hk.size()), dv(hv.size());
+    dk.zero();
+    dv.zero();
+    DevBuf<int32_t> dtable(table), dwseq(w_seq), dwslot(w_slot);
+    DevBuf<float> dkin(k), dvin(v);
+    KvLayerView dkv = hkv;
+    dkv.k = dk.get();
+    dkv.v = dv.get();
+    cuda_kv_write(dkv, KvBatchView{dwseq.get(), dwslot.get(), dtable.get(), max_blocks, nw},
+                  dkin.get(), dvin.get(), nullptr);
+
+    // Attention for the batch tokens.
+    std::vector<int32_t> t_seq, t_slot;
+    for (auto [s, slot] : sc.tokens) t_seq.push_back(s), t_slot.push_back(slot);
+    const int64_t nt = int64_t(t_seq.size());
+    const std::vector<float> q = random_floats(size_t(nt * n_head * hd), seed + 3);
+    std::vector<float> ref(q.size());
+    const float scale = 1.0f / std::sqrt(float(hd));
+    cpu::paged_attention(ref.data(), q.data(), hkv,
+                         KvBatchView{t_seq.data(), t_slot.data(), table.data(), max_blocks, nt},
+                         n_head, scale);
+
+    DevBuf<int32_t> dtseq(t_seq), dtslot(t_slot);
+    DevBuf<float> dq(q), dout(q.size());
+    const KvBatchView db{dtseq.get(), dtslot.get(), dtable.get(), max_blocks, nt};
+    CudaScratch scratch;
+    cuda_paged_attention_decode(dout.get(), dq.get(), dkv, db, n_head, scale, scratch, nullptr);
+    CHECK(nmse(dout.download(), ref) < kAttnBound);
+    dout.zero();
+    cuda_paged_attention_prefill(dout.get(), dq.get(), dkv, db, n_head, scale, nullptr);
+    CHECK(nmse(dout.download(), ref) < kAttnBound);
+    dout.zero();
+    cuda_paged_attention(dout.get(), dq.get(), dkv, db, n_head, scale, scratch, nullptr);
+    CHECK(nmse(dout.download(), ref) < kAttnBound);
+}
+
+Scenario decode_scenario() {
+    Scenario sc;
+    for (int64_t l : {1, 17, 300, 2100}) {
+        sc.tokens.emplace_back(int32_t(sc.history.size()), int32_t(l - 1));
+        sc.history.push_back(l - 1);
+    }
+    return sc;
+}
+
+Scenario prefill_scenario() {
+    // seq 0: a fresh 70-token prompt; seq 1: 40 cached + 50 new; seq 2: one decode token.
+    // Order interleaves sequences so tiles mix them (and seq 0 appears twice).
+    Scenario sc;
+    sc.history = {0, 40, 500};
+    for (int32_t j = 0; j < 30; ++j) sc.tokens.emplace_back(0, j);
+    for (int32_t j = 40; j < 60; ++j) sc.tokens.emplace_back(1, j);
+    for (int32_t j = 30; j < 70; ++j) sc.tokens.emplace_back(0, j);
+    sc.tokens.emplace_back(2, 500);
+    for (int32_t j = 60; j < 90; ++j) sc.tokens.emplace_back(1, j);
+    return sc;
+}
+
+Scenario verify_scenario() {
+    // Speculative verification: 9 consecutive tokens of one sequence after 1000 cached.
+    Scenario sc;
+    sc.history = {1000};
+    for (int32_t j = 1000; j < 1009; ++j) sc.tokens.emplace_back(0, j);
+    return sc;
+}
+
+}  // namespace
+
+TEST_CASE("cuda paged attention matches the CPU across block sizes, GQA ratios and KV types") {
+    uint32_t seed = 1;
+    for (int64_t bs : {1, 16, 64})
+        for (int64_t group : {1, 4, 8})
+            for (auto [hd, type] : {std::pair{int64_t(64), KvType::F16},
+                                    std::pair{int64_t(128), KvType::F32}}) {
+                CAPTURE(bs);
+                CAPTURE(group);
+                CAPTURE(hd);
+                const AttnShape sh{bs, 2, group, hd, type, type};
+                run_scenario(sh, decode_scenario(), seed++);
+                run_scenario(sh, prefill_scenario(), seed++);
+                run_scenario(sh, verify_scenario(), seed++);
+            }
+}
+
+TEST_CASE("cuda paged attention handles odd head sizes, big groups and mixed pool types") {
+    const AttnShape shapes[] = {
+        {16, 4, 2, 8, KvType::F16, KvType::F16},     // stories260K: head_dim 8
+        {16, 2, 4, 80, KvType::F16, KvType::F32},    // head_dim not a multiple of 32
+        {16, 2, 8, 256, KvType::F16, KvType::F16},   // largest head_dim (> 48 KiB smem)
+        {7, 1, 12, 64, KvType::F32, KvType::F16},    // 12 heads per KV head, odd block size
+        {256, 1, 32, 128, KvType::F16, KvType::F16}, // MQA, largest block size
+    };
+    uint32_t seed = 100;
+    for (const AttnShape& sh : shapes) {
+        CAPTURE(sh.block_size);
+        CAPTURE(sh.group);
+        CAPTURE(sh.head_dim);
+        run_scenario(sh, decode_scenario(), seed++);
+        run_scenario(sh, prefill_scenario(), seed++);
+    }
+}
+
+TEST_CASE("cuda paged attention rejects shapes it cannot run") {
+    DevBuf<uint8_t> pool(1 << 16);
+    DevBuf<int32_t> ids(std::vector<int32_t>{0});
+    DevBuf<float> q(1024), out(1024);
+    CudaScratch scratch;
+    KvLayerView kv{KvType::F16, KvType::F16, pool.get(), pool.get(), 1, 1, 16, 512};
+    const KvBatchView b{ids.get(), ids.get(), ids.get(), 1, 1};
+    CHECK_THROWS_AS(cuda_paged_attention(out.get(), q.get(), kv, b, 1, 1.0f, scratch, nullptr),
+                    Error);  // head_dim 512
+    kv.head_dim = 64;
+    kv.n_kv_head = 2;
+    CHECK_THROWS_AS(cuda_paged_attention(out.get(), q.get(), kv, b, 3, 1.0f, scratch, nullptr),
+                    Error);  // 3 query heads do not divide into 2 KV heads
+    kv.n_kv_head = 1;
+    kv.k_type = KvType::Q8;
+    CHECK_THROWS_AS(cuda_paged_attention(out.get(), q.get(), kv, b, 1, 1.0f, scratch, nullptr),
+                    Error);
+}
+
+#endif  // KVRUN_HAS_CUDA

@@ -1,0 +1,296 @@
+// CUDA ops vs their CPU twins (cpu_ops.h / quant.h) on random inputs: dense ops, embedding
+// and weight dequantization, fused GEMV and f16 tensor-core GEMM for every weight type, KV
+// writes, CUDA-graph capture, device queries and error messages. Each comparison uses the
+// normalized MSE sum((gpu - cpu)^2) / sum(cpu^2) with a per-op bound.
+// Exits 77 (skipped) without a GPU (see cuda_test_util.h).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "cpu_ops.h"
+#include "cuda_test_util.h"
+#include "cuda_test_weights.h"
+#include "quant.h"
+
+#ifdef KVRUN_HAS_CUDA
+
+using namespace kvrun;
+using namespace kvrun::test;
+
+namespace {
+
+constexpr double kExact = 1e-10;    // same math in f32 (different order / FMA at most)
+constexpr double kGemv = 1e-9;      // f32 dot products of up to 4096 terms
+constexpr double kGemmF16 = 1e-5;   // activations and weights rounded to f16
+
+}  // namespace
+
+TEST_CASE("cuda rmsnorm, softmax, swiglu, add, add_bias match the CPU") {
+    for (int64_t dim : {64, 172, 4096}) {
+        CAPTURE(dim);
+        const int64_t rows = 5, n = rows * dim;
+        const std::vector<float> x = random_floats(size_t(n), 1, 2.0f);
+        const std::vector<float> w = random_floats(size_t(dim), 2);
+        const std::vector<float> y = random_floats(size_t(n), 3);
+        DevBuf<float> dx(x), dw(w), dy(y), dout(size_t(n));
+
+        std::vector<float> ref(size_t(n));
+        cpu::rmsnorm(ref.data(), x.data(), w.data(), rows, dim, 1e-5f);
+        cuda_rmsnorm(dout.get(), dx.get(), dw.get(), rows, dim, 1e-5f, nullptr);
+        CHECK(nmse(dout.download(), ref) < kExact);
+
+        ref = x;
+        for (int64_t r = 0; r < rows; ++r) cpu::softmax(ref.data() + r * dim, dim);
+        DevBuf<float> sm(x);
+        cuda_softmax(sm.get(), rows, dim, nullptr);
+        CHECK(nmse(sm.download(), ref) < kExact);
+
+        cpu::swiglu(ref.data(), x.data(), y.data(), n);
+        cuda_swiglu(dout.get(), dx.get(), dy.get(), n, nullptr);
+        CHECK(nmse(dout.download(), ref) < kExact);
+
+        ref = x;
+        cpu::add(ref.data(), y.data(), n);
+        DevBuf<float> acc(x);
+        cuda_add(acc.get(), dy.get(), n, nullptr);
+        CHECK(nmse(acc.download(), ref) < kExact);
+
+        ref = x;
+        cpu::add_bias(ref.data(), w.data(), rows, dim);
+        acc.upload(x);
+        cuda_add_bias(acc.get(), dw.get(), rows, dim, nullptr);
+        CHECK(nmse(acc.download(), ref) < kExact);
+    }
+}
+
+TEST_CASE("cuda rope matches the CPU (llama and neox pairs, partial rotation, long positions)") {
+    const int64_t n_tokens = 9, n_heads = 4;
+    std::vector<int32_t> pos = {0, 1, 2, 17, 255, 1000, 4095, 8191, 32767};
+    DevBuf<int32_t> dpos(pos);
+    for (int64_t head_dim : {64, 128})
+        for (int64_t n_rot : {head_dim, head_dim / 2})
+            for (float base : {10000.0f, 500000.0f})
+                for (float fscale : {1.0f, 0.25f})
+                    for (bool neox : {false, true}) {
+                        CAPTURE(head_dim);
+                        CAPTURE(n_rot);
+                        CAPTURE(base);
+                        CAPTURE(fscale);
+                        CAPTURE(neox);
+                        std::vector<float> x =
+                            random_floats(size_t(n_tokens * n_heads * head_dim), 11);
+                        DevBuf<float> dx(x);
+                        cpu::rope(x.data(), pos.data(), n_tokens, n_heads, head_dim, n_rot, base,
+                                  fscale, neox);
+                        cuda_rope(dx.get(), dpos.get(), n_tokens, n_heads, head_dim, n_rot, base,
+                                  fscale, neox, nullptr);
+                        CHECK(nmse(dx.download(), x) < kExact);
+                    }
+}
+
+TEST_CASE("cuda embed and f16 dequantization match dequantize_row for every weight type") {
+    for (GgmlType t : cuda_weight_types()) {
+        CAPTURE(ggml_type_name(t));
+        const int64_t be = ggml_type_traits(t).block_elems;
+        std::vector<int64_t> widths = be == 256 ? std::vector<int64_t>{256, 768}
+                                      : be == 32 ? std::vector<int64_t>{96, 512}
+                                                 : std::vector<int64_t>{64, 172, 520};
+        for (int64_t n_in : widths) {
+            CAPTURE(n_in);
+            const int64_t n_out = 37;
+            TestWeights w = make_weights(t, n_out, n_in, 100 + uint32_t(n_in));
+            const std::vector<int32_t> tokens = {0, 5, 36, 5, 3, 20};
+            const int64_t nt = int64_t(tokens.size());
+            std::vector<float> ref(size_t(nt * n_in));
+            cpu::embed(ref.data(), w.host, tokens.data(), nt);
+            DevBuf<int32_t> dtok(tokens);
+            DevBuf<float> dout(ref.size());
+            cuda_embed(dout.get(), w.device, dtok.get(), nt, nullptr);
+            CHECK(nmse(dout.download(), ref) < 1e-12);
+
+            // Rows 3..36 to f16 (the GEMM path's weight tiles).
+            const int64_t row0 = 3, rows = n_out - row0;
+            std::vector<float> deq(size_t(rows * n_in));
+            for (int64_t r = 0; r < rows; ++r)
+                dequantize_row(t, w.bytes.data() + size_t(row0 + r) * w.host.row_bytes,
+                               deq.data() + r * n_in, n_in);
+            DevBuf<uint16_t> d16(deq.size());
+            cuda_dequantize_f16(d16.get(), w.device, row0, rows, nullptr);
+            const std::vector<uint16_t> h16 = d16.download();
+            std::vector<float> got(h16.size());
+            for (size_t i = 0; i < h16.size(); ++i) got[i] = fp16_to_fp32(h16[i]);
+            CHECK(nmse(got, deq) < 1e-6);
+        }
+    }
+}
+
+TEST_CASE("cuda embed gives a zero row for an out-of-range token id") {
+    TestWeights w = make_weights(GgmlType::Q8_0, 8, 64, 5);
+    DevBuf<int32_t> tok(std::vector<int32_t>{-1, 8, 1000000});
+    DevBuf<float> out(3 * 64);
+    cuda_embed(out.get(), w.device, tok.get(), 3, nullptr);
+    const std::vector<float> got = out.download();
+    CHECK(std::all_of(got.begin(), got.end(), [](float v) { return v == 0.0f; }));
+}
+
+TEST_CASE("cuda gemv (fused dequantize x vector) matches cpu::matmul for every weight type") {
+    for (GgmlType t : cuda_weight_types()) {
+        CAPTURE(ggml_type_name(t));
+        const int64_t be = ggml_type_traits(t).block_elems;
+        std::vector<int64_t> widths = be == 256 ? std::vector<int64_t>{256, 2048}
+                                      : be == 32 ? std::vector<int64_t>{96, 2048}
+                                                 : std::vector<int64_t>{172, 2048};
+        for (int64_t n_in : widths)
+            for (int64_t n_out : {37, 128}) {
+                TestWeights w = make_weights(t, n_out, n_in, 7 + uint32_t(n_in + n_out));
+                for (int64_t n_rows : {1, 2, 3, 8, 11}) {
+                    CAPTURE(n_in);
+                    CAPTURE(n_out);
+                    CAPTURE(n_rows);
+                    const std::vector<float> x = random_floats(size_t(n_rows * n_in), 9);
+                    std::vector<float> ref(size_t(n_rows * n_out));
+                    cpu::matmul(ref.data(), x.data(), w.host, n_rows);
+                    DevBuf<float> dx(x), dout(ref.size());
+                    cuda_gemv(dout.get(), dx.get(), w.device, n_rows, nullptr);
+                    CHECK(nmse(dout.download(), ref) < kGemv);
+                }
+            }
+    }
+}
+
+TEST_CASE("cuda gemm (f16 tensor cores) and cuda_matmul match cpu::matmul for every type") {
+    CudaScratch scratch;
+    for (GgmlType t : cuda_weight_types()) {
+        CAPTURE(ggml_type_name(t));
+        const int64_t n_in = 512, n_out = 200;
+        TestWeights w = make_weights(t, n_out, n_in, 31);
+        for (int64_t n_rows : {9, 64}) {
+            CAPTURE(n_rows);
+            const std::vector<float> x = random_floats(size_t(n_rows * n_in), 10);
+            std::vector<float> ref(size_t(n_rows * n_out));
+            cpu::matmul(ref.data(), x.data(), w.host, n_rows);
+            DevBuf<float> dx(x), dout(ref.size());
+            const double bound = t == GgmlType::F32 ? kGemv : kGemmF16;
+            cuda_gemm(dout.get(), dx.get(), w.device, n_rows, scratch, nullptr);
+            CHECK(nmse(dout.download(), ref) < bound);
+            dout.zero();
+            cuda_matmul(dout.get(), dx.get(), w.device, n_rows, scratch, nullptr);
+            CHECK(nmse(dout.download(), ref) < (n_rows <= kCudaGemvMaxRows ? kGemv : bound));
+        }
+    }
+}
+
+TEST_CASE("cuda gemm splits a wide weight into several dequantized tiles") {
+    // 16384 inputs -> 1024 rows per 32 MiB tile, so 1100 rows take two tiles.
+    CudaScratch scratch;
+    const int64_t n_in = 16384, n_out = 1100, n_rows = 9;
+    TestWeights w = make_weights(GgmlType::Q8_0, n_out, n_in, 12);
+    const std::vector<float> x = random_floats(size_t(n_rows * n_in), 13);
+    std::vector<float> ref(size_t(n_rows * n_out));
+    cpu::matmul(ref.data(), x.data(), w.host, n_rows);
+    DevBuf<float> dx(x), dout(ref.size());
+    cuda_gemm(dout.get(), dx.get(), w.device, n_rows, scratch, nullptr);
+    CHECK(nmse(dout.download(), ref) < kGemmF16);
+}
+
+TEST_CASE("cuda kv_write stores the same bytes as the CPU (f32 and f16 pools)") {
+    const int64_t n_blocks = 6, n_kv_head = 2, block_size = 16, head_dim = 64;
+    const std::vector<int32_t> table = {4, 1, 5, 0, 2, 3};  // 2 sequences x 3 blocks
+    const std::vector<int32_t> seq = {0, 0, 1, 1, 0};
+    const std::vector<int32_t> slot = {0, 17, 47, 5, 33};
+    const int64_t nt = int64_t(seq.size());
+    const std::vector<float> k = random_floats(size_t(nt * n_kv_head * head_dim), 21);
+    const std::vector<float> v = random_floats(size_t(nt * n_kv_head * head_dim), 22);
+    DevBuf<int32_t> dtable(table), dseq(seq), dslot(slot);
+    DevBuf<float> dk(k), dv(v);
+    for (KvType type : {KvType::F32, KvType::F16}) {
+        const size_t elem = type == KvType::F32 ? 4 : 2;
+        const size_t bytes = size_t(n_blocks * n_kv_head * block_size * head_dim) * elem;
+        std::vector<uint8_t> k_pool(bytes, 0), v_pool(bytes, 0);
+        KvLayerView host{type, type, k_pool.data(), v_pool.data(), n_blocks, n_kv_head,
+                         block_size, head_dim};
+        KvBatchView hb{seq.data(), slot.data(), table.data(), 3, nt};
+        cpu::kv_write(host, hb, k.data(), v.data());
+
+        DevBuf<uint8_t> dkp(bytes), dvp(bytes);
+        dkp.zero();
+        dvp.zero();
+        KvLayerView dev = host;
+        dev.k = dkp.get();
+        dev.v = dvp.get();
+        KvBatchView db{dseq.get(), dslot.get(), dtable.get(), 3, nt};
+        cuda_kv_write(dev, db, dk.get(), dv.get(), nullptr);
+        CHECK(dkp.download() == k_pool);
+        CHECK(dvp.download() == v_pool);
+    }
+}
+
+TEST_CASE("cuda ops replay correctly from a captured CUDA graph") {
+    CudaScratch scratch;
+    const int64_t n_in = 1024, n_out = 256;
+    TestWeights w = make_weights(GgmlType::Q4_K, n_out, n_in, 41);
+    const std::vector<float> x = random_floats(size_t(16 * n_in), 42);
+    const std::vector<float> g = random_floats(size_t(n_in), 43);
+    DevBuf<float> dx(x), dg(g), dn(x.size()), d1(size_t(n_out)), d16(size_t(16 * n_out));
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreate(&s));
+    auto run = [&] {
+        cuda_rmsnorm(dn.get(), dx.get(), dg.get(), 16, n_in, 1e-5f, s);
+        cuda_matmul(d1.get(), dn.get(), w.device, 1, scratch, s);
+        cuda_matmul(d16.get(), dn.get(), w.device, 16, scratch, s);
+    };
+    run();  // eager: also sizes the scratch buffer
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    const std::vector<float> eager1 = d1.download(), eager16 = d16.download();
+    d1.zero();
+    d16.zero();
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    run();
+    CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_CHECK(cudaGraphLaunch(exec, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    CHECK(d1.download() == eager1);
+    CHECK(nmse(d16.download(), eager16) < 1e-12);
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    CUDA_CHECK(cudaStreamDestroy(s));
+}
+
+TEST_CASE("cuda device queries and errors name what went wrong") {
+    const CudaDeviceInfo info = cuda_device_info(0);
+    CHECK(!info.name.empty());
+    CHECK(info.total_bytes > 0);
+    CHECK(info.sm_count > 0);
+    CHECK(cuda_device_summary(info).find(info.name) != std::string::npos);
+    CHECK_THROWS_AS(cuda_device_info(cuda_device_count()), Error);
+
+    try {
+        (void)cuda_alloc(size_t(1) << 52, "the test buffer");
+        FAIL("a 4 PiB allocation succeeded");
+    } catch (const Error& e) {
+        const std::string msg = e.what();
+        CHECK(msg.find("out of GPU memory allocating the test buffer") != std::string::npos);
+        CHECK(msg.find("requested 4294967296.0 MiB") != std::string::npos);
+        CHECK(msg.find("free of") != std::string::npos);
+    }
+
+    TestWeights w = make_weights(GgmlType::Q8_0, 4, 64, 1);
+    WeightView bad = w.device;
+    bad.type = GgmlType::Q8_K;
+    DevBuf<float> x(64), out(4);
+    CHECK_THROWS_WITH_AS(cuda_gemv(out.get(), x.get(), bad, 1, nullptr),
+                         doctest::Contains("unsupported weight type"), Error);
+    bad = w.device;
+    bad.n_in = 48;  // not a whole number of blocks
+    CHECK_THROWS_AS(cuda_gemv(out.get(), x.get(), bad, 1, nullptr), Error);
+}
+
+#endif  // KVRUN_HAS_CUDA
