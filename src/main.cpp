@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
     int exit_code = 0;
     kvrun::add_info_command(app, exit_code);
     kvrun::add_run_command(app, exit_code);
+    kvrun::add_perplexity_command(app, exit_code);
     kvrun::add_tokenize_command(app, exit_code);
     try {
         auto is_command = [&](const std::string& name) {

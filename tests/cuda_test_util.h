@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #ifdef KVRUN_HAS_CUDA
@@ -21,7 +22,7 @@ namespace kvrun::test {
 
 // Runs during static initialization, before doctest's main: no GPU -> exit 77 (skipped).
 // (Include this header from exactly one file per test executable.)
-[[maybe_unused]] static const bool cuda_present = [] {
+[[maybe_unused]] static const bool cuda_present = []() -> bool {
 #ifdef KVRUN_HAS_CUDA
     if (cuda_device_count() > 0) return true;
     std::printf("SKIP: no CUDA device\n");
@@ -59,12 +60,17 @@ class DevBuf {
 public:
     DevBuf() = default;
     explicit DevBuf(size_t n) : n_(n) {
-        if (n) CUDA_CHECK(cudaMalloc(&p_, n * sizeof(T)));
+        if (n) CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)));
     }
     explicit DevBuf(const std::vector<T>& host) : DevBuf(host.size()) { upload(host); }
     DevBuf(const DevBuf&) = delete;
     DevBuf& operator=(const DevBuf&) = delete;
     DevBuf(DevBuf&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+    DevBuf& operator=(DevBuf&& o) noexcept {
+        std::swap(p_, o.p_);
+        std::swap(n_, o.n_);
+        return *this;
+    }
     ~DevBuf() {
         if (p_) cudaFree(p_);
     }

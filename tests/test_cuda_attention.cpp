@@ -53,10 +53,10 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
     max_blocks += 1;                          // a spare, unused column
     const int64_t n_blocks = total_blocks + 3;  // and a few unused blocks
     std::mt19937 rng(seed);
-    std::vector<int32_t> perm(size_t(n_blocks));
+    std::vector<int32_t> perm(static_cast<size_t>(n_blocks));
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
-    std::vector<int32_t> table(size_t(n_seqs * max_blocks), -1);
+    std::vector<int32_t> table(static_cast<size_t>(n_seqs * max_blocks), -1);
     size_t next = 0;
     for (int64_t s = 0; s < n_seqs; ++s)
         for (int64_t b = 0; b < (len[s] + bs - 1) / bs; ++b)
@@ -68,8 +68,8 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
         for (int64_t j = 0; j < sc.history[s]; ++j) w_seq.push_back(int32_t(s)), w_slot.push_back(int32_t(j));
     for (auto [s, slot] : sc.tokens) w_seq.push_back(s), w_slot.push_back(slot);
     const int64_t nw = int64_t(w_seq.size());
-    const std::vector<float> k = random_floats(size_t(nw * sh.n_kv_head * hd), seed + 1);
-    const std::vector<float> v = random_floats(size_t(nw * sh.n_kv_head * hd), seed + 2);
+    const std::vector<float> k = random_floats(static_cast<size_t>(nw * sh.n_kv_head * hd), seed + 1);
+    const std::vector<float> v = random_floats(static_cast<size_t>(nw * sh.n_kv_head * hd), seed + 2);
 
     const size_t pool_elems = size_t(n_blocks * sh.n_kv_head * bs * hd);
     std::vector<uint8_t> hk(pool_elems * elem_bytes(sh.k_type), 0);
@@ -93,7 +93,7 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
     std::vector<int32_t> t_seq, t_slot;
     for (auto [s, slot] : sc.tokens) t_seq.push_back(s), t_slot.push_back(slot);
     const int64_t nt = int64_t(t_seq.size());
-    const std::vector<float> q = random_floats(size_t(nt * n_head * hd), seed + 3);
+    const std::vector<float> q = random_floats(static_cast<size_t>(nt * n_head * hd), seed + 3);
     std::vector<float> ref(q.size());
     const float scale = 1.0f / std::sqrt(float(hd));
     cpu::paged_attention(ref.data(), q.data(), hkv,

@@ -34,12 +34,12 @@ TEST_CASE("cuda rmsnorm, softmax, swiglu, add, add_bias match the CPU") {
     for (int64_t dim : {64, 172, 4096}) {
         CAPTURE(dim);
         const int64_t rows = 5, n = rows * dim;
-        const std::vector<float> x = random_floats(size_t(n), 1, 2.0f);
-        const std::vector<float> w = random_floats(size_t(dim), 2);
-        const std::vector<float> y = random_floats(size_t(n), 3);
-        DevBuf<float> dx(x), dw(w), dy(y), dout(size_t(n));
+        const std::vector<float> x = random_floats(static_cast<size_t>(n), 1, 2.0f);
+        const std::vector<float> w = random_floats(static_cast<size_t>(dim), 2);
+        const std::vector<float> y = random_floats(static_cast<size_t>(n), 3);
+        DevBuf<float> dx(x), dw(w), dy(y), dout(static_cast<size_t>(n));
 
-        std::vector<float> ref(size_t(n));
+        std::vector<float> ref(static_cast<size_t>(n));
         cpu::rmsnorm(ref.data(), x.data(), w.data(), rows, dim, 1e-5f);
         cuda_rmsnorm(dout.get(), dx.get(), dw.get(), rows, dim, 1e-5f, nullptr);
         CHECK(nmse(dout.download(), ref) < kExact);
@@ -83,7 +83,7 @@ TEST_CASE("cuda rope matches the CPU (llama and neox pairs, partial rotation, lo
                         CAPTURE(fscale);
                         CAPTURE(neox);
                         std::vector<float> x =
-                            random_floats(size_t(n_tokens * n_heads * head_dim), 11);
+                            random_floats(static_cast<size_t>(n_tokens * n_heads * head_dim), 11);
                         DevBuf<float> dx(x);
                         cpu::rope(x.data(), pos.data(), n_tokens, n_heads, head_dim, n_rot, base,
                                   fscale, neox);
@@ -106,7 +106,7 @@ TEST_CASE("cuda embed and f16 dequantization match dequantize_row for every weig
             TestWeights w = make_weights(t, n_out, n_in, 100 + uint32_t(n_in));
             const std::vector<int32_t> tokens = {0, 5, 36, 5, 3, 20};
             const int64_t nt = int64_t(tokens.size());
-            std::vector<float> ref(size_t(nt * n_in));
+            std::vector<float> ref(static_cast<size_t>(nt * n_in));
             cpu::embed(ref.data(), w.host, tokens.data(), nt);
             DevBuf<int32_t> dtok(tokens);
             DevBuf<float> dout(ref.size());
@@ -115,7 +115,7 @@ TEST_CASE("cuda embed and f16 dequantization match dequantize_row for every weig
 
             // Rows 3..36 to f16 (the GEMM path's weight tiles).
             const int64_t row0 = 3, rows = n_out - row0;
-            std::vector<float> deq(size_t(rows * n_in));
+            std::vector<float> deq(static_cast<size_t>(rows * n_in));
             for (int64_t r = 0; r < rows; ++r)
                 dequantize_row(t, w.bytes.data() + size_t(row0 + r) * w.host.row_bytes,
                                deq.data() + r * n_in, n_in);
@@ -152,8 +152,8 @@ TEST_CASE("cuda gemv (fused dequantize x vector) matches cpu::matmul for every w
                     CAPTURE(n_in);
                     CAPTURE(n_out);
                     CAPTURE(n_rows);
-                    const std::vector<float> x = random_floats(size_t(n_rows * n_in), 9);
-                    std::vector<float> ref(size_t(n_rows * n_out));
+                    const std::vector<float> x = random_floats(static_cast<size_t>(n_rows * n_in), 9);
+                    std::vector<float> ref(static_cast<size_t>(n_rows * n_out));
                     cpu::matmul(ref.data(), x.data(), w.host, n_rows);
                     DevBuf<float> dx(x), dout(ref.size());
                     cuda_gemv(dout.get(), dx.get(), w.device, n_rows, nullptr);
@@ -171,8 +171,8 @@ TEST_CASE("cuda gemm (f16 tensor cores) and cuda_matmul match cpu::matmul for ev
         TestWeights w = make_weights(t, n_out, n_in, 31);
         for (int64_t n_rows : {9, 64}) {
             CAPTURE(n_rows);
-            const std::vector<float> x = random_floats(size_t(n_rows * n_in), 10);
-            std::vector<float> ref(size_t(n_rows * n_out));
+            const std::vector<float> x = random_floats(static_cast<size_t>(n_rows * n_in), 10);
+            std::vector<float> ref(static_cast<size_t>(n_rows * n_out));
             cpu::matmul(ref.data(), x.data(), w.host, n_rows);
             DevBuf<float> dx(x), dout(ref.size());
             const double bound = t == GgmlType::F32 ? kGemv : kGemmF16;
@@ -190,8 +190,8 @@ TEST_CASE("cuda gemm splits a wide weight into several dequantized tiles") {
     CudaScratch scratch;
     const int64_t n_in = 16384, n_out = 1100, n_rows = 9;
     TestWeights w = make_weights(GgmlType::Q8_0, n_out, n_in, 12);
-    const std::vector<float> x = random_floats(size_t(n_rows * n_in), 13);
-    std::vector<float> ref(size_t(n_rows * n_out));
+    const std::vector<float> x = random_floats(static_cast<size_t>(n_rows * n_in), 13);
+    std::vector<float> ref(static_cast<size_t>(n_rows * n_out));
     cpu::matmul(ref.data(), x.data(), w.host, n_rows);
     DevBuf<float> dx(x), dout(ref.size());
     cuda_gemm(dout.get(), dx.get(), w.device, n_rows, scratch, nullptr);
@@ -204,8 +204,8 @@ TEST_CASE("cuda kv_write stores the same bytes as the CPU (f32 and f16 pools)") 
     const std::vector<int32_t> seq = {0, 0, 1, 1, 0};
     const std::vector<int32_t> slot = {0, 17, 47, 5, 33};
     const int64_t nt = int64_t(seq.size());
-    const std::vector<float> k = random_floats(size_t(nt * n_kv_head * head_dim), 21);
-    const std::vector<float> v = random_floats(size_t(nt * n_kv_head * head_dim), 22);
+    const std::vector<float> k = random_floats(static_cast<size_t>(nt * n_kv_head * head_dim), 21);
+    const std::vector<float> v = random_floats(static_cast<size_t>(nt * n_kv_head * head_dim), 22);
     DevBuf<int32_t> dtable(table), dseq(seq), dslot(slot);
     DevBuf<float> dk(k), dv(v);
     for (KvType type : {KvType::F32, KvType::F16}) {
@@ -234,9 +234,9 @@ TEST_CASE("cuda ops replay correctly from a captured CUDA graph") {
     CudaScratch scratch;
     const int64_t n_in = 1024, n_out = 256;
     TestWeights w = make_weights(GgmlType::Q4_K, n_out, n_in, 41);
-    const std::vector<float> x = random_floats(size_t(16 * n_in), 42);
-    const std::vector<float> g = random_floats(size_t(n_in), 43);
-    DevBuf<float> dx(x), dg(g), dn(x.size()), d1(size_t(n_out)), d16(size_t(16 * n_out));
+    const std::vector<float> x = random_floats(static_cast<size_t>(16 * n_in), 42);
+    const std::vector<float> g = random_floats(static_cast<size_t>(n_in), 43);
+    DevBuf<float> dx(x), dg(g), dn(x.size()), d1(static_cast<size_t>(n_out)), d16(static_cast<size_t>(16 * n_out));
     cudaStream_t s;
     CUDA_CHECK(cudaStreamCreate(&s));
     auto run = [&] {
@@ -273,7 +273,7 @@ TEST_CASE("cuda device queries and errors name what went wrong") {
     CHECK_THROWS_AS(cuda_device_info(cuda_device_count()), Error);
 
     try {
-        (void)cuda_alloc(size_t(1) << 52, "the test buffer");
+        (void)cuda_alloc(static_cast<size_t>(1) << 52, "the test buffer");
         FAIL("a 4 PiB allocation succeeded");
     } catch (const Error& e) {
         const std::string msg = e.what();

@@ -21,7 +21,7 @@ using namespace kvrun::test;
 namespace {
 
 std::vector<float> random_logits(int64_t n_rows, int64_t n_vocab, uint32_t seed) {
-    std::vector<float> l = random_floats(size_t(n_rows * n_vocab), seed, 3.0f);
+    std::vector<float> l = random_floats(static_cast<size_t>(n_rows * n_vocab), seed, 3.0f);
     for (int64_t r = 0; r < n_rows; ++r) {
         l[size_t(r * n_vocab + 7)] = -std::numeric_limits<float>::infinity();
         l[size_t(r * n_vocab + 11)] = std::numeric_limits<float>::quiet_NaN();
@@ -37,7 +37,7 @@ TEST_CASE("cuda argmax picks the largest logit, lowest id on ties") {
     l[size_t(2 * n_vocab + 100)] = 50.0f;  // a tie in row 2: 100 wins over 31000
     l[size_t(2 * n_vocab + 31000)] = 50.0f;
     DevBuf<float> dl(l);
-    DevBuf<int32_t> out(size_t(n_rows));
+    DevBuf<int32_t> out(static_cast<size_t>(n_rows));
     cuda_argmax(out.get(), dl.get(), n_rows, n_vocab, nullptr);
     const std::vector<int32_t> got = out.download();
     for (int64_t r = 0; r < n_rows; ++r) {
@@ -60,8 +60,8 @@ TEST_CASE("cuda sample draws the CPU sampler's token for the same uniform number
         const int64_t n_rows = 3;
         const std::vector<float> l = random_logits(n_rows, n_vocab, uint32_t(n_vocab));
         DevBuf<float> dl(l);
-        DevBuf<float> du(size_t(n_rows));
-        DevBuf<int32_t> out(size_t(n_rows));
+        DevBuf<float> du(static_cast<size_t>(n_rows));
+        DevBuf<int32_t> out(static_cast<size_t>(n_rows));
         for (const Cfg& c : cfgs) {
             CAPTURE(n_vocab);
             CAPTURE(c.temp);
@@ -72,8 +72,8 @@ TEST_CASE("cuda sample draws the CPU sampler's token for the same uniform number
             Sampler cpu(sp);
             const CudaSamplerConfig gc{c.temp, c.top_k, c.top_p, c.min_p};
             for (uint64_t trial = 0; trial < 12; ++trial) {
-                std::vector<float> u(size_t(n_rows));
-                std::vector<int32_t> want(size_t(n_rows));
+                std::vector<float> u(static_cast<size_t>(n_rows));
+                std::vector<int32_t> want(static_cast<size_t>(n_rows));
                 for (int64_t r = 0; r < n_rows; ++r) {
                     const uint64_t seed = trial * 1000 + uint64_t(r);
                     cpu.reseed(seed);
@@ -92,7 +92,7 @@ TEST_CASE("cuda sample draws the CPU sampler's token for the same uniform number
 
 TEST_CASE("cuda repeat penalty applies once per distinct recent token") {
     const int64_t n_vocab = 1000;
-    std::vector<float> l = random_floats(size_t(n_vocab), 3, 2.0f);
+    std::vector<float> l = random_floats(static_cast<size_t>(n_vocab), 3, 2.0f);
     const std::vector<int32_t> recent = {5, 9, 5, 200, 999, 9, 5, -1, 1000};
     std::vector<float> want = l;
     for (int32_t id : {5, 9, 200, 999}) {

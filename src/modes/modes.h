@@ -9,5 +9,6 @@ namespace kvrun {
 void add_info_command(CLI::App& root, int& exit_code);
 void add_tokenize_command(CLI::App& root, int& exit_code);
 void add_run_command(CLI::App& root, int& exit_code);
+void add_perplexity_command(CLI::App& root, int& exit_code);
 
 }  // namespace kvrun

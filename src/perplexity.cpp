@@ -1,0 +1,209 @@
+// Perplexity and KL-divergence evaluation over chunks of a text (llama.cpp's method).
+//
+// KLD file format (little-endian), written by --kld-save and read by --kld:
+//   char[8]  magic "KVRKLD01"
+//   u32      n_vocab, n_ctx, n_chunks, n_scored_per_chunk
+//   then per chunk: i32 tokens[n_ctx] (the chunk's tokens, BOS first), followed by
+//   n_scored_per_chunk rows of n_vocab f16 log-probabilities (log-softmax of the logits at
+//   positions n_ctx/2 .. n_ctx-2). f16 keeps log-probs to ~1e-3 relative, far below the
+//   KLDs of interest, at half the size of f32.
+#include "perplexity.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "common.h"
+#include "kv_block_table.h"
+#include "quant.h"
+
+namespace kvrun {
+namespace {
+
+constexpr char kKldMagic[8] = {'K', 'V', 'R', 'K', 'L', 'D', '0', '1'};
+
+struct FileCloser {
+    void operator()(FILE* f) const { std::fclose(f); }
+};
+using FilePtr = std::unique_ptr<FILE, FileCloser>;
+
+void write_all(FILE* f, const void* p, size_t n, const std::string& path) {
+    if (std::fwrite(p, 1, n, f) != n) fail("cannot write '{}' (disk full?)", path);
+}
+void read_all(FILE* f, void* p, size_t n, const std::string& path) {
+    if (std::fread(p, 1, n, f) != n) fail("'{}' is truncated or not a kvrun KLD file", path);
+}
+
+// log-softmax of logits[n] into out[n]; returns logsumexp.
+double log_softmax(const float* logits, int64_t n, float* out) {
+    float mx = logits[0];
+    for (int64_t i = 1; i < n; ++i) mx = std::max(mx, logits[i]);
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += std::exp(double(logits[i]) - mx);
+    const double lse = mx + std::log(sum);
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(logits[i] - lse);
+    return lse;
+}
+
+}  // namespace
+
+PerplexityResult perplexity_run(Backend& backend, const Tokenizer& tok, const std::string& text,
+                                const PerplexityOptions& opt, const PerplexityProgress& progress) {
+    const int32_t n_ctx = opt.n_ctx;
+    if (n_ctx < 4) fail("perplexity needs a context of at least 4 tokens (got {})", n_ctx);
+    const int32_t n_batch = std::min(std::max(1, opt.n_batch), n_ctx);
+    const int64_t n_vocab = backend.config().n_vocab;
+
+    std::vector<TokenId> tokens = tok.encode(text, /*add_bos=*/tok.bos() >= 0);
+    const int64_t max_chunks = static_cast<int64_t>(tokens.size()) / n_ctx;
+    if (max_chunks < 2)
+        throw Error(fmt::format("the text has {} tokens; perplexity with -c {} needs at least {}",
+                                tokens.size(), n_ctx, 2 * n_ctx),
+                    "use a longer text or a smaller -c");
+    const int32_t n_chunks = static_cast<int32_t>(opt.n_chunks < 0 ? max_chunks
+                                                  : std::min<int64_t>(opt.n_chunks, max_chunks));
+    const int32_t first = n_ctx / 2;
+    const int32_t n_scored = n_ctx - 1 - first;
+
+    KvBlockTable table(static_cast<int32_t>(backend.n_kv_blocks()), backend.kv_block_size());
+    if (table.n_blocks() * int64_t(table.block_size()) < n_ctx)
+        throw Error(fmt::format("the KV pool holds {} tokens, less than -c {}",
+                                table.n_blocks() * int64_t(table.block_size()), n_ctx),
+                    "give a larger --kv-memory");
+
+    FilePtr save, base;
+    if (!opt.kld_save.empty()) {
+        save.reset(std::fopen(opt.kld_save.c_str(), "wb"));
+        if (!save) fail("cannot create '{}'", opt.kld_save);
+        uint32_t hdr[4] = {uint32_t(n_vocab), uint32_t(n_ctx), uint32_t(n_chunks), uint32_t(n_scored)};
+        write_all(save.get(), kKldMagic, 8, opt.kld_save);
+        write_all(save.get(), hdr, sizeof hdr, opt.kld_save);
+    }
+    if (!opt.kld_base.empty()) {
+        base.reset(std::fopen(opt.kld_base.c_str(), "rb"));
+        if (!base) fail("cannot open KLD base file '{}'", opt.kld_base);
+        char magic[8];
+        uint32_t hdr[4];
+        read_all(base.get(), magic, 8, opt.kld_base);
+        if (std::memcmp(magic, kKldMagic, 8) != 0) fail("'{}' is not a kvrun KLD file (bad magic)", opt.kld_base);
+        read_all(base.get(), hdr, sizeof hdr, opt.kld_base);
+        if (hdr[0] != n_vocab || hdr[1] != uint32_t(n_ctx) || hdr[3] != uint32_t(n_scored))
+            fail("KLD base '{}' was made with n_vocab {} and -c {}; this run has n_vocab {} and -c {}",
+                 opt.kld_base, hdr[0], hdr[1], n_vocab, n_ctx);
+        if (hdr[2] < uint32_t(n_chunks))
+            fail("KLD base '{}' holds {} chunks; this run needs {}", opt.kld_base, hdr[2], n_chunks);
+    }
+
+    PerplexityResult res;
+    res.n_chunks = n_chunks;
+    double nll_sum = 0, nll2_sum = 0;
+    double base_nll_sum = 0, kld_sum = 0, kld2_sum = 0;
+    int64_t count = 0, agree = 0;
+    std::vector<double> klds;
+    std::vector<float> logits(static_cast<size_t>(n_batch) * n_vocab);
+    std::vector<float> all_logp(static_cast<size_t>(n_scored) * n_vocab);
+    std::vector<uint16_t> row16(n_vocab);
+    std::vector<float> base_logp(n_vocab);
+    std::vector<int32_t> base_tokens(n_ctx);
+    const auto t0 = std::chrono::steady_clock::now();
+
+    for (int32_t c = 0; c < n_chunks; ++c) {
+        std::vector<TokenId> chunk(tokens.begin() + int64_t(c) * n_ctx,
+                                   tokens.begin() + int64_t(c + 1) * n_ctx);
+        if (tok.bos() >= 0) chunk[0] = tok.bos();
+        SeqId seq = table.create_sequence();
+        for (int32_t start = 0; start < n_ctx; start += n_batch) {
+            const int32_t n = std::min(n_batch, n_ctx - start);
+            if (!table.append(seq, n, chunk.data() + start))
+                fail("KV pool exhausted during perplexity (pool too small for -c {})", n_ctx);
+            ForwardBatch fb;
+            fb.block_tables.push_back(table.block_ids(seq));
+            for (int32_t i = 0; i < n; ++i) {
+                fb.tokens.push_back(chunk[start + i]);
+                fb.positions.push_back(start + i);
+                fb.seq_index.push_back(0);
+                fb.slots.push_back(start + i);
+                // Rows first .. n_ctx-2 are scored.
+                if (start + i >= first && start + i <= n_ctx - 2) fb.logit_rows.push_back(i);
+            }
+            if (fb.logit_rows.empty()) {
+                // Still run the pass to fill the cache; ask for one row we ignore.
+                fb.logit_rows.push_back(n - 1);
+            }
+            backend.forward(fb, logits.data());
+            for (size_t r = 0; r < fb.logit_rows.size(); ++r) {
+                const int32_t pos = start + fb.logit_rows[r];
+                if (pos < first || pos > n_ctx - 2) continue;
+                log_softmax(logits.data() + r * n_vocab, n_vocab,
+                            all_logp.data() + size_t(pos - first) * n_vocab);
+            }
+        }
+        table.free_sequence(seq);
+
+        if (save) write_all(save.get(), chunk.data(), sizeof(int32_t) * n_ctx, opt.kld_save);
+        if (base) {
+            read_all(base.get(), base_tokens.data(), sizeof(int32_t) * n_ctx, opt.kld_base);
+            if (!std::equal(base_tokens.begin(), base_tokens.end(), chunk.begin()))
+                fail("KLD base '{}' was made from a different text (chunk {} differs)", opt.kld_base, c);
+        }
+        for (int32_t j = 0; j < n_scored; ++j) {
+            const float* lp = all_logp.data() + size_t(j) * n_vocab;
+            const TokenId target = tokens[int64_t(c) * n_ctx + first + j + 1];
+            const double nll = -double(lp[target]);
+            nll_sum += nll;
+            nll2_sum += nll * nll;
+            ++count;
+            if (save) {
+                for (int64_t v = 0; v < n_vocab; ++v) row16[v] = fp32_to_fp16(lp[v]);
+                write_all(save.get(), row16.data(), 2 * n_vocab, opt.kld_save);
+            }
+            if (base) {
+                read_all(base.get(), row16.data(), 2 * n_vocab, opt.kld_base);
+                double kld = 0;
+                int64_t arg_base = 0, arg_new = 0;
+                for (int64_t v = 0; v < n_vocab; ++v) {
+                    base_logp[v] = fp16_to_fp32(row16[v]);
+                    const double pb = std::exp(double(base_logp[v]));
+                    kld += pb * (double(base_logp[v]) - double(lp[v]));
+                    if (base_logp[v] > base_logp[arg_base]) arg_base = v;
+                    if (lp[v] > lp[arg_new]) arg_new = v;
+                }
+                kld = std::max(0.0, kld);
+                kld_sum += kld;
+                kld2_sum += kld * kld;
+                klds.push_back(kld);
+                agree += arg_base == arg_new;
+                base_nll_sum += -double(base_logp[target]);
+            }
+        }
+        const double running = std::exp(nll_sum / count);
+        res.chunk_ppl.push_back(running);
+        if (progress) {
+            double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            progress(c + 1, n_chunks, running, secs);
+        }
+    }
+
+    res.n_scored = count;
+    res.mean_nll = nll_sum / count;
+    res.ppl = std::exp(res.mean_nll);
+    double var = nll2_sum / count - res.mean_nll * res.mean_nll;
+    res.ppl_stderr = var > 0 && count > 1 ? res.ppl * std::sqrt(var / (count - 1)) : 0.0;
+    if (base) {
+        res.has_kld = true;
+        res.kld_mean = kld_sum / count;
+        double kvar = kld2_sum / count - res.kld_mean * res.kld_mean;
+        res.kld_stderr = kvar > 0 && count > 1 ? std::sqrt(kvar / (count - 1)) : 0.0;
+        std::sort(klds.begin(), klds.end());
+        res.kld_max = klds.back();
+        res.kld_p99 = klds[std::min<size_t>(klds.size() - 1, size_t(0.99 * klds.size()))];
+        res.top1_agreement = double(agree) / count;
+        res.base_ppl = std::exp(base_nll_sum / count);
+    }
+    return res;
+}
+
+}  // namespace kvrun
