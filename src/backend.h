@@ -51,6 +51,8 @@ struct BackendOptions {
     KvType kv_type_k = KvType::F16;
     KvType kv_type_v = KvType::F16;
     int n_threads = 0;  // CPU threads; 0 = hardware concurrency
+    // CPU only, for validation: round activations like llama.cpp (cpu::set_llamacpp_rounding).
+    bool llamacpp_rounding = false;
 };
 
 // Bytes of one layer's K (or V) pool block of `block_size` tokens. Hook for quantized KV:

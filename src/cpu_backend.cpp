@@ -79,6 +79,11 @@ void CpuBackend::validate(const ForwardBatch& b) const {
 
 void CpuBackend::forward(const ForwardBatch& b, float* logits) {
     validate(b);
+    struct RoundingScope {  // the ops read the flag on this thread
+        bool saved = cpu::llamacpp_rounding();
+        explicit RoundingScope(bool on) { cpu::set_llamacpp_rounding(on); }
+        ~RoundingScope() { cpu::set_llamacpp_rounding(saved); }
+    } rounding(options_.llamacpp_rounding);
     const ModelConfig& c = config_;
     const int64_t T = int64_t(b.tokens.size());
     if (T == 0) return;

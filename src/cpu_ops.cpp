@@ -39,6 +39,33 @@ void axpy_f32(float* y, float p, const float* x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] += p * x[i];
 }
 
+thread_local bool t_llamacpp_rounding = false;
+
+float round_to_f16(float x) {
+    return fp16_to_fp32(fp32_to_fp16(x));
+}
+
+// The activations llama.cpp's CPU backend actually multiplies with weights of type t:
+// x[n_rows][n_in] rounded into out (see set_llamacpp_rounding). False when t uses f32.
+bool round_activations_like_llamacpp(GgmlType t, const float* x, int64_t n_rows, int64_t n_in,
+                                     std::vector<float>& out) {
+    if (t == GgmlType::F32) return false;
+    out.resize(n_rows * n_in);
+    if (t == GgmlType::F16 || t == GgmlType::BF16) {
+        for (int64_t i = 0; i < n_rows * n_in; ++i)
+            out[i] = t == GgmlType::F16 ? round_to_f16(x[i]) : bf16_to_fp32(fp32_to_bf16(x[i]));
+        return true;
+    }
+    // 8-bit blocks: Q8_K for the 256-element super-block types, Q8_0 for 32-element blocks.
+    const GgmlType act = ggml_type_traits(t).block_elems == 256 ? GgmlType::Q8_K : GgmlType::Q8_0;
+    std::vector<uint8_t> q(ggml_row_bytes(act, n_in));
+    for (int64_t r = 0; r < n_rows; ++r) {
+        quantize_row(act, x + r * n_in, q.data(), n_in);
+        dequantize_row(act, q.data(), out.data() + r * n_in, n_in);
+    }
+    return true;
+}
+
 size_t kv_elem_bytes(KvType t) {
     switch (t) {
         case KvType::F32:
@@ -119,6 +146,9 @@ void matmul(float* out, const float* x, const WeightView& w, int64_t n_rows) {
         fail("matmul: empty weight view ({} x {})", w.n_out, w.n_in);
     const int64_t n_in = w.n_in, n_out = w.n_out;
     const auto* base = static_cast<const uint8_t*>(w.data);
+    std::vector<float> rounded;  // [n_rows][n_in] when emulating llama.cpp's rounding
+    if (t_llamacpp_rounding && round_activations_like_llamacpp(w.type, x, n_rows, n_in, rounded))
+        x = rounded.data();
     // Output rows per chunk: enough multiply-adds to be worth a thread hand-off.
     int64_t work_per_row = std::max<int64_t>(1, n_in * n_rows);
     int64_t grain = std::max<int64_t>(1, kMinParallelWork / work_per_row);
@@ -240,16 +270,23 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
         for (int64_t s = 0; s <= batch.token_slot[t]; s += kv.block_size)
             kv_block_of(kv, batch, t, s);
 
+    const bool round_q = t_llamacpp_rounding && kv.k_type == KvType::F16;
+    const bool round_p = t_llamacpp_rounding && kv.v_type == KvType::F16;
     const int64_t n_items = batch.n_tokens * n_head;  // one (token, head) pair each
     int64_t per_item = std::max<int64_t>(1, work / std::max<int64_t>(1, n_items));
     int64_t grain = std::max<int64_t>(1, kMinParallelWork / per_item);
     cpu_thread_pool().parallel_for(n_items, grain, [&](int64_t i0, int64_t i1) {
         std::vector<float> scores(max_slot + 1);  // [n_slots] of the current token
         std::vector<float> tmp(hd);               // [head_dim] one converted K or V row
+        std::vector<float> q_rounded(hd);         // [head_dim]
         for (int64_t item = i0; item < i1; ++item) {
             const int64_t t = item / n_head, h = item % n_head, kvh = h / group;
             const int64_t n_slots = batch.token_slot[t] + 1;
             const float* qv = q + item * hd;
+            if (round_q) {
+                for (int64_t i = 0; i < hd; ++i) q_rounded[i] = round_to_f16(qv[i]);
+                qv = q_rounded.data();
+            }
             for (int64_t s = 0; s < n_slots; ++s) {
                 int64_t block = kv_block_of(kv, batch, t, s);
                 const float* kr =
@@ -265,10 +302,17 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
                 const float* vr =
                     kv_load_row(kv_row(kv.v, kv.v_type, kv, block, kvh, s % kv.block_size),
                                 kv.v_type, tmp.data(), hd);
-                axpy_f32(o, scores[s], vr, hd);
+                axpy_f32(o, round_p ? round_to_f16(scores[s]) : scores[s], vr, hd);
             }
         }
     });
+}
+
+void set_llamacpp_rounding(bool on) {
+    t_llamacpp_rounding = on;
+}
+bool llamacpp_rounding() {
+    return t_llamacpp_rounding;
 }
 
 }  // namespace kvrun::cpu

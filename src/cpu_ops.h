@@ -87,5 +87,13 @@ void kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, c
 void paged_attention(float* out, const float* q, const KvLayerView& kv, const KvBatchView& batch,
                      int64_t n_head, float scale);
 
+// Validation aid (off by default; per calling thread): when on, matmul first rounds its
+// activations the way llama.cpp's CPU backend does for the weight type (f16 for F16, bf16 for
+// BF16, 8-bit blocks - Q8_0 or Q8_K - for quantized weights), and paged_attention rounds Q
+// (before Q.K) and the softmax weights (before the sum over V) to f16 when K resp. V are f16.
+// Logits then match llama.cpp's to ~1e-3 instead of ~0.5 nats, so tests can be tight.
+void set_llamacpp_rounding(bool on);
+bool llamacpp_rounding();
+
 }  // namespace cpu
 }  // namespace kvrun

@@ -55,12 +55,12 @@ constexpr const char* kDeepseekPunct =
     R"(\s?[!-/:-~\x{FF01}-\x{FF0F}\x{FF1A}-\x{FF5E}\x{2018}-\x{201F}\x{3000}-\x{3002}]+)";
 
 // Words split at whitespace and a few (also CJK/Indic/Arabic) punctuation marks.
-constexpr const char* kPoro = R"( ?[^(\s|.,!?\x{2026}\x{3002}\x{FF0C}\x{3001}\x{964}\x{6D4}\x{60C})]+)";
+constexpr const char* kPoro =
+    R"( ?[^(\s|.,!?\x{2026}\x{3002}\x{FF0C}\x{3001}\x{964}\x{6D4}\x{60C})]+)";
 
-constexpr const char* kTekken =
-    R"([^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|)"
-    R"([^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|)"
-    R"(\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr const char* kTekken = R"([^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|)"
+                                R"([^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|)"
+                                R"(\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 constexpr const char* kDeepseekV3 =
     R"([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|)"
@@ -125,8 +125,8 @@ PreTokenizerSpec pretokenizer_spec(const std::string& pre) {
     } else if (name_in(pre, {"dbrx", "smaug-bpe"})) {
         s.regexes = {kLlama3};
     } else if (pre == "deepseek-llm") {
-        s.regexes = {"[\r\n]", kDeepseekLetters, kDeepseekPunct, R"(\s+$)", kDeepseekCjk,
-                     R"(\p{N}+)"};
+        s.regexes = {"[\r\n]",  kDeepseekLetters, kDeepseekPunct,
+                     R"(\s+$)", kDeepseekCjk,     R"(\p{N}+)"};
     } else if (pre == "deepseek-coder") {
         s.regexes = {"[\r\n]", R"(\s?\p{L}+)", R"(\s?\p{P}+)", kDeepseekCjk, R"(\p{N})"};
     } else if (pre == "deepseek-v3") {
@@ -156,8 +156,9 @@ PreTokenizerSpec pretokenizer_spec(const std::string& pre) {
         s.ignore_merges = true;
         s.add_bos = true;
     } else if (pre == "chameleon") {
-        s.regexes = {"<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z",
-                     "([\\t\\n]|    |  )", R"(\p{N})", R"([\p{P}!-/:-@\[-`{-~])", kGpt2};
+        s.regexes = {"<sentinel:[0-9]+>",       "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z",
+                     "([\\t\\n]|    |  )",      R"(\p{N})",
+                     R"([\p{P}!-/:-@\[-`{-~])", kGpt2};
         s.add_bos = true;
     } else {
         throw Error(fmt::format("unknown BPE pre-tokenizer '{}' (tokenizer.ggml.pre)", pre),
@@ -179,10 +180,9 @@ RegexSplitter::RegexSplitter(const std::vector<std::string>& regexes)
         const std::string pattern = expand_whitespace(re);
         int err = 0;
         PCRE2_SIZE err_off = 0;
-        pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()),
-                                         pattern.size(),
-                                         PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY, &err,
-                                         &err_off, nullptr);
+        pcre2_code* code =
+            pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
+                          PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY, &err, &err_off, nullptr);
         if (!code) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(err, msg, sizeof msg);
@@ -226,8 +226,8 @@ std::vector<std::string> RegexSplitter::split(std::string_view text) const {
                 const auto* subj = reinterpret_cast<PCRE2_SPTR>(subject.data() + sp.start);
                 size_t pos = 0, last = 0;
                 while (pos <= sp.len) {
-                    const int rc = pcre2_match(code, subj, sp.len, pos, PCRE2_NO_UTF_CHECK, md,
-                                               nullptr);
+                    const int rc =
+                        pcre2_match(code, subj, sp.len, pos, PCRE2_NO_UTF_CHECK, md, nullptr);
                     if (rc == PCRE2_ERROR_NOMATCH) break;
                     if (rc < 0) fail("pre-tokenizer regex failed on the text (PCRE2 error {})", rc);
                     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);

@@ -23,7 +23,7 @@ PreTokenizerSpec pretokenizer_spec(const std::string& pre);
 
 // Compiled regex sequence. Thread-safe after construction.
 class RegexSplitter {
-public:
+  public:
     explicit RegexSplitter(const std::vector<std::string>& regexes);
     ~RegexSplitter();
     RegexSplitter(const RegexSplitter&) = delete;
@@ -34,7 +34,7 @@ public:
     // is decoded leniently (bad bytes become U+FFFD), so the pieces are re-encoded text.
     std::vector<std::string> split(std::string_view text) const;
 
-private:
+  private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };

@@ -16,7 +16,15 @@ namespace {
 
 constexpr uint8_t kStripLeft = 1, kStripRight = 2;
 
-bool is_c_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+// DeepSeek's special tokens use fullwidth bars and "▁".
+constexpr const char* kDeepseekEos = "<\uFF5Cend\u2581of\u2581sentence\uFF5C>";
+constexpr const char* kDeepseekFimBegin = "<\uFF5Cfim\u2581begin\uFF5C>";
+constexpr const char* kDeepseekFimHole = "<\uFF5Cfim\u2581hole\uFF5C>";
+constexpr const char* kDeepseekFimEnd = "<\uFF5Cfim\u2581end\uFF5C>";
+
+bool is_c_space(char c) {
+    return c == ' ' || (c >= '\t' && c <= '\r');
+}
 
 // Reads an optional token-id key; keeps `id` when absent or out of range (as llama.cpp).
 void read_token_id(const GgufFile& f, const char* key, size_t n_vocab, TokenId& id) {
@@ -70,8 +78,8 @@ void Tokenizer::load_vocab(const GgufFile& f, const VocabDefaults& d) {
             if (!types[i].is_int())
                 fail("{}: tokenizer.ggml.token_type[{}] is not an integer", f.path(), i);
             const int64_t t = types[i].as_int();
-            token_types_[i] = (t >= kTokenNormal && t <= kTokenByte) ? static_cast<int32_t>(t)
-                                                                      : kTokenUndefined;
+            token_types_[i] =
+                (t >= kTokenNormal && t <= kTokenByte) ? static_cast<int32_t>(t) : kTokenUndefined;
         }
     }
 
@@ -108,23 +116,20 @@ void Tokenizer::load_vocab(const GgufFile& f, const VocabDefaults& d) {
             token_types_[found] = kTokenControl;
         }
     };
-    detect(eot_, {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                  "<EOT>", "_<EOT>", "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"});
+    detect(eot_, {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>",
+                  "_<EOT>", kDeepseekEos});
     detect(eom, {"<|eom_id|>"});
-    detect(fim_pre, {"<|fim_prefix|>", "<fim-prefix>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>",
-                     "<PRE>"});
-    detect(fim_suf, {"<|fim_suffix|>", "<fim-suffix>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81hole\xEF\xBD\x9C>",
-                     "<SUF>"});
-    detect(fim_mid, {"<|fim_middle|>", "<fim-middle>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "end\xEF\xBD\x9C>",
-                     "<MID>"});
+    detect(fim_pre, {"<|fim_prefix|>", "<fim-prefix>", kDeepseekFimBegin, "<PRE>"});
+    detect(fim_suf, {"<|fim_suffix|>", "<fim-suffix>", kDeepseekFimHole, "<SUF>"});
+    detect(fim_mid, {"<|fim_middle|>", "<fim-middle>", kDeepseekFimEnd, "<MID>"});
     detect(fim_pad, {"<|fim_pad|>", "<fim-pad>", "<PAD>"});
     detect(fim_rep, {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>"});
     detect(fim_sep, {"<|file_sep|>"});
 
     // End of generation: end-of-turn-looking texts, FIM pad/repo/sep, EOS, EOT, EOM.
     eog_ids_.clear();
-    for (const char* t : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
-                          "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>"}) {
+    for (const char* t : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                          "<|eom_id|>", "<EOT>", "_<EOT>"}) {
         const TokenId id = find_token(t);
         if (id < 0) continue;
         eog_ids_.push_back(id);
@@ -141,9 +146,8 @@ void Tokenizer::load_vocab(const GgufFile& f, const VocabDefaults& d) {
         if (t == kTokenControl || t == kTokenUserDefined || t == kTokenUnknown)
             special_cache_.push_back(static_cast<TokenId>(i));
     }
-    std::stable_sort(special_cache_.begin(), special_cache_.end(), [&](TokenId a, TokenId b) {
-        return tokens_[a].size() > tokens_[b].size();
-    });
+    std::stable_sort(special_cache_.begin(), special_cache_.end(),
+                     [&](TokenId a, TokenId b) { return tokens_[a].size() > tokens_[b].size(); });
 
     // Phi-3 vocabularies strip the whitespace after their special tokens (llama.cpp keys
     // this on the model name).
@@ -216,7 +220,9 @@ bool Tokenizer::is_eog(TokenId id) const {
     return std::binary_search(eog_ids_.begin(), eog_ids_.end(), id);
 }
 
-bool Tokenizer::is_control(TokenId id) const { return token_type(id) == kTokenControl; }
+bool Tokenizer::is_control(TokenId id) const {
+    return token_type(id) == kTokenControl;
+}
 
 int32_t Tokenizer::token_type(TokenId id) const {
     if (id < 0 || id >= n_vocab()) return kTokenUndefined;
@@ -247,6 +253,8 @@ std::string StreamDecoder::push(TokenId id) {
     return utf8_take_complete(pending_, false);
 }
 
-std::string StreamDecoder::flush() { return utf8_take_complete(pending_, true); }
+std::string StreamDecoder::flush() {
+    return utf8_take_complete(pending_, true);
+}
 
 }  // namespace kvrun

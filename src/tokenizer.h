@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -29,7 +30,7 @@ enum TokenType : int32_t {
 };
 
 class Tokenizer {
-public:
+  public:
     // Reads tokenizer.ggml.* from the file. Throws Error for an unsupported model type or
     // inconsistent metadata (e.g. scores/token_type arrays of the wrong length).
     static std::unique_ptr<Tokenizer> from_gguf(const GgufFile& file);
@@ -51,14 +52,14 @@ public:
 
     int32_t n_vocab() const { return static_cast<int32_t>(tokens_.size()); }
     const std::string& token_text(TokenId id) const { return tokens_.at(id); }
-    TokenId bos() const { return bos_; }       // -1 when the vocabulary has none
+    TokenId bos() const { return bos_; }  // -1 when the vocabulary has none
     TokenId eos() const { return eos_; }
-    TokenId eot() const { return eot_; }       // end of turn (<|eot_id|>, <|im_end|>...), or -1
+    TokenId eot() const { return eot_; }  // end of turn (<|eot_id|>, <|im_end|>...), or -1
     TokenId unk() const { return unk_; }
     bool add_bos() const { return add_bos_; }  // tokenizer.ggml.add_bos_token
     bool add_eos() const { return add_eos_; }
     bool add_space_prefix() const { return add_space_prefix_; }  // SPM: encode prepends "▁"
-    bool is_eog(TokenId id) const;             // end of generation (EOS, EOT, ...)
+    bool is_eog(TokenId id) const;  // end of generation (EOS, EOT, ...)
     bool is_control(TokenId id) const;
     // Effective token type (a TokenType): the GGUF type, with end-of-turn/FIM-looking tokens
     // promoted to control as llama.cpp does. kTokenUndefined for an id out of range.
@@ -69,7 +70,7 @@ public:
     const std::string& model_name() const { return model_; }  // "llama", "gpt2", ...
     const std::string& pre_name() const { return pre_; }
 
-protected:
+  protected:
     // Defaults a concrete tokenizer passes to load_vocab before the file's keys apply.
     struct VocabDefaults {
         TokenId bos = -1, eos = -1, unk = -1;
@@ -108,7 +109,7 @@ protected:
 // adds a space prefix (SPM), the piece right after BOS loses its leading space, as decode()
 // does; a stream that starts elsewhere (e.g. generated tokens after a prompt) keeps it.
 class StreamDecoder {
-public:
+  public:
     explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
     // Returns the text that became complete with this token (possibly empty). Malformed
     // byte sequences come out as U+FFFD.
@@ -116,7 +117,7 @@ public:
     // Returns what is left (incomplete bytes are replaced by U+FFFD).
     std::string flush();
 
-private:
+  private:
     const Tokenizer& tok_;
     std::string pending_;
     bool first_ = true;

@@ -23,8 +23,8 @@ struct ByteMap {
         to_byte.fill(-1);
         uint32_t next = 256;
         for (uint32_t b = 0; b < 256; ++b) {
-            const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) ||
-                                   (b >= 0xAE && b <= 0xFF);
+            const bool printable =
+                (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
             const uint32_t cp = printable ? b : next++;
             utf8_append(to_char[b], cp);
             to_byte[cp] = static_cast<int16_t>(b);
@@ -38,13 +38,13 @@ const ByteMap& byte_map() {
 }
 
 class BpeTokenizer final : public Tokenizer {
-public:
+  public:
     explicit BpeTokenizer(const GgufFile& f);
     std::vector<TokenId> encode(std::string_view text, bool add_bos,
                                 bool parse_special) const override;
     std::string token_to_piece(TokenId id, bool render_special) const override;
 
-private:
+  private:
     void encode_word(const std::string& word, std::vector<TokenId>& out) const;
     int merge_rank(std::string_view left, std::string_view right, std::string& key) const;
 
@@ -140,8 +140,8 @@ void BpeTokenizer::encode_word(const std::string& word, std::vector<TokenId>& ou
     const std::string_view w(word);
     auto try_add = [&](int l, int r) {
         if (l < 0 || r < 0) return;
-        const int rank = merge_rank(w.substr(syms[l].start, syms[l].n),
-                                    w.substr(syms[r].start, syms[r].n), key);
+        const int rank =
+            merge_rank(w.substr(syms[l].start, syms[l].n), w.substr(syms[r].start, syms[r].n), key);
         if (rank >= 0) queue.push({l, r, rank, syms[l].n, syms[r].n});
     };
     for (int i = 1; i < static_cast<int>(syms.size()); ++i) try_add(i - 1, i);

@@ -15,13 +15,13 @@ namespace {
 constexpr std::string_view kSpaceMark = "\xE2\x96\x81";  // U+2581 "▁"
 
 class SpmTokenizer final : public Tokenizer {
-public:
+  public:
     explicit SpmTokenizer(const GgufFile& f);
     std::vector<TokenId> encode(std::string_view text, bool add_bos,
                                 bool parse_special) const override;
     std::string token_to_piece(TokenId id, bool render_special) const override;
 
-private:
+  private:
     void encode_escaped(std::string_view text, std::vector<TokenId>& out) const;
     void push_bytes(std::string_view bytes, std::vector<TokenId>& out) const;
 
@@ -40,8 +40,8 @@ SpmTokenizer::SpmTokenizer(const GgufFile& f) {
     if (f.has("tokenizer.ggml.scores")) {
         const auto& scores = f.get_array("tokenizer.ggml.scores");
         if (scores.size() != n)
-            fail("{}: tokenizer.ggml.scores has {} entries for {} tokens", f.path(),
-                 scores.size(), n);
+            fail("{}: tokenizer.ggml.scores has {} entries for {} tokens", f.path(), scores.size(),
+                 n);
         for (size_t i = 0; i < n; ++i) {
             if (!scores[i].is_float() && !scores[i].is_int())
                 fail("{}: tokenizer.ggml.scores[{}] is not a number", f.path(), i);

@@ -5,7 +5,9 @@ namespace kvrun {
 
 namespace {
 
-bool is_cont(uint8_t b) { return (b & 0xC0) == 0x80; }
+bool is_cont(uint8_t b) {
+    return (b & 0xC0) == 0x80;
+}
 
 // Strict step over one character starting at text[i]: returns its byte length (> 0), 0 when
 // the bytes so far are a valid but unfinished prefix that runs into the end of `text`, or -1

@@ -236,7 +236,9 @@ TEST_CASE("random blocks of every type have zero mean and the requested RMS") {
             if (t != GgmlType::Q2_K && t != GgmlType::Q3_K) {
                 int64_t inside = 0;
                 for (float x : v) inside += std::fabs(x - m.mean) < m.std;
-                CHECK(double(inside) / double(n) == doctest::Approx(0.68).epsilon(0.12));
+                const double frac = double(inside) / double(n);  // uniform: 0.58
+                CHECK(frac > 0.62);
+                CHECK(frac < 0.80);
             }
             // Blocks have different scales (catches a kernel that reads the wrong block's).
             const int64_t be = ggml_type_traits(t).block_elems;

@@ -1,14 +1,14 @@
 // Tokenizer tests: llama.cpp's vocabulary suites (../shared/vocab/*.inp/.out, every line
 // exact), round trips, reference prompt tokens of every shared model, StreamDecoder UTF-8
 // safety, and small synthetic vocabularies for merge rules and bad metadata.
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "gguf.h"
 #include "gguf_writer.h"
+#include "pretokenizer.h"
 #include "test_util.h"
 #include "tokenizer.h"
 #include "unicode_text.h"
@@ -88,9 +88,9 @@ std::unique_ptr<Tokenizer> load(const fs::path& p) {
 TEST_CASE("llama.cpp vocabulary suites reproduce every .out line") {
     const fs::path dir = test::shared_path("vocab");
     if (dir.empty()) return;
-    const std::vector<std::string> required = {"llama-spm", "phi-3",          "gpt-2",
-                                               "falcon",    "deepseek-llm",   "deepseek-coder",
-                                               "starcoder", "refact",         "mpt"};
+    const std::vector<std::string> required = {"llama-spm", "phi-3",        "gpt-2",
+                                               "falcon",    "deepseek-llm", "deepseek-coder",
+                                               "starcoder", "refact",       "mpt"};
     int suites = 0;
     for (const std::string& name : required) {
         const fs::path gguf = dir / ("ggml-vocab-" + name + ".gguf");
@@ -102,8 +102,8 @@ TEST_CASE("llama.cpp vocabulary suites reproduce every .out line") {
         const auto cases = split_cases(read_text(inp));
         const auto expected = parse_out(read_text(out));
         REQUIRE_MESSAGE(cases.size() == expected.size(), name << ": " << cases.size()
-                                                               << " cases vs " << expected.size()
-                                                               << " .out lines");
+                                                              << " cases vs " << expected.size()
+                                                              << " .out lines");
         int mismatches = 0, roundtrip_failures = 0;
         for (size_t i = 0; i < cases.size(); ++i) {
             const std::vector<TokenId> got = tok->encode(cases[i], false, false);
@@ -116,18 +116,19 @@ TEST_CASE("llama.cpp vocabulary suites reproduce every .out line") {
             const std::string back = tok->decode(got);
             if (back != cases[i]) {
                 ++roundtrip_failures;
-                MESSAGE(name << " round trip of case " << i << " " << escaped(cases[i])
-                             << " gave " << escaped(back));
+                MESSAGE(name << " round trip of case " << i << " " << escaped(cases[i]) << " gave "
+                             << escaped(back));
             }
         }
         CHECK_MESSAGE(mismatches == 0, name << ": " << mismatches << " mismatching cases");
-        CHECK_MESSAGE(roundtrip_failures == 0, name << ": " << roundtrip_failures
-                                                    << " round-trip failures");
+        CHECK_MESSAGE(roundtrip_failures == 0,
+                      name << ": " << roundtrip_failures << " round-trip failures");
         ++suites;
     }
     CHECK(suites == static_cast<int>(required.size()));
-    MESSAGE("bert-bge (WordPiece) is not supported and is skipped; llama-bpe, qwen2, command-r,"
-            " chameleon, deepseek-r1-qwen and roberta-bpe have no vocabulary file to test");
+    MESSAGE(
+        "bert-bge (WordPiece) is not supported and is skipped; llama-bpe, qwen2, command-r,"
+        " chameleon, deepseek-r1-qwen and roberta-bpe have no vocabulary file to test");
 }
 
 TEST_CASE("an unsupported tokenizer model is a clear error") {
@@ -135,6 +136,25 @@ TEST_CASE("an unsupported tokenizer model is a clear error") {
     if (bert.empty()) return;
     GgufFile f = GgufFile::open(bert.string());
     CHECK_THROWS_AS(Tokenizer::from_gguf(f), Error);
+}
+
+TEST_CASE("special-token rules: user-defined always, promoted FIM tokens, Phi-3 strip") {
+    const fs::path vocab = test::shared_path("vocab");
+    if (vocab.empty()) return;
+    auto ds = load(vocab / "ggml-vocab-deepseek-coder.gguf");
+    CHECK(ds->eos() == 32014);
+    CHECK(ds->eot() == 32014);
+    CHECK(ds->is_eog(32014));
+    CHECK(ds->token_type(32021) == kTokenUserDefined);  // "<|EOT|>"
+    CHECK(ds->encode("a<|EOT|>", false, false) == std::vector<TokenId>{64, 32021});
+    CHECK(ds->is_control(32016));  // "<｜fim▁begin｜>" is user-defined in the file
+    CHECK(ds->encode("<|EOT|>", true) == std::vector<TokenId>{32013, 32021});
+    auto phi = load(vocab / "ggml-vocab-phi-3.gguf");
+    CHECK(phi->is_eog(32007));  // <|end|>
+    CHECK(phi->is_eog(32000));  // <|endoftext|>
+    const auto spaced = phi->encode("<|user|>  hi", false, true);
+    CHECK(spaced.front() == 32010);
+    CHECK(spaced == phi->encode("<|user|>hi", false, true));
 }
 
 TEST_CASE("stories260K: Once upon a time") {
@@ -196,16 +216,16 @@ TEST_CASE("reference prompt tokens of every shared model (with BOS)") {
             if (line.empty()) continue;
             // Only the head of the line matters (generated text may not be valid UTF-8).
             const size_t cut = line.find(",\"positions\"");
-            const auto j = nlohmann::json::parse(cut == std::string::npos ? line
-                                                                          : line.substr(0, cut) + "}");
+            const auto j =
+                nlohmann::json::parse(cut == std::string::npos ? line : line.substr(0, cut) + "}");
             const std::string prompt = j.at("prompt").get<std::string>();
             const auto expected = j.at("tokens").get<std::vector<TokenId>>();
             REQUIRE(index < prompts.size());
             CHECK(prompt == prompts[index]);
             const auto got = tok->encode(prompts[index], tok->add_bos());
-            CHECK_MESSAGE(got == expected, e.path().filename() << " prompt " << escaped(prompt)
-                                                                << " expected" << show_ids(expected)
-                                                                << " got" << show_ids(got));
+            CHECK_MESSAGE(got == expected, e.path().filename()
+                                               << " prompt " << escaped(prompt) << " expected"
+                                               << show_ids(expected) << " got" << show_ids(got));
             ++index, ++checked;
         }
         ++files;
@@ -318,8 +338,8 @@ VocabSpec small_spm(const std::vector<std::pair<std::string, float>>& pieces) {
 
 TEST_CASE("SPM merges by score, leftmost first, with byte fallback") {
     // ids: 259 ▁, 260 a, 261 b, 262 ▁a, 263 ab, 264 ▁ab
-    auto v = small_spm({{kMark, -1}, {"a", -2}, {"b", -3}, {kMark + "a", -5}, {"ab", -4},
-                        {kMark + "ab", -6}});
+    auto v = small_spm(
+        {{kMark, -1}, {"a", -2}, {"b", -3}, {kMark + "a", -5}, {"ab", -4}, {kMark + "ab", -6}});
     auto tok = make(v);
     // "▁ab": "ab" (-4) beats "▁a" (-5); then "▁"+"ab" -> "▁ab".
     CHECK(tok->encode("ab", false) == std::vector<TokenId>{264});
@@ -362,8 +382,8 @@ TEST_CASE("byte-level BPE: merge ranks and special tokens") {
     v.model = "gpt2";
     v.pre = "gpt-2";
     // Byte stand-ins for a few bytes ("Ġ" is the space), merged pieces, specials.
-    v.tokens = {"h", "e", "l", "o", "\xC4\xA0", "he", "ll", "hell", "hello", "\xC4\xA0h",
-                "<|endoftext|>", "<tag>"};
+    v.tokens = {"h",  "e",    "l",     "o",         "\xC4\xA0",      "he",
+                "ll", "hell", "hello", "\xC4\xA0h", "<|endoftext|>", "<tag>"};
     v.types = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 4};
     v.merges = {"l l", "h e", "he ll", "hell o", "\xC4\xA0 h"};
     auto tok = make(v);
@@ -381,4 +401,47 @@ TEST_CASE("byte-level BPE: merge ranks and special tokens") {
     CHECK(tok->token_to_piece(4) == " ");
     CHECK(tok->token_to_piece(10).empty());
     CHECK(tok->token_to_piece(10, true) == "<|endoftext|>");
+}
+
+TEST_CASE("pre-tokenizer regexes split like llama.cpp") {
+    using Words = std::vector<std::string>;
+    RegexSplitter llama3(pretokenizer_spec("llama-bpe").regexes);
+    CHECK(llama3.split("Hello world") == Words{"Hello", " world"});
+    CHECK(llama3.split("  Hello") == Words{" ", " Hello"});
+    CHECK(llama3.split("1234567") == Words{"123", "456", "7"});
+    CHECK(llama3.split("I'M here") == Words{"I", "'M", " here"});
+    CHECK(llama3.split("a\n\nb") == Words{"a", "\n\n", "b"});
+    CHECK(llama3.split("3.14!") == Words{"3", ".", "14", "!"});
+    CHECK(llama3.split("").empty());
+    RegexSplitter qwen2(pretokenizer_spec("qwen2").regexes);
+    CHECK(qwen2.split("x 123") == Words{"x", " ", "1", "2", "3"});
+    RegexSplitter gpt2(pretokenizer_spec("gpt-2").regexes);
+    // U+180E is not White_Space (PCRE2's own \s would say it is).
+    CHECK(gpt2.split("a\xE1\xA0\x8E\xE1\xA0\x8E"
+                     "b") == Words{"a", "\xE1\xA0\x8E\xE1\xA0\x8E", "b"});
+    // No-break space and NEL are.
+    CHECK(gpt2.split("a\xC2\x85\xC2\x85"
+                     "b") == Words{"a", "\xC2\x85", "\xC2\x85", "b"});
+    // Malformed UTF-8 is decoded leniently: a stray byte becomes U+FFFD.
+    CHECK(gpt2.split("a\xFF") == Words{"a", "\xEF\xBF\xBD"});
+    RegexSplitter falcon(pretokenizer_spec("falcon").regexes);
+    CHECK(falcon.split("x=12345") == Words{"x", "=", "123", "45"});
+}
+
+TEST_CASE("UTF-8 helpers") {
+    CHECK(utf8_decode_lenient("a\xC3\xA9\xE2\x82") ==
+          std::vector<uint32_t>{'a', 0xE9, kReplacementChar, kReplacementChar});
+    CHECK(utf8_is_valid("\xF0\x9F\xA6\x99"));
+    CHECK_FALSE(utf8_is_valid("\xC0\x80"));      // overlong
+    CHECK_FALSE(utf8_is_valid("\xED\xA0\x80"));  // surrogate
+    std::string pending = "ab\xF0\x9F\xA6";
+    CHECK(utf8_take_complete(pending, false) == "ab");
+    CHECK(pending == "\xF0\x9F\xA6");
+    pending += "\x99";
+    CHECK(utf8_take_complete(pending, false) == "\xF0\x9F\xA6\x99");
+    CHECK(pending.empty());
+    pending = "\xE4\xBD";
+    CHECK(utf8_take_complete(pending, true) == "\xEF\xBF\xBD");
+    pending = "\x80x";
+    CHECK(utf8_take_complete(pending, false) == "\xEF\xBF\xBDx");
 }
