@@ -58,11 +58,32 @@ bool round_activations_like_llamacpp(GgmlType t, const float* x, int64_t n_rows,
     }
     // 8-bit blocks: Q8_K for the 256-element super-block types, Q8_0 for 32-element blocks.
     const GgmlType act = ggml_type_traits(t).block_elems == 256 ? GgmlType::Q8_K : GgmlType::Q8_0;
-    std::vector<uint8_t> q(ggml_row_bytes(act, n_in));
-    for (int64_t r = 0; r < n_rows; ++r) {
-        quantize_row(act, x + r * n_in, q.data(), n_in);
-        dequantize_row(act, q.data(), out.data() + r * n_in, n_in);
+    if (act == GgmlType::Q8_0) {
+        for (int64_t r = 0; r < n_rows; ++r)
+            for (int64_t b = 0; b < n_in; b += 32) {
+                const float* xs = x + r * n_in + b;
+                float amax = 0;
+                for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xs[j]));
+                const float d = amax / 127.0f, id = amax != 0 ? 127.0f / amax : 0.0f;
+                const float dh = fp16_to_fp32(fp32_to_fp16(d));
+                for (int j = 0; j < 32; ++j) out[r * n_in + b + j] = dh * float(std::lrintf(xs[j] * id));
+            }
+        return true;
     }
+    for (int64_t r = 0; r < n_rows; ++r)
+        for (int64_t b = 0; b < n_in; b += 256) {
+            const float* xs = x + r * n_in + b;
+            float amax = 0, max = 0;  // max: the signed value of largest magnitude
+            for (int j = 0; j < 256; ++j)
+                if (std::fabs(xs[j]) > amax) {
+                    amax = std::fabs(xs[j]);
+                    max = xs[j];
+                }
+            const float iscale = amax != 0 ? -127.0f / max : 0.0f;
+            const float d = amax != 0 ? 1.0f / iscale : 0.0f;
+            for (int j = 0; j < 256; ++j)
+                out[r * n_in + b + j] = d * float(std::min(127L, std::lrintf(iscale * xs[j])));
+        }
     return true;
 }
 

@@ -1,5 +1,15 @@
 // The engine's scheduler loop: admission, chunked prefill + decode in one forward pass,
-// prefix caching, preemption, sampling, stop conditions and timings.
+// prefix caching, preemption, sessions, sampling, stop conditions and timings.
+//
+// Admission (FCFS): the front waiting request joins when a slot is free (max_parallel) and
+// the pool can hold its uncached tokens on top of what running sequences still need for
+// their prompts, plus one block of headroom per running sequence; with nothing running it
+// always joins. A request whose prompt shares full blocks with a running sequence's prompt
+// that are not computed yet waits one step, so it adopts them instead of computing them again.
+// Preemption: when an append finds no block, the youngest running sequence is freed (its
+// tokens are kept; it goes back to the front of the queue and recomputes, mostly from the
+// prefix cache), then idle sessions' K/V; a lone sequence that still does not fit ends with
+// an error (cannot happen while n_ctx <= pool size).
 #include "engine.h"
 
 #include <algorithm>
@@ -10,13 +20,20 @@ namespace kvrun {
 
 const char* stop_reason_name(StopReason r) {
     switch (r) {
-        case StopReason::None: return "none";
-        case StopReason::Eos: return "eos";
-        case StopReason::Length: return "length";
-        case StopReason::Context: return "context";
-        case StopReason::StopString: return "stop";
-        case StopReason::Cancelled: return "cancelled";
-        case StopReason::Error: return "error";
+        case StopReason::None:
+            return "none";
+        case StopReason::Eos:
+            return "eos";
+        case StopReason::Length:
+            return "length";
+        case StopReason::Context:
+            return "context";
+        case StopReason::StopString:
+            return "stop";
+        case StopReason::Cancelled:
+            return "cancelled";
+        case StopReason::Error:
+            return "error";
     }
     return "?";
 }
@@ -27,21 +44,24 @@ double GenerationTimings::prefill_tokens_per_s() const {
 double GenerationTimings::decode_tokens_per_s() const {
     return decode_ms > 0 && n_generated > 1 ? (n_generated - 1) / (decode_ms / 1000.0) : 0.0;
 }
+double EngineStats::mean_waste_fraction() const {
+    return allocated_slots > 0 ? static_cast<double>(unfilled_slots) / allocated_slots : 0.0;
+}
 
 // One running or waiting sequence: a request's prompt plus what it generated so far.
 struct Engine::Seq {
     int32_t request = 0;
     int32_t sample = 0;
     std::shared_ptr<const GenerationRequest> req;
-    SeqId kv = -1;                 // KV table sequence while admitted
-    std::vector<TokenId> tokens;   // [n_prompt + n_generated]
+    SeqId kv = -1;                // KV table sequence while admitted
+    std::vector<TokenId> tokens;  // [n_prompt + n_generated]
     int32_t n_prompt = 0;
-    int32_t n_computed = 0;        // tokens whose K/V are in the cache
-    int64_t order = 0;             // admission order (larger = younger)
-    bool forked = false;           // parallel samples already created
+    int32_t n_computed = 0;  // tokens whose K/V are in the cache
+    int64_t order = 0;       // admission order (larger = younger)
+    bool forked = false;     // parallel samples already created
     bool preempted = false, finished = false;
     std::unique_ptr<Sampler> sampler;
-    std::string text;              // generated text so far (only kept for stop strings)
+    std::string text;  // generated text so far (only kept for stop strings)
     int32_t preemptions = 0;
     bool admitted_once = false, has_first = false;
     Clock::time_point t_submit, t_admit, t_first, t_last;
@@ -71,44 +91,97 @@ Engine::~Engine() = default;
 
 int32_t Engine::submit(GenerationRequest request) {
     const int64_t n_vocab = backend_.config().n_vocab;
-    if (request.prompt.empty()) fail("empty prompt: nothing to generate from");
+    Session* session = nullptr;
+    if (request.session >= 0) {
+        session = &session_ref(request.session);
+        if (session->busy) fail("session {} already runs a request", request.session);
+        if (request.n_samples != 1) fail("n_samples > 1 cannot run in a session");
+    }
+    std::vector<TokenId> tokens = session ? session->tokens : std::vector<TokenId>{};
+    tokens.insert(tokens.end(), request.prompt.begin(), request.prompt.end());
+    if (tokens.empty()) fail("empty prompt: nothing to generate from");
     for (TokenId t : request.prompt)
-        if (t < 0 || t >= n_vocab) fail("prompt token id {} is outside the vocabulary (0..{})", t, n_vocab - 1);
-    if (static_cast<int64_t>(request.prompt.size()) >= n_ctx_)
+        if (t < 0 || t >= n_vocab)
+            fail("prompt token id {} is outside the vocabulary (0..{})", t, n_vocab - 1);
+    if (static_cast<int64_t>(tokens.size()) >= n_ctx_)
         throw Error(fmt::format("the prompt is {} tokens but the context holds {} tokens",
-                                request.prompt.size(), n_ctx_),
+                                tokens.size(), n_ctx_),
                     "use a larger -c/--ctx (and --kv-memory), a shorter prompt, or --truncate");
     if (request.n_samples < 1) fail("n_samples must be at least 1 (got {})", request.n_samples);
     auto req = std::make_shared<const GenerationRequest>(std::move(request));
     auto s = std::make_unique<Seq>();
     s->request = next_request_++;
     s->req = req;
-    s->tokens = req->prompt;
-    s->n_prompt = static_cast<int32_t>(req->prompt.size());
+    s->tokens = std::move(tokens);
+    s->n_prompt = static_cast<int32_t>(s->tokens.size());
     s->sampler = std::make_unique<Sampler>(req->sampling);
     s->t_submit = Clock::now();
+    if (session) session->busy = true;
     waiting_.push_back(std::move(s));
     return waiting_.back()->request;
 }
 
-bool Engine::idle() const { return running_.empty() && waiting_.empty(); }
+bool Engine::idle() const {
+    return running_.empty() && waiting_.empty();
+}
+
+// Blocks running sequences still need for the prompt tokens they have not computed yet.
+int32_t Engine::committed_blocks() const {
+    int32_t n = 0;
+    for (const auto& r : running_)
+        if (!r->finished && r->kv >= 0)
+            n +=
+                table_.blocks_needed(r->kv, static_cast<int32_t>(r->tokens.size()) - r->n_computed);
+    return n;
+}
+
+// Whether a running sequence will soon compute full blocks that `s` could adopt: s shares
+// more than its `n_cached` cached tokens, in whole blocks, with a running sequence's tokens.
+bool Engine::shares_uncomputed_prefix(const Seq& s, int32_t n_cached) const {
+    const int32_t bs = table_.block_size();
+    const size_t limit = s.tokens.size() - 1;  // the last token is always computed
+    for (const auto& r : running_) {
+        if (r->finished || r->kv < 0) continue;
+        const size_t n = std::min(limit, r->tokens.size());
+        size_t common = 0;
+        while (common < n && s.tokens[common] == r->tokens[common]) ++common;
+        if (static_cast<int32_t>(common / bs * bs) > n_cached) return true;
+    }
+    return false;
+}
 
 void Engine::admit() {
     while (!waiting_.empty() && static_cast<int32_t>(running_.size()) < opt_.max_parallel) {
         Seq& s = *waiting_.front();
-        // Adopt cached blocks for all but the last token: its logits must be computed.
-        std::span<const TokenId> prefix(s.tokens.data(), s.tokens.size() - 1);
-        SeqId kv = opt_.prefix_cache ? table_.create_sequence_with_prefix(prefix)
-                                     : table_.create_sequence();
-        const int32_t adopted = table_.n_tokens(kv);
-        const int32_t remaining = static_cast<int32_t>(s.tokens.size()) - adopted;
-        const int32_t need = table_.blocks_needed(kv, remaining);
-        // Keep one block of headroom per running sequence so admissions don't immediately
-        // force preemptions of running decodes. With nothing running, always admit.
+        const int32_t n_tokens = static_cast<int32_t>(s.tokens.size());
+        Session* session = s.req->session >= 0 ? &session_ref(s.req->session) : nullptr;
+        SeqId kv = -1;
+        int32_t adopted = 0;
+        if (session && session->kv >= 0) {
+            // Continue the session's own sequence; its last token's logits must be computed.
+            kv = session->kv;
+            adopted = std::min(session->n_cached, n_tokens - 1);
+            if (adopted < table_.n_tokens(kv)) table_.truncate(kv, adopted);
+        } else {
+            // Adopt cached blocks for all but the last token: its logits must be computed.
+            std::span<const TokenId> prefix(s.tokens.data(), s.tokens.size() - 1);
+            if (opt_.prefix_cache && !running_.empty() &&
+                shares_uncomputed_prefix(s, table_.match_prefix(prefix)))
+                break;  // a running prompt computes these blocks in this step: wait for them
+            kv = opt_.prefix_cache ? table_.create_sequence_with_prefix(prefix)
+                                   : table_.create_sequence();
+            adopted = table_.n_tokens(kv);
+        }
+        const int32_t need = table_.blocks_needed(kv, n_tokens - adopted);
         const int32_t headroom = static_cast<int32_t>(running_.size());
-        if (!running_.empty() && need + headroom > table_.n_available_blocks()) {
-            table_.free_sequence(kv);
+        if (!running_.empty() &&
+            need + committed_blocks() + headroom > table_.n_available_blocks()) {
+            if (!session || session->kv != kv) table_.free_sequence(kv);
             break;
+        }
+        if (session && session->kv == kv) {
+            session->kv = -1;
+            session->n_cached = 0;
         }
         s.kv = kv;
         s.n_computed = adopted;
@@ -134,6 +207,18 @@ void Engine::preempt(Seq& s) {
     stats_.preemptions++;
 }
 
+// Frees the K/V of one idle session (it will be recomputed when the session runs again).
+bool Engine::drop_idle_session() {
+    for (auto& [id, ses] : sessions_) {
+        if (ses.kv < 0) continue;
+        table_.free_sequence(ses.kv);
+        ses.kv = -1;
+        ses.n_cached = 0;
+        return true;
+    }
+    return false;
+}
+
 bool Engine::reserve(Seq& s, int32_t n) {
     for (;;) {
         KvAppendResult r = table_.append(s.kv, n, s.tokens.data() + s.n_computed);
@@ -145,24 +230,38 @@ bool Engine::reserve(Seq& s, int32_t n) {
             if (o.get() != &s && !o->preempted && !o->finished && o->kv >= 0 &&
                 (!victim || o->order > victim->order))
                 victim = o.get();
-        if (!victim) {
-            // Alone and still out of blocks: cannot happen while n_ctx <= pool size, but
-            // never crash — end this sequence with a clear error.
-            finish(s, StopReason::Error,
-                   fmt::format("KV pool full: {} blocks of {} tokens cannot hold this sequence "
-                               "({})", table_.n_blocks(), table_.block_size(), r.reason()));
-            return false;
-        }
-        if (victim->order < s.order) {
+        if (victim && victim->order < s.order) {
             preempt(s);
             return false;
         }
-        preempt(*victim);
+        if (victim) {
+            preempt(*victim);
+            continue;
+        }
+        if (drop_idle_session()) continue;
+        // Alone and still out of blocks: cannot happen while n_ctx <= pool size, but
+        // never crash — end this sequence with a clear error.
+        finish(s, StopReason::Error,
+               fmt::format("KV pool full: {} blocks of {} tokens cannot hold this sequence ({})",
+                           table_.n_blocks(), table_.block_size(), r.reason()));
+        return false;
     }
 }
 
 void Engine::finish(Seq& s, StopReason reason, std::string error) {
-    if (s.kv >= 0) table_.free_sequence(s.kv);
+    if (s.req->session >= 0) {
+        // The sequence (tokens and K/V) stays in the session for the next request.
+        Session& ses = session_ref(s.req->session);
+        if (s.kv >= 0) {
+            if (ses.kv >= 0) table_.free_sequence(ses.kv);
+            ses.kv = s.kv;
+            ses.n_cached = s.n_computed;
+        }
+        ses.tokens = s.tokens;
+        ses.busy = false;
+    } else if (s.kv >= 0) {
+        table_.free_sequence(s.kv);
+    }
     s.kv = -1;
     s.finished = true;
     GenerationResult r;
@@ -191,16 +290,21 @@ void Engine::finish(Seq& s, StopReason reason, std::string error) {
 StopReason Engine::check_stop(Seq& s, TokenId tok) {
     const GenerationRequest& req = *s.req;
     if (!req.ignore_eos && tok_.is_eog(tok)) return StopReason::Eos;
+    if (std::find(req.stop_tokens.begin(), req.stop_tokens.end(), tok) != req.stop_tokens.end())
+        return StopReason::Eos;
     if (!req.stop_strings.empty()) {
         s.text += tok_.token_to_piece(tok);
         for (const auto& stop : req.stop_strings)
-            if (!stop.empty() && s.text.find(stop) != std::string::npos) return StopReason::StopString;
+            if (!stop.empty() && s.text.find(stop) != std::string::npos)
+                return StopReason::StopString;
     }
     if (req.n_predict >= 0 && s.n_generated() >= req.n_predict) return StopReason::Length;
     if (static_cast<int32_t>(s.tokens.size()) >= n_ctx_) return StopReason::Context;
     return StopReason::None;
 }
 
+// Creates samples 1..n-1 of a request right after its prompt's logits: each a new KV
+// sequence sharing every block of the prompt (copy-on-write when they diverge).
 void Engine::fork_samples(Seq& s) {
     s.forked = true;
     for (int32_t i = 1; i < s.req->n_samples; ++i) {
@@ -248,6 +352,37 @@ void Engine::sample_and_advance(Seq& s, const float* logits) {
     if (stop != StopReason::None) finish(s, stop);
 }
 
+// Preempted sequences go back to the front of the queue, oldest first.
+void Engine::requeue_preempted() {
+    std::vector<std::unique_ptr<Seq>> back;
+    for (auto& s : running_)
+        if (s->preempted) back.push_back(std::move(s));
+    std::sort(back.begin(), back.end(), [](auto& a, auto& b) { return a->order > b->order; });
+    for (auto& s : back) {
+        s->preempted = false;
+        waiting_.push_front(std::move(s));
+    }
+    std::erase_if(running_, [](auto& s) { return !s; });
+}
+
+int32_t Engine::shared_blocks() const {
+    int32_t n = 0;
+    for (BlockId b = 0; b < table_.n_blocks(); ++b) n += table_.refcount(b) > 1;
+    return n;
+}
+
+void Engine::update_kv_stats() {
+    const KvBlockStats ks = table_.stats();
+    if (ks.used_blocks >= stats_.peak_blocks_used) {
+        stats_.peak_blocks_used = ks.used_blocks;
+        stats_.peak_waste_fraction = ks.waste_fraction();
+    }
+    stats_.allocated_slots += static_cast<int64_t>(ks.used_blocks) * ks.block_size;
+    stats_.unfilled_slots += ks.unfilled_slots;
+    stats_.cow_copies = ks.copies;
+    stats_.peak_shared_blocks = std::max(stats_.peak_shared_blocks, shared_blocks());
+}
+
 bool Engine::step() {
     auto t0 = Clock::now();
     admit();
@@ -275,18 +410,10 @@ bool Engine::step() {
         }
         if (!reserve(*s, n)) continue;
         budget -= n;
-        parts.push_back({s, s->n_computed, n, s->n_computed + n == static_cast<int32_t>(s->tokens.size())});
+        parts.push_back(
+            {s, s->n_computed, n, s->n_computed + n == static_cast<int32_t>(s->tokens.size())});
     }
-    // Preempted sequences go back to the front of the queue (oldest first).
-    std::vector<std::unique_ptr<Seq>> back;
-    for (auto& s : running_)
-        if (s->preempted) back.push_back(std::move(s));
-    std::sort(back.begin(), back.end(), [](auto& a, auto& b) { return a->order > b->order; });
-    for (auto& s : back) {
-        s->preempted = false;
-        waiting_.push_front(std::move(s));
-    }
-    std::erase_if(running_, [](auto& s) { return !s; });
+    requeue_preempted();
     std::erase_if(parts, [](const Part& p) { return p.s->finished || p.s->kv < 0; });
 
     if (!parts.empty()) {
@@ -310,12 +437,8 @@ bool Engine::step() {
         const int64_t n_vocab = backend_.config().n_vocab;
         logits_.resize(fb.logit_rows.size() * n_vocab);
         backend_.forward(fb, logits_.data());
+        update_kv_stats();
 
-        KvBlockStats ks = table_.stats();
-        if (ks.used_blocks >= stats_.peak_blocks_used) {
-            stats_.peak_blocks_used = ks.used_blocks;
-            stats_.peak_waste_fraction = ks.waste_fraction();
-        }
         size_t row = 0;
         for (const Part& p : parts) {
             p.s->n_computed += p.n;
@@ -325,12 +448,15 @@ bool Engine::step() {
             if (first && p.s->req->n_samples > 1 && !p.s->forked) {
                 size_t before = running_.size();
                 fork_samples(*p.s);
-                for (size_t i = before; i < running_.size(); ++i) sample_and_advance(*running_[i], lg);
+                stats_.peak_shared_blocks = std::max(stats_.peak_shared_blocks, shared_blocks());
+                for (size_t i = before; i < running_.size(); ++i)
+                    sample_and_advance(*running_[i], lg);
             }
             sample_and_advance(*p.s, lg);
         }
         stats_.steps++;
     }
+    stats_.peak_running = std::max(stats_.peak_running, static_cast<int32_t>(running_.size()));
     std::erase_if(running_, [](auto& s) { return s->finished; });
     stats_.busy_ms += ms_between(t0, Clock::now());
     return !idle();
@@ -353,6 +479,55 @@ void Engine::run(const std::atomic<bool>* cancel) {
             return;
         }
         step();
+    }
+}
+
+// ---- sessions ----
+
+Engine::Session& Engine::session_ref(int32_t id) {
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) fail("unknown engine session {}", id);
+    return it->second;
+}
+
+const Engine::Session& Engine::session_ref(int32_t id) const {
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) fail("unknown engine session {}", id);
+    return it->second;
+}
+
+int32_t Engine::open_session() {
+    const int32_t id = next_session_++;
+    sessions_.emplace(id, Session{});
+    return id;
+}
+
+void Engine::close_session(int32_t id) {
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) return;
+    if (it->second.busy) fail("session {} cannot close while a request runs in it", id);
+    if (it->second.kv >= 0) table_.free_sequence(it->second.kv);
+    sessions_.erase(it);
+}
+
+const std::vector<TokenId>& Engine::session_tokens(int32_t id) const {
+    return session_ref(id).tokens;
+}
+
+int32_t Engine::session_cached_tokens(int32_t id) const {
+    const Session& s = session_ref(id);
+    return s.kv >= 0 ? s.n_cached : 0;
+}
+
+void Engine::truncate_session(int32_t id, int32_t n_tokens) {
+    Session& s = session_ref(id);
+    if (s.busy) fail("session {} cannot be truncated while a request runs in it", id);
+    if (n_tokens < 0 || n_tokens > static_cast<int32_t>(s.tokens.size()))
+        fail("cannot truncate session {} of {} tokens to {}", id, s.tokens.size(), n_tokens);
+    s.tokens.resize(static_cast<size_t>(n_tokens));
+    if (s.kv >= 0 && s.n_cached > n_tokens) {
+        table_.truncate(s.kv, n_tokens);
+        s.n_cached = n_tokens;
     }
 }
 

@@ -16,8 +16,10 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     app.set_version_flag("--version", "kvrun 0.1.0");
     int exit_code = 0;
+    kvrun::add_bench_command(app, exit_code);
     kvrun::add_info_command(app, exit_code);
     kvrun::add_run_command(app, exit_code);
+    kvrun::add_batch_command(app, exit_code);
     kvrun::add_perplexity_command(app, exit_code);
     kvrun::add_tokenize_command(app, exit_code);
     try {

@@ -158,11 +158,18 @@ void block_q8_0(uint8_t* dst, float sigma, Bits& b) {
 }
 
 // Q4_0 / IQ4_NL: f16 d | qs[16]; element j<16 in the low nibble of qs[j], j+16 in the high.
-void block_q4_0(uint8_t* dst, float sigma, Bits& b, const CodeTable& t) {
+void block_4bit(uint8_t* dst, float sigma, Bits& b, const CodeTable& t) {
     uint8_t c[32];
     b.codes(t, c, 32);
     put_f16(dst, sigma / std::sqrt(float(t.rms2 * kBlockMul2)) * b.block_mul());
     for (int j = 0; j < 16; ++j) dst[2 + j] = uint8_t(c[j] | (c[j + 16] << 4));
+}
+
+void block_q4_0(uint8_t* dst, float sigma, Bits& b) {
+    block_4bit(dst, sigma, b, tables().q4_sym);
+}
+void block_iq4_nl(uint8_t* dst, float sigma, Bits& b) {
+    block_4bit(dst, sigma, b, tables().iq4);
 }
 
 // Q4_1: f16 d | f16 m | qs[16]; x = d * q + m with m = -7.5 d (zero mean).
@@ -362,6 +369,39 @@ void block_iq4_xs(uint8_t* dst, float sigma, Bits& b) {
     std::memcpy(dst + 2, &sh, 2);
 }
 
+// The random-block writer of a block type (nullptr for float and unsupported types).
+using BlockWriter = void (*)(uint8_t* dst, float sigma, Bits& b);
+BlockWriter block_writer(GgmlType t) {
+    switch (t) {
+        case GgmlType::Q8_0:
+            return block_q8_0;
+        case GgmlType::Q4_0:
+            return block_q4_0;
+        case GgmlType::Q4_1:
+            return block_q4_1;
+        case GgmlType::Q5_0:
+            return block_q5_0;
+        case GgmlType::Q5_1:
+            return block_q5_1;
+        case GgmlType::Q2_K:
+            return block_q2_k;
+        case GgmlType::Q3_K:
+            return block_q3_k;
+        case GgmlType::Q4_K:
+            return block_q4_k;
+        case GgmlType::Q5_K:
+            return block_q5_k;
+        case GgmlType::Q6_K:
+            return block_q6_k;
+        case GgmlType::IQ4_NL:
+            return block_iq4_nl;
+        case GgmlType::IQ4_XS:
+            return block_iq4_xs;
+        default:
+            return nullptr;
+    }
+}
+
 void fill_float_row(GgmlType t, void* dst, int64_t n, float sigma, float mean, Bits& b) {
     if (t == GgmlType::F32) {
         float* out = static_cast<float*>(dst);
@@ -386,26 +426,8 @@ uint64_t synthetic_seed(uint64_t seed, std::string_view name, uint64_t index) {
 }
 
 bool synthetic_type_supported(GgmlType t) {
-    switch (t) {
-        case GgmlType::F32:
-        case GgmlType::F16:
-        case GgmlType::BF16:
-        case GgmlType::Q8_0:
-        case GgmlType::Q4_0:
-        case GgmlType::Q4_1:
-        case GgmlType::Q5_0:
-        case GgmlType::Q5_1:
-        case GgmlType::Q2_K:
-        case GgmlType::Q3_K:
-        case GgmlType::Q4_K:
-        case GgmlType::Q5_K:
-        case GgmlType::Q6_K:
-        case GgmlType::IQ4_NL:
-        case GgmlType::IQ4_XS:
-            return true;
-        default:
-            return false;
-    }
+    return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16 ||
+           block_writer(t) != nullptr;
 }
 
 void synthetic_fill_row(GgmlType t, void* dst, int64_t n, float sigma, float mean, uint64_t seed,
@@ -428,51 +450,10 @@ void synthetic_fill_row(GgmlType t, void* dst, int64_t n, float sigma, float mea
         quantize_row(t, row.data(), dst, n);
         return;
     }
+    const BlockWriter write_block = block_writer(t);
     uint8_t* out = static_cast<uint8_t*>(dst);
-    const int64_t n_blocks = n / tr.block_elems;
-    const Tables& tb = tables();
-    for (int64_t i = 0; i < n_blocks; ++i, out += tr.block_bytes) {
-        switch (t) {
-            case GgmlType::Q8_0:
-                block_q8_0(out, sigma, b);
-                break;
-            case GgmlType::Q4_0:
-                block_q4_0(out, sigma, b, tb.q4_sym);
-                break;
-            case GgmlType::IQ4_NL:
-                block_q4_0(out, sigma, b, tb.iq4);
-                break;
-            case GgmlType::Q4_1:
-                block_q4_1(out, sigma, b);
-                break;
-            case GgmlType::Q5_0:
-                block_q5_0(out, sigma, b);
-                break;
-            case GgmlType::Q5_1:
-                block_q5_1(out, sigma, b);
-                break;
-            case GgmlType::Q2_K:
-                block_q2_k(out, sigma, b);
-                break;
-            case GgmlType::Q3_K:
-                block_q3_k(out, sigma, b);
-                break;
-            case GgmlType::Q4_K:
-                block_q4_k(out, sigma, b);
-                break;
-            case GgmlType::Q5_K:
-                block_q5_k(out, sigma, b);
-                break;
-            case GgmlType::Q6_K:
-                block_q6_k(out, sigma, b);
-                break;
-            case GgmlType::IQ4_XS:
-                block_iq4_xs(out, sigma, b);
-                break;
-            default:
-                fail("synthetic models cannot hold tensors of type {}", tr.name);
-        }
-    }
+    for (int64_t i = 0; i < n / tr.block_elems; ++i, out += tr.block_bytes)
+        write_block(out, sigma, b);
 }
 
 }  // namespace kvrun

@@ -51,7 +51,10 @@ class Tokenizer {
     std::string decode(const std::vector<TokenId>& ids, bool strip_leading_space = true) const;
 
     int32_t n_vocab() const { return static_cast<int32_t>(tokens_.size()); }
-    const std::string& token_text(TokenId id) const { return tokens_.at(id); }
+    const std::string& token_text(TokenId id) const {  // throws Error when out of range
+        check_id(id);
+        return tokens_[id];
+    }
     TokenId bos() const { return bos_; }  // -1 when the vocabulary has none
     TokenId eos() const { return eos_; }
     TokenId eot() const { return eot_; }  // end of turn (<|eot_id|>, <|im_end|>...), or -1

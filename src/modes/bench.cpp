@@ -1,0 +1,236 @@
+// `kvrun bench`: prefill (pp) and decode (tg) throughput at batch 1, at context depths,
+// for KV cache types, with mean ± stddev over repetitions, and for decode the achieved
+// memory bandwidth (weight + KV bytes read per token ÷ time per token) as a fraction of the
+// device's measured copy bandwidth.
+#include <fmt/core.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "kv_block_table.h"
+#include "kv_format.h"
+#include "model_config.h"
+#include "modes/model_options.h"
+#include "modes/modes.h"
+#if KVRUN_HAS_CUDA
+#include "cuda/bandwidth.h"
+#endif
+
+namespace kvrun {
+namespace {
+
+struct BenchOptions {
+    ModelOptions model;
+    int32_t n_prompt = 512, n_gen = 128, reps = 3;
+    std::string depths = "0", kv_types;
+    std::string output = "md";
+};
+
+struct BenchRow {
+    std::string test, kv;
+    int32_t depth = 0, n = 0;
+    double mean = 0, stddev = 0;        // tokens/s
+    double bytes_per_token = 0;         // tg: weights + KV read per token
+    double gbs = 0, fraction = 0;       // tg: achieved bandwidth and share of the copy bandwidth
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+    std::vector<std::string> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ','))
+        if (!item.empty()) out.push_back(item);
+    return out;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Host memcpy bandwidth (bytes read + written per second) over a buffer much larger than
+// the caches: the practical ceiling for a memory-bound CPU decode.
+double host_copy_bandwidth() {
+    const size_t n = size_t(256) << 20;
+    std::vector<char> a(n, 1), b(n, 2);
+    std::memcpy(b.data(), a.data(), n);  // warm up / fault in
+    double best = 0;
+    for (int i = 0; i < 3; ++i) {
+        auto t0 = std::chrono::steady_clock::now();
+        std::memcpy(b.data(), a.data(), n);
+        best = std::max(best, 2.0 * n / seconds_since(t0));
+    }
+    return best;
+}
+
+// Bytes a decode step reads from the weights: every matrix once, but only one row of the
+// token embedding table (unless it doubles as the output matrix).
+double weight_bytes_per_token(const GgufFile& f) {
+    double total = 0;
+    for (const auto& t : f.tensors()) {
+        if (t.name == "token_embd.weight" && f.find_tensor("output.weight") != nullptr) {
+            total += double(t.n_bytes) / double(t.dims.size() > 1 ? t.dims[1] : 1);
+            continue;
+        }
+        total += double(t.n_bytes);
+    }
+    return total;
+}
+
+void mean_std(const std::vector<double>& v, double& mean, double& sd) {
+    mean = 0;
+    for (double x : v) mean += x;
+    mean /= v.size();
+    double var = 0;
+    for (double x : v) var += (x - mean) * (x - mean);
+    sd = v.size() > 1 ? std::sqrt(var / (v.size() - 1)) : 0.0;
+}
+
+// Feeds n tokens of `seq` starting at `start` in batches of n_batch; returns seconds.
+// Logits are computed for the last token of each pass, as a real prefill/decode does.
+double feed(Backend& b, KvBlockTable& table, SeqId seq, const std::vector<TokenId>& toks,
+            int32_t start, int32_t n, int32_t n_batch, std::vector<float>& logits) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int32_t s = start; s < start + n; s += n_batch) {
+        const int32_t m = std::min(n_batch, start + n - s);
+        if (!table.append(seq, m, toks.data() + s)) fail("KV pool too small for the benchmark");
+        ForwardBatch fb;
+        fb.block_tables.push_back(table.block_ids(seq));
+        for (int32_t i = 0; i < m; ++i) {
+            fb.tokens.push_back(toks[s + i]);
+            fb.positions.push_back(s + i);
+            fb.seq_index.push_back(0);
+            fb.slots.push_back(s + i);
+        }
+        fb.logit_rows.push_back(m - 1);
+        b.forward(fb, logits.data());
+    }
+    return seconds_since(t0);
+}
+
+int run_bench(BenchOptions o) {
+    auto kv_list = split_list(o.kv_types.empty() ? o.model.kv_type : o.kv_types);
+    std::vector<int32_t> depth_list;
+    for (auto& d : split_list(o.depths)) depth_list.push_back(std::stoi(d));
+    if (o.reps < 1) fail("-r must be at least 1");
+    int32_t max_depth = 0;
+    for (int32_t d : depth_list) max_depth = std::max(max_depth, d);
+
+    std::vector<BenchRow> rows;
+    double copy_bw = 0;
+    std::string device_name;
+    std::string model_name;
+    for (const std::string& kv : kv_list) {
+        ModelOptions mo = o.model;
+        mo.kv_type = kv;
+        mo.kv_type_k.clear();
+        mo.kv_type_v.clear();
+        mo.n_ctx = max_depth + std::max(o.n_prompt, o.n_gen) + mo.kv_block_size;
+        if (mo.kv_memory_mib <= 0) mo.kv_memory_mib = 0;
+        LoadedModel m = load_model(mo, 1);
+        Backend& b = *m.backend;
+        const ModelConfig& cfg = b.config();
+        model_name = m.file->get_string_or("general.name", mo.model);
+        device_name = m.device;
+        if (copy_bw == 0) {
+#if KVRUN_HAS_CUDA
+            copy_bw = m.device == "cpu" ? host_copy_bandwidth() : cuda_copy_bandwidth();
+#else
+            copy_bw = host_copy_bandwidth();
+#endif
+        }
+        const double w_bytes = weight_bytes_per_token(*m.file);
+        const double kv_tok = kv_bytes_per_token(cfg, kv_type_parse(kv), kv_type_parse(kv));
+        std::mt19937 rng(42);
+        std::vector<TokenId> toks(max_depth + o.n_prompt + o.n_gen + 1);
+        for (auto& t : toks) t = static_cast<TokenId>(rng() % cfg.n_vocab);
+        std::vector<float> logits(cfg.n_vocab);
+        for (int32_t depth : depth_list) {
+            std::vector<double> pp, tg;
+            for (int32_t r = -1; r < o.reps; ++r) {  // r = -1: warm-up
+                KvBlockTable table(static_cast<int32_t>(b.n_kv_blocks()), b.kv_block_size());
+                SeqId seq = table.create_sequence();
+                if (depth > 0) feed(b, table, seq, toks, 0, depth, mo.n_batch, logits);
+                if (o.n_prompt > 0) {
+                    double s = feed(b, table, seq, toks, depth, o.n_prompt, mo.n_batch, logits);
+                    if (r >= 0) pp.push_back(o.n_prompt / s);
+                    table.truncate(seq, depth);
+                }
+                if (o.n_gen > 0) {
+                    double s = feed(b, table, seq, toks, depth, o.n_gen, 1, logits);
+                    if (r >= 0) tg.push_back(o.n_gen / s);
+                }
+            }
+            if (!pp.empty()) {
+                BenchRow row{"pp" + std::to_string(o.n_prompt), kv, depth, o.n_prompt};
+                mean_std(pp, row.mean, row.stddev);
+                rows.push_back(row);
+            }
+            if (!tg.empty()) {
+                BenchRow row{"tg" + std::to_string(o.n_gen), kv, depth, o.n_gen};
+                mean_std(tg, row.mean, row.stddev);
+                // KV read per decode step grows from depth to depth + n_gen: use the mean.
+                row.bytes_per_token = w_bytes + kv_tok * (depth + o.n_gen / 2.0);
+                row.gbs = row.bytes_per_token * row.mean / 1e9;
+                row.fraction = copy_bw > 0 ? row.bytes_per_token * row.mean / copy_bw : 0;
+                rows.push_back(row);
+            }
+        }
+    }
+
+    if (o.output == "json") {
+        nlohmann::json j;
+        j["model"] = o.model.model;
+        j["device"] = device_name;
+        j["copy_bandwidth_gbs"] = copy_bw / 1e9;
+        j["results"] = nlohmann::json::array();
+        for (auto& r : rows)
+            j["results"].push_back({{"test", r.test}, {"kv", r.kv}, {"depth", r.depth},
+                                    {"tokens_per_s", r.mean}, {"stddev", r.stddev},
+                                    {"bytes_per_token", r.bytes_per_token}, {"gbs", r.gbs},
+                                    {"bandwidth_fraction", r.fraction}});
+        fmt::print("{}\n", j.dump(2));
+    } else if (o.output == "csv") {
+        fmt::print("model,device,test,kv,depth,tokens_per_s,stddev,gbs,bandwidth_fraction\n");
+        for (auto& r : rows)
+            fmt::print("{},{},{},{},{},{:.3f},{:.3f},{:.2f},{:.4f}\n", o.model.model, device_name, r.test,
+                       r.kv, r.depth, r.mean, r.stddev, r.gbs, r.fraction);
+    } else if (o.output == "md") {
+        fmt::print("model: {} ({})  device: {}  measured copy bandwidth: {:.1f} GB/s\n\n", o.model.model,
+                   model_name, device_name, copy_bw / 1e9);
+        fmt::print("| test | kv | depth | t/s | ± | GB/s | % of copy bw |\n|---|---|---:|---:|---:|---:|---:|\n");
+        for (auto& r : rows) {
+            if (r.test[0] == 't')
+                fmt::print("| {} | {} | {} | {:.2f} | {:.2f} | {:.1f} | {:.1f}% |\n", r.test, r.kv, r.depth,
+                           r.mean, r.stddev, r.gbs, 100 * r.fraction);
+            else
+                fmt::print("| {} | {} | {} | {:.2f} | {:.2f} | | |\n", r.test, r.kv, r.depth, r.mean, r.stddev);
+        }
+    } else {
+        fail("unknown output format '{}' (expected md, csv or json)", o.output);
+    }
+    return 0;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& root, int& exit_code) {
+    auto o = std::make_shared<BenchOptions>();
+    CLI::App* cmd = root.add_subcommand(
+        "bench", "Measure prefill (pp) and decode (tg) tokens/s at batch 1, with decode memory "
+                 "bandwidth as a fraction of the measured copy bandwidth");
+    add_model_options(cmd, o->model);
+    cmd->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens for the prefill test (0: skip)")
+        ->capture_default_str();
+    cmd->add_option("-n,--n-gen", o->n_gen, "Tokens for the decode test (0: skip)")->capture_default_str();
+    cmd->add_option("-r,--repetitions", o->reps, "Repetitions (after one warm-up)")->capture_default_str();
+    cmd->add_option("--depth", o->depths, "Context depths, comma-separated (e.g. 0,4096)")->capture_default_str();
+    cmd->add_option("--kv-types", o->kv_types, "KV cache types to compare, comma-separated (e.g. f16,q8)");
+    cmd->add_option("-o,--output", o->output, "Output format: md, csv or json")->capture_default_str();
+    cmd->callback([o, &exit_code] { exit_code = run_bench(*o); });
+}
+
+}  // namespace kvrun

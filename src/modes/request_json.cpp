@@ -1,0 +1,97 @@
+// Parsing JSON generation requests and writing JSON results (see request_json.h).
+#include "modes/request_json.h"
+
+#include "common.h"
+#include "text_input.h"
+
+namespace kvrun {
+
+GenerationRequest request_from_text(const std::string& prompt_text, const RequestDefaults& d,
+                                    const Tokenizer& tok) {
+    GenerationRequest req;
+    req.n_predict = d.n_predict;
+    req.sampling = d.sampling;
+    req.n_samples = d.n_samples;
+    req.ignore_eos = d.ignore_eos;
+    req.stop_strings = d.stop;
+    req.prompt = tok.encode(prompt_text, d.add_bos && tok.add_bos(), d.parse_special);
+    return req;
+}
+
+ParsedRequest request_from_json(const std::string& line, const RequestDefaults& d,
+                                const Tokenizer& tok) {
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+        fail("malformed JSON: {}", e.what());
+    }
+    if (!j.is_object()) fail("a request must be a JSON object");
+    if (!j.contains("prompt") || !j["prompt"].is_string()) fail("missing string field 'prompt'");
+    ParsedRequest out;
+    GenerationRequest& req = out.request;
+    try {
+        out.prompt_text = j["prompt"].get<std::string>();
+        utf8_require_valid(out.prompt_text, "'prompt'");
+        if (out.prompt_text.empty()) fail("'prompt' is empty");
+        if (j.contains("id")) out.id = j["id"];
+        req.n_predict = j.value("n_predict", d.n_predict);
+        req.sampling = d.sampling;
+        req.sampling.temperature = j.value("temperature", d.sampling.temperature);
+        req.sampling.top_k = j.value("top_k", d.sampling.top_k);
+        req.sampling.top_p = j.value("top_p", d.sampling.top_p);
+        req.sampling.min_p = j.value("min_p", d.sampling.min_p);
+        req.sampling.repeat_penalty = j.value("repeat_penalty", d.sampling.repeat_penalty);
+        req.sampling.repeat_last_n = j.value("repeat_last_n", d.sampling.repeat_last_n);
+        req.sampling.seed = j.value("seed", d.sampling.seed);
+        req.n_samples = j.value("n_samples", d.n_samples);
+        req.ignore_eos = j.value("ignore_eos", d.ignore_eos);
+        req.stop_strings = j.value("stop", d.stop);
+    } catch (const nlohmann::json::exception& e) {
+        fail("bad field type: {}", e.what());
+    }
+    if (req.n_samples < 1 || req.n_samples > 256)
+        fail("'n_samples' must be between 1 and 256 (got {})", req.n_samples);
+    Sampler check(req.sampling);  // throws Error for invalid sampling values
+    req.prompt = tok.encode(out.prompt_text, d.add_bos && tok.add_bos(), d.parse_special);
+    return out;
+}
+
+nlohmann::json timings_to_json(const GenerationTimings& t) {
+    return {{"queue_ms", t.queue_ms},
+            {"ttft_ms", t.ttft_ms},
+            {"prefill_ms", t.prefill_ms},
+            {"decode_ms", t.decode_ms},
+            {"prompt_tokens_computed", t.n_prompt_computed},
+            {"prefill_tokens_per_s", t.prefill_tokens_per_s()},
+            {"decode_tokens_per_s", t.decode_tokens_per_s()}};
+}
+
+nlohmann::json generation_to_json(const GenerationResult& r, const Tokenizer& tok) {
+    nlohmann::json x = {{"tokens", r.tokens},
+                        {"text", tok.decode(r.tokens, false)},
+                        {"stop", stop_reason_name(r.stop)},
+                        {"preemptions", r.preemptions},
+                        {"timings", timings_to_json(r.timings)}};
+    if (r.stop == StopReason::Error) x["error"] = r.error;
+    return x;
+}
+
+nlohmann::json request_result_to_json(const std::vector<GenerationResult>& samples,
+                                      const std::vector<TokenId>& prompt_tokens,
+                                      const Tokenizer& tok) {
+    nlohmann::json out =
+        samples.empty() ? nlohmann::json::object() : generation_to_json(samples[0], tok);
+    out["prompt_tokens"] = prompt_tokens;
+    if (samples.size() > 1) {
+        out["samples"] = nlohmann::json::array();
+        for (const auto& r : samples) out["samples"].push_back(generation_to_json(r, tok));
+    }
+    return out;
+}
+
+std::string json_line(const nlohmann::json& j) {
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace kvrun

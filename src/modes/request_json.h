@@ -1,0 +1,57 @@
+// JSON requests and results shared by `run --jsonl` and `batch`: one request object per
+// input line ({"prompt": ..., "n_predict": ..., sampling fields, "n_samples", "stop", "id"})
+// becomes a GenerationRequest; finished generations become one result object.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+namespace kvrun {
+
+// What a request gets for the fields it leaves out (the command-line flags).
+struct RequestDefaults {
+    SamplingParams sampling;
+    int32_t n_predict = 128;
+    int32_t n_samples = 1;
+    bool ignore_eos = false;
+    std::vector<std::string> stop;
+    bool add_bos = true;  // add BOS when the vocabulary wants it
+    bool parse_special = false;
+};
+
+struct ParsedRequest {
+    GenerationRequest request;
+    std::string prompt_text;
+    nlohmann::json id;  // the request's "id" field, echoed in its result (null when absent)
+};
+
+// Parses one JSONL request. Fields: prompt (string, required, non-empty UTF-8), n_predict,
+// temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, n_samples (1-256),
+// ignore_eos, stop (array of strings), id (any JSON value). Throws Error with the reason.
+ParsedRequest request_from_json(const std::string& line, const RequestDefaults& defaults,
+                                const Tokenizer& tok);
+
+// Builds a request from a plain prompt text with the defaults.
+GenerationRequest request_from_text(const std::string& prompt_text, const RequestDefaults& defaults,
+                                    const Tokenizer& tok);
+
+nlohmann::json timings_to_json(const GenerationTimings& t);
+
+// One generation: {"tokens", "text", "stop", "preemptions", "timings"} (+ "error").
+nlohmann::json generation_to_json(const GenerationResult& r, const Tokenizer& tok);
+
+// A request's result: sample 0's fields plus "prompt_tokens", and with several samples a
+// "samples" array holding each one. `samples` is indexed by sample number.
+nlohmann::json request_result_to_json(const std::vector<GenerationResult>& samples,
+                                      const std::vector<TokenId>& prompt_tokens,
+                                      const Tokenizer& tok);
+
+// One JSON line: compact, invalid UTF-8 replaced by U+FFFD.
+std::string json_line(const nlohmann::json& j);
+
+}  // namespace kvrun
