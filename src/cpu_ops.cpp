@@ -45,45 +45,46 @@ float round_to_f16(float x) {
     return fp16_to_fp32(fp32_to_fp16(x));
 }
 
+// x[32] -> out[32]: the values of llama.cpp's Q8_0 activation block (q = round(x * 127 / amax),
+// scale amax / 127 stored as f16).
+void round_block_q8_0(const float* x, float* out) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float id = amax != 0 ? 127.0f / amax : 0.0f;
+    const float d = round_to_f16(amax / 127.0f);
+    for (int j = 0; j < 32; ++j) out[j] = d * float(std::lrintf(x[j] * id));
+}
+
+// x[256] -> out[256]: the values of llama.cpp's Q8_K activation block (scale from the signed
+// value of largest magnitude, kept in f32).
+void round_block_q8_k(const float* x, float* out) {
+    float amax = 0, max = 0;
+    for (int j = 0; j < 256; ++j)
+        if (std::fabs(x[j]) > amax) {
+            amax = std::fabs(x[j]);
+            max = x[j];
+        }
+    const float iscale = amax != 0 ? -127.0f / max : 0.0f;
+    const float d = amax != 0 ? 1.0f / iscale : 0.0f;
+    for (int j = 0; j < 256; ++j) out[j] = d * float(std::min(127L, std::lrintf(iscale * x[j])));
+}
+
 // The activations llama.cpp's CPU backend actually multiplies with weights of type t:
 // x[n_rows][n_in] rounded into out (see set_llamacpp_rounding). False when t uses f32.
 bool round_activations_like_llamacpp(GgmlType t, const float* x, int64_t n_rows, int64_t n_in,
                                      std::vector<float>& out) {
     if (t == GgmlType::F32) return false;
-    out.resize(n_rows * n_in);
-    if (t == GgmlType::F16 || t == GgmlType::BF16) {
-        for (int64_t i = 0; i < n_rows * n_in; ++i)
-            out[i] = t == GgmlType::F16 ? round_to_f16(x[i]) : bf16_to_fp32(fp32_to_bf16(x[i]));
-        return true;
+    const int64_t n = n_rows * n_in;
+    out.resize(n);
+    if (t == GgmlType::F16) {
+        for (int64_t i = 0; i < n; ++i) out[i] = round_to_f16(x[i]);
+    } else if (t == GgmlType::BF16) {
+        for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_fp32(fp32_to_bf16(x[i]));
+    } else if (ggml_type_traits(t).block_elems == 256) {  // K-quants, IQ4_XS: Q8_K
+        for (int64_t i = 0; i < n; i += 256) round_block_q8_k(x + i, out.data() + i);
+    } else {  // 32-element block types: Q8_0 (Q8_1 for Q4_1/Q5_1: same values, see tests)
+        for (int64_t i = 0; i < n; i += 32) round_block_q8_0(x + i, out.data() + i);
     }
-    // 8-bit blocks: Q8_K for the 256-element super-block types, Q8_0 for 32-element blocks.
-    const GgmlType act = ggml_type_traits(t).block_elems == 256 ? GgmlType::Q8_K : GgmlType::Q8_0;
-    if (act == GgmlType::Q8_0) {
-        for (int64_t r = 0; r < n_rows; ++r)
-            for (int64_t b = 0; b < n_in; b += 32) {
-                const float* xs = x + r * n_in + b;
-                float amax = 0;
-                for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xs[j]));
-                const float d = amax / 127.0f, id = amax != 0 ? 127.0f / amax : 0.0f;
-                const float dh = fp16_to_fp32(fp32_to_fp16(d));
-                for (int j = 0; j < 32; ++j) out[r * n_in + b + j] = dh * float(std::lrintf(xs[j] * id));
-            }
-        return true;
-    }
-    for (int64_t r = 0; r < n_rows; ++r)
-        for (int64_t b = 0; b < n_in; b += 256) {
-            const float* xs = x + r * n_in + b;
-            float amax = 0, max = 0;  // max: the signed value of largest magnitude
-            for (int j = 0; j < 256; ++j)
-                if (std::fabs(xs[j]) > amax) {
-                    amax = std::fabs(xs[j]);
-                    max = xs[j];
-                }
-            const float iscale = amax != 0 ? -127.0f / max : 0.0f;
-            const float d = amax != 0 ? 1.0f / iscale : 0.0f;
-            for (int j = 0; j < 256; ++j)
-                out[r * n_in + b + j] = d * float(std::min(127L, std::lrintf(iscale * xs[j])));
-        }
     return true;
 }
 

@@ -151,8 +151,16 @@ bool Engine::shares_uncomputed_prefix(const Seq& s, int32_t n_cached) const {
 }
 
 void Engine::admit() {
-    while (!waiting_.empty() && static_cast<int32_t>(running_.size()) < opt_.max_parallel) {
+    while (!waiting_.empty()) {
         Seq& s = *waiting_.front();
+        // A request with n samples takes n slots once it forks (a request with more samples
+        // than max_parallel runs alone).
+        auto slots_of = [](const Seq& q) { return q.forked ? 1 : q.req->n_samples; };
+        const int32_t slots = slots_of(s);
+        const int32_t n_running = static_cast<int32_t>(running_.size());
+        int32_t used_slots = 0;
+        for (const auto& r : running_) used_slots += slots_of(*r);
+        if (n_running > 0 && used_slots + slots > opt_.max_parallel) break;
         const int32_t n_tokens = static_cast<int32_t>(s.tokens.size());
         Session* session = s.req->session >= 0 ? &session_ref(s.req->session) : nullptr;
         SeqId kv = -1;
@@ -162,6 +170,7 @@ void Engine::admit() {
             kv = session->kv;
             adopted = std::min(session->n_cached, n_tokens - 1);
             if (adopted < table_.n_tokens(kv)) table_.truncate(kv, adopted);
+            session->n_cached = adopted;
         } else {
             // Adopt cached blocks for all but the last token: its logits must be computed.
             std::span<const TokenId> prefix(s.tokens.data(), s.tokens.size() - 1);
@@ -172,8 +181,9 @@ void Engine::admit() {
                                    : table_.create_sequence();
             adopted = table_.n_tokens(kv);
         }
-        const int32_t need = table_.blocks_needed(kv, n_tokens - adopted);
-        const int32_t headroom = static_cast<int32_t>(running_.size());
+        // Forked samples copy the prompt's partly filled last block when they diverge.
+        const int32_t need = table_.blocks_needed(kv, n_tokens - adopted) + slots - 1;
+        const int32_t headroom = n_running;
         if (!running_.empty() &&
             need + committed_blocks() + headroom > table_.n_available_blocks()) {
             if (!session || session->kv != kv) table_.free_sequence(kv);
@@ -366,14 +376,25 @@ void Engine::requeue_preempted() {
 }
 
 int32_t Engine::shared_blocks() const {
-    int32_t n = 0;
-    for (BlockId b = 0; b < table_.n_blocks(); ++b) n += table_.refcount(b) > 1;
-    return n;
+    // Walks the running sequences' block lists (not the whole pool): O(blocks in use).
+    std::vector<BlockId> seen;
+    for (const auto& r : running_) {
+        if (r->finished || r->kv < 0) continue;
+        for (BlockId b : table_.block_ids(r->kv))
+            if (table_.refcount(b) > 1) seen.push_back(b);
+    }
+    std::sort(seen.begin(), seen.end());
+    return static_cast<int32_t>(std::unique(seen.begin(), seen.end()) - seen.begin());
 }
 
+// KV statistics after a forward pass. A full KvBlockTable::stats() walks the whole pool, so
+// on large pools the waste average is sampled (every 16th step, and at each new peak).
 void Engine::update_kv_stats() {
+    const int32_t used = table_.n_used_blocks();
+    const bool peak = used >= stats_.peak_blocks_used;
+    if (!peak && table_.n_blocks() > 4096 && stats_.steps % 16 != 0) return;
     const KvBlockStats ks = table_.stats();
-    if (ks.used_blocks >= stats_.peak_blocks_used) {
+    if (peak) {
         stats_.peak_blocks_used = ks.used_blocks;
         stats_.peak_waste_fraction = ks.waste_fraction();
     }
@@ -458,6 +479,7 @@ bool Engine::step() {
     }
     stats_.peak_running = std::max(stats_.peak_running, static_cast<int32_t>(running_.size()));
     std::erase_if(running_, [](auto& s) { return s->finished; });
+    if (idle()) stats_.cow_copies = table_.stats().copies;  // (sampled on large pools)
     stats_.busy_ms += ms_between(t0, Clock::now());
     return !idle();
 }

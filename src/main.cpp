@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
     kvrun::add_info_command(app, exit_code);
     kvrun::add_run_command(app, exit_code);
     kvrun::add_batch_command(app, exit_code);
+    kvrun::add_chat_command(app, exit_code);
     kvrun::add_perplexity_command(app, exit_code);
     kvrun::add_tokenize_command(app, exit_code);
     try {

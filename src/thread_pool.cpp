@@ -37,18 +37,24 @@ ThreadPool::~ThreadPool() {
     for (auto& w : workers_) w.join();
 }
 
-void ThreadPool::run_chunks() {
+void ThreadPool::run_chunks(uint64_t generation) {
     TaskScope scope;
-    for (;;) {
-        int64_t begin = next_.fetch_add(chunk_);
-        if (begin >= n_) break;
-        int64_t end = std::min(n_, begin + chunk_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (generation_ == generation && next_ < n_) {
+        const int64_t begin = next_, end = std::min(n_, begin + chunk_);
+        next_ = end;
+        const auto* fn = fn_;
+        ++in_flight_;
+        lock.unlock();
+        std::exception_ptr error;
         try {
-            (*fn_)(begin, end);
+            (*fn)(begin, end);
         } catch (...) {
-            std::lock_guard<std::mutex> lock(error_mutex_);
-            if (!error_) error_ = std::current_exception();
+            error = std::current_exception();
         }
+        lock.lock();
+        if (error && !error_) error_ = error;
+        if (--in_flight_ == 0 && next_ >= n_) done_.notify_all();
     }
 }
 
@@ -61,11 +67,7 @@ void ThreadPool::worker_loop() {
             if (stop_) return;
             seen = generation_;
         }
-        run_chunks();
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            if (--active_ == 0) done_.notify_one();
-        }
+        run_chunks(seen);
     }
 }
 
@@ -79,23 +81,24 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     }
     std::lock_guard<std::mutex> call_lock(call_mutex_);
     // About four chunks per thread balances uneven chunks without much claiming overhead.
-    int64_t target = (n + n_threads() * 4 - 1) / (n_threads() * 4);
+    const int64_t per_thread = n_threads() * 4;
+    uint64_t generation;
     {
         std::lock_guard<std::mutex> lock(mutex_);
         fn_ = &fn;
         n_ = n;
-        chunk_ = std::max(grain, target);
-        next_.store(0);
+        chunk_ = std::max(grain, (n + per_thread - 1) / per_thread);
+        next_ = 0;
+        in_flight_ = 0;
         error_ = nullptr;
-        active_ = static_cast<int>(workers_.size());
-        ++generation_;
+        generation = ++generation_;
     }
     wake_.notify_all();
-    run_chunks();
+    run_chunks(generation);
     std::exception_ptr error;
     {
         std::unique_lock<std::mutex> lock(mutex_);
-        done_.wait(lock, [&] { return active_ == 0; });
+        done_.wait(lock, [&] { return next_ >= n_ && in_flight_ == 0; });
         fn_ = nullptr;
         error = error_;
         error_ = nullptr;

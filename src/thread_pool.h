@@ -2,7 +2,6 @@
 // split into contiguous chunks that the calling thread and the workers claim in turn.
 #pragma once
 
-#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -31,23 +30,23 @@ class ThreadPool {
 
   private:
     void worker_loop();
-    void run_chunks();
+    // Claims and runs chunks of job `generation` until none is left (or a newer job began).
+    void run_chunks(uint64_t generation);
 
     std::vector<std::thread> workers_;
     std::mutex call_mutex_;  // one parallel_for at a time
-    std::mutex mutex_;
+    std::mutex mutex_;       // guards everything below
     std::condition_variable wake_;
     std::condition_variable done_;
     uint64_t generation_ = 0;
     bool stop_ = false;
-    int active_ = 0;  // workers still inside the current job
 
-    // The current job.
+    // The current job. The caller waits for its chunks, not for the workers: a worker that
+    // wakes late (a busy machine) finds nothing left to claim and costs nothing.
     const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
-    int64_t n_ = 0, chunk_ = 1;
-    std::atomic<int64_t> next_{0};
+    int64_t n_ = 0, chunk_ = 1, next_ = 0;
+    int in_flight_ = 0;  // chunks claimed but not finished
     std::exception_ptr error_;
-    std::mutex error_mutex_;
 };
 
 // The process-wide pool the CPU ops use (created on first use with hardware threads).

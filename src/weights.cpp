@@ -1,8 +1,6 @@
 // Finds and checks the llama / qwen2 weight tensors of a GGUF file (see weights.h).
 #include "weights.h"
 
-#include <fmt/ranges.h>
-
 #include "common.h"
 #include "quant.h"
 
@@ -10,7 +8,9 @@ namespace kvrun {
 namespace {
 
 std::string shape_str(const std::vector<int64_t>& dims) {
-    return fmt::format("[{}]", fmt::join(dims, ", "));
+    std::string s = "[";
+    for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+    return s + "]";
 }
 
 // The tensor's dims with trailing 1s dropped (a [n, 1] tensor is 1-D).

@@ -57,7 +57,7 @@ inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1
 // A device array of T that frees itself.
 template <class T>
 class DevBuf {
-public:
+  public:
     DevBuf() = default;
     explicit DevBuf(size_t n) : n_(n) {
         if (n) CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)));
@@ -88,7 +88,7 @@ public:
         return host;
     }
 
-private:
+  private:
     T* p_ = nullptr;
     size_t n_ = 0;
 };

@@ -27,11 +27,16 @@ inline std::vector<int> scale_offsets(GgmlType t) {
         case GgmlType::Q4_1:
         case GgmlType::Q5_1:
         case GgmlType::Q4_K:
-        case GgmlType::Q5_K: return {0, 2};
-        case GgmlType::Q2_K: return {80, 82};
-        case GgmlType::Q3_K: return {108};
-        case GgmlType::Q6_K: return {208};
-        default: return {0};
+        case GgmlType::Q5_K:
+            return {0, 2};
+        case GgmlType::Q2_K:
+            return {80, 82};
+        case GgmlType::Q3_K:
+            return {108};
+        case GgmlType::Q6_K:
+            return {208};
+        default:
+            return {0};
     }
 }
 
@@ -39,7 +44,7 @@ inline std::vector<int> scale_offsets(GgmlType t) {
 struct TestWeights {
     std::vector<uint8_t> bytes;  // [n_out][row_bytes]
     DevBuf<uint8_t> dev;
-    WeightView host;  // data: bytes
+    WeightView host;    // data: bytes
     WeightView device;  // data: dev
 };
 

@@ -37,7 +37,9 @@ struct Scenario {
     std::vector<std::pair<int32_t, int32_t>> tokens;
 };
 
-size_t elem_bytes(KvType t) { return t == KvType::F32 ? 4 : 2; }
+size_t elem_bytes(KvType t) {
+    return t == KvType::F32 ? 4 : 2;
+}
 
 void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
     const int64_t n_seqs = int64_t(sc.history.size());
@@ -50,7 +52,7 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
         max_blocks = std::max(max_blocks, (l + bs - 1) / bs);
         total_blocks += (l + bs - 1) / bs;
     }
-    max_blocks += 1;                          // a spare, unused column
+    max_blocks += 1;                            // a spare, unused column
     const int64_t n_blocks = total_blocks + 3;  // and a few unused blocks
     std::mt19937 rng(seed);
     std::vector<int32_t> perm(static_cast<size_t>(n_blocks));
@@ -65,11 +67,14 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
     // Every cached slot (history and batch) gets random K/V, written on both sides.
     std::vector<int32_t> w_seq, w_slot;
     for (int64_t s = 0; s < n_seqs; ++s)
-        for (int64_t j = 0; j < sc.history[s]; ++j) w_seq.push_back(int32_t(s)), w_slot.push_back(int32_t(j));
+        for (int64_t j = 0; j < sc.history[s]; ++j)
+            w_seq.push_back(int32_t(s)), w_slot.push_back(int32_t(j));
     for (auto [s, slot] : sc.tokens) w_seq.push_back(s), w_slot.push_back(slot);
     const int64_t nw = int64_t(w_seq.size());
-    const std::vector<float> k = random_floats(static_cast<size_t>(nw * sh.n_kv_head * hd), seed + 1);
-    const std::vector<float> v = random_floats(static_cast<size_t>(nw * sh.n_kv_head * hd), seed + 2);
+    const std::vector<float> k =
+        random_floats(static_cast<size_t>(nw * sh.n_kv_head * hd), seed + 1);
+    const std::vector<float> v =
+        random_floats(static_cast<size_t>(nw * sh.n_kv_head * hd), seed + 2);
 
     const size_t pool_elems = size_t(n_blocks * sh.n_kv_head * bs * hd);
     std::vector<uint8_t> hk(pool_elems * elem_bytes(sh.k_type), 0);
@@ -150,8 +155,8 @@ TEST_CASE("cuda paged attention matches the CPU across block sizes, GQA ratios a
     uint32_t seed = 1;
     for (int64_t bs : {1, 16, 64})
         for (int64_t group : {1, 4, 8})
-            for (auto [hd, type] : {std::pair{int64_t(64), KvType::F16},
-                                    std::pair{int64_t(128), KvType::F32}}) {
+            for (auto [hd, type] :
+                 {std::pair{int64_t(64), KvType::F16}, std::pair{int64_t(128), KvType::F32}}) {
                 CAPTURE(bs);
                 CAPTURE(group);
                 CAPTURE(hd);
@@ -164,11 +169,11 @@ TEST_CASE("cuda paged attention matches the CPU across block sizes, GQA ratios a
 
 TEST_CASE("cuda paged attention handles odd head sizes, big groups and mixed pool types") {
     const AttnShape shapes[] = {
-        {16, 4, 2, 8, KvType::F16, KvType::F16},     // stories260K: head_dim 8
-        {16, 2, 4, 80, KvType::F16, KvType::F32},    // head_dim not a multiple of 32
-        {16, 2, 8, 256, KvType::F16, KvType::F16},   // largest head_dim (> 48 KiB smem)
-        {7, 1, 12, 64, KvType::F32, KvType::F16},    // 12 heads per KV head, odd block size
-        {256, 1, 32, 128, KvType::F16, KvType::F16}, // MQA, largest block size
+        {16, 4, 2, 8, KvType::F16, KvType::F16},      // stories260K: head_dim 8
+        {16, 2, 4, 80, KvType::F16, KvType::F32},     // head_dim not a multiple of 32
+        {16, 2, 8, 256, KvType::F16, KvType::F16},    // largest head_dim (> 48 KiB smem)
+        {7, 1, 12, 64, KvType::F32, KvType::F16},     // 12 heads per KV head, odd block size
+        {256, 1, 32, 128, KvType::F16, KvType::F16},  // MQA, largest block size
     };
     uint32_t seed = 100;
     for (const AttnShape& sh : shapes) {

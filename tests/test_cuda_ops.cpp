@@ -24,9 +24,9 @@ using namespace kvrun::test;
 
 namespace {
 
-constexpr double kExact = 1e-10;    // same math in f32 (different order / FMA at most)
-constexpr double kGemv = 1e-9;      // f32 dot products of up to 4096 terms
-constexpr double kGemmF16 = 1e-5;   // activations and weights rounded to f16
+constexpr double kExact = 1e-10;   // same math in f32 (different order / FMA at most)
+constexpr double kGemv = 1e-9;     // f32 dot products of up to 4096 terms
+constexpr double kGemmF16 = 1e-5;  // activations and weights rounded to f16
 
 }  // namespace
 
@@ -97,7 +97,7 @@ TEST_CASE("cuda embed and f16 dequantization match dequantize_row for every weig
     for (GgmlType t : cuda_weight_types()) {
         CAPTURE(ggml_type_name(t));
         const int64_t be = ggml_type_traits(t).block_elems;
-        std::vector<int64_t> widths = be == 256 ? std::vector<int64_t>{256, 768}
+        std::vector<int64_t> widths = be == 256  ? std::vector<int64_t>{256, 768}
                                       : be == 32 ? std::vector<int64_t>{96, 512}
                                                  : std::vector<int64_t>{64, 172, 520};
         for (int64_t n_in : widths) {
@@ -142,7 +142,7 @@ TEST_CASE("cuda gemv (fused dequantize x vector) matches cpu::matmul for every w
     for (GgmlType t : cuda_weight_types()) {
         CAPTURE(ggml_type_name(t));
         const int64_t be = ggml_type_traits(t).block_elems;
-        std::vector<int64_t> widths = be == 256 ? std::vector<int64_t>{256, 2048}
+        std::vector<int64_t> widths = be == 256  ? std::vector<int64_t>{256, 2048}
                                       : be == 32 ? std::vector<int64_t>{96, 2048}
                                                  : std::vector<int64_t>{172, 2048};
         for (int64_t n_in : widths)
@@ -152,7 +152,8 @@ TEST_CASE("cuda gemv (fused dequantize x vector) matches cpu::matmul for every w
                     CAPTURE(n_in);
                     CAPTURE(n_out);
                     CAPTURE(n_rows);
-                    const std::vector<float> x = random_floats(static_cast<size_t>(n_rows * n_in), 9);
+                    const std::vector<float> x =
+                        random_floats(static_cast<size_t>(n_rows * n_in), 9);
                     std::vector<float> ref(static_cast<size_t>(n_rows * n_out));
                     cpu::matmul(ref.data(), x.data(), w.host, n_rows);
                     DevBuf<float> dx(x), dout(ref.size());
@@ -212,8 +213,8 @@ TEST_CASE("cuda kv_write stores the same bytes as the CPU (f32 and f16 pools)") 
         const size_t elem = type == KvType::F32 ? 4 : 2;
         const size_t bytes = size_t(n_blocks * n_kv_head * block_size * head_dim) * elem;
         std::vector<uint8_t> k_pool(bytes, 0), v_pool(bytes, 0);
-        KvLayerView host{type, type, k_pool.data(), v_pool.data(), n_blocks, n_kv_head,
-                         block_size, head_dim};
+        KvLayerView host{type,     type,      k_pool.data(), v_pool.data(),
+                         n_blocks, n_kv_head, block_size,    head_dim};
         KvBatchView hb{seq.data(), slot.data(), table.data(), 3, nt};
         cpu::kv_write(host, hb, k.data(), v.data());
 
@@ -236,7 +237,8 @@ TEST_CASE("cuda ops replay correctly from a captured CUDA graph") {
     TestWeights w = make_weights(GgmlType::Q4_K, n_out, n_in, 41);
     const std::vector<float> x = random_floats(static_cast<size_t>(16 * n_in), 42);
     const std::vector<float> g = random_floats(static_cast<size_t>(n_in), 43);
-    DevBuf<float> dx(x), dg(g), dn(x.size()), d1(static_cast<size_t>(n_out)), d16(static_cast<size_t>(16 * n_out));
+    DevBuf<float> dx(x), dg(g), dn(x.size()), d1(static_cast<size_t>(n_out)),
+        d16(static_cast<size_t>(16 * n_out));
     cudaStream_t s;
     CUDA_CHECK(cudaStreamCreate(&s));
     auto run = [&] {

@@ -53,8 +53,9 @@ TEST_CASE("cuda sample draws the CPU sampler's token for the same uniform number
         int top_k;
         float top_p, min_p;
     };
-    const Cfg cfgs[] = {{0.0f, 40, 0.95f, 0.05f}, {1.0f, 0, 1.0f, 0.0f},  {0.8f, 40, 0.95f, 0.05f},
-                        {0.7f, 0, 0.9f, 0.0f},    {1.2f, 0, 1.0f, 0.1f},  {1.0f, 1, 1.0f, 0.0f},
+    const Cfg cfgs[] = {{0.0f, 40, 0.95f, 0.05f}, {1.0f, 0, 1.0f, 0.0f},
+                        {0.8f, 40, 0.95f, 0.05f}, {0.7f, 0, 0.9f, 0.0f},
+                        {1.2f, 0, 1.0f, 0.1f},    {1.0f, 1, 1.0f, 0.0f},
                         {0.5f, 100, 0.5f, 0.0f},  {1.5f, 5000, 0.99f, 0.01f}};
     for (int64_t n_vocab : {512, 32000, 151936}) {
         const int64_t n_rows = 3;

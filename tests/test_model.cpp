@@ -1,12 +1,12 @@
 // Acceptance test of the CPU forward pass (model_config, weights, cpu_backend) against
 // llama.cpp's logits in ../shared/reference/logits for every model in ../shared/models, plus
-// paging / batching invariance and load-error messages on tiny hand-made GGUF files.
+// paging / batching / copy-on-write invariance on stories260K. (Load errors and batch
+// validation on tiny hand-made models: test_model_load.cpp.)
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -18,7 +18,6 @@
 #include "common.h"
 #include "cpu_backend.h"
 #include "gguf.h"
-#include "gguf_writer.h"
 #include "model_config.h"
 #include "quant.h"
 #include "test_util.h"
@@ -267,53 +266,71 @@ const char* class_name(ActClass c) {
     return "?";
 }
 
-// Tolerance on log-probabilities (logit - logsumexp) of the reference's top-10 tokens.
-// Values: about 3x the largest error observed over all models of the class (see the report
-// printed by the test), so a real bug (wrong RoPE pair, missing bias, off-by-one slot: errors
-// of 0.1 to several nats) cannot hide, while rounding differences never trip it.
-double logprob_tolerance(ActClass c, bool llamacpp_rounding) {
-    if (llamacpp_rounding) return 1.0;
+// Bounds for the float32 comparison, per class. Our logits are float32 end to end (only K/V
+// are f16, like llama.cpp's), llama.cpp's are not (see ActClass), and these tiny models
+// amplify one flipped 8-bit rounding into ~0.1-0.5 nats at later positions, so:
+//  - max_logprob: the largest |log-prob error| allowed for any top-10 token of any position,
+//    about 2x the largest seen over all models of the class;
+//  - mean_logprob: the mean over all of them, 2-3x the largest mean seen; a systematic
+//    error (wrong eps, RoPE base or scale, a missing bias) moves the mean well past it;
+//  - near_tie: a reference top-2 gap below this may legitimately flip top-1 / greedy choices,
+//    about 2x the largest gap at which we ever disagreed. F32/F16 use the 0.05 suggested for
+//    near-ties: their disagreements happen only at gaps < 0.02.
+// Observed (float32 run, all 44 models; max / mean / largest reference gap at which our top-1
+// or greedy token differed):
+//   f32   0.014 / 0.0011 / 0.0006     f16     0.015 / 0.0024 / 0.0000
+//   bf16  0.069 / 0.012  / 0.0010     q8-act  0.79  / 0.098  / 0.37  (w256 Q2_K/Q3_K worst)
+// With llama.cpp's rounding emulated (second test case) most positions match to 1e-5, so the
+// remaining float32 differences are rounding, not a decoding or graph error.
+struct Tolerance {
+    double max_logprob;
+    double mean_logprob;
+    double near_tie;
+};
+
+Tolerance tolerance(ActClass c) {
     switch (c) {
         case ActClass::F32:
-            return 1.0;
+            return {0.03, 0.003, 0.05};
         case ActClass::F16:
-            return 1.0;
+            return {0.03, 0.005, 0.05};
         case ActClass::BF16:
-            return 1.0;
+            return {0.15, 0.025, 0.05};
         case ActClass::Q8:
-            return 1.0;
+            return {1.6, 0.2, 0.75};
     }
-    return 0;
+    return {};
 }
 
-// Runs the 4 reference prompts of one model and checks (a) top-1, (b) top-10 log-probs,
-// (c) 48 greedy steps and the full-vocabulary logits of the first prompt. Returns false when
-// the model has no reference.
-bool check_against_reference(const fs::path& model_path, bool llamacpp_rounding) {
-    const std::string stem = model_path.stem().string();
+double logprob_error(const Logits& ours, double our_lse, const RefPosition& rp, size_t k) {
+    auto [tok, ref_logit] = rp.top[k];
+    return std::abs((double(ours[tok]) - our_lse) - (ref_logit - rp.logsumexp));
+}
+
+std::string model_stem(const fs::path& p) {
+    return p.stem().string();
+}
+
+// Runs the 4 reference prompts of one model in float32 and checks (a) top-1 outside near-ties,
+// (b) top-10 log-probs, (c) 48 greedy steps, and the full-vocabulary logits of the first
+// prompt for F32 models.
+void check_against_reference(const fs::path& model_path) {
+    const std::string stem = model_stem(model_path);
     CAPTURE(stem);
     const fs::path ref_dir = test::shared_dir() / "reference" / "logits";
-    const fs::path ref_path = ref_dir / (stem + ".jsonl");
-    if (!fs::exists(ref_path)) {
-        MESSAGE("no reference for " << stem);
-        return false;
-    }
     auto t0 = std::chrono::steady_clock::now();
-    auto prompts = load_reference(ref_path);
+    auto prompts = load_reference(ref_dir / (stem + ".jsonl"));
     REQUIRE(prompts.size() == 4);
     GgufFile file = GgufFile::open(model_path.string());
     BackendOptions opt;
     opt.n_kv_blocks = 48;  // 4 prompts x <= 68 tokens in blocks of 16, with room to spare
-    opt.llamacpp_rounding = llamacpp_rounding;
     CpuBackend backend(file, opt);
     const ActClass cls = model_class(backend.weights());
-    const double tol = logprob_tolerance(cls, llamacpp_rounding);
-    // A greedy step or top-1 is a near-tie when the reference's top-2 gap is below what our
-    // errors could flip: the gap is a difference of two log-probs, each off by <= tol.
-    const double near_tie = 2 * tol;
+    const Tolerance tol = tolerance(cls);
     Runner runner(backend, 12345);  // shuffled physical blocks
 
-    double max_lp_err = 0, max_gap_err = 0, max_full_err = -1;
+    double max_lp_err = 0, sum_lp_err = 0, max_gap_err = 0, max_full_err = -1, worst_flip = 0;
+    int64_t n_lp = 0;
     int top1_checked = 0, greedy_checked = 0, min_free_prefix = 48;
     for (size_t p = 0; p < prompts.size(); ++p) {
         const RefPrompt& ref = prompts[p];
@@ -324,17 +341,23 @@ bool check_against_reference(const fs::path& model_path, bool llamacpp_rounding)
         for (size_t i = 0; i < ref.tokens.size(); ++i) {
             const RefPosition& rp = ref.positions[i];
             const double lse = logsumexp(logits[i]);
-            for (auto [tok, ref_logit] : rp.top) {
-                double err = std::abs((logits[i][tok] - lse) - (ref_logit - rp.logsumexp));
+            for (size_t k = 0; k < rp.top.size(); ++k) {
+                double err = logprob_error(logits[i], lse, rp, k);
                 max_lp_err = std::max(max_lp_err, err);
-                CHECK_MESSAGE(err <= tol, "position " << i << " token " << tok);
+                sum_lp_err += err;
+                ++n_lp;
+                CHECK_MESSAGE(err <= tol.max_logprob,
+                              "position " << i << " token " << rp.top[k].first);
             }
-            if (rp.top[0].second - rp.top[1].second >= near_tie) {
+            const double gap = rp.top[0].second - rp.top[1].second;
+            if (argmax(logits[i]) != rp.top[0].first) worst_flip = std::max(worst_flip, gap);
+            if (gap >= tol.near_tie) {
                 ++top1_checked;
                 CHECK_MESSAGE(argmax(logits[i]) == rp.top[0].first, "position " << i);
             }
         }
-        // Full-vocabulary check of the first prompt's raw logits.
+        // Full-vocabulary check of the first prompt's raw logits (F32 models: they differ from
+        // llama.cpp's only by f16 Q / softmax-weight rounding and summation order).
         if (p == 0) {
             int64_t nt = 0, nv = 0;
             std::vector<float> full = load_first_logits(ref_dir / (stem + ".first.f32"), nt, nv);
@@ -346,67 +369,127 @@ bool check_against_reference(const fs::path& model_path, bool llamacpp_rounding)
                     for (int64_t v = 0; v < nv; ++v)
                         max_full_err = std::max(max_full_err,
                                                 std::abs(double(logits[i][v]) - full[i * nv + v]));
+                if (cls == ActClass::F32) CHECK(max_full_err <= 0.01);
             }
         }
         // (c): 48 greedy steps, fed the reference's tokens (teacher forcing), so every step
-        // without a near-tie is checked, not only those before the first one. Up to the first
-        // mismatch this is exactly free-running greedy decoding.
+        // outside a near-tie is checked, not only those before the first one. Up to the first
+        // disagreement this is exactly free-running greedy decoding.
         Logits cur = logits.back();
         int free_prefix = -1;
         for (size_t s = 0; s < ref.greedy.size(); ++s) {
             CAPTURE(s);
             int32_t ours = argmax(cur);
-            if (ours != ref.greedy[s] && free_prefix < 0) free_prefix = int(s);
-            if (ref.gaps[s] >= near_tie) {
+            if (ours != ref.greedy[s]) {
+                if (free_prefix < 0) free_prefix = int(s);
+                worst_flip = std::max(worst_flip, ref.gaps[s]);
+            }
+            if (ref.gaps[s] >= tol.near_tie) {
                 ++greedy_checked;
                 CHECK(ours == ref.greedy[s]);
-                double gap_err = std::abs(top2_gap(cur) - ref.gaps[s]);
-                max_gap_err = std::max(max_gap_err, gap_err);
-                CHECK(gap_err <= 2 * tol);
             }
+            // The gap is a difference of two log-probs: off by at most twice their error.
+            double gap_err = std::abs(top2_gap(cur) - ref.gaps[s]);
+            max_gap_err = std::max(max_gap_err, gap_err);
+            CHECK(gap_err <= 2 * tol.max_logprob);
             if (s + 1 < ref.greedy.size()) cur = runner.step({{seq, ref.greedy[s]}})[0];
         }
         min_free_prefix = std::min(min_free_prefix, free_prefix < 0 ? 48 : free_prefix);
     }
+    const double mean_lp_err = sum_lp_err / double(std::max<int64_t>(1, n_lp));
+    CHECK(mean_lp_err <= tol.mean_logprob);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     MESSAGE(
-        fmt::format("{:<40} {:<6} logprob err {:.5f} (tol {:.3f})  gap err {:.5f}  "
-                    "full-vocab logit err {:.5f}  top1 checked {}  greedy checked {}  "
-                    "free greedy prefix >= {}  {:.2f}s",
-                    stem, class_name(cls), max_lp_err, tol, max_gap_err, max_full_err, top1_checked,
-                    greedy_checked, min_free_prefix, secs));
-    return true;
+        fmt::format("{:<38} {:<6} logprob err max {:.4f} mean {:.4f}  gap err {:.4f}  "
+                    "full-vocab err {:.4f}  disagreement at gap <= {:.4f}  checked top1 {} "
+                    "greedy {}  free greedy run >= {}  {:.2f}s",
+                    stem, class_name(cls), max_lp_err, mean_lp_err, max_gap_err, max_full_err,
+                    worst_flip, top1_checked, greedy_checked, min_free_prefix, secs));
 }
 
-void check_all_models(bool llamacpp_rounding) {
-    auto models = test::shared_models();
-    if (models.empty()) {
-        MESSAGE("SKIP: ../shared not found (set KVRUN_SHARED); skipping real-model test");
-        return;
+// With llama.cpp's rounding emulated (cpu::set_llamacpp_rounding), most log-probs match
+// llama.cpp's to float-summation noise (< 1e-3; 70-100% of them for most models): that pins down
+// every weight type's decoding and the graph far more tightly than the float32 bounds. Not
+// all: one 8-bit rounding that lands the other way (summation order, exp/silu approximations)
+// shifts the later positions by ~0.1-0.4 nats in these tiny models, and f16 rounding ties do
+// the same more mildly. So each model must have at least 5% exact matches (a decoding bug gives
+// ~0%) and all of them together at least 50%. Q4_1/Q5_1 weights are excluded: llama.cpp's dot
+// product uses an f16-rounded block sum of the activations, which rounding x cannot mimic.
+// Returns {exact, total} counts.
+std::pair<int64_t, int64_t> check_emulated_rounding(const fs::path& model_path) {
+    const std::string stem = model_stem(model_path);
+    CAPTURE(stem);
+    auto prompts = load_reference(test::shared_dir() / "reference/logits" / (stem + ".jsonl"));
+    GgufFile file = GgufFile::open(model_path.string());
+    BackendOptions opt;
+    opt.n_kv_blocks = 16;
+    opt.llamacpp_rounding = true;
+    CpuBackend backend(file, opt);
+    bool q8_1 = false;
+    for (const auto& l : backend.weights().layers)
+        for (const WeightView* v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+            q8_1 |= v->type == GgmlType::Q4_1 || v->type == GgmlType::Q5_1;
+    int64_t n = 0, n_exact = 0, first_exact = 0, first_n = 0;
+    for (size_t p = 0; p < prompts.size(); ++p) {
+        Runner runner(backend, 0);
+        auto logits = runner.prefill(runner.new_seq(), prompts[p].tokens);
+        for (size_t i = 0; i < logits.size(); ++i) {
+            const double lse = logsumexp(logits[i]);
+            for (size_t k = 0; k < prompts[p].positions[i].top.size(); ++k) {
+                bool exact = logprob_error(logits[i], lse, prompts[p].positions[i], k) <= 1e-3;
+                n_exact += exact;
+                ++n;
+                if (p == 0) first_exact += exact, ++first_n;
+            }
+        }
     }
-    int n_models = 0;
-    for (const fs::path& model_path : models)
-        n_models += check_against_reference(model_path, llamacpp_rounding);
-    CHECK(n_models >= 44);
+    const double frac = double(n_exact) / double(n), first = double(first_exact) / double(first_n);
+    MESSAGE(
+        fmt::format("{:<38} emulated rounding: {:.0f}% of log-probs within 1e-3 ({:.0f}% in "
+                    "the first prompt){}",
+                    stem, 100 * frac, 100 * first, q8_1 ? " [Q4_1/Q5_1: not checked]" : ""));
+    if (q8_1) return {0, 0};
+    CHECK(frac >= 0.05);
+    return {n_exact, n};
+}
+
+std::vector<fs::path> models_with_reference() {
+    std::vector<fs::path> out;
+    for (const fs::path& m : test::shared_models())
+        if (fs::exists(test::shared_dir() / "reference/logits" / (model_stem(m) + ".jsonl")))
+            out.push_back(m);
+        else
+            MESSAGE("no reference for " << m);
+    return out;
 }
 
 }  // namespace
 
 // ---- acceptance against llama.cpp ----------------------------------------------------------
 
-TEST_CASE("every shared model matches llama.cpp's logits and greedy tokens (float32)") {
-    check_all_models(false);
+TEST_CASE("every shared model matches llama.cpp's logits and greedy tokens") {
+    auto models = models_with_reference();
+    if (models.empty()) {
+        MESSAGE("SKIP: ../shared not found (set KVRUN_SHARED); skipping real-model test");
+        return;
+    }
+    CHECK(models.size() >= 44);
+    for (const fs::path& m : models) check_against_reference(m);
 }
 
-TEST_CASE("with llama.cpp's activation rounding, every shared model matches it tightly") {
-    check_all_models(true);
+TEST_CASE("with llama.cpp's rounding emulated, most logits match llama.cpp's exactly") {
+    auto models = models_with_reference();
+    int64_t exact = 0, total = 0;
+    for (const fs::path& m : models) {
+        auto [e, n] = check_emulated_rounding(m);
+        exact += e;
+        total += n;
+    }
+    if (total > 0) {
+        MESSAGE("all models: " << 100 * exact / total << "% of log-probs within 1e-3");
+        CHECK(exact >= total / 2);
+    }
 }
-
-// ---- paging and batching invariance ---------------------------------------------------------
-
-// The CPU ops compute each token from its own inputs in a fixed order, so the block size,
-// block placement, prefill chunking and batch composition change nothing, not even rounding:
-// these tests demand bit-identical logits.
 
 TEST_CASE("paging is invisible: block sizes 1, 7, 16, 256 and chunked prefill agree exactly") {
     fs::path model = test::shared_path("models/stories260K.gguf");
@@ -508,159 +591,4 @@ TEST_CASE("copy_blocks forks a sequence: the copy continues exactly like the ori
     CHECK(out_a[0] != out_b[0]);
     CHECK(argmax(out_a[0]) == 261);
     CHECK_THROWS_AS(backend.copy_blocks({{0, 32}}), Error);
-}
-
-// ---- load errors and bad batches on tiny hand-made models ----------------------------------
-
-namespace {
-
-// A tiny llama-like GGUF: 1 layer, n_embd 8, 2 heads / 1 KV head, n_ff 16, vocab 10, F32.
-// `tweak` can edit the writer (add/replace keys) before tensors are added; `skip` names a
-// tensor to leave out; `bad_shape` names a tensor to give a wrong second dimension.
-std::vector<uint8_t> tiny_model(const std::string& arch, const std::string& skip = "",
-                                const std::string& bad_shape = "", bool biases = false,
-                                GgmlType q_type = GgmlType::F32) {
-    GgufWriter w;
-    w.set_string("general.architecture", arch);
-    const std::string a = arch + ".";
-    w.set_u32(a + "block_count", 1);
-    w.set_u32(a + "embedding_length", 8);
-    w.set_u32(a + "feed_forward_length", 16);
-    w.set_u32(a + "attention.head_count", 2);
-    w.set_u32(a + "attention.head_count_kv", 1);
-    w.set_f32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
-    std::mt19937 rng(5);
-    std::normal_distribution<float> nd(0.0f, 0.3f);
-    auto add = [&](const std::string& name, std::vector<int64_t> dims,
-                   GgmlType type = GgmlType::F32) {
-        if (name == skip) return;
-        if (name == bad_shape) dims.back() += 1;
-        int64_t n = 1;
-        for (auto d : dims) n *= d;
-        std::vector<float> v(n);
-        for (auto& x : v) x = name.find("norm") != std::string::npos ? 1.0f : nd(rng);
-        std::vector<uint8_t> bytes(ggml_row_bytes(type, dims[0]) * (n / dims[0]));
-        if (type == GgmlType::F32)  // other types only test loading: their bytes stay zero
-            std::memcpy(bytes.data(), v.data(), bytes.size());
-        w.add_tensor(name, type, dims, bytes.data(), bytes.size());
-    };
-    add("token_embd.weight", {8, 10});
-    add("output_norm.weight", {8});
-    add("output.weight", {8, 10});
-    add("blk.0.attn_norm.weight", {8});
-    add("blk.0.attn_q.weight", {8, 8}, q_type);
-    add("blk.0.attn_k.weight", {8, 4});
-    add("blk.0.attn_v.weight", {8, 4});
-    if (biases) {
-        add("blk.0.attn_q.bias", {8});
-        add("blk.0.attn_k.bias", {4});
-        add("blk.0.attn_v.bias", {4});
-    }
-    add("blk.0.attn_output.weight", {8, 8});
-    add("blk.0.ffn_norm.weight", {8});
-    add("blk.0.ffn_gate.weight", {8, 16});
-    add("blk.0.ffn_up.weight", {8, 16});
-    add("blk.0.ffn_down.weight", {16, 8});
-    return w.to_bytes();
-}
-
-std::string load_error(const std::vector<uint8_t>& bytes) {
-    GgufFile f = GgufFile::from_memory(bytes.data(), bytes.size(), "tiny.gguf");
-    try {
-        BackendOptions opt;
-        opt.n_kv_blocks = 4;
-        make_cpu_backend(f, opt);
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-    return s.find(part) != std::string::npos;
-}
-
-}  // namespace
-
-TEST_CASE("model config reads hyperparameters and defaults") {
-    auto bytes = tiny_model("qwen2", "", "", true);
-    GgufFile f = GgufFile::from_memory(bytes.data(), bytes.size(), "tiny.gguf");
-    ModelConfig c = model_config_from_gguf(f);
-    CHECK(c.arch == "qwen2");
-    CHECK(c.n_layer == 1);
-    CHECK(c.n_embd == 8);
-    CHECK(c.head_dim == 4);
-    CHECK(c.n_kv_head == 1);
-    CHECK(c.n_rot == 4);
-    CHECK(c.n_vocab == 10);
-    CHECK(c.rope_freq_base == 10000.0f);
-    CHECK(c.rope_neox);
-    CHECK(c.qkv_bias);
-    CHECK(load_error(bytes).empty());
-
-    auto llama = tiny_model("llama");
-    GgufFile fl = GgufFile::from_memory(llama.data(), llama.size(), "tiny.gguf");
-    CHECK_FALSE(model_config_from_gguf(fl).rope_neox);
-    // KV sizing: 1 layer x 1 KV head x 4 dims x (2 + 2) bytes = 16 bytes per token in f16.
-    ModelConfig cl = model_config_from_gguf(fl);
-    CHECK(kv_bytes_per_token(cl, KvType::F16, KvType::F16) == 16.0);
-    BackendOptions o;
-    o.kv_memory_mib = 1;
-    CHECK(kv_block_bytes(cl, o) == 16 * 16);
-    CHECK(kv_blocks_for(cl, o) == (1 << 20) / 256);
-    o.kv_type_k = KvType::Q8;
-    CHECK_THROWS_AS(kv_block_bytes(cl, o), Error);
-}
-
-TEST_CASE("load errors name the problem") {
-    CHECK(contains(load_error(tiny_model("gpt2")),
-                   "unsupported architecture 'gpt2' (supported: llama, qwen2)"));
-    std::string e = load_error(tiny_model("llama", "blk.0.ffn_up.weight"));
-    CHECK(contains(e, "missing tensor 'blk.0.ffn_up.weight'"));
-    e = load_error(tiny_model("llama", "", "blk.0.attn_k.weight"));
-    CHECK(contains(e, "'blk.0.attn_k.weight' has shape [8, 5], expected [8, 4]"));
-    e = load_error(tiny_model("qwen2"));  // qwen2 needs Q/K/V biases
-    CHECK(contains(e, "missing tensor 'blk.0.attn_q.bias'"));
-    e = load_error(tiny_model("llama", "", "", false, GgmlType::I32));
-    CHECK(contains(e, "'blk.0.attn_q.weight' has type"));
-    // Tied output: no output.weight means the embedding table is reused.
-    auto tied = tiny_model("llama", "output.weight");
-    GgufFile f = GgufFile::from_memory(tied.data(), tied.size(), "tiny.gguf");
-    BackendOptions opt;
-    opt.n_kv_blocks = 4;
-    CpuBackend backend(f, opt);
-    CHECK(backend.weights().output_tied);
-    CHECK(backend.weights().output.data == backend.weights().token_embd.data);
-}
-
-TEST_CASE("inconsistent forward batches are rejected before touching the cache") {
-    auto bytes = tiny_model("llama");
-    GgufFile f = GgufFile::from_memory(bytes.data(), bytes.size(), "tiny.gguf");
-    BackendOptions opt;
-    opt.kv_block_size = 2;
-    opt.n_kv_blocks = 4;
-    CpuBackend backend(f, opt);
-    ForwardBatch good;
-    good.tokens = {1, 2, 3};
-    good.positions = {0, 1, 2};
-    good.seq_index = {0, 0, 0};
-    good.slots = {0, 1, 2};
-    good.block_tables = {{3, 1}};
-    good.logit_rows = {2};
-    std::vector<float> logits(10);
-    backend.forward(good, logits.data());
-    CHECK(std::all_of(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); }));
-
-    auto bad = [&](auto edit) {
-        ForwardBatch b = good;
-        edit(b);
-        CHECK_THROWS_AS(backend.forward(b, logits.data()), Error);
-    };
-    bad([](ForwardBatch& b) { b.tokens[1] = 10; });          // token outside the vocabulary
-    bad([](ForwardBatch& b) { b.positions.pop_back(); });    // size mismatch
-    bad([](ForwardBatch& b) { b.seq_index[0] = 1; });        // no such block table
-    bad([](ForwardBatch& b) { b.slots[2] = 4; });            // past the sequence's blocks
-    bad([](ForwardBatch& b) { b.block_tables[0][1] = 4; });  // block id outside the pool
-    bad([](ForwardBatch& b) { b.logit_rows = {3}; });        // no such row
-    bad([](ForwardBatch& b) { b.positions[0] = -1; });
 }

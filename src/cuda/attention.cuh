@@ -24,9 +24,9 @@ constexpr int kAttnTile = 32;     // keys per tile (= warp size)
 constexpr int kAttnMaxDim = 256;  // head_dim limit (8 dims per lane)
 
 struct AttnParams {
-    float* out;          // [n_tokens][n_head][head_dim] (when part_o is null)
-    const float* q;      // [n_tokens][n_head][head_dim]
-    const void* k;       // pools [n_blocks][n_kv_head][block_size][head_dim]
+    float* out;      // [n_tokens][n_head][head_dim] (when part_o is null)
+    const float* q;  // [n_tokens][n_head][head_dim]
+    const void* k;   // pools [n_blocks][n_kv_head][block_size][head_dim]
     const void* v;
     KvType k_type, v_type;
     const int32_t* token_seq;    // [n_tokens]
@@ -49,8 +49,8 @@ inline size_t attn_smem_bytes(int rows, int head_dim) {
 }
 
 // Element offset of (slot, kv head) in the pools, or -1 when outside the table / pool.
-__device__ __forceinline__ int64_t attn_row_offset(const AttnParams& p, int64_t seq,
-                                                   int64_t slot, int kvh) {
+__device__ __forceinline__ int64_t attn_row_offset(const AttnParams& p, int64_t seq, int64_t slot,
+                                                   int kvh) {
     if (seq < 0 || slot < 0) return -1;
     const int64_t blk = slot / p.block_size;
     if (blk >= p.max_blocks_per_seq) return -1;
@@ -101,9 +101,8 @@ __device__ __forceinline__ void attn_load_tile(float* __restrict__ dst, const vo
             const int64_t off = row_off[j];
             float val = 0.0f;
             if (off >= 0)
-                val = type == KvType::F16
-                          ? __half2float(static_cast<const __half*>(pool)[off + dd])
-                          : static_cast<const float*>(pool)[off + dd];
+                val = type == KvType::F16 ? __half2float(static_cast<const __half*>(pool)[off + dd])
+                                          : static_cast<const float*>(pool)[off + dd];
             dst[j * Dp + dd] = val;
         }
     }
@@ -115,11 +114,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
     constexpr unsigned kFull = 0xffffffffu;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int D = p.head_dim, Dp = D + 1;
-    int64_t* row_off = reinterpret_cast<int64_t*>(smem_raw);             // [32]
-    float* q_s = reinterpret_cast<float*>(row_off + kAttnTile);          // [R][D], scaled
-    float* kv_s = q_s + R * D;                                           // [32][D + 1]
+    int64_t* row_off = reinterpret_cast<int64_t*>(smem_raw);               // [32]
+    float* q_s = reinterpret_cast<float*>(row_off + kAttnTile);            // [R][D], scaled
+    float* kv_s = q_s + R * D;                                             // [32][D + 1]
     int32_t* tok_seq = reinterpret_cast<int32_t*>(kv_s + kAttnTile * Dp);  // [R]
-    int32_t* tok_slot = tok_seq + R;                                     // [R]
+    int32_t* tok_slot = tok_seq + R;                                       // [R]
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int kvh = blockIdx.y / p.n_head_sub, hsub = blockIdx.y % p.n_head_sub;
@@ -137,8 +136,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
     for (int e = tid; e < R * D; e += blockDim.x) {
         const int r = e / D, d = e % D, tl = r / Gs, hg = hsub * Gs + r % Gs;
         const bool valid = tl < n_tok && hg < p.group;
-        q_s[e] = valid ? p.q[((t0 + tl) * p.n_head + kvh * p.group + hg) * D + d] * p.scale
-                       : 0.0f;
+        q_s[e] = valid ? p.q[((t0 + tl) * p.n_head + kvh * p.group + hg) * D + d] * p.scale : 0.0f;
     }
     __syncthreads();
 
@@ -165,7 +163,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
         const int seq = tok_seq[sb];
         int se = sb + 1;
         int64_t seg_end = int64_t(tok_slot[sb]) + 1;
-        while (se < n_tok && tok_seq[se] == seq) seg_end = max(seg_end, int64_t(tok_slot[se++]) + 1);
+        while (se < n_tok && tok_seq[se] == seq)
+            seg_end = max(seg_end, int64_t(tok_slot[se++]) + 1);
         seg_end = min(seg_end, split_end);
         for (int64_t k0 = split_begin; k0 < seg_end; k0 += kAttnTile) {
             __syncthreads();  // the previous tile is fully consumed
@@ -271,9 +270,9 @@ inline AttnParams attn_params(float* out, const float* q, const KvLayerView& kv,
     CUDA_REQUIRE((kv.k_type == KvType::F16 || kv.k_type == KvType::F32) &&
                      (kv.v_type == KvType::F16 || kv.v_type == KvType::F32),
                  "paged attention: quantized KV pools are not supported by the CUDA kernels yet");
-    CUDA_REQUIRE(reinterpret_cast<uintptr_t>(kv.k) % 16 == 0 &&
-                     reinterpret_cast<uintptr_t>(kv.v) % 16 == 0,
-                 "paged attention: KV pools must be 16-byte aligned");
+    CUDA_REQUIRE(
+        reinterpret_cast<uintptr_t>(kv.k) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.v) % 16 == 0,
+        "paged attention: KV pools must be 16-byte aligned");
     AttnParams p{};
     p.out = out;
     p.q = q;

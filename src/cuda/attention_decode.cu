@@ -77,8 +77,8 @@ void cuda_paged_attention_decode(float* out, const float* q, const KvLayerView& 
     cu::attn_launch<kDecodeRowsPerWarp>(p, int(n_splits), s);
     const int64_t n_out = p.n_tokens * p.n_head * p.head_dim;
     merge_splits_kernel<<<unsigned(cu::ceil_div(n_out, 256)), 256, 0, s>>>(
-        out, p.part_o, p.part_ml, batch.token_slot, p.n_tokens, p.n_head, p.head_dim,
-        int(n_splits), p.split_len);
+        out, p.part_o, p.part_ml, batch.token_slot, p.n_tokens, p.n_head, p.head_dim, int(n_splits),
+        p.split_len);
     CUDA_CHECK_LAUNCH();
 }
 

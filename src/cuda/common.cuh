@@ -19,16 +19,16 @@ namespace kvrun {
 
 }  // namespace kvrun
 
-#define CUDA_CHECK(call)                                                              \
-    do {                                                                              \
-        cudaError_t kvrun_err_ = (call);                                              \
-        if (kvrun_err_ != cudaSuccess)                                                \
-            ::kvrun::cuda_throw_call(__FILE__, __LINE__, #call, kvrun_err_);          \
+#define CUDA_CHECK(call)                                                     \
+    do {                                                                     \
+        cudaError_t kvrun_err_ = (call);                                     \
+        if (kvrun_err_ != cudaSuccess)                                       \
+            ::kvrun::cuda_throw_call(__FILE__, __LINE__, #call, kvrun_err_); \
     } while (0)
 
-#define CUBLAS_CHECK(call)                                                            \
-    do {                                                                              \
-        int kvrun_st_ = int(call);                                                    \
+#define CUBLAS_CHECK(call)                                                                    \
+    do {                                                                                      \
+        int kvrun_st_ = int(call);                                                            \
         if (kvrun_st_ != 0) ::kvrun::cuda_throw_cublas(__FILE__, __LINE__, #call, kvrun_st_); \
     } while (0)
 
@@ -36,9 +36,9 @@ namespace kvrun {
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 
 // Precondition check in launchers: throws with file:line and the message when false.
-#define CUDA_REQUIRE(cond, msg)                                            \
-    do {                                                                   \
-        if (!(cond)) ::kvrun::cuda_throw(__FILE__, __LINE__, msg);         \
+#define CUDA_REQUIRE(cond, msg)                                    \
+    do {                                                           \
+        if (!(cond)) ::kvrun::cuda_throw(__FILE__, __LINE__, msg); \
     } while (0)
 
 #ifdef __CUDACC__
@@ -101,7 +101,9 @@ __device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t* p) {
     return uint32_t(q[0]) | (uint32_t(q[1]) << 16);
 }
 
-__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
 
 }  // namespace kvrun::cu
 #endif  // __CUDACC__

@@ -28,11 +28,13 @@
 namespace kvrun {
 namespace {
 
-constexpr int64_t kGraphMaxTokens = 16;     // batches up to this size replay CUDA graphs
-constexpr int64_t kMinTokenCapacity = 64;   // activation buffers hold at least this many
+constexpr int64_t kGraphMaxTokens = 16;    // batches up to this size replay CUDA graphs
+constexpr int64_t kMinTokenCapacity = 64;  // activation buffers hold at least this many
 constexpr size_t kAlign = 256;
 
-size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+size_t align_up(size_t v) {
+    return (v + kAlign - 1) / kAlign * kAlign;
+}
 
 // One device allocation that frees itself.
 class DeviceMem {
@@ -96,8 +98,8 @@ class Stream {
 };
 
 struct DeviceLayer {
-    const float* attn_norm = nullptr;  // [n_embd]
-    const float* ffn_norm = nullptr;   // [n_embd]
+    const float* attn_norm = nullptr;                         // [n_embd]
+    const float* ffn_norm = nullptr;                          // [n_embd]
     const float *bq = nullptr, *bk = nullptr, *bv = nullptr;  // [q_dim], [kv_dim] x2 or null
     WeightView wq, wk, wv, wo, w_gate, w_up, w_down;          // data in device memory
 };
@@ -136,19 +138,19 @@ class CudaBackend final : public Backend {
     std::vector<DeviceLayer> layers_;
 
     int64_t n_blocks_ = 0, k_block_bytes_ = 0, v_block_bytes_ = 0;
-    DeviceMem kv_mem_;                  // per layer: K pool then V pool
+    DeviceMem kv_mem_;                       // per layer: K pool then V pool
     std::vector<uint8_t*> k_pool_, v_pool_;  // [n_layer] of [n_blocks][n_kv_head][bs][hd]
 
     // Activations for up to token_cap_ tokens.
     int64_t token_cap_ = 0, row_cap_ = 0, table_cap_ = 0;
     DeviceMem act_mem_, logits_mem_, meta_mem_;
     PinnedMem meta_host_;
-    float *x_ = nullptr, *xb_ = nullptr;  // [T][n_embd] residual / normed or projected
-    float *q_ = nullptr, *att_ = nullptr; // [T][q_dim]
-    float *k_ = nullptr, *v_ = nullptr;   // [T][kv_dim]
+    float *x_ = nullptr, *xb_ = nullptr;     // [T][n_embd] residual / normed or projected
+    float *q_ = nullptr, *att_ = nullptr;    // [T][q_dim]
+    float *k_ = nullptr, *v_ = nullptr;      // [T][kv_dim]
     float *gate_ = nullptr, *up_ = nullptr;  // [T][n_ff]
-    float *xr_ = nullptr;                 // [R][n_embd] rows that need logits
-    float* logits_ = nullptr;             // [R][n_vocab]
+    float* xr_ = nullptr;                    // [R][n_embd] rows that need logits
+    float* logits_ = nullptr;                // [R][n_vocab]
     // Batch metadata on the device (int32): tokens, positions, seq, slot [token_cap_] each,
     // logit rows [row_cap_], block tables [table_cap_].
     int32_t *d_tokens_ = nullptr, *d_pos_ = nullptr, *d_seq_ = nullptr, *d_slot_ = nullptr;
@@ -234,8 +236,8 @@ void CudaBackend::upload_weights(const GgufFile& file) {
     }
     weight_mem_ = DeviceMem(total, "the model weights");
     for (const Item& it : items)
-        CUDA_CHECK(cudaMemcpy(weight_mem_.get() + it.offset, it.src, it.bytes,
-                              cudaMemcpyHostToDevice));
+        CUDA_CHECK(
+            cudaMemcpy(weight_mem_.get() + it.offset, it.src, it.bytes, cudaMemcpyHostToDevice));
 
     uint8_t* base = weight_mem_.get();
     auto on_device = [&](const WeightView& w, size_t i) {
@@ -313,9 +315,10 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
     if (n_tokens > token_cap_) {
         token_cap_ = std::max({n_tokens, 2 * token_cap_, kMinTokenCapacity});
         const size_t T = size_t(token_cap_);
-        const size_t sizes[] = {T * size_t(c.n_embd), T * size_t(c.n_embd), T * size_t(c.q_dim()),
-                                T * size_t(c.q_dim()), T * size_t(c.kv_dim()), T * size_t(c.kv_dim()),
-                                T * size_t(c.n_ff),   T * size_t(c.n_ff),   T * size_t(c.n_embd)};
+        const size_t sizes[] = {
+            T * size_t(c.n_embd),  T * size_t(c.n_embd),   T * size_t(c.q_dim()),
+            T * size_t(c.q_dim()), T * size_t(c.kv_dim()), T * size_t(c.kv_dim()),
+            T * size_t(c.n_ff),    T * size_t(c.n_ff),     T * size_t(c.n_embd)};
         float** ptrs[] = {&x_, &xb_, &q_, &att_, &k_, &v_, &gate_, &up_, &xr_};
         size_t total = 0;
         for (size_t s : sizes) total += align_up(s * sizeof(float));
@@ -331,8 +334,8 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
     if (n_rows > row_cap_) {
         row_cap_ = std::max({n_rows, 2 * row_cap_, int64_t(8)});
         logits_mem_ = DeviceMem();
-        logits_mem_ = DeviceMem(size_t(row_cap_) * size_t(c.n_vocab) * sizeof(float),
-                                "the logits buffer");
+        logits_mem_ =
+            DeviceMem(size_t(row_cap_) * size_t(c.n_vocab) * sizeof(float), "the logits buffer");
         logits_ = reinterpret_cast<float*>(logits_mem_.get());
         grown = true;
     }
@@ -401,8 +404,8 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
             cuda_add_bias(k_, w.bk, T, c.kv_dim(), s);
             cuda_add_bias(v_, w.bv, T, c.kv_dim(), s);
         }
-        cuda_rope(q_, d_pos_, T, c.n_head, c.head_dim, c.n_rot, c.rope_freq_base,
-                  c.rope_freq_scale, c.rope_neox, s);
+        cuda_rope(q_, d_pos_, T, c.n_head, c.head_dim, c.n_rot, c.rope_freq_base, c.rope_freq_scale,
+                  c.rope_neox, s);
         cuda_rope(k_, d_pos_, T, c.n_kv_head, c.head_dim, c.n_rot, c.rope_freq_base,
                   c.rope_freq_scale, c.rope_neox, s);
         const KvLayerView kv = kv_layer(l);
@@ -487,8 +490,8 @@ void CudaBackend::forward(const ForwardBatch& b, float* logits) {
         std::copy(b.block_tables[size_t(sq)].begin(), b.block_tables[size_t(sq)].end(),
                   ht + sq * max_blocks);
     const size_t meta_bytes = size_t(4 * token_cap_ + row_cap_ + n_seqs * max_blocks) * 4;
-    CUDA_CHECK(cudaMemcpyAsync(meta_mem_.get(), h, meta_bytes, cudaMemcpyHostToDevice,
-                               stream_.get()));
+    CUDA_CHECK(
+        cudaMemcpyAsync(meta_mem_.get(), h, meta_bytes, cudaMemcpyHostToDevice, stream_.get()));
     run_step(T, R, max_blocks);
     if (R > 0)
         CUDA_CHECK(cudaMemcpyAsync(logits, logits_, size_t(R * config_.n_vocab) * sizeof(float),

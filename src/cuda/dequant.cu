@@ -21,8 +21,8 @@ __device__ __forceinline__ void store_item(float* dst, const float* v) {
     if constexpr (kN % 4 == 0) {
 #pragma unroll
         for (int i = 0; i < kN / 4; ++i)
-            reinterpret_cast<float4*>(dst)[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2],
-                                                            v[4 * i + 3]);
+            reinterpret_cast<float4*>(dst)[i] =
+                make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
     } else {
         store_vals(dst, v, kN);
     }
@@ -71,8 +71,8 @@ __global__ void dequant_rows_kernel(OutT* __restrict__ out, const uint8_t* __res
 }
 
 template <class OutT>
-void dequant_rows(OutT* out, const WeightView& w, const int32_t* rows, int64_t row0,
-                  int64_t n_rows, cudaStream_t s, const char* who) {
+void dequant_rows(OutT* out, const WeightView& w, const int32_t* rows, int64_t row0, int64_t n_rows,
+                  cudaStream_t s, const char* who) {
     CUDA_REQUIRE(cuda_supports_weight_type(w.type), who);
     const int64_t be = cu::weight_block_elems(w.type);
     CUDA_REQUIRE(w.n_in > 0 && w.n_in % be == 0 && n_rows >= 0, who);
@@ -80,8 +80,8 @@ void dequant_rows(OutT* out, const WeightView& w, const int32_t* rows, int64_t r
     CUDA_REQUIRE(reinterpret_cast<uintptr_t>(w.data) % 16 == 0, who);
     if (n_rows == 0) return;
     // Vector loads need aligned rows; vector stores need aligned output rows.
-    const bool vec = w.row_bytes % 16 == 0 && w.n_in % 8 == 0 &&
-                     reinterpret_cast<uintptr_t>(out) % 16 == 0;
+    const bool vec =
+        w.row_bytes % 16 == 0 && w.n_in % 8 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
     CUDA_REQUIRE(be == 1 || reinterpret_cast<uintptr_t>(out) % 16 == 0, who);
     const auto* data = static_cast<const uint8_t*>(w.data);
     cu::with_loader(w.type, vec, [&](auto tag) {

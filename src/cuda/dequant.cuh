@@ -312,7 +312,8 @@ struct LoadQ5_K {
         const int shift = 4 * (s & 1);
 #pragma unroll
         for (int l = 0; l < 32; ++l) {
-            const uint32_t q = ((byte_at(w, l) >> shift) & 0xf) | (((byte_at(hw, l) >> s) & 1) << 4);
+            const uint32_t q =
+                ((byte_at(w, l) >> shift) & 0xf) | (((byte_at(hw, l) >> s) & 1) << 4);
             v[l] = d * float(q) - m;
         }
     }
@@ -357,8 +358,8 @@ struct LoadIQ4_XS {
         const uint32_t head = *reinterpret_cast<const uint32_t*>(b);  // d, scales_h
         const uint32_t sl = *reinterpret_cast<const uint32_t*>(b + 4);
         const float d = __half2float(__ushort_as_half(uint16_t(head & 0xffff)));
-        const int ls = int(((sl >> (8 * (s >> 1) + 4 * (s & 1))) & 0xf) |
-                           (((head >> (16 + 2 * s)) & 3) << 4));
+        const int ls =
+            int(((sl >> (8 * (s >> 1) + 4 * (s & 1))) & 0xf) | (((head >> (16 + 2 * s)) & 3) << 4));
         const float dl = d * float(ls - 32);
         uint32_t w[4];
         load_words<8, 16>(b + 8 + 16 * s, w);
@@ -393,19 +394,44 @@ bool with_loader(GgmlType t, bool vec, F&& f) {
         case GgmlType::BF16:
             vec ? f(LoaderTag<LoadBF16x8>{}) : f(LoaderTag<LoadBF16x1>{});
             return true;
-        case GgmlType::Q4_0: f(LoaderTag<LoadQ4_0<false>>{}); return true;
-        case GgmlType::Q4_1: f(LoaderTag<LoadQ4_1>{}); return true;
-        case GgmlType::Q5_0: f(LoaderTag<LoadQ5_0>{}); return true;
-        case GgmlType::Q5_1: f(LoaderTag<LoadQ5_1>{}); return true;
-        case GgmlType::Q8_0: f(LoaderTag<LoadQ8_0>{}); return true;
-        case GgmlType::Q2_K: f(LoaderTag<LoadQ2_K>{}); return true;
-        case GgmlType::Q3_K: f(LoaderTag<LoadQ3_K>{}); return true;
-        case GgmlType::Q4_K: f(LoaderTag<LoadQ4_K>{}); return true;
-        case GgmlType::Q5_K: f(LoaderTag<LoadQ5_K>{}); return true;
-        case GgmlType::Q6_K: f(LoaderTag<LoadQ6_K>{}); return true;
-        case GgmlType::IQ4_NL: f(LoaderTag<LoadIQ4_NL>{}); return true;
-        case GgmlType::IQ4_XS: f(LoaderTag<LoadIQ4_XS>{}); return true;
-        default: return false;
+        case GgmlType::Q4_0:
+            f(LoaderTag<LoadQ4_0<false>>{});
+            return true;
+        case GgmlType::Q4_1:
+            f(LoaderTag<LoadQ4_1>{});
+            return true;
+        case GgmlType::Q5_0:
+            f(LoaderTag<LoadQ5_0>{});
+            return true;
+        case GgmlType::Q5_1:
+            f(LoaderTag<LoadQ5_1>{});
+            return true;
+        case GgmlType::Q8_0:
+            f(LoaderTag<LoadQ8_0>{});
+            return true;
+        case GgmlType::Q2_K:
+            f(LoaderTag<LoadQ2_K>{});
+            return true;
+        case GgmlType::Q3_K:
+            f(LoaderTag<LoadQ3_K>{});
+            return true;
+        case GgmlType::Q4_K:
+            f(LoaderTag<LoadQ4_K>{});
+            return true;
+        case GgmlType::Q5_K:
+            f(LoaderTag<LoadQ5_K>{});
+            return true;
+        case GgmlType::Q6_K:
+            f(LoaderTag<LoadQ6_K>{});
+            return true;
+        case GgmlType::IQ4_NL:
+            f(LoaderTag<LoadIQ4_NL>{});
+            return true;
+        case GgmlType::IQ4_XS:
+            f(LoaderTag<LoadIQ4_XS>{});
+            return true;
+        default:
+            return false;
     }
 }
 
@@ -414,42 +440,61 @@ inline int64_t weight_block_elems(GgmlType t) {
     switch (t) {
         case GgmlType::F32:
         case GgmlType::F16:
-        case GgmlType::BF16: return 1;
+        case GgmlType::BF16:
+            return 1;
         case GgmlType::Q4_0:
         case GgmlType::Q4_1:
         case GgmlType::Q5_0:
         case GgmlType::Q5_1:
         case GgmlType::Q8_0:
-        case GgmlType::IQ4_NL: return 32;
+        case GgmlType::IQ4_NL:
+            return 32;
         case GgmlType::Q2_K:
         case GgmlType::Q3_K:
         case GgmlType::Q4_K:
         case GgmlType::Q5_K:
         case GgmlType::Q6_K:
-        case GgmlType::IQ4_XS: return 256;
-        default: return 0;
+        case GgmlType::IQ4_XS:
+            return 256;
+        default:
+            return 0;
     }
 }
 
 // Bytes per block of a supported type (element size for float types); 0 when unsupported.
 inline size_t weight_block_bytes(GgmlType t) {
     switch (t) {
-        case GgmlType::F32: return 4;
+        case GgmlType::F32:
+            return 4;
         case GgmlType::F16:
-        case GgmlType::BF16: return 2;
-        case GgmlType::Q4_0: return 18;
-        case GgmlType::Q4_1: return 20;
-        case GgmlType::Q5_0: return 22;
-        case GgmlType::Q5_1: return 24;
-        case GgmlType::Q8_0: return 34;
-        case GgmlType::IQ4_NL: return 18;
-        case GgmlType::Q2_K: return 84;
-        case GgmlType::Q3_K: return 110;
-        case GgmlType::Q4_K: return 144;
-        case GgmlType::Q5_K: return 176;
-        case GgmlType::Q6_K: return 210;
-        case GgmlType::IQ4_XS: return 136;
-        default: return 0;
+        case GgmlType::BF16:
+            return 2;
+        case GgmlType::Q4_0:
+            return 18;
+        case GgmlType::Q4_1:
+            return 20;
+        case GgmlType::Q5_0:
+            return 22;
+        case GgmlType::Q5_1:
+            return 24;
+        case GgmlType::Q8_0:
+            return 34;
+        case GgmlType::IQ4_NL:
+            return 18;
+        case GgmlType::Q2_K:
+            return 84;
+        case GgmlType::Q3_K:
+            return 110;
+        case GgmlType::Q4_K:
+            return 144;
+        case GgmlType::Q5_K:
+            return 176;
+        case GgmlType::Q6_K:
+            return 210;
+        case GgmlType::IQ4_XS:
+            return 136;
+        default:
+            return 0;
     }
 }
 

@@ -38,8 +38,7 @@ CudaDeviceInfo cuda_device_info(int device) {
     if (device < 0 || device >= n)
         throw Error(fmt::format("CUDA device {} does not exist ({} device{} found)", device, n,
                                 n == 1 ? "" : "s"),
-                    n ? fmt::format("use --device cuda:0 .. cuda:{}", n - 1)
-                      : "use --device cpu");
+                    n ? fmt::format("use --device cuda:0 .. cuda:{}", n - 1) : "use --device cpu");
     cudaDeviceProp p{};
     CUDA_CHECK(cudaGetDeviceProperties(&p, device));
     CudaDeviceInfo info;

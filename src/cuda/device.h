@@ -14,10 +14,10 @@ struct CudaDeviceInfo {
     std::string name;
     int cc_major = 0, cc_minor = 0;  // compute capability
     int sm_count = 0;
-    size_t total_bytes = 0;          // global memory
-    size_t free_bytes = 0;           // free at the time of the query
-    size_t smem_per_block_optin = 0; // max dynamic shared memory per block (opt-in)
-    double peak_bandwidth_gbs = 0;   // theoretical DRAM bandwidth (0 when unknown)
+    size_t total_bytes = 0;           // global memory
+    size_t free_bytes = 0;            // free at the time of the query
+    size_t smem_per_block_optin = 0;  // max dynamic shared memory per block (opt-in)
+    double peak_bandwidth_gbs = 0;    // theoretical DRAM bandwidth (0 when unknown)
 };
 
 // Number of usable CUDA devices; 0 when there is no driver or no device (never throws).

@@ -25,7 +25,9 @@ __global__ void f32_to_f16_kernel(__half* __restrict__ out, const float* __restr
     if (i < n) out[i] = __float2half_rn(x[i]);
 }
 
-size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+size_t align_up(size_t v, size_t a) {
+    return (v + a - 1) / a * a;
+}
 
 }  // namespace
 
@@ -64,10 +66,9 @@ void cuda_gemm(float* out, const float* x, const WeightView& w, int64_t n_rows,
         const int64_t rows = std::min(tile_rows, w.n_out - o0);
         cuda_dequantize_f16(reinterpret_cast<uint16_t*>(w16), w, o0, rows, s);
         // C[rows x n_rows] (column-major, ldc n_out) = W16^T * X16, f32 accumulate.
-        CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), m_rows, m_in,
-                                  &alpha, w16, CUDA_R_16F, m_in, x16, CUDA_R_16F, m_in, &beta,
-                                  out + o0, CUDA_R_32F, m_out, CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
+        CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), m_rows, m_in, &alpha,
+                                  w16, CUDA_R_16F, m_in, x16, CUDA_R_16F, m_in, &beta, out + o0,
+                                  CUDA_R_32F, m_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
 }
 

@@ -37,9 +37,8 @@ __device__ __forceinline__ float dot_item(const float* v, const float* __restric
 // out: [n_rows][n_out], x: [n_rows][n_in], w: n_out rows of row_bytes. n_rows <= R.
 template <class L, int R>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    gemv_kernel(float* __restrict__ out, const float* __restrict__ x,
-                const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_in, int64_t n_out,
-                int n_rows) {
+    gemv_kernel(float* __restrict__ out, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                size_t row_bytes, int64_t n_in, int64_t n_out, int n_rows) {
     const int lane = threadIdx.x % 32;
     const int64_t o = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
     if (o >= n_out) return;
@@ -65,8 +64,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 }
 
 template <class L>
-void launch_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows,
-                 cudaStream_t s) {
+void launch_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows, cudaStream_t s) {
     const dim3 grid(unsigned(cu::ceil_div(w.n_out, kWarpsPerBlock)));
     const dim3 block(kWarpsPerBlock * 32);
     const auto* data = static_cast<const uint8_t*>(w.data);

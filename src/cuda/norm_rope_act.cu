@@ -12,12 +12,14 @@ namespace {
 constexpr int kRowThreads = 256;
 constexpr int kEltThreads = 256;
 
-unsigned elt_blocks(int64_t n) { return unsigned(cu::ceil_div(n, kEltThreads)); }
+unsigned elt_blocks(int64_t n) {
+    return unsigned(cu::ceil_div(n, kEltThreads));
+}
 
 // out, x: [n_rows][dim], w: [dim]; one block per row. out may alias x (each thread reads
 // its elements before writing them).
-__global__ void rmsnorm_kernel(float* out, const float* x,
-                               const float* __restrict__ w, int64_t dim, float eps) {
+__global__ void rmsnorm_kernel(float* out, const float* x, const float* __restrict__ w, int64_t dim,
+                               float eps) {
     __shared__ float scratch[32];
     const float* xr = x + int64_t(blockIdx.x) * dim;
     float* outr = out + int64_t(blockIdx.x) * dim;
@@ -68,8 +70,7 @@ __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ p
 }
 
 // out may alias gate or up (elementwise).
-__global__ void swiglu_kernel(float* out, const float* gate,
-                              const float* up, int64_t n) {
+__global__ void swiglu_kernel(float* out, const float* gate, const float* up, int64_t n) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float g = gate[i];
@@ -90,16 +91,15 @@ __global__ void add_bias_kernel(float* __restrict__ x, const float* __restrict__
 
 // out[r][:] = x[rows[r]][:]; out: [n_rows][dim], one thread per element.
 __global__ void gather_rows_kernel(float* __restrict__ out, const float* __restrict__ x,
-                                   const int32_t* __restrict__ rows, int64_t n_rows,
-                                   int64_t dim) {
+                                   const int32_t* __restrict__ rows, int64_t n_rows, int64_t dim) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n_rows * dim) out[i] = x[int64_t(rows[i / dim]) * dim + i % dim];
 }
 
 }  // namespace
 
-void cuda_gather_rows(float* out, const float* x, const int32_t* rows, int64_t n_rows,
-                      int64_t dim, cudaStream_t s) {
+void cuda_gather_rows(float* out, const float* x, const int32_t* rows, int64_t n_rows, int64_t dim,
+                      cudaStream_t s) {
     if (n_rows <= 0 || dim <= 0) return;
     gather_rows_kernel<<<elt_blocks(n_rows * dim), kEltThreads, 0, s>>>(out, x, rows, n_rows, dim);
     CUDA_CHECK_LAUNCH();
@@ -130,7 +130,7 @@ void cuda_rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, 
     const int64_t n = n_tokens * n_heads * (n_rot / 2);
     if (n == 0) return;
     rope_kernel<<<elt_blocks(n), kEltThreads, 0, s>>>(x, pos, n_tokens, n_heads, head_dim, n_rot,
-                                                     freq_base, freq_scale, neox);
+                                                      freq_base, freq_scale, neox);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -17,7 +17,7 @@ namespace kvrun {
 // when needed (synchronizing the device); while the stream is being captured into a CUDA
 // graph a buffer that is too small throws instead, so call reserve() before capture.
 class CudaScratch {
-public:
+  public:
     CudaScratch() = default;
     ~CudaScratch();
     CudaScratch(const CudaScratch&) = delete;
@@ -26,9 +26,9 @@ public:
     void* get(size_t bytes, cudaStream_t s);  // device buffer of >= bytes (256-byte aligned)
     void reserve(size_t bytes);               // grow now (outside capture)
     size_t size() const { return size_; }
-    void* cublas(cudaStream_t s);             // cublasHandle_t bound to stream s
+    void* cublas(cudaStream_t s);  // cublasHandle_t bound to stream s
 
-private:
+  private:
     void* buf_ = nullptr;
     size_t size_ = 0;
     void* cublas_ = nullptr;     // cublasHandle_t
@@ -53,8 +53,8 @@ void cuda_add(float* x, const float* y, int64_t n, cudaStream_t s);
 // Numerically stable softmax in place over each row of x: [n_rows][n]
 void cuda_softmax(float* x, int64_t n_rows, int64_t n, cudaStream_t s);
 // out[r][:] = x[rows[r]][:]; out: [n_rows][dim], rows: [n_rows] valid row ids (device).
-void cuda_gather_rows(float* out, const float* x, const int32_t* rows, int64_t n_rows,
-                      int64_t dim, cudaStream_t s);
+void cuda_gather_rows(float* out, const float* x, const int32_t* rows, int64_t n_rows, int64_t dim,
+                      cudaStream_t s);
 
 // ---- weights (dequant.cu, gemv.cu, gemm.cu) ----------------------------------------------
 
@@ -87,8 +87,8 @@ void cuda_gemm(float* out, const float* x, const WeightView& w, int64_t n_rows,
 
 // Stores k, v: [n_tokens][n_kv_head][head_dim] into the pools at each token's slot.
 // Supported pool types: F32, F16 (Q8/Q4 throw until their kernels land).
-void cuda_kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k,
-                   const float* v, cudaStream_t s);
+void cuda_kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, const float* v,
+                   cudaStream_t s);
 // Paged causal attention, cpu::paged_attention's contract. q, out: [n_tokens][n_head][head_dim].
 // head_dim <= 256, any block_size >= 1. Few tokens: one thread block per (token, KV head,
 // context split) with split-K merge; many tokens: flash-style query tiles.
@@ -109,9 +109,9 @@ void cuda_paged_attention_prefill(float* out, const float* q, const KvLayerView&
 // distribution, then temperature. temperature <= 0 means greedy (argmax).
 struct CudaSamplerConfig {
     float temperature = 1.0f;
-    int32_t top_k = 0;    // <= 0: off
-    float top_p = 1.0f;   // >= 1: off
-    float min_p = 0.0f;   // <= 0: off
+    int32_t top_k = 0;   // <= 0: off
+    float top_p = 1.0f;  // >= 1: off
+    float min_p = 0.0f;  // <= 0: off
 };
 
 // out[r] = index of the largest logits[r][:] (lowest index on ties); logits: [n_rows][n_vocab]

@@ -143,8 +143,8 @@ __global__ void argmax_kernel(int32_t* __restrict__ out, const float* __restrict
 }
 
 __global__ void __launch_bounds__(kSampleThreads)
-    sample_kernel(int32_t* __restrict__ out, const float* __restrict__ logits_all,
-                  int64_t n_vocab, CudaSamplerConfig cfg, const float* __restrict__ u_all) {
+    sample_kernel(int32_t* __restrict__ out, const float* __restrict__ logits_all, int64_t n_vocab,
+                  CudaSamplerConfig cfg, const float* __restrict__ u_all) {
     __shared__ float scratch[32];
     __shared__ float thread_sum[kSampleThreads];
     __shared__ unsigned long long pick, last_any;

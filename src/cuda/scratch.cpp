@@ -38,9 +38,10 @@ void* CudaScratch::get(size_t bytes, cudaStream_t s) {
         cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
         CUDA_CHECK(cudaStreamIsCapturing(s, &status));
         if (status != cudaStreamCaptureStatusNone)
-            throw Error(fmt::format("CUDA scratch buffer too small during graph capture: need {} "
-                                    "bytes, have {} (reserve before capturing)",
-                                    bytes, size_));
+            throw Error(
+                fmt::format("CUDA scratch buffer too small during graph capture: need {} "
+                            "bytes, have {} (reserve before capturing)",
+                            bytes, size_));
         reserve(bytes);
     }
     return buf_;

@@ -206,7 +206,7 @@ void print_summary(const std::vector<Item>& items, size_t n_written, const Engin
                "peak in flight    {} sequences\n"
                "KV blocks         peak {} of {} ({} tokens each), {} in use at the end\n"
                "KV waste          {:.2f}% of allocated slots unfilled (mean), {:.2f}% at the peak\n"
-               "prefix cache      {} tokens reused\n"
+               "prefix cache      {} tokens reused (prompts, and preempted sequences resuming)\n"
                "shared blocks     peak {} (prefixes, samples), {} copy-on-write copies\n"
                "preemptions       {}\n",
                m.device, items.size(), n_ok, n_err, interrupted ? ", interrupted" : "", n_written,

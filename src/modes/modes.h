@@ -10,6 +10,7 @@ void add_info_command(CLI::App& root, int& exit_code);
 void add_tokenize_command(CLI::App& root, int& exit_code);
 void add_run_command(CLI::App& root, int& exit_code);
 void add_batch_command(CLI::App& root, int& exit_code);
+void add_chat_command(CLI::App& root, int& exit_code);
 void add_bench_command(CLI::App& root, int& exit_code);
 void add_perplexity_command(CLI::App& root, int& exit_code);
 

@@ -1,12 +1,15 @@
 // `kvrun run`: one completion streamed to stdout (prompt from -p, -f or stdin), or with
-// --jsonl one JSON request per stdin line -> one JSON result per stdout line.
+// --jsonl one JSON request per stdin line -> one JSON result per stdout line. With
+// --draft-model, generation goes through speculative decoding (same output distribution).
 #include <fmt/core.h>
 
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "modes/draft_options.h"
 #include "modes/model_options.h"
 #include "modes/modes.h"
+#include "modes/request_json.h"
 #include "text_input.h"
 
 namespace kvrun {
@@ -14,6 +17,7 @@ namespace {
 
 struct RunOptions {
     ModelOptions model;
+    DraftOptions draft;
     SamplingParams sampling;
     std::string prompt, file;
     int32_t n_predict = 128;
@@ -61,7 +65,87 @@ nlohmann::json timings_json(const GenerationTimings& t) {
             {"decode_tokens_per_s", t.decode_tokens_per_s()}};
 }
 
+// run_single with --draft-model: the speculative decoder instead of the engine; with
+// --stats --spec-baseline the target then runs alone on the same request for the speed-up.
+int run_speculative(const RunOptions& o) {
+    if (o.n_samples != 1)
+        throw Error(fmt::format("--draft-model runs one sample (got --n-samples {})", o.n_samples),
+                    "drop --n-samples or --draft-model");
+    std::string text = read_prompt_text(o.prompt, o.file, /*allow_stdin=*/true);
+    LoadedModel m = load_model(o.model, 1);
+    LoadedModel d = load_draft_model(o.draft, o.model, m);
+    GenerationRequest req;
+    GenerationResult r;
+    {
+        SpeculativeDecoder dec(*m.backend, *d.backend, *m.tokenizer,
+                               speculative_options(o.draft, o.model, m));
+        req.prompt =
+            m.tokenizer->encode(text, !o.no_bos && m.tokenizer->add_bos(), o.parse_special);
+        if (o.truncate) truncate_prompt(req.prompt, dec.n_ctx(), o.n_predict, m.tokenizer->bos());
+        req.n_predict = o.n_predict;
+        req.sampling = o.sampling;
+        req.ignore_eos = o.ignore_eos;
+        req.stop_strings = o.stop;
+
+        install_interrupt_handler();
+        if (o.echo) fmt::print("{}", text), std::fflush(stdout);
+        StreamDecoder decoder(*m.tokenizer);
+        r = dec.generate(
+            req,
+            [&](TokenId tok) {
+                std::string piece = decoder.push(tok);
+                if (!piece.empty()) fmt::print("{}", piece), std::fflush(stdout);
+            },
+            &interrupt_flag());
+        fmt::print("{}\n", decoder.flush());
+        std::fflush(stdout);
+        if (o.stats) {
+            const auto& t = r.timings;
+            fmt::print(
+                stderr,
+                "\n--- stats ({}, speculative with {}) ---\n"
+                "prompt tokens     {} ({} computed, {} from the prefix cache)\n"
+                "generated tokens  {} (stop: {})\n"
+                "time to first tok {:.2f} ms\n"
+                "decode            {:.1f} tokens/s\n"
+                "KV blocks used    target {} peak of {}, draft {} peak of {} ({} tokens each)\n",
+                m.device, o.draft.model, t.n_prompt, t.n_prompt_computed,
+                t.n_prompt - t.n_prompt_computed, t.n_generated, stop_reason_name(r.stop),
+                t.ttft_ms, t.decode_tokens_per_s(), dec.target_table().stats().peak_used_blocks,
+                dec.target_table().n_blocks(), dec.draft_table().stats().peak_used_blocks,
+                dec.draft_table().n_blocks(), dec.target_table().block_size());
+            print_speculative_stats(dec.stats(), r);
+        }
+    }
+    if (r.stop == StopReason::Error) fail("{}", r.error);
+    if (interrupt_flag()) {
+        fmt::print(stderr, "kvrun: interrupted\n");
+        return 130;
+    }
+    if (o.stats && o.draft.baseline) {
+        // The decoder (and its view of the KV pool) is gone: the engine owns the pool now.
+        Engine engine(*m.backend, *m.tokenizer, engine_options(o.model, 1));
+        GenerationResult base;
+        engine.on_finish([&](const GenerationResult& x) { base = x; });
+        engine.submit(req);
+        engine.run(&interrupt_flag());
+        const double spec_tps = generation_tokens_per_s(r.timings);
+        const double base_tps = generation_tokens_per_s(base.timings);
+        fmt::print(stderr,
+                   "target alone      {} tokens in {:.1f} ms ({:.1f} tokens/s)\n"
+                   "speculative       {} tokens in {:.1f} ms ({:.1f} tokens/s)\n"
+                   "speed-up          {:.2f}x{}\n",
+                   base.tokens.size(), generation_ms(base.timings), base_tps, r.tokens.size(),
+                   generation_ms(r.timings), spec_tps, base_tps > 0 ? spec_tps / base_tps : 0.0,
+                   o.sampling.temperature <= 0
+                       ? (base.tokens == r.tokens ? " (outputs identical)" : " (OUTPUTS DIFFER)")
+                       : "");
+    }
+    return 0;
+}
+
 int run_single(const RunOptions& o) {
+    if (o.draft.enabled()) return run_speculative(o);
     std::string text = read_prompt_text(o.prompt, o.file, /*allow_stdin=*/true);
     LoadedModel m = load_model(o.model, o.n_samples);
     Engine engine(*m.backend, *m.tokenizer, engine_options(o.model, std::max(1, o.n_samples)));
@@ -98,7 +182,8 @@ int run_single(const RunOptions& o) {
     if (o.stats) {
         print_stats(results[0], engine, m);
         if (o.n_samples > 1)
-            fmt::print(stderr, "samples           {} sharing the prompt's KV blocks\n", o.n_samples);
+            fmt::print(stderr, "samples           {} sharing the prompt's KV blocks\n",
+                       o.n_samples);
     }
     for (const auto& r : results)
         if (r.stop == StopReason::Error) fail("{}", r.error);
@@ -109,41 +194,36 @@ int run_single(const RunOptions& o) {
     return 0;
 }
 
-// Parses one JSONL request into `req` (throws Error with the reason on bad input).
+// Parses one JSONL request into `req` (throws Error with the reason on bad input); the
+// fields are those of modes/request_json.h, shared with `kvrun batch`.
 void parse_request(const std::string& line, const RunOptions& o, const Tokenizer& tok,
                    GenerationRequest& req, std::string& prompt_text) {
-    nlohmann::json j;
-    try {
-        j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-        fail("malformed JSON: {}", e.what());
-    }
-    if (!j.is_object()) fail("a request must be a JSON object");
-    if (!j.contains("prompt") || !j["prompt"].is_string()) fail("missing string field 'prompt'");
-    try {
-        prompt_text = j["prompt"].get<std::string>();
-        utf8_require_valid(prompt_text, "'prompt'");
-        if (prompt_text.empty()) fail("'prompt' is empty");
-        req.n_predict = j.value("n_predict", o.n_predict);
-        req.sampling = o.sampling;
-        req.sampling.temperature = j.value("temperature", o.sampling.temperature);
-        req.sampling.top_k = j.value("top_k", o.sampling.top_k);
-        req.sampling.top_p = j.value("top_p", o.sampling.top_p);
-        req.sampling.min_p = j.value("min_p", o.sampling.min_p);
-        req.sampling.repeat_penalty = j.value("repeat_penalty", o.sampling.repeat_penalty);
-        req.sampling.seed = j.value("seed", o.sampling.seed);
-        req.n_samples = j.value("n_samples", 1);
-        req.ignore_eos = j.value("ignore_eos", o.ignore_eos);
-        req.stop_strings = j.value("stop", o.stop);
-    } catch (const nlohmann::json::exception& e) {
-        fail("bad field type: {}", e.what());
-    }
-    req.prompt = tok.encode(prompt_text, !o.no_bos && tok.add_bos(), o.parse_special);
+    RequestDefaults d;
+    d.sampling = o.sampling;
+    d.n_predict = o.n_predict;
+    d.ignore_eos = o.ignore_eos;
+    d.stop = o.stop;
+    d.add_bos = !o.no_bos;
+    d.parse_special = o.parse_special;
+    ParsedRequest p = request_from_json(line, d, tok);
+    req = std::move(p.request);
+    prompt_text = std::move(p.prompt_text);
 }
 
 int run_jsonl(const RunOptions& o) {
     LoadedModel m = load_model(o.model, 1);
-    Engine engine(*m.backend, *m.tokenizer, engine_options(o.model, 8));
+    // With --draft-model the speculative decoder owns the target's KV pool instead of the engine.
+    LoadedModel draft;
+    std::unique_ptr<Engine> engine;
+    std::unique_ptr<SpeculativeDecoder> spec;
+    if (o.draft.enabled()) {
+        draft = load_draft_model(o.draft, o.model, m);
+        spec = std::make_unique<SpeculativeDecoder>(*m.backend, *draft.backend, *m.tokenizer,
+                                                    speculative_options(o.draft, o.model, m));
+    } else {
+        engine = std::make_unique<Engine>(*m.backend, *m.tokenizer, engine_options(o.model, 8));
+    }
+    const int32_t n_ctx = spec ? spec->n_ctx() : engine->n_ctx();
     install_interrupt_handler();
     std::string line;
     int64_t line_no = 0;
@@ -155,11 +235,22 @@ int run_jsonl(const RunOptions& o) {
             GenerationRequest req;
             std::string prompt_text;
             parse_request(line, o, *m.tokenizer, req, prompt_text);
-            if (o.truncate) truncate_prompt(req.prompt, engine.n_ctx(), req.n_predict, m.tokenizer->bos());
-            std::vector<GenerationResult> results(req.n_samples);
-            engine.on_finish([&](const GenerationResult& r) { results[r.sample] = r; });
-            engine.submit(req);
-            engine.run(&interrupt_flag());
+            if (o.truncate) truncate_prompt(req.prompt, n_ctx, req.n_predict, m.tokenizer->bos());
+            std::vector<GenerationResult> results(std::max(1, req.n_samples));
+            nlohmann::json spec_json;
+            if (spec) {
+                const SpeculativeStats before = spec->stats();
+                results[0] = spec->generate(req, {}, &interrupt_flag());
+                const int64_t drafted = spec->stats().drafted - before.drafted;
+                const int64_t accepted = spec->stats().accepted - before.accepted;
+                spec_json = {{"drafted", drafted},
+                             {"accepted", accepted},
+                             {"target_passes", spec->stats().target_passes - before.target_passes}};
+            } else {
+                engine->on_finish([&](const GenerationResult& r) { results[r.sample] = r; });
+                engine->submit(req);
+                engine->run(&interrupt_flag());
+            }
             auto one = [&](const GenerationResult& r) {
                 nlohmann::json x = {{"tokens", r.tokens},
                                     {"text", m.tokenizer->decode(r.tokens, false)},
@@ -170,6 +261,7 @@ int run_jsonl(const RunOptions& o) {
             };
             out = one(results[0]);
             out["prompt_tokens"] = req.prompt;
+            if (spec) out["speculative"] = spec_json;
             if (req.n_samples > 1) {
                 out["samples"] = nlohmann::json::array();
                 for (const auto& r : results) out["samples"].push_back(one(r));
@@ -188,27 +280,37 @@ int run_jsonl(const RunOptions& o) {
 void add_run_command(CLI::App& root, int& exit_code) {
     auto o = std::make_shared<RunOptions>();
     CLI::App* cmd = root.add_subcommand(
-        "run", "Generate a completion for a prompt (from -p, -f or stdin) and stream it to stdout; "
-               "with --jsonl, answer one JSON request per stdin line");
+        "run",
+        "Generate a completion for a prompt (from -p, -f or stdin) and stream it to stdout; "
+        "with --jsonl, answer one JSON request per stdin line");
     add_model_options(cmd, o->model);
     auto* p = cmd->add_option("-p,--prompt", o->prompt, "The prompt text");
-    cmd->add_option("-f,--file", o->file, "Read the prompt from this file")->check(CLI::ExistingFile)->excludes(p);
-    cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate (-1: until EOS or the context is full)")
+    cmd->add_option("-f,--file", o->file, "Read the prompt from this file")
+        ->check(CLI::ExistingFile)
+        ->excludes(p);
+    cmd->add_option("-n,--n-predict", o->n_predict,
+                    "Tokens to generate (-1: until EOS or the context is full)")
         ->capture_default_str();
     add_sampling_options(cmd, o->sampling);
-    cmd->add_option("--n-samples", o->n_samples, "Parallel continuations sharing the prompt's KV blocks")
+    add_draft_options(cmd, o->draft);
+    cmd->add_option("--n-samples", o->n_samples,
+                    "Parallel continuations sharing the prompt's KV blocks")
         ->check(CLI::Range(1, 256))
         ->capture_default_str();
     cmd->add_option("--stop", o->stop, "Stop when the output contains this text (repeatable)");
     cmd->add_flag("--stats", o->stats, "Print timings and KV usage to stderr");
-    cmd->add_flag("--jsonl", o->jsonl,
-                  "Read JSON requests from stdin, one per line: {\"prompt\": ..., \"n_predict\": ..., "
-                  "\"temperature\": ..., \"top_k\", \"top_p\", \"min_p\", \"seed\", \"n_samples\", \"stop\"}; "
-                  "write one JSON result per line");
-    cmd->add_flag("--truncate", o->truncate, "Keep the end of a prompt that is longer than the context");
+    cmd->add_flag(
+        "--jsonl", o->jsonl,
+        "Read JSON requests from stdin, one per line: {\"prompt\": ..., \"n_predict\": ..., "
+        "\"temperature\": ..., \"top_k\", \"top_p\", \"min_p\", \"seed\", \"n_samples\", "
+        "\"stop\"}; "
+        "write one JSON result per line");
+    cmd->add_flag("--truncate", o->truncate,
+                  "Keep the end of a prompt that is longer than the context");
     cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after the end-of-sequence token");
     cmd->add_flag("--no-bos", o->no_bos, "Do not add the BOS token to the prompt");
-    cmd->add_flag("--parse-special", o->parse_special, "Recognize special token texts in the prompt");
+    cmd->add_flag("--parse-special", o->parse_special,
+                  "Recognize special token texts in the prompt");
     cmd->add_flag("--echo", o->echo, "Print the prompt before the completion");
     cmd->callback([o, &exit_code] { exit_code = o->jsonl ? run_jsonl(*o) : run_single(*o); });
 }

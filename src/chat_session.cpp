@@ -1,0 +1,279 @@
+// ChatSession: template formatting per turn, incremental prefill through an engine session,
+// stop-string-safe streaming, and the context overflow policies (see chat_session.h).
+#include "chat_session.h"
+
+#include <algorithm>
+
+#include "common.h"
+
+namespace kvrun {
+
+ContextOverflow context_overflow_from_name(std::string_view name) {
+    if (name == "stop") return ContextOverflow::Stop;
+    if (name == "shift") return ContextOverflow::Shift;
+    if (name == "sinks") return ContextOverflow::Sinks;
+    throw Error(fmt::format("unknown context overflow policy '{}'", name),
+                "use --context-overflow stop, shift or sinks");
+}
+
+ChatSession::ChatSession(Engine& engine, const Tokenizer& tok, ChatConfig config)
+    : engine_(engine), tok_(tok), cfg_(std::move(config)) {
+    if (cfg_.n_sink < 0) fail("the number of sink tokens must be >= 0 (got {})", cfg_.n_sink);
+    if (tok_.bos() >= 0) special_.bos = tok_.token_text(tok_.bos());
+    if (tok_.eos() >= 0) special_.eos = tok_.token_text(tok_.eos());
+    // End-of-turn texts that are one token of the vocabulary stop on that id; others are
+    // looked for in the decoded text.
+    for (const std::string& s : chat_template_stop_strings(cfg_.kind)) {
+        TokenId id = tok_.find_token(s);
+        if (id >= 0)
+            stop_tokens_.push_back(id);
+        else
+            stop_strings_.push_back(s);
+    }
+    session_ = engine_.open_session();
+    reset();
+}
+
+ChatSession::~ChatSession() {
+    try {
+        engine_.close_session(session_);
+    } catch (const Error&) {
+    }
+}
+
+void ChatSession::restart_session() {
+    engine_.close_session(session_);
+    session_ = engine_.open_session();
+}
+
+void ChatSession::reset() {
+    restart_session();
+    history_.clear();
+    if (!cfg_.system.empty()) history_.push_back({"system", cfg_.system});
+    reply_open_ = false;
+    last_ = {};
+}
+
+void ChatSession::set_system(const std::string& text) {
+    cfg_.system = text;
+    reset();
+}
+
+int32_t ChatSession::n_tokens() const {
+    return static_cast<int32_t>(engine_.session_tokens(session_).size());
+}
+
+int32_t ChatSession::n_cached_tokens() const {
+    return engine_.session_cached_tokens(session_);
+}
+
+std::vector<TokenId> ChatSession::encode(const std::string& text, bool first) const {
+    return tok_.encode(text, first && tok_.add_bos(), /*parse_special=*/true);
+}
+
+// Whether a sequence of n tokens leaves room to generate (an eighth of the context).
+bool ChatSession::fits(size_t n) const {
+    const size_t room = std::max<size_t>(1, static_cast<size_t>(engine_.n_ctx()) / 8);
+    return n + room < static_cast<size_t>(engine_.n_ctx());
+}
+
+// Attention sinks: the first n_sink tokens plus the most recent ones, half a context in all.
+std::vector<TokenId> ChatSession::sinks_cut(const std::vector<TokenId>& tokens) const {
+    const size_t half = static_cast<size_t>(engine_.n_ctx()) / 2;
+    const size_t sink = std::min(static_cast<size_t>(cfg_.n_sink), half / 2);
+    const size_t window = std::max<size_t>(1, half - sink);
+    if (tokens.size() <= sink + window) return tokens;
+    std::vector<TokenId> out(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(sink));
+    out.insert(out.end(), tokens.end() - static_cast<std::ptrdiff_t>(window), tokens.end());
+    return out;
+}
+
+// Shift: drops the oldest half of the non-system turns (whole user/assistant pairs) until
+// the conversation (ending with `user`, the last message of history_, plus the reply so far)
+// fits; falls back to a sinks cut when even the last message alone is too long.
+std::vector<TokenId> ChatSession::shift_rebuild(const ChatMessage& user,
+                                                const std::vector<TokenId>& reply,
+                                                int32_t& n_dropped) {
+    const bool has_system = !history_.empty() && history_.front().role == "system";
+    std::vector<ChatMessage> turns(history_.begin() + (has_system ? 1 : 0), history_.end() - 1);
+    n_dropped = 0;
+    std::vector<TokenId> tokens;
+    for (;;) {
+        size_t drop = (turns.size() + 1) / 2;
+        drop = std::min(turns.size(), drop + drop % 2);
+        turns.erase(turns.begin(), turns.begin() + static_cast<std::ptrdiff_t>(drop));
+        n_dropped += static_cast<int32_t>(drop);
+        std::vector<ChatMessage> msgs;
+        if (has_system) msgs.push_back(history_.front());
+        msgs.insert(msgs.end(), turns.begin(), turns.end());
+        msgs.push_back(user);
+        tokens = encode(chat_template_apply(cfg_.kind, msgs, true, special_), true);
+        tokens.insert(tokens.end(), reply.begin(), reply.end());
+        if (fits(tokens.size()) || turns.empty()) {
+            history_ = std::move(msgs);
+            break;
+        }
+    }
+    if (!fits(tokens.size())) tokens = sinks_cut(tokens);
+    return tokens;
+}
+
+// Length of the longest end of `text` that could start a stop string.
+size_t ChatSession::holdback(std::string_view text) const {
+    size_t best = 0;
+    for (const std::string& s : stop_strings_)
+        for (size_t n = std::min(s.size() - 1, text.size()); n > best; --n)
+            if (text.substr(text.size() - n) == std::string_view(s).substr(0, n)) {
+                best = n;
+                break;
+            }
+    return best;
+}
+
+std::string ChatSession::send(const std::string& user, const TextSink& on_text,
+                              const TextSink& on_notice, const std::atomic<bool>* cancel) {
+    ChatMessage msg{"user", user};
+    last_ = {};
+    const bool first = engine_.session_tokens(session_).empty();
+    std::vector<TokenId> add;
+    if (first) {
+        std::vector<ChatMessage> msgs = history_;
+        msgs.push_back(msg);
+        add = encode(chat_template_apply(cfg_.kind, msgs, true, special_), true);
+    } else {
+        std::string text = reply_open_ ? chat_template_assistant_suffix(cfg_.kind, special_) : "";
+        text += chat_template_apply_delta(cfg_.kind, history_, msg, special_);
+        add = encode(text, false);
+    }
+    last_.n_appended = static_cast<int32_t>(add.size());
+    if (!fits(n_tokens() + add.size())) {
+        if (cfg_.overflow == ContextOverflow::Stop)
+            throw Error(
+                fmt::format("the message does not fit in the context ({} + {} tokens of {})",
+                            n_tokens(), add.size(), engine_.n_ctx()),
+                "/reset starts a new conversation (or use --context-overflow shift)");
+        history_.push_back(msg);
+        std::vector<TokenId> whole;
+        if (cfg_.overflow == ContextOverflow::Shift) {
+            int32_t dropped = 0;
+            whole = shift_rebuild(msg, {}, dropped);
+            on_notice(fmt::format("[context full: dropped the {} oldest messages]", dropped));
+        } else {
+            whole = engine_.session_tokens(session_);
+            whole.insert(whole.end(), add.begin(), add.end());
+            whole = sinks_cut(whole);
+            on_notice(fmt::format("[context full: kept {} sink tokens + the last {} tokens]",
+                                  std::min<size_t>(cfg_.n_sink, whole.size()), whole.size()));
+        }
+        restart_session();
+        add = std::move(whole);
+        last_.n_overflows++;
+    } else {
+        history_.push_back(msg);
+    }
+    reply_open_ = false;
+
+    // Streaming: the reply's leading whitespace is not shown; text that could start a stop
+    // string waits until it can't.
+    StreamDecoder decoder(tok_);
+    std::string reply;
+    std::vector<TokenId> reply_tokens;
+    size_t shown = 0;
+    auto emit = [&](size_t end) {
+        size_t lead = reply.find_first_not_of(" \t\r\n");
+        if (lead == std::string::npos) lead = reply.size();
+        const size_t from = std::max(shown, lead);
+        if (end > from) on_text(std::string_view(reply).substr(from, end - from));
+        shown = std::max(shown, end);
+    };
+    auto stop_at = [&]() {
+        size_t p = std::string::npos;
+        for (const std::string& s : stop_strings_) p = std::min(p, reply.find(s));
+        return p;
+    };
+    GenerationResult result;
+    engine_.on_token([&](int32_t, int32_t, TokenId t) {
+        reply_tokens.push_back(t);
+        reply += decoder.push(t);
+        emit(std::min(reply.size() - holdback(reply), stop_at()));
+    });
+    engine_.on_finish([&](const GenerationResult& r) { result = r; });
+    int32_t remaining = cfg_.n_predict;
+    for (bool first_request = true;; first_request = false) {
+        GenerationRequest req;
+        req.session = session_;
+        req.prompt = std::move(add);
+        req.n_predict = remaining;
+        req.sampling = cfg_.sampling;
+        req.ignore_eos = cfg_.ignore_eos;
+        if (!cfg_.ignore_eos) req.stop_tokens = stop_tokens_;
+        req.stop_strings = stop_strings_;
+        try {
+            engine_.submit(std::move(req));
+        } catch (const Error&) {
+            engine_.on_token(nullptr);
+            engine_.on_finish(nullptr);
+            if (first_request) history_.pop_back();  // the message was not sent
+            throw;
+        }
+        engine_.run(cancel);
+        if (first_request) {
+            last_.timings = result.timings;
+            last_.n_reused = result.timings.n_prompt - result.timings.n_prompt_computed;
+        }
+        last_.n_prefilled += result.timings.n_prompt_computed;
+        if (result.stop != StopReason::Context) break;
+        if (remaining >= 0) {
+            remaining -= static_cast<int32_t>(result.tokens.size());
+            if (remaining <= 0) {
+                result.stop = StopReason::Length;
+                break;
+            }
+        }
+        if (cfg_.overflow == ContextOverflow::Stop) {
+            on_notice("[context full: the reply stops here; /reset starts a new conversation]");
+            break;
+        }
+        // Outgrown mid-reply: re-prefill a shorter conversation and continue the reply.
+        if (cfg_.overflow == ContextOverflow::Shift) {
+            int32_t dropped = 0;
+            add = shift_rebuild(msg, reply_tokens, dropped);
+            on_notice(fmt::format("[context full: dropped the {} oldest messages]", dropped));
+        } else {
+            add = sinks_cut(engine_.session_tokens(session_));
+            on_notice(fmt::format("[context full: kept {} sink tokens + the last {} tokens]",
+                                  cfg_.n_sink,
+                                  add.size() - std::min<size_t>(cfg_.n_sink, add.size())));
+        }
+        restart_session();
+        last_.n_overflows++;
+    }
+    engine_.on_token(nullptr);
+    engine_.on_finish(nullptr);
+
+    if (result.stop == StopReason::StopString && stop_at() != std::string::npos) {
+        // Cut the reply before the stop string, in the text and in the sequence.
+        const size_t p = stop_at();
+        reply.resize(p);
+        size_t len = 0, kept = 0;
+        for (; kept < reply_tokens.size(); ++kept) {
+            len += tok_.token_to_piece(reply_tokens[kept]).size();
+            if (len > p) break;
+        }
+        const size_t drop = std::min(reply_tokens.size() - kept, result.tokens.size());
+        engine_.truncate_session(session_, n_tokens() - static_cast<int32_t>(drop));
+        reply_tokens.resize(kept);
+    } else {
+        reply += decoder.flush();
+    }
+    emit(reply.size());
+    if (result.stop == StopReason::Error) on_notice("[error: " + result.error + "]");
+    last_.n_generated = static_cast<int32_t>(reply_tokens.size());
+    last_.stop = result.stop;
+    const size_t lead = reply.find_first_not_of(" \t\r\n");
+    history_.push_back({"assistant", lead == std::string::npos ? "" : reply.substr(lead)});
+    reply_open_ = true;
+    return history_.back().content;
+}
+
+}  // namespace kvrun

@@ -1,0 +1,98 @@
+// One multi-turn conversation on the engine (the logic behind `kvrun chat`, no terminal
+// I/O): formats each user message with the chat template, appends only the new tokens to
+// an engine session (the conversation's KV sequence stays alive between turns, so a turn
+// prefills just its own tokens), streams the reply UTF-8-safely while holding back text that
+// may start a stop string, and handles a conversation that outgrows the context:
+//   stop   — say so and end the reply (a message that does not fit is refused);
+//   shift  — drop the oldest half of the non-system turns and re-prefill the rest;
+//   sinks  — StreamingLLM-style attention sinks by recomputation: keep the first n_sink
+//            tokens plus the most recent window (half the context) and re-prefill them into
+//            a fresh sequence, so RoPE positions stay contiguous and the chat can go on
+//            indefinitely. (Recomputing costs one prefill of half the context per overflow;
+//            it avoids re-rotating cached keys, which the paged cache does not support.)
+// Both shift and sinks continue an interrupted reply after re-prefilling.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "chat_template.h"
+#include "engine.h"
+#include "tokenizer.h"
+
+namespace kvrun {
+
+enum class ContextOverflow { Stop, Shift, Sinks };
+ContextOverflow context_overflow_from_name(std::string_view name);  // throws Error
+
+struct ChatConfig {
+    ChatTemplateKind kind = ChatTemplateKind::Plain;
+    std::string system;      // system prompt ("" for none)
+    int32_t n_predict = -1;  // max reply tokens (< 0: until the end of turn)
+    SamplingParams sampling;
+    bool ignore_eos = false;  // keep going past end-of-turn tokens (tests, demos)
+    ContextOverflow overflow = ContextOverflow::Shift;
+    int32_t n_sink = 4;  // sinks: leading tokens always kept
+};
+
+// What the last turn did.
+struct ChatTurnStats {
+    int32_t n_appended = 0;   // tokens this message added to the conversation
+    int32_t n_prefilled = 0;  // tokens run through the model before the reply (all requests)
+    int32_t n_reused = 0;     // conversation tokens whose K/V were reused from earlier turns
+    int32_t n_generated = 0;  // reply tokens
+    int32_t n_overflows = 0;  // context shifts/cuts during this turn
+    StopReason stop = StopReason::None;
+    GenerationTimings timings;  // of the first request of the turn
+};
+
+class ChatSession {
+  public:
+    using TextSink = std::function<void(std::string_view)>;
+
+    ChatSession(Engine& engine, const Tokenizer& tok, ChatConfig config);
+    ~ChatSession();
+
+    // Sends a user message and generates the reply, streaming its text to `on_text` (and
+    // notes such as "[context shifted: ...]" to `on_notice`). Returns the reply text.
+    // `cancel` (Ctrl-C) ends the reply early; the partial reply stays in the conversation.
+    // Throws Error when the message cannot be sent (e.g. it does not fit with --stop).
+    std::string send(const std::string& user, const TextSink& on_text, const TextSink& on_notice,
+                     const std::atomic<bool>* cancel = nullptr);
+
+    void reset();                              // forget the conversation (keeps the system)
+    void set_system(const std::string& text);  // new system prompt, conversation reset
+
+    const ChatTurnStats& last_turn() const { return last_; }
+    int32_t n_tokens() const;         // tokens in the conversation's sequence
+    int32_t n_cached_tokens() const;  // of which the KV cache holds
+    const std::vector<ChatMessage>& messages() const { return history_; }
+    const ChatConfig& config() const { return cfg_; }
+    const std::vector<TokenId>& stop_tokens() const { return stop_tokens_; }
+    const std::vector<std::string>& stop_strings() const { return stop_strings_; }
+
+  private:
+    std::vector<TokenId> encode(const std::string& text, bool first) const;
+    bool fits(size_t n_tokens) const;
+    std::vector<TokenId> sinks_cut(const std::vector<TokenId>& tokens) const;
+    std::vector<TokenId> shift_rebuild(const ChatMessage& user, const std::vector<TokenId>& reply,
+                                       int32_t& n_dropped);
+    void restart_session();
+    size_t holdback(std::string_view text) const;
+
+    Engine& engine_;
+    const Tokenizer& tok_;
+    ChatConfig cfg_;
+    ChatSpecialTexts special_;
+    std::vector<TokenId> stop_tokens_;       // end-of-turn ids of the template
+    std::vector<std::string> stop_strings_;  // end-of-turn texts that are not one token
+    std::vector<ChatMessage> history_;       // system (if any), then user/assistant turns
+    int32_t session_ = -1;
+    bool reply_open_ = false;  // the last reply's closing text is not in the sequence yet
+    ChatTurnStats last_;
+};
+
+}  // namespace kvrun

@@ -1,0 +1,177 @@
+// `kvrun chat`: interactive multi-turn chat in the terminal. The conversation lives in a
+// ChatSession (template, incremental prefill, context overflow); this file is the REPL:
+// line editing and history (LineEditor), slash commands, streaming the reply to stdout,
+// Ctrl-C (stops a reply / clears the line) and Ctrl-D (exits 0).
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "chat_session.h"
+#include "common.h"
+#include "line_editor.h"
+#include "modes/model_options.h"
+#include "modes/modes.h"
+
+namespace kvrun {
+namespace {
+
+struct ChatOptions {
+    ModelOptions model;
+    SamplingParams sampling;
+    std::string system, chat_template, overflow = "shift", history_file;
+    int32_t n_predict = -1;
+    int32_t n_sink = 4;
+    bool ignore_eos = false, stats = false;
+};
+
+constexpr const char* kHelp =
+    "commands:\n"
+    "  /reset          start a new conversation (keeps the system prompt)\n"
+    "  /system TEXT    set the system prompt (empty: none) and start over\n"
+    "  /stats          token counts, cache reuse and speed of the last turn\n"
+    "  /help           this list\n"
+    "  /exit           quit (also Ctrl-D)\n"
+    "Ctrl-C stops a reply; while typing it clears the line.\n";
+
+ChatTemplateKind pick_template(const ChatOptions& o, const GgufFile& file) {
+    if (!o.chat_template.empty()) return chat_template_from_name(o.chat_template);
+    const GgufValue* v = file.find("tokenizer.chat_template");
+    if (v && std::holds_alternative<std::string>(v->data))
+        return chat_template_detect(v->as_string());
+    return ChatTemplateKind::Plain;
+}
+
+void print_stats(const ChatSession& chat, const Engine& engine, const LoadedModel& m) {
+    const ChatTurnStats& t = chat.last_turn();
+    const KvBlockStats ks = engine.kv_table().stats();
+    fmt::print(
+        "conversation   {} tokens ({} in the KV cache) of a {}-token context, {} messages\n"
+        "last turn      prefilled {} tokens ({} new), reused {} cached tokens\n"
+        "reply          {} tokens, stop: {}, context overflows: {}\n"
+        "speed          time to first token {:.1f} ms, prefill {:.1f} tokens/s, decode {:.1f} "
+        "tokens/s\n"
+        "KV blocks      {} used of {} ({} tokens each), {} cached for reuse\n"
+        "template       {} ({}), context overflow: {}\n",
+        chat.n_tokens(), chat.n_cached_tokens(), engine.n_ctx(), chat.messages().size(),
+        t.n_prefilled, t.n_appended, t.n_reused, t.n_generated, stop_reason_name(t.stop),
+        t.n_overflows, t.timings.ttft_ms, t.timings.prefill_tokens_per_s(),
+        t.timings.decode_tokens_per_s(), ks.used_blocks, ks.n_blocks, ks.block_size,
+        ks.evictable_blocks, chat_template_name(chat.config().kind), m.device,
+        chat.config().overflow == ContextOverflow::Stop    ? "stop"
+        : chat.config().overflow == ContextOverflow::Shift ? "shift"
+                                                           : "sinks");
+}
+
+std::string trim(const std::string& s) {
+    const size_t b = s.find_first_not_of(" \t\r\n");
+    if (b == std::string::npos) return {};
+    return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+int run_chat(const ChatOptions& o) {
+    ChatConfig cfg;
+    cfg.system = o.system;
+    cfg.n_predict = o.n_predict;
+    cfg.sampling = o.sampling;
+    cfg.ignore_eos = o.ignore_eos;
+    cfg.overflow = context_overflow_from_name(o.overflow);
+    cfg.n_sink = o.n_sink;
+    LoadedModel m = load_model(o.model, 1);
+    cfg.kind = pick_template(o, *m.file);
+    Engine engine(*m.backend, *m.tokenizer, engine_options(o.model, 1));
+    ChatSession chat(engine, *m.tokenizer, cfg);
+    LineEditor editor(o.history_file);
+    const bool tty = isatty(STDOUT_FILENO) == 1;
+    fmt::print(stderr,
+               "kvrun chat: {} on {}, template {}, context {} tokens (overflow: {}).\n"
+               "Type /help for commands, Ctrl-D to exit.\n",
+               o.model.model, m.device, chat_template_name(cfg.kind), engine.n_ctx(), o.overflow);
+    install_interrupt_handler();
+    auto print_text = [](std::string_view s) {
+        fmt::print("{}", s);
+        std::fflush(stdout);
+    };
+    auto print_notice = [](std::string_view s) {
+        std::fflush(stdout);
+        fmt::print(stderr, "\n{}\n", s);
+    };
+    for (;;) {
+        std::optional<std::string> read = editor.read_line("> ");
+        if (!read) return 0;  // Ctrl-D / end of input
+        if (editor.interrupted()) continue;
+        const std::string line = trim(*read);
+        if (line.empty()) continue;
+        editor.add_history(line);
+        if (line[0] == '/') {
+            const size_t sp = line.find(' ');
+            const std::string cmd = line.substr(0, sp);
+            const std::string arg = sp == std::string::npos ? "" : trim(line.substr(sp));
+            if (cmd == "/exit" || cmd == "/quit") return 0;
+            if (cmd == "/help") {
+                fmt::print("{}", kHelp);
+            } else if (cmd == "/reset") {
+                chat.reset();
+                fmt::print("[new conversation]\n");
+            } else if (cmd == "/system") {
+                chat.set_system(arg);
+                fmt::print("[system prompt {}; new conversation]\n",
+                           arg.empty() ? "cleared" : "set");
+            } else if (cmd == "/stats") {
+                print_stats(chat, engine, m);
+            } else {
+                fmt::print("unknown command {} (/help lists them)\n", cmd);
+            }
+            std::fflush(stdout);
+            continue;
+        }
+        interrupt_flag() = false;
+        try {
+            chat.send(line, print_text, print_notice, &interrupt_flag());
+        } catch (const Error& e) {
+            std::fflush(stdout);
+            fmt::print(stderr, "error: {}\n", e.what());
+            if (!e.hint().empty()) fmt::print(stderr, "hint: {}\n", e.hint());
+            continue;
+        }
+        if (chat.last_turn().stop == StopReason::Cancelled) fmt::print(" [interrupted]");
+        fmt::print("\n");
+        if (tty) fmt::print("\n");
+        std::fflush(stdout);
+        interrupt_flag() = false;
+        if (o.stats) print_stats(chat, engine, m);
+    }
+}
+
+}  // namespace
+
+void add_chat_command(CLI::App& root, int& exit_code) {
+    auto o = std::make_shared<ChatOptions>();
+    CLI::App* cmd = root.add_subcommand(
+        "chat", "Interactive multi-turn chat (each turn prefills only its new tokens)");
+    add_model_options(cmd, o->model);
+    cmd->add_option("--system", o->system, "System prompt");
+    cmd->add_option("--chat-template", o->chat_template,
+                    "Chat format: llama2, llama3, chatml, mistral, zephyr, phi3, gemma or plain "
+                    "(default: detected from the model's tokenizer.chat_template)");
+    cmd->add_option("-n,--n-predict", o->n_predict,
+                    "Max tokens per reply (-1: until the end of the turn)")
+        ->capture_default_str();
+    add_sampling_options(cmd, o->sampling);
+    cmd->add_option("--context-overflow", o->overflow,
+                    "When the conversation outgrows the context: stop (end the reply), shift "
+                    "(drop the oldest half of the turns, re-prefill) or sinks (keep the first "
+                    "tokens + a recent window, re-prefill)")
+        ->check(CLI::IsMember({"stop", "shift", "sinks"}))
+        ->capture_default_str();
+    cmd->add_option("--sink-tokens", o->n_sink, "Leading tokens kept by --context-overflow sinks")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    cmd->add_option("--history-file", o->history_file, "Load and save the input history here");
+    cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-turn tokens");
+    cmd->add_flag("--stats", o->stats, "Print /stats after every reply");
+    cmd->callback([o, &exit_code] { exit_code = run_chat(*o); });
+}
+
+}  // namespace kvrun

@@ -1,0 +1,258 @@
+// End-to-end tests of `kvrun batch` on stories260K: text and JSONL input, results in input
+// order equal to `kvrun run` (greedy), the summary on stderr, error objects for bad lines,
+// --n-samples, a pool too small for the batch (preemption), and Ctrl-C (exit 130, finished
+// results written).
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+using kvrun::test::run_command;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string kvrun_cmd(const std::string& args) {
+    return kvrun::test::kvrun_binary() + " " + args;
+}
+
+// A scratch directory removed at the end of the test.
+struct TempDir {
+    fs::path path;
+    TempDir() {
+        static int n = 0;
+        path = fs::temp_directory_path() /
+               ("kvrun_test_batch_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
+        fs::create_directories(path);
+    }
+    ~TempDir() { fs::remove_all(path); }
+    std::string write(const std::string& name, const std::string& text) const {
+        std::ofstream(path / name, std::ios::binary) << text;
+        return (path / name).string();
+    }
+};
+
+std::vector<nlohmann::json> parse_lines(const std::string& text) {
+    std::vector<nlohmann::json> out;
+    std::istringstream in(text);
+    std::string line;
+    while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+    return out;
+}
+
+std::string read_all(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+std::string shell_quote(const std::string& s) {
+    std::string out = "'";
+    for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return out + "'";
+}
+
+// `kvrun run` greedy output for one prompt (without the final newline).
+std::string run_alone(const std::string& model, const std::string& prompt, int n) {
+    auto r = run_command(kvrun_cmd("run -m " + model + " --temp 0 -n " + std::to_string(n) +
+                                   " -p " + shell_quote(prompt)));
+    REQUIRE(r.exit_code == 0);
+    return r.out.substr(0, r.out.size() - 1);
+}
+
+void check_summary(const std::string& err) {
+    for (const char* s : {"batch summary", "tokens/s", "peak in flight", "KV blocks", "KV waste",
+                          "prefix cache", "preemptions"})
+        CHECK_MESSAGE(err.find(s) != std::string::npos, s << " missing in: " << err);
+}
+
+}  // namespace
+
+TEST_CASE("batch on a text file: one result per prompt, input order, equal to run") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    TempDir dir;
+    const std::vector<std::string> prompts = {"Once upon a time",
+                                              "The little dog saw a big red ball. He",
+                                              "Lily and Tom went to the park. They",
+                                              "One day, a bird flew into the garden and",
+                                              "Tom had a cat.\nThe cat",
+                                              "Mom said \"no\" \\ and"};
+    // Line 5 uses the \n escape, line 6 a literal backslash (\\); a blank line is skipped;
+    // the invalid UTF-8 line becomes an error object.
+    std::string txt = prompts[0] + "\n" + prompts[1] + "\n\n" + prompts[2] + "\n" + prompts[3] +
+                      "\nTom had a cat.\\nThe cat\n" + "Mom said \"no\" \\\\ and\n" +
+                      "bad \xff line\n";
+    std::string in = dir.write("prompts.txt", txt);
+    std::string out = (dir.path / "out.jsonl").string();
+    auto r = run_command(kvrun_cmd("batch -m " + model.string() + " -f " + in + " -o " + out +
+                                   " --temp 0 -n 20 --parallel 4"));
+    CHECK_MESSAGE(r.exit_code == 0, r.err);
+    CHECK(r.out.empty());
+    check_summary(r.err);
+    auto lines = parse_lines(read_all(out));
+    REQUIRE(lines.size() == 7);
+    const int file_lines[] = {1, 2, 4, 5, 6, 7, 8};
+    for (size_t i = 0; i < lines.size(); ++i) {
+        CHECK(lines[i]["index"] == i);
+        CHECK(lines[i]["line"] == file_lines[i]);
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        CAPTURE(prompts[i]);
+        REQUIRE(!lines[i].contains("error"));
+        CHECK(lines[i]["tokens"].size() == 20);
+        CHECK(lines[i]["stop"] == "length");
+        CHECK(lines[i]["text"] == run_alone(model.string(), prompts[i], 20));
+        for (const char* k : {"queue_ms", "ttft_ms", "decode_tokens_per_s", "prefill_ms"})
+            CHECK(lines[i]["timings"].contains(k));
+    }
+    CHECK(lines[6]["error"].get<std::string>().find("UTF-8") != std::string::npos);
+}
+
+TEST_CASE("batch on a JSONL file: per-request fields, error objects, samples, stdout") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    TempDir dir;
+    std::string jsonl =
+        "{\"prompt\": \"Once upon a time\", \"n_predict\": 30, \"temperature\": 0, \"id\": \"a\"}\n"
+        "{\"prompt\": \"The little dog saw a big red ball. He\", \"n_predict\": 5, "
+        "\"temperature\": 0, \"id\": 7}\n"
+        "{this is not json\n"
+        "{\"n_predict\": 3}\n"
+        "{\"prompt\": \"Lily and Tom went to the park. They\", \"n_predict\": 8, \"n_samples\": 3, "
+        "\"temperature\": 1, \"seed\": 5, \"ignore_eos\": true}\n"
+        "{\"prompt\": \"One day\", \"n_predict\": 4, \"temperature\": -1, \"top_k\": \"x\"}\n";
+    std::string in = dir.write("requests.jsonl", jsonl);
+    auto r = run_command(kvrun_cmd("batch -m " + model.string() + " -f " + in + " --parallel 8"));
+    CHECK_MESSAGE(r.exit_code == 0, r.err);
+    check_summary(r.err);
+    auto lines = parse_lines(r.out);
+    REQUIRE(lines.size() == 6);
+    for (size_t i = 0; i < lines.size(); ++i) CHECK(lines[i]["index"] == i);
+    // The short second request finished first but is written second.
+    CHECK(lines[0]["id"] == "a");
+    CHECK(lines[0]["tokens"].size() == 30);
+    CHECK(lines[0]["text"] == run_alone(model.string(), "Once upon a time", 30));
+    CHECK(lines[1]["id"] == 7);
+    CHECK(lines[1]["tokens"].size() == 5);
+    CHECK(lines[1]["text"] ==
+          run_alone(model.string(), "The little dog saw a big red ball. He", 5));
+    CHECK(lines[2]["error"].get<std::string>().find("malformed JSON") != std::string::npos);
+    CHECK(lines[2]["line"] == 3);
+    CHECK(lines[3]["error"].get<std::string>().find("prompt") != std::string::npos);
+    REQUIRE(lines[4].contains("samples"));
+    REQUIRE(lines[4]["samples"].size() == 3);
+    CHECK(lines[4]["samples"][0]["tokens"] != lines[4]["samples"][1]["tokens"]);
+    CHECK(lines[4]["samples"][1]["tokens"] != lines[4]["samples"][2]["tokens"]);
+    for (auto& s : lines[4]["samples"]) CHECK(s["tokens"].size() == 8);
+    CHECK(lines[5]["error"].get<std::string>().find("bad field type") != std::string::npos);
+    // The samples shared the prompt's blocks.
+    CHECK(r.err.find("shared blocks     peak 0") == std::string::npos);
+
+    // --n-samples 4 with a fixed seed: four different continuations sharing the prompt.
+    std::string one =
+        dir.write("one.txt", "Once upon a time, there was a little girl named Lily.\n");
+    auto ns = run_command(kvrun_cmd("batch -m " + model.string() + " -f " + one +
+                                    " --temp 1 -s 3 -n 16 --ignore-eos --n-samples 4"));
+    CHECK(ns.exit_code == 0);
+    auto ns_lines = parse_lines(ns.out);
+    REQUIRE(ns_lines.size() == 1);
+    REQUIRE(ns_lines[0]["samples"].size() == 4);
+    std::set<std::string> texts;
+    for (auto& s : ns_lines[0]["samples"]) texts.insert(s["text"].get<std::string>());
+    CHECK(texts.size() == 4);
+    CHECK(ns.err.find("shared blocks     peak 0") == std::string::npos);
+    CHECK(ns.err.find("shared blocks     peak") != std::string::npos);
+    auto ns2 = run_command(kvrun_cmd("batch -m " + model.string() + " -f " + one +
+                                     " --temp 1 -s 3 -n 16 --ignore-eos --n-samples 4"));
+    auto ns2_lines = parse_lines(ns2.out);  // same seed, same samples
+    REQUIRE(ns2_lines.size() == 1);
+    for (size_t k = 0; k < 4; ++k)
+        CHECK(ns2_lines[0]["samples"][k]["tokens"] == ns_lines[0]["samples"][k]["tokens"]);
+
+    // The same JSONL through `run --jsonl` gives the same greedy tokens.
+    auto rr = run_command(kvrun_cmd("run --jsonl -m " + model.string()), jsonl);
+    auto run_lines = parse_lines(rr.out);
+    REQUIRE(run_lines.size() == 6);
+    CHECK(run_lines[0]["tokens"] == lines[0]["tokens"]);
+    CHECK(run_lines[1]["tokens"] == lines[1]["tokens"]);
+}
+
+TEST_CASE("batch with a pool too small for all prompts preempts and still answers all") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    TempDir dir;
+    std::string txt;
+    std::vector<std::string> prompts;
+    const char* base[] = {"Once upon a time", "The little dog saw a big red ball. He",
+                          "Lily and Tom went to the park. They",
+                          "One day, a bird flew into the garden and"};
+    for (int i = 0; i < 12; ++i) {
+        prompts.push_back(std::string(base[i % 4]) + (i >= 4 ? " the" : "") +
+                          (i >= 8 ? " big" : ""));
+        txt += prompts.back() + "\n";
+    }
+    std::string in = dir.write("p.txt", txt);
+    // 0.1 MiB of f16 KV = 10 blocks of 16 tokens (640 bytes per token): ~2 sequences of 80.
+    auto r = run_command(kvrun_cmd("batch -m " + model.string() + " -f " + in +
+                                   " --temp 0 -n 60 --parallel 8 --kv-memory 0.1"));
+    CHECK_MESSAGE(r.exit_code == 0, r.err);
+    auto lines = parse_lines(r.out);
+    REQUIRE(lines.size() == prompts.size());
+    CHECK(r.err.find("preemptions       0") == std::string::npos);
+    for (size_t i = 0; i < prompts.size(); i += 3) {
+        CAPTURE(i);
+        CHECK(lines[i]["text"] == run_alone(model.string(), prompts[i], 60));
+    }
+}
+
+TEST_CASE("batch: Ctrl-C stops, writes the finished results and exits 130") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    TempDir dir;
+    std::string jsonl =
+        "{\"prompt\": \"Once upon a time\", \"n_predict\": 4}\n"
+        "{\"prompt\": \"One day\", \"n_predict\": 4}\n";
+    for (int i = 0; i < 4; ++i)
+        jsonl += "{\"prompt\": \"Lily and Tom\", \"n_predict\": -1, \"ignore_eos\": true}\n";
+    std::string in = dir.write("r.jsonl", jsonl);
+    std::string out = (dir.path / "out.jsonl").string();
+    // Wait (at most 10 s) until the two short requests are written, then send SIGINT.
+    std::string script = kvrun_cmd("batch -m " + model.string() + " -f " + in + " -o " + out +
+                                   " --parallel 1 -c 2048") +
+                         " & pid=$!; for i in $(seq 100); do "
+                         "[ \"$(wc -l < " +
+                         out +
+                         " 2>/dev/null)\" -ge 2 ] 2>/dev/null && break; "
+                         "sleep 0.1; done; kill -INT $pid; wait $pid; echo rc=$?";
+    auto r = run_command("sh -c " + shell_quote(script));
+    CHECK_MESSAGE(r.out.find("rc=130") != std::string::npos, r.out << r.err);
+    CHECK(r.err.find("interrupted") != std::string::npos);
+    auto lines = parse_lines(read_all(out));
+    REQUIRE(lines.size() >= 2);
+    CHECK(lines.size() < 6);
+    CHECK(lines[0]["index"] == 0);
+    CHECK(lines[1]["index"] == 1);
+    CHECK(lines[1]["tokens"].size() == 4);
+}
+
+TEST_CASE("batch rejects a missing or empty input with one clear line") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    TempDir dir;
+    std::string empty = dir.write("empty.txt", "\n  \n");
+    auto r = run_command(kvrun_cmd("batch -m " + model.string() + " -f " + empty));
+    CHECK(r.exit_code == 1);
+    CHECK(r.err.find("no prompts") != std::string::npos);
+    auto m = run_command(kvrun_cmd("batch -m " + model.string() + " -f /no/such/file.txt"));
+    CHECK(m.exit_code == 1);
+    CHECK(m.err.find("/no/such/file.txt") != std::string::npos);
+}

@@ -1,0 +1,241 @@
+// End-to-end tests of `kvrun chat` in a real terminal: the chat runs inside a detached tmux
+// session of fixed size, driven with send-keys and read with capture-pane (every wait polls
+// with a timeout, and the tmux server is killed at the end). Checks: two turns where /stats
+// shows the second turn prefilled only its new tokens, Ctrl-C mid-reply returns to the
+// prompt, Ctrl-C while typing clears the line, and Ctrl-D exits 0. Also the same chat with
+// piped stdin (no terminal). Skips with a message when tmux or ../shared is missing.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "test_util.h"
+
+using kvrun::test::run_command;
+
+namespace {
+
+bool have_tmux() {
+    return run_command("command -v tmux >/dev/null 2>&1 && echo yes").out == "yes\n";
+}
+
+std::string shell_quote(const std::string& s) {
+    std::string out = "'";
+    for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return out + "'";
+}
+
+// A detached tmux session (own server socket) running one command; killed on destruction.
+class Tmux {
+  public:
+    explicit Tmux(const std::string& command)
+        : socket_("kvrun_test_chat_" + std::to_string(::getpid()) + "_" +
+                  std::to_string(counter_++)) {
+        // The shell prints the exit code, then idles so the pane can still be read.
+        std::string inner = command + "; echo KVRUN_EXIT=$?; sleep 120";
+        auto r = run_command(tmux("new-session -d -s chat -x 160 -y 50 " + shell_quote(inner)));
+        ok_ = r.exit_code == 0;
+        if (!ok_) MESSAGE("tmux failed to start: " << r.err);
+    }
+    ~Tmux() { run_command(tmux("kill-server")); }
+    bool ok() const { return ok_; }
+
+    void keys(const std::string& args) { run_command(tmux("send-keys -t chat " + args)); }
+    void type_line(const std::string& text) {
+        keys("-l " + shell_quote(text));
+        keys("Enter");
+    }
+    // The whole pane (history included, wrapped lines joined).
+    std::string screen() { return run_command(tmux("capture-pane -p -J -S - -t chat")).out; }
+    // Polls until pred(screen) holds; false (and the screen in the log) after the timeout.
+    template <class Pred>
+    bool wait_for(Pred pred, const char* what, double seconds = 30) {
+        auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+        std::string s;
+        while (std::chrono::steady_clock::now() < until) {
+            s = screen();
+            if (pred(s)) return true;
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        MESSAGE("timed out waiting for " << what << "; screen:\n" << s);
+        return false;
+    }
+
+  private:
+    std::string tmux(const std::string& args) const { return "tmux -L " + socket_ + " " + args; }
+    static inline int counter_ = 0;
+    std::string socket_;
+    bool ok_ = false;
+};
+
+// Number of prompt lines ("> ...") on the screen.
+int count_prompts(const std::string& screen) {
+    int n = 0;
+    std::istringstream in(screen);
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind("> ", 0) == 0 || line == ">") ++n;
+    return n;
+}
+
+int count_of(const std::string& s, const std::string& needle) {
+    int n = 0;
+    for (size_t p = s.find(needle); p != std::string::npos; p = s.find(needle, p + 1)) ++n;
+    return n;
+}
+
+struct Stats {
+    int conversation = -1, cached = -1, prefilled = -1, appended = -1, reused = -1, reply = -1;
+    std::string stop;
+};
+
+// The numbers of the last /stats block on the screen.
+Stats last_stats(const std::string& screen) {
+    Stats st;
+    std::smatch m;
+    std::string s = screen.substr(
+        screen.rfind("conversation ") == std::string::npos ? 0 : screen.rfind("conversation "));
+    if (std::regex_search(s, m,
+                          std::regex(R"(conversation\s+(\d+) tokens \((\d+) in the KV cache\))")))
+        st.conversation = std::stoi(m[1]), st.cached = std::stoi(m[2]);
+    if (std::regex_search(s, m,
+                          std::regex(R"(prefilled (\d+) tokens \((\d+) new\), reused (\d+))")))
+        st.prefilled = std::stoi(m[1]), st.appended = std::stoi(m[2]), st.reused = std::stoi(m[3]);
+    if (std::regex_search(s, m, std::regex(R"(reply\s+(\d+) tokens, stop: (\w+))")))
+        st.reply = std::stoi(m[1]), st.stop = m[2];
+    return st;
+}
+
+std::string chat_cmd(const std::string& model, const std::string& args) {
+    return kvrun::test::kvrun_binary() + " chat -m " + model + " " + args;
+}
+
+}  // namespace
+
+TEST_CASE("chat in a terminal: the second turn prefills only its new tokens; Ctrl-D exits 0") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    if (!have_tmux()) {
+        MESSAGE("SKIP: tmux is not installed");
+        return;
+    }
+    Tmux t(chat_cmd(model.string(), "--temp 0 -n 24 -c 512"));
+    REQUIRE(t.ok());
+    REQUIRE(
+        t.wait_for([](const std::string& s) { return count_prompts(s) == 1; }, "the first prompt"));
+
+    t.type_line("Once upon a time");
+    REQUIRE(
+        t.wait_for([](const std::string& s) { return count_prompts(s) == 2; }, "the first reply"));
+    t.type_line("/stats");
+    REQUIRE(t.wait_for(
+        [](const std::string& s) { return count_of(s, "last turn") == 1 && count_prompts(s) == 3; },
+        "/stats"));
+    Stats s1 = last_stats(t.screen());
+    CHECK(s1.reused == 0);
+    CHECK(s1.prefilled == s1.appended);  // the first turn computes its whole prompt
+    CHECK(s1.reply == 24);
+    CHECK(s1.conversation == s1.appended + s1.reply);
+
+    t.type_line("The dog ran to the park");
+    REQUIRE(
+        t.wait_for([](const std::string& s) { return count_prompts(s) == 4; }, "the second reply"));
+    t.type_line("/stats");
+    REQUIRE(t.wait_for(
+        [](const std::string& s) { return count_of(s, "last turn") == 2 && count_prompts(s) == 5; },
+        "the second /stats"));
+    Stats s2 = last_stats(t.screen());
+    // Everything turn 1 left in the KV cache was reused; only the tokens not in the cache
+    // were prefilled: the new message (and turn 1's last sampled token, never fed).
+    CHECK(s2.reused == s1.cached);
+    CHECK(s2.prefilled == s1.conversation - s1.cached + s2.appended);
+    CHECK(s2.appended > 0);
+    CHECK(s2.appended < 40);  // "\nUser: The dog ran to the park\nAssistant:"
+    CHECK(s2.conversation == s1.conversation + s2.appended + s2.reply);
+
+    // Ctrl-C while typing clears the line: the next command runs alone.
+    t.keys("-l 'half typed'");
+    t.keys("C-c");
+    t.type_line("/help");
+    REQUIRE(t.wait_for(
+        [](const std::string& s) {
+            return s.find("/reset") != std::string::npos && count_prompts(s) >= 7;
+        },
+        "/help after Ctrl-C"));
+    CHECK(t.screen().find("unknown command") == std::string::npos);
+
+    t.keys("C-d");
+    REQUIRE(t.wait_for(
+        [](const std::string& s) { return s.find("KVRUN_EXIT=") != std::string::npos; }, "exit"));
+    CHECK(t.screen().find("KVRUN_EXIT=0") != std::string::npos);
+}
+
+TEST_CASE("chat: Ctrl-C mid-reply stops the reply and returns to the prompt") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    if (!have_tmux()) {
+        MESSAGE("SKIP: tmux is not installed");
+        return;
+    }
+    // An endless reply: no end-of-turn, no length limit, the context window slides (sinks).
+    Tmux t(chat_cmd(model.string(), "--temp 0 -n -1 --ignore-eos --context-overflow sinks -c 256"));
+    REQUIRE(t.ok());
+    REQUIRE(t.wait_for([](const std::string& s) { return count_prompts(s) == 1; }, "the prompt"));
+    t.type_line("Once upon a time");
+    REQUIRE(
+        t.wait_for([](const std::string& s) { return s.find("context full") != std::string::npos; },
+                   "a reply that outgrows the context"));
+    t.keys("C-c");
+    REQUIRE(t.wait_for(
+        [](const std::string& s) {
+            return s.find("[interrupted]") != std::string::npos && count_prompts(s) == 2;
+        },
+        "the prompt after Ctrl-C"));
+    t.type_line("/stats");
+    REQUIRE(t.wait_for(
+        [](const std::string& s) {
+            return s.find("last turn") != std::string::npos && count_prompts(s) == 3;
+        },
+        "/stats"));
+    Stats st = last_stats(t.screen());
+    CHECK(st.stop == "cancelled");
+    CHECK(st.reply > 0);
+    CHECK(st.conversation < 256);  // the sliding window kept it inside the context
+    // The conversation goes on after the interruption.
+    t.type_line("/reset");
+    REQUIRE(t.wait_for(
+        [](const std::string& s) { return s.find("[new conversation]") != std::string::npos; },
+        "/reset"));
+    t.keys("C-d");
+    REQUIRE(t.wait_for(
+        [](const std::string& s) { return s.find("KVRUN_EXIT=") != std::string::npos; }, "exit"));
+    CHECK(t.screen().find("KVRUN_EXIT=0") != std::string::npos);
+}
+
+TEST_CASE("chat with piped input: replies on stdout, commands work, EOF exits 0") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    auto r = run_command(chat_cmd(model.string(), "--temp 0 -n 12 --system 'Tell a story.'"),
+                         "Once upon a time\n/stats\n/nonsense\n/system\n/reset\nHello\n");
+    CHECK(r.exit_code == 0);
+    CHECK(r.out.find("conversation") != std::string::npos);
+    CHECK(r.out.find("unknown command /nonsense") != std::string::npos);
+    CHECK(r.out.find("[system prompt cleared; new conversation]") != std::string::npos);
+    CHECK(r.err.find("template plain") != std::string::npos);
+    // Same greedy reply as running the formatted prompt directly.
+    auto direct = run_command(kvrun::test::kvrun_binary() + " run -m " + model.string() +
+                              " --temp 0 -n 12 -p " +
+                              shell_quote("Tell a story.\n\nUser: Once upon a time\nAssistant:"));
+    REQUIRE(direct.exit_code == 0);
+    std::string first_reply = r.out.substr(0, r.out.find('\n'));
+    std::string expected = direct.out.substr(0, direct.out.find('\n'));
+    expected.erase(0, expected.find_first_not_of(' '));
+    CHECK(first_reply == expected);
+    // Bad template names and overflow policies are one clear error.
+    auto bad = run_command(chat_cmd(model.string(), "--chat-template nope"), "");
+    CHECK(bad.exit_code == 1);
+    CHECK(bad.err.find("unknown chat template 'nope'") != std::string::npos);
+}
