@@ -239,15 +239,9 @@ void SpeculativeDecoder::adapt(int32_t k, int32_t n_accepted) {
     k_ = std::clamp(k_, opt_.draft_min, opt_.draft_max);
 }
 
-bool SpeculativeDecoder::step() {
-    if (!active_ || stop_ != StopReason::None) return false;
+SpecAcceptResult SpeculativeDecoder::draft_and_verify(int32_t k) {
     const int32_t n = static_cast<int32_t>(tokens_.size());
     const size_t V = static_cast<size_t>(n_vocab_);
-    // Room: the target writes positions n-1 .. n-1+k, all below n_ctx; drafting more than the
-    // tokens still wanted (minus the one the target adds) is wasted.
-    int32_t k = std::min(k_, n_ctx_ - n);
-    if (req_.n_predict >= 0) k = std::min(k, req_.n_predict - (n - n_prompt_) - 1);
-    k = std::max(k, 0);
     propose(k);
 
     // Target: the pending tokens plus the drafts in one pass, logits for the last pending
@@ -284,6 +278,24 @@ bool SpeculativeDecoder::step() {
                                  opt_.rule);
     }
     tokens_.resize(n);
+    return res;
+}
+
+bool SpeculativeDecoder::step() {
+    if (!active_ || stop_ != StopReason::None) return false;
+    const int32_t n = static_cast<int32_t>(tokens_.size());
+    // Room: the target writes positions n-1 .. n-1+k, all below n_ctx; drafting more than the
+    // tokens still wanted (minus the one the target adds) is wasted.
+    int32_t k = std::min(k_, n_ctx_ - n);
+    if (req_.n_predict >= 0) k = std::min(k, req_.n_predict - (n - n_prompt_) - 1);
+    k = std::max(k, 0);
+    SpecAcceptResult res;
+    try {
+        res = draft_and_verify(k);
+    } catch (...) {
+        tokens_.resize(n);  // drop drafts held for the penalty's recent tokens
+        throw;
+    }
 
     // Roll back: both caches keep the sequence plus the accepted drafts (the token that
     // follows them has not been run through either model yet).

@@ -122,6 +122,8 @@ class SpeculativeDecoder {
                  int32_t n_logits, float* out);
     // The draft proposes up to k tokens into drafts_ (q rows into q_).
     void propose(int32_t k);
+    // One round's passes: k drafts, the target over them, and the acceptance decision.
+    SpecAcceptResult draft_and_verify(int32_t k);
     // Checks the stop conditions after `tok` was appended (as Engine does).
     StopReason check_stop(TokenId tok);
     void adapt(int32_t k, int32_t n_accepted);

@@ -340,3 +340,27 @@ TEST_CASE("cancel ends every request and frees the pool; bad requests throw") {
     bad_id.prompt = {1, 100000};
     CHECK_THROWS_AS(engine.submit(bad_id), Error);
 }
+
+TEST_CASE("continuous batching on synthetic GQA/qwen2 models matches each prompt alone") {
+    for (const char* name : {"synth-llama-hd64-gqa4-Q4_0", "synth-qwen2-hd64-gqa2-F16"}) {
+        CAPTURE(name);
+        auto path = test::shared_path(std::string("models/") + name + ".gguf");
+        if (path.empty()) return;
+        Model m(path.string());
+        std::vector<std::vector<TokenId>> prompts;
+        for (int i = 0; i < 8; ++i) {
+            std::vector<TokenId> p = {1};
+            for (int k = 0; k < 3 + 9 * i; ++k) p.push_back(3 + (i * 131 + k * 17) % 500);
+            prompts.push_back(p);
+        }
+        std::vector<int32_t> n_pred(prompts.size(), 6);
+        auto alone = run_alone(m, prompts, n_pred);
+        auto backend = make_backend(m, 16, 64);
+        EngineOptions eo;
+        eo.max_parallel = 4;
+        eo.n_batch = 32;
+        BatchRun r = run_batch(m, *backend, prompts, eo, n_pred);
+        for (size_t i = 0; i < prompts.size(); ++i) CHECK_MESSAGE(r.tokens[i] == alone[i], i);
+        CHECK(r.stats.peak_running == 4);
+    }
+}

@@ -4,10 +4,11 @@
 // One thread block (4 warps) serves one KV head for a tile of `tokens_per_cta` consecutive
 // batch tokens x `heads_per_cta` query heads of that KV head's GQA group (rows = token x
 // head, up to 4 * RPW), and one range of context slots (grid z: split-K over the context).
-// Each K/V tile is loaded once into shared memory (as f32) for all rows. A warp owns RPW
-// rows; in the score step lane j handles key j of the tile, in the P.V step lane j handles
-// dims j, j + 32, ... Batch tokens of different sequences inside one tile are processed
-// segment by segment (a run of tokens of the same sequence shares the key walk).
+// Each K/V tile is loaded once into shared memory (as f32) for all rows, K and V together
+// (one memory round trip per tile). A warp owns RPW rows; in the score step lane j handles key j of
+// the tile, in the P.V step lane j handles dims j, j + 32, ... Batch tokens of different sequences
+// inside one tile are processed segment by segment (a run of tokens of the same sequence shares the
+// key walk).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -44,7 +45,7 @@ struct AttnParams {
 // Dynamic shared memory of the kernel for `rows` query rows.
 inline size_t attn_smem_bytes(int rows, int head_dim) {
     return sizeof(int64_t) * kAttnTile +
-           sizeof(float) * (size_t(rows) * head_dim + size_t(kAttnTile) * (head_dim + 1)) +
+           sizeof(float) * (size_t(rows) * head_dim + 2 * size_t(kAttnTile) * (head_dim + 1)) +
            sizeof(int32_t) * 2 * rows;
 }
 
@@ -114,11 +115,12 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
     constexpr unsigned kFull = 0xffffffffu;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int D = p.head_dim, Dp = D + 1;
-    int64_t* row_off = reinterpret_cast<int64_t*>(smem_raw);               // [32]
-    float* q_s = reinterpret_cast<float*>(row_off + kAttnTile);            // [R][D], scaled
-    float* kv_s = q_s + R * D;                                             // [32][D + 1]
-    int32_t* tok_seq = reinterpret_cast<int32_t*>(kv_s + kAttnTile * Dp);  // [R]
-    int32_t* tok_slot = tok_seq + R;                                       // [R]
+    int64_t* row_off = reinterpret_cast<int64_t*>(smem_raw);              // [32]
+    float* q_s = reinterpret_cast<float*>(row_off + kAttnTile);           // [R][D], scaled
+    float* k_s = q_s + R * D;                                             // [32][D + 1]
+    float* v_s = k_s + kAttnTile * Dp;                                    // [32][D + 1]
+    int32_t* tok_seq = reinterpret_cast<int32_t*>(v_s + kAttnTile * Dp);  // [R]
+    int32_t* tok_slot = tok_seq + R;                                      // [R]
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int kvh = blockIdx.y / p.n_head_sub, hsub = blockIdx.y % p.n_head_sub;
@@ -171,13 +173,14 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
             if (tid < kAttnTile)
                 row_off[tid] = k0 + tid < seg_end ? attn_row_offset(p, seq, k0 + tid, kvh) : -1;
             __syncthreads();
-            attn_load_tile(kv_s, p.k, p.k_type, row_off, D);
+            attn_load_tile(k_s, p.k, p.k_type, row_off, D);
+            attn_load_tile(v_s, p.v, p.v_type, row_off, D);
             __syncthreads();
 
             float s[RPW];
 #pragma unroll
             for (int i = 0; i < RPW; ++i) s[i] = 0.0f;
-            const float* krow = kv_s + lane * Dp;
+            const float* krow = k_s + lane * Dp;
             const float* qw = q_s + warp * RPW * D;
 #pragma unroll 4
             for (int d = 0; d < D; ++d) {
@@ -201,14 +204,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
                 for (int k = 0; k < kAttnMaxDim / 32; ++k) acc[i][k] *= corr;
                 m[i] = m_new;
             }
-            __syncthreads();
-            attn_load_tile(kv_s, p.v, p.v_type, row_off, D);
-            __syncthreads();
             for (int j = 0; j < kAttnTile; ++j) {
                 float pj[RPW];
 #pragma unroll
                 for (int i = 0; i < RPW; ++i) pj[i] = __shfl_sync(kFull, pr[i], j);
-                const float* vrow = kv_s + j * Dp;
+                const float* vrow = v_s + j * Dp;
 #pragma unroll
                 for (int k = 0; k < kAttnMaxDim / 32; ++k) {
                     if (k >= dpl) break;
@@ -309,9 +309,15 @@ template <int RPW>
 void attn_launch(const AttnParams& p, int n_splits, cudaStream_t s) {
     const int rows = kAttnWarps * RPW;
     const size_t smem = attn_smem_bytes(rows, p.head_dim);
-    if (smem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<RPW>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    if (smem > 48 * 1024) {
+        // Set outside graph capture only (an eager run of the same shape always comes first).
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        CUDA_CHECK(cudaStreamIsCapturing(s, &status));
+        if (status == cudaStreamCaptureStatusNone)
+            CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<RPW>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(smem)));
+    }
     const dim3 grid(unsigned(ceil_div(p.n_tokens, p.tokens_per_cta)),
                     unsigned(p.n_kv_head * p.n_head_sub), unsigned(n_splits));
     paged_attention_kernel<RPW><<<grid, kAttnWarps * 32, smem, s>>>(p);

@@ -13,7 +13,7 @@ namespace kvrun {
 namespace {
 
 constexpr int kDecodeRowsPerWarp = 2;     // 8 query heads per block
-constexpr int64_t kMinSplitSlots = 256;   // never split finer than this
+constexpr int64_t kMinSplitSlots = 64;    // never split finer than this
 constexpr int64_t kMaxDecodeTokens = 16;  // cuda_paged_attention: decode kernel up to here
 
 int sm_count() {

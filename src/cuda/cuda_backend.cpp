@@ -458,7 +458,13 @@ void CudaBackend::run_step(int64_t T, int64_t R, int64_t max_blocks) {
         CUDA_CHECK(cudaStreamEndCapture(stream_.get(), &graph));
         const cudaError_t err = cudaGraphInstantiate(&g.exec, graph, 0);
         (void)cudaGraphDestroy(graph);
-        if (err != cudaSuccess) cuda_throw_call(__FILE__, __LINE__, "cudaGraphInstantiate", err);
+        if (err != cudaSuccess) {  // nothing ran yet: fall back to eager execution for good
+            (void)cudaGetLastError();
+            g.exec = nullptr;
+            use_graphs_ = false;
+            enqueue_forward(T, R, max_blocks);
+            return;
+        }
     }
     CUDA_CHECK(cudaGraphLaunch(g.exec, stream_.get()));
 }

@@ -117,12 +117,14 @@ struct CudaSamplerConfig {
 // out[r] = index of the largest logits[r][:] (lowest index on ties); logits: [n_rows][n_vocab]
 void cuda_argmax(int32_t* out, const float* logits, int64_t n_rows, int64_t n_vocab,
                  cudaStream_t s);
-// Samples one token per row given uniform numbers u[n_rows] in [0, 1) (device).
-// Kept set: tokens whose temperature-1 probability p_i is >= the largest of the three
-// thresholds (k-th largest p; smallest p of the shortest top-probability prefix holding
-// top_p of the mass; min_p * max p); ties at a threshold are all kept. Weights
-// w_i = exp((logit_i - max) / temperature) over the kept set; the result is the first
-// index i (in vocabulary order) whose running sum of w exceeds u * sum(w).
+// Samples one token per row given uniform numbers u[n_rows] in [0, 1) (device): the token
+// Sampler::sample (sampler.h, without repetition penalty) draws for the same uniform number.
+// Kept set: tokens whose logit is >= the largest of three thresholds (k-th largest logit;
+// smallest logit of the shortest top-probability prefix holding top_p of the top-k mass;
+// max + log(min_p)); weights w_i = exp((logit_i - max) / temperature) over the kept set;
+// the result is the first id (vocabulary order) whose running sum of w exceeds u * sum(w).
+// Unlike the CPU sampler, ties at the top-k / top-p threshold are all kept. NaN logits
+// count as -inf.
 void cuda_sample(int32_t* out, const float* logits, int64_t n_rows, int64_t n_vocab,
                  const CudaSamplerConfig& cfg, const float* u, cudaStream_t s);
 // Repetition penalty (llama.cpp rule) on logits[n_vocab] for each distinct id in

@@ -182,8 +182,10 @@ int run_single(const RunOptions& o) {
     if (o.stats) {
         print_stats(results[0], engine, m);
         if (o.n_samples > 1)
-            fmt::print(stderr, "samples           {} sharing the prompt's KV blocks\n",
-                       o.n_samples);
+            fmt::print(stderr,
+                       "samples           {} sharing the prompt's KV blocks (peak {} shared "
+                       "blocks, {} copy-on-write copies)\n",
+                       o.n_samples, engine.stats().peak_shared_blocks, engine.stats().cow_copies);
     }
     for (const auto& r : results)
         if (r.stop == StopReason::Error) fail("{}", r.error);
