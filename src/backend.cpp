@@ -1,57 +1,107 @@
-// Backend interface plumbing and KV pool sizing shared by the CPU and CUDA backends.
+// Backend interface plumbing shared by the CPU and CUDA backends: building a forward batch
+// from the block table, executing its queued copies, and KV pool sizing (blocks, stages).
 #include "backend.h"
+
+#include <algorithm>
 
 #include "common.h"
 #include "kv_format.h"
 
 namespace kvrun {
 
+namespace {
+constexpr int64_t kMaxKvBlocks = int64_t(1) << 24;  // KvBlockTable's limit
+}
+
 Backend::~Backend() = default;
 
-int64_t kv_layer_block_bytes(KvType t, int64_t n_kv_head, int64_t block_size, int64_t head_dim) {
-    const int64_t elems = n_kv_head * block_size * head_dim;
-    switch (t) {
-        case KvType::F32:
-            return elems * 4;
-        case KvType::F16:
-            return elems * 2;
-        case KvType::Q8:
-        case KvType::Q4:
-            // Hook: quantized KV blocks (values + per-channel / per-token scales) go here.
-            break;
+int32_t ForwardBatch::add_sequence(const KvBlockTable& table, SeqId seq, int32_t start,
+                                   int32_t n) {
+    const std::vector<TokenId>& toks = table.tokens(seq);
+    if (start < 0 || n < 0 || int64_t(start) + n > int64_t(toks.size()))
+        fail("forward batch: tokens [{}, {}) outside sequence {} of {} tokens", start,
+             int64_t(start) + n, seq, toks.size());
+    const int32_t first = static_cast<int32_t>(tokens.size());
+    const int32_t index = static_cast<int32_t>(block_tables.size());
+    block_tables.push_back(table.block_ids(seq));
+    for (int32_t i = start; i < start + n; ++i) {
+        tokens.push_back(toks[static_cast<size_t>(i)]);
+        positions.push_back(i);
+        seq_index.push_back(index);
+        slots.push_back(i);
+        if (table.staging()) stages.push_back(table.stage_of_slot(seq, i));
     }
-    throw Error(fmt::format("KV cache type {} is not implemented yet", kv_type_name(t)),
-                "use --kv-type f16 (the default) or f32");
+    return first;
+}
+
+void kv_apply_pending(KvBlockTable& table, Backend& backend) {
+    std::vector<BlockCopy> copies = table.take_pending_copies();
+    if (!copies.empty()) backend.copy_blocks(copies);
+}
+
+int64_t kv_layer_block_bytes(KvType t, KvRole role, int64_t n_kv_head, int64_t block_size,
+                             int64_t head_dim) {
+    return n_kv_head * kv_head_block_bytes(t, role, block_size, head_dim);
 }
 
 int64_t kv_block_bytes(const ModelConfig& c, const BackendOptions& o) {
     if (o.kv_block_size <= 0 || o.kv_block_size > 4096)
         fail("KV block size {} is out of range (1..4096)", o.kv_block_size);
-    int64_t k = kv_layer_block_bytes(o.kv_type_k, c.n_kv_head, o.kv_block_size, c.head_dim);
-    int64_t v = kv_layer_block_bytes(o.kv_type_v, c.n_kv_head, o.kv_block_size, c.head_dim);
+    int64_t k = kv_layer_block_bytes(o.kv_type_k, KvRole::K, c.n_kv_head, o.kv_block_size,
+                                     c.head_dim);
+    int64_t v = kv_layer_block_bytes(o.kv_type_v, KvRole::V, c.n_kv_head, o.kv_block_size,
+                                     c.head_dim);
     return c.n_layer * (k + v);
 }
 
-double kv_bytes_per_token(const ModelConfig& c, KvType k, KvType v) {
+double kv_bytes_per_token(const ModelConfig& c, KvType k, KvType v, int64_t block_size) {
     return double(c.n_layer) * double(c.n_kv_head) * double(c.head_dim) *
-           (kv_bytes_per_element(k, c.head_dim) + kv_bytes_per_element(v, c.head_dim));
+           (kv_bytes_per_element(k, KvRole::K, c.head_dim, block_size) +
+            kv_bytes_per_element(v, KvRole::V, c.head_dim, block_size));
+}
+
+int64_t kv_stages_for(const ModelConfig& c, const BackendOptions& o) {
+    if (!kv_type_quantized(o.kv_type_k) && !kv_type_quantized(o.kv_type_v)) return 0;
+    if (o.kv_stages > 0) return o.kv_stages;
+    // One pass writes at most n_batch / block_size + 1 blocks of one sequence, plus a
+    // partly filled block (and a copy-on-write target) per other sequence.
+    const int64_t bs = std::max<int64_t>(1, o.kv_block_size);
+    (void)c;
+    return (std::max<int64_t>(1, o.n_batch) + bs - 1) / bs + 2 * std::max<int64_t>(1, o.n_parallel) +
+           4;
+}
+
+int64_t kv_stage_bytes(const ModelConfig& c, const BackendOptions& o, int64_t n_stages) {
+    return n_stages * c.n_layer * c.n_kv_head * int64_t(o.kv_block_size) * c.head_dim * 2 * 2;
 }
 
 int64_t kv_blocks_for(const ModelConfig& c, const BackendOptions& o) {
     int64_t per_block = kv_block_bytes(c, o);
     int64_t n = o.n_kv_blocks;
     if (n <= 0) {
-        if (o.kv_memory_mib <= 0)
+        if (!(o.kv_memory_mib > 0))
             fail("KV memory budget must be positive (got {} MiB)", o.kv_memory_mib);
-        n = (o.kv_memory_mib << 20) / per_block;
+        const double budget = o.kv_memory_mib * 1024.0 * 1024.0;
+        const double stages = double(kv_stage_bytes(c, o, kv_stages_for(c, o)));
+        n = budget > stages ? static_cast<int64_t>((budget - stages) / double(per_block)) : 0;
         if (n < 1)
             throw Error(fmt::format("a KV budget of {} MiB holds no block of {} tokens ({} bytes "
-                                    "per block)",
-                                    o.kv_memory_mib, o.kv_block_size, per_block),
+                                    "per block, {} bytes of f16 stage slots)",
+                                    o.kv_memory_mib, o.kv_block_size, per_block, int64_t(stages)),
                         "raise --kv-memory or lower --kv-block-size");
+        n = std::min<int64_t>(n, kMaxKvBlocks);  // a huge budget for a tiny model
     }
-    if (n > (int64_t(1) << 31) - 1) fail("KV pool of {} blocks is too large", n);
+    if (n > kMaxKvBlocks) fail("KV pool of {} blocks is too large (at most {})", n, kMaxKvBlocks);
     return n;
+}
+
+bool kv_rotation_enabled(const ModelConfig& c, const BackendOptions& o) {
+    if (!o.kv_rotate) return false;
+    if (!is_power_of_two(c.head_dim))
+        throw Error(fmt::format("--kv-rotate needs a power-of-two head_dim (the model has {})",
+                                c.head_dim),
+                    "use --kv-rotate off");
+    return true;
 }
 
 }  // namespace kvrun

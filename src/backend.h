@@ -11,6 +11,8 @@
 
 #include "cpu_ops.h"
 #include "gguf.h"
+#include "kv_block_table.h"
+#include "kv_format.h"
 #include "model_config.h"
 
 namespace kvrun {
@@ -20,6 +22,10 @@ namespace kvrun {
 // (slot s lives in block block_tables[seq][s / block_size], row s % block_size) and
 // attending to slots 0..slots[i] of its sequence. All K/V of a sequence's earlier slots
 // must already be in the cache or in this batch.
+// With staging (quantized KV, Backend::n_kv_stages() > 0) every token also names the f16
+// stage slot of its block: its K/V row is written there, the block is sealed (quantized into
+// the pool) when its last row is written, and attention reads a token's own block from the
+// stage and every earlier block from the pool.
 struct ForwardBatch {
     std::vector<int32_t> tokens;                     // [n_tokens]
     std::vector<int32_t> positions;                  // [n_tokens] RoPE position
@@ -27,6 +33,11 @@ struct ForwardBatch {
     std::vector<int32_t> slots;                      // [n_tokens] cache slot
     std::vector<std::vector<int32_t>> block_tables;  // [n_seqs][n_blocks of seq] physical ids
     std::vector<int32_t> logit_rows;                 // tokens that need logits, output order
+    std::vector<int32_t> stages;  // [n_tokens] stage slot of the token's block (staging only)
+
+    // Adds tokens [start, start + n) of `seq`, already appended to `table`, as one more
+    // sequence of the batch (RoPE position = cache slot). Returns the batch index of the first.
+    int32_t add_sequence(const KvBlockTable& table, SeqId seq, int32_t start, int32_t n);
 };
 
 class Backend {
@@ -36,35 +47,60 @@ class Backend {
     // Runs the batch; writes logits: [logit_rows.size()][n_vocab]. Throws Error for an
     // inconsistent batch (sizes, ids, slots outside the block table) before touching the cache.
     virtual void forward(const ForwardBatch& batch, float* logits) = 0;
-    // Copy-on-write support: for each (src, dst), copies all layers' K and V of block src
-    // into block dst.
-    virtual void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) = 0;
+    // Executes the block table's queued copies (copy-on-write, stage restores; see
+    // BlockCopy) on every layer's K and V. Throws Error for ids outside the pool.
+    virtual void copy_blocks(const std::vector<BlockCopy>& copies) = 0;
     virtual int64_t n_kv_blocks() const = 0;
     virtual int32_t kv_block_size() const = 0;
+    // f16 stage slots of a quantized cache (0: the cache is f16/f32 and needs none). Block
+    // tables for this backend must be made with this many stages.
+    virtual int32_t n_kv_stages() const { return 0; }
     virtual std::string name() const = 0;
 };
 
 struct BackendOptions {
     int32_t kv_block_size = 16;   // tokens per KV block
     int64_t n_kv_blocks = 0;      // pool size in blocks; 0: derive from kv_memory_mib
-    int64_t kv_memory_mib = 256;  // KV pool budget (all layers, K and V) when n_kv_blocks = 0
+    double kv_memory_mib = 256;  // KV budget (all layers, K and V, stages included) when
+                                 // n_kv_blocks = 0
     KvType kv_type_k = KvType::F16;
     KvType kv_type_v = KvType::F16;
+    // Stage slots when K or V is quantized; 0: enough for one pass of n_batch tokens over
+    // n_parallel sequences (kv_stages_for).
+    int64_t kv_stages = 0;
+    int32_t n_batch = 512;
+    int32_t n_parallel = 1;
+    // Hadamard rotation of Q and K before K is stored (head_dim must be a power of two).
+    // Off by default: with per-channel K scales it spreads outlier channels into every
+    // channel and measured worse (docs/kv-cache.md).
+    bool kv_rotate = false;
     int n_threads = 0;  // CPU threads; 0 = hardware concurrency
     // CPU only, for validation: round activations like llama.cpp (cpu::set_llamacpp_rounding).
     bool llamacpp_rounding = false;
 };
 
-// Bytes of one layer's K (or V) pool block of `block_size` tokens. Hook for quantized KV:
-// Q8/Q4 throw "not implemented" until their layouts land.
-int64_t kv_layer_block_bytes(KvType t, int64_t n_kv_head, int64_t block_size, int64_t head_dim);
+// Bytes of one layer's K (role K) or V pool block of `block_size` tokens in format t.
+int64_t kv_layer_block_bytes(KvType t, KvRole role, int64_t n_kv_head, int64_t block_size,
+                             int64_t head_dim);
 // Bytes of one block across all layers, K and V.
 int64_t kv_block_bytes(const ModelConfig& c, const BackendOptions& o);
-// Average KV bytes per token (all layers, K and V) for the given storage types.
-double kv_bytes_per_token(const ModelConfig& c, KvType k, KvType v);
-// The number of blocks: o.n_kv_blocks when set, else as many as fit in o.kv_memory_mib.
-// Throws Error when that is less than one block.
+// Average KV bytes per token (all layers, K and V) for the given storage types and blocks of
+// block_size tokens (quantized K carries one scale per channel and block).
+double kv_bytes_per_token(const ModelConfig& c, KvType k, KvType v, int64_t block_size = 16);
+// Stage slots for these options: 0 unless K or V is quantized.
+int64_t kv_stages_for(const ModelConfig& c, const BackendOptions& o);
+// Bytes of `n_stages` f16 stage slots across all layers, K and V.
+int64_t kv_stage_bytes(const ModelConfig& c, const BackendOptions& o, int64_t n_stages);
+// The number of blocks: o.n_kv_blocks when set, else as many as fit in o.kv_memory_mib after
+// the stage slots. Throws Error when that is less than one block.
 int64_t kv_blocks_for(const ModelConfig& c, const BackendOptions& o);
+// Whether Q and K are Hadamard-rotated; throws Error when rotation is asked for a head_dim
+// that is not a power of two.
+bool kv_rotation_enabled(const ModelConfig& c, const BackendOptions& o);
+
+// Executes the table's pending copies on the backend (call before every forward pass: it
+// also closes the pass for the table's stage bookkeeping).
+void kv_apply_pending(KvBlockTable& table, Backend& backend);
 
 // The CPU reference backend. `file` must outlive it (weights stay in the file's mapping).
 std::unique_ptr<Backend> make_cpu_backend(const GgufFile& file, const BackendOptions& options);

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common.h"
+#include "kv_format.h"
 #include "thread_pool.h"
 
 namespace kvrun {
@@ -18,15 +19,23 @@ CpuBackend::CpuBackend(const GgufFile& file, const BackendOptions& options)
       weights_(weights_load(file, config_)),
       options_(options) {
     n_blocks_ = kv_blocks_for(config_, options_);
-    k_block_bytes_ = kv_layer_block_bytes(options_.kv_type_k, config_.n_kv_head,
+    n_stages_ = kv_stages_for(config_, options_);
+    rotate_ = kv_rotation_enabled(config_, options_);
+    k_block_bytes_ = kv_layer_block_bytes(options_.kv_type_k, KvRole::K, config_.n_kv_head,
                                           options_.kv_block_size, config_.head_dim);
-    v_block_bytes_ = kv_layer_block_bytes(options_.kv_type_v, config_.n_kv_head,
+    v_block_bytes_ = kv_layer_block_bytes(options_.kv_type_v, KvRole::V, config_.n_kv_head,
                                           options_.kv_block_size, config_.head_dim);
+    const size_t stage_bytes =
+        size_t(n_stages_ * config_.n_kv_head * options_.kv_block_size * config_.head_dim * 2);
     try {
         for (int64_t l = 0; l < config_.n_layer; ++l) {
             // Uninitialized: a slot is always written before attention reads it.
             k_pool_.emplace_back(new uint8_t[size_t(n_blocks_ * k_block_bytes_)]);
             v_pool_.emplace_back(new uint8_t[size_t(n_blocks_ * v_block_bytes_)]);
+            if (n_stages_ > 0) {
+                k_stage_.emplace_back(new uint8_t[stage_bytes]);
+                v_stage_.emplace_back(new uint8_t[stage_bytes]);
+            }
         }
     } catch (const std::bad_alloc&) {
         throw Error(fmt::format("cannot allocate the KV cache: {} blocks x {} layers", n_blocks_,
@@ -46,6 +55,11 @@ KvLayerView CpuBackend::kv_layer(int64_t layer) const {
     kv.n_kv_head = config_.n_kv_head;
     kv.block_size = options_.kv_block_size;
     kv.head_dim = config_.head_dim;
+    if (n_stages_ > 0) {
+        kv.k_stage = k_stage_.at(layer).get();
+        kv.v_stage = v_stage_.at(layer).get();
+        kv.n_stages = n_stages_;
+    }
     return kv;
 }
 
@@ -75,6 +89,15 @@ void CpuBackend::validate(const ForwardBatch& b) const {
     for (int32_t r : b.logit_rows)
         if (r < 0 || size_t(r) >= n)
             fail("forward batch: logit row {} outside the batch of {} tokens", r, n);
+    if (n_stages_ > 0) {
+        if (b.stages.size() != n)
+            fail("forward batch: {} tokens but {} stage slots (the quantized KV cache needs one "
+                 "per token)",
+                 n, b.stages.size());
+        for (int32_t st : b.stages)
+            if (st < 0 || st >= n_stages_)
+                fail("forward batch: stage slot {} outside the {} stage slots", st, n_stages_);
+    }
 }
 
 void CpuBackend::forward(const ForwardBatch& b, float* logits) {
@@ -103,6 +126,7 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
     kb.block_table = flat_tables_.data();
     kb.max_blocks_per_seq = max_blocks;
     kb.n_tokens = T;
+    kb.token_stage = n_stages_ > 0 ? b.stages.data() : nullptr;
 
     x_.resize(T * c.n_embd);
     xb_.resize(T * c.n_embd);
@@ -131,6 +155,10 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
                   c.rope_freq_scale, c.rope_neox);
         cpu::rope(k_.data(), b.positions.data(), T, c.n_kv_head, c.head_dim, c.n_rot,
                   c.rope_freq_base, c.rope_freq_scale, c.rope_neox);
+        if (rotate_) {  // q.k is unchanged; K's outlier channels spread over all channels
+            hadamard_rows(q_.data(), T * c.n_head, c.head_dim);
+            hadamard_rows(k_.data(), T * c.n_kv_head, c.head_dim);
+        }
         KvLayerView kv = kv_layer(l);
         cpu::kv_write(kv, kb, k_.data(), v_.data());
         cpu::paged_attention(att_.data(), q_.data(), kv, kb, c.n_head, scale);
@@ -156,20 +184,19 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
     cpu::matmul(logits, xb_.data(), weights_.output, R);
 }
 
-void CpuBackend::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) {
-    for (auto [src, dst] : src_dst)
-        if (src < 0 || src >= n_blocks_ || dst < 0 || dst >= n_blocks_)
-            fail("copy_blocks: block pair ({}, {}) outside the pool of {} blocks", src, dst,
+void CpuBackend::copy_blocks(const std::vector<BlockCopy>& copies) {
+    for (const BlockCopy& c : copies) {
+        if (c.src < 0 || c.src >= n_blocks_ || c.dst < 0 || c.dst >= n_blocks_)
+            fail("copy_blocks: block pair ({}, {}) outside the pool of {} blocks", c.src, c.dst,
                  n_blocks_);
-    for (auto [src, dst] : src_dst) {
-        if (src == dst) continue;
-        for (int64_t l = 0; l < config_.n_layer; ++l) {
-            uint8_t* k = k_pool_[l].get();
-            uint8_t* v = v_pool_[l].get();
-            std::memcpy(k + dst * k_block_bytes_, k + src * k_block_bytes_, k_block_bytes_);
-            std::memcpy(v + dst * v_block_bytes_, v + src * v_block_bytes_, v_block_bytes_);
-        }
+        if (c.dst_stage >= n_stages_ || c.src_stage >= n_stages_ ||
+            (n_stages_ > 0 && c.dst_stage < 0))
+            fail("copy_blocks: stage pair ({}, {}) does not fit {} stage slots", c.src_stage,
+                 c.dst_stage, n_stages_);
     }
+    for (const BlockCopy& c : copies)
+        for (int64_t l = 0; l < config_.n_layer; ++l)
+            cpu::kv_copy(kv_layer(l), c.src, c.dst, c.src_stage, c.dst_stage, c.n_rows);
 }
 
 std::unique_ptr<Backend> make_cpu_backend(const GgufFile& file, const BackendOptions& options) {

@@ -16,9 +16,10 @@ class CpuBackend final : public Backend {
 
     const ModelConfig& config() const override { return config_; }
     void forward(const ForwardBatch& batch, float* logits) override;
-    void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) override;
+    void copy_blocks(const std::vector<BlockCopy>& copies) override;
     int64_t n_kv_blocks() const override { return n_blocks_; }
     int32_t kv_block_size() const override { return options_.kv_block_size; }
+    int32_t n_kv_stages() const override { return static_cast<int32_t>(n_stages_); }
     std::string name() const override { return "cpu"; }
 
     const ModelWeights& weights() const { return weights_; }
@@ -33,9 +34,12 @@ class CpuBackend final : public Backend {
     BackendOptions options_;
     int64_t n_blocks_ = 0;
     int64_t k_block_bytes_ = 0, v_block_bytes_ = 0;  // one layer, one block
-    std::vector<std::unique_ptr<uint8_t[]>> k_pool_,
-        v_pool_;  // [n_layer] of
-                  // [n_blocks][n_kv_head][block_size][head_dim]
+    // [n_layer] of [n_blocks][n_kv_head] head blocks (kv_format.h)
+    std::vector<std::unique_ptr<uint8_t[]>> k_pool_, v_pool_;
+    // Staging (quantized caches): [n_layer] of f16 [n_stages][n_kv_head][block_size][head_dim]
+    int64_t n_stages_ = 0;
+    std::vector<std::unique_ptr<uint8_t[]>> k_stage_, v_stage_;
+    bool rotate_ = false;  // Hadamard rotation of Q and K (kv_rotation_enabled)
 
     // Scratch activations, grown to the largest batch seen.
     std::vector<float> x_;              // [n_tokens][n_embd] residual stream

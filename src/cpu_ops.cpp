@@ -1,18 +1,21 @@
 // CPU reference implementations of the ops declared in cpu_ops.h: float32 activations,
-// weights dequantized row by row from their GGUF types, K/V stored as f32 or f16.
+// weights dequantized row by row from their GGUF types, K/V stored as f32, f16, or
+// quantized (q8/q4, kv_format.h) with f16 stage slots for the blocks being filled.
 //
 // Every op computes each output row from its own inputs only, in a fixed order, so results
-// are bit-identical whatever the batch composition, thread count or KV block size (a
-// sequence decoded alone or batched with others gives the same logits; speculative
-// verification of K tokens matches K single steps exactly).
+// are bit-identical whatever the batch composition and thread count (a sequence decoded
+// alone or batched with others gives the same logits; speculative verification of K tokens
+// matches K single steps exactly), and for f16/f32 caches whatever the KV block size.
 #include "cpu_ops.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "common.h"
+#include "kv_format.h"
 #include "quant.h"
 #include "thread_pool.h"
 
@@ -88,44 +91,26 @@ bool round_activations_like_llamacpp(GgmlType t, const float* x, int64_t n_rows,
     return true;
 }
 
-size_t kv_elem_bytes(KvType t) {
-    switch (t) {
-        case KvType::F32:
-            return 4;
-        case KvType::F16:
-            return 2;
-        case KvType::Q8:
-        case KvType::Q4:
-            break;
+// Start of the head block (block, head) in a pool of format t: [n_blocks][n_kv_head] head
+// blocks of kv_head_block_bytes each.
+uint8_t* kv_head_block(void* pool, KvType t, KvRole role, const KvLayerView& kv, int64_t block,
+                       int64_t head) {
+    const int64_t hb = kv_head_block_bytes(t, role, kv.block_size, kv.head_dim);
+    return static_cast<uint8_t*>(pool) + (block * kv.n_kv_head + head) * hb;
+}
+
+// Row (stage, head, row) of a stage pool: f16 [n_stages][n_kv_head][block_size][head_dim].
+uint8_t* kv_stage_row(void* stage, const KvLayerView& kv, int64_t slot, int64_t head,
+                      int64_t row) {
+    const int64_t index = ((slot * kv.n_kv_head + head) * kv.block_size + row) * kv.head_dim;
+    return static_cast<uint8_t*>(stage) + index * 2;
+}
+
+void store_f16_row(uint8_t* dst, const float* src, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = fp32_to_fp16(src[i]);
+        std::memcpy(dst + 2 * i, &h, 2);
     }
-    fail("KV cache type q8/q4 is not implemented in the CPU backend yet (use f16 or f32)");
-}
-
-// Address of row (block, head, row) in a pool of [n_blocks][n_kv_head][block_size][head_dim].
-uint8_t* kv_row(void* pool, KvType t, const KvLayerView& kv, int64_t block, int64_t head,
-                int64_t row) {
-    int64_t index = ((block * kv.n_kv_head + head) * kv.block_size + row) * kv.head_dim;
-    return static_cast<uint8_t*>(pool) + index * kv_elem_bytes(t);
-}
-
-void kv_store_row(uint8_t* dst, KvType t, const float* src, int64_t n) {
-    if (t == KvType::F32)
-        std::memcpy(dst, src, n * sizeof(float));
-    else
-        for (int64_t i = 0; i < n; ++i) {
-            uint16_t h = fp32_to_fp16(src[i]);
-            std::memcpy(dst + 2 * i, &h, 2);
-        }
-}
-
-// Returns a float view of a stored row: the row itself for F32, else converted into tmp[n].
-const float* kv_load_row(const uint8_t* src, KvType t, float* tmp, int64_t n) {
-    if (t == KvType::F32) {
-        std::memcpy(tmp, src, n * sizeof(float));  // rows may not be float-aligned in theory
-        return tmp;
-    }
-    dequantize_row(GgmlType::F16, src, tmp, n);
-    return tmp;
 }
 
 // Physical block holding `slot` of token t's sequence; throws for an out-of-range id.
@@ -142,12 +127,25 @@ int64_t kv_block_of(const KvLayerView& kv, const KvBatchView& batch, int64_t t, 
     return block;
 }
 
+// Stage slot of token t's block (staging views only); throws when missing or out of range.
+int64_t kv_stage_of(const KvLayerView& kv, const KvBatchView& batch, int64_t t) {
+    if (!batch.token_stage) fail("KV batch: a staged (quantized) cache needs token stage slots");
+    const int64_t st = batch.token_stage[t];
+    if (st < 0 || st >= kv.n_stages)
+        fail("KV batch: token {} uses stage slot {}, outside the {} stage slots", t, st,
+             kv.n_stages);
+    return st;
+}
+
 void check_kv_view(const KvLayerView& kv) {
     if (kv.n_blocks <= 0 || kv.n_kv_head <= 0 || kv.block_size <= 0 || kv.head_dim <= 0 || !kv.k ||
         !kv.v)
         fail("KV layer view is empty or has non-positive dimensions");
-    kv_elem_bytes(kv.k_type);
-    kv_elem_bytes(kv.v_type);
+    kv_check_format(kv.k_type, kv.head_dim);
+    kv_check_format(kv.v_type, kv.head_dim);
+    const bool quantized = kv_type_quantized(kv.k_type) || kv_type_quantized(kv.v_type);
+    if (quantized && (kv.n_stages <= 0 || !kv.k_stage || !kv.v_stage))
+        fail("KV layer view: a quantized cache needs f16 stage slots");
 }
 
 }  // namespace
@@ -258,17 +256,46 @@ void softmax(float* x, int64_t n) {
 
 void kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, const float* v) {
     check_kv_view(kv);
-    const int64_t row = kv.n_kv_head * kv.head_dim;
+    const int64_t hd = kv.head_dim, bs = kv.block_size, row = kv.n_kv_head * hd;
+    const bool staged = kv.n_stages > 0;
     for (int64_t t = 0; t < batch.n_tokens; ++t) {
         int64_t slot = batch.token_slot[t];
         if (slot < 0) fail("KV batch: token {} has negative slot {}", t, slot);
-        int64_t block = kv_block_of(kv, batch, t, slot);
+        const int64_t block = kv_block_of(kv, batch, t, slot), r = slot % bs;
         for (int64_t h = 0; h < kv.n_kv_head; ++h) {
-            int64_t r = slot % kv.block_size;
-            kv_store_row(kv_row(kv.k, kv.k_type, kv, block, h, r), kv.k_type,
-                         k + t * row + h * kv.head_dim, kv.head_dim);
-            kv_store_row(kv_row(kv.v, kv.v_type, kv, block, h, r), kv.v_type,
-                         v + t * row + h * kv.head_dim, kv.head_dim);
+            const float* kr = k + t * row + h * hd;
+            const float* vr = v + t * row + h * hd;
+            if (staged) {
+                const int64_t st = kv_stage_of(kv, batch, t);
+                store_f16_row(kv_stage_row(kv.k_stage, kv, st, h, r), kr, hd);
+                store_f16_row(kv_stage_row(kv.v_stage, kv, st, h, r), vr, hd);
+                continue;
+            }
+            // f32 / f16 pools: a row of a head block is stored like a one-row head block.
+            uint8_t* kb = kv_head_block(kv.k, kv.k_type, KvRole::K, kv, block, h);
+            uint8_t* vb = kv_head_block(kv.v, kv.v_type, KvRole::V, kv, block, h);
+            const int64_t esize_k = kv.k_type == KvType::F32 ? 4 : 2;
+            const int64_t esize_v = kv.v_type == KvType::F32 ? 4 : 2;
+            kv_encode_head_block(kv.k_type, KvRole::K, kr, 1, hd, kb + r * hd * esize_k);
+            kv_encode_head_block(kv.v_type, KvRole::V, vr, 1, hd, vb + r * hd * esize_v);
+        }
+    }
+    if (!staged) return;
+    // Seal the blocks this batch completed: encode their stage rows into the pool.
+    std::vector<float> rows(size_t(bs * hd));  // [block_size][head_dim]
+    for (int64_t t = 0; t < batch.n_tokens; ++t) {
+        const int64_t slot = batch.token_slot[t];
+        if (slot % bs != bs - 1) continue;
+        const int64_t block = kv_block_of(kv, batch, t, slot), st = kv_stage_of(kv, batch, t);
+        for (int64_t h = 0; h < kv.n_kv_head; ++h) {
+            dequantize_row(GgmlType::F16, kv_stage_row(kv.k_stage, kv, st, h, 0), rows.data(),
+                           bs * hd);
+            kv_encode_head_block(kv.k_type, KvRole::K, rows.data(), bs, hd,
+                                 kv_head_block(kv.k, kv.k_type, KvRole::K, kv, block, h));
+            dequantize_row(GgmlType::F16, kv_stage_row(kv.v_stage, kv, st, h, 0), rows.data(),
+                           bs * hd);
+            kv_encode_head_block(kv.v_type, KvRole::V, rows.data(), bs, hd,
+                                 kv_head_block(kv.v, kv.v_type, KvRole::V, kv, block, h));
         }
     }
 }
@@ -279,7 +306,8 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
     if (n_head <= 0 || n_head % kv.n_kv_head != 0)
         fail("paged_attention: {} query heads do not divide into {} KV heads", n_head,
              kv.n_kv_head);
-    const int64_t hd = kv.head_dim, group = n_head / kv.n_kv_head;
+    const int64_t hd = kv.head_dim, bs = kv.block_size, group = n_head / kv.n_kv_head;
+    const bool staged = kv.n_stages > 0;
     int64_t max_slot = -1, work = 0;
     for (int64_t t = 0; t < batch.n_tokens; ++t) {
         if (batch.token_slot[t] < 0)
@@ -287,10 +315,11 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
         max_slot = std::max<int64_t>(max_slot, batch.token_slot[t]);
         work += (batch.token_slot[t] + 1) * n_head * hd * 2;
     }
-    // Validate every block id up front, so worker threads never meet bad input.
-    for (int64_t t = 0; t < batch.n_tokens; ++t)
-        for (int64_t s = 0; s <= batch.token_slot[t]; s += kv.block_size)
-            kv_block_of(kv, batch, t, s);
+    // Validate every block id (and stage) up front, so worker threads never meet bad input.
+    for (int64_t t = 0; t < batch.n_tokens; ++t) {
+        for (int64_t s = 0; s <= batch.token_slot[t]; s += bs) kv_block_of(kv, batch, t, s);
+        if (staged) kv_stage_of(kv, batch, t);
+    }
 
     const bool round_q = t_llamacpp_rounding && kv.k_type == KvType::F16;
     const bool round_p = t_llamacpp_rounding && kv.v_type == KvType::F16;
@@ -299,8 +328,26 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
     int64_t grain = std::max<int64_t>(1, kMinParallelWork / per_item);
     cpu_thread_pool().parallel_for(n_items, grain, [&](int64_t i0, int64_t i1) {
         std::vector<float> scores(max_slot + 1);  // [n_slots] of the current token
-        std::vector<float> tmp(hd);               // [head_dim] one converted K or V row
+        std::vector<float> tmp(hd);               // [head_dim] one decoded K or V row
         std::vector<float> q_rounded(hd);         // [head_dim]
+        // Decodes K (or V) row s of token t's sequence for KV head kvh into tmp: from the
+        // stage for the token's own block when staged, else from the pool block.
+        auto load_row = [&](KvRole role, int64_t t, int64_t kvh, int64_t s) -> const float* {
+            const int64_t slot = batch.token_slot[t];
+            if (staged && s / bs == slot / bs) {
+                void* stage = role == KvRole::K ? kv.k_stage : kv.v_stage;
+                dequantize_row(GgmlType::F16,
+                               kv_stage_row(stage, kv, batch.token_stage[t], kvh, s % bs),
+                               tmp.data(), hd);
+            } else {
+                const KvType type = role == KvRole::K ? kv.k_type : kv.v_type;
+                void* pool = role == KvRole::K ? kv.k : kv.v;
+                const uint8_t* blk =
+                    kv_head_block(pool, type, role, kv, kv_block_of(kv, batch, t, s), kvh);
+                kv_decode_head_row(type, role, blk, bs, hd, s % bs, tmp.data());
+            }
+            return tmp.data();
+        };
         for (int64_t item = i0; item < i1; ++item) {
             const int64_t t = item / n_head, h = item % n_head, kvh = h / group;
             const int64_t n_slots = batch.token_slot[t] + 1;
@@ -309,25 +356,54 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
                 for (int64_t i = 0; i < hd; ++i) q_rounded[i] = round_to_f16(qv[i]);
                 qv = q_rounded.data();
             }
-            for (int64_t s = 0; s < n_slots; ++s) {
-                int64_t block = kv_block_of(kv, batch, t, s);
-                const float* kr =
-                    kv_load_row(kv_row(kv.k, kv.k_type, kv, block, kvh, s % kv.block_size),
-                                kv.k_type, tmp.data(), hd);
-                scores[s] = dot_f32(qv, kr, hd) * scale;
-            }
+            for (int64_t s = 0; s < n_slots; ++s)
+                scores[s] = dot_f32(qv, load_row(KvRole::K, t, kvh, s), hd) * scale;
             softmax(scores.data(), n_slots);
             float* o = out + item * hd;
             std::fill(o, o + hd, 0.0f);
-            for (int64_t s = 0; s < n_slots; ++s) {
-                int64_t block = kv_block_of(kv, batch, t, s);
-                const float* vr =
-                    kv_load_row(kv_row(kv.v, kv.v_type, kv, block, kvh, s % kv.block_size),
-                                kv.v_type, tmp.data(), hd);
-                axpy_f32(o, round_p ? round_to_f16(scores[s]) : scores[s], vr, hd);
-            }
+            for (int64_t s = 0; s < n_slots; ++s)
+                axpy_f32(o, round_p ? round_to_f16(scores[s]) : scores[s],
+                         load_row(KvRole::V, t, kvh, s), hd);
         }
     });
+}
+
+void kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_stage,
+             int64_t dst_stage, int64_t n_rows) {
+    check_kv_view(kv);
+    const int64_t hd = kv.head_dim, bs = kv.block_size;
+    if (src < 0 || src >= kv.n_blocks || dst < 0 || dst >= kv.n_blocks)
+        fail("KV copy: block pair ({}, {}) outside the pool of {} blocks", src, dst, kv.n_blocks);
+    if (dst_stage < 0) {
+        if (src_stage >= 0) fail("KV copy: a stage source needs a stage destination");
+        if (src == dst) return;
+        for (auto [pool, type, role] : {std::tuple{kv.k, kv.k_type, KvRole::K},
+                                        std::tuple{kv.v, kv.v_type, KvRole::V}}) {
+            const int64_t bytes = kv.n_kv_head * kv_head_block_bytes(type, role, bs, hd);
+            std::memcpy(kv_head_block(pool, type, role, kv, dst, 0),
+                        kv_head_block(pool, type, role, kv, src, 0), size_t(bytes));
+        }
+        return;
+    }
+    if (dst_stage >= kv.n_stages || src_stage >= kv.n_stages || n_rows < 0 || n_rows > bs)
+        fail("KV copy: stage {} -> {} of {} rows outside {} stage slots of {} rows", src_stage,
+             dst_stage, n_rows, kv.n_stages, bs);
+    std::vector<float> row(static_cast<size_t>(hd));  // [head_dim]
+    for (auto [pool, stage, type, role] :
+         {std::tuple{kv.k, kv.k_stage, kv.k_type, KvRole::K},
+          std::tuple{kv.v, kv.v_stage, kv.v_type, KvRole::V}}) {
+        for (int64_t h = 0; h < kv.n_kv_head; ++h)
+            for (int64_t r = 0; r < n_rows; ++r) {
+                uint8_t* d = kv_stage_row(stage, kv, dst_stage, h, r);
+                if (src_stage >= 0) {
+                    std::memmove(d, kv_stage_row(stage, kv, src_stage, h, r), size_t(hd) * 2);
+                } else {
+                    kv_decode_head_row(type, role, kv_head_block(pool, type, role, kv, src, h), bs,
+                                       hd, r, row.data());
+                    store_f16_row(d, row.data(), hd);
+                }
+            }
+    }
 }
 
 void set_llamacpp_rounding(bool on) {

@@ -20,13 +20,15 @@ struct WeightView {
     const void* data = nullptr;
 };
 
-// Storage type of one KV pool (K and V may differ). Q8/Q4 arrive with KV quantization.
+// Storage type of one KV pool (K and V may differ); formats in kv_format.h.
 enum class KvType : uint8_t { F32, F16, Q8, Q4 };
 
-// One layer's paged K and V pools, each shaped [n_blocks][n_kv_head][block_size][head_dim]
-// of its KvType, so one head of one block is contiguous. Block tables map a sequence's
-// slot j to physical block block_table[seq * max_blocks_per_seq + j / block_size], row
-// j % block_size.
+// One layer's paged K and V pools, each shaped [n_blocks][n_kv_head] of head blocks
+// (block_size rows of head_dim values in the pool's format, kv_format.h), so one head of
+// one block is contiguous. Block tables map a sequence's slot j to physical block
+// block_table[seq * max_blocks_per_seq + j / block_size], row j % block_size.
+// Staging (n_stages > 0, for quantized pools): k_stage / v_stage hold f16 rows
+// [n_stages][n_kv_head][block_size][head_dim] of the blocks being filled (kv_block_table.h).
 struct KvLayerView {
     KvType k_type = KvType::F16;
     KvType v_type = KvType::F16;
@@ -36,17 +38,22 @@ struct KvLayerView {
     int64_t n_kv_head = 0;
     int64_t block_size = 0;
     int64_t head_dim = 0;
+    void* k_stage = nullptr;  // f16, or null without staging
+    void* v_stage = nullptr;
+    int64_t n_stages = 0;
 };
 
 // Which cache slots a batch of tokens touches: token t belongs to sequence token_seq[t]
 // and lives at cache slot token_slot[t]; it attends to slots 0..token_slot[t] of its
 // sequence (causal). block_table: [n_seqs][max_blocks_per_seq] physical block ids.
+// token_stage (staging only): stage slot of the block holding token t's slot.
 struct KvBatchView {
     const int32_t* token_seq = nullptr;   // [n_tokens]
     const int32_t* token_slot = nullptr;  // [n_tokens]
     const int32_t* block_table = nullptr; // [n_seqs][max_blocks_per_seq]
     int64_t max_blocks_per_seq = 0;
     int64_t n_tokens = 0;
+    const int32_t* token_stage = nullptr;  // [n_tokens], or null without staging
 };
 
 namespace cpu {
@@ -78,14 +85,25 @@ void embed(float* out, const WeightView& table, const int32_t* tokens, int64_t n
 // Numerically stable softmax in place over x[n].
 void softmax(float* x, int64_t n);
 
-// Stores k, v: [n_tokens][n_kv_head][head_dim] into the pools at each token's slot.
+// Stores k, v: [n_tokens][n_kv_head][head_dim] at each token's slot. Without staging: into
+// the pools (f32/f16). With staging: into the token's stage (f16); then every block whose
+// last row a token wrote is sealed: its stage rows are encoded into the pool block
+// (kv_encode_head_block: K per channel, V per token).
 void kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, const float* v);
 
 // Paged causal attention. q: [n_tokens][n_head][head_dim] (RoPE applied),
 // out: [n_tokens][n_head][head_dim]. Query head h reads KV head h / (n_head / n_kv_head).
-// scores = q.k * scale, softmax over slots 0..token_slot[t], out = sum p * v.
+// scores = q.k * scale, softmax over slots 0..token_slot[t], out = sum p * v. With staging,
+// the token's own block is read from its stage (exact f16) and earlier blocks from the pool.
 void paged_attention(float* out, const float* q, const KvLayerView& kv, const KvBatchView& batch,
                      int64_t n_head, float scale);
+
+// One queued block copy (kv_block_table.h BlockCopy) on one layer: src_stage and dst_stage
+// both -1: pool block src -> pool block dst (whole block); dst_stage >= 0: rows
+// [0, n_rows) into stage dst_stage, from stage src_stage, or decoded from pool block src
+// when src_stage is -1.
+void kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_stage,
+             int64_t dst_stage, int64_t n_rows);
 
 // Validation aid (off by default; per calling thread): when on, matmul first rounds its
 // activations the way llama.cpp's CPU backend does for the weight type (f16 for F16, bf16 for

@@ -78,7 +78,8 @@ Engine::Engine(Backend& backend, const Tokenizer& tokenizer, EngineOptions optio
     : backend_(backend),
       tok_(tokenizer),
       opt_(options),
-      table_(static_cast<int32_t>(backend.n_kv_blocks()), backend.kv_block_size()) {
+      table_(static_cast<int32_t>(backend.n_kv_blocks()), backend.kv_block_size(),
+             backend.n_kv_stages()) {
     if (opt_.max_parallel < 1) fail("--parallel must be at least 1 (got {})", opt_.max_parallel);
     if (opt_.n_batch < 1) fail("the batch size must be at least 1 (got {})", opt_.n_batch);
     const int64_t pool_tokens = backend.n_kv_blocks() * backend.kv_block_size();
@@ -341,8 +342,10 @@ void Engine::fork_samples(Seq& s) {
 
 void Engine::sample_and_advance(Seq& s, const float* logits) {
     const int n_vocab = static_cast<int>(backend_.config().n_vocab);
-    const int32_t n_recent = std::min<int32_t>(static_cast<int32_t>(s.tokens.size()),
-                                               std::max(0, s.req->sampling.repeat_last_n));
+    // repeat_last_n < 0: the penalty looks at the whole sequence (as in the sampler).
+    const int32_t last_n = s.req->sampling.repeat_last_n;
+    const int32_t n_tokens = static_cast<int32_t>(s.tokens.size());
+    const int32_t n_recent = last_n < 0 ? n_tokens : std::min(n_tokens, last_n);
     std::span<const TokenId> recent(s.tokens.data() + s.tokens.size() - n_recent, n_recent);
     TokenId tok = s.sampler->sample(logits, n_vocab, recent);
     auto now = Clock::now();
@@ -438,20 +441,11 @@ bool Engine::step() {
     std::erase_if(parts, [](const Part& p) { return p.s->finished || p.s->kv < 0; });
 
     if (!parts.empty()) {
-        std::vector<std::pair<int32_t, int32_t>> copies;
-        for (const BlockCopy& c : table_.take_pending_copies()) copies.emplace_back(c.src, c.dst);
-        if (!copies.empty()) backend_.copy_blocks(copies);
+        kv_apply_pending(table_, backend_);
 
         ForwardBatch fb;
-        for (size_t r = 0; r < parts.size(); ++r) {
-            const Part& p = parts[r];
-            fb.block_tables.push_back(table_.block_ids(p.s->kv));
-            for (int32_t i = 0; i < p.n; ++i) {
-                fb.tokens.push_back(p.s->tokens[p.start + i]);
-                fb.positions.push_back(p.start + i);
-                fb.seq_index.push_back(static_cast<int32_t>(r));
-                fb.slots.push_back(p.start + i);
-            }
+        for (const Part& p : parts) {
+            fb.add_sequence(table_, p.s->kv, p.start, p.n);
             if (p.logits) fb.logit_rows.push_back(static_cast<int32_t>(fb.tokens.size()) - 1);
             if (p.n > 1 || p.start < p.s->n_prompt) stats_.tokens_prefilled += p.n;
         }

@@ -27,8 +27,11 @@ uint64_t mix64(uint64_t x) {
 
 std::string KvAppendResult::reason() const {
     if (ok) return {};
-    return fmt::format("out of KV blocks: needed {} new block(s), {} available", n_blocks_needed,
-                       n_blocks_available);
+    if (n_blocks_needed > n_blocks_available)
+        return fmt::format("out of KV blocks: needed {} new block(s), {} available",
+                           n_blocks_needed, n_blocks_available);
+    return fmt::format("out of KV stage slots: needed {}, {} available", n_stages_needed,
+                       n_stages_available);
 }
 
 double KvBlockStats::waste_fraction() const {
@@ -44,7 +47,7 @@ uint64_t KvBlockTable::hash_block(uint64_t parent, std::span<const TokenId> toke
     return mix64(h ^ static_cast<uint64_t>(tokens.size()));
 }
 
-KvBlockTable::KvBlockTable(int32_t n_blocks, int32_t block_size)
+KvBlockTable::KvBlockTable(int32_t n_blocks, int32_t block_size, int32_t n_stages)
     : n_blocks_(n_blocks), block_size_(block_size) {
     if (block_size < 1 || block_size > kMaxBlockSize) {
         fail("KV block size {} is out of range (1..{})", block_size, kMaxBlockSize);
@@ -56,6 +59,11 @@ KvBlockTable::KvBlockTable(int32_t n_blocks, int32_t block_size)
     free_.reserve(static_cast<size_t>(n_blocks));
     // A stack popped from the back: block 0 is handed out first.
     for (BlockId b = n_blocks - 1; b >= 0; --b) free_.push_back(b);
+    if (n_stages < 0 || n_stages > kMaxBlocks) {
+        fail("KV stage slot count {} is out of range (0..{})", n_stages, kMaxBlocks);
+    }
+    stages_.resize(static_cast<size_t>(n_stages));
+    for (int32_t i = n_stages - 1; i >= 0; --i) free_stages_.push_back(i);
 }
 
 // ---- internals ----
@@ -91,6 +99,7 @@ BlockId KvBlockTable::allocate_block() {
         uncache_block(b);
     }
     blocks_[b].refcount = 1;
+    blocks_[b].sealed = false;
     ++n_used_;
     peak_used_ = std::max(peak_used_, n_used_);
     return b;
@@ -114,6 +123,9 @@ void KvBlockTable::release_block(BlockId b) {
     Block& blk = blocks_[b];
     if (--blk.refcount > 0) return;
     --n_used_;
+    // Only a full (sealed) block can be cached, and nobody appends to a free one: the stage
+    // is not needed any more. (A copy queued from it still runs before any new write.)
+    release_stage(b);
     if (blk.cached) {
         blk.lru_it = lru_.insert(lru_.end(), b);
         blk.in_lru = true;
@@ -164,6 +176,62 @@ void KvBlockTable::find_prefix(std::span<const TokenId> tokens, std::vector<Bloc
         out.push_back(it->second);
         parent = h;
     }
+}
+
+// ---- staging ----
+
+bool KvBlockTable::stage_reclaimable(const Stage& st) const {
+    return st.block >= 0 && blocks_[st.block].sealed && st.epoch < epoch_;
+}
+
+int32_t KvBlockTable::n_available_stages() const {
+    int32_t n = static_cast<int32_t>(free_stages_.size());
+    for (const Stage& st : stages_)
+        if (stage_reclaimable(st)) ++n;
+    return n;
+}
+
+int32_t KvBlockTable::acquire_stage(BlockId block) {
+    int32_t s = -1;
+    if (!free_stages_.empty()) {
+        s = free_stages_.back();
+        free_stages_.pop_back();
+    } else {
+        // Reclaim the stage of the sealed block that was used longest ago.
+        for (int32_t i = 0; i < n_stages(); ++i)
+            if (stage_reclaimable(stages_[i]) && (s < 0 || stages_[i].epoch < stages_[s].epoch))
+                s = i;
+        if (s < 0) fail("KV block table: no stage slot available (internal error)");
+        blocks_[stages_[s].block].stage = -1;
+    }
+    stages_[s] = {block, epoch_};
+    blocks_[block].stage = s;
+    return s;
+}
+
+void KvBlockTable::release_stage(BlockId block) {
+    const int32_t s = blocks_[block].stage;
+    if (s < 0) return;
+    stages_[s] = {};
+    free_stages_.push_back(s);
+    blocks_[block].stage = -1;
+}
+
+void KvBlockTable::touch_stage(BlockId block) {
+    const int32_t s = blocks_[block].stage;
+    if (s >= 0) stages_[s].epoch = epoch_;
+}
+
+int32_t KvBlockTable::stages_needed(SeqId seq, int32_t n_tokens) const {
+    const Sequence& s = seq_ref(seq);
+    const int32_t blocks = blocks_needed(seq, n_tokens);  // validates n_tokens
+    if (!staging() || n_tokens == 0) return 0;
+    // New blocks (a copy-on-write target included) each need a stage; a sole owner's partly
+    // filled block whose stage was reclaimed needs one to decode its rows into.
+    const bool partial = s.tokens.size() % static_cast<size_t>(block_size_) != 0;
+    const bool restage = partial && blocks_[s.blocks.back()].refcount == 1 &&
+                         blocks_[s.blocks.back()].stage < 0;
+    return blocks + (restage ? 1 : 0);
 }
 
 // ---- sequences ----
@@ -239,20 +307,32 @@ KvAppendResult KvBlockTable::append(SeqId seq, int32_t n_tokens, const TokenId* 
     result.n_blocks_available = n_available_blocks();
     if (n_tokens == 0) return result;
     if (tokens == nullptr) fail("KV block table: append of {} tokens without token ids", n_tokens);
-    if (result.n_blocks_needed > result.n_blocks_available) {
+    Sequence& s = seq_ref(seq);
+    const size_t bs = static_cast<size_t>(block_size_);
+    const size_t cur = s.tokens.size();
+    if (staging()) {
+        // The partly filled last block's stage is read (copy-on-write) or written by this
+        // pass: it must not be reclaimed for the blocks allocated below.
+        if (cur % bs != 0) touch_stage(s.blocks.back());
+        result.n_stages_needed = stages_needed(seq, n_tokens);
+        result.n_stages_available = n_available_stages();
+    }
+    if (result.n_blocks_needed > result.n_blocks_available ||
+        result.n_stages_needed > result.n_stages_available) {
         result.ok = false;
         return result;
     }
 
-    Sequence& s = seq_ref(seq);
-    const size_t bs = static_cast<size_t>(block_size_);
-    const size_t cur = s.tokens.size();
+    const bool stg = staging();
     if (cur % bs != 0) {
         BlockId last = s.blocks.back();
+        const int32_t rows = static_cast<int32_t>(cur % bs);
         if (blocks_[last].refcount > 1) {
             // Copy-on-write: this sequence gets a private copy of the valid rows.
             BlockId dst = allocate_block();
-            pending_copies_.push_back({last, dst, static_cast<int32_t>(cur % bs)});
+            const int32_t dst_stage = stg ? acquire_stage(dst) : -1;
+            pending_copies_.push_back(
+                {last, dst, rows, stg ? blocks_[last].stage : -1, dst_stage});
             ++n_copies_;
             release_block(last);
             s.blocks.back() = dst;
@@ -260,11 +340,24 @@ KvAppendResult KvBlockTable::append(SeqId seq, int32_t n_tokens, const TokenId* 
             // Sole owner of a block that was full once (then truncated): its cached content
             // is about to be overwritten.
             uncache_block(last);
+            if (stg && blocks_[last].stage < 0)  // its stage was reclaimed: decode the rows
+                pending_copies_.push_back({last, last, rows, -1, acquire_stage(last)});
         }
     }
     const size_t after = cur + static_cast<size_t>(n_tokens);
-    while (s.blocks.size() * bs < after) s.blocks.push_back(allocate_block());
+    while (s.blocks.size() * bs < after) {
+        s.blocks.push_back(allocate_block());
+        if (stg) acquire_stage(s.blocks.back());
+    }
     s.tokens.insert(s.tokens.end(), tokens, tokens + n_tokens);
+    if (stg) {
+        // Blocks this append writes: their stages serve the coming pass; a block whose last
+        // row arrives is sealed (quantized into the pool) by that pass.
+        for (size_t i = cur / bs; i * bs < after; ++i) {
+            touch_stage(s.blocks[i]);
+            blocks_[s.blocks[i]].sealed = (i + 1) * bs <= after;
+        }
+    }
 
     // Hash and register every block this append completed.
     for (size_t i = s.hashes.size(); (i + 1) * bs <= after; ++i) {
@@ -296,6 +389,7 @@ void KvBlockTable::truncate(SeqId seq, int32_t n_tokens) {
 std::vector<BlockCopy> KvBlockTable::take_pending_copies() {
     std::vector<BlockCopy> out;
     out.swap(pending_copies_);
+    ++epoch_;
     return out;
 }
 
@@ -332,6 +426,15 @@ bool KvBlockTable::is_cached(BlockId block) const {
     return blocks_[block].cached;
 }
 
+int32_t KvBlockTable::stage_of(BlockId block) const {
+    check_block(block);
+    return blocks_[block].stage;
+}
+
+int32_t KvBlockTable::stage_of_slot(SeqId seq, int32_t pos) const {
+    return stage_of(slot(seq, pos).block);
+}
+
 int32_t KvBlockTable::match_prefix(std::span<const TokenId> tokens) const {
     std::vector<BlockId> found;
     find_prefix(tokens, found);
@@ -360,6 +463,8 @@ KvBlockStats KvBlockTable::stats() const {
     st.cached_blocks = static_cast<int32_t>(registry_.size());
     st.prefix_hit_tokens = prefix_hit_tokens_;
     st.copies = n_copies_;
+    st.n_stages = n_stages();
+    st.stages_in_use = n_stages() - static_cast<int32_t>(free_stages_.size());
     // A used block is filled up to the furthest row any of its sequences uses.
     std::vector<int32_t> fill(static_cast<size_t>(n_blocks_), 0);
     for (const auto& [id, s] : seqs_) {

@@ -5,6 +5,14 @@
 // Full blocks are hashed (the block's tokens chained with the parent block's hash) and kept
 // in a registry so a new sequence with the same prefix can adopt them; a cached block whose
 // last user leaves stays cached (evictable, LRU) until the allocator runs out of free blocks.
+//
+// Staging (quantized KV storage, n_stages > 0): a quantized block is written once, when it
+// is full (K is quantized per channel over the block's rows). Until then its rows live in an
+// f16 "stage" slot. Every block an append writes into gets a stage; the backend writes the
+// new rows there and seals (quantizes) a block into the pool when its last row arrives.
+// A sealed block keeps its stage while there is room, so a rollback (truncate) into it stays
+// exact; under pressure the oldest stages of sealed blocks are reclaimed (a later append into
+// such a block first decodes the kept rows back into a stage: exact up to quantization).
 #pragma once
 
 #include <cstdint>
@@ -22,11 +30,15 @@ using SeqId = int32_t;
 using BlockId = int32_t;
 
 // A copy the storage must perform before the next write into `dst`: rows [0, n_rows) of
-// physical block `src` (every layer, K and V) into block `dst`.
+// physical block `src` (every layer, K and V) into block `dst`. With staging, the rows go to
+// stage `dst_stage`: from stage `src_stage`, or, when src_stage is -1, decoded from the
+// sealed pool block `src` (src may then equal dst).
 struct BlockCopy {
     BlockId src = -1;
     BlockId dst = -1;
     int32_t n_rows = 0;
+    int32_t src_stage = -1;
+    int32_t dst_stage = -1;
     bool operator==(const BlockCopy&) const = default;
 };
 
@@ -36,6 +48,8 @@ struct [[nodiscard]] KvAppendResult {
     bool ok = true;
     int32_t n_blocks_needed = 0;     // new blocks the append needed (incl. copy-on-write)
     int32_t n_blocks_available = 0;  // free + evictable blocks at the time of the call
+    int32_t n_stages_needed = 0;     // stage slots it needed (staging tables only)
+    int32_t n_stages_available = 0;  // free + reclaimable stage slots
     explicit operator bool() const { return ok; }
     std::string reason() const;  // "" when ok
 };
@@ -58,14 +72,17 @@ struct KvBlockStats {
     int64_t unfilled_slots = 0;     // slots of used blocks no sequence has filled
     int64_t prefix_hit_tokens = 0;  // tokens adopted from the prefix cache, cumulative
     int64_t copies = 0;             // copy-on-write block copies, cumulative
+    int32_t n_stages = 0;           // stage slots (0: no staging)
+    int32_t stages_in_use = 0;      // held by a block (partly filled, or sealed and kept)
     // Share of the used blocks' slots that hold no token (the "KV waste").
     double waste_fraction() const;
 };
 
 class KvBlockTable {
   public:
-    // n_blocks: pool size (1 .. 2^24); block_size: tokens per block (1 .. 256). Throws Error.
-    KvBlockTable(int32_t n_blocks, int32_t block_size);
+    // n_blocks: pool size (1 .. 2^24); block_size: tokens per block (1 .. 256); n_stages:
+    // f16 stage slots for quantized storage (0: none). Throws Error.
+    KvBlockTable(int32_t n_blocks, int32_t block_size, int32_t n_stages = 0);
 
     // ---- sequences ----
     SeqId create_sequence();
@@ -94,9 +111,14 @@ class KvBlockTable {
     // it no longer needs.
     void truncate(SeqId seq, int32_t n_tokens);
 
+    // Stage slots append(seq, n_tokens, ...) would need right now (0 without staging).
+    int32_t stages_needed(SeqId seq, int32_t n_tokens) const;
+
     // Copies queued by append(); the caller must execute them on the K/V storage before it
     // writes the appended tokens' rows (and before any other append that could reuse a
-    // source block). Empties the queue.
+    // source block). Empties the queue. Call it once before every forward pass, also when
+    // there is nothing to copy: it marks the end of the appends that pass writes (stages
+    // those appends touched cannot be reclaimed before the next pass).
     std::vector<BlockCopy> take_pending_copies();
     bool has_pending_copies() const { return !pending_copies_.empty(); }
 
@@ -107,6 +129,10 @@ class KvBlockTable {
     KvSlot slot(SeqId seq, int32_t pos) const;  // pos in [0, n_tokens(seq))
     int32_t refcount(BlockId block) const;
     bool is_cached(BlockId block) const;  // in the prefix registry
+    // Stage slot of a block, -1 when it has none (always -1 without staging).
+    int32_t stage_of(BlockId block) const;
+    // Stage slot of the block holding position pos of seq.
+    int32_t stage_of_slot(SeqId seq, int32_t pos) const;
 
     // ---- prefix cache ----
     // Number of leading tokens (a multiple of block_size) whose full blocks are cached.
@@ -122,6 +148,10 @@ class KvBlockTable {
     int32_t n_used_blocks() const { return n_used_; }
     // What an allocation can draw on: free blocks, then evictable ones.
     int32_t n_available_blocks() const { return n_free_blocks() + n_evictable_blocks(); }
+    int32_t n_stages() const { return static_cast<int32_t>(stages_.size()); }
+    bool staging() const { return !stages_.empty(); }
+    // Stage slots an append can draw on: free ones plus reclaimable ones.
+    int32_t n_available_stages() const;
     KvBlockStats stats() const;
 
     // Chained hash of one full block: `parent` is the previous block's hash (0 for the first).
@@ -136,6 +166,12 @@ class KvBlockTable {
         uint64_t parent_hash = 0;     // valid when cached
         std::vector<TokenId> tokens;  // [block_size] when cached (collision guard)
         std::list<BlockId>::iterator lru_it;
+        int32_t stage = -1;   // stage slot holding the block's rows in f16, or -1
+        bool sealed = false;  // the pool holds the whole block (its last row was written)
+    };
+    struct Stage {
+        BlockId block = -1;  // owner, -1 when free
+        int64_t epoch = 0;   // pass (take_pending_copies count) that last wrote or read it
     };
     struct Sequence {
         std::vector<BlockId> blocks;   // [ceil(n_tokens / block_size)]
@@ -154,6 +190,10 @@ class KvBlockTable {
                              std::span<const TokenId> tokens);
     // Walks the registry along `tokens`; fills `out` with the cached blocks of the prefix.
     void find_prefix(std::span<const TokenId> tokens, std::vector<BlockId>& out) const;
+    bool stage_reclaimable(const Stage& st) const;
+    int32_t acquire_stage(BlockId block);  // caller checked availability
+    void release_stage(BlockId block);
+    void touch_stage(BlockId block);  // protects it from reclaiming until the next pass
 
     int32_t n_blocks_ = 0;
     int32_t block_size_ = 0;
@@ -163,6 +203,9 @@ class KvBlockTable {
     std::unordered_map<uint64_t, BlockId> registry_;  // chained hash -> cached full block
     std::unordered_map<SeqId, Sequence> seqs_;
     std::vector<BlockCopy> pending_copies_;
+    std::vector<Stage> stages_;         // [n_stages]
+    std::vector<int32_t> free_stages_;  // stack of free stage slots
+    int64_t epoch_ = 0;                 // number of take_pending_copies() calls
     SeqId next_seq_ = 0;
     int32_t n_used_ = 0;
     int32_t peak_used_ = 0;

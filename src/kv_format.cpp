@@ -1,9 +1,84 @@
-// KV cache storage format names and their per-element cost.
+// KV cache storage formats: names, sizes, and the CPU reference encoder/decoder of head
+// blocks (see kv_format.h and docs/kv-cache.md). The CUDA kernels in src/cuda/kv_write.cu
+// and src/cuda/attention.cuh implement the same layouts and rounding.
 #include "kv_format.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
 #include "common.h"
+#include "quant.h"
 
 namespace kvrun {
+namespace {
+
+constexpr int64_t kHeadBlockAlign = 16;
+
+int64_t pad16(int64_t n) {
+    return (n + kHeadBlockAlign - 1) / kHeadBlockAlign * kHeadBlockAlign;
+}
+
+// Bytes of the scales in front of a quantized head block.
+int64_t scale_bytes(KvRole role, int64_t block_size, int64_t head_dim) {
+    return role == KvRole::K ? 2 * head_dim : 2 * block_size * (head_dim / kv_v_group(head_dim));
+}
+
+// Bytes of one row's quantized values.
+int64_t row_bytes(KvType t, int64_t head_dim) {
+    return t == KvType::Q8 ? head_dim : head_dim / 2;
+}
+
+float load_f16(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return fp16_to_fp32(h);
+}
+
+void store_f16(uint8_t* p, float v) {
+    const uint16_t h = fp32_to_fp16(v);
+    std::memcpy(p, &h, 2);
+}
+
+// The scale of a group of values x[i * stride], i < n, and its stored (f16-rounded) value:
+// q8: largest magnitude / 127, symmetric codes -127..127;
+// q4: signed value of largest magnitude / -8, codes -8..7 (that value maps to -8 exactly).
+float group_scale(KvType t, const float* x, int64_t n, int64_t stride) {
+    float amax = 0, max = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const float v = x[i * stride];
+        if (std::fabs(v) > amax) {
+            amax = std::fabs(v);
+            max = v;
+        }
+    }
+    const float d = t == KvType::Q8 ? amax / 127.0f : max / -8.0f;
+    return fp16_to_fp32(fp32_to_fp16(d));
+}
+
+int quantize_value(KvType t, float x, float inv_d) {
+    const long q = std::lrintf(x * inv_d);
+    return t == KvType::Q8 ? int(std::clamp(q, -127L, 127L)) : int(std::clamp(q, -8L, 7L));
+}
+
+// Stores code q of channel c into a row of quantized values.
+void put_code(KvType t, uint8_t* row, int64_t c, int q) {
+    if (t == KvType::Q8) {
+        row[c] = static_cast<uint8_t>(static_cast<int8_t>(q));
+    } else {
+        const uint8_t nib = static_cast<uint8_t>(q + 8);
+        row[c / 2] = c % 2 == 0 ? static_cast<uint8_t>((row[c / 2] & 0xF0) | nib)
+                                : static_cast<uint8_t>((row[c / 2] & 0x0F) | (nib << 4));
+    }
+}
+
+int get_code(KvType t, const uint8_t* row, int64_t c) {
+    if (t == KvType::Q8) return static_cast<int8_t>(row[c]);
+    const uint8_t b = row[c / 2];
+    return int(c % 2 == 0 ? (b & 0x0F) : (b >> 4)) - 8;
+}
+
+}  // namespace
 
 const char* kv_type_name(KvType t) {
     switch (t) {
@@ -23,16 +98,108 @@ KvType kv_type_parse(std::string_view s) {
     fail("unknown KV cache type '{}' (expected f32, f16, q8 or q4)", s);
 }
 
-double kv_bytes_per_element(KvType t, int64_t head_dim, int64_t block_size) {
-    // Quantized formats: 8 or 4 bits per element plus one f16 scale per group of 32
-    // (placeholder until the quantized layouts land; see docs/kv-cache.md).
+int64_t kv_v_group(int64_t head_dim) {
+    return head_dim % 32 == 0 ? 32 : head_dim;
+}
+
+void kv_check_format(KvType t, int64_t head_dim) {
+    if (head_dim <= 0) fail("KV cache: head_dim {} must be positive", head_dim);
+    if (t == KvType::Q4 && head_dim % 2 != 0)
+        fail("KV cache type q4 needs an even head_dim (the model has {})", head_dim);
+}
+
+int64_t kv_head_block_bytes(KvType t, KvRole role, int64_t block_size, int64_t head_dim) {
     switch (t) {
-        case KvType::F32: return 4.0;
-        case KvType::F16: return 2.0;
-        case KvType::Q8: return 1.0 + 2.0 / 32.0;
-        case KvType::Q4: return 0.5 + 2.0 / 32.0;
+        case KvType::F32: return block_size * head_dim * 4;
+        case KvType::F16: return block_size * head_dim * 2;
+        case KvType::Q8:
+        case KvType::Q4:
+            kv_check_format(t, head_dim);
+            return pad16(scale_bytes(role, block_size, head_dim) +
+                         block_size * row_bytes(t, head_dim));
     }
-    return 0;
+    fail("unknown KV cache type {}", int(t));
+}
+
+double kv_bytes_per_element(KvType t, KvRole role, int64_t head_dim, int64_t block_size) {
+    return double(kv_head_block_bytes(t, role, block_size, head_dim)) /
+           double(block_size * head_dim);
+}
+
+void kv_encode_head_block(KvType t, KvRole role, const float* src, int64_t block_size,
+                          int64_t head_dim, uint8_t* dst) {
+    const int64_t bs = block_size, hd = head_dim;
+    if (t == KvType::F32) {
+        std::memcpy(dst, src, size_t(bs * hd) * 4);
+        return;
+    }
+    if (t == KvType::F16) {
+        for (int64_t i = 0; i < bs * hd; ++i) store_f16(dst + 2 * i, src[i]);
+        return;
+    }
+    const int64_t n_bytes = kv_head_block_bytes(t, role, bs, hd);
+    std::memset(dst, 0, size_t(n_bytes));
+    uint8_t* values = dst + scale_bytes(role, bs, hd);
+    const int64_t rb = row_bytes(t, hd);
+    if (role == KvRole::K) {
+        // One scale per channel over the block's rows.
+        for (int64_t c = 0; c < hd; ++c) {
+            const float d = group_scale(t, src + c, bs, hd);
+            store_f16(dst + 2 * c, d);
+            const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+            for (int64_t r = 0; r < bs; ++r)
+                put_code(t, values + r * rb, c, quantize_value(t, src[r * hd + c], inv));
+        }
+    } else {
+        // One scale per row and group of channels.
+        const int64_t g = kv_v_group(hd), n_groups = hd / g;
+        for (int64_t r = 0; r < bs; ++r)
+            for (int64_t j = 0; j < n_groups; ++j) {
+                const float* x = src + r * hd + j * g;
+                const float d = group_scale(t, x, g, 1);
+                store_f16(dst + 2 * (r * n_groups + j), d);
+                const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+                for (int64_t c = 0; c < g; ++c)
+                    put_code(t, values + r * rb, j * g + c, quantize_value(t, x[c], inv));
+            }
+    }
+}
+
+void kv_decode_head_row(KvType t, KvRole role, const uint8_t* blk, int64_t block_size,
+                        int64_t head_dim, int64_t row, float* out) {
+    const int64_t bs = block_size, hd = head_dim;
+    if (t == KvType::F32) {
+        std::memcpy(out, blk + row * hd * 4, size_t(hd) * 4);
+        return;
+    }
+    if (t == KvType::F16) {
+        for (int64_t c = 0; c < hd; ++c) out[c] = load_f16(blk + 2 * (row * hd + c));
+        return;
+    }
+    const uint8_t* values = blk + scale_bytes(role, bs, hd) + row * row_bytes(t, hd);
+    if (role == KvRole::K) {
+        for (int64_t c = 0; c < hd; ++c) out[c] = load_f16(blk + 2 * c) * float(get_code(t, values, c));
+    } else {
+        const int64_t g = kv_v_group(hd), n_groups = hd / g;
+        for (int64_t c = 0; c < hd; ++c)
+            out[c] = load_f16(blk + 2 * (row * n_groups + c / g)) * float(get_code(t, values, c));
+    }
+}
+
+void hadamard_rows(float* x, int64_t n_rows, int64_t n) {
+    if (!is_power_of_two(n)) fail("Hadamard rotation needs a power-of-two size (got {})", n);
+    const float norm = 1.0f / std::sqrt(float(n));
+    for (int64_t r = 0; r < n_rows; ++r) {
+        float* v = x + r * n;
+        for (int64_t h = 1; h < n; h *= 2)
+            for (int64_t i = 0; i < n; i += 2 * h)
+                for (int64_t j = i; j < i + h; ++j) {
+                    const float a = v[j], b = v[j + h];
+                    v[j] = a + b;
+                    v[j + h] = a - b;
+                }
+        for (int64_t i = 0; i < n; ++i) v[i] *= norm;
+    }
 }
 
 }  // namespace kvrun

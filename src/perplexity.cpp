@@ -68,7 +68,8 @@ PerplexityResult perplexity_run(Backend& backend, const Tokenizer& tok, const st
     const int32_t first = n_ctx / 2;
     const int32_t n_scored = n_ctx - 1 - first;
 
-    KvBlockTable table(static_cast<int32_t>(backend.n_kv_blocks()), backend.kv_block_size());
+    KvBlockTable table(static_cast<int32_t>(backend.n_kv_blocks()), backend.kv_block_size(),
+                       backend.n_kv_stages());
     if (table.n_blocks() * int64_t(table.block_size()) < n_ctx)
         throw Error(fmt::format("the KV pool holds {} tokens, less than -c {}",
                                 table.n_blocks() * int64_t(table.block_size()), n_ctx),
@@ -118,16 +119,11 @@ PerplexityResult perplexity_run(Backend& backend, const Tokenizer& tok, const st
             const int32_t n = std::min(n_batch, n_ctx - start);
             if (!table.append(seq, n, chunk.data() + start))
                 fail("KV pool exhausted during perplexity (pool too small for -c {})", n_ctx);
+            kv_apply_pending(table, backend);
             ForwardBatch fb;
-            fb.block_tables.push_back(table.block_ids(seq));
-            for (int32_t i = 0; i < n; ++i) {
-                fb.tokens.push_back(chunk[start + i]);
-                fb.positions.push_back(start + i);
-                fb.seq_index.push_back(0);
-                fb.slots.push_back(start + i);
-                // Rows first .. n_ctx-2 are scored.
+            fb.add_sequence(table, seq, start, n);
+            for (int32_t i = 0; i < n; ++i)  // rows first .. n_ctx-2 are scored
                 if (start + i >= first && start + i <= n_ctx - 2) fb.logit_rows.push_back(i);
-            }
             if (fb.logit_rows.empty()) {
                 // Still run the pass to fill the cache; ask for one row we ignore.
                 fb.logit_rows.push_back(n - 1);

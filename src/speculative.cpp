@@ -74,8 +74,10 @@ SpeculativeDecoder::SpeculativeDecoder(Backend& target, Backend& draft, const To
       draft_(draft),
       tok_(tokenizer),
       opt_(options),
-      target_table_(static_cast<int32_t>(target.n_kv_blocks()), target.kv_block_size()),
-      draft_table_(static_cast<int32_t>(draft.n_kv_blocks()), draft.kv_block_size()) {
+      target_table_(static_cast<int32_t>(target.n_kv_blocks()), target.kv_block_size(),
+                    target.n_kv_stages()),
+      draft_table_(static_cast<int32_t>(draft.n_kv_blocks()), draft.kv_block_size(),
+                   draft.n_kv_stages()) {
     if (target.config().n_vocab != draft.config().n_vocab)
         throw Error(fmt::format("the draft model outputs {} logits per token but the target {}",
                                 draft.config().n_vocab, target.config().n_vocab),
@@ -147,32 +149,25 @@ int64_t SpeculativeDecoder::feed(Backend& backend, KvBlockTable& table, SeqId se
     const int32_t len = static_cast<int32_t>(toks.size());
     if (len == 0) return 0;
     const int32_t start = table.n_tokens(seq);
-    KvAppendResult r = table.append(seq, toks);
-    if (!r)
-        throw Error(
-            fmt::format("KV pool full: {} blocks of {} tokens cannot hold {} more tokens ({})",
-                        table.n_blocks(), table.block_size(), len, r.reason()),
-            "use a larger --kv-memory or a smaller -c/--ctx");
-    std::vector<std::pair<int32_t, int32_t>> copies;
-    for (const BlockCopy& c : table.take_pending_copies()) copies.emplace_back(c.src, c.dst);
-    if (!copies.empty()) backend.copy_blocks(copies);
-
     n_logits = std::min(n_logits, len);
     // The last chunk holds every token that needs logits; earlier chunks take n_batch each.
+    // Each chunk is appended right before its pass (a quantized cache stages the blocks one
+    // pass writes).
     const int32_t last_len = std::max(n_logits, std::min(len, opt_.n_batch));
-    ForwardBatch fb;
-    fb.block_tables.push_back(table.block_ids(seq));
     int64_t passes = 0;
     for (int32_t pos = 0; pos < len;) {
         const int32_t end =
             pos < len - last_len ? std::min(pos + opt_.n_batch, len - last_len) : len;
         const int32_t n = end - pos;
-        fb.tokens.assign(toks.begin() + pos, toks.begin() + end);
-        fb.positions.resize(n);
-        for (int32_t i = 0; i < n; ++i) fb.positions[i] = start + pos + i;
-        fb.slots = fb.positions;
-        fb.seq_index.assign(n, 0);
-        fb.logit_rows.clear();
+        KvAppendResult r = table.append(seq, n, toks.data() + pos);
+        if (!r)
+            throw Error(
+                fmt::format("KV pool full: {} blocks of {} tokens cannot hold {} more tokens ({})",
+                            table.n_blocks(), table.block_size(), n, r.reason()),
+                "use a larger --kv-memory or a smaller -c/--ctx");
+        kv_apply_pending(table, backend);
+        ForwardBatch fb;
+        fb.add_sequence(table, seq, start + pos, n);
         if (end == len)
             for (int32_t i = n - n_logits; i < n; ++i) fb.logit_rows.push_back(i);
         backend.forward(fb, out);

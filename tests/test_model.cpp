@@ -107,12 +107,12 @@ class Runner {
     // A new sequence holding copies of `src`'s blocks (copy-on-write fork).
     int fork(int src) {
         int dst = new_seq();
-        std::vector<std::pair<int32_t, int32_t>> pairs;
+        std::vector<BlockCopy> copies;
         for (int32_t b : tables_[src]) {
             tables_[dst].push_back(take_block());
-            pairs.emplace_back(b, tables_[dst].back());
+            copies.push_back({b, tables_[dst].back()});
         }
-        backend_.copy_blocks(pairs);
+        backend_.copy_blocks(copies);
         lens_[dst] = lens_[src];
         return dst;
     }

@@ -117,8 +117,17 @@ TEST_CASE("model config reads hyperparameters and defaults") {
     o.kv_memory_mib = 1;
     CHECK(kv_block_bytes(cl, o) == 16 * 16);
     CHECK(kv_blocks_for(cl, o) == (1 << 20) / 256);
+    // Quantized K (head_dim 4): 4 f16 channel scales + 16 rows x 4 int8 = 72, padded to 80
+    // bytes per head block; V stays f16 (128). Stage slots (f16, K and V) come off the budget.
     o.kv_type_k = KvType::Q8;
-    CHECK_THROWS_AS(kv_block_bytes(cl, o), Error);
+    CHECK(kv_block_bytes(cl, o) == 80 + 128);
+    const int64_t stages = kv_stages_for(cl, o);
+    CHECK(stages == 512 / 16 + 2 + 4);
+    CHECK(kv_stage_bytes(cl, o, stages) == stages * 16 * 4 * 2 * 2);
+    CHECK(kv_blocks_for(cl, o) == ((1 << 20) - kv_stage_bytes(cl, o, stages)) / 208);
+    // V q4 with head_dim 4: one f16 scale per row + 2 bytes of nibbles = 64, padded: 64.
+    o.kv_type_v = KvType::Q4;
+    CHECK(kv_block_bytes(cl, o) == 80 + 64);
 }
 
 TEST_CASE("load errors name the problem") {

@@ -111,7 +111,7 @@ class CudaBackend final : public Backend {
 
     const ModelConfig& config() const override { return config_; }
     void forward(const ForwardBatch& batch, float* logits) override;
-    void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) override;
+    void copy_blocks(const std::vector<BlockCopy>& copies) override;
     int64_t n_kv_blocks() const override { return n_blocks_; }
     int32_t kv_block_size() const override { return options_.kv_block_size; }
     std::string name() const override { return "cuda"; }
@@ -273,9 +273,9 @@ void CudaBackend::upload_weights(const GgufFile& file) {
 
 void CudaBackend::allocate_kv() {
     n_blocks_ = kv_blocks_for(config_, options_);
-    k_block_bytes_ = kv_layer_block_bytes(options_.kv_type_k, config_.n_kv_head,
+    k_block_bytes_ = kv_layer_block_bytes(options_.kv_type_k, KvRole::K, config_.n_kv_head,
                                           options_.kv_block_size, config_.head_dim);
-    v_block_bytes_ = kv_layer_block_bytes(options_.kv_type_v, config_.n_kv_head,
+    v_block_bytes_ = kv_layer_block_bytes(options_.kv_type_v, KvRole::V, config_.n_kv_head,
                                           options_.kv_block_size, config_.head_dim);
     const size_t k_bytes = align_up(size_t(n_blocks_) * size_t(k_block_bytes_));
     const size_t v_bytes = align_up(size_t(n_blocks_) * size_t(v_block_bytes_));
@@ -509,13 +509,14 @@ void CudaBackend::forward(const ForwardBatch& b, float* logits) {
     }
 }
 
-void CudaBackend::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& src_dst) {
-    for (auto [src, dst] : src_dst)
-        if (src < 0 || src >= n_blocks_ || dst < 0 || dst >= n_blocks_)
-            fail("copy_blocks: block pair ({}, {}) outside the pool of {} blocks", src, dst,
+void CudaBackend::copy_blocks(const std::vector<BlockCopy>& copies) {
+    for (const BlockCopy& c : copies)
+        if (c.src < 0 || c.src >= n_blocks_ || c.dst < 0 || c.dst >= n_blocks_)
+            fail("copy_blocks: block pair ({}, {}) outside the pool of {} blocks", c.src, c.dst,
                  n_blocks_);
     CUDA_CHECK(cudaSetDevice(device_));
-    for (auto [src, dst] : src_dst) {
+    for (const BlockCopy& c : copies) {
+        const int64_t src = c.src, dst = c.dst;
         if (src == dst) continue;
         for (int64_t l = 0; l < config_.n_layer; ++l) {
             uint8_t* k = k_pool_[size_t(l)];

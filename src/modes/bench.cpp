@@ -97,14 +97,9 @@ double feed(Backend& b, KvBlockTable& table, SeqId seq, const std::vector<TokenI
     for (int32_t s = start; s < start + n; s += n_batch) {
         const int32_t m = std::min(n_batch, start + n - s);
         if (!table.append(seq, m, toks.data() + s)) fail("KV pool too small for the benchmark");
+        kv_apply_pending(table, b);
         ForwardBatch fb;
-        fb.block_tables.push_back(table.block_ids(seq));
-        for (int32_t i = 0; i < m; ++i) {
-            fb.tokens.push_back(toks[s + i]);
-            fb.positions.push_back(s + i);
-            fb.seq_index.push_back(0);
-            fb.slots.push_back(s + i);
-        }
+        fb.add_sequence(table, seq, s, m);
         fb.logit_rows.push_back(m - 1);
         b.forward(fb, logits.data());
     }
@@ -143,7 +138,8 @@ int run_bench(BenchOptions o) {
 #endif
         }
         const double w_bytes = weight_bytes_per_token(*m.file);
-        const double kv_tok = kv_bytes_per_token(cfg, kv_type_parse(kv), kv_type_parse(kv));
+        const double kv_tok =
+            kv_bytes_per_token(cfg, kv_type_parse(kv), kv_type_parse(kv), mo.kv_block_size);
         std::mt19937 rng(42);
         std::vector<TokenId> toks(max_depth + o.n_prompt + o.n_gen + 1);
         for (auto& t : toks) t = static_cast<TokenId>(rng() % cfg.n_vocab);
@@ -151,7 +147,8 @@ int run_bench(BenchOptions o) {
         for (int32_t depth : depth_list) {
             std::vector<double> pp, tg;
             for (int32_t r = -1; r < o.reps; ++r) {  // r = -1: warm-up
-                KvBlockTable table(static_cast<int32_t>(b.n_kv_blocks()), b.kv_block_size());
+                KvBlockTable table(static_cast<int32_t>(b.n_kv_blocks()), b.kv_block_size(),
+                                   b.n_kv_stages());
                 SeqId seq = table.create_sequence();
                 if (depth > 0) feed(b, table, seq, toks, 0, depth, mo.n_batch, logits);
                 if (o.n_prompt > 0) {

@@ -18,6 +18,7 @@ struct InfoOptions {
     bool json = false;
     bool tensors = false;
     bool metadata = false;
+    int32_t kv_block_size = 16;
 };
 
 struct Hyper {
@@ -74,10 +75,17 @@ int run_info(const InfoOptions& o) {
     };
     std::vector<KvRow> kv_rows;
     const bool has_attn = h.n_layer > 0 && h.n_head_kv > 0 && h.head_dim > 0;
+    const bool q4_ok = h.head_dim % 2 == 0;
     for (KvType t : {KvType::F32, KvType::F16, KvType::Q8, KvType::Q4}) {
-        double per_elem = kv_bytes_per_element(t, h.head_dim);
-        kv_rows.push_back({kv_type_name(t),
-                           has_attn ? 2.0 * h.n_layer * h.n_head_kv * h.head_dim * per_elem : 0});
+        if (!has_attn || (t == KvType::Q4 && !q4_ok)) {
+            kv_rows.push_back({kv_type_name(t), 0});
+            continue;
+        }
+        // K and V: quantized K pays one scale per channel and block, V one per 32 values.
+        const double per_elem =
+            kv_bytes_per_element(t, KvRole::K, h.head_dim, o.kv_block_size) +
+            kv_bytes_per_element(t, KvRole::V, h.head_dim, o.kv_block_size);
+        kv_rows.push_back({kv_type_name(t), double(h.n_layer * h.n_head_kv * h.head_dim) * per_elem});
     }
 
     if (o.json) {
@@ -105,6 +113,7 @@ int run_info(const InfoOptions& o) {
         nlohmann::json kv = nlohmann::json::object();
         for (auto& r : kv_rows) kv[r.name] = r.bytes;
         j["kv_bytes_per_token"] = kv;
+        j["kv_block_size"] = o.kv_block_size;
         if (o.tensors) {
             nlohmann::json ts = nlohmann::json::array();
             for (const auto& t : f.tensors())
@@ -137,10 +146,12 @@ int run_info(const InfoOptions& o) {
     for (auto& [name, e] : histogram)
         fmt::print("                {:<8} {:>8} {:>14}\n", name, e.first, human_bytes(double(e.second)));
     fmt::print("weights         {} parameters, {}\n\n", n_params, human_bytes(double(weight_bytes)));
-    fmt::print("KV cache        {:<8} {:>14} {:>16}\n", "type", "bytes/token", "per 4096 tokens");
+    fmt::print("KV cache        {:<8} {:>14} {:>16} {:>12}   (blocks of {} tokens)\n", "type",
+               "bytes/token", "per 4096 tokens", "tokens/f16", o.kv_block_size);
+    const double f16_bytes = kv_rows[1].bytes;
     for (auto& r : kv_rows)
-        fmt::print("                {:<8} {:>14.1f} {:>16}\n", r.name, r.bytes,
-                   human_bytes(r.bytes * 4096));
+        fmt::print("                {:<8} {:>14.1f} {:>16} {:>11.2f}x\n", r.name, r.bytes,
+                   human_bytes(r.bytes * 4096), r.bytes > 0 ? f16_bytes / r.bytes : 0.0);
     if (o.metadata) {
         fmt::print("\nmetadata\n");
         for (const auto& [key, v] : f.metadata())
@@ -169,6 +180,10 @@ void add_info_command(CLI::App& root, int& exit_code) {
     cmd->add_flag("--json", o->json, "Print machine-readable JSON instead of a table");
     cmd->add_flag("--tensors", o->tensors, "Also list every tensor (name, type, dims, bytes)");
     cmd->add_flag("--metadata", o->metadata, "Also list every metadata key and value");
+    cmd->add_option("--kv-block-size", o->kv_block_size,
+                    "KV block size the KV cache costs are computed for (1-256)")
+        ->check(CLI::Range(1, 256))
+        ->capture_default_str();
     cmd->callback([o, &exit_code] { exit_code = run_info(*o); });
 }
 

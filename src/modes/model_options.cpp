@@ -26,6 +26,10 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
     cmd->add_option("--kv-type", o.kv_type, "KV cache storage: f16, q8, q4 (or f32)")->capture_default_str();
     cmd->add_option("--kv-type-k", o.kv_type_k, "Storage of K only (overrides --kv-type)");
     cmd->add_option("--kv-type-v", o.kv_type_v, "Storage of V only (overrides --kv-type)");
+    cmd->add_option("--kv-rotate", o.kv_rotate,
+                    "Hadamard-rotate Q and K before K is stored (on, off; see docs/kv-cache.md)")
+        ->check(CLI::IsMember({"on", "off"}))
+        ->capture_default_str();
     cmd->add_option("--kv-memory", o.kv_memory_mib, "KV cache pool size in MiB (0: sized for the context)")
         ->check(CLI::NonNegativeNumber);
     cmd->add_option("-t,--threads", o.n_threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
@@ -67,14 +71,12 @@ LoadedModel load_model(const ModelOptions& o, int32_t n_sequences) {
     bo.kv_type_k = kv_type_parse(o.kv_type_k.empty() ? o.kv_type : o.kv_type_k);
     bo.kv_type_v = kv_type_parse(o.kv_type_v.empty() ? o.kv_type : o.kv_type_v);
     bo.n_threads = o.n_threads;
+    bo.n_batch = o.n_batch;
+    bo.n_parallel = std::max<int32_t>(1, n_sequences);
+    bo.kv_rotate = o.kv_rotate == "on";
     if (o.kv_memory_mib > 0) {
-        bo.kv_memory_mib = static_cast<int64_t>(o.kv_memory_mib);
-        bo.n_kv_blocks = static_cast<int64_t>(o.kv_memory_mib * 1024 * 1024 /
-                                              static_cast<double>(kv_block_bytes(cfg, bo)));
-        if (bo.n_kv_blocks < 1)
-            throw Error(fmt::format("--kv-memory {} MiB is less than one KV block ({} bytes)",
-                                    o.kv_memory_mib, kv_block_bytes(cfg, bo)),
-                        "give a larger --kv-memory or a smaller --kv-block-size");
+        bo.kv_memory_mib = o.kv_memory_mib;
+        bo.n_kv_blocks = kv_blocks_for(cfg, bo);  // what the budget holds after stage slots
     } else {
         int64_t ctx = o.n_ctx > 0 ? o.n_ctx : (cfg.n_ctx_train > 0 ? cfg.n_ctx_train : 4096);
         int64_t per_seq = (ctx + o.kv_block_size - 1) / o.kv_block_size;
