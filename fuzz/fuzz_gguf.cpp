@@ -1,11 +1,15 @@
 // libFuzzer target for the GGUF reader: parses arbitrary bytes with GgufFile::from_memory and
-// touches every metadata value and every tensor byte so ASan sees any bad pointer. Run with
-// KVRUN_FUZZ_WRITE_SEEDS=<dir> to write a small seed corpus (made with GgufWriter) and exit.
+// touches every metadata value and every tensor byte so ASan sees any bad pointer. It also
+// traps when an accepted file has overlapping tensor data or a rejection lacks the file, the
+// key/tensor/section or the byte offset. Run with KVRUN_FUZZ_WRITE_SEEDS=<dir> to write a
+// small seed corpus (made with GgufWriter) and exit.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gguf.h"
@@ -137,8 +141,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             for (uint64_t i = 0; i < t.n_bytes; ++i) sum += t.data[i];
             g_sink = g_sink + sum;
         }
+        std::vector<std::pair<uint64_t, uint64_t>> ranges;  // [n_tensors] (offset, n_bytes)
+        for (const kvrun::GgufTensorInfo& t : f.tensors()) ranges.emplace_back(t.offset, t.n_bytes);
+        std::sort(ranges.begin(), ranges.end());
+        for (size_t k = 1; k < ranges.size(); ++k)
+            if (ranges[k].first - ranges[k - 1].first < ranges[k - 1].second) __builtin_trap();
+    } catch (const kvrun::GgufError& e) {
+        // Rejected input: the expected outcome for most mutations. It must say where.
+        if (e.file() != "fuzz" || e.where().empty() || !e.offset()) __builtin_trap();
     } catch (const kvrun::Error&) {
-        // Rejected input: the expected outcome for most mutations.
     }
     return 0;
 }

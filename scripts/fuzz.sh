@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Fuzzes the GGUF reader with libFuzzer + ASan + UBSan for N seconds (default 600).
 # Usage: scripts/fuzz.sh [seconds] [extra libFuzzer flags...]
-# Builds build-fuzz/fuzz_gguf with clang++ straight from the sources (not through CMake),
-# seeds fuzz/corpus from GgufWriter-made files and the smallest shared models, and leaves
-# any crashing input in fuzz/crashes/.
+# Builds build-fuzz/fuzz_gguf (or $KVRUN_FUZZ_BUILD/fuzz_gguf; never the CMake build/ tree)
+# with clang++ straight from the sources, seeds fuzz/corpus from GgufWriter-made files and
+# the smallest shared models, and leaves any crashing input in fuzz/crashes/.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 seconds="${1:-600}"
 shift || true
 
-out=build-fuzz
+out="${KVRUN_FUZZ_BUILD:-build-fuzz}"
 mkdir -p "$out" fuzz/corpus fuzz/crashes
 clang++ -std=c++20 -O1 -g -fno-omit-frame-pointer \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \

@@ -1,6 +1,7 @@
 // GGUF v2/v3 reader: maps the file read-only and parses header, metadata and tensor table
 // with a bounds-checked cursor. Every count is checked against the bytes left before
-// anything is allocated, and every failure names the file, the key/tensor and the offset.
+// anything is allocated, tensor data must lie inside the data section without overlapping,
+// and every failure names the file, the key/tensor and the offset.
 #include "gguf.h"
 
 #include <fcntl.h>
@@ -8,10 +9,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <numeric>
 
 #include "quant.h"
 
@@ -100,11 +103,8 @@ class Cursor {
     uint64_t remaining() const { return size_ - pos_; }
     void set_context(std::string ctx) { context_ = std::move(ctx); }
 
-    [[noreturn]] void fail_at(uint64_t offset, const std::string& what) const {
-        if (context_.empty())
-            throw GgufError(fmt::format("{}: {} (at byte offset {})", path_, what, offset));
-        throw GgufError(
-            fmt::format("{}: {} ({}, at byte offset {})", path_, what, context_, offset));
+    [[noreturn]] void fail_at(uint64_t offset, std::string what) const {
+        throw GgufError(path_, std::move(what), context_, offset);
     }
 
     void need(uint64_t n, const char* what) const {
@@ -236,7 +236,33 @@ std::string type_mismatch(const GgufValue& v, const char* expected) {
     return fmt::format("has type {}, expected {}", gguf_value_type_name(v.type), expected);
 }
 
+std::string key_where(std::string_view key) {
+    return fmt::format("key '{}'", escaped(key, 96));
+}
+
+std::string tensor_where(std::string_view name) {
+    return fmt::format("tensor '{}'", escaped(name, 96));
+}
+
+std::string gguf_error_message(const std::string& file, const std::string& problem,
+                               const std::string& where, std::optional<uint64_t> offset) {
+    std::string msg = file.empty() ? problem : file + ": " + problem;
+    if (!where.empty() && offset)
+        return msg + fmt::format(" ({}, at byte offset {})", where, *offset);
+    if (!where.empty()) return msg + " (" + where + ")";
+    if (offset) return msg + fmt::format(" (at byte offset {})", *offset);
+    return msg;
+}
+
 }  // namespace
+
+GgufError::GgufError(std::string file, std::string problem, std::string where,
+                     std::optional<uint64_t> offset)
+    : Error(gguf_error_message(file, problem, where, offset)),
+      file_(std::move(file)),
+      problem_(std::move(problem)),
+      where_(std::move(where)),
+      offset_(offset) {}
 
 const char* gguf_value_type_name(GgufValueType t) {
     switch (t) {
@@ -283,34 +309,38 @@ bool GgufValue::is_float() const {
 int64_t GgufValue::as_int() const {
     if (auto* u = std::get_if<uint64_t>(&data)) {
         if (*u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-            throw GgufError(fmt::format("uint64 value {} does not fit in int64", *u));
+            throw GgufError({}, fmt::format("uint64 value {} does not fit in int64", *u));
         return static_cast<int64_t>(*u);
     }
     if (auto* i = std::get_if<int64_t>(&data)) return *i;
     if (auto* b = std::get_if<bool>(&data)) return *b ? 1 : 0;
-    throw GgufError(fmt::format("value of type {} is not an integer", gguf_value_type_name(type)));
+    throw GgufError({},
+                    fmt::format("value of type {} is not an integer", gguf_value_type_name(type)));
 }
 
 double GgufValue::as_float() const {
     if (auto* d = std::get_if<double>(&data)) return *d;
     if (auto* u = std::get_if<uint64_t>(&data)) return static_cast<double>(*u);
     if (auto* i = std::get_if<int64_t>(&data)) return static_cast<double>(*i);
-    throw GgufError(fmt::format("value of type {} is not a number", gguf_value_type_name(type)));
+    throw GgufError({},
+                    fmt::format("value of type {} is not a number", gguf_value_type_name(type)));
 }
 
 bool GgufValue::as_bool() const {
     if (auto* b = std::get_if<bool>(&data)) return *b;
-    throw GgufError(fmt::format("value of type {} is not a bool", gguf_value_type_name(type)));
+    throw GgufError({}, fmt::format("value of type {} is not a bool", gguf_value_type_name(type)));
 }
 
 const std::string& GgufValue::as_string() const {
     if (auto* s = std::get_if<std::string>(&data)) return *s;
-    throw GgufError(fmt::format("value of type {} is not a string", gguf_value_type_name(type)));
+    throw GgufError({},
+                    fmt::format("value of type {} is not a string", gguf_value_type_name(type)));
 }
 
 const std::vector<GgufValue>& GgufValue::as_array() const {
     if (auto* a = std::get_if<std::vector<GgufValue>>(&data)) return *a;
-    throw GgufError(fmt::format("value of type {} is not an array", gguf_value_type_name(type)));
+    throw GgufError({},
+                    fmt::format("value of type {} is not an array", gguf_value_type_name(type)));
 }
 
 std::string GgufValue::to_display(size_t max_items) const {
@@ -401,8 +431,10 @@ GgufFile& GgufFile::operator=(GgufFile&& other) noexcept {
     std::swap(map_, other.map_);
     std::swap(owned_, other.owned_);
     std::swap(kv_, other.kv_);
+    std::swap(kv_offsets_, other.kv_offsets_);
     std::swap(kv_index_, other.kv_index_);
     std::swap(tensors_, other.tensors_);
+    std::swap(tensor_info_offsets_, other.tensor_info_offsets_);
     std::swap(tensor_index_, other.tensor_index_);
     return *this;
 }
@@ -425,13 +457,13 @@ const GgmlTypeTraits* known_traits(uint32_t id) {
 
 void GgufFile::parse() {
     Cursor c(base_, size_, path_);
-    if (size_ < 4)
-        throw GgufError(fmt::format("{}: not a GGUF file (bad magic: the file is only {} bytes)",
-                                    path_, size_));
-    if (c.read<uint32_t>("magic") != kGgufMagic)
-        throw GgufError(fmt::format("{}: not a GGUF file (bad magic)", path_));
-
     c.set_context("header");
+    if (size_ < 4)
+        c.fail_at(0, fmt::format("not a GGUF file (bad magic: the file is only {} bytes)", size_));
+    if (c.read<uint32_t>("magic") != kGgufMagic)
+        c.fail_at(0, fmt::format("not a GGUF file (bad magic {}, expected \"GGUF\")",
+                                 quote({reinterpret_cast<const char*>(base_), 4}, 4)));
+
     uint64_t at = c.pos();
     version_ = c.read<uint32_t>("version");
     if (version_ == 1) c.fail_at(at, "GGUF version 1 is not supported (only versions 2 and 3)");
@@ -465,13 +497,14 @@ void GgufFile::parse() {
         c.set_context(fmt::format("metadata entry {}", i));
         uint64_t key_at = c.pos();
         std::string key = c.read_string("key");
-        c.set_context(fmt::format("key '{}'", escaped(key, 96)));
+        c.set_context(key_where(key));
         if (kv_index_.count(key)) c.fail_at(key_at, "duplicate metadata key");
         GgufValueType t = values.read_type("value type");
         GgufValue v = values.read_value(t, 0);
         if (key == "general.alignment") alignment_at = key_at;
         kv_index_.emplace(key, kv_.size());
         kv_.emplace_back(std::move(key), std::move(v));
+        kv_offsets_.push_back(key_at);
     }
 
     // Alignment.
@@ -489,14 +522,15 @@ void GgufFile::parse() {
 
     // Tensor infos.
     tensors_.reserve(static_cast<size_t>(n_tensors));
-    std::vector<uint64_t> info_offsets;  // [n_tensors] where each info starts (for errors)
-    info_offsets.reserve(static_cast<size_t>(n_tensors));
+    tensor_info_offsets_.reserve(static_cast<size_t>(n_tensors));
+    std::vector<uint64_t> offset_field_at;  // [n_tensors] where each data offset field starts
+    offset_field_at.reserve(static_cast<size_t>(n_tensors));
     for (uint64_t i = 0; i < n_tensors; ++i) {
         c.set_context(fmt::format("tensor #{}", i));
         uint64_t info_at = c.pos();
         GgufTensorInfo ti;
         ti.name = c.read_string("tensor name");
-        c.set_context(fmt::format("tensor '{}'", escaped(ti.name, 96)));
+        c.set_context(tensor_where(ti.name));
         if (tensor_index_.count(ti.name)) c.fail_at(info_at, "duplicate tensor name");
 
         at = c.pos();
@@ -535,7 +569,8 @@ void GgufFile::parse() {
                                       ti.offset, alignment_));
         tensor_index_.emplace(ti.name, tensors_.size());
         tensors_.push_back(std::move(ti));
-        info_offsets.push_back(at);
+        tensor_info_offsets_.push_back(info_at);
+        offset_field_at.push_back(at);
     }
 
     // Data section: starts at the next multiple of the alignment. A file without tensors
@@ -553,13 +588,36 @@ void GgufFile::parse() {
     for (size_t i = 0; i < tensors_.size(); ++i) {
         GgufTensorInfo& ti = tensors_[i];
         if (ti.offset > data_size || ti.n_bytes > data_size - ti.offset) {
-            c.set_context(fmt::format("tensor '{}'", escaped(ti.name, 96)));
-            c.fail_at(info_offsets[i],
+            c.set_context(tensor_where(ti.name));
+            c.fail_at(offset_field_at[i],
                       fmt::format("data [{}, +{} bytes) lies outside the file's data section "
                                   "({} bytes from byte {}; file truncated?)",
                                   ti.offset, ti.n_bytes, data_size, data_offset_));
         }
         ti.data = base_ + data_offset_ + ti.offset;
+    }
+
+    // No two tensors may share bytes (llama.cpp rejects such files too). Sorted by start,
+    // any overlap shows up between neighbours: a tensor overlapping a later one also
+    // overlaps the one that starts right after it.
+    std::vector<size_t> order(tensors_.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return tensors_[a].offset < tensors_[b].offset; });
+    for (size_t k = 1; k < order.size(); ++k) {
+        const GgufTensorInfo& prev = tensors_[order[k - 1]];
+        const GgufTensorInfo& cur = tensors_[order[k]];
+        if (cur.offset - prev.offset >= prev.n_bytes) continue;  // prev ends at or before cur
+        // Report at the tensor listed later in the file, naming the one it collides with.
+        size_t later = std::max(order[k - 1], order[k]);
+        const GgufTensorInfo& other = &tensors_[later] == &cur ? prev : cur;
+        const GgufTensorInfo& self = tensors_[later];
+        c.set_context(tensor_where(self.name));
+        c.fail_at(offset_field_at[later],
+                  fmt::format("data [{}, +{} bytes) overlaps tensor '{}' at [{}, +{} bytes) "
+                              "(offsets relative to the data section at byte {})",
+                              self.offset, self.n_bytes, escaped(other.name, 96), other.offset,
+                              other.n_bytes, data_offset_));
     }
 }
 
@@ -575,26 +633,39 @@ const GgufTensorInfo* GgufFile::find_tensor(std::string_view name) const {
     return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
 }
 
+void GgufFile::fail_key(std::string_view key, std::string problem) const {
+    std::optional<uint64_t> at;
+    if (auto it = kv_index_.find(key); it != kv_index_.end() && it->second < kv_offsets_.size())
+        at = kv_offsets_[it->second];
+    throw GgufError(path_, std::move(problem), key_where(key), at);
+}
+
+void GgufFile::fail_tensor(std::string_view name, std::string problem) const {
+    std::optional<uint64_t> at;
+    if (auto it = tensor_index_.find(name);
+        it != tensor_index_.end() && it->second < tensor_info_offsets_.size())
+        at = tensor_info_offsets_[it->second];
+    throw GgufError(path_, std::move(problem), tensor_where(name), at);
+}
+
 namespace {
 
 const GgufValue& require(const GgufFile& f, std::string_view key) {
     const GgufValue* v = f.find(key);
-    if (!v) throw GgufError(fmt::format("{}: metadata key '{}' is missing", f.path(), key));
+    if (!v) f.fail_key(key, "required metadata key is missing");
     return *v;
 }
 
 [[noreturn]] void wrong_type(const GgufFile& f, std::string_view key, const GgufValue& v,
                              const char* expected) {
-    throw GgufError(
-        fmt::format("{}: metadata key '{}' {}", f.path(), key, type_mismatch(v, expected)));
+    f.fail_key(key, "metadata value " + type_mismatch(v, expected));
 }
 
 int64_t int_of(const GgufFile& f, std::string_view key, const GgufValue& v) {
     if (!v.is_int()) wrong_type(f, key, v, "an integer");
     if (auto* u = std::get_if<uint64_t>(&v.data);
         u && *u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        throw GgufError(
-            fmt::format("{}: metadata key '{}' value {} is too large", f.path(), key, *u));
+        f.fail_key(key, fmt::format("metadata value {} does not fit in int64", *u));
     return v.as_int();
 }
 

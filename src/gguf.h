@@ -34,9 +34,21 @@ enum class GgufValueType : uint32_t {
 const char* gguf_value_type_name(GgufValueType t);
 
 // Thrown for every malformed-file condition (a kvrun::Error, so main prints it in one line).
+// what() reads "<file>: <problem> (<where>, at byte offset <N>)", leaving out the parts that
+// are unknown; `where` names the key, tensor or section ("key 'x'", "tensor 'y'", "header")
+// and the offset is where the offending field starts in the file.
 class GgufError : public Error {
 public:
-    using Error::Error;
+    GgufError(std::string file, std::string problem, std::string where = {},
+              std::optional<uint64_t> offset = std::nullopt);
+    const std::string& file() const { return file_; }  // empty for a lone GgufValue
+    const std::string& problem() const { return problem_; }
+    const std::string& where() const { return where_; }  // empty when not applicable
+    std::optional<uint64_t> offset() const { return offset_; }
+
+private:
+    std::string file_, problem_, where_;
+    std::optional<uint64_t> offset_;
 };
 
 // One metadata value. Arrays hold their elements (possibly nested arrays) as GgufValues.
@@ -101,6 +113,12 @@ public:
     const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
     const GgufTensorInfo* find_tensor(std::string_view name) const;  // nullptr when absent
 
+    // Throw GgufError about a key / tensor of this file: names the file, the key or tensor
+    // and (when present in the file) the byte offset of its entry. For callers that find a
+    // value unusable (e.g. a token array of the wrong length).
+    [[noreturn]] void fail_key(std::string_view key, std::string problem) const;
+    [[noreturn]] void fail_tensor(std::string_view name, std::string problem) const;
+
 private:
     GgufFile() = default;
     void parse();
@@ -114,8 +132,10 @@ private:
     void* map_ = nullptr;            // mmap base when mapped
     std::vector<uint8_t> owned_;     // buffer when from_memory
     std::vector<std::pair<std::string, GgufValue>> kv_;
+    std::vector<uint64_t> kv_offsets_;  // [kv_.size()] where each entry starts (for errors)
     std::map<std::string, size_t, std::less<>> kv_index_;
     std::vector<GgufTensorInfo> tensors_;
+    std::vector<uint64_t> tensor_info_offsets_;  // [tensors_.size()] where each info starts
     std::map<std::string, size_t, std::less<>> tensor_index_;
 };
 

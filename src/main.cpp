@@ -1,13 +1,61 @@
 // kvrun entry point: builds the command line from the modes and turns every error into
-// one clear line on stderr and a non-zero exit code.
+// one clear line on stderr ("kvrun: error: <message> (hint: <hint>)") and exit code 1.
 #include <fmt/core.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "common.h"
 #include "modes/modes.h"
+
+namespace {
+
+// s on one line: each run of line breaks (and the spaces after it) becomes "; ", so a
+// multi-line message can't break the one-line rule.
+std::string one_line(std::string_view s) {
+    std::string out;
+    for (size_t i = 0; i < s.size(); ++i) {
+        if (s[i] != '\n' && s[i] != '\r') {
+            out += s[i];
+            continue;
+        }
+        while (i + 1 < s.size() && (s[i + 1] == '\n' || s[i + 1] == '\r' || s[i + 1] == ' ')) ++i;
+        if (!out.empty() && i + 1 < s.size()) out += "; ";
+    }
+    return out;
+}
+
+// Prints the single error line (flushing stdout first so the two streams stay ordered).
+void print_error(std::string_view message, std::string_view hint) {
+    std::fflush(stdout);
+    if (hint.empty())
+        fmt::print(stderr, "kvrun: error: {}\n", one_line(message));
+    else
+        fmt::print(stderr, "kvrun: error: {} (hint: {})\n", one_line(message), one_line(hint));
+}
+
+// The command-line error CLI11 reports, naming the offending argument where CLI11 does not:
+// `kvrun --bogus` fails the "a subcommand is required" check before CLI11 looks at unknown
+// options, so name the first argument nothing consumed instead.
+std::string parse_error_message(const CLI::App& app, const CLI::ParseError& e) {
+    if (app.get_subcommands().empty()) {
+        std::vector<std::string> left = app.remaining();
+        if (!left.empty() && !left.front().empty() && left.front()[0] == '-')
+            return fmt::format("unknown option '{}'", left.front());
+    }
+    return e.what();
+}
+
+// "see `kvrun <command> --help`" for the command being parsed.
+std::string parse_error_hint(const CLI::App& app) {
+    std::vector<CLI::App*> subs = app.get_subcommands();
+    if (subs.empty()) return "see `kvrun --help`";
+    return fmt::format("see `kvrun {} --help`", subs.front()->get_name());
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
     CLI::App app{
@@ -30,9 +78,10 @@ int main(int argc, char** argv) {
             return false;
         };
         if (argc > 1 && argv[1][0] != '-' && !is_command(argv[1]))
-            throw kvrun::Error(fmt::format("unknown command '{}'", argv[1]),
-                               "commands: run, chat, batch, perplexity, bench, info, tokenize "
-                               "(see `kvrun --help`)");
+            throw kvrun::Error(
+                fmt::format("unknown command '{}'", argv[1]),
+                "the commands are run, chat, batch, perplexity, bench, info and tokenize; "
+                "see `kvrun --help`");
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
         return app.exit(e);
@@ -41,21 +90,17 @@ int main(int argc, char** argv) {
     } catch (const CLI::CallForVersion& e) {
         return app.exit(e);
     } catch (const CLI::ParseError& e) {
-        std::fflush(stdout);
-        fmt::print(stderr, "kvrun: {} (see `kvrun --help`)\n", e.what());
+        print_error(parse_error_message(app, e), parse_error_hint(app));
         return 1;
     } catch (const kvrun::Error& e) {
-        std::fflush(stdout);
-        fmt::print(stderr, "kvrun: error: {}\n", e.what());
-        if (!e.hint().empty()) fmt::print(stderr, "hint: {}\n", e.hint());
+        print_error(e.what(), e.hint());
         return 1;
     } catch (const std::bad_alloc&) {
-        std::fflush(stdout);
-        fmt::print(stderr, "kvrun: error: out of memory\n");
+        print_error("out of memory", "");
         return 1;
     } catch (const std::exception& e) {
         std::fflush(stdout);
-        fmt::print(stderr, "kvrun: internal error: {}\n", e.what());
+        fmt::print(stderr, "kvrun: internal error: {}\n", one_line(e.what()));
         return 2;
     }
     return exit_code;

@@ -44,23 +44,25 @@ void check_vocab(const float* p, int n_vocab, const char* what) {
 
 }  // namespace
 
+void sampling_validate(const SamplingParams& p) {
+    // Written so that NaN fails every check.
+    if (!(p.temperature >= 0.0f) || std::isinf(p.temperature))
+        fail("temperature must be a finite number >= 0 (got {}; 0 is greedy)", p.temperature);
+    if (p.top_k < 0) fail("top-k must be >= 0 (got {}; 0 disables it)", p.top_k);
+    if (!(p.top_p >= 0.0f && p.top_p <= 1.0f))
+        fail("top-p must be between 0 and 1 (got {}; 1 disables it)", p.top_p);
+    if (!(p.min_p >= 0.0f && p.min_p <= 1.0f))
+        fail("min-p must be between 0 and 1 (got {}; 0 disables it)", p.min_p);
+    if (!(p.repeat_penalty > 0.0f) || std::isinf(p.repeat_penalty))
+        fail("repeat penalty must be a finite number > 0 (got {}; 1 disables it)",
+             p.repeat_penalty);
+    if (p.repeat_last_n < -1)
+        fail("repeat-last-n must be >= -1 (got {}; -1 means every token, 0 disables it)",
+             p.repeat_last_n);
+}
+
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
-    if (std::isnan(params.temperature) || std::isinf(params.temperature)) {
-        fail("sampling temperature must be a finite number (got {})", params.temperature);
-    }
-    if (std::isnan(params.top_p) || params.top_p < 0.0f) {
-        fail("top-p must be >= 0 (got {}; 1 disables it)", params.top_p);
-    }
-    if (std::isnan(params.min_p) || params.min_p < 0.0f) {
-        fail("min-p must be >= 0 (got {}; 0 disables it)", params.min_p);
-    }
-    if (!(params.repeat_penalty > 0.0f) || std::isinf(params.repeat_penalty)) {
-        fail("repeat penalty must be a positive number (got {}; 1 disables it)",
-             params.repeat_penalty);
-    }
-    if (params.repeat_last_n < -1) {
-        fail("repeat-last-n must be >= -1 (got {})", params.repeat_last_n);
-    }
+    sampling_validate(params);
 }
 
 double Sampler::uniform() {
@@ -165,12 +167,17 @@ void Sampler::filter(const float* logits, int n_vocab, std::span<const TokenId> 
 }
 
 TokenId Sampler::sample(const float* logits, int n_vocab, std::span<const TokenId> recent_tokens) {
+    return sample_with(logits, n_vocab, recent_tokens, greedy() ? 0.0 : uniform());
+}
+
+TokenId Sampler::sample_with(const float* logits, int n_vocab,
+                             std::span<const TokenId> recent_tokens, double u) {
     if (greedy()) {
         penalized_logits(logits, n_vocab, recent_tokens);
         return argmax_of_work();
     }
     filter(logits, n_vocab, recent_tokens);
-    const size_t i = draw_index(cand_prob_.data(), cand_prob_.size(), uniform());
+    const size_t i = draw_index(cand_prob_.data(), cand_prob_.size(), u);
     return cand_[i].second;
 }
 

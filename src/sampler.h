@@ -14,10 +14,12 @@
 
 namespace kvrun {
 
-// Defaults follow llama.cpp. A filter whose value disables it: top_k <= 0, top_p >= 1,
-// min_p <= 0, repeat_penalty == 1, repeat_last_n == 0 (-1: every recent token given).
+// Defaults follow llama.cpp. A filter whose value disables it: top_k == 0, top_p == 1,
+// min_p == 0, repeat_penalty == 1, repeat_last_n == 0 (-1: every recent token given).
+// Valid ranges (sampling_validate): temperature >= 0, top_k >= 0, top_p and min_p in
+// [0, 1], repeat_penalty > 0, repeat_last_n >= -1, all finite.
 struct SamplingParams {
-    float temperature = 0.8f;  // <= 0: greedy (argmax, lowest id on ties)
+    float temperature = 0.8f;  // 0: greedy (argmax, lowest id on ties)
     int top_k = 40;
     float top_p = 0.95f;
     float min_p = 0.05f;
@@ -26,15 +28,23 @@ struct SamplingParams {
     uint64_t seed = 0x5EED;
 };
 
+// Throws Error naming the first parameter outside its range, its value and the range (the
+// same rule for command-line flags, JSON requests and the Sampler constructor).
+void sampling_validate(const SamplingParams& params);
+
 class Sampler {
   public:
-    // Throws Error for invalid parameters (NaN values, negative top_p/min_p, penalty <= 0).
+    // Throws Error for invalid parameters (see sampling_validate).
     explicit Sampler(const SamplingParams& params);
 
     // Picks the next token. logits: [n_vocab]; recent_tokens: the sequence so far (only its
     // last repeat_last_n entries are penalized). Throws Error when no logit is finite or a
     // recent token id is outside [0, n_vocab).
     TokenId sample(const float* logits, int n_vocab, std::span<const TokenId> recent_tokens);
+    // The same with a given uniform number u in [0, 1) instead of the RNG's next one (ignored
+    // when greedy): sample(x) == sample_with(x, uniform()) for non-greedy parameters.
+    TokenId sample_with(const float* logits, int n_vocab, std::span<const TokenId> recent_tokens,
+                        double u);
 
     // The final distribution after the filters (one-hot at the argmax when greedy).
     std::vector<float> probabilities(const float* logits, int n_vocab,

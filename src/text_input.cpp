@@ -50,26 +50,39 @@ void utf8_require_valid(std::string_view s, std::string_view what) {
     if (bad != std::string::npos) fail("{} is not valid UTF-8 (byte offset {})", what, bad);
 }
 
-std::string read_prompt_text(const std::string& prompt, const std::string& file, bool allow_stdin) {
+std::string read_text_input(const TextInput& in) {
     std::string text;
     std::string what = "the prompt";
-    if (!prompt.empty()) {
-        text = prompt;
-    } else if (!file.empty()) {
-        text = read_file_text(file);
-        what = "'" + file + "'";
-    } else if (allow_stdin) {
+    bool from_stream = true;  // a file or stdin, whose final line end may be dropped
+    if (in.prompt) {
+        text = *in.prompt;
+        from_stream = false;
+    } else if (!in.file.empty()) {
+        text = read_file_text(in.file);
+        what = "'" + in.file + "'";
+    } else if (in.allow_stdin) {
         std::ostringstream ss;
         ss << std::cin.rdbuf();
+        if (std::cin.bad()) fail("error while reading standard input");
         text = ss.str();
-        // `echo TEXT | kvrun ...` ends with one newline that is not part of the prompt.
-        if (!text.empty() && text.back() == '\n') text.pop_back();
-        if (!text.empty() && text.back() == '\r') text.pop_back();
         what = "standard input";
     }
-    if (text.empty()) fail("empty prompt: give one with -p TEXT, -f FILE or on standard input");
+    if (from_stream && in.strip_final_newline && !text.empty() && text.back() == '\n') {
+        text.pop_back();
+        if (!text.empty() && text.back() == '\r') text.pop_back();
+    }
+    if (text.empty() && !in.allow_empty)
+        fail("empty prompt: give one with -p TEXT, -f FILE or on standard input");
     utf8_require_valid(text, what);
     return text;
+}
+
+std::string read_prompt_text(const std::string& prompt, const std::string& file, bool allow_stdin) {
+    TextInput in;
+    if (!prompt.empty()) in.prompt = prompt;
+    in.file = file;
+    in.allow_stdin = allow_stdin;
+    return read_text_input(in);
 }
 
 }  // namespace kvrun

@@ -1,14 +1,30 @@
 // Reading user text (prompts) from a flag, a file or standard input, with UTF-8 checks.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
 namespace kvrun {
 
-// Returns `prompt` when non-empty, else the contents of `file` when non-empty, else (when
-// allow_stdin) all of standard input. Throws Error for an unreadable file, for empty input,
-// or for text that is not valid UTF-8 (naming the byte offset).
+// Where a command's text comes from and how strictly it is taken.
+struct TextInput {
+    std::optional<std::string> prompt;  // -p TEXT, when given (may be empty)
+    std::string file;                   // -f FILE, when given
+    bool allow_stdin = true;            // read standard input when neither is given
+    bool allow_empty = false;           // else empty text is an Error
+    // Drop one final "\n" (or "\r\n") of a file or of standard input: the line end of
+    // `echo TEXT | kvrun run` or of a one-line prompt file, as llama.cpp's -f does. Off,
+    // the text is byte-exact (tokenize, like llama-tokenize).
+    bool strip_final_newline = true;
+};
+
+// The text `in` names: the prompt when given, else the file, else (when allowed) all of
+// standard input. Throws Error for an unreadable file, empty text (unless allowed) or text
+// that is not valid UTF-8 (naming the source and byte offset).
+std::string read_text_input(const TextInput& in);
+// For generation prompts: `prompt` when non-empty, else `file`, else standard input, with
+// one final newline of a file or of stdin dropped; empty text is an Error.
 std::string read_prompt_text(const std::string& prompt, const std::string& file, bool allow_stdin);
 // Reads a whole file; throws Error naming the path when it can't.
 std::string read_file_text(const std::string& path);

@@ -1,7 +1,10 @@
 // End-to-end tests of the kvrun executable: help, errors on bad input (one line, exit 1),
-// info/tokenize output, and `run` (streamed text, --jsonl) on real shared models.
+// info/tokenize output (every llama.cpp vocabulary case through the binary), sampling flag
+// validation, and `run` (streamed text, --jsonl) on real shared models.
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -14,20 +17,56 @@ namespace {
 
 std::string kvrun_cmd(const std::string& args) { return kvrun::test::kvrun_binary() + " " + args; }
 
-// Bad input must give exactly one "kvrun: ..." line (plus an optional "hint: ..." line).
+// Bad input must give exactly one line on stderr, "kvrun: error: <message>" with any hint on
+// the same line, nothing on stdout, and exit code 1.
 void check_one_clear_error(const kvrun::test::CommandResult& r, const std::string& needle) {
     CHECK(r.exit_code == 1);
     CHECK(r.out.empty());
-    std::istringstream in(r.err);
-    std::string line;
-    int n_lines = 0, n_hints = 0;
-    while (std::getline(in, line)) {
-        if (line.rfind("hint: ", 0) == 0) ++n_hints;
-        else ++n_lines;
-    }
-    CHECK_MESSAGE(n_lines == 1, r.err);
-    CHECK(n_hints <= 1);
+    CHECK_MESSAGE(r.err.rfind("kvrun: error: ", 0) == 0, r.err);
+    CHECK_MESSAGE(!r.err.empty(), "no error message");
+    CHECK_MESSAGE(r.err.find('\n') == r.err.size() - 1, "not exactly one line: " << r.err);
+    CHECK_MESSAGE(r.err.find('\r') == std::string::npos, r.err);
+    CHECK_MESSAGE(r.err.find("\nhint") == std::string::npos, r.err);
     CHECK_MESSAGE(r.err.find(needle) != std::string::npos, "expected '" << needle << "' in: " << r.err);
+}
+
+// The same, and the line carries a hint.
+void check_one_line_with_hint(const kvrun::test::CommandResult& r, const std::string& needle) {
+    check_one_clear_error(r, needle);
+    CHECK_MESSAGE(r.err.find(" (hint: ") != std::string::npos, r.err);
+}
+
+// Writes `text` byte-exact to a fresh temporary file and returns its path.
+std::string temp_file(const std::string& text, const std::string& tag) {
+    static int counter = 0;
+    std::filesystem::path p =
+        std::filesystem::temp_directory_path() /
+        ("kvrun_cli_" + std::to_string(::getpid()) + "_" + tag + "_" + std::to_string(counter++));
+    std::ofstream(p, std::ios::binary) << text;
+    return p.string();
+}
+
+std::string read_all(const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+// llama.cpp's .inp files: every case is followed by "\n__ggml_vocab_test__\n".
+std::vector<std::string> vocab_cases(const std::string& inp) {
+    static const std::string sep = "\n__ggml_vocab_test__\n";
+    std::vector<std::string> cases;
+    for (size_t pos = 0, at; (at = inp.find(sep, pos)) != std::string::npos; pos = at + sep.size())
+        cases.push_back(inp.substr(pos, at - pos));
+    return cases;
+}
+
+// What `tokenize --ids` must print for a .out line: .out spells the ids " 1 2 3" (a space
+// before each), --ids "1 2 3\n" (an empty line for no ids).
+std::string ids_output_for(const std::string& out_line) {
+    REQUIRE_MESSAGE((out_line.empty() || out_line[0] == ' '), out_line);
+    return (out_line.empty() ? out_line : out_line.substr(1)) + "\n";
 }
 
 }  // namespace
@@ -50,7 +89,12 @@ TEST_CASE("help is complete and exits 0") {
 TEST_CASE("bad flags and files give one clear line and exit 1") {
     check_one_clear_error(run_command(kvrun_cmd("info --no-such-flag -m " + std::string(KVRUN_SOURCE_DIR) + "/README.md")), "no-such-flag");
     check_one_clear_error(run_command(kvrun_cmd("info -m /nonexistent/model.gguf")), "/nonexistent/model.gguf");
-    check_one_clear_error(run_command(kvrun_cmd("frobnicate")), "frobnicate");
+    check_one_line_with_hint(run_command(kvrun_cmd("frobnicate")), "unknown command 'frobnicate'");
+    auto bogus = run_command(kvrun_cmd("--bogus"));
+    check_one_line_with_hint(bogus, "unknown option '--bogus'");
+    CHECK(bogus.err.find("subcommand is required") == std::string::npos);
+    check_one_clear_error(run_command(kvrun_cmd("--bogus=3")), "--bogus");
+    check_one_clear_error(run_command(kvrun_cmd("")), "subcommand");
     std::string not_gguf = std::string(KVRUN_SOURCE_DIR) + "/README.md";
     check_one_clear_error(run_command(kvrun_cmd("info -m " + not_gguf)), "not a GGUF file");
     check_one_clear_error(run_command(kvrun_cmd("run -m " + not_gguf + " -p hi")), "not a GGUF file");
@@ -118,6 +162,87 @@ TEST_CASE("tokenize --ids prints one line of ids") {
     CHECK(pieces.out.find("403") != std::string::npos);
 }
 
+TEST_CASE("tokenize: empty text gives an empty result") {
+    auto vocab = shared_path("vocab/ggml-vocab-gpt-2.gguf");
+    if (vocab.empty()) return;
+    std::string base = kvrun_cmd("tokenize -m " + vocab.string());
+    std::string empty = temp_file("", "empty");
+    for (const std::string& source : {std::string(" -p ''"), " -f " + empty, std::string()}) {
+        INFO("source:" << source);
+        auto ids = run_command(base + " --ids --no-bos" + source);
+        CHECK(ids.exit_code == 0);
+        CHECK(ids.out == "\n");  // exactly one empty line
+        CHECK(ids.err.empty());
+        auto table = run_command(base + source);
+        CHECK(table.exit_code == 0);
+        CHECK(table.out.empty());
+    }
+    std::filesystem::remove(empty);
+    // A model that adds BOS still does so for empty text, as llama.cpp does.
+    auto model = shared_path("models/stories260K.gguf");
+    auto bos = run_command(kvrun_cmd("tokenize --ids -p '' -m " + model.string()));
+    CHECK(bos.exit_code == 0);
+    CHECK(bos.out == "1\n");
+}
+
+TEST_CASE("tokenize: stdin and -f give the same ids for the same bytes") {
+    auto model = shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    std::string base = kvrun_cmd("tokenize --ids -m " + model.string());
+    for (const std::string& text : {std::string("Once upon a time\n"), std::string("a\n\n"),
+                                    std::string("two\r\n"), std::string(" x ")}) {
+        INFO("text: " << text);
+        std::string file = temp_file(text, "same");
+        auto from_file = run_command(base + " -f " + file);
+        auto from_stdin = run_command(base, text);
+        std::filesystem::remove(file);
+        CHECK(from_file.exit_code == 0);
+        CHECK(from_stdin.exit_code == 0);
+        CHECK(from_file.out == from_stdin.out);
+    }
+    // The final newline is part of the text (it is a token of its own here).
+    auto with_nl = run_command(base, "Once upon a time\n");
+    auto without = run_command(base + " -p 'Once upon a time'");
+    CHECK(without.out == "1 403 407 261 378\n");
+    CHECK(with_nl.out.rfind("1 403 407 261 378 ", 0) == 0);
+}
+
+TEST_CASE("tokenize --ids reproduces every llama.cpp vocabulary case through the binary") {
+    const std::filesystem::path dir = shared_path("vocab");
+    if (dir.empty()) return;
+    const std::vector<std::string> suites = {"llama-spm", "phi-3",        "gpt-2",
+                                             "falcon",    "deepseek-llm", "deepseek-coder",
+                                             "starcoder", "refact",       "mpt"};
+    int total = 0;
+    for (const std::string& name : suites) {
+        const std::filesystem::path gguf = dir / ("ggml-vocab-" + name + ".gguf");
+        REQUIRE_MESSAGE(std::filesystem::exists(gguf), "missing " << gguf);
+        const std::vector<std::string> cases = vocab_cases(read_all(gguf.string() + ".inp"));
+        std::vector<std::string> expected;
+        std::istringstream out(read_all(gguf.string() + ".out"));
+        for (std::string line; std::getline(out, line);) expected.push_back(line);
+        REQUIRE_MESSAGE(cases.size() == expected.size(), name);
+        REQUIRE(cases.size() > 30);
+        int mismatches = 0;
+        for (size_t i = 0; i < cases.size(); ++i) {
+            const std::string file = temp_file(cases[i], name);
+            auto r = run_command(
+                kvrun_cmd("tokenize --ids --no-bos -m " + gguf.string() + " -f " + file));
+            std::filesystem::remove(file);
+            const bool ok = r.exit_code == 0 && r.out == ids_output_for(expected[i]);
+            if (!ok) {
+                ++mismatches;
+                MESSAGE(name << " case " << i << ": expected '" << expected[i] << "', got '"
+                             << r.out << "' (exit " << r.exit_code << ") " << r.err);
+            }
+            ++total;
+        }
+        CHECK_MESSAGE(mismatches == 0,
+                      name << ": " << mismatches << " of " << cases.size() << " cases differ");
+    }
+    CHECK(total >= 9 * 40);
+}
+
 TEST_CASE("run streams the greedy continuation from stdin") {
     auto model = shared_path("models/stories260K.gguf");
     if (model.empty()) return;
@@ -149,18 +274,81 @@ TEST_CASE("run rejects bad input with one clear line") {
     check_one_clear_error(run_command(kvrun_cmd("run -m /no/such.gguf -p hi")), "/no/such.gguf");
     check_one_clear_error(run_command(kvrun_cmd("run" + m + " -p ''")), "empty prompt");
     check_one_clear_error(run_command(kvrun_cmd("run" + m), ""), "empty prompt");
-    check_one_clear_error(run_command(kvrun_cmd("run" + m + " -c 4 -p 'Once upon a time there was'")),
-                          "context");
     check_one_clear_error(run_command(kvrun_cmd("run" + m + " --kv-type q3 -p hi")), "q3");
     check_one_clear_error(run_command(kvrun_cmd("run" + m + " --kv-block-size 0 -p hi")), "kv-block-size");
     check_one_clear_error(run_command(kvrun_cmd("run" + m + " --device tpu -p hi")), "tpu");
     check_one_clear_error(run_command(kvrun_cmd("run" + m), "\xff\xfe bad utf8"), "UTF-8");
     auto vocab = shared_path("vocab/ggml-vocab-gpt-2.gguf");
-    check_one_clear_error(run_command(kvrun_cmd("run -m " + vocab.string() + " -p hi")),
-                          "unsupported architecture");
+    check_one_line_with_hint(run_command(kvrun_cmd("run -m " + vocab.string() + " -p hi")),
+                             "unsupported architecture");
+    check_one_line_with_hint(
+        run_command(kvrun_cmd("run" + m + " -c 4 -p 'Once upon a time there was'")),
+        "but the context holds");
+    check_one_line_with_hint(run_command(kvrun_cmd("run" + m + " --kv-memory 0.0001 -p hi")),
+                             "KV budget");
+    auto bert = shared_path("vocab/ggml-vocab-bert-bge.gguf");
+    check_one_line_with_hint(run_command(kvrun_cmd("tokenize -m " + bert.string() + " -p hi")),
+                             "unsupported tokenizer model");
+    // Without a GPU (or without CUDA in this build) --device cuda is one line with a hint.
+    auto cuda = run_command(kvrun_cmd("run" + m + " --device cuda -n 1 -p hi"));
+    if (cuda.exit_code != 0) check_one_line_with_hint(cuda, "--device cuda");
     // --truncate keeps the end of a too-long prompt instead.
     auto t = run_command(kvrun_cmd("run" + m + " -c 8 --truncate -n 2 --temp 0 -p 'Once upon a time there was'"));
     CHECK(t.exit_code == 0);
+}
+
+TEST_CASE("sampling flags out of range are rejected with one clear line") {
+    const std::string readme = std::string(KVRUN_SOURCE_DIR) + "/README.md";  // parse-time error
+    const std::vector<std::pair<std::string, std::string>> bad = {
+        {"--top-k -3", "top-k must be >= 0 (got -3"},
+        {"--top-p 2", "top-p must be between 0 and 1 (got 2"},
+        {"--top-p -0.1", "top-p must be between 0 and 1"},
+        {"--min-p -1", "min-p must be between 0 and 1 (got -1"},
+        {"--min-p 1.5", "min-p must be between 0 and 1"},
+        {"--temp -1", "temperature must be a finite number >= 0 (got -1"},
+        {"--temp nan", "temperature"},
+        {"--repeat-penalty 0", "repeat penalty must be a finite number > 0 (got 0"},
+        {"--repeat-penalty -1", "repeat penalty"},
+        {"--repeat-last-n -2", "repeat-last-n must be >= -1"},
+        {"--top-k abc", "--top-k"},
+    };
+    for (const auto& [flag, needle] : bad) {
+        INFO(flag);
+        auto r = run_command(kvrun_cmd("run -m " + readme + " -p hi " + flag));
+        check_one_clear_error(r, needle);
+        CHECK_MESSAGE(r.err.find(flag.substr(0, flag.find(' '))) != std::string::npos, r.err);
+    }
+    for (const char* cmd : {"batch -f " KVRUN_SOURCE_DIR "/README.md", "chat"})
+        check_one_clear_error(
+            run_command(kvrun_cmd(std::string(cmd) + " -m " + readme + " --top-p 2")),
+            "top-p must be between 0 and 1");
+
+    auto model = shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    // The edges of each range are fine.
+    auto ok = run_command(kvrun_cmd("run -m " + model.string() +
+                                    " -n 4 --temp 0 --top-k 0 --top-p 1 --min-p 0 --repeat-penalty"
+                                    " 1 --repeat-last-n -1 -p 'Once upon a time'"));
+    CHECK_MESSAGE(ok.exit_code == 0, ok.err);
+    auto edges = run_command(kvrun_cmd("run -m " + model.string() +
+                                       " -n 4 --temp 2 --top-p 0 --min-p 1 --repeat-penalty 0.5"
+                                       " --repeat-last-n 0 -p 'Once upon a time'"));
+    CHECK_MESSAGE(edges.exit_code == 0, edges.err);
+    // JSONL requests follow the same rule, as an error object for that line.
+    auto j = run_command(kvrun_cmd("run --jsonl -m " + model.string()),
+                         "{\"prompt\": \"hi\", \"top_k\": -3}\n"
+                         "{\"prompt\": \"hi\", \"min_p\": 2}\n"
+                         "{\"prompt\": \"hi\", \"n_predict\": 2, \"temperature\": 0}\n");
+    CHECK(j.exit_code == 0);
+    std::istringstream in(j.out);
+    std::vector<nlohmann::json> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+    REQUIRE(lines.size() == 3);
+    CHECK(lines[0]["error"].get<std::string>().find("top-k must be >= 0 (got -3") !=
+          std::string::npos);
+    CHECK(lines[1]["error"].get<std::string>().find("min-p must be between 0 and 1") !=
+          std::string::npos);
+    CHECK(lines[2]["tokens"].size() == 2);
 }
 
 TEST_CASE("run --jsonl answers each line; a malformed line yields an error object") {

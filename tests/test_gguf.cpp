@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,11 +69,20 @@ Bytes one_tensor_file(uint32_t type = 0, std::vector<uint64_t> dims = {4}, uint6
     return f;
 }
 
+// The error a file is rejected with; every parse error must name the file, the section,
+// key or tensor ("where") and the byte offset, and read "<file>: <problem> (<where>, at byte
+// offset <N>)".
 std::string parse_error(const std::vector<uint8_t>& bytes) {
     try {
         GgufFile::from_memory(bytes.data(), bytes.size(), "bad.gguf");
     } catch (const GgufError& e) {
-        return e.what();
+        std::string msg = e.what();
+        bool structured = e.file() == "bad.gguf" && !e.problem().empty() && !e.where().empty() &&
+                          e.offset().has_value() &&
+                          msg == fmt::format("bad.gguf: {} ({}, at byte offset {})", e.problem(),
+                                             e.where(), *e.offset());
+        if (!structured) return "<unstructured error> " + msg;
+        return msg;
     }
     return "<no error>";
 }
@@ -83,6 +93,17 @@ void expect_error(const Bytes& f, std::initializer_list<std::string_view> fragme
     INFO("message: " << msg);
     CHECK(msg.rfind("bad.gguf: ", 0) == 0);
     for (std::string_view frag : fragments) CHECK(msg.find(frag) != std::string::npos);
+}
+
+// The GgufError a file is rejected with (REQUIREs that there is one).
+GgufError parse_exception(const Bytes& f) {
+    try {
+        GgufFile::from_memory(f.b.data(), f.b.size(), "bad.gguf");
+    } catch (const GgufError& e) {
+        return e;
+    }
+    FAIL("the file was accepted");
+    return GgufError("", "");
 }
 
 std::vector<uint8_t> bytes_of(const void* p, size_t n) {
@@ -229,12 +250,15 @@ TEST_CASE("corrupt files: magic and version") {
 
     Bytes f = good;
     f.b[0] = 'X';
-    expect_error(f, {"not a GGUF file (bad magic)"});
+    expect_error(f, {"not a GGUF file (bad magic \"XGUF\", expected \"GGUF\")",
+                     "(header, at byte offset 0)"});
     Bytes text;
     for (char c : std::string("hello, this is a text file\n")) text.put(c);
-    expect_error(text, {"not a GGUF file (bad magic)"});
+    expect_error(text, {"not a GGUF file (bad magic \"hell\""});
+    f.b[0] = 0;
+    expect_error(f, {"bad magic \"\\x00GUF\""});
     expect_error(Bytes{{'G', 'G'}}, {"not a GGUF file", "bad magic", "only 2 bytes"});
-    expect_error(Bytes{}, {"not a GGUF file", "bad magic"});
+    expect_error(Bytes{}, {"not a GGUF file", "bad magic", "at byte offset 0"});
 
     f = good;
     f.b[4] = 1;
@@ -391,6 +415,54 @@ TEST_CASE("corrupt files: bad tensor infos") {
     expect_error(q, {"outside the file"});
 }
 
+TEST_CASE("corrupt files: tensors whose data overlap") {
+    // Two 1-D F32 tensors; "b"'s info starts at 57 and its data offset field at 82.
+    auto two = [](uint64_t a_elems, uint64_t a_off, uint64_t b_elems, uint64_t b_off) {
+        Bytes f = header(2, 0);
+        f.tensor("a", {a_elems}, 0, a_off).tensor("b", {b_elems}, 0, b_off).pad_to(32).zeros(256);
+        return f;
+    };
+    expect_error(two(8, 0, 8, 0), {"tensor 'b', at byte offset 82",
+                                   "data [0, +32 bytes) overlaps tensor 'a' at [0, +32 bytes)",
+                                   "data section at byte 96"});
+    expect_error(two(16, 0, 8, 32),
+                 {"data [32, +32 bytes) overlaps tensor 'a' at [0, +64 bytes)", "tensor 'b'"});
+    // Listed in the other order: reported at the later entry ("b"), naming "a".
+    expect_error(two(8, 32, 16, 0), {"data [0, +64 bytes) overlaps tensor 'a' at [32, +32 bytes)",
+                                     "tensor 'b', at byte offset 82"});
+    // One byte of overlap is enough (Q8_0: 34 bytes per block).
+    Bytes q = header(2, 0);
+    q.tensor("a", {32}, 8, 0).tensor("b", {32}, 8, 32).pad_to(32).zeros(96);
+    expect_error(q, {"data [32, +34 bytes) overlaps tensor 'a' at [0, +34 bytes)"});
+
+    // A tensor inside a big one, with a third between them in sorted order.
+    Bytes f = header(3, 0);
+    f.tensor("big", {64}, 0, 0).tensor("mid", {8}, 0, 64).tensor("end", {8}, 0, 256);
+    f.pad_to(32).zeros(288);
+    GgufError e = parse_exception(f);
+    CHECK(e.file() == "bad.gguf");
+    CHECK(e.where() == "tensor 'mid'");
+    CHECK(e.problem() ==
+          "data [64, +32 bytes) overlaps tensor 'big' at [0, +256 bytes) "
+          "(offsets relative to the data section at byte 160)");
+    CHECK(e.offset() == std::optional<uint64_t>(86));
+
+    // Touching tensors, and tensors stored out of order, are fine.
+    Bytes ok = two(8, 0, 8, 32);
+    CHECK(GgufFile::from_memory(ok.b.data(), ok.b.size()).tensors().size() == 2);
+    ok = two(8, 64, 16, 0);
+    GgufFile g = GgufFile::from_memory(ok.b.data(), ok.b.size(), "ok.gguf");
+    CHECK(g.find_tensor("a")->data == g.find_tensor("b")->data + 64);
+    try {
+        g.fail_tensor("b", "has a shape kvrun cannot use");
+        FAIL("fail_tensor returned");
+    } catch (const GgufError& err) {
+        CHECK(std::string(err.what()) ==
+              "ok.gguf: has a shape kvrun cannot use (tensor 'b', at byte offset 57)");
+        CHECK(err.offset() == std::optional<uint64_t>(57));
+    }
+}
+
 TEST_CASE("getters: missing keys, wrong types, defaults") {
     GgufWriter w;
     w.set_u32("n", 7);
@@ -408,11 +480,17 @@ TEST_CASE("getters: missing keys, wrong types, defaults") {
         }
         return "<no error>";
     };
-    CHECK(message([&] { f.get_int("missing"); }) == "g.gguf: metadata key 'missing' is missing");
+    CHECK(message([&] { f.get_int("missing"); }) ==
+          "g.gguf: required metadata key is missing (key 'missing')");
+    // Entries follow the 24-byte header: "n" (17 bytes), "s" (25), "x" (17), "b" (14), "a".
     CHECK(message([&] { f.get_int("s"); }) ==
-          "g.gguf: metadata key 's' has type string, expected an integer");
-    CHECK(message([&] { f.get_string("n"); }).find("has type uint32, expected string") !=
-          std::string::npos);
+          "g.gguf: metadata value has type string, expected an integer (key 's', at byte "
+          "offset 41)");
+    CHECK(message([&] { f.get_string("n"); }) ==
+          "g.gguf: metadata value has type uint32, expected string (key 'n', at byte offset "
+          "24)");
+    CHECK(message([&] { f.fail_key("a", "is odd"); }) ==
+          "g.gguf: is odd (key 'a', at byte offset 97)");
     CHECK_THROWS_AS(f.get_bool("n"), GgufError);
     CHECK_THROWS_AS(f.get_array("n"), GgufError);
     CHECK_THROWS_AS(f.get_float("s"), GgufError);

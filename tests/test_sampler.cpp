@@ -55,9 +55,7 @@ TEST_CASE("sampler: greedy picks the argmax, lowest id on ties") {
     Sampler s(no_filters(0.0f));
     CHECK(s.greedy());
     CHECK(s.sample(logits.data(), 5, {}) == 1);
-    SamplingParams neg = no_filters(-1.0f);
-    Sampler s2(neg);
-    CHECK(s2.sample(logits.data(), 5, {}) == 1);
+    CHECK_THROWS_AS(Sampler(no_filters(-1.0f)), kvrun::Error);  // negative is not greedy
     auto p = s.probabilities(logits.data(), 5, {});
     CHECK(p == std::vector<float>{0, 1, 0, 0, 0});
     // NaN and -inf logits are never chosen.
@@ -248,4 +246,71 @@ TEST_CASE("sampler: invalid parameters are rejected") {
     p = {};
     p.repeat_last_n = -2;
     CHECK_THROWS_AS(Sampler{p}, kvrun::Error);
+}
+
+TEST_CASE("sampling_validate: each range, its edges and the message") {
+    auto message = [](auto change) -> std::string {
+        SamplingParams p;
+        change(p);
+        try {
+            kvrun::sampling_validate(p);
+        } catch (const kvrun::Error& e) {
+            return e.what();
+        }
+        return "";
+    };
+    using P = SamplingParams&;
+    CHECK(message([](P) {}).empty());  // the defaults are valid
+    // Edges that are valid: greedy, filters off, the strongest filters.
+    CHECK(message([](P p) { p.temperature = 0.0f; }).empty());
+    CHECK(message([](P p) { p.temperature = 100.0f; }).empty());
+    CHECK(message([](P p) { p.top_k = 0; }).empty());
+    CHECK(message([](P p) { p.top_p = 0.0f; }).empty());
+    CHECK(message([](P p) { p.top_p = 1.0f; }).empty());
+    CHECK(message([](P p) { p.min_p = 0.0f; }).empty());
+    CHECK(message([](P p) { p.min_p = 1.0f; }).empty());
+    CHECK(message([](P p) { p.repeat_penalty = 0.01f; }).empty());
+    CHECK(message([](P p) { p.repeat_last_n = -1; }).empty());
+    CHECK(message([](P p) { p.repeat_last_n = 0; }).empty());
+
+    CHECK(message([](P p) { p.temperature = -1.0f; }) ==
+          "temperature must be a finite number >= 0 (got -1; 0 is greedy)");
+    CHECK(message([](P p) { p.temperature = INFINITY; }).find("temperature") == 0);
+    CHECK(message([](P p) { p.top_k = -3; }) == "top-k must be >= 0 (got -3; 0 disables it)");
+    CHECK(message([](P p) { p.top_p = 2.0f; }) ==
+          "top-p must be between 0 and 1 (got 2; 1 disables it)");
+    CHECK(message([](P p) { p.top_p = NAN; }).find("top-p") == 0);
+    CHECK(message([](P p) { p.min_p = -1.0f; }) ==
+          "min-p must be between 0 and 1 (got -1; 0 disables it)");
+    CHECK(message([](P p) { p.min_p = 1.5f; }).find("min-p") == 0);
+    CHECK(message([](P p) { p.repeat_penalty = 0.0f; }) ==
+          "repeat penalty must be a finite number > 0 (got 0; 1 disables it)");
+    CHECK(message([](P p) { p.repeat_penalty = -2.0f; }).find("repeat penalty") == 0);
+    CHECK(message([](P p) { p.repeat_penalty = INFINITY; }).find("repeat penalty") == 0);
+    CHECK(message([](P p) { p.repeat_last_n = -2; }).find("repeat-last-n must be >= -1") == 0);
+
+    // The constructor applies the same rule.
+    SamplingParams bad;
+    bad.top_k = -1;
+    CHECK_THROWS_WITH_AS(Sampler{bad}, "top-k must be >= 0 (got -1; 0 disables it)", kvrun::Error);
+}
+
+TEST_CASE("sample_with(u) picks what sample() picks when u is the RNG's next number") {
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    std::vector<float> logits(300);
+    for (auto& l : logits) l = nd(rng);
+    const std::vector<TokenId> recent = {3, 7, 7, 250};
+    for (float temp : {0.0f, 0.7f, 1.5f}) {
+        SamplingParams p;
+        p.temperature = temp;
+        p.repeat_penalty = 1.2f;
+        p.seed = 77;
+        Sampler a(p), b(p), c(p);
+        for (int i = 0; i < 50; ++i) {
+            const TokenId x = a.sample(logits.data(), 300, recent);
+            const double u = temp > 0 ? b.uniform() : 0.0;
+            CHECK(c.sample_with(logits.data(), 300, recent, u) == x);
+        }
+    }
 }

@@ -11,6 +11,7 @@ namespace {
 
 struct TokenizeOptions {
     std::string model, prompt, file;
+    bool prompt_given = false;  // -p was on the command line (an empty -p '' counts)
     bool ids = false, no_bos = false, parse_special = false, show_count = false;
 };
 
@@ -28,11 +29,18 @@ std::string escape_piece(const std::string& s) {
 }
 
 int run_tokenize(const TokenizeOptions& o) {
-    std::string text = read_prompt_text(o.prompt, o.file, /*allow_stdin=*/true);
+    // The text byte-exact from -p, -f or stdin alike (a final newline is tokenized too), and
+    // empty text is fine: like llama-tokenize, so the vocabulary suites replay exactly.
+    TextInput in;
+    if (o.prompt_given) in.prompt = o.prompt;
+    in.file = o.file;
+    in.allow_empty = true;
+    in.strip_final_newline = false;
+    std::string text = read_text_input(in);
     GgufFile f = GgufFile::open(o.model);
     auto tok = Tokenizer::from_gguf(f);
     std::vector<TokenId> ids = tok->encode(text, !o.no_bos && tok->add_bos(), o.parse_special);
-    if (o.ids) {
+    if (o.ids) {  // one line, empty when there are no tokens
         std::string line;
         for (size_t i = 0; i < ids.size(); ++i) line += (i ? " " : "") + std::to_string(ids[i]);
         fmt::print("{}\n", line);
@@ -62,8 +70,13 @@ void add_tokenize_command(CLI::App& root, int& exit_code) {
     cmd->add_flag("--parse-special", o->parse_special,
                   "Recognize special/control token texts (e.g. <s>) in the input");
     cmd->add_flag("--show-count", o->show_count, "Print the number of tokens to stderr");
-    cmd->footer("Without -p or -f the text is read from standard input.");
-    cmd->callback([o, &exit_code] { exit_code = run_tokenize(*o); });
+    cmd->footer(
+        "Without -p or -f the text is read from standard input. The text is tokenized "
+        "byte-exact (a final newline included); empty text gives no tokens.");
+    cmd->callback([o, p, &exit_code] {
+        o->prompt_given = p->count() > 0;
+        exit_code = run_tokenize(*o);
+    });
 }
 
 }  // namespace kvrun
