@@ -133,7 +133,7 @@ size_t ChatSession::holdback(std::string_view text) const {
 std::string ChatSession::send(const std::string& user, const TextSink& on_text,
                               const TextSink& on_notice, const std::atomic<bool>* cancel) {
     ChatMessage msg{"user", user};
-    last_ = {};
+    ChatTurnStats turn;  // becomes last_ once the message was sent
     const bool first = engine_.session_tokens(session_).empty();
     std::vector<TokenId> add;
     if (first) {
@@ -145,7 +145,7 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
         text += chat_template_apply_delta(cfg_.kind, history_, msg, special_);
         add = encode(text, false);
     }
-    last_.n_appended = static_cast<int32_t>(add.size());
+    turn.n_appended = static_cast<int32_t>(add.size());
     if (!fits(n_tokens() + add.size())) {
         if (cfg_.overflow == ContextOverflow::Stop)
             throw Error(
@@ -167,10 +167,11 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
         }
         restart_session();
         add = std::move(whole);
-        last_.n_overflows++;
+        turn.n_overflows++;
     } else {
         history_.push_back(msg);
     }
+    const bool was_open = reply_open_;
     reply_open_ = false;
 
     // Streaming: the reply's leading whitespace is not shown; text that could start a stop
@@ -213,15 +214,21 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
         } catch (const Error&) {
             engine_.on_token(nullptr);
             engine_.on_finish(nullptr);
-            if (first_request) history_.pop_back();  // the message was not sent
+            if (first_request) {  // the message was not sent
+                history_.pop_back();
+                reply_open_ = was_open;
+            }
             throw;
         }
         engine_.run(cancel);
         if (first_request) {
-            last_.timings = result.timings;
-            last_.n_reused = result.timings.n_prompt - result.timings.n_prompt_computed;
+            turn.timings = result.timings;
+            turn.n_reused = result.timings.n_prompt - result.timings.n_prompt_computed;
         }
-        last_.n_prefilled += result.timings.n_prompt_computed;
+        turn.n_prefilled += result.timings.n_prompt_computed;
+        turn.n_drafted += result.n_drafted;
+        turn.n_accepted += result.n_accepted;
+        turn.n_spec_rounds += result.n_spec_rounds;
         if (result.stop != StopReason::Context) break;
         if (remaining >= 0) {
             remaining -= static_cast<int32_t>(result.tokens.size());
@@ -246,7 +253,7 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
                                   add.size() - std::min<size_t>(cfg_.n_sink, add.size())));
         }
         restart_session();
-        last_.n_overflows++;
+        turn.n_overflows++;
     }
     engine_.on_token(nullptr);
     engine_.on_finish(nullptr);
@@ -268,11 +275,12 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
     }
     emit(reply.size());
     if (result.stop == StopReason::Error) on_notice("[error: " + result.error + "]");
-    last_.n_generated = static_cast<int32_t>(reply_tokens.size());
-    last_.stop = result.stop;
+    turn.n_generated = static_cast<int32_t>(reply_tokens.size());
+    turn.stop = result.stop;
     const size_t lead = reply.find_first_not_of(" \t\r\n");
     history_.push_back({"assistant", lead == std::string::npos ? "" : reply.substr(lead)});
     reply_open_ = true;
+    last_ = turn;
     return history_.back().content;
 }
 

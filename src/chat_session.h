@@ -45,6 +45,9 @@ struct ChatTurnStats {
     int32_t n_reused = 0;     // conversation tokens whose K/V were reused from earlier turns
     int32_t n_generated = 0;  // reply tokens
     int32_t n_overflows = 0;  // context shifts/cuts during this turn
+    int32_t n_drafted = 0;    // speculative decoding (engine with a draft model): drafts
+    int32_t n_accepted = 0;   // proposed and accepted during this turn
+    int32_t n_spec_rounds = 0;
     StopReason stop = StopReason::None;
     GenerationTimings timings;  // of the first request of the turn
 };
@@ -59,14 +62,15 @@ class ChatSession {
     // Sends a user message and generates the reply, streaming its text to `on_text` (and
     // notes such as "[context shifted: ...]" to `on_notice`). Returns the reply text.
     // `cancel` (Ctrl-C) ends the reply early; the partial reply stays in the conversation.
-    // Throws Error when the message cannot be sent (e.g. it does not fit with --stop).
+    // Throws Error when the message cannot be sent (e.g. it does not fit with --stop); the
+    // conversation and last_turn() are then those of the previous turn.
     std::string send(const std::string& user, const TextSink& on_text, const TextSink& on_notice,
                      const std::atomic<bool>* cancel = nullptr);
 
     void reset();                              // forget the conversation (keeps the system)
     void set_system(const std::string& text);  // new system prompt, conversation reset
 
-    const ChatTurnStats& last_turn() const { return last_; }
+    const ChatTurnStats& last_turn() const { return last_; }  // the last turn that was sent
     int32_t n_tokens() const;         // tokens in the conversation's sequence
     int32_t n_cached_tokens() const;  // of which the KV cache holds
     const std::vector<ChatMessage>& messages() const { return history_; }

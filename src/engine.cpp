@@ -10,11 +10,17 @@
 // tokens are kept; it goes back to the front of the queue and recomputes, mostly from the
 // prefix cache), then idle sessions' K/V; a lone sequence that still does not fit ends with
 // an error (cannot happen while n_ctx <= pool size).
+// A step: plan every running sequence's part (a prefill chunk within the -b budget, or its
+// one pending token, plus K drafts when a draft model speculates for it), run the draft
+// passes (engine_speculative.cpp), append each part to the block table (oldest first, so
+// preemption takes the youngest; a part that does not fit drops its drafts before anyone is
+// preempted), one target forward pass, then verification / sampling and the stop checks.
 #include "engine.h"
 
 #include <algorithm>
 
 #include "common.h"
+#include "engine_seq.h"
 
 namespace kvrun {
 
@@ -41,33 +47,15 @@ const char* stop_reason_name(StopReason r) {
 double GenerationTimings::prefill_tokens_per_s() const {
     return prefill_ms > 0 ? n_prompt_computed / (prefill_ms / 1000.0) : 0.0;
 }
+bool GenerationTimings::has_decode_rate() const {
+    return n_generated >= 2 && decode_ms >= kMinDecodeMs;
+}
 double GenerationTimings::decode_tokens_per_s() const {
-    return decode_ms > 0 && n_generated > 1 ? (n_generated - 1) / (decode_ms / 1000.0) : 0.0;
+    return has_decode_rate() ? (n_generated - 1) / (decode_ms / 1000.0) : 0.0;
 }
 double EngineStats::mean_waste_fraction() const {
     return allocated_slots > 0 ? static_cast<double>(unfilled_slots) / allocated_slots : 0.0;
 }
-
-// One running or waiting sequence: a request's prompt plus what it generated so far.
-struct Engine::Seq {
-    int32_t request = 0;
-    int32_t sample = 0;
-    std::shared_ptr<const GenerationRequest> req;
-    SeqId kv = -1;                // KV table sequence while admitted
-    std::vector<TokenId> tokens;  // [n_prompt + n_generated]
-    int32_t n_prompt = 0;
-    int32_t n_computed = 0;  // tokens whose K/V are in the cache
-    int64_t order = 0;       // admission order (larger = younger)
-    bool forked = false;     // parallel samples already created
-    bool preempted = false, finished = false;
-    std::unique_ptr<Sampler> sampler;
-    std::string text;  // generated text so far (only kept for stop strings)
-    int32_t preemptions = 0;
-    bool admitted_once = false, has_first = false;
-    Clock::time_point t_submit, t_admit, t_first, t_last;
-    int32_t n_prompt_computed = 0;
-    int32_t n_generated() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
-};
 
 static double ms_between(std::chrono::steady_clock::time_point a,
                          std::chrono::steady_clock::time_point b) {
@@ -85,7 +73,24 @@ Engine::Engine(Backend& backend, const Tokenizer& tokenizer, EngineOptions optio
     const int64_t pool_tokens = backend.n_kv_blocks() * backend.kv_block_size();
     int64_t ctx = opt_.n_ctx > 0 ? opt_.n_ctx : backend.config().n_ctx_train;
     if (ctx <= 0) ctx = 4096;
+    ctx = std::min<int64_t>(ctx, INT32_MAX);
+    n_ctx_requested_ = static_cast<int32_t>(ctx);
     n_ctx_ = static_cast<int32_t>(std::min<int64_t>(ctx, pool_tokens));
+    if (opt_.draft) {
+        Backend& d = *opt_.draft;
+        if (d.config().n_vocab != backend.config().n_vocab)
+            throw Error(fmt::format("the draft model outputs {} logits per token but the target {}",
+                                    d.config().n_vocab, backend.config().n_vocab),
+                        "use a draft model of the same family (same tokenizer) as the target");
+        if (opt_.draft_max < 1 || opt_.draft_max > 256)
+            fail("--draft-n must be between 1 and 256 (got {})", opt_.draft_max);
+        if (opt_.draft_min < 1 || opt_.draft_min > opt_.draft_max)
+            fail("--draft-min must be between 1 and --draft-n ({}) (got {})", opt_.draft_max,
+                 opt_.draft_min);
+        draft_ = &d;
+        draft_table_ = std::make_unique<KvBlockTable>(static_cast<int32_t>(d.n_kv_blocks()),
+                                                      d.kv_block_size(), d.n_kv_stages());
+    }
 }
 
 Engine::~Engine() = default;
@@ -101,6 +106,8 @@ int32_t Engine::submit(GenerationRequest request) {
     std::vector<TokenId> tokens = session ? session->tokens : std::vector<TokenId>{};
     tokens.insert(tokens.end(), request.prompt.begin(), request.prompt.end());
     if (tokens.empty()) fail("empty prompt: nothing to generate from");
+    if (request.n_predict < -1)
+        fail("n_predict must be -1 (no limit) or at least 0 (got {})", request.n_predict);
     for (TokenId t : request.prompt)
         if (t < 0 || t >= n_vocab)
             fail("prompt token id {} is outside the vocabulary (0..{})", t, n_vocab - 1);
@@ -116,6 +123,12 @@ int32_t Engine::submit(GenerationRequest request) {
     s->tokens = std::move(tokens);
     s->n_prompt = static_cast<int32_t>(s->tokens.size());
     s->sampler = std::make_unique<Sampler>(req->sampling);
+    if (draft_) {
+        SamplingParams dp = req->sampling;
+        dp.seed = speculative_draft_seed(dp.seed);
+        s->draft_sampler = std::make_unique<Sampler>(dp);
+        s->k = opt_.draft_max;
+    }
     s->t_submit = Clock::now();
     if (session) session->busy = true;
     waiting_.push_back(std::move(s));
@@ -197,6 +210,7 @@ void Engine::admit() {
         s.kv = kv;
         s.n_computed = adopted;
         s.order = next_order_++;
+        if (draft_) draft_init(s, session);
         stats_.prefix_hit_tokens += adopted;
         if (!s.admitted_once) {
             s.admitted_once = true;
@@ -209,9 +223,15 @@ void Engine::admit() {
     stats_.peak_running = std::max(stats_.peak_running, static_cast<int32_t>(running_.size()));
 }
 
+// Frees a sequence's K/V in both tables (target and draft).
+void Engine::free_kv(Seq& s) {
+    if (s.kv >= 0) table_.free_sequence(s.kv);
+    if (s.draft_kv >= 0) draft_table_->free_sequence(s.draft_kv);
+    s.kv = s.draft_kv = -1;
+}
+
 void Engine::preempt(Seq& s) {
-    table_.free_sequence(s.kv);
-    s.kv = -1;
+    free_kv(s);
     s.n_computed = 0;
     s.preempted = true;
     s.preemptions++;
@@ -223,19 +243,27 @@ bool Engine::drop_idle_session() {
     for (auto& [id, ses] : sessions_) {
         if (ses.kv < 0) continue;
         table_.free_sequence(ses.kv);
-        ses.kv = -1;
+        if (ses.draft_kv >= 0) draft_table_->free_sequence(ses.draft_kv);
+        ses.kv = ses.draft_kv = -1;
         ses.n_cached = 0;
         return true;
     }
     return false;
 }
 
-bool Engine::reserve(Seq& s, int32_t n) {
+// Appends toks (the part's tokens, then its drafts) to s's KV sequence. Out of blocks, it
+// first gives up the drafts (keeps the first n_min tokens), then preempts the youngest other
+// running sequence, or s itself when s is the youngest. Returns the tokens appended: toks.size(),
+// n_min, or 0 when s was preempted or ended with an error.
+int32_t Engine::reserve(Seq& s, std::span<const TokenId> toks, int32_t n_min) {
+    int32_t n = static_cast<int32_t>(toks.size());
     for (;;) {
-        KvAppendResult r = table_.append(s.kv, n, s.tokens.data() + s.n_computed);
-        if (r) return true;
-        // Out of blocks: preempt the youngest other running sequence, or this one if it is
-        // the youngest.
+        KvAppendResult r = table_.append(s.kv, n, toks.data());
+        if (r) return n;
+        if (n > n_min) {
+            n = n_min;
+            continue;
+        }
         Seq* victim = nullptr;
         for (auto& o : running_)
             if (o.get() != &s && !o->preempted && !o->finished && o->kv >= 0 &&
@@ -243,7 +271,7 @@ bool Engine::reserve(Seq& s, int32_t n) {
                 victim = o.get();
         if (victim && victim->order < s.order) {
             preempt(s);
-            return false;
+            return 0;
         }
         if (victim) {
             preempt(*victim);
@@ -255,25 +283,13 @@ bool Engine::reserve(Seq& s, int32_t n) {
         finish(s, StopReason::Error,
                fmt::format("KV pool full: {} blocks of {} tokens cannot hold this sequence ({})",
                            table_.n_blocks(), table_.block_size(), r.reason()));
-        return false;
+        return 0;
     }
 }
 
 void Engine::finish(Seq& s, StopReason reason, std::string error) {
-    if (s.req->session >= 0) {
-        // The sequence (tokens and K/V) stays in the session for the next request.
-        Session& ses = session_ref(s.req->session);
-        if (s.kv >= 0) {
-            if (ses.kv >= 0) table_.free_sequence(ses.kv);
-            ses.kv = s.kv;
-            ses.n_cached = s.n_computed;
-        }
-        ses.tokens = s.tokens;
-        ses.busy = false;
-    } else if (s.kv >= 0) {
-        table_.free_sequence(s.kv);
-    }
-    s.kv = -1;
+    if (s.req->session >= 0) keep_in_session(s, session_ref(s.req->session));
+    free_kv(s);  // what a session did not take
     s.finished = true;
     GenerationResult r;
     r.request = s.request;
@@ -282,6 +298,10 @@ void Engine::finish(Seq& s, StopReason reason, std::string error) {
     r.stop = reason;
     r.error = std::move(error);
     r.preemptions = s.preemptions;
+    r.n_drafted = s.n_drafted;
+    r.n_accepted = s.n_accepted;
+    r.n_spec_rounds = s.n_spec_rounds;
+    r.n_target_passes = s.n_passes;
     auto now = Clock::now();
     GenerationTimings& t = r.timings;
     t.n_prompt = s.n_prompt;
@@ -315,7 +335,8 @@ StopReason Engine::check_stop(Seq& s, TokenId tok) {
 }
 
 // Creates samples 1..n-1 of a request right after its prompt's logits: each a new KV
-// sequence sharing every block of the prompt (copy-on-write when they diverge).
+// sequence sharing every block of the prompt (copy-on-write when they diverge), in the
+// draft's table too.
 void Engine::fork_samples(Seq& s) {
     s.forked = true;
     for (int32_t i = 1; i < s.req->n_samples; ++i) {
@@ -332,22 +353,45 @@ void Engine::fork_samples(Seq& s) {
         SamplingParams p = s.req->sampling;
         p.seed = p.seed + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
         f->sampler = std::make_unique<Sampler>(p);
+        if (draft_) {
+            if (s.draft_kv >= 0) f->draft_kv = draft_table_->fork(s.draft_kv);
+            p.seed = speculative_draft_seed(p.seed);
+            f->draft_sampler = std::make_unique<Sampler>(p);
+            f->k = s.k;
+        }
         f->admitted_once = true;
         f->t_submit = s.t_submit;
         f->t_admit = s.t_admit;
         f->n_prompt_computed = 0;
+        f->n_passes = s.n_passes;
         running_.push_back(std::move(f));
     }
 }
 
-void Engine::sample_and_advance(Seq& s, const float* logits) {
-    const int n_vocab = static_cast<int>(backend_.config().n_vocab);
+std::span<const TokenId> Engine::penalty_window(const Seq& s) const {
     // repeat_last_n < 0: the penalty looks at the whole sequence (as in the sampler).
     const int32_t last_n = s.req->sampling.repeat_last_n;
     const int32_t n_tokens = static_cast<int32_t>(s.tokens.size());
     const int32_t n_recent = last_n < 0 ? n_tokens : std::min(n_tokens, last_n);
-    std::span<const TokenId> recent(s.tokens.data() + s.tokens.size() - n_recent, n_recent);
-    TokenId tok = s.sampler->sample(logits, n_vocab, recent);
+    return {s.tokens.data() + s.tokens.size() - n_recent, static_cast<size_t>(n_recent)};
+}
+
+void Engine::sample_and_advance(Seq& s, const float* logits) {
+    const int n_vocab = static_cast<int>(backend_.config().n_vocab);
+    advance(s, s.sampler->sample(logits, n_vocab, penalty_window(s)));
+}
+
+RowSampling Engine::row_sampling(Seq& s) {
+    RowSampling r;
+    r.params = s.sampler->params();
+    r.u = s.sampler->greedy() ? 0.0 : s.sampler->uniform();  // the draw sample() would make
+    const auto recent = penalty_window(s);
+    r.recent.assign(recent.begin(), recent.end());
+    return r;
+}
+
+// Appends one generated token, reports it and ends the sequence on a stop condition.
+void Engine::advance(Seq& s, TokenId tok) {
     auto now = Clock::now();
     if (!s.has_first) {
         s.has_first = true;
@@ -360,6 +404,7 @@ void Engine::sample_and_advance(Seq& s, const float* logits) {
         s.tokens.pop_back();  // the end-of-generation token is not part of the output
     } else {
         stats_.tokens_decoded++;
+        stats_.spec.generated++;
         if (on_token_) on_token_(s.request, s.sample, tok);
     }
     if (stop != StopReason::None) finish(s, stop);
@@ -390,8 +435,9 @@ int32_t Engine::shared_blocks() const {
     return static_cast<int32_t>(std::unique(seen.begin(), seen.end()) - seen.begin());
 }
 
-// KV statistics after a forward pass. A full KvBlockTable::stats() walks the whole pool, so
-// on large pools the waste average is sampled (every 16th step, and at each new peak).
+// KV statistics after a forward pass (and after rejected drafts were truncated). A full
+// KvBlockTable::stats() walks the whole pool, so on large pools the waste average is sampled
+// (every 16th step, and at each new peak).
 void Engine::update_kv_stats() {
     const int32_t used = table_.n_used_blocks();
     const bool peak = used >= stats_.peak_blocks_used;
@@ -407,65 +453,152 @@ void Engine::update_kv_stats() {
     stats_.peak_shared_blocks = std::max(stats_.peak_shared_blocks, shared_blocks());
 }
 
+// Requests that want no tokens (n_predict 0) end at once with stop "length": nothing is
+// computed, and a session keeps the appended prompt for its next request.
+void Engine::finish_empty_requests() {
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+        Seq& s = **it;
+        if (s.req->n_predict != 0 || s.admitted_once) {
+            ++it;
+            continue;
+        }
+        s.admitted_once = true;
+        s.t_admit = Clock::now();
+        s.n_prompt_computed = 0;
+        for (int32_t i = 0; i < s.req->n_samples; ++i) {
+            s.sample = i;
+            finish(s, StopReason::Length);
+        }
+        it = waiting_.erase(it);
+    }
+}
+
 bool Engine::step() {
     auto t0 = Clock::now();
+    finish_empty_requests();
     admit();
-    if (running_.empty()) return !waiting_.empty();
+    if (running_.empty()) {
+        stats_.busy_ms += ms_between(t0, Clock::now());
+        return !waiting_.empty();
+    }
 
     // Plan: oldest first, so that preemption (which takes the youngest) never hits a
-    // sequence already planned in this step.
+    // sequence already placed in this step.
     std::vector<Seq*> order;
     for (auto& s : running_) order.push_back(s.get());
     std::sort(order.begin(), order.end(), [](Seq* a, Seq* b) { return a->order < b->order; });
-    struct Part {
-        Seq* s;
-        int32_t start, n;
-        bool logits;
-    };
     std::vector<Part> parts;
     int32_t budget = opt_.n_batch;
     for (Seq* s : order) {
         if (s->preempted || s->finished) continue;
-        const int32_t remaining = static_cast<int32_t>(s->tokens.size()) - s->n_computed;
+        const int32_t remaining = s->n_tokens() - s->n_computed;
         int32_t n = remaining;
         if (remaining > 1) {  // prefill: a chunk within the budget
             if (budget <= 0) continue;
             n = std::min(remaining, budget);
         }
-        if (!reserve(*s, n)) continue;
         budget -= n;
-        parts.push_back(
-            {s, s->n_computed, n, s->n_computed + n == static_cast<int32_t>(s->tokens.size())});
+        Part p;
+        p.s = s;
+        p.start = s->n_computed;
+        p.n = n;
+        p.logits = s->n_computed + n == s->n_tokens();
+        if (draft_ && p.logits) p.k = draft_length(*s);
+        parts.push_back(p);
+    }
+    if (draft_) draft_round(parts);  // sets each part's drafts (p.k = how many)
+
+    std::vector<TokenId> toks;
+    for (Part& p : parts) {
+        Seq& s = *p.s;
+        if (s.preempted || s.finished || s.kv < 0) continue;
+        toks.assign(s.tokens.begin() + p.start, s.tokens.begin() + p.start + p.n);
+        toks.insert(toks.end(), s.drafts.begin(), s.drafts.begin() + p.k);
+        const int32_t got = reserve(s, toks, p.n);
+        if (got == 0) continue;
+        if (got < p.n + p.k) {  // no room for the drafts: a plain step, drafts dropped
+            p.k = 0;
+            if (s.draft_kv >= 0 && draft_table_->n_tokens(s.draft_kv) > s.n_tokens())
+                draft_table_->truncate(s.draft_kv, s.n_tokens());
+        }
+        p.reserved = true;
     }
     requeue_preempted();
-    std::erase_if(parts, [](const Part& p) { return p.s->finished || p.s->kv < 0; });
+    std::erase_if(parts, [](const Part& p) { return !p.reserved || p.s->finished || p.s->kv < 0; });
 
     if (!parts.empty()) {
         kv_apply_pending(table_, backend_);
 
         ForwardBatch fb;
         for (const Part& p : parts) {
-            fb.add_sequence(table_, p.s->kv, p.start, p.n);
-            if (p.logits) fb.logit_rows.push_back(static_cast<int32_t>(fb.tokens.size()) - 1);
+            fb.add_sequence(table_, p.s->kv, p.start, p.n + p.k);
+            if (p.logits)
+                for (int32_t i = p.k; i >= 0; --i)
+                    fb.logit_rows.push_back(static_cast<int32_t>(fb.tokens.size()) - 1 - i);
             if (p.n > 1 || p.start < p.s->n_prompt) stats_.tokens_prefilled += p.n;
         }
         const int64_t n_vocab = backend_.config().n_vocab;
-        logits_.resize(fb.logit_rows.size() * n_vocab);
-        backend_.forward(fb, logits_.data());
+        // Device sampling: every logit row is one plain sample (no drafts to verify, no
+        // multi-sample fork that needs the logits several times).
+        bool device_sampling =
+            opt_.device_sampling == EngineOptions::DeviceSampling::On ||
+            (opt_.device_sampling == EngineOptions::DeviceSampling::Auto &&
+             backend_.samples_on_device());
+        for (const Part& p : parts)
+            if (p.logits && (p.k > 0 || (p.s->n_tokens() == p.s->n_prompt &&
+                                         p.s->req->n_samples > 1 && !p.s->forked)))
+                device_sampling = false;
+        std::vector<TokenId> sampled;
+        const auto tf = Clock::now();
+        if (device_sampling) {
+            std::vector<RowSampling> rs;
+            for (const Part& p : parts)
+                if (p.logits) rs.push_back(row_sampling(*p.s));
+            sampled.resize(rs.size());
+            backend_.forward_sample(fb, rs, sampled.data());
+            stats_.device_sampled_steps++;
+        } else {
+            logits_.resize(std::max<size_t>(1, fb.logit_rows.size()) * n_vocab);
+            backend_.forward(fb, logits_.data());
+        }
+        stats_.spec.target_ms += ms_between(tf, Clock::now());
+        stats_.spec.target_passes++;
+
+        // Verify the drafts first and truncate what was rejected (both tables), so the KV
+        // statistics see only accepted tokens.
+        std::vector<size_t> rows(parts.size());
+        size_t row = 0;
+        for (size_t i = 0; i < parts.size(); ++i) {
+            Part& p = parts[i];
+            p.s->n_computed += p.n + p.k;
+            p.s->n_passes++;
+            rows[i] = row;
+            if (!p.logits) continue;
+            if (p.k > 0) verify_drafts(*p.s, logits_.data() + row * n_vocab, p.k);  // host path
+            row += static_cast<size_t>(p.k) + 1;
+        }
         update_kv_stats();
 
-        size_t row = 0;
-        for (const Part& p : parts) {
-            p.s->n_computed += p.n;
+        for (size_t i = 0; i < parts.size(); ++i) {
+            const Part& p = parts[i];
             if (!p.logits) continue;
-            const float* lg = logits_.data() + row++ * n_vocab;
-            const bool first = static_cast<int32_t>(p.s->tokens.size()) == p.s->n_prompt;
+            if (p.k > 0) {  // the accepted drafts and the target's own token
+                for (TokenId t : p.s->drafts)
+                    if (!p.s->finished) advance(*p.s, t);
+                continue;
+            }
+            if (device_sampling) {  // rows[i] counts logit rows: one per plain part
+                advance(*p.s, sampled[rows[i]]);
+                continue;
+            }
+            const float* lg = logits_.data() + rows[i] * n_vocab;
+            const bool first = p.s->n_tokens() == p.s->n_prompt;
             if (first && p.s->req->n_samples > 1 && !p.s->forked) {
                 size_t before = running_.size();
                 fork_samples(*p.s);
                 stats_.peak_shared_blocks = std::max(stats_.peak_shared_blocks, shared_blocks());
-                for (size_t i = before; i < running_.size(); ++i)
-                    sample_and_advance(*running_[i], lg);
+                for (size_t j = before; j < running_.size(); ++j)
+                    sample_and_advance(*running_[j], lg);
             }
             sample_and_advance(*p.s, lg);
         }
@@ -476,6 +609,24 @@ bool Engine::step() {
     if (idle()) stats_.cow_copies = table_.stats().copies;  // (sampled on large pools)
     stats_.busy_ms += ms_between(t0, Clock::now());
     return !idle();
+}
+
+std::vector<EngineSequenceInfo> Engine::running_sequences() const {
+    std::vector<EngineSequenceInfo> out;
+    for (const auto& s : running_) {
+        if (s->finished) continue;
+        EngineSequenceInfo i;
+        i.request = s->request;
+        i.sample = s->sample;
+        i.kv = s->kv;
+        i.draft_kv = s->draft_kv;
+        i.n_tokens = s->n_tokens();
+        i.n_prompt = s->n_prompt;
+        i.n_computed = s->n_computed;
+        i.draft_k = s->k;
+        out.push_back(i);
+    }
+    return out;
 }
 
 void Engine::cancel_all() {
@@ -495,55 +646,6 @@ void Engine::run(const std::atomic<bool>* cancel) {
             return;
         }
         step();
-    }
-}
-
-// ---- sessions ----
-
-Engine::Session& Engine::session_ref(int32_t id) {
-    auto it = sessions_.find(id);
-    if (it == sessions_.end()) fail("unknown engine session {}", id);
-    return it->second;
-}
-
-const Engine::Session& Engine::session_ref(int32_t id) const {
-    auto it = sessions_.find(id);
-    if (it == sessions_.end()) fail("unknown engine session {}", id);
-    return it->second;
-}
-
-int32_t Engine::open_session() {
-    const int32_t id = next_session_++;
-    sessions_.emplace(id, Session{});
-    return id;
-}
-
-void Engine::close_session(int32_t id) {
-    auto it = sessions_.find(id);
-    if (it == sessions_.end()) return;
-    if (it->second.busy) fail("session {} cannot close while a request runs in it", id);
-    if (it->second.kv >= 0) table_.free_sequence(it->second.kv);
-    sessions_.erase(it);
-}
-
-const std::vector<TokenId>& Engine::session_tokens(int32_t id) const {
-    return session_ref(id).tokens;
-}
-
-int32_t Engine::session_cached_tokens(int32_t id) const {
-    const Session& s = session_ref(id);
-    return s.kv >= 0 ? s.n_cached : 0;
-}
-
-void Engine::truncate_session(int32_t id, int32_t n_tokens) {
-    Session& s = session_ref(id);
-    if (s.busy) fail("session {} cannot be truncated while a request runs in it", id);
-    if (n_tokens < 0 || n_tokens > static_cast<int32_t>(s.tokens.size()))
-        fail("cannot truncate session {} of {} tokens to {}", id, s.tokens.size(), n_tokens);
-    s.tokens.resize(static_cast<size_t>(n_tokens));
-    if (s.kv >= 0 && s.n_cached > n_tokens) {
-        table_.truncate(s.kv, n_tokens);
-        s.n_cached = n_tokens;
     }
 }
 

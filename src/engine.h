@@ -3,7 +3,11 @@
 // decode steps of running ones (continuous batching) — admits waiting requests by free KV
 // blocks, reuses cached prompt prefixes, and preempts (frees and later recomputes) the
 // youngest sequence when the pool runs out. Sessions keep a conversation's KV sequence
-// alive between requests (chat). `run`, `batch` and `chat` are built on it.
+// alive between requests (chat). With a draft model (EngineOptions::draft) every decoding
+// sequence speculates on its own: the draft proposes up to K tokens per sequence (one draft
+// pass per position for all sequences), the target verifies every sequence's K + 1
+// positions in the step's one forward pass, and rejected positions are truncated from both
+// KV tables (engine_speculative.cpp). `run`, `batch` and `chat` are built on it.
 #pragma once
 
 #include <atomic>
@@ -14,12 +18,14 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "backend.h"
 #include "kv_block_table.h"
 #include "sampler.h"
+#include "speculative_accept.h"
 #include "tokenizer.h"
 
 namespace kvrun {
@@ -29,7 +35,8 @@ const char* stop_reason_name(StopReason r);  // "eos", "length", "context", "sto
 
 struct GenerationRequest {
     std::vector<TokenId> prompt;  // [n_prompt] already tokenized (BOS included if wanted)
-    int32_t n_predict = 128;      // max new tokens; < 0: until EOS or the context is full
+    int32_t n_predict = 128;      // max new tokens; -1: until EOS or the context is full (0: none,
+                                  // stop "length"; other negative values are refused)
     SamplingParams sampling;
     int32_t n_samples = 1;  // parallel continuations sharing the prompt's KV blocks
     bool ignore_eos = false;
@@ -49,7 +56,12 @@ struct GenerationTimings {
     int32_t n_prompt_computed = 0;  // prompt tokens actually run (the rest came from the cache)
     int32_t n_generated = 0;
     double prefill_tokens_per_s() const;
+    // (n_generated - 1) / decode time, or 0 when that is not a meaningful rate: fewer than two
+    // tokens, or less than kMinDecodeMs between the first and the last (speculation can deliver
+    // every token of a short reply in one round).
     double decode_tokens_per_s() const;
+    bool has_decode_rate() const;
+    static constexpr double kMinDecodeMs = 1.0;
 };
 
 struct GenerationResult {
@@ -60,6 +72,10 @@ struct GenerationResult {
     std::string error;  // when stop == Error
     int32_t preemptions = 0;
     GenerationTimings timings;
+    // Speculative decoding (an engine with a draft model): draft tokens proposed and accepted,
+    // and verification rounds that carried at least one draft.
+    int32_t n_drafted = 0, n_accepted = 0, n_spec_rounds = 0;
+    int32_t n_target_passes = 0;  // target forward passes this sequence took part in
 };
 
 struct EngineOptions {
@@ -67,10 +83,23 @@ struct EngineOptions {
     int32_t n_batch = 512;      // tokens per forward pass (prefill chunk budget)
     int32_t n_ctx = 0;          // max tokens per sequence (prompt + generated); 0: model's
     bool prefix_cache = true;
+    // Speculative decoding: a draft model of the same vocabulary on its own backend (which
+    // must outlive the engine; its KV pool should hold at least the target's, plus K tokens
+    // per sequence). Null: no speculation.
+    Backend* draft = nullptr;
+    int32_t draft_max = 8;  // --draft-n: the most tokens drafted per sequence and round
+    int32_t draft_min = 1;  // the fewest (== draft_max: K fixed, no adaptation)
+    AcceptRule accept_rule = AcceptRule::Lossless;
+    // Sampling where the logits are (Backend::forward_sample): only token ids come back from
+    // the device. Auto: when the backend samples on its device (CUDA). On: always (tests use
+    // it on the CPU). Steps that need the logits on the host (draft verification, the first
+    // token of a multi-sample request) always take the host path.
+    enum class DeviceSampling { Auto, On, Off } device_sampling = DeviceSampling::Auto;
 };
 
 struct EngineStats {
     int64_t steps = 0;
+    int64_t device_sampled_steps = 0;  // steps sampled with Backend::forward_sample
     int64_t tokens_prefilled = 0;   // prompt (and recomputed) tokens run through the model
     int64_t tokens_decoded = 0;     // tokens generated
     int64_t prefix_hit_tokens = 0;  // prompt tokens adopted from the prefix cache / a session
@@ -83,8 +112,20 @@ struct EngineStats {
     int64_t allocated_slots = 0;     // sum over steps of used blocks x block size
     int64_t unfilled_slots = 0;      // sum over steps of their unfilled slots
     double busy_ms = 0;              // time inside step()
+    SpeculativeStats spec;           // drafts, acceptance, passes, model time (all steps)
     // Unfilled / allocated KV slots, averaged over all steps (the "KV waste").
     double mean_waste_fraction() const;
+};
+
+// A running sequence as the scheduler sees it (tests, diagnostics).
+struct EngineSequenceInfo {
+    int32_t request = 0, sample = 0;
+    SeqId kv = -1;         // target KV sequence
+    SeqId draft_kv = -1;   // draft KV sequence (-1 without a draft model)
+    int32_t n_tokens = 0;  // prompt + generated so far
+    int32_t n_prompt = 0;
+    int32_t n_computed = 0;  // tokens whose K/V the target holds
+    int32_t draft_k = 0;     // the adaptive draft length for its next round
 };
 
 class Engine {
@@ -96,7 +137,9 @@ class Engine {
     ~Engine();
 
     // Queues a request; returns its id. Throws Error for a request that can never run
-    // (empty prompt, prompt longer than the context, more blocks than the whole pool).
+    // (empty prompt, prompt longer than the context, more blocks than the whole pool,
+    // n_predict below -1). A request with n_predict 0 finishes at the next step with no
+    // tokens (stop "length") and computes nothing.
     int32_t submit(GenerationRequest request);
     // One scheduler step (admission, one forward pass, sampling). Returns false when idle.
     bool step();
@@ -126,7 +169,14 @@ class Engine {
     const EngineStats& stats() const { return stats_; }
     const KvBlockTable& kv_table() const { return table_; }
     KvBlockTable& kv_table() { return table_; }
+    // The draft model's block table (null without a draft model).
+    const KvBlockTable* draft_kv_table() const { return draft_table_.get(); }
+    bool speculative() const { return draft_ != nullptr; }
     int32_t n_ctx() const { return n_ctx_; }
+    // The context asked for (-c, else the model's training context) before n_ctx() capped it
+    // to the KV pool: larger than n_ctx() when the pool is too small for it.
+    int32_t n_ctx_requested() const { return n_ctx_requested_; }
+    std::vector<EngineSequenceInfo> running_sequences() const;
     int32_t n_running() const { return static_cast<int32_t>(running_.size()); }
     int32_t n_waiting() const { return static_cast<int32_t>(waiting_.size()); }
     int32_t shared_blocks() const;  // blocks referenced by more than one sequence now
@@ -136,23 +186,39 @@ class Engine {
     struct Seq;
     struct Session {
         SeqId kv = -1;                // KV sequence while idle (-1: none or lent to a request)
+        SeqId draft_kv = -1;          // the draft model's sequence while idle (a prefix of tokens)
         std::vector<TokenId> tokens;  // [n] the conversation so far
         int32_t n_cached = 0;         // leading tokens whose K/V `kv` holds
         bool busy = false;            // a request runs in it
     };
 
+    struct Part;  // one sequence's share of a step's forward pass
+    void finish_empty_requests();
     void admit();
     bool shares_uncomputed_prefix(const Seq& s, int32_t n_cached) const;
     int32_t committed_blocks() const;
     void preempt(Seq& s);
     void finish(Seq& s, StopReason reason, std::string error = {});
-    bool reserve(Seq& s, int32_t n);
+    int32_t reserve(Seq& s, std::span<const TokenId> toks, int32_t n_min);
     bool drop_idle_session();
     void sample_and_advance(Seq& s, const float* logits);
+    std::span<const TokenId> penalty_window(const Seq& s) const;  // tokens the penalty sees
+    RowSampling row_sampling(Seq& s);  // for forward_sample (draws the sequence's uniform)
+    void advance(Seq& s, TokenId tok);
     void fork_samples(Seq& s);
     StopReason check_stop(Seq& s, TokenId tok);
     void requeue_preempted();
     void update_kv_stats();
+    void free_kv(Seq& s);
+    void keep_in_session(Seq& s, Session& ses);
+    // ---- speculation (engine_speculative.cpp) ----
+    void draft_init(Seq& s, Session* session);
+    int32_t draft_length(const Seq& s) const;
+    void draft_round(std::vector<Part>& parts);
+    void draft_forward(const ForwardBatch& fb);
+    bool draft_append(Seq& s, std::span<const TokenId> toks);
+    void verify_drafts(Seq& s, const float* logits, int32_t k);
+    std::vector<TokenId> recent_window(const Seq& s) const;
     Session& session_ref(int32_t id);
     const Session& session_ref(int32_t id) const;
 
@@ -160,7 +226,9 @@ class Engine {
     const Tokenizer& tok_;
     EngineOptions opt_;
     KvBlockTable table_;
-    int32_t n_ctx_ = 0;
+    Backend* draft_ = nullptr;
+    std::unique_ptr<KvBlockTable> draft_table_;
+    int32_t n_ctx_ = 0, n_ctx_requested_ = 0;
     int32_t next_request_ = 0;
     int32_t next_session_ = 0;
     int64_t next_order_ = 0;
@@ -170,7 +238,9 @@ class Engine {
     TokenCallback on_token_;
     FinishCallback on_finish_;
     EngineStats stats_;
-    std::vector<float> logits_;
+    std::vector<float> logits_;        // [logit rows][n_vocab] of the target pass
+    std::vector<float> draft_logits_;  // [logit rows][n_vocab] of a draft pass
+    std::vector<float> p_scratch_;     // target distributions while verifying
 };
 
 }  // namespace kvrun

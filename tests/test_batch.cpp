@@ -1,7 +1,8 @@
 // End-to-end tests of `kvrun batch` on stories260K: text and JSONL input, results in input
 // order equal to `kvrun run` (greedy), the summary on stderr, error objects for bad lines,
-// --n-samples, a pool too small for the batch (preemption), and Ctrl-C (exit 130, finished
-// results written).
+// --n-samples, a pool too small for the batch (preemption), Ctrl-C (exit 130, finished
+// results written), --draft-model (same greedy tokens, speculation in the summary), -n 0 and
+// negative -n in every mode, the capped-context warning, and decode rates.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -66,6 +67,12 @@ std::string run_alone(const std::string& model, const std::string& prompt, int n
                                    " -p " + shell_quote(prompt)));
     REQUIRE(r.exit_code == 0);
     return r.out.substr(0, r.out.size() - 1);
+}
+
+int count_lines(const std::string& text, const std::string& needle) {
+    int n = 0;
+    for (size_t p = text.find(needle); p != std::string::npos; p = text.find(needle, p + 1)) ++n;
+    return n;
 }
 
 void check_summary(const std::string& err) {
@@ -255,4 +262,144 @@ TEST_CASE("batch rejects a missing or empty input with one clear line") {
     auto m = run_command(kvrun_cmd("batch -m " + model.string() + " -f /no/such/file.txt"));
     CHECK(m.exit_code == 1);
     CHECK(m.err.find("/no/such/file.txt") != std::string::npos);
+}
+
+TEST_CASE("batch --draft-model: greedy results equal the target's (parallel 1/4, K 1/4/8)") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    TempDir dir;
+    std::string txt;
+    const char* base[] = {"Once upon a time", "The little dog saw a big red ball. He",
+                          "Lily and Tom went to the park. They",
+                          "One day, a bird flew into the garden and"};
+    for (int i = 0; i < 8; ++i)
+        txt += std::string(base[i % 4]) +
+               (i >= 4 ? " The sun was shining and the sky was blue." : "") + "\n";
+    std::string in = dir.write("p.txt", txt);
+    const std::string cmd = "batch -m " + model.string() + " -f " + in + " --temp 0 -n 48";
+    auto plain = run_command(kvrun_cmd(cmd + " --parallel 4"));
+    REQUIRE(plain.exit_code == 0);
+    CHECK(plain.err.find("speculative") == std::string::npos);
+    auto want = parse_lines(plain.out);
+    REQUIRE(want.size() == 8);
+    for (const char* draft : {"stories260K-Q8_0.gguf", "stories260K-L4-F32.gguf"}) {
+        const auto dpath = kvrun::test::shared_path(std::string("models/") + draft);
+        for (int parallel : {1, 4}) {
+            for (int k : {1, 4, 8}) {
+                CAPTURE(draft);
+                CAPTURE(parallel);
+                CAPTURE(k);
+                auto r =
+                    run_command(kvrun_cmd(cmd + " --parallel " + std::to_string(parallel) +
+                                          " --draft-model " + dpath.string() + " --draft-n " +
+                                          std::to_string(k) + " --draft-min " + std::to_string(k)));
+                REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+                auto got = parse_lines(r.out);
+                REQUIRE(got.size() == 8);
+                for (size_t i = 0; i < 8; ++i) {
+                    CHECK(got[i]["tokens"] == want[i]["tokens"]);
+                    CHECK(got[i]["speculative"]["drafted"].get<int>() > 0);
+                    CHECK(got[i]["speculative"]["accepted"].get<int>() <=
+                          got[i]["speculative"]["drafted"].get<int>());
+                }
+                check_summary(r.err);
+                for (const char* s : {"speculative", "drafted", "accepted", "mean accepted length",
+                                      "draft KV blocks", "0 in use at the end"})
+                    CHECK_MESSAGE(r.err.find(s) != std::string::npos, s << " missing in " << r.err);
+            }
+        }
+    }
+    auto help = run_command(kvrun_cmd("batch --help"));
+    for (const char* flag : {"--draft-model", "--draft-n", "--draft-min"})
+        CHECK_MESSAGE(help.out.find(flag) != std::string::npos, flag);
+}
+
+TEST_CASE("-n 0 generates nothing and values below -1 are refused (run, batch, chat, JSONL)") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    const auto draft = kvrun::test::shared_path("models/stories260K-Q8_0.gguf");
+    const std::string m = " -m " + model.string();
+    auto zero = run_command(kvrun_cmd("run" + m + " -p 'Once upon a time' -n 0 --stats"));
+    CHECK(zero.exit_code == 0);
+    CHECK(zero.out == "\n");
+    CHECK(zero.err.find("generated tokens  0 (stop: length)") != std::string::npos);
+    auto zero_spec = run_command(
+        kvrun_cmd("run" + m + " -p 'Once upon a time' -n 0 --draft-model " + draft.string()));
+    CHECK(zero_spec.exit_code == 0);
+    CHECK(zero_spec.out == "\n");
+    for (const char* mode : {"run -p hi", "batch -f /dev/null", "chat"}) {
+        CAPTURE(mode);
+        auto bad = run_command(kvrun_cmd(std::string(mode) + m + " -n -2"));
+        CHECK(bad.exit_code == 1);
+        CHECK_MESSAGE(bad.err.find("must be -1 (no limit) or a count >= 0") != std::string::npos,
+                      bad.err);
+    }
+    // JSONL, through run and batch.
+    TempDir dir;
+    const std::string jsonl =
+        "{\"prompt\": \"Once upon a time\", \"n_predict\": 0}\n"
+        "{\"prompt\": \"Once upon a time\", \"n_predict\": 0, \"n_samples\": 2}\n"
+        "{\"prompt\": \"Once upon a time\", \"n_predict\": -2}\n"
+        "{\"prompt\": \"Once upon a time\", \"n_predict\": 3, \"temperature\": 0}\n";
+    auto run_out = run_command(kvrun_cmd("run --jsonl" + m), jsonl);
+    auto batch_out = run_command(kvrun_cmd("batch" + m + " -f " + dir.write("r.jsonl", jsonl)));
+    for (const auto* r : {&run_out, &batch_out}) {
+        CHECK(r->exit_code == 0);
+        auto lines = parse_lines(r->out);
+        REQUIRE(lines.size() == 4);
+        CHECK(lines[0]["tokens"].empty());
+        CHECK(lines[0]["stop"] == "length");
+        REQUIRE(lines[1]["samples"].size() == 2);
+        for (auto& s : lines[1]["samples"]) CHECK(s["tokens"].empty());
+        CHECK(lines[2]["error"].get<std::string>().find("'n_predict' must be -1 (no limit)") !=
+              std::string::npos);
+        CHECK(lines[3]["tokens"].size() == 3);
+    }
+}
+
+TEST_CASE(
+    "serving: the capped-context warning, all samples in --stats, decode rate only when "
+    "meaningful") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    const std::string m = " -m " + model.string();
+    // 0.05 MiB of f16 KV = 5 blocks of 16 tokens: the context shrinks from 512 to 80 tokens.
+    auto capped = run_command(kvrun_cmd("run" + m + " -p hi -n 4 -c 512 --kv-memory 0.05"));
+    CHECK(capped.exit_code == 0);
+    CHECK_MESSAGE(capped.err.find("warning: the context is capped from 512 to 80 tokens") !=
+                      std::string::npos,
+                  capped.err);
+    CHECK(capped.err.find("--kv-memory 0.05 MiB") != std::string::npos);
+    auto roomy = run_command(kvrun_cmd("run" + m + " -p hi -n 4 -c 512"));
+    CHECK(roomy.err.find("capped") == std::string::npos);
+    TempDir dir;
+    std::string in = dir.write("p.txt", "Once upon a time\nOne day\n");
+    auto batch = run_command(kvrun_cmd("batch" + m + " -f " + in + " -n 8 --kv-memory 0.1"));
+    CHECK(batch.exit_code == 0);
+    CHECK(count_lines(batch.err, "context is capped from") == 1);  // once
+    auto chat = run_command(kvrun_cmd("chat" + m + " -n 4 -c 512 --kv-memory 0.05"), "hi\n");
+    CHECK(chat.err.find("context is capped from 512 to 80 tokens") != std::string::npos);
+
+    // --n-samples N --stats counts every sample's tokens.
+    auto samples = run_command(kvrun_cmd("run" + m +
+                                         " -p 'Once upon a time' -n 20 --ignore-eos --temp 1 "
+                                         "--n-samples 3 --stats"));
+    CHECK(samples.exit_code == 0);
+    CHECK_MESSAGE(samples.err.find("generated tokens  60 (stop: 3 samples: 20 (length), 20 "
+                                   "(length), 20 (length))") != std::string::npos,
+                  samples.err);
+
+    // Six tokens in one speculative round: no decode rate (null), not millions of tokens/s.
+    const auto draft = kvrun::test::shared_path("models/stories260K-Q8_0.gguf");
+    auto one_round =
+        run_command(kvrun_cmd("run --jsonl" + m + " --draft-model " + draft.string()),
+                    "{\"prompt\": \"Once upon a time\", \"n_predict\": 6, \"temperature\": 0}\n"
+                    "{\"prompt\": \"Once upon a time\", \"n_predict\": 40, \"temperature\": 0}\n");
+    auto lines = parse_lines(one_round.out);
+    REQUIRE(lines.size() == 2);
+    CHECK(lines[0]["tokens"].size() == 6);
+    CHECK(lines[0]["speculative"]["rounds"] == 1);
+    CHECK(lines[0]["timings"]["decode_tokens_per_s"].is_null());
+    CHECK(lines[1]["tokens"].size() == 40);
+    CHECK(lines[1]["speculative"]["rounds"].get<int>() > 1);
 }

@@ -4,6 +4,9 @@
 // shows the second turn prefilled only its new tokens, Ctrl-C mid-reply returns to the
 // prompt, Ctrl-C while typing clears the line, and Ctrl-D exits 0. Also the same chat with
 // piped stdin (no terminal). Skips with a message when tmux or ../shared is missing.
+// Through the ChatSession API: --context-overflow stop (refused messages keep the previous
+// turn's stats) and shift (before a turn and in the middle of a reply), and a chat with a
+// draft model (CLI) giving the same replies.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -12,7 +15,13 @@
 #include <string>
 #include <thread>
 
+#include "backend.h"
+#include "chat_session.h"
+#include "common.h"
+#include "engine.h"
+#include "gguf.h"
 #include "test_util.h"
+#include "tokenizer.h"
 
 using kvrun::test::run_command;
 
@@ -158,7 +167,14 @@ TEST_CASE("chat in a terminal: the second turn prefills only its new tokens; Ctr
 
     // Ctrl-C while typing clears the line: the next command runs alone.
     t.keys("-l 'half typed'");
+    REQUIRE(
+        t.wait_for([](const std::string& s) { return s.find("> half typed") != std::string::npos; },
+                   "the half-typed line"));
     t.keys("C-c");
+    // Type only once the fresh prompt is there (keys sent earlier could reach the old line
+    // before the interrupt is handled on a busy machine).
+    REQUIRE(t.wait_for([](const std::string& s) { return count_prompts(s) >= 6; },
+                       "a fresh prompt after Ctrl-C"));
     t.type_line("/help");
     REQUIRE(t.wait_for(
         [](const std::string& s) {
@@ -238,4 +254,200 @@ TEST_CASE("chat with piped input: replies on stdout, commands work, EOF exits 0"
     auto bad = run_command(chat_cmd(model.string(), "--chat-template nope"), "");
     CHECK(bad.exit_code == 1);
     CHECK(bad.err.find("unknown chat template 'nope'") != std::string::npos);
+}
+
+namespace {
+
+// stories260K on the CPU with a pool of `n_blocks` blocks of 16 tokens.
+struct ChatModel {
+    kvrun::GgufFile file;
+    std::unique_ptr<kvrun::Tokenizer> tok;
+    std::unique_ptr<kvrun::Backend> backend;
+    ChatModel(const std::string& path, int64_t n_blocks) : file(kvrun::GgufFile::open(path)) {
+        tok = kvrun::Tokenizer::from_gguf(file);
+        kvrun::BackendOptions o;
+        o.n_kv_blocks = n_blocks;
+        o.n_threads = 1;
+        backend = kvrun::make_cpu_backend(file, o);
+    }
+};
+
+struct Notices {
+    std::vector<std::string> list;
+    kvrun::ChatSession::TextSink sink() {
+        return [this](std::string_view s) { list.emplace_back(s); };
+    }
+    bool has(const std::string& needle) const {
+        for (const auto& n : list)
+            if (n.find(needle) != std::string::npos) return true;
+        return false;
+    }
+};
+
+const kvrun::ChatSession::TextSink kIgnore = [](std::string_view) {};
+
+// The greedy tokens the engine generates for `prompt` from scratch.
+std::vector<kvrun::TokenId> fresh_reply(ChatModel& m, const std::vector<kvrun::TokenId>& prompt,
+                                        int32_t n, const std::vector<std::string>& stops) {
+    kvrun::Engine e(*m.backend, *m.tok, kvrun::EngineOptions{});
+    kvrun::GenerationRequest r;
+    r.prompt = prompt;
+    r.n_predict = n;
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    r.stop_strings = stops;
+    std::vector<kvrun::TokenId> out;
+    e.on_finish([&](const kvrun::GenerationResult& g) { out = g.tokens; });
+    e.submit(r);
+    e.run();
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "ChatSession --context-overflow stop: the reply ends at the context, messages that "
+    "no longer fit are refused, /stats keeps the last turn") {
+    using namespace kvrun;
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    ChatModel m(model.string(), 64);
+    EngineOptions eo;
+    eo.n_ctx = 128;
+    Engine engine(*m.backend, *m.tok, eo);
+    ChatConfig cfg;
+    cfg.n_predict = 30;
+    cfg.sampling.temperature = 0;
+    cfg.ignore_eos = true;
+    cfg.overflow = ContextOverflow::Stop;
+    ChatSession chat(engine, *m.tok, cfg);
+    Notices notes;
+    chat.send("Once upon a time", kIgnore, notes.sink());
+    const ChatTurnStats first = chat.last_turn();
+    CHECK(first.n_generated > 0);
+    CHECK(first.n_prefilled == first.n_appended);
+    CHECK(first.stop != StopReason::Context);
+
+    // A message too long for what is left of the context: refused, nothing changes.
+    std::string long_msg;
+    for (int i = 0; i < 12; ++i) long_msg += " The dog ran to the park.";
+    const int32_t before = chat.n_tokens();
+    const size_t n_messages = chat.messages().size();
+    CHECK_THROWS_WITH_AS(chat.send(long_msg, kIgnore, notes.sink()),
+                         doctest::Contains("does not fit in the context"), Error);
+    CHECK(chat.n_tokens() == before);
+    CHECK(chat.messages().size() == n_messages);
+    // The stats are still those of the turn that was sent (not "prefilled 0 (N new)").
+    CHECK(chat.last_turn().n_appended == first.n_appended);
+    CHECK(chat.last_turn().n_prefilled == first.n_prefilled);
+    CHECK(chat.last_turn().n_generated == first.n_generated);
+
+    // A reply that runs into the context ends there, with a notice.
+    ChatConfig endless = cfg;
+    endless.n_predict = -1;
+    ChatSession chat2(engine, *m.tok, endless);
+    chat2.send("Once upon a time", kIgnore, notes.sink());
+    CHECK(chat2.last_turn().stop == StopReason::Context);
+    CHECK(notes.has("[context full: the reply stops here"));
+    CHECK(chat2.n_tokens() == engine.n_ctx());
+    CHECK(chat2.last_turn().n_overflows == 0);
+    // Now nothing fits; /reset starts over.
+    CHECK_THROWS_AS(chat2.send("Hello", kIgnore, notes.sink()), Error);
+    CHECK(chat2.last_turn().stop == StopReason::Context);
+    chat2.reset();
+    CHECK(chat2.n_tokens() == 0);
+    chat.send("Hello", kIgnore, notes.sink());
+    CHECK(chat.last_turn().n_generated == 30);
+    CHECK(chat.messages().size() == 4);
+}
+
+TEST_CASE(
+    "ChatSession --context-overflow shift: drops the oldest turns, before a turn and "
+    "inside a reply, and continues with the tokens of a fresh run") {
+    using namespace kvrun;
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    ChatModel m(model.string(), 64);
+    EngineOptions eo;
+    eo.n_ctx = 160;
+    Engine engine(*m.backend, *m.tok, eo);
+    ChatConfig cfg;
+    cfg.system = "Tell a story.";
+    cfg.n_predict = 24;
+    cfg.sampling.temperature = 0;
+    cfg.ignore_eos = true;
+    cfg.overflow = ContextOverflow::Shift;
+    ChatSession chat(engine, *m.tok, cfg);
+    Notices notes;
+    const char* msgs[] = {"Once upon a time", "The dog ran to the park", "Lily saw a bird",
+                          "They played with a ball", "Mom called them home"};
+    int shifted_turn = -1;
+    size_t before_shift = 0;
+    for (int i = 0; i < 5 && shifted_turn < 0; ++i) {
+        before_shift = chat.messages().size();
+        chat.send(msgs[i], kIgnore, notes.sink());
+        if (chat.last_turn().n_overflows > 0) shifted_turn = i;
+    }
+    REQUIRE(shifted_turn > 0);
+    CHECK(notes.has("[context full: dropped the"));
+    // The system prompt stays; older turns are gone; the conversation fits again.
+    CHECK(chat.messages().front().role == "system");
+    CHECK(chat.messages().front().content == "Tell a story.");
+    CHECK(chat.messages().size() < before_shift + 2);
+    CHECK(chat.messages()[chat.messages().size() - 2].content == msgs[shifted_turn]);
+    CHECK(chat.n_tokens() < engine.n_ctx());
+    // The reply after the shift is what the rebuilt conversation gives from scratch.
+    std::vector<ChatMessage> rebuilt(chat.messages().begin(), chat.messages().end() - 1);
+    ChatSpecialTexts special;
+    special.bos = m.tok->token_text(m.tok->bos());
+    special.eos = m.tok->token_text(m.tok->eos());
+    const auto prompt = m.tok->encode(chat_template_apply(cfg.kind, rebuilt, true, special),
+                                      m.tok->add_bos(), true);
+    CHECK(chat.last_turn().n_prefilled == int32_t(prompt.size()));
+    const auto want = fresh_reply(m, prompt, cfg.n_predict, chat.stop_strings());
+    std::string want_text = m.tok->decode(want, false);
+    want_text.erase(0, want_text.find_first_not_of(" \t\r\n"));
+    for (const std::string& stop : chat.stop_strings())
+        if (want_text.find(stop) != std::string::npos) want_text.resize(want_text.find(stop));
+    CHECK(chat.messages().back().content == want_text);
+
+    // A reply longer than what is left: shifts in the middle and still delivers every token.
+    ChatConfig long_cfg = cfg;
+    long_cfg.n_predict = 110;
+    long_cfg.system.clear();
+    ChatSession long_chat(engine, *m.tok, long_cfg);
+    Notices long_notes;
+    long_chat.send("Once upon a time", kIgnore, long_notes.sink());
+    long_chat.send("The dog ran to the park", kIgnore, long_notes.sink());
+    const ChatTurnStats& t = long_chat.last_turn();
+    MESSAGE("shift before turn " << shifted_turn << "; long reply: " << t.n_generated
+                                 << " tokens, stop " << std::string(stop_reason_name(t.stop))
+                                 << ", " << t.n_overflows << " overflow(s)");
+    CHECK(t.n_overflows >= 1);
+    CHECK(long_notes.has("[context full: dropped the"));
+    CHECK(t.stop == StopReason::Length);
+    CHECK(t.n_generated == 110);
+    CHECK(long_chat.n_tokens() < engine.n_ctx());
+}
+
+TEST_CASE("chat with a draft model (piped): the same replies, /stats shows the speculation") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    const auto draft = kvrun::test::shared_path("models/stories260K-Q8_0.gguf");
+    const std::string input = "Once upon a time\nThe dog ran to the park\n/stats\n";
+    auto plain = run_command(chat_cmd(model.string(), "--temp 0 -n 24"), input);
+    auto spec = run_command(
+        chat_cmd(model.string(), "--temp 0 -n 24 --draft-model " + draft.string() + " --draft-n 6"),
+        input);
+    REQUIRE(plain.exit_code == 0);
+    REQUIRE(spec.exit_code == 0);
+    // Replies (everything before the /stats block) are identical.
+    CHECK(spec.out.substr(0, spec.out.find("conversation")) ==
+          plain.out.substr(0, plain.out.find("conversation")));
+    CHECK(spec.out.find("speculative    last turn") != std::string::npos);
+    CHECK(spec.out.find("mean accepted length") != std::string::npos);
+    CHECK(plain.out.find("speculative") == std::string::npos);
+    auto help = run_command(kvrun::test::kvrun_binary() + " chat --help");
+    CHECK(help.out.find("--draft-model") != std::string::npos);
+    CHECK(help.out.find("--draft-n") != std::string::npos);
 }

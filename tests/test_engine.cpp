@@ -364,3 +364,214 @@ TEST_CASE("continuous batching on synthetic GQA/qwen2 models matches each prompt
         CHECK(r.stats.peak_running == 4);
     }
 }
+
+TEST_CASE("n_predict 0 generates nothing (stop length), -1 has no limit, below -1 is refused") {
+    auto m = load_stories();
+    if (!m) return;
+    auto draft_path = test::shared_path("models/stories260K-Q8_0.gguf");
+    Model draft_model(draft_path.string());
+    auto draft_backend = make_backend(draft_model, 16, 64);
+    for (bool speculative : {false, true}) {
+        CAPTURE(speculative);
+        auto backend = make_backend(*m, 16, 64);
+        EngineOptions eo;
+        if (speculative) eo.draft = draft_backend.get();
+        Engine engine(*backend, *m->tok, eo);
+        std::vector<GenerationResult> results;
+        engine.on_finish([&](const GenerationResult& r) { results.push_back(r); });
+        GenerationRequest r;
+        r.prompt = m->tok->encode("Once upon a time", true);
+        r.sampling.temperature = 0;
+        r.n_predict = 0;
+        const int32_t zero = engine.submit(r);
+        r.n_samples = 3;
+        r.sampling.temperature = 1;
+        const int32_t zero3 = engine.submit(r);
+        r.n_samples = 1;
+        r.n_predict = 5;
+        r.sampling.temperature = 0;
+        const int32_t five = engine.submit(r);
+        engine.run();
+        REQUIRE(results.size() == 5);
+        std::set<int32_t> samples_of_zero3;
+        for (const GenerationResult& x : results) {
+            if (x.request == five) {
+                CHECK(x.tokens.size() == 5);
+                continue;
+            }
+            CHECK((x.request == zero || x.request == zero3));
+            CHECK(x.tokens.empty());
+            CHECK(x.stop == StopReason::Length);
+            CHECK(x.timings.n_prompt_computed == 0);
+            if (x.request == zero3) samples_of_zero3.insert(x.sample);
+        }
+        CHECK(samples_of_zero3 == std::set<int32_t>{0, 1, 2});
+        // Only the request that generates ran its prompt.
+        CHECK(engine.stats().tokens_prefilled == int64_t(r.prompt.size()));
+        CHECK(engine.kv_table().n_used_blocks() == 0);
+
+        // -1: until the context is full; below -1: refused.
+        r.n_predict = -1;
+        r.ignore_eos = true;
+        results.clear();
+        engine.submit(r);
+        engine.run();
+        REQUIRE(results.size() == 1);
+        CHECK(results[0].stop == StopReason::Context);
+        CHECK(int32_t(results[0].tokens.size() + r.prompt.size()) == engine.n_ctx());
+        r.n_predict = -2;
+        CHECK_THROWS_WITH_AS(engine.submit(r), doctest::Contains("n_predict must be -1"), Error);
+
+        // In a session, n_predict 0 only appends the prompt; the next request computes it.
+        const int32_t ses = engine.open_session();
+        r.session = ses;
+        r.n_predict = 0;
+        results.clear();
+        engine.submit(r);
+        engine.run();
+        REQUIRE(results.size() == 1);
+        CHECK(results[0].tokens.empty());
+        CHECK(engine.session_tokens(ses) == r.prompt);
+        const std::vector<TokenId> first = r.prompt;
+        r.prompt = m->tok->encode(" The dog", false);
+        r.n_predict = 8;
+        engine.submit(r);
+        engine.run();
+        REQUIRE(results.size() == 2);
+        CHECK(results[1].tokens.size() == 8);
+        CHECK(results[1].timings.n_prompt_computed == int32_t(first.size() + r.prompt.size()));
+        engine.close_session(ses);
+        r.session = -1;
+    }
+}
+
+TEST_CASE("KV waste under heavy prefix sharing stays below block_size / physical tokens per seq") {
+    // Waste = unfilled slots of the physical blocks in use / their slots. Only a sequence's
+    // last block can be partly filled (shared prefix blocks are full), so with N sequences
+    // unfilled <= N (bs - 1) and waste = U / (F + U) <= N (bs - 1) / F < bs / (F / N), where F
+    // is the number of filled physical slots: F / N is the mean *physical* tokens per sequence
+    // (a shared token counts once). Sharing makes F / N smaller than the sequences' lengths,
+    // so the waste share of the (smaller) pool is larger than without sharing.
+    auto m = load_stories();
+    if (!m) return;
+    std::string sys_text =
+        "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+        "park with her dog Max. Every day they ran and jumped and played with a big red ball. "
+        "One day, Lily saw a little bird in a tree. The bird was sad because it could not fly.";
+    std::vector<TokenId> sys = m->tok->encode(sys_text, true);
+    REQUIRE(sys.size() >= 100);
+    sys.resize(100);
+    const char* questions[] = {" Lily",    " Max",   " The bird", " Mom",      " They", " The sun",
+                               " Tom",     " A cat", " The tree", " She said", " He",   " The ball",
+                               " One day", " Then",  " The park", " Her dad"};
+    for (int32_t bs : {16, 32}) {
+        CAPTURE(bs);
+        auto backend = make_backend(*m, bs, 4096 / bs);
+        EngineOptions eo;
+        eo.max_parallel = 16;
+        Engine engine(*backend, *m->tok, eo);
+        double mean_len = 0;
+        for (const char* q : questions) {
+            GenerationRequest r;
+            r.prompt = sys;
+            auto t = m->tok->encode(q, false);
+            r.prompt.insert(r.prompt.end(), t.begin(), t.end());
+            r.n_predict = 40;
+            r.ignore_eos = true;
+            r.sampling.temperature = 0;
+            mean_len += double(r.prompt.size() + 40) / 16;
+            engine.submit(r);
+        }
+        double max_ratio = 0, peak_bound = 0, peak_waste = 0;
+        int32_t peak_used = 0;
+        while (engine.step()) {
+            const KvBlockStats ks = engine.kv_table().stats();
+            const int32_t n = ks.n_sequences;
+            if (n == 0 || ks.used_blocks == 0) continue;
+            const int64_t filled = int64_t(ks.used_blocks) * bs - ks.unfilled_slots;
+            CHECK(ks.unfilled_slots <= int64_t(n) * (bs - 1));
+            const double bound = double(bs) / (double(filled) / n);
+            CHECK(ks.waste_fraction() < bound);
+            max_ratio = std::max(max_ratio, ks.waste_fraction() / bound);
+            if (ks.used_blocks >= peak_used) {
+                peak_used = ks.used_blocks;
+                peak_bound = bound;
+                peak_waste = ks.waste_fraction();
+            }
+        }
+        const EngineStats& st = engine.stats();
+        CHECK(st.peak_shared_blocks == 100 / bs);  // the shared full blocks, stored once
+        CHECK(peak_waste < peak_bound);
+        CHECK(peak_bound < 1.0);  // at the peak the bound is a real limit, not a formality
+        MESSAGE("bs " << bs << ": waste at the peak (" << peak_used << " blocks) "
+                      << 100 * peak_waste << "% < bound " << 100 * peak_bound << "%; mean "
+                      << 100 * st.mean_waste_fraction() << "%; bs / mean sequence length "
+                      << 100 * bs / mean_len << "%; waste / bound at most " << max_ratio);
+    }
+}
+
+TEST_CASE("decode tokens/s only when meaningful; the requested context is reported") {
+    GenerationTimings t;
+    t.n_generated = 8;
+    t.decode_ms = 0.004;  // every token in one speculative round
+    CHECK_FALSE(t.has_decode_rate());
+    CHECK(t.decode_tokens_per_s() == 0.0);
+    t.n_generated = 1;
+    t.decode_ms = 50;
+    CHECK_FALSE(t.has_decode_rate());
+    t.n_generated = 11;
+    t.decode_ms = 10;
+    CHECK(t.has_decode_rate());
+    CHECK(t.decode_tokens_per_s() == doctest::Approx(1000.0));
+
+    auto m = load_stories();
+    if (!m) return;
+    auto backend = make_backend(*m, 16, 4);  // a pool of 64 tokens
+    EngineOptions eo;
+    eo.n_ctx = 256;
+    Engine engine(*backend, *m->tok, eo);
+    CHECK(engine.n_ctx() == 64);
+    CHECK(engine.n_ctx_requested() == 256);
+}
+
+TEST_CASE("device-style sampling (Backend::forward_sample) gives the host path's tokens") {
+    auto m = load_stories();
+    if (!m) return;
+    const auto prompts = batch_prompts(*m->tok);
+    // Greedy, sampled, sampled with a repetition penalty over all or the last 8 tokens, and
+    // two samples of one prompt (its first step forks on the host path).
+    auto run = [&](EngineOptions::DeviceSampling mode, EngineStats* stats) {
+        auto backend = make_backend(*m, 16, 128);
+        EngineOptions eo;
+        eo.max_parallel = 6;
+        eo.device_sampling = mode;
+        Engine engine(*backend, *m->tok, eo);
+        std::map<std::pair<int32_t, int32_t>, std::vector<TokenId>> out;
+        for (int i = 0; i < 10; ++i) {
+            GenerationRequest r;
+            r.prompt = prompts[size_t(i) * 3];
+            r.n_predict = 24;
+            r.sampling.seed = 100 + uint64_t(i);
+            r.sampling.temperature = i % 4 == 0 ? 0.0f : 0.9f;
+            if (i % 4 == 2) r.sampling.repeat_penalty = 1.3f, r.sampling.repeat_last_n = -1;
+            if (i % 4 == 3) r.sampling.repeat_penalty = 1.2f, r.sampling.repeat_last_n = 8;
+            if (i == 5) r.n_samples = 2;
+            engine.submit(r);
+        }
+        engine.on_finish([&](const GenerationResult& r) {
+            REQUIRE_MESSAGE(r.stop != StopReason::Error, r.error);
+            out[{r.request, r.sample}] = r.tokens;
+        });
+        engine.run();
+        *stats = engine.stats();
+        return out;
+    };
+    EngineStats host_stats, dev_stats;
+    const auto host = run(EngineOptions::DeviceSampling::Off, &host_stats);
+    const auto dev = run(EngineOptions::DeviceSampling::On, &dev_stats);
+    CHECK(host == dev);
+    CHECK(host.size() == 11);
+    CHECK(host_stats.device_sampled_steps == 0);
+    CHECK(dev_stats.device_sampled_steps > 0);
+    CHECK(dev_stats.device_sampled_steps < dev_stats.steps);  // the fork step used the host
+}

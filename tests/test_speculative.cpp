@@ -1,8 +1,9 @@
-// Tests for speculative decoding (speculative.h): the acceptance rule on synthetic
+// Tests for speculative decoding (speculative.h, speculative_accept.h; SpeculativeDecoder is
+// the one-request view of an engine with a draft model): the acceptance rule on synthetic
 // distributions, greedy output identical to the target alone for real draft/target pairs and
 // K = 1, 4, 8, a chi-square test that sampling is lossless (which deliberately broken rules
 // fail), exact KV block accounting through rollbacks, stop conditions, vocabulary checks, and
-// the `kvrun run --draft-model` flags.
+// the `kvrun run --draft-model` flags (batches: test_spec_engine.cpp).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -19,6 +20,7 @@
 #include "engine.h"
 #include "gguf.h"
 #include "sampler.h"
+#include "spec_test_util.h"
 #include "speculative.h"
 #include "synthetic_model.h"
 #include "test_util.h"
@@ -30,28 +32,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// One model with its own backend (and so its own KV pool).
-struct Model {
-    std::unique_ptr<GgufFile> file;
-    std::unique_ptr<Tokenizer> tok;
-    std::unique_ptr<Backend> backend;
-};
-
-Model load(const fs::path& path, int32_t block_size = 16, int64_t n_blocks = 64) {
-    Model m;
-    m.file = std::make_unique<GgufFile>(GgufFile::open(path.string()));
-    m.tok = Tokenizer::from_gguf(*m.file);
-    BackendOptions o;
-    o.kv_block_size = block_size;
-    o.n_kv_blocks = n_blocks;
-    o.n_threads = 1;  // tiny models: one thread beats the hand-offs
-    m.backend = make_cpu_backend(*m.file, o);
-    return m;
-}
-
-const std::vector<std::string> kPrompts = {
-    "Once upon a time", "The little dog saw a big red ball. He",
-    "Lily and Tom went to the park. They", "One day, a bird flew into the garden and"};
+using spec_test::chi_square_z;
+using spec_test::kPrompts;
+using spec_test::load;
+using spec_test::Model;
 
 GenerationRequest greedy_request(const Tokenizer& tok, const std::string& text, int32_t n) {
     GenerationRequest r;
@@ -76,35 +60,6 @@ SpeculativeOptions fixed_k(int32_t k) {
     SpeculativeOptions o;
     o.draft_max = o.draft_min = k;
     return o;
-}
-
-// Chi-square statistic of observed counts against expected probabilities (bins with
-// expected count >= 5; the rest pooled into one bin), returned as a Wilson-Hilferty z-score:
-// about N(0, 1) when the counts follow `expected`. +inf when a token of probability 0 occurs.
-double chi_square_z(const std::map<int64_t, int64_t>& observed,
-                    const std::map<int64_t, double>& expected, int64_t n) {
-    double x2 = 0, pooled_exp = 0;
-    int64_t pooled_obs = 0, bins = 0;
-    for (const auto& [key, count] : observed)
-        if (!expected.count(key) || expected.at(key) <= 0) return INFINITY;
-    for (const auto& [key, p] : expected) {
-        const double e = p * double(n);
-        const int64_t o = observed.count(key) ? observed.at(key) : 0;
-        if (e >= 5) {
-            x2 += (o - e) * (o - e) / e;
-            ++bins;
-        } else {
-            pooled_exp += e;
-            pooled_obs += o;
-        }
-    }
-    if (pooled_exp > 0) {
-        x2 += (pooled_obs - pooled_exp) * (pooled_obs - pooled_exp) / std::max(pooled_exp, 1.0);
-        ++bins;
-    }
-    const double df = double(std::max<int64_t>(bins - 1, 1));
-    const double s = 2.0 / (9.0 * df);
-    return (std::cbrt(x2 / df) - (1.0 - s)) / std::sqrt(s);
 }
 
 }  // namespace
@@ -268,33 +223,7 @@ TEST_CASE("sampling with speculation is lossless (chi-square on the first token 
     Model draft = load(shared_path("models/stories260K-L3-F32.gguf"), 4, 64);
     const std::vector<TokenId> prompt =
         target.tok->encode("The little dog saw a big red ball. He", true);
-    const int V = static_cast<int>(target.backend->config().n_vocab);
-
-    // Exact target probabilities of the next token after `ctx` under `params`.
-    auto exact = [&](const std::vector<TokenId>& ctx, const SamplingParams& params) {
-        KvBlockTable table(64, 4);
-        SeqId seq = table.create_sequence();
-        REQUIRE(table.append(seq, ctx));
-        ForwardBatch fb;
-        fb.block_tables = {table.block_ids(seq)};
-        for (size_t i = 0; i < ctx.size(); ++i) {
-            fb.tokens.push_back(ctx[i]);
-            fb.positions.push_back(int32_t(i));
-            fb.seq_index.push_back(0);
-            fb.slots.push_back(int32_t(i));
-        }
-        fb.logit_rows = {int32_t(ctx.size()) - 1};
-        std::vector<float> logits(V);
-        ref.backend->forward(fb, logits.data());
-        Sampler s(params);
-        return s.probabilities(logits.data(), V, ctx);
-    };
-
-    SamplingParams full;  // the whole softmax at temperature 1
-    full.temperature = 1.0f;
-    full.top_k = 0;
-    full.top_p = 1.0f;
-    full.min_p = 0.0f;
+    SamplingParams full = spec_test::full_softmax();  // the whole softmax at temperature 1
     SamplingParams filtered;  // llama.cpp's defaults (top-k 40, top-p 0.95, min-p 0.05, T 0.8)
 
     struct Outcome {
@@ -305,7 +234,7 @@ TEST_CASE("sampling with speculation is lossless (chi-square on the first token 
         SpeculativeOptions o = fixed_k(2);
         o.rule = rule;
         SpeculativeDecoder dec(*target.backend, *draft.backend, *target.tok, o);
-        std::map<int64_t, int64_t> first, pair;
+        std::vector<std::pair<TokenId, TokenId>> draws;
         for (int64_t i = 0; i < n; ++i) {
             GenerationRequest req;
             req.prompt = prompt;
@@ -315,33 +244,13 @@ TEST_CASE("sampling with speculation is lossless (chi-square on the first token 
             req.sampling.seed = 1 + uint64_t(i);
             const GenerationResult r = dec.generate(req);
             REQUIRE(r.tokens.size() == 3);
-            first[r.tokens[0]]++;
-            pair[int64_t(r.tokens[0]) * V + r.tokens[1]]++;
+            draws.emplace_back(r.tokens[0], r.tokens[1]);
         }
         Outcome out;
         out.acceptance = dec.stats().acceptance();
-        const std::vector<float> p1 = exact(prompt, params);
-        std::map<int64_t, double> e1, e2;
-        for (int t = 0; t < V; ++t)
-            if (p1[t] > 0) e1[t] = p1[t];
-        out.z_first = chi_square_z(first, e1, n);
-        if (pairs) {
-            // Joint p(t1) p(t2 | t1) for every t1 with mass; the rest of the pairs pooled.
-            for (int t1 = 0; t1 < V; ++t1) {
-                if (p1[t1] * double(n) < 20) continue;
-                std::vector<TokenId> ctx = prompt;
-                ctx.push_back(t1);
-                const std::vector<float> p2 = exact(ctx, params);
-                for (int t2 = 0; t2 < V; ++t2)
-                    if (p2[t2] > 0) e2[int64_t(t1) * V + t2] = double(p1[t1]) * p2[t2];
-            }
-            double covered = 0;
-            for (const auto& [key, p] : e2) covered += p;
-            std::map<int64_t, int64_t> binned;  // pairs outside e2 go to the pooled key -1
-            for (const auto& [key, count] : pair) binned[e2.count(key) ? key : -1] += count;
-            e2[-1] = std::max(0.0, 1.0 - covered);
-            out.z_pair = chi_square_z(binned, e2, n);
-        }
+        const spec_test::LosslessZ z = spec_test::lossless_z(ref, prompt, params, draws, pairs);
+        out.z_first = z.z_first;
+        out.z_pair = z.z_pair;
         return out;
     };
 
@@ -479,9 +388,15 @@ TEST_CASE("kvrun run --draft-model: same text, stats, baseline, jsonl") {
     auto help = test::run_command(kv + " run --help");
     for (const char* flag : {"--draft-model", "--draft-n", "--draft-min", "--spec-baseline"})
         CHECK_MESSAGE(help.out.find(flag) != std::string::npos, flag);
+    // Each sample speculates on its own (the engine forks the draft's sequence too): greedy
+    // samples are all the target's text.
     auto samples = test::run_command(base + " --draft-model " + dpath.string() + " --n-samples 2");
-    CHECK(samples.exit_code == 1);
-    CHECK(samples.err.find("one sample") != std::string::npos);
+    CHECK(samples.exit_code == 0);
+    const std::string text = plain.out.substr(0, plain.out.size() - 1);
+    CHECK(samples.out.find("--- sample 0 (64 tokens, stop: length) ---\n" + text) !=
+          std::string::npos);
+    CHECK(samples.out.find("--- sample 1 (64 tokens, stop: length) ---\n" + text) !=
+          std::string::npos);
 
     const std::string jl = kv + " run --jsonl -m " + tpath.string();
     const std::string in =

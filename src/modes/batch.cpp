@@ -2,7 +2,8 @@
 // text file (one prompt per line, escapes \n \t \r \\) or JSONL (one request object per
 // line, as `run --jsonl`); output is one JSON result per input line, in input order, to -o
 // or stdout. A progress bar and a final summary (throughput, KV use, prefix-cache hits,
-// preemptions) go to stderr. Ctrl-C stops, writes the results that finished, and exits 130.
+// preemptions, speculation) go to stderr. Ctrl-C stops, writes the results that finished, and
+// exits 130. With --draft-model every sequence speculates on its own (engine_speculative.cpp).
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include "common.h"
 #include "gguf.h"
 #include "model_config.h"
+#include "modes/draft_options.h"
 #include "modes/model_options.h"
 #include "modes/modes.h"
 #include "modes/request_json.h"
@@ -24,6 +26,7 @@ namespace {
 
 struct BatchOptions {
     ModelOptions model;
+    DraftOptions draft;
     SamplingParams sampling;
     std::string file, output, format = "auto";
     int32_t n_predict = 128;
@@ -144,14 +147,14 @@ ModelOptions sized_for(const BatchOptions& o, const std::vector<Item>& items,
     return m;
 }
 
-nlohmann::json item_json(size_t index, const Item& it, const Tokenizer& tok) {
+nlohmann::json item_json(size_t index, const Item& it, const Tokenizer& tok, bool speculative) {
     nlohmann::json j = {{"index", index}, {"line", it.line_no}};
     if (!it.id.is_null()) j["id"] = it.id;
     if (!it.error.empty()) {
         j["error"] = it.error;
         return j;
     }
-    j.update(request_result_to_json(it.samples, it.request.prompt, tok));
+    j.update(request_result_to_json(it.samples, it.request.prompt, tok, speculative));
     return j;
 }
 
@@ -216,6 +219,12 @@ void print_summary(const std::vector<Item>& items, size_t n_written, const Engin
                s.peak_blocks_used, ks.n_blocks, ks.block_size, ks.used_blocks,
                100.0 * s.mean_waste_fraction(), 100.0 * s.peak_waste_fraction, s.prefix_hit_tokens,
                s.peak_shared_blocks, s.cow_copies, s.preemptions);
+    if (const KvBlockTable* d = e.draft_kv_table()) {
+        const KvBlockStats ds = d->stats();
+        fmt::print(stderr, "draft KV blocks   peak {} of {}, {} in use at the end\n",
+                   ds.peak_used_blocks, ds.n_blocks, ds.used_blocks);
+        print_speculative_stats(s.spec);
+    }
 }
 
 int run_batch(const BatchOptions& o) {
@@ -228,7 +237,11 @@ int run_batch(const BatchOptions& o) {
         mo = sized_for(o, items, model_config_from_gguf(f));
     }
     LoadedModel m = load_model(mo, o.parallel);
-    Engine engine(*m.backend, *m.tokenizer, engine_options(o.model, o.parallel));
+    LoadedModel draft;
+    if (o.draft.enabled()) draft = load_draft_model(o.draft, mo, m, o.parallel);
+    Engine engine(*m.backend, *m.tokenizer,
+                  generation_engine_options(mo, o.parallel, o.draft, draft));
+    warn_if_context_capped(engine, mo);
 
     std::FILE* out = stdout;
     std::unique_ptr<std::FILE, int (*)(std::FILE*)> out_file(nullptr, std::fclose);
@@ -265,7 +278,8 @@ int run_batch(const BatchOptions& o) {
             const bool ready = it.done || !it.error.empty();
             if (!ready && !skip_unfinished) break;
             if (!ready) continue;
-            fmt::print(out, "{}\n", json_line(item_json(next, it, *m.tokenizer)));
+            fmt::print(out, "{}\n",
+                       json_line(item_json(next, it, *m.tokenizer, engine.speculative())));
             ++n_written;
         }
         std::fflush(out);
@@ -324,9 +338,12 @@ void add_batch_command(CLI::App& root, int& exit_code) {
         ->check(CLI::Range(1, 4096))
         ->capture_default_str();
     cmd->add_option("-n,--n-predict", o->n_predict,
-                    "Tokens to generate per request (-1: until EOS or the context is full)")
+                    "Tokens to generate per request (-1: until EOS or the context is full, 0: "
+                    "none)")
+        ->check(n_predict_check())
         ->capture_default_str();
     add_sampling_options(cmd, o->sampling);
+    add_draft_options(cmd, o->draft);
     cmd->add_option("--n-samples", o->n_samples,
                     "Continuations per prompt, sharing the prompt's KV blocks")
         ->check(CLI::Range(1, 256))

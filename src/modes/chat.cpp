@@ -1,7 +1,8 @@
 // `kvrun chat`: interactive multi-turn chat in the terminal. The conversation lives in a
 // ChatSession (template, incremental prefill, context overflow); this file is the REPL:
 // line editing and history (LineEditor), slash commands, streaming the reply to stdout,
-// Ctrl-C (stops a reply / clears the line) and Ctrl-D (exits 0).
+// Ctrl-C (stops a reply / clears the line) and Ctrl-D (exits 0). With --draft-model the
+// engine speculates for every reply (same replies with --temp 0; /stats shows the acceptance).
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include "chat_session.h"
 #include "common.h"
 #include "line_editor.h"
+#include "modes/draft_options.h"
 #include "modes/model_options.h"
 #include "modes/modes.h"
 
@@ -19,6 +21,7 @@ namespace {
 
 struct ChatOptions {
     ModelOptions model;
+    DraftOptions draft;
     SamplingParams sampling;
     std::string system, chat_template, overflow = "shift", history_file;
     int32_t n_predict = -1;
@@ -50,18 +53,29 @@ void print_stats(const ChatSession& chat, const Engine& engine, const LoadedMode
         "conversation   {} tokens ({} in the KV cache) of a {}-token context, {} messages\n"
         "last turn      prefilled {} tokens ({} new), reused {} cached tokens\n"
         "reply          {} tokens, stop: {}, context overflows: {}\n"
-        "speed          time to first token {:.1f} ms, prefill {:.1f} tokens/s, decode {:.1f} "
-        "tokens/s\n"
+        "speed          time to first token {:.1f} ms, prefill {:.1f} tokens/s, decode {}\n"
         "KV blocks      {} used of {} ({} tokens each), {} cached for reuse\n"
         "template       {} ({}), context overflow: {}\n",
         chat.n_tokens(), chat.n_cached_tokens(), engine.n_ctx(), chat.messages().size(),
         t.n_prefilled, t.n_appended, t.n_reused, t.n_generated, stop_reason_name(t.stop),
         t.n_overflows, t.timings.ttft_ms, t.timings.prefill_tokens_per_s(),
-        t.timings.decode_tokens_per_s(), ks.used_blocks, ks.n_blocks, ks.block_size,
-        ks.evictable_blocks, chat_template_name(chat.config().kind), m.device,
+        t.timings.has_decode_rate()
+            ? fmt::format("{:.1f} tokens/s", t.timings.decode_tokens_per_s())
+            : std::string("-"),
+        ks.used_blocks, ks.n_blocks, ks.block_size, ks.evictable_blocks,
+        chat_template_name(chat.config().kind), m.device,
         chat.config().overflow == ContextOverflow::Stop    ? "stop"
         : chat.config().overflow == ContextOverflow::Shift ? "shift"
                                                            : "sinks");
+    if (engine.speculative()) {
+        const SpeculativeStats& s = engine.stats().spec;
+        fmt::print(
+            "speculative    last turn {} drafted, {} accepted ({:.1f}%), mean accepted length "
+            "{:.2f}; all turns {} drafted, {} accepted ({:.1f}%), mean accepted length {:.2f}\n",
+            t.n_drafted, t.n_accepted, t.n_drafted > 0 ? 100.0 * t.n_accepted / t.n_drafted : 0.0,
+            t.n_spec_rounds > 0 ? double(t.n_accepted) / t.n_spec_rounds : 0.0, s.drafted,
+            s.accepted, 100.0 * s.acceptance(), s.mean_accepted());
+    }
 }
 
 std::string trim(const std::string& s) {
@@ -79,8 +93,11 @@ int run_chat(const ChatOptions& o) {
     cfg.overflow = context_overflow_from_name(o.overflow);
     cfg.n_sink = o.n_sink;
     LoadedModel m = load_model(o.model, 1);
+    LoadedModel draft;
+    if (o.draft.enabled()) draft = load_draft_model(o.draft, o.model, m, 1);
     cfg.kind = pick_template(o, *m.file);
-    Engine engine(*m.backend, *m.tokenizer, engine_options(o.model, 1));
+    Engine engine(*m.backend, *m.tokenizer, generation_engine_options(o.model, 1, o.draft, draft));
+    warn_if_context_capped(engine, o.model);
     ChatSession chat(engine, *m.tokenizer, cfg);
     LineEditor editor(o.history_file);
     const bool tty = isatty(STDOUT_FILENO) == 1;
@@ -157,8 +174,10 @@ void add_chat_command(CLI::App& root, int& exit_code) {
                     "(default: detected from the model's tokenizer.chat_template)");
     cmd->add_option("-n,--n-predict", o->n_predict,
                     "Max tokens per reply (-1: until the end of the turn)")
+        ->check(n_predict_check())
         ->capture_default_str();
     add_sampling_options(cmd, o->sampling);
+    add_draft_options(cmd, o->draft);
     cmd->add_option("--context-overflow", o->overflow,
                     "When the conversation outgrows the context: stop (end the reply), shift "
                     "(drop the oldest half of the turns, re-prefill) or sinks (keep the first "

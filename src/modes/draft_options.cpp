@@ -1,4 +1,5 @@
-// Speculative-decoding flags, draft model loading and the speculative --stats block.
+// Generation flags shared by run, chat and batch: speculative decoding, -n, the capped-context
+// warning and the speculative --stats lines (see draft_options.h).
 #include "modes/draft_options.h"
 
 #include <fmt/core.h>
@@ -10,10 +11,10 @@
 
 namespace kvrun {
 
-void add_draft_options(CLI::App* cmd, DraftOptions& o) {
+void add_draft_options(CLI::App* cmd, DraftOptions& o, bool baseline) {
     cmd->add_option("--draft-model", o.model,
                     "Speculative decoding: a small GGUF model of the same family that drafts "
-                    "tokens for the target to verify (output unchanged)")
+                    "tokens for the target to verify, for every sequence (output unchanged)")
         ->check(CLI::ExistingFile);
     cmd->add_option("--draft-n", o.n_max,
                     "Most tokens the draft proposes per round (adapted to the acceptance rate)")
@@ -22,9 +23,25 @@ void add_draft_options(CLI::App* cmd, DraftOptions& o) {
     cmd->add_option("--draft-min", o.n_min, "Fewest tokens drafted per round (= --draft-n: fixed)")
         ->check(CLI::Range(1, 256))
         ->capture_default_str();
-    cmd->add_flag("--spec-baseline", o.baseline,
-                  "With --stats and --draft-model: afterwards run the target alone on the same "
-                  "request and report the measured speed-up");
+    if (baseline)
+        cmd->add_flag("--spec-baseline", o.baseline,
+                      "With --stats and --draft-model: afterwards run the target alone on the "
+                      "same request and report the measured speed-up");
+}
+
+CLI::Validator n_predict_check() {
+    return CLI::Validator(
+        [](std::string& text) -> std::string {
+            try {
+                size_t used = 0;
+                const long long v = std::stoll(text, &used);
+                if (used == text.size() && v >= -1 && v <= INT32_MAX) return {};
+            } catch (const std::exception&) {
+            }
+            return fmt::format("-n/--n-predict must be -1 (no limit) or a count >= 0 (got {})",
+                               text);
+        },
+        "-1 or >=0");
 }
 
 int32_t target_context(const ModelOptions& o, const Backend& target) {
@@ -34,14 +51,20 @@ int32_t target_context(const ModelOptions& o, const Backend& target) {
 }
 
 LoadedModel load_draft_model(const DraftOptions& d, const ModelOptions& target_options,
-                             const LoadedModel& target) {
+                             const LoadedModel& target, int32_t n_sequences) {
     if (d.n_min > d.n_max) fail("--draft-min {} is larger than --draft-n {}", d.n_min, d.n_max);
+    const int64_t n_seq = std::max<int32_t>(1, n_sequences);
+    const int64_t pool = target.backend->n_kv_blocks() * target.backend->kv_block_size();
     ModelOptions o = target_options;
     o.model = d.model;
     o.device = target.device;  // the same device the target got
-    o.n_ctx = target_context(target_options, *target.backend);
-    o.kv_memory_mib = 0;  // sized for the target's context
-    LoadedModel draft = load_model(o, 1);
+    // load_model gives n_seq x ceil(n_ctx / block) blocks: the target's pool, spread over the
+    // sequences, plus room for a round of drafts and a partly filled block each.
+    o.n_ctx = static_cast<int32_t>(std::min<int64_t>(
+        (pool + n_seq - 1) / n_seq + d.n_max + 2 * int64_t(target_options.kv_block_size),
+        INT32_MAX));
+    o.kv_memory_mib = 0;
+    LoadedModel draft = load_model(o, static_cast<int32_t>(n_seq));
     try {
         check_vocab_compatible(*target.tokenizer, *draft.tokenizer);
     } catch (const Error& e) {
@@ -50,14 +73,26 @@ LoadedModel load_draft_model(const DraftOptions& d, const ModelOptions& target_o
     return draft;
 }
 
-SpeculativeOptions speculative_options(const DraftOptions& d, const ModelOptions& target_options,
-                                       const LoadedModel& target) {
-    SpeculativeOptions s;
-    s.draft_max = d.n_max;
-    s.draft_min = std::min(d.n_min, d.n_max);
-    s.n_batch = target_options.n_batch;
-    s.n_ctx = target_context(target_options, *target.backend);
-    return s;
+EngineOptions generation_engine_options(const ModelOptions& o, int32_t max_parallel,
+                                        const DraftOptions& d, const LoadedModel& draft) {
+    EngineOptions e = engine_options(o, max_parallel);
+    if (draft.backend) {
+        e.draft = draft.backend.get();
+        e.draft_max = d.n_max;
+        e.draft_min = std::min(d.n_min, d.n_max);
+    }
+    return e;
+}
+
+void warn_if_context_capped(const Engine& e, const ModelOptions& o) {
+    if (e.n_ctx() >= e.n_ctx_requested()) return;
+    const KvBlockTable& t = e.kv_table();
+    fmt::print(stderr,
+               "kvrun: warning: the context is capped from {} to {} tokens: the KV pool{} holds "
+               "{} blocks of {} tokens (raise --kv-memory or lower -c)\n",
+               e.n_ctx_requested(), e.n_ctx(),
+               o.kv_memory_mib > 0 ? fmt::format(" (--kv-memory {} MiB)", o.kv_memory_mib) : "",
+               t.n_blocks(), t.block_size());
 }
 
 double generation_ms(const GenerationTimings& t) {
@@ -69,16 +104,15 @@ double generation_tokens_per_s(const GenerationTimings& t) {
     return ms > 0 ? t.n_generated / (ms / 1000.0) : 0.0;
 }
 
-void print_speculative_stats(const SpeculativeStats& s, const GenerationResult& r) {
+void print_speculative_stats(const SpeculativeStats& s) {
     fmt::print(stderr,
-               "speculative       {} drafted, {} accepted ({:.1f}%), {:.2f} accepted per round "
-               "({} rounds)\n"
+               "speculative       {} drafted, {} accepted ({:.1f}%), mean accepted length {:.2f} "
+               "per round ({} rounds)\n"
                "target passes     {} for {} tokens ({:.2f} tokens per pass), draft passes {}\n"
-               "time in models    target {:.1f} ms, draft {:.1f} ms\n"
-               "generation        {:.1f} tokens/s (prompt included)\n",
+               "time in models    target {:.1f} ms, draft {:.1f} ms\n",
                s.drafted, s.accepted, 100.0 * s.acceptance(), s.mean_accepted(), s.rounds,
                s.target_passes, s.generated, s.tokens_per_target_pass(), s.draft_passes,
-               s.target_ms, s.draft_ms, generation_tokens_per_s(r.timings));
+               s.target_ms, s.draft_ms);
 }
 
 }  // namespace kvrun

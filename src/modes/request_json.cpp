@@ -50,6 +50,8 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
     } catch (const nlohmann::json::exception& e) {
         fail("bad field type: {}", e.what());
     }
+    if (req.n_predict < -1)
+        fail("'n_predict' must be -1 (no limit) or a count >= 0 (got {})", req.n_predict);
     if (req.n_samples < 1 || req.n_samples > 256)
         fail("'n_samples' must be between 1 and 256 (got {})", req.n_samples);
     Sampler check(req.sampling);  // throws Error for invalid sampling values
@@ -64,28 +66,37 @@ nlohmann::json timings_to_json(const GenerationTimings& t) {
             {"decode_ms", t.decode_ms},
             {"prompt_tokens_computed", t.n_prompt_computed},
             {"prefill_tokens_per_s", t.prefill_tokens_per_s()},
-            {"decode_tokens_per_s", t.decode_tokens_per_s()}};
+            // null when the reply was too short or too quick for a rate (one speculative round)
+            {"decode_tokens_per_s",
+             t.has_decode_rate() ? nlohmann::json(t.decode_tokens_per_s()) : nlohmann::json()}};
 }
 
-nlohmann::json generation_to_json(const GenerationResult& r, const Tokenizer& tok) {
+nlohmann::json generation_to_json(const GenerationResult& r, const Tokenizer& tok,
+                                  bool speculative) {
     nlohmann::json x = {{"tokens", r.tokens},
                         {"text", tok.decode(r.tokens, false)},
                         {"stop", stop_reason_name(r.stop)},
                         {"preemptions", r.preemptions},
                         {"timings", timings_to_json(r.timings)}};
+    if (speculative)
+        x["speculative"] = {{"drafted", r.n_drafted},
+                            {"accepted", r.n_accepted},
+                            {"rounds", r.n_spec_rounds},
+                            {"target_passes", r.n_target_passes}};
     if (r.stop == StopReason::Error) x["error"] = r.error;
     return x;
 }
 
 nlohmann::json request_result_to_json(const std::vector<GenerationResult>& samples,
                                       const std::vector<TokenId>& prompt_tokens,
-                                      const Tokenizer& tok) {
-    nlohmann::json out =
-        samples.empty() ? nlohmann::json::object() : generation_to_json(samples[0], tok);
+                                      const Tokenizer& tok, bool speculative) {
+    nlohmann::json out = samples.empty() ? nlohmann::json::object()
+                                         : generation_to_json(samples[0], tok, speculative);
     out["prompt_tokens"] = prompt_tokens;
     if (samples.size() > 1) {
         out["samples"] = nlohmann::json::array();
-        for (const auto& r : samples) out["samples"].push_back(generation_to_json(r, tok));
+        for (const auto& r : samples)
+            out["samples"].push_back(generation_to_json(r, tok, speculative));
     }
     return out;
 }

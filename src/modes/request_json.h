@@ -30,7 +30,8 @@ struct ParsedRequest {
     nlohmann::json id;  // the request's "id" field, echoed in its result (null when absent)
 };
 
-// Parses one JSONL request. Fields: prompt (string, required, non-empty UTF-8), n_predict,
+// Parses one JSONL request. Fields: prompt (string, required, non-empty UTF-8), n_predict
+// (-1: no limit, 0: nothing generated; anything below -1 is refused),
 // temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, n_samples (1-256),
 // ignore_eos, stop (array of strings), id (any JSON value). Throws Error with the reason.
 ParsedRequest request_from_json(const std::string& line, const RequestDefaults& defaults,
@@ -40,16 +41,20 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
 GenerationRequest request_from_text(const std::string& prompt_text, const RequestDefaults& defaults,
                                     const Tokenizer& tok);
 
+// decode_tokens_per_s is null when there is no meaningful rate (GenerationTimings::
+// has_decode_rate: fewer than two tokens, or all of them within a millisecond).
 nlohmann::json timings_to_json(const GenerationTimings& t);
 
-// One generation: {"tokens", "text", "stop", "preemptions", "timings"} (+ "error").
-nlohmann::json generation_to_json(const GenerationResult& r, const Tokenizer& tok);
+// One generation: {"tokens", "text", "stop", "preemptions", "timings"} (+ "error"), and with
+// `speculative` {"speculative": {"drafted", "accepted", "rounds", "target_passes"}}.
+nlohmann::json generation_to_json(const GenerationResult& r, const Tokenizer& tok,
+                                  bool speculative = false);
 
 // A request's result: sample 0's fields plus "prompt_tokens", and with several samples a
 // "samples" array holding each one. `samples` is indexed by sample number.
 nlohmann::json request_result_to_json(const std::vector<GenerationResult>& samples,
                                       const std::vector<TokenId>& prompt_tokens,
-                                      const Tokenizer& tok);
+                                      const Tokenizer& tok, bool speculative = false);
 
 // One JSON line: compact, invalid UTF-8 replaced by U+FFFD.
 std::string json_line(const nlohmann::json& j);

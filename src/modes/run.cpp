@@ -1,6 +1,6 @@
 // `kvrun run`: one completion streamed to stdout (prompt from -p, -f or stdin), or with
-// --jsonl one JSON request per stdin line -> one JSON result per stdout line. With
-// --draft-model, generation goes through speculative decoding (same output distribution).
+// --jsonl one JSON request per stdin line -> one JSON result per stdout line. Both run on the
+// engine; with --draft-model it speculates (same output distribution; greedy: same tokens).
 #include <fmt/core.h>
 
 #include <iostream>
@@ -38,154 +38,125 @@ void truncate_prompt(std::vector<TokenId>& prompt, int32_t n_ctx, int32_t n_pred
     prompt = std::move(out);
 }
 
-void print_stats(const GenerationResult& r, const Engine& e, const LoadedModel& m) {
+// --stats: the request's timings (sample 0's), every sample's generated tokens, KV use, and
+// with a draft model the speculation counters.
+void print_stats(const std::vector<GenerationResult>& results, const Engine& e,
+                 const LoadedModel& m, const RunOptions& o) {
+    const GenerationResult& r = results[0];
     const auto& t = r.timings;
     const auto ks = e.kv_table().stats();
+    int64_t generated = 0;
+    std::string per_sample;
+    for (const auto& x : results) {
+        generated += x.timings.n_generated;
+        per_sample += fmt::format("{}{} ({})", per_sample.empty() ? "" : ", ",
+                                  x.timings.n_generated, stop_reason_name(x.stop));
+    }
+    fmt::print(stderr, "\n--- stats ({}{}) ---\n", m.device,
+               e.speculative() ? ", speculative with " + o.draft.model : "");
     fmt::print(stderr,
-               "\n--- stats ({}) ---\n"
                "prompt tokens     {} ({} computed, {} from the prefix cache)\n"
-               "generated tokens  {} (stop: {})\n"
+               "generated tokens  {} (stop: {})\n",
+               t.n_prompt, t.n_prompt_computed, t.n_prompt - t.n_prompt_computed, generated,
+               results.size() > 1 ? fmt::format("{} samples: {}", results.size(), per_sample)
+                                  : stop_reason_name(r.stop));
+    fmt::print(stderr,
                "time to first tok {:.2f} ms\n"
                "prefill           {:.1f} tokens/s\n"
-               "decode            {:.1f} tokens/s\n"
-               "KV blocks used    {} peak of {} ({} tokens each), waste {:.1f}%\n",
-               m.device, t.n_prompt, t.n_prompt_computed, t.n_prompt - t.n_prompt_computed,
-               t.n_generated, stop_reason_name(r.stop), t.ttft_ms, t.prefill_tokens_per_s(),
-               t.decode_tokens_per_s(), e.stats().peak_blocks_used, ks.n_blocks, ks.block_size,
-               100.0 * e.stats().peak_waste_fraction);
+               "decode            {}\n"
+               "generation        {:.1f} tokens/s (prompt included)\n",
+               t.ttft_ms, t.prefill_tokens_per_s(),
+               t.has_decode_rate() ? fmt::format("{:.1f} tokens/s", t.decode_tokens_per_s())
+                                   : std::string("- (too few tokens or too quick to measure)"),
+               generation_tokens_per_s(t));
+    if (const KvBlockTable* d = e.draft_kv_table())
+        fmt::print(stderr,
+                   "KV blocks used    target {} peak of {}, draft {} peak of {} ({} tokens each), "
+                   "waste {:.1f}%\n",
+                   e.stats().peak_blocks_used, ks.n_blocks, d->stats().peak_used_blocks,
+                   d->n_blocks(), ks.block_size, 100.0 * e.stats().peak_waste_fraction);
+    else
+        fmt::print(stderr, "KV blocks used    {} peak of {} ({} tokens each), waste {:.1f}%\n",
+                   e.stats().peak_blocks_used, ks.n_blocks, ks.block_size,
+                   100.0 * e.stats().peak_waste_fraction);
+    if (results.size() > 1)
+        fmt::print(stderr,
+                   "samples           {} sharing the prompt's KV blocks (peak {} shared "
+                   "blocks, {} copy-on-write copies)\n",
+                   results.size(), e.stats().peak_shared_blocks, e.stats().cow_copies);
+    if (e.speculative()) print_speculative_stats(e.stats().spec);
 }
 
-nlohmann::json timings_json(const GenerationTimings& t) {
-    return {{"queue_ms", t.queue_ms},
-            {"ttft_ms", t.ttft_ms},
-            {"prefill_ms", t.prefill_ms},
-            {"decode_ms", t.decode_ms},
-            {"prompt_tokens_computed", t.n_prompt_computed},
-            {"prefill_tokens_per_s", t.prefill_tokens_per_s()},
-            {"decode_tokens_per_s", t.decode_tokens_per_s()}};
+// --spec-baseline: the target alone on the same request (its own engine: the speculative one
+// and its view of the KV pool are gone) and the measured speed-up.
+void print_baseline(const RunOptions& o, const LoadedModel& m, const GenerationRequest& req,
+                    const GenerationResult& r) {
+    Engine engine(*m.backend, *m.tokenizer, engine_options(o.model, std::max(1, o.n_samples)));
+    GenerationResult base;
+    engine.on_finish([&](const GenerationResult& x) {
+        if (x.sample == 0) base = x;
+    });
+    engine.submit(req);
+    engine.run(&interrupt_flag());
+    const double spec_tps = generation_tokens_per_s(r.timings);
+    const double base_tps = generation_tokens_per_s(base.timings);
+    fmt::print(stderr,
+               "target alone      {} tokens in {:.1f} ms ({:.1f} tokens/s)\n"
+               "speculative       {} tokens in {:.1f} ms ({:.1f} tokens/s)\n"
+               "speed-up          {:.2f}x{}\n",
+               base.tokens.size(), generation_ms(base.timings), base_tps, r.tokens.size(),
+               generation_ms(r.timings), spec_tps, base_tps > 0 ? spec_tps / base_tps : 0.0,
+               o.sampling.temperature <= 0
+                   ? (base.tokens == r.tokens ? " (outputs identical)" : " (OUTPUTS DIFFER)")
+                   : "");
 }
 
-// run_single with --draft-model: the speculative decoder instead of the engine; with
-// --stats --spec-baseline the target then runs alone on the same request for the speed-up.
-int run_speculative(const RunOptions& o) {
-    if (o.n_samples != 1)
-        throw Error(fmt::format("--draft-model runs one sample (got --n-samples {})", o.n_samples),
-                    "drop --n-samples or --draft-model");
+// One prompt (from -p, -f or stdin) through the engine, with a draft model when given; each
+// of --n-samples continuations speculates on its own.
+int run_single(const RunOptions& o) {
     std::string text = read_prompt_text(o.prompt, o.file, /*allow_stdin=*/true);
-    LoadedModel m = load_model(o.model, 1);
-    LoadedModel d = load_draft_model(o.draft, o.model, m);
+    const int32_t n_seq = std::max(1, o.n_samples);
+    LoadedModel m = load_model(o.model, n_seq);
+    LoadedModel d;
+    if (o.draft.enabled()) d = load_draft_model(o.draft, o.model, m, n_seq);
     GenerationRequest req;
-    GenerationResult r;
+    std::vector<GenerationResult> results(n_seq);
     {
-        SpeculativeDecoder dec(*m.backend, *d.backend, *m.tokenizer,
-                               speculative_options(o.draft, o.model, m));
+        Engine engine(*m.backend, *m.tokenizer,
+                      generation_engine_options(o.model, n_seq, o.draft, d));
+        warn_if_context_capped(engine, o.model);
         req.prompt =
             m.tokenizer->encode(text, !o.no_bos && m.tokenizer->add_bos(), o.parse_special);
-        if (o.truncate) truncate_prompt(req.prompt, dec.n_ctx(), o.n_predict, m.tokenizer->bos());
+        if (o.truncate)
+            truncate_prompt(req.prompt, engine.n_ctx(), o.n_predict, m.tokenizer->bos());
         req.n_predict = o.n_predict;
         req.sampling = o.sampling;
+        req.n_samples = o.n_samples;
         req.ignore_eos = o.ignore_eos;
         req.stop_strings = o.stop;
+        engine.submit(req);
 
         install_interrupt_handler();
         if (o.echo) fmt::print("{}", text), std::fflush(stdout);
-        StreamDecoder decoder(*m.tokenizer);
-        r = dec.generate(
-            req,
-            [&](TokenId tok) {
-                std::string piece = decoder.push(tok);
+        std::vector<StreamDecoder> decoders(n_seq, StreamDecoder(*m.tokenizer));
+        if (n_seq == 1) {
+            engine.on_token([&](int32_t, int32_t, TokenId tok) {
+                std::string piece = decoders[0].push(tok);
                 if (!piece.empty()) fmt::print("{}", piece), std::fflush(stdout);
-            },
-            &interrupt_flag());
-        fmt::print("{}\n", decoder.flush());
-        std::fflush(stdout);
-        if (o.stats) {
-            const auto& t = r.timings;
-            fmt::print(
-                stderr,
-                "\n--- stats ({}, speculative with {}) ---\n"
-                "prompt tokens     {} ({} computed, {} from the prefix cache)\n"
-                "generated tokens  {} (stop: {})\n"
-                "time to first tok {:.2f} ms\n"
-                "decode            {:.1f} tokens/s\n"
-                "KV blocks used    target {} peak of {}, draft {} peak of {} ({} tokens each)\n",
-                m.device, o.draft.model, t.n_prompt, t.n_prompt_computed,
-                t.n_prompt - t.n_prompt_computed, t.n_generated, stop_reason_name(r.stop),
-                t.ttft_ms, t.decode_tokens_per_s(), dec.target_table().stats().peak_used_blocks,
-                dec.target_table().n_blocks(), dec.draft_table().stats().peak_used_blocks,
-                dec.draft_table().n_blocks(), dec.target_table().block_size());
-            print_speculative_stats(dec.stats(), r);
+            });
         }
-    }
-    if (r.stop == StopReason::Error) fail("{}", r.error);
-    if (interrupt_flag()) {
-        fmt::print(stderr, "kvrun: interrupted\n");
-        return 130;
-    }
-    if (o.stats && o.draft.baseline) {
-        // The decoder (and its view of the KV pool) is gone: the engine owns the pool now.
-        Engine engine(*m.backend, *m.tokenizer, engine_options(o.model, 1));
-        GenerationResult base;
-        engine.on_finish([&](const GenerationResult& x) { base = x; });
-        engine.submit(req);
+        engine.on_finish([&](const GenerationResult& r) { results[r.sample] = r; });
         engine.run(&interrupt_flag());
-        const double spec_tps = generation_tokens_per_s(r.timings);
-        const double base_tps = generation_tokens_per_s(base.timings);
-        fmt::print(stderr,
-                   "target alone      {} tokens in {:.1f} ms ({:.1f} tokens/s)\n"
-                   "speculative       {} tokens in {:.1f} ms ({:.1f} tokens/s)\n"
-                   "speed-up          {:.2f}x{}\n",
-                   base.tokens.size(), generation_ms(base.timings), base_tps, r.tokens.size(),
-                   generation_ms(r.timings), spec_tps, base_tps > 0 ? spec_tps / base_tps : 0.0,
-                   o.sampling.temperature <= 0
-                       ? (base.tokens == r.tokens ? " (outputs identical)" : " (OUTPUTS DIFFER)")
-                       : "");
-    }
-    return 0;
-}
-
-int run_single(const RunOptions& o) {
-    if (o.draft.enabled()) return run_speculative(o);
-    std::string text = read_prompt_text(o.prompt, o.file, /*allow_stdin=*/true);
-    LoadedModel m = load_model(o.model, o.n_samples);
-    Engine engine(*m.backend, *m.tokenizer, engine_options(o.model, std::max(1, o.n_samples)));
-    GenerationRequest req;
-    req.prompt = m.tokenizer->encode(text, !o.no_bos && m.tokenizer->add_bos(), o.parse_special);
-    if (o.truncate) truncate_prompt(req.prompt, engine.n_ctx(), o.n_predict, m.tokenizer->bos());
-    req.n_predict = o.n_predict;
-    req.sampling = o.sampling;
-    req.n_samples = o.n_samples;
-    req.ignore_eos = o.ignore_eos;
-    req.stop_strings = o.stop;
-    engine.submit(req);
-
-    install_interrupt_handler();
-    if (o.echo) fmt::print("{}", text), std::fflush(stdout);
-    std::vector<StreamDecoder> decoders(o.n_samples, StreamDecoder(*m.tokenizer));
-    std::vector<GenerationResult> results(o.n_samples);
-    if (o.n_samples == 1) {
-        engine.on_token([&](int32_t, int32_t, TokenId tok) {
-            std::string piece = decoders[0].push(tok);
-            if (!piece.empty()) fmt::print("{}", piece), std::fflush(stdout);
-        });
-    }
-    engine.on_finish([&](const GenerationResult& r) { results[r.sample] = r; });
-    engine.run(&interrupt_flag());
-    if (o.n_samples == 1) {
-        fmt::print("{}\n", decoders[0].flush());
-    } else {
-        for (const auto& r : results)
-            fmt::print("--- sample {} ({} tokens, stop: {}) ---\n{}\n", r.sample, r.tokens.size(),
-                       stop_reason_name(r.stop), m.tokenizer->decode(r.tokens, false));
-    }
-    std::fflush(stdout);
-    if (o.stats) {
-        print_stats(results[0], engine, m);
-        if (o.n_samples > 1)
-            fmt::print(stderr,
-                       "samples           {} sharing the prompt's KV blocks (peak {} shared "
-                       "blocks, {} copy-on-write copies)\n",
-                       o.n_samples, engine.stats().peak_shared_blocks, engine.stats().cow_copies);
+        if (n_seq == 1) {
+            fmt::print("{}\n", decoders[0].flush());
+        } else {
+            for (const auto& r : results)
+                fmt::print("--- sample {} ({} tokens, stop: {}) ---\n{}\n", r.sample,
+                           r.tokens.size(), stop_reason_name(r.stop),
+                           m.tokenizer->decode(r.tokens, false));
+        }
+        std::fflush(stdout);
+        if (o.stats) print_stats(results, engine, m, o);
     }
     for (const auto& r : results)
         if (r.stop == StopReason::Error) fail("{}", r.error);
@@ -193,6 +164,7 @@ int run_single(const RunOptions& o) {
         fmt::print(stderr, "kvrun: interrupted\n");
         return 130;
     }
+    if (o.stats && o.draft.baseline && o.draft.enabled()) print_baseline(o, m, req, results[0]);
     return 0;
 }
 
@@ -214,18 +186,10 @@ void parse_request(const std::string& line, const RunOptions& o, const Tokenizer
 
 int run_jsonl(const RunOptions& o) {
     LoadedModel m = load_model(o.model, 1);
-    // With --draft-model the speculative decoder owns the target's KV pool instead of the engine.
     LoadedModel draft;
-    std::unique_ptr<Engine> engine;
-    std::unique_ptr<SpeculativeDecoder> spec;
-    if (o.draft.enabled()) {
-        draft = load_draft_model(o.draft, o.model, m);
-        spec = std::make_unique<SpeculativeDecoder>(*m.backend, *draft.backend, *m.tokenizer,
-                                                    speculative_options(o.draft, o.model, m));
-    } else {
-        engine = std::make_unique<Engine>(*m.backend, *m.tokenizer, engine_options(o.model, 8));
-    }
-    const int32_t n_ctx = spec ? spec->n_ctx() : engine->n_ctx();
+    if (o.draft.enabled()) draft = load_draft_model(o.draft, o.model, m, 8);
+    Engine engine(*m.backend, *m.tokenizer, generation_engine_options(o.model, 8, o.draft, draft));
+    warn_if_context_capped(engine, o.model);
     install_interrupt_handler();
     std::string line;
     int64_t line_no = 0;
@@ -237,41 +201,17 @@ int run_jsonl(const RunOptions& o) {
             GenerationRequest req;
             std::string prompt_text;
             parse_request(line, o, *m.tokenizer, req, prompt_text);
-            if (o.truncate) truncate_prompt(req.prompt, n_ctx, req.n_predict, m.tokenizer->bos());
+            if (o.truncate)
+                truncate_prompt(req.prompt, engine.n_ctx(), req.n_predict, m.tokenizer->bos());
             std::vector<GenerationResult> results(std::max(1, req.n_samples));
-            nlohmann::json spec_json;
-            if (spec) {
-                const SpeculativeStats before = spec->stats();
-                results[0] = spec->generate(req, {}, &interrupt_flag());
-                const int64_t drafted = spec->stats().drafted - before.drafted;
-                const int64_t accepted = spec->stats().accepted - before.accepted;
-                spec_json = {{"drafted", drafted},
-                             {"accepted", accepted},
-                             {"target_passes", spec->stats().target_passes - before.target_passes}};
-            } else {
-                engine->on_finish([&](const GenerationResult& r) { results[r.sample] = r; });
-                engine->submit(req);
-                engine->run(&interrupt_flag());
-            }
-            auto one = [&](const GenerationResult& r) {
-                nlohmann::json x = {{"tokens", r.tokens},
-                                    {"text", m.tokenizer->decode(r.tokens, false)},
-                                    {"stop", stop_reason_name(r.stop)},
-                                    {"timings", timings_json(r.timings)}};
-                if (r.stop == StopReason::Error) x["error"] = r.error;
-                return x;
-            };
-            out = one(results[0]);
-            out["prompt_tokens"] = req.prompt;
-            if (spec) out["speculative"] = spec_json;
-            if (req.n_samples > 1) {
-                out["samples"] = nlohmann::json::array();
-                for (const auto& r : results) out["samples"].push_back(one(r));
-            }
+            engine.on_finish([&](const GenerationResult& r) { results[r.sample] = r; });
+            engine.submit(req);
+            engine.run(&interrupt_flag());
+            out = request_result_to_json(results, req.prompt, *m.tokenizer, engine.speculative());
         } catch (const Error& e) {
             out = {{"error", e.what()}, {"line", line_no}};
         }
-        fmt::print("{}\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+        fmt::print("{}\n", json_line(out));
         std::fflush(stdout);
     }
     return interrupt_flag() ? 130 : 0;
@@ -291,10 +231,11 @@ void add_run_command(CLI::App& root, int& exit_code) {
         ->check(CLI::ExistingFile)
         ->excludes(p);
     cmd->add_option("-n,--n-predict", o->n_predict,
-                    "Tokens to generate (-1: until EOS or the context is full)")
+                    "Tokens to generate (-1: until EOS or the context is full, 0: none)")
+        ->check(n_predict_check())
         ->capture_default_str();
     add_sampling_options(cmd, o->sampling);
-    add_draft_options(cmd, o->draft);
+    add_draft_options(cmd, o->draft, /*baseline=*/true);
     cmd->add_option("--n-samples", o->n_samples,
                     "Parallel continuations sharing the prompt's KV blocks")
         ->check(CLI::Range(1, 256))

@@ -1,0 +1,57 @@
+// Engine internals shared by engine.cpp (scheduler) and engine_speculative.cpp (drafting and
+// verification): the state of one running or waiting sequence, and one sequence's share of a
+// step's forward pass. Not part of the engine's interface.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine.h"
+
+namespace kvrun {
+
+// One running or waiting sequence: a request's prompt plus what it generated so far.
+struct Engine::Seq {
+    int32_t request = 0;
+    int32_t sample = 0;
+    std::shared_ptr<const GenerationRequest> req;
+    SeqId kv = -1;                // KV table sequence while admitted
+    std::vector<TokenId> tokens;  // [n_prompt + n_generated]
+    int32_t n_prompt = 0;
+    int32_t n_computed = 0;  // tokens whose K/V are in the cache
+    int64_t order = 0;       // admission order (larger = younger)
+    bool forked = false;     // parallel samples already created
+    bool preempted = false, finished = false;
+    std::unique_ptr<Sampler> sampler;
+    std::string text;  // generated text so far (only kept for stop strings)
+    int32_t preemptions = 0;
+    bool admitted_once = false, has_first = false;
+    Clock::time_point t_submit, t_admit, t_first, t_last;
+    int32_t n_prompt_computed = 0;
+    int32_t n_passes = 0;  // target forward passes it took part in
+
+    // Speculation (engine with a draft model).
+    SeqId draft_kv = -1;  // the draft's KV sequence: a prefix of `tokens`
+    int32_t k = 0;        // adaptive draft length for the next round
+    std::unique_ptr<Sampler> draft_sampler;
+    std::vector<TokenId> drafts;  // [k] this round's drafts; after verification, the output
+    std::vector<float> q;         // [k][n_vocab] draft distributions (sampling only)
+    int32_t n_drafted = 0, n_accepted = 0, n_spec_rounds = 0;
+
+    int32_t n_generated() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
+    int32_t n_tokens() const { return static_cast<int32_t>(tokens.size()); }
+};
+
+// One sequence's share of a step's target pass: tokens [start, start + n) of its sequence and
+// k drafts after them; logits for the last k + 1 rows when `logits` (the part reaches the
+// sequence's end), none for an earlier prefill chunk.
+struct Engine::Part {
+    Seq* s = nullptr;
+    int32_t start = 0, n = 0;
+    bool logits = false;
+    int32_t k = 0;
+    bool reserved = false;
+};
+
+}  // namespace kvrun

@@ -1,0 +1,148 @@
+// Helpers shared by the speculative-decoding tests (test_speculative.cpp, test_spec_engine.cpp):
+// a model with its own CPU backend, the reference prompts, the chi-square statistic, the exact
+// next-token distribution of the target, and the losslessness check on observed (first, second)
+// token pairs.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend.h"
+#include "gguf.h"
+#include "kv_block_table.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+namespace kvrun::spec_test {
+
+// One model with its own backend (and so its own KV pool).
+struct Model {
+    std::unique_ptr<GgufFile> file;
+    std::unique_ptr<Tokenizer> tok;
+    std::unique_ptr<Backend> backend;
+};
+
+inline Model load(const std::filesystem::path& path, int32_t block_size = 16,
+                  int64_t n_blocks = 64) {
+    Model m;
+    m.file = std::make_unique<GgufFile>(GgufFile::open(path.string()));
+    m.tok = Tokenizer::from_gguf(*m.file);
+    BackendOptions o;
+    o.kv_block_size = block_size;
+    o.n_kv_blocks = n_blocks;
+    o.n_threads = 1;  // tiny models: one thread beats the hand-offs
+    m.backend = make_cpu_backend(*m.file, o);
+    return m;
+}
+
+inline const std::vector<std::string> kPrompts = {
+    "Once upon a time", "The little dog saw a big red ball. He",
+    "Lily and Tom went to the park. They", "One day, a bird flew into the garden and"};
+
+// Chi-square statistic of observed counts against expected probabilities (bins with
+// expected count >= 5; the rest pooled into one bin), returned as a Wilson-Hilferty z-score:
+// about N(0, 1) when the counts follow `expected`. +inf when a token of probability 0 occurs.
+inline double chi_square_z(const std::map<int64_t, int64_t>& observed,
+                           const std::map<int64_t, double>& expected, int64_t n) {
+    double x2 = 0, pooled_exp = 0;
+    int64_t pooled_obs = 0, bins = 0;
+    for (const auto& [key, count] : observed)
+        if (!expected.count(key) || expected.at(key) <= 0) return INFINITY;
+    for (const auto& [key, p] : expected) {
+        const double e = p * double(n);
+        const int64_t o = observed.count(key) ? observed.at(key) : 0;
+        if (e >= 5) {
+            x2 += (o - e) * (o - e) / e;
+            ++bins;
+        } else {
+            pooled_exp += e;
+            pooled_obs += o;
+        }
+    }
+    if (pooled_exp > 0) {
+        x2 += (pooled_obs - pooled_exp) * (pooled_obs - pooled_exp) / std::max(pooled_exp, 1.0);
+        ++bins;
+    }
+    const double df = double(std::max<int64_t>(bins - 1, 1));
+    const double s = 2.0 / (9.0 * df);
+    return (std::cbrt(x2 / df) - (1.0 - s)) / std::sqrt(s);
+}
+
+// Exact target probabilities of the next token after `ctx` under `params`, computed on `ref`'s
+// backend (its KV pool must be free and hold ctx).
+inline std::vector<float> exact_next_probs(Model& ref, const std::vector<TokenId>& ctx,
+                                           const SamplingParams& params) {
+    const int V = static_cast<int>(ref.backend->config().n_vocab);
+    KvBlockTable table(static_cast<int32_t>(ref.backend->n_kv_blocks()),
+                       ref.backend->kv_block_size(), ref.backend->n_kv_stages());
+    SeqId seq = table.create_sequence();
+    REQUIRE(table.append(seq, ctx));
+    kv_apply_pending(table, *ref.backend);
+    ForwardBatch fb;
+    fb.add_sequence(table, seq, 0, static_cast<int32_t>(ctx.size()));
+    fb.logit_rows = {int32_t(ctx.size()) - 1};
+    std::vector<float> logits(V);
+    ref.backend->forward(fb, logits.data());
+    Sampler s(params);
+    return s.probabilities(logits.data(), V, ctx);
+}
+
+struct LosslessZ {
+    double z_first = 0, z_pair = 0;
+};
+
+// Compares observed first tokens (and, with `pairs`, first-two-token pairs) of continuations of
+// `prompt` with the target's exact distribution: z_first against p(t1), z_pair against
+// p(t1) p(t2 | t1) (t1 with at least 20 expected draws; the other pairs pooled).
+inline LosslessZ lossless_z(Model& ref, const std::vector<TokenId>& prompt,
+                            const SamplingParams& params,
+                            const std::vector<std::pair<TokenId, TokenId>>& draws, bool pairs) {
+    const int V = static_cast<int>(ref.backend->config().n_vocab);
+    const int64_t n = static_cast<int64_t>(draws.size());
+    std::map<int64_t, int64_t> first, pair;
+    for (const auto& [t1, t2] : draws) {
+        first[t1]++;
+        pair[int64_t(t1) * V + t2]++;
+    }
+    LosslessZ out;
+    const std::vector<float> p1 = exact_next_probs(ref, prompt, params);
+    std::map<int64_t, double> e1, e2;
+    for (int t = 0; t < V; ++t)
+        if (p1[t] > 0) e1[t] = p1[t];
+    out.z_first = chi_square_z(first, e1, n);
+    if (!pairs) return out;
+    for (int t1 = 0; t1 < V; ++t1) {
+        if (p1[t1] * double(n) < 20) continue;
+        std::vector<TokenId> ctx = prompt;
+        ctx.push_back(t1);
+        const std::vector<float> p2 = exact_next_probs(ref, ctx, params);
+        for (int t2 = 0; t2 < V; ++t2)
+            if (p2[t2] > 0) e2[int64_t(t1) * V + t2] = double(p1[t1]) * p2[t2];
+    }
+    double covered = 0;
+    for (const auto& [key, p] : e2) covered += p;
+    std::map<int64_t, int64_t> binned;  // pairs outside e2 go to the pooled key -1
+    for (const auto& [key, count] : pair) binned[e2.count(key) ? key : -1] += count;
+    e2[-1] = std::max(0.0, 1.0 - covered);
+    out.z_pair = chi_square_z(binned, e2, n);
+    return out;
+}
+
+// The whole softmax at temperature 1 (no filters).
+inline SamplingParams full_softmax() {
+    SamplingParams p;
+    p.temperature = 1.0f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    return p;
+}
+
+}  // namespace kvrun::spec_test
