@@ -25,23 +25,27 @@ if [ "$what" = all ] || [ "$what" = test ]; then
   ctest --test-dir $B -L cuda --output-on-failure 2>&1 | tee "$OUT/cuda-tests.log" | tail -15
   # GPU vs CPU: greedy tokens on every carried model, 4 reference prompts.
   {
-    echo "| model | prompt | cpu == cuda (48 greedy tokens) |"; echo "|---|---|---|"
+    echo "| model | KV | prompt | cpu == cuda (48 greedy tokens) |"; echo "|---|---|---|---|"
     for m in $M/*.gguf; do
-      while IFS= read -r p; do
-        p=${p//\\n/$'\n'}
-        c=$($K run -m "$m" -p "$p" -n 48 --temp 0 --device cpu 2>&1 | md5sum | cut -c1-8)
-        g=$($K run -m "$m" -p "$p" -n 48 --temp 0 --device cuda 2>&1 | md5sum | cut -c1-8)
-        echo "| $(basename $m) | ${p:0:24} | $([ "$c" = "$g" ] && echo yes || echo "NO ($c vs $g)") |"
-      done < $KVRUN_SHARED/reference/prompts.txt
+      for kv in f16 q8; do
+        while IFS= read -r p; do
+          p=${p//\\n/$'\n'}
+          c=$($K run -m "$m" -p "$p" -n 48 --temp 0 --kv-type $kv --device cpu 2>&1 | md5sum | cut -c1-8)
+          g=$($K run -m "$m" -p "$p" -n 48 --temp 0 --kv-type $kv --device cuda 2>&1 | md5sum | cut -c1-8)
+          echo "| $(basename $m) | $kv | ${p:0:24} | $([ "$c" = "$g" ] && echo yes || echo "NO ($c vs $g)") |"
+        done < $KVRUN_SHARED/reference/prompts.txt
+      done
     done
   } > "$OUT/gpu-vs-cpu.md" 2>&1
   grep -c "NO" "$OUT/gpu-vs-cpu.md" || true
   {
-    echo "| model | cpu PPL | cuda PPL | diff % |"; echo "|---|---:|---:|---:|"
+    echo "| model | KV | cpu PPL | cuda PPL | diff % |"; echo "|---|---|---:|---:|---:|"
     for m in $M/stories260K.gguf $M/stories260K-Q4_0.gguf $M/stories260K-w256-Q4_K_M.gguf $M/synth-llama-hd64-gqa4-Q4_0.gguf; do
-      a=$($K perplexity -m $m -f $KVRUN_SHARED/text/wiki.test.raw -c 256 -b 256 --chunks 10 --device cpu 2>/dev/null | tail -1 | awk '{print $5}')
-      b=$($K perplexity -m $m -f $KVRUN_SHARED/text/wiki.test.raw -c 256 -b 256 --chunks 10 --device cuda 2>/dev/null | tail -1 | awk '{print $5}')
-      echo "| $(basename $m) | $a | $b | $(python3 -c "print(f'{100*($b-$a)/$a:+.4f}')" 2>/dev/null) |"
+      for kv in f16 q8 q4; do
+        a=$($K perplexity -m $m -f $KVRUN_SHARED/text/wiki.test.raw -c 256 -b 256 --chunks 10 --kv-type $kv --device cpu 2>/dev/null | tail -1 | awk '{print $5}')
+        b=$($K perplexity -m $m -f $KVRUN_SHARED/text/wiki.test.raw -c 256 -b 256 --chunks 10 --kv-type $kv --device cuda 2>/dev/null | tail -1 | awk '{print $5}')
+        echo "| $(basename $m) | $kv | $a | $b | $(python3 -c "print(f'{100*($b-$a)/$a:+.4f}')" 2>/dev/null) |"
+      done
     done
   } > "$OUT/ppl-gpu-vs-cpu.md" 2>&1
 fi
@@ -54,7 +58,7 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
   $S --preset llama3-8b --type Q4_K -o /tmp/models/llama3-8b-Q4_K.gguf > /dev/null
   for m in llama2-7b-Q4_0 llama2-7b-Q8_0 llama3-8b-Q4_K; do
     echo "### $m" >> "$OUT/bench.md"
-    $K bench -m /tmp/models/$m.gguf -p 512 -n 128 -r 3 --depth 0,4096 --kv-types f16,q8 -o md \
+    $K bench -m /tmp/models/$m.gguf -p 512 -n 128 -r 3 --depth 0,4096 --kv-types f16,q8,q4 -o md \
       --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
     echo >> "$OUT/bench.md"
   done

@@ -15,6 +15,21 @@ constexpr int64_t kMaxKvBlocks = int64_t(1) << 24;  // KvBlockTable's limit
 
 Backend::~Backend() = default;
 
+void Backend::forward_sample(const ForwardBatch& batch, const std::vector<RowSampling>& rows,
+                             int32_t* tokens) {
+    if (rows.size() != batch.logit_rows.size())
+        fail("forward_sample: {} sampling rows for {} logit rows", rows.size(),
+             batch.logit_rows.size());
+    const int n_vocab = static_cast<int>(config().n_vocab);
+    std::vector<float> logits(rows.size() * size_t(n_vocab));
+    forward(batch, logits.data());
+    for (size_t r = 0; r < rows.size(); ++r) {
+        Sampler sampler(rows[r].params);
+        tokens[r] = sampler.sample_with(logits.data() + r * size_t(n_vocab), n_vocab,
+                                        rows[r].recent, rows[r].u);
+    }
+}
+
 int32_t ForwardBatch::add_sequence(const KvBlockTable& table, SeqId seq, int32_t start,
                                    int32_t n) {
     const std::vector<TokenId>& toks = table.tokens(seq);

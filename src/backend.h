@@ -14,6 +14,7 @@
 #include "kv_block_table.h"
 #include "kv_format.h"
 #include "model_config.h"
+#include "sampler.h"
 
 namespace kvrun {
 
@@ -40,6 +41,13 @@ struct ForwardBatch {
     int32_t add_sequence(const KvBlockTable& table, SeqId seq, int32_t start, int32_t n);
 };
 
+// How Backend::forward_sample samples one logit row.
+struct RowSampling {
+    SamplingParams params;        // temperature <= 0: argmax, lowest id on ties
+    double u = 0;                 // uniform number in [0, 1) from the sequence's Sampler
+    std::vector<TokenId> recent;  // tokens the repetition penalty looks at (already cut)
+};
+
 class Backend {
   public:
     virtual ~Backend();
@@ -55,6 +63,14 @@ class Backend {
     // f16 stage slots of a quantized cache (0: the cache is f16/f32 and needs none). Block
     // tables for this backend must be made with this many stages.
     virtual int32_t n_kv_stages() const { return 0; }
+    // Whether forward_sample samples where the logits live (the CUDA backend: only token ids
+    // travel back, not [rows][n_vocab] logits). The engine then uses it for plain steps.
+    virtual bool samples_on_device() const { return false; }
+    // forward() plus one sampled token per logit row: tokens [logit_rows.size()], row r
+    // sampled with rows[r] (Sampler's rules; the device sampler keeps every token tied at a
+    // top-k / top-p threshold, see cuda_sample). The default samples host logits.
+    virtual void forward_sample(const ForwardBatch& batch, const std::vector<RowSampling>& rows,
+                                int32_t* tokens);
     virtual std::string name() const = 0;
 };
 

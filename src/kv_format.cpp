@@ -121,6 +121,19 @@ int64_t kv_head_block_bytes(KvType t, KvRole role, int64_t block_size, int64_t h
     fail("unknown KV cache type {}", int(t));
 }
 
+KvHeadLayout kv_head_layout(KvType t, KvRole role, int64_t block_size, int64_t head_dim) {
+    KvHeadLayout l;
+    l.bytes = kv_head_block_bytes(t, role, block_size, head_dim);
+    if (kv_type_quantized(t)) {
+        l.scale_bytes = scale_bytes(role, block_size, head_dim);
+        l.row_bytes = row_bytes(t, head_dim);
+        l.group = role == KvRole::K ? block_size : kv_v_group(head_dim);
+    } else {
+        l.row_bytes = head_dim * (t == KvType::F32 ? 4 : 2);
+    }
+    return l;
+}
+
 double kv_bytes_per_element(KvType t, KvRole role, int64_t head_dim, int64_t block_size) {
     return double(kv_head_block_bytes(t, role, block_size, head_dim)) /
            double(block_size * head_dim);

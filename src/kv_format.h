@@ -32,6 +32,15 @@ int64_t kv_v_group(int64_t head_dim);
 void kv_check_format(KvType t, int64_t head_dim);
 // Bytes of one head block (block_size rows of head_dim values) in format t for K or V.
 int64_t kv_head_block_bytes(KvType t, KvRole role, int64_t block_size, int64_t head_dim);
+
+// The numbers a kernel needs to address a head block (the CUDA twin uses these).
+struct KvHeadLayout {
+    int64_t bytes = 0;        // whole head block, padding included
+    int64_t scale_bytes = 0;  // f16 scales in front of the values (quantized only)
+    int64_t row_bytes = 0;    // one row's values
+    int64_t group = 0;        // V: channels per scale (quantized only)
+};
+KvHeadLayout kv_head_layout(KvType t, KvRole role, int64_t block_size, int64_t head_dim);
 // Average bytes per stored element of K or V, scales and padding included.
 double kv_bytes_per_element(KvType t, KvRole role, int64_t head_dim, int64_t block_size);
 

@@ -14,6 +14,8 @@
 #include "common.h"
 #include "cuda_test_util.h"
 #include "gguf.h"
+#include "kv_block_table.h"
+#include "kv_format.h"
 #include "test_util.h"
 
 #ifdef KVRUN_HAS_CUDA
@@ -138,10 +140,108 @@ TEST_CASE("cuda backend refuses what its kernels cannot run, with a hint") {
     GgufFile file = GgufFile::open(path.string());
     BackendOptions o;
     o.n_kv_blocks = 4;
-    o.kv_type_k = KvType::Q8;
+    o.kv_block_size = 300;  // the kernels take blocks of at most 256 tokens
     CHECK_THROWS_AS(make_cuda_backend(file, o, 0), Error);
-    o.kv_type_k = KvType::F16;
+    o.kv_block_size = 16;
     CHECK_THROWS_AS(make_cuda_backend(file, o, cuda_device_count()), Error);
+}
+
+TEST_CASE("cuda backend with a q8 / q4 KV cache matches the cpu backend") {
+    for (const char* name : {"stories260K.gguf", "synth-llama-hd64-gqa4-Q4_0.gguf",
+                             "synth-llama-hd128-mqa-theta500k-Q8_0.gguf"})
+        for (KvType kv : {KvType::Q8, KvType::Q4})
+            for (bool rotate : {false, true}) {
+                CAPTURE(name);
+                CAPTURE(kv_type_name(kv));
+                CAPTURE(rotate);
+                const auto path = shared_path(std::string("models/") + name);
+                if (path.empty()) return;
+                GgufFile file = GgufFile::open(path.string());
+                BackendOptions o;
+                o.kv_block_size = 16;
+                o.n_kv_blocks = 24;
+                o.kv_type_k = o.kv_type_v = kv;
+                o.kv_rotate = rotate;
+                auto cpu = make_cpu_backend(file, o);
+                auto gpu = make_cuda_backend(file, o, 0);
+                REQUIRE(gpu->n_kv_stages() == cpu->n_kv_stages());
+                REQUIRE(cpu->n_kv_stages() > 0);
+                // One table drives both backends: a 40-token prompt, decode steps, a fork that
+                // copies the partly filled block's stage, and both continuing in one batch.
+                KvBlockTable table(24, 16, cpu->n_kv_stages());
+                const int64_t n_vocab = cpu->config().n_vocab;
+                auto step = [&](const std::vector<std::pair<SeqId, std::vector<TokenId>>>& parts,
+                                int32_t* next) {
+                    ForwardBatch fb;
+                    std::vector<int32_t> starts;
+                    for (auto& [seq, toks] : parts) {
+                        starts.push_back(table.n_tokens(seq));
+                        REQUIRE(table.append(seq, toks));
+                    }
+                    auto copies = table.take_pending_copies();
+                    if (!copies.empty()) {
+                        cpu->copy_blocks(copies);
+                        gpu->copy_blocks(copies);
+                    }
+                    for (size_t i = 0; i < parts.size(); ++i) {
+                        fb.add_sequence(table, parts[i].first, starts[i],
+                                        int32_t(parts[i].second.size()));
+                        fb.logit_rows.push_back(int32_t(fb.tokens.size()) - 1);
+                    }
+                    return compare(*cpu, *gpu, fb, next);
+                };
+                SeqId a = table.create_sequence();
+                std::vector<TokenId> prompt;
+                for (int32_t i = 0; i < 40; ++i) prompt.push_back(TokenId((i * 37 + 11) % n_vocab));
+                int32_t next = 0;
+                CHECK(step({{a, prompt}}, &next) < kLogitBound);
+                for (int i = 0; i < 30; ++i) CHECK(step({{a, {next}}}, &next) < kLogitBound);
+                SeqId f = table.fork(a);
+                for (int i = 0; i < 4; ++i)
+                    CHECK(step({{a, {next}}, {f, {TokenId((next + i) % n_vocab)}}}, &next) <
+                          kLogitBound);
+            }
+}
+
+TEST_CASE("cuda forward_sample returns the tokens the host sampler picks from the same logits") {
+    const auto path = shared_path("models/stories260K.gguf");
+    if (path.empty()) return;
+    GgufFile file = GgufFile::open(path.string());
+    BackendOptions o;
+    o.n_kv_blocks = 16;
+    auto cpu = make_cpu_backend(file, o);
+    auto gpu = make_cuda_backend(file, o, 0);
+    CHECK(gpu->samples_on_device());
+    CHECK_FALSE(cpu->samples_on_device());
+    // Two sequences; rows: greedy, greedy with a repetition penalty, and sampled rows with
+    // the filters on and off, at several uniform numbers.
+    std::vector<int32_t> p0 = {1, 403, 407, 261, 378}, p1 = {1, 500, 12, 77};
+    const std::vector<std::vector<int32_t>> tables = {{0, 1}, {2, 3}};
+    ForwardBatch b = batch_of(p0, 0, 0, tables);
+    ForwardBatch b1 = batch_of(p1, 0, 1, tables);
+    for (size_t i = 0; i < p1.size(); ++i) {
+        b.tokens.push_back(b1.tokens[i]);
+        b.positions.push_back(b1.positions[i]);
+        b.seq_index.push_back(1);
+        b.slots.push_back(b1.slots[i]);
+        b.logit_rows.push_back(int32_t(p0.size() + i));
+    }
+    std::vector<RowSampling> rows(b.logit_rows.size());
+    for (size_t r = 0; r < rows.size(); ++r) {
+        SamplingParams& sp = rows[r].params;
+        sp.seed = r;
+        sp.temperature = r % 3 == 0 ? 0.0f : 0.9f;
+        if (r % 3 == 2) sp.top_k = 0, sp.top_p = 1.0f, sp.min_p = 0.0f;  // filters off
+        if (r % 2 == 1) sp.repeat_penalty = 1.3f;
+        rows[r].u = double(r) / double(rows.size()) + 0.01;
+        rows[r].recent = {403, 261, 13, 403};
+    }
+    std::vector<int32_t> tc(rows.size()), tg(rows.size());
+    cpu->forward_sample(b, rows, tc.data());
+    gpu->forward_sample(b, rows, tg.data());
+    CHECK(tc == tg);
+    rows.pop_back();
+    CHECK_THROWS_AS(gpu->forward_sample(b, rows, tg.data()), Error);
 }
 
 #endif  // KVRUN_HAS_CUDA

@@ -13,6 +13,8 @@
 
 using kvrun::BlockCopy;
 using kvrun::BlockId;
+using kvrun::KvAppendResult;
+using kvrun::KvBlockStats;
 using kvrun::KvBlockTable;
 using kvrun::SeqId;
 using kvrun::TokenId;
@@ -516,4 +518,180 @@ TEST_CASE("kv table: randomized operations match a naive model") {
     run_random(40, 4, 4000, 2);
     run_random(36, 16, 3000, 3);
     run_random(12, 256, 1500, 4);
+}
+
+namespace {
+
+// A stand-in for K/V storage that executes what the table asks the way a backend does:
+// copies (stage->stage, pool->stage), the pass's row writes into stages, and sealing a
+// block into the pool when its last row is written. Each row holds its token id, so reads
+// can be checked against the sequence.
+struct StagedStorage {
+    int32_t bs;
+    std::vector<std::vector<TokenId>> pool;   // [n_blocks][bs]
+    std::vector<std::vector<TokenId>> stage;  // [n_stages][bs]
+    StagedStorage(int32_t n_blocks, int32_t n_stages, int32_t block_size)
+        : bs(block_size),
+          pool(size_t(n_blocks), std::vector<TokenId>(size_t(block_size), -1)),
+          stage(size_t(n_stages), std::vector<TokenId>(size_t(block_size), -1)) {}
+
+    void copy(const BlockCopy& c) {
+        REQUIRE(c.dst_stage >= 0);
+        for (int32_t r = 0; r < c.n_rows; ++r)
+            stage[size_t(c.dst_stage)][size_t(r)] =
+                c.src_stage >= 0 ? stage[size_t(c.src_stage)][size_t(r)] : pool[size_t(c.src)][size_t(r)];
+    }
+    // One pass: positions [start, start + n) of seq were appended.
+    void write(const KvBlockTable& t, SeqId seq, int32_t start, int32_t n) {
+        for (int32_t p = start; p < start + n; ++p) {
+            const int32_t st = t.stage_of_slot(seq, p);
+            REQUIRE(st >= 0);
+            stage[size_t(st)][size_t(p % bs)] = t.tokens(seq)[size_t(p)];
+        }
+        for (int32_t p = start; p < start + n; ++p)
+            if (p % bs == bs - 1)
+                pool[size_t(t.slot(seq, p).block)] = stage[size_t(t.stage_of_slot(seq, p))];
+    }
+    // What attention reads for position p: earlier blocks from the pool, its own block from
+    // its stage. Every row must hold the sequence's token.
+    bool reads_ok(const KvBlockTable& t, SeqId seq, int32_t p) const {
+        const auto& toks = t.tokens(seq);
+        const auto& blocks = t.block_ids(seq);
+        for (int32_t q = 0; q < (p / bs) * bs; ++q)
+            if (pool[size_t(blocks[size_t(q / bs)])][size_t(q % bs)] != toks[size_t(q)]) return false;
+        const int32_t st = t.stage_of_slot(seq, p);
+        if (st < 0) return false;
+        for (int32_t q = (p / bs) * bs; q <= p; ++q)
+            if (stage[size_t(st)][size_t(q % bs)] != toks[size_t(q)]) return false;
+        return true;
+    }
+};
+
+void run_random_staged(int32_t n_blocks, int32_t bs, int32_t n_stages, int n_ops, uint32_t seed) {
+    CAPTURE(bs);
+    CAPTURE(n_stages);
+    KvBlockTable t(n_blocks, bs, n_stages);
+    StagedStorage store(n_blocks, n_stages, bs);
+    std::mt19937 rng(seed);
+    auto rnd = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    std::vector<SeqId> seqs;
+    int n_appends = 0, n_fail = 0, n_restages = 0, n_adopted = 0;
+    for (int op = 0; op < n_ops; ++op) {
+        const int kind = seqs.empty() ? 0 : rnd(0, 9);
+        if (kind == 0 && seqs.size() < 6) {
+            // New sequence, often with a prefix other sequences hold (tokens from a tiny
+            // alphabet so prefixes repeat).
+            std::vector<TokenId> want(size_t(rnd(0, 3 * bs)));
+            for (auto& x : want) x = rnd(0, 1);
+            seqs.push_back(t.create_sequence_with_prefix(want));
+            n_adopted += t.n_tokens(seqs.back()) > 0;
+        } else if (kind == 1 && seqs.size() < 6) {
+            seqs.push_back(t.fork(seqs[size_t(rnd(0, int(seqs.size()) - 1))]));
+        } else if (kind == 2) {
+            const size_t i = size_t(rnd(0, int(seqs.size()) - 1));
+            t.free_sequence(seqs[i]);
+            seqs.erase(seqs.begin() + int64_t(i));
+        } else if (kind == 3) {
+            // Roll back (speculative rejection, chat truncation), often across blocks.
+            const SeqId s = seqs[size_t(rnd(0, int(seqs.size()) - 1))];
+            t.truncate(s, rnd(0, t.n_tokens(s)));
+        } else {
+            // One pass: 1-3 sequences append 1..2*bs tokens each.
+            std::vector<std::pair<SeqId, int32_t>> parts;  // (seq, start)
+            std::vector<int32_t> lens;
+            const int n_parts = rnd(1, std::min<int>(3, int(seqs.size())));
+            for (int k = 0; k < n_parts; ++k) {
+                const SeqId s = seqs[size_t(rnd(0, int(seqs.size()) - 1))];
+                bool dup = false;
+                for (auto& p : parts) dup |= p.first == s;
+                if (dup) continue;
+                std::vector<TokenId> toks(size_t(rnd(1, 2 * bs)));
+                for (auto& x : toks) x = rnd(0, 1);
+                const int32_t start = t.n_tokens(s);
+                const int32_t need_stages = t.stages_needed(s, int32_t(toks.size()));
+                KvAppendResult r = t.append(s, toks);
+                if (!r) {
+                    ++n_fail;
+                    CHECK(t.n_tokens(s) == start);  // atomic
+                    continue;
+                }
+                CHECK(r.n_stages_needed == need_stages);
+                parts.push_back({s, start});
+                lens.push_back(int32_t(toks.size()));
+            }
+            for (const BlockCopy& c : t.take_pending_copies()) {
+                n_restages += c.src_stage < 0;
+                store.copy(c);
+            }
+            for (size_t k = 0; k < parts.size(); ++k)
+                store.write(t, parts[k].first, parts[k].second, lens[k]);
+            for (size_t k = 0; k < parts.size(); ++k) {
+                ++n_appends;
+                for (int32_t p = parts[k].second; p < parts[k].second + lens[k]; ++p)
+                    if (!store.reads_ok(t, parts[k].first, p)) {
+                        FAIL("position " << p << " of sequence " << parts[k].first
+                                         << " reads the wrong rows");
+                    }
+            }
+        }
+        // Every full block of every sequence is sealed in the pool.
+        for (SeqId s : seqs) {
+            const auto& toks = t.tokens(s);
+            const auto& blocks = t.block_ids(s);
+            for (size_t q = 0; q < toks.size() / size_t(bs) * size_t(bs); ++q)
+                if (store.pool[size_t(blocks[q / size_t(bs)])][q % size_t(bs)] != toks[q])
+                    FAIL("full block of sequence " << s << " is not sealed");
+        }
+        KvBlockStats st = t.stats();
+        CHECK(st.stages_in_use <= n_stages);
+    }
+    CHECK(n_appends > n_ops / 4);
+    if (bs > 1 && bs <= 4) CHECK(n_adopted > 0);  // random 16-token blocks rarely repeat
+    MESSAGE("staged run bs " << bs << ": " << n_appends << " appends, " << n_fail
+                             << " refused, " << n_restages << " stage restores from the pool");
+    for (SeqId s : seqs) t.free_sequence(s);
+    CHECK(t.n_used_blocks() == 0);
+    CHECK(t.stats().stages_in_use == 0);
+}
+
+}  // namespace
+
+TEST_CASE("kv table: staging for quantized storage, randomized against a simulated backend") {
+    run_random_staged(40, 4, 8, 3000, 11);
+    run_random_staged(40, 4, 24, 3000, 12);
+    run_random_staged(24, 16, 6, 2000, 13);
+    run_random_staged(64, 1, 10, 2000, 14);
+    run_random_staged(30, 3, 5, 3000, 15);
+}
+
+TEST_CASE("kv table: stage slots run out like blocks and are reclaimed from sealed blocks") {
+    KvBlockTable t(16, 4, 3);
+    SeqId a = t.create_sequence();
+    // 10 tokens: 3 blocks, 3 stages: all slots taken in this pass.
+    CHECK(t.append(a, iota_tokens(10)));
+    CHECK(t.stats().stages_in_use == 3);
+    SeqId b = t.create_sequence();
+    // Same pass (no take_pending_copies yet): the sealed blocks' stages are protected.
+    KvAppendResult r = t.append(b, iota_tokens(2, 500));
+    CHECK_FALSE(r);
+    CHECK(r.n_stages_needed == 1);
+    CHECK(r.n_stages_available == 0);
+    CHECK(r.reason().find("stage") != std::string::npos);
+    CHECK(t.take_pending_copies().empty());
+    // Next pass: the two sealed blocks' stages can be reclaimed (oldest first).
+    CHECK(t.n_available_stages() == 2);
+    CHECK(t.append(b, iota_tokens(2, 500)));
+    CHECK(t.stage_of(t.block_ids(a)[2]) >= 0);  // a's partial block keeps its stage
+    // Rolling a back into its first (sealed, stage reclaimed) block: the next append restores
+    // the kept rows from the pool into a stage.
+    t.truncate(a, 3);
+    (void)t.take_pending_copies();
+    CHECK(t.append(a, iota_tokens(1, 900)));
+    auto copies = t.take_pending_copies();
+    REQUIRE(copies.size() == 1);
+    CHECK(copies[0].src == t.block_ids(a)[0]);
+    CHECK(copies[0].dst == copies[0].src);
+    CHECK(copies[0].src_stage == -1);
+    CHECK(copies[0].dst_stage == t.stage_of(t.block_ids(a)[0]));
+    CHECK(copies[0].n_rows == 3);
 }

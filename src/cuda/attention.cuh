@@ -8,7 +8,9 @@
 // (one memory round trip per tile). A warp owns RPW rows; in the score step lane j handles key j of
 // the tile, in the P.V step lane j handles dims j, j + 32, ... Batch tokens of different sequences
 // inside one tile are processed segment by segment (a run of tokens of the same sequence shares the
-// key walk).
+// key walk). Pools hold head blocks in any KV format (kv_format.h); with staging (quantized
+// caches) a token reads its own block from its f16 stage and earlier blocks from the pool, so a
+// segment also ends where the tokens' own block changes.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -17,6 +19,8 @@
 
 #include "cpu_ops.h"
 #include "cuda/common.cuh"
+#include "cuda/kv_format.cuh"
+#include "kv_format.h"
 
 namespace kvrun::cu {
 
@@ -27,9 +31,14 @@ constexpr int kAttnMaxDim = 256;  // head_dim limit (8 dims per lane)
 struct AttnParams {
     float* out;      // [n_tokens][n_head][head_dim] (when part_o is null)
     const float* q;  // [n_tokens][n_head][head_dim]
-    const void* k;   // pools [n_blocks][n_kv_head][block_size][head_dim]
+    const void* k;   // pools [n_blocks][n_kv_head] head blocks (kv_format.h)
     const void* v;
     KvType k_type, v_type;
+    KvHeadLayout k_layout, v_layout;
+    const __half* k_stage;       // [n_stages][n_kv_head][block_size][head_dim], or null
+    const __half* v_stage;
+    const int32_t* token_stage;  // [n_tokens] stage of each token's own block, or null
+    int64_t n_stages;
     const int32_t* token_seq;    // [n_tokens]
     const int32_t* token_slot;   // [n_tokens]
     const int32_t* block_table;  // [n_seqs][max_blocks_per_seq]
@@ -44,68 +53,91 @@ struct AttnParams {
 
 // Dynamic shared memory of the kernel for `rows` query rows.
 inline size_t attn_smem_bytes(int rows, int head_dim) {
-    return sizeof(int64_t) * kAttnTile +
+    return sizeof(int32_t) * 3 * kAttnTile +
            sizeof(float) * (size_t(rows) * head_dim + 2 * size_t(kAttnTile) * (head_dim + 1)) +
            sizeof(int32_t) * 2 * rows;
 }
 
-// Element offset of (slot, kv head) in the pools, or -1 when outside the table / pool.
-__device__ __forceinline__ int64_t attn_row_offset(const AttnParams& p, int64_t seq, int64_t slot,
-                                                   int kvh) {
-    if (seq < 0 || slot < 0) return -1;
-    const int64_t blk = slot / p.block_size;
-    if (blk >= p.max_blocks_per_seq) return -1;
-    const int64_t pb = p.block_table[seq * p.max_blocks_per_seq + blk];
-    if (pb < 0 || pb >= p.n_blocks) return -1;
-    return ((pb * p.n_kv_head + kvh) * p.block_size + slot % p.block_size) * int64_t(p.head_dim);
+// Where the 32 rows of a key tile come from: row j is row r[j] of physical block pb[j]
+// (-1: a zero row), read from stage st[j] instead when that is >= 0.
+struct AttnTileRows {
+    int32_t* pb;
+    int32_t* r;
+    int32_t* st;
+};
+
+// 8 f16 values at src (16-byte aligned) -> d[0..7] as f32.
+__device__ __forceinline__ void attn_load8_f16(float* d, const __half* src) {
+    const uint4 u = *reinterpret_cast<const uint4*>(src);
+    const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const float2 f = __half22float2(h[e]);
+        d[2 * e] = f.x, d[2 * e + 1] = f.y;
+    }
 }
 
-// Gathers 32 pool rows (row_off[j] element offsets, -1 = zero row) into dst[32][D + 1] as
-// f32. This is the one place that knows the pool storage types (add Q8/Q4 here).
-__device__ __forceinline__ void attn_load_tile(float* __restrict__ dst, const void* pool,
-                                               KvType type, const int64_t* row_off, int D) {
-    const int Dp = D + 1;
-    if (type == KvType::F16 && D % 8 == 0) {
-        const int chunks = D / 8;
-        const __half* src = static_cast<const __half*>(pool);
-        for (int c = threadIdx.x; c < kAttnTile * chunks; c += blockDim.x) {
-            const int j = c / chunks, ch = c % chunks;
-            const int64_t off = row_off[j];
-            float* d = dst + j * Dp + ch * 8;
-            if (off < 0) {
-#pragma unroll
-                for (int e = 0; e < 8; ++e) d[e] = 0.0f;
-                continue;
-            }
-            const uint4 u = *reinterpret_cast<const uint4*>(src + off + ch * 8);
-            const __half2* h = reinterpret_cast<const __half2*>(&u);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float2 f = __half22float2(h[e]);
-                d[2 * e] = f.x, d[2 * e + 1] = f.y;
-            }
-        }
-    } else if (type == KvType::F32 && D % 4 == 0) {
+// Gathers the 32 rows of KV head kvh described by `rows` into dst[32][D + 1] as f32, from
+// `pool` (head blocks of `type`, layout L) or `stage` (f16 rows). This is the one place that
+// knows the storage formats.
+__device__ __forceinline__ void attn_load_tile(float* __restrict__ dst, const AttnParams& p,
+                                               const void* pool, const __half* stage, KvType type,
+                                               KvRole role, const KvHeadLayout& L,
+                                               const AttnTileRows& rows, int kvh) {
+    const int D = p.head_dim, Dp = D + 1, bs = p.block_size;
+    const auto* base = static_cast<const uint8_t*>(pool);
+    auto stage_row = [&](int j) {  // f16 row of tile row j in the stage pool
+        return stage + ((int64_t(rows.st[j]) * p.n_kv_head + kvh) * bs + rows.r[j]) * int64_t(D);
+    };
+    auto head_block = [&](int j) {  // head block of tile row j in the pool
+        return base + (int64_t(rows.pb[j]) * p.n_kv_head + kvh) * L.bytes;
+    };
+    if (type == KvType::F32 && D % 4 == 0 && p.n_stages == 0) {
         const int chunks = D / 4;
-        const float* src = static_cast<const float*>(pool);
         for (int c = threadIdx.x; c < kAttnTile * chunks; c += blockDim.x) {
             const int j = c / chunks, ch = c % chunks;
-            const int64_t off = row_off[j];
             float* d = dst + j * Dp + ch * 4;
-            const float4 f = off < 0 ? make_float4(0.f, 0.f, 0.f, 0.f)
-                                     : *reinterpret_cast<const float4*>(src + off + ch * 4);
+            const float4 f =
+                rows.pb[j] < 0
+                    ? make_float4(0.f, 0.f, 0.f, 0.f)
+                    : *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(head_block(j)) +
+                                                       int64_t(rows.r[j]) * D + ch * 4);
             d[0] = f.x, d[1] = f.y, d[2] = f.z, d[3] = f.w;
         }
-    } else {
-        for (int e = threadIdx.x; e < kAttnTile * D; e += blockDim.x) {
-            const int j = e / D, dd = e % D;
-            const int64_t off = row_off[j];
-            float val = 0.0f;
-            if (off >= 0)
-                val = type == KvType::F16 ? __half2float(static_cast<const __half*>(pool)[off + dd])
-                                          : static_cast<const float*>(pool)[off + dd];
-            dst[j * Dp + dd] = val;
+        return;
+    }
+    if (D % 8 == 0) {
+        // 8 values per thread and step: f16 rows (pool or stage) with 16-byte loads, other
+        // formats decoded element by element.
+        const int chunks = D / 8;
+        for (int c = threadIdx.x; c < kAttnTile * chunks; c += blockDim.x) {
+            const int j = c / chunks, ch = c % chunks;
+            float* d = dst + j * Dp + ch * 8;
+            if (rows.st[j] >= 0) {
+                attn_load8_f16(d, stage_row(j) + ch * 8);
+            } else if (rows.pb[j] < 0) {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) d[e] = 0.0f;
+            } else if (type == KvType::F16) {
+                attn_load8_f16(d, reinterpret_cast<const __half*>(head_block(j)) +
+                                      int64_t(rows.r[j]) * D + ch * 8);
+            } else {
+                const uint8_t* blk = head_block(j);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) d[e] = kv_decode(blk, type, role, L, D, rows.r[j], ch * 8 + e);
+            }
         }
+        return;
+    }
+    // Any format, any head_dim: one element per thread and step.
+    for (int e = threadIdx.x; e < kAttnTile * D; e += blockDim.x) {
+        const int j = e / D, dd = e % D;
+        float val = 0.0f;
+        if (rows.st[j] >= 0)
+            val = __half2float(stage_row(j)[dd]);
+        else if (rows.pb[j] >= 0)
+            val = kv_decode(head_block(j), type, role, L, D, rows.r[j], dd);
+        dst[j * Dp + dd] = val;
     }
 }
 
@@ -115,8 +147,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
     constexpr unsigned kFull = 0xffffffffu;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int D = p.head_dim, Dp = D + 1;
-    int64_t* row_off = reinterpret_cast<int64_t*>(smem_raw);              // [32]
-    float* q_s = reinterpret_cast<float*>(row_off + kAttnTile);           // [R][D], scaled
+    int32_t* tile_meta = reinterpret_cast<int32_t*>(smem_raw);  // [3][32]
+    const AttnTileRows tile{tile_meta, tile_meta + kAttnTile, tile_meta + 2 * kAttnTile};
+    float* q_s = reinterpret_cast<float*>(tile_meta + 3 * kAttnTile);  // [R][D], scaled
     float* k_s = q_s + R * D;                                             // [32][D + 1]
     float* v_s = k_s + kAttnTile * Dp;                                    // [32][D + 1]
     int32_t* tok_seq = reinterpret_cast<int32_t*>(v_s + kAttnTile * Dp);  // [R]
@@ -160,21 +193,38 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
     }
     const int dpl = (D + 31) / 32;
 
+    const bool staged = p.token_stage != nullptr;
     for (int sb = 0; sb < n_tok;) {
-        // Segment [sb, se): consecutive tokens of one sequence; keys up to its largest slot.
+        // Segment [sb, se): consecutive tokens of one sequence (and, staged, of one own
+        // block); keys up to its largest slot.
         const int seq = tok_seq[sb];
+        const int64_t own = int64_t(tok_slot[sb]) / p.block_size;
         int se = sb + 1;
         int64_t seg_end = int64_t(tok_slot[sb]) + 1;
-        while (se < n_tok && tok_seq[se] == seq)
+        while (se < n_tok && tok_seq[se] == seq &&
+               (!staged || int64_t(tok_slot[se]) / p.block_size == own))
             seg_end = max(seg_end, int64_t(tok_slot[se++]) + 1);
         seg_end = min(seg_end, split_end);
+        const int32_t own_stage = staged ? p.token_stage[t0 + sb] : -1;
         for (int64_t k0 = split_begin; k0 < seg_end; k0 += kAttnTile) {
             __syncthreads();  // the previous tile is fully consumed
-            if (tid < kAttnTile)
-                row_off[tid] = k0 + tid < seg_end ? attn_row_offset(p, seq, k0 + tid, kvh) : -1;
+            if (tid < kAttnTile) {
+                const int64_t slot = k0 + tid;
+                int32_t pb = -1;
+                if (slot < seg_end && seq >= 0 && slot >= 0 &&
+                    slot / p.block_size < p.max_blocks_per_seq) {
+                    pb = p.block_table[seq * p.max_blocks_per_seq + slot / p.block_size];
+                    if (pb >= p.n_blocks) pb = -1;
+                }
+                const bool from_stage = pb >= 0 && staged && slot / p.block_size == own &&
+                                        own_stage >= 0 && own_stage < p.n_stages;
+                tile.pb[tid] = pb;
+                tile.r[tid] = int32_t(slot % p.block_size);
+                tile.st[tid] = from_stage ? own_stage : -1;
+            }
             __syncthreads();
-            attn_load_tile(k_s, p.k, p.k_type, row_off, D);
-            attn_load_tile(v_s, p.v, p.v_type, row_off, D);
+            attn_load_tile(k_s, p, p.k, p.k_stage, p.k_type, KvRole::K, p.k_layout, tile, kvh);
+            attn_load_tile(v_s, p, p.v, p.v_stage, p.v_type, KvRole::V, p.v_layout, tile, kvh);
             __syncthreads();
 
             float s[RPW];
@@ -267,9 +317,11 @@ inline AttnParams attn_params(float* out, const float* q, const KvLayerView& kv,
     CUDA_REQUIRE(kv.block_size > 0 && kv.block_size <= INT32_MAX && kv.n_blocks > 0,
                  "paged attention: bad block_size / n_blocks");
     CUDA_REQUIRE(b.n_tokens >= 0 && b.max_blocks_per_seq > 0, "paged attention: bad batch");
-    CUDA_REQUIRE((kv.k_type == KvType::F16 || kv.k_type == KvType::F32) &&
-                     (kv.v_type == KvType::F16 || kv.v_type == KvType::F32),
-                 "paged attention: quantized KV pools are not supported by the CUDA kernels yet");
+    const bool quantized = kv_type_quantized(kv.k_type) || kv_type_quantized(kv.v_type);
+    CUDA_REQUIRE(!quantized || (kv.n_stages > 0 && kv.k_stage && kv.v_stage),
+                 "paged attention: a quantized cache needs stage pools");
+    CUDA_REQUIRE(kv.n_stages <= 0 || b.token_stage,
+                 "paged attention: a staged cache needs token stage slots");
     CUDA_REQUIRE(
         reinterpret_cast<uintptr_t>(kv.k) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.v) % 16 == 0,
         "paged attention: KV pools must be 16-byte aligned");
@@ -280,6 +332,13 @@ inline AttnParams attn_params(float* out, const float* q, const KvLayerView& kv,
     p.v = kv.v;
     p.k_type = kv.k_type;
     p.v_type = kv.v_type;
+    p.k_layout = kv_head_layout(kv.k_type, KvRole::K, kv.block_size, kv.head_dim);
+    p.v_layout = kv_head_layout(kv.v_type, KvRole::V, kv.block_size, kv.head_dim);
+    const bool staged_view = kv.n_stages > 0;
+    p.k_stage = staged_view ? static_cast<const __half*>(kv.k_stage) : nullptr;
+    p.v_stage = staged_view ? static_cast<const __half*>(kv.v_stage) : nullptr;
+    p.token_stage = staged_view ? b.token_stage : nullptr;
+    p.n_stages = staged_view ? kv.n_stages : 0;
     p.token_seq = b.token_seq;
     p.token_slot = b.token_slot;
     p.block_table = b.block_table;

@@ -20,6 +20,7 @@
 
 #include "common.h"
 #include "cuda/common.cuh"
+#include "kv_format.h"
 #include "cuda/ops.h"
 #include "model_config.h"
 #include "quant.h"
@@ -111,9 +112,13 @@ class CudaBackend final : public Backend {
 
     const ModelConfig& config() const override { return config_; }
     void forward(const ForwardBatch& batch, float* logits) override;
+    bool samples_on_device() const override { return true; }
+    void forward_sample(const ForwardBatch& batch, const std::vector<RowSampling>& rows,
+                        int32_t* tokens) override;
     void copy_blocks(const std::vector<BlockCopy>& copies) override;
     int64_t n_kv_blocks() const override { return n_blocks_; }
     int32_t kv_block_size() const override { return options_.kv_block_size; }
+    int32_t n_kv_stages() const override { return static_cast<int32_t>(n_stages_); }
     std::string name() const override { return "cuda"; }
 
   private:
@@ -123,6 +128,7 @@ class CudaBackend final : public Backend {
     void ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t table_entries);
     void enqueue_forward(int64_t n_tokens, int64_t n_rows, int64_t max_blocks);
     void run_step(int64_t n_tokens, int64_t n_rows, int64_t max_blocks);
+    int64_t launch(const ForwardBatch& b);  // validates, uploads and enqueues; returns rows
     KvLayerView kv_layer(int64_t l) const;
     void clear_graphs();
 
@@ -138,8 +144,12 @@ class CudaBackend final : public Backend {
     std::vector<DeviceLayer> layers_;
 
     int64_t n_blocks_ = 0, k_block_bytes_ = 0, v_block_bytes_ = 0;
-    DeviceMem kv_mem_;                       // per layer: K pool then V pool
-    std::vector<uint8_t*> k_pool_, v_pool_;  // [n_layer] of [n_blocks][n_kv_head][bs][hd]
+    DeviceMem kv_mem_;                       // per layer: K pool, V pool, K stage, V stage
+    std::vector<uint8_t*> k_pool_, v_pool_;  // [n_layer] of [n_blocks][n_kv_head] head blocks
+    // Staging (quantized caches): [n_layer] of f16 [n_stages][n_kv_head][bs][hd]
+    int64_t n_stages_ = 0;
+    std::vector<uint8_t*> k_stage_, v_stage_;
+    bool rotate_ = false;  // Hadamard rotation of Q and K (kv_rotation_enabled)
 
     // Activations for up to token_cap_ tokens.
     int64_t token_cap_ = 0, row_cap_ = 0, table_cap_ = 0;
@@ -151,10 +161,12 @@ class CudaBackend final : public Backend {
     float *gate_ = nullptr, *up_ = nullptr;  // [T][n_ff]
     float* xr_ = nullptr;                    // [R][n_embd] rows that need logits
     float* logits_ = nullptr;                // [R][n_vocab]
-    // Batch metadata on the device (int32): tokens, positions, seq, slot [token_cap_] each,
-    // logit rows [row_cap_], block tables [table_cap_].
+    // Batch metadata on the device (int32): tokens, positions, seq, slot, stage [token_cap_]
+    // each, logit rows [row_cap_], block tables [table_cap_].
     int32_t *d_tokens_ = nullptr, *d_pos_ = nullptr, *d_seq_ = nullptr, *d_slot_ = nullptr;
-    int32_t *d_rows_ = nullptr, *d_table_ = nullptr;
+    int32_t *d_stage_ = nullptr, *d_rows_ = nullptr, *d_table_ = nullptr;
+
+    DeviceMem sample_mem_;  // forward_sample: token ids, uniforms, penalty token lists
 
     bool use_graphs_ = true;
     size_t scratch_seen_ = 0;  // scratch size the captured graphs were recorded with
@@ -174,10 +186,10 @@ CudaBackend::CudaBackend(const GgufFile& file, const BackendOptions& options, in
                                 "support (256)",
                                 file.path(), config_.head_dim),
                     "use --device cpu");
-    for (KvType t : {options_.kv_type_k, options_.kv_type_v})
-        if (t != KvType::F16 && t != KvType::F32)
-            throw Error("the CUDA backend stores the KV cache as f16 or f32 only (for now)",
-                        "use --kv-type f16");
+    if (options_.kv_block_size > 256)
+        throw Error(fmt::format("--kv-block-size {} is larger than the CUDA kernels support (256)",
+                                options_.kv_block_size));
+    rotate_ = kv_rotation_enabled(config_, options_);
     if (const char* env = std::getenv("KVRUN_CUDA_GRAPHS"); env && std::string(env) == "0")
         use_graphs_ = false;
     upload_weights(file);
@@ -273,20 +285,32 @@ void CudaBackend::upload_weights(const GgufFile& file) {
 
 void CudaBackend::allocate_kv() {
     n_blocks_ = kv_blocks_for(config_, options_);
+    n_stages_ = kv_stages_for(config_, options_);
     k_block_bytes_ = kv_layer_block_bytes(options_.kv_type_k, KvRole::K, config_.n_kv_head,
                                           options_.kv_block_size, config_.head_dim);
     v_block_bytes_ = kv_layer_block_bytes(options_.kv_type_v, KvRole::V, config_.n_kv_head,
                                           options_.kv_block_size, config_.head_dim);
     const size_t k_bytes = align_up(size_t(n_blocks_) * size_t(k_block_bytes_));
     const size_t v_bytes = align_up(size_t(n_blocks_) * size_t(v_block_bytes_));
-    const std::string what = fmt::format("the KV cache ({} blocks of {} tokens x {} layers)",
-                                         n_blocks_, options_.kv_block_size, config_.n_layer);
-    kv_mem_ = DeviceMem((k_bytes + v_bytes) * size_t(config_.n_layer), what.c_str());
+    const size_t s_bytes = align_up(size_t(n_stages_ * config_.n_kv_head * options_.kv_block_size *
+                                           config_.head_dim * 2));
+    const size_t layer_bytes = k_bytes + v_bytes + 2 * s_bytes;
+    const std::string what =
+        fmt::format("the KV cache ({} blocks of {} tokens{} x {} layers)", n_blocks_,
+                    options_.kv_block_size,
+                    n_stages_ > 0 ? fmt::format(" + {} f16 stage blocks", n_stages_) : "",
+                    config_.n_layer);
+    kv_mem_ = DeviceMem(layer_bytes * size_t(config_.n_layer), what.c_str());
     // Zeroed so that no stale NaN can ever meet a zero attention weight.
     CUDA_CHECK(cudaMemset(kv_mem_.get(), 0, kv_mem_.size()));
     for (int64_t l = 0; l < config_.n_layer; ++l) {
-        k_pool_.push_back(kv_mem_.get() + size_t(l) * (k_bytes + v_bytes));
-        v_pool_.push_back(k_pool_.back() + k_bytes);
+        uint8_t* base = kv_mem_.get() + size_t(l) * layer_bytes;
+        k_pool_.push_back(base);
+        v_pool_.push_back(base + k_bytes);
+        if (n_stages_ > 0) {
+            k_stage_.push_back(base + k_bytes + v_bytes);
+            v_stage_.push_back(base + k_bytes + v_bytes + s_bytes);
+        }
     }
 }
 
@@ -300,6 +324,11 @@ KvLayerView CudaBackend::kv_layer(int64_t l) const {
     kv.n_kv_head = config_.n_kv_head;
     kv.block_size = options_.kv_block_size;
     kv.head_dim = config_.head_dim;
+    if (n_stages_ > 0) {
+        kv.k_stage = k_stage_[size_t(l)];
+        kv.v_stage = v_stage_[size_t(l)];
+        kv.n_stages = n_stages_;
+    }
     return kv;
 }
 
@@ -341,7 +370,7 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
     }
     if (grown || table_entries > table_cap_) {
         table_cap_ = std::max({table_entries, 2 * table_cap_, int64_t(1024)});
-        const size_t n = size_t(4 * token_cap_ + row_cap_ + table_cap_);
+        const size_t n = size_t(5 * token_cap_ + row_cap_ + table_cap_);
         meta_mem_ = DeviceMem();
         meta_mem_ = DeviceMem(n * sizeof(int32_t), "batch metadata");
         meta_host_ = PinnedMem(n * sizeof(int32_t));
@@ -350,7 +379,8 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
         d_pos_ = m + token_cap_;
         d_seq_ = m + 2 * token_cap_;
         d_slot_ = m + 3 * token_cap_;
-        d_rows_ = m + 4 * token_cap_;
+        d_stage_ = m + 4 * token_cap_;
+        d_rows_ = m + 5 * token_cap_;
         d_table_ = d_rows_ + row_cap_;
         grown = true;
     }
@@ -383,13 +413,23 @@ void CudaBackend::validate(const ForwardBatch& b) const {
     for (int32_t r : b.logit_rows)
         if (r < 0 || size_t(r) >= n)
             fail("forward batch: logit row {} outside the batch of {} tokens", r, n);
+    if (n_stages_ > 0) {
+        if (b.stages.size() != n)
+            fail("forward batch: {} tokens but {} stage slots (the quantized KV cache needs one "
+                 "per token)",
+                 n, b.stages.size());
+        for (int32_t st : b.stages)
+            if (st < 0 || st >= n_stages_)
+                fail("forward batch: stage slot {} outside the {} stage slots", st, n_stages_);
+    }
 }
 
 // Enqueues the whole forward pass on the stream (no host synchronization, capturable).
 void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
     const ModelConfig& c = config_;
     const cudaStream_t s = stream_.get();
-    const KvBatchView kb{d_seq_, d_slot_, d_table_, max_blocks, T};
+    const KvBatchView kb{d_seq_, d_slot_, d_table_, max_blocks, T,
+                         n_stages_ > 0 ? d_stage_ : nullptr};
     const float scale = 1.0f / std::sqrt(float(c.head_dim));
     cuda_embed(x_, token_embd_, d_tokens_, T, s);
     for (int64_t l = 0; l < c.n_layer; ++l) {
@@ -408,6 +448,10 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
                   c.rope_neox, s);
         cuda_rope(k_, d_pos_, T, c.n_kv_head, c.head_dim, c.n_rot, c.rope_freq_base,
                   c.rope_freq_scale, c.rope_neox, s);
+        if (rotate_) {  // q.k unchanged; K's outlier channels spread (kv_rotation_enabled)
+            cuda_hadamard(q_, T * c.n_head, c.head_dim, s);
+            cuda_hadamard(k_, T * c.n_kv_head, c.head_dim, s);
+        }
         const KvLayerView kv = kv_layer(l);
         cuda_kv_write(kv, kb, k_, v_, s);
         cuda_paged_attention(att_, q_, kv, kb, c.n_head, scale, scratch_, s);
@@ -469,12 +513,12 @@ void CudaBackend::run_step(int64_t T, int64_t R, int64_t max_blocks) {
     CUDA_CHECK(cudaGraphLaunch(g.exec, stream_.get()));
 }
 
-void CudaBackend::forward(const ForwardBatch& b, float* logits) {
+int64_t CudaBackend::launch(const ForwardBatch& b) {
     validate(b);
     const int64_t T = int64_t(b.tokens.size());
-    if (T == 0) return;
-    CUDA_CHECK(cudaSetDevice(device_));
     const int64_t R = int64_t(b.logit_rows.size());
+    if (T == 0) return 0;
+    CUDA_CHECK(cudaSetDevice(device_));
     // Block tables flattened to [n_seqs][max_blocks], -1 padded. The width is rounded up
     // to a power of two so growing sequences reuse the same captured graph for long.
     int64_t width = 1;
@@ -489,16 +533,23 @@ void CudaBackend::forward(const ForwardBatch& b, float* logits) {
     std::memcpy(h + token_cap_, b.positions.data(), size_t(T) * 4);
     std::memcpy(h + 2 * token_cap_, b.seq_index.data(), size_t(T) * 4);
     std::memcpy(h + 3 * token_cap_, b.slots.data(), size_t(T) * 4);
-    std::memcpy(h + 4 * token_cap_, b.logit_rows.data(), size_t(R) * 4);
-    int32_t* ht = h + 4 * token_cap_ + row_cap_;
+    if (n_stages_ > 0) std::memcpy(h + 4 * token_cap_, b.stages.data(), size_t(T) * 4);
+    std::memcpy(h + 5 * token_cap_, b.logit_rows.data(), size_t(R) * 4);
+    int32_t* ht = h + 5 * token_cap_ + row_cap_;
     std::fill(ht, ht + n_seqs * max_blocks, -1);
     for (int64_t sq = 0; sq < n_seqs; ++sq)
         std::copy(b.block_tables[size_t(sq)].begin(), b.block_tables[size_t(sq)].end(),
                   ht + sq * max_blocks);
-    const size_t meta_bytes = size_t(4 * token_cap_ + row_cap_ + n_seqs * max_blocks) * 4;
+    const size_t meta_bytes = size_t(5 * token_cap_ + row_cap_ + n_seqs * max_blocks) * 4;
     CUDA_CHECK(
         cudaMemcpyAsync(meta_mem_.get(), h, meta_bytes, cudaMemcpyHostToDevice, stream_.get()));
     run_step(T, R, max_blocks);
+    return R;
+}
+
+void CudaBackend::forward(const ForwardBatch& b, float* logits) {
+    const int64_t R = launch(b);
+    if (b.tokens.empty()) return;
     if (R > 0)
         CUDA_CHECK(cudaMemcpyAsync(logits, logits_, size_t(R * config_.n_vocab) * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream_.get()));
@@ -509,26 +560,84 @@ void CudaBackend::forward(const ForwardBatch& b, float* logits) {
     }
 }
 
+void CudaBackend::forward_sample(const ForwardBatch& b, const std::vector<RowSampling>& rows,
+                                 int32_t* tokens) {
+    if (rows.size() != b.logit_rows.size())
+        fail("forward_sample: {} sampling rows for {} logit rows", rows.size(),
+             b.logit_rows.size());
+    for (const RowSampling& r : rows) {
+        sampling_validate(r.params);
+        for (TokenId t : r.recent)
+            if (t < 0 || t >= config_.n_vocab)
+                fail("forward_sample: recent token id {} outside the vocabulary", t);
+    }
+    const int64_t R = launch(b);
+    if (b.tokens.empty() || R == 0) return;
+    const cudaStream_t s = stream_.get();
+    const int64_t V = config_.n_vocab;
+    // Device buffers: out [R] int32, u [R] float, then the penalized token lists.
+    std::vector<int32_t> penalty_ids;
+    std::vector<std::pair<size_t, size_t>> spans(static_cast<size_t>(R));  // (offset, count)
+    for (int64_t r = 0; r < R; ++r) {
+        const RowSampling& rs = rows[size_t(r)];
+        size_t n = 0;
+        if (rs.params.repeat_penalty != 1.0f && rs.params.repeat_last_n != 0) {
+            n = rs.recent.size();
+            if (rs.params.repeat_last_n > 0) n = std::min(n, size_t(rs.params.repeat_last_n));
+        }
+        spans[size_t(r)] = {penalty_ids.size(), n};
+        penalty_ids.insert(penalty_ids.end(), rs.recent.end() - int64_t(n), rs.recent.end());
+    }
+    const size_t need = align_up(size_t(R) * 4) * 2 + penalty_ids.size() * 4 + 4;
+    if (sample_mem_.size() < need) sample_mem_ = DeviceMem(2 * need, "sampling buffers");
+    auto* d_out = reinterpret_cast<int32_t*>(sample_mem_.get());
+    auto* d_u = reinterpret_cast<float*>(sample_mem_.get() + align_up(size_t(R) * 4));
+    auto* d_ids = reinterpret_cast<int32_t*>(sample_mem_.get() + 2 * align_up(size_t(R) * 4));
+    std::vector<float> u(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) u[size_t(r)] = float(rows[size_t(r)].u);
+    CUDA_CHECK(cudaMemcpyAsync(d_u, u.data(), size_t(R) * 4, cudaMemcpyHostToDevice, s));
+    if (!penalty_ids.empty())
+        CUDA_CHECK(cudaMemcpyAsync(d_ids, penalty_ids.data(), penalty_ids.size() * 4,
+                                   cudaMemcpyHostToDevice, s));
+    for (int64_t r = 0; r < R; ++r) {
+        const RowSampling& rs = rows[size_t(r)];
+        float* row = logits_ + r * V;
+        const auto [off, n] = spans[size_t(r)];
+        if (n > 0) cuda_repeat_penalty(row, V, d_ids + off, int64_t(n), rs.params.repeat_penalty, s);
+        if (rs.params.temperature <= 0.0f) {
+            cuda_argmax(d_out + r, row, 1, V, s);
+        } else {
+            CudaSamplerConfig cfg;
+            cfg.temperature = rs.params.temperature;
+            cfg.top_k = rs.params.top_k;
+            cfg.top_p = rs.params.top_p;
+            cfg.min_p = rs.params.min_p;
+            cuda_sample(d_out + r, row, 1, V, cfg, d_u + r, s);
+        }
+    }
+    CUDA_CHECK(cudaMemcpyAsync(tokens, d_out, size_t(R) * 4, cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    if (scratch_.size() != scratch_seen_) {
+        clear_graphs();
+        scratch_seen_ = scratch_.size();
+    }
+}
+
 void CudaBackend::copy_blocks(const std::vector<BlockCopy>& copies) {
-    for (const BlockCopy& c : copies)
+    for (const BlockCopy& c : copies) {
         if (c.src < 0 || c.src >= n_blocks_ || c.dst < 0 || c.dst >= n_blocks_)
             fail("copy_blocks: block pair ({}, {}) outside the pool of {} blocks", c.src, c.dst,
                  n_blocks_);
-    CUDA_CHECK(cudaSetDevice(device_));
-    for (const BlockCopy& c : copies) {
-        const int64_t src = c.src, dst = c.dst;
-        if (src == dst) continue;
-        for (int64_t l = 0; l < config_.n_layer; ++l) {
-            uint8_t* k = k_pool_[size_t(l)];
-            uint8_t* v = v_pool_[size_t(l)];
-            CUDA_CHECK(cudaMemcpyAsync(k + dst * k_block_bytes_, k + src * k_block_bytes_,
-                                       size_t(k_block_bytes_), cudaMemcpyDeviceToDevice,
-                                       stream_.get()));
-            CUDA_CHECK(cudaMemcpyAsync(v + dst * v_block_bytes_, v + src * v_block_bytes_,
-                                       size_t(v_block_bytes_), cudaMemcpyDeviceToDevice,
-                                       stream_.get()));
-        }
+        if (c.dst_stage >= n_stages_ || c.src_stage >= n_stages_ ||
+            (n_stages_ > 0 && c.dst_stage < 0))
+            fail("copy_blocks: stage pair ({}, {}) does not fit {} stage slots", c.src_stage,
+                 c.dst_stage, n_stages_);
     }
+    CUDA_CHECK(cudaSetDevice(device_));
+    for (const BlockCopy& c : copies)
+        for (int64_t l = 0; l < config_.n_layer; ++l)
+            cuda_kv_copy(kv_layer(l), c.src, c.dst, c.src_stage, c.dst_stage, c.n_rows,
+                         stream_.get());
     CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
 }
 

@@ -1,11 +1,17 @@
-// Writes a batch's new K and V rows into the paged cache pools ([n_blocks][n_kv_head]
-// [block_size][head_dim] per layer): one thread per element, the physical block looked up
-// in the sequence's block table. F32 and F16 pools; quantized pools get their own store.
+// Writes a batch's new K and V rows into the paged cache ([n_blocks][n_kv_head] head blocks
+// per layer): one thread per element, the physical block looked up in the sequence's block
+// table. Unstaged (f32/f16 pools): straight into the pool. Staged (quantized pools): into
+// the token's f16 stage, then a second kernel seals every block whose last row was written
+// (K: one scale per channel over the block, V: one per row and group; kv_format.h). Also
+// the block copies the block table queues (copy-on-write, stage restores).
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <tuple>
+#include <utility>
 
 #include "cuda/common.cuh"
+#include "cuda/kv_format.cuh"
 #include "cuda/ops.h"
 
 namespace kvrun {
@@ -72,12 +78,213 @@ void write_pool(KvType type, void* pool, const float* src, const KvLayerView& kv
                                         kv.n_blocks, kv.n_kv_head, kv.block_size, kv.head_dim);
             break;
         default:
-            CUDA_REQUIRE(false, "cuda_kv_write: quantized KV pools are not supported yet");
+            CUDA_REQUIRE(false, "cuda_kv_write: quantized KV pools are written through stages");
     }
     CUDA_CHECK_LAUNCH();
 }
 
+// src: [n_tokens][n_kv_head][head_dim] -> the token's stage row (f16); one thread per element.
+__global__ void stage_write_kernel(__half* __restrict__ stage, const float* __restrict__ src,
+                                   const int32_t* __restrict__ token_slot,
+                                   const int32_t* __restrict__ token_stage, int64_t n_tokens,
+                                   int64_t n_stages, int64_t n_kv_head, int64_t block_size,
+                                   int64_t head_dim) {
+    const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (idx >= n_tokens * n_kv_head * head_dim) return;
+    const int64_t d = idx % head_dim, th = idx / head_dim;
+    const int64_t h = th % n_kv_head, t = th / n_kv_head;
+    const int64_t st = token_stage[t], slot = token_slot[t];
+    if (st < 0 || st >= n_stages || slot < 0) return;
+    stage[((st * n_kv_head + h) * block_size + slot % block_size) * head_dim + d] =
+        __float2half_rn(src[idx]);
+}
+
+struct SealParams {
+    uint8_t* pool;         // [n_blocks][n_kv_head] head blocks of `type`
+    const __half* stage;   // [n_stages][n_kv_head][block_size][head_dim]
+    KvType type;
+    KvRole role;
+    KvHeadLayout layout;
+    const int32_t* token_seq;
+    const int32_t* token_slot;
+    const int32_t* token_stage;
+    const int32_t* block_table;
+    int64_t max_blocks_per_seq, n_blocks, n_stages;
+    int n_kv_head, block_size, head_dim;
+};
+
+// One thread block per (token, KV head): when the token wrote the last row of its block,
+// encodes the block's stage rows into the pool (kv_encode_head_block's rules).
+__global__ void seal_kernel(SealParams p) {
+    const int64_t t = blockIdx.x;
+    const int h = blockIdx.y;
+    const int64_t slot = p.token_slot[t], seq = p.token_seq[t], st = p.token_stage[t];
+    const int bs = p.block_size, D = p.head_dim;
+    if (slot < 0 || slot % bs != bs - 1 || st < 0 || st >= p.n_stages || seq < 0) return;
+    if (slot / bs >= p.max_blocks_per_seq) return;
+    const int64_t pb = p.block_table[seq * p.max_blocks_per_seq + slot / bs];
+    if (pb < 0 || pb >= p.n_blocks) return;
+    const __half* rows = p.stage + (st * p.n_kv_head + h) * int64_t(bs) * D;  // [bs][D]
+    uint8_t* blk = p.pool + (pb * p.n_kv_head + h) * p.layout.bytes;
+    if (p.type == KvType::F32 || p.type == KvType::F16) {
+        for (int e = threadIdx.x; e < bs * D; e += blockDim.x) {
+            const float x = __half2float(rows[e]);
+            if (p.type == KvType::F32)
+                reinterpret_cast<float*>(blk)[e] = x;
+            else
+                reinterpret_cast<__half*>(blk)[e] = __float2half_rn(x);
+        }
+        return;
+    }
+    __half* scales = reinterpret_cast<__half*>(blk);
+    uint8_t* vals = blk + p.layout.scale_bytes;
+    const bool q4 = p.type == KvType::Q4;
+    // Q4 packs channel pairs into bytes: a thread owns a pair so whole bytes are written.
+    const int width = q4 ? 2 : 1;
+    if (p.role == KvRole::K) {
+        for (int c0 = threadIdx.x * width; c0 < D; c0 += blockDim.x * width) {
+            uint8_t packed[256];  // this pair's q4 bytes, one per row (bs <= 256)
+            for (int c = c0; c < c0 + width && c < D; ++c) {
+                float amax = 0.0f, mx = 0.0f;
+                for (int r = 0; r < bs; ++r) {
+                    const float x = __half2float(rows[r * D + c]);
+                    if (fabsf(x) > amax) amax = fabsf(x), mx = x;
+                }
+                const float d = cu::kv_group_scale(p.type, amax, mx);
+                scales[c] = __float2half_rn(d);
+                const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+                for (int r = 0; r < bs; ++r) {
+                    const int q = cu::kv_quantize(p.type, __half2float(rows[r * D + c]), inv);
+                    if (!q4) {
+                        vals[int64_t(r) * p.layout.row_bytes + c] = uint8_t(int8_t(q));
+                    } else if (c == c0) {
+                        packed[r] = uint8_t(q + 8);
+                    } else {
+                        packed[r] = uint8_t(packed[r] | ((q + 8) << 4));
+                    }
+                }
+            }
+            if (q4)
+                for (int r = 0; r < bs; ++r) vals[int64_t(r) * p.layout.row_bytes + c0 / 2] = packed[r];
+        }
+    } else {
+        const int g = int(p.layout.group), n_groups = D / g;
+        for (int item = threadIdx.x; item < bs * n_groups; item += blockDim.x) {
+            const int r = item / n_groups, j = item % n_groups;
+            const __half* x = rows + r * D + j * g;
+            float amax = 0.0f, mx = 0.0f;
+            for (int c = 0; c < g; ++c) {
+                const float v = __half2float(x[c]);
+                if (fabsf(v) > amax) amax = fabsf(v), mx = v;
+            }
+            const float d = cu::kv_group_scale(p.type, amax, mx);
+            scales[r * n_groups + j] = __float2half_rn(d);
+            const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+            uint8_t* out = vals + int64_t(r) * p.layout.row_bytes;
+            for (int c = 0; c < g; c += width) {
+                const int q0 = cu::kv_quantize(p.type, __half2float(x[c]), inv);
+                if (!q4) {
+                    out[j * g + c] = uint8_t(int8_t(q0));
+                } else {
+                    const int q1 = cu::kv_quantize(p.type, __half2float(x[c + 1]), inv);
+                    out[(j * g + c) / 2] = uint8_t((q0 + 8) | ((q1 + 8) << 4));
+                }
+            }
+        }
+    }
+}
+
+void seal_pool(KvType type, KvRole role, void* pool, const void* stage, const KvLayerView& kv,
+               const KvBatchView& b, cudaStream_t s) {
+    SealParams p{};
+    p.pool = static_cast<uint8_t*>(pool);
+    p.stage = static_cast<const __half*>(stage);
+    p.type = type;
+    p.role = role;
+    p.layout = kv_head_layout(type, role, kv.block_size, kv.head_dim);
+    p.token_seq = b.token_seq;
+    p.token_slot = b.token_slot;
+    p.token_stage = b.token_stage;
+    p.block_table = b.block_table;
+    p.max_blocks_per_seq = b.max_blocks_per_seq;
+    p.n_blocks = kv.n_blocks;
+    p.n_stages = kv.n_stages;
+    p.n_kv_head = int(kv.n_kv_head);
+    p.block_size = int(kv.block_size);
+    p.head_dim = int(kv.head_dim);
+    seal_kernel<<<dim3(unsigned(b.n_tokens), unsigned(kv.n_kv_head)), 128, 0, s>>>(p);
+    CUDA_CHECK_LAUNCH();
+}
+
+// Copy of rows [0, n_rows) into stage dst_stage, from stage src_stage or decoded from pool
+// block src; grid (n_kv_head, 2 = K and V), one thread per element.
+struct CopyParams {
+    const uint8_t* pool[2];
+    __half* stage[2];
+    KvType type[2];
+    KvHeadLayout layout[2];
+    int64_t src, src_stage, dst_stage;
+    int n_kv_head, block_size, head_dim, n_rows;
+};
+
+__global__ void stage_copy_kernel(CopyParams p) {
+    const int h = blockIdx.x, which = blockIdx.y;
+    const KvRole role = which == 0 ? KvRole::K : KvRole::V;
+    const int D = p.head_dim;
+    __half* dst = p.stage[which] + (p.dst_stage * p.n_kv_head + h) * int64_t(p.block_size) * D;
+    const __half* src_stage =
+        p.stage[which] + (p.src_stage * p.n_kv_head + h) * int64_t(p.block_size) * D;
+    const uint8_t* blk = p.pool[which] + (p.src * p.n_kv_head + h) * p.layout[which].bytes;
+    for (int e = threadIdx.x; e < p.n_rows * D; e += blockDim.x) {
+        const float x = p.src_stage >= 0 ? __half2float(src_stage[e])
+                                         : cu::kv_decode(blk, p.type[which], role, p.layout[which], D,
+                                                     e / D, e % D);
+        dst[e] = __float2half_rn(x);
+    }
+}
+
 }  // namespace
+
+void cuda_kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_stage,
+                  int64_t dst_stage, int64_t n_rows, cudaStream_t s) {
+    CUDA_REQUIRE(src >= 0 && src < kv.n_blocks && dst >= 0 && dst < kv.n_blocks,
+                 "cuda_kv_copy: block id outside the pool");
+    if (dst_stage < 0) {
+        CUDA_REQUIRE(src_stage < 0, "cuda_kv_copy: a stage source needs a stage destination");
+        if (src == dst) return;
+        for (auto [pool, type, role] : {std::tuple{kv.k, kv.k_type, KvRole::K},
+                                        std::tuple{kv.v, kv.v_type, KvRole::V}}) {
+            const int64_t bytes = kv.n_kv_head * kv_head_block_bytes(type, role, kv.block_size,
+                                                                     kv.head_dim);
+            auto* base = static_cast<uint8_t*>(pool);
+            CUDA_CHECK(cudaMemcpyAsync(base + dst * bytes, base + src * bytes, size_t(bytes),
+                                       cudaMemcpyDeviceToDevice, s));
+        }
+        return;
+    }
+    CUDA_REQUIRE(kv.n_stages > 0 && dst_stage < kv.n_stages && src_stage < kv.n_stages &&
+                     n_rows >= 0 && n_rows <= kv.block_size,
+                 "cuda_kv_copy: stage slot or row count out of range");
+    if (n_rows == 0) return;
+    CopyParams p{};
+    p.pool[0] = static_cast<const uint8_t*>(kv.k);
+    p.pool[1] = static_cast<const uint8_t*>(kv.v);
+    p.stage[0] = static_cast<__half*>(kv.k_stage);
+    p.stage[1] = static_cast<__half*>(kv.v_stage);
+    p.type[0] = kv.k_type;
+    p.type[1] = kv.v_type;
+    p.layout[0] = kv_head_layout(kv.k_type, KvRole::K, kv.block_size, kv.head_dim);
+    p.layout[1] = kv_head_layout(kv.v_type, KvRole::V, kv.block_size, kv.head_dim);
+    p.src = src;
+    p.src_stage = src_stage;
+    p.dst_stage = dst_stage;
+    p.n_kv_head = int(kv.n_kv_head);
+    p.block_size = int(kv.block_size);
+    p.head_dim = int(kv.head_dim);
+    p.n_rows = int(n_rows);
+    stage_copy_kernel<<<dim3(unsigned(kv.n_kv_head), 2), 256, 0, s>>>(p);
+    CUDA_CHECK_LAUNCH();
+}
 
 void cuda_kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, const float* v,
                    cudaStream_t s) {
@@ -85,9 +292,30 @@ void cuda_kv_write(const KvLayerView& kv, const KvBatchView& batch, const float*
                  "cuda_kv_write: bad KV layer shape");
     CUDA_REQUIRE(batch.n_tokens >= 0 && batch.max_blocks_per_seq > 0,
                  "cuda_kv_write: bad batch shape");
+    CUDA_REQUIRE(kv.block_size <= 256, "cuda_kv_write: block_size must be at most 256");
+    kv_check_format(kv.k_type, kv.head_dim);
+    kv_check_format(kv.v_type, kv.head_dim);
     if (batch.n_tokens == 0) return;
-    write_pool(kv.k_type, kv.k, k, kv, batch, s);
-    write_pool(kv.v_type, kv.v, v, kv, batch, s);
+    if (kv.n_stages <= 0) {
+        CUDA_REQUIRE(!kv_type_quantized(kv.k_type) && !kv_type_quantized(kv.v_type),
+                     "cuda_kv_write: a quantized cache needs stage slots");
+        write_pool(kv.k_type, kv.k, k, kv, batch, s);
+        write_pool(kv.v_type, kv.v, v, kv, batch, s);
+        return;
+    }
+    CUDA_REQUIRE(kv.k_stage && kv.v_stage && batch.token_stage,
+                 "cuda_kv_write: staged cache without stage pools or token stages");
+    const int64_t n = batch.n_tokens * kv.n_kv_head * kv.head_dim;
+    const unsigned blocks = unsigned(cu::ceil_div(n, 256));
+    for (auto [stage, src] : {std::pair{kv.k_stage, k}, std::pair{kv.v_stage, v}}) {
+        stage_write_kernel<<<blocks, 256, 0, s>>>(static_cast<__half*>(stage), src,
+                                                  batch.token_slot, batch.token_stage,
+                                                  batch.n_tokens, kv.n_stages, kv.n_kv_head,
+                                                  kv.block_size, kv.head_dim);
+        CUDA_CHECK_LAUNCH();
+    }
+    seal_pool(kv.k_type, KvRole::K, kv.k, kv.k_stage, kv, batch, s);
+    seal_pool(kv.v_type, KvRole::V, kv.v, kv.v_stage, kv, batch, s);
 }
 
 }  // namespace kvrun

@@ -96,7 +96,36 @@ __global__ void gather_rows_kernel(float* __restrict__ out, const float* __restr
     if (i < n_rows * dim) out[i] = x[int64_t(rows[i / dim]) * dim + i % dim];
 }
 
+// One block per row of x: [n_rows][n], n a power of two <= 1024: the butterflies of a fast
+// Walsh-Hadamard transform in shared memory (in hadamard_rows' order), then 1 / sqrt(n).
+__global__ void hadamard_kernel(float* __restrict__ x, int64_t n) {
+    extern __shared__ float buf[];  // [n]
+    float* row = x + int64_t(blockIdx.x) * n;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) buf[i] = row[i];
+    __syncthreads();
+    for (int64_t h = 1; h < n; h *= 2) {
+        for (int64_t i = threadIdx.x; i < n / 2; i += blockDim.x) {
+            const int64_t j = i / h * 2 * h + i % h;
+            const float a = buf[j], b = buf[j + h];
+            buf[j] = a + b;
+            buf[j + h] = a - b;
+        }
+        __syncthreads();
+    }
+    const float norm = 1.0f / sqrtf(float(n));
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) row[i] = buf[i] * norm;
+}
+
 }  // namespace
+
+void cuda_hadamard(float* x, int64_t n_rows, int64_t n, cudaStream_t s) {
+    CUDA_REQUIRE(n > 0 && n <= 1024 && (n & (n - 1)) == 0,
+                 "cuda_hadamard: n must be a power of two <= 1024");
+    CUDA_REQUIRE(n_rows >= 0 && n_rows <= INT32_MAX, "cuda_hadamard: bad row count");
+    if (n_rows == 0) return;
+    hadamard_kernel<<<unsigned(n_rows), 128, size_t(n) * sizeof(float), s>>>(x, n);
+    CUDA_CHECK_LAUNCH();
+}
 
 void cuda_gather_rows(float* out, const float* x, const int32_t* rows, int64_t n_rows, int64_t dim,
                       cudaStream_t s) {

@@ -85,11 +85,18 @@ void cuda_gemm(float* out, const float* x, const WeightView& w, int64_t n_rows,
 
 // ---- paged KV cache (kv_write.cu, attention_*.cu) ----------------------------------------
 
-// Stores k, v: [n_tokens][n_kv_head][head_dim] into the pools at each token's slot.
-// Supported pool types: F32, F16 (Q8/Q4 throw until their kernels land).
+// cpu::kv_write's contract: unstaged f32/f16 pools get the rows directly; a staged
+// (quantized) cache gets them in the tokens' f16 stages, and every block whose last row is
+// written is sealed into the pool (same bytes as kv_encode_head_block). block_size <= 256.
 void cuda_kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, const float* v,
                    cudaStream_t s);
-// Paged causal attention, cpu::paged_attention's contract. q, out: [n_tokens][n_head][head_dim].
+// cpu::kv_copy's contract (one queued BlockCopy on one layer).
+void cuda_kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_stage,
+                  int64_t dst_stage, int64_t n_rows, cudaStream_t s);
+// hadamard_rows (kv_format.h) in place on x: [n_rows][n]; n a power of two <= 1024.
+void cuda_hadamard(float* x, int64_t n_rows, int64_t n, cudaStream_t s);
+// Paged causal attention, cpu::paged_attention's contract (f32/f16/q8/q4 pools; with
+// staging a token's own block comes from its stage). q, out: [n_tokens][n_head][head_dim].
 // head_dim <= 256, any block_size >= 1. Few tokens: one thread block per (token, KV head,
 // context split) with split-K merge; many tokens: flash-style query tiles.
 void cuda_paged_attention(float* out, const float* q, const KvLayerView& kv,

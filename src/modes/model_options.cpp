@@ -39,15 +39,42 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
 }
 
 void add_sampling_options(CLI::App* cmd, SamplingParams& p) {
+    // Each flag's value is put into otherwise default parameters and checked with
+    // sampling_validate, so flags and JSON requests share one rule and one message. A value
+    // that is not a number is left to CLI11's own conversion error.
+    auto valid = [](const char* range, auto field) {
+        return CLI::Validator(
+            [field](std::string& text) -> std::string {
+                SamplingParams trial;
+                if (!CLI::detail::lexical_cast(text, trial.*field)) return {};
+                try {
+                    sampling_validate(trial);
+                } catch (const Error& e) {
+                    return e.what();
+                }
+                return {};
+            },
+            range);
+    };
     cmd->add_option("--temp,--temperature", p.temperature, "Sampling temperature (0: greedy)")
+        ->check(valid("NONNEGATIVE", &SamplingParams::temperature))
         ->capture_default_str();
-    cmd->add_option("--top-k", p.top_k, "Keep the k most likely tokens (0: off)")->capture_default_str();
-    cmd->add_option("--top-p", p.top_p, "Nucleus sampling threshold (1: off)")->capture_default_str();
+    cmd->add_option("--top-k", p.top_k, "Keep the k most likely tokens (0: off)")
+        ->check(valid("NONNEGATIVE", &SamplingParams::top_k))
+        ->capture_default_str();
+    cmd->add_option("--top-p", p.top_p, "Nucleus sampling threshold (1: off)")
+        ->check(valid("in [0 - 1]", &SamplingParams::top_p))
+        ->capture_default_str();
     cmd->add_option("--min-p", p.min_p, "Drop tokens below min-p x the top probability (0: off)")
+        ->check(valid("in [0 - 1]", &SamplingParams::min_p))
         ->capture_default_str();
-    cmd->add_option("--repeat-penalty", p.repeat_penalty, "Penalty for recently seen tokens (1: off)")
+    cmd->add_option("--repeat-penalty", p.repeat_penalty,
+                    "Penalty for recently seen tokens (1: off)")
+        ->check(valid("POSITIVE", &SamplingParams::repeat_penalty))
         ->capture_default_str();
-    cmd->add_option("--repeat-last-n", p.repeat_last_n, "How many recent tokens the penalty looks at")
+    cmd->add_option("--repeat-last-n", p.repeat_last_n,
+                    "How many recent tokens the penalty looks at (-1: all, 0: off)")
+        ->check(valid("AT LEAST -1", &SamplingParams::repeat_last_n))
         ->capture_default_str();
     cmd->add_option("-s,--seed", p.seed, "Random seed (same seed, same output)")->capture_default_str();
 }
@@ -112,6 +139,20 @@ LoadedModel load_model(const ModelOptions& o, int32_t n_sequences) {
         fail("bad --device '{}' (expected cpu, cuda, cuda:N or auto)", o.device);
     }
     return m;
+}
+
+std::string kv_cache_summary(const Backend& backend, const ModelOptions& o) {
+    const KvType k = kv_type_parse(o.kv_type_k.empty() ? o.kv_type : o.kv_type_k);
+    const KvType v = kv_type_parse(o.kv_type_v.empty() ? o.kv_type : o.kv_type_v);
+    const ModelConfig& c = backend.config();
+    const int32_t bs = backend.kv_block_size();
+    std::string s = fmt::format("KV cache: K {}, V {}, {:.1f} bytes/token, {} blocks of {} tokens",
+                                kv_type_name(k), kv_type_name(v), kv_bytes_per_token(c, k, v, bs),
+                                backend.n_kv_blocks(), bs);
+    if (backend.n_kv_stages() > 0)
+        s += fmt::format(" + {} f16 stage blocks", backend.n_kv_stages());
+    if (o.kv_rotate == "on") s += ", Hadamard-rotated keys";
+    return s;
 }
 
 EngineOptions engine_options(const ModelOptions& o, int32_t max_parallel) {

@@ -41,6 +41,10 @@ struct LoadedModel {
 // 0, enough blocks for `n_sequences` full contexts. Throws Error with a hint on failure.
 LoadedModel load_model(const ModelOptions& o, int32_t n_sequences = 1);
 
+// One line describing the backend's KV cache: storage types, bytes per token, blocks,
+// stage slots and rotation (for --stats, perplexity and batch summaries).
+std::string kv_cache_summary(const Backend& backend, const ModelOptions& o);
+
 // The engine options these flags imply.
 EngineOptions engine_options(const ModelOptions& o, int32_t max_parallel);
 

@@ -29,10 +29,8 @@ int run_perplexity(PplOptions o) {
     po.kld_base = o.kld_base;
     LoadedModel m = load_model(o.model, 1);
     install_interrupt_handler();
-    fmt::print(stderr, "perplexity: {} on {} ({}), -c {} -b {}, KV {}/{}\n", o.model.model, o.file,
-               m.device, po.n_ctx, po.n_batch,
-               o.model.kv_type_k.empty() ? o.model.kv_type : o.model.kv_type_k,
-               o.model.kv_type_v.empty() ? o.model.kv_type : o.model.kv_type_v);
+    fmt::print(stderr, "perplexity: {} on {} ({}), -c {} -b {}\n{}\n", o.model.model, o.file,
+               m.device, po.n_ctx, po.n_batch, kv_cache_summary(*m.backend, o.model));
     auto progress = [&](int32_t done, int32_t total, double ppl, double secs) {
         if (interrupt_flag()) throw Error("interrupted");
         const double eta = done > 0 ? secs / done * (total - done) : 0;

@@ -1,0 +1,184 @@
+// CUDA quantized KV cache vs the CPU twins: one KvBlockTable drives a CPU and a GPU copy of
+// a layer's cache through prefill, decode, fork (copy-on-write of a stage), rollback across
+// sealed blocks (stage restored from the pool) and stage reclaiming; after every pass the
+// sealed pools and stages must hold the same bytes and cuda_paged_attention (decode kernel,
+// prefill kernel, dispatcher) must match cpu::paged_attention. Also cuda_hadamard.
+// Exits 77 (skipped) without a GPU (see cuda_test_util.h).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "common.h"
+#include "cpu_ops.h"
+#include "cuda_test_util.h"
+#include "kv_block_table.h"
+#include "kv_format.h"
+
+#ifdef KVRUN_HAS_CUDA
+
+using namespace kvrun;
+using namespace kvrun::test;
+
+namespace {
+
+// Both sides read the same bytes and compute in f32: only summation order differs.
+constexpr double kAttnBound = 1e-8;
+
+struct Shape {
+    int64_t block_size, n_kv_head, group, head_dim;
+    KvType k_type, v_type;
+    int32_t n_stages;
+};
+
+// Fraction of differing bytes (0 when equal).
+double byte_mismatch(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+    if (a.size() != b.size()) return 1.0;
+    size_t n = 0;
+    for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+    return a.empty() ? 0.0 : double(n) / double(a.size());
+}
+
+class Mirror {
+  public:
+    Mirror(const Shape& sh, int64_t n_blocks)
+        : sh_(sh), table_(int32_t(n_blocks), int32_t(sh.block_size), sh.n_stages) {
+        const int64_t bs = sh.block_size, hd = sh.head_dim;
+        hk_.assign(size_t(n_blocks * sh.n_kv_head * kv_head_block_bytes(sh.k_type, KvRole::K, bs, hd)), 0);
+        hv_.assign(size_t(n_blocks * sh.n_kv_head * kv_head_block_bytes(sh.v_type, KvRole::V, bs, hd)), 0);
+        hks_.assign(size_t(sh.n_stages * sh.n_kv_head * bs * hd * 2), 0);
+        hvs_.assign(hks_.size(), 0);
+        dk_ = DevBuf<uint8_t>(hk_.size());
+        dv_ = DevBuf<uint8_t>(hv_.size());
+        dks_ = DevBuf<uint8_t>(hks_.size());
+        dvs_ = DevBuf<uint8_t>(hvs_.size());
+        for (auto* b : {&dk_, &dv_, &dks_, &dvs_}) b->zero();
+        hkv_ = {sh.k_type, sh.v_type, hk_.data(), hv_.data(), n_blocks, sh.n_kv_head, bs, hd,
+                hks_.data(), hvs_.data(), sh.n_stages};
+        dkv_ = {sh.k_type, sh.v_type, dk_.get(), dv_.get(), n_blocks, sh.n_kv_head, bs, hd,
+                dks_.get(), dvs_.get(), sh.n_stages};
+    }
+    KvBlockTable& table() { return table_; }
+
+    // One pass: appends n_new[i] tokens to seqs[i], runs the queued copies, writes random
+    // K/V on both sides and compares caches and attention. Returns false when the table
+    // refused an append (then nothing ran).
+    bool pass(const std::vector<SeqId>& seqs, const std::vector<int32_t>& n_new, uint32_t seed) {
+        for (size_t i = 0; i < seqs.size(); ++i) {
+            std::vector<TokenId> ids(size_t(n_new[i]), TokenId(seed % 97));
+            if (!table_.append(seqs[i], ids)) return false;
+        }
+        for (const BlockCopy& c : table_.take_pending_copies()) {
+            cpu::kv_copy(hkv_, c.src, c.dst, c.src_stage, c.dst_stage, c.n_rows);
+            cuda_kv_copy(dkv_, c.src, c.dst, c.src_stage, c.dst_stage, c.n_rows, nullptr);
+        }
+        int64_t max_blocks = 1;
+        for (SeqId s : seqs) max_blocks = std::max<int64_t>(max_blocks, table_.block_ids(s).size());
+        std::vector<int32_t> flat(seqs.size() * size_t(max_blocks), -1), t_seq, t_slot, t_stage;
+        for (size_t i = 0; i < seqs.size(); ++i) {
+            const auto& ids = table_.block_ids(seqs[i]);
+            std::copy(ids.begin(), ids.end(), flat.begin() + int64_t(i) * max_blocks);
+            const int32_t len = table_.n_tokens(seqs[i]);
+            for (int32_t j = len - n_new[i]; j < len; ++j) {
+                t_seq.push_back(int32_t(i));
+                t_slot.push_back(j);
+                t_stage.push_back(table_.stage_of_slot(seqs[i], j));
+            }
+        }
+        const int64_t nt = int64_t(t_seq.size());
+        const int64_t rows = nt * sh_.n_kv_head * sh_.head_dim;
+        const auto k = random_floats(size_t(rows), seed * 3 + 1);
+        const auto v = random_floats(size_t(rows), seed * 3 + 2);
+        const int64_t n_head = sh_.n_kv_head * sh_.group;
+        const auto q = random_floats(size_t(nt * n_head * sh_.head_dim), seed * 3 + 3);
+        const KvBatchView hb{t_seq.data(), t_slot.data(), flat.data(), max_blocks, nt, t_stage.data()};
+        cpu::kv_write(hkv_, hb, k.data(), v.data());
+        std::vector<float> ref(q.size());
+        const float scale = 1.0f / std::sqrt(float(sh_.head_dim));
+        cpu::paged_attention(ref.data(), q.data(), hkv_, hb, n_head, scale);
+
+        DevBuf<int32_t> dseq(t_seq), dslot(t_slot), dstage(t_stage), dtable(flat);
+        DevBuf<float> dkin(k), dvin(v), dq(q), dout(q.size());
+        const KvBatchView db{dseq.get(), dslot.get(), dtable.get(), max_blocks, nt, dstage.get()};
+        cuda_kv_write(dkv_, db, dkin.get(), dvin.get(), nullptr);
+        // Sealed pools and stages: the same bytes (the codec rounds identically).
+        CHECK(byte_mismatch(dk_.download(), hk_) == 0.0);
+        CHECK(byte_mismatch(dv_.download(), hv_) == 0.0);
+        CHECK(byte_mismatch(dks_.download(), hks_) == 0.0);
+        CHECK(byte_mismatch(dvs_.download(), hvs_) == 0.0);
+        CudaScratch scratch;
+        cuda_paged_attention_decode(dout.get(), dq.get(), dkv_, db, n_head, scale, scratch, nullptr);
+        CHECK(nmse(dout.download(), ref) < kAttnBound);
+        dout.zero();
+        cuda_paged_attention_prefill(dout.get(), dq.get(), dkv_, db, n_head, scale, nullptr);
+        CHECK(nmse(dout.download(), ref) < kAttnBound);
+        dout.zero();
+        cuda_paged_attention(dout.get(), dq.get(), dkv_, db, n_head, scale, scratch, nullptr);
+        CHECK(nmse(dout.download(), ref) < kAttnBound);
+        return true;
+    }
+
+  private:
+    Shape sh_;
+    KvBlockTable table_;
+    std::vector<uint8_t> hk_, hv_, hks_, hvs_;
+    DevBuf<uint8_t> dk_, dv_, dks_, dvs_;
+    KvLayerView hkv_, dkv_;
+};
+
+void run_shape(const Shape& sh, uint32_t seed) {
+    CAPTURE(sh.block_size);
+    CAPTURE(sh.head_dim);
+    CAPTURE(kv_type_name(sh.k_type));
+    CAPTURE(kv_type_name(sh.v_type));
+    Mirror m(sh, 96);
+    KvBlockTable& t = m.table();
+    SeqId a = t.create_sequence(), b = t.create_sequence(), c = t.create_sequence();
+    // Prefill of three prompts in one pass (a decode-sized third one), then decode steps.
+    REQUIRE(m.pass({a, b, c}, {40, 23, 1}, seed++));
+    for (int i = 0; i < 12; ++i) REQUIRE(m.pass({a, b, c}, {1, 1, 1}, seed++));
+    // Fork a mid-block: both continue, the fork copies a's stage (copy-on-write).
+    SeqId f = t.fork(a);
+    REQUIRE(m.pass({a, f}, {3, 2}, seed++));
+    // Roll b back across sealed blocks and continue (a speculative rejection); with few
+    // stages the rolled-into block's stage was reclaimed and comes back from the pool.
+    for (int i = 0; i < 6; ++i) REQUIRE(m.pass({a, c, f}, {1, 1, 1}, seed++));
+    t.truncate(b, 5);
+    REQUIRE(m.pass({b}, {9}, seed++));
+    // A long chunked prefill for a new sequence next to decode steps.
+    SeqId d = t.create_sequence();
+    REQUIRE(m.pass({d, a}, {70, 1}, seed++));
+    REQUIRE(m.pass({d, b, c}, {33, 1, 1}, seed++));
+}
+
+}  // namespace
+
+TEST_CASE("cuda quantized KV cache matches the CPU: sealed bytes, stages, attention") {
+    const Shape shapes[] = {
+        {16, 2, 4, 64, KvType::Q8, KvType::Q8, 24},
+        {16, 2, 4, 64, KvType::Q4, KvType::Q4, 12},    // few stages: reclaim + restore
+        {7, 1, 8, 128, KvType::Q4, KvType::Q8, 24},    // odd block size
+        {16, 4, 2, 8, KvType::Q4, KvType::F16, 24},    // stories260K heads, mixed formats
+        {1, 2, 2, 64, KvType::Q8, KvType::Q4, 160},    // block size 1: every row seals
+        {64, 1, 8, 256, KvType::Q4, KvType::Q4, 24},   // largest head_dim
+        {16, 2, 2, 80, KvType::Q8, KvType::F32, 24},   // head_dim not a multiple of 8 / 32
+    };
+    uint32_t seed = 1;
+    for (const Shape& sh : shapes) run_shape(sh, seed += 100);
+}
+
+TEST_CASE("cuda_hadamard matches hadamard_rows") {
+    for (int64_t n : {1, 8, 64, 128, 256}) {
+        CAPTURE(n);
+        auto x = random_floats(size_t(5 * n), uint32_t(n));
+        DevBuf<float> d(x);
+        cuda_hadamard(d.get(), 5, n, nullptr);
+        hadamard_rows(x.data(), 5, n);
+        CHECK(nmse(d.download(), x) < 1e-12);
+    }
+    DevBuf<float> d(16);
+    CHECK_THROWS_AS(cuda_hadamard(d.get(), 1, 12, nullptr), Error);
+}
+
+#endif  // KVRUN_HAS_CUDA
