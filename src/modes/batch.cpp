@@ -308,6 +308,7 @@ int run_batch(const BatchOptions& o) {
     progress.update(next, engine.stats().tokens_decoded, 0, elapsed, true);
     progress.clear();
     print_summary(items, n_written, engine, m, elapsed, interrupted);
+    fmt::print(stderr, "{}\n", kv_cache_summary(*m.backend, mo));
     if (out_file && std::fclose(out_file.release()) != 0)
         fail("error while writing '{}'", o.output);
     if (interrupted) {

@@ -46,7 +46,8 @@ ChatTemplateKind pick_template(const ChatOptions& o, const GgufFile& file) {
     return ChatTemplateKind::Plain;
 }
 
-void print_stats(const ChatSession& chat, const Engine& engine, const LoadedModel& m) {
+void print_stats(const ChatSession& chat, const Engine& engine, const LoadedModel& m,
+                 const ModelOptions& mo) {
     const ChatTurnStats& t = chat.last_turn();
     const KvBlockStats ks = engine.kv_table().stats();
     fmt::print(
@@ -67,6 +68,7 @@ void print_stats(const ChatSession& chat, const Engine& engine, const LoadedMode
         chat.config().overflow == ContextOverflow::Stop    ? "stop"
         : chat.config().overflow == ContextOverflow::Shift ? "shift"
                                                            : "sinks");
+    fmt::print("{}\n", kv_cache_summary(*m.backend, mo));
     if (engine.speculative()) {
         const SpeculativeStats& s = engine.stats().spec;
         fmt::print(
@@ -136,7 +138,7 @@ int run_chat(const ChatOptions& o) {
                 fmt::print("[system prompt {}; new conversation]\n",
                            arg.empty() ? "cleared" : "set");
             } else if (cmd == "/stats") {
-                print_stats(chat, engine, m);
+                print_stats(chat, engine, m, o.model);
             } else {
                 fmt::print("unknown command {} (/help lists them)\n", cmd);
             }
@@ -148,8 +150,10 @@ int run_chat(const ChatOptions& o) {
             chat.send(line, print_text, print_notice, &interrupt_flag());
         } catch (const Error& e) {
             std::fflush(stdout);
-            fmt::print(stderr, "error: {}\n", e.what());
-            if (!e.hint().empty()) fmt::print(stderr, "hint: {}\n", e.hint());
+            if (e.hint().empty())
+                fmt::print(stderr, "error: {}\n", e.what());
+            else
+                fmt::print(stderr, "error: {} (hint: {})\n", e.what(), e.hint());
             continue;
         }
         if (chat.last_turn().stop == StopReason::Cancelled) fmt::print(" [interrupted]");
@@ -157,7 +161,7 @@ int run_chat(const ChatOptions& o) {
         if (tty) fmt::print("\n");
         std::fflush(stdout);
         interrupt_flag() = false;
-        if (o.stats) print_stats(chat, engine, m);
+        if (o.stats) print_stats(chat, engine, m, o.model);
     }
 }
 

@@ -54,7 +54,7 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
         fail("'n_predict' must be -1 (no limit) or a count >= 0 (got {})", req.n_predict);
     if (req.n_samples < 1 || req.n_samples > 256)
         fail("'n_samples' must be between 1 and 256 (got {})", req.n_samples);
-    Sampler check(req.sampling);  // throws Error for invalid sampling values
+    sampling_validate(req.sampling);  // throws Error naming the bad value and its range
     req.prompt = tok.encode(out.prompt_text, d.add_bos && tok.add_bos(), d.parse_special);
     return out;
 }

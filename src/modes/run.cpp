@@ -79,6 +79,7 @@ void print_stats(const std::vector<GenerationResult>& results, const Engine& e,
         fmt::print(stderr, "KV blocks used    {} peak of {} ({} tokens each), waste {:.1f}%\n",
                    e.stats().peak_blocks_used, ks.n_blocks, ks.block_size,
                    100.0 * e.stats().peak_waste_fraction);
+    fmt::print(stderr, "{}\n", kv_cache_summary(*m.backend, o.model));
     if (results.size() > 1)
         fmt::print(stderr,
                    "samples           {} sharing the prompt's KV blocks (peak {} shared "
