@@ -49,6 +49,54 @@ int32_t ForwardBatch::add_sequence(const KvBlockTable& table, SeqId seq, int32_t
     return first;
 }
 
+void ForwardBatch::validate(int64_t n_vocab, int64_t n_blocks, int64_t block_size,
+                            int64_t n_stages) const {
+    const size_t n = tokens.size();
+    if (positions.size() != n || seq_index.size() != n || slots.size() != n)
+        fail("forward batch: {} tokens but {} positions, {} sequence indices, {} slots", n,
+             positions.size(), seq_index.size(), slots.size());
+    for (const auto& table : block_tables)
+        for (int32_t id : table)
+            if (id < 0 || id >= n_blocks)
+                fail("forward batch: block id {} outside the pool of {} blocks", id, n_blocks);
+    for (size_t i = 0; i < n; ++i) {
+        if (tokens[i] < 0 || tokens[i] >= n_vocab)
+            fail("forward batch: token id {} out of range (vocabulary of {})", tokens[i], n_vocab);
+        if (positions[i] < 0) fail("forward batch: negative position {}", positions[i]);
+        if (seq_index[i] < 0 || size_t(seq_index[i]) >= block_tables.size())
+            fail("forward batch: sequence index {} but {} block tables", seq_index[i],
+                 block_tables.size());
+        const auto& table = block_tables[size_t(seq_index[i])];
+        if (slots[i] < 0 || slots[i] / block_size >= int64_t(table.size()))
+            fail("forward batch: slot {} of sequence {} is outside its {} blocks of {} tokens",
+                 slots[i], seq_index[i], table.size(), block_size);
+    }
+    for (int32_t r : logit_rows)
+        if (r < 0 || size_t(r) >= n)
+            fail("forward batch: logit row {} outside the batch of {} tokens", r, n);
+    if (n_stages > 0) {
+        if (stages.size() != n)
+            fail("forward batch: {} tokens but {} stage slots (the quantized KV cache needs one "
+                 "per token)",
+                 n, stages.size());
+        for (int32_t st : stages)
+            if (st < 0 || st >= n_stages)
+                fail("forward batch: stage slot {} outside the {} stage slots", st, n_stages);
+    }
+}
+
+void kv_copies_validate(const std::vector<BlockCopy>& copies, int64_t n_blocks,
+                        int64_t n_stages) {
+    for (const BlockCopy& c : copies) {
+        if (c.src < 0 || c.src >= n_blocks || c.dst < 0 || c.dst >= n_blocks)
+            fail("copy_blocks: block pair ({}, {}) outside the pool of {} blocks", c.src, c.dst,
+                 n_blocks);
+        if (c.dst_stage >= n_stages || c.src_stage >= n_stages || (n_stages > 0 && c.dst_stage < 0))
+            fail("copy_blocks: stage pair ({}, {}) does not fit {} stage slots", c.src_stage,
+                 c.dst_stage, n_stages);
+    }
+}
+
 void kv_apply_pending(KvBlockTable& table, Backend& backend) {
     std::vector<BlockCopy> copies = table.take_pending_copies();
     if (!copies.empty()) backend.copy_blocks(copies);

@@ -39,7 +39,13 @@ struct ForwardBatch {
     // Adds tokens [start, start + n) of `seq`, already appended to `table`, as one more
     // sequence of the batch (RoPE position = cache slot). Returns the batch index of the first.
     int32_t add_sequence(const KvBlockTable& table, SeqId seq, int32_t start, int32_t n);
+    // Throws Error for an inconsistent batch (sizes, ids, slots outside the block tables,
+    // missing or out-of-range stages when n_stages > 0).
+    void validate(int64_t n_vocab, int64_t n_blocks, int64_t block_size, int64_t n_stages) const;
 };
+
+// Throws Error for copies naming blocks or stages outside the pool.
+void kv_copies_validate(const std::vector<BlockCopy>& copies, int64_t n_blocks, int64_t n_stages);
 
 // How Backend::forward_sample samples one logit row.
 struct RowSampling {
@@ -91,7 +97,8 @@ struct BackendOptions {
     // channel and measured worse (docs/kv-cache.md).
     bool kv_rotate = false;
     int n_threads = 0;  // CPU threads; 0 = hardware concurrency
-    // CPU only, for validation: round activations like llama.cpp (cpu::set_llamacpp_rounding).
+    // CPU only, for validation: reproduce llama.cpp's arithmetic bit for bit
+    // (cpu::set_llamacpp_rounding, docs/llamacpp-fidelity.md).
     bool llamacpp_rounding = false;
 };
 

@@ -6,6 +6,10 @@
 // are bit-identical whatever the batch composition and thread count (a sequence decoded
 // alone or batched with others gives the same logits; speculative verification of K tokens
 // matches K single steps exactly), and for f16/f32 caches whatever the KV block size.
+//
+// The llama.cpp emulation (set_llamacpp_rounding, the `llamacpp` section below) is the
+// exception: it reproduces llama.cpp's arithmetic, which depends on the batch size as
+// llama.cpp's does (a batch of >= 2 tokens takes other kernels than a single token).
 #include "cpu_ops.h"
 
 #include <algorithm>
@@ -15,6 +19,7 @@
 #include <vector>
 
 #include "common.h"
+#include "cpu_llamacpp.h"
 #include "kv_format.h"
 #include "quant.h"
 #include "thread_pool.h"
@@ -48,48 +53,6 @@ float round_to_f16(float x) {
     return fp16_to_fp32(fp32_to_fp16(x));
 }
 
-// x[32] -> out[32]: the values of llama.cpp's Q8_0 activation block (q = round(x * 127 / amax),
-// scale amax / 127 stored as f16).
-void round_block_q8_0(const float* x, float* out) {
-    float amax = 0;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
-    const float id = amax != 0 ? 127.0f / amax : 0.0f;
-    const float d = round_to_f16(amax / 127.0f);
-    for (int j = 0; j < 32; ++j) out[j] = d * float(std::lrintf(x[j] * id));
-}
-
-// x[256] -> out[256]: the values of llama.cpp's Q8_K activation block (scale from the signed
-// value of largest magnitude, kept in f32).
-void round_block_q8_k(const float* x, float* out) {
-    float amax = 0, max = 0;
-    for (int j = 0; j < 256; ++j)
-        if (std::fabs(x[j]) > amax) {
-            amax = std::fabs(x[j]);
-            max = x[j];
-        }
-    const float iscale = amax != 0 ? -127.0f / max : 0.0f;
-    const float d = amax != 0 ? 1.0f / iscale : 0.0f;
-    for (int j = 0; j < 256; ++j) out[j] = d * float(std::min(127L, std::lrintf(iscale * x[j])));
-}
-
-// The activations llama.cpp's CPU backend actually multiplies with weights of type t:
-// x[n_rows][n_in] rounded into out (see set_llamacpp_rounding). False when t uses f32.
-bool round_activations_like_llamacpp(GgmlType t, const float* x, int64_t n_rows, int64_t n_in,
-                                     std::vector<float>& out) {
-    if (t == GgmlType::F32) return false;
-    const int64_t n = n_rows * n_in;
-    out.resize(n);
-    if (t == GgmlType::F16) {
-        for (int64_t i = 0; i < n; ++i) out[i] = round_to_f16(x[i]);
-    } else if (t == GgmlType::BF16) {
-        for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_fp32(fp32_to_bf16(x[i]));
-    } else if (ggml_type_traits(t).block_elems == 256) {  // K-quants, IQ4_XS: Q8_K
-        for (int64_t i = 0; i < n; i += 256) round_block_q8_k(x + i, out.data() + i);
-    } else {  // 32-element block types: Q8_0 (Q8_1 for Q4_1/Q5_1: same values, see tests)
-        for (int64_t i = 0; i < n; i += 32) round_block_q8_0(x + i, out.data() + i);
-    }
-    return true;
-}
 
 // Start of the head block (block, head) in a pool of format t: [n_blocks][n_kv_head] head
 // blocks of kv_head_block_bytes each.
@@ -151,6 +114,18 @@ void check_kv_view(const KvLayerView& kv) {
 }  // namespace
 
 void rmsnorm(float* out, const float* x, const float* w, int64_t n_rows, int64_t dim, float eps) {
+    if (t_llamacpp_rounding) {  // ggml_compute_forward_rms_norm_f32, then ggml_mul by w
+        for (int64_t r = 0; r < n_rows; ++r) {
+            const float* xr = x + r * dim;
+            double sum = 0;
+            for (int64_t i = 0; i < dim; ++i) sum += double(xr[i] * xr[i]);
+            const float mean = float(sum / double(dim));
+            const float scale = 1.0f / std::sqrt(mean + eps);
+            float* o = out + r * dim;
+            for (int64_t i = 0; i < dim; ++i) o[i] = xr[i] * scale * w[i];
+        }
+        return;
+    }
     for (int64_t r = 0; r < n_rows; ++r) {
         const float* xr = x + r * dim;
         double sum = 0;
@@ -166,9 +141,7 @@ void matmul(float* out, const float* x, const WeightView& w, int64_t n_rows) {
         fail("matmul: empty weight view ({} x {})", w.n_out, w.n_in);
     const int64_t n_in = w.n_in, n_out = w.n_out;
     const auto* base = static_cast<const uint8_t*>(w.data);
-    std::vector<float> rounded;  // [n_rows][n_in] when emulating llama.cpp's rounding
-    if (t_llamacpp_rounding && round_activations_like_llamacpp(w.type, x, n_rows, n_in, rounded))
-        x = rounded.data();
+    if (t_llamacpp_rounding) return llamacpp::matmul(out, x, w, n_rows);
     // Output rows per chunk: enough multiply-adds to be worth a thread hand-off.
     int64_t work_per_row = std::max<int64_t>(1, n_in * n_rows);
     int64_t grain = std::max<int64_t>(1, kMinParallelWork / work_per_row);
@@ -201,6 +174,27 @@ void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64
         fail("rope: rotated dims {} must be even and within head_dim {}", n_rot, head_dim);
     const int64_t half = n_rot / 2;
     std::vector<float> cos_t(half), sin_t(half);  // [n_rot / 2] for one position
+    if (t_llamacpp_rounding) {  // ggml_compute_forward_rope_f32 (no YaRN, mscale 1)
+        const float theta_scale = std::pow(freq_base, -2.0f / float(n_rot));
+        for (int64_t t = 0; t < n_tokens; ++t) {
+            float theta = float(pos[t]);
+            for (int64_t i = 0; i < half; ++i) {
+                cos_t[i] = std::cos(freq_scale * theta);
+                sin_t[i] = std::sin(freq_scale * theta);
+                theta *= theta_scale;
+            }
+            for (int64_t h = 0; h < n_heads; ++h) {
+                float* v = x + (t * n_heads + h) * head_dim;
+                for (int64_t i = 0; i < half; ++i) {
+                    const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+                    const float x0 = v[a], x1 = v[b];
+                    v[a] = llamacpp::fmaf_(x0, cos_t[i], -(x1 * sin_t[i]));
+                    v[b] = llamacpp::fmaf_(x0, sin_t[i], x1 * cos_t[i]);
+                }
+            }
+        }
+        return;
+    }
     for (int64_t t = 0; t < n_tokens; ++t) {
         for (int64_t i = 0; i < half; ++i) {
             double inv_freq = std::pow(double(freq_base), -2.0 * double(i) / double(n_rot));
@@ -222,6 +216,11 @@ void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64
 }
 
 void swiglu(float* out, const float* gate, const float* up, int64_t n) {
+    if (t_llamacpp_rounding) {  // ggml_silu on the row (the caller passes one row), ggml_mul
+        llamacpp::silu_row(out, gate, n);
+        for (int64_t i = 0; i < n; ++i) out[i] *= up[i];
+        return;
+    }
     for (int64_t i = 0; i < n; ++i) {
         float g = gate[i];
         out[i] = g / (1.0f + std::exp(-g)) * up[i];
@@ -237,8 +236,11 @@ void embed(float* out, const WeightView& table, const int32_t* tokens, int64_t n
     for (int64_t t = 0; t < n_tokens; ++t) {
         if (tokens[t] < 0 || tokens[t] >= table.n_out)
             fail("token id {} is out of range (vocabulary of {})", tokens[t], table.n_out);
-        dequantize_row(table.type, base + tokens[t] * table.row_bytes, out + t * table.n_in,
-                       table.n_in);
+        const uint8_t* row = base + tokens[t] * table.row_bytes;
+        if (t_llamacpp_rounding)
+            llamacpp::get_row(table.type, row, out + t * table.n_in, table.n_in);
+        else
+            dequantize_row(table.type, row, out + t * table.n_in, table.n_in);
     }
 }
 
@@ -321,6 +323,9 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
         if (staged) kv_stage_of(kv, batch, t);
     }
 
+    const bool emulate = t_llamacpp_rounding && kv.k_type == KvType::F16 &&
+                         kv.v_type == KvType::F16 && !staged;
+    const bool batched = batch.n_tokens >= 2;
     const bool round_q = t_llamacpp_rounding && kv.k_type == KvType::F16;
     const bool round_p = t_llamacpp_rounding && kv.v_type == KvType::F16;
     const int64_t n_items = batch.n_tokens * n_head;  // one (token, head) pair each
@@ -348,10 +353,18 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
             }
             return tmp.data();
         };
+        llamacpp::AttentionScratch emu;
         for (int64_t item = i0; item < i1; ++item) {
             const int64_t t = item / n_head, h = item % n_head, kvh = h / group;
             const int64_t n_slots = batch.token_slot[t] + 1;
             const float* qv = q + item * hd;
+            if (emulate) {
+                llamacpp::attention(
+                    out + item * hd, qv, hd, n_slots, scale, batched,
+                    [&](int64_t s) { return load_row(KvRole::K, t, kvh, s); },
+                    [&](int64_t s) { return load_row(KvRole::V, t, kvh, s); }, emu);
+                continue;
+            }
             if (round_q) {
                 for (int64_t i = 0; i < hd; ++i) q_rounded[i] = round_to_f16(qv[i]);
                 qv = q_rounded.data();

@@ -73,7 +73,8 @@ void add_bias(float* x, const float* bias, int64_t n_rows, int64_t n);
 void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
           int64_t n_rot, float freq_base, float freq_scale, bool neox);
 
-// out[i] = silu(gate[i]) * up[i], n elements.
+// out[i] = silu(gate[i]) * up[i], n elements. (With llama.cpp emulation on, pass one row
+// per call: ggml vectorizes SiLU per row.)
 void swiglu(float* out, const float* gate, const float* up, int64_t n);
 
 // x[i] += y[i], n elements.
@@ -105,11 +106,12 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
 void kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_stage,
              int64_t dst_stage, int64_t n_rows);
 
-// Validation aid (off by default; per calling thread): when on, matmul first rounds its
-// activations the way llama.cpp's CPU backend does for the weight type (f16 for F16, bf16 for
-// BF16, 8-bit blocks - Q8_0 or Q8_K - for quantized weights), and paged_attention rounds Q
-// (before Q.K) and the softmax weights (before the sum over V) to f16 when K resp. V are f16.
-// Logits then match llama.cpp's to ~1e-3 instead of ~0.5 nats, so tests can be tight.
+// Validation aid (off by default; per calling thread): when on, the ops reproduce the float
+// arithmetic of the reference llama.cpp build (x86-64 AVX2 + FMA; activation rounding per
+// weight type, its integer block dot products and accumulation order, RMSNorm, RoPE, SiLU and
+// f16-cache attention as ggml computes them; cpu_llamacpp.h), so logits equal the shared
+// references bit for bit (docs/llamacpp-fidelity.md). Results then depend on the batch size,
+// as llama.cpp's do.
 void set_llamacpp_rounding(bool on);
 bool llamacpp_rounding();
 

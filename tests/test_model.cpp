@@ -21,6 +21,7 @@
 #include "model_config.h"
 #include "quant.h"
 #include "test_util.h"
+#include "tokenizer.h"
 #include "weights.h"
 
 using namespace kvrun;
@@ -36,6 +37,7 @@ struct RefPosition {
 };
 
 struct RefPrompt {
+    std::string text;                    // the prompt
     std::vector<int32_t> tokens;         // prompt with BOS
     std::vector<RefPosition> positions;  // [n_tokens]
     std::vector<int32_t> greedy;         // [48]
@@ -49,11 +51,13 @@ std::vector<RefPrompt> load_reference(const fs::path& path) {
     std::string line;
     while (std::getline(in, line)) {
         if (line.empty()) continue;
-        // greedy_text may hold invalid UTF-8 (a token split mid-character); only numbers matter.
+        // greedy_text may hold invalid UTF-8 (a token split mid-character); only numbers (and
+        // the ASCII prompts) matter.
         for (char& ch : line)
             if (static_cast<unsigned char>(ch) >= 0x80) ch = '?';
         auto j = nlohmann::json::parse(line);
         RefPrompt p;
+        p.text = j.at("prompt").get<std::string>();
         p.tokens = j.at("tokens").get<std::vector<int32_t>>();
         for (const auto& pos : j.at("positions")) {
             RefPosition r;
@@ -280,8 +284,11 @@ const char* class_name(ActClass c) {
 // or greedy token differed):
 //   f32   0.014 / 0.0011 / 0.0006     f16     0.015 / 0.0024 / 0.0000
 //   bf16  0.069 / 0.012  / 0.0010     q8-act  0.79  / 0.098  / 0.37  (w256 Q2_K/Q3_K worst)
-// With llama.cpp's rounding emulated (second test case) most positions match to 1e-5, so the
-// remaining float32 differences are rounding, not a decoding or graph error.
+// These are loose because the float32 path is not llama.cpp's arithmetic, not because anything
+// is wrong: with llama.cpp's arithmetic emulated (check_emulated below) the same code, weights
+// and graph give llama.cpp's logits bit for bit on every model, so every difference left here
+// is rounding (per-model numbers for both paths: docs/llamacpp-fidelity.md). The strict
+// thresholds of the issue are checked there; this test guards the path kvrun actually runs.
 struct Tolerance {
     double max_logprob;
     double mean_logprob;
@@ -407,50 +414,101 @@ void check_against_reference(const fs::path& model_path) {
                     worst_flip, top1_checked, greedy_checked, min_free_prefix, secs));
 }
 
-// With llama.cpp's rounding emulated (cpu::set_llamacpp_rounding), most log-probs match
-// llama.cpp's to float-summation noise (< 1e-3; 70-100% of them for most models): that pins down
-// every weight type's decoding and the graph far more tightly than the float32 bounds. Not
-// all: one 8-bit rounding that lands the other way (summation order, exp/silu approximations)
-// shifts the later positions by ~0.1-0.4 nats in these tiny models, and f16 rounding ties do
-// the same more mildly. So each model must have at least 5% exact matches (a decoding bug gives
-// ~0%) and all of them together at least 50%. Q4_1/Q5_1 weights are excluded: llama.cpp's dot
-// product uses an f16-rounded block sum of the activations, which rounding x cannot mimic.
-// Returns {exact, total} counts.
-std::pair<int64_t, int64_t> check_emulated_rounding(const fs::path& model_path) {
+// ---- llama.cpp's arithmetic emulated: the issue's strict criteria ------------------------
+
+// With BackendOptions::llamacpp_rounding the CPU backend reproduces the reference build's
+// float arithmetic operation by operation (src/cpu_ops.cpp, docs/llamacpp-fidelity.md), and
+// every logit of every shared model equals llama.cpp's float32 value bit for bit. What is left
+// is the reference files' own rounding:
+//  - kEmuLogprobTol: logits and logsumexp are printed with 6 decimals, so a log-prob is off by
+//    up to 1e-6 (measured max over all 44 models: 1.0e-6); 5e-6 leaves room for summation
+//    order in the two logsumexps, and is 4 orders of magnitude below the float32 path's errors;
+//  - kEmuGapTol: greedy_top2_gap is printed with 4 decimals (5e-5; measured 5.0e-5);
+//  - kNearTie: the issue's near-tie threshold. With equal logits even smaller gaps agree, but a
+//    gap under 0.01 is where the issue lets two correct implementations differ.
+constexpr double kEmuLogprobTol = 5e-6;
+constexpr double kEmuGapTol = 1e-4;
+constexpr double kNearTie = 0.01;
+
+// The issue's acceptance criteria at their strict thresholds, emulation on: prompt tokens equal
+// the reference's; top-1 equals the reference's at every prompt position unless its top-2 gap
+// is < 0.01; top-10 log-probs within kEmuLogprobTol; the first prompt's whole-vocabulary logits
+// bit-equal to MODEL.first.f32 (when present); 48 greedy steps fed the reference's tokens, our
+// token equal to the reference's at every step before its first gap < 0.01 (this is free-running
+// greedy decoding up to there) and at every later step with a gap >= 0.01, each step's top-2 gap
+// within kEmuGapTol.
+void check_emulated(const fs::path& model_path) {
     const std::string stem = model_stem(model_path);
     CAPTURE(stem);
-    auto prompts = load_reference(test::shared_dir() / "reference/logits" / (stem + ".jsonl"));
+    const fs::path ref_dir = test::shared_dir() / "reference" / "logits";
+    auto prompts = load_reference(ref_dir / (stem + ".jsonl"));
+    REQUIRE(prompts.size() == 4);
     GgufFile file = GgufFile::open(model_path.string());
+    const auto tokenizer = Tokenizer::from_gguf(file);
     BackendOptions opt;
-    opt.n_kv_blocks = 16;
+    opt.n_kv_blocks = 48;
     opt.llamacpp_rounding = true;
     CpuBackend backend(file, opt);
-    bool q8_1 = false;
-    for (const auto& l : backend.weights().layers)
-        for (const WeightView* v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-            q8_1 |= v->type == GgmlType::Q4_1 || v->type == GgmlType::Q5_1;
-    int64_t n = 0, n_exact = 0, first_exact = 0, first_n = 0;
+    Runner runner(backend, 777);  // shuffled physical blocks
+    double max_lp_err = 0, max_gap_err = 0;
+    int top1_checked = 0, greedy_checked = 0;
+    int64_t full_diff = -1;
     for (size_t p = 0; p < prompts.size(); ++p) {
-        Runner runner(backend, 0);
-        auto logits = runner.prefill(runner.new_seq(), prompts[p].tokens);
-        for (size_t i = 0; i < logits.size(); ++i) {
+        const RefPrompt& ref = prompts[p];
+        CAPTURE(p);
+        CHECK(tokenizer->encode(ref.text, true) == ref.tokens);
+        int seq = runner.new_seq();
+        std::vector<Logits> logits = runner.prefill(seq, ref.tokens);
+        for (size_t i = 0; i < ref.tokens.size(); ++i) {
+            CAPTURE(i);
+            const RefPosition& rp = ref.positions[i];
             const double lse = logsumexp(logits[i]);
-            for (size_t k = 0; k < prompts[p].positions[i].top.size(); ++k) {
-                bool exact = logprob_error(logits[i], lse, prompts[p].positions[i], k) <= 1e-3;
-                n_exact += exact;
-                ++n;
-                if (p == 0) first_exact += exact, ++first_n;
+            for (size_t k = 0; k < rp.top.size(); ++k) {
+                const double err = logprob_error(logits[i], lse, rp, k);
+                max_lp_err = std::max(max_lp_err, err);
+                CHECK(err <= kEmuLogprobTol);
+            }
+            if (rp.top[0].second - rp.top[1].second >= kNearTie) {
+                ++top1_checked;
+                CHECK(argmax(logits[i]) == rp.top[0].first);
             }
         }
+        if (p == 0) {
+            int64_t nt = 0, nv = 0;
+            std::vector<float> full = load_first_logits(ref_dir / (stem + ".first.f32"), nt, nv);
+            if (!full.empty()) {
+                REQUIRE(nt == int64_t(ref.tokens.size()));
+                REQUIRE(nv == backend.config().n_vocab);
+                full_diff = 0;
+                for (int64_t i = 0; i < nt; ++i)
+                    for (int64_t v = 0; v < nv; ++v) full_diff += logits[i][v] != full[i * nv + v];
+                CHECK(full_diff == 0);
+            }
+        }
+        Logits cur = logits.back();
+        bool before_tie = true;
+        for (size_t s = 0; s < ref.greedy.size(); ++s) {
+            CAPTURE(s);
+            before_tie = before_tie && ref.gaps[s] >= kNearTie;
+            const int32_t ours = argmax(cur);
+            if (before_tie || ref.gaps[s] >= kNearTie) {
+                ++greedy_checked;
+                CHECK(ours == ref.greedy[s]);
+            }
+            const double gap_err = std::abs(top2_gap(cur) - ref.gaps[s]);
+            max_gap_err = std::max(max_gap_err, gap_err);
+            CHECK(gap_err <= kEmuGapTol);
+            if (s + 1 < ref.greedy.size()) cur = runner.step({{seq, ref.greedy[s]}})[0];
+        }
     }
-    const double frac = double(n_exact) / double(n), first = double(first_exact) / double(first_n);
     MESSAGE(
-        fmt::format("{:<38} emulated rounding: {:.0f}% of log-probs within 1e-3 ({:.0f}% in "
-                    "the first prompt){}",
-                    stem, 100 * frac, 100 * first, q8_1 ? " [Q4_1/Q5_1: not checked]" : ""));
-    if (q8_1) return {0, 0};
-    CHECK(frac >= 0.05);
-    return {n_exact, n};
+        fmt::format("{:<38} emulated: logprob err max {:.1e}  gap err {:.1e}  first prompt "
+                    "{}  checked top1 {} greedy {}",
+                    stem, max_lp_err, max_gap_err,
+                    full_diff < 0    ? std::string("(no .first.f32)")
+                    : full_diff == 0 ? std::string("bit-equal")
+                                     : fmt::format("{} logits differ", full_diff),
+                    top1_checked, greedy_checked));
 }
 
 std::vector<fs::path> models_with_reference() {
@@ -477,18 +535,14 @@ TEST_CASE("every shared model matches llama.cpp's logits and greedy tokens") {
     for (const fs::path& m : models) check_against_reference(m);
 }
 
-TEST_CASE("with llama.cpp's rounding emulated, most logits match llama.cpp's exactly") {
+TEST_CASE("with llama.cpp's arithmetic emulated, every shared model meets the strict criteria") {
     auto models = models_with_reference();
-    int64_t exact = 0, total = 0;
-    for (const fs::path& m : models) {
-        auto [e, n] = check_emulated_rounding(m);
-        exact += e;
-        total += n;
+    if (models.empty()) {
+        MESSAGE("SKIP: ../shared not found (set KVRUN_SHARED); skipping real-model test");
+        return;
     }
-    if (total > 0) {
-        MESSAGE("all models: " << 100 * exact / total << "% of log-probs within 1e-3");
-        CHECK(exact >= total / 2);
-    }
+    CHECK(models.size() >= 44);
+    for (const fs::path& m : models) check_emulated(m);
 }
 
 TEST_CASE("paging is invisible: block sizes 1, 7, 16, 256 and chunked prefill agree exactly") {

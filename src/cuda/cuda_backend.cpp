@@ -388,40 +388,7 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
 }
 
 void CudaBackend::validate(const ForwardBatch& b) const {
-    const size_t n = b.tokens.size();
-    if (b.positions.size() != n || b.seq_index.size() != n || b.slots.size() != n)
-        fail("forward batch: {} tokens but {} positions, {} sequence indices, {} slots", n,
-             b.positions.size(), b.seq_index.size(), b.slots.size());
-    const int64_t bs = options_.kv_block_size;
-    for (const auto& table : b.block_tables)
-        for (int32_t id : table)
-            if (id < 0 || id >= n_blocks_)
-                fail("forward batch: block id {} outside the pool of {} blocks", id, n_blocks_);
-    for (size_t i = 0; i < n; ++i) {
-        if (b.tokens[i] < 0 || b.tokens[i] >= config_.n_vocab)
-            fail("forward batch: token id {} out of range (vocabulary of {})", b.tokens[i],
-                 config_.n_vocab);
-        if (b.positions[i] < 0) fail("forward batch: negative position {}", b.positions[i]);
-        if (b.seq_index[i] < 0 || size_t(b.seq_index[i]) >= b.block_tables.size())
-            fail("forward batch: sequence index {} but {} block tables", b.seq_index[i],
-                 b.block_tables.size());
-        const auto& table = b.block_tables[size_t(b.seq_index[i])];
-        if (b.slots[i] < 0 || b.slots[i] / bs >= int64_t(table.size()))
-            fail("forward batch: slot {} of sequence {} is outside its {} blocks of {} tokens",
-                 b.slots[i], b.seq_index[i], table.size(), bs);
-    }
-    for (int32_t r : b.logit_rows)
-        if (r < 0 || size_t(r) >= n)
-            fail("forward batch: logit row {} outside the batch of {} tokens", r, n);
-    if (n_stages_ > 0) {
-        if (b.stages.size() != n)
-            fail("forward batch: {} tokens but {} stage slots (the quantized KV cache needs one "
-                 "per token)",
-                 n, b.stages.size());
-        for (int32_t st : b.stages)
-            if (st < 0 || st >= n_stages_)
-                fail("forward batch: stage slot {} outside the {} stage slots", st, n_stages_);
-    }
+    b.validate(config_.n_vocab, n_blocks_, options_.kv_block_size, n_stages_);
 }
 
 // Enqueues the whole forward pass on the stream (no host synchronization, capturable).
@@ -624,15 +591,7 @@ void CudaBackend::forward_sample(const ForwardBatch& b, const std::vector<RowSam
 }
 
 void CudaBackend::copy_blocks(const std::vector<BlockCopy>& copies) {
-    for (const BlockCopy& c : copies) {
-        if (c.src < 0 || c.src >= n_blocks_ || c.dst < 0 || c.dst >= n_blocks_)
-            fail("copy_blocks: block pair ({}, {}) outside the pool of {} blocks", c.src, c.dst,
-                 n_blocks_);
-        if (c.dst_stage >= n_stages_ || c.src_stage >= n_stages_ ||
-            (n_stages_ > 0 && c.dst_stage < 0))
-            fail("copy_blocks: stage pair ({}, {}) does not fit {} stage slots", c.src_stage,
-                 c.dst_stage, n_stages_);
-    }
+    kv_copies_validate(copies, n_blocks_, n_stages_);
     CUDA_CHECK(cudaSetDevice(device_));
     for (const BlockCopy& c : copies)
         for (int64_t l = 0; l < config_.n_layer; ++l)
