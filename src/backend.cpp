@@ -30,8 +30,7 @@ void Backend::forward_sample(const ForwardBatch& batch, const std::vector<RowSam
     }
 }
 
-int32_t ForwardBatch::add_sequence(const KvBlockTable& table, SeqId seq, int32_t start,
-                                   int32_t n) {
+int32_t ForwardBatch::add_sequence(const KvBlockTable& table, SeqId seq, int32_t start, int32_t n) {
     const std::vector<TokenId>& toks = table.tokens(seq);
     if (start < 0 || n < 0 || int64_t(start) + n > int64_t(toks.size()))
         fail("forward batch: tokens [{}, {}) outside sequence {} of {} tokens", start,
@@ -76,17 +75,17 @@ void ForwardBatch::validate(int64_t n_vocab, int64_t n_blocks, int64_t block_siz
             fail("forward batch: logit row {} outside the batch of {} tokens", r, n);
     if (n_stages > 0) {
         if (stages.size() != n)
-            fail("forward batch: {} tokens but {} stage slots (the quantized KV cache needs one "
-                 "per token)",
-                 n, stages.size());
+            fail(
+                "forward batch: {} tokens but {} stage slots (the quantized KV cache needs one "
+                "per token)",
+                n, stages.size());
         for (int32_t st : stages)
             if (st < 0 || st >= n_stages)
                 fail("forward batch: stage slot {} outside the {} stage slots", st, n_stages);
     }
 }
 
-void kv_copies_validate(const std::vector<BlockCopy>& copies, int64_t n_blocks,
-                        int64_t n_stages) {
+void kv_copies_validate(const std::vector<BlockCopy>& copies, int64_t n_blocks, int64_t n_stages) {
     for (const BlockCopy& c : copies) {
         if (c.src < 0 || c.src >= n_blocks || c.dst < 0 || c.dst >= n_blocks)
             fail("copy_blocks: block pair ({}, {}) outside the pool of {} blocks", c.src, c.dst,
@@ -110,10 +109,10 @@ int64_t kv_layer_block_bytes(KvType t, KvRole role, int64_t n_kv_head, int64_t b
 int64_t kv_block_bytes(const ModelConfig& c, const BackendOptions& o) {
     if (o.kv_block_size <= 0 || o.kv_block_size > 4096)
         fail("KV block size {} is out of range (1..4096)", o.kv_block_size);
-    int64_t k = kv_layer_block_bytes(o.kv_type_k, KvRole::K, c.n_kv_head, o.kv_block_size,
-                                     c.head_dim);
-    int64_t v = kv_layer_block_bytes(o.kv_type_v, KvRole::V, c.n_kv_head, o.kv_block_size,
-                                     c.head_dim);
+    int64_t k =
+        kv_layer_block_bytes(o.kv_type_k, KvRole::K, c.n_kv_head, o.kv_block_size, c.head_dim);
+    int64_t v =
+        kv_layer_block_bytes(o.kv_type_v, KvRole::V, c.n_kv_head, o.kv_block_size, c.head_dim);
     return c.n_layer * (k + v);
 }
 
@@ -130,8 +129,8 @@ int64_t kv_stages_for(const ModelConfig& c, const BackendOptions& o) {
     // partly filled block (and a copy-on-write target) per other sequence.
     const int64_t bs = std::max<int64_t>(1, o.kv_block_size);
     (void)c;
-    return (std::max<int64_t>(1, o.n_batch) + bs - 1) / bs + 2 * std::max<int64_t>(1, o.n_parallel) +
-           4;
+    return (std::max<int64_t>(1, o.n_batch) + bs - 1) / bs +
+           2 * std::max<int64_t>(1, o.n_parallel) + 4;
 }
 
 int64_t kv_stage_bytes(const ModelConfig& c, const BackendOptions& o, int64_t n_stages) {
@@ -161,9 +160,9 @@ int64_t kv_blocks_for(const ModelConfig& c, const BackendOptions& o) {
 bool kv_rotation_enabled(const ModelConfig& c, const BackendOptions& o) {
     if (!o.kv_rotate) return false;
     if (!is_power_of_two(c.head_dim))
-        throw Error(fmt::format("--kv-rotate needs a power-of-two head_dim (the model has {})",
-                                c.head_dim),
-                    "use --kv-rotate off");
+        throw Error(
+            fmt::format("--kv-rotate needs a power-of-two head_dim (the model has {})", c.head_dim),
+            "use --kv-rotate off");
     return true;
 }
 

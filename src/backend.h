@@ -81,8 +81,8 @@ class Backend {
 };
 
 struct BackendOptions {
-    int32_t kv_block_size = 16;   // tokens per KV block
-    int64_t n_kv_blocks = 0;      // pool size in blocks; 0: derive from kv_memory_mib
+    int32_t kv_block_size = 16;  // tokens per KV block
+    int64_t n_kv_blocks = 0;     // pool size in blocks; 0: derive from kv_memory_mib
     double kv_memory_mib = 256;  // KV budget (all layers, K and V, stages included) when
                                  // n_kv_blocks = 0
     KvType kv_type_k = KvType::F16;

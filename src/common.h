@@ -13,12 +13,12 @@ namespace kvrun {
 // exhaustion. main() prints what() on one line and exits non-zero; `hint` (optional)
 // tells the user how to fix it.
 class Error : public std::runtime_error {
-public:
+  public:
     explicit Error(const std::string& message, std::string hint = {})
         : std::runtime_error(message), hint_(std::move(hint)) {}
     const std::string& hint() const { return hint_; }
 
-private:
+  private:
     std::string hint_;
 };
 

@@ -40,7 +40,6 @@ float round_to_f16(float x) {
 
 }  // namespace
 
-
 // Kernels that benefit from AVX2/FMA get a clone picked at load time (as in quant_impl.h).
 // They hold no a*b+c the compiler could contract in a way the reference did not: every FMA
 // is an explicit std::fma (exact by definition, whatever the clone), other products are exact.
@@ -50,7 +49,6 @@ float round_to_f16(float x) {
 #else
 #define KVRUN_EMU_CLONES
 #endif
-
 
 // ggml's hsum_float_8 and tinyBLAS's hsum(__m256): ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)).
 inline float hsum8(const float* v) {
@@ -684,7 +682,6 @@ KVRUN_EMU_CLONES void fma_channel_lane(float* acc, const float* v, float p, int6
                                        int64_t n) {
     for (int64_t i = 0; i < n; ++i) acc[i * 32 + lane] = fmaf_(v[i], p, acc[i * 32 + lane]);
 }
-
 
 // One (token, head) of llama.cpp's attention without flash attention, for an f16 K/V cache:
 // KQ = K x Q(->f16), softmax(KQ * scale) over the KV row padded to 32 cells (the masked cells

@@ -53,7 +53,6 @@ float round_to_f16(float x) {
     return fp16_to_fp32(fp32_to_fp16(x));
 }
 
-
 // Start of the head block (block, head) in a pool of format t: [n_blocks][n_kv_head] head
 // blocks of kv_head_block_bytes each.
 uint8_t* kv_head_block(void* pool, KvType t, KvRole role, const KvLayerView& kv, int64_t block,
@@ -63,8 +62,7 @@ uint8_t* kv_head_block(void* pool, KvType t, KvRole role, const KvLayerView& kv,
 }
 
 // Row (stage, head, row) of a stage pool: f16 [n_stages][n_kv_head][block_size][head_dim].
-uint8_t* kv_stage_row(void* stage, const KvLayerView& kv, int64_t slot, int64_t head,
-                      int64_t row) {
+uint8_t* kv_stage_row(void* stage, const KvLayerView& kv, int64_t slot, int64_t head, int64_t row) {
     const int64_t index = ((slot * kv.n_kv_head + head) * kv.block_size + row) * kv.head_dim;
     return static_cast<uint8_t*>(stage) + index * 2;
 }
@@ -323,8 +321,8 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
         if (staged) kv_stage_of(kv, batch, t);
     }
 
-    const bool emulate = t_llamacpp_rounding && kv.k_type == KvType::F16 &&
-                         kv.v_type == KvType::F16 && !staged;
+    const bool emulate =
+        t_llamacpp_rounding && kv.k_type == KvType::F16 && kv.v_type == KvType::F16 && !staged;
     const bool batched = batch.n_tokens >= 2;
     const bool round_q = t_llamacpp_rounding && kv.k_type == KvType::F16;
     const bool round_p = t_llamacpp_rounding && kv.v_type == KvType::F16;
@@ -381,8 +379,8 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
     });
 }
 
-void kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_stage,
-             int64_t dst_stage, int64_t n_rows) {
+void kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_stage, int64_t dst_stage,
+             int64_t n_rows) {
     check_kv_view(kv);
     const int64_t hd = kv.head_dim, bs = kv.block_size;
     if (src < 0 || src >= kv.n_blocks || dst < 0 || dst >= kv.n_blocks)
@@ -390,8 +388,8 @@ void kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_stage,
     if (dst_stage < 0) {
         if (src_stage >= 0) fail("KV copy: a stage source needs a stage destination");
         if (src == dst) return;
-        for (auto [pool, type, role] : {std::tuple{kv.k, kv.k_type, KvRole::K},
-                                        std::tuple{kv.v, kv.v_type, KvRole::V}}) {
+        for (auto [pool, type, role] :
+             {std::tuple{kv.k, kv.k_type, KvRole::K}, std::tuple{kv.v, kv.v_type, KvRole::V}}) {
             const int64_t bytes = kv.n_kv_head * kv_head_block_bytes(type, role, bs, hd);
             std::memcpy(kv_head_block(pool, type, role, kv, dst, 0),
                         kv_head_block(pool, type, role, kv, src, 0), size_t(bytes));
@@ -402,9 +400,8 @@ void kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_stage,
         fail("KV copy: stage {} -> {} of {} rows outside {} stage slots of {} rows", src_stage,
              dst_stage, n_rows, kv.n_stages, bs);
     std::vector<float> row(static_cast<size_t>(hd));  // [head_dim]
-    for (auto [pool, stage, type, role] :
-         {std::tuple{kv.k, kv.k_stage, kv.k_type, KvRole::K},
-          std::tuple{kv.v, kv.v_stage, kv.v_type, KvRole::V}}) {
+    for (auto [pool, stage, type, role] : {std::tuple{kv.k, kv.k_stage, kv.k_type, KvRole::K},
+                                           std::tuple{kv.v, kv.v_stage, kv.v_type, KvRole::V}}) {
         for (int64_t h = 0; h < kv.n_kv_head; ++h)
             for (int64_t r = 0; r < n_rows; ++r) {
                 uint8_t* d = kv_stage_row(stage, kv, dst_stage, h, r);

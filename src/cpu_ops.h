@@ -48,9 +48,9 @@ struct KvLayerView {
 // sequence (causal). block_table: [n_seqs][max_blocks_per_seq] physical block ids.
 // token_stage (staging only): stage slot of the block holding token t's slot.
 struct KvBatchView {
-    const int32_t* token_seq = nullptr;   // [n_tokens]
-    const int32_t* token_slot = nullptr;  // [n_tokens]
-    const int32_t* block_table = nullptr; // [n_seqs][max_blocks_per_seq]
+    const int32_t* token_seq = nullptr;    // [n_tokens]
+    const int32_t* token_slot = nullptr;   // [n_tokens]
+    const int32_t* block_table = nullptr;  // [n_seqs][max_blocks_per_seq]
     int64_t max_blocks_per_seq = 0;
     int64_t n_tokens = 0;
     const int32_t* token_stage = nullptr;  // [n_tokens], or null without staging
@@ -103,8 +103,8 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
 // both -1: pool block src -> pool block dst (whole block); dst_stage >= 0: rows
 // [0, n_rows) into stage dst_stage, from stage src_stage, or decoded from pool block src
 // when src_stage is -1.
-void kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_stage,
-             int64_t dst_stage, int64_t n_rows);
+void kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_stage, int64_t dst_stage,
+             int64_t n_rows);
 
 // Validation aid (off by default; per calling thread): when on, the ops reproduce the float
 // arithmetic of the reference llama.cpp build (x86-64 AVX2 + FMA; activation rounding per

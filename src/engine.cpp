@@ -540,10 +540,9 @@ bool Engine::step() {
         const int64_t n_vocab = backend_.config().n_vocab;
         // Device sampling: every logit row is one plain sample (no drafts to verify, no
         // multi-sample fork that needs the logits several times).
-        bool device_sampling =
-            opt_.device_sampling == EngineOptions::DeviceSampling::On ||
-            (opt_.device_sampling == EngineOptions::DeviceSampling::Auto &&
-             backend_.samples_on_device());
+        bool device_sampling = opt_.device_sampling == EngineOptions::DeviceSampling::On ||
+                               (opt_.device_sampling == EngineOptions::DeviceSampling::Auto &&
+                                backend_.samples_on_device());
         for (const Part& p : parts)
             if (p.logits && (p.k > 0 || (p.s->n_tokens() == p.s->n_prompt &&
                                          p.s->req->n_samples > 1 && !p.s->forked)))

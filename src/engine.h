@@ -100,9 +100,9 @@ struct EngineOptions {
 struct EngineStats {
     int64_t steps = 0;
     int64_t device_sampled_steps = 0;  // steps sampled with Backend::forward_sample
-    int64_t tokens_prefilled = 0;   // prompt (and recomputed) tokens run through the model
-    int64_t tokens_decoded = 0;     // tokens generated
-    int64_t prefix_hit_tokens = 0;  // prompt tokens adopted from the prefix cache / a session
+    int64_t tokens_prefilled = 0;      // prompt (and recomputed) tokens run through the model
+    int64_t tokens_decoded = 0;        // tokens generated
+    int64_t prefix_hit_tokens = 0;     // prompt tokens adopted from the prefix cache / a session
     int64_t preemptions = 0;
     int64_t cow_copies = 0;  // copy-on-write block copies (diverging samples)
     int32_t peak_running = 0;

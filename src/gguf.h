@@ -19,16 +19,53 @@ namespace kvrun {
 
 // Tensor element types as numbered in the GGUF/ggml format.
 enum class GgmlType : uint32_t {
-    F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
-    Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
-    IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21,
-    IQ2_S = 22, IQ4_XS = 23, I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29,
-    BF16 = 30, TQ1_0 = 34, TQ2_0 = 35,
+    F32 = 0,
+    F16 = 1,
+    Q4_0 = 2,
+    Q4_1 = 3,
+    Q5_0 = 6,
+    Q5_1 = 7,
+    Q8_0 = 8,
+    Q8_1 = 9,
+    Q2_K = 10,
+    Q3_K = 11,
+    Q4_K = 12,
+    Q5_K = 13,
+    Q6_K = 14,
+    Q8_K = 15,
+    IQ2_XXS = 16,
+    IQ2_XS = 17,
+    IQ3_XXS = 18,
+    IQ1_S = 19,
+    IQ4_NL = 20,
+    IQ3_S = 21,
+    IQ2_S = 22,
+    IQ4_XS = 23,
+    I8 = 24,
+    I16 = 25,
+    I32 = 26,
+    I64 = 27,
+    F64 = 28,
+    IQ1_M = 29,
+    BF16 = 30,
+    TQ1_0 = 34,
+    TQ2_0 = 35,
 };
 
 enum class GgufValueType : uint32_t {
-    UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5, FLOAT32 = 6,
-    BOOL = 7, STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
+    UINT8 = 0,
+    INT8 = 1,
+    UINT16 = 2,
+    INT16 = 3,
+    UINT32 = 4,
+    INT32 = 5,
+    FLOAT32 = 6,
+    BOOL = 7,
+    STRING = 8,
+    ARRAY = 9,
+    UINT64 = 10,
+    INT64 = 11,
+    FLOAT64 = 12,
 };
 
 const char* gguf_value_type_name(GgufValueType t);
@@ -38,7 +75,7 @@ const char* gguf_value_type_name(GgufValueType t);
 // are unknown; `where` names the key, tensor or section ("key 'x'", "tensor 'y'", "header")
 // and the offset is where the offending field starts in the file.
 class GgufError : public Error {
-public:
+  public:
     GgufError(std::string file, std::string problem, std::string where = {},
               std::optional<uint64_t> offset = std::nullopt);
     const std::string& file() const { return file_; }  // empty for a lone GgufValue
@@ -46,7 +83,7 @@ public:
     const std::string& where() const { return where_; }  // empty when not applicable
     std::optional<uint64_t> offset() const { return offset_; }
 
-private:
+  private:
     std::string file_, problem_, where_;
     std::optional<uint64_t> offset_;
 };
@@ -57,10 +94,10 @@ struct GgufValue {
     std::variant<uint64_t, int64_t, double, bool, std::string, std::vector<GgufValue>> data;
     GgufValueType array_type = GgufValueType::UINT8;  // element type when type == ARRAY
 
-    bool is_int() const;                 // any integer type
-    bool is_float() const;               // FLOAT32 / FLOAT64
-    int64_t as_int() const;              // integer (or bool) value; throws if not integral
-    double as_float() const;             // float or integer value
+    bool is_int() const;      // any integer type
+    bool is_float() const;    // FLOAT32 / FLOAT64
+    int64_t as_int() const;   // integer (or bool) value; throws if not integral
+    double as_float() const;  // float or integer value
     bool as_bool() const;
     const std::string& as_string() const;
     const std::vector<GgufValue>& as_array() const;
@@ -69,16 +106,16 @@ struct GgufValue {
 
 struct GgufTensorInfo {
     std::string name;
-    std::vector<int64_t> dims;   // ggml order: dims[0] is the contiguous (row) length
+    std::vector<int64_t> dims;  // ggml order: dims[0] is the contiguous (row) length
     GgmlType type = GgmlType::F32;
-    uint64_t offset = 0;         // relative to the data section
+    uint64_t offset = 0;  // relative to the data section
     int64_t n_elements = 0;
     uint64_t n_bytes = 0;
     const uint8_t* data = nullptr;  // points into the mapping (valid while GgufFile lives)
 };
 
 class GgufFile {
-public:
+  public:
     // Map and parse `path`. Throws GgufError (or Error for a missing/unreadable file).
     static GgufFile open(const std::string& path);
     // Parse an in-memory buffer (tests, fuzzing). The bytes are copied and owned.
@@ -119,7 +156,7 @@ public:
     [[noreturn]] void fail_key(std::string_view key, std::string problem) const;
     [[noreturn]] void fail_tensor(std::string_view name, std::string problem) const;
 
-private:
+  private:
     GgufFile() = default;
     void parse();
 
@@ -129,8 +166,8 @@ private:
     uint64_t data_offset_ = 0;
     const uint8_t* base_ = nullptr;
     uint64_t size_ = 0;
-    void* map_ = nullptr;            // mmap base when mapped
-    std::vector<uint8_t> owned_;     // buffer when from_memory
+    void* map_ = nullptr;         // mmap base when mapped
+    std::vector<uint8_t> owned_;  // buffer when from_memory
     std::vector<std::pair<std::string, GgufValue>> kv_;
     std::vector<uint64_t> kv_offsets_;  // [kv_.size()] where each entry starts (for errors)
     std::map<std::string, size_t, std::less<>> kv_index_;

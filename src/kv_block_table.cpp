@@ -229,8 +229,8 @@ int32_t KvBlockTable::stages_needed(SeqId seq, int32_t n_tokens) const {
     // New blocks (a copy-on-write target included) each need a stage; a sole owner's partly
     // filled block whose stage was reclaimed needs one to decode its rows into.
     const bool partial = s.tokens.size() % static_cast<size_t>(block_size_) != 0;
-    const bool restage = partial && blocks_[s.blocks.back()].refcount == 1 &&
-                         blocks_[s.blocks.back()].stage < 0;
+    const bool restage =
+        partial && blocks_[s.blocks.back()].refcount == 1 && blocks_[s.blocks.back()].stage < 0;
     return blocks + (restage ? 1 : 0);
 }
 
@@ -331,8 +331,7 @@ KvAppendResult KvBlockTable::append(SeqId seq, int32_t n_tokens, const TokenId* 
             // Copy-on-write: this sequence gets a private copy of the valid rows.
             BlockId dst = allocate_block();
             const int32_t dst_stage = stg ? acquire_stage(dst) : -1;
-            pending_copies_.push_back(
-                {last, dst, rows, stg ? blocks_[last].stage : -1, dst_stage});
+            pending_copies_.push_back({last, dst, rows, stg ? blocks_[last].stage : -1, dst_stage});
             ++n_copies_;
             release_block(last);
             s.blocks.back() = dst;

@@ -82,10 +82,14 @@ int get_code(KvType t, const uint8_t* row, int64_t c) {
 
 const char* kv_type_name(KvType t) {
     switch (t) {
-        case KvType::F32: return "f32";
-        case KvType::F16: return "f16";
-        case KvType::Q8: return "q8";
-        case KvType::Q4: return "q4";
+        case KvType::F32:
+            return "f32";
+        case KvType::F16:
+            return "f16";
+        case KvType::Q8:
+            return "q8";
+        case KvType::Q4:
+            return "q4";
     }
     return "?";
 }
@@ -110,8 +114,10 @@ void kv_check_format(KvType t, int64_t head_dim) {
 
 int64_t kv_head_block_bytes(KvType t, KvRole role, int64_t block_size, int64_t head_dim) {
     switch (t) {
-        case KvType::F32: return block_size * head_dim * 4;
-        case KvType::F16: return block_size * head_dim * 2;
+        case KvType::F32:
+            return block_size * head_dim * 4;
+        case KvType::F16:
+            return block_size * head_dim * 2;
         case KvType::Q8:
         case KvType::Q4:
             kv_check_format(t, head_dim);
@@ -191,7 +197,8 @@ void kv_decode_head_row(KvType t, KvRole role, const uint8_t* blk, int64_t block
     }
     const uint8_t* values = blk + scale_bytes(role, bs, hd) + row * row_bytes(t, hd);
     if (role == KvRole::K) {
-        for (int64_t c = 0; c < hd; ++c) out[c] = load_f16(blk + 2 * c) * float(get_code(t, values, c));
+        for (int64_t c = 0; c < hd; ++c)
+            out[c] = load_f16(blk + 2 * c) * float(get_code(t, values, c));
     } else {
         const int64_t g = kv_v_group(hd), n_groups = hd / g;
         for (int64_t c = 0; c < hd; ++c)

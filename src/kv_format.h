@@ -23,7 +23,9 @@ enum class KvRole : uint8_t { K, V };
 const char* kv_type_name(KvType t);
 // Parses "f32", "f16", "q8", "q4" (also "q8_0"/"q4_0"/"int8"/"int4"); throws Error otherwise.
 KvType kv_type_parse(std::string_view s);
-inline bool kv_type_quantized(KvType t) { return t == KvType::Q8 || t == KvType::Q4; }
+inline bool kv_type_quantized(KvType t) {
+    return t == KvType::Q8 || t == KvType::Q4;
+}
 
 // Channels that share one scale in a quantized V row: 32, or the whole head when head_dim is
 // not a multiple of 32.
@@ -55,6 +57,8 @@ void kv_decode_head_row(KvType t, KvRole role, const uint8_t* blk, int64_t block
 // In-place normalized fast Walsh-Hadamard transform of each row of x: [n_rows][n]; n must be
 // a power of two. Orthogonal and its own inverse, so rotating both q and k keeps q.k.
 void hadamard_rows(float* x, int64_t n_rows, int64_t n);
-inline bool is_power_of_two(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
+inline bool is_power_of_two(int64_t n) {
+    return n > 0 && (n & (n - 1)) == 0;
+}
 
 }  // namespace kvrun

@@ -63,8 +63,8 @@ PerplexityResult perplexity_run(Backend& backend, const Tokenizer& tok, const st
         throw Error(fmt::format("the text has {} tokens; perplexity with -c {} needs at least {}",
                                 tokens.size(), n_ctx, 2 * n_ctx),
                     "use a longer text or a smaller -c");
-    const int32_t n_chunks = static_cast<int32_t>(opt.n_chunks < 0 ? max_chunks
-                                                  : std::min<int64_t>(opt.n_chunks, max_chunks));
+    const int32_t n_chunks = static_cast<int32_t>(
+        opt.n_chunks < 0 ? max_chunks : std::min<int64_t>(opt.n_chunks, max_chunks));
     const int32_t first = n_ctx / 2;
     const int32_t n_scored = n_ctx - 1 - first;
 
@@ -79,7 +79,8 @@ PerplexityResult perplexity_run(Backend& backend, const Tokenizer& tok, const st
     if (!opt.kld_save.empty()) {
         save.reset(std::fopen(opt.kld_save.c_str(), "wb"));
         if (!save) fail("cannot create '{}'", opt.kld_save);
-        uint32_t hdr[4] = {uint32_t(n_vocab), uint32_t(n_ctx), uint32_t(n_chunks), uint32_t(n_scored)};
+        uint32_t hdr[4] = {uint32_t(n_vocab), uint32_t(n_ctx), uint32_t(n_chunks),
+                           uint32_t(n_scored)};
         write_all(save.get(), kKldMagic, 8, opt.kld_save);
         write_all(save.get(), hdr, sizeof hdr, opt.kld_save);
     }
@@ -89,13 +90,17 @@ PerplexityResult perplexity_run(Backend& backend, const Tokenizer& tok, const st
         char magic[8];
         uint32_t hdr[4];
         read_all(base.get(), magic, 8, opt.kld_base);
-        if (std::memcmp(magic, kKldMagic, 8) != 0) fail("'{}' is not a kvrun KLD file (bad magic)", opt.kld_base);
+        if (std::memcmp(magic, kKldMagic, 8) != 0)
+            fail("'{}' is not a kvrun KLD file (bad magic)", opt.kld_base);
         read_all(base.get(), hdr, sizeof hdr, opt.kld_base);
         if (hdr[0] != n_vocab || hdr[1] != uint32_t(n_ctx) || hdr[3] != uint32_t(n_scored))
-            fail("KLD base '{}' was made with n_vocab {} and -c {}; this run has n_vocab {} and -c {}",
-                 opt.kld_base, hdr[0], hdr[1], n_vocab, n_ctx);
+            fail(
+                "KLD base '{}' was made with n_vocab {} and -c {}; this run has n_vocab {} and -c "
+                "{}",
+                opt.kld_base, hdr[0], hdr[1], n_vocab, n_ctx);
         if (hdr[2] < uint32_t(n_chunks))
-            fail("KLD base '{}' holds {} chunks; this run needs {}", opt.kld_base, hdr[2], n_chunks);
+            fail("KLD base '{}' holds {} chunks; this run needs {}", opt.kld_base, hdr[2],
+                 n_chunks);
     }
 
     PerplexityResult res;
@@ -142,7 +147,8 @@ PerplexityResult perplexity_run(Backend& backend, const Tokenizer& tok, const st
         if (base) {
             read_all(base.get(), base_tokens.data(), sizeof(int32_t) * n_ctx, opt.kld_base);
             if (!std::equal(base_tokens.begin(), base_tokens.end(), chunk.begin()))
-                fail("KLD base '{}' was made from a different text (chunk {} differs)", opt.kld_base, c);
+                fail("KLD base '{}' was made from a different text (chunk {} differs)",
+                     opt.kld_base, c);
         }
         for (int32_t j = 0; j < n_scored; ++j) {
             const float* lp = all_logp.data() + size_t(j) * n_vocab;
@@ -175,7 +181,8 @@ PerplexityResult perplexity_run(Backend& backend, const Tokenizer& tok, const st
         const double running = std::exp(nll_sum / count);
         res.chunk_ppl.push_back(running);
         if (progress) {
-            double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            double secs =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             progress(c + 1, n_chunks, running, secs);
         }
     }

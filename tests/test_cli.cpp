@@ -15,7 +15,9 @@ using kvrun::test::shared_path;
 
 namespace {
 
-std::string kvrun_cmd(const std::string& args) { return kvrun::test::kvrun_binary() + " " + args; }
+std::string kvrun_cmd(const std::string& args) {
+    return kvrun::test::kvrun_binary() + " " + args;
+}
 
 // Bad input must give exactly one line on stderr, "kvrun: error: <message>" with any hint on
 // the same line, nothing on stdout, and exit code 1.
@@ -27,7 +29,8 @@ void check_one_clear_error(const kvrun::test::CommandResult& r, const std::strin
     CHECK_MESSAGE(r.err.find('\n') == r.err.size() - 1, "not exactly one line: " << r.err);
     CHECK_MESSAGE(r.err.find('\r') == std::string::npos, r.err);
     CHECK_MESSAGE(r.err.find("\nhint") == std::string::npos, r.err);
-    CHECK_MESSAGE(r.err.find(needle) != std::string::npos, "expected '" << needle << "' in: " << r.err);
+    CHECK_MESSAGE(r.err.find(needle) != std::string::npos,
+                  "expected '" << needle << "' in: " << r.err);
 }
 
 // The same, and the line carries a hint.
@@ -81,14 +84,18 @@ TEST_CASE("help is complete and exits 0") {
         CHECK(h.out.find("--model") != std::string::npos);
     }
     auto run_help = run_command(kvrun_cmd("run --help"));
-    for (const char* flag : {"--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed",
-                             "--kv-block-size", "--kv-type", "--device", "--jsonl", "--stats", "--ctx"})
+    for (const char* flag :
+         {"--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed",
+          "--kv-block-size", "--kv-type", "--device", "--jsonl", "--stats", "--ctx"})
         CHECK_MESSAGE(run_help.out.find(flag) != std::string::npos, flag);
 }
 
 TEST_CASE("bad flags and files give one clear line and exit 1") {
-    check_one_clear_error(run_command(kvrun_cmd("info --no-such-flag -m " + std::string(KVRUN_SOURCE_DIR) + "/README.md")), "no-such-flag");
-    check_one_clear_error(run_command(kvrun_cmd("info -m /nonexistent/model.gguf")), "/nonexistent/model.gguf");
+    check_one_clear_error(run_command(kvrun_cmd("info --no-such-flag -m " +
+                                                std::string(KVRUN_SOURCE_DIR) + "/README.md")),
+                          "no-such-flag");
+    check_one_clear_error(run_command(kvrun_cmd("info -m /nonexistent/model.gguf")),
+                          "/nonexistent/model.gguf");
     check_one_line_with_hint(run_command(kvrun_cmd("frobnicate")), "unknown command 'frobnicate'");
     auto bogus = run_command(kvrun_cmd("--bogus"));
     check_one_line_with_hint(bogus, "unknown option '--bogus'");
@@ -97,7 +104,8 @@ TEST_CASE("bad flags and files give one clear line and exit 1") {
     check_one_clear_error(run_command(kvrun_cmd("")), "subcommand");
     std::string not_gguf = std::string(KVRUN_SOURCE_DIR) + "/README.md";
     check_one_clear_error(run_command(kvrun_cmd("info -m " + not_gguf)), "not a GGUF file");
-    check_one_clear_error(run_command(kvrun_cmd("run -m " + not_gguf + " -p hi")), "not a GGUF file");
+    check_one_clear_error(run_command(kvrun_cmd("run -m " + not_gguf + " -p hi")),
+                          "not a GGUF file");
 }
 
 TEST_CASE("info reports stories260K's hyperparameters") {
@@ -140,7 +148,8 @@ TEST_CASE("info loads every shared model and reports its tensor types") {
         // The type named in the file name must be among the tensor types (stories260K's
         // 64-wide tensors can't hold K-quants, so those files fall back to other types).
         bool w256 = name.find("w256") != std::string::npos;
-        for (const char* t : {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q6_K", "BF16", "IQ4_NL", "IQ4_XS"})
+        for (const char* t :
+             {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q6_K", "BF16", "IQ4_NL", "IQ4_XS"})
             if (name.find(std::string("-") + t + ".gguf") != std::string::npos &&
                 (w256 || std::string(t) != "Q6_K"))
                 CHECK_MESSAGE(j["tensor_types"].contains(t), name);
@@ -152,12 +161,15 @@ TEST_CASE("info loads every shared model and reports its tensor types") {
 TEST_CASE("tokenize --ids prints one line of ids") {
     auto model = shared_path("models/stories260K.gguf");
     if (model.empty()) return;
-    auto r = run_command(kvrun_cmd("tokenize --ids -m " + model.string() + " -p 'Once upon a time'"));
+    auto r =
+        run_command(kvrun_cmd("tokenize --ids -m " + model.string() + " -p 'Once upon a time'"));
     CHECK(r.exit_code == 0);
     CHECK(r.out == "1 403 407 261 378\n");
-    auto nb = run_command(kvrun_cmd("tokenize --ids --no-bos -m " + model.string() + " -p 'Once upon a time'"));
+    auto nb = run_command(
+        kvrun_cmd("tokenize --ids --no-bos -m " + model.string() + " -p 'Once upon a time'"));
     CHECK(nb.out == "403 407 261 378\n");
-    auto pieces = run_command(kvrun_cmd("tokenize -m " + model.string() + " -p 'Once upon a time'"));
+    auto pieces =
+        run_command(kvrun_cmd("tokenize -m " + model.string() + " -p 'Once upon a time'"));
     CHECK(pieces.exit_code == 0);
     CHECK(pieces.out.find("403") != std::string::npos);
 }
@@ -246,11 +258,15 @@ TEST_CASE("tokenize --ids reproduces every llama.cpp vocabulary case through the
 TEST_CASE("run streams the greedy continuation from stdin") {
     auto model = shared_path("models/stories260K.gguf");
     if (model.empty()) return;
-    auto r = run_command(kvrun_cmd("run -m " + model.string() + " -n 48 --temp 0"), "Once upon a time\n");
+    auto r = run_command(kvrun_cmd("run -m " + model.string() + " -n 48 --temp 0"),
+                         "Once upon a time\n");
     CHECK(r.exit_code == 0);
-    CHECK_MESSAGE(r.out.rfind(", there was a little girl named Lily. She loved to play outside in the park", 0) == 0,
-                  r.out);
-    auto p = run_command(kvrun_cmd("run -m " + model.string() + " -n 48 --temp 0 --stats -p 'Once upon a time'"));
+    CHECK_MESSAGE(
+        r.out.rfind(", there was a little girl named Lily. She loved to play outside in the park",
+                    0) == 0,
+        r.out);
+    auto p = run_command(
+        kvrun_cmd("run -m " + model.string() + " -n 48 --temp 0 --stats -p 'Once upon a time'"));
     CHECK(p.out == r.out);
     CHECK(p.err.find("prompt tokens") != std::string::npos);
     CHECK(p.err.find("KV blocks used") != std::string::npos);
@@ -260,8 +276,10 @@ TEST_CASE("run streams the greedy continuation from stdin") {
 TEST_CASE("run: same seed, same output; different seed, different output") {
     auto model = shared_path("models/stories260K.gguf");
     if (model.empty()) return;
-    std::string base = kvrun_cmd("run -m " + model.string() + " -n 32 --temp 1 -p 'Once upon a time'");
-    auto a = run_command(base + " -s 7"), b = run_command(base + " -s 7"), c = run_command(base + " -s 8");
+    std::string base =
+        kvrun_cmd("run -m " + model.string() + " -n 32 --temp 1 -p 'Once upon a time'");
+    auto a = run_command(base + " -s 7"), b = run_command(base + " -s 7"),
+         c = run_command(base + " -s 8");
     CHECK(a.exit_code == 0);
     CHECK(a.out == b.out);
     CHECK(a.out != c.out);
@@ -275,7 +293,8 @@ TEST_CASE("run rejects bad input with one clear line") {
     check_one_clear_error(run_command(kvrun_cmd("run" + m + " -p ''")), "empty prompt");
     check_one_clear_error(run_command(kvrun_cmd("run" + m), ""), "empty prompt");
     check_one_clear_error(run_command(kvrun_cmd("run" + m + " --kv-type q3 -p hi")), "q3");
-    check_one_clear_error(run_command(kvrun_cmd("run" + m + " --kv-block-size 0 -p hi")), "kv-block-size");
+    check_one_clear_error(run_command(kvrun_cmd("run" + m + " --kv-block-size 0 -p hi")),
+                          "kv-block-size");
     check_one_clear_error(run_command(kvrun_cmd("run" + m + " --device tpu -p hi")), "tpu");
     check_one_clear_error(run_command(kvrun_cmd("run" + m), "\xff\xfe bad utf8"), "UTF-8");
     auto vocab = shared_path("vocab/ggml-vocab-gpt-2.gguf");
@@ -293,7 +312,8 @@ TEST_CASE("run rejects bad input with one clear line") {
     auto cuda = run_command(kvrun_cmd("run" + m + " --device cuda -n 1 -p hi"));
     if (cuda.exit_code != 0) check_one_line_with_hint(cuda, "--device cuda");
     // --truncate keeps the end of a too-long prompt instead.
-    auto t = run_command(kvrun_cmd("run" + m + " -c 8 --truncate -n 2 --temp 0 -p 'Once upon a time there was'"));
+    auto t = run_command(
+        kvrun_cmd("run" + m + " -c 8 --truncate -n 2 --temp 0 -p 'Once upon a time there was'"));
     CHECK(t.exit_code == 0);
 }
 
@@ -358,7 +378,8 @@ TEST_CASE("run --jsonl answers each line; a malformed line yields an error objec
         "{\"prompt\": \"Once upon a time\", \"n_predict\": 12, \"temperature\": 0}\n"
         "{this is not json\n"
         "{\"n_predict\": 3}\n"
-        "{\"prompt\": \"Lily and Tom went to the park. They\", \"n_predict\": 6, \"temperature\": 0}\n";
+        "{\"prompt\": \"Lily and Tom went to the park. They\", \"n_predict\": 6, \"temperature\": "
+        "0}\n";
     auto r = run_command(kvrun_cmd("run --jsonl -m " + model.string()), input);
     CHECK(r.exit_code == 0);
     std::istringstream in(r.out);

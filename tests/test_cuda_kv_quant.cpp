@@ -45,8 +45,10 @@ class Mirror {
     Mirror(const Shape& sh, int64_t n_blocks)
         : sh_(sh), table_(int32_t(n_blocks), int32_t(sh.block_size), sh.n_stages) {
         const int64_t bs = sh.block_size, hd = sh.head_dim;
-        hk_.assign(size_t(n_blocks * sh.n_kv_head * kv_head_block_bytes(sh.k_type, KvRole::K, bs, hd)), 0);
-        hv_.assign(size_t(n_blocks * sh.n_kv_head * kv_head_block_bytes(sh.v_type, KvRole::V, bs, hd)), 0);
+        hk_.assign(
+            size_t(n_blocks * sh.n_kv_head * kv_head_block_bytes(sh.k_type, KvRole::K, bs, hd)), 0);
+        hv_.assign(
+            size_t(n_blocks * sh.n_kv_head * kv_head_block_bytes(sh.v_type, KvRole::V, bs, hd)), 0);
         hks_.assign(size_t(sh.n_stages * sh.n_kv_head * bs * hd * 2), 0);
         hvs_.assign(hks_.size(), 0);
         dk_ = DevBuf<uint8_t>(hk_.size());
@@ -54,10 +56,10 @@ class Mirror {
         dks_ = DevBuf<uint8_t>(hks_.size());
         dvs_ = DevBuf<uint8_t>(hvs_.size());
         for (auto* b : {&dk_, &dv_, &dks_, &dvs_}) b->zero();
-        hkv_ = {sh.k_type, sh.v_type, hk_.data(), hv_.data(), n_blocks, sh.n_kv_head, bs, hd,
-                hks_.data(), hvs_.data(), sh.n_stages};
-        dkv_ = {sh.k_type, sh.v_type, dk_.get(), dv_.get(), n_blocks, sh.n_kv_head, bs, hd,
-                dks_.get(), dvs_.get(), sh.n_stages};
+        hkv_ = {sh.k_type, sh.v_type, hk_.data(),  hv_.data(),  n_blocks,   sh.n_kv_head,
+                bs,        hd,        hks_.data(), hvs_.data(), sh.n_stages};
+        dkv_ = {sh.k_type, sh.v_type, dk_.get(),  dv_.get(),  n_blocks,   sh.n_kv_head,
+                bs,        hd,        dks_.get(), dvs_.get(), sh.n_stages};
     }
     KvBlockTable& table() { return table_; }
 
@@ -92,7 +94,8 @@ class Mirror {
         const auto v = random_floats(size_t(rows), seed * 3 + 2);
         const int64_t n_head = sh_.n_kv_head * sh_.group;
         const auto q = random_floats(size_t(nt * n_head * sh_.head_dim), seed * 3 + 3);
-        const KvBatchView hb{t_seq.data(), t_slot.data(), flat.data(), max_blocks, nt, t_stage.data()};
+        const KvBatchView hb{t_seq.data(), t_slot.data(), flat.data(), max_blocks,
+                             nt,           t_stage.data()};
         cpu::kv_write(hkv_, hb, k.data(), v.data());
         std::vector<float> ref(q.size());
         const float scale = 1.0f / std::sqrt(float(sh_.head_dim));
@@ -108,7 +111,8 @@ class Mirror {
         CHECK(byte_mismatch(dks_.download(), hks_) == 0.0);
         CHECK(byte_mismatch(dvs_.download(), hvs_) == 0.0);
         CudaScratch scratch;
-        cuda_paged_attention_decode(dout.get(), dq.get(), dkv_, db, n_head, scale, scratch, nullptr);
+        cuda_paged_attention_decode(dout.get(), dq.get(), dkv_, db, n_head, scale, scratch,
+                                    nullptr);
         CHECK(nmse(dout.download(), ref) < kAttnBound);
         dout.zero();
         cuda_paged_attention_prefill(dout.get(), dq.get(), dkv_, db, n_head, scale, nullptr);
@@ -157,12 +161,12 @@ void run_shape(const Shape& sh, uint32_t seed) {
 TEST_CASE("cuda quantized KV cache matches the CPU: sealed bytes, stages, attention") {
     const Shape shapes[] = {
         {16, 2, 4, 64, KvType::Q8, KvType::Q8, 24},
-        {16, 2, 4, 64, KvType::Q4, KvType::Q4, 12},    // few stages: reclaim + restore
-        {7, 1, 8, 128, KvType::Q4, KvType::Q8, 24},    // odd block size
-        {16, 4, 2, 8, KvType::Q4, KvType::F16, 24},    // stories260K heads, mixed formats
-        {1, 2, 2, 64, KvType::Q8, KvType::Q4, 160},    // block size 1: every row seals
-        {64, 1, 8, 256, KvType::Q4, KvType::Q4, 24},   // largest head_dim
-        {16, 2, 2, 80, KvType::Q8, KvType::F32, 24},   // head_dim not a multiple of 8 / 32
+        {16, 2, 4, 64, KvType::Q4, KvType::Q4, 12},   // few stages: reclaim + restore
+        {7, 1, 8, 128, KvType::Q4, KvType::Q8, 24},   // odd block size
+        {16, 4, 2, 8, KvType::Q4, KvType::F16, 24},   // stories260K heads, mixed formats
+        {1, 2, 2, 64, KvType::Q8, KvType::Q4, 160},   // block size 1: every row seals
+        {64, 1, 8, 256, KvType::Q4, KvType::Q4, 24},  // largest head_dim
+        {16, 2, 2, 80, KvType::Q8, KvType::F32, 24},  // head_dim not a multiple of 8 / 32
     };
     uint32_t seed = 1;
     for (const Shape& sh : shapes) run_shape(sh, seed += 100);

@@ -538,8 +538,9 @@ struct StagedStorage {
     void copy(const BlockCopy& c) {
         REQUIRE(c.dst_stage >= 0);
         for (int32_t r = 0; r < c.n_rows; ++r)
-            stage[size_t(c.dst_stage)][size_t(r)] =
-                c.src_stage >= 0 ? stage[size_t(c.src_stage)][size_t(r)] : pool[size_t(c.src)][size_t(r)];
+            stage[size_t(c.dst_stage)][size_t(r)] = c.src_stage >= 0
+                                                        ? stage[size_t(c.src_stage)][size_t(r)]
+                                                        : pool[size_t(c.src)][size_t(r)];
     }
     // One pass: positions [start, start + n) of seq were appended.
     void write(const KvBlockTable& t, SeqId seq, int32_t start, int32_t n) {
@@ -558,7 +559,8 @@ struct StagedStorage {
         const auto& toks = t.tokens(seq);
         const auto& blocks = t.block_ids(seq);
         for (int32_t q = 0; q < (p / bs) * bs; ++q)
-            if (pool[size_t(blocks[size_t(q / bs)])][size_t(q % bs)] != toks[size_t(q)]) return false;
+            if (pool[size_t(blocks[size_t(q / bs)])][size_t(q % bs)] != toks[size_t(q)])
+                return false;
         const int32_t st = t.stage_of_slot(seq, p);
         if (st < 0) return false;
         for (int32_t q = (p / bs) * bs; q <= p; ++q)
@@ -647,8 +649,8 @@ void run_random_staged(int32_t n_blocks, int32_t bs, int32_t n_stages, int n_ops
     }
     CHECK(n_appends > n_ops / 4);
     if (bs > 1 && bs <= 4) CHECK(n_adopted > 0);  // random 16-token blocks rarely repeat
-    MESSAGE("staged run bs " << bs << ": " << n_appends << " appends, " << n_fail
-                             << " refused, " << n_restages << " stage restores from the pool");
+    MESSAGE("staged run bs " << bs << ": " << n_appends << " appends, " << n_fail << " refused, "
+                             << n_restages << " stage restores from the pool");
     for (SeqId s : seqs) t.free_sequence(s);
     CHECK(t.n_used_blocks() == 0);
     CHECK(t.stats().stages_in_use == 0);

@@ -48,8 +48,8 @@ std::vector<float> random_rows(int64_t rows, int64_t dim, uint32_t seed, int64_t
     return x;
 }
 
-std::vector<float> decode_block(KvType t, KvRole role, const std::vector<uint8_t>& blk,
-                                int64_t bs, int64_t hd) {
+std::vector<float> decode_block(KvType t, KvRole role, const std::vector<uint8_t>& blk, int64_t bs,
+                                int64_t hd) {
     std::vector<float> out(size_t(bs * hd));
     for (int64_t r = 0; r < bs; ++r)
         kv_decode_head_row(t, role, blk.data(), bs, hd, r, out.data() + r * hd);
@@ -102,9 +102,10 @@ TEST_CASE("kv codec: q8/q4 error bounds, K per channel, V per token and group") 
                                 for (int64_t i = c / g * g; i < c / g * g + g; ++i)
                                     amax = std::max(amax, std::fabs(x[size_t(r * hd + i)]));
                             const float step = t == KvType::Q8 ? amax / 127.0f : amax / 8.0f;
-                            const float bound = (t == KvType::Q8 ? 0.5f : 1.0f) * step * 1.01f +
-                                                1e-6f;
-                            const float err = std::fabs(x[size_t(r * hd + c)] - y[size_t(r * hd + c)]);
+                            const float bound =
+                                (t == KvType::Q8 ? 0.5f : 1.0f) * step * 1.01f + 1e-6f;
+                            const float err =
+                                std::fabs(x[size_t(r * hd + c)] - y[size_t(r * hd + c)]);
                             if (err > bound) CHECK(err <= bound);
                         }
                     // Relative error over the whole block (per-channel K keeps the normal
@@ -232,9 +233,9 @@ struct LayerCache {
 
     // Appends n rows (k, v: [n][n_kv_head][hd]) to each of `seqs` in one pass and returns the
     // attention output of q: [n_seqs * n][n_head][hd] for the new tokens.
-    std::vector<float> pass(const std::vector<SeqId>& seqs, int32_t n, const std::vector<float>& k_rows,
-                            const std::vector<float>& v_rows, const std::vector<float>& q,
-                            int64_t n_head) {
+    std::vector<float> pass(const std::vector<SeqId>& seqs, int32_t n,
+                            const std::vector<float>& k_rows, const std::vector<float>& v_rows,
+                            const std::vector<float>& q, int64_t n_head) {
         std::vector<int32_t> tok_seq, tok_slot, tok_stage, flat;
         int64_t max_blocks = 1;
         for (SeqId s : seqs) {
@@ -255,11 +256,13 @@ struct LayerCache {
                 tok_stage.push_back(table.staging() ? table.stage_of_slot(seqs[i], j) : -1);
             }
         }
-        KvBatchView b{tok_seq.data(), tok_slot.data(), flat.data(), max_blocks,
-                      int64_t(tok_seq.size()), table.staging() ? tok_stage.data() : nullptr};
+        KvBatchView b{
+            tok_seq.data(), tok_slot.data(),         flat.data(),
+            max_blocks,     int64_t(tok_seq.size()), table.staging() ? tok_stage.data() : nullptr};
         cpu::kv_write(kv, b, k_rows.data(), v_rows.data());
         std::vector<float> out(q.size());
-        cpu::paged_attention(out.data(), q.data(), kv, b, n_head, 1.0f / std::sqrt(float(kv.head_dim)));
+        cpu::paged_attention(out.data(), q.data(), kv, b, n_head,
+                             1.0f / std::sqrt(float(kv.head_dim)));
         return out;
     }
 };
@@ -468,8 +471,8 @@ TEST_CASE("quantized cache: block sizes 16 and 64 differ only by the K scale gro
     auto l16 = q16.feed(q16.table.create_sequence(), prompt);
     auto l64 = q64.feed(q64.table.create_sequence(), prompt);
     const double e16 = nmse(lf, l16), e64 = nmse(lf, l64), d = nmse(l16, l64);
-    MESSAGE("q4 logits NMSE vs f16: blocks of 16 " << e16 << ", of 64 " << e64
-                                                   << "; between them " << d);
+    MESSAGE("q4 logits NMSE vs f16: blocks of 16 " << e16 << ", of 64 " << e64 << "; between them "
+                                                   << d);
     CHECK(e16 < 2e-3);
     CHECK(e64 < 4e-3);
     CHECK(d < e16 + e64);

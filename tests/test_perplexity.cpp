@@ -73,7 +73,8 @@ TEST_CASE("perplexity matches llama.cpp within 0.5% on the stories260K family") 
         const RefPpl& r = ref[name];
         PerplexityResult res = eval(model, text, r.chunks);
         const double rel = std::abs(res.ppl - r.ppl) / r.ppl;
-        MESSAGE(name << ": PPL " << res.ppl << " (llama.cpp " << r.ppl << ", " << 100 * rel << "%)");
+        MESSAGE(name << ": PPL " << res.ppl << " (llama.cpp " << r.ppl << ", " << 100 * rel
+                     << "%)");
         CHECK_MESSAGE(rel < 0.005, name);
         CHECK(res.ppl_stderr == doctest::Approx(r.err).epsilon(0.02));
         CHECK(res.n_chunks == r.chunks);
@@ -85,7 +86,8 @@ TEST_CASE("perplexity matches llama.cpp within 0.5% on the stories260K family") 
 TEST_CASE("KL divergence: a run compared with itself is zero; f32 vs f16 KV is tiny") {
     auto model = kvrun::test::shared_path("models/stories260K.gguf");
     if (model.empty()) return;
-    const std::string text = read_file_text((kvrun::test::shared_dir() / "text/wiki.test.raw").string());
+    const std::string text =
+        read_file_text((kvrun::test::shared_dir() / "text/wiki.test.raw").string());
     auto tmp = std::filesystem::temp_directory_path() / ("kvrun_kld_" + std::to_string(::getpid()));
     PerplexityResult base = eval(model, text, 3, KvType::F32, tmp.string());
     PerplexityResult self = eval(model, text, 3, KvType::F32, {}, tmp.string());
@@ -105,7 +107,8 @@ TEST_CASE("KL divergence: a run compared with itself is zero; f32 vs f16 KV is t
     po.n_ctx = 128;
     po.n_chunks = 2;
     po.kld_base = tmp.string();
-    CHECK_THROWS_WITH_AS(perplexity_run(*backend, *tok, text, po), doctest::Contains("-c 256"), Error);
+    CHECK_THROWS_WITH_AS(perplexity_run(*backend, *tok, text, po), doctest::Contains("-c 256"),
+                         Error);
     std::filesystem::remove(tmp);
 }
 

@@ -2,15 +2,15 @@
 #pragma once
 
 #include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
-#include <algorithm>
-#include <sys/wait.h>
-#include <unistd.h>
 
 namespace kvrun::test {
 
@@ -46,7 +46,9 @@ inline std::vector<std::filesystem::path> shared_models() {
     return out;
 }
 
-inline std::string kvrun_binary() { return KVRUN_BINARY; }
+inline std::string kvrun_binary() {
+    return KVRUN_BINARY;
+}
 
 struct CommandResult {
     int exit_code = -1;

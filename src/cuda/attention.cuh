@@ -35,7 +35,7 @@ struct AttnParams {
     const void* v;
     KvType k_type, v_type;
     KvHeadLayout k_layout, v_layout;
-    const __half* k_stage;       // [n_stages][n_kv_head][block_size][head_dim], or null
+    const __half* k_stage;  // [n_stages][n_kv_head][block_size][head_dim], or null
     const __half* v_stage;
     const int32_t* token_stage;  // [n_tokens] stage of each token's own block, or null
     int64_t n_stages;
@@ -97,11 +97,10 @@ __device__ __forceinline__ void attn_load_tile(float* __restrict__ dst, const At
         for (int c = threadIdx.x; c < kAttnTile * chunks; c += blockDim.x) {
             const int j = c / chunks, ch = c % chunks;
             float* d = dst + j * Dp + ch * 4;
-            const float4 f =
-                rows.pb[j] < 0
-                    ? make_float4(0.f, 0.f, 0.f, 0.f)
-                    : *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(head_block(j)) +
-                                                       int64_t(rows.r[j]) * D + ch * 4);
+            const float4 f = rows.pb[j] < 0 ? make_float4(0.f, 0.f, 0.f, 0.f)
+                                            : *reinterpret_cast<const float4*>(
+                                                  reinterpret_cast<const float*>(head_block(j)) +
+                                                  int64_t(rows.r[j]) * D + ch * 4);
             d[0] = f.x, d[1] = f.y, d[2] = f.z, d[3] = f.w;
         }
         return;
@@ -124,7 +123,8 @@ __device__ __forceinline__ void attn_load_tile(float* __restrict__ dst, const At
             } else {
                 const uint8_t* blk = head_block(j);
 #pragma unroll
-                for (int e = 0; e < 8; ++e) d[e] = kv_decode(blk, type, role, L, D, rows.r[j], ch * 8 + e);
+                for (int e = 0; e < 8; ++e)
+                    d[e] = kv_decode(blk, type, role, L, D, rows.r[j], ch * 8 + e);
             }
         }
         return;
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
     const int D = p.head_dim, Dp = D + 1;
     int32_t* tile_meta = reinterpret_cast<int32_t*>(smem_raw);  // [3][32]
     const AttnTileRows tile{tile_meta, tile_meta + kAttnTile, tile_meta + 2 * kAttnTile};
-    float* q_s = reinterpret_cast<float*>(tile_meta + 3 * kAttnTile);  // [R][D], scaled
+    float* q_s = reinterpret_cast<float*>(tile_meta + 3 * kAttnTile);     // [R][D], scaled
     float* k_s = q_s + R * D;                                             // [32][D + 1]
     float* v_s = k_s + kAttnTile * Dp;                                    // [32][D + 1]
     int32_t* tok_seq = reinterpret_cast<int32_t*>(v_s + kAttnTile * Dp);  // [R]

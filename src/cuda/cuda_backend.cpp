@@ -20,8 +20,8 @@
 
 #include "common.h"
 #include "cuda/common.cuh"
-#include "kv_format.h"
 #include "cuda/ops.h"
+#include "kv_format.h"
 #include "model_config.h"
 #include "quant.h"
 #include "weights.h"
@@ -292,14 +292,12 @@ void CudaBackend::allocate_kv() {
                                           options_.kv_block_size, config_.head_dim);
     const size_t k_bytes = align_up(size_t(n_blocks_) * size_t(k_block_bytes_));
     const size_t v_bytes = align_up(size_t(n_blocks_) * size_t(v_block_bytes_));
-    const size_t s_bytes = align_up(size_t(n_stages_ * config_.n_kv_head * options_.kv_block_size *
-                                           config_.head_dim * 2));
+    const size_t s_bytes = align_up(
+        size_t(n_stages_ * config_.n_kv_head * options_.kv_block_size * config_.head_dim * 2));
     const size_t layer_bytes = k_bytes + v_bytes + 2 * s_bytes;
-    const std::string what =
-        fmt::format("the KV cache ({} blocks of {} tokens{} x {} layers)", n_blocks_,
-                    options_.kv_block_size,
-                    n_stages_ > 0 ? fmt::format(" + {} f16 stage blocks", n_stages_) : "",
-                    config_.n_layer);
+    const std::string what = fmt::format(
+        "the KV cache ({} blocks of {} tokens{} x {} layers)", n_blocks_, options_.kv_block_size,
+        n_stages_ > 0 ? fmt::format(" + {} f16 stage blocks", n_stages_) : "", config_.n_layer);
     kv_mem_ = DeviceMem(layer_bytes * size_t(config_.n_layer), what.c_str());
     // Zeroed so that no stale NaN can ever meet a zero attention weight.
     CUDA_CHECK(cudaMemset(kv_mem_.get(), 0, kv_mem_.size()));
@@ -395,8 +393,8 @@ void CudaBackend::validate(const ForwardBatch& b) const {
 void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
     const ModelConfig& c = config_;
     const cudaStream_t s = stream_.get();
-    const KvBatchView kb{d_seq_, d_slot_, d_table_, max_blocks, T,
-                         n_stages_ > 0 ? d_stage_ : nullptr};
+    const KvBatchView kb{d_seq_,     d_slot_, d_table_,
+                         max_blocks, T,       n_stages_ > 0 ? d_stage_ : nullptr};
     const float scale = 1.0f / std::sqrt(float(c.head_dim));
     cuda_embed(x_, token_embd_, d_tokens_, T, s);
     for (int64_t l = 0; l < c.n_layer; ++l) {
@@ -570,7 +568,8 @@ void CudaBackend::forward_sample(const ForwardBatch& b, const std::vector<RowSam
         const RowSampling& rs = rows[size_t(r)];
         float* row = logits_ + r * V;
         const auto [off, n] = spans[size_t(r)];
-        if (n > 0) cuda_repeat_penalty(row, V, d_ids + off, int64_t(n), rs.params.repeat_penalty, s);
+        if (n > 0)
+            cuda_repeat_penalty(row, V, d_ids + off, int64_t(n), rs.params.repeat_penalty, s);
         if (rs.params.temperature <= 0.0f) {
             cuda_argmax(d_out + r, row, 1, V, s);
         } else {

@@ -18,11 +18,11 @@ namespace kvrun::cu {
 __device__ __forceinline__ float kv_decode(const uint8_t* __restrict__ blk, KvType t, KvRole role,
                                            const KvHeadLayout& L, int head_dim, int r, int c) {
     if (t == KvType::F32) return reinterpret_cast<const float*>(blk)[r * head_dim + c];
-    if (t == KvType::F16) return __half2float(reinterpret_cast<const __half*>(blk)[r * head_dim + c]);
+    if (t == KvType::F16)
+        return __half2float(reinterpret_cast<const __half*>(blk)[r * head_dim + c]);
     const __half* scales = reinterpret_cast<const __half*>(blk);
-    const float d = __half2float(role == KvRole::K
-                                     ? scales[c]
-                                     : scales[r * (head_dim / int(L.group)) + c / int(L.group)]);
+    const float d = __half2float(
+        role == KvRole::K ? scales[c] : scales[r * (head_dim / int(L.group)) + c / int(L.group)]);
     const uint8_t* vals = blk + L.scale_bytes + int64_t(r) * L.row_bytes;
     int q;
     if (t == KvType::Q8) {

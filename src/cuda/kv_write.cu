@@ -100,8 +100,8 @@ __global__ void stage_write_kernel(__half* __restrict__ stage, const float* __re
 }
 
 struct SealParams {
-    uint8_t* pool;         // [n_blocks][n_kv_head] head blocks of `type`
-    const __half* stage;   // [n_stages][n_kv_head][block_size][head_dim]
+    uint8_t* pool;        // [n_blocks][n_kv_head] head blocks of `type`
+    const __half* stage;  // [n_stages][n_kv_head][block_size][head_dim]
     KvType type;
     KvRole role;
     KvHeadLayout layout;
@@ -165,7 +165,8 @@ __global__ void seal_kernel(SealParams p) {
                 }
             }
             if (q4)
-                for (int r = 0; r < bs; ++r) vals[int64_t(r) * p.layout.row_bytes + c0 / 2] = packed[r];
+                for (int r = 0; r < bs; ++r)
+                    vals[int64_t(r) * p.layout.row_bytes + c0 / 2] = packed[r];
         }
     } else {
         const int g = int(p.layout.group), n_groups = D / g;
@@ -237,8 +238,8 @@ __global__ void stage_copy_kernel(CopyParams p) {
     const uint8_t* blk = p.pool[which] + (p.src * p.n_kv_head + h) * p.layout[which].bytes;
     for (int e = threadIdx.x; e < p.n_rows * D; e += blockDim.x) {
         const float x = p.src_stage >= 0 ? __half2float(src_stage[e])
-                                         : cu::kv_decode(blk, p.type[which], role, p.layout[which], D,
-                                                     e / D, e % D);
+                                         : cu::kv_decode(blk, p.type[which], role, p.layout[which],
+                                                         D, e / D, e % D);
         dst[e] = __float2half_rn(x);
     }
 }
@@ -252,10 +253,10 @@ void cuda_kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_s
     if (dst_stage < 0) {
         CUDA_REQUIRE(src_stage < 0, "cuda_kv_copy: a stage source needs a stage destination");
         if (src == dst) return;
-        for (auto [pool, type, role] : {std::tuple{kv.k, kv.k_type, KvRole::K},
-                                        std::tuple{kv.v, kv.v_type, KvRole::V}}) {
-            const int64_t bytes = kv.n_kv_head * kv_head_block_bytes(type, role, kv.block_size,
-                                                                     kv.head_dim);
+        for (auto [pool, type, role] :
+             {std::tuple{kv.k, kv.k_type, KvRole::K}, std::tuple{kv.v, kv.v_type, KvRole::V}}) {
+            const int64_t bytes =
+                kv.n_kv_head * kv_head_block_bytes(type, role, kv.block_size, kv.head_dim);
             auto* base = static_cast<uint8_t*>(pool);
             CUDA_CHECK(cudaMemcpyAsync(base + dst * bytes, base + src * bytes, size_t(bytes),
                                        cudaMemcpyDeviceToDevice, s));
@@ -308,10 +309,9 @@ void cuda_kv_write(const KvLayerView& kv, const KvBatchView& batch, const float*
     const int64_t n = batch.n_tokens * kv.n_kv_head * kv.head_dim;
     const unsigned blocks = unsigned(cu::ceil_div(n, 256));
     for (auto [stage, src] : {std::pair{kv.k_stage, k}, std::pair{kv.v_stage, v}}) {
-        stage_write_kernel<<<blocks, 256, 0, s>>>(static_cast<__half*>(stage), src,
-                                                  batch.token_slot, batch.token_stage,
-                                                  batch.n_tokens, kv.n_stages, kv.n_kv_head,
-                                                  kv.block_size, kv.head_dim);
+        stage_write_kernel<<<blocks, 256, 0, s>>>(
+            static_cast<__half*>(stage), src, batch.token_slot, batch.token_stage, batch.n_tokens,
+            kv.n_stages, kv.n_kv_head, kv.block_size, kv.head_dim);
         CUDA_CHECK_LAUNCH();
     }
     seal_pool(kv.k_type, KvRole::K, kv.k, kv.k_stage, kv, batch, s);

@@ -33,9 +33,9 @@ struct BenchOptions {
 struct BenchRow {
     std::string test, kv;
     int32_t depth = 0, n = 0;
-    double mean = 0, stddev = 0;        // tokens/s
-    double bytes_per_token = 0;         // tg: weights + KV read per token
-    double gbs = 0, fraction = 0;       // tg: achieved bandwidth and share of the copy bandwidth
+    double mean = 0, stddev = 0;   // tokens/s
+    double bytes_per_token = 0;    // tg: weights + KV read per token
+    double gbs = 0, fraction = 0;  // tg: achieved bandwidth and share of the copy bandwidth
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -185,26 +185,33 @@ int run_bench(BenchOptions o) {
         j["copy_bandwidth_gbs"] = copy_bw / 1e9;
         j["results"] = nlohmann::json::array();
         for (auto& r : rows)
-            j["results"].push_back({{"test", r.test}, {"kv", r.kv}, {"depth", r.depth},
-                                    {"tokens_per_s", r.mean}, {"stddev", r.stddev},
-                                    {"bytes_per_token", r.bytes_per_token}, {"gbs", r.gbs},
+            j["results"].push_back({{"test", r.test},
+                                    {"kv", r.kv},
+                                    {"depth", r.depth},
+                                    {"tokens_per_s", r.mean},
+                                    {"stddev", r.stddev},
+                                    {"bytes_per_token", r.bytes_per_token},
+                                    {"gbs", r.gbs},
                                     {"bandwidth_fraction", r.fraction}});
         fmt::print("{}\n", j.dump(2));
     } else if (o.output == "csv") {
         fmt::print("model,device,test,kv,depth,tokens_per_s,stddev,gbs,bandwidth_fraction\n");
         for (auto& r : rows)
-            fmt::print("{},{},{},{},{},{:.3f},{:.3f},{:.2f},{:.4f}\n", o.model.model, device_name, r.test,
-                       r.kv, r.depth, r.mean, r.stddev, r.gbs, r.fraction);
+            fmt::print("{},{},{},{},{},{:.3f},{:.3f},{:.2f},{:.4f}\n", o.model.model, device_name,
+                       r.test, r.kv, r.depth, r.mean, r.stddev, r.gbs, r.fraction);
     } else if (o.output == "md") {
-        fmt::print("model: {} ({})  device: {}  measured copy bandwidth: {:.1f} GB/s\n\n", o.model.model,
-                   model_name, device_name, copy_bw / 1e9);
-        fmt::print("| test | kv | depth | t/s | ± | GB/s | % of copy bw |\n|---|---|---:|---:|---:|---:|---:|\n");
+        fmt::print("model: {} ({})  device: {}  measured copy bandwidth: {:.1f} GB/s\n\n",
+                   o.model.model, model_name, device_name, copy_bw / 1e9);
+        fmt::print(
+            "| test | kv | depth | t/s | ± | GB/s | % of copy bw "
+            "|\n|---|---|---:|---:|---:|---:|---:|\n");
         for (auto& r : rows) {
             if (r.test[0] == 't')
-                fmt::print("| {} | {} | {} | {:.2f} | {:.2f} | {:.1f} | {:.1f}% |\n", r.test, r.kv, r.depth,
-                           r.mean, r.stddev, r.gbs, 100 * r.fraction);
+                fmt::print("| {} | {} | {} | {:.2f} | {:.2f} | {:.1f} | {:.1f}% |\n", r.test, r.kv,
+                           r.depth, r.mean, r.stddev, r.gbs, 100 * r.fraction);
             else
-                fmt::print("| {} | {} | {} | {:.2f} | {:.2f} | | |\n", r.test, r.kv, r.depth, r.mean, r.stddev);
+                fmt::print("| {} | {} | {} | {:.2f} | {:.2f} | | |\n", r.test, r.kv, r.depth,
+                           r.mean, r.stddev);
         }
     } else {
         fail("unknown output format '{}' (expected md, csv or json)", o.output);
@@ -217,16 +224,22 @@ int run_bench(BenchOptions o) {
 void add_bench_command(CLI::App& root, int& exit_code) {
     auto o = std::make_shared<BenchOptions>();
     CLI::App* cmd = root.add_subcommand(
-        "bench", "Measure prefill (pp) and decode (tg) tokens/s at batch 1, with decode memory "
-                 "bandwidth as a fraction of the measured copy bandwidth");
+        "bench",
+        "Measure prefill (pp) and decode (tg) tokens/s at batch 1, with decode memory "
+        "bandwidth as a fraction of the measured copy bandwidth");
     add_model_options(cmd, o->model);
     cmd->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens for the prefill test (0: skip)")
         ->capture_default_str();
-    cmd->add_option("-n,--n-gen", o->n_gen, "Tokens for the decode test (0: skip)")->capture_default_str();
-    cmd->add_option("-r,--repetitions", o->reps, "Repetitions (after one warm-up)")->capture_default_str();
-    cmd->add_option("--depth", o->depths, "Context depths, comma-separated (e.g. 0,4096)")->capture_default_str();
-    cmd->add_option("--kv-types", o->kv_types, "KV cache types to compare, comma-separated (e.g. f16,q8)");
-    cmd->add_option("-o,--output", o->output, "Output format: md, csv or json")->capture_default_str();
+    cmd->add_option("-n,--n-gen", o->n_gen, "Tokens for the decode test (0: skip)")
+        ->capture_default_str();
+    cmd->add_option("-r,--repetitions", o->reps, "Repetitions (after one warm-up)")
+        ->capture_default_str();
+    cmd->add_option("--depth", o->depths, "Context depths, comma-separated (e.g. 0,4096)")
+        ->capture_default_str();
+    cmd->add_option("--kv-types", o->kv_types,
+                    "KV cache types to compare, comma-separated (e.g. f16,q8)");
+    cmd->add_option("-o,--output", o->output, "Output format: md, csv or json")
+        ->capture_default_str();
     cmd->callback([o, &exit_code] { exit_code = run_bench(*o); });
 }
 

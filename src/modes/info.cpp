@@ -43,7 +43,8 @@ Hyper read_hyper(const GgufFile& f) {
     h.n_rot = f.get_int_or(a + "rope.dimension_count", h.head_dim);
     h.rope_base = f.get_float_or(a + "rope.freq_base", 10000.0);
     h.norm_eps = f.get_float_or(a + "attention.layer_norm_rms_epsilon", 0.0);
-    if (const GgufValue* toks = f.find("tokenizer.ggml.tokens"); toks && toks->type == GgufValueType::ARRAY)
+    if (const GgufValue* toks = f.find("tokenizer.ggml.tokens");
+        toks && toks->type == GgufValueType::ARRAY)
         h.n_vocab = static_cast<int64_t>(toks->as_array().size());
     return h;
 }
@@ -82,10 +83,10 @@ int run_info(const InfoOptions& o) {
             continue;
         }
         // K and V: quantized K pays one scale per channel and block, V one per 32 values.
-        const double per_elem =
-            kv_bytes_per_element(t, KvRole::K, h.head_dim, o.kv_block_size) +
-            kv_bytes_per_element(t, KvRole::V, h.head_dim, o.kv_block_size);
-        kv_rows.push_back({kv_type_name(t), double(h.n_layer * h.n_head_kv * h.head_dim) * per_elem});
+        const double per_elem = kv_bytes_per_element(t, KvRole::K, h.head_dim, o.kv_block_size) +
+                                kv_bytes_per_element(t, KvRole::V, h.head_dim, o.kv_block_size);
+        kv_rows.push_back(
+            {kv_type_name(t), double(h.n_layer * h.n_head_kv * h.head_dim) * per_elem});
     }
 
     if (o.json) {
@@ -94,11 +95,16 @@ int run_info(const InfoOptions& o) {
         j["gguf_version"] = f.version();
         j["architecture"] = h.arch;
         j["name"] = f.get_string_or("general.name", "");
-        j["hyperparameters"] = {{"n_layer", h.n_layer},     {"n_embd", h.n_embd},
-                                {"n_ff", h.n_ff},           {"n_head", h.n_head},
-                                {"n_head_kv", h.n_head_kv}, {"head_dim", h.head_dim},
-                                {"n_rot", h.n_rot},         {"rope_freq_base", h.rope_base},
-                                {"rms_norm_eps", h.norm_eps}, {"n_ctx_train", h.n_ctx_train}};
+        j["hyperparameters"] = {{"n_layer", h.n_layer},
+                                {"n_embd", h.n_embd},
+                                {"n_ff", h.n_ff},
+                                {"n_head", h.n_head},
+                                {"n_head_kv", h.n_head_kv},
+                                {"head_dim", h.head_dim},
+                                {"n_rot", h.n_rot},
+                                {"rope_freq_base", h.rope_base},
+                                {"rms_norm_eps", h.norm_eps},
+                                {"n_ctx_train", h.n_ctx_train}};
         j["vocab"] = {{"model", f.get_string_or("tokenizer.ggml.model", "")},
                       {"pre", f.get_string_or("tokenizer.ggml.pre", "")},
                       {"n_vocab", h.n_vocab},
@@ -117,8 +123,10 @@ int run_info(const InfoOptions& o) {
         if (o.tensors) {
             nlohmann::json ts = nlohmann::json::array();
             for (const auto& t : f.tensors())
-                ts.push_back({{"name", t.name}, {"type", ggml_type_name(t.type)},
-                              {"dims", t.dims}, {"bytes", t.n_bytes}});
+                ts.push_back({{"name", t.name},
+                              {"type", ggml_type_name(t.type)},
+                              {"dims", t.dims},
+                              {"bytes", t.n_bytes}});
             j["tensors"] = ts;
         }
         fmt::print("{}\n", j.dump(2));
@@ -144,8 +152,10 @@ int run_info(const InfoOptions& o) {
                f.get_int_or("tokenizer.ggml.eos_token_id", -1));
     fmt::print("tensor types    {:<8} {:>8} {:>14}\n", "type", "tensors", "bytes");
     for (auto& [name, e] : histogram)
-        fmt::print("                {:<8} {:>8} {:>14}\n", name, e.first, human_bytes(double(e.second)));
-    fmt::print("weights         {} parameters, {}\n\n", n_params, human_bytes(double(weight_bytes)));
+        fmt::print("                {:<8} {:>8} {:>14}\n", name, e.first,
+                   human_bytes(double(e.second)));
+    fmt::print("weights         {} parameters, {}\n\n", n_params,
+               human_bytes(double(weight_bytes)));
     fmt::print("KV cache        {:<8} {:>14} {:>16} {:>12}   (blocks of {} tokens)\n", "type",
                "bytes/token", "per 4096 tokens", "tokens/f16", o.kv_block_size);
     const double f16_bytes = kv_rows[1].bytes;
@@ -154,14 +164,14 @@ int run_info(const InfoOptions& o) {
                    human_bytes(r.bytes * 4096), r.bytes > 0 ? f16_bytes / r.bytes : 0.0);
     if (o.metadata) {
         fmt::print("\nmetadata\n");
-        for (const auto& [key, v] : f.metadata())
-            fmt::print("  {:<40} {}\n", key, v.to_display());
+        for (const auto& [key, v] : f.metadata()) fmt::print("  {:<40} {}\n", key, v.to_display());
     }
     if (o.tensors) {
         fmt::print("\ntensors\n");
         for (const auto& t : f.tensors()) {
             std::string dims;
-            for (size_t i = 0; i < t.dims.size(); ++i) dims += (i ? " x " : "") + std::to_string(t.dims[i]);
+            for (size_t i = 0; i < t.dims.size(); ++i)
+                dims += (i ? " x " : "") + std::to_string(t.dims[i]);
             fmt::print("  {:<32} {:<8} {:<20} {:>12}\n", t.name, ggml_type_name(t.type), dims,
                        human_bytes(double(t.n_bytes)));
         }
@@ -174,9 +184,12 @@ int run_info(const InfoOptions& o) {
 void add_info_command(CLI::App& root, int& exit_code) {
     auto o = std::make_shared<InfoOptions>();
     CLI::App* cmd = root.add_subcommand(
-        "info", "Show a model's architecture, hyperparameters, vocabulary, tensor types, "
-                "weight size and KV cache bytes per token");
-    cmd->add_option("-m,--model", o->model, "GGUF model file")->required()->check(CLI::ExistingFile);
+        "info",
+        "Show a model's architecture, hyperparameters, vocabulary, tensor types, "
+        "weight size and KV cache bytes per token");
+    cmd->add_option("-m,--model", o->model, "GGUF model file")
+        ->required()
+        ->check(CLI::ExistingFile);
     cmd->add_flag("--json", o->json, "Print machine-readable JSON instead of a table");
     cmd->add_flag("--tensors", o->tensors, "Also list every tensor (name, type, dims, bytes)");
     cmd->add_flag("--metadata", o->metadata, "Also list every metadata key and value");

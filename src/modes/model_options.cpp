@@ -1,8 +1,9 @@
 // Shared model/sampling flags, model loading with backend selection, and Ctrl-C handling.
 #include "modes/model_options.h"
 
-#include <csignal>
 #include <unistd.h>
+
+#include <csignal>
 
 #include "common.h"
 #include "kv_format.h"
@@ -16,23 +17,27 @@ namespace kvrun {
 
 void add_model_options(CLI::App* cmd, ModelOptions& o) {
     cmd->add_option("-m,--model", o.model, "GGUF model file")->required()->check(CLI::ExistingFile);
-    cmd->add_option("--device", o.device, "Compute device: cpu, cuda, cuda:N or auto (cuda when present)")
+    cmd->add_option("--device", o.device,
+                    "Compute device: cpu, cuda, cuda:N or auto (cuda when present)")
         ->capture_default_str();
     cmd->add_option("-c,--ctx", o.n_ctx, "Context length per sequence (0: the model's)")
         ->check(CLI::NonNegativeNumber);
     cmd->add_option("--kv-block-size", o.kv_block_size, "Tokens per KV cache block (1-256)")
         ->check(CLI::Range(1, 256))
         ->capture_default_str();
-    cmd->add_option("--kv-type", o.kv_type, "KV cache storage: f16, q8, q4 (or f32)")->capture_default_str();
+    cmd->add_option("--kv-type", o.kv_type, "KV cache storage: f16, q8, q4 (or f32)")
+        ->capture_default_str();
     cmd->add_option("--kv-type-k", o.kv_type_k, "Storage of K only (overrides --kv-type)");
     cmd->add_option("--kv-type-v", o.kv_type_v, "Storage of V only (overrides --kv-type)");
     cmd->add_option("--kv-rotate", o.kv_rotate,
                     "Hadamard-rotate Q and K before K is stored (on, off; see docs/kv-cache.md)")
         ->check(CLI::IsMember({"on", "off"}))
         ->capture_default_str();
-    cmd->add_option("--kv-memory", o.kv_memory_mib, "KV cache pool size in MiB (0: sized for the context)")
+    cmd->add_option("--kv-memory", o.kv_memory_mib,
+                    "KV cache pool size in MiB (0: sized for the context)")
         ->check(CLI::NonNegativeNumber);
-    cmd->add_option("-t,--threads", o.n_threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
+    cmd->add_option("-t,--threads", o.n_threads, "CPU threads (0: all cores)")
+        ->check(CLI::NonNegativeNumber);
     cmd->add_option("-b,--batch-size", o.n_batch, "Max tokens per forward pass (prefill chunk)")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
@@ -76,7 +81,8 @@ void add_sampling_options(CLI::App* cmd, SamplingParams& p) {
                     "How many recent tokens the penalty looks at (-1: all, 0: off)")
         ->check(valid("AT LEAST -1", &SamplingParams::repeat_last_n))
         ->capture_default_str();
-    cmd->add_option("-s,--seed", p.seed, "Random seed (same seed, same output)")->capture_default_str();
+    cmd->add_option("-s,--seed", p.seed, "Random seed (same seed, same output)")
+        ->capture_default_str();
 }
 
 static bool cuda_available() {
@@ -177,6 +183,8 @@ void install_interrupt_handler() {
     sigaction(SIGINT, &sa, nullptr);
 }
 
-std::atomic<bool>& interrupt_flag() { return g_interrupted; }
+std::atomic<bool>& interrupt_flag() {
+    return g_interrupted;
+}
 
 }  // namespace kvrun

@@ -22,7 +22,7 @@ struct ModelOptions {
     int32_t kv_block_size = 16;
     std::string kv_type = "f16", kv_type_k, kv_type_v;
     std::string kv_rotate = "off";  // on | off
-    double kv_memory_mib = 0;     // 0: enough for the context (x parallel sequences)
+    double kv_memory_mib = 0;       // 0: enough for the context (x parallel sequences)
     int32_t n_threads = 0;
     int32_t n_batch = 512;
 };

@@ -1,10 +1,11 @@
 // `kvrun perplexity`: llama.cpp-compatible perplexity of a model on a text file, and KL
 // divergence against a saved run (to judge a quantized KV cache or weights against f16).
+#include "perplexity.h"
+
 #include <fmt/core.h>
 
 #include "modes/model_options.h"
 #include "modes/modes.h"
-#include "perplexity.h"
 #include "text_input.h"
 
 namespace kvrun {
@@ -35,16 +36,18 @@ int run_perplexity(PplOptions o) {
         if (interrupt_flag()) throw Error("interrupted");
         const double eta = done > 0 ? secs / done * (total - done) : 0;
         const int width = 30, filled = total > 0 ? width * done / total : width;
-        fmt::print(stderr, "\r[{}{}] chunk {}/{}  PPL {:.4f}  ETA {:.0f}s   ", std::string(filled, '#'),
-                   std::string(width - filled, '.'), done, total, ppl, eta);
+        fmt::print(stderr, "\r[{}{}] chunk {}/{}  PPL {:.4f}  ETA {:.0f}s   ",
+                   std::string(filled, '#'), std::string(width - filled, '.'), done, total, ppl,
+                   eta);
         if (done == total) fmt::print(stderr, "\n");
     };
     PerplexityResult r = perplexity_run(*m.backend, *m.tokenizer, text, po, progress);
-    for (size_t i = 0; i < r.chunk_ppl.size(); ++i) fmt::print("[{}]{:.4f},", i + 1, r.chunk_ppl[i]);
+    for (size_t i = 0; i < r.chunk_ppl.size(); ++i)
+        fmt::print("[{}]{:.4f},", i + 1, r.chunk_ppl[i]);
     fmt::print("\n");
     if (r.has_kld) {
-        fmt::print("KL divergence vs {}: mean {:.6f} +/- {:.6f}, p99 {:.6f}, max {:.6f}\n", o.kld_base,
-                   r.kld_mean, r.kld_stderr, r.kld_p99, r.kld_max);
+        fmt::print("KL divergence vs {}: mean {:.6f} +/- {:.6f}, p99 {:.6f}, max {:.6f}\n",
+                   o.kld_base, r.kld_mean, r.kld_stderr, r.kld_p99, r.kld_max);
         fmt::print("top-1 agreement: {:.3f}%\n", 100.0 * r.top1_agreement);
         fmt::print("PPL base {:.4f} -> {:.4f}: delta {:+.4f} ({:+.3f}%)\n", r.base_ppl, r.ppl,
                    r.ppl - r.base_ppl, 100.0 * (r.ppl - r.base_ppl) / r.base_ppl);
@@ -59,17 +62,21 @@ int run_perplexity(PplOptions o) {
 void add_perplexity_command(CLI::App& root, int& exit_code) {
     auto o = std::make_shared<PplOptions>();
     CLI::App* cmd = root.add_subcommand(
-        "perplexity", "Perplexity of a model on a text file (llama.cpp's method), or KL divergence "
-                      "against a saved run");
+        "perplexity",
+        "Perplexity of a model on a text file (llama.cpp's method), or KL divergence "
+        "against a saved run");
     add_model_options(cmd, o->model);
     cmd->add_option("-f,--file", o->file, "Text file to evaluate (e.g. wiki.test.raw)")
         ->required()
         ->check(CLI::ExistingFile);
-    cmd->add_option("--chunks", o->chunks, "Evaluate at most this many chunks (-1: all)")->capture_default_str();
+    cmd->add_option("--chunks", o->chunks, "Evaluate at most this many chunks (-1: all)")
+        ->capture_default_str();
     cmd->add_option("--kld-save", o->kld_save, "Save per-token log-probabilities to this file");
-    cmd->add_option("--kld", o->kld_base, "Compare against log-probabilities saved with --kld-save");
-    cmd->footer("-c sets the chunk length (default 512); each chunk scores its last n_ctx/2 "
-                "predictions. The last stdout line is `Final estimate: PPL = <ppl> +/- <err>`.");
+    cmd->add_option("--kld", o->kld_base,
+                    "Compare against log-probabilities saved with --kld-save");
+    cmd->footer(
+        "-c sets the chunk length (default 512); each chunk scores its last n_ctx/2 "
+        "predictions. The last stdout line is `Final estimate: PPL = <ppl> +/- <err>`.");
     cmd->callback([o, &exit_code] { exit_code = run_perplexity(*o); });
 }
 
