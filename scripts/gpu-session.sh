@@ -3,7 +3,7 @@
 # [".device-deps", ".carry"]: builds with CUDA for sm_90, runs the cuda-labelled tests,
 # compares GPU with CPU (greedy tokens on every carried model, perplexity), then benchmarks
 # synthetic 7B/8B models. Everything lands in $OUT (logs + bench tables).
-#   usage: bash scripts/gpu-session.sh [all|test|bench]   (default all)
+#   usage: bash scripts/gpu-session.sh [all|test|bench|spec]   (default all)
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/kvrun-out}
@@ -23,17 +23,21 @@ M=$KVRUN_SHARED/models
 
 if [ "$what" = all ] || [ "$what" = test ]; then
   ctest --test-dir $B -L cuda --output-on-failure 2>&1 | tee "$OUT/cuda-tests.log" | tail -15
-  # GPU vs CPU: greedy tokens on every carried model, 4 reference prompts.
+  # GPU vs CPU: greedy tokens on every carried model, the 4 reference prompts as one JSONL
+  # batch per model, device and KV type.
+  req=$OUT/prompts.jsonl
+  : > "$req"
+  while IFS= read -r p; do
+    p=${p//\"/\\\"}  # prompts.txt writes newlines as \n: a JSON escape already
+    echo "{\"prompt\": \"$p\", \"n_predict\": 48, \"temperature\": 0}" >> "$req"
+  done < $KVRUN_SHARED/reference/prompts.txt
   {
-    echo "| model | KV | prompt | cpu == cuda (48 greedy tokens) |"; echo "|---|---|---|---|"
+    echo "| model | KV | cpu == cuda (4 prompts x 48 greedy tokens) |"; echo "|---|---|---|"
     for m in $M/*.gguf; do
       for kv in f16 q8; do
-        while IFS= read -r p; do
-          p=${p//\\n/$'\n'}
-          c=$($K run -m "$m" -p "$p" -n 48 --temp 0 --kv-type $kv --device cpu 2>&1 | md5sum | cut -c1-8)
-          g=$($K run -m "$m" -p "$p" -n 48 --temp 0 --kv-type $kv --device cuda 2>&1 | md5sum | cut -c1-8)
-          echo "| $(basename $m) | $kv | ${p:0:24} | $([ "$c" = "$g" ] && echo yes || echo "NO ($c vs $g)") |"
-        done < $KVRUN_SHARED/reference/prompts.txt
+        c=$($K run -m "$m" --jsonl --kv-type $kv --device cpu < "$req" 2>/dev/null | grep -o '"tokens":\[[^]]*\]')
+        g=$($K run -m "$m" --jsonl --kv-type $kv --device cuda < "$req" 2>/dev/null | grep -o '"tokens":\[[^]]*\]')
+        echo "| $(basename $m) | $kv | $([ "$c" = "$g" ] && [ -n "$c" ] && echo yes || echo NO) |"
       done
     done
   } > "$OUT/gpu-vs-cpu.md" 2>&1
@@ -62,4 +66,33 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
       --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
     echo >> "$OUT/bench.md"
   done
+fi
+
+if [ "$what" = all ] || [ "$what" = spec ]; then
+  # Speculative decoding speed-up vs acceptance: synthetic targets whose layers from 4 on
+  # barely change the residual stream (--residual-scale dials the draft/target agreement) and
+  # drafts made of their first 4 layers; then the real stories pair.
+  mkdir -p /tmp/models
+  S=$B/make-synthetic-model
+  echo "| target | residual scale | draft | tokens/s | speed-up | acceptance |" > "$OUT/spec.md"
+  echo "|---|---:|---|---:|---:|---:|" >> "$OUT/spec.md"
+  for preset in llama-1b llama2-7b; do
+    for rs in 0.0 0.05 0.2; do
+      t=/tmp/models/$preset-spec-$rs.gguf; d=/tmp/models/$preset-spec-$rs-draft.gguf
+      $S --preset $preset --type Q4_0 --residual-scale $rs --scaled-from 4 -o $t > /dev/null
+      $S --draft-of $t --n-layer 4 -o $d > /dev/null
+      out=$($K run -m $t --draft-model $d --draft-n 8 -p "Once upon a time" -n 256 --temp 0 \
+            --ignore-eos --stats --spec-baseline 2>&1 >/dev/null)
+      echo "$out" > "$OUT/spec-$preset-$rs.log"
+      tps=$(echo "$out" | sed -n 's/^generation *\([0-9.]*\) tokens.*/\1/p' | head -1)
+      up=$(echo "$out" | grep -io 'speed-up[^0-9]*[0-9.]*x' | head -1)
+      acc=$(echo "$out" | sed -n 's/.*accepted (\([0-9.]*%\)).*/\1/p' | head -1)
+      echo "| $preset Q4_0 | $rs | first 4 layers | $tps | $up | $acc |" >> "$OUT/spec.md"
+    done
+  done
+  for d in stories260K-Q8_0 stories260K-Q4_0 stories260K-L4-F32; do
+    $K run -m $M/stories260K.gguf --draft-model $M/$d.gguf --draft-n 8 -p "Once upon a time" \
+      -n 128 --temp 0 --stats --spec-baseline 2>&1 >/dev/null | sed "s/^/$d: /" >> "$OUT/spec-stories.log"
+  done
+  cat "$OUT/spec.md"
 fi
