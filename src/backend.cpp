@@ -122,13 +122,12 @@ double kv_bytes_per_token(const ModelConfig& c, KvType k, KvType v, int64_t bloc
             kv_bytes_per_element(v, KvRole::V, c.head_dim, block_size));
 }
 
-int64_t kv_stages_for(const ModelConfig& c, const BackendOptions& o) {
+int64_t kv_stages_for(const BackendOptions& o) {
     if (!kv_type_quantized(o.kv_type_k) && !kv_type_quantized(o.kv_type_v)) return 0;
     if (o.kv_stages > 0) return o.kv_stages;
     // One pass writes at most n_batch / block_size + 1 blocks of one sequence, plus a
     // partly filled block (and a copy-on-write target) per other sequence.
     const int64_t bs = std::max<int64_t>(1, o.kv_block_size);
-    (void)c;
     return (std::max<int64_t>(1, o.n_batch) + bs - 1) / bs +
            2 * std::max<int64_t>(1, o.n_parallel) + 4;
 }
@@ -144,7 +143,7 @@ int64_t kv_blocks_for(const ModelConfig& c, const BackendOptions& o) {
         if (!(o.kv_memory_mib > 0))
             fail("KV memory budget must be positive (got {} MiB)", o.kv_memory_mib);
         const double budget = o.kv_memory_mib * 1024.0 * 1024.0;
-        const double stages = double(kv_stage_bytes(c, o, kv_stages_for(c, o)));
+        const double stages = double(kv_stage_bytes(c, o, kv_stages_for(o)));
         n = budget > stages ? static_cast<int64_t>((budget - stages) / double(per_block)) : 0;
         if (n < 1)
             throw Error(fmt::format("a KV budget of {} MiB holds no block of {} tokens ({} bytes "

@@ -111,7 +111,7 @@ int64_t kv_block_bytes(const ModelConfig& c, const BackendOptions& o);
 // block_size tokens (quantized K carries one scale per channel and block).
 double kv_bytes_per_token(const ModelConfig& c, KvType k, KvType v, int64_t block_size = 16);
 // Stage slots for these options: 0 unless K or V is quantized.
-int64_t kv_stages_for(const ModelConfig& c, const BackendOptions& o);
+int64_t kv_stages_for(const BackendOptions& o);
 // Bytes of `n_stages` f16 stage slots across all layers, K and V.
 int64_t kv_stage_bytes(const ModelConfig& c, const BackendOptions& o, int64_t n_stages);
 // The number of blocks: o.n_kv_blocks when set, else as many as fit in o.kv_memory_mib after

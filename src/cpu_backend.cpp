@@ -19,7 +19,7 @@ CpuBackend::CpuBackend(const GgufFile& file, const BackendOptions& options)
       weights_(weights_load(file, config_)),
       options_(options) {
     n_blocks_ = kv_blocks_for(config_, options_);
-    n_stages_ = kv_stages_for(config_, options_);
+    n_stages_ = kv_stages_for(options_);
     rotate_ = kv_rotation_enabled(config_, options_);
     k_block_bytes_ = kv_layer_block_bytes(options_.kv_type_k, KvRole::K, config_.n_kv_head,
                                           options_.kv_block_size, config_.head_dim);

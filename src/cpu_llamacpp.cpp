@@ -26,6 +26,7 @@
 
 #include "common.h"
 #include "quant.h"
+#include "quant_impl.h"
 #include "thread_pool.h"
 
 namespace kvrun::cpu::llamacpp {
@@ -215,17 +216,6 @@ inline float f16_at(const uint8_t* p) {
     return table[h];
 }
 
-// Q4_K / Q5_K: scale and min of sub-block j from the 12 packed bytes.
-inline void k4_scale_min(const uint8_t* s, int j, int& sc, int& m) {
-    if (j < 4) {
-        sc = s[j] & 63;
-        m = s[j + 4] & 63;
-    } else {
-        sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
-        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
 // One weight row decoded for the integer dot products: per element the code times its integer
 // sub-block scale (1 for 32-element block types), in lane order (lane_order); per block (32) or
 // super-block (256) the f16 factors d and m (Q4_1/Q5_1 min, K-quant dmin), and the K-quants'
@@ -321,7 +311,7 @@ struct DecodedRow {
                 const uint8_t* qs = src + (high ? 48 : 16);
                 for (int j = 0; j < 8; ++j) {
                     int sc, m;
-                    k4_scale_min(src + 4, j, sc, m);
+                    quant_detail::unpack_scale_min(src + 4, j, sc, m);
                     mins[j] = int16_t(m);
                     for (int l = 0; l < 32; ++l) {
                         int v = (qs[32 * (j / 2) + l] >> (4 * (j & 1))) & 0xf;
@@ -624,7 +614,7 @@ void get_row(GgmlType t, const uint8_t* src, float* y, int64_t n) {
             const uint8_t* qs = src + (five ? 48 : 16);
             for (int j = 0; j < 8; ++j) {
                 int sc, m;
-                k4_scale_min(src + 4, j, sc, m);
+                quant_detail::unpack_scale_min(src + 4, j, sc, m);
                 const float d1 = d * float(sc), m1 = dmin * float(m);
                 for (int l = 0; l < 32; ++l) {
                     int q = (qs[32 * (j / 2) + l] >> (4 * (j & 1))) & 0xf;

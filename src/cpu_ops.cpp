@@ -15,7 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -53,25 +53,28 @@ float round_to_f16(float x) {
     return fp16_to_fp32(fp32_to_fp16(x));
 }
 
-// Start of the head block (block, head) in a pool of format t: [n_blocks][n_kv_head] head
-// blocks of kv_head_block_bytes each.
-uint8_t* kv_head_block(void* pool, KvType t, KvRole role, const KvLayerView& kv, int64_t block,
-                       int64_t head) {
-    const int64_t hb = kv_head_block_bytes(t, role, kv.block_size, kv.head_dim);
-    return static_cast<uint8_t*>(pool) + (block * kv.n_kv_head + head) * hb;
+// One layer's K or V pool: [n_blocks][n_kv_head] head blocks of `type` (kv_format.h), the
+// head block size computed once per op rather than per row.
+struct KvPool {
+    uint8_t* base;
+    KvType type;
+    KvRole role;
+    int64_t head_block_bytes, n_kv_head;
+    uint8_t* at(int64_t block, int64_t head) const {
+        return base + (block * n_kv_head + head) * head_block_bytes;
+    }
+};
+
+KvPool kv_pool(const KvLayerView& kv, KvRole role) {
+    const KvType t = role == KvRole::K ? kv.k_type : kv.v_type;
+    return {static_cast<uint8_t*>(role == KvRole::K ? kv.k : kv.v), t, role,
+            kv_head_block_bytes(t, role, kv.block_size, kv.head_dim), kv.n_kv_head};
 }
 
 // Row (stage, head, row) of a stage pool: f16 [n_stages][n_kv_head][block_size][head_dim].
 uint8_t* kv_stage_row(void* stage, const KvLayerView& kv, int64_t slot, int64_t head, int64_t row) {
     const int64_t index = ((slot * kv.n_kv_head + head) * kv.block_size + row) * kv.head_dim;
     return static_cast<uint8_t*>(stage) + index * 2;
-}
-
-void store_f16_row(uint8_t* dst, const float* src, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = fp32_to_fp16(src[i]);
-        std::memcpy(dst + 2 * i, &h, 2);
-    }
 }
 
 // Physical block holding `slot` of token t's sequence; throws for an out-of-range id.
@@ -258,6 +261,7 @@ void kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, c
     check_kv_view(kv);
     const int64_t hd = kv.head_dim, bs = kv.block_size, row = kv.n_kv_head * hd;
     const bool staged = kv.n_stages > 0;
+    const KvPool kp = kv_pool(kv, KvRole::K), vp = kv_pool(kv, KvRole::V);
     for (int64_t t = 0; t < batch.n_tokens; ++t) {
         int64_t slot = batch.token_slot[t];
         if (slot < 0) fail("KV batch: token {} has negative slot {}", t, slot);
@@ -267,17 +271,15 @@ void kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, c
             const float* vr = v + t * row + h * hd;
             if (staged) {
                 const int64_t st = kv_stage_of(kv, batch, t);
-                store_f16_row(kv_stage_row(kv.k_stage, kv, st, h, r), kr, hd);
-                store_f16_row(kv_stage_row(kv.v_stage, kv, st, h, r), vr, hd);
+                quantize_row(GgmlType::F16, kr, kv_stage_row(kv.k_stage, kv, st, h, r), hd);
+                quantize_row(GgmlType::F16, vr, kv_stage_row(kv.v_stage, kv, st, h, r), hd);
                 continue;
             }
-            // f32 / f16 pools: a row of a head block is stored like a one-row head block.
-            uint8_t* kb = kv_head_block(kv.k, kv.k_type, KvRole::K, kv, block, h);
-            uint8_t* vb = kv_head_block(kv.v, kv.v_type, KvRole::V, kv, block, h);
-            const int64_t esize_k = kv.k_type == KvType::F32 ? 4 : 2;
-            const int64_t esize_v = kv.v_type == KvType::F32 ? 4 : 2;
-            kv_encode_head_block(kv.k_type, KvRole::K, kr, 1, hd, kb + r * hd * esize_k);
-            kv_encode_head_block(kv.v_type, KvRole::V, vr, 1, hd, vb + r * hd * esize_v);
+            // f32 / f16 pools: row r of a head block is stored like a one-row head block.
+            kv_encode_head_block(kp.type, KvRole::K, kr, 1, hd,
+                                 kp.at(block, h) + r * (kp.head_block_bytes / bs));
+            kv_encode_head_block(vp.type, KvRole::V, vr, 1, hd,
+                                 vp.at(block, h) + r * (vp.head_block_bytes / bs));
         }
     }
     if (!staged) return;
@@ -290,12 +292,10 @@ void kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, c
         for (int64_t h = 0; h < kv.n_kv_head; ++h) {
             dequantize_row(GgmlType::F16, kv_stage_row(kv.k_stage, kv, st, h, 0), rows.data(),
                            bs * hd);
-            kv_encode_head_block(kv.k_type, KvRole::K, rows.data(), bs, hd,
-                                 kv_head_block(kv.k, kv.k_type, KvRole::K, kv, block, h));
+            kv_encode_head_block(kp.type, KvRole::K, rows.data(), bs, hd, kp.at(block, h));
             dequantize_row(GgmlType::F16, kv_stage_row(kv.v_stage, kv, st, h, 0), rows.data(),
                            bs * hd);
-            kv_encode_head_block(kv.v_type, KvRole::V, rows.data(), bs, hd,
-                                 kv_head_block(kv.v, kv.v_type, KvRole::V, kv, block, h));
+            kv_encode_head_block(vp.type, KvRole::V, rows.data(), bs, hd, vp.at(block, h));
         }
     }
 }
@@ -326,6 +326,7 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
     const bool batched = batch.n_tokens >= 2;
     const bool round_q = t_llamacpp_rounding && kv.k_type == KvType::F16;
     const bool round_p = t_llamacpp_rounding && kv.v_type == KvType::F16;
+    const KvPool kp = kv_pool(kv, KvRole::K), vp = kv_pool(kv, KvRole::V);
     const int64_t n_items = batch.n_tokens * n_head;  // one (token, head) pair each
     int64_t per_item = std::max<int64_t>(1, work / std::max<int64_t>(1, n_items));
     int64_t grain = std::max<int64_t>(1, kMinParallelWork / per_item);
@@ -343,11 +344,9 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
                                kv_stage_row(stage, kv, batch.token_stage[t], kvh, s % bs),
                                tmp.data(), hd);
             } else {
-                const KvType type = role == KvRole::K ? kv.k_type : kv.v_type;
-                void* pool = role == KvRole::K ? kv.k : kv.v;
-                const uint8_t* blk =
-                    kv_head_block(pool, type, role, kv, kv_block_of(kv, batch, t, s), kvh);
-                kv_decode_head_row(type, role, blk, bs, hd, s % bs, tmp.data());
+                const KvPool& p = role == KvRole::K ? kp : vp;
+                kv_decode_head_row(p.type, role, p.at(kv_block_of(kv, batch, t, s), kvh), bs, hd,
+                                   s % bs, tmp.data());
             }
             return tmp.data();
         };
@@ -388,29 +387,24 @@ void kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_stage,
     if (dst_stage < 0) {
         if (src_stage >= 0) fail("KV copy: a stage source needs a stage destination");
         if (src == dst) return;
-        for (auto [pool, type, role] :
-             {std::tuple{kv.k, kv.k_type, KvRole::K}, std::tuple{kv.v, kv.v_type, KvRole::V}}) {
-            const int64_t bytes = kv.n_kv_head * kv_head_block_bytes(type, role, bs, hd);
-            std::memcpy(kv_head_block(pool, type, role, kv, dst, 0),
-                        kv_head_block(pool, type, role, kv, src, 0), size_t(bytes));
-        }
+        for (const KvPool& p : {kv_pool(kv, KvRole::K), kv_pool(kv, KvRole::V)})
+            std::memcpy(p.at(dst, 0), p.at(src, 0), size_t(p.n_kv_head * p.head_block_bytes));
         return;
     }
     if (dst_stage >= kv.n_stages || src_stage >= kv.n_stages || n_rows < 0 || n_rows > bs)
         fail("KV copy: stage {} -> {} of {} rows outside {} stage slots of {} rows", src_stage,
              dst_stage, n_rows, kv.n_stages, bs);
     std::vector<float> row(static_cast<size_t>(hd));  // [head_dim]
-    for (auto [pool, stage, type, role] : {std::tuple{kv.k, kv.k_stage, kv.k_type, KvRole::K},
-                                           std::tuple{kv.v, kv.v_stage, kv.v_type, KvRole::V}}) {
+    for (auto [p, stage] : {std::pair{kv_pool(kv, KvRole::K), kv.k_stage},
+                            std::pair{kv_pool(kv, KvRole::V), kv.v_stage}}) {
         for (int64_t h = 0; h < kv.n_kv_head; ++h)
             for (int64_t r = 0; r < n_rows; ++r) {
                 uint8_t* d = kv_stage_row(stage, kv, dst_stage, h, r);
                 if (src_stage >= 0) {
                     std::memmove(d, kv_stage_row(stage, kv, src_stage, h, r), size_t(hd) * 2);
                 } else {
-                    kv_decode_head_row(type, role, kv_head_block(pool, type, role, kv, src, h), bs,
-                                       hd, r, row.data());
-                    store_f16_row(d, row.data(), hd);
+                    kv_decode_head_row(p.type, p.role, p.at(src, h), bs, hd, r, row.data());
+                    quantize_row(GgmlType::F16, row.data(), d, hd);
                 }
             }
     }

@@ -153,7 +153,7 @@ void kv_encode_head_block(KvType t, KvRole role, const float* src, int64_t block
         return;
     }
     if (t == KvType::F16) {
-        for (int64_t i = 0; i < bs * hd; ++i) store_f16(dst + 2 * i, src[i]);
+        quantize_row(GgmlType::F16, src, dst, bs * hd);
         return;
     }
     const int64_t n_bytes = kv_head_block_bytes(t, role, bs, hd);
@@ -192,7 +192,7 @@ void kv_decode_head_row(KvType t, KvRole role, const uint8_t* blk, int64_t block
         return;
     }
     if (t == KvType::F16) {
-        for (int64_t c = 0; c < hd; ++c) out[c] = load_f16(blk + 2 * (row * hd + c));
+        dequantize_row(GgmlType::F16, blk + 2 * row * hd, out, hd);
         return;
     }
     const uint8_t* values = blk + scale_bytes(role, bs, hd) + row * row_bytes(t, hd);

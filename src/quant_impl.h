@@ -22,6 +22,19 @@ namespace kvrun::quant_detail {
 constexpr int kQK = 256;
 constexpr int kQ32 = 32;
 
+// Q4_K/Q5_K: 8 (scale, min) pairs of 6 bits in 12 bytes. Pairs 0-3 sit in the low 6 bits
+// of bytes 0-3 (scale) and 4-7 (min); pairs 4-7 keep their low nibbles in bytes 8-11
+// (scale low, min high) and their top 2 bits in the top bits of bytes 0-3 / 4-7.
+inline void unpack_scale_min(const uint8_t* s, int j, int& sc, int& m) {
+    if (j < 4) {
+        sc = s[j] & 63;
+        m = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
+        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
 // src: nb blocks of the type -> dst[nb * block_elems]
 using DequantFn = void (*)(const uint8_t* src, float* dst, int64_t nb);
 // src[nb * block_elems] -> dst: nb blocks

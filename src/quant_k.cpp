@@ -22,19 +22,6 @@ namespace {
 
 // ---- scale packing -----------------------------------------------------------------
 
-// Q4_K/Q5_K: 8 (scale, min) pairs of 6 bits in 12 bytes. Pairs 0-3 sit in the low 6 bits
-// of bytes 0-3 (scale) and 4-7 (min); pairs 4-7 keep their low nibbles in bytes 8-11
-// (scale low, min high) and their top 2 bits in the top bits of bytes 0-3 / 4-7.
-inline void unpack_scale_min(const uint8_t* s, int j, int& sc, int& m) {
-    if (j < 4) {
-        sc = s[j] & 63;
-        m = s[j + 4] & 63;
-    } else {
-        sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
-        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
 void pack_scale_min(const int* sc, const int* m, uint8_t* s) {
     std::fill(s, s + 12, 0);
     for (int j = 0; j < 8; ++j) {

@@ -121,7 +121,7 @@ TEST_CASE("model config reads hyperparameters and defaults") {
     // bytes per head block; V stays f16 (128). Stage slots (f16, K and V) come off the budget.
     o.kv_type_k = KvType::Q8;
     CHECK(kv_block_bytes(cl, o) == 80 + 128);
-    const int64_t stages = kv_stages_for(cl, o);
+    const int64_t stages = kv_stages_for(o);
     CHECK(stages == 512 / 16 + 2 + 4);
     CHECK(kv_stage_bytes(cl, o, stages) == stages * 16 * 4 * 2 * 2);
     CHECK(kv_blocks_for(cl, o) == ((1 << 20) - kv_stage_bytes(cl, o, stages)) / 208);

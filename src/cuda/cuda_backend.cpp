@@ -285,7 +285,7 @@ void CudaBackend::upload_weights(const GgufFile& file) {
 
 void CudaBackend::allocate_kv() {
     n_blocks_ = kv_blocks_for(config_, options_);
-    n_stages_ = kv_stages_for(config_, options_);
+    n_stages_ = kv_stages_for(options_);
     k_block_bytes_ = kv_layer_block_bytes(options_.kv_type_k, KvRole::K, config_.n_kv_head,
                                           options_.kv_block_size, config_.head_dim);
     v_block_bytes_ = kv_layer_block_bytes(options_.kv_type_v, KvRole::V, config_.n_kv_head,
