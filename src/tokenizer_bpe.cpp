@@ -2,7 +2,7 @@
 // of tokenizer.ggml.pre, map each byte to its GPT-2 stand-in character, then apply the
 // ranked merges (tokenizer.ggml.merges, lowest rank first) inside each pre-token.
 #include <array>
-#include <queue>
+#include <functional>
 
 #include "common.h"
 #include "pretokenizer.h"
@@ -115,54 +115,15 @@ void BpeTokenizer::encode_word(const std::string& word, std::vector<TokenId>& ou
             return;
         }
     }
-    struct Symbol {
-        int prev, next;
-        size_t start, n;  // bytes of `word`; n == 0 once merged into the left neighbour
-    };
-    std::vector<Symbol> syms;
-    for (size_t off = 0; off < word.size();) {
-        const size_t len = std::min(word.size() - off, utf8_lead_len(word[off]));
-        const int idx = static_cast<int>(syms.size());
-        syms.push_back({idx - 1, off + len == word.size() ? -1 : idx + 1, off, len});
-        off += len;
-    }
-
-    struct Bigram {
-        int left, right, rank;
-        size_t left_n, right_n;  // symbol sizes when queued (stale if either changed)
-    };
-    // Lowest rank first; among equal ranks the leftmost pair.
-    auto lower = [](const Bigram& a, const Bigram& b) {
-        return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
-    };
-    std::priority_queue<Bigram, std::vector<Bigram>, decltype(lower)> queue(lower);
     std::string key;
-    const std::string_view w(word);
-    auto try_add = [&](int l, int r) {
-        if (l < 0 || r < 0) return;
-        const int rank =
-            merge_rank(w.substr(syms[l].start, syms[l].n), w.substr(syms[r].start, syms[r].n), key);
-        if (rank >= 0) queue.push({l, r, rank, syms[l].n, syms[r].n});
-    };
-    for (int i = 1; i < static_cast<int>(syms.size()); ++i) try_add(i - 1, i);
-
-    while (!queue.empty()) {
-        const Bigram bg = queue.top();
-        queue.pop();
-        Symbol& left = syms[bg.left];
-        Symbol& right = syms[bg.right];
-        if (left.n != bg.left_n || right.n != bg.right_n || left.n == 0 || right.n == 0) continue;
-        left.n += right.n;
-        right.n = 0;
-        left.next = right.next;
-        if (right.next >= 0) syms[right.next].prev = bg.left;
-        try_add(left.prev, bg.left);
-        try_add(bg.left, left.next);
-    }
-
-    for (const Symbol& s : syms) {
-        if (s.n == 0) continue;
-        const std::string_view piece = w.substr(s.start, s.n);
+    const auto pieces = merge_symbols<int>(
+        word,
+        [&](std::string_view l, std::string_view r) -> std::optional<int> {
+            const int rank = merge_rank(l, r, key);
+            return rank >= 0 ? std::optional<int>(rank) : std::nullopt;
+        },
+        std::less<int>());
+    for (const std::string_view piece : pieces) {
         if (TokenId id = find_token(piece); id >= 0) {
             out.push_back(id);
             continue;

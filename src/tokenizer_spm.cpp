@@ -2,7 +2,7 @@
 // one prepended), then adjacent pieces merge greedily by vocabulary score, and characters
 // no piece covers fall back to <0xXX> byte tokens.
 #include <array>
-#include <queue>
+#include <functional>
 
 #include "common.h"
 #include "tokenizer_impl.h"
@@ -86,56 +86,16 @@ std::vector<TokenId> SpmTokenizer::encode(std::string_view text, bool add_bos,
 }
 
 void SpmTokenizer::encode_escaped(std::string_view text, std::vector<TokenId>& out) const {
-    // Symbols: one per UTF-8 character, linked so merged neighbours drop out of the chain.
-    struct Symbol {
-        int prev, next;
-        size_t start, n;  // bytes of `text`; n == 0 once merged into the left neighbour
-    };
-    std::vector<Symbol> syms;
-    for (size_t off = 0; off < text.size();) {
-        const size_t len = std::min(text.size() - off, utf8_lead_len(text[off]));
-        const int idx = static_cast<int>(syms.size());
-        syms.push_back({idx - 1, off + len == text.size() ? -1 : idx + 1, off, len});
-        off += len;
-    }
-    if (syms.empty()) return;
-
-    struct Bigram {
-        int left, right;
-        float score;
-        size_t size;  // bytes of the merged text when queued (stale if it changed)
-    };
-    // Highest score first; among equal scores the leftmost pair.
-    auto lower = [](const Bigram& a, const Bigram& b) {
-        return a.score < b.score || (a.score == b.score && a.left > b.left);
-    };
-    std::priority_queue<Bigram, std::vector<Bigram>, decltype(lower)> queue(lower);
-    auto try_add = [&](int l, int r) {
-        if (l < 0 || r < 0) return;
-        const std::string_view merged = text.substr(syms[l].start, syms[l].n + syms[r].n);
-        const TokenId id = find_token(merged);
-        if (id < 0) return;
-        queue.push({l, r, scores_[id], merged.size()});
-    };
-    for (int i = 1; i < static_cast<int>(syms.size()); ++i) try_add(i - 1, i);
-
-    while (!queue.empty()) {
-        const Bigram bg = queue.top();
-        queue.pop();
-        Symbol& left = syms[bg.left];
-        Symbol& right = syms[bg.right];
-        if (left.n == 0 || right.n == 0 || left.n + right.n != bg.size) continue;
-        left.n += right.n;
-        right.n = 0;
-        left.next = right.next;
-        if (right.next >= 0) syms[right.next].prev = bg.left;
-        try_add(left.prev, bg.left);
-        try_add(bg.left, left.next);
-    }
-
+    const auto pieces = merge_symbols<float>(
+        text,
+        [&](std::string_view l, std::string_view r) -> std::optional<float> {
+            // Adjacent symbols are adjacent bytes of `text`: their merge is one view.
+            const TokenId id = find_token(std::string_view(l.data(), l.size() + r.size()));
+            return id >= 0 ? std::optional<float>(scores_[id]) : std::nullopt;
+        },
+        std::greater<float>());
     // Every merged symbol is a vocabulary piece; single characters may not be.
-    for (int i = 0; i != -1; i = syms[i].next) {
-        const std::string_view piece = text.substr(syms[i].start, syms[i].n);
+    for (const std::string_view piece : pieces) {
         const TokenId id = find_token(piece);
         if (id >= 0)
             out.push_back(id);
