@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <string>
@@ -20,6 +19,7 @@
 #include "gguf.h"
 #include "model_config.h"
 #include "quant.h"
+#include "reference_logits.h"
 #include "test_util.h"
 #include "tokenizer.h"
 #include "weights.h"
@@ -28,50 +28,6 @@ using namespace kvrun;
 namespace fs = std::filesystem;
 
 namespace {
-
-// ---- reference data ------------------------------------------------------------------------
-
-struct RefPosition {
-    double logsumexp = 0;
-    std::vector<std::pair<int32_t, double>> top;  // the 10 largest logits, best first
-};
-
-struct RefPrompt {
-    std::string text;                    // the prompt
-    std::vector<int32_t> tokens;         // prompt with BOS
-    std::vector<RefPosition> positions;  // [n_tokens]
-    std::vector<int32_t> greedy;         // [48]
-    std::vector<double> gaps;            // [48] top-1 minus top-2 logit at each greedy step
-};
-
-std::vector<RefPrompt> load_reference(const fs::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    REQUIRE_MESSAGE(in.good(), "cannot read " << path);
-    std::vector<RefPrompt> out;
-    std::string line;
-    while (std::getline(in, line)) {
-        if (line.empty()) continue;
-        // greedy_text may hold invalid UTF-8 (a token split mid-character); only numbers (and
-        // the ASCII prompts) matter.
-        for (char& ch : line)
-            if (static_cast<unsigned char>(ch) >= 0x80) ch = '?';
-        auto j = nlohmann::json::parse(line);
-        RefPrompt p;
-        p.text = j.at("prompt").get<std::string>();
-        p.tokens = j.at("tokens").get<std::vector<int32_t>>();
-        for (const auto& pos : j.at("positions")) {
-            RefPosition r;
-            r.logsumexp = pos.at("logsumexp").get<double>();
-            for (const auto& t : pos.at("top"))
-                r.top.emplace_back(t[0].get<int32_t>(), t[1].get<double>());
-            p.positions.push_back(std::move(r));
-        }
-        p.greedy = j.at("greedy").get<std::vector<int32_t>>();
-        p.gaps = j.at("greedy_top2_gap").get<std::vector<double>>();
-        out.push_back(std::move(p));
-    }
-    return out;
-}
 
 // MODEL.first.f32: int32 n_tokens, int32 n_vocab, then [n_tokens][n_vocab] float32.
 std::vector<float> load_first_logits(const fs::path& path, int64_t& n_tokens, int64_t& n_vocab) {
@@ -326,7 +282,7 @@ void check_against_reference(const fs::path& model_path) {
     CAPTURE(stem);
     const fs::path ref_dir = test::shared_dir() / "reference" / "logits";
     auto t0 = std::chrono::steady_clock::now();
-    auto prompts = load_reference(ref_dir / (stem + ".jsonl"));
+    auto prompts = load_reference_logits(ref_dir / (stem + ".jsonl"));
     REQUIRE(prompts.size() == 4);
     GgufFile file = GgufFile::open(model_path.string());
     BackendOptions opt;
@@ -441,7 +397,7 @@ void check_emulated(const fs::path& model_path) {
     const std::string stem = model_stem(model_path);
     CAPTURE(stem);
     const fs::path ref_dir = test::shared_dir() / "reference" / "logits";
-    auto prompts = load_reference(ref_dir / (stem + ".jsonl"));
+    auto prompts = load_reference_logits(ref_dir / (stem + ".jsonl"));
     REQUIRE(prompts.size() == 4);
     GgufFile file = GgufFile::open(model_path.string());
     const auto tokenizer = Tokenizer::from_gguf(file);
@@ -548,7 +504,7 @@ TEST_CASE("with llama.cpp's arithmetic emulated, every shared model meets the st
 TEST_CASE("paging is invisible: block sizes 1, 7, 16, 256 and chunked prefill agree exactly") {
     fs::path model = test::shared_path("models/stories260K.gguf");
     if (model.empty()) return;
-    auto prompts = load_reference(test::shared_dir() / "reference/logits/stories260K.jsonl");
+    auto prompts = load_reference_logits(test::shared_dir() / "reference/logits/stories260K.jsonl");
     GgufFile file = GgufFile::open(model.string());
     std::vector<std::vector<GreedyRun>> runs;  // [block size][prompt]
     for (int32_t bs : {16, 1, 7, 256}) {
@@ -575,8 +531,8 @@ TEST_CASE("three prompts in one batch give the same logits as each alone") {
         CAPTURE(name);
         fs::path model = test::shared_path(std::string("models/") + name + ".gguf");
         if (model.empty()) return;
-        auto prompts = load_reference(test::shared_dir() / "reference/logits" /
-                                      (std::string(name) + ".jsonl"));
+        auto prompts = load_reference_logits(test::shared_dir() / "reference/logits" /
+                                             (std::string(name) + ".jsonl"));
         const int n_steps = std::string(name) == "stories260K" ? 48 : 12;
         GgufFile file = GgufFile::open(model.string());
         BackendOptions opt;

@@ -22,7 +22,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -30,44 +29,12 @@
 #include "common.h"
 #include "cpu_backend.h"
 #include "gguf.h"
+#include "reference_logits.h"
 
 namespace fs = std::filesystem;
 using namespace kvrun;
 
 namespace {
-
-struct RefPrompt {
-    std::vector<int32_t> tokens;
-    std::vector<double> lse;
-    std::vector<std::vector<std::pair<int32_t, double>>> top;
-    std::vector<int32_t> greedy;
-    std::vector<double> gaps;
-};
-
-std::vector<RefPrompt> load_reference(const fs::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail("cannot read {}", path.string());
-    std::vector<RefPrompt> out;
-    std::string line;
-    while (std::getline(in, line)) {
-        if (line.empty()) continue;
-        for (char& ch : line)
-            if (static_cast<unsigned char>(ch) >= 0x80) ch = '?';
-        auto j = nlohmann::json::parse(line);
-        RefPrompt p;
-        p.tokens = j.at("tokens").get<std::vector<int32_t>>();
-        for (const auto& pos : j.at("positions")) {
-            p.lse.push_back(pos.at("logsumexp").get<double>());
-            p.top.emplace_back();
-            for (const auto& t : pos.at("top"))
-                p.top.back().emplace_back(t[0].get<int32_t>(), t[1].get<double>());
-        }
-        p.greedy = j.at("greedy").get<std::vector<int32_t>>();
-        p.gaps = j.at("greedy_top2_gap").get<std::vector<double>>();
-        out.push_back(std::move(p));
-    }
-    return out;
-}
 
 double logsumexp(const float* l, int64_t n) {
     double mx = *std::max_element(l, l + n), s = 0;
@@ -127,7 +94,7 @@ struct Summary {
 
 Summary check_model(const fs::path& model, const fs::path& ref_dir, bool emulate, bool verbose) {
     const std::string stem = model.stem().string();
-    auto prompts = load_reference(ref_dir / (stem + ".jsonl"));
+    auto prompts = load_reference_logits(ref_dir / (stem + ".jsonl"));
     GgufFile file = GgufFile::open(model.string());
     BackendOptions opt;
     opt.n_kv_blocks = 8;
@@ -144,8 +111,8 @@ Summary check_model(const fs::path& model, const fs::path& ref_dir, bool emulate
             const float* l = logits.data() + i * nv;
             const double lse = logsumexp(l, nv);
             double pos_max = 0;
-            for (auto [tok, rl] : ref.top[i]) {
-                double e = std::abs((l[tok] - lse) - (rl - ref.lse[i]));
+            for (auto [tok, rl] : ref.positions[i].top) {
+                double e = std::abs((l[tok] - lse) - (rl - ref.positions[i].logsumexp));
                 pos_max = std::max(pos_max, e);
                 s.n_exact += e <= 1e-3;
                 ++s.n_lp;
@@ -153,15 +120,15 @@ Summary check_model(const fs::path& model, const fs::path& ref_dir, bool emulate
             s.max_lp = std::max(s.max_lp, pos_max);
             if (p == 0) s.max_lp_first = std::max(s.max_lp_first, pos_max);
             if (pos_max > 1e-3 && s.first_bad_pos < 0) s.first_bad_pos = int(p * 100 + i);
-            const double gap = ref.top[i][0].second - ref.top[i][1].second;
-            if (argmax(l, nv) != ref.top[i][0].first) {
+            const double gap = ref.positions[i].top[0].second - ref.positions[i].top[1].second;
+            if (argmax(l, nv) != ref.positions[i].top[0].first) {
                 s.worst_flip = std::max(s.worst_flip, gap);
                 s.strict_fail += gap >= 0.01;
             }
             if (verbose)
                 fmt::print("  p{} pos {:2} tok {:4} lp err {:.6f} ref gap {:.4f}{}\n", p, i,
                            ref.tokens[i], pos_max, gap,
-                           argmax(l, nv) != ref.top[i][0].first ? " TOP1 DIFFERS" : "");
+                           argmax(l, nv) != ref.positions[i].top[0].first ? " TOP1 DIFFERS" : "");
         }
         if (p == 0) {
             std::ifstream in(ref_dir / (stem + ".first.f32"), std::ios::binary);
