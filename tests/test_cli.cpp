@@ -371,6 +371,44 @@ TEST_CASE("sampling flags out of range are rejected with one clear line") {
     CHECK(lines[2]["tokens"].size() == 2);
 }
 
+TEST_CASE("numeric flags out of range name the flag and the bound, not a float range") {
+    const std::string readme = std::string(KVRUN_SOURCE_DIR) + "/README.md";  // parse-time error
+    const std::vector<std::pair<std::string, std::string>> bad = {
+        {"run -p hi -c -1", "--ctx: must be at least 0 (got -1)"},
+        {"run -p hi -b 0", "--batch-size: must be at least 1 (got 0)"},
+        {"run -p hi -t -2", "--threads: must be at least 0 (got -2)"},
+        {"run -p hi --kv-memory -5", "--kv-memory: must be at least 0 (got -5)"},
+        {"bench -p -5", "--n-prompt: must be at least 0 (got -5)"},
+        {"bench -n -1", "--n-gen: must be at least 0 (got -1)"},
+        {"bench -r 0", "--repetitions: must be at least 1 (got 0)"},
+        {"perplexity -f " + readme + " --chunks -2", "--chunks: must be at least -1 (got -2)"},
+        {"chat --sink-tokens -1", "--sink-tokens: must be at least 0 (got -1)"},
+    };
+    for (const auto& [args, needle] : bad) {
+        INFO(args);
+        auto r = run_command(kvrun_cmd(args + " -m " + readme));
+        check_one_clear_error(r, needle);
+        CHECK(r.err.find("0.000000") == std::string::npos);
+    }
+    auto model = shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    // Depths are checked before any model work.
+    check_one_clear_error(
+        run_command(kvrun_cmd("bench -m " + model.string() + " -p 8 -n 0 --depth 0,-3")),
+        "--depth: '-3' is not a token count");
+    // A completion cut short by a full context says so on stderr (exit 0, text kept).
+    auto full = run_command(kvrun_cmd("run -m " + model.string() + " -c 8 -n 100 --temp 0 -p hi"));
+    CHECK(full.exit_code == 0);
+    CHECK_FALSE(full.out.empty());
+    CHECK_MESSAGE(full.err.find("note: stopped after 5 of 100 tokens: the context is full") !=
+                      std::string::npos,
+                  full.err);
+    // ... and says nothing when -n was reached.
+    auto fits = run_command(kvrun_cmd("run -m " + model.string() + " -c 8 -n 3 --temp 0 -p hi"));
+    CHECK(fits.exit_code == 0);
+    CHECK(fits.err.empty());
+}
+
 TEST_CASE("run --jsonl answers each line; a malformed line yields an error object") {
     auto model = shared_path("models/stories260K.gguf");
     if (model.empty()) return;

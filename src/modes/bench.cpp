@@ -4,6 +4,7 @@
 // device's measured copy bandwidth.
 #include <fmt/core.h>
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -109,8 +110,13 @@ double feed(Backend& b, KvBlockTable& table, SeqId seq, const std::vector<TokenI
 int run_bench(BenchOptions o) {
     auto kv_list = split_list(o.kv_types.empty() ? o.model.kv_type : o.kv_types);
     std::vector<int32_t> depth_list;
-    for (auto& d : split_list(o.depths)) depth_list.push_back(std::stoi(d));
-    if (o.reps < 1) fail("-r must be at least 1");
+    for (auto& d : split_list(o.depths)) {
+        int32_t v = -1;
+        const auto [end, ec] = std::from_chars(d.data(), d.data() + d.size(), v);
+        if (ec != std::errc() || end != d.data() + d.size() || v < 0)
+            fail("--depth: '{}' is not a token count (expected e.g. 0,4096)", d);
+        depth_list.push_back(v);
+    }
     int32_t max_depth = 0;
     for (int32_t d : depth_list) max_depth = std::max(max_depth, d);
 
@@ -229,10 +235,13 @@ void add_bench_command(CLI::App& root, int& exit_code) {
         "bandwidth as a fraction of the measured copy bandwidth");
     add_model_options(cmd, o->model);
     cmd->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens for the prefill test (0: skip)")
+        ->check(at_least(0))
         ->capture_default_str();
     cmd->add_option("-n,--n-gen", o->n_gen, "Tokens for the decode test (0: skip)")
+        ->check(at_least(0))
         ->capture_default_str();
     cmd->add_option("-r,--repetitions", o->reps, "Repetitions (after one warm-up)")
+        ->check(at_least(1))
         ->capture_default_str();
     cmd->add_option("--depth", o->depths, "Context depths, comma-separated (e.g. 0,4096)")
         ->capture_default_str();

@@ -189,7 +189,7 @@ void add_chat_command(CLI::App& root, int& exit_code) {
         ->check(CLI::IsMember({"stop", "shift", "sinks"}))
         ->capture_default_str();
     cmd->add_option("--sink-tokens", o->n_sink, "Leading tokens kept by --context-overflow sinks")
-        ->check(CLI::NonNegativeNumber)
+        ->check(at_least(0))
         ->capture_default_str();
     cmd->add_option("--history-file", o->history_file, "Load and save the input history here");
     cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-turn tokens");

@@ -15,13 +15,24 @@
 
 namespace kvrun {
 
+CLI::Validator at_least(int64_t lo) {
+    return CLI::Validator(
+        [lo](std::string& text) -> std::string {
+            double v = 0;
+            // A value that is not a number is left to CLI11's own conversion error.
+            if (!CLI::detail::lexical_cast(text, v) || v >= double(lo)) return {};
+            return fmt::format("must be at least {} (got {})", lo, text);
+        },
+        fmt::format(">= {}", lo));
+}
+
 void add_model_options(CLI::App* cmd, ModelOptions& o) {
     cmd->add_option("-m,--model", o.model, "GGUF model file")->required()->check(CLI::ExistingFile);
     cmd->add_option("--device", o.device,
                     "Compute device: cpu, cuda, cuda:N or auto (cuda when present)")
         ->capture_default_str();
     cmd->add_option("-c,--ctx", o.n_ctx, "Context length per sequence (0: the model's)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(at_least(0));
     cmd->add_option("--kv-block-size", o.kv_block_size, "Tokens per KV cache block (1-256)")
         ->check(CLI::Range(1, 256))
         ->capture_default_str();
@@ -35,11 +46,10 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
         ->capture_default_str();
     cmd->add_option("--kv-memory", o.kv_memory_mib,
                     "KV cache pool size in MiB (0: sized for the context)")
-        ->check(CLI::NonNegativeNumber);
-    cmd->add_option("-t,--threads", o.n_threads, "CPU threads (0: all cores)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(at_least(0));
+    cmd->add_option("-t,--threads", o.n_threads, "CPU threads (0: all cores)")->check(at_least(0));
     cmd->add_option("-b,--batch-size", o.n_batch, "Max tokens per forward pass (prefill chunk)")
-        ->check(CLI::PositiveNumber)
+        ->check(at_least(1))
         ->capture_default_str();
 }
 

@@ -27,6 +27,9 @@ struct ModelOptions {
     int32_t n_batch = 512;
 };
 
+// A CLI11 check that a number is >= lo, with a plain message ("must be at least 0 (got -1)").
+CLI::Validator at_least(int64_t lo);
+
 void add_model_options(CLI::App* cmd, ModelOptions& o);
 void add_sampling_options(CLI::App* cmd, SamplingParams& p);
 

@@ -70,6 +70,7 @@ void add_perplexity_command(CLI::App& root, int& exit_code) {
         ->required()
         ->check(CLI::ExistingFile);
     cmd->add_option("--chunks", o->chunks, "Evaluate at most this many chunks (-1: all)")
+        ->check(at_least(-1))
         ->capture_default_str();
     cmd->add_option("--kld-save", o->kld_save, "Save per-token log-probabilities to this file");
     cmd->add_option("--kld", o->kld_base,

@@ -161,6 +161,15 @@ int run_single(const RunOptions& o) {
     }
     for (const auto& r : results)
         if (r.stop == StopReason::Error) fail("{}", r.error);
+    // Like llama.cpp's "context full" notice: the text ended early, not at EOS or -n.
+    for (const auto& r : results)
+        if (r.stop == StopReason::Context && o.n_predict > 0) {
+            fmt::print(stderr,
+                       "kvrun: note: stopped after {} of {} tokens: the context is full "
+                       "(hint: raise -c/--ctx)\n",
+                       r.tokens.size(), o.n_predict);
+            break;
+        }
     if (interrupt_flag()) {
         fmt::print(stderr, "kvrun: interrupted\n");
         return 130;
