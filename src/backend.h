@@ -73,8 +73,9 @@ class Backend {
     // travel back, not [rows][n_vocab] logits). The engine then uses it for plain steps.
     virtual bool samples_on_device() const { return false; }
     // forward() plus one sampled token per logit row: tokens [logit_rows.size()], row r
-    // sampled with rows[r] (Sampler's rules; the device sampler keeps every token tied at a
-    // top-k / top-p threshold, see cuda_sample). The default samples host logits.
+    // sampled with rows[r] by Sampler's rules (Sampler::sample_with(u): the device sampler
+    // cuts ties at a top-k / top-p threshold by token id, as the host does). The default
+    // samples host logits.
     virtual void forward_sample(const ForwardBatch& batch, const std::vector<RowSampling>& rows,
                                 int32_t* tokens);
     virtual std::string name() const = 0;

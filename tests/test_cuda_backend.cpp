@@ -2,21 +2,32 @@
 // mixes; llama GQA/MQA and qwen2 with biases): prompt prefill (tensor-core GEMM path),
 // decode steps (GEMV path, replayed from CUDA graphs after the first step), a two-sequence
 // batch, copy-on-write block copies and input validation. Logits compared by normalized MSE.
+// Also: graph replay equals eager execution across block seals of q8/q4 KV caches (with and
+// without rotation) and after the scratch buffer grows; forward_sample picks the tokens the
+// host Sampler picks from forward()'s logits (several rows, vocabularies of 512 and 128256);
+// the engine's device-sampling path gives the host path's tokens.
 // Exits 77 (skipped) without a GPU; skips a model when ../shared is absent.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend.h"
 #include "common.h"
 #include "cuda_test_util.h"
+#include "engine.h"
 #include "gguf.h"
 #include "kv_block_table.h"
 #include "kv_format.h"
+#include "sampler.h"
+#include "synthetic_model.h"
 #include "test_util.h"
+#include "tokenizer.h"
 
 #ifdef KVRUN_HAS_CUDA
 #include "cuda/cuda_backend.h"
@@ -69,6 +80,69 @@ ForwardBatch batch_of(const std::vector<int32_t>& tokens, int32_t pos, int32_t s
     }
     b.block_tables = std::move(tables);
     return b;
+}
+
+// A CUDA backend with CUDA graphs on (the default) or off (KVRUN_CUDA_GRAPHS=0).
+std::unique_ptr<Backend> cuda_backend(const GgufFile& file, const BackendOptions& o, bool graphs) {
+    if (!graphs) setenv("KVRUN_CUDA_GRAPHS", "0", 1);
+    auto b = make_cuda_backend(file, o, 0);
+    unsetenv("KVRUN_CUDA_GRAPHS");
+    return b;
+}
+
+// Logits of a batch from one backend.
+std::vector<float> logits_of(Backend& be, const ForwardBatch& b) {
+    std::vector<float> l(b.logit_rows.size() * size_t(be.config().n_vocab));
+    be.forward(b, l.data());
+    return l;
+}
+
+// A small llama with llama3-8b's vocabulary of 128256 tokens (written once per run).
+std::filesystem::path big_vocab_model() {
+    const auto path = std::filesystem::temp_directory_path() / "kvrun-test-cuda-vocab128256.gguf";
+    SyntheticModelConfig c;
+    c.n_layer = 2;
+    c.n_embd = 128;
+    c.n_head = 2;
+    c.n_head_kv = 1;
+    c.n_ff = 256;
+    c.n_vocab = 128256;
+    c.weight_std = 0.1f;  // logits spread over a few units, like a real model's
+    synthetic_set_type(c, "Q8_0");
+    synthetic_model_write(c, path.string());
+    return path;
+}
+
+// Sampling rows exercising every filter, greedy and the penalty; u from each row's Sampler.
+std::vector<RowSampling> sampling_rows(size_t n, int64_t n_vocab, uint64_t salt) {
+    std::vector<RowSampling> rows(n);
+    for (size_t r = 0; r < n; ++r) {
+        SamplingParams& sp = rows[r].params;
+        sp.seed = salt * 31 + r;
+        // greedy, greedy penalized, the defaults, filters off, top-p alone, wide top-k
+        if (r % 6 <= 1) sp.temperature = 0.0f;
+        if (r % 6 == 1) sp.repeat_penalty = 1.5f;
+        if (r % 6 == 3) sp.top_k = 0, sp.top_p = 1.0f, sp.min_p = 0.0f;
+        if (r % 6 == 4) sp.top_k = 0, sp.top_p = 0.9f, sp.repeat_penalty = 1.3f;
+        if (r % 6 == 5) sp.temperature = 1.4f, sp.top_k = 500, sp.min_p = 0.01f;
+        Sampler draw(sp);
+        rows[r].u = sp.temperature > 0.0f ? draw.uniform() : 0.0;
+        for (int k = 0; k < 12; ++k)
+            rows[r].recent.push_back(TokenId((salt * 7919 + r * 131 + k * k * 17) % n_vocab));
+    }
+    return rows;
+}
+
+// Host Sampler on logits [rows][n_vocab].
+std::vector<int32_t> host_sample(const std::vector<float>& logits, int64_t n_vocab,
+                                 const std::vector<RowSampling>& rows) {
+    std::vector<int32_t> out;
+    for (size_t r = 0; r < rows.size(); ++r) {
+        Sampler s(rows[r].params);
+        out.push_back(s.sample_with(logits.data() + r * size_t(n_vocab), int(n_vocab),
+                                    rows[r].recent, rows[r].u));
+    }
+    return out;
 }
 
 }  // namespace
@@ -152,7 +226,7 @@ TEST_CASE("cuda backend with a q8 / q4 KV cache matches the cpu backend") {
         for (KvType kv : {KvType::Q8, KvType::Q4})
             for (bool rotate : {false, true}) {
                 CAPTURE(name);
-                CAPTURE(kv_type_name(kv));
+                CAPTURE(std::string(kv_type_name(kv)));
                 CAPTURE(rotate);
                 const auto path = shared_path(std::string("models/") + name);
                 if (path.empty()) return;
@@ -246,6 +320,203 @@ TEST_CASE("cuda forward_sample returns the tokens the host sampler picks from th
     CHECK(tc == tg);
     rows.pop_back();
     CHECK_THROWS_AS(gpu->forward_sample(b, rows, tg.data()), Error);
+}
+
+TEST_CASE("cuda graph replay equals eager steps across block seals and scratch growth") {
+    // One block table drives a CPU backend, a CUDA backend with graphs and one without: a
+    // 40-token prompt, 30 decode steps (blocks sealed at slots 47 and 63 while the decode
+    // graph replays), a fork (stage copy) with two-sequence steps, a 120-token prompt of a
+    // third sequence (grows the scratch the captured graphs point at), then more two-sequence
+    // steps. Graph and eager logits must agree to rounding noise, and both match the CPU.
+    for (const char* name : {"stories260K.gguf", "synth-llama-hd64-gqa4-Q4_0.gguf"})
+        for (KvType kv : {KvType::F16, KvType::Q8, KvType::Q4})
+            for (bool rotate : {false, true}) {
+                CAPTURE(name);
+                CAPTURE(std::string(kv_type_name(kv)));
+                CAPTURE(rotate);
+                const auto path = shared_path(std::string("models/") + name);
+                if (path.empty()) return;
+                if (!std::filesystem::exists(path)) {
+                    MESSAGE("SKIP: missing " << path.string());
+                    continue;
+                }
+                GgufFile file = GgufFile::open(path.string());
+                BackendOptions o;
+                o.kv_block_size = 16;
+                o.n_kv_blocks = 32;
+                o.kv_type_k = o.kv_type_v = kv;
+                o.kv_rotate = rotate;
+                auto cpu = make_cpu_backend(file, o);
+                auto graph = cuda_backend(file, o, true);
+                auto eager = cuda_backend(file, o, false);
+                KvBlockTable table(32, 16, cpu->n_kv_stages());
+                const int64_t n_vocab = cpu->config().n_vocab;
+                int n_steps = 0;
+                auto step = [&](const std::vector<std::pair<SeqId, std::vector<TokenId>>>& parts,
+                                int32_t* next) {
+                    CAPTURE(n_steps);
+                    ++n_steps;
+                    ForwardBatch fb;
+                    std::vector<int32_t> starts;
+                    for (auto& [seq, toks] : parts) {
+                        starts.push_back(table.n_tokens(seq));
+                        REQUIRE(table.append(seq, toks));
+                    }
+                    auto copies = table.take_pending_copies();
+                    if (!copies.empty())
+                        for (Backend* be : {cpu.get(), graph.get(), eager.get()})
+                            be->copy_blocks(copies);
+                    for (size_t i = 0; i < parts.size(); ++i) {
+                        fb.add_sequence(table, parts[i].first, starts[i],
+                                        int32_t(parts[i].second.size()));
+                        fb.logit_rows.push_back(int32_t(fb.tokens.size()) - 1);
+                    }
+                    const std::vector<float> lc = logits_of(*cpu, fb);
+                    const std::vector<float> lg = logits_of(*graph, fb);
+                    const std::vector<float> le = logits_of(*eager, fb);
+                    CHECK(nmse(lg, le) < 1e-10);  // the same kernels, replayed or not
+                    CHECK(nmse(lg, lc) < kLogitBound);
+                    const float* last = lc.data() + lc.size() - size_t(n_vocab);
+                    *next = int32_t(std::max_element(last, last + n_vocab) - last);
+                };
+                SeqId a = table.create_sequence();
+                std::vector<TokenId> prompt;
+                for (int32_t i = 0; i < 40; ++i) prompt.push_back(TokenId((i * 37 + 11) % n_vocab));
+                int32_t next = 0;
+                step({{a, prompt}}, &next);
+                for (int i = 0; i < 30; ++i) step({{a, {next}}}, &next);
+                SeqId f = table.fork(a);
+                for (int i = 0; i < 4; ++i)
+                    step({{a, {next}}, {f, {TokenId((next + i) % n_vocab)}}}, &next);
+                SeqId c = table.create_sequence();
+                std::vector<TokenId> long_prompt;
+                for (int32_t i = 0; i < 120; ++i)
+                    long_prompt.push_back(TokenId((i * 53 + 5) % n_vocab));
+                int32_t next_c = 0;
+                step({{c, long_prompt}}, &next_c);
+                for (int i = 0; i < 6; ++i)
+                    step({{a, {next}}, {f, {TokenId((next + 3 * i) % n_vocab)}}}, &next);
+                for (int i = 0; i < 4; ++i) step({{a, {next}}, {c, {next_c}}}, &next);
+            }
+}
+
+TEST_CASE("cuda forward_sample picks the host sampler's tokens from forward()'s logits") {
+    // Several sequences decode together (graph-sized batches); each step runs forward(),
+    // forward_sample() and forward() again on the same batch: eager, captured, replayed. The
+    // logits must repeat exactly, and the device must sample what Sampler samples from them.
+    std::vector<std::filesystem::path> models;
+    if (const auto p = shared_path("models/stories260K.gguf");
+        !p.empty() && std::filesystem::exists(p))
+        models.push_back(p);
+    models.push_back(big_vocab_model());
+    for (const auto& path : models) {
+        for (KvType kv : {KvType::F16, KvType::Q8}) {
+            CAPTURE(path.string());
+            CAPTURE(std::string(kv_type_name(kv)));
+            GgufFile file = GgufFile::open(path.string());
+            BackendOptions o;
+            o.kv_block_size = 16;
+            o.n_kv_blocks = 64;
+            o.kv_type_k = o.kv_type_v = kv;
+            auto gpu = cuda_backend(file, o, true);
+            CHECK(gpu->samples_on_device());
+            const int64_t n_vocab = gpu->config().n_vocab;
+            KvBlockTable table(64, 16, gpu->n_kv_stages());
+            const size_t n_seqs = 7;
+            std::vector<SeqId> seqs;
+            ForwardBatch prefill;
+            for (size_t q = 0; q < n_seqs; ++q) {
+                seqs.push_back(table.create_sequence());
+                std::vector<TokenId> p;
+                for (size_t i = 0; i < 5 + 4 * q; ++i)
+                    p.push_back(TokenId((q * 101 + i * 37 + 1) % size_t(n_vocab)));
+                REQUIRE(table.append(seqs.back(), p));
+                prefill.add_sequence(table, seqs.back(), 0, int32_t(p.size()));
+                prefill.logit_rows.push_back(int32_t(prefill.tokens.size()) - 1);
+            }
+            kv_apply_pending(table, *gpu);
+            std::vector<int32_t> next(n_seqs);
+            {
+                const std::vector<RowSampling> rows = sampling_rows(n_seqs, n_vocab, 0);
+                const std::vector<float> l = logits_of(*gpu, prefill);
+                gpu->forward_sample(prefill, rows, next.data());
+                CHECK(logits_of(*gpu, prefill) == l);
+                CHECK(next == host_sample(l, n_vocab, rows));
+            }
+            for (uint64_t it = 1; it <= 4; ++it) {
+                CAPTURE(it);
+                ForwardBatch b;
+                for (size_t q = 0; q < n_seqs; ++q) {
+                    REQUIRE(table.append(seqs[q], std::vector<TokenId>{next[q]}));
+                    b.add_sequence(table, seqs[q], table.n_tokens(seqs[q]) - 1, 1);
+                    b.logit_rows.push_back(int32_t(q));
+                }
+                kv_apply_pending(table, *gpu);
+                const std::vector<RowSampling> rows = sampling_rows(n_seqs, n_vocab, it);
+                const std::vector<float> l1 = logits_of(*gpu, b);  // eager or replayed
+                std::vector<int32_t> got(n_seqs);
+                gpu->forward_sample(b, rows, got.data());  // captured on the second step
+                const std::vector<float> l3 = logits_of(*gpu, b);
+                CHECK(l3 == l1);
+                CHECK(got == host_sample(l3, n_vocab, rows));
+                next = got;
+            }
+            // A row count that does not match the logit rows is refused.
+            std::vector<RowSampling> short_rows = sampling_rows(n_seqs - 1, n_vocab, 9);
+            std::vector<int32_t> out(n_seqs);
+            CHECK_THROWS_AS(gpu->forward_sample(prefill, short_rows, out.data()), Error);
+        }
+    }
+}
+
+TEST_CASE("engine with device sampling on the cuda backend gives the host path's tokens") {
+    const auto path = shared_path("models/stories260K.gguf");
+    if (path.empty()) return;
+    GgufFile file = GgufFile::open(path.string());
+    auto tok = Tokenizer::from_gguf(file);
+    const char* texts[] = {"Once upon a time", "The little dog saw a big red ball. He",
+                           "Lily and Tom went to the park. They",
+                           "One day, a bird flew into the garden and"};
+    for (KvType kv : {KvType::F16, KvType::Q8}) {
+        CAPTURE(std::string(kv_type_name(kv)));
+        auto run = [&](EngineOptions::DeviceSampling mode, EngineStats* stats) {
+            BackendOptions o;
+            o.kv_block_size = 16;
+            o.n_kv_blocks = 128;
+            o.kv_type_k = o.kv_type_v = kv;
+            auto backend = cuda_backend(file, o, true);
+            EngineOptions eo;
+            eo.max_parallel = 6;
+            eo.device_sampling = mode;
+            Engine engine(*backend, *tok, eo);
+            std::map<int32_t, std::vector<TokenId>> out;
+            for (int i = 0; i < 8; ++i) {
+                GenerationRequest r;
+                r.prompt = tok->encode(texts[i % 4], true);
+                r.n_predict = 40;
+                r.sampling.seed = 100 + uint64_t(i);
+                r.sampling.temperature = i % 4 == 0 ? 0.0f : 0.9f;
+                if (i % 4 == 2) r.sampling.repeat_penalty = 1.3f, r.sampling.repeat_last_n = -1;
+                if (i % 4 == 3) r.sampling.repeat_penalty = 1.2f, r.sampling.repeat_last_n = 8;
+                if (i == 5) r.sampling.top_k = 0, r.sampling.top_p = 0.8f;
+                engine.submit(r);
+            }
+            engine.on_finish([&](const GenerationResult& r) {
+                REQUIRE_MESSAGE(r.stop != StopReason::Error, r.error);
+                out[r.request] = r.tokens;
+            });
+            engine.run();
+            *stats = engine.stats();
+            return out;
+        };
+        EngineStats host_stats, dev_stats;
+        const auto host = run(EngineOptions::DeviceSampling::Off, &host_stats);
+        const auto dev = run(EngineOptions::DeviceSampling::On, &dev_stats);
+        CHECK(host.size() == 8);
+        CHECK(host == dev);
+        CHECK(host_stats.device_sampled_steps == 0);
+        CHECK(dev_stats.device_sampled_steps > 0);
+    }
 }
 
 #endif  // KVRUN_HAS_CUDA

@@ -1,6 +1,7 @@
 // CUDA ops vs their CPU twins (cpu_ops.h / quant.h) on random inputs: dense ops, embedding
 // and weight dequantization, fused GEMV and f16 tensor-core GEMM for every weight type, KV
-// writes, CUDA-graph capture, device queries and error messages. Each comparison uses the
+// writes, row gather, CUDA-graph capture (and the scratch buffer refusing to move during a
+// capture), device queries and error messages. Each comparison uses the
 // normalized MSE sum((gpu - cpu)^2) / sum(cpu^2) with a per-op bound.
 // Exits 77 (skipped) without a GPU (see cuda_test_util.h).
 #include <doctest/doctest.h>
@@ -263,6 +264,40 @@ TEST_CASE("cuda ops replay correctly from a captured CUDA graph") {
     CHECK(nmse(d16.download(), eager16) < 1e-12);
     CUDA_CHECK(cudaGraphExecDestroy(exec));
     CUDA_CHECK(cudaGraphDestroy(graph));
+    CUDA_CHECK(cudaStreamDestroy(s));
+}
+
+TEST_CASE("cuda gather_rows copies the logit rows in the given order") {
+    const int64_t dim = 96, n = 40;
+    const std::vector<float> x = random_floats(static_cast<size_t>(n * dim), 51);
+    const std::vector<int32_t> rows = {39, 0, 7, 7, 12};
+    DevBuf<float> dx(x), out(rows.size() * size_t(dim));
+    DevBuf<int32_t> dr(rows);
+    cuda_gather_rows(out.get(), dx.get(), dr.get(), int64_t(rows.size()), dim, nullptr);
+    std::vector<float> want;
+    for (int32_t r : rows) want.insert(want.end(), x.begin() + r * dim, x.begin() + (r + 1) * dim);
+    CHECK(out.download() == want);
+}
+
+TEST_CASE("cuda scratch grows outside a graph capture and refuses to move during one") {
+    CudaScratch scratch;
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreate(&s));
+    void* p1 = scratch.get(1000, s);
+    CHECK(p1 != nullptr);
+    CHECK(scratch.size() >= 1000);
+    CHECK(scratch.get(10, s) == p1);  // big enough: the same buffer
+    const size_t size1 = scratch.size();
+    CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    CHECK(scratch.get(size1, s) == p1);
+    CHECK_THROWS_WITH_AS(scratch.get(size1 + 1, s), doctest::Contains("during graph capture"),
+                         Error);
+    cudaGraph_t graph = nullptr;
+    CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    if (graph) CUDA_CHECK(cudaGraphDestroy(graph));
+    CHECK(scratch.size() == size1);  // nothing was freed under the capture
+    scratch.get(size1 + 1, s);       // outside: grows
+    CHECK(scratch.size() > size1);
     CUDA_CHECK(cudaStreamDestroy(s));
 }
 

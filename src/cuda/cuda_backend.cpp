@@ -3,7 +3,10 @@
 // the ops in ops.h on one stream. Decode-sized batches (<= kGraphMaxTokens tokens) are
 // captured into a CUDA graph per shape (tokens, logit rows, block-table width) on their
 // second occurrence and replayed afterwards; batch contents travel in device buffers with
-// fixed addresses, so one graph serves every step of the same shape.
+// fixed addresses, so one graph serves every step of the same shape. Graphs hold raw device
+// pointers (activations, logits, batch metadata, scratch), so every reallocation of those
+// drops them. forward_sample samples all logit rows in one launch after the step (outside
+// the graph) and copies back only the token ids.
 #include "cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
@@ -24,6 +27,7 @@
 #include "kv_format.h"
 #include "model_config.h"
 #include "quant.h"
+#include "sampler.h"
 #include "weights.h"
 
 namespace kvrun {
@@ -108,7 +112,10 @@ struct DeviceLayer {
 class CudaBackend final : public Backend {
   public:
     CudaBackend(const GgufFile& file, const BackendOptions& options, int device);
-    ~CudaBackend() override { clear_graphs(); }
+    ~CudaBackend() override {
+        (void)cudaSetDevice(device_);  // the members free memory of this device
+        clear_graphs();
+    }
 
     const ModelConfig& config() const override { return config_; }
     void forward(const ForwardBatch& batch, float* logits) override;
@@ -131,6 +138,7 @@ class CudaBackend final : public Backend {
     int64_t launch(const ForwardBatch& b);  // validates, uploads and enqueues; returns rows
     KvLayerView kv_layer(int64_t l) const;
     void clear_graphs();
+    void drop_graphs_if_scratch_moved();
 
     int device_;
     ModelConfig config_;
@@ -166,10 +174,15 @@ class CudaBackend final : public Backend {
     int32_t *d_tokens_ = nullptr, *d_pos_ = nullptr, *d_seq_ = nullptr, *d_slot_ = nullptr;
     int32_t *d_stage_ = nullptr, *d_rows_ = nullptr, *d_table_ = nullptr;
 
-    DeviceMem sample_mem_;  // forward_sample: token ids, uniforms, penalty token lists
+    // forward_sample: [R] token ids, [R] CudaSampleRow, penalty ids (device and pinned host
+    // mirror, same layout).
+    DeviceMem sample_mem_;
+    PinnedMem sample_host_;
+    size_t sample_cap_ = 0;
 
     bool use_graphs_ = true;
     size_t scratch_seen_ = 0;  // scratch size the captured graphs were recorded with
+    const void* scratch_ptr_seen_ = nullptr;
     struct GraphEntry {
         cudaGraphExec_t exec = nullptr;
         int eager_runs = 0;
@@ -195,6 +208,9 @@ CudaBackend::CudaBackend(const GgufFile& file, const BackendOptions& options, in
     upload_weights(file);
     allocate_kv();
     ensure_capacity(kMinTokenCapacity, 1, 1024);
+    // The uploads (cudaMemcpy from pageable memory may return before its DMA ends) ran on
+    // the legacy stream, which does not order with our non-blocking stream: finish them.
+    CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void CudaBackend::upload_weights(const GgufFile& file) {
@@ -300,7 +316,8 @@ void CudaBackend::allocate_kv() {
         n_stages_ > 0 ? fmt::format(" + {} f16 stage blocks", n_stages_) : "", config_.n_layer);
     kv_mem_ = DeviceMem(layer_bytes * size_t(config_.n_layer), what.c_str());
     // Zeroed so that no stale NaN can ever meet a zero attention weight.
-    CUDA_CHECK(cudaMemset(kv_mem_.get(), 0, kv_mem_.size()));
+    CUDA_CHECK(cudaMemsetAsync(kv_mem_.get(), 0, kv_mem_.size(), stream_.get()));
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
     for (int64_t l = 0; l < config_.n_layer; ++l) {
         uint8_t* base = kv_mem_.get() + size_t(l) * layer_bytes;
         k_pool_.push_back(base);
@@ -334,6 +351,18 @@ void CudaBackend::clear_graphs() {
     for (auto& [key, g] : graphs_)
         if (g.exec) (void)cudaGraphExecDestroy(g.exec);
     graphs_.clear();
+}
+
+// An eager run that grew the scratch freed the buffer the captured graphs point at: drop
+// them before anything can replay one (the growth happens only in eager runs, so no graph
+// launch of this step is in flight).
+void CudaBackend::drop_graphs_if_scratch_moved() {
+    const void* p = scratch_.get(0, stream_.get());  // (never grows for 0 bytes)
+    if (scratch_.size() != scratch_seen_ || p != scratch_ptr_seen_) {
+        clear_graphs();
+        scratch_seen_ = scratch_.size();
+        scratch_ptr_seen_ = p;
+    }
 }
 
 void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t table_entries) {
@@ -508,7 +537,14 @@ int64_t CudaBackend::launch(const ForwardBatch& b) {
     const size_t meta_bytes = size_t(5 * token_cap_ + row_cap_ + n_seqs * max_blocks) * 4;
     CUDA_CHECK(
         cudaMemcpyAsync(meta_mem_.get(), h, meta_bytes, cudaMemcpyHostToDevice, stream_.get()));
-    run_step(T, R, max_blocks);
+    try {
+        run_step(T, R, max_blocks);
+    } catch (...) {
+        (void)cudaStreamSynchronize(stream_.get());  // the upload still reads meta_host_
+        drop_graphs_if_scratch_moved();
+        throw;
+    }
+    drop_graphs_if_scratch_moved();
     return R;
 }
 
@@ -519,10 +555,6 @@ void CudaBackend::forward(const ForwardBatch& b, float* logits) {
         CUDA_CHECK(cudaMemcpyAsync(logits, logits_, size_t(R * config_.n_vocab) * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream_.get()));
     CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
-    if (scratch_.size() != scratch_seen_) {
-        clear_graphs();  // an eager run grew (reallocated) the scratch the graphs point at
-        scratch_seen_ = scratch_.size();
-    }
 }
 
 void CudaBackend::forward_sample(const ForwardBatch& b, const std::vector<RowSampling>& rows,
@@ -530,63 +562,52 @@ void CudaBackend::forward_sample(const ForwardBatch& b, const std::vector<RowSam
     if (rows.size() != b.logit_rows.size())
         fail("forward_sample: {} sampling rows for {} logit rows", rows.size(),
              b.logit_rows.size());
+    const int64_t V = config_.n_vocab;
+    // Row parameters first, so that bad ones throw before the cache is touched.
+    std::vector<CudaSampleRow> cfg;
+    cfg.reserve(rows.size());
+    std::vector<int32_t> ids;  // distinct penalized ids of every row
     for (const RowSampling& r : rows) {
         sampling_validate(r.params);
-        for (TokenId t : r.recent)
-            if (t < 0 || t >= config_.n_vocab)
-                fail("forward_sample: recent token id {} outside the vocabulary", t);
+        cfg.push_back(cuda_sample_row(r.params, r.u, r.recent.data(), r.recent.size(), V, ids));
     }
+    const size_t n_rows = rows.size();
+    const size_t out_bytes = align_up(n_rows * sizeof(int32_t));
+    const size_t row_bytes = align_up(n_rows * sizeof(CudaSampleRow));
+    const size_t need = out_bytes + row_bytes + ids.size() * sizeof(int32_t);
+    if (need > sample_cap_) {  // (no step in flight here: the last call synchronized)
+        CUDA_CHECK(cudaSetDevice(device_));
+        const size_t cap = std::max(2 * need, size_t(4096));
+        sample_mem_ = DeviceMem();
+        sample_mem_ = DeviceMem(cap, "the sampling buffers");
+        sample_host_ = PinnedMem(cap);
+        sample_cap_ = cap;
+    }
+
     const int64_t R = launch(b);
-    if (b.tokens.empty() || R == 0) return;
+    if (b.tokens.empty()) return;
     const cudaStream_t s = stream_.get();
-    const int64_t V = config_.n_vocab;
-    // Device buffers: out [R] int32, u [R] float, then the penalized token lists.
-    std::vector<int32_t> penalty_ids;
-    std::vector<std::pair<size_t, size_t>> spans(static_cast<size_t>(R));  // (offset, count)
-    for (int64_t r = 0; r < R; ++r) {
-        const RowSampling& rs = rows[size_t(r)];
-        size_t n = 0;
-        if (rs.params.repeat_penalty != 1.0f && rs.params.repeat_last_n != 0) {
-            n = rs.recent.size();
-            if (rs.params.repeat_last_n > 0) n = std::min(n, size_t(rs.params.repeat_last_n));
-        }
-        spans[size_t(r)] = {penalty_ids.size(), n};
-        penalty_ids.insert(penalty_ids.end(), rs.recent.end() - int64_t(n), rs.recent.end());
+    if (R == 0) {  // a prefill chunk: still finish the step (the next one reuses meta_host_)
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        return;
     }
-    const size_t need = align_up(size_t(R) * 4) * 2 + penalty_ids.size() * 4 + 4;
-    if (sample_mem_.size() < need) sample_mem_ = DeviceMem(2 * need, "sampling buffers");
-    auto* d_out = reinterpret_cast<int32_t*>(sample_mem_.get());
-    auto* d_u = reinterpret_cast<float*>(sample_mem_.get() + align_up(size_t(R) * 4));
-    auto* d_ids = reinterpret_cast<int32_t*>(sample_mem_.get() + 2 * align_up(size_t(R) * 4));
-    std::vector<float> u(static_cast<size_t>(R));
-    for (int64_t r = 0; r < R; ++r) u[size_t(r)] = float(rows[size_t(r)].u);
-    CUDA_CHECK(cudaMemcpyAsync(d_u, u.data(), size_t(R) * 4, cudaMemcpyHostToDevice, s));
-    if (!penalty_ids.empty())
-        CUDA_CHECK(cudaMemcpyAsync(d_ids, penalty_ids.data(), penalty_ids.size() * 4,
-                                   cudaMemcpyHostToDevice, s));
-    for (int64_t r = 0; r < R; ++r) {
-        const RowSampling& rs = rows[size_t(r)];
-        float* row = logits_ + r * V;
-        const auto [off, n] = spans[size_t(r)];
-        if (n > 0)
-            cuda_repeat_penalty(row, V, d_ids + off, int64_t(n), rs.params.repeat_penalty, s);
-        if (rs.params.temperature <= 0.0f) {
-            cuda_argmax(d_out + r, row, 1, V, s);
-        } else {
-            CudaSamplerConfig cfg;
-            cfg.temperature = rs.params.temperature;
-            cfg.top_k = rs.params.top_k;
-            cfg.top_p = rs.params.top_p;
-            cfg.min_p = rs.params.min_p;
-            cuda_sample(d_out + r, row, 1, V, cfg, d_u + r, s);
-        }
-    }
-    CUDA_CHECK(cudaMemcpyAsync(tokens, d_out, size_t(R) * 4, cudaMemcpyDeviceToHost, s));
+    uint8_t* host = sample_host_.get();
+    uint8_t* dev = sample_mem_.get();
+    std::memcpy(host + out_bytes, cfg.data(), n_rows * sizeof(CudaSampleRow));
+    if (!ids.empty())
+        std::memcpy(host + out_bytes + row_bytes, ids.data(), ids.size() * sizeof(int32_t));
+    CUDA_CHECK(cudaMemcpyAsync(dev + out_bytes, host + out_bytes, need - out_bytes,
+                               cudaMemcpyHostToDevice, s));
+    // One launch samples every row (a thread block per row) from the step's logits.
+    cuda_sample_rows(reinterpret_cast<int32_t*>(dev), logits_, R, V,
+                     reinterpret_cast<const CudaSampleRow*>(dev + out_bytes),
+                     reinterpret_cast<const int32_t*>(dev + out_bytes + row_bytes), s);
+    CUDA_CHECK(cudaMemcpyAsync(host, dev, size_t(R) * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
-    if (scratch_.size() != scratch_seen_) {
-        clear_graphs();
-        scratch_seen_ = scratch_.size();
-    }
+    std::memcpy(tokens, host, size_t(R) * sizeof(int32_t));
+    for (int64_t r = 0; r < R; ++r)
+        if (tokens[r] < 0 || tokens[r] >= V)
+            fail("sampler: every logit is -inf or NaN; nothing can be sampled (logit row {})", r);
 }
 
 void CudaBackend::copy_blocks(const std::vector<BlockCopy>& copies) {

@@ -1,12 +1,19 @@
-// CUDA device queries, checked allocation with a helpful out-of-memory message, and the
-// error helpers behind CUDA_CHECK / CUBLAS_CHECK (common.cuh).
+// CUDA device queries, checked allocation with a helpful out-of-memory message, the error
+// helpers behind CUDA_CHECK / CUBLAS_CHECK (common.cuh), and the host side of
+// cuda_sample_rows (cuda_sample_row: header-only dependencies, so every CUDA test links).
 #include "cuda/device.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
 #include "common.h"
 #include "cuda/common.cuh"
+#include "cuda/ops.h"
+#include "sampler.h"
 
 namespace kvrun {
 
@@ -103,6 +110,32 @@ void* cuda_alloc(size_t bytes, const char* what) {
 
 void cuda_free(void* p) noexcept {
     if (p) (void)cudaFree(p);
+}
+
+CudaSampleRow cuda_sample_row(const SamplingParams& p, double u, const int32_t* recent,
+                              size_t n_recent, int64_t n_vocab, std::vector<int32_t>& penalty_ids) {
+    CudaSampleRow r;
+    r.u = u;
+    r.temperature = p.temperature;
+    r.top_k = p.top_k;
+    r.top_p = p.top_p;
+    r.min_p = p.min_p;
+    // The float log, exactly as Sampler's min-p threshold takes it.
+    r.log_min_p = p.min_p > 0.0f ? std::log(p.min_p) : 0.0f;
+    r.repeat_penalty = p.repeat_penalty;
+    if (p.repeat_penalty == 1.0f || p.repeat_last_n == 0 || n_recent == 0) return r;
+    size_t n = n_recent;
+    if (p.repeat_last_n > 0) n = std::min(n, size_t(p.repeat_last_n));
+    std::vector<int32_t> w(recent + (n_recent - n), recent + n_recent);
+    std::sort(w.begin(), w.end());
+    w.erase(std::unique(w.begin(), w.end()), w.end());
+    for (int32_t id : w)
+        if (id < 0 || id >= n_vocab)
+            fail("sampler: recent token id {} is outside the vocabulary (0..{})", id, n_vocab - 1);
+    r.penalty_begin = static_cast<int32_t>(penalty_ids.size());
+    r.penalty_count = static_cast<int32_t>(w.size());
+    penalty_ids.insert(penalty_ids.end(), w.begin(), w.end());
+    return r;
 }
 
 }  // namespace kvrun

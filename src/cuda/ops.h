@@ -8,10 +8,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "cpu_ops.h"
 
 namespace kvrun {
+
+struct SamplingParams;  // sampler.h
 
 // Per-stream working memory of the CUDA ops plus the cuBLAS handle. get() grows the buffer
 // when needed (synchronizing the device); while the stream is being captured into a CUDA
@@ -125,18 +128,47 @@ struct CudaSamplerConfig {
 void cuda_argmax(int32_t* out, const float* logits, int64_t n_rows, int64_t n_vocab,
                  cudaStream_t s);
 // Samples one token per row given uniform numbers u[n_rows] in [0, 1) (device): the token
-// Sampler::sample (sampler.h, without repetition penalty) draws for the same uniform number.
-// Kept set: tokens whose logit is >= the largest of three thresholds (k-th largest logit;
-// smallest logit of the shortest top-probability prefix holding top_p of the top-k mass;
-// max + log(min_p)); weights w_i = exp((logit_i - max) / temperature) over the kept set;
-// the result is the first id (vocabulary order) whose running sum of w exceeds u * sum(w).
-// Unlike the CPU sampler, ties at the top-k / top-p threshold are all kept. NaN logits
-// count as -inf.
+// Sampler::sample_with (sampler.h, without repetition penalty) picks for the same uniform
+// number; cuda_sample_rows with one configuration for every row (see there).
 void cuda_sample(int32_t* out, const float* logits, int64_t n_rows, int64_t n_vocab,
                  const CudaSamplerConfig& cfg, const float* u, cudaStream_t s);
 // Repetition penalty (llama.cpp rule) on logits[n_vocab] for each distinct id in
 // tokens[n_tokens] (device): logit > 0 ? logit / penalty : logit * penalty.
 void cuda_repeat_penalty(float* logits, int64_t n_vocab, const int32_t* tokens, int64_t n_tokens,
                          float penalty, cudaStream_t s);
+
+// One row of cuda_sample_rows: Sampler's parameters (sampler.h) and its uniform number.
+struct CudaSampleRow {
+    double u = 0.0;               // uniform number in [0, 1) (ignored when greedy)
+    float temperature = 0.0f;     // <= 0: greedy
+    int32_t top_k = 0;            // <= 0 or >= n_vocab: off
+    float top_p = 1.0f;           // >= 1: off
+    float min_p = 0.0f;           // <= 0: off
+    float log_min_p = 0.0f;       // std::log(min_p) on the host, as Sampler computes it
+    float repeat_penalty = 1.0f;  // applied to penalty_ids[penalty_begin, + penalty_count)
+    int32_t penalty_begin = 0;
+    int32_t penalty_count = 0;  // distinct ids (Sampler penalizes each id once)
+};
+
+// One launch for all rows (a thread block per row): out[r] = the token Sampler::sample_with
+// picks from logits[r][:] with rows[r]'s parameters and uniform number, or -1 when no logit
+// of the row is finite (Sampler throws there). rows [n_rows] and penalty_ids are device
+// arrays. The penalty is applied to logits in place. Semantics, as in Sampler: NaN counts as
+// -inf and +inf as the largest float; greedy: argmax of the penalized logits, lowest id on
+// ties; else the candidates are the finite logits, top-k keeps the k best (higher logit, then
+// lower id first, so ties at the k-th are cut by id), top-p the shortest head of that order
+// whose untempered probability mass reaches top_p, min-p the logits >= max + log(min_p), and
+// the token is drawn by inverse CDF in vocabulary order over the float probabilities
+// exp((logit - max) / temperature) / sum (computed in double, like Sampler).
+void cuda_sample_rows(int32_t* out, float* logits, int64_t n_rows, int64_t n_vocab,
+                      const CudaSampleRow* rows, const int32_t* penalty_ids, cudaStream_t s);
+
+// Host side of cuda_sample_rows (device.cpp): the row for Sampler parameters p (checked by
+// the caller: sampling_validate) and uniform number u. When the repetition penalty is on,
+// appends the distinct ids among the last repeat_last_n entries of recent[n_recent] (the ids
+// Sampler penalizes) to penalty_ids and points the row at them. Throws Error like Sampler
+// for a penalized id outside [0, n_vocab).
+CudaSampleRow cuda_sample_row(const SamplingParams& p, double u, const int32_t* recent,
+                              size_t n_recent, int64_t n_vocab, std::vector<int32_t>& penalty_ids);
 
 }  // namespace kvrun

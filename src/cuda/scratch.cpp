@@ -50,7 +50,19 @@ void* CudaScratch::get(size_t bytes, cudaStream_t s) {
 void* CudaScratch::cublas(cudaStream_t s) {
     if (!cublas_) {
         cublasHandle_t h = nullptr;
-        CUBLAS_CHECK(cublasCreate(&h));
+        const cublasStatus_t st = cublasCreate(&h);
+        if (st == CUBLAS_STATUS_ALLOC_FAILED || st == CUBLAS_STATUS_NOT_INITIALIZED) {
+            // Usually out of device memory: say so with the free / total numbers.
+            size_t free_b = 0, total_b = 0;
+            (void)cudaMemGetInfo(&free_b, &total_b);
+            (void)cudaGetLastError();
+            throw Error(fmt::format("cuBLAS could not initialize ({}): {:.1f} MiB of GPU memory "
+                                    "free of {:.1f} MiB",
+                                    cublasGetStatusString(st), double(free_b) / (1 << 20),
+                                    double(total_b) / (1 << 20)),
+                        "use a smaller --kv-memory or --ctx, a smaller model, or --device cpu");
+        }
+        CUBLAS_CHECK(st);
         cublas_ = h;
         cublas_ws_ = cuda_alloc(kCublasWorkspaceBytes, "cuBLAS workspace");
     }
