@@ -2,6 +2,11 @@
 // context split), serving all query heads of the GQA group from one load of each KV tile.
 // Long contexts are split across blocks (split-K) so the GPU stays busy even for one
 // sequence; a second kernel merges the partial results with log-sum-exp weights.
+//
+// The splits start at fixed slots (multiples of a length that depends only on the pool), not
+// at a fraction of the batch's longest context: a token's partial sums, their merge and so
+// its output are then the same bit for bit whatever else is in the batch. A speculative
+// verification pass over K + 1 tokens thus reproduces K + 1 single-token decode steps.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -13,14 +18,17 @@ namespace kvrun {
 namespace {
 
 constexpr int kDecodeRowsPerWarp = 2;     // 8 query heads per block
-constexpr int64_t kMinSplitSlots = 64;    // never split finer than this
+constexpr int64_t kSplitSlots = 128;      // context slots per split (pools up to 128 Ki slots)
+constexpr int64_t kMaxSplits = 1024;      // larger pools get proportionally longer splits
 constexpr int64_t kMaxDecodeTokens = 16;  // cuda_paged_attention: decode kernel up to here
 
-int sm_count() {
-    int dev = 0, n = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
+// Context slots per split: a function of the pool alone (see the top of the file). 128 slots
+// give a 4096-token context 32 splits per KV head: several waves of blocks on an H100 even
+// for one sequence of an 8-KV-head model.
+int64_t split_len_for(const KvLayerView& kv) {
+    const int64_t pool_slots = kv.n_blocks * kv.block_size;
+    const int64_t len = std::max(kSplitSlots, cu::ceil_div(pool_slots, kMaxSplits));
+    return cu::ceil_div(len, cu::kAttnTile) * cu::kAttnTile;
 }
 
 // part_o: [n_splits][n_tokens][n_head][D], part_ml: [n_splits][n_tokens][n_head][2];
@@ -46,7 +54,9 @@ __global__ void merge_splits_kernel(float* __restrict__ out, const float* __rest
             num += w * part_o[z * stride * D + idx];
         }
     }
-    out[idx] = den > 0.0f ? num / den : 0.0f;
+    // num * (1 / den), as the unsplit kernel scales its sum: a token whose context lies in
+    // one split (w = 1) then gets the same bits from either path.
+    out[idx] = den > 0.0f ? num * (1.0f / den) : 0.0f;
 }
 
 }  // namespace
@@ -57,18 +67,14 @@ void cuda_paged_attention_decode(float* out, const float* q, const KvLayerView& 
     cu::AttnParams p = cu::attn_params(out, q, kv, batch, n_head, scale,
                                        cu::kAttnWarps * kDecodeRowsPerWarp, true);
     if (p.n_tokens == 0) return;
-    // Split the longest possible context so that about two waves of blocks run.
     const int64_t ctx = batch.max_blocks_per_seq * kv.block_size;
-    const int64_t base_blocks = p.n_tokens * p.n_kv_head * p.n_head_sub;
-    int64_t n_splits = cu::ceil_div(2 * int64_t(sm_count()), base_blocks);
-    n_splits = std::clamp<int64_t>(n_splits, 1, cu::ceil_div(ctx, kMinSplitSlots));
-    n_splits = std::min<int64_t>(n_splits, 1024);
-    if (n_splits <= 1) {
+    const int64_t split_len = split_len_for(kv);
+    const int64_t n_splits = cu::ceil_div(ctx, split_len);
+    if (n_splits <= 1) {  // every token lies in the first split: one pass, no merge
         cu::attn_launch<kDecodeRowsPerWarp>(p, 1, s);
         return;
     }
-    p.split_len = cu::ceil_div(cu::ceil_div(ctx, n_splits), cu::kAttnTile) * cu::kAttnTile;
-    n_splits = cu::ceil_div(ctx, p.split_len);
+    p.split_len = split_len;
     const size_t rows = size_t(n_splits) * size_t(p.n_tokens) * size_t(p.n_head);
     const size_t o_bytes = (rows * p.head_dim * sizeof(float) + 255) / 256 * 256;
     auto* base = static_cast<uint8_t*>(scratch.get(o_bytes + rows * 2 * sizeof(float), s));

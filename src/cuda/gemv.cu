@@ -15,7 +15,7 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 constexpr int kRowsPerWarp = 2;
 constexpr int kRowsPerBlock = kWarpsPerBlock * kRowsPerWarp;
-constexpr int kMaxRows = 8;  // activation rows per pass (template R is 1, 2, 4 or 8)
+constexpr int kMaxRows = 16;  // activation rows per pass (template R is 1, 2, 4, 8 or 16)
 
 // out: [n_rows][n_out], x: [n_rows][n_in] (16-byte aligned rows when kItem % 4 == 0),
 // w: n_out rows of row_bytes. n_rows <= R.
@@ -94,8 +94,10 @@ void launch_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows
             gemv_kernel<L, 2><<<grid, block, 0, s>>>(o, xr, data, w.row_bytes, w.n_in, w.n_out, nr);
         else if (nr <= 4)
             gemv_kernel<L, 4><<<grid, block, 0, s>>>(o, xr, data, w.row_bytes, w.n_in, w.n_out, nr);
-        else
+        else if (nr <= 8)
             gemv_kernel<L, 8><<<grid, block, 0, s>>>(o, xr, data, w.row_bytes, w.n_in, w.n_out, nr);
+        else
+            gemv_kernel<L, 16><<<grid, block, 0, s>>>(o, xr, data, w.row_bytes, w.n_in, w.n_out, nr);
         CUDA_CHECK_LAUNCH();
     }
 }

@@ -73,8 +73,12 @@ void cuda_embed(float* out, const WeightView& table, const int32_t* tokens, int6
 void cuda_dequantize_f16(uint16_t* out, const WeightView& w, int64_t row0, int64_t n_rows,
                          cudaStream_t s);
 
-// Largest n_rows for which cuda_matmul uses the fused dequantize x vector kernel.
-constexpr int64_t kCudaGemvMaxRows = 8;
+// Largest n_rows for which cuda_matmul uses the fused dequantize x vector kernel. Each row
+// is computed the same way whatever the number of rows, so a speculative verification pass
+// of up to 16 tokens (--draft-n <= 15) gives the logits of single-token decode steps bit
+// for bit; and at these sizes reading the quantized weights once beats dequantizing them
+// to f16 for a GEMM (which writes and reads 2 bytes per weight).
+constexpr int64_t kCudaGemvMaxRows = 16;
 // out[r][o] = sum_i x[r][i] * W[o][i];  x: [n_rows][n_in], out: [n_rows][n_out].
 // n_rows <= kCudaGemvMaxRows: fused GEMV (f32 accumulate, weights read once); larger:
 // weights dequantized tile-wise to f16 and multiplied with cuBLAS on tensor cores (f32
