@@ -150,12 +150,8 @@ std::vector<int32_t> host_sample(const std::vector<float>& logits, int64_t n_voc
 TEST_CASE("cuda backend logits match the cpu backend on the shared models") {
     for (const char* name : kModels) {
         CAPTURE(name);
-        const auto path = shared_path(std::string("models/") + name);
-        if (path.empty()) return;
-        if (!std::filesystem::exists(path)) {
-            MESSAGE("SKIP: missing " << path.string());
-            continue;
-        }
+        const auto path = shared_model(name);
+        if (path.empty()) continue;
         GgufFile file = GgufFile::open(path.string());
         BackendOptions o;
         o.kv_block_size = 16;
@@ -228,12 +224,8 @@ TEST_CASE("cuda backend with a q8 / q4 KV cache matches the cpu backend") {
                 CAPTURE(name);
                 CAPTURE(std::string(kv_type_name(kv)));
                 CAPTURE(rotate);
-                const auto path = shared_path(std::string("models/") + name);
-                if (path.empty()) return;
-                if (!std::filesystem::exists(path)) {
-                    MESSAGE("SKIP: missing " << path.string());
-                    continue;
-                }
+                const auto path = shared_model(name);
+                if (path.empty()) continue;
                 GgufFile file = GgufFile::open(path.string());
                 BackendOptions o;
                 o.kv_block_size = 16;
@@ -334,12 +326,8 @@ TEST_CASE("cuda graph replay equals eager steps across block seals and scratch g
                 CAPTURE(name);
                 CAPTURE(std::string(kv_type_name(kv)));
                 CAPTURE(rotate);
-                const auto path = shared_path(std::string("models/") + name);
-                if (path.empty()) return;
-                if (!std::filesystem::exists(path)) {
-                    MESSAGE("SKIP: missing " << path.string());
-                    continue;
-                }
+                const auto path = shared_model(name);
+                if (path.empty()) continue;
                 GgufFile file = GgufFile::open(path.string());
                 BackendOptions o;
                 o.kv_block_size = 16;

@@ -74,12 +74,8 @@ TEST_CASE("cuda: a K+1-token pass gives the logits of K+1 decode steps, bit for 
                 CAPTURE(name);
                 CAPTURE(kv_type_name(kv));
                 CAPTURE(depth);
-                const auto path = shared_path(std::string("models/") + name);
-                if (path.empty()) return;
-                if (!std::filesystem::exists(path)) {
-                    MESSAGE("SKIP: missing " << path.string());
-                    continue;
-                }
+                const auto path = shared_model(name);
+                if (path.empty()) continue;
                 GgufFile file = GgufFile::open(path.string());
                 BackendOptions o;
                 o.kv_block_size = kBlockSize;

@@ -35,6 +35,18 @@ inline std::filesystem::path shared_path(const std::string& rel) {
     return dir / rel;
 }
 
+// shared_dir()/models/name when present; otherwise an empty path, after saying why (no
+// ../shared, or a model missing from a partial copy such as a GPU session's carried subset).
+inline std::filesystem::path shared_model(const std::string& name) {
+    auto path = shared_path("models/" + name);
+    if (path.empty()) return {};
+    if (!std::filesystem::exists(path)) {
+        MESSAGE("SKIP: missing " << path.string());
+        return {};
+    }
+    return path;
+}
+
 // Every model file under ../shared/models, sorted (empty when absent).
 inline std::vector<std::filesystem::path> shared_models() {
     std::vector<std::filesystem::path> out;
