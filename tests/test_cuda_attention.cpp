@@ -1,7 +1,8 @@
 // CUDA paged attention vs cpu::paged_attention on random caches: decode batches (one token
 // per sequence, contexts up to 2100 so split-K engages), prefill batches (several
 // sequences interleaved, cached prefixes, a decode token mixed in), speculative-style
-// verification; block sizes 1/16/64, GQA 1/4/8/12, head_dim 8..256, f16 and f32 pools.
+// verification; block sizes 1/16/64, GQA 1/4/8/12, head_dim 8..256, f16 and f32 pools, and
+// the same scenarios on quantized (q8/q4, staged) caches.
 // Exits 77 (skipped) without a GPU (see cuda_test_util.h).
 #include <doctest/doctest.h>
 
@@ -9,12 +10,14 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "common.h"
 #include "cpu_ops.h"
 #include "cuda_test_util.h"
+#include "kv_format.h"
 
 #ifdef KVRUN_HAS_CUDA
 
@@ -37,8 +40,12 @@ struct Scenario {
     std::vector<std::pair<int32_t, int32_t>> tokens;
 };
 
-size_t elem_bytes(KvType t) {
-    return t == KvType::F32 ? 4 : 2;
+// Fraction of differing bytes (0 when equal).
+double byte_mismatch(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+    if (a.size() != b.size()) return 1.0;
+    size_t n = 0;
+    for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+    return a.empty() ? 0.0 : double(n) / double(a.size());
 }
 
 void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
@@ -76,38 +83,69 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
     const std::vector<float> v =
         random_floats(static_cast<size_t>(nw * sh.n_kv_head * hd), seed + 2);
 
-    const size_t pool_elems = size_t(n_blocks * sh.n_kv_head * bs * hd);
-    std::vector<uint8_t> hk(pool_elems * elem_bytes(sh.k_type), 0);
-    std::vector<uint8_t> hv(pool_elems * elem_bytes(sh.v_type), 0);
-    KvLayerView hkv{sh.k_type, sh.v_type, hk.data(), hv.data(), n_blocks, sh.n_kv_head, bs, hd};
-    cpu::kv_write(hkv, KvBatchView{w_seq.data(), w_slot.data(), table.data(), max_blocks, nw},
+    // Quantized caches are staged; here every block has a stage slot of its own (stage id =
+    // block id), so a token's own block is read from its stage and every other block from
+    // the pool, which holds it sealed when its last row was written.
+    const bool staged = kv_type_quantized(sh.k_type) || kv_type_quantized(sh.v_type);
+    const int64_t n_stages = staged ? n_blocks : 0;
+    auto stages_of = [&](const std::vector<int32_t>& seqs, const std::vector<int32_t>& slots) {
+        std::vector<int32_t> st;
+        for (size_t i = 0; i < seqs.size(); ++i)
+            st.push_back(table[size_t(seqs[i] * max_blocks + slots[i] / bs)]);
+        return st;
+    };
+    const std::vector<int32_t> w_stage = stages_of(w_seq, w_slot);
+    std::vector<uint8_t> hk(
+        size_t(n_blocks * sh.n_kv_head * kv_head_block_bytes(sh.k_type, KvRole::K, bs, hd)), 0);
+    std::vector<uint8_t> hv(
+        size_t(n_blocks * sh.n_kv_head * kv_head_block_bytes(sh.v_type, KvRole::V, bs, hd)), 0);
+    std::vector<uint8_t> hks(size_t(n_stages * sh.n_kv_head * bs * hd * 2), 0), hvs(hks.size(), 0);
+    const KvLayerView hkv{sh.k_type, sh.v_type, hk.data(),  hv.data(),  n_blocks, sh.n_kv_head,
+                          bs,        hd,        hks.data(), hvs.data(), n_stages};
+    cpu::kv_write(hkv,
+                  KvBatchView{w_seq.data(), w_slot.data(), table.data(), max_blocks, nw,
+                              staged ? w_stage.data() : nullptr},
                   k.data(), v.data());
 
-    DevBuf<uint8_t> dk(hk.size()), dv(hv.size());
-    dk.zero();
-    dv.zero();
-    DevBuf<int32_t> dtable(table), dwseq(w_seq), dwslot(w_slot);
+    DevBuf<uint8_t> dk(hk.size()), dv(hv.size()), dks(hks.size()), dvs(hvs.size());
+    for (auto* b : {&dk, &dv, &dks, &dvs})
+        if (b->size() > 0) b->zero();  // (no stage buffers without staging)
+    DevBuf<int32_t> dtable(table), dwseq(w_seq), dwslot(w_slot), dwstage(w_stage);
     DevBuf<float> dkin(k), dvin(v);
     KvLayerView dkv = hkv;
     dkv.k = dk.get();
     dkv.v = dv.get();
-    cuda_kv_write(dkv, KvBatchView{dwseq.get(), dwslot.get(), dtable.get(), max_blocks, nw},
+    dkv.k_stage = staged ? dks.get() : nullptr;
+    dkv.v_stage = staged ? dvs.get() : nullptr;
+    cuda_kv_write(dkv,
+                  KvBatchView{dwseq.get(), dwslot.get(), dtable.get(), max_blocks, nw,
+                              staged ? dwstage.get() : nullptr},
                   dkin.get(), dvin.get(), nullptr);
+    // The same bytes in the pools (sealed blocks included) and stages.
+    CHECK(byte_mismatch(dk.download(), hk) == 0.0);
+    CHECK(byte_mismatch(dv.download(), hv) == 0.0);
+    if (staged) {
+        CHECK(byte_mismatch(dks.download(), hks) == 0.0);
+        CHECK(byte_mismatch(dvs.download(), hvs) == 0.0);
+    }
 
     // Attention for the batch tokens.
     std::vector<int32_t> t_seq, t_slot;
     for (auto [s, slot] : sc.tokens) t_seq.push_back(s), t_slot.push_back(slot);
+    const std::vector<int32_t> t_stage = stages_of(t_seq, t_slot);
     const int64_t nt = int64_t(t_seq.size());
     const std::vector<float> q = random_floats(static_cast<size_t>(nt * n_head * hd), seed + 3);
     std::vector<float> ref(q.size());
     const float scale = 1.0f / std::sqrt(float(hd));
     cpu::paged_attention(ref.data(), q.data(), hkv,
-                         KvBatchView{t_seq.data(), t_slot.data(), table.data(), max_blocks, nt},
+                         KvBatchView{t_seq.data(), t_slot.data(), table.data(), max_blocks, nt,
+                                     staged ? t_stage.data() : nullptr},
                          n_head, scale);
 
-    DevBuf<int32_t> dtseq(t_seq), dtslot(t_slot);
+    DevBuf<int32_t> dtseq(t_seq), dtslot(t_slot), dtstage(t_stage);
     DevBuf<float> dq(q), dout(q.size());
-    const KvBatchView db{dtseq.get(), dtslot.get(), dtable.get(), max_blocks, nt};
+    const KvBatchView db{dtseq.get(), dtslot.get(), dtable.get(),
+                         max_blocks,  nt,           staged ? dtstage.get() : nullptr};
     CudaScratch scratch;
     cuda_paged_attention_decode(dout.get(), dq.get(), dkv, db, n_head, scale, scratch, nullptr);
     CHECK(nmse(dout.download(), ref) < kAttnBound);
@@ -182,6 +220,31 @@ TEST_CASE("cuda paged attention handles odd head sizes, big groups and mixed poo
         CAPTURE(sh.head_dim);
         run_scenario(sh, decode_scenario(), seed++);
         run_scenario(sh, prefill_scenario(), seed++);
+    }
+}
+
+TEST_CASE("cuda paged attention matches the CPU on quantized caches (q8/q4, staged)") {
+    const AttnShape shapes[] = {
+        {16, 2, 4, 64, KvType::Q8, KvType::Q8},    {16, 2, 4, 128, KvType::Q4, KvType::Q4},
+        {64, 2, 8, 128, KvType::Q8, KvType::Q4},   {1, 2, 1, 64, KvType::Q4, KvType::Q8},
+        {16, 1, 12, 128, KvType::F16, KvType::Q4},  // only V quantized, 12 heads per KV head
+        {48, 2, 4, 64, KvType::Q4, KvType::F32},    // block size not a power of two
+        {7, 1, 4, 80, KvType::Q8, KvType::Q8},      // odd block size: 2-byte aligned V codes
+        {16, 4, 2, 8, KvType::Q4, KvType::Q4},      // stories260K heads
+        {16, 2, 2, 36, KvType::Q4, KvType::Q8},     // head_dim not a multiple of 8
+        {16, 1, 8, 256, KvType::Q8, KvType::Q4},    // largest head_dim
+    };
+    uint32_t seed = 500;
+    for (const AttnShape& sh : shapes) {
+        CAPTURE(sh.block_size);
+        CAPTURE(sh.group);
+        CAPTURE(sh.head_dim);
+        const std::string k_name = kv_type_name(sh.k_type), v_name = kv_type_name(sh.v_type);
+        CAPTURE(k_name);
+        CAPTURE(v_name);
+        run_scenario(sh, decode_scenario(), seed++);
+        run_scenario(sh, prefill_scenario(), seed++);
+        run_scenario(sh, verify_scenario(), seed++);
     }
 }
 

@@ -1,13 +1,15 @@
 // CUDA quantized KV cache vs the CPU twins: one KvBlockTable drives a CPU and a GPU copy of
 // a layer's cache through prefill, decode, fork (copy-on-write of a stage), rollback across
-// sealed blocks (stage restored from the pool) and stage reclaiming; after every pass the
-// sealed pools and stages must hold the same bytes and cuda_paged_attention (decode kernel,
-// prefill kernel, dispatcher) must match cpu::paged_attention. Also cuda_hadamard.
+// sealed blocks (stage restored from the pool, in place or as the copy-on-write of a shared
+// block), stage reclaiming and a long context (split-K decode); after every pass the sealed
+// pools and stages must hold the same bytes and cuda_paged_attention (decode kernel, prefill
+// kernel, dispatcher) must match cpu::paged_attention. Also cuda_hadamard.
 // Exits 77 (skipped) without a GPU (see cuda_test_util.h).
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "common.h"
@@ -30,6 +32,14 @@ struct Shape {
     int64_t block_size, n_kv_head, group, head_dim;
     KvType k_type, v_type;
     int32_t n_stages;
+};
+
+// Block copies a scenario queued, by kind (to check it reached the paths it is meant for).
+struct CopyCounts {
+    int64_t pool = 0;         // pool block -> pool block
+    int64_t stage = 0;        // stage -> stage (copy-on-write of a partly filled block)
+    int64_t restore = 0;      // decoded from a sealed pool block into a stage (src_stage -1)
+    int64_t restore_cow = 0;  // ... of those, into another block's stage (src != dst)
 };
 
 // Fraction of differing bytes (0 when equal).
@@ -62,6 +72,7 @@ class Mirror {
                 bs,        hd,        dks_.get(), dvs_.get(), sh.n_stages};
     }
     KvBlockTable& table() { return table_; }
+    const CopyCounts& copies() const { return copies_; }
 
     // One pass: appends n_new[i] tokens to seqs[i], runs the queued copies, writes random
     // K/V on both sides and compares caches and attention. Returns false when the table
@@ -72,6 +83,14 @@ class Mirror {
             if (!table_.append(seqs[i], ids)) return false;
         }
         for (const BlockCopy& c : table_.take_pending_copies()) {
+            if (c.dst_stage < 0) {
+                ++copies_.pool;
+            } else if (c.src_stage >= 0) {
+                ++copies_.stage;
+            } else {
+                ++copies_.restore;
+                copies_.restore_cow += c.src != c.dst;
+            }
             cpu::kv_copy(hkv_, c.src, c.dst, c.src_stage, c.dst_stage, c.n_rows);
             cuda_kv_copy(dkv_, c.src, c.dst, c.src_stage, c.dst_stage, c.n_rows, nullptr);
         }
@@ -129,14 +148,18 @@ class Mirror {
     std::vector<uint8_t> hk_, hv_, hks_, hvs_;
     DevBuf<uint8_t> dk_, dv_, dks_, dvs_;
     KvLayerView hkv_, dkv_;
+    CopyCounts copies_;
 };
 
-void run_shape(const Shape& sh, uint32_t seed) {
+CopyCounts run_shape(const Shape& sh, uint32_t seed) {
     CAPTURE(sh.block_size);
     CAPTURE(sh.head_dim);
-    CAPTURE(kv_type_name(sh.k_type));
-    CAPTURE(kv_type_name(sh.v_type));
-    Mirror m(sh, 96);
+    CAPTURE(sh.group);
+    const std::string k_name = kv_type_name(sh.k_type), v_name = kv_type_name(sh.v_type);
+    CAPTURE(k_name);
+    CAPTURE(v_name);
+    // Enough blocks for the ~560 tokens the scenario keeps plus the rollback's filler.
+    Mirror m(sh, 640 / sh.block_size + 48 + 4 * sh.n_stages);
     KvBlockTable& t = m.table();
     SeqId a = t.create_sequence(), b = t.create_sequence(), c = t.create_sequence();
     // Prefill of three prompts in one pass (a decode-sized third one), then decode steps.
@@ -154,22 +177,65 @@ void run_shape(const Shape& sh, uint32_t seed) {
     SeqId d = t.create_sequence();
     REQUIRE(m.pass({d, a}, {70, 1}, seed++));
     REQUIRE(m.pass({d, b, c}, {33, 1, 1}, seed++));
+    // A long context: chunked prefill, then decode steps next to others (the decode kernel
+    // splits long contexts across thread blocks and merges the parts).
+    SeqId e = t.create_sequence();
+    REQUIRE(m.pass({e}, {150}, seed++));
+    REQUIRE(m.pass({e, c}, {150, 1}, seed++));
+    for (int i = 0; i < 3; ++i) REQUIRE(m.pass({e, a, c}, {1, 1, 1}, seed++));
+    if (sh.block_size == 1) return m.copies();  // no partly filled block to roll back into
+    // Roll back into first blocks sealed long ago, once their stages are reclaimed (a new
+    // sequence h grows until the table has taken them): d owns its first block (the kept
+    // rows are decoded from the pool into a new stage of the same block); e's is shared with
+    // the fork g (the copy-on-write decodes the pool block into the new block's stage).
+    const SeqId g = t.fork(e), h = t.create_sequence();
+    const BlockId d0 = t.block_ids(d)[0], e0 = t.block_ids(e)[0];
+    const int32_t chunk = int32_t(sh.block_size) * std::max(1, sh.n_stages / 3);
+    for (int i = 0; i < 12 && (t.stage_of(d0) >= 0 || t.stage_of(e0) >= 0); ++i)
+        REQUIRE(m.pass({h}, {chunk}, seed++));
+    REQUIRE(t.stage_of(d0) < 0);
+    REQUIRE(t.stage_of(e0) < 0);
+    const int32_t mid = int32_t(sh.block_size / 2 + 1);
+    t.truncate(d, mid);
+    t.truncate(g, mid);
+    REQUIRE(m.pass({d, g, e}, {2, int32_t(sh.block_size), 1}, seed++));
+    REQUIRE(m.pass({d, g, e, a}, {1, 1, 1, 1}, seed++));
+    return m.copies();
 }
 
 }  // namespace
 
 TEST_CASE("cuda quantized KV cache matches the CPU: sealed bytes, stages, attention") {
+    // n_stages: enough for the scenario's biggest pass (150 new tokens of one sequence plus
+    // the partly filled blocks of five others); fewer stages mean more reclaiming.
     const Shape shapes[] = {
         {16, 2, 4, 64, KvType::Q8, KvType::Q8, 24},
-        {16, 2, 4, 64, KvType::Q4, KvType::Q4, 12},   // few stages: reclaim + restore
-        {7, 1, 8, 128, KvType::Q4, KvType::Q8, 24},   // odd block size
+        {16, 2, 4, 64, KvType::Q4, KvType::Q4, 16},   // few stages: reclaim early
+        {16, 2, 4, 128, KvType::Q8, KvType::Q4, 24},  // Llama head size, mixed formats
+        {16, 2, 4, 128, KvType::Q4, KvType::Q8, 24},
+        {16, 2, 4, 64, KvType::F16, KvType::Q4, 24},  // only V quantized
+        {7, 1, 8, 128, KvType::Q4, KvType::Q8, 36},   // odd block size (2-byte aligned V codes)
+        {48, 2, 4, 96, KvType::Q8, KvType::Q4, 12},   // 3 V groups, blocks longer than a tile
         {16, 4, 2, 8, KvType::Q4, KvType::F16, 24},   // stories260K heads, mixed formats
         {1, 2, 2, 64, KvType::Q8, KvType::Q4, 160},   // block size 1: every row seals
-        {64, 1, 8, 256, KvType::Q4, KvType::Q4, 24},  // largest head_dim
-        {16, 2, 2, 80, KvType::Q8, KvType::F32, 24},  // head_dim not a multiple of 8 / 32
+        {64, 1, 8, 256, KvType::Q4, KvType::Q4, 10},  // largest head_dim
+        {16, 2, 2, 80, KvType::Q8, KvType::F32, 24},  // head_dim not a multiple of 32
+        {5, 2, 3, 36, KvType::Q4, KvType::Q8, 48},    // head_dim not a multiple of 8
+        {16, 1, 2, 33, KvType::Q8, KvType::Q8, 24},   // odd head_dim (q8 only)
     };
     uint32_t seed = 1;
-    for (const Shape& sh : shapes) run_shape(sh, seed += 100);
+    for (const Shape& sh : shapes) {
+        const CopyCounts c = run_shape(sh, seed += 100);
+        CAPTURE(sh.block_size);
+        CAPTURE(sh.head_dim);
+        // Every path of cuda_kv_copy ran (blocks of one row are never partly filled, so they
+        // are neither copied on write nor restored).
+        if (sh.block_size > 1) {
+            CHECK(c.stage > 0);
+            CHECK(c.restore > c.restore_cow);
+            CHECK(c.restore_cow > 0);
+        }
+    }
 }
 
 TEST_CASE("cuda_hadamard matches hadamard_rows") {

@@ -106,8 +106,8 @@ __device__ __forceinline__ void attn_load_tile(float* __restrict__ dst, const At
         return;
     }
     if (D % 8 == 0) {
-        // 8 values per thread and step: f16 rows (pool or stage) with 16-byte loads, other
-        // formats decoded element by element.
+        // 8 consecutive values of a row per thread and step: stage rows (f16) with one 16-byte
+        // load, pool rows of any format with kv_decode8's vector loads (one scale lookup).
         const int chunks = D / 8;
         for (int c = threadIdx.x; c < kAttnTile * chunks; c += blockDim.x) {
             const int j = c / chunks, ch = c % chunks;
@@ -117,14 +117,8 @@ __device__ __forceinline__ void attn_load_tile(float* __restrict__ dst, const At
             } else if (rows.pb[j] < 0) {
 #pragma unroll
                 for (int e = 0; e < 8; ++e) d[e] = 0.0f;
-            } else if (type == KvType::F16) {
-                attn_load8_f16(d, reinterpret_cast<const __half*>(head_block(j)) +
-                                      int64_t(rows.r[j]) * D + ch * 8);
             } else {
-                const uint8_t* blk = head_block(j);
-#pragma unroll
-                for (int e = 0; e < 8; ++e)
-                    d[e] = kv_decode(blk, type, role, L, D, rows.r[j], ch * 8 + e);
+                kv_decode8(d, head_block(j), type, role, L, D, rows.r[j], ch * 8);
             }
         }
         return;

@@ -142,9 +142,14 @@ __global__ void seal_kernel(SealParams p) {
     // Q4 packs channel pairs into bytes: a thread owns a pair so whole bytes are written.
     const int width = q4 ? 2 : 1;
     if (p.role == KvRole::K) {
+        // A thread owns a channel (q8) or a channel pair (q4): the scale of each of its
+        // channels over the block's rows, then the codes row by row, whole bytes at a time.
         for (int c0 = threadIdx.x * width; c0 < D; c0 += blockDim.x * width) {
-            uint8_t packed[256];  // this pair's q4 bytes, one per row (bs <= 256)
-            for (int c = c0; c < c0 + width && c < D; ++c) {
+            float inv[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                if (i >= width) break;
+                const int c = c0 + i;
                 float amax = 0.0f, mx = 0.0f;
                 for (int r = 0; r < bs; ++r) {
                     const float x = __half2float(rows[r * D + c]);
@@ -152,21 +157,19 @@ __global__ void seal_kernel(SealParams p) {
                 }
                 const float d = cu::kv_group_scale(p.type, amax, mx);
                 scales[c] = __float2half_rn(d);
-                const float inv = d != 0.0f ? 1.0f / d : 0.0f;
-                for (int r = 0; r < bs; ++r) {
-                    const int q = cu::kv_quantize(p.type, __half2float(rows[r * D + c]), inv);
-                    if (!q4) {
-                        vals[int64_t(r) * p.layout.row_bytes + c] = uint8_t(int8_t(q));
-                    } else if (c == c0) {
-                        packed[r] = uint8_t(q + 8);
-                    } else {
-                        packed[r] = uint8_t(packed[r] | ((q + 8) << 4));
-                    }
+                inv[i] = d != 0.0f ? 1.0f / d : 0.0f;
+            }
+            for (int r = 0; r < bs; ++r) {
+                uint8_t* out = vals + int64_t(r) * p.layout.row_bytes;
+                const int q0 = cu::kv_quantize(p.type, __half2float(rows[r * D + c0]), inv[0]);
+                if (!q4) {
+                    out[c0] = uint8_t(int8_t(q0));
+                } else {
+                    const int q1 =
+                        cu::kv_quantize(p.type, __half2float(rows[r * D + c0 + 1]), inv[1]);
+                    out[c0 / 2] = uint8_t((q0 + 8) | ((q1 + 8) << 4));
                 }
             }
-            if (q4)
-                for (int r = 0; r < bs; ++r)
-                    vals[int64_t(r) * p.layout.row_bytes + c0 / 2] = packed[r];
         }
     } else {
         const int g = int(p.layout.group), n_groups = D / g;
