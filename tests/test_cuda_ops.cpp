@@ -165,6 +165,30 @@ TEST_CASE("cuda gemv (fused dequantize x vector) matches cpu::matmul for every w
     }
 }
 
+TEST_CASE("cuda gemv gives each row the same bits whatever the number of rows") {
+    // What keeps a speculative verification pass (up to kCudaGemvMaxRows rows) identical to
+    // single-token decode steps: cuda_matmul must take the GEMV for every such row count.
+    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16}) {
+        CAPTURE(ggml_type_name(t));
+        const int64_t n_in = 512, n_out = 72;
+        TestWeights w = make_weights(t, n_out, n_in, 41);
+        CudaScratch scratch;
+        const int64_t n_rows = kCudaGemvMaxRows;
+        const std::vector<float> x = random_floats(static_cast<size_t>(n_rows * n_in), 42);
+        DevBuf<float> dx(x), dall(static_cast<size_t>(n_rows * n_out));
+        cuda_matmul(dall.get(), dx.get(), w.device, n_rows, scratch, nullptr);
+        const std::vector<float> all = dall.download();
+        for (int64_t r = 0; r < n_rows; ++r) {
+            CAPTURE(r);
+            const std::vector<float> xr(x.begin() + r * n_in, x.begin() + (r + 1) * n_in);
+            DevBuf<float> dxr(xr), dout(static_cast<size_t>(n_out));
+            cuda_matmul(dout.get(), dxr.get(), w.device, 1, scratch, nullptr);
+            const std::vector<float> one = dout.download();
+            CHECK(std::equal(one.begin(), one.end(), all.begin() + r * n_out));
+        }
+    }
+}
+
 TEST_CASE("cuda gemm (f16 tensor cores) and cuda_matmul match cpu::matmul for every type") {
     CudaScratch scratch;
     for (GgmlType t : cuda_weight_types()) {

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Runs CUDA tests on the host CUDA emulator (tools/cuda-emu, see its README.md): no GPU
+# needed, one fiber per CUDA thread, slow. A developer tool, not part of ctest / CI.
+#
+#   scripts/cuda-emu.sh [ORDER] [TEST...]
+#     ORDER  fwd (default) | rev | rand: order in which a CTA's threads run between
+#            synchronization points (rand: EMU_SEED=N picks the shuffle)
+#     TEST   test_cuda_kv_quant test_cuda_attention test_cuda_sampling test_cuda_ops
+#            (default: all). Cases that need cuBLAS, CUDA graphs or the whole backend are
+#            excluded with doctest filters (see FILTERS below).
+#   Environment: EMU_ASAN=1 builds with ASan+UBSan (into build-emu/asan),
+#                EMU_ARGS="..." extra doctest arguments, JOBS=N build jobs (default 2).
+# Builds into build-emu/ (git-ignored) from the current sources.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ALL_TESTS=(test_cuda_kv_quant test_cuda_attention test_cuda_sampling test_cuda_ops)
+
+order=fwd
+if [[ $# -gt 0 && ($1 == fwd || $1 == rev || $1 == rand) ]]; then
+    order=$1
+    shift
+fi
+tests=("$@")
+[[ ${#tests[@]} -eq 0 ]] && tests=("${ALL_TESTS[@]}")
+for t in "${tests[@]}"; do
+    [[ " ${ALL_TESTS[*]} " == *" $t "* ]] || {
+        echo "cuda-emu: unsupported test '$t' (supported: ${ALL_TESTS[*]})" >&2
+        exit 2
+    }
+done
+
+# Per-test doctest filters (-tce= excludes test cases by name, wildcards allowed).
+declare -A FILTERS=(
+    # cuBLAS (cuda_gemm / cuda_matmul), CUDA graphs, scratch under capture, device
+    # properties and a 4 PiB allocation are not emulated.
+    [test_cuda_ops]='-tce=cuda gemm*,*CUDA graph*,cuda scratch*,cuda device queries*'
+    # Everything runs (about 2-4 minutes, vocabularies up to 151936 included).
+    [test_cuda_sampling]=''
+)
+
+build="$ROOT/build-emu"
+cmake_args=()
+if [[ ${EMU_ASAN:-0} == 1 ]]; then
+    build="$ROOT/build-emu/asan"
+    cmake_args+=(-DEMU_SANITIZE=ON)
+fi
+if [[ ! -f $build/build.ninja ]]; then
+    cmake -S "$ROOT/tools/cuda-emu" -B "$build" -G Ninja "${cmake_args[@]}" >/dev/null
+fi
+ninja -C "$build" -j "${JOBS:-2}" "${tests[@]}"
+
+export EMU_ORDER=$order
+[[ ${EMU_ASAN:-0} == 1 ]] && export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
+fail=0
+for t in "${tests[@]}"; do
+    args=()
+    [[ -n ${FILTERS[$t]:-} ]] && args+=("${FILTERS[$t]}")
+    # shellcheck disable=SC2206
+    [[ -n ${EMU_ARGS:-} ]] && args+=(${EMU_ARGS})
+    echo "== $t (EMU_ORDER=$order${EMU_ASAN:+, asan}) ${args[*]}"
+    start=$(date +%s)
+    if "$build/$t" "${args[@]}"; then
+        echo "== $t: passed in $(($(date +%s) - start)) s"
+    else
+        echo "== $t: FAILED (exit $?) after $(($(date +%s) - start)) s"
+        fail=1
+    fi
+done
+exit $fail
