@@ -39,6 +39,15 @@ namespace {
 
 // f16 activations in the prefill GEMMs and f16 K/V on both sides leave small differences.
 constexpr double kLogitBound = 1e-4;
+// A q4 cache amplifies them: a K/V value that the f16 GEMM moves by an ulp can land on the
+// other side of a 4-bit rounding step (a step is 1/8 of the group's largest magnitude).
+// Measured under tools/cuda-emu on synth-llama-hd64-gqa4-Q4_0: nmse vs the CPU 1e-7 with f16
+// KV, 3e-6 with q8, 1e-4 to 2.3e-4 with q4; with F32 weights (an exact f32 GEMM) q4 is 1e-8.
+constexpr double kLogitBoundQ4 = 1e-3;
+
+double logit_bound(KvType kv) {
+    return kv == KvType::Q4 ? kLogitBoundQ4 : kLogitBound;
+}
 
 const char* const kModels[] = {
     "stories260K.gguf",
@@ -264,12 +273,12 @@ TEST_CASE("cuda backend with a q8 / q4 KV cache matches the cpu backend") {
                 std::vector<TokenId> prompt;
                 for (int32_t i = 0; i < 40; ++i) prompt.push_back(TokenId((i * 37 + 11) % n_vocab));
                 int32_t next = 0;
-                CHECK(step({{a, prompt}}, &next) < kLogitBound);
-                for (int i = 0; i < 30; ++i) CHECK(step({{a, {next}}}, &next) < kLogitBound);
+                CHECK(step({{a, prompt}}, &next) < logit_bound(kv));
+                for (int i = 0; i < 30; ++i) CHECK(step({{a, {next}}}, &next) < logit_bound(kv));
                 SeqId f = table.fork(a);
                 for (int i = 0; i < 4; ++i)
                     CHECK(step({{a, {next}}, {f, {TokenId((next + i) % n_vocab)}}}, &next) <
-                          kLogitBound);
+                          logit_bound(kv));
             }
 }
 
@@ -363,7 +372,7 @@ TEST_CASE("cuda graph replay equals eager steps across block seals and scratch g
                     const std::vector<float> lg = logits_of(*graph, fb);
                     const std::vector<float> le = logits_of(*eager, fb);
                     CHECK(nmse(lg, le) < 1e-10);  // the same kernels, replayed or not
-                    CHECK(nmse(lg, lc) < kLogitBound);
+                    CHECK(nmse(lg, lc) < logit_bound(kv));
                     const float* last = lc.data() + lc.size() - size_t(n_vocab);
                     *next = int32_t(std::max_element(last, last + n_vocab) - last);
                 };

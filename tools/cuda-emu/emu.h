@@ -64,9 +64,19 @@ struct LaunchCfg {
     }
 };
 void run_grid(const void* kernel, const LaunchCfg& cfg, const std::function<void()>& body);
+// CUDA graph capture: while a stream captures, launches, async copies / memsets and GEMMs
+// are recorded (with copies of their arguments) instead of run; a graph launch replays them.
+bool capturing();
+void record(std::function<void()> op);
 template <class... P, class... A>
 void launch(void (*k)(P...), LaunchCfg cfg, A&&... a) {
     std::tuple<std::decay_t<P>...> args(static_cast<std::decay_t<P>>(a)...);
+    if (capturing()) {
+        record([k, cfg, args] {
+            run_grid(reinterpret_cast<const void*>(k), cfg, [&] { std::apply(k, args); });
+        });
+        return;
+    }
     run_grid(reinterpret_cast<const void*>(k), cfg, [&] { std::apply(k, args); });
 }
 template <class T>

@@ -1,6 +1,7 @@
 // Runtime side of the host CUDA emulation (see README.md): the fiber scheduler behind
 // emu::launch, block and warp rendezvous, shared-memory poisoning, CUDA runtime / cuBLAS
-// shims (host memory; cuBLAS and graphs report "not supported") and CudaScratch.
+// shims (host memory, synchronous streams, graphs as recorded operation lists) and a host
+// GEMM for the cuBLAS calls.
 #include <cublas_v2.h>
 
 #include <cstdio>
@@ -222,6 +223,17 @@ unsigned warp_lane_mask() {
 
 long g_launches = 0;
 
+namespace {
+std::vector<std::function<void()>>* g_capture = nullptr;  // the graph being captured
+bool g_capture_invalid = false;
+}  // namespace
+bool capturing() {
+    return g_capture != nullptr;
+}
+void record(std::function<void()> op) {
+    g_capture->push_back(std::move(op));
+}
+
 void run_grid(const void* kernel, const LaunchCfg& cfg, const std::function<void()>& body) {
     ++g_launches;
     if (g) throw std::runtime_error("emu: kernel launch from inside a kernel");
@@ -329,37 +341,58 @@ cudaError_t fail(cudaError_t e) {
     g_last_error = e;
     return e;
 }
+// Calls that CUDA refuses while a stream captures (cudaStreamCaptureModeThreadLocal /
+// Global): they invalidate the capture.
+bool unsafe_in_capture() {
+    if (!emu::capturing()) return false;
+    emu::g_capture_invalid = true;
+    return true;
+}
 }  // namespace
 
 extern "C" {
 cudaError_t cudaMalloc(void** p, size_t n) {
+    if (unsafe_in_capture()) return fail(cudaErrorStreamCaptureUnsupported);
     *p = std::malloc(n ? n : 1);
     return *p ? cudaSuccess : fail(cudaErrorMemoryAllocation);
 }
 cudaError_t cudaFree(void* p) {
+    if (unsafe_in_capture()) return fail(cudaErrorStreamCaptureUnsupported);
     std::free(p);
     return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) {
+    if (unsafe_in_capture()) return fail(cudaErrorStreamCaptureUnsupported);
     std::memmove(d, s, n);
     return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind, cudaStream_t) {
+    if (emu::capturing()) {
+        emu::record([d, s, n] { std::memmove(d, s, n); });
+        return cudaSuccess;
+    }
     std::memmove(d, s, n);
     return cudaSuccess;
 }
 cudaError_t cudaMemset(void* d, int v, size_t n) {
+    if (unsafe_in_capture()) return fail(cudaErrorStreamCaptureUnsupported);
     std::memset(d, v, n);
     return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) {
+    if (emu::capturing()) {
+        emu::record([d, v, n] { std::memset(d, v, n); });
+        return cudaSuccess;
+    }
     std::memset(d, v, n);
     return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
+    if (unsafe_in_capture()) return fail(cudaErrorStreamCaptureUnsupported);
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) {
+    if (unsafe_in_capture()) return fail(cudaErrorStreamCaptureUnsupported);
     return cudaSuccess;
 }
 cudaError_t cudaGetLastError() {
@@ -371,7 +404,9 @@ cudaError_t cudaPeekAtLastError() {
     return g_last_error;
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* s) {
-    *s = cudaStreamCaptureStatusNone;
+    *s = !emu::capturing()        ? cudaStreamCaptureStatusNone
+         : emu::g_capture_invalid ? cudaStreamCaptureStatusInvalidated
+                                  : cudaStreamCaptureStatusActive;
     return cudaSuccess;
 }
 cudaError_t cudaGetDeviceCount(int* n) {
@@ -418,27 +453,66 @@ cudaError_t cudaStreamCreate(cudaStream_t* s) {
     *s = nullptr;
     return cudaSuccess;
 }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
+    *s = nullptr;
+    return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void** p, size_t n, unsigned) {
+    *p = std::malloc(n ? n : 1);
+    return *p ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaMallocHost(void** p, size_t n) {
+    return cudaHostAlloc(p, n, 0);
+}
+cudaError_t cudaFreeHost(void* p) {
+    std::free(p);
+    return cudaSuccess;
+}
 cudaError_t cudaStreamDestroy(cudaStream_t) {
     return cudaSuccess;
 }
-// CUDA graphs are not emulated.
+// CUDA graphs: capture records the stream's work (emu::record), a graph is the list of
+// recorded operations, and instantiating copies it. One capture at a time.
+}  // extern "C"
+struct CUgraph_st {
+    std::vector<std::function<void()>> ops;
+};
+struct CUgraphExec_st {
+    std::vector<std::function<void()>> ops;
+};
+extern "C" {
 cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
-    return fail(cudaErrorNotSupported);
+    if (emu::capturing()) return fail(cudaErrorIllegalState);
+    emu::g_capture = new std::vector<std::function<void()>>;
+    emu::g_capture_invalid = false;
+    return cudaSuccess;
 }
 cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t* g) {
     *g = nullptr;
-    return fail(cudaErrorNotSupported);
-}
-cudaError_t cudaGraphInstantiate(cudaGraphExec_t*, cudaGraph_t, unsigned long long) {
-    return fail(cudaErrorNotSupported);
-}
-cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) {
-    return fail(cudaErrorNotSupported);
-}
-cudaError_t cudaGraphExecDestroy(cudaGraphExec_t) {
+    if (!emu::capturing()) return fail(cudaErrorIllegalState);
+    std::unique_ptr<std::vector<std::function<void()>>> ops(emu::g_capture);
+    emu::g_capture = nullptr;
+    if (emu::g_capture_invalid) return fail(cudaErrorStreamCaptureInvalidated);
+    *g = new CUgraph_st{std::move(*ops)};
     return cudaSuccess;
 }
-cudaError_t cudaGraphDestroy(cudaGraph_t) {
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* e, cudaGraph_t g, unsigned long long) {
+    if (!g) return fail(cudaErrorInvalidValue);
+    *e = new CUgraphExec_st{g->ops};
+    return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t) {
+    if (!e) return fail(cudaErrorInvalidValue);
+    if (emu::capturing()) return fail(cudaErrorNotSupported);  // graph launch inside a capture
+    for (const auto& op : e->ops) op();
+    return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
+    delete e;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+    delete g;
     return cudaSuccess;
 }
 const char* cudaGetErrorString(cudaError_t e) {
@@ -448,44 +522,98 @@ const char* cudaGetErrorName(cudaError_t) {
     return "cudaEmuError";
 }
 
-// cuBLAS is not emulated: every call fails (cuda_gemm throws).
-const char* cublasGetStatusString(cublasStatus_t) {
-    return "cuBLAS is not emulated";
+// ---- cuBLAS: a plain column-major GEMM on the host (f16 / f32 inputs converted to float,
+// float accumulation in k order; not cuBLAS's rounding). The handle is a dummy. ------------
+struct cublasContext {
+    cudaStream_t stream = nullptr;
+};
+cublasStatus_t cublasCreate_v2(cublasHandle_t* h) {
+    *h = new cublasContext;
+    return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasSgemm_v2(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
-                              const float*, const float*, int, const float*, int, const float*,
-                              float*, int) {
-    return CUBLAS_STATUS_NOT_SUPPORTED;
+cublasStatus_t cublasDestroy_v2(cublasHandle_t h) {
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
-                            const void*, const void*, cudaDataType, int, const void*, cudaDataType,
-                            int, const void*, void*, cudaDataType, int, cublasComputeType_t,
-                            cublasGemmAlgo_t) {
-    return CUBLAS_STATUS_NOT_SUPPORTED;
+cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s) {
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    h->stream = s;
+    return CUBLAS_STATUS_SUCCESS;
 }
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t h, void*, size_t) {
+    return h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
 }
+const char* cublasGetStatusString(cublasStatus_t s) {
+    return s == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS"
+                                      : "cuBLAS error (host emulator: unsupported arguments)";
+}
+}  // extern "C"
 
-// ---- CudaScratch (scratch.cpp needs cuBLAS) --------------------------------------------------
-namespace kvrun {
-CudaScratch::~CudaScratch() {
-    std::free(buf_);
+namespace {
+// C[m x n] = alpha * op(A)[m x k] * op(B)[k x n] + beta * C, column-major.
+template <class LA, class LB>
+cublasStatus_t host_gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                         float alpha, LA a, int lda, LB b, int ldb, float beta, float* c, int ldc) {
+    const bool at = ta == CUBLAS_OP_T, bt = tb == CUBLAS_OP_T;
+    if ((ta != CUBLAS_OP_N && !at) || (tb != CUBLAS_OP_N && !bt))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (m < 0 || n < 0 || k < 0 || ldc < std::max(1, m) || lda < std::max(1, at ? k : m) ||
+        ldb < std::max(1, bt ? n : k))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    for (int j = 0; j < n; ++j)
+        for (int i = 0; i < m; ++i) {
+            float acc = 0.0f;
+            for (int p = 0; p < k; ++p) {
+                const float av = at ? a(p + size_t(i) * lda) : a(i + size_t(p) * lda);
+                const float bv = bt ? b(j + size_t(p) * ldb) : b(p + size_t(j) * ldb);
+                acc += av * bv;
+            }
+            float& out = c[i + size_t(j) * ldc];
+            out = beta == 0.0f ? alpha * acc : alpha * acc + beta * out;  // beta 0: C unread
+        }
+    return CUBLAS_STATUS_SUCCESS;
 }
-void CudaScratch::reserve(size_t bytes) {
-    if (bytes <= size_) return;
-    std::free(buf_);
-    buf_ = std::malloc(bytes);  // exact size: ASan sees any overrun of the scratch
-    size_ = bytes;
+auto loader(const void* p, cudaDataType t) {
+    return [p, t](size_t i) -> float {
+        return t == CUDA_R_16F ? __half2float(static_cast<const __half*>(p)[i])
+                               : static_cast<const float*>(p)[i];
+    };
 }
-void* CudaScratch::get(size_t bytes, cudaStream_t) {
-    // A fresh exact-size buffer on every call, so ASan catches overruns and stale reuse.
-    if (bytes != size_) {
-        std::free(buf_);
-        buf_ = std::malloc(bytes ? bytes : 1);
-        size_ = bytes;
-    }
-    return buf_;
+// Runs the GEMM now, or records it (alpha / beta by value, as with CUBLAS_POINTER_MODE_HOST).
+cublasStatus_t gemm_or_record(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                              float alpha, const void* a, cudaDataType at, int lda, const void* b,
+                              cudaDataType bt, int ldb, float beta, float* c, int ldc) {
+    auto run = [=] {
+        return host_gemm(ta, tb, m, n, k, alpha, loader(a, at), lda, loader(b, bt), ldb, beta, c,
+                         ldc);
+    };
+    if (!emu::capturing()) return run();
+    emu::record([run] {
+        if (run() != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("emu: replayed GEMM failed");
+    });
+    return CUBLAS_STATUS_SUCCESS;
 }
-void* CudaScratch::cublas(cudaStream_t) {
-    return nullptr;
+}  // namespace
+
+extern "C" {
+cublasStatus_t cublasSgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                              int n, int k, const float* alpha, const float* a, int lda,
+                              const float* b, int ldb, const float* beta, float* c, int ldc) {
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    return gemm_or_record(ta, tb, m, n, k, *alpha, a, CUDA_R_32F, lda, b, CUDA_R_32F, ldb, *beta, c,
+                          ldc);
 }
-}  // namespace kvrun
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                            int n, int k, const void* alpha, const void* a, cudaDataType at,
+                            int lda, const void* b, cudaDataType bt, int ldb, const void* beta,
+                            void* c, cudaDataType ct, int ldc, cublasComputeType_t comp,
+                            cublasGemmAlgo_t) {
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    // Only what kvrun uses: f16 or f32 inputs, f32 output, f32 compute (f32 alpha / beta).
+    if ((at != CUDA_R_16F && at != CUDA_R_32F) || (bt != CUDA_R_16F && bt != CUDA_R_32F) ||
+        ct != CUDA_R_32F || comp != CUBLAS_COMPUTE_32F)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    return gemm_or_record(ta, tb, m, n, k, *static_cast<const float*>(alpha), a, at, lda, b, bt,
+                          ldb, *static_cast<const float*>(beta), static_cast<float*>(c), ldc);
+}
+}
