@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <utility>
@@ -74,6 +75,30 @@ double compare(Backend& cpu, Backend& gpu, const ForwardBatch& b, int32_t* next 
         *next = int32_t(std::max_element(last, last + n_vocab) - last);
     }
     return nmse(lg, lc);
+}
+
+using StepParts = std::vector<std::pair<SeqId, std::vector<TokenId>>>;
+
+// One step driven by `table` for several backends: appends each part's tokens to its
+// sequence, hands the queued block copies (which also closes the pass for stage reclaiming)
+// to every backend, and returns the batch of those tokens with each part's last token as a
+// logit row.
+ForwardBatch append_step(KvBlockTable& table, const StepParts& parts,
+                         std::initializer_list<Backend*> backends) {
+    std::vector<int32_t> starts;
+    for (const auto& [seq, toks] : parts) {
+        starts.push_back(table.n_tokens(seq));
+        REQUIRE(table.append(seq, toks));
+    }
+    const std::vector<BlockCopy> copies = table.take_pending_copies();
+    if (!copies.empty())
+        for (Backend* be : backends) be->copy_blocks(copies);
+    ForwardBatch fb;
+    for (size_t i = 0; i < parts.size(); ++i) {
+        fb.add_sequence(table, parts[i].first, starts[i], int32_t(parts[i].second.size()));
+        fb.logit_rows.push_back(int32_t(fb.tokens.size()) - 1);
+    }
+    return fb;
 }
 
 // `n` tokens of sequence `seq` starting at slot `pos`, logits for every row.
@@ -249,25 +274,9 @@ TEST_CASE("cuda backend with a q8 / q4 KV cache matches the cpu backend") {
                 // copies the partly filled block's stage, and both continuing in one batch.
                 KvBlockTable table(24, 16, cpu->n_kv_stages());
                 const int64_t n_vocab = cpu->config().n_vocab;
-                auto step = [&](const std::vector<std::pair<SeqId, std::vector<TokenId>>>& parts,
-                                int32_t* next) {
-                    ForwardBatch fb;
-                    std::vector<int32_t> starts;
-                    for (auto& [seq, toks] : parts) {
-                        starts.push_back(table.n_tokens(seq));
-                        REQUIRE(table.append(seq, toks));
-                    }
-                    auto copies = table.take_pending_copies();
-                    if (!copies.empty()) {
-                        cpu->copy_blocks(copies);
-                        gpu->copy_blocks(copies);
-                    }
-                    for (size_t i = 0; i < parts.size(); ++i) {
-                        fb.add_sequence(table, parts[i].first, starts[i],
-                                        int32_t(parts[i].second.size()));
-                        fb.logit_rows.push_back(int32_t(fb.tokens.size()) - 1);
-                    }
-                    return compare(*cpu, *gpu, fb, next);
+                auto step = [&](const StepParts& parts, int32_t* next) {
+                    return compare(*cpu, *gpu, append_step(table, parts, {cpu.get(), gpu.get()}),
+                                   next);
                 };
                 SeqId a = table.create_sequence();
                 std::vector<TokenId> prompt;
@@ -349,25 +358,11 @@ TEST_CASE("cuda graph replay equals eager steps across block seals and scratch g
                 KvBlockTable table(32, 16, cpu->n_kv_stages());
                 const int64_t n_vocab = cpu->config().n_vocab;
                 int n_steps = 0;
-                auto step = [&](const std::vector<std::pair<SeqId, std::vector<TokenId>>>& parts,
-                                int32_t* next) {
+                auto step = [&](const StepParts& parts, int32_t* next) {
                     CAPTURE(n_steps);
                     ++n_steps;
-                    ForwardBatch fb;
-                    std::vector<int32_t> starts;
-                    for (auto& [seq, toks] : parts) {
-                        starts.push_back(table.n_tokens(seq));
-                        REQUIRE(table.append(seq, toks));
-                    }
-                    auto copies = table.take_pending_copies();
-                    if (!copies.empty())
-                        for (Backend* be : {cpu.get(), graph.get(), eager.get()})
-                            be->copy_blocks(copies);
-                    for (size_t i = 0; i < parts.size(); ++i) {
-                        fb.add_sequence(table, parts[i].first, starts[i],
-                                        int32_t(parts[i].second.size()));
-                        fb.logit_rows.push_back(int32_t(fb.tokens.size()) - 1);
-                    }
+                    const ForwardBatch fb =
+                        append_step(table, parts, {cpu.get(), graph.get(), eager.get()});
                     const std::vector<float> lc = logits_of(*cpu, fb);
                     const std::vector<float> lg = logits_of(*graph, fb);
                     const std::vector<float> le = logits_of(*eager, fb);
