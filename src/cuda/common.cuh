@@ -85,6 +85,17 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     return warp_max(v);
 }
 
+// Lets `kernel` take `bytes` (over 48 KiB) of dynamic shared memory. Only outside a graph
+// capture: every captured shape runs eagerly first (CudaBackend::run_step), which sets it.
+template <class Kernel>
+inline void allow_dynamic_smem(Kernel kernel, size_t bytes, cudaStream_t s) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(s, &status));
+    if (status == cudaStreamCaptureStatusNone)
+        CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
 // Byte-packed little-endian loads (GGUF blocks are not naturally aligned).
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) {
     return *reinterpret_cast<const uint16_t*>(p);  // callers guarantee 2-byte alignment

@@ -36,8 +36,20 @@ __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t* w) {
 #pragma unroll
         for (int i = 0; i < kBytes / 4; ++i) w[i] = reinterpret_cast<const uint32_t*>(p)[i];
     } else {
+        // 2-byte aligned: the aligned words around p shifted into place, one 32-bit load per
+        // word instead of two 16-bit ones. The word past the data is loaded only when p is
+        // not 4-byte aligned (then it still holds data), so nothing beyond kBytes is read.
+        constexpr int n = kBytes / 4;
+        const uintptr_t addr = reinterpret_cast<uintptr_t>(p);
+        const uint32_t* a = reinterpret_cast<const uint32_t*>(addr & ~uintptr_t(3));
+        const unsigned shift = unsigned(addr & 2u) * 8u;  // 0 or 16
+        uint32_t lo = a[0];
 #pragma unroll
-        for (int i = 0; i < kBytes / 4; ++i) w[i] = ld_u32_a2(p + 4 * i);
+        for (int i = 0; i < n; ++i) {
+            const uint32_t hi = i + 1 < n ? a[i + 1] : (shift ? a[n] : 0u);
+            w[i] = __funnelshift_r(lo, hi, shift);
+            lo = hi;
+        }
     }
 }
 

@@ -254,6 +254,9 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     for (int n = 0; n < 4; ++n) r |= unsigned(in >> (8 * ((s >> (4 * n)) & 7u)) & 0xffu) << (8 * n);
     return r;
 }
+inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift) {
+    return unsigned(((uint64_t(hi) << 32) | lo) >> (shift & 31u));
+}
 inline int __float2int_rn(float x) {
     if (std::isnan(x)) return 0;
     if (x >= 2147483647.0f) return 2147483647;
