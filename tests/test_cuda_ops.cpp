@@ -189,6 +189,59 @@ TEST_CASE("cuda gemv gives each row the same bits whatever the number of rows") 
     }
 }
 
+TEST_CASE("cuda matmul_qkv and matmul_swiglu give the bits of the separate launches") {
+    // The backend's fused decode launches: q/k/v in one GEMV, gate/up with SiLU(gate) * up
+    // written by the GEMV. Mixed types (Q4_K_M keeps some attn_v / ffn tensors in Q6_K) take
+    // separate launches, more than kCudaGemvMaxRows rows the GEMM path.
+    CudaScratch scratch;
+    const int64_t n_in = 512;
+    struct Types {
+        GgmlType a, b, c;
+    };
+    for (Types ty : {Types{GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q4_0},
+                     Types{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K},
+                     Types{GgmlType::Q8_0, GgmlType::F16, GgmlType::Q8_0},
+                     Types{GgmlType::F32, GgmlType::F32, GgmlType::F32}}) {
+        CAPTURE(ggml_type_name(ty.a));
+        CAPTURE(ggml_type_name(ty.b));
+        CAPTURE(ggml_type_name(ty.c));
+        TestWeights wq = make_weights(ty.a, 256, n_in, 51), wk = make_weights(ty.b, 72, n_in, 52),
+                    wv = make_weights(ty.c, 72, n_in, 53);
+        TestWeights gate = make_weights(ty.a, 200, n_in, 54), up = make_weights(ty.b, 200, n_in, 55);
+        for (int64_t n_rows : {1, 3, 16, 20}) {
+            CAPTURE(n_rows);
+            const std::vector<float> x = random_floats(static_cast<size_t>(n_rows * n_in), 56);
+            DevBuf<float> dx(x);
+            auto run = [&](const TestWeights& w) {
+                DevBuf<float> out(static_cast<size_t>(n_rows * w.host.n_out));
+                cuda_matmul(out.get(), dx.get(), w.device, n_rows, scratch, nullptr);
+                return out.download();
+            };
+            DevBuf<float> q(static_cast<size_t>(n_rows * 256)), k(static_cast<size_t>(n_rows * 72)),
+                v(static_cast<size_t>(n_rows * 72));
+            cuda_matmul_qkv(q.get(), k.get(), v.get(), dx.get(), wq.device, wk.device, wv.device,
+                            n_rows, scratch, nullptr);
+            auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+                return a.size() == b.size() &&
+                       std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+            };
+            CHECK(same_bits(q.download(), run(wq)));
+            CHECK(same_bits(k.download(), run(wk)));
+            CHECK(same_bits(v.download(), run(wv)));
+
+            std::vector<float> want = run(gate);
+            const std::vector<float> u = run(up);
+            DevBuf<float> dg(want), du(u), dwant(want.size());
+            cuda_swiglu(dwant.get(), dg.get(), du.get(), int64_t(want.size()), nullptr);
+            want = dwant.download();
+            DevBuf<float> out(want.size()), up_buf(want.size());
+            cuda_matmul_swiglu(out.get(), up_buf.get(), dx.get(), gate.device, up.device, n_rows,
+                               scratch, nullptr);
+            CHECK(same_bits(out.download(), want));
+        }
+    }
+}
+
 TEST_CASE("cuda gemm (f16 tensor cores) and cuda_matmul match cpu::matmul for every type") {
     CudaScratch scratch;
     for (GgmlType t : cuda_weight_types()) {

@@ -85,6 +85,11 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     return warp_max(v);
 }
 
+// SwiGLU's gate: silu(g) * u, the one formula of every kernel that applies it.
+__device__ __forceinline__ float silu_mul(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
+
 // Lets `kernel` take `bytes` (over 48 KiB) of dynamic shared memory. Only outside a graph
 // capture: every captured shape runs eagerly first (CudaBackend::run_step), which sets it.
 template <class Kernel>

@@ -430,9 +430,7 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
         const DeviceLayer& w = layers_[size_t(l)];
         // Attention block.
         cuda_rmsnorm(xb_, x_, w.attn_norm, T, c.n_embd, c.norm_eps, s);
-        cuda_matmul(q_, xb_, w.wq, T, scratch_, s);
-        cuda_matmul(k_, xb_, w.wk, T, scratch_, s);
-        cuda_matmul(v_, xb_, w.wv, T, scratch_, s);
+        cuda_matmul_qkv(q_, k_, v_, xb_, w.wq, w.wk, w.wv, T, scratch_, s);
         if (w.bq) {
             cuda_add_bias(q_, w.bq, T, c.q_dim(), s);
             cuda_add_bias(k_, w.bk, T, c.kv_dim(), s);
@@ -453,9 +451,7 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
         cuda_add(x_, xb_, T * c.n_embd, s);
         // Feed-forward block.
         cuda_rmsnorm(xb_, x_, w.ffn_norm, T, c.n_embd, c.norm_eps, s);
-        cuda_matmul(gate_, xb_, w.w_gate, T, scratch_, s);
-        cuda_matmul(up_, xb_, w.w_up, T, scratch_, s);
-        cuda_swiglu(gate_, gate_, up_, T * c.n_ff, s);
+        cuda_matmul_swiglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s);
         cuda_matmul(xb_, gate_, w.w_down, T, scratch_, s);
         cuda_add(x_, xb_, T * c.n_embd, s);
     }

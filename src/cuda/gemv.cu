@@ -25,6 +25,11 @@ constexpr int kRowsPerWarp = 2;
 constexpr int kRowsPerBlock = kWarpsPerBlock * kRowsPerWarp;
 constexpr int kMaxRows = 16;  // activation rows per pass (template R is 1, 2, 4, 8 or 16)
 
+// Float weights whose rows allow 16-byte loads (8 elements per item).
+bool gemv_vec(const WeightView& w) {
+    return w.row_bytes % 16 == 0 && w.n_in % 8 == 0;
+}
+
 // Staging geometry for loader L and R activation rows: items per chunk (a multiple of 32,
 // so every lane keeps its item order; ~18 KiB for kItem = 32 up to R = 4) and the padded
 // item stride in floats.
@@ -70,24 +75,62 @@ __device__ __forceinline__ void gemv_item(float (&acc)[kRowsPerWarp][R], const f
     }
 }
 
-// out: [n_rows][n_out], x: [n_rows][n_in] (16-byte aligned rows when kItem % 4 == 0),
-// w: n_out rows of row_bytes. n_rows <= R. Dynamic shared memory: XStage<L, R>::kBytes.
+// One matrix of a launch: n_out rows of row_bytes at w; its blocks are those below
+// blocks_end (and at or above the previous matrix's blocks_end).
+struct GemvMatrix {
+    const uint8_t* w;
+    float* out;  // [n_rows][n_out]
+    int64_t n_out;
+    size_t row_bytes;
+    unsigned blocks_end;
+};
+
+// Up to kMaxMatrices matrices of one weight type and n_in applied to the same x in one launch
+// (q, k and v of a layer). With `swiglu`, m[0] is the gate and m[1] the up projection of the
+// same shape, and each warp computes gate row o and up row o and writes silu(gate) * up to
+// m[0].out: the feed-forward's first half in one launch, without the two intermediate rows.
+// Either way each output is the same bits as a launch of its matrix alone.
+constexpr int kMaxMatrices = 3;
+struct GemvJob {
+    const float* x;  // [n_rows][n_in]
+    int64_t n_in;
+    int n_rows;
+    bool swiglu;
+    int n_matrices;
+    GemvMatrix m[kMaxMatrices];
+};
+
+// x: 16-byte aligned rows when kItem % 4 == 0; n_rows <= R. Dynamic shared memory:
+// XStage<L, R>::kBytes.
 template <class L, int R>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    gemv_kernel(float* __restrict__ out, const float* __restrict__ x, const uint8_t* __restrict__ w,
-                size_t row_bytes, int64_t n_in, int64_t n_out, int n_rows) {
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const GemvJob job) {
     constexpr int kItem = L::kItem;
     using Stage = XStage<L, R>;
     extern __shared__ __align__(16) unsigned char gemv_smem[];
     float* xs = reinterpret_cast<float*>(gemv_smem);  // [R][kChunk][kStride]
-    const int lane = threadIdx.x % 32;
-    const int64_t o0 = (int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32) * kRowsPerWarp;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    // This block's matrix (constant indices: a computed index into the parameter struct
+    // would copy it to local memory).
+    const int mi = blockIdx.x < job.m[0].blocks_end                             ? 0
+                   : job.n_matrices > 2 && blockIdx.x >= job.m[1].blocks_end ? 2
+                                                                               : 1;
+    const GemvMatrix mat = mi == 0 ? job.m[0] : mi == 1 ? job.m[1] : job.m[2];
+    const unsigned block = blockIdx.x - (mi == 0 ? 0u : mi == 1 ? job.m[0].blocks_end
+                                                                : job.m[1].blocks_end);
+    // The warp's two weight rows: o0 and o0 + 1 of the matrix, or (swiglu) row o0 of the
+    // gate and of the up projection.
+    const int64_t o0 = job.swiglu ? int64_t(block) * kWarpsPerBlock + warp
+                                  : (int64_t(block) * kWarpsPerBlock + warp) * kRowsPerWarp;
     // A warp past the last row still helps stage x (the barriers need every thread).
-    const bool active = o0 < n_out;
-    const bool has_second = o0 + 1 < n_out;
-    const uint8_t* row0 = w + (active ? o0 : 0) * row_bytes;
-    const uint8_t* row1 = has_second ? row0 + row_bytes : row0;  // duplicate, result unused
-    const int64_t n_items = n_in / kItem;
+    const bool active = o0 < mat.n_out;
+    const bool has_second = job.swiglu || o0 + 1 < mat.n_out;
+    const uint8_t* row0 = mat.w + (active ? o0 : 0) * mat.row_bytes;
+    const uint8_t* row1 = job.swiglu   ? job.m[1].w + (active ? o0 : 0) * mat.row_bytes
+                          : has_second ? row0 + mat.row_bytes
+                                       : row0;  // duplicate, result unused
+    const int64_t n_in = job.n_in, n_items = n_in / kItem;
+    const int n_rows = job.n_rows;
+    const float* x = job.x;
     float acc[kRowsPerWarp][R];
 #pragma unroll
     for (int k = 0; k < kRowsPerWarp; ++k)
@@ -129,40 +172,89 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
         const float s0 = cu::warp_sum(acc[0][r]);
         const float s1 = cu::warp_sum(acc[1][r]);
         if (lane == 0 && r < n_rows) {
-            out[r * n_out + o0] = s0;
-            if (has_second) out[r * n_out + o0 + 1] = s1;
+            if (job.swiglu) {
+                mat.out[r * mat.n_out + o0] = cu::silu_mul(s0, s1);
+            } else {
+                mat.out[r * mat.n_out + o0] = s0;
+                if (has_second) mat.out[r * mat.n_out + o0 + 1] = s1;
+            }
         }
     }
 }
 
 template <class L, int R>
-void launch_gemv_rows(float* out, const float* x, const WeightView& w, int n_rows,
-                      cudaStream_t s) {
+void launch_gemv_rows(const GemvJob& job, cudaStream_t s) {
     constexpr size_t smem = XStage<L, R>::kBytes;
     if constexpr (smem > 48 * 1024) cu::allow_dynamic_smem(gemv_kernel<L, R>, smem, s);
-    const dim3 grid(unsigned(cu::ceil_div(w.n_out, kRowsPerBlock)));
-    gemv_kernel<L, R><<<grid, kWarpsPerBlock * 32, smem, s>>>(
-        out, x, static_cast<const uint8_t*>(w.data), w.row_bytes, w.n_in, w.n_out, n_rows);
+    gemv_kernel<L, R>
+        <<<job.m[job.n_matrices - 1].blocks_end, kWarpsPerBlock * 32, smem, s>>>(job);
     CUDA_CHECK_LAUNCH();
 }
 
+// Runs `job` (x and n_rows of its first pass set by the caller) in passes of up to kMaxRows
+// activation rows.
 template <class L>
-void launch_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows, cudaStream_t s) {
+void launch_gemv(GemvJob job, int64_t n_rows, cudaStream_t s) {
+    const float* x = job.x;
+    float* outs[kMaxMatrices];
+    for (int i = 0; i < job.n_matrices; ++i) outs[i] = job.m[i].out;
     for (int64_t r0 = 0; r0 < n_rows; r0 += kMaxRows) {
         const int nr = int(n_rows - r0 < kMaxRows ? n_rows - r0 : kMaxRows);
-        float* o = out + r0 * w.n_out;
-        const float* xr = x + r0 * w.n_in;
+        job.x = x + r0 * job.n_in;
+        job.n_rows = nr;
+        for (int i = 0; i < job.n_matrices; ++i) job.m[i].out = outs[i] + r0 * job.m[i].n_out;
         if (nr == 1)
-            launch_gemv_rows<L, 1>(o, xr, w, nr, s);
+            launch_gemv_rows<L, 1>(job, s);
         else if (nr == 2)
-            launch_gemv_rows<L, 2>(o, xr, w, nr, s);
+            launch_gemv_rows<L, 2>(job, s);
         else if (nr <= 4)
-            launch_gemv_rows<L, 4>(o, xr, w, nr, s);
+            launch_gemv_rows<L, 4>(job, s);
         else if (nr <= 8)
-            launch_gemv_rows<L, 8>(o, xr, w, nr, s);
+            launch_gemv_rows<L, 8>(job, s);
         else
-            launch_gemv_rows<L, 16>(o, xr, w, nr, s);
+            launch_gemv_rows<L, 16>(job, s);
     }
+}
+
+// Checks w against cuda_gemv's preconditions for input x.
+void check_gemv(const WeightView& w, const float* x, int64_t n_rows) {
+    CUDA_REQUIRE(cuda_supports_weight_type(w.type), "cuda_gemv: unsupported weight type");
+    const int64_t be = cu::weight_block_elems(w.type);
+    CUDA_REQUIRE(w.n_in > 0 && w.n_out > 0 && n_rows >= 0, "cuda_gemv: bad shape");
+    CUDA_REQUIRE(w.n_in % be == 0, "cuda_gemv: n_in is not a whole number of blocks");
+    CUDA_REQUIRE(w.row_bytes == size_t(w.n_in / be) * cu::weight_block_bytes(w.type),
+                 "cuda_gemv: row_bytes does not match the type and n_in");
+    CUDA_REQUIRE(reinterpret_cast<uintptr_t>(w.data) % 16 == 0,
+                 "cuda_gemv: weight data must be 16-byte aligned");
+    // Items of >= 4 elements read x with 16-byte loads.
+    CUDA_REQUIRE(((be == 1 && !gemv_vec(w)) || (reinterpret_cast<uintptr_t>(x) % 16 == 0)),
+                 "cuda_gemv: x must be 16-byte aligned");
+}
+
+// Runs the matrices ws[0..n) (same type and n_in, checked) on x in one launch per pass.
+void gemv_many(float* const* outs, const WeightView* const* ws, int n, const float* x,
+               int64_t n_rows, bool swiglu, cudaStream_t s) {
+    GemvJob job{};
+    job.x = x;
+    job.n_in = ws[0]->n_in;
+    job.swiglu = swiglu;
+    job.n_matrices = swiglu ? 1 : n;
+    const int64_t rows_per_block = swiglu ? kWarpsPerBlock : kRowsPerBlock;
+    unsigned blocks = 0;
+    for (int i = 0; i < n; ++i) {
+        check_gemv(*ws[i], x, n_rows);
+        blocks += unsigned(cu::ceil_div(ws[i]->n_out, rows_per_block));
+        job.m[i] = {static_cast<const uint8_t*>(ws[i]->data), outs[i], ws[i]->n_out,
+                    ws[i]->row_bytes, blocks};
+    }
+    if (n_rows == 0) return;
+    cu::with_loader(ws[0]->type, gemv_vec(*ws[0]), [&](auto tag) {
+        launch_gemv<typename decltype(tag)::type>(job, n_rows, s);
+    });
+}
+
+bool same_layout(const WeightView& a, const WeightView& b) {
+    return a.type == b.type && a.n_in == b.n_in && gemv_vec(a) == gemv_vec(b);
 }
 
 }  // namespace
@@ -172,22 +264,43 @@ bool cuda_supports_weight_type(GgmlType t) {
 }
 
 void cuda_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows, cudaStream_t s) {
-    CUDA_REQUIRE(cuda_supports_weight_type(w.type), "cuda_gemv: unsupported weight type");
-    const int64_t be = cu::weight_block_elems(w.type);
-    CUDA_REQUIRE(w.n_in > 0 && w.n_out > 0 && n_rows >= 0, "cuda_gemv: bad shape");
-    CUDA_REQUIRE(w.n_in % be == 0, "cuda_gemv: n_in is not a whole number of blocks");
-    CUDA_REQUIRE(w.row_bytes == size_t(w.n_in / be) * cu::weight_block_bytes(w.type),
-                 "cuda_gemv: row_bytes does not match the type and n_in");
-    CUDA_REQUIRE(reinterpret_cast<uintptr_t>(w.data) % 16 == 0,
-                 "cuda_gemv: weight data must be 16-byte aligned");
-    if (n_rows == 0) return;
-    const bool vec = w.row_bytes % 16 == 0 && w.n_in % 8 == 0;
-    // Items of >= 4 elements read x with 16-byte loads.
-    CUDA_REQUIRE(((be == 1 && !vec) || (reinterpret_cast<uintptr_t>(x) % 16 == 0)),
-                 "cuda_gemv: x must be 16-byte aligned");
-    cu::with_loader(w.type, vec, [&](auto tag) {
-        launch_gemv<typename decltype(tag)::type>(out, x, w, n_rows, s);
-    });
+    const WeightView* ws[] = {&w};
+    gemv_many(&out, ws, 1, x, n_rows, false, s);
+}
+
+void cuda_matmul_qkv(float* q, float* k, float* v, const float* x, const WeightView& wq,
+                     const WeightView& wk, const WeightView& wv, int64_t n_rows,
+                     CudaScratch& scratch, cudaStream_t s) {
+    if (n_rows > kCudaGemvMaxRows) {
+        cuda_matmul(q, x, wq, n_rows, scratch, s);
+        cuda_matmul(k, x, wk, n_rows, scratch, s);
+        cuda_matmul(v, x, wv, n_rows, scratch, s);
+        return;
+    }
+    // Consecutive matrices of one layout share a launch (Q4_K_M files store some attn_v
+    // tensors as Q6_K: then q and k go together and v alone).
+    float* outs[] = {q, k, v};
+    const WeightView* ws[] = {&wq, &wk, &wv};
+    for (int i = 0; i < 3;) {
+        int n = 1;
+        while (i + n < 3 && same_layout(*ws[i], *ws[i + n])) ++n;
+        gemv_many(outs + i, ws + i, n, x, n_rows, false, s);
+        i += n;
+    }
+}
+
+void cuda_matmul_swiglu(float* out, float* up_buf, const float* x, const WeightView& gate,
+                        const WeightView& up, int64_t n_rows, CudaScratch& scratch,
+                        cudaStream_t s) {
+    if (n_rows > kCudaGemvMaxRows || !same_layout(gate, up) || gate.n_out != up.n_out) {
+        cuda_matmul(out, x, gate, n_rows, scratch, s);
+        cuda_matmul(up_buf, x, up, n_rows, scratch, s);
+        cuda_swiglu(out, out, up_buf, n_rows * gate.n_out, s);
+        return;
+    }
+    float* outs[] = {out, up_buf};
+    const WeightView* ws[] = {&gate, &up};
+    gemv_many(outs, ws, 2, x, n_rows, true, s);
 }
 
 }  // namespace kvrun

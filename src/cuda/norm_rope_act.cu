@@ -73,8 +73,7 @@ __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ p
 __global__ void swiglu_kernel(float* out, const float* gate, const float* up, int64_t n) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float g = gate[i];
-    out[i] = g / (1.0f + expf(-g)) * up[i];
+    out[i] = cu::silu_mul(gate[i], up[i]);
 }
 
 __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t n) {

@@ -89,6 +89,18 @@ void cuda_matmul(float* out, const float* x, const WeightView& w, int64_t n_rows
 void cuda_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows, cudaStream_t s);
 void cuda_gemm(float* out, const float* x, const WeightView& w, int64_t n_rows,
                CudaScratch& scratch, cudaStream_t s);
+// cuda_matmul of x with wq, wk and wv into q, k and v. Up to kCudaGemvMaxRows rows,
+// matrices of one weight type and width share one GEMV launch (same bits as three calls).
+void cuda_matmul_qkv(float* q, float* k, float* v, const float* x, const WeightView& wq,
+                     const WeightView& wk, const WeightView& wv, int64_t n_rows,
+                     CudaScratch& scratch, cudaStream_t s);
+// out = silu(x W_gate^T) * (x W_up^T): [n_rows][gate.n_out]. Up to kCudaGemvMaxRows rows with
+// gate and up of one type and shape: one GEMV launch whose warps compute a gate row and the
+// matching up row and write the product (same bits as two cuda_matmul calls and
+// cuda_swiglu); otherwise exactly those, with up_buf ([n_rows][up.n_out]) for the up rows.
+void cuda_matmul_swiglu(float* out, float* up_buf, const float* x, const WeightView& gate,
+                        const WeightView& up, int64_t n_rows, CudaScratch& scratch,
+                        cudaStream_t s);
 
 // ---- paged KV cache (kv_write.cu, attention_*.cu) ----------------------------------------
 
