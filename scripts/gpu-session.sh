@@ -66,6 +66,11 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
       --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
     echo >> "$OUT/bench.md"
   done
+  # A/B: decode attention with the general tiled kernel instead of the register-resident
+  # decode kernel (attention_decode.cu), where attention matters most (MHA, depth 4096).
+  echo "### llama2-7b-Q4_0, decode attention: tiled kernel (KVRUN_DECODE_ATTN=tiled)" >> "$OUT/bench.md"
+  KVRUN_DECODE_ATTN=tiled $K bench -m /tmp/models/llama2-7b-Q4_0.gguf -p 0 -n 128 -r 3 --depth 4096 \
+    --kv-types f16,q8 -o md --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
 fi
 
 if [ "$what" = all ] || [ "$what" = spec ]; then
