@@ -45,6 +45,13 @@ inline double nmse(const std::vector<float>& a, const std::vector<float>& b) {
     return den > 0 ? num / den : num;
 }
 
+// a and b hold the same bytes (so +0 / -0 and NaN payloads count, unlike ==).
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() &&
+           (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
 inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> dist(0.0f, scale);

@@ -1,6 +1,6 @@
-// Small dense ops of the forward pass: RMSNorm, softmax (one block per row), RoPE (one
-// thread per rotated pair), SwiGLU, residual add, bias add and row gather (one thread per
-// element).
+// Small dense ops of the forward pass: RMSNorm, residual add + RMSNorm, softmax (one block
+// per row), RoPE (one thread per rotated pair), SwiGLU, residual add, bias add and row gather
+// (one thread per element).
 #include <cstdint>
 
 #include "cuda/common.cuh"
@@ -25,6 +25,28 @@ __global__ void rmsnorm_kernel(float* out, const float* x, const float* __restri
     float* outr = out + int64_t(blockIdx.x) * dim;
     float ss = 0.0f;
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = cu::block_sum(ss, scratch);
+    const float inv = rsqrtf(ss / float(dim) + eps);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) outr[i] = xr[i] * inv * w[i];
+}
+
+// x += y, then out = rmsnorm(x) * w (x, y, out: [n_rows][dim], w: [dim]); one block per
+// row. The sum of squares runs in rmsnorm_kernel's order (same block size, thread
+// striding and block_sum, each term an FMA of the stored x) so x and out get the bits of
+// add_kernel followed by rmsnorm_kernel. out may equal y (a thread writes only the out
+// elements whose y it has read, before the block_sum barrier), not x.
+__global__ void add_rmsnorm_kernel(float* x, const float* y, float* out,
+                                   const float* __restrict__ w, int64_t dim, float eps) {
+    __shared__ float scratch[32];
+    float* xr = x + int64_t(blockIdx.x) * dim;
+    const float* yr = y + int64_t(blockIdx.x) * dim;
+    float* outr = out + int64_t(blockIdx.x) * dim;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = xr[i] + yr[i];
+        xr[i] = v;
+        ss += v * v;
+    }
     ss = cu::block_sum(ss, scratch);
     const float inv = rsqrtf(ss / float(dim) + eps);
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) outr[i] = xr[i] * inv * w[i];
@@ -140,6 +162,16 @@ void cuda_rmsnorm(float* out, const float* x, const float* w, int64_t n_rows, in
     if (n_rows == 0) return;
     CUDA_REQUIRE(n_rows <= INT32_MAX, "cuda_rmsnorm: too many rows");
     rmsnorm_kernel<<<unsigned(n_rows), kRowThreads, 0, s>>>(out, x, w, dim, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_add_rmsnorm(float* x, const float* y, float* out, const float* w, int64_t n_rows,
+                      int64_t dim, float eps, cudaStream_t s) {
+    CUDA_REQUIRE(n_rows >= 0 && dim > 0, "cuda_add_rmsnorm: bad shape");
+    CUDA_REQUIRE(out != x && y != x, "cuda_add_rmsnorm: out and y must not alias x");
+    if (n_rows == 0) return;
+    CUDA_REQUIRE(n_rows <= INT32_MAX, "cuda_add_rmsnorm: too many rows");
+    add_rmsnorm_kernel<<<unsigned(n_rows), kRowThreads, 0, s>>>(x, y, out, w, dim, eps);
     CUDA_CHECK_LAUNCH();
 }
 

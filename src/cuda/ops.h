@@ -44,6 +44,11 @@ class CudaScratch {
 // out may equal x (also for cuda_swiglu's out and gate).
 void cuda_rmsnorm(float* out, const float* x, const float* w, int64_t n_rows, int64_t dim,
                   float eps, cudaStream_t s);
+// Residual add fused with the next RMSNorm, one launch: x += y, then out = rmsnorm(x) * w
+// (x, y, out: [n_rows][dim], w: [dim]). x and out get the same bits as cuda_add(x, y,
+// n_rows * dim) followed by cuda_rmsnorm(out, x, w, ...). out may equal y (not x).
+void cuda_add_rmsnorm(float* x, const float* y, float* out, const float* w, int64_t n_rows,
+                      int64_t dim, float eps, cudaStream_t s);
 // Adds bias[n] to every row of x: [n_rows][n]
 void cuda_add_bias(float* x, const float* bias, int64_t n_rows, int64_t n, cudaStream_t s);
 // RoPE in place on x: [n_tokens][n_heads][head_dim]; pos: [n_tokens] (device). See cpu::rope.
