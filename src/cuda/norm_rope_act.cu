@@ -5,6 +5,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/ops.h"
+#include "cuda/rope.cuh"
 
 namespace kvrun {
 namespace {
@@ -71,7 +72,7 @@ __global__ void softmax_kernel(float* __restrict__ x, int64_t n) {
 }
 
 // x: [n_tokens][n_heads][head_dim]; one thread per rotated pair (t, h, i), i < n_rot / 2.
-// The angle is computed in double so it stays exact for long positions.
+// The math is rope.cuh's (shared with the fused RoPE + KV write of kv_write.cu).
 __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ pos,
                             int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t n_rot,
                             float freq_base, float freq_scale, bool neox) {
@@ -79,16 +80,12 @@ __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ p
     const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx >= n_tokens * n_heads * half) return;
     const int64_t i = idx % half, th = idx / half, t = th / n_heads;
-    const double inv_freq = pow(double(freq_base), -2.0 * double(i) / double(n_rot));
-    const double theta = double(pos[t]) * double(freq_scale) * inv_freq;
-    double sd, cd;
-    sincos(theta, &sd, &cd);
-    const float c = float(cd), s = float(sd);
+    const float2 cs = cu::rope_cos_sin(pos[t], i, n_rot, freq_base, freq_scale);
     float* head = x + th * head_dim;
-    const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-    const float x0 = head[a], x1 = head[b];
-    head[a] = x0 * c - x1 * s;
-    head[b] = x0 * s + x1 * c;
+    const int2 ab = cu::rope_pair(int(i), int(n_rot), neox);
+    const float2 y = cu::rope_rotate(head[ab.x], head[ab.y], cs);
+    head[ab.x] = y.x;
+    head[ab.y] = y.y;
 }
 
 // out may alias gate or up (elementwise).
