@@ -50,38 +50,100 @@ double byte_mismatch(const std::vector<uint8_t>& a, const std::vector<uint8_t>& 
     return a.empty() ? 0.0 : double(n) / double(a.size());
 }
 
+// One layer's K / V pools and stages (zeroed) in device memory, shaped by sh.
+struct DevCache {
+    DevBuf<uint8_t> k, v, k_stage, v_stage;
+    KvLayerView view;
+    DevCache(const Shape& sh, int64_t n_blocks) {
+        const int64_t bs = sh.block_size, hd = sh.head_dim;
+        k = DevBuf<uint8_t>(
+            size_t(n_blocks * sh.n_kv_head * kv_head_block_bytes(sh.k_type, KvRole::K, bs, hd)));
+        v = DevBuf<uint8_t>(
+            size_t(n_blocks * sh.n_kv_head * kv_head_block_bytes(sh.v_type, KvRole::V, bs, hd)));
+        k_stage = DevBuf<uint8_t>(size_t(sh.n_stages * sh.n_kv_head * bs * hd * 2));
+        v_stage = DevBuf<uint8_t>(k_stage.size());
+        for (auto* b : {&k, &v, &k_stage, &v_stage}) b->zero();
+        view = {sh.k_type, sh.v_type, k.get(),       v.get(),       n_blocks,   sh.n_kv_head,
+                bs,        hd,        k_stage.get(), v_stage.get(), sh.n_stages};
+    }
+    void copy(const BlockCopy& c) const {
+        cuda_kv_copy(view, c.src, c.dst, c.src_stage, c.dst_stage, c.n_rows, nullptr);
+    }
+};
+
+// The host arrays of a KvBatchView for a pass that appended n_new[i] tokens to seqs[i]:
+// token i of the batch belongs to batch sequence seq[i] (an index into seqs).
+struct HostBatch {
+    std::vector<int32_t> table, seq, slot, stage;  // stage: -1 without staging
+    int64_t max_blocks = 1;
+    int64_t n_tokens() const { return int64_t(seq.size()); }
+    KvBatchView view() const {
+        return {seq.data(), slot.data(), table.data(), max_blocks, n_tokens(), stage.data()};
+    }
+};
+
+// A HostBatch in device memory. with_stages false: no token_stage (an unstaged cache).
+struct DevBatch {
+    DevBuf<int32_t> seq, slot, stage, table;
+    KvBatchView view;
+    explicit DevBatch(const HostBatch& b, bool with_stages = true)
+        : seq(b.seq), slot(b.slot), stage(b.stage), table(b.table) {
+        view = {seq.get(),    slot.get(),   table.get(),
+                b.max_blocks, b.n_tokens(), with_stages ? stage.get() : nullptr};
+    }
+};
+
+HostBatch make_batch(const KvBlockTable& t, const std::vector<SeqId>& seqs,
+                     const std::vector<int32_t>& n_new) {
+    HostBatch b;
+    for (SeqId s : seqs) b.max_blocks = std::max<int64_t>(b.max_blocks, t.block_ids(s).size());
+    b.table.assign(seqs.size() * size_t(b.max_blocks), -1);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+        const auto& ids = t.block_ids(seqs[i]);
+        std::copy(ids.begin(), ids.end(), b.table.begin() + int64_t(i) * b.max_blocks);
+        const int32_t len = t.n_tokens(seqs[i]);
+        for (int32_t j = len - n_new[i]; j < len; ++j) {
+            b.seq.push_back(int32_t(i));
+            b.slot.push_back(j);
+            b.stage.push_back(t.stage_of_slot(seqs[i], j));
+        }
+    }
+    return b;
+}
+
+// Appends n_new[i] tokens to seqs[i]; false when the table refused one (some may have been
+// appended then: the callers give up on the scenario).
+bool append_all(KvBlockTable& t, const std::vector<SeqId>& seqs, const std::vector<int32_t>& n_new,
+                uint32_t seed) {
+    for (size_t i = 0; i < seqs.size(); ++i) {
+        std::vector<TokenId> ids(size_t(n_new[i]), TokenId(seed % 97));
+        if (!t.append(seqs[i], ids)) return false;
+    }
+    return true;
+}
+
 class Mirror {
   public:
     Mirror(const Shape& sh, int64_t n_blocks)
-        : sh_(sh), table_(int32_t(n_blocks), int32_t(sh.block_size), sh.n_stages) {
+        : sh_(sh),
+          table_(int32_t(n_blocks), int32_t(sh.block_size), sh.n_stages),
+          dev_(sh, n_blocks) {
         const int64_t bs = sh.block_size, hd = sh.head_dim;
-        hk_.assign(
-            size_t(n_blocks * sh.n_kv_head * kv_head_block_bytes(sh.k_type, KvRole::K, bs, hd)), 0);
-        hv_.assign(
-            size_t(n_blocks * sh.n_kv_head * kv_head_block_bytes(sh.v_type, KvRole::V, bs, hd)), 0);
-        hks_.assign(size_t(sh.n_stages * sh.n_kv_head * bs * hd * 2), 0);
+        hk_.assign(dev_.k.size(), 0);
+        hv_.assign(dev_.v.size(), 0);
+        hks_.assign(dev_.k_stage.size(), 0);
         hvs_.assign(hks_.size(), 0);
-        dk_ = DevBuf<uint8_t>(hk_.size());
-        dv_ = DevBuf<uint8_t>(hv_.size());
-        dks_ = DevBuf<uint8_t>(hks_.size());
-        dvs_ = DevBuf<uint8_t>(hvs_.size());
-        for (auto* b : {&dk_, &dv_, &dks_, &dvs_}) b->zero();
         hkv_ = {sh.k_type, sh.v_type, hk_.data(),  hv_.data(),  n_blocks,   sh.n_kv_head,
                 bs,        hd,        hks_.data(), hvs_.data(), sh.n_stages};
-        dkv_ = {sh.k_type, sh.v_type, dk_.get(),  dv_.get(),  n_blocks,   sh.n_kv_head,
-                bs,        hd,        dks_.get(), dvs_.get(), sh.n_stages};
     }
     KvBlockTable& table() { return table_; }
     const CopyCounts& copies() const { return copies_; }
 
     // One pass: appends n_new[i] tokens to seqs[i], runs the queued copies, writes random
     // K/V on both sides and compares caches and attention. Returns false when the table
-    // refused an append (then nothing ran).
+    // refused an append.
     bool pass(const std::vector<SeqId>& seqs, const std::vector<int32_t>& n_new, uint32_t seed) {
-        for (size_t i = 0; i < seqs.size(); ++i) {
-            std::vector<TokenId> ids(size_t(n_new[i]), TokenId(seed % 97));
-            if (!table_.append(seqs[i], ids)) return false;
-        }
+        if (!append_all(table_, seqs, n_new, seed)) return false;
         for (const BlockCopy& c : table_.take_pending_copies()) {
             if (c.dst_stage < 0) {
                 ++copies_.pool;
@@ -92,52 +154,39 @@ class Mirror {
                 copies_.restore_cow += c.src != c.dst;
             }
             cpu::kv_copy(hkv_, c.src, c.dst, c.src_stage, c.dst_stage, c.n_rows);
-            cuda_kv_copy(dkv_, c.src, c.dst, c.src_stage, c.dst_stage, c.n_rows, nullptr);
+            dev_.copy(c);
         }
-        int64_t max_blocks = 1;
-        for (SeqId s : seqs) max_blocks = std::max<int64_t>(max_blocks, table_.block_ids(s).size());
-        std::vector<int32_t> flat(seqs.size() * size_t(max_blocks), -1), t_seq, t_slot, t_stage;
-        for (size_t i = 0; i < seqs.size(); ++i) {
-            const auto& ids = table_.block_ids(seqs[i]);
-            std::copy(ids.begin(), ids.end(), flat.begin() + int64_t(i) * max_blocks);
-            const int32_t len = table_.n_tokens(seqs[i]);
-            for (int32_t j = len - n_new[i]; j < len; ++j) {
-                t_seq.push_back(int32_t(i));
-                t_slot.push_back(j);
-                t_stage.push_back(table_.stage_of_slot(seqs[i], j));
-            }
-        }
-        const int64_t nt = int64_t(t_seq.size());
+        const HostBatch b = make_batch(table_, seqs, n_new);
+        const int64_t nt = b.n_tokens();
         const int64_t rows = nt * sh_.n_kv_head * sh_.head_dim;
         const auto k = random_floats(size_t(rows), seed * 3 + 1);
         const auto v = random_floats(size_t(rows), seed * 3 + 2);
         const int64_t n_head = sh_.n_kv_head * sh_.group;
         const auto q = random_floats(size_t(nt * n_head * sh_.head_dim), seed * 3 + 3);
-        const KvBatchView hb{t_seq.data(), t_slot.data(), flat.data(), max_blocks,
-                             nt,           t_stage.data()};
+        const KvBatchView hb = b.view();
         cpu::kv_write(hkv_, hb, k.data(), v.data());
         std::vector<float> ref(q.size());
         const float scale = 1.0f / std::sqrt(float(sh_.head_dim));
         cpu::paged_attention(ref.data(), q.data(), hkv_, hb, n_head, scale);
 
-        DevBuf<int32_t> dseq(t_seq), dslot(t_slot), dstage(t_stage), dtable(flat);
+        const DevBatch d(b);
+        const KvBatchView& db = d.view;
+        const KvLayerView& dkv = dev_.view;
         DevBuf<float> dkin(k), dvin(v), dq(q), dout(q.size());
-        const KvBatchView db{dseq.get(), dslot.get(), dtable.get(), max_blocks, nt, dstage.get()};
-        cuda_kv_write(dkv_, db, dkin.get(), dvin.get(), nullptr);
+        cuda_kv_write(dkv, db, dkin.get(), dvin.get(), nullptr);
         // Sealed pools and stages: the same bytes (the codec rounds identically).
-        CHECK(byte_mismatch(dk_.download(), hk_) == 0.0);
-        CHECK(byte_mismatch(dv_.download(), hv_) == 0.0);
-        CHECK(byte_mismatch(dks_.download(), hks_) == 0.0);
-        CHECK(byte_mismatch(dvs_.download(), hvs_) == 0.0);
+        CHECK(byte_mismatch(dev_.k.download(), hk_) == 0.0);
+        CHECK(byte_mismatch(dev_.v.download(), hv_) == 0.0);
+        CHECK(byte_mismatch(dev_.k_stage.download(), hks_) == 0.0);
+        CHECK(byte_mismatch(dev_.v_stage.download(), hvs_) == 0.0);
         CudaScratch scratch;
-        cuda_paged_attention_decode(dout.get(), dq.get(), dkv_, db, n_head, scale, scratch,
-                                    nullptr);
+        cuda_paged_attention_decode(dout.get(), dq.get(), dkv, db, n_head, scale, scratch, nullptr);
         CHECK(nmse(dout.download(), ref) < kAttnBound);
         dout.zero();
-        cuda_paged_attention_prefill(dout.get(), dq.get(), dkv_, db, n_head, scale, nullptr);
+        cuda_paged_attention_prefill(dout.get(), dq.get(), dkv, db, n_head, scale, nullptr);
         CHECK(nmse(dout.download(), ref) < kAttnBound);
         dout.zero();
-        cuda_paged_attention(dout.get(), dq.get(), dkv_, db, n_head, scale, scratch, nullptr);
+        cuda_paged_attention(dout.get(), dq.get(), dkv, db, n_head, scale, scratch, nullptr);
         CHECK(nmse(dout.download(), ref) < kAttnBound);
         return true;
     }
@@ -145,9 +194,9 @@ class Mirror {
   private:
     Shape sh_;
     KvBlockTable table_;
+    DevCache dev_;
     std::vector<uint8_t> hk_, hv_, hks_, hvs_;
-    DevBuf<uint8_t> dk_, dv_, dks_, dvs_;
-    KvLayerView hkv_, dkv_;
+    KvLayerView hkv_;
     CopyCounts copies_;
 };
 
