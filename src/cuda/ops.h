@@ -102,6 +102,16 @@ void cuda_gemm(float* out, const float* x, const WeightView& w, int64_t n_rows,
 // written is sealed into the pool (same bytes as kv_encode_head_block). block_size <= 256.
 void cuda_kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, const float* v,
                    cudaStream_t s);
+// cuda_rope on q: [n_tokens][n_head][head_dim] and on k: [n_tokens][n_kv_head][head_dim]
+// (in place, pos: [n_tokens]), then cuda_kv_write(kv, batch, k, v), fused: one launch for
+// f32/f16 caches, two for staged ones (the rotated K and V rows into the stages, then the
+// completed K and V blocks sealed together). q, k and the cache get the same bits as the
+// three unfused calls. n_head a multiple of kv.n_kv_head. A Hadamard rotation of q and k
+// between RoPE and the write (kv_rotation_enabled) needs the unfused calls.
+void cuda_rope_kv_write(float* q, float* k, const float* v, const int32_t* pos,
+                        const KvLayerView& kv, const KvBatchView& batch, int64_t n_head,
+                        int64_t n_rot, float freq_base, float freq_scale, bool neox,
+                        cudaStream_t s);
 // cpu::kv_copy's contract (one queued BlockCopy on one layer).
 void cuda_kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_stage,
                   int64_t dst_stage, int64_t n_rows, cudaStream_t s);
