@@ -83,15 +83,18 @@ class DevBuf {
     }
     T* get() const { return p_; }
     size_t size() const { return n_; }
+    // (Empty buffers are null: no copy or memset is issued for them.)
     void upload(const std::vector<T>& host) {
-        CUDA_CHECK(cudaMemcpy(p_, host.data(), std::min(n_, host.size()) * sizeof(T),
-                              cudaMemcpyHostToDevice));
+        const size_t n = std::min(n_, host.size());
+        if (n) CUDA_CHECK(cudaMemcpy(p_, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
     }
-    void zero() { CUDA_CHECK(cudaMemset(p_, 0, n_ * sizeof(T))); }
+    void zero() {
+        if (n_) CUDA_CHECK(cudaMemset(p_, 0, n_ * sizeof(T)));
+    }
     std::vector<T> download() const {
         std::vector<T> host(n_);
         CUDA_CHECK(cudaDeviceSynchronize());
-        CUDA_CHECK(cudaMemcpy(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+        if (n_) CUDA_CHECK(cudaMemcpy(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
         return host;
     }
 
