@@ -45,6 +45,13 @@ inline double nmse(const std::vector<float>& a, const std::vector<float>& b) {
     return den > 0 ? num / den : num;
 }
 
+// a and b hold the same bytes (so +0 / -0 and NaN payloads count, unlike ==).
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() &&
+           (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
 inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> dist(0.0f, scale);
@@ -76,15 +83,18 @@ class DevBuf {
     }
     T* get() const { return p_; }
     size_t size() const { return n_; }
+    // (Empty buffers are null: no copy or memset is issued for them.)
     void upload(const std::vector<T>& host) {
-        CUDA_CHECK(cudaMemcpy(p_, host.data(), std::min(n_, host.size()) * sizeof(T),
-                              cudaMemcpyHostToDevice));
+        const size_t n = std::min(n_, host.size());
+        if (n) CUDA_CHECK(cudaMemcpy(p_, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
     }
-    void zero() { CUDA_CHECK(cudaMemset(p_, 0, n_ * sizeof(T))); }
+    void zero() {
+        if (n_) CUDA_CHECK(cudaMemset(p_, 0, n_ * sizeof(T)));
+    }
     std::vector<T> download() const {
         std::vector<T> host(n_);
         CUDA_CHECK(cudaDeviceSynchronize());
-        CUDA_CHECK(cudaMemcpy(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+        if (n_) CUDA_CHECK(cudaMemcpy(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
         return host;
     }
 

@@ -3,7 +3,8 @@
 // sealed blocks (stage restored from the pool, in place or as the copy-on-write of a shared
 // block), stage reclaiming and a long context (split-K decode); after every pass the sealed
 // pools and stages must hold the same bytes and cuda_paged_attention (decode kernel, prefill
-// kernel, dispatcher) must match cpu::paged_attention. Also cuda_hadamard.
+// kernel, dispatcher) must match cpu::paged_attention. Also cuda_rope_kv_write (RoPE fused
+// with the KV write) against the unfused calls, byte for byte, and cuda_hadamard.
 // Exits 77 (skipped) without a GPU (see cuda_test_util.h).
 #include <doctest/doctest.h>
 
@@ -50,38 +51,100 @@ double byte_mismatch(const std::vector<uint8_t>& a, const std::vector<uint8_t>& 
     return a.empty() ? 0.0 : double(n) / double(a.size());
 }
 
+// One layer's K / V pools and stages (zeroed) in device memory, shaped by sh.
+struct DevCache {
+    DevBuf<uint8_t> k, v, k_stage, v_stage;
+    KvLayerView view;
+    DevCache(const Shape& sh, int64_t n_blocks) {
+        const int64_t bs = sh.block_size, hd = sh.head_dim;
+        k = DevBuf<uint8_t>(
+            size_t(n_blocks * sh.n_kv_head * kv_head_block_bytes(sh.k_type, KvRole::K, bs, hd)));
+        v = DevBuf<uint8_t>(
+            size_t(n_blocks * sh.n_kv_head * kv_head_block_bytes(sh.v_type, KvRole::V, bs, hd)));
+        k_stage = DevBuf<uint8_t>(size_t(sh.n_stages * sh.n_kv_head * bs * hd * 2));
+        v_stage = DevBuf<uint8_t>(k_stage.size());
+        for (auto* b : {&k, &v, &k_stage, &v_stage}) b->zero();
+        view = {sh.k_type, sh.v_type, k.get(),       v.get(),       n_blocks,   sh.n_kv_head,
+                bs,        hd,        k_stage.get(), v_stage.get(), sh.n_stages};
+    }
+    void copy(const BlockCopy& c) const {
+        cuda_kv_copy(view, c.src, c.dst, c.src_stage, c.dst_stage, c.n_rows, nullptr);
+    }
+};
+
+// The host arrays of a KvBatchView for a pass that appended n_new[i] tokens to seqs[i]:
+// token i of the batch belongs to batch sequence seq[i] (an index into seqs).
+struct HostBatch {
+    std::vector<int32_t> table, seq, slot, stage;  // stage: -1 without staging
+    int64_t max_blocks = 1;
+    int64_t n_tokens() const { return int64_t(seq.size()); }
+    KvBatchView view() const {
+        return {seq.data(), slot.data(), table.data(), max_blocks, n_tokens(), stage.data()};
+    }
+};
+
+// A HostBatch in device memory. with_stages false: no token_stage (an unstaged cache).
+struct DevBatch {
+    DevBuf<int32_t> seq, slot, stage, table;
+    KvBatchView view;
+    explicit DevBatch(const HostBatch& b, bool with_stages = true)
+        : seq(b.seq), slot(b.slot), stage(b.stage), table(b.table) {
+        view = {seq.get(),    slot.get(),   table.get(),
+                b.max_blocks, b.n_tokens(), with_stages ? stage.get() : nullptr};
+    }
+};
+
+HostBatch make_batch(const KvBlockTable& t, const std::vector<SeqId>& seqs,
+                     const std::vector<int32_t>& n_new) {
+    HostBatch b;
+    for (SeqId s : seqs) b.max_blocks = std::max<int64_t>(b.max_blocks, t.block_ids(s).size());
+    b.table.assign(seqs.size() * size_t(b.max_blocks), -1);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+        const auto& ids = t.block_ids(seqs[i]);
+        std::copy(ids.begin(), ids.end(), b.table.begin() + int64_t(i) * b.max_blocks);
+        const int32_t len = t.n_tokens(seqs[i]);
+        for (int32_t j = len - n_new[i]; j < len; ++j) {
+            b.seq.push_back(int32_t(i));
+            b.slot.push_back(j);
+            b.stage.push_back(t.stage_of_slot(seqs[i], j));
+        }
+    }
+    return b;
+}
+
+// Appends n_new[i] tokens to seqs[i]; false when the table refused one (some may have been
+// appended then: the callers give up on the scenario).
+bool append_all(KvBlockTable& t, const std::vector<SeqId>& seqs, const std::vector<int32_t>& n_new,
+                uint32_t seed) {
+    for (size_t i = 0; i < seqs.size(); ++i) {
+        std::vector<TokenId> ids(size_t(n_new[i]), TokenId(seed % 97));
+        if (!t.append(seqs[i], ids)) return false;
+    }
+    return true;
+}
+
 class Mirror {
   public:
     Mirror(const Shape& sh, int64_t n_blocks)
-        : sh_(sh), table_(int32_t(n_blocks), int32_t(sh.block_size), sh.n_stages) {
+        : sh_(sh),
+          table_(int32_t(n_blocks), int32_t(sh.block_size), sh.n_stages),
+          dev_(sh, n_blocks) {
         const int64_t bs = sh.block_size, hd = sh.head_dim;
-        hk_.assign(
-            size_t(n_blocks * sh.n_kv_head * kv_head_block_bytes(sh.k_type, KvRole::K, bs, hd)), 0);
-        hv_.assign(
-            size_t(n_blocks * sh.n_kv_head * kv_head_block_bytes(sh.v_type, KvRole::V, bs, hd)), 0);
-        hks_.assign(size_t(sh.n_stages * sh.n_kv_head * bs * hd * 2), 0);
+        hk_.assign(dev_.k.size(), 0);
+        hv_.assign(dev_.v.size(), 0);
+        hks_.assign(dev_.k_stage.size(), 0);
         hvs_.assign(hks_.size(), 0);
-        dk_ = DevBuf<uint8_t>(hk_.size());
-        dv_ = DevBuf<uint8_t>(hv_.size());
-        dks_ = DevBuf<uint8_t>(hks_.size());
-        dvs_ = DevBuf<uint8_t>(hvs_.size());
-        for (auto* b : {&dk_, &dv_, &dks_, &dvs_}) b->zero();
         hkv_ = {sh.k_type, sh.v_type, hk_.data(),  hv_.data(),  n_blocks,   sh.n_kv_head,
                 bs,        hd,        hks_.data(), hvs_.data(), sh.n_stages};
-        dkv_ = {sh.k_type, sh.v_type, dk_.get(),  dv_.get(),  n_blocks,   sh.n_kv_head,
-                bs,        hd,        dks_.get(), dvs_.get(), sh.n_stages};
     }
     KvBlockTable& table() { return table_; }
     const CopyCounts& copies() const { return copies_; }
 
     // One pass: appends n_new[i] tokens to seqs[i], runs the queued copies, writes random
     // K/V on both sides and compares caches and attention. Returns false when the table
-    // refused an append (then nothing ran).
+    // refused an append.
     bool pass(const std::vector<SeqId>& seqs, const std::vector<int32_t>& n_new, uint32_t seed) {
-        for (size_t i = 0; i < seqs.size(); ++i) {
-            std::vector<TokenId> ids(size_t(n_new[i]), TokenId(seed % 97));
-            if (!table_.append(seqs[i], ids)) return false;
-        }
+        if (!append_all(table_, seqs, n_new, seed)) return false;
         for (const BlockCopy& c : table_.take_pending_copies()) {
             if (c.dst_stage < 0) {
                 ++copies_.pool;
@@ -92,52 +155,39 @@ class Mirror {
                 copies_.restore_cow += c.src != c.dst;
             }
             cpu::kv_copy(hkv_, c.src, c.dst, c.src_stage, c.dst_stage, c.n_rows);
-            cuda_kv_copy(dkv_, c.src, c.dst, c.src_stage, c.dst_stage, c.n_rows, nullptr);
+            dev_.copy(c);
         }
-        int64_t max_blocks = 1;
-        for (SeqId s : seqs) max_blocks = std::max<int64_t>(max_blocks, table_.block_ids(s).size());
-        std::vector<int32_t> flat(seqs.size() * size_t(max_blocks), -1), t_seq, t_slot, t_stage;
-        for (size_t i = 0; i < seqs.size(); ++i) {
-            const auto& ids = table_.block_ids(seqs[i]);
-            std::copy(ids.begin(), ids.end(), flat.begin() + int64_t(i) * max_blocks);
-            const int32_t len = table_.n_tokens(seqs[i]);
-            for (int32_t j = len - n_new[i]; j < len; ++j) {
-                t_seq.push_back(int32_t(i));
-                t_slot.push_back(j);
-                t_stage.push_back(table_.stage_of_slot(seqs[i], j));
-            }
-        }
-        const int64_t nt = int64_t(t_seq.size());
+        const HostBatch b = make_batch(table_, seqs, n_new);
+        const int64_t nt = b.n_tokens();
         const int64_t rows = nt * sh_.n_kv_head * sh_.head_dim;
         const auto k = random_floats(size_t(rows), seed * 3 + 1);
         const auto v = random_floats(size_t(rows), seed * 3 + 2);
         const int64_t n_head = sh_.n_kv_head * sh_.group;
         const auto q = random_floats(size_t(nt * n_head * sh_.head_dim), seed * 3 + 3);
-        const KvBatchView hb{t_seq.data(), t_slot.data(), flat.data(), max_blocks,
-                             nt,           t_stage.data()};
+        const KvBatchView hb = b.view();
         cpu::kv_write(hkv_, hb, k.data(), v.data());
         std::vector<float> ref(q.size());
         const float scale = 1.0f / std::sqrt(float(sh_.head_dim));
         cpu::paged_attention(ref.data(), q.data(), hkv_, hb, n_head, scale);
 
-        DevBuf<int32_t> dseq(t_seq), dslot(t_slot), dstage(t_stage), dtable(flat);
+        const DevBatch d(b);
+        const KvBatchView& db = d.view;
+        const KvLayerView& dkv = dev_.view;
         DevBuf<float> dkin(k), dvin(v), dq(q), dout(q.size());
-        const KvBatchView db{dseq.get(), dslot.get(), dtable.get(), max_blocks, nt, dstage.get()};
-        cuda_kv_write(dkv_, db, dkin.get(), dvin.get(), nullptr);
+        cuda_kv_write(dkv, db, dkin.get(), dvin.get(), nullptr);
         // Sealed pools and stages: the same bytes (the codec rounds identically).
-        CHECK(byte_mismatch(dk_.download(), hk_) == 0.0);
-        CHECK(byte_mismatch(dv_.download(), hv_) == 0.0);
-        CHECK(byte_mismatch(dks_.download(), hks_) == 0.0);
-        CHECK(byte_mismatch(dvs_.download(), hvs_) == 0.0);
+        CHECK(byte_mismatch(dev_.k.download(), hk_) == 0.0);
+        CHECK(byte_mismatch(dev_.v.download(), hv_) == 0.0);
+        CHECK(byte_mismatch(dev_.k_stage.download(), hks_) == 0.0);
+        CHECK(byte_mismatch(dev_.v_stage.download(), hvs_) == 0.0);
         CudaScratch scratch;
-        cuda_paged_attention_decode(dout.get(), dq.get(), dkv_, db, n_head, scale, scratch,
-                                    nullptr);
+        cuda_paged_attention_decode(dout.get(), dq.get(), dkv, db, n_head, scale, scratch, nullptr);
         CHECK(nmse(dout.download(), ref) < kAttnBound);
         dout.zero();
-        cuda_paged_attention_prefill(dout.get(), dq.get(), dkv_, db, n_head, scale, nullptr);
+        cuda_paged_attention_prefill(dout.get(), dq.get(), dkv, db, n_head, scale, nullptr);
         CHECK(nmse(dout.download(), ref) < kAttnBound);
         dout.zero();
-        cuda_paged_attention(dout.get(), dq.get(), dkv_, db, n_head, scale, scratch, nullptr);
+        cuda_paged_attention(dout.get(), dq.get(), dkv, db, n_head, scale, scratch, nullptr);
         CHECK(nmse(dout.download(), ref) < kAttnBound);
         return true;
     }
@@ -145,10 +195,80 @@ class Mirror {
   private:
     Shape sh_;
     KvBlockTable table_;
+    DevCache dev_;
     std::vector<uint8_t> hk_, hv_, hks_, hvs_;
-    DevBuf<uint8_t> dk_, dv_, dks_, dvs_;
-    KvLayerView hkv_, dkv_;
+    KvLayerView hkv_;
     CopyCounts copies_;
+};
+
+// A cache shape for the fused RoPE + KV write, with its rotation.
+struct RopeShape {
+    Shape cache;
+    int64_t n_rot;
+    bool neox;
+    float freq_base, freq_scale;
+};
+
+// Two device caches of one shape driven by one block table: `ref` gets cuda_rope on q and
+// on k, then cuda_kv_write; `fused` gets cuda_rope_kv_write. After every pass q, k and every
+// byte of the pools and stages must be the same.
+class RopeTwin {
+  public:
+    RopeTwin(const RopeShape& rs, int64_t n_blocks)
+        : rs_(rs),
+          table_(int32_t(n_blocks), int32_t(rs.cache.block_size), rs.cache.n_stages),
+          ref_(rs.cache, n_blocks),
+          fused_(rs.cache, n_blocks) {}
+    KvBlockTable& table() { return table_; }
+    int64_t completed_blocks() const { return completed_; }
+    const DevCache& fused() const { return fused_; }
+
+    bool pass(const std::vector<SeqId>& seqs, const std::vector<int32_t>& n_new, uint32_t seed) {
+        const Shape& sh = rs_.cache;
+        if (!append_all(table_, seqs, n_new, seed)) return false;
+        for (const BlockCopy& c : table_.take_pending_copies()) {
+            ref_.copy(c);
+            fused_.copy(c);
+        }
+        const HostBatch b = make_batch(table_, seqs, n_new);
+        const DevBatch d(b, sh.n_stages > 0);
+        const int64_t nt = b.n_tokens(), n_head = sh.n_kv_head * sh.group, hd = sh.head_dim;
+        // Positions: the slot plus a per-sequence offset, up to near INT32_MAX.
+        const int32_t offsets[] = {0, 100000, 1000003, 2147483000};
+        std::vector<int32_t> pos(b.seq.size());
+        for (int64_t t = 0; t < nt; ++t) {
+            pos[size_t(t)] = b.slot[size_t(t)] + offsets[b.seq[size_t(t)] % 4];
+            completed_ += b.slot[size_t(t)] % sh.block_size == sh.block_size - 1;
+        }
+        const auto q = random_floats(size_t(nt * n_head * hd), seed * 3 + 1);
+        const auto k = random_floats(size_t(nt * sh.n_kv_head * hd), seed * 3 + 2);
+        const auto v = random_floats(k.size(), seed * 3 + 3);
+        DevBuf<int32_t> dpos(pos);
+        DevBuf<float> dv(v), rq(q), rk(k), fq(q), fk(k);
+
+        cuda_rope(rq.get(), dpos.get(), nt, n_head, hd, rs_.n_rot, rs_.freq_base, rs_.freq_scale,
+                  rs_.neox, nullptr);
+        cuda_rope(rk.get(), dpos.get(), nt, sh.n_kv_head, hd, rs_.n_rot, rs_.freq_base,
+                  rs_.freq_scale, rs_.neox, nullptr);
+        cuda_kv_write(ref_.view, d.view, rk.get(), dv.get(), nullptr);
+
+        cuda_rope_kv_write(fq.get(), fk.get(), dv.get(), dpos.get(), fused_.view, d.view, n_head,
+                           rs_.n_rot, rs_.freq_base, rs_.freq_scale, rs_.neox, nullptr);
+
+        CHECK(same_bits(fq.download(), rq.download()));
+        CHECK(same_bits(fk.download(), rk.download()));
+        CHECK(same_bits(fused_.k.download(), ref_.k.download()));
+        CHECK(same_bits(fused_.v.download(), ref_.v.download()));
+        CHECK(same_bits(fused_.k_stage.download(), ref_.k_stage.download()));
+        CHECK(same_bits(fused_.v_stage.download(), ref_.v_stage.download()));
+        return true;
+    }
+
+  private:
+    RopeShape rs_;
+    KvBlockTable table_;
+    DevCache ref_, fused_;
+    int64_t completed_ = 0;  // tokens that wrote the last row of their block
 };
 
 CopyCounts run_shape(const Shape& sh, uint32_t seed) {
@@ -236,6 +356,80 @@ TEST_CASE("cuda quantized KV cache matches the CPU: sealed bytes, stages, attent
             CHECK(c.restore_cow > 0);
         }
     }
+}
+
+TEST_CASE("cuda rope_kv_write gives the bits of cuda_rope on q and k, then cuda_kv_write") {
+    using enum KvType;
+    // {block_size, n_kv_head, group, head_dim, K type, V type, n_stages}, n_rot, neox, base,
+    // scale. n_stages 0: unstaged f32 / f16 pools, else staged (sealed when a block fills).
+    const RopeShape shapes[] = {
+        {{16, 2, 4, 64, F16, F16, 0}, 64, false, 10000.0f, 1.0f},  // GQA, llama pairs
+        {{16, 4, 1, 64, F32, F16, 0}, 32, true, 500000.0f, 1.0f},  // MHA, partial neox
+        {{64, 2, 1, 128, F32, F32, 0}, 64, false, 10000.0f, 0.25f},
+        {{1, 2, 2, 64, F16, F32, 0}, 64, true, 10000.0f, 1.0f},
+        {{16, 1, 1, 33, F32, F16, 0}, 8, false, 10000.0f, 1.0f},   // odd head_dim
+        {{16, 1, 10, 64, F16, F16, 0}, 64, true, 10000.0f, 1.0f},  // groups over 8 heads
+        {{16, 2, 4, 128, Q8, Q4, 24}, 128, false, 500000.0f, 1.0f},
+        {{16, 2, 4, 64, Q4, Q8, 24}, 32, true, 10000.0f, 1.0f},
+        {{1, 2, 2, 64, Q8, Q4, 160}, 64, true, 10000.0f, 1.0f},  // every row seals
+        {{64, 1, 8, 128, Q4, Q4, 10}, 64, false, 1000000.0f, 1.0f},
+        {{16, 2, 4, 64, F16, Q4, 24}, 64, true, 10000.0f, 1.0f},  // only V quantized
+        {{16, 1, 2, 33, Q8, Q8, 24}, 32, true, 10000.0f, 1.0f},   // odd head_dim, staged
+        {{7, 2, 3, 80, Q8, F32, 48}, 48, false, 10000.0f, 0.5f},  // odd block size
+        {{16, 1, 17, 64, Q8, Q8, 24}, 64, false, 10000.0f, 1.0f},
+    };
+    uint32_t seed = 7;
+    for (const RopeShape& rs : shapes) {
+        const Shape& sh = rs.cache;
+        CAPTURE(sh.block_size);
+        CAPTURE(sh.n_kv_head);
+        CAPTURE(sh.group);
+        CAPTURE(sh.head_dim);
+        const std::string k_name = kv_type_name(sh.k_type), v_name = kv_type_name(sh.v_type);
+        CAPTURE(k_name);
+        CAPTURE(v_name);
+        CAPTURE(rs.n_rot);
+        CAPTURE(rs.neox);
+        RopeTwin m(rs, 320 / sh.block_size + 24);
+        KvBlockTable& t = m.table();
+        // Prompts of three sequences in one pass, decode steps, a fork that copies a partly
+        // filled block, a rollback, and a chunk long enough to fill a 64-row block.
+        const SeqId a = t.create_sequence(), b = t.create_sequence(), c = t.create_sequence();
+        REQUIRE(m.pass({a, b, c}, {40, 23, 1}, seed++));
+        for (int i = 0; i < 5; ++i) REQUIRE(m.pass({a, b, c}, {1, 1, 1}, seed++));
+        const SeqId f = t.fork(a);
+        REQUIRE(m.pass({a, f}, {3, 2}, seed++));
+        t.truncate(b, 5);
+        REQUIRE(m.pass({b}, {9}, seed++));
+        const SeqId d = t.create_sequence();
+        REQUIRE(m.pass({d, a, c}, {70, 1, 1}, seed++));
+        CHECK(m.completed_blocks() > 0);  // sealing ran (staged shapes)
+        const std::vector<uint8_t> k = m.fused().k.download(), v = m.fused().v.download();
+        CHECK(std::any_of(k.begin(), k.end(), [](uint8_t x) { return x != 0; }));
+        CHECK(std::any_of(v.begin(), v.end(), [](uint8_t x) { return x != 0; }));
+    }
+}
+
+TEST_CASE("cuda rope_kv_write refuses what it cannot do") {
+    const Shape sh{16, 2, 2, 64, KvType::Q8, KvType::Q8, 4};
+    DevCache cache(sh, 4);
+    DevBuf<int32_t> zeros(std::vector<int32_t>{0, 0, 0, 0});
+    DevBuf<float> q(4 * 64), k(2 * 64), v(2 * 64);
+    KvBatchView b{zeros.get(), zeros.get(), zeros.get(), 1, 1, zeros.get()};
+    auto call = [&](const KvLayerView& kv, int64_t n_head, int64_t n_rot) {
+        cuda_rope_kv_write(q.get(), k.get(), v.get(), zeros.get(), kv, b, n_head, n_rot, 1e4f, 1.0f,
+                           false, nullptr);
+    };
+    call(cache.view, 4, 64);  // fine
+    CHECK_THROWS_WITH_AS(call(cache.view, 3, 64), doctest::Contains("multiple of n_kv_head"),
+                         Error);
+    CHECK_THROWS_WITH_AS(call(cache.view, 4, 66), doctest::Contains("n_rot"), Error);
+    CHECK_THROWS_WITH_AS(call(cache.view, 4, 7), doctest::Contains("n_rot"), Error);
+    KvLayerView unstaged = cache.view;
+    unstaged.n_stages = 0;
+    CHECK_THROWS_WITH_AS(call(unstaged, 4, 64), doctest::Contains("needs stage slots"), Error);
+    b.token_stage = nullptr;
+    CHECK_THROWS_WITH_AS(call(cache.view, 4, 64), doctest::Contains("token stages"), Error);
 }
 
 TEST_CASE("cuda_hadamard matches hadamard_rows") {

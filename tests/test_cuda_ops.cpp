@@ -69,6 +69,43 @@ TEST_CASE("cuda rmsnorm, softmax, swiglu, add, add_bias match the CPU") {
     }
 }
 
+TEST_CASE("cuda add_rmsnorm gives the bits of cuda_add then cuda_rmsnorm") {
+    for (int64_t dim : {1, 64, 255, 4096, 4097})
+        for (int64_t rows : {1, 3, 17}) {
+            CAPTURE(dim);
+            CAPTURE(rows);
+            const size_t n = size_t(rows * dim);
+            const uint32_t seed = uint32_t(dim * 31 + rows);
+            const std::vector<float> x = random_floats(n, seed, 3.0f);
+            const std::vector<float> y = random_floats(n, seed + 1);
+            const std::vector<float> w = random_floats(size_t(dim), seed + 2);
+            DevBuf<float> dy(y), dw(w);
+            DevBuf<float> rx(x), rout(n);  // reference: two launches
+            cuda_add(rx.get(), dy.get(), int64_t(n), nullptr);
+            cuda_rmsnorm(rout.get(), rx.get(), dw.get(), rows, dim, 1e-5f, nullptr);
+            const std::vector<float> want_x = rx.download(), want_out = rout.download();
+
+            DevBuf<float> fx(x), fout(n);
+            cuda_add_rmsnorm(fx.get(), dy.get(), fout.get(), dw.get(), rows, dim, 1e-5f, nullptr);
+            CHECK(same_bits(fx.download(), want_x));
+            CHECK(same_bits(fout.download(), want_out));
+            // out may be y (the backend normalizes into the buffer the residual came from).
+            DevBuf<float> fx2(x), fy(y);
+            cuda_add_rmsnorm(fx2.get(), fy.get(), fy.get(), dw.get(), rows, dim, 1e-5f, nullptr);
+            CHECK(same_bits(fx2.download(), want_x));
+            CHECK(same_bits(fy.download(), want_out));
+
+            // And it is the CPU's add + rmsnorm (the reference is not trivially equal).
+            std::vector<float> hx = x, hout(n);
+            cpu::add(hx.data(), y.data(), int64_t(n));
+            cpu::rmsnorm(hout.data(), hx.data(), w.data(), rows, dim, 1e-5f);
+            CHECK(nmse(want_out, hout) < kExact);
+        }
+    DevBuf<float> x(64), w(64);
+    CHECK_THROWS_AS(cuda_add_rmsnorm(x.get(), w.get(), x.get(), w.get(), 1, 64, 1e-5f, nullptr),
+                    Error);
+}
+
 TEST_CASE("cuda rope matches the CPU (llama and neox pairs, partial rotation, long positions)") {
     const int64_t n_tokens = 9, n_heads = 4;
     std::vector<int32_t> pos = {0, 1, 2, 17, 255, 1000, 4095, 8191, 32767};

@@ -2,8 +2,10 @@
 // per layer): one thread per element, the physical block looked up in the sequence's block
 // table. Unstaged (f32/f16 pools): straight into the pool. Staged (quantized pools): into
 // the token's f16 stage, then a second kernel seals every block whose last row was written
-// (K: one scale per channel over the block, V: one per row and group; kv_format.h). Also
-// the block copies the block table queues (copy-on-write, stage restores).
+// (K: one scale per channel over the block, V: one per row and group; kv_format.h). The
+// decode path's variant fuses RoPE on q and k with the write (one thread per rotated pair)
+// and seals K and V in one launch. Also the block copies the block table queues
+// (copy-on-write, stage restores).
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -13,6 +15,7 @@
 #include "cuda/common.cuh"
 #include "cuda/kv_format.cuh"
 #include "cuda/ops.h"
+#include "cuda/rope.cuh"
 
 namespace kvrun {
 namespace {
@@ -113,11 +116,9 @@ struct SealParams {
     int n_kv_head, block_size, head_dim;
 };
 
-// One thread block per (token, KV head): when the token wrote the last row of its block,
-// encodes the block's stage rows into the pool (kv_encode_head_block's rules).
-__global__ void seal_kernel(SealParams p) {
-    const int64_t t = blockIdx.x;
-    const int h = blockIdx.y;
+// Run by one thread block per (token t, KV head h): when the token wrote the last row of its
+// block, encodes the block's stage rows into the pool (kv_encode_head_block's rules).
+__device__ __forceinline__ void seal_head_block(const SealParams& p, int64_t t, int h) {
     const int64_t slot = p.token_slot[t], seq = p.token_seq[t], st = p.token_stage[t];
     const int bs = p.block_size, D = p.head_dim;
     if (slot < 0 || slot % bs != bs - 1 || st < 0 || st >= p.n_stages || seq < 0) return;
@@ -198,8 +199,21 @@ __global__ void seal_kernel(SealParams p) {
     }
 }
 
-void seal_pool(KvType type, KvRole role, void* pool, const void* stage, const KvLayerView& kv,
-               const KvBatchView& b, cudaStream_t s) {
+// Grid (n_tokens, n_kv_head): one pool.
+__global__ void seal_kernel(SealParams p) {
+    seal_head_block(p, blockIdx.x, int(blockIdx.y));
+}
+
+// Grid (n_tokens, n_kv_head, 2): K (z = 0) and V (z = 1) in one launch.
+__global__ void seal_kv_kernel(SealParams k, SealParams v) {
+    if (blockIdx.z == 0)
+        seal_head_block(k, blockIdx.x, int(blockIdx.y));
+    else
+        seal_head_block(v, blockIdx.x, int(blockIdx.y));
+}
+
+SealParams seal_params(KvType type, KvRole role, void* pool, const void* stage,
+                       const KvLayerView& kv, const KvBatchView& b) {
     SealParams p{};
     p.pool = static_cast<uint8_t*>(pool);
     p.stage = static_cast<const __half*>(stage);
@@ -216,8 +230,128 @@ void seal_pool(KvType type, KvRole role, void* pool, const void* stage, const Kv
     p.n_kv_head = int(kv.n_kv_head);
     p.block_size = int(kv.block_size);
     p.head_dim = int(kv.head_dim);
+    return p;
+}
+
+void seal_pool(KvType type, KvRole role, void* pool, const void* stage, const KvLayerView& kv,
+               const KvBatchView& b, cudaStream_t s) {
+    const SealParams p = seal_params(type, role, pool, stage, kv, b);
     seal_kernel<<<dim3(unsigned(b.n_tokens), unsigned(kv.n_kv_head)), 128, 0, s>>>(p);
     CUDA_CHECK_LAUNCH();
+}
+
+// Seals the K and V blocks the batch's tokens completed, in one launch.
+void seal_pools(const KvLayerView& kv, const KvBatchView& b, cudaStream_t s) {
+    const SealParams k = seal_params(kv.k_type, KvRole::K, kv.k, kv.k_stage, kv, b);
+    const SealParams v = seal_params(kv.v_type, KvRole::V, kv.v, kv.v_stage, kv, b);
+    seal_kv_kernel<<<dim3(unsigned(b.n_tokens), unsigned(kv.n_kv_head), 2), 128, 0, s>>>(k, v);
+    CUDA_CHECK_LAUNCH();
+}
+
+// RoPE fused with the KV write (cuda_rope on q and k, then cuda_kv_write's stores). One
+// thread per (token t, KV head h, pair slot j), j < ceil(head_dim / 2). For j < n_rot / 2
+// the thread computes rotated pair j's angle once (rope.cuh, as rope_kernel) and rotates
+// that pair of k's head h and of the `group` query heads h * group .. h * group + group - 1
+// in place; for larger j its K elements are the unrotated tail 2j, 2j + 1. Every thread then
+// stores its two K elements and V elements 2j, 2j + 1 (those < head_dim) in the token's row:
+// the pool (f32 / f16, unstaged, as kv_write_kernel) or the f16 stage (as
+// stage_write_kernel). Neighbouring threads store neighbouring pairs, so a warp's stores
+// cover contiguous bytes.
+constexpr int kRopeKvThreads = 128;
+constexpr int kQChunk = 8;  // query heads whose pairs a thread loads before rotating them
+
+struct RopeKvParams {
+    float* q;            // [n_tokens][n_kv_head * group][head_dim]
+    float* k;            // [n_tokens][n_kv_head][head_dim]
+    const float* v;      // [n_tokens][n_kv_head][head_dim]
+    const int32_t* pos;  // [n_tokens]
+    void* k_dst;         // unstaged: pools [n_blocks][n_kv_head][block_size][head_dim] of
+    void* v_dst;         //   f32 / f16; staged: f16 stages [n_stages][n_kv_head][bs][head_dim]
+    bool k_f32, v_f32;   // element types of k_dst / v_dst (else f16)
+    bool staged, neox;
+    const int32_t* token_seq;
+    const int32_t* token_slot;
+    const int32_t* token_stage;  // staged only
+    const int32_t* block_table;
+    int64_t max_blocks_per_seq, n_tokens, n_blocks, n_stages;
+    int n_kv_head, group, block_size, head_dim, n_rot;
+    float freq_base, freq_scale;
+};
+
+// Element offset of token t's row of KV head h in k_dst / v_dst, or -1 when it has none
+// (stage_write_kernel's and kv_offset's rules).
+__device__ __forceinline__ int64_t rope_kv_row(const RopeKvParams& p, int64_t t, int h) {
+    if (!p.staged)
+        return kv_offset(p.token_seq, p.token_slot, p.block_table, p.max_blocks_per_seq, p.n_blocks,
+                         p.n_kv_head, p.block_size, p.head_dim, t, h);
+    const int64_t st = p.token_stage[t], slot = p.token_slot[t];
+    if (st < 0 || st >= p.n_stages || slot < 0) return -1;
+    return ((st * p.n_kv_head + h) * p.block_size + slot % p.block_size) * p.head_dim;
+}
+
+__device__ __forceinline__ void store_f32_or_f16(void* base, bool f32, int64_t e, float x) {
+    if (f32)
+        static_cast<float*>(base)[e] = x;
+    else
+        static_cast<__half*>(base)[e] = __float2half_rn(x);
+}
+
+// Pair ab of query heads g0 .. g0 + kQChunk - 1 (those < group) of qh: [group][head_dim].
+__device__ __forceinline__ void load_q_pairs(const float* qh, int g0, int group, int head_dim,
+                                             int2 ab, float* qa, float* qb) {
+#pragma unroll
+    for (int u = 0; u < kQChunk; ++u) {
+        if (g0 + u >= group) break;
+        qa[u] = qh[int64_t(g0 + u) * head_dim + ab.x];
+        qb[u] = qh[int64_t(g0 + u) * head_dim + ab.y];
+    }
+}
+
+__global__ void rope_kv_write_kernel(RopeKvParams p) {
+    const int D = p.head_dim, pairs = (D + 1) / 2, half = p.n_rot / 2;
+    const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (idx >= p.n_tokens * p.n_kv_head * pairs) return;
+    const int j = int(idx % pairs);
+    const int64_t th = idx / pairs;  // t * n_kv_head + h
+    const int h = int(th % p.n_kv_head);
+    const int64_t t = th / p.n_kv_head;
+    const bool rotated = j < half, second = 2 * j + 1 < D;  // second: the pair's 2nd exists
+    const int2 ab = rotated ? cu::rope_pair(j, p.n_rot, p.neox) : make_int2(2 * j, 2 * j + 1);
+    // The loads before any store (which could alias them as far as the compiler knows).
+    float* kh = p.k + th * D;
+    const float* vh = p.v + th * D;
+    float k0 = kh[ab.x], k1 = second ? kh[ab.y] : 0.0f;
+    const float v0 = vh[2 * j], v1 = second ? vh[2 * j + 1] : 0.0f;
+    float* qh = p.q + th * int64_t(p.group) * D;  // query heads h * group ..
+    float qa[kQChunk] = {}, qb[kQChunk] = {};
+    if (rotated) load_q_pairs(qh, 0, p.group, D, ab, qa, qb);
+    const int64_t row = rope_kv_row(p, t, h);
+    if (rotated) {
+        const float2 cs = cu::rope_cos_sin(p.pos[t], j, p.n_rot, p.freq_base, p.freq_scale);
+        const float2 kr = cu::rope_rotate(k0, k1, cs);
+        k0 = kr.x;
+        k1 = kr.y;
+        kh[ab.x] = k0;
+        kh[ab.y] = k1;
+        for (int g0 = 0;; g0 += kQChunk) {
+#pragma unroll
+            for (int u = 0; u < kQChunk; ++u) {
+                if (g0 + u >= p.group) break;
+                const float2 qr = cu::rope_rotate(qa[u], qb[u], cs);
+                qh[int64_t(g0 + u) * D + ab.x] = qr.x;
+                qh[int64_t(g0 + u) * D + ab.y] = qr.y;
+            }
+            if (g0 + kQChunk >= p.group) break;
+            load_q_pairs(qh, g0 + kQChunk, p.group, D, ab, qa, qb);
+        }
+    }
+    if (row < 0) return;
+    store_f32_or_f16(p.k_dst, p.k_f32, row + ab.x, k0);
+    store_f32_or_f16(p.v_dst, p.v_f32, row + 2 * j, v0);
+    if (second) {
+        store_f32_or_f16(p.k_dst, p.k_f32, row + ab.y, k1);
+        store_f32_or_f16(p.v_dst, p.v_f32, row + 2 * j + 1, v1);
+    }
 }
 
 // Copy of rows [0, n_rows) into stage dst_stage, from stage src_stage or decoded from pool
@@ -319,6 +453,65 @@ void cuda_kv_write(const KvLayerView& kv, const KvBatchView& batch, const float*
     }
     seal_pool(kv.k_type, KvRole::K, kv.k, kv.k_stage, kv, batch, s);
     seal_pool(kv.v_type, KvRole::V, kv.v, kv.v_stage, kv, batch, s);
+}
+
+void cuda_rope_kv_write(float* q, float* k, const float* v, const int32_t* pos,
+                        const KvLayerView& kv, const KvBatchView& batch, int64_t n_head,
+                        int64_t n_rot, float freq_base, float freq_scale, bool neox,
+                        cudaStream_t s) {
+    CUDA_REQUIRE(kv.n_blocks > 0 && kv.n_kv_head > 0 && kv.block_size > 0 && kv.head_dim > 0,
+                 "cuda_rope_kv_write: bad KV layer shape");
+    CUDA_REQUIRE(batch.n_tokens >= 0 && batch.max_blocks_per_seq > 0,
+                 "cuda_rope_kv_write: bad batch shape");
+    CUDA_REQUIRE(kv.block_size <= 256, "cuda_rope_kv_write: block_size must be at most 256");
+    CUDA_REQUIRE(kv.head_dim <= INT32_MAX / 2 && kv.n_kv_head <= INT32_MAX,
+                 "cuda_rope_kv_write: bad KV layer shape");
+    CUDA_REQUIRE(n_head > 0 && n_head % kv.n_kv_head == 0 && n_head / kv.n_kv_head <= INT32_MAX,
+                 "cuda_rope_kv_write: n_head must be a multiple of n_kv_head");
+    CUDA_REQUIRE(n_rot > 0 && n_rot % 2 == 0 && n_rot <= kv.head_dim,
+                 "cuda_rope_kv_write: n_rot must be even and at most head_dim");
+    kv_check_format(kv.k_type, kv.head_dim);
+    kv_check_format(kv.v_type, kv.head_dim);
+    if (batch.n_tokens == 0) return;
+    const bool staged = kv.n_stages > 0;
+    if (!staged)
+        CUDA_REQUIRE(!kv_type_quantized(kv.k_type) && !kv_type_quantized(kv.v_type),
+                     "cuda_rope_kv_write: a quantized cache needs stage slots");
+    else
+        CUDA_REQUIRE(kv.k_stage && kv.v_stage && batch.token_stage,
+                     "cuda_rope_kv_write: staged cache without stage pools or token stages");
+    RopeKvParams p{};
+    p.q = q;
+    p.k = k;
+    p.v = v;
+    p.pos = pos;
+    p.k_dst = staged ? kv.k_stage : kv.k;
+    p.v_dst = staged ? kv.v_stage : kv.v;
+    p.k_f32 = !staged && kv.k_type == KvType::F32;
+    p.v_f32 = !staged && kv.v_type == KvType::F32;
+    p.staged = staged;
+    p.neox = neox;
+    p.token_seq = batch.token_seq;
+    p.token_slot = batch.token_slot;
+    p.token_stage = batch.token_stage;
+    p.block_table = batch.block_table;
+    p.max_blocks_per_seq = batch.max_blocks_per_seq;
+    p.n_tokens = batch.n_tokens;
+    p.n_blocks = kv.n_blocks;
+    p.n_stages = kv.n_stages;
+    p.n_kv_head = int(kv.n_kv_head);
+    p.group = int(n_head / kv.n_kv_head);
+    p.block_size = int(kv.block_size);
+    p.head_dim = int(kv.head_dim);
+    p.n_rot = int(n_rot);
+    p.freq_base = freq_base;
+    p.freq_scale = freq_scale;
+    const int64_t n = batch.n_tokens * kv.n_kv_head * ((kv.head_dim + 1) / 2);
+    CUDA_REQUIRE(cu::ceil_div(n, kRopeKvThreads) <= INT32_MAX,
+                 "cuda_rope_kv_write: too many tokens");
+    rope_kv_write_kernel<<<unsigned(cu::ceil_div(n, kRopeKvThreads)), kRopeKvThreads, 0, s>>>(p);
+    CUDA_CHECK_LAUNCH();
+    if (staged) seal_pools(kv, batch, s);
 }
 
 }  // namespace kvrun

@@ -1,10 +1,11 @@
-// Small dense ops of the forward pass: RMSNorm, softmax (one block per row), RoPE (one
-// thread per rotated pair), SwiGLU, residual add, bias add and row gather (one thread per
-// element).
+// Small dense ops of the forward pass: RMSNorm, residual add + RMSNorm, softmax (one block
+// per row), RoPE (one thread per rotated pair), SwiGLU, residual add, bias add and row gather
+// (one thread per element).
 #include <cstdint>
 
 #include "cuda/common.cuh"
 #include "cuda/ops.h"
+#include "cuda/rope.cuh"
 
 namespace kvrun {
 namespace {
@@ -30,6 +31,28 @@ __global__ void rmsnorm_kernel(float* out, const float* x, const float* __restri
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) outr[i] = xr[i] * inv * w[i];
 }
 
+// x += y, then out = rmsnorm(x) * w (x, y, out: [n_rows][dim], w: [dim]); one block per
+// row. The sum of squares runs in rmsnorm_kernel's order (same block size, thread
+// striding and block_sum, each term an FMA of the stored x) so x and out get the bits of
+// add_kernel followed by rmsnorm_kernel. out may equal y (a thread writes only the out
+// elements whose y it has read, before the block_sum barrier), not x.
+__global__ void add_rmsnorm_kernel(float* x, const float* y, float* out,
+                                   const float* __restrict__ w, int64_t dim, float eps) {
+    __shared__ float scratch[32];
+    float* xr = x + int64_t(blockIdx.x) * dim;
+    const float* yr = y + int64_t(blockIdx.x) * dim;
+    float* outr = out + int64_t(blockIdx.x) * dim;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = xr[i] + yr[i];
+        xr[i] = v;
+        ss += v * v;
+    }
+    ss = cu::block_sum(ss, scratch);
+    const float inv = rsqrtf(ss / float(dim) + eps);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) outr[i] = xr[i] * inv * w[i];
+}
+
 // x: [n_rows][n] softmax in place; one block per row.
 __global__ void softmax_kernel(float* __restrict__ x, int64_t n) {
     __shared__ float scratch[32];
@@ -49,7 +72,7 @@ __global__ void softmax_kernel(float* __restrict__ x, int64_t n) {
 }
 
 // x: [n_tokens][n_heads][head_dim]; one thread per rotated pair (t, h, i), i < n_rot / 2.
-// The angle is computed in double so it stays exact for long positions.
+// The math is rope.cuh's (shared with the fused RoPE + KV write of kv_write.cu).
 __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ pos,
                             int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t n_rot,
                             float freq_base, float freq_scale, bool neox) {
@@ -57,16 +80,12 @@ __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ p
     const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx >= n_tokens * n_heads * half) return;
     const int64_t i = idx % half, th = idx / half, t = th / n_heads;
-    const double inv_freq = pow(double(freq_base), -2.0 * double(i) / double(n_rot));
-    const double theta = double(pos[t]) * double(freq_scale) * inv_freq;
-    double sd, cd;
-    sincos(theta, &sd, &cd);
-    const float c = float(cd), s = float(sd);
+    const float2 cs = cu::rope_cos_sin(pos[t], i, n_rot, freq_base, freq_scale);
     float* head = x + th * head_dim;
-    const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-    const float x0 = head[a], x1 = head[b];
-    head[a] = x0 * c - x1 * s;
-    head[b] = x0 * s + x1 * c;
+    const int2 ab = cu::rope_pair(int(i), int(n_rot), neox);
+    const float2 y = cu::rope_rotate(head[ab.x], head[ab.y], cs);
+    head[ab.x] = y.x;
+    head[ab.y] = y.y;
 }
 
 // out may alias gate or up (elementwise).
@@ -139,6 +158,16 @@ void cuda_rmsnorm(float* out, const float* x, const float* w, int64_t n_rows, in
     if (n_rows == 0) return;
     CUDA_REQUIRE(n_rows <= INT32_MAX, "cuda_rmsnorm: too many rows");
     rmsnorm_kernel<<<unsigned(n_rows), kRowThreads, 0, s>>>(out, x, w, dim, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_add_rmsnorm(float* x, const float* y, float* out, const float* w, int64_t n_rows,
+                      int64_t dim, float eps, cudaStream_t s) {
+    CUDA_REQUIRE(n_rows >= 0 && dim > 0, "cuda_add_rmsnorm: bad shape");
+    CUDA_REQUIRE(out != x && y != x, "cuda_add_rmsnorm: out and y must not alias x");
+    if (n_rows == 0) return;
+    CUDA_REQUIRE(n_rows <= INT32_MAX, "cuda_add_rmsnorm: too many rows");
+    add_rmsnorm_kernel<<<unsigned(n_rows), kRowThreads, 0, s>>>(x, y, out, w, dim, eps);
     CUDA_CHECK_LAUNCH();
 }
 

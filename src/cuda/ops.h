@@ -44,6 +44,11 @@ class CudaScratch {
 // out may equal x (also for cuda_swiglu's out and gate).
 void cuda_rmsnorm(float* out, const float* x, const float* w, int64_t n_rows, int64_t dim,
                   float eps, cudaStream_t s);
+// Residual add fused with the next RMSNorm, one launch: x += y, then out = rmsnorm(x) * w
+// (x, y, out: [n_rows][dim], w: [dim]). x and out get the same bits as cuda_add(x, y,
+// n_rows * dim) followed by cuda_rmsnorm(out, x, w, ...). out may equal y (not x).
+void cuda_add_rmsnorm(float* x, const float* y, float* out, const float* w, int64_t n_rows,
+                      int64_t dim, float eps, cudaStream_t s);
 // Adds bias[n] to every row of x: [n_rows][n]
 void cuda_add_bias(float* x, const float* bias, int64_t n_rows, int64_t n, cudaStream_t s);
 // RoPE in place on x: [n_tokens][n_heads][head_dim]; pos: [n_tokens] (device). See cpu::rope.
@@ -109,6 +114,16 @@ void cuda_matmul_swiglu(float* out, float* up_buf, const float* x, const WeightV
 // written is sealed into the pool (same bytes as kv_encode_head_block). block_size <= 256.
 void cuda_kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, const float* v,
                    cudaStream_t s);
+// cuda_rope on q: [n_tokens][n_head][head_dim] and on k: [n_tokens][n_kv_head][head_dim]
+// (in place, pos: [n_tokens]), then cuda_kv_write(kv, batch, k, v), fused: one launch for
+// f32/f16 caches, two for staged ones (the rotated K and V rows into the stages, then the
+// completed K and V blocks sealed together). q, k and the cache get the same bits as the
+// three unfused calls. n_head a multiple of kv.n_kv_head. A Hadamard rotation of q and k
+// between RoPE and the write (kv_rotation_enabled) needs the unfused calls.
+void cuda_rope_kv_write(float* q, float* k, const float* v, const int32_t* pos,
+                        const KvLayerView& kv, const KvBatchView& batch, int64_t n_head,
+                        int64_t n_rot, float freq_base, float freq_scale, bool neox,
+                        cudaStream_t s);
 // cpu::kv_copy's contract (one queued BlockCopy on one layer).
 void cuda_kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_stage,
                   int64_t dst_stage, int64_t n_rows, cudaStream_t s);

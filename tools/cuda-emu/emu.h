@@ -299,6 +299,9 @@ inline float __logf(float x) {
 inline float __fdividef(float a, float b) {
     return a / b;
 }
+inline float __fmul_rn(float a, float b) {  // (GPU: a product never contracted into an FMA)
+    return a * b;
+}
 template <class T>
 inline T __ldg(const T* p) {
     return *p;
