@@ -426,34 +426,42 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
                          max_blocks, T,       n_stages_ > 0 ? d_stage_ : nullptr};
     const float scale = 1.0f / std::sqrt(float(c.head_dim));
     cuda_embed(x_, token_embd_, d_tokens_, T, s);
+    // Each residual add is fused with the RMSNorm that follows it; the first layer's
+    // attention norm has no add before it.
+    cuda_rmsnorm(xb_, x_, layers_[0].attn_norm, T, c.n_embd, c.norm_eps, s);
     for (int64_t l = 0; l < c.n_layer; ++l) {
         const DeviceLayer& w = layers_[size_t(l)];
-        // Attention block.
-        cuda_rmsnorm(xb_, x_, w.attn_norm, T, c.n_embd, c.norm_eps, s);
+        // Attention block (xb_ holds the normed input).
         cuda_matmul_qkv(q_, k_, v_, xb_, w.wq, w.wk, w.wv, T, scratch_, s);
         if (w.bq) {
             cuda_add_bias(q_, w.bq, T, c.q_dim(), s);
             cuda_add_bias(k_, w.bk, T, c.kv_dim(), s);
             cuda_add_bias(v_, w.bv, T, c.kv_dim(), s);
         }
-        cuda_rope(q_, d_pos_, T, c.n_head, c.head_dim, c.n_rot, c.rope_freq_base, c.rope_freq_scale,
-                  c.rope_neox, s);
-        cuda_rope(k_, d_pos_, T, c.n_kv_head, c.head_dim, c.n_rot, c.rope_freq_base,
-                  c.rope_freq_scale, c.rope_neox, s);
+        const KvLayerView kv = kv_layer(l);
         if (rotate_) {  // q.k unchanged; K's outlier channels spread (kv_rotation_enabled)
+            cuda_rope(q_, d_pos_, T, c.n_head, c.head_dim, c.n_rot, c.rope_freq_base,
+                      c.rope_freq_scale, c.rope_neox, s);
+            cuda_rope(k_, d_pos_, T, c.n_kv_head, c.head_dim, c.n_rot, c.rope_freq_base,
+                      c.rope_freq_scale, c.rope_neox, s);
             cuda_hadamard(q_, T * c.n_head, c.head_dim, s);
             cuda_hadamard(k_, T * c.n_kv_head, c.head_dim, s);
+            cuda_kv_write(kv, kb, k_, v_, s);
+        } else {
+            cuda_rope_kv_write(q_, k_, v_, d_pos_, kv, kb, c.n_head, c.n_rot, c.rope_freq_base,
+                               c.rope_freq_scale, c.rope_neox, s);
         }
-        const KvLayerView kv = kv_layer(l);
-        cuda_kv_write(kv, kb, k_, v_, s);
         cuda_paged_attention(att_, q_, kv, kb, c.n_head, scale, scratch_, s);
         cuda_matmul(xb_, att_, w.wo, T, scratch_, s);
-        cuda_add(x_, xb_, T * c.n_embd, s);
+        cuda_add_rmsnorm(x_, xb_, xb_, w.ffn_norm, T, c.n_embd, c.norm_eps, s);
         // Feed-forward block.
-        cuda_rmsnorm(xb_, x_, w.ffn_norm, T, c.n_embd, c.norm_eps, s);
         cuda_matmul_swiglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s);
         cuda_matmul(xb_, gate_, w.w_down, T, scratch_, s);
-        cuda_add(x_, xb_, T * c.n_embd, s);
+        if (l + 1 < c.n_layer)
+            cuda_add_rmsnorm(x_, xb_, xb_, layers_[size_t(l + 1)].attn_norm, T, c.n_embd,
+                             c.norm_eps, s);
+        else
+            cuda_add(x_, xb_, T * c.n_embd, s);
     }
     if (R == 0) return;
     // Final norm and output projection only for the rows that need logits.
