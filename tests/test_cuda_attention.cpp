@@ -3,8 +3,8 @@
 // sequences interleaved, cached prefixes, a decode token mixed in), speculative-style
 // verification; block sizes 1/16/64, GQA 1/4/8/12, head_dim 8..256, f16 and f32 pools, and
 // the same scenarios on quantized (q8/q4, staged) caches; every instantiation of the decode
-// kernel (query rows 1/2/4/8 x key-group lanes 4/8/16/32). Decode tokens must give the same
-// bits alone as in a batch of several sequences.
+// kernel (query rows 1/2/4/8 x key-group lanes 4/8/16/32) and its long splits (large pools).
+// Decode tokens must give the same bits alone as in a batch of several sequences.
 // Exits 77 (skipped) without a GPU (see cuda_test_util.h).
 #include <doctest/doctest.h>
 
@@ -41,6 +41,9 @@ struct AttnShape {
 struct Scenario {
     std::vector<int64_t> history;
     std::vector<std::pair<int32_t, int32_t>> tokens;
+    // Blocks in the pool at least (the decode splits grow with the pool: above 128 Ki slots
+    // each warp of a decode block walks several 32-key tiles).
+    int64_t min_pool_blocks = 0;
 };
 
 // Fraction of differing bytes (0 when equal).
@@ -62,8 +65,8 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
         max_blocks = std::max(max_blocks, (l + bs - 1) / bs);
         total_blocks += (l + bs - 1) / bs;
     }
-    max_blocks += 1;                            // a spare, unused column
-    const int64_t n_blocks = total_blocks + 3;  // and a few unused blocks
+    max_blocks += 1;  // a spare, unused column
+    const int64_t n_blocks = std::max(total_blocks + 3, sc.min_pool_blocks);  // some unused
     std::mt19937 rng(seed);
     std::vector<int32_t> perm(static_cast<size_t>(n_blocks));
     std::iota(perm.begin(), perm.end(), 0);
@@ -275,6 +278,26 @@ TEST_CASE("cuda decode attention: every rows x lanes instantiation, empty rows a
             run_scenario(sh, decode_scenario(), seed++);
         }
     run_scenario({16, 2, 3, 20, KvType::F16, KvType::F32}, decode_scenario(), seed++);
+}
+
+TEST_CASE("cuda decode attention: long splits (several tiles per warp) in a large pool") {
+    // 4200 blocks of 64 slots: splits of 288 slots, 9 tiles, so warps 0 and 1 rescale their
+    // running sums across tiles. An extra token at slot 287 fills split 0: the third tile of
+    // its warp 0 is its own block, read from the stage when the cache is quantized.
+    Scenario sc = decode_scenario();
+    sc.tokens.emplace_back(int32_t(sc.history.size()), 287);
+    sc.history.push_back(287);
+    sc.min_pool_blocks = 4200;
+    const AttnShape shapes[] = {
+        {64, 1, 1, 32, KvType::F16, KvType::F16},
+        {64, 1, 4, 128, KvType::Q8, KvType::Q4},
+    };
+    uint32_t seed = 900;
+    for (const AttnShape& sh : shapes) {
+        CAPTURE(sh.group);
+        CAPTURE(sh.head_dim);
+        run_scenario(sh, sc, seed++);
+    }
 }
 
 TEST_CASE("cuda paged attention matches the CPU on quantized caches (q8/q4, staged)") {
