@@ -2,12 +2,15 @@
 // per sequence, contexts up to 2100 so split-K engages), prefill batches (several
 // sequences interleaved, cached prefixes, a decode token mixed in), speculative-style
 // verification; block sizes 1/16/64, GQA 1/4/8/12, head_dim 8..256, f16 and f32 pools, and
-// the same scenarios on quantized (q8/q4, staged) caches.
+// the same scenarios on quantized (q8/q4, staged) caches; every instantiation of the decode
+// kernel (query rows 1/2/4/8 x key-group lanes 4/8/16/32) and its long splits (large pools).
+// Decode tokens must give the same bits alone as in a batch of several sequences.
 // Exits 77 (skipped) without a GPU (see cuda_test_util.h).
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -38,6 +41,9 @@ struct AttnShape {
 struct Scenario {
     std::vector<int64_t> history;
     std::vector<std::pair<int32_t, int32_t>> tokens;
+    // Blocks in the pool at least (the decode splits grow with the pool: above 128 Ki slots
+    // each warp of a decode block walks several 32-key tiles).
+    int64_t min_pool_blocks = 0;
 };
 
 // Fraction of differing bytes (0 when equal).
@@ -59,8 +65,8 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
         max_blocks = std::max(max_blocks, (l + bs - 1) / bs);
         total_blocks += (l + bs - 1) / bs;
     }
-    max_blocks += 1;                            // a spare, unused column
-    const int64_t n_blocks = total_blocks + 3;  // and a few unused blocks
+    max_blocks += 1;  // a spare, unused column
+    const int64_t n_blocks = std::max(total_blocks + 3, sc.min_pool_blocks);  // some unused
     std::mt19937 rng(seed);
     std::vector<int32_t> perm(static_cast<size_t>(n_blocks));
     std::iota(perm.begin(), perm.end(), 0);
@@ -170,7 +176,8 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
                                                     1, staged ? d_stage.get() : nullptr},
                                         n_head, scale, scratch, nullptr);
             const std::vector<float> alone = d_out.download();
-            CHECK(std::equal(alone.begin(), alone.end(), batched.begin() + i * row));
+            CHECK(std::memcmp(alone.data(), batched.data() + i * row,
+                              alone.size() * sizeof(float)) == 0);
         }
     }
     dout.zero();
@@ -244,6 +251,52 @@ TEST_CASE("cuda paged attention handles odd head sizes, big groups and mixed poo
         CAPTURE(sh.head_dim);
         run_scenario(sh, decode_scenario(), seed++);
         run_scenario(sh, prefill_scenario(), seed++);
+    }
+}
+
+TEST_CASE("cuda decode attention: every rows x lanes instantiation, empty rows and idle lanes") {
+    // Groups 1, 2, 3, 6 give blocks of 1, 2, 4, 8 query rows (3 and 6 leave rows empty);
+    // head sizes 24, 48, 96, 200 give key groups of 4, 8, 16, 32 lanes (none a power of two
+    // times 8, so the last lanes of each group have no channels). Each group and each head
+    // size meets every KV format pair and block size. head_dim 20 (not a multiple of 8) takes
+    // the tiled kernel.
+    const int64_t groups[] = {1, 2, 3, 6}, head_dims[] = {24, 48, 96, 200};
+    const int64_t block_sizes[] = {16, 1, 64, 5};
+    const KvType k_types[] = {KvType::F16, KvType::Q8, KvType::F32, KvType::Q4};
+    const KvType v_types[] = {KvType::F16, KvType::Q4, KvType::Q8, KvType::F16};
+    uint32_t seed = 800;
+    for (int g = 0; g < 4; ++g)
+        for (int h = 0; h < 4; ++h) {
+            const int f = (g + h) % 4, b = (h + 3 * g) % 4;
+            const AttnShape sh{block_sizes[b], 2, groups[g], head_dims[h], k_types[f], v_types[f]};
+            CAPTURE(sh.block_size);
+            CAPTURE(sh.group);
+            CAPTURE(sh.head_dim);
+            const std::string k_name = kv_type_name(sh.k_type), v_name = kv_type_name(sh.v_type);
+            CAPTURE(k_name);
+            CAPTURE(v_name);
+            run_scenario(sh, decode_scenario(), seed++);
+        }
+    run_scenario({16, 2, 3, 20, KvType::F16, KvType::F32}, decode_scenario(), seed++);
+}
+
+TEST_CASE("cuda decode attention: long splits (several tiles per warp) in a large pool") {
+    // 4200 blocks of 64 slots: splits of 288 slots, 9 tiles, so warps 0 and 1 rescale their
+    // running sums across tiles. An extra token at slot 287 fills split 0: the third tile of
+    // its warp 0 is its own block, read from the stage when the cache is quantized.
+    Scenario sc = decode_scenario();
+    sc.tokens.emplace_back(int32_t(sc.history.size()), 287);
+    sc.history.push_back(287);
+    sc.min_pool_blocks = 4200;
+    const AttnShape shapes[] = {
+        {64, 1, 1, 32, KvType::F16, KvType::F16},
+        {64, 1, 4, 128, KvType::Q8, KvType::Q4},
+    };
+    uint32_t seed = 900;
+    for (const AttnShape& sh : shapes) {
+        CAPTURE(sh.group);
+        CAPTURE(sh.head_dim);
+        run_scenario(sh, sc, seed++);
     }
 }
 

@@ -1,4 +1,5 @@
-// The paged attention kernel shared by the decode and prefill launchers: flash-attention
+// The paged attention kernel of the prefill launcher (and of the decode launcher where
+// head_dim % 8 != 0 or KVRUN_DECODE_ATTN=tiled, see attention_decode.cu): flash-attention
 // style over 32-slot key tiles gathered from the paged pools, online softmax, causal mask.
 //
 // One thread block (4 warps) serves one KV head for a tile of `tokens_per_cta` consecutive

@@ -42,25 +42,56 @@ __device__ __forceinline__ uint32_t kv_load_u32(const uint8_t* p) {
     return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
 }
 
-// out[e] = kv_decode(blk, t, role, L, head_dim, r, c0 + e) for e < 8, with vector loads:
-// the 8 codes of a q8 row (4 bytes of nibbles for q4) in one or two 32-bit words, K's 8
-// per-channel scales in one 16-byte load, V's one scale (a group of 32 channels, or the
-// whole head, always holds the 8) once. Requires head_dim % 8 == 0, c0 % 8 == 0 and `blk`
-// 16-byte aligned (every head block is). The values are bit-identical to kv_decode's.
-__device__ __forceinline__ void kv_decode8(float* __restrict__ out, const uint8_t* __restrict__ blk,
-                                           KvType t, KvRole role, const KvHeadLayout& L,
-                                           int head_dim, int r, int c0) {
+// The bytes behind channels c0 .. c0 + 7 of one row as loaded by kv_fetch8, before
+// kv_unpack8 turns them into f32. Loading and converting apart lets a kernel keep several
+// rows' loads in flight before it needs the first one's values.
+struct KvRaw8 {
+    uint4 a;  // f32: channels c0 .. c0 + 3; f16: the 8 values; K q8 / q4: the 8 f16 scales
+    uint4 b;  // f32: channels c0 + 4 .. c0 + 7; q8: the codes in x, y; q4: in x; V q8 / q4:
+              // the f16 scale in the low half of z
+};
+
+// The loads of kv_decode8 (same requirements), none of the conversion.
+__device__ __forceinline__ KvRaw8 kv_fetch8(const uint8_t* __restrict__ blk, KvType t, KvRole role,
+                                            const KvHeadLayout& L, int head_dim, int r, int c0) {
+    KvRaw8 raw{};
     const int64_t e0 = int64_t(r) * head_dim + c0;  // element index of f32 / f16 rows
     if (t == KvType::F32) {
-        const float4* src = reinterpret_cast<const float4*>(blk) + e0 / 4;
-        const float4 a = src[0], b = src[1];
-        out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
-        out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+        const uint4* src = reinterpret_cast<const uint4*>(blk) + e0 / 4;
+        raw.a = src[0], raw.b = src[1];
+        return raw;
+    }
+    if (t == KvType::F16) {
+        raw.a = *reinterpret_cast<const uint4*>(blk + 2 * e0);
+        return raw;
+    }
+    if (role == KvRole::K) {
+        raw.a = *reinterpret_cast<const uint4*>(blk + 2 * c0);  // scales c0 .. c0 + 7
+    } else {
+        const int g = int(L.group);
+        raw.b.z = reinterpret_cast<const uint16_t*>(blk)[r * (head_dim / g) + c0 / g];
+    }
+    const uint8_t* vals = blk + L.scale_bytes + int64_t(r) * L.row_bytes;
+    if (t == KvType::Q8) {
+        raw.b.x = kv_load_u32(vals + c0), raw.b.y = kv_load_u32(vals + c0 + 4);
+    } else {
+        raw.b.x = kv_load_u32(vals + c0 / 2);
+    }
+    return raw;
+}
+
+// out[e] = the f32 value of channel c0 + e of the row kv_fetch8 loaded into raw.
+__device__ __forceinline__ void kv_unpack8(float* __restrict__ out, const KvRaw8& raw, KvType t,
+                                           KvRole role) {
+    if (t == KvType::F32) {
+        out[0] = __uint_as_float(raw.a.x), out[1] = __uint_as_float(raw.a.y);
+        out[2] = __uint_as_float(raw.a.z), out[3] = __uint_as_float(raw.a.w);
+        out[4] = __uint_as_float(raw.b.x), out[5] = __uint_as_float(raw.b.y);
+        out[6] = __uint_as_float(raw.b.z), out[7] = __uint_as_float(raw.b.w);
         return;
     }
     if (t == KvType::F16) {
-        const uint4 u = *reinterpret_cast<const uint4*>(blk + 2 * e0);
-        const __half2* h = reinterpret_cast<const __half2*>(&u);
+        const __half2* h = reinterpret_cast<const __half2*>(&raw.a);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const float2 f = __half22float2(h[e]);
@@ -70,31 +101,36 @@ __device__ __forceinline__ void kv_decode8(float* __restrict__ out, const uint8_
     }
     float d[8];
     if (role == KvRole::K) {
-        const uint4 u = *reinterpret_cast<const uint4*>(blk + 2 * c0);  // scales c0 .. c0 + 7
-        const __half* h = reinterpret_cast<const __half*>(&u);
+        const __half* h = reinterpret_cast<const __half*>(&raw.a);
 #pragma unroll
         for (int e = 0; e < 8; ++e) d[e] = __half2float(h[e]);
     } else {
-        const int g = int(L.group);
-        const float dv =
-            __half2float(reinterpret_cast<const __half*>(blk)[r * (head_dim / g) + c0 / g]);
+        const float dv = __half2float(__ushort_as_half(static_cast<unsigned short>(raw.b.z)));
 #pragma unroll
         for (int e = 0; e < 8; ++e) d[e] = dv;
     }
-    const uint8_t* vals = blk + L.scale_bytes + int64_t(r) * L.row_bytes;
     if (t == KvType::Q8) {
-        const uint32_t w0 = kv_load_u32(vals + c0), w1 = kv_load_u32(vals + c0 + 4);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            out[e] = d[e] * float(int(int8_t(uint8_t(w0 >> (8 * e)))));
-            out[e + 4] = d[e + 4] * float(int(int8_t(uint8_t(w1 >> (8 * e)))));
+            out[e] = d[e] * float(int(int8_t(uint8_t(raw.b.x >> (8 * e)))));
+            out[e + 4] = d[e + 4] * float(int(int8_t(uint8_t(raw.b.y >> (8 * e)))));
         }
     } else {
         // Nibble e of the little-endian word is channel c0 + e (byte e / 2, low nibble first).
-        const uint32_t w = kv_load_u32(vals + c0 / 2);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) out[e] = d[e] * float(int((w >> (4 * e)) & 0xFu) - 8);
+        for (int e = 0; e < 8; ++e) out[e] = d[e] * float(int((raw.b.x >> (4 * e)) & 0xFu) - 8);
     }
+}
+
+// out[e] = kv_decode(blk, t, role, L, head_dim, r, c0 + e) for e < 8, with vector loads:
+// the 8 codes of a q8 row (4 bytes of nibbles for q4) in one or two 32-bit words, K's 8
+// per-channel scales in one 16-byte load, V's one scale (a group of 32 channels, or the
+// whole head, always holds the 8) once. Requires head_dim % 8 == 0, c0 % 8 == 0 and `blk`
+// 16-byte aligned (every head block is). The values are bit-identical to kv_decode's.
+__device__ __forceinline__ void kv_decode8(float* __restrict__ out, const uint8_t* __restrict__ blk,
+                                           KvType t, KvRole role, const KvHeadLayout& L,
+                                           int head_dim, int r, int c0) {
+    kv_unpack8(out, kv_fetch8(blk, t, role, L, head_dim, r, c0), t, role);
 }
 
 // The stored scale of a group whose largest magnitude is amax and whose signed value of
