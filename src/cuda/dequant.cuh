@@ -37,8 +37,8 @@ __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t* w) {
         for (int i = 0; i < kBytes / 4; ++i) w[i] = reinterpret_cast<const uint32_t*>(p)[i];
     } else {
         // 2-byte aligned: the aligned words around p shifted into place, one 32-bit load per
-        // word instead of two 16-bit ones. The word past the data is loaded only when p is
-        // not 4-byte aligned (then it still holds data), so nothing beyond kBytes is read.
+        // word instead of two 16-bit ones. When p is not 4-byte aligned the last 2 bytes come
+        // from a 16-bit load (the aligned word holding them would reach 2 bytes past the data).
         constexpr int n = kBytes / 4;
         const uintptr_t addr = reinterpret_cast<uintptr_t>(p);
         const uint32_t* a = reinterpret_cast<const uint32_t*>(addr & ~uintptr_t(3));
@@ -46,7 +46,7 @@ __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t* w) {
         uint32_t lo = a[0];
 #pragma unroll
         for (int i = 0; i < n; ++i) {
-            const uint32_t hi = i + 1 < n ? a[i + 1] : (shift ? a[n] : 0u);
+            const uint32_t hi = i + 1 < n ? a[i + 1] : (shift ? ld_u16(p + kBytes - 2) : 0u);
             w[i] = __funnelshift_r(lo, hi, shift);
             lo = hi;
         }
