@@ -7,6 +7,16 @@
 #include <stdexcept>
 #include <string>
 
+// Hot CPU loops get an AVX2+FMA clone picked at load time on x86-64 (GCC ifunc), so the
+// portable build still runs fast on modern CPUs. The build turns FP contraction off
+// (CMakeLists.txt), so a clone rounds exactly like the portable code.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__)
+#define KVRUN_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define KVRUN_SIMD_CLONES
+#endif
+
 namespace kvrun {
 
 // The single error type thrown for bad input (files, flags, requests) and resource

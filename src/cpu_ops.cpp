@@ -1,6 +1,7 @@
-// CPU reference implementations of the ops declared in cpu_ops.h: float32 activations,
-// weights dequantized row by row from their GGUF types, K/V stored as f32, f16, or
-// quantized (q8/q4, kv_format.h) with f16 stage slots for the blocks being filled.
+// CPU reference implementations of the ops declared in cpu_ops.h (matmul lives in
+// cpu_matmul.cpp): float32 activations, K/V stored as f32, f16, or quantized (q8/q4,
+// kv_format.h) with f16 stage slots for the blocks being filled. Attention decodes each
+// K/V block once for all the query heads that read it (GQA).
 //
 // Every op computes each output row from its own inputs only, in a fixed order, so results
 // are bit-identical whatever the batch composition and thread count (a sequence decoded
@@ -33,7 +34,7 @@ constexpr int64_t kMinParallelWork = 32 * 1024;
 
 // dot(a[n], b[n]) with eight independent float accumulators (vectorizable without
 // -ffast-math), combined in a fixed order.
-float dot_f32(const float* a, const float* b, int64_t n) {
+KVRUN_SIMD_CLONES float dot_f32(const float* a, const float* b, int64_t n) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
@@ -43,7 +44,7 @@ float dot_f32(const float* a, const float* b, int64_t n) {
 }
 
 // y[n] += p * x[n]
-void axpy_f32(float* y, float p, const float* x, int64_t n) {
+KVRUN_SIMD_CLONES void axpy_f32(float* y, float p, const float* x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] += p * x[i];
 }
 
@@ -135,33 +136,6 @@ void rmsnorm(float* out, const float* x, const float* w, int64_t n_rows, int64_t
         float* o = out + r * dim;
         for (int64_t i = 0; i < dim; ++i) o[i] = xr[i] * scale * w[i];
     }
-}
-
-void matmul(float* out, const float* x, const WeightView& w, int64_t n_rows) {
-    if (!w.data || w.n_in <= 0 || w.n_out <= 0)
-        fail("matmul: empty weight view ({} x {})", w.n_out, w.n_in);
-    const int64_t n_in = w.n_in, n_out = w.n_out;
-    const auto* base = static_cast<const uint8_t*>(w.data);
-    if (t_llamacpp_rounding) return llamacpp::matmul(out, x, w, n_rows);
-    // Output rows per chunk: enough multiply-adds to be worth a thread hand-off.
-    int64_t work_per_row = std::max<int64_t>(1, n_in * n_rows);
-    int64_t grain = std::max<int64_t>(1, kMinParallelWork / work_per_row);
-    cpu_thread_pool().parallel_for(n_out, grain, [&](int64_t o0, int64_t o1) {
-        // Each weight row is dequantized once and dotted with every token's activations.
-        std::vector<float> row(w.type == GgmlType::F32 ? 0 : n_in);  // [n_in]
-        for (int64_t o = o0; o < o1; ++o) {
-            const uint8_t* src = base + o * w.row_bytes;
-            const float* wr;
-            if (w.type == GgmlType::F32) {
-                wr = reinterpret_cast<const float*>(src);
-            } else {
-                dequantize_row(w.type, src, row.data(), n_in);
-                wr = row.data();
-            }
-            for (int64_t r = 0; r < n_rows; ++r)
-                out[r * n_out + o] = dot_f32(wr, x + r * n_in, n_in);
-        }
-    });
 }
 
 void add_bias(float* x, const float* bias, int64_t n_rows, int64_t n) {
@@ -300,6 +274,39 @@ void kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, c
     }
 }
 
+namespace {
+
+// paged_attention under set_llamacpp_rounding with unstaged f16 pools: llama.cpp's
+// arithmetic (cpu_llamacpp.h), one (token, query head) at a time. work: multiply-adds.
+void attention_llamacpp(float* out, const float* q, const KvLayerView& kv, const KvBatchView& batch,
+                        const KvPool& kp, const KvPool& vp, int64_t n_head, float scale,
+                        int64_t work) {
+    const int64_t hd = kv.head_dim, bs = kv.block_size, group = n_head / kv.n_kv_head;
+    const bool batched = batch.n_tokens >= 2;
+    const int64_t n_items = batch.n_tokens * n_head;
+    const int64_t per_item = std::max<int64_t>(1, work / std::max<int64_t>(1, n_items));
+    const int64_t grain = std::max<int64_t>(1, kMinParallelWork / per_item);
+    cpu_thread_pool().parallel_for(n_items, grain, [&](int64_t i0, int64_t i1) {
+        std::vector<float> k_row(hd), v_row(hd);  // [head_dim] each
+        llamacpp::AttentionScratch scratch;
+        for (int64_t item = i0; item < i1; ++item) {
+            const int64_t t = item / n_head, kvh = item % n_head / group;
+            // Row s of token t's sequence for this KV head, decoded into buf.
+            auto row = [&](const KvPool& p, std::vector<float>& buf, int64_t s) -> const float* {
+                kv_decode_head_row(p.type, p.role, p.at(kv_block_of(kv, batch, t, s), kvh), bs, hd,
+                                   s % bs, buf.data());
+                return buf.data();
+            };
+            llamacpp::attention(
+                out + item * hd, q + item * hd, hd, batch.token_slot[t] + 1, scale, batched,
+                [&](int64_t s) { return row(kp, k_row, s); },
+                [&](int64_t s) { return row(vp, v_row, s); }, scratch);
+        }
+    });
+}
+
+}  // namespace
+
 void paged_attention(float* out, const float* q, const KvLayerView& kv, const KvBatchView& batch,
                      int64_t n_head, float scale) {
     check_kv_view(kv);
@@ -323,57 +330,81 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
 
     const bool emulate =
         t_llamacpp_rounding && kv.k_type == KvType::F16 && kv.v_type == KvType::F16 && !staged;
-    const bool batched = batch.n_tokens >= 2;
     const bool round_q = t_llamacpp_rounding && kv.k_type == KvType::F16;
     const bool round_p = t_llamacpp_rounding && kv.v_type == KvType::F16;
     const KvPool kp = kv_pool(kv, KvRole::K), vp = kv_pool(kv, KvRole::V);
-    const int64_t n_items = batch.n_tokens * n_head;  // one (token, head) pair each
-    int64_t per_item = std::max<int64_t>(1, work / std::max<int64_t>(1, n_items));
-    int64_t grain = std::max<int64_t>(1, kMinParallelWork / per_item);
+    if (emulate) return attention_llamacpp(out, q, kv, batch, kp, vp, n_head, scale, work);
+
+    // One item: one token and a share of one KV head's query heads, so each K/V row is
+    // decoded once for the heads that read it. Heads are split further only when tokens x
+    // KV heads alone would leave threads idle (decode of an MQA model); the split does not
+    // change any head's arithmetic.
+    const int64_t pairs = batch.n_tokens * kv.n_kv_head;
+    const int64_t shares =
+        std::clamp<int64_t>((2 * cpu_thread_pool().n_threads() + pairs - 1) / pairs, 1, group);
+    const int64_t heads_per_share = (group + shares - 1) / shares;
+    const int64_t n_items = pairs * shares;
+    const int64_t per_item = std::max<int64_t>(1, work / std::max<int64_t>(1, n_items));
+    const int64_t grain = std::max<int64_t>(1, kMinParallelWork / per_item);
     cpu_thread_pool().parallel_for(n_items, grain, [&](int64_t i0, int64_t i1) {
-        std::vector<float> scores(max_slot + 1);  // [n_slots] of the current token
-        std::vector<float> tmp(hd);               // [head_dim] one decoded K or V row
-        std::vector<float> q_rounded(hd);         // [head_dim]
-        // Decodes K (or V) row s of token t's sequence for KV head kvh into tmp: from the
-        // stage for the token's own block when staged, else from the pool block.
-        auto load_row = [&](KvRole role, int64_t t, int64_t kvh, int64_t s) -> const float* {
-            const int64_t slot = batch.token_slot[t];
-            if (staged && s / bs == slot / bs) {
-                void* stage = role == KvRole::K ? kv.k_stage : kv.v_stage;
-                dequantize_row(GgmlType::F16,
-                               kv_stage_row(stage, kv, batch.token_stage[t], kvh, s % bs),
-                               tmp.data(), hd);
-            } else {
-                const KvPool& p = role == KvRole::K ? kp : vp;
-                kv_decode_head_row(p.type, role, p.at(kv_block_of(kv, batch, t, s), kvh), bs, hd,
-                                   s % bs, tmp.data());
-            }
-            return tmp.data();
-        };
-        llamacpp::AttentionScratch emu;
+        std::vector<float> scores(size_t(heads_per_share * (max_slot + 1)));  // [heads][slots]
+        std::vector<float> rows(size_t(bs * hd));  // [block_size][head_dim] decoded K or V
+        std::vector<float> q_rounded(size_t(heads_per_share * hd));  // [heads][head_dim]
         for (int64_t item = i0; item < i1; ++item) {
-            const int64_t t = item / n_head, h = item % n_head, kvh = h / group;
-            const int64_t n_slots = batch.token_slot[t] + 1;
-            const float* qv = q + item * hd;
-            if (emulate) {
-                llamacpp::attention(
-                    out + item * hd, qv, hd, n_slots, scale, batched,
-                    [&](int64_t s) { return load_row(KvRole::K, t, kvh, s); },
-                    [&](int64_t s) { return load_row(KvRole::V, t, kvh, s); }, emu);
-                continue;
-            }
+            const int64_t t = item / (kv.n_kv_head * shares);
+            const int64_t kvh = item / shares % kv.n_kv_head, share = item % shares;
+            const int64_t h0 = kvh * group + share * heads_per_share;
+            const int64_t nh = std::min(heads_per_share, (kvh + 1) * group - h0);
+            if (nh <= 0) continue;
+            const int64_t n_slots = batch.token_slot[t] + 1, own_block = (n_slots - 1) / bs;
+            // Rows [0, n) of K or V block j of the token's sequence, decoded into `rows`:
+            // the token's own block from its stage when staged, else from the pool.
+            auto load_block = [&](KvRole role, int64_t j, int64_t n) {
+                if (staged && j == own_block) {
+                    void* stage = role == KvRole::K ? kv.k_stage : kv.v_stage;
+                    dequantize_row(GgmlType::F16,
+                                   kv_stage_row(stage, kv, batch.token_stage[t], kvh, 0),
+                                   rows.data(), n * hd);
+                    return;
+                }
+                const KvPool& p = role == KvRole::K ? kp : vp;
+                const uint8_t* blk = p.at(kv_block_of(kv, batch, t, j * bs), kvh);
+                if (p.type == KvType::F16) {
+                    dequantize_row(GgmlType::F16, blk, rows.data(), n * hd);
+                } else {
+                    for (int64_t r = 0; r < n; ++r)
+                        kv_decode_head_row(p.type, role, blk, bs, hd, r, rows.data() + r * hd);
+                }
+            };
+            const float* qv = q + (t * n_head + h0) * hd;  // [nh][head_dim]
             if (round_q) {
-                for (int64_t i = 0; i < hd; ++i) q_rounded[i] = round_to_f16(qv[i]);
+                for (int64_t i = 0; i < nh * hd; ++i) q_rounded[i] = round_to_f16(qv[i]);
                 qv = q_rounded.data();
             }
-            for (int64_t s = 0; s < n_slots; ++s)
-                scores[s] = dot_f32(qv, load_row(KvRole::K, t, kvh, s), hd) * scale;
-            softmax(scores.data(), n_slots);
-            float* o = out + item * hd;
-            std::fill(o, o + hd, 0.0f);
-            for (int64_t s = 0; s < n_slots; ++s)
-                axpy_f32(o, round_p ? round_to_f16(scores[s]) : scores[s],
-                         load_row(KvRole::V, t, kvh, s), hd);
+            for (int64_t j = 0, s0 = 0; s0 < n_slots; ++j, s0 += bs) {
+                const int64_t n = std::min(bs, n_slots - s0);
+                load_block(KvRole::K, j, n);
+                for (int64_t h = 0; h < nh; ++h)
+                    for (int64_t r = 0; r < n; ++r)
+                        scores[h * n_slots + s0 + r] =
+                            dot_f32(qv + h * hd, rows.data() + r * hd, hd) * scale;
+            }
+            float* o = out + (t * n_head + h0) * hd;  // [nh][head_dim]
+            std::fill(o, o + nh * hd, 0.0f);
+            for (int64_t h = 0; h < nh; ++h) {
+                float* p = scores.data() + h * n_slots;
+                softmax(p, n_slots);
+                if (round_p)
+                    for (int64_t s = 0; s < n_slots; ++s) p[s] = round_to_f16(p[s]);
+            }
+            for (int64_t j = 0, s0 = 0; s0 < n_slots; ++j, s0 += bs) {
+                const int64_t n = std::min(bs, n_slots - s0);
+                load_block(KvRole::V, j, n);
+                for (int64_t h = 0; h < nh; ++h)
+                    for (int64_t r = 0; r < n; ++r)
+                        axpy_f32(o + h * hd, scores[h * n_slots + s0 + r], rows.data() + r * hd,
+                                 hd);
+            }
         }
     });
 }

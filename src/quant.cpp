@@ -104,8 +104,8 @@ KVRUN_SIMD_CLONES void dequant_q4q5(const uint8_t* src, float* dst, int64_t nb) 
                 lo |= int((qh >> j) & 1) << 4;
                 hi |= int((qh >> (j + 16)) & 1) << 4;
             }
-            dst[j] = d * float(lo - kOffset) + m;
-            dst[j + 16] = d * float(hi - kOffset) + m;
+            dst[j] = kHasMin ? d * float(lo) + m : d * float(lo - kOffset);
+            dst[j + 16] = kHasMin ? d * float(hi) + m : d * float(hi - kOffset);
         }
     }
 }

@@ -7,16 +7,9 @@
 #include <cstdint>
 #include <cstring>
 
-namespace kvrun::quant_detail {
+#include "common.h"
 
-// Hot loops get an AVX2+FMA clone picked at load time on x86-64 (GCC ifunc), so the
-// portable build still runs fast on modern CPUs.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_ADDRESS__)
-#define KVRUN_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define KVRUN_SIMD_CLONES
-#endif
+namespace kvrun::quant_detail {
 
 // Block sizes of the K-quant / IQ4_XS super-blocks and the legacy blocks.
 constexpr int kQK = 256;

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common.h"
@@ -88,6 +90,69 @@ TEST_CASE("matmul equals a naive product for float and quantized weights") {
         cpu::matmul(one.data(), x.data() + 3 * n_in, m.view, 1);
         CHECK(std::equal(one.begin(), one.end(), out.begin() + 3 * n_out));
     }
+}
+
+// The reference order of matmul: the row dequantized, each product rounded to float and
+// added into lane i % 8, the lanes combined ((0+4)+(1+5))+((2+6)+(3+7)).
+float reference_dot(const float* w, const float* x, int64_t n) {
+    float acc[8] = {};
+    for (int64_t i = 0; i < n; ++i) acc[i % 8] += w[i] * x[i];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+TEST_CASE("matmul gives the reference order's bits for every type, shape and batch") {
+    // Row counts around the 4-row groups, token counts around the 16-token tiles, rows of
+    // one span, of several spans with a short last one, and (float types) not a multiple
+    // of 8. The decoders written for some types must equal dequantize_row exactly.
+    const GgmlType types[] = {GgmlType::F32,  GgmlType::F16,    GgmlType::BF16,  GgmlType::Q4_0,
+                              GgmlType::Q4_1, GgmlType::Q5_0,   GgmlType::Q5_1,  GgmlType::Q8_0,
+                              GgmlType::Q2_K, GgmlType::Q3_K,   GgmlType::Q4_K,  GgmlType::Q5_K,
+                              GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
+    for (GgmlType type : types) {
+        const int64_t block = ggml_type_traits(type).block_elems;
+        std::vector<int64_t> widths = {256, 2304};
+        if (block == 32) widths.push_back(544);
+        if (block == 1) widths.insert(widths.end(), {70, 13});
+        for (int64_t n_in : widths)
+            for (int64_t n_out : {1, 7, 13})
+                for (int64_t n_rows : {1, 3, 17, 33}) {
+                    const std::string type_name = ggml_type_name(type);
+                    CAPTURE(type_name);
+                    CAPTURE(n_in);
+                    CAPTURE(n_out);
+                    CAPTURE(n_rows);
+                    TestMatrix m = make_matrix(type, n_out, n_in, uint32_t(n_in + n_out));
+                    std::vector<float> x = random_vec(n_rows * n_in, 11), out(n_rows * n_out);
+                    cpu::matmul(out.data(), x.data(), m.view, n_rows);
+                    int64_t mismatches = 0;
+                    for (int64_t r = 0; r < n_rows; ++r)
+                        for (int64_t o = 0; o < n_out; ++o) {
+                            const float ref = reference_dot(m.dequant.data() + o * n_in,
+                                                            x.data() + r * n_in, n_in);
+                            mismatches += std::memcmp(&ref, &out[r * n_out + o], 4) != 0;
+                        }
+                    CHECK(mismatches == 0);
+                }
+    }
+}
+
+TEST_CASE("matmul decodes every finite f16 weight exactly") {
+    // 7936 rows of 8 halves cover the 63488 finite f16 values (subnormals included); x is
+    // the identity, so out[t][o] is weight (o, t) times 1 plus zeros.
+    const int64_t n_in = 8, n_out = 63488 / 8;
+    std::vector<uint16_t> halves;
+    for (uint32_t h = 0; h < 0x10000; ++h)
+        if ((h & 0x7c00) != 0x7c00) halves.push_back(uint16_t(h));
+    REQUIRE(int64_t(halves.size()) == n_in * n_out);
+    WeightView w{GgmlType::F16, n_in, n_out, 2 * n_in, halves.data()};
+    std::vector<float> eye(n_in * n_in, 0.0f), out(n_in * n_out);
+    for (int64_t i = 0; i < n_in; ++i) eye[i * n_in + i] = 1.0f;
+    cpu::matmul(out.data(), eye.data(), w, n_in);
+    int64_t wrong = 0;
+    for (int64_t o = 0; o < n_out; ++o)
+        for (int64_t t = 0; t < n_in; ++t)
+            wrong += out[t * n_out + o] != fp16_to_fp32(halves[o * n_in + t]);
+    CHECK(wrong == 0);
 }
 
 TEST_CASE("add_bias, add, swiglu and softmax") {
@@ -255,6 +320,29 @@ TEST_CASE("paged attention equals contiguous causal attention (GQA, any block si
                             p[j] / sum * stored(v[(keys[j] * n_kv + h / group) * hd + i]);
             }
 
+        // The reference order in float: each score a dot in 8 lanes (reference_dot) times
+        // scale, cpu::softmax, then p * V added row by row in slot order. The cache's
+        // layout and the heads sharing a KV row must not change a bit of it.
+        std::vector<float> ref_bits(n_tok * n_head * hd, 0.0f);
+        for (int64_t t = 0; t < n_tok; ++t)
+            for (int64_t h = 0; h < n_head; ++h) {
+                std::vector<int64_t> keys(slot[t] + 1);  // batch index of each slot
+                for (int64_t u = 0; u < n_tok; ++u)
+                    if (seq[u] == seq[t] && slot[u] <= slot[t]) keys[slot[u]] = u;
+                std::vector<float> p(keys.size()), row(hd);
+                const float* qv = &q[(t * n_head + h) * hd];
+                for (size_t j = 0; j < keys.size(); ++j) {
+                    for (int64_t i = 0; i < hd; ++i)
+                        row[i] = stored(k[(keys[j] * n_kv + h / group) * hd + i]);
+                    p[j] = reference_dot(qv, row.data(), hd) * scale;
+                }
+                cpu::softmax(p.data(), int64_t(p.size()));
+                float* o = &ref_bits[(t * n_head + h) * hd];
+                for (size_t j = 0; j < keys.size(); ++j)
+                    for (int64_t i = 0; i < hd; ++i)
+                        o[i] += p[j] * stored(v[(keys[j] * n_kv + h / group) * hd + i]);
+            }
+
         std::vector<float> first;
         for (int64_t bs : {1, 3, 16, 64}) {
             CAPTURE(bs);
@@ -276,6 +364,13 @@ TEST_CASE("paged attention equals contiguous causal attention (GQA, any block si
             for (size_t i = 0; i < out.size(); ++i)
                 max_err = std::max(max_err, std::abs(out[i] - ref[i]));
             CHECK(max_err < 1e-5);
+            CHECK(out == ref_bits);
+            // One token alone (decode: its query heads split across threads) gives its bits.
+            const int64_t last = n_tok - 1;  // sequence 0's slot 36
+            std::vector<float> one(n_head * hd);
+            KvBatchView b1{&seq[last], &slot[last], table.data(), max_blocks, 1};
+            cpu::paged_attention(one.data(), &q[last * n_head * hd], cache.view, b1, n_head, scale);
+            CHECK(std::equal(one.begin(), one.end(), out.begin() + last * n_head * hd));
             // The block size changes nothing, not even rounding.
             if (first.empty()) first = out;
             CHECK(out == first);

@@ -1,0 +1,257 @@
+// cpu::matmul, the weight x activation product of the CPU backend: out[t][o] = W[o] . x[t].
+//
+// The reference arithmetic is dot_f32's: the weight row dequantized exactly to float, each
+// product w[i] * x[i] rounded to float and added into lane i % 8 of eight float
+// accumulators, in increasing i, the lanes combined as ((0+4)+(1+5))+((2+6)+(3+7)). This
+// file computes exactly those bits (test_cpu_ops compares them with dequantize_row + dot),
+// in the order a cache and a vector unit like:
+//
+// - four weight rows at a time, dequantized one span (kSpan elements) at a time into a
+//   buffer that stays in L1, instead of a whole row into a buffer the size of L2;
+// - those rows dotted with a tile of kTokenTile tokens while the span is hot, so prefill
+//   reads each weight once per tile instead of reading all activations once per row;
+// - the eight lanes of one dot are one 8-float vector (GCC/Clang vector extensions, plain
+//   SSE on the portable build, AVX2 in the x86-64-v3 clone of KVRUN_SIMD_CLONES), and the
+//   four rows' vectors are independent chains that keep the adders busy;
+// - Q4_0, Q8_0 and F16 rows decode eight elements per vector operation; other types go
+//   through dequantize_row. The build disables FP contraction, so every clone rounds alike.
+#include <algorithm>
+#include <cstring>
+
+#include "common.h"
+#include "cpu_llamacpp.h"
+#include "cpu_ops.h"
+#include "quant.h"
+#include "quant_impl.h"
+#include "thread_pool.h"
+
+// The 32-byte vectors below never cross a non-inlined call, so the warning that their
+// calling convention differs with and without AVX does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace kvrun::cpu {
+namespace {
+
+using f32x8 = float __attribute__((vector_size(32)));
+using i32x8 = int32_t __attribute__((vector_size(32)));
+using u32x8 = uint32_t __attribute__((vector_size(32)));
+using u16x8 = uint16_t __attribute__((vector_size(16)));
+
+constexpr int kLanes = 8;           // accumulators per dot (dot_f32's)
+constexpr int kGroup = 4;           // weight rows decoded and dotted together
+constexpr int64_t kSpan = 256;      // elements of a row dequantized at once (multiple of 8)
+constexpr int64_t kTokenTile = 16;  // tokens dotted with a span while it sits in L1
+
+[[gnu::always_inline]] inline f32x8 load8(const float* p) {
+    f32x8 v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+[[gnu::always_inline]] inline void store8(float* p, f32x8 v) {
+    std::memcpy(p, &v, sizeof v);
+}
+
+// Eight bytes widened to 32-bit lanes (a loop the vectorizer turns into one vpmovzxbd /
+// vpmovsxbd; __builtin_convertvector of an 8-byte vector is extracted lane by lane).
+template <class Byte>
+[[gnu::always_inline]] inline i32x8 widen8(const Byte* p) {
+    int32_t v[8];
+    for (int j = 0; j < 8; ++j) v[j] = p[j];
+    i32x8 out;
+    std::memcpy(&out, v, sizeof out);
+    return out;
+}
+
+// Eight f16 values to float, exactly (quant_detail::half_to_float on eight lanes):
+// exponent and mantissa moved into float position and rebiased by a multiply by 2^112
+// (which also scales subnormals exactly); inf/nan get an all-ones exponent.
+[[gnu::always_inline]] inline f32x8 halves8(u16x8 h) {
+    const u32x8 bits = __builtin_convertvector(h, u32x8);
+    const u32x8 rest = bits & 0x7fffu;
+    const u32x8 moved = rest << 13;
+    f32x8 f;
+    std::memcpy(&f, &moved, sizeof f);
+    f *= 0x1p112f;
+    u32x8 out;
+    std::memcpy(&out, &f, sizeof out);
+    out |= ((u32x8)(rest >= 0x7c00u) & 0x7f800000u) | (bits & 0x8000u) << 16;
+    std::memcpy(&f, &out, sizeof f);
+    return f;
+}
+
+// The f16 scales d of the span's nb <= 8 blocks (at the start of each stride-byte block).
+[[gnu::always_inline]] inline f32x8 block_scales(const uint8_t* src, int64_t nb, size_t stride) {
+    u16x8 h = {};
+    for (int64_t b = 0; b < nb; ++b) h[b] = quant_detail::load_u16(src + b * stride);
+    return halves8(h);
+}
+
+// ---- span decoders: len elements (whole blocks, at most kSpan) of a row -> w[len] -----
+
+// Q4_0 [f16 d][16 B]: element j < 16 is byte j's low nibble, j + 16 its high; d * (q - 8).
+[[gnu::always_inline]] inline void decode_q4_0(const uint8_t* src, float* w, int64_t len) {
+    const f32x8 d = block_scales(src, len / 32, 18);
+    for (int64_t b = 0; b < len / 32; ++b, src += 18, w += 32)
+        for (int half = 0; half < 2; ++half) {
+            const i32x8 q32 = widen8(src + 2 + 8 * half);  // two nibbles per 32-bit lane
+            const i32x8 lo = (q32 & 15) - 8, hi = (q32 >> 4) - 8;
+            store8(w + 8 * half, d[b] * __builtin_convertvector(lo, f32x8));
+            store8(w + 16 + 8 * half, d[b] * __builtin_convertvector(hi, f32x8));
+        }
+}
+
+// Q8_0 [f16 d][32 x int8]: d * q.
+[[gnu::always_inline]] inline void decode_q8_0(const uint8_t* src, float* w, int64_t len) {
+    const f32x8 d = block_scales(src, len / 32, 34);
+    for (int64_t b = 0; b < len / 32; ++b, src += 34, w += 32)
+        for (int c = 0; c < 4; ++c) {
+            const i32x8 q32 = widen8(reinterpret_cast<const int8_t*>(src + 2 + 8 * c));
+            store8(w + 8 * c, d[b] * __builtin_convertvector(q32, f32x8));
+        }
+}
+
+// Q4_K [f16 d][f16 dmin][12 B scales/mins][128 B nibbles] and Q5_K (+ [32 B high bits]
+// before the nibbles), 256 elements: sub-block j of 32 is the low (j even) or high nibble
+// of bytes 32 * (j / 2) .. + 31, bit j of qh[l] its fifth bit; d * sc * q - dmin * m.
+template <bool kHigh>
+[[gnu::always_inline]] inline void decode_q45_k(const uint8_t* src, float* w) {
+    const float d = quant_detail::load_f16(src), dmin = quant_detail::load_f16(src + 2);
+    const uint8_t* qh = src + 16;
+    const uint8_t* qs = src + (kHigh ? 48 : 16);
+    for (int j = 0; j < 8; ++j) {
+        int sc, m;
+        quant_detail::unpack_scale_min(src + 4, j, sc, m);
+        const float dl = d * float(sc), ml = dmin * float(m);
+        const int shift = 4 * (j & 1);
+        for (int c = 0; c < 4; ++c) {
+            i32x8 v = (widen8(qs + 32 * (j / 2) + 8 * c) >> shift) & 15;
+            if (kHigh) v |= ((widen8(qh + 8 * c) >> j) & 1) << 4;
+            store8(w + 32 * j + 8 * c, dl * __builtin_convertvector(v, f32x8) - ml);
+        }
+    }
+}
+
+// Q6_K [128 B low nibbles][64 B high 2 bits][16 x int8 scales][f16 d], 256 elements:
+// element 128n + 32s + l is the low (s < 2) or high nibble of ql[64n + 32(s & 1) + l] with
+// bits 2s..2s+1 of qh[32n + l] on top, minus 32, times d * scales[e / 16].
+[[gnu::always_inline]] inline void decode_q6_k(const uint8_t* src, float* w) {
+    const uint8_t* ql = src;
+    const uint8_t* qh = src + 128;
+    const auto* scales = reinterpret_cast<const int8_t*>(src + 192);
+    const float d = quant_detail::load_f16(src + 208);
+    for (int n = 0; n < 2; ++n)
+        for (int s = 0; s < 4; ++s) {
+            const uint8_t* lo_src = ql + 64 * n + 32 * (s & 1);
+            const uint8_t* hi_src = qh + 32 * n;
+            float* y = w + 128 * n + 32 * s;
+            for (int c = 0; c < 4; ++c) {
+                const float dl = d * float(scales[8 * n + 2 * s + c / 2]);
+                const i32x8 lo = (widen8(lo_src + 8 * c) >> (4 * (s >> 1))) & 15;
+                const i32x8 hi = (widen8(hi_src + 8 * c) >> (2 * s)) & 3;
+                store8(y + 8 * c, dl * __builtin_convertvector((lo | hi << 4) - 32, f32x8));
+            }
+        }
+}
+
+// F16 rows (len a multiple of 8).
+[[gnu::always_inline]] inline void decode_f16(const uint8_t* src, float* w, int64_t len) {
+    for (int64_t i = 0; i < len; i += 8) {
+        u16x8 h;
+        std::memcpy(&h, src + 2 * i, 16);
+        store8(w + i, halves8(h));
+    }
+}
+
+// The span's floats: the row itself for F32, else decoded into w.
+[[gnu::always_inline]] inline const float* decode_span(GgmlType type, const uint8_t* src, float* w,
+                                                       int64_t len) {
+    switch (type) {
+        case GgmlType::F32:
+            return reinterpret_cast<const float*>(src);
+        case GgmlType::Q4_0:
+            decode_q4_0(src, w, len);
+            return w;
+        case GgmlType::Q8_0:
+            decode_q8_0(src, w, len);
+            return w;
+        case GgmlType::Q4_K:
+            decode_q45_k<false>(src, w);
+            return w;  // one block: len 256
+        case GgmlType::Q5_K:
+            decode_q45_k<true>(src, w);
+            return w;
+        case GgmlType::Q6_K:
+            decode_q6_k(src, w);
+            return w;
+        case GgmlType::F16:
+            if (len % 8 != 0) break;
+            decode_f16(src, w, len);
+            return w;
+        default:
+            break;
+    }
+    dequantize_row(type, src, w, len);
+    return w;
+}
+
+// ---- the tile kernel ---------------------------------------------------------------------
+
+// out[t0 + t][o0 + r] for t < n_tok, r < R. x: [n_rows][n_in]; out: [n_rows][n_out].
+template <int R>
+KVRUN_SIMD_CLONES void rows_times_tile(const WeightView& w, const float* x, int64_t t0,
+                                       int64_t n_tok, int64_t o0, float* out) {
+    const int64_t n_in = w.n_in, block = ggml_type_traits(w.type).block_elems;
+    const int64_t span = kSpan - kSpan % block;  // whole blocks (a K-quant's 256)
+    const size_t span_bytes = ggml_row_bytes(w.type, span);
+    alignas(32) float wspan[R][kSpan];
+    f32x8 acc[kTokenTile][R] = {};
+    const auto* row0 = static_cast<const uint8_t*>(w.data) + o0 * w.row_bytes;
+    for (int64_t i0 = 0, s = 0; i0 < n_in; i0 += span, ++s) {
+        const int64_t len = std::min(span, n_in - i0), full = len - len % kLanes;
+        const float* wr[R];  // [R][len]
+        for (int r = 0; r < R; ++r)
+            wr[r] = decode_span(w.type, row0 + r * w.row_bytes + s * span_bytes, wspan[r], len);
+        for (int64_t t = 0; t < n_tok; ++t) {
+            const float* xt = x + (t0 + t) * n_in + i0;  // [len]
+            f32x8 a[R];
+            for (int r = 0; r < R; ++r) a[r] = acc[t][r];
+            for (int64_t i = 0; i < full; i += kLanes) {
+                const f32x8 xv = load8(xt + i);
+                for (int r = 0; r < R; ++r) a[r] += load8(wr[r] + i) * xv;
+            }
+            for (int64_t i = full; i < len; ++i)  // a tail shorter than 8 (F32/F16 rows only)
+                for (int r = 0; r < R; ++r) a[r][i % kLanes] += wr[r][i] * xt[i];
+            for (int r = 0; r < R; ++r) acc[t][r] = a[r];
+        }
+    }
+    for (int64_t t = 0; t < n_tok; ++t)
+        for (int r = 0; r < R; ++r) {
+            const f32x8 a = acc[t][r];
+            out[(t0 + t) * w.n_out + o0 + r] =
+                ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+        }
+}
+
+}  // namespace
+
+void matmul(float* out, const float* x, const WeightView& w, int64_t n_rows) {
+    if (!w.data || w.n_in <= 0 || w.n_out <= 0)
+        fail("matmul: empty weight view ({} x {})", w.n_out, w.n_in);
+    if (llamacpp_rounding()) return llamacpp::matmul(out, x, w, n_rows);
+    const int64_t n_groups = (w.n_out + kGroup - 1) / kGroup;
+    // Row groups per chunk: enough multiply-adds (~32k) to be worth a thread hand-off.
+    const int64_t work_per_group = std::max<int64_t>(1, kGroup * w.n_in * n_rows);
+    const int64_t grain = std::max<int64_t>(1, (32 * 1024) / work_per_group);
+    cpu_thread_pool().parallel_for(n_groups, grain, [&](int64_t g0, int64_t g1) {
+        const int64_t o_end = std::min(g1 * kGroup, w.n_out);
+        for (int64_t t0 = 0; t0 < n_rows; t0 += kTokenTile) {
+            const int64_t n_tok = std::min(kTokenTile, n_rows - t0);
+            int64_t o = g0 * kGroup;
+            for (; o + kGroup <= o_end; o += kGroup)
+                rows_times_tile<kGroup>(w, x, t0, n_tok, o, out);
+            for (; o < o_end; ++o) rows_times_tile<1>(w, x, t0, n_tok, o, out);
+        }
+    });
+}
+
+}  // namespace kvrun::cpu
