@@ -204,7 +204,9 @@ KVRUN_SIMD_CLONES void rows_times_tile(const WeightView& w, const float* x, int6
     const int64_t span = kSpan - kSpan % block;  // whole blocks (a K-quant's 256)
     const size_t span_bytes = ggml_row_bytes(w.type, span);
     alignas(32) float wspan[R][kSpan];
-    f32x8 acc[kTokenTile][R] = {};
+    f32x8 acc[kTokenTile][R];  // [n_tok][R], only the tile's tokens zeroed
+    for (int64_t t = 0; t < n_tok; ++t)
+        for (int r = 0; r < R; ++r) acc[t][r] = f32x8{};
     const auto* row0 = static_cast<const uint8_t*>(w.data) + o0 * w.row_bytes;
     for (int64_t i0 = 0, s = 0; i0 < n_in; i0 += span, ++s) {
         const int64_t len = std::min(span, n_in - i0), full = len - len % kLanes;
