@@ -47,7 +47,7 @@ constexpr int64_t kTokenTile = 16;  // tokens dotted with a span while it sits i
     std::memcpy(&v, p, sizeof v);
     return v;
 }
-[[gnu::always_inline]] inline void store8(float* p, f32x8 v) {
+[[gnu::always_inline]] inline void store8(float* p, const f32x8& v) {
     std::memcpy(p, &v, sizeof v);
 }
 
