@@ -140,15 +140,15 @@ template <bool kHigh>
     const auto* scales = reinterpret_cast<const int8_t*>(src + 192);
     const float d = quant_detail::load_f16(src + 208);
     for (int n = 0; n < 2; ++n)
-        for (int s = 0; s < 4; ++s) {
-            const uint8_t* lo_src = ql + 64 * n + 32 * (s & 1);
-            const uint8_t* hi_src = qh + 32 * n;
-            float* y = w + 128 * n + 32 * s;
-            for (int c = 0; c < 4; ++c) {
+        for (int c = 0; c < 4; ++c) {  // elements 8c..8c+7 of each of the four 32-runs s
+            const i32x8 low[2] = {widen8(ql + 64 * n + 8 * c), widen8(ql + 64 * n + 32 + 8 * c)};
+            const i32x8 high = widen8(qh + 32 * n + 8 * c);
+            for (int s = 0; s < 4; ++s) {
                 const float dl = d * float(scales[8 * n + 2 * s + c / 2]);
-                const i32x8 lo = (widen8(lo_src + 8 * c) >> (4 * (s >> 1))) & 15;
-                const i32x8 hi = (widen8(hi_src + 8 * c) >> (2 * s)) & 3;
-                store8(y + 8 * c, dl * __builtin_convertvector((lo | hi << 4) - 32, f32x8));
+                const i32x8 lo = (low[s & 1] >> (4 * (s >> 1))) & 15;
+                const i32x8 hi = (high >> (2 * s)) & 3;
+                store8(w + 128 * n + 32 * s + 8 * c,
+                       dl * __builtin_convertvector((lo | hi << 4) - 32, f32x8));
             }
         }
 }
