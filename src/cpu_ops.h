@@ -62,6 +62,8 @@ namespace cpu {
 void rmsnorm(float* out, const float* x, const float* w, int64_t n_rows, int64_t dim, float eps);
 
 // out[r][o] = sum_i x[r][i] * W[o][i];  x: [n_rows][n_in], out: [n_rows][n_out]
+// (cpu_matmul.cpp). Each sum has one fixed float order (products added into lane i % 8 of
+// eight accumulators, the lanes combined pairwise), whatever n_rows, threads or CPU.
 void matmul(float* out, const float* x, const WeightView& w, int64_t n_rows);
 
 // Adds bias[n] to every row of x: [n_rows][n]
