@@ -13,8 +13,10 @@
 // - the eight lanes of one dot are one 8-float vector (GCC/Clang vector extensions, plain
 //   SSE on the portable build, AVX2 in the x86-64-v3 clone of KVRUN_SIMD_CLONES), and the
 //   four rows' vectors are independent chains that keep the adders busy;
-// - Q4_0, Q8_0 and F16 rows decode eight elements per vector operation; other types go
-//   through dequantize_row. The build disables FP contraction, so every clone rounds alike.
+// - the common types (F16, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, Q4_K/Q5_K/Q6_K, IQ4_NL/IQ4_XS)
+//   decode eight elements per vector operation; the rest go through dequantize_row.
+//
+// The build disables FP contraction, so every clone rounds alike.
 #include <algorithm>
 #include <cstring>
 
@@ -36,6 +38,8 @@ using f32x8 = float __attribute__((vector_size(32)));
 using i32x8 = int32_t __attribute__((vector_size(32)));
 using u32x8 = uint32_t __attribute__((vector_size(32)));
 using u16x8 = uint16_t __attribute__((vector_size(16)));
+using u8x16 = uint8_t __attribute__((vector_size(16)));
+using i8x16 = int8_t __attribute__((vector_size(16)));
 
 constexpr int kLanes = 8;           // accumulators per dot (dot_f32's)
 constexpr int kGroup = 4;           // weight rows decoded and dotted together
@@ -88,16 +92,76 @@ template <class Byte>
 
 // ---- span decoders: len elements (whole blocks, at most kSpan) of a row -> w[len] -----
 
-// Q4_0 [f16 d][16 B]: element j < 16 is byte j's low nibble, j + 16 its high; d * (q - 8).
-[[gnu::always_inline]] inline void decode_q4_0(const uint8_t* src, float* w, int64_t len) {
-    const f32x8 d = block_scales(src, len / 32, 18);
-    for (int64_t b = 0; b < len / 32; ++b, src += 18, w += 32)
+// Legacy 4/5-bit blocks, 32 elements: Q4_0 [f16 d][16 B], Q4_1 [f16 d][f16 m][16 B],
+// Q5_0 [f16 d][u32 qh][16 B], Q5_1 [f16 d][f16 m][u32 qh][16 B]. Element j < 16 is byte
+// j's low nibble, j + 16 its high nibble, bit j of qh the fifth bit; d * q + m with a min,
+// else d * (q - 8) resp. d * (q - 16).
+template <bool kHasMin, bool kHasHigh>
+[[gnu::always_inline]] inline void decode_q4q5(const uint8_t* src, float* w, int64_t len) {
+    constexpr size_t kBytes = 2 + (kHasMin ? 2 : 0) + (kHasHigh ? 4 : 0) + 16;
+    constexpr int kOffset = kHasMin ? 0 : (kHasHigh ? 16 : 8);
+    const f32x8 d = block_scales(src, len / 32, kBytes);
+    const f32x8 m = kHasMin ? block_scales(src + 2, len / 32, kBytes) : f32x8{};
+    const u32x8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    for (int64_t b = 0; b < len / 32; ++b, src += kBytes, w += 32) {
+        const uint32_t qh = kHasHigh ? quant_detail::load_u32(src + (kHasMin ? 4 : 2)) : 0;
         for (int half = 0; half < 2; ++half) {
-            const i32x8 q32 = widen8(src + 2 + 8 * half);  // two nibbles per 32-bit lane
-            const i32x8 lo = (q32 & 15) - 8, hi = (q32 >> 4) - 8;
-            store8(w + 8 * half, d[b] * __builtin_convertvector(lo, f32x8));
-            store8(w + 16 + 8 * half, d[b] * __builtin_convertvector(hi, f32x8));
+            const i32x8 q32 = widen8(src + kBytes - 16 + 8 * half);  // two nibbles per lane
+            i32x8 lo = q32 & 15, hi = q32 >> 4;
+            if (kHasHigh) {  // element j's fifth bit is bit j of qh, j + 16's bit j + 16
+                const u32x8 qhv = u32x8{} + qh, bit = (u32x8{} + (1u << (8 * half))) << lane;
+                lo |= (i32x8)((qhv & bit) != 0) & 16;
+                hi |= (i32x8)((qhv & (bit << 16)) != 0) & 16;
+            }
+            if (kHasMin) {
+                store8(w + 8 * half, d[b] * __builtin_convertvector(lo, f32x8) + m[b]);
+                store8(w + 16 + 8 * half, d[b] * __builtin_convertvector(hi, f32x8) + m[b]);
+            } else {
+                store8(w + 8 * half, d[b] * __builtin_convertvector(lo - kOffset, f32x8));
+                store8(w + 16 + 8 * half, d[b] * __builtin_convertvector(hi - kOffset, f32x8));
+            }
         }
+    }
+}
+
+// IQ4: 16 bytes of nibbles -> the 32 elements scale * codebook[nibble] (low nibbles first).
+// The lookup is one byte shuffle per 16 codes on GCC (pshufb in the AVX2 clone).
+[[gnu::always_inline]] inline void decode_iq4_32(const uint8_t* qs, float scale, float* w) {
+    int8_t v[32];  // codebook values, element order
+#if defined(__GNUC__) && !defined(__clang__)
+    i8x16 lut;
+    std::memcpy(&lut, quant_detail::kIq4Codebook, 16);
+    u8x16 q;
+    std::memcpy(&q, qs, 16);
+    const i8x16 lo = __builtin_shuffle(lut, q & 15), hi = __builtin_shuffle(lut, q >> 4);
+    std::memcpy(v, &lo, 16);
+    std::memcpy(v + 16, &hi, 16);
+#else
+    for (int j = 0; j < 16; ++j) {
+        v[j] = quant_detail::kIq4Codebook[qs[j] & 15];
+        v[j + 16] = quant_detail::kIq4Codebook[qs[j] >> 4];
+    }
+#endif
+    for (int c = 0; c < 4; ++c)
+        store8(w + 8 * c, scale * __builtin_convertvector(widen8(v + 8 * c), f32x8));
+}
+
+// IQ4_NL [f16 d][16 B], 32 elements.
+[[gnu::always_inline]] inline void decode_iq4_nl(const uint8_t* src, float* w, int64_t len) {
+    const f32x8 d = block_scales(src, len / 32, 18);
+    for (int64_t b = 0; b < len / 32; ++b) decode_iq4_32(src + 18 * b + 2, d[b], w + 32 * b);
+}
+
+// IQ4_XS [f16 d][u16 scales_h][4 B scales_l][128 B], 256 elements: sub-block j's 6-bit
+// scale is nibble j of scales_l with bits 2j..2j+1 of scales_h on top, minus 32.
+[[gnu::always_inline]] inline void decode_iq4_xs(const uint8_t* src, float* w) {
+    const float d = quant_detail::load_f16(src);
+    const uint16_t scales_h = quant_detail::load_u16(src + 2);
+    for (int j = 0; j < 8; ++j) {
+        const int ls =
+            ((src[4 + j / 2] >> (4 * (j % 2))) & 0xf) | (((scales_h >> (2 * j)) & 3) << 4);
+        decode_iq4_32(src + 8 + 16 * j, d * float(ls - 32), w + 32 * j);
+    }
 }
 
 // Q8_0 [f16 d][32 x int8]: d * q.
@@ -169,7 +233,22 @@ template <bool kHigh>
         case GgmlType::F32:
             return reinterpret_cast<const float*>(src);
         case GgmlType::Q4_0:
-            decode_q4_0(src, w, len);
+            decode_q4q5<false, false>(src, w, len);
+            return w;
+        case GgmlType::Q4_1:
+            decode_q4q5<true, false>(src, w, len);
+            return w;
+        case GgmlType::Q5_0:
+            decode_q4q5<false, true>(src, w, len);
+            return w;
+        case GgmlType::Q5_1:
+            decode_q4q5<true, true>(src, w, len);
+            return w;
+        case GgmlType::IQ4_NL:
+            decode_iq4_nl(src, w, len);
+            return w;
+        case GgmlType::IQ4_XS:
+            decode_iq4_xs(src, w);
             return w;
         case GgmlType::Q8_0:
             decode_q8_0(src, w, len);

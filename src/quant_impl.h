@@ -15,6 +15,10 @@ namespace kvrun::quant_detail {
 constexpr int kQK = 256;
 constexpr int kQ32 = 32;
 
+// The IQ4 codebook (ggml's non-linear 4-bit levels), shared by IQ4_NL and IQ4_XS.
+inline constexpr int8_t kIq4Codebook[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+
 // Q4_K/Q5_K: 8 (scale, min) pairs of 6 bits in 12 bytes. Pairs 0-3 sit in the low 6 bits
 // of bytes 0-3 (scale) and 4-7 (min); pairs 4-7 keep their low nibbles in bytes 8-11
 // (scale low, min high) and their top 2 bits in the top bits of bytes 0-3 / 4-7.

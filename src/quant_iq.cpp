@@ -1,10 +1,10 @@
 // IQ4_NL / IQ4_XS codecs: 4-bit indices into a fixed non-linear 16-entry codebook.
-//   IQ4_NL [f16 d][16 B nibbles]: 32 elements, x = d * kCodebook[nibble]; element j < 16
+//   IQ4_NL [f16 d][16 B nibbles]: 32 elements, x = d * kIq4Codebook[nibble]; element j < 16
 //          is the low nibble of byte j, element j + 16 its high nibble (as Q4_0).
 //   IQ4_XS [f16 d][u16 scales_h][4 B scales_l][128 B nibbles]: 256 elements in 8
 //          sub-blocks of 32 laid out like IQ4_NL; sub-block j has a 6-bit scale whose low
 //          nibble is nibble j%2 of scales_l[j/2] and whose top 2 bits are bits 2j of
-//          scales_h; x = d * (scale - 32) * kCodebook[nibble].
+//          scales_h; x = d * (scale - 32) * kIq4Codebook[nibble].
 #include <algorithm>
 #include <cmath>
 
@@ -15,15 +15,11 @@ namespace kvrun::quant_detail {
 
 namespace {
 
-// The IQ4 codebook (ggml's non-linear 4-bit levels).
-constexpr int8_t kCodebook[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                  1,    13,   25,  38,  53,  69,  89,  113};
-
 // 16 nibbles-bytes for 32 elements -> y[32] = scale * codebook value.
 inline void decode_iq4_32(const uint8_t* qs, float scale, float* y) {
     for (int j = 0; j < 16; ++j) {
-        y[j] = scale * float(kCodebook[qs[j] & 0xf]);
-        y[j + 16] = scale * float(kCodebook[qs[j] >> 4]);
+        y[j] = scale * float(kIq4Codebook[qs[j] & 0xf]);
+        y[j + 16] = scale * float(kIq4Codebook[qs[j] >> 4]);
     }
 }
 
@@ -31,7 +27,7 @@ inline void decode_iq4_32(const uint8_t* qs, float scale, float* y) {
 // entries that lie below v (branch-free).
 inline int nearest_code(float v) {
     int idx = 0;
-    for (int i = 0; i < 15; ++i) idx += v > 0.5f * float(kCodebook[i] + kCodebook[i + 1]);
+    for (int i = 0; i < 15; ++i) idx += v > 0.5f * float(kIq4Codebook[i] + kIq4Codebook[i + 1]);
     return idx;
 }
 
@@ -41,7 +37,7 @@ float code_block(const float* x, float d, uint8_t* idx) {
     float err = 0;
     for (int i = 0; i < 32; ++i) {
         idx[i] = uint8_t(nearest_code(x[i] * id));
-        const float e = d * float(kCodebook[idx[i]]) - x[i];
+        const float e = d * float(kIq4Codebook[idx[i]]) - x[i];
         err += e * e;
     }
     return err;
@@ -61,7 +57,7 @@ float fit_iq4_scale(const float* x) {
             code_block(x, d0, idx);
             float skx = 0, skk = 0, sxx = 0;
             for (int i = 0; i < 32; ++i) {
-                const float k = kCodebook[idx[i]];
+                const float k = kIq4Codebook[idx[i]];
                 skx += k * x[i], skk += k * k, sxx += x[i] * x[i];
             }
             if (skk <= 0) continue;
