@@ -13,8 +13,8 @@
 // - the eight lanes of one dot are one 8-float vector (GCC/Clang vector extensions, plain
 //   SSE on the portable build, AVX2 in the x86-64-v3 clone of KVRUN_SIMD_CLONES), and the
 //   four rows' vectors are independent chains that keep the adders busy;
-// - the common types (F16, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, Q4_K/Q5_K/Q6_K, IQ4_NL/IQ4_XS)
-//   decode eight elements per vector operation; the rest go through dequantize_row.
+// - F16, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, Q2_K..Q6_K and IQ4_NL/IQ4_XS decode eight elements per
+//   vector operation; the rest (BF16, 1-element-block odd widths) go through dequantize_row.
 //
 // The build disables FP contraction, so every clone rounds alike.
 #include <algorithm>
@@ -174,6 +174,35 @@ template <bool kHasMin, bool kHasHigh>
         }
 }
 
+// Q2_K [16 B scale/min nibbles][64 B codes][f16 d][f16 dmin] and Q3_K [32 B hmask][64 B
+// codes][12 B 6-bit scales][f16 d], 256 elements: element 128n + 32s + l has bits 2s..2s+1
+// of qs[32n + l]; Q3_K's third bit is bit 4n + s of hmask[l], a clear bit subtracting 4.
+// Scale e / 16: Q2_K d * sc - dmin * m, Q3_K d * (signed 6-bit scale).
+template <bool kQ3>
+[[gnu::always_inline]] inline void decode_q23_k(const uint8_t* src, float* w) {
+    const uint8_t* qs = src + (kQ3 ? 32 : 16);
+    const float d = quant_detail::load_f16(src + (kQ3 ? 108 : 80));
+    const float dmin = kQ3 ? 0.0f : quant_detail::load_f16(src + 82);
+    for (int n = 0; n < 2; ++n)
+        for (int c = 0; c < 4; ++c) {  // elements 8c..8c+7 of each of the four 32-runs s
+            const i32x8 q = widen8(qs + 32 * n + 8 * c);
+            const i32x8 hm = kQ3 ? widen8(src + 8 * c) : i32x8{};
+            for (int s = 0; s < 4; ++s) {
+                const int j = 8 * n + 2 * s + c / 2;  // scale index e / 16
+                const i32x8 low = (q >> (2 * s)) & 3;
+                float* y = w + 128 * n + 32 * s + 8 * c;
+                if (kQ3) {
+                    const float dl = d * float(quant_detail::unpack_q3_scale(src + 96, j));
+                    const i32x8 v = low - 4 + (((hm >> (4 * n + s)) & 1) << 2);
+                    store8(y, dl * __builtin_convertvector(v, f32x8));
+                } else {
+                    const float dl = d * float(src[j] & 0xf), ml = dmin * float(src[j] >> 4);
+                    store8(y, dl * __builtin_convertvector(low, f32x8) - ml);
+                }
+            }
+        }
+}
+
 // Q4_K [f16 d][f16 dmin][12 B scales/mins][128 B nibbles] and Q5_K (+ [32 B high bits]
 // before the nibbles), 256 elements: sub-block j of 32 is the low (j even) or high nibble
 // of bytes 32 * (j / 2) .. + 31, bit j of qh[l] its fifth bit; d * sc * q - dmin * m.
@@ -252,6 +281,12 @@ template <bool kHigh>
             return w;
         case GgmlType::Q8_0:
             decode_q8_0(src, w, len);
+            return w;
+        case GgmlType::Q2_K:
+            decode_q23_k<false>(src, w);
+            return w;
+        case GgmlType::Q3_K:
+            decode_q23_k<true>(src, w);
             return w;
         case GgmlType::Q4_K:
             decode_q45_k<false>(src, w);

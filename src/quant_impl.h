@@ -32,6 +32,14 @@ inline void unpack_scale_min(const uint8_t* s, int j, int& sc, int& m) {
     }
 }
 
+// Q3_K: 16 scales of 6 bits in 12 bytes. Scale j keeps its low nibble in byte j (j < 8,
+// low nibble) or byte j-8 (high nibble), and its top 2 bits in byte 8 + j%4 at bit 2*(j/4).
+inline int unpack_q3_scale(const uint8_t* s, int j) {
+    const int lo = j < 8 ? (s[j] & 0xf) : (s[j - 8] >> 4);
+    const int hi = (s[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+    return (lo | hi << 4) - 32;
+}
+
 // src: nb blocks of the type -> dst[nb * block_elems]
 using DequantFn = void (*)(const uint8_t* src, float* dst, int64_t nb);
 // src[nb * block_elems] -> dst: nb blocks

@@ -36,14 +36,6 @@ void pack_scale_min(const int* sc, const int* m, uint8_t* s) {
     }
 }
 
-// Q3_K: 16 scales of 6 bits in 12 bytes. Scale j keeps its low nibble in byte j (j < 8,
-// low nibble) or byte j-8 (high nibble), and its top 2 bits in byte 8 + j%4 at bit 2*(j/4).
-inline int unpack_q3_scale(const uint8_t* s, int j) {
-    const int lo = j < 8 ? (s[j] & 0xf) : (s[j - 8] >> 4);
-    const int hi = (s[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
-    return (lo | hi << 4) - 32;
-}
-
 void pack_q3_scales(const int* sc, uint8_t* s) {  // sc[16] in [-32, 31]
     std::fill(s, s + 12, 0);
     for (int j = 0; j < 16; ++j) {
