@@ -369,12 +369,7 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
                 }
                 const KvPool& p = role == KvRole::K ? kp : vp;
                 const uint8_t* blk = p.at(kv_block_of(kv, batch, t, j * bs), kvh);
-                if (p.type == KvType::F16) {
-                    dequantize_row(GgmlType::F16, blk, rows.data(), n * hd);
-                } else {
-                    for (int64_t r = 0; r < n; ++r)
-                        kv_decode_head_row(p.type, role, blk, bs, hd, r, rows.data() + r * hd);
-                }
+                kv_decode_head_rows(p.type, role, blk, bs, hd, 0, n, rows.data());
             };
             const float* qv = q + (t * n_head + h0) * hd;  // [nh][head_dim]
             if (round_q) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "common.h"
 #include "quant.h"
@@ -27,12 +28,6 @@ int64_t scale_bytes(KvRole role, int64_t block_size, int64_t head_dim) {
 // Bytes of one row's quantized values.
 int64_t row_bytes(KvType t, int64_t head_dim) {
     return t == KvType::Q8 ? head_dim : head_dim / 2;
-}
-
-float load_f16(const uint8_t* p) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return fp16_to_fp32(h);
 }
 
 void store_f16(uint8_t* p, float v) {
@@ -70,12 +65,6 @@ void put_code(KvType t, uint8_t* row, int64_t c, int q) {
         row[c / 2] = c % 2 == 0 ? static_cast<uint8_t>((row[c / 2] & 0xF0) | nib)
                                 : static_cast<uint8_t>((row[c / 2] & 0x0F) | (nib << 4));
     }
-}
-
-int get_code(KvType t, const uint8_t* row, int64_t c) {
-    if (t == KvType::Q8) return static_cast<int8_t>(row[c]);
-    const uint8_t b = row[c / 2];
-    return int(c % 2 == 0 ? (b & 0x0F) : (b >> 4)) - 8;
 }
 
 }  // namespace
@@ -184,26 +173,76 @@ void kv_encode_head_block(KvType t, KvRole role, const float* src, int64_t block
     }
 }
 
-void kv_decode_head_row(KvType t, KvRole role, const uint8_t* blk, int64_t block_size,
-                        int64_t head_dim, int64_t row, float* out) {
+namespace {
+
+float load_half(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return fp16_to_fp32(h);
+}
+
+// out[c] = scale[c] * code c of a quantized row, c < n (K: a scale per channel).
+[[gnu::always_inline]] inline void codes_times_scales(KvType t, const uint8_t* values,
+                                                      const float* scale, int64_t n, float* out) {
+    if (t == KvType::Q8) {
+        for (int64_t c = 0; c < n; ++c) out[c] = scale[c] * float(static_cast<int8_t>(values[c]));
+        return;
+    }
+    for (int64_t i = 0; i < n / 2; ++i) {
+        out[2 * i] = scale[2 * i] * float(int(values[i] & 0x0F) - 8);
+        out[2 * i + 1] = scale[2 * i + 1] * float(int(values[i] >> 4) - 8);
+    }
+}
+
+// out[c] = s * code c of a quantized row, c in [c0, c0 + n) (V: one scale per group; c0 and
+// n even for q4).
+[[gnu::always_inline]] inline void codes_times_scale(KvType t, const uint8_t* values, float s,
+                                                     int64_t c0, int64_t n, float* out) {
+    if (t == KvType::Q8) {
+        for (int64_t c = c0; c < c0 + n; ++c) out[c] = s * float(static_cast<int8_t>(values[c]));
+        return;
+    }
+    for (int64_t i = c0 / 2; i < (c0 + n) / 2; ++i) {
+        out[2 * i] = s * float(int(values[i] & 0x0F) - 8);
+        out[2 * i + 1] = s * float(int(values[i] >> 4) - 8);
+    }
+}
+
+}  // namespace
+
+KVRUN_SIMD_CLONES void kv_decode_head_rows(KvType t, KvRole role, const uint8_t* blk,
+                                           int64_t block_size, int64_t head_dim, int64_t row0,
+                                           int64_t n_rows, float* out) {
     const int64_t bs = block_size, hd = head_dim;
     if (t == KvType::F32) {
-        std::memcpy(out, blk + row * hd * 4, size_t(hd) * 4);
+        std::memcpy(out, blk + row0 * hd * 4, size_t(n_rows * hd) * 4);
         return;
     }
     if (t == KvType::F16) {
-        dequantize_row(GgmlType::F16, blk + 2 * row * hd, out, hd);
+        dequantize_row(GgmlType::F16, blk + 2 * row0 * hd, out, n_rows * hd);
         return;
     }
-    const uint8_t* values = blk + scale_bytes(role, bs, hd) + row * row_bytes(t, hd);
+    // Each value is scale * code. K: one scale per channel for the whole block, decoded once;
+    // V: one scale per row and group of g channels.
+    const int64_t g = kv_v_group(hd), n_groups = hd / g, rb = row_bytes(t, hd);
+    const uint8_t* values = blk + scale_bytes(role, bs, hd) + row0 * rb;
     if (role == KvRole::K) {
-        for (int64_t c = 0; c < hd; ++c)
-            out[c] = load_f16(blk + 2 * c) * float(get_code(t, values, c));
-    } else {
-        const int64_t g = kv_v_group(hd), n_groups = hd / g;
-        for (int64_t c = 0; c < hd; ++c)
-            out[c] = load_f16(blk + 2 * (row * n_groups + c / g)) * float(get_code(t, values, c));
+        float stack[256];
+        std::vector<float> heap(hd > 256 ? size_t(hd) : 0);
+        float* scale = hd > 256 ? heap.data() : stack;  // [hd]
+        dequantize_row(GgmlType::F16, blk, scale, hd);
+        for (int64_t r = 0; r < n_rows; ++r, values += rb, out += hd)
+            codes_times_scales(t, values, scale, hd, out);
+        return;
     }
+    for (int64_t r = row0; r < row0 + n_rows; ++r, values += rb, out += hd)
+        for (int64_t j = 0; j < n_groups; ++j)
+            codes_times_scale(t, values, load_half(blk + 2 * (r * n_groups + j)), j * g, g, out);
+}
+
+void kv_decode_head_row(KvType t, KvRole role, const uint8_t* blk, int64_t block_size,
+                        int64_t head_dim, int64_t row, float* out) {
+    kv_decode_head_rows(t, role, blk, block_size, head_dim, row, 1, out);
 }
 
 void hadamard_rows(float* x, int64_t n_rows, int64_t n) {

@@ -50,6 +50,10 @@ double kv_bytes_per_element(KvType t, KvRole role, int64_t head_dim, int64_t blo
 // one scale per channel over all block_size rows; quantized V one scale per row and group.
 void kv_encode_head_block(KvType t, KvRole role, const float* src, int64_t block_size,
                           int64_t head_dim, uint8_t* dst);
+// Decodes rows [row0, row0 + n_rows) of head block `blk` (format t) into
+// out: [n_rows][head_dim] (each value scale * code, the scales decoded once per call).
+void kv_decode_head_rows(KvType t, KvRole role, const uint8_t* blk, int64_t block_size,
+                         int64_t head_dim, int64_t row0, int64_t n_rows, float* out);
 // Decodes row `row` of head block `blk` (format t) into out: [head_dim].
 void kv_decode_head_row(KvType t, KvRole role, const uint8_t* blk, int64_t block_size,
                         int64_t head_dim, int64_t row, float* out);

@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "backend.h"
@@ -112,6 +114,55 @@ TEST_CASE("kv codec: q8/q4 error bounds, K per channel, V per token and group") 
                     // channels accurate next to the outlier channel).
                     const double e = nmse(x, y);
                     if (bs > 1 || role == KvRole::V) CHECK(e < (t == KvType::Q8 ? 1e-4 : 2e-2));
+                }
+}
+
+TEST_CASE("kv codec: decoding rows gives scale * code of the documented layout, bit for bit") {
+    // The layout of kv_format.h, read byte by byte: K scales per channel in front, V scales
+    // per row and group in front; q8 codes int8, q4 codes nibbles stored q + 8.
+    for (KvType t : {KvType::Q8, KvType::Q4})
+        for (KvRole role : {KvRole::K, KvRole::V})
+            for (int64_t hd : {8, 64, 96, 128})
+                for (int64_t bs : {1, 5, 16}) {
+                    CAPTURE(std::string(kv_type_name(t)));
+                    CAPTURE(int(role));
+                    CAPTURE(hd);
+                    CAPTURE(bs);
+                    const KvHeadLayout l = kv_head_layout(t, role, bs, hd);
+                    std::vector<uint8_t> blk(size_t(l.bytes));
+                    const std::vector<float> x = random_rows(bs, hd, uint32_t(hd + bs), 3);
+                    kv_encode_head_block(t, role, x.data(), bs, hd, blk.data());
+                    const int64_t g = role == KvRole::K ? 1 : l.group, n_scales = hd / g;
+                    auto half_at = [&](int64_t i) {
+                        uint16_t h;
+                        std::memcpy(&h, blk.data() + 2 * i, 2);
+                        return fp16_to_fp32(h);
+                    };
+                    std::vector<float> want(size_t(bs * hd));
+                    for (int64_t r = 0; r < bs; ++r)
+                        for (int64_t c = 0; c < hd; ++c) {
+                            const uint8_t* v = blk.data() + l.scale_bytes + r * l.row_bytes;
+                            const int code = t == KvType::Q8
+                                                 ? int(static_cast<int8_t>(v[c]))
+                                                 : int(c % 2 ? v[c / 2] >> 4 : v[c / 2] & 15) - 8;
+                            const float scale =
+                                role == KvRole::K ? half_at(c) : half_at(r * n_scales + c / g);
+                            want[r * hd + c] = scale * float(code);
+                        }
+                    // All rows at once, a middle run, and row by row.
+                    std::vector<float> got(size_t(bs * hd));
+                    kv_decode_head_rows(t, role, blk.data(), bs, hd, 0, bs, got.data());
+                    CHECK(got == want);
+                    if (bs > 2) {
+                        std::vector<float> mid(size_t((bs - 2) * hd));
+                        kv_decode_head_rows(t, role, blk.data(), bs, hd, 1, bs - 2, mid.data());
+                        CHECK(std::equal(mid.begin(), mid.end(), want.begin() + hd));
+                    }
+                    for (int64_t r = 0; r < bs; ++r) {
+                        std::vector<float> one(static_cast<size_t>(hd));
+                        kv_decode_head_row(t, role, blk.data(), bs, hd, r, one.data());
+                        CHECK(std::equal(one.begin(), one.end(), want.begin() + r * hd));
+                    }
                 }
 }
 
