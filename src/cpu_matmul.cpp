@@ -14,7 +14,8 @@
 //   SSE on the portable build, AVX2 in the x86-64-v3 clone of KVRUN_SIMD_CLONES), and the
 //   four rows' vectors are independent chains that keep the adders busy;
 // - F16, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, Q2_K..Q6_K and IQ4_NL/IQ4_XS decode eight elements per
-//   vector operation; the rest (BF16, 1-element-block odd widths) go through dequantize_row.
+//   vector operation; BF16 (whose generic decoder vectorizes as well) and F16 rows whose
+//   width is not a multiple of 8 go through dequantize_row.
 //
 // The build disables FP contraction, so every clone rounds alike.
 #include <algorithm>
