@@ -32,9 +32,6 @@
 namespace kvrun::cpu::llamacpp {
 namespace {
 
-// Work below which matmul runs on the calling thread (as in cpu_ops.cpp).
-constexpr int64_t kMinParallelWork = 32 * 1024;
-
 float round_to_f16(float x) {
     return fp16_to_fp32(fp32_to_fp16(x));
 }
@@ -572,8 +569,7 @@ void matmul(float* out, const float* x, const WeightView& w, int64_t n_rows) {
         }
     }
     const MatmulJob job{w, kind, n_rows, batched, tinyblas_float, repacked, out, xf, xq};
-    const int64_t grain =
-        std::max<int64_t>(1, kMinParallelWork / std::max<int64_t>(1, n_in * n_rows));
+    const int64_t grain = parallel_grain(n_in * n_rows);
     cpu_thread_pool().parallel_for(n_out, grain,
                                    [&](int64_t o0, int64_t o1) { matmul_rows(job, o0, o1); });
 }

@@ -264,48 +264,50 @@ template <bool kHigh>
             return reinterpret_cast<const float*>(src);
         case GgmlType::Q4_0:
             decode_q4q5<false, false>(src, w, len);
-            return w;
+            break;
         case GgmlType::Q4_1:
             decode_q4q5<true, false>(src, w, len);
-            return w;
+            break;
         case GgmlType::Q5_0:
             decode_q4q5<false, true>(src, w, len);
-            return w;
+            break;
         case GgmlType::Q5_1:
             decode_q4q5<true, true>(src, w, len);
-            return w;
-        case GgmlType::IQ4_NL:
-            decode_iq4_nl(src, w, len);
-            return w;
-        case GgmlType::IQ4_XS:
-            decode_iq4_xs(src, w);
-            return w;
+            break;
         case GgmlType::Q8_0:
             decode_q8_0(src, w, len);
-            return w;
+            break;
+        case GgmlType::IQ4_NL:
+            decode_iq4_nl(src, w, len);
+            break;
+        // The 256-element types: a span is one block.
+        case GgmlType::IQ4_XS:
+            decode_iq4_xs(src, w);
+            break;
         case GgmlType::Q2_K:
             decode_q23_k<false>(src, w);
-            return w;
+            break;
         case GgmlType::Q3_K:
             decode_q23_k<true>(src, w);
-            return w;
+            break;
         case GgmlType::Q4_K:
             decode_q45_k<false>(src, w);
-            return w;  // one block: len 256
+            break;
         case GgmlType::Q5_K:
             decode_q45_k<true>(src, w);
-            return w;
+            break;
         case GgmlType::Q6_K:
             decode_q6_k(src, w);
-            return w;
-        case GgmlType::F16:
-            if (len % 8 != 0) break;
-            decode_f16(src, w, len);
-            return w;
-        default:
             break;
+        case GgmlType::F16:
+            if (len % 8 == 0) {
+                decode_f16(src, w, len);
+                break;
+            }
+            [[fallthrough]];
+        default:
+            dequantize_row(type, src, w, len);
     }
-    dequantize_row(type, src, w, len);
     return w;
 }
 
@@ -356,19 +358,18 @@ void matmul(float* out, const float* x, const WeightView& w, int64_t n_rows) {
         fail("matmul: empty weight view ({} x {})", w.n_out, w.n_in);
     if (llamacpp_rounding()) return llamacpp::matmul(out, x, w, n_rows);
     const int64_t n_groups = (w.n_out + kGroup - 1) / kGroup;
-    // Row groups per chunk: enough multiply-adds (~32k) to be worth a thread hand-off.
-    const int64_t work_per_group = std::max<int64_t>(1, kGroup * w.n_in * n_rows);
-    const int64_t grain = std::max<int64_t>(1, (32 * 1024) / work_per_group);
-    cpu_thread_pool().parallel_for(n_groups, grain, [&](int64_t g0, int64_t g1) {
-        const int64_t o_end = std::min(g1 * kGroup, w.n_out);
-        for (int64_t t0 = 0; t0 < n_rows; t0 += kTokenTile) {
-            const int64_t n_tok = std::min(kTokenTile, n_rows - t0);
-            int64_t o = g0 * kGroup;
-            for (; o + kGroup <= o_end; o += kGroup)
-                rows_times_tile<kGroup>(w, x, t0, n_tok, o, out);
-            for (; o < o_end; ++o) rows_times_tile<1>(w, x, t0, n_tok, o, out);
-        }
-    });
+    cpu_thread_pool().parallel_for(n_groups, parallel_grain(kGroup * w.n_in * n_rows),
+                                   [&](int64_t g0, int64_t g1) {
+                                       const int64_t o_end = std::min(g1 * kGroup, w.n_out);
+                                       for (int64_t t0 = 0; t0 < n_rows; t0 += kTokenTile) {
+                                           const int64_t n_tok = std::min(kTokenTile, n_rows - t0);
+                                           int64_t o = g0 * kGroup;
+                                           for (; o + kGroup <= o_end; o += kGroup)
+                                               rows_times_tile<kGroup>(w, x, t0, n_tok, o, out);
+                                           for (; o < o_end; ++o)
+                                               rows_times_tile<1>(w, x, t0, n_tok, o, out);
+                                       }
+                                   });
 }
 
 }  // namespace kvrun::cpu

@@ -28,10 +28,6 @@
 namespace kvrun::cpu {
 namespace {
 
-// Work (multiply-adds) below which an op runs on the calling thread: a thread wake-up
-// costs a few microseconds, about as much as 30k multiply-adds.
-constexpr int64_t kMinParallelWork = 32 * 1024;
-
 // dot(a[n], b[n]) with eight independent float accumulators (vectorizable without
 // -ffast-math), combined in a fixed order.
 KVRUN_SIMD_CLONES float dot_f32(const float* a, const float* b, int64_t n) {
@@ -284,8 +280,7 @@ void attention_llamacpp(float* out, const float* q, const KvLayerView& kv, const
     const int64_t hd = kv.head_dim, bs = kv.block_size, group = n_head / kv.n_kv_head;
     const bool batched = batch.n_tokens >= 2;
     const int64_t n_items = batch.n_tokens * n_head;
-    const int64_t per_item = std::max<int64_t>(1, work / std::max<int64_t>(1, n_items));
-    const int64_t grain = std::max<int64_t>(1, kMinParallelWork / per_item);
+    const int64_t grain = parallel_grain(work / std::max<int64_t>(1, n_items));
     cpu_thread_pool().parallel_for(n_items, grain, [&](int64_t i0, int64_t i1) {
         std::vector<float> k_row(hd), v_row(hd);  // [head_dim] each
         llamacpp::AttentionScratch scratch;
@@ -344,8 +339,7 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
         std::clamp<int64_t>((2 * cpu_thread_pool().n_threads() + pairs - 1) / pairs, 1, group);
     const int64_t heads_per_share = (group + shares - 1) / shares;
     const int64_t n_items = pairs * shares;
-    const int64_t per_item = std::max<int64_t>(1, work / std::max<int64_t>(1, n_items));
-    const int64_t grain = std::max<int64_t>(1, kMinParallelWork / per_item);
+    const int64_t grain = parallel_grain(work / std::max<int64_t>(1, n_items));
     cpu_thread_pool().parallel_for(n_items, grain, [&](int64_t i0, int64_t i1) {
         std::vector<float> scores(size_t(heads_per_share * (max_slot + 1)));  // [heads][slots]
         std::vector<float> rows(size_t(bs * hd));  // [block_size][head_dim] decoded K or V

@@ -30,6 +30,12 @@ int64_t row_bytes(KvType t, int64_t head_dim) {
     return t == KvType::Q8 ? head_dim : head_dim / 2;
 }
 
+float load_f16(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return fp16_to_fp32(h);
+}
+
 void store_f16(uint8_t* p, float v) {
     const uint16_t h = fp32_to_fp16(v);
     std::memcpy(p, &h, 2);
@@ -175,12 +181,6 @@ void kv_encode_head_block(KvType t, KvRole role, const float* src, int64_t block
 
 namespace {
 
-float load_half(const uint8_t* p) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return fp16_to_fp32(h);
-}
-
 // out[c] = scale[c] * code c of a quantized row, c < n (K: a scale per channel).
 [[gnu::always_inline]] inline void codes_times_scales(KvType t, const uint8_t* values,
                                                       const float* scale, int64_t n, float* out) {
@@ -237,7 +237,7 @@ KVRUN_SIMD_CLONES void kv_decode_head_rows(KvType t, KvRole role, const uint8_t*
     }
     for (int64_t r = row0; r < row0 + n_rows; ++r, values += rb, out += hd)
         for (int64_t j = 0; j < n_groups; ++j)
-            codes_times_scale(t, values, load_half(blk + 2 * (r * n_groups + j)), j * g, g, out);
+            codes_times_scale(t, values, load_f16(blk + 2 * (r * n_groups + j)), j * g, g, out);
 }
 
 void kv_decode_head_row(KvType t, KvRole role, const uint8_t* blk, int64_t block_size,

@@ -2,6 +2,7 @@
 // split into contiguous chunks that the calling thread and the workers claim in turn.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -48,6 +49,13 @@ class ThreadPool {
     int in_flight_ = 0;  // chunks claimed but not finished
     std::exception_ptr error_;
 };
+
+// Items per parallel_for chunk so that a chunk holds at least ~32k multiply-adds: a thread
+// wake-up costs a few microseconds, about as much as that work. work_per_item: multiply-adds.
+inline int64_t parallel_grain(int64_t work_per_item) {
+    constexpr int64_t kMinParallelWork = 32 * 1024;
+    return std::max<int64_t>(1, kMinParallelWork / std::max<int64_t>(1, work_per_item));
+}
 
 // The process-wide pool the CPU ops use (created on first use with hardware threads).
 ThreadPool& cpu_thread_pool();
