@@ -26,16 +26,12 @@
 #include "cpu_ops.h"
 #include "quant.h"
 #include "quant_impl.h"
+#include "simd.h"
 #include "thread_pool.h"
-
-// The 32-byte vectors below never cross a non-inlined call, so the warning that their
-// calling convention differs with and without AVX does not apply.
-#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace kvrun::cpu {
 namespace {
 
-using f32x8 = float __attribute__((vector_size(32)));
 using i32x8 = int32_t __attribute__((vector_size(32)));
 using u32x8 = uint32_t __attribute__((vector_size(32)));
 using u16x8 = uint16_t __attribute__((vector_size(16)));
@@ -46,15 +42,6 @@ constexpr int kLanes = 8;           // accumulators per dot (dot_f32's)
 constexpr int kGroup = 4;           // weight rows decoded and dotted together
 constexpr int64_t kSpan = 256;      // elements of a row dequantized at once (multiple of 8)
 constexpr int64_t kTokenTile = 16;  // tokens dotted with a span while it sits in L1
-
-[[gnu::always_inline]] inline f32x8 load8(const float* p) {
-    f32x8 v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
-[[gnu::always_inline]] inline void store8(float* p, const f32x8& v) {
-    std::memcpy(p, &v, sizeof v);
-}
 
 // Eight bytes widened to 32-bit lanes (a loop the vectorizer turns into one vpmovzxbd /
 // vpmovsxbd; __builtin_convertvector of an 8-byte vector is extracted lane by lane).
@@ -345,9 +332,7 @@ KVRUN_SIMD_CLONES void rows_times_tile(const WeightView& w, const float* x, int6
     }
     for (int64_t t = 0; t < n_tok; ++t)
         for (int r = 0; r < R; ++r) {
-            const f32x8 a = acc[t][r];
-            out[(t0 + t) * w.n_out + o0 + r] =
-                ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+            out[(t0 + t) * w.n_out + o0 + r] = sum_lanes(acc[t][r]);
         }
 }
 

@@ -23,6 +23,7 @@
 #include "cpu_llamacpp.h"
 #include "kv_format.h"
 #include "quant.h"
+#include "simd.h"
 #include "thread_pool.h"
 
 namespace kvrun::cpu {
@@ -42,6 +43,41 @@ KVRUN_SIMD_CLONES float dot_f32(const float* a, const float* b, int64_t n) {
 // y[n] += p * x[n]
 KVRUN_SIMD_CLONES void axpy_f32(float* y, float p, const float* x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] += p * x[i];
+}
+
+// out[r] = dot_f32(q, rows[r]) * scale for n rows [n][hd]: the same bits, four rows at a
+// time so the four accumulator chains overlap and q is loaded once for them.
+KVRUN_SIMD_CLONES void dot_rows(float* out, const float* q, const float* rows, int64_t n,
+                                int64_t hd, float scale) {
+    int64_t r = 0;
+    if (hd % 8 == 0)
+        for (; r + 4 <= n; r += 4) {
+            const float* k = rows + r * hd;
+            f32x8 acc[4] = {};
+            for (int64_t i = 0; i < hd; i += 8) {
+                const f32x8 qv = load8(q + i);
+                for (int j = 0; j < 4; ++j) acc[j] += qv * load8(k + j * hd + i);
+            }
+            for (int j = 0; j < 4; ++j) out[r + j] = sum_lanes(acc[j]) * scale;
+        }
+    for (; r < n; ++r) out[r] = dot_f32(q, rows + r * hd, hd) * scale;
+}
+
+// y[hd] += p[r] * rows[r] for r = 0..n-1 in turn: axpy_f32's bits, with a 32-float slice
+// of y held in registers across the rows instead of loaded and stored once per row.
+KVRUN_SIMD_CLONES void axpy_rows(float* y, const float* p, const float* rows, int64_t n,
+                                 int64_t hd) {
+    int64_t i = 0;
+    for (; i + 32 <= hd; i += 32) {
+        f32x8 acc[4];
+        for (int j = 0; j < 4; ++j) acc[j] = load8(y + i + 8 * j);
+        for (int64_t r = 0; r < n; ++r) {
+            for (int j = 0; j < 4; ++j) acc[j] += p[r] * load8(rows + r * hd + i + 8 * j);
+        }
+        for (int j = 0; j < 4; ++j) store8(y + i + 8 * j, acc[j]);
+    }
+    if (i < hd)
+        for (int64_t r = 0; r < n; ++r) axpy_f32(y + i, p[r], rows + r * hd + i, hd - i);
 }
 
 thread_local bool t_llamacpp_rounding = false;
@@ -330,69 +366,111 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
     const KvPool kp = kv_pool(kv, KvRole::K), vp = kv_pool(kv, KvRole::V);
     if (emulate) return attention_llamacpp(out, q, kv, batch, kp, vp, n_head, scale, work);
 
-    // One item: one token and a share of one KV head's query heads, so each K/V row is
-    // decoded once for the heads that read it. Heads are split further only when tokens x
-    // KV heads alone would leave threads idle (decode of an MQA model); the split does not
-    // change any head's arithmetic.
-    const int64_t pairs = batch.n_tokens * kv.n_kv_head;
+    // Runs of consecutive tokens that read the same blocks from the same place: one
+    // sequence and, when staged, one own block and stage slot (a block sealed by this batch
+    // is read from its stage by the tokens inside it, from the pool by later ones). Each
+    // K/V block is decoded once per run, not once per token; the run is capped so its
+    // scores stay about 1 MiB.
+    constexpr int64_t kMaxRun = 16;
+    const int64_t run_cap = std::clamp<int64_t>(
+        (int64_t(1) << 18) / std::max<int64_t>(1, group * (max_slot + 1)), 1, kMaxRun);
+    std::vector<std::pair<int64_t, int64_t>> runs;  // [t0, t1)
+    for (int64_t t = 0; t < batch.n_tokens; ++t) {
+        if (!runs.empty()) {
+            const int64_t t0 = runs.back().first;
+            const bool same = t - t0 < run_cap && batch.token_seq[t] == batch.token_seq[t0] &&
+                              (!staged || (batch.token_slot[t] / bs == batch.token_slot[t0] / bs &&
+                                           batch.token_stage[t] == batch.token_stage[t0]));
+            if (same) {
+                runs.back().second = t + 1;
+                continue;
+            }
+        }
+        runs.emplace_back(t, t + 1);
+    }
+    int64_t longest_run = 0;
+    for (const auto& [t0, t1] : runs) longest_run = std::max(longest_run, t1 - t0);
+
+    // One item: one run and a share of one KV head's query heads, so each K/V row is
+    // decoded once for the heads and tokens that read it. Heads are split further only when
+    // runs x KV heads alone would leave threads idle (decode of an MQA model); neither the
+    // runs nor the split change any (token, head)'s arithmetic.
+    const int64_t pairs = int64_t(runs.size()) * kv.n_kv_head;
     const int64_t shares =
         std::clamp<int64_t>((2 * cpu_thread_pool().n_threads() + pairs - 1) / pairs, 1, group);
     const int64_t heads_per_share = (group + shares - 1) / shares;
     const int64_t n_items = pairs * shares;
     const int64_t grain = parallel_grain(work / std::max<int64_t>(1, n_items));
     cpu_thread_pool().parallel_for(n_items, grain, [&](int64_t i0, int64_t i1) {
-        std::vector<float> scores(size_t(heads_per_share * (max_slot + 1)));  // [heads][slots]
+        // [run token][head][slot]
+        std::vector<float> scores(size_t(longest_run * heads_per_share * (max_slot + 1)));
         std::vector<float> rows(size_t(bs * hd));  // [block_size][head_dim] decoded K or V
-        std::vector<float> q_rounded(size_t(heads_per_share * hd));  // [heads][head_dim]
+        std::vector<float> q_rounded(
+            size_t(longest_run * heads_per_share * hd));  // [token][head][hd]
         for (int64_t item = i0; item < i1; ++item) {
-            const int64_t t = item / (kv.n_kv_head * shares);
+            const auto [t0, t1] = runs[size_t(item / (kv.n_kv_head * shares))];
             const int64_t kvh = item / shares % kv.n_kv_head, share = item % shares;
             const int64_t h0 = kvh * group + share * heads_per_share;
             const int64_t nh = std::min(heads_per_share, (kvh + 1) * group - h0);
             if (nh <= 0) continue;
-            const int64_t n_slots = batch.token_slot[t] + 1, own_block = (n_slots - 1) / bs;
-            // Rows [0, n) of K or V block j of the token's sequence, decoded into `rows`:
-            // the token's own block from its stage when staged, else from the pool.
+            int64_t n_max = 0;  // slots the run's longest token reads
+            for (int64_t t = t0; t < t1; ++t)
+                n_max = std::max<int64_t>(n_max, batch.token_slot[t] + 1);
+            const int64_t own_block = int64_t(batch.token_slot[t0]) / bs;
+            // Rows [0, n) of K or V block j of the run's sequence, decoded into `rows`: the
+            // run's own block from its stage when staged, else from the pool.
             auto load_block = [&](KvRole role, int64_t j, int64_t n) {
                 if (staged && j == own_block) {
                     void* stage = role == KvRole::K ? kv.k_stage : kv.v_stage;
                     dequantize_row(GgmlType::F16,
-                                   kv_stage_row(stage, kv, batch.token_stage[t], kvh, 0),
+                                   kv_stage_row(stage, kv, batch.token_stage[t0], kvh, 0),
                                    rows.data(), n * hd);
                     return;
                 }
                 const KvPool& p = role == KvRole::K ? kp : vp;
-                const uint8_t* blk = p.at(kv_block_of(kv, batch, t, j * bs), kvh);
+                const uint8_t* blk = p.at(kv_block_of(kv, batch, t0, j * bs), kvh);
                 kv_decode_head_rows(p.type, role, blk, bs, hd, 0, n, rows.data());
             };
-            const float* qv = q + (t * n_head + h0) * hd;  // [nh][head_dim]
-            if (round_q) {
-                for (int64_t i = 0; i < nh * hd; ++i) q_rounded[i] = round_to_f16(qv[i]);
-                qv = q_rounded.data();
+            // Token t's query heads [nh][head_dim], and its scores [nh][n_max].
+            auto q_of = [&](int64_t t) {
+                const float* qv = q + (t * n_head + h0) * hd;
+                if (!round_q) return qv;
+                float* qr = q_rounded.data() + (t - t0) * nh * hd;
+                for (int64_t i = 0; i < nh * hd; ++i) qr[i] = round_to_f16(qv[i]);
+                return static_cast<const float*>(qr);
+            };
+            auto scores_of = [&](int64_t t) { return scores.data() + (t - t0) * nh * n_max; };
+            const float* qs[kMaxRun];
+            for (int64_t t = t0; t < t1; ++t) qs[t - t0] = q_of(t);
+            for (int64_t j = 0, s0 = 0; s0 < n_max; ++j, s0 += bs) {
+                load_block(KvRole::K, j, std::min(bs, n_max - s0));
+                for (int64_t t = t0; t < t1; ++t) {
+                    const int64_t n = std::min<int64_t>(bs, batch.token_slot[t] + 1 - s0);
+                    for (int64_t h = 0; h < nh; ++h)
+                        dot_rows(scores_of(t) + h * n_max + s0, qs[t - t0] + h * hd, rows.data(), n,
+                                 hd, scale);
+                }
             }
-            for (int64_t j = 0, s0 = 0; s0 < n_slots; ++j, s0 += bs) {
-                const int64_t n = std::min(bs, n_slots - s0);
-                load_block(KvRole::K, j, n);
-                for (int64_t h = 0; h < nh; ++h)
-                    for (int64_t r = 0; r < n; ++r)
-                        scores[h * n_slots + s0 + r] =
-                            dot_f32(qv + h * hd, rows.data() + r * hd, hd) * scale;
+            for (int64_t t = t0; t < t1; ++t) {
+                const int64_t n_slots = batch.token_slot[t] + 1;
+                float* o = out + (t * n_head + h0) * hd;  // [nh][head_dim]
+                std::fill(o, o + nh * hd, 0.0f);
+                for (int64_t h = 0; h < nh; ++h) {
+                    float* p = scores_of(t) + h * n_max;
+                    softmax(p, n_slots);
+                    if (round_p)
+                        for (int64_t s = 0; s < n_slots; ++s) p[s] = round_to_f16(p[s]);
+                }
             }
-            float* o = out + (t * n_head + h0) * hd;  // [nh][head_dim]
-            std::fill(o, o + nh * hd, 0.0f);
-            for (int64_t h = 0; h < nh; ++h) {
-                float* p = scores.data() + h * n_slots;
-                softmax(p, n_slots);
-                if (round_p)
-                    for (int64_t s = 0; s < n_slots; ++s) p[s] = round_to_f16(p[s]);
-            }
-            for (int64_t j = 0, s0 = 0; s0 < n_slots; ++j, s0 += bs) {
-                const int64_t n = std::min(bs, n_slots - s0);
-                load_block(KvRole::V, j, n);
-                for (int64_t h = 0; h < nh; ++h)
-                    for (int64_t r = 0; r < n; ++r)
-                        axpy_f32(o + h * hd, scores[h * n_slots + s0 + r], rows.data() + r * hd,
-                                 hd);
+            for (int64_t j = 0, s0 = 0; s0 < n_max; ++j, s0 += bs) {
+                load_block(KvRole::V, j, std::min(bs, n_max - s0));
+                for (int64_t t = t0; t < t1; ++t) {
+                    const int64_t n = std::min<int64_t>(bs, batch.token_slot[t] + 1 - s0);
+                    const float* sc = scores_of(t);
+                    float* o = out + (t * n_head + h0) * hd;
+                    for (int64_t h = 0; h < nh; ++h)
+                        axpy_rows(o + h * hd, sc + h * n_max + s0, rows.data(), n, hd);
+                }
             }
         }
     });

@@ -277,103 +277,108 @@ TEST_CASE("kv_write stores rows at the slot's block and row, f32 exactly, f16 ro
     }
 }
 
+// head_dim 16 and 40 take the vector kernels (40: with a tail of 8), 20 the scalar ones.
 TEST_CASE("paged attention equals contiguous causal attention (GQA, any block size)") {
-    const int64_t n_head = 8, n_kv = 2, hd = 16, group = n_head / n_kv;
-    const int64_t lens[2] = {37, 12};  // two sequences
-    const int64_t n_tok = lens[0] + lens[1];
-    // Tokens of both sequences interleaved, each at slot = its index within its sequence.
-    std::vector<int32_t> seq, slot;
-    for (int64_t i = 0; i < std::max(lens[0], lens[1]); ++i)
-        for (int s = 0; s < 2; ++s)
-            if (i < lens[s]) {
-                seq.push_back(s);
-                slot.push_back(int32_t(i));
-            }
-    std::vector<float> q = random_vec(n_tok * n_head * hd, 11, 0.5f);
-    std::vector<float> k = random_vec(n_tok * n_kv * hd, 12, 0.5f);
-    std::vector<float> v = random_vec(n_tok * n_kv * hd, 13);
-    const float scale = 1.0f / 4.0f;
-
-    for (KvType type : {KvType::F32, KvType::F16}) {
-        // Contiguous reference (double) on the values the cache can hold.
-        auto stored = [&](float x) { return type == KvType::F16 ? round_f16(x) : x; };
-        std::vector<double> ref(n_tok * n_head * hd, 0.0);
-        for (int64_t t = 0; t < n_tok; ++t)
-            for (int64_t h = 0; h < n_head; ++h) {
-                std::vector<int64_t> keys;  // batch indices of the same sequence, slot <= own
-                for (int64_t u = 0; u < n_tok; ++u)
-                    if (seq[u] == seq[t] && slot[u] <= slot[t]) keys.push_back(u);
-                std::vector<double> p(keys.size());
-                double mx = -1e300, sum = 0;
-                for (size_t j = 0; j < keys.size(); ++j) {
-                    double d = 0;
-                    for (int64_t i = 0; i < hd; ++i)
-                        d += double(q[(t * n_head + h) * hd + i]) *
-                             stored(k[(keys[j] * n_kv + h / group) * hd + i]);
-                    p[j] = d * scale;
-                    mx = std::max(mx, p[j]);
+    for (const int64_t hd : {16, 40, 20}) {
+        CAPTURE(hd);
+        const int64_t n_head = 8, n_kv = 2, group = n_head / n_kv;
+        const int64_t lens[2] = {37, 12};  // two sequences
+        const int64_t n_tok = lens[0] + lens[1];
+        // Tokens of both sequences interleaved, each at slot = its index within its sequence.
+        std::vector<int32_t> seq, slot;
+        for (int64_t i = 0; i < std::max(lens[0], lens[1]); ++i)
+            for (int s = 0; s < 2; ++s)
+                if (i < lens[s]) {
+                    seq.push_back(s);
+                    slot.push_back(int32_t(i));
                 }
-                for (auto& x : p) sum += (x = std::exp(x - mx));
-                for (size_t j = 0; j < keys.size(); ++j)
-                    for (int64_t i = 0; i < hd; ++i)
-                        ref[(t * n_head + h) * hd + i] +=
-                            p[j] / sum * stored(v[(keys[j] * n_kv + h / group) * hd + i]);
-            }
+        std::vector<float> q = random_vec(n_tok * n_head * hd, 11, 0.5f);
+        std::vector<float> k = random_vec(n_tok * n_kv * hd, 12, 0.5f);
+        std::vector<float> v = random_vec(n_tok * n_kv * hd, 13);
+        const float scale = 1.0f / 4.0f;
 
-        // The reference order in float: each score a dot in 8 lanes (reference_dot) times
-        // scale, cpu::softmax, then p * V added row by row in slot order. The cache's
-        // layout and the heads sharing a KV row must not change a bit of it.
-        std::vector<float> ref_bits(n_tok * n_head * hd, 0.0f);
-        for (int64_t t = 0; t < n_tok; ++t)
-            for (int64_t h = 0; h < n_head; ++h) {
-                std::vector<int64_t> keys(slot[t] + 1);  // batch index of each slot
-                for (int64_t u = 0; u < n_tok; ++u)
-                    if (seq[u] == seq[t] && slot[u] <= slot[t]) keys[slot[u]] = u;
-                std::vector<float> p(keys.size()), row(hd);
-                const float* qv = &q[(t * n_head + h) * hd];
-                for (size_t j = 0; j < keys.size(); ++j) {
-                    for (int64_t i = 0; i < hd; ++i)
-                        row[i] = stored(k[(keys[j] * n_kv + h / group) * hd + i]);
-                    p[j] = reference_dot(qv, row.data(), hd) * scale;
+        for (KvType type : {KvType::F32, KvType::F16}) {
+            // Contiguous reference (double) on the values the cache can hold.
+            auto stored = [&](float x) { return type == KvType::F16 ? round_f16(x) : x; };
+            std::vector<double> ref(n_tok * n_head * hd, 0.0);
+            for (int64_t t = 0; t < n_tok; ++t)
+                for (int64_t h = 0; h < n_head; ++h) {
+                    std::vector<int64_t> keys;  // batch indices of the same sequence, slot <= own
+                    for (int64_t u = 0; u < n_tok; ++u)
+                        if (seq[u] == seq[t] && slot[u] <= slot[t]) keys.push_back(u);
+                    std::vector<double> p(keys.size());
+                    double mx = -1e300, sum = 0;
+                    for (size_t j = 0; j < keys.size(); ++j) {
+                        double d = 0;
+                        for (int64_t i = 0; i < hd; ++i)
+                            d += double(q[(t * n_head + h) * hd + i]) *
+                                 stored(k[(keys[j] * n_kv + h / group) * hd + i]);
+                        p[j] = d * scale;
+                        mx = std::max(mx, p[j]);
+                    }
+                    for (auto& x : p) sum += (x = std::exp(x - mx));
+                    for (size_t j = 0; j < keys.size(); ++j)
+                        for (int64_t i = 0; i < hd; ++i)
+                            ref[(t * n_head + h) * hd + i] +=
+                                p[j] / sum * stored(v[(keys[j] * n_kv + h / group) * hd + i]);
                 }
-                cpu::softmax(p.data(), int64_t(p.size()));
-                float* o = &ref_bits[(t * n_head + h) * hd];
-                for (size_t j = 0; j < keys.size(); ++j)
-                    for (int64_t i = 0; i < hd; ++i)
-                        o[i] += p[j] * stored(v[(keys[j] * n_kv + h / group) * hd + i]);
-            }
 
-        std::vector<float> first;
-        for (int64_t bs : {1, 3, 16, 64}) {
-            CAPTURE(bs);
-            CAPTURE(int(type));
-            const int64_t max_blocks = (lens[0] + bs - 1) / bs;
-            const int64_t n_blocks = 2 * max_blocks + 3;
-            // Shuffled physical block ids, disjoint between the sequences.
-            std::vector<int32_t> ids(n_blocks);
-            std::iota(ids.begin(), ids.end(), 0);
-            std::shuffle(ids.begin(), ids.end(), std::mt19937(uint32_t(bs)));
-            std::vector<int32_t> table(2 * max_blocks);
-            std::copy(ids.begin(), ids.begin() + table.size(), table.begin());
-            TestCache cache(type, n_blocks, n_kv, bs, hd);
-            KvBatchView b{seq.data(), slot.data(), table.data(), max_blocks, n_tok};
-            cpu::kv_write(cache.view, b, k.data(), v.data());
-            std::vector<float> out(n_tok * n_head * hd);
-            cpu::paged_attention(out.data(), q.data(), cache.view, b, n_head, scale);
-            double max_err = 0;
-            for (size_t i = 0; i < out.size(); ++i)
-                max_err = std::max(max_err, std::abs(out[i] - ref[i]));
-            CHECK(max_err < 1e-5);
-            CHECK(out == ref_bits);
-            // One token alone (decode: its query heads split across threads) gives its bits.
-            const int64_t last = n_tok - 1;  // sequence 0's slot 36
-            std::vector<float> one(n_head * hd);
-            KvBatchView b1{&seq[last], &slot[last], table.data(), max_blocks, 1};
-            cpu::paged_attention(one.data(), &q[last * n_head * hd], cache.view, b1, n_head, scale);
-            CHECK(std::equal(one.begin(), one.end(), out.begin() + last * n_head * hd));
-            // The block size changes nothing, not even rounding.
-            if (first.empty()) first = out;
-            CHECK(out == first);
+            // The reference order in float: each score a dot in 8 lanes (reference_dot) times
+            // scale, cpu::softmax, then p * V added row by row in slot order. The cache's
+            // layout and the heads sharing a KV row must not change a bit of it.
+            std::vector<float> ref_bits(n_tok * n_head * hd, 0.0f);
+            for (int64_t t = 0; t < n_tok; ++t)
+                for (int64_t h = 0; h < n_head; ++h) {
+                    std::vector<int64_t> keys(slot[t] + 1);  // batch index of each slot
+                    for (int64_t u = 0; u < n_tok; ++u)
+                        if (seq[u] == seq[t] && slot[u] <= slot[t]) keys[slot[u]] = u;
+                    std::vector<float> p(keys.size()), row(hd);
+                    const float* qv = &q[(t * n_head + h) * hd];
+                    for (size_t j = 0; j < keys.size(); ++j) {
+                        for (int64_t i = 0; i < hd; ++i)
+                            row[i] = stored(k[(keys[j] * n_kv + h / group) * hd + i]);
+                        p[j] = reference_dot(qv, row.data(), hd) * scale;
+                    }
+                    cpu::softmax(p.data(), int64_t(p.size()));
+                    float* o = &ref_bits[(t * n_head + h) * hd];
+                    for (size_t j = 0; j < keys.size(); ++j)
+                        for (int64_t i = 0; i < hd; ++i)
+                            o[i] += p[j] * stored(v[(keys[j] * n_kv + h / group) * hd + i]);
+                }
+
+            std::vector<float> first;
+            for (int64_t bs : {1, 3, 16, 64}) {
+                CAPTURE(bs);
+                CAPTURE(int(type));
+                const int64_t max_blocks = (lens[0] + bs - 1) / bs;
+                const int64_t n_blocks = 2 * max_blocks + 3;
+                // Shuffled physical block ids, disjoint between the sequences.
+                std::vector<int32_t> ids(n_blocks);
+                std::iota(ids.begin(), ids.end(), 0);
+                std::shuffle(ids.begin(), ids.end(), std::mt19937(uint32_t(bs)));
+                std::vector<int32_t> table(2 * max_blocks);
+                std::copy(ids.begin(), ids.begin() + table.size(), table.begin());
+                TestCache cache(type, n_blocks, n_kv, bs, hd);
+                KvBatchView b{seq.data(), slot.data(), table.data(), max_blocks, n_tok};
+                cpu::kv_write(cache.view, b, k.data(), v.data());
+                std::vector<float> out(n_tok * n_head * hd);
+                cpu::paged_attention(out.data(), q.data(), cache.view, b, n_head, scale);
+                double max_err = 0;
+                for (size_t i = 0; i < out.size(); ++i)
+                    max_err = std::max(max_err, std::abs(out[i] - ref[i]));
+                CHECK(max_err < 1e-5);
+                CHECK(out == ref_bits);
+                // One token alone (decode: its query heads split across threads) gives its bits.
+                const int64_t last = n_tok - 1;  // sequence 0's slot 36
+                std::vector<float> one(n_head * hd);
+                KvBatchView b1{&seq[last], &slot[last], table.data(), max_blocks, 1};
+                cpu::paged_attention(one.data(), &q[last * n_head * hd], cache.view, b1, n_head,
+                                     scale);
+                CHECK(std::equal(one.begin(), one.end(), out.begin() + last * n_head * hd));
+                // The block size changes nothing, not even rounding.
+                if (first.empty()) first = out;
+                CHECK(out == first);
+            }
         }
     }
 }
