@@ -408,7 +408,8 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
         std::vector<float> q_rounded(
             size_t(longest_run * heads_per_share * hd));  // [token][head][hd]
         for (int64_t item = i0; item < i1; ++item) {
-            const auto [t0, t1] = runs[size_t(item / (kv.n_kv_head * shares))];
+            const auto& run = runs[size_t(item / (kv.n_kv_head * shares))];
+            const int64_t t0 = run.first, t1 = run.second;
             const int64_t kvh = item / shares % kv.n_kv_head, share = item % shares;
             const int64_t h0 = kvh * group + share * heads_per_share;
             const int64_t nh = std::min(heads_per_share, (kvh + 1) * group - h0);
