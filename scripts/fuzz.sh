@@ -1,30 +1,59 @@
 #!/usr/bin/env bash
-# Fuzzes the GGUF reader with libFuzzer + ASan + UBSan for N seconds (default 600).
-# Usage: scripts/fuzz.sh [seconds] [extra libFuzzer flags...]
-# Builds build-fuzz/fuzz_gguf (or $KVRUN_FUZZ_BUILD/fuzz_gguf; never the CMake build/ tree)
-# with clang++ straight from the sources, seeds fuzz/corpus from GgufWriter-made files and
-# the smallest shared models, and leaves any crashing input in fuzz/crashes/.
+# Fuzzes with libFuzzer + ASan + UBSan for N seconds (default 600).
+# Usage: scripts/fuzz.sh [gguf|tokenizer] [seconds] [extra libFuzzer flags...]
+#   gguf (default): the GGUF reader (fuzz/fuzz_gguf.cpp), seeded from GgufWriter-made files
+#     and the smallest shared models.
+#   tokenizer: SPM and byte-level BPE on the shared llama.cpp vocabularies
+#     (fuzz/fuzz_tokenizer.cpp: ids in range, text round trips, streaming equals decode).
+# Builds build-fuzz/fuzz_<target> (or under $KVRUN_FUZZ_BUILD; never the CMake build/ tree)
+# with clang++ straight from the sources, and leaves any crashing input in fuzz/crashes/.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
+target=gguf
+case "${1:-}" in gguf | tokenizer) target="$1"; shift ;; esac
 seconds="${1:-600}"
 shift || true
 
 out="${KVRUN_FUZZ_BUILD:-build-fuzz}"
-mkdir -p "$out" fuzz/corpus fuzz/crashes
-clang++ -std=c++20 -O1 -g -fno-omit-frame-pointer \
-    -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -Isrc fuzz/fuzz_gguf.cpp src/gguf.cpp src/gguf_writer.cpp src/quant*.cpp \
-    -lfmt -o "$out/fuzz_gguf"
-
-KVRUN_FUZZ_WRITE_SEEDS=fuzz/corpus "$out/fuzz_gguf"
 shared="${KVRUN_SHARED:-$root/../shared}"
-for m in stories260K-Q4_0.gguf stories260K-Q4_K_M.gguf; do
-    [ -f "$shared/models/$m" ] && cp -f "$shared/models/$m" "fuzz/corpus/real_$m"
-    # The header alone (metadata + tensor table) mutates faster than the whole file.
-    [ -f "$shared/models/$m" ] && head -c 16384 "$shared/models/$m" > "fuzz/corpus/head_$m"
-done
+corpus="fuzz/corpus/$target"
+mkdir -p "$out" "$corpus" fuzz/crashes
+flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
+       -fno-sanitize-recover=undefined -Isrc)
 
-# -max_len keeps mutations small; real models are still parsed up to their first 64 KiB.
-exec "$out/fuzz_gguf" fuzz/corpus -max_total_time="$seconds" -max_len=65536 \
-    -rss_limit_mb=2048 -artifact_prefix=fuzz/crashes/ -print_final_stats=1 "$@"
+if [ "$target" = gguf ]; then
+    clang++ "${flags[@]}" fuzz/fuzz_gguf.cpp src/gguf.cpp src/gguf_writer.cpp src/quant*.cpp \
+        -lfmt -o "$out/fuzz_gguf"
+    KVRUN_FUZZ_WRITE_SEEDS="$corpus" "$out/fuzz_gguf"
+    for m in stories260K-Q4_0.gguf stories260K-Q4_K_M.gguf; do
+        [ -f "$shared/models/$m" ] && cp -f "$shared/models/$m" "$corpus/real_$m"
+        # The header alone (metadata + tensor table) mutates faster than the whole file.
+        [ -f "$shared/models/$m" ] && head -c 16384 "$shared/models/$m" > "$corpus/head_$m"
+    done
+    max_len=65536  # keeps mutations small; real models are still parsed up to 64 KiB
+else
+    if [ ! -d "$shared/vocab" ]; then
+        echo "fuzz.sh: the tokenizer target needs the vocabularies in $shared/vocab" >&2
+        exit 1
+    fi
+    clang++ "${flags[@]}" fuzz/fuzz_tokenizer.cpp src/tokenizer.cpp src/tokenizer_bpe.cpp \
+        src/tokenizer_spm.cpp src/pretokenizer.cpp src/unicode_text.cpp src/gguf.cpp \
+        src/quant*.cpp -lfmt -lpcre2-8 -o "$out/fuzz_tokenizer"
+    # Seeds: the vocabulary suites' test strings, one file each, for every vocabulary.
+    python3 - "$shared/vocab" "$corpus" <<'PY'
+import pathlib, sys
+vocab, corpus = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+n = 0
+for inp in sorted(vocab.glob("*.inp")):
+    for case in inp.read_bytes().split(b"\n__ggml_vocab_test__\n"):
+        if case.strip(b"\n"):
+            (corpus / f"seed_{n:05d}").write_bytes(bytes([n % 64]) + case[:4000])
+            n += 1
+PY
+    max_len=4096
+fi
+
+export KVRUN_SHARED="$shared"
+exec "$out/fuzz_$target" "$corpus" -max_total_time="$seconds" -max_len="$max_len" \
+    -timeout=10 -rss_limit_mb=2048 -artifact_prefix=fuzz/crashes/ -print_final_stats=1 "$@"
