@@ -56,6 +56,12 @@ void sampling_validate(const SamplingParams& p) {
     if (!(p.repeat_penalty > 0.0f) || std::isinf(p.repeat_penalty))
         fail("repeat penalty must be a finite number > 0 (got {}; 1 disables it)",
              p.repeat_penalty);
+    if (!std::isfinite(p.frequency_penalty))
+        fail("frequency penalty must be a finite number (got {}; 0 disables it)",
+             p.frequency_penalty);
+    if (!std::isfinite(p.presence_penalty))
+        fail("presence penalty must be a finite number (got {}; 0 disables it)",
+             p.presence_penalty);
     if (p.repeat_last_n < -1)
         fail("repeat-last-n must be >= -1 (got {}; -1 means every token, 0 disables it)",
              p.repeat_last_n);
@@ -82,23 +88,31 @@ void Sampler::penalized_logits(const float* logits, int n_vocab, std::span<const
     }
     if (!any_finite) fail("sampler: every logit is -inf or NaN; nothing can be sampled");
 
-    if (params_.repeat_penalty == 1.0f || params_.repeat_last_n == 0) return;
+    const bool counted = params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f;
+    if ((params_.repeat_penalty == 1.0f && !counted) || params_.repeat_last_n == 0) return;
     size_t n_recent = recent.size();
     if (params_.repeat_last_n > 0) {
         n_recent = std::min(n_recent, static_cast<size_t>(params_.repeat_last_n));
     }
     std::vector<TokenId> ids(recent.end() - static_cast<std::ptrdiff_t>(n_recent), recent.end());
     std::sort(ids.begin(), ids.end());
-    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-    for (TokenId id : ids) {
+    for (size_t i = 0; i < ids.size();) {  // each distinct id once, with its count
+        const TokenId id = ids[i];
+        size_t count = 1;
+        while (i + count < ids.size() && ids[i + count] == id) ++count;
+        i += count;
         if (id < 0 || id >= n_vocab) {
             fail("sampler: recent token id {} is outside the vocabulary (0..{})", id, n_vocab - 1);
         }
         float& l = work_[static_cast<size_t>(id)];
         if (l == kNegInf) continue;
-        // Each distinct token once, as llama.cpp does: shrink toward zero when positive,
-        // push further down when negative.
+        // As llama.cpp does: shrink toward zero when positive, push further down when
+        // negative; then subtract the count and presence terms.
         l = l > 0.0f ? l / params_.repeat_penalty : l * params_.repeat_penalty;
+        if (counted)  // kept finite: a penalized token stays a candidate, however unlikely
+            l = std::clamp(
+                l - (float(count) * params_.frequency_penalty + params_.presence_penalty), -FLT_MAX,
+                FLT_MAX);
     }
 }
 

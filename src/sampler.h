@@ -15,7 +15,8 @@
 namespace kvrun {
 
 // Defaults follow llama.cpp. A filter whose value disables it: top_k == 0, top_p == 1,
-// min_p == 0, repeat_penalty == 1, repeat_last_n == 0 (-1: every recent token given).
+// min_p == 0, repeat_penalty == 1, frequency_penalty == presence_penalty == 0,
+// repeat_last_n == 0 (-1: every recent token given; it bounds all three penalties).
 // Valid ranges (sampling_validate): temperature >= 0, top_k >= 0, top_p and min_p in
 // [0, 1], repeat_penalty > 0, repeat_last_n >= -1, all finite.
 struct SamplingParams {
@@ -24,7 +25,11 @@ struct SamplingParams {
     float top_p = 0.95f;
     float min_p = 0.05f;
     float repeat_penalty = 1.0f;  // positive logits divided by it, negative ones multiplied
-    int repeat_last_n = 64;       // how many of the most recent tokens the penalty looks at
+    // Then, for a token seen c > 0 times among the recent ones (OpenAI's penalties, as
+    // llama.cpp applies them): logit -= c * frequency_penalty + presence_penalty.
+    float frequency_penalty = 0.0f;
+    float presence_penalty = 0.0f;
+    int repeat_last_n = 64;  // how many of the most recent tokens the penalties look at
     uint64_t seed = 0x5EED;
 };
 
@@ -67,7 +72,8 @@ class Sampler {
     // Runs the filter chain; leaves the surviving candidates in cand_ (sorted by token id) and
     // their probabilities in cand_prob_.
     void filter(const float* logits, int n_vocab, std::span<const TokenId> recent_tokens);
-    // Copies logits into work_ with NaN -> -inf and the repetition penalty applied.
+    // Copies logits into work_ with NaN -> -inf and the repetition, frequency and presence
+    // penalties applied.
     void penalized_logits(const float* logits, int n_vocab, std::span<const TokenId> recent);
     TokenId argmax_of_work() const;
 

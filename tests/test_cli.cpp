@@ -85,8 +85,9 @@ TEST_CASE("help is complete and exits 0") {
     }
     auto run_help = run_command(kvrun_cmd("run --help"));
     for (const char* flag :
-         {"--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed",
-          "--kv-block-size", "--kv-type", "--device", "--jsonl", "--stats", "--ctx"})
+         {"--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--frequency-penalty",
+          "--presence-penalty", "--seed", "--kv-block-size", "--kv-type", "--device", "--jsonl",
+          "--stats", "--ctx"})
         CHECK_MESSAGE(run_help.out.find(flag) != std::string::npos, flag);
 }
 
@@ -330,6 +331,8 @@ TEST_CASE("sampling flags out of range are rejected with one clear line") {
         {"--repeat-penalty 0", "repeat penalty must be a finite number > 0 (got 0"},
         {"--repeat-penalty -1", "repeat penalty"},
         {"--repeat-last-n -2", "repeat-last-n must be >= -1"},
+        {"--frequency-penalty nan", "frequency penalty must be a finite number (got nan"},
+        {"--presence-penalty inf", "presence penalty must be a finite number"},
         {"--top-k abc", "--top-k"},
     };
     for (const auto& [flag, needle] : bad) {
@@ -369,6 +372,31 @@ TEST_CASE("sampling flags out of range are rejected with one clear line") {
     CHECK(lines[1]["error"].get<std::string>().find("min-p must be between 0 and 1") !=
           std::string::npos);
     CHECK(lines[2]["tokens"].size() == 2);
+
+    // Frequency and presence penalties: the flags and the JSONL fields do the same thing.
+    const std::string greedy =
+        "run -m " + model.string() + " -n 40 --temp 0 --repeat-last-n -1 -p 'Once upon a time'";
+    auto plain = run_command(kvrun_cmd(greedy));
+    auto freq = run_command(kvrun_cmd(greedy + " --frequency-penalty 1.5"));
+    auto pres = run_command(kvrun_cmd(greedy + " --presence-penalty 2"));
+    REQUIRE(plain.exit_code == 0);
+    REQUIRE(freq.exit_code == 0);
+    REQUIRE(pres.exit_code == 0);
+    CHECK(freq.out != plain.out);
+    CHECK(pres.out != plain.out);
+    auto pj = run_command(kvrun_cmd("run --jsonl -m " + model.string()),
+                          "{\"prompt\": \"Once upon a time\", \"n_predict\": 40, "
+                          "\"temperature\": 0, \"repeat_last_n\": -1, \"frequency_penalty\": 1.5}\n"
+                          "{\"prompt\": \"Once upon a time\", \"n_predict\": 40, "
+                          "\"temperature\": 0, \"repeat_last_n\": -1, \"presence_penalty\": 2}\n"
+                          "{\"prompt\": \"hi\", \"presence_penalty\": \"high\"}\n");
+    std::istringstream pin(pj.out);
+    std::vector<nlohmann::json> pl;
+    for (std::string line; std::getline(pin, line);) pl.push_back(nlohmann::json::parse(line));
+    REQUIRE(pl.size() == 3);
+    CHECK(freq.out.find(pl[0]["text"].get<std::string>()) != std::string::npos);
+    CHECK(pres.out.find(pl[1]["text"].get<std::string>()) != std::string::npos);
+    CHECK(pl[2].contains("error"));
 }
 
 TEST_CASE("numeric flags out of range name the flag and the bound, not a float range") {

@@ -230,6 +230,51 @@ TEST_CASE("sampler: repetition penalty changes the choice") {
     CHECK_THROWS_AS(s.sample(logits.data(), 4, bad), kvrun::Error);
 }
 
+TEST_CASE(
+    "sampler: frequency and presence penalties subtract count x f + p, after the repeat "
+    "penalty") {
+    std::vector<float> logits = {2.0f, 1.5f, -1.0f, -1.2f, 0.5f};
+    const std::vector<TokenId> recent = {0, 3, 0, 4, 0};  // 0 three times, 3 and 4 once
+    SamplingParams p = no_filters(1.0f);
+    p.frequency_penalty = 0.25f;
+    p.presence_penalty = 0.5f;
+    auto probs = Sampler(p).probabilities(logits.data(), 5, recent);
+    std::vector<float> expect_logits = {2.0f - (3 * 0.25f + 0.5f), 1.5f, -1.0f,
+                                        -1.2f - (0.25f + 0.5f), 0.5f - (0.25f + 0.5f)};
+    auto expect = softmax(expect_logits, 1.0);
+    for (int i = 0; i < 5; ++i) CHECK(probs[i] == doctest::Approx(expect[i]).epsilon(1e-5));
+    // With the repeat penalty too (llama.cpp's order): divide or multiply, then subtract.
+    p.repeat_penalty = 2.0f;
+    probs = Sampler(p).probabilities(logits.data(), 5, recent);
+    expect_logits = {2.0f / 2 - (3 * 0.25f + 0.5f), 1.5f, -1.0f, -1.2f * 2 - (0.25f + 0.5f),
+                     0.5f / 2 - (0.25f + 0.5f)};
+    expect = softmax(expect_logits, 1.0);
+    for (int i = 0; i < 5; ++i) CHECK(probs[i] == doctest::Approx(expect[i]).epsilon(1e-5));
+    // The window is repeat_last_n: the last two tokens are 4 and 0, once each.
+    p.repeat_penalty = 1.0f;
+    p.repeat_last_n = 2;
+    probs = Sampler(p).probabilities(logits.data(), 5, recent);
+    expect_logits = {2.0f - 0.75f, 1.5f, -1.0f, -1.2f, 0.5f - 0.75f};
+    expect = softmax(expect_logits, 1.0);
+    for (int i = 0; i < 5; ++i) CHECK(probs[i] == doctest::Approx(expect[i]).epsilon(1e-5));
+    // Greedy: a frequency penalty moves the choice off a token the text keeps repeating;
+    // a negative presence penalty pulls it back.
+    SamplingParams g = no_filters(0.0f);
+    g.frequency_penalty = 0.2f;
+    CHECK(Sampler(no_filters(0.0f)).sample(logits.data(), 5, recent) == 0);
+    CHECK(Sampler(g).sample(logits.data(), 5, recent) == 1);  // 2.0 - 0.6 < 1.5
+    g.presence_penalty = -0.5f;
+    CHECK(Sampler(g).sample(logits.data(), 5, recent) == 0);
+    // A huge penalty leaves the token a finite candidate, never NaN or an empty set.
+    SamplingParams h = no_filters(1.0f);
+    h.presence_penalty = 3e38f;
+    h.frequency_penalty = 3e38f;
+    const std::vector<TokenId> all = {0, 1, 2, 3, 4};
+    probs = Sampler(h).probabilities(logits.data(), 5, all);
+    CHECK(std::accumulate(probs.begin(), probs.end(), 0.0) == doctest::Approx(1.0));
+    for (float x : probs) CHECK(std::isfinite(x));
+}
+
 TEST_CASE("sampler: invalid parameters are rejected") {
     SamplingParams p;
     p.temperature = NAN;
@@ -288,6 +333,12 @@ TEST_CASE("sampling_validate: each range, its edges and the message") {
     CHECK(message([](P p) { p.repeat_penalty = -2.0f; }).find("repeat penalty") == 0);
     CHECK(message([](P p) { p.repeat_penalty = INFINITY; }).find("repeat penalty") == 0);
     CHECK(message([](P p) { p.repeat_last_n = -2; }).find("repeat-last-n must be >= -1") == 0);
+    CHECK(message([](P p) { p.frequency_penalty = -2.0f; }).empty());  // any finite value
+    CHECK(message([](P p) { p.presence_penalty = 2.0f; }).empty());
+    CHECK(message([](P p) { p.frequency_penalty = NAN; }) ==
+          "frequency penalty must be a finite number (got nan; 0 disables it)");
+    CHECK(message([](P p) { p.presence_penalty = -INFINITY; }) ==
+          "presence penalty must be a finite number (got -inf; 0 disables it)");
 
     // The constructor applies the same rule.
     SamplingParams bad;

@@ -566,6 +566,11 @@ void CudaBackend::forward_sample(const ForwardBatch& b, const std::vector<RowSam
     if (rows.size() != b.logit_rows.size())
         fail("forward_sample: {} sampling rows for {} logit rows", rows.size(),
              b.logit_rows.size());
+    // The device sampler has no frequency/presence penalties: a step with such a row samples
+    // on the host from downloaded logits (Backend's default).
+    for (const RowSampling& r : rows)
+        if (r.params.frequency_penalty != 0.0f || r.params.presence_penalty != 0.0f)
+            return Backend::forward_sample(b, rows, tokens);
     const int64_t V = config_.n_vocab;
     // Row parameters first, so that bad ones throw before the cache is touched.
     std::vector<CudaSampleRow> cfg;

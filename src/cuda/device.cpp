@@ -114,6 +114,8 @@ void cuda_free(void* p) noexcept {
 
 CudaSampleRow cuda_sample_row(const SamplingParams& p, double u, const int32_t* recent,
                               size_t n_recent, int64_t n_vocab, std::vector<int32_t>& penalty_ids) {
+    if (p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f)
+        fail("the device sampler has no frequency or presence penalty (sample on the host)");
     CudaSampleRow r;
     r.u = u;
     r.temperature = p.temperature;

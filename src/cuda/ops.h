@@ -104,8 +104,7 @@ void cuda_matmul_qkv(float* q, float* k, float* v, const float* x, const WeightV
 // matching up row and write the product (same bits as two cuda_matmul calls and
 // cuda_swiglu); otherwise exactly those, with up_buf ([n_rows][up.n_out]) for the up rows.
 void cuda_matmul_swiglu(float* out, float* up_buf, const float* x, const WeightView& gate,
-                        const WeightView& up, int64_t n_rows, CudaScratch& scratch,
-                        cudaStream_t s);
+                        const WeightView& up, int64_t n_rows, CudaScratch& scratch, cudaStream_t s);
 
 // ---- paged KV cache (kv_write.cu, attention_*.cu) ----------------------------------------
 
@@ -198,7 +197,8 @@ void cuda_sample_rows(int32_t* out, float* logits, int64_t n_rows, int64_t n_voc
 // the caller: sampling_validate) and uniform number u. When the repetition penalty is on,
 // appends the distinct ids among the last repeat_last_n entries of recent[n_recent] (the ids
 // Sampler penalizes) to penalty_ids and points the row at them. Throws Error like Sampler
-// for a penalized id outside [0, n_vocab).
+// for a penalized id outside [0, n_vocab), and for a frequency or presence penalty (the
+// device sampler has none; CudaBackend samples such rows on the host).
 CudaSampleRow cuda_sample_row(const SamplingParams& p, double u, const int32_t* recent,
                               size_t n_recent, int64_t n_vocab, std::vector<int32_t>& penalty_ids);
 

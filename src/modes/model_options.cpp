@@ -87,8 +87,16 @@ void add_sampling_options(CLI::App* cmd, SamplingParams& p) {
                     "Penalty for recently seen tokens (1: off)")
         ->check(valid("POSITIVE", &SamplingParams::repeat_penalty))
         ->capture_default_str();
+    cmd->add_option("--frequency-penalty", p.frequency_penalty,
+                    "Subtract this x the count of each recently seen token from its logit (0: off)")
+        ->check(valid("FINITE", &SamplingParams::frequency_penalty))
+        ->capture_default_str();
+    cmd->add_option("--presence-penalty", p.presence_penalty,
+                    "Subtract this from the logit of every recently seen token (0: off)")
+        ->check(valid("FINITE", &SamplingParams::presence_penalty))
+        ->capture_default_str();
     cmd->add_option("--repeat-last-n", p.repeat_last_n,
-                    "How many recent tokens the penalty looks at (-1: all, 0: off)")
+                    "How many recent tokens the penalties look at (-1: all, 0: off)")
         ->check(valid("AT LEAST -1", &SamplingParams::repeat_last_n))
         ->capture_default_str();
     cmd->add_option("-s,--seed", p.seed, "Random seed (same seed, same output)")

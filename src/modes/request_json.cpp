@@ -42,6 +42,8 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
         req.sampling.top_p = j.value("top_p", d.sampling.top_p);
         req.sampling.min_p = j.value("min_p", d.sampling.min_p);
         req.sampling.repeat_penalty = j.value("repeat_penalty", d.sampling.repeat_penalty);
+        req.sampling.frequency_penalty = j.value("frequency_penalty", d.sampling.frequency_penalty);
+        req.sampling.presence_penalty = j.value("presence_penalty", d.sampling.presence_penalty);
         req.sampling.repeat_last_n = j.value("repeat_last_n", d.sampling.repeat_last_n);
         req.sampling.seed = j.value("seed", d.sampling.seed);
         req.n_samples = j.value("n_samples", d.n_samples);

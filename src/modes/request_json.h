@@ -32,7 +32,8 @@ struct ParsedRequest {
 
 // Parses one JSONL request. Fields: prompt (string, required, non-empty UTF-8), n_predict
 // (-1: no limit, 0: nothing generated; anything below -1 is refused),
-// temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, n_samples (1-256),
+// temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty,
+// repeat_last_n, seed, n_samples (1-256),
 // ignore_eos, stop (array of strings), id (any JSON value). Throws Error with the reason.
 ParsedRequest request_from_json(const std::string& line, const RequestDefaults& defaults,
                                 const Tokenizer& tok);

@@ -255,9 +255,9 @@ void add_run_command(CLI::App& root, int& exit_code) {
     cmd->add_flag(
         "--jsonl", o->jsonl,
         "Read JSON requests from stdin, one per line: {\"prompt\": ..., \"n_predict\": ..., "
-        "\"temperature\": ..., \"top_k\", \"top_p\", \"min_p\", \"seed\", \"n_samples\", "
-        "\"stop\"}; "
-        "write one JSON result per line");
+        "\"temperature\": ..., \"top_k\", \"top_p\", \"min_p\", \"repeat_penalty\", "
+        "\"frequency_penalty\", \"presence_penalty\", \"repeat_last_n\", \"seed\", "
+        "\"n_samples\", \"stop\"}; write one JSON result per line");
     cmd->add_flag("--truncate", o->truncate,
                   "Keep the end of a prompt that is longer than the context");
     cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after the end-of-sequence token");
