@@ -328,8 +328,7 @@ TEST_CASE("cuda forward_sample returns the tokens the host sampler picks from th
     cpu->forward_sample(b, rows, tc.data());
     gpu->forward_sample(b, rows, tg.data());
     CHECK(tc == tg);
-    // Frequency / presence penalties: the device sampler has none, so such a step samples
-    // on the host from the GPU's logits; the tokens are still the host's.
+    // Frequency / presence penalties (their counts travel with the penalized ids).
     for (size_t r = 0; r < rows.size(); ++r) {
         if (r % 2 == 0) rows[r].params.frequency_penalty = 0.7f;
         if (r % 3 == 1) rows[r].params.presence_penalty = 0.4f;

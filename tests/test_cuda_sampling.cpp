@@ -77,8 +77,10 @@ std::vector<int32_t> device_tokens(const std::vector<float>& logits, int64_t n_v
 }
 
 SamplingParams params(float temp, int top_k, float top_p, float min_p, float penalty = 1.0f,
-                      int last_n = 64) {
+                      int last_n = 64, float frequency = 0.0f, float presence = 0.0f) {
     SamplingParams p;
+    p.frequency_penalty = frequency;
+    p.presence_penalty = presence;
     p.temperature = temp;
     p.top_k = top_k;
     p.top_p = top_p;
@@ -90,7 +92,8 @@ SamplingParams params(float temp, int top_k, float top_p, float min_p, float pen
 
 // The parameter mixes every vocabulary is tried with: greedy (plain and penalized), the
 // defaults, each filter alone and off, boundary values (top-k 1 / above the vocabulary,
-// top-p 0 / just below 1, min-p 1), extreme temperatures and penalties (also < 1).
+// top-p 0 / just below 1, min-p 1), extreme temperatures and penalties (also < 1), and
+// frequency/presence penalties (greedy, with the repeat penalty, presence alone).
 std::vector<SamplingParams> param_mixes(int64_t n_vocab) {
     return {params(0.0f, 40, 0.95f, 0.05f),
             params(0.0f, 0, 1.0f, 0.0f, 1.5f),
@@ -109,7 +112,10 @@ std::vector<SamplingParams> param_mixes(int64_t n_vocab) {
             params(0.05f, 100, 0.9f, 0.01f),
             params(2.5f, 5000, 0.99f, 0.01f, 1.3f),
             params(0.9f, 40, 0.95f, 0.05f, 1.3f, -1),
-            params(1.1f, 0, 0.8f, 0.02f, 0.7f, 8)};
+            params(1.1f, 0, 0.8f, 0.02f, 0.7f, 8),
+            params(0.0f, 0, 1.0f, 0.0f, 1.0f, 64, 0.9f, 0.3f),
+            params(0.9f, 40, 0.95f, 0.05f, 1.2f, -1, 0.35f, -0.2f),
+            params(1.0f, 0, 1.0f, 0.0f, 1.0f, 16, 0.0f, 1.5f)};
 }
 
 }  // namespace
@@ -208,6 +214,27 @@ TEST_CASE("cuda_sample_rows draws Sampler::sample_with's token, each row its own
     }
 }
 
+TEST_CASE("cuda_sample_rows: the frequency penalty counts every recent occurrence") {
+    const int64_t n_vocab = 512;
+    std::vector<float> one(size_t(n_vocab), 0.0f);
+    one[10] = 5.0f;  // seen three times: 5 - 3 * 0.4 = 3.8 falls behind token 11
+    one[11] = 4.0f;
+    one[12] = 3.9f;  // seen once: 3.9 - 0.4 - presence
+    std::vector<float> l;
+    std::vector<RowCase> rows(4);
+    for (RowCase& r : rows) {
+        l.insert(l.end(), one.begin(), one.end());
+        r.recent = {10, 12, 10, 10};
+    }
+    rows[0].p = params(0.0f, 0, 1.0f, 0.0f, 1.0f, 64, 0.4f, 0.0f);   // 11
+    rows[1].p = params(0.0f, 0, 1.0f, 0.0f, 1.0f, 64, 0.3f, 0.0f);   // 5 - 0.9 = 4.1: 10
+    rows[2].p = params(0.0f, 0, 1.0f, 0.0f, 1.0f, 64, 0.0f, 1.05f);  // 3.95 < 4: 11
+    rows[3].p = params(0.0f, 0, 1.0f, 0.0f, 1.0f, 2, 0.45f, 0.0f);   // window {10, 10}: 4.1, 10
+    const std::vector<int32_t> want = host_tokens(l, n_vocab, rows);
+    CHECK(want == std::vector<int32_t>{11, 10, 11, 10});
+    CHECK(device_tokens(l, n_vocab, rows) == want);
+}
+
 TEST_CASE("cuda_sample_rows cuts ties at the top-k and top-p thresholds by token id") {
     // Logits on a coarse grid: every threshold falls inside a run of equal logits, which
     // Sampler's sort orders by token id.
@@ -288,6 +315,13 @@ TEST_CASE(
         cuda_sample_row(params(0.8f, 40, 0.95f, 0.05f, 1.1f, 3), 0.5, old_bad, 4, n_vocab, ids);
     CHECK(r.penalty_count == 2);  // 5 and 6, each once
     CHECK(ids.size() == size_t(r.penalty_begin + r.penalty_count));
+    // With a frequency or presence penalty the counts follow the ids.
+    const int32_t seen[] = {9, 5, 9, 7, 9, 5};
+    const CudaSampleRow c = cuda_sample_row(params(0.8f, 40, 0.95f, 0.05f, 1.0f, -1, 0.5f, 0.0f),
+                                            0.5, seen, 6, n_vocab, ids);
+    CHECK(c.penalty_count == 3);
+    CHECK(std::vector<int32_t>(ids.begin() + c.penalty_begin, ids.end()) ==
+          std::vector<int32_t>{5, 7, 9, 2, 1, 3});
 }
 
 TEST_CASE("cuda repeat penalty applies once per distinct recent token") {

@@ -566,16 +566,11 @@ void CudaBackend::forward_sample(const ForwardBatch& b, const std::vector<RowSam
     if (rows.size() != b.logit_rows.size())
         fail("forward_sample: {} sampling rows for {} logit rows", rows.size(),
              b.logit_rows.size());
-    // The device sampler has no frequency/presence penalties: a step with such a row samples
-    // on the host from downloaded logits (Backend's default).
-    for (const RowSampling& r : rows)
-        if (r.params.frequency_penalty != 0.0f || r.params.presence_penalty != 0.0f)
-            return Backend::forward_sample(b, rows, tokens);
     const int64_t V = config_.n_vocab;
     // Row parameters first, so that bad ones throw before the cache is touched.
     std::vector<CudaSampleRow> cfg;
     cfg.reserve(rows.size());
-    std::vector<int32_t> ids;  // distinct penalized ids of every row
+    std::vector<int32_t> ids;  // every row's distinct penalized ids (and their counts)
     for (const RowSampling& r : rows) {
         sampling_validate(r.params);
         cfg.push_back(cuda_sample_row(r.params, r.u, r.recent.data(), r.recent.size(), V, ids));

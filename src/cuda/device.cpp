@@ -114,8 +114,6 @@ void cuda_free(void* p) noexcept {
 
 CudaSampleRow cuda_sample_row(const SamplingParams& p, double u, const int32_t* recent,
                               size_t n_recent, int64_t n_vocab, std::vector<int32_t>& penalty_ids) {
-    if (p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f)
-        fail("the device sampler has no frequency or presence penalty (sample on the host)");
     CudaSampleRow r;
     r.u = u;
     r.temperature = p.temperature;
@@ -125,18 +123,29 @@ CudaSampleRow cuda_sample_row(const SamplingParams& p, double u, const int32_t* 
     // The float log, exactly as Sampler's min-p threshold takes it.
     r.log_min_p = p.min_p > 0.0f ? std::log(p.min_p) : 0.0f;
     r.repeat_penalty = p.repeat_penalty;
-    if (p.repeat_penalty == 1.0f || p.repeat_last_n == 0 || n_recent == 0) return r;
+    r.frequency_penalty = p.frequency_penalty;
+    r.presence_penalty = p.presence_penalty;
+    const bool counted = p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
+    if ((p.repeat_penalty == 1.0f && !counted) || p.repeat_last_n == 0 || n_recent == 0) return r;
     size_t n = n_recent;
     if (p.repeat_last_n > 0) n = std::min(n, size_t(p.repeat_last_n));
     std::vector<int32_t> w(recent + (n_recent - n), recent + n_recent);
     std::sort(w.begin(), w.end());
-    w.erase(std::unique(w.begin(), w.end()), w.end());
-    for (int32_t id : w)
+    std::vector<int32_t> ids, counts;  // distinct ids, and how often each occurs
+    for (int32_t id : w) {
         if (id < 0 || id >= n_vocab)
             fail("sampler: recent token id {} is outside the vocabulary (0..{})", id, n_vocab - 1);
+        if (!ids.empty() && ids.back() == id) {
+            ++counts.back();
+        } else {
+            ids.push_back(id);
+            counts.push_back(1);
+        }
+    }
     r.penalty_begin = static_cast<int32_t>(penalty_ids.size());
-    r.penalty_count = static_cast<int32_t>(w.size());
-    penalty_ids.insert(penalty_ids.end(), w.begin(), w.end());
+    r.penalty_count = static_cast<int32_t>(ids.size());
+    penalty_ids.insert(penalty_ids.end(), ids.begin(), ids.end());
+    if (counted) penalty_ids.insert(penalty_ids.end(), counts.begin(), counts.end());
     return r;
 }
 

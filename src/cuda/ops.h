@@ -176,6 +176,10 @@ struct CudaSampleRow {
     float min_p = 0.0f;           // <= 0: off
     float log_min_p = 0.0f;       // std::log(min_p) on the host, as Sampler computes it
     float repeat_penalty = 1.0f;  // applied to penalty_ids[penalty_begin, + penalty_count)
+    // Then logit -= count * frequency_penalty + presence_penalty; when either is non-zero,
+    // penalty_ids[penalty_begin + penalty_count + j] holds the count of the j-th id.
+    float frequency_penalty = 0.0f;
+    float presence_penalty = 0.0f;
     int32_t penalty_begin = 0;
     int32_t penalty_count = 0;  // distinct ids (Sampler penalizes each id once)
 };
@@ -196,9 +200,9 @@ void cuda_sample_rows(int32_t* out, float* logits, int64_t n_rows, int64_t n_voc
 // Host side of cuda_sample_rows (device.cpp): the row for Sampler parameters p (checked by
 // the caller: sampling_validate) and uniform number u. When the repetition penalty is on,
 // appends the distinct ids among the last repeat_last_n entries of recent[n_recent] (the ids
-// Sampler penalizes) to penalty_ids and points the row at them. Throws Error like Sampler
-// for a penalized id outside [0, n_vocab), and for a frequency or presence penalty (the
-// device sampler has none; CudaBackend samples such rows on the host).
+// Sampler penalizes) to penalty_ids, followed by their counts when a frequency or presence
+// penalty is on, and points the row at them. Throws Error like Sampler for a penalized id
+// outside [0, n_vocab).
 CudaSampleRow cuda_sample_row(const SamplingParams& p, double u, const int32_t* recent,
                               size_t n_recent, int64_t n_vocab, std::vector<int32_t>& penalty_ids);
 

@@ -1,11 +1,11 @@
 // Token sampling on the GPU (only token ids leave the device): argmax, and Sampler's chain
-// (repetition penalty, top-k, top-p, min-p, temperature, inverse-CDF draw from a given
-// uniform number) with one thread block per row and one launch for all rows. Top-k and top-p
-// thresholds are found by radix selection over order-preserving logit keys (4 passes of 8
-// bits, counting resp. summing weights per digit, warp-aggregated), ties at a threshold are
-// cut by token id the way Sampler's sort orders them, and weights and probabilities are
-// computed in double as Sampler computes them, so the device picks Sampler::sample_with's
-// token (up to the order of double additions).
+// (repetition, frequency and presence penalties, top-k, top-p, min-p, temperature,
+// inverse-CDF draw from a given uniform number) with one thread block per row and one
+// launch for all rows. Top-k and top-p thresholds are found by radix selection over
+// order-preserving logit keys (4 passes of 8 bits, counting resp. summing weights per digit,
+// warp-aggregated), ties at a threshold are cut by token id the way Sampler's sort orders
+// them, and weights and probabilities are computed in double as Sampler computes them, so
+// the device picks Sampler::sample_with's token (up to the order of double additions).
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -329,14 +329,22 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_kernel(SampleArgs 
     if (a.u_f32) cfg.u = double(a.u_f32[blockIdx.x]);
     float* row = a.logits + int64_t(blockIdx.x) * n;
 
-    // Repetition penalty on the distinct ids (each thread its own ids; Sampler's rule).
-    if (cfg.penalty_count > 0 && cfg.repeat_penalty != 1.0f) {
+    // Repetition, then frequency/presence penalties on the distinct ids (each thread its own
+    // ids; Sampler's rule and rounding: the count's product is never contracted into an FMA).
+    const bool counted = cfg.frequency_penalty != 0.0f || cfg.presence_penalty != 0.0f;
+    if (cfg.penalty_count > 0 && (cfg.repeat_penalty != 1.0f || counted)) {
         for (int j = threadIdx.x; j < cfg.penalty_count; j += blockDim.x) {
             const int64_t id = a.penalty_ids[cfg.penalty_begin + j];
             if (id < 0 || id >= n) continue;
-            const float l = clean_logit(row[id]);
-            if (l != -INFINITY)
-                row[id] = l > 0.0f ? l / cfg.repeat_penalty : l * cfg.repeat_penalty;
+            float l = clean_logit(row[id]);
+            if (l == -INFINITY) continue;
+            l = l > 0.0f ? l / cfg.repeat_penalty : l * cfg.repeat_penalty;
+            if (counted) {
+                const float c = float(a.penalty_ids[cfg.penalty_begin + cfg.penalty_count + j]);
+                const float sub = __fmul_rn(c, cfg.frequency_penalty) + cfg.presence_penalty;
+                l = fminf(fmaxf(l - sub, -FLT_MAX), FLT_MAX);
+            }
+            row[id] = l;
         }
         __syncthreads();  // makes the block's global writes visible to the whole block
     }
