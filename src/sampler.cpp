@@ -67,6 +67,27 @@ void sampling_validate(const SamplingParams& p) {
              p.repeat_last_n);
 }
 
+std::vector<std::pair<TokenId, int32_t>> penalized_token_counts(const SamplingParams& p,
+                                                                std::span<const TokenId> recent,
+                                                                int64_t n_vocab) {
+    const bool counted = p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
+    if ((p.repeat_penalty == 1.0f && !counted) || p.repeat_last_n == 0) return {};
+    size_t n = recent.size();
+    if (p.repeat_last_n > 0) n = std::min(n, static_cast<size_t>(p.repeat_last_n));
+    std::vector<TokenId> ids(recent.end() - static_cast<std::ptrdiff_t>(n), recent.end());
+    std::sort(ids.begin(), ids.end());
+    std::vector<std::pair<TokenId, int32_t>> out;
+    for (TokenId id : ids) {
+        if (id < 0 || id >= n_vocab)
+            fail("sampler: recent token id {} is outside the vocabulary (0..{})", id, n_vocab - 1);
+        if (!out.empty() && out.back().first == id)
+            ++out.back().second;
+        else
+            out.emplace_back(id, 1);
+    }
+    return out;
+}
+
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
     sampling_validate(params);
 }
@@ -89,21 +110,7 @@ void Sampler::penalized_logits(const float* logits, int n_vocab, std::span<const
     if (!any_finite) fail("sampler: every logit is -inf or NaN; nothing can be sampled");
 
     const bool counted = params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f;
-    if ((params_.repeat_penalty == 1.0f && !counted) || params_.repeat_last_n == 0) return;
-    size_t n_recent = recent.size();
-    if (params_.repeat_last_n > 0) {
-        n_recent = std::min(n_recent, static_cast<size_t>(params_.repeat_last_n));
-    }
-    std::vector<TokenId> ids(recent.end() - static_cast<std::ptrdiff_t>(n_recent), recent.end());
-    std::sort(ids.begin(), ids.end());
-    for (size_t i = 0; i < ids.size();) {  // each distinct id once, with its count
-        const TokenId id = ids[i];
-        size_t count = 1;
-        while (i + count < ids.size() && ids[i + count] == id) ++count;
-        i += count;
-        if (id < 0 || id >= n_vocab) {
-            fail("sampler: recent token id {} is outside the vocabulary (0..{})", id, n_vocab - 1);
-        }
+    for (const auto& [id, count] : penalized_token_counts(params_, recent, n_vocab)) {
         float& l = work_[static_cast<size_t>(id)];
         if (l == kNegInf) continue;
         // As llama.cpp does: shrink toward zero when positive, push further down when

@@ -33,6 +33,13 @@ struct SamplingParams {
     uint64_t seed = 0x5EED;
 };
 
+// The tokens the penalties apply to, each once with its count, sorted by id: the last
+// repeat_last_n entries of `recent` (all for -1); empty when no penalty is on. Throws Error
+// for an id outside [0, n_vocab). Shared by Sampler and the CUDA sampler's host side.
+std::vector<std::pair<TokenId, int32_t>> penalized_token_counts(const SamplingParams& params,
+                                                                std::span<const TokenId> recent,
+                                                                int64_t n_vocab);
+
 // Throws Error naming the first parameter outside its range, its value and the range (the
 // same rule for command-line flags, JSON requests and the Sampler constructor).
 void sampling_validate(const SamplingParams& params);

@@ -125,27 +125,13 @@ CudaSampleRow cuda_sample_row(const SamplingParams& p, double u, const int32_t* 
     r.repeat_penalty = p.repeat_penalty;
     r.frequency_penalty = p.frequency_penalty;
     r.presence_penalty = p.presence_penalty;
-    const bool counted = p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
-    if ((p.repeat_penalty == 1.0f && !counted) || p.repeat_last_n == 0 || n_recent == 0) return r;
-    size_t n = n_recent;
-    if (p.repeat_last_n > 0) n = std::min(n, size_t(p.repeat_last_n));
-    std::vector<int32_t> w(recent + (n_recent - n), recent + n_recent);
-    std::sort(w.begin(), w.end());
-    std::vector<int32_t> ids, counts;  // distinct ids, and how often each occurs
-    for (int32_t id : w) {
-        if (id < 0 || id >= n_vocab)
-            fail("sampler: recent token id {} is outside the vocabulary (0..{})", id, n_vocab - 1);
-        if (!ids.empty() && ids.back() == id) {
-            ++counts.back();
-        } else {
-            ids.push_back(id);
-            counts.push_back(1);
-        }
-    }
+    const auto counts = penalized_token_counts(p, {recent, n_recent}, n_vocab);
+    if (counts.empty()) return r;
     r.penalty_begin = static_cast<int32_t>(penalty_ids.size());
-    r.penalty_count = static_cast<int32_t>(ids.size());
-    penalty_ids.insert(penalty_ids.end(), ids.begin(), ids.end());
-    if (counted) penalty_ids.insert(penalty_ids.end(), counts.begin(), counts.end());
+    r.penalty_count = static_cast<int32_t>(counts.size());
+    for (const auto& [id, c] : counts) penalty_ids.push_back(id);
+    if (p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f)
+        for (const auto& [id, c] : counts) penalty_ids.push_back(c);
     return r;
 }
 
