@@ -123,6 +123,11 @@ int32_t Engine::submit(GenerationRequest request) {
     s->tokens = std::move(tokens);
     s->n_prompt = static_cast<int32_t>(s->tokens.size());
     s->sampler = std::make_unique<Sampler>(req->sampling);
+    if (req->grammar) {
+        if (!grammar_vocab_) grammar_vocab_ = std::make_shared<GrammarVocab>(tok_);
+        s->grammar = std::make_unique<GrammarConstraint>(req->grammar, grammar_vocab_);
+        s->sampler->set_constraint(s->grammar.get());
+    }
     if (draft_) {
         SamplingParams dp = req->sampling;
         dp.seed = speculative_draft_seed(dp.seed);
@@ -353,6 +358,10 @@ void Engine::fork_samples(Seq& s) {
         SamplingParams p = s.req->sampling;
         p.seed = p.seed + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
         f->sampler = std::make_unique<Sampler>(p);
+        if (s.grammar) {
+            f->grammar = std::make_unique<GrammarConstraint>(*s.grammar);
+            f->sampler->set_constraint(f->grammar.get());
+        }
         if (draft_) {
             if (s.draft_kv >= 0) f->draft_kv = draft_table_->fork(s.draft_kv);
             p.seed = speculative_draft_seed(p.seed);
@@ -399,6 +408,15 @@ void Engine::advance(Seq& s, TokenId tok) {
     }
     s.t_last = now;
     s.tokens.push_back(tok);
+    if (s.grammar) {
+        try {
+            s.grammar->accept(tok);
+        } catch (const Error& e) {  // only a bug could sample a token the grammar refuses
+            s.tokens.pop_back();
+            finish(s, StopReason::Error, e.what());
+            return;
+        }
+    }
     StopReason stop = check_stop(s, tok);
     if (stop == StopReason::Eos) {
         s.tokens.pop_back();  // the end-of-generation token is not part of the output
@@ -407,6 +425,8 @@ void Engine::advance(Seq& s, TokenId tok) {
         stats_.spec.generated++;
         if (on_token_) on_token_(s.request, s.sample, tok);
     }
+    // The grammar admits nothing more: the model could only end here, so end it now.
+    if (stop == StopReason::None && s.grammar && s.grammar->finished()) stop = StopReason::Eos;
     if (stop != StopReason::None) finish(s, stop);
 }
 
@@ -544,8 +564,9 @@ bool Engine::step() {
                                (opt_.device_sampling == EngineOptions::DeviceSampling::Auto &&
                                 backend_.samples_on_device());
         for (const Part& p : parts)
-            if (p.logits && (p.k > 0 || (p.s->n_tokens() == p.s->n_prompt &&
-                                         p.s->req->n_samples > 1 && !p.s->forked)))
+            if (p.logits &&
+                (p.k > 0 || p.s->grammar ||
+                 (p.s->n_tokens() == p.s->n_prompt && p.s->req->n_samples > 1 && !p.s->forked)))
                 device_sampling = false;
         std::vector<TokenId> sampled;
         const auto tf = Clock::now();

@@ -33,6 +33,9 @@ namespace kvrun {
 enum class StopReason { None, Eos, Length, Context, StopString, Cancelled, Error };
 const char* stop_reason_name(StopReason r);  // "eos", "length", "context", "stop", ...
 
+class Grammar;
+class GrammarVocab;
+
 struct GenerationRequest {
     std::vector<TokenId> prompt;  // [n_prompt] already tokenized (BOS included if wanted)
     int32_t n_predict = 128;      // max new tokens; -1: until EOS or the context is full (0: none,
@@ -42,6 +45,10 @@ struct GenerationRequest {
     bool ignore_eos = false;
     std::vector<std::string> stop_strings;  // generation ends when the text contains one
     std::vector<TokenId> stop_tokens;       // extra end-of-generation ids (like EOS: not output)
+    // Constrained generation: every generated token continues a sentence of the grammar, the
+    // end of generation comes only where a sentence is complete, and the request ends (stop
+    // "eos") once the grammar admits nothing more. Null: unconstrained.
+    std::shared_ptr<const Grammar> grammar;
     // >= 0: run in this session (see Engine::open_session): the sequence is the session's
     // tokens followed by `prompt` (which may then be empty); only uncached tokens are computed.
     int32_t session = -1;
@@ -92,8 +99,8 @@ struct EngineOptions {
     AcceptRule accept_rule = AcceptRule::Lossless;
     // Sampling where the logits are (Backend::forward_sample): only token ids come back from
     // the device. Auto: when the backend samples on its device (CUDA). On: always (tests use
-    // it on the CPU). Steps that need the logits on the host (draft verification, the first
-    // token of a multi-sample request) always take the host path.
+    // it on the CPU). Steps that need the logits on the host (draft verification, a grammar, the
+    // first token of a multi-sample request) always take the host path.
     enum class DeviceSampling { Auto, On, Off } device_sampling = DeviceSampling::Auto;
 };
 
@@ -238,9 +245,10 @@ class Engine {
     TokenCallback on_token_;
     FinishCallback on_finish_;
     EngineStats stats_;
-    std::vector<float> logits_;        // [logit rows][n_vocab] of the target pass
-    std::vector<float> draft_logits_;  // [logit rows][n_vocab] of a draft pass
-    std::vector<float> p_scratch_;     // target distributions while verifying
+    std::vector<float> logits_;                          // [logit rows][n_vocab] of the target pass
+    std::vector<float> draft_logits_;                    // [logit rows][n_vocab] of a draft pass
+    std::vector<float> p_scratch_;                       // target distributions while verifying
+    std::shared_ptr<const GrammarVocab> grammar_vocab_;  // built for the first grammar request
 };
 
 }  // namespace kvrun

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "grammar.h"
 
 namespace kvrun {
 
@@ -24,6 +25,7 @@ struct Engine::Seq {
     bool forked = false;     // parallel samples already created
     bool preempted = false, finished = false;
     std::unique_ptr<Sampler> sampler;
+    std::unique_ptr<GrammarConstraint> grammar;  // the request's grammar (sampler's constraint)
     std::string text;  // generated text so far (only kept for stop strings)
     int32_t preemptions = 0;
     bool admitted_once = false, has_first = false;
@@ -35,6 +37,7 @@ struct Engine::Seq {
     SeqId draft_kv = -1;  // the draft's KV sequence: a prefix of `tokens`
     int32_t k = 0;        // adaptive draft length for the next round
     std::unique_ptr<Sampler> draft_sampler;
+    std::unique_ptr<GrammarConstraint> draft_grammar;  // the grammar after this round's drafts
     std::vector<TokenId> drafts;  // [k] this round's drafts; after verification, the output
     std::vector<float> q;         // [k][n_vocab] draft distributions (sampling only)
     int32_t n_drafted = 0, n_accepted = 0, n_spec_rounds = 0;

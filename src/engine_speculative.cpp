@@ -117,6 +117,10 @@ void Engine::draft_round(std::vector<Part>& parts) {
             fb.add_sequence(*draft_table_, s.draft_kv, have, static_cast<int32_t>(toks.size()));
             fb.logit_rows.push_back(static_cast<int32_t>(fb.tokens.size()) - 1);
             if (!s.sampler->greedy()) s.q.resize(static_cast<size_t>(p.k) * V);
+            if (s.grammar) {  // the draft proposes only what the grammar allows
+                s.draft_grammar = std::make_unique<GrammarConstraint>(*s.grammar);
+                s.draft_sampler->set_constraint(s.draft_grammar.get());
+            }
             active.push_back(&p);
             continue;
         }
@@ -143,6 +147,7 @@ void Engine::draft_round(std::vector<Part>& parts) {
             float* q_row = s.sampler->greedy() ? nullptr : s.q.data() + s.drafts.size() * V;
             s.drafts.push_back(speculative_draft_token(
                 *s.draft_sampler, draft_logits_.data() + j * V, n_vocab, recent, q_row));
+            if (s.draft_grammar) s.draft_grammar->accept(s.drafts.back());
         }
         // The next pass runs the newest draft of every part that wants more.
         fb = ForwardBatch{};
@@ -150,6 +155,8 @@ void Engine::draft_round(std::vector<Part>& parts) {
         for (Part* p : active) {
             Seq& s = *p->s;
             if (static_cast<int32_t>(s.drafts.size()) >= p->k) continue;
+            if (s.draft_grammar && (s.draft_grammar->finished() || tok_.is_eog(s.drafts.back())))
+                continue;  // the text cannot go on: no more drafts
             if (!draft_append(s, std::span<const TokenId>(&s.drafts.back(), 1))) continue;
             fb.add_sequence(*draft_table_, s.draft_kv, draft_table_->n_tokens(s.draft_kv) - 1, 1);
             fb.logit_rows.push_back(static_cast<int32_t>(fb.tokens.size()) - 1);
@@ -170,9 +177,23 @@ void Engine::verify_drafts(Seq& s, const float* logits, int32_t k) {
     const int n_vocab = static_cast<int>(backend_.config().n_vocab);
     std::vector<TokenId> context = recent_window(s);
     context.insert(context.end(), s.drafts.begin(), s.drafts.begin() + k);
+    // With a grammar, row i is judged under the grammar's state after drafts [0, i) (drafts
+    // are drawn under it, so they continue it; past an end token the state stays put).
+    std::vector<std::unique_ptr<GrammarConstraint>> states;
+    std::vector<const TokenConstraint*> rows;
+    if (s.grammar) {
+        states.push_back(std::make_unique<GrammarConstraint>(*s.grammar));
+        for (int32_t i = 0; i < k; ++i) {
+            states.push_back(std::make_unique<GrammarConstraint>(*states.back()));
+            if (!tok_.is_eog(s.drafts[i]) && states.back()->allows(s.drafts[i]))
+                states.back()->accept(s.drafts[i]);
+        }
+        for (const auto& st : states) rows.push_back(st.get());
+    }
     const SpecAcceptResult res = speculative_verify(*s.sampler, logits, n_vocab, context, k,
                                                     s.sampler->greedy() ? nullptr : s.q.data(),
-                                                    opt_.accept_rule, p_scratch_);
+                                                    opt_.accept_rule, p_scratch_, rows);
+    if (s.grammar) s.sampler->set_constraint(s.grammar.get());
     // Both tables keep the sequence plus the accepted drafts (the token that follows them has
     // not been run through either model yet).
     const int32_t keep = s.n_tokens() + res.n_accepted;

@@ -131,6 +131,28 @@ TokenId Sampler::argmax_of_work() const {
     return static_cast<TokenId>(best);
 }
 
+void Sampler::mask_work() {
+    mask_.assign(work_.size(), 0);
+    constraint_->allowed_mask(mask_);
+    bool any = false;
+    for (size_t i = 0; i < work_.size(); ++i) {
+        if (!mask_[i]) work_[i] = kNegInf;
+        any |= work_[i] != kNegInf;
+    }
+    if (!any)
+        fail(
+            "sampler: the grammar allows no token of the vocabulary here (it wants a character "
+            "no token can spell, or only tokens whose logits are NaN)");
+}
+
+TokenId Sampler::constrained_argmax() {
+    TokenId best = argmax_of_work();
+    if (constraint_ == nullptr || (work_[best] != kNegInf && constraint_->allows(best)))
+        return best;
+    mask_work();
+    return argmax_of_work();
+}
+
 void Sampler::filter(const float* logits, int n_vocab, std::span<const TokenId> recent_tokens) {
     penalized_logits(logits, n_vocab, recent_tokens);
     cand_.clear();
@@ -139,7 +161,30 @@ void Sampler::filter(const float* logits, int n_vocab, std::span<const TokenId> 
     }
 
     // top-k: the k best (ties broken by lower id), then sorted best first.
-    const size_t k = params_.top_k > 0 ? static_cast<size_t>(params_.top_k) : cand_.size();
+    size_t k = params_.top_k > 0 ? static_cast<size_t>(params_.top_k) : cand_.size();
+    if (constraint_ != nullptr) {
+        // The k best allowed tokens: usually found among the few best candidates, checked one
+        // by one; otherwise (or without top-k) the constraint masks the whole vocabulary.
+        bool found = false;
+        const size_t window = std::min(cand_.size(), std::max<size_t>(4 * k, 256));
+        if (k < cand_.size()) {
+            std::nth_element(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(window),
+                             cand_.end(), better);
+            std::sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(window), better);
+            size_t kept = 0;
+            for (size_t i = 0; i < window && kept < k; ++i)
+                if (constraint_->allows(cand_[i].second)) cand_[kept++] = cand_[i];
+            if (kept == k) {
+                cand_.resize(k);
+                found = true;
+            }
+        }
+        if (!found) {
+            mask_work();
+            std::erase_if(cand_, [&](const auto& c) { return !mask_[c.second]; });
+        }
+        k = std::min(k, cand_.size());
+    }
     if (k < cand_.size()) {
         std::nth_element(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(k), cand_.end(),
                          better);
@@ -195,7 +240,7 @@ TokenId Sampler::sample_with(const float* logits, int n_vocab,
                              std::span<const TokenId> recent_tokens, double u) {
     if (greedy()) {
         penalized_logits(logits, n_vocab, recent_tokens);
-        return argmax_of_work();
+        return constrained_argmax();
     }
     filter(logits, n_vocab, recent_tokens);
     const size_t i = draw_index(cand_prob_.data(), cand_prob_.size(), u);
@@ -208,7 +253,7 @@ void Sampler::compute_probabilities(const float* logits, int n_vocab,
     if (greedy()) {
         penalized_logits(logits, n_vocab, recent_tokens);
         std::fill(probs, probs + n_vocab, 0.0f);
-        probs[argmax_of_work()] = 1.0f;
+        probs[constrained_argmax()] = 1.0f;
         return;
     }
     filter(logits, n_vocab, recent_tokens);

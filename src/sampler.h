@@ -44,6 +44,17 @@ std::vector<std::pair<TokenId, int32_t>> penalized_token_counts(const SamplingPa
 // same rule for command-line flags, JSON requests and the Sampler constructor).
 void sampling_validate(const SamplingParams& params);
 
+// Which tokens may come next (grammar-constrained generation, grammar.h). The sampler asks
+// allows() for single tokens (the greedy pick, the best few under top-k) and allowed_mask()
+// when it needs the whole vocabulary; both must agree.
+class TokenConstraint {
+  public:
+    virtual ~TokenConstraint() = default;
+    virtual bool allows(TokenId token) const = 0;
+    // mask: [n_vocab], set to 1 for allowed tokens and 0 for the rest.
+    virtual void allowed_mask(std::span<uint8_t> mask) const = 0;
+};
+
 class Sampler {
   public:
     // Throws Error for invalid parameters (see sampling_validate).
@@ -72,6 +83,10 @@ class Sampler {
     double uniform();
 
     void reseed(uint64_t seed) { rng_.seed(seed); }
+    // Every later pick and distribution is restricted to the tokens `c` allows, exactly as if
+    // the others had -inf logits before the filter chain (null: no constraint). The
+    // constraint must outlive its use; when it allows no token, sampling throws Error.
+    void set_constraint(const TokenConstraint* c) { constraint_ = c; }
     const SamplingParams& params() const { return params_; }
     bool greedy() const { return params_.temperature <= 0.0f; }
 
@@ -83,12 +98,19 @@ class Sampler {
     // penalties applied.
     void penalized_logits(const float* logits, int n_vocab, std::span<const TokenId> recent);
     TokenId argmax_of_work() const;
+    // Sets every token the constraint refuses to -inf in work_ (throws when none is left).
+    void mask_work();
+    // The greedy pick under the constraint: the argmax when allowed (the common case, one
+    // check), else the argmax of the masked logits.
+    TokenId constrained_argmax();
 
     SamplingParams params_;
     std::mt19937_64 rng_;
     std::vector<float> work_;                      // [n_vocab] penalized logits
     std::vector<std::pair<float, TokenId>> cand_;  // surviving (logit, id)
     std::vector<float> cand_prob_;                 // [cand_.size()]
+    const TokenConstraint* constraint_ = nullptr;
+    std::vector<uint8_t> mask_;  // [n_vocab] scratch for the constraint's mask
 };
 
 }  // namespace kvrun

@@ -49,23 +49,40 @@ TokenId speculative_draft_token(Sampler& draft, const float* logits, int n_vocab
 
 SpecAcceptResult speculative_verify(Sampler& target, const float* logits, int n_vocab,
                                     std::span<const TokenId> context, int32_t k, const float* q,
-                                    AcceptRule rule, std::vector<float>& p_scratch) {
+                                    AcceptRule rule, std::vector<float>& p_scratch,
+                                    std::span<const TokenConstraint* const> constraints) {
     if (k < 0 || static_cast<size_t>(k) > context.size())
         fail("speculative_verify: {} drafts but a context of {} tokens", k, context.size());
+    if (!constraints.empty() && constraints.size() != static_cast<size_t>(k) + 1)
+        fail("speculative_verify: {} constraints for {} rows", constraints.size(), k + 1);
     const size_t V = static_cast<size_t>(n_vocab);
     const size_t n = context.size() - static_cast<size_t>(k);
     std::span<const TokenId> drafts = context.subspan(n);
+    // Row i under its constraint; the target's own constraint is left cleared.
+    struct RowConstraint {
+        Sampler& target;
+        std::span<const TokenConstraint* const> rows;
+        void set(int32_t i) {
+            if (!rows.empty()) target.set_constraint(rows[static_cast<size_t>(i)]);
+        }
+        ~RowConstraint() {
+            if (!rows.empty()) target.set_constraint(nullptr);
+        }
+    } row{target, constraints};
     if (target.greedy()) {
         for (int32_t i = 0; i <= k; ++i) {
+            row.set(i);
             const TokenId t = target.sample(logits + i * V, n_vocab, context.first(n + i));
             if (i < k && t == drafts[i]) continue;
             return {i, t};
         }
     }
     p_scratch.resize(static_cast<size_t>(k + 1) * V);
-    for (int32_t i = 0; i <= k; ++i)
+    for (int32_t i = 0; i <= k; ++i) {
+        row.set(i);
         target.compute_probabilities(logits + i * V, n_vocab, context.first(n + i),
                                      p_scratch.data() + i * V);
+    }
     return speculative_accept(p_scratch.data(), q, drafts, n_vocab, target, rule);
 }
 

@@ -49,9 +49,12 @@ TokenId speculative_draft_token(Sampler& draft, const float* logits, int n_vocab
 // context[0, n + i) as recent tokens; q: [k][n_vocab] the draft distributions (sampling only;
 // null when greedy); p_scratch: reused buffer. Greedy: drafts are kept while they equal the
 // target's argmax, then the argmax follows; sampling: speculative_accept with `rule`.
+// constraints: empty, or [k + 1] the token constraint of each row (a grammar's state after
+// the drafts before it), set on `target` for that row and cleared afterwards.
 SpecAcceptResult speculative_verify(Sampler& target, const float* logits, int n_vocab,
                                     std::span<const TokenId> context, int32_t k, const float* q,
-                                    AcceptRule rule, std::vector<float>& p_scratch);
+                                    AcceptRule rule, std::vector<float>& p_scratch,
+                                    std::span<const TokenConstraint* const> constraints = {});
 
 // The adaptive draft length for the next round: `current` is the sequence's K, `k` the drafts
 // this round actually carried (K capped by the context and the tokens still wanted), of which

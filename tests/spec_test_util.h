@@ -16,6 +16,7 @@
 
 #include "backend.h"
 #include "gguf.h"
+#include "grammar.h"
 #include "kv_block_table.h"
 #include "sampler.h"
 #include "tokenizer.h"
@@ -75,10 +76,11 @@ inline double chi_square_z(const std::map<int64_t, int64_t>& observed,
     return (std::cbrt(x2 / df) - (1.0 - s)) / std::sqrt(s);
 }
 
-// Exact target probabilities of the next token after `ctx` under `params`, computed on `ref`'s
-// backend (its KV pool must be free and hold ctx).
+// Exact target probabilities of the next token after `ctx` under `params` (and `constraint`
+// when given), computed on `ref`'s backend (its KV pool must be free and hold ctx).
 inline std::vector<float> exact_next_probs(Model& ref, const std::vector<TokenId>& ctx,
-                                           const SamplingParams& params) {
+                                           const SamplingParams& params,
+                                           const TokenConstraint* constraint = nullptr) {
     const int V = static_cast<int>(ref.backend->config().n_vocab);
     KvBlockTable table(static_cast<int32_t>(ref.backend->n_kv_blocks()),
                        ref.backend->kv_block_size(), ref.backend->n_kv_stages());
@@ -91,6 +93,7 @@ inline std::vector<float> exact_next_probs(Model& ref, const std::vector<TokenId
     std::vector<float> logits(V);
     ref.backend->forward(fb, logits.data());
     Sampler s(params);
+    s.set_constraint(constraint);
     return s.probabilities(logits.data(), V, ctx);
 }
 
@@ -100,10 +103,12 @@ struct LosslessZ {
 
 // Compares observed first tokens (and, with `pairs`, first-two-token pairs) of continuations of
 // `prompt` with the target's exact distribution: z_first against p(t1), z_pair against
-// p(t1) p(t2 | t1) (t1 with at least 20 expected draws; the other pairs pooled).
+// p(t1) p(t2 | t1) (t1 with at least 20 expected draws; the other pairs pooled). With a
+// grammar, the distributions are those under it.
 inline LosslessZ lossless_z(Model& ref, const std::vector<TokenId>& prompt,
                             const SamplingParams& params,
-                            const std::vector<std::pair<TokenId, TokenId>>& draws, bool pairs) {
+                            const std::vector<std::pair<TokenId, TokenId>>& draws, bool pairs,
+                            std::shared_ptr<const Grammar> grammar = nullptr) {
     const int V = static_cast<int>(ref.backend->config().n_vocab);
     const int64_t n = static_cast<int64_t>(draws.size());
     std::map<int64_t, int64_t> first, pair;
@@ -112,7 +117,10 @@ inline LosslessZ lossless_z(Model& ref, const std::vector<TokenId>& prompt,
         pair[int64_t(t1) * V + t2]++;
     }
     LosslessZ out;
-    const std::vector<float> p1 = exact_next_probs(ref, prompt, params);
+    std::unique_ptr<GrammarConstraint> c0;
+    if (grammar)
+        c0 = std::make_unique<GrammarConstraint>(grammar, std::make_shared<GrammarVocab>(*ref.tok));
+    const std::vector<float> p1 = exact_next_probs(ref, prompt, params, c0.get());
     std::map<int64_t, double> e1, e2;
     for (int t = 0; t < V; ++t)
         if (p1[t] > 0) e1[t] = p1[t];
@@ -122,7 +130,12 @@ inline LosslessZ lossless_z(Model& ref, const std::vector<TokenId>& prompt,
         if (p1[t1] * double(n) < 20) continue;
         std::vector<TokenId> ctx = prompt;
         ctx.push_back(t1);
-        const std::vector<float> p2 = exact_next_probs(ref, ctx, params);
+        std::unique_ptr<GrammarConstraint> c1;
+        if (c0) {
+            c1 = std::make_unique<GrammarConstraint>(*c0);
+            c1->accept(t1);
+        }
+        const std::vector<float> p2 = exact_next_probs(ref, ctx, params, c1.get());
         for (int t2 = 0; t2 < V; ++t2)
             if (p2[t2] > 0) e2[int64_t(t1) * V + t2] = double(p1[t1]) * p2[t2];
     }

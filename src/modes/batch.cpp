@@ -16,6 +16,7 @@
 #include "gguf.h"
 #include "model_config.h"
 #include "modes/draft_options.h"
+#include "modes/grammar_options.h"
 #include "modes/model_options.h"
 #include "modes/modes.h"
 #include "modes/request_json.h"
@@ -28,6 +29,7 @@ struct BatchOptions {
     ModelOptions model;
     DraftOptions draft;
     SamplingParams sampling;
+    GrammarOptions grammar;
     std::string file, output, format = "auto";
     int32_t n_predict = 128;
     int32_t n_samples = 1;
@@ -100,6 +102,7 @@ std::vector<Item> read_items(const BatchOptions& o, const Tokenizer& tok) {
     d.stop = o.stop;
     d.add_bos = !o.no_bos;
     d.parse_special = o.parse_special;
+    d.grammar = grammar_from_options(o.grammar);
     std::vector<Item> items;
     std::string line;
     int64_t line_no = 0;
@@ -344,6 +347,7 @@ void add_batch_command(CLI::App& root, int& exit_code) {
         ->check(n_predict_check())
         ->capture_default_str();
     add_sampling_options(cmd, o->sampling);
+    add_grammar_options(cmd, o->grammar);
     add_draft_options(cmd, o->draft);
     cmd->add_option("--n-samples", o->n_samples,
                     "Continuations per prompt, sharing the prompt's KV blocks")

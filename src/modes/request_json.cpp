@@ -2,6 +2,7 @@
 #include "modes/request_json.h"
 
 #include "common.h"
+#include "modes/grammar_options.h"
 #include "text_input.h"
 
 namespace kvrun {
@@ -14,6 +15,7 @@ GenerationRequest request_from_text(const std::string& prompt_text, const Reques
     req.n_samples = d.n_samples;
     req.ignore_eos = d.ignore_eos;
     req.stop_strings = d.stop;
+    req.grammar = d.grammar;
     req.prompt = tok.encode(prompt_text, d.add_bos && tok.add_bos(), d.parse_special);
     return req;
 }
@@ -57,6 +59,7 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
     if (req.n_samples < 1 || req.n_samples > 256)
         fail("'n_samples' must be between 1 and 256 (got {})", req.n_samples);
     sampling_validate(req.sampling);  // throws Error naming the bad value and its range
+    req.grammar = grammar_from_request(j, d.grammar);
     req.prompt = tok.encode(out.prompt_text, d.add_bos && tok.add_bos(), d.parse_special);
     return out;
 }

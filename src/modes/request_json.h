@@ -3,11 +3,13 @@
 // becomes a GenerationRequest; finished generations become one result object.
 #pragma once
 
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "engine.h"
+#include "grammar.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -22,6 +24,7 @@ struct RequestDefaults {
     std::vector<std::string> stop;
     bool add_bos = true;  // add BOS when the vocabulary wants it
     bool parse_special = false;
+    std::shared_ptr<const Grammar> grammar;  // --grammar (null: unconstrained)
 };
 
 struct ParsedRequest {
@@ -34,7 +37,8 @@ struct ParsedRequest {
 // (-1: no limit, 0: nothing generated; anything below -1 is refused),
 // temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty,
 // repeat_last_n, seed, n_samples (1-256),
-// ignore_eos, stop (array of strings), id (any JSON value). Throws Error with the reason.
+// ignore_eos, stop (array of strings), grammar (GBNF text; "" for none), id (any JSON value).
+// Throws Error with the reason.
 ParsedRequest request_from_json(const std::string& line, const RequestDefaults& defaults,
                                 const Tokenizer& tok);
 

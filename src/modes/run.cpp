@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "modes/draft_options.h"
+#include "modes/grammar_options.h"
 #include "modes/model_options.h"
 #include "modes/modes.h"
 #include "modes/request_json.h"
@@ -19,6 +20,7 @@ struct RunOptions {
     ModelOptions model;
     DraftOptions draft;
     SamplingParams sampling;
+    GrammarOptions grammar;
     std::string prompt, file;
     int32_t n_predict = 128;
     int32_t n_samples = 1;
@@ -116,6 +118,7 @@ void print_baseline(const RunOptions& o, const LoadedModel& m, const GenerationR
 // of --n-samples continuations speculates on its own.
 int run_single(const RunOptions& o) {
     std::string text = read_prompt_text(o.prompt, o.file, /*allow_stdin=*/true);
+    auto grammar = grammar_from_options(o.grammar);
     const int32_t n_seq = std::max(1, o.n_samples);
     LoadedModel m = load_model(o.model, n_seq);
     LoadedModel d;
@@ -135,6 +138,7 @@ int run_single(const RunOptions& o) {
         req.n_samples = o.n_samples;
         req.ignore_eos = o.ignore_eos;
         req.stop_strings = o.stop;
+        req.grammar = grammar;
         engine.submit(req);
 
         install_interrupt_handler();
@@ -181,8 +185,10 @@ int run_single(const RunOptions& o) {
 // Parses one JSONL request into `req` (throws Error with the reason on bad input); the
 // fields are those of modes/request_json.h, shared with `kvrun batch`.
 void parse_request(const std::string& line, const RunOptions& o, const Tokenizer& tok,
-                   GenerationRequest& req, std::string& prompt_text) {
+                   std::shared_ptr<const Grammar> grammar, GenerationRequest& req,
+                   std::string& prompt_text) {
     RequestDefaults d;
+    d.grammar = std::move(grammar);
     d.sampling = o.sampling;
     d.n_predict = o.n_predict;
     d.ignore_eos = o.ignore_eos;
@@ -195,6 +201,7 @@ void parse_request(const std::string& line, const RunOptions& o, const Tokenizer
 }
 
 int run_jsonl(const RunOptions& o) {
+    const auto grammar = grammar_from_options(o.grammar);
     LoadedModel m = load_model(o.model, 1);
     LoadedModel draft;
     if (o.draft.enabled()) draft = load_draft_model(o.draft, o.model, m, 8);
@@ -210,7 +217,7 @@ int run_jsonl(const RunOptions& o) {
         try {
             GenerationRequest req;
             std::string prompt_text;
-            parse_request(line, o, *m.tokenizer, req, prompt_text);
+            parse_request(line, o, *m.tokenizer, grammar, req, prompt_text);
             if (o.truncate)
                 truncate_prompt(req.prompt, engine.n_ctx(), req.n_predict, m.tokenizer->bos());
             std::vector<GenerationResult> results(std::max(1, req.n_samples));
@@ -245,6 +252,7 @@ void add_run_command(CLI::App& root, int& exit_code) {
         ->check(n_predict_check())
         ->capture_default_str();
     add_sampling_options(cmd, o->sampling);
+    add_grammar_options(cmd, o->grammar);
     add_draft_options(cmd, o->draft, /*baseline=*/true);
     cmd->add_option("--n-samples", o->n_samples,
                     "Parallel continuations sharing the prompt's KV blocks")
@@ -257,7 +265,7 @@ void add_run_command(CLI::App& root, int& exit_code) {
         "Read JSON requests from stdin, one per line: {\"prompt\": ..., \"n_predict\": ..., "
         "\"temperature\": ..., \"top_k\", \"top_p\", \"min_p\", \"repeat_penalty\", "
         "\"frequency_penalty\", \"presence_penalty\", \"repeat_last_n\", \"seed\", "
-        "\"n_samples\", \"stop\"}; write one JSON result per line");
+        "\"n_samples\", \"stop\", \"grammar\"}; write one JSON result per line");
     cmd->add_flag("--truncate", o->truncate,
                   "Keep the end of a prompt that is longer than the context");
     cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after the end-of-sequence token");

@@ -1,0 +1,155 @@
+// Grammar-constrained generation. A GBNF grammar (llama.cpp's format: `name ::= ...` rules
+// of literals, character classes, rule references, groups, alternatives and the * + ? {m,n}
+// repetitions) is compiled into flat rules; GrammarState is a pushdown matcher over Unicode
+// code points that follows every parse at once (a set of stacks); GrammarVocab holds a
+// vocabulary's token bytes as a trie, so GrammarConstraint finds all tokens the grammar
+// allows next in one walk that drops whole subtrees at their first impossible byte.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sampler.h"
+#include "tokenizer.h"
+
+namespace kvrun {
+
+class Grammar {
+  public:
+    // One element of a rule alternative.
+    enum class Kind : uint8_t {
+        End,      // end of an alternative (the rule's next alternative follows, or the rule ends)
+        Char,     // one code point in any of the ranges (`ranges` [first, first + n_ranges))
+        NotChar,  // one code point in none of the ranges
+        Rule,     // a reference to rule `value`
+    };
+    struct Element {
+        Kind kind = Kind::End;
+        uint32_t value = 0;     // Rule: rule index; Char/NotChar: first index into ranges()
+        uint32_t n_ranges = 0;  // Char/NotChar: how many ranges
+    };
+    struct Range {
+        uint32_t lo = 0, hi = 0;  // inclusive code points
+    };
+
+    // Parses GBNF text. Throws Error naming the line and column of the first problem, an
+    // undefined or missing root rule, or left recursion (which the matcher cannot follow).
+    static std::shared_ptr<const Grammar> parse(std::string_view text,
+                                                std::string_view root = "root");
+
+    // Rule r's alternatives are consecutive element runs, each closed by an End element;
+    // alternatives_of(r) gives the index of each alternative's first element.
+    const std::vector<uint32_t>& alternatives_of(uint32_t rule) const { return alts_[rule]; }
+    const Element& element(uint32_t index) const { return elements_[index]; }
+    const std::vector<Range>& ranges() const { return ranges_; }
+    uint32_t root() const { return root_; }
+    size_t n_rules() const { return alts_.size(); }
+    const std::string& rule_name(uint32_t rule) const { return names_[rule]; }
+    // Does code point `cp` match element e (Char or NotChar)?
+    bool matches(const Element& e, uint32_t cp) const;
+    // Could some code point in [lo, hi] match element e (Char or NotChar)?
+    bool matches_any(const Element& e, uint32_t lo, uint32_t hi) const;
+
+  private:
+    friend class GrammarParser;
+    std::vector<Element> elements_;
+    std::vector<Range> ranges_;
+    std::vector<std::vector<uint32_t>> alts_;  // [n_rules] first element of each alternative
+    std::vector<std::string> names_;           // [n_rules] (generated rules: "name/3")
+    uint32_t root_ = 0;
+};
+
+// The matcher's position after some text: every way the grammar can still go on (stacks of
+// element indices, top last, each top a Char/NotChar element; an empty stack means the text
+// so far is a complete sentence), plus the bytes of a code point not yet complete.
+class GrammarState {
+  public:
+    explicit GrammarState(std::shared_ptr<const Grammar> grammar);
+
+    // Consumes UTF-8 bytes (a code point may be split across calls). Returns false, leaving
+    // the state unchanged, when no parse can take them (or they are not valid UTF-8).
+    bool advance(std::string_view bytes);
+    // Would advance(bytes) succeed? (No change.)
+    bool accepts(std::string_view bytes) const;
+    // The text so far is a whole sentence of the grammar (the end of generation may come).
+    bool complete() const;
+    // Nothing can follow: complete, and no parse wants more text.
+    bool finished() const;
+    const Grammar& grammar() const { return *grammar_; }
+
+  private:
+    friend class GrammarConstraint;
+    using Stack = std::vector<uint32_t>;
+    struct Utf8 {
+        uint32_t value = 0;    // bits of the code point read so far
+        int8_t remaining = 0;  // continuation bytes still expected
+        int8_t length = 0;     // bytes of the whole sequence (its lead byte says)
+    };
+    // Pushes the expansion of `stack` (its top may be an End or a Rule) into out: every
+    // stack whose top is a character element, or the empty stack.
+    void expand(Stack stack, std::vector<Stack>& out) const;
+    // The stacks after code point cp (deduplicated; empty when none matches).
+    std::vector<Stack> step(const std::vector<Stack>& stacks, uint32_t cp) const;
+    // Feeds one byte to (stacks, utf8); false when it cannot be taken.
+    bool feed(std::vector<Stack>& stacks, Utf8& utf8, uint8_t byte) const;
+
+    std::shared_ptr<const Grammar> grammar_;
+    std::vector<Stack> stacks_;
+    Utf8 utf8_;
+};
+
+// True when `text` is a whole sentence of the grammar.
+bool grammar_accepts(const Grammar& grammar, std::string_view text);
+
+// A vocabulary's token bytes as a trie (built once per model and shared).
+class GrammarVocab {
+  public:
+    explicit GrammarVocab(const Tokenizer& tokenizer);
+    int32_t n_vocab() const { return n_vocab_; }
+
+  private:
+    friend class GrammarConstraint;
+    struct Node {
+        uint32_t first_child = 0, n_children = 0;  // children: nodes_[first, first + n)
+        uint32_t first_token = 0, n_tokens = 0;    // tokens ending here: token_ids_[...]
+        uint8_t byte = 0;
+    };
+    std::vector<Node> nodes_;  // nodes_[0] is the root (empty prefix)
+    std::vector<TokenId> token_ids_;
+    std::vector<std::string> bytes_;  // [n_vocab] each token's bytes ("" for control tokens)
+    std::vector<uint8_t> eog_;        // [n_vocab] 1 for end-of-generation tokens
+    int32_t n_vocab_ = 0;
+};
+
+// One sequence's grammar: which tokens may come next, and advancing by the chosen one.
+// End-of-generation tokens are allowed exactly when the text so far is complete; other
+// tokens when their bytes continue some parse (tokens with no bytes never are).
+class GrammarConstraint final : public TokenConstraint {
+  public:
+    GrammarConstraint(std::shared_ptr<const Grammar> grammar,
+                      std::shared_ptr<const GrammarVocab> vocab);
+    bool allows(TokenId token) const override;
+    // mask: [n_vocab], set to 1 for allowed tokens and 0 for the rest.
+    void allowed_mask(std::span<uint8_t> mask) const override;
+    // Advances by a sampled token. Throws Error when the grammar does not allow it.
+    void accept(TokenId token);
+    bool complete() const { return state_.complete(); }
+    bool finished() const { return state_.finished(); }
+    const GrammarState& state() const { return state_; }
+
+  private:
+    // The mask walk visits trie nodes depth first. Its states (stacks + partial code point)
+    // recur endlessly (inside a JSON string every character leads back to the same one), so
+    // each distinct state gets an id and each (state, byte) transition is computed once.
+    struct Walk;
+    void walk(Walk& w, uint32_t node, int32_t state, std::span<uint8_t> mask) const;
+
+    GrammarState state_;
+    std::shared_ptr<const GrammarVocab> vocab_;
+};
+
+}  // namespace kvrun

@@ -1,0 +1,265 @@
+// Matching text against a compiled grammar: GrammarState follows every parse at once as a
+// set of element stacks and reads UTF-8 a byte at a time (a code point split across tokens
+// is checked against the ranges it could still become); GrammarVocab and
+// GrammarConstraint turn that into the set of tokens allowed next.
+#include <algorithm>
+#include <map>
+
+#include "common.h"
+#include "grammar.h"
+
+namespace kvrun {
+
+using Kind = Grammar::Kind;
+
+GrammarState::GrammarState(std::shared_ptr<const Grammar> grammar) : grammar_(std::move(grammar)) {
+    if (!grammar_) fail("grammar: no grammar given");
+    for (uint32_t alt : grammar_->alternatives_of(grammar_->root())) expand({alt}, stacks_);
+    std::sort(stacks_.begin(), stacks_.end());
+    stacks_.erase(std::unique(stacks_.begin(), stacks_.end()), stacks_.end());
+}
+
+void GrammarState::expand(Stack stack, std::vector<Stack>& out) const {
+    for (;;) {
+        if (stack.empty()) {
+            out.push_back(std::move(stack));
+            return;
+        }
+        const uint32_t pos = stack.back();
+        const Grammar::Element& e = grammar_->element(pos);
+        if (e.kind == Kind::End) {  // this rule is done: continue below it
+            stack.pop_back();
+            continue;
+        }
+        if (e.kind != Kind::Rule) {
+            out.push_back(std::move(stack));
+            return;
+        }
+        // A rule reference: its continuation (unless the alternative ends there, which keeps
+        // right-recursive repetitions from growing the stack), then each alternative on top.
+        stack.pop_back();
+        if (grammar_->element(pos + 1).kind != Kind::End) stack.push_back(pos + 1);
+        const auto& alts = grammar_->alternatives_of(e.value);
+        for (size_t i = 0; i + 1 < alts.size(); ++i) {
+            Stack s = stack;
+            s.push_back(alts[i]);
+            expand(std::move(s), out);
+        }
+        stack.push_back(alts.back());
+    }
+}
+
+std::vector<GrammarState::Stack> GrammarState::step(const std::vector<Stack>& stacks,
+                                                    uint32_t cp) const {
+    std::vector<Stack> out;
+    for (const Stack& s : stacks) {
+        if (s.empty()) continue;
+        const uint32_t pos = s.back();
+        if (!grammar_->matches(grammar_->element(pos), cp)) continue;
+        Stack next(s.begin(), s.end() - 1);
+        if (grammar_->element(pos + 1).kind != Kind::End) next.push_back(pos + 1);
+        expand(std::move(next), out);
+    }
+    if (out.size() > 1) {
+        std::sort(out.begin(), out.end());
+        out.erase(std::unique(out.begin(), out.end()), out.end());
+    }
+    return out;
+}
+
+bool GrammarState::feed(std::vector<Stack>& stacks, Utf8& utf8, uint8_t byte) const {
+    if (utf8.remaining == 0) {
+        if (byte < 0x80) {
+            utf8 = {byte, 0, 1};
+        } else if ((byte & 0xE0) == 0xC0) {
+            utf8 = {byte & 0x1Fu, 1, 2};
+        } else if ((byte & 0xF0) == 0xE0) {
+            utf8 = {byte & 0x0Fu, 2, 3};
+        } else if ((byte & 0xF8) == 0xF0) {
+            utf8 = {byte & 0x07u, 3, 4};
+        } else {
+            return false;  // a continuation byte or an invalid lead
+        }
+    } else {
+        if ((byte & 0xC0) != 0x80) return false;
+        utf8.value = (utf8.value << 6) | (byte & 0x3Fu);
+        utf8.remaining--;
+    }
+    // The code points this sequence can still become, without overlong encodings (a "{"
+    // spelled in four bytes), values past U+10FFFF or surrogates: well-formed UTF-8 only.
+    static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+    const int shift = 6 * utf8.remaining;
+    const uint32_t lo = std::max(utf8.value << shift, kMin[utf8.length]);
+    const uint32_t hi = std::min((utf8.value << shift) | ((1u << shift) - 1), 0x10FFFFu);
+    if (lo > hi || (lo >= 0xD800 && hi <= 0xDFFF)) return false;
+    if (utf8.remaining > 0) {  // some stack must accept a code point this prefix can become
+        return std::any_of(stacks.begin(), stacks.end(), [&](const Stack& s) {
+            return !s.empty() && grammar_->matches_any(grammar_->element(s.back()), lo, hi);
+        });
+    }
+    auto next = step(stacks, utf8.value);
+    if (next.empty()) return false;
+    stacks = std::move(next);
+    utf8 = {};
+    return true;
+}
+
+bool GrammarState::advance(std::string_view bytes) {
+    std::vector<Stack> stacks = stacks_;
+    Utf8 utf8 = utf8_;
+    for (char c : bytes)
+        if (!feed(stacks, utf8, static_cast<uint8_t>(c))) return false;
+    stacks_ = std::move(stacks);
+    utf8_ = utf8;
+    return true;
+}
+
+bool GrammarState::accepts(std::string_view bytes) const {
+    GrammarState copy = *this;
+    return copy.advance(bytes);
+}
+
+bool GrammarState::complete() const {
+    return utf8_.remaining == 0 &&
+           std::any_of(stacks_.begin(), stacks_.end(), [](const Stack& s) { return s.empty(); });
+}
+
+bool GrammarState::finished() const {
+    return complete() && stacks_.size() == 1;
+}
+
+bool grammar_accepts(const Grammar& grammar, std::string_view text) {
+    // A non-owning pointer: the state lives only inside this call.
+    GrammarState state(std::shared_ptr<const Grammar>(&grammar, [](const Grammar*) {}));
+    return state.advance(text) && state.complete();
+}
+
+// ---- the vocabulary trie ----
+
+GrammarVocab::GrammarVocab(const Tokenizer& tok) : n_vocab_(tok.n_vocab()) {
+    bytes_.resize(static_cast<size_t>(n_vocab_));
+    eog_.assign(static_cast<size_t>(n_vocab_), 0);
+    std::vector<TokenId> ids;
+    for (TokenId t = 0; t < n_vocab_; ++t) {
+        eog_[t] = tok.is_eog(t) ? 1 : 0;
+        const int32_t type = tok.token_type(t);
+        if (eog_[t] || type == kTokenControl || type == kTokenUnknown || type == kTokenUnused)
+            continue;
+        bytes_[t] = tok.token_to_piece(t);
+        if (!bytes_[t].empty()) ids.push_back(t);
+    }
+    std::sort(ids.begin(), ids.end(), [&](TokenId a, TokenId b) {
+        return bytes_[a] != bytes_[b] ? bytes_[a] < bytes_[b] : a < b;
+    });
+    token_ids_ = ids;
+    // Children of a node are contiguous: each node's block is allocated before its children
+    // are filled in. Tokens [lo, hi) of the sorted list share the node's prefix of `depth`.
+    nodes_.resize(1);
+    struct Todo {
+        uint32_t node, lo, hi, depth;
+    };
+    std::vector<Todo> todo{{0, 0, static_cast<uint32_t>(ids.size()), 0}};
+    while (!todo.empty()) {
+        const Todo t = todo.back();
+        todo.pop_back();
+        uint32_t i = t.lo;
+        while (i < t.hi && bytes_[ids[i]].size() == t.depth) ++i;
+        nodes_[t.node].first_token = t.lo;
+        nodes_[t.node].n_tokens = i - t.lo;
+        std::vector<Todo> kids;
+        while (i < t.hi) {
+            const char b = bytes_[ids[i]][t.depth];
+            uint32_t j = i;
+            while (j < t.hi && bytes_[ids[j]][t.depth] == b) ++j;
+            kids.push_back({0, i, j, t.depth + 1});
+            i = j;
+        }
+        const auto first = static_cast<uint32_t>(nodes_.size());
+        nodes_[t.node].first_child = first;
+        nodes_[t.node].n_children = static_cast<uint32_t>(kids.size());
+        nodes_.resize(nodes_.size() + kids.size());
+        for (size_t k = 0; k < kids.size(); ++k) {
+            kids[k].node = first + static_cast<uint32_t>(k);
+            nodes_[kids[k].node].byte = static_cast<uint8_t>(bytes_[ids[kids[k].lo]][t.depth]);
+            todo.push_back(kids[k]);
+        }
+    }
+}
+
+// ---- the constraint ----
+
+GrammarConstraint::GrammarConstraint(std::shared_ptr<const Grammar> grammar,
+                                     std::shared_ptr<const GrammarVocab> vocab)
+    : state_(std::move(grammar)), vocab_(std::move(vocab)) {
+    if (!vocab_) fail("grammar: no vocabulary given");
+}
+
+bool GrammarConstraint::allows(TokenId token) const {
+    if (token < 0 || token >= vocab_->n_vocab_) return false;
+    if (vocab_->eog_[token]) return state_.complete();
+    const std::string& b = vocab_->bytes_[token];
+    return !b.empty() && state_.accepts(b);
+}
+
+struct GrammarConstraint::Walk {
+    struct State {
+        std::vector<GrammarState::Stack> stacks;
+        GrammarState::Utf8 utf8;
+    };
+    std::vector<State> states;
+    std::map<std::pair<std::vector<GrammarState::Stack>, uint32_t>, int32_t> ids;
+    std::vector<int32_t> next;  // [states][256]: -2 not computed yet, -1 refused, else a state
+
+    int32_t intern(State st) {
+        const uint32_t utf8_key = (st.utf8.value << 4) |
+                                  (static_cast<uint32_t>(st.utf8.remaining) << 2) |
+                                  static_cast<uint32_t>(st.utf8.length & 3);
+        auto [it, added] =
+            ids.try_emplace({st.stacks, utf8_key}, static_cast<int32_t>(states.size()));
+        if (added) {
+            states.push_back(std::move(st));
+            next.resize(next.size() + 256, -2);
+        }
+        return it->second;
+    }
+};
+
+void GrammarConstraint::walk(Walk& w, uint32_t node, int32_t state, std::span<uint8_t> mask) const {
+    const GrammarVocab::Node& n = vocab_->nodes_[node];
+    for (uint32_t c = n.first_child; c < n.first_child + n.n_children; ++c) {
+        const GrammarVocab::Node& child = vocab_->nodes_[c];
+        const size_t slot = static_cast<size_t>(state) * 256 + child.byte;
+        if (w.next[slot] == -2) {
+            Walk::State st = w.states[static_cast<size_t>(state)];
+            w.next[slot] =
+                state_.feed(st.stacks, st.utf8, child.byte) ? w.intern(std::move(st)) : -1;
+        }
+        const int32_t to = w.next[slot];
+        if (to < 0) continue;  // no token below this byte can be allowed
+        for (uint32_t i = 0; i < child.n_tokens; ++i)
+            mask[static_cast<size_t>(vocab_->token_ids_[child.first_token + i])] = 1;
+        if (child.n_children > 0) walk(w, c, to, mask);
+    }
+}
+
+void GrammarConstraint::allowed_mask(std::span<uint8_t> mask) const {
+    if (mask.size() != static_cast<size_t>(vocab_->n_vocab_))
+        fail("grammar: mask has {} entries for a vocabulary of {}", mask.size(), vocab_->n_vocab_);
+    std::fill(mask.begin(), mask.end(), 0);
+    Walk w;
+    walk(w, 0, w.intern({state_.stacks_, state_.utf8_}), mask);
+    if (state_.complete())
+        for (size_t t = 0; t < mask.size(); ++t)
+            if (vocab_->eog_[t]) mask[t] = 1;
+}
+
+void GrammarConstraint::accept(TokenId token) {
+    if (token >= 0 && token < vocab_->n_vocab_ && vocab_->eog_[token]) {
+        if (!state_.complete()) fail("grammar: generation ended before the grammar was complete");
+        return;
+    }
+    if (!allows(token) || !state_.advance(vocab_->bytes_[token]))
+        fail("grammar: token {} does not continue the grammar", token);
+}
+
+}  // namespace kvrun

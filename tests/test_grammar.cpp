@@ -1,0 +1,291 @@
+// Tests for GBNF grammars: parsing (and its error messages), matching whole texts and
+// prefixes (code points split across calls included), the vocabulary trie's mask against
+// token-by-token checks on real vocabularies, and the sampler under a grammar constraint.
+#include <doctest/doctest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "gguf.h"
+#include "grammar.h"
+#include "sampler.h"
+#include "test_util.h"
+#include "tokenizer.h"
+
+using namespace kvrun;
+
+namespace {
+
+bool accepts(const std::string& grammar, const std::string& text) {
+    return grammar_accepts(*Grammar::parse(grammar), text);
+}
+
+std::string parse_error(const std::string& grammar) {
+    try {
+        Grammar::parse(grammar);
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "(no error)";
+}
+
+// A small JSON grammar in the style users write (multi-line rules, comments, groups).
+const char* kJsonGrammar = R"(
+# any JSON value
+root   ::= value
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+
+object ::=
+  "{" ws (
+            string ":" ws value
+    ("," ws string ":" ws value)*
+  )? "}" ws
+
+array  ::=
+  "[" ws (
+            value
+    ("," ws value)*
+  )? "]" ws
+
+string ::=
+  "\"" (
+    [^"\\\x7F\x00-\x1F] |
+    "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})
+  )* "\"" ws
+
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws ::= | " " | "\n" [ \t]{0,20}
+)";
+
+}  // namespace
+
+TEST_CASE("grammar: literals, classes, alternatives and repetitions") {
+    CHECK(accepts(R"(root ::= "abc")", "abc"));
+    CHECK_FALSE(accepts(R"(root ::= "abc")", "ab"));
+    CHECK_FALSE(accepts(R"(root ::= "abc")", "abcd"));
+    CHECK(accepts(R"(root ::= "a" | "b" | )", ""));
+    CHECK(accepts(R"(root ::= [a-c0-9]+)", "a0c9b"));
+    CHECK_FALSE(accepts(R"(root ::= [a-c0-9]+)", ""));
+    CHECK_FALSE(accepts(R"(root ::= [a-c0-9]+)", "abd"));
+    CHECK(accepts(R"(root ::= [^a-c]*)", "xyz!\n"));
+    CHECK_FALSE(accepts(R"(root ::= [^a-c]*)", "xaz"));
+    CHECK(accepts(R"(root ::= . . .)", "a\xC3\xA9\xE6\x97\xA5"));  // any three code points
+    CHECK(accepts(R"(root ::= "x"? "y")", "y"));
+    CHECK(accepts(R"(root ::= "x"? "y")", "xy"));
+    CHECK_FALSE(accepts(R"(root ::= "x"? "y")", "xxy"));
+    CHECK(accepts(R"(root ::= "ab"*)", "ababab"));  // a postfix repeats the whole literal
+    CHECK_FALSE(accepts(R"(root ::= "ab"*)", "aba"));
+    for (int n = 0; n <= 6; ++n) {
+        CAPTURE(n);
+        const std::string xs(static_cast<size_t>(n), 'x');
+        CHECK(accepts(R"(root ::= "x"{2,4})", xs) == (n >= 2 && n <= 4));
+        CHECK(accepts(R"(root ::= "x"{3})", xs) == (n == 3));
+        CHECK(accepts(R"(root ::= "x"{2,})", xs) == (n >= 2));
+        CHECK(accepts(R"(root ::= "x"{0,2})", xs) == (n <= 2));
+    }
+    CHECK(accepts(R"(root ::= ("a" | "bc")+ "!")", "abcbca!"));
+    CHECK_FALSE(accepts(R"(root ::= ("a" | "bc")+ "!")", "ab!"));
+    // Rules referenced before their definition, recursion that consumes first, comments.
+    const char* nested = R"g(
+        root ::= item  # a comment
+        item ::= "(" item* ")" | "x"
+    )g";
+    CHECK(accepts(nested, "(x(xx)())"));
+    CHECK_FALSE(accepts(nested, "(x(xx)()"));
+    // Escapes in literals and classes.
+    CHECK(accepts(R"(root ::= "\x41\u00e9\n\t\"\\")", "A\xC3\xA9\n\t\"\\"));
+    CHECK(accepts(R"(root ::= [\]\-\x30]+)", "]-0"));
+    CHECK(accepts(R"(root ::= "日本" [語人])", "日本語"));
+}
+
+TEST_CASE("grammar: a JSON grammar accepts JSON and refuses near misses") {
+    auto g = Grammar::parse(kJsonGrammar);
+    for (const char* ok :
+         {"{}", "[]", "{\"a\": [1, -2.5e3, true, null], \"b\": {\"c\": \"\\u00e9\"}}",
+          "\"tab\\tnew\\nline\"", "[\n  1,\n  2\n]", "0", "-0.5"}) {
+        CAPTURE(ok);
+        CHECK(grammar_accepts(*g, ok));
+    }
+    for (const char* bad :
+         {"{", "[1,]", "{\"a\" 1}", "\"raw\ncontrol\"", "01", "tru", "[1 2]", "\"\\x\""}) {
+        CAPTURE(bad);
+        CHECK_FALSE(grammar_accepts(*g, bad));
+    }
+}
+
+TEST_CASE("grammar: parse errors name the problem and where it is") {
+    CHECK(parse_error("").find("empty") != std::string::npos);
+    CHECK(parse_error(R"(item ::= "x")").find("no `root ::= ...` rule") != std::string::npos);
+    CHECK(parse_error("root ::= item\n") ==
+          "grammar: rule `item` is used but never defined at line 1, column 10");
+    CHECK(parse_error("root ::= \"abc\n\"").find("newline inside a string literal") !=
+          std::string::npos);
+    CHECK(parse_error(R"(root ::= "abc)").find("unterminated string literal") != std::string::npos);
+    CHECK(parse_error(R"(root ::= [a-)").find("unterminated character class") != std::string::npos);
+    CHECK(parse_error(R"(root ::= [z-a])").find("runs backwards") != std::string::npos);
+    CHECK(parse_error(R"(root ::= "\q")").find("unknown escape `\\q`") != std::string::npos);
+    CHECK(parse_error("root ::= \"a\"\nroot ::= \"b\"").find("defined twice at line 2") !=
+          std::string::npos);
+    CHECK(parse_error(R"(root ::= * "a")").find("nothing to repeat") != std::string::npos);
+    CHECK(parse_error(R"(root ::= ("a")").find("expected `)`") != std::string::npos);
+    CHECK(parse_error(R"(root ::= "a"{3,1})").find("n < m") != std::string::npos);
+    CHECK(parse_error(R"(root ::= "a"{99999})").find("above 10000") != std::string::npos);
+    CHECK(parse_error("root ::= \"\xC3\"").find("invalid UTF-8") != std::string::npos);
+    // Left recursion would loop forever in the matcher: refused with the user's rule name.
+    CHECK(parse_error("root ::= root \"a\" | \"b\"").find("rule `root` is left-recursive") !=
+          std::string::npos);
+    CHECK(parse_error("root ::= a\na ::= b? a \"x\"\nb ::= \"y\"")
+              .find("rule `a` is left-recursive") != std::string::npos);
+    CHECK(parse_error(R"(root ::= ("a"?)*)")
+              .find("rule `root` (a group or repetition inside it) is left-recursive") !=
+          std::string::npos);
+    // Another start rule can be chosen.
+    CHECK(grammar_accepts(*Grammar::parse("start ::= \"s\"", "start"), "s"));
+}
+
+TEST_CASE("grammar state: prefixes, completion and code points split across calls") {
+    auto g = Grammar::parse(R"(root ::= "caf" [\u00e0-\u00ff] ("!" | ""))");
+    GrammarState st(g);
+    CHECK_FALSE(st.complete());
+    CHECK(st.accepts("ca"));
+    CHECK_FALSE(st.accepts("cb"));
+    REQUIRE(st.advance("caf"));
+    // U+00E9 is C3 A9: its first byte alone could still become a code point in range.
+    CHECK(st.accepts("\xC3"));
+    CHECK_FALSE(st.accepts("\xE6"));  // a 3-byte lead: every completion is beyond U+00FF
+    CHECK_FALSE(st.accepts("\xA9"));  // a continuation byte cannot start a character
+    REQUIRE(st.advance("\xC3"));
+    CHECK_FALSE(st.complete());       // half a character is not a complete text
+    CHECK_FALSE(st.advance("\xE0"));  // a lead byte where a continuation byte must come
+    REQUIRE(st.advance("\xA9"));
+    CHECK(st.complete());
+    CHECK_FALSE(st.finished());  // "!" may still follow
+    REQUIRE(st.advance("!"));
+    CHECK(st.finished());
+    CHECK_FALSE(st.accepts("!"));
+    // Only well-formed UTF-8: no overlong spelling of "{" (which once let a model write four
+    // byte tokens where the grammar wanted "{"), no surrogates, nothing past U+10FFFF.
+    GrammarState brace(Grammar::parse(R"(root ::= "{")"));
+    CHECK(brace.accepts("{"));
+    CHECK_FALSE(brace.accepts("\xF0"));
+    CHECK_FALSE(brace.accepts("\xF0\x80\x81\xBB"));
+    CHECK_FALSE(brace.accepts("\xC1\xBB"));
+    GrammarState any(Grammar::parse("root ::= ."));
+    CHECK(any.accepts("\xF4\x8F\xBF\xBF"));
+    CHECK(any.accepts("\xED\x9F\xBF"));
+    CHECK_FALSE(any.accepts("\xED\xA0"));
+    CHECK_FALSE(any.accepts("\xF4\x90"));
+    CHECK_FALSE(any.accepts("\xF5"));
+    CHECK_FALSE(any.accepts("\xE0\x9F"));  // only overlong 3-byte forms start E0 80..9F
+    // A refused advance leaves the state as it was.
+    GrammarState st2(g);
+    CHECK_FALSE(st2.advance("cafx"));
+    CHECK(st2.advance("caf\xC3\xA0"));
+}
+
+TEST_CASE("grammar constraint: the trie's mask equals token-by-token checks on real vocabularies") {
+    const char* grammars[] = {
+        kJsonGrammar,
+        R"(root ::= ("yes" | "no") " " [0-9]{1,3} "\n")",
+        R"(root ::= [^a-z]* "é" .)",
+        R"(root ::= " Once upon a time" [ a-z,.]*)",
+    };
+    for (const char* vocab_name :
+         {"models/stories260K-F16.gguf", "vocab/ggml-vocab-llama-spm.gguf",
+          "vocab/ggml-vocab-gpt-2.gguf", "vocab/ggml-vocab-deepseek-llm.gguf"}) {
+        CAPTURE(vocab_name);
+        auto path = test::shared_path(vocab_name);
+        if (path.empty()) return;
+        if (!std::filesystem::exists(path)) {
+            MESSAGE("SKIP: missing " << path.string());
+            continue;
+        }
+        GgufFile file = GgufFile::open(path.string());
+        auto tok = Tokenizer::from_gguf(file);
+        auto vocab = std::make_shared<GrammarVocab>(*tok);
+        std::mt19937 rng(7);
+        for (const char* text : grammars) {
+            GrammarConstraint c(Grammar::parse(text), vocab);
+            // Walk a few random allowed tokens deep, comparing the mask with allows() each time.
+            for (int step = 0; step < 6; ++step) {
+                std::vector<uint8_t> mask(static_cast<size_t>(tok->n_vocab()), 7);
+                c.allowed_mask(mask);
+                std::vector<TokenId> allowed;
+                int mismatches = 0;
+                TokenId first_mismatch = -1;
+                for (TokenId t = 0; t < tok->n_vocab(); ++t) {
+                    if (mask[t] > 1 || (mask[t] == 1) != c.allows(t)) {
+                        if (mismatches++ == 0) first_mismatch = t;
+                    }
+                    if (mask[t] == 1 && !tok->is_eog(t)) allowed.push_back(t);
+                }
+                CHECK_MESSAGE(mismatches == 0,
+                              "step " << step << ": first mismatch token " << first_mismatch);
+                if (step == 0) CHECK(!allowed.empty());
+                for (TokenId t : tok->eog_ids()) CHECK(c.allows(t) == c.complete());
+                if (allowed.empty()) break;
+                c.accept(allowed[rng() % allowed.size()]);
+            }
+        }
+    }
+}
+
+namespace {
+
+// A constraint that allows a fixed set of tokens (sampler tests need no vocabulary).
+struct SetConstraint : TokenConstraint {
+    std::vector<uint8_t> ok;
+    bool allows(TokenId t) const override { return ok[static_cast<size_t>(t)] != 0; }
+    void allowed_mask(std::span<uint8_t> mask) const override {
+        std::copy(ok.begin(), ok.end(), mask.begin());
+    }
+};
+
+}  // namespace
+
+TEST_CASE("sampler under a constraint: exactly the distribution of masked logits") {
+    const int V = 1000;
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd(0.0f, 3.0f);
+    std::vector<float> logits(V);
+    for (float& l : logits) l = nd(rng);
+    SetConstraint c;
+    c.ok.assign(V, 0);
+    for (int i = 0; i < V; i += 3) c.ok[static_cast<size_t>(i)] = 1;
+    std::vector<float> masked = logits;
+    for (int i = 0; i < V; ++i)
+        if (!c.ok[static_cast<size_t>(i)]) masked[static_cast<size_t>(i)] = -INFINITY;
+    // Top-k small (the one-by-one path), large (beyond the window: the mask path), off.
+    for (int top_k : {0, 1, 5, 40, 200}) {
+        for (float temp : {0.0f, 0.7f}) {
+            CAPTURE(top_k);
+            CAPTURE(temp);
+            SamplingParams p;
+            p.temperature = temp;
+            p.top_k = top_k;
+            p.top_p = 0.9f;
+            p.min_p = 0.01f;
+            p.repeat_penalty = 1.1f;
+            p.seed = 11;
+            Sampler constrained(p), reference(p);
+            constrained.set_constraint(&c);
+            std::vector<TokenId> recent = {0, 3, 6, 7};
+            auto pc = constrained.probabilities(logits.data(), V, recent);
+            auto pr = reference.probabilities(masked.data(), V, recent);
+            CHECK(pc == pr);
+            for (int i = 0; i < 50; ++i) {
+                const TokenId a = constrained.sample(logits.data(), V, recent);
+                CHECK(a == reference.sample(masked.data(), V, recent));
+                CHECK(c.ok[static_cast<size_t>(a)] == 1);
+            }
+        }
+    }
+    SetConstraint none;
+    none.ok.assign(V, 0);
+    Sampler s(SamplingParams{});
+    s.set_constraint(&none);
+    CHECK_THROWS_WITH_AS(s.sample(logits.data(), V, {}),
+                         doctest::Contains("the grammar allows no token"), Error);
+}

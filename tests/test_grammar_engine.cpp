@@ -1,0 +1,203 @@
+// Grammar-constrained generation through the engine on stories260K (CPU backend): every
+// output is a sentence (or, cut by n_predict, a prefix) of its grammar, greedy tokens in a
+// batch equal each prompt alone, parallel samples each follow it, and with a draft model the
+// greedy tokens are unchanged and sampled tokens keep the target's constrained distribution.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "engine.h"
+#include "grammar.h"
+#include "spec_test_util.h"
+#include "test_util.h"
+
+using namespace kvrun;
+using spec_test::Model;
+
+namespace {
+
+const char* kWords = R"(root ::= (" " [a-z]+){2,6} ".")";
+const char* kAnswer = R"(root ::= " " ("yes" | "no") ", " [0-9]{1,3} " " [a-z]{1,6} ".")";
+const char* kJsonish = R"g(
+root  ::= " {\"name\": \"" [A-Za-z ]{1,12} "\", \"age\": " [1-9] [0-9]? ", \"pets\": [" list? "]}"
+list  ::= pet (", " pet){0,2}
+pet   ::= "\"" ("cat" | "dog" | "bird") "\""
+)g";
+
+struct Out {
+    std::vector<TokenId> tokens;
+    StopReason stop = StopReason::None;
+};
+
+// Runs every (prompt, request template) at once with `parallel` sequences.
+std::vector<std::vector<Out>> run(Model& m, const std::vector<GenerationRequest>& reqs,
+                                  int32_t parallel, Backend* draft = nullptr, int32_t k = 4) {
+    EngineOptions eo;
+    eo.max_parallel = parallel;
+    eo.n_batch = 64;
+    if (draft) {
+        eo.draft = draft;
+        eo.draft_min = 1;
+        eo.draft_max = k;
+    }
+    Engine engine(*m.backend, *m.tok, eo);
+    std::vector<std::vector<Out>> out(reqs.size());
+    std::vector<int32_t> ids;
+    for (const auto& r : reqs) {
+        ids.push_back(engine.submit(r));
+        out[ids.back()].resize(static_cast<size_t>(r.n_samples));
+    }
+    engine.on_finish([&](const GenerationResult& r) {
+        out[r.request][r.sample] = {r.tokens, r.stop};
+        CHECK_MESSAGE(r.stop != StopReason::Error, r.error);
+    });
+    engine.run();
+    CHECK(engine.kv_table().n_used_blocks() == 0);
+    return out;
+}
+
+// A finished output is a whole sentence; one cut by n_predict is a prefix of one.
+void check_follows(std::shared_ptr<const Grammar> g, const Tokenizer& tok, const Out& o) {
+    std::string text;
+    for (TokenId t : o.tokens) text += tok.token_to_piece(t);
+    CAPTURE(text);
+    if (o.stop == StopReason::Eos) {
+        CHECK(grammar_accepts(*g, text));
+    } else {
+        CHECK(o.stop == StopReason::Length);
+        GrammarState st(g);
+        CHECK(st.advance(text));
+    }
+}
+
+std::vector<GenerationRequest> requests(const Tokenizer& tok, std::shared_ptr<const Grammar> g,
+                                        SamplingParams sp, int32_t n_predict,
+                                        int32_t n_samples = 1) {
+    std::vector<GenerationRequest> reqs;
+    for (const auto& p : spec_test::kPrompts) {
+        GenerationRequest r;
+        r.prompt = tok.encode(p, true);
+        r.grammar = g;
+        r.sampling = sp;
+        r.n_predict = n_predict;
+        r.n_samples = n_samples;
+        reqs.push_back(std::move(r));
+    }
+    return reqs;
+}
+
+SamplingParams greedy() {
+    SamplingParams p;
+    p.temperature = 0.0f;
+    return p;
+}
+
+}  // namespace
+
+TEST_CASE("grammar through the engine: outputs follow it, batches equal each prompt alone") {
+    auto path = test::shared_path("models/stories260K.gguf");
+    if (path.empty()) return;
+    Model m = spec_test::load(path, 16, 256);
+    for (const std::string text : {kWords, kAnswer, kJsonish}) {
+        CAPTURE(text);
+        auto g = Grammar::parse(text);
+        // Greedy: alone (parallel 1) and batched (parallel 4) agree token for token.
+        auto reqs = requests(*m.tok, g, greedy(), 120);
+        auto alone = run(m, reqs, 1);
+        auto batched = run(m, reqs, 4);
+        int finished = 0;
+        for (size_t i = 0; i < reqs.size(); ++i) {
+            CHECK(alone[i][0].tokens == batched[i][0].tokens);
+            check_follows(g, *m.tok, alone[i][0]);
+            finished += alone[i][0].stop == StopReason::Eos;
+        }
+        CHECK(finished > 0);  // these grammars end within 60 tokens for most prompts
+        // The grammar changes what the model says.
+        auto free_reqs = reqs;
+        for (auto& r : free_reqs) r.grammar = nullptr;
+        auto unconstrained = run(m, free_reqs, 4);
+        bool differs = false;
+        for (size_t i = 0; i < reqs.size(); ++i)
+            differs |= unconstrained[i][0].tokens != alone[i][0].tokens;
+        CHECK(differs);
+        // Sampling, on the one-by-one top-k path and the whole-vocabulary mask path, and
+        // parallel samples forked from one prompt: each follows the grammar on its own.
+        for (int top_k : {40, 0}) {
+            SamplingParams sp;
+            sp.temperature = 1.0f;
+            sp.top_k = top_k;
+            sp.top_p = 1.0f;
+            sp.min_p = 0.0f;
+            sp.seed = 5 + static_cast<uint64_t>(top_k);
+            auto sampled = run(m, requests(*m.tok, g, sp, 60, 4), 8);
+            for (const auto& samples : sampled) {
+                for (const Out& o : samples) check_follows(g, *m.tok, o);
+                CHECK(samples[0].tokens != samples[1].tokens);
+            }
+        }
+    }
+}
+
+TEST_CASE("grammar with speculative decoding: greedy tokens unchanged, sampling lossless") {
+    auto path = test::shared_path("models/stories260K.gguf");
+    if (path.empty()) return;
+    Model target = spec_test::load(path, 16, 256);
+    Model draft = spec_test::load(test::shared_path("models/stories260K-Q8_0.gguf"), 16, 320);
+    for (const std::string text : {kWords, kJsonish}) {
+        CAPTURE(text);
+        auto g = Grammar::parse(text);
+        auto reqs = requests(*target.tok, g, greedy(), 60);
+        auto want = run(target, reqs, 4);
+        for (int32_t k : {1, 4, 8}) {
+            CAPTURE(k);
+            auto got = run(target, reqs, 4, draft.backend.get(), k);
+            for (size_t i = 0; i < reqs.size(); ++i) CHECK(got[i][0].tokens == want[i][0].tokens);
+        }
+    }
+
+    // Sampled: the first two tokens over many seeds follow the target's distribution under the
+    // grammar (a draft of other layers, so that rejections happen).
+    Model ref = spec_test::load(path, 4, 64);
+    Model target4 = spec_test::load(path, 4, 1024);
+    Model l3 = spec_test::load(test::shared_path("models/stories260K-L3-F32.gguf"), 4, 1200);
+    // No word may start with "w" (the unconstrained model's favourite, " wanted"/" was").
+    auto g = Grammar::parse(R"(root ::= (" " [a-vx-z] [a-z]*)+)");
+    const std::vector<TokenId> prompt =
+        target4.tok->encode("The little dog saw a big red ball. He", true);
+    SamplingParams sp = spec_test::full_softmax();
+    EngineOptions eo;
+    eo.max_parallel = 16;
+    eo.n_batch = 32;
+    eo.draft = l3.backend.get();
+    eo.draft_min = eo.draft_max = 2;
+    Engine engine(*target4.backend, *target4.tok, eo);
+    std::vector<std::pair<TokenId, TokenId>> draws;
+    engine.on_finish([&](const GenerationResult& r) {
+        REQUIRE(r.tokens.size() == 3);
+        draws.emplace_back(r.tokens[0], r.tokens[1]);
+    });
+    const int n = 2000;
+    for (int i = 0; i < n; ++i) {
+        GenerationRequest req;
+        req.prompt = prompt;
+        req.n_predict = 3;
+        req.ignore_eos = true;
+        req.sampling = sp;
+        req.sampling.seed = 1 + uint64_t(i);
+        req.grammar = g;
+        engine.submit(req);
+    }
+    engine.run();
+    const auto z = spec_test::lossless_z(ref, prompt, sp, draws, true, g);
+    MESSAGE("grammar + speculation: z(first) " << z.z_first << ", z(pair) " << z.z_pair
+                                               << ", acceptance "
+                                               << engine.stats().spec.acceptance());
+    CHECK(z.z_first < 3.7);
+    CHECK(z.z_pair < 3.7);
+    CHECK(engine.stats().spec.accepted > 0);
+    // Against the unconstrained distribution the same draws are far off: the test has teeth.
+    const auto free = spec_test::lossless_z(ref, prompt, sp, draws, false);
+    CHECK(free.z_first > 10);
+}
