@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "test_util.h"
@@ -462,4 +463,92 @@ TEST_CASE("run --jsonl answers each line; a malformed line yields an error objec
     CHECK(lines[1]["line"] == 2);
     CHECK(lines[2]["error"].get<std::string>().find("prompt") != std::string::npos);
     CHECK(lines[3]["tokens"].size() == 6);
+}
+
+TEST_CASE(
+    "run and batch follow --grammar / --grammar-file / JSON \"grammar\"; bad ones fail clearly") {
+    auto model = shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    const std::string m = " -m " + model.string();
+    const std::string words = R"(root ::= (" " [a-z]+){2,6} ".")";
+    const std::regex words_re(R"(( [a-z]+){2,6}\.)");
+    auto quoted = [](const std::string& s) { return "'" + s + "'"; };
+
+    auto r = run_command(
+        kvrun_cmd("run" + m + " -p 'Once upon a time' --temp 0 -n 60 --grammar " + quoted(words)));
+    CHECK_MESSAGE(r.exit_code == 0, r.err);
+    REQUIRE(!r.out.empty());
+    const std::string text = r.out.substr(0, r.out.size() - 1);  // run ends with a newline
+    CHECK_MESSAGE(std::regex_match(text, words_re), text);
+    const std::string file = temp_file(words + "\n", "grammar");
+    auto from_file = run_command(
+        kvrun_cmd("run" + m + " -p 'Once upon a time' --temp 0 -n 60 --grammar-file " + file));
+    CHECK(from_file.out == r.out);
+    // Sampled, with several samples: every one follows it.
+    auto sampled = run_command(kvrun_cmd("run" + m +
+                                         " -p 'Lily' --temp 1 -s 9 -n 60 "
+                                         "--n-samples 3 --grammar " +
+                                         quoted(words)));
+    CHECK_MESSAGE(sampled.exit_code == 0, sampled.err);
+    std::istringstream lines(sampled.out);
+    std::string line;
+    int n_samples = 0;
+    while (std::getline(lines, line)) {
+        if (line.rfind("--- sample", 0) == 0) continue;
+        ++n_samples;
+        CHECK_MESSAGE(std::regex_match(line, words_re), line);
+    }
+    CHECK(n_samples == 3);
+
+    // Bad grammars and flags: one line naming the problem.
+    check_one_line_with_hint(
+        run_command(kvrun_cmd("run" + m + " -p hi --grammar 'root ::= item'")),
+        "--grammar: grammar: rule `item` is used but never defined at line 1, column 10");
+    check_one_clear_error(
+        run_command(
+            kvrun_cmd("run" + m + " -p hi --grammar 'root ::= \"a\"' --grammar-file " + file)),
+        "excludes");
+    check_one_clear_error(
+        run_command(kvrun_cmd("run" + m + " -p hi --grammar-file /nonexistent.gbnf")),
+        "/nonexistent.gbnf");
+    check_one_line_with_hint(
+        run_command(kvrun_cmd("batch" + m + " -f " + file + " --grammar 'root ::= root \"x\"'")),
+        "left-recursive");
+
+    // JSONL: a per-request grammar, "" for none, and errors that stay on their line.
+    const std::string input =
+        "{\"prompt\": \"Once upon a time\", \"n_predict\": 60, \"temperature\": 0, "
+        "\"grammar\": \"root ::= \\\" \\\" (\\\"yes\\\" | \\\"no\\\") \\\".\\\"\"}\n"
+        "{\"prompt\": \"Once upon a time\", \"n_predict\": 5, \"temperature\": 0, "
+        "\"grammar\": \"\"}\n"
+        "{\"prompt\": \"hi\", \"grammar\": \"root ::= [\"}\n"
+        "{\"prompt\": \"hi\", \"grammar\": 7}\n";
+    auto j = run_command(kvrun_cmd("run --jsonl" + m + " --grammar " + quoted(words)), input);
+    CHECK_MESSAGE(j.exit_code == 0, j.err);
+    std::istringstream jin(j.out);
+    std::vector<nlohmann::json> res;
+    while (std::getline(jin, line)) res.push_back(nlohmann::json::parse(line));
+    REQUIRE(res.size() == 4);
+    CHECK(res[0]["stop"] == "eos");
+    const std::string answer = res[0]["text"];
+    CHECK_MESSAGE((answer == " yes." || answer == " no."), answer);
+    CHECK(res[1]["text"].get<std::string>().rfind(", there was", 0) == 0);  // unconstrained
+    CHECK(res[2]["error"].get<std::string>().find("'grammar': grammar: unterminated "
+                                                  "character class") != std::string::npos);
+    CHECK(res[3]["error"].get<std::string>().find("'grammar' must be a string") !=
+          std::string::npos);
+
+    // batch: --grammar applies to every prompt of the file.
+    const std::string prompts = temp_file("Once upon a time\nLily and Tom\nThe dog\n", "prompts");
+    auto b = run_command(
+        kvrun_cmd("batch" + m + " -f " + prompts + " --temp 0 -n 60 --grammar " + quoted(words)));
+    CHECK_MESSAGE(b.exit_code == 0, b.err);
+    std::istringstream bin(b.out);
+    int n_lines = 0;
+    while (std::getline(bin, line)) {
+        ++n_lines;
+        const std::string t = nlohmann::json::parse(line)["text"];
+        CHECK_MESSAGE(std::regex_match(t, words_re), t);
+    }
+    CHECK(n_lines == 3);
 }
