@@ -1,0 +1,448 @@
+// JSON Schema -> GBNF conversion (see json_schema.h): walks the schema and writes one rule
+// per $ref target, per property/item schema that needs one, plus the fixed rules it uses.
+//
+// Supported
+//   true / {}: any JSON value. type: a name or an array of names. const, enum: each value
+//   as the exact text of its compact dump. anyOf / oneOf: alternatives (keywords beside
+//   them apply to each). allOf, and $ref with sibling keywords: merged into one schema
+//   (json_schema_check.cpp). $ref: "#", "#/$defs/X", "#/definitions/X" or any JSON pointer
+//   into the document; recursive references work (one rule per target).
+//   Objects: properties in the order given, required ones mandatory, optional ones may be
+//   left out; additionalProperties as llama.cpp does it: with `properties` and no
+//   additionalProperties no other member is allowed, with neither any member is; extra
+//   members come after the declared ones and never reuse a declared name.
+//   Arrays: items, prefixItems (draft-7: items as an array, additionalItems), minItems,
+//   maxItems. Strings: minLength, maxLength; format date, time, date-time, uuid (RFC 3339
+//   and RFC 4122 shapes; other formats annotate only). Integers: minimum, maximum and the
+//   exclusive forms (bounds up to 1e18 in magnitude), as digit patterns.
+// Stricter than JSON Schema
+//   No whitespace before or after the value; between tokens, none, one space, or a newline
+//   and up to 20 spaces/tabs. Numbers: up to 16 integer digits (unless a bound needs more),
+//   16 fraction digits, 3 exponent digits. A schema without `type` accepts only the types
+//   whose keywords it uses (as llama.cpp). const/enum values have one spelling.
+// Looser than JSON Schema
+//   number ignores minimum/maximum; oneOf does not check "exactly one"; an extra member may
+//   use an escaped spelling of a declared name; \u escapes are not checked for surrogates.
+// Refused with an Error naming the JSON pointer
+//   pattern, patternProperties, propertyNames, min/maxProperties, uniqueItems: true,
+//   contains, not, if/then/else, dependent*, unevaluated*, multipleOf; remote and anchor
+//   $refs; allOf parts that disagree; malformed keywords. Unknown keywords are ignored.
+#include "json_schema.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "json_schema_impl.h"
+
+namespace kvrun {
+
+namespace {
+
+uint64_t minus(uint64_t b, uint64_t x) {
+    return b == kGbnfUnbounded ? b : b - std::min(b, x);
+}
+
+// Converts one schema document. Rules are named after properties and definitions; fixed
+// rules (json_schema_gbnf.cpp) are added when first used.
+class Converter {
+  public:
+    explicit Converter(const SchemaJson& root) : root_(root) {
+        taken_.insert("root");
+        ref_rules_["#"] = "root";
+    }
+
+    std::string run() {
+        schema_check(root_);
+        rules_.push_back({"root", ""});
+        rules_[0].second = visit(root_, "", "");
+        std::string out;
+        for (const auto& [name, body] : rules_) out += name + " ::= " + body + "\n";
+        return out;
+    }
+
+  private:
+    // The rule for a $ref target (created on first use, before its body, so recursive
+    // references find it).
+    std::string ref_rule(const std::string& ref, const std::string& ptr) {
+        if (auto it = ref_rules_.find(ref); it != ref_rules_.end()) return it->second;
+        const SchemaJson& target = schema_resolve(root_, ref, ptr);
+        std::string last = ref.substr(ref.rfind('/') + 1);
+        std::string name = unique_name(last);
+        ref_rules_[ref] = name;
+        size_t slot = rules_.size();
+        rules_.push_back({name, ""});
+        std::string body = visit(target, ref.substr(1), name);
+        rules_[slot].second = body;
+        return name;
+    }
+
+    std::string unique_name(const std::string& hint) {
+        std::string base;
+        for (char c : hint) {
+            bool ok = std::isalnum(static_cast<unsigned char>(c));
+            if (ok || (!base.empty() && base.back() != '-')) base += ok ? c : '-';
+        }
+        while (!base.empty() && base.back() == '-') base.pop_back();
+        if (base.empty()) base = "r";
+        std::string name = base;
+        for (int n = 1; taken_.count(name) || gbnf_is_primitive(name); ++n) {
+            name = base + "-" + std::to_string(n);
+        }
+        taken_.insert(name);
+        return name;
+    }
+
+    std::string add_rule(const std::string& hint, const std::string& body) {
+        std::string name = unique_name(hint);
+        rules_.push_back({name, body});
+        return name;
+    }
+
+    // `expr` as something usable in a sequence: itself when it is a rule name or a literal,
+    // else a new rule.
+    std::string rule_for(const std::string& expr, const std::string& hint) {
+        if (gbnf_is_atom(expr)) return expr;
+        return add_rule(hint, expr);
+    }
+
+    // Emits a fixed rule (and those it uses) once; returns its name.
+    std::string primitive(std::string_view name) {
+        if (primitives_.insert(std::string(name)).second) {
+            const GbnfPrimitive* p = gbnf_primitive(name);
+            rules_.push_back({std::string(name), std::string(p->body)});
+            std::string_view uses = p->uses;
+            while (!uses.empty()) {
+                size_t end = std::min(uses.find(' '), uses.size());
+                primitive(uses.substr(0, end));
+                uses.remove_prefix(std::min(end + 1, uses.size()));
+            }
+        }
+        return std::string(name);
+    }
+
+    static std::string join_hint(const std::string& hint, const std::string& part) {
+        return hint.empty() ? part : hint + "-" + part;
+    }
+
+    // A GBNF expression for the values `s` accepts (a rule name, literal, group or sequence).
+    std::string visit(const SchemaJson& s, const std::string& ptr, const std::string& hint) {
+        if (s.is_boolean()) {
+            if (s.get<bool>()) return primitive("value");
+            schema_fail(ptr, "the schema false accepts no value here");
+        }
+        if (s.contains("$ref")) {
+            bool alone = std::none_of(s.items().begin(), s.items().end(), [](const auto& kv) {
+                return kv.key() != "$ref" && schema_is_constraint(kv.key());
+            });
+            if (alone) return ref_rule(s["$ref"].get<std::string>(), schema_child(ptr, "$ref"));
+            return visit(schema_flatten(root_, s, ptr), ptr, hint);
+        }
+        if (s.contains("allOf")) return visit(schema_flatten(root_, s, ptr), ptr, hint);
+        for (const char* key : {"anyOf", "oneOf"}) {
+            if (s.contains(key)) return visit_alternatives(s, key, ptr, hint);
+        }
+        if (s.contains("const")) return gbnf_literal(schema_dump(s["const"]));
+        if (s.contains("enum")) {
+            std::vector<std::string> alts;
+            for (const auto& v : s["enum"]) {
+                std::string lit = gbnf_literal(schema_dump(v));
+                if (std::find(alts.begin(), alts.end(), lit) == alts.end()) alts.push_back(lit);
+            }
+            return gbnf_alternatives(alts);
+        }
+        std::vector<std::string> types = schema_types(s);
+        if (types.empty()) return primitive("value");
+        std::vector<std::string> alts;
+        for (const auto& type : types) {
+            std::string expr =
+                visit_typed(s, type, ptr, types.size() == 1 ? hint : join_hint(hint, type));
+            alts.push_back(types.size() == 1 ? expr : rule_for(expr, join_hint(hint, type)));
+        }
+        return gbnf_alternatives(alts);
+    }
+
+    // anyOf / oneOf: each alternative, merged with the keywords beside it.
+    std::string visit_alternatives(const SchemaJson& s, const char* key, const std::string& ptr,
+                                   const std::string& hint) {
+        SchemaJson siblings = SchemaJson::object();
+        for (const auto& [k, v] : s.items()) {
+            if (k != key && schema_is_constraint(k)) siblings[k] = v;
+        }
+        std::string at = schema_child(ptr, key);
+        std::vector<std::string> alts;
+        const SchemaJson& list = s[key];
+        for (size_t i = 0; i < list.size(); ++i) {
+            const SchemaJson& alt = list[i];
+            if (alt == false) continue;  // accepts nothing: adds no alternative
+            std::string alt_hint = join_hint(hint, std::string(key) + std::to_string(i));
+            std::string expr;
+            if (siblings.empty()) {
+                expr = visit(alt, schema_child(at, i), alt_hint);
+            } else {
+                SchemaJson both = {{"allOf", SchemaJson::array({siblings, alt})}};
+                expr = visit(schema_flatten(root_, both, schema_child(at, i)), schema_child(at, i),
+                             alt_hint);
+            }
+            std::string rule = rule_for(expr, alt_hint);
+            if (std::find(alts.begin(), alts.end(), rule) == alts.end()) alts.push_back(rule);
+        }
+        if (alts.empty()) schema_fail(at, "every alternative is the schema false");
+        return gbnf_alternatives(alts);
+    }
+
+    std::string visit_typed(const SchemaJson& s, const std::string& type, const std::string& ptr,
+                            const std::string& hint) {
+        if (type == "null" || type == "boolean" || type == "number") return primitive(type);
+        if (type == "integer") return integer_expr(s, ptr);
+        if (type == "string") return string_expr(s, ptr);
+        if (type == "object") return object_expr(s, ptr, hint);
+        return array_expr(s, ptr, hint);
+    }
+
+    std::string string_expr(const SchemaJson& s, const std::string& ptr) {
+        bool has_length = s.contains("minLength") || s.contains("maxLength");
+        std::string format = s.value("format", "");
+        if (format == "date" || format == "time" || format == "date-time" || format == "uuid") {
+            if (has_length) {
+                schema_fail(ptr, fmt::format("minLength/maxLength together with format \"{}\" "
+                                             "are not supported",
+                                             format));
+            }
+            return gbnf_seq({R"("\"")", primitive(format), R"("\"")"});
+        }
+        if (!has_length) return primitive("string");
+        uint64_t lo = schema_count(s, "minLength", 0),
+                 hi = schema_count(s, "maxLength", kGbnfUnbounded);
+        if (lo > hi) {
+            schema_fail(ptr, fmt::format("minLength {} is larger than maxLength {}", lo, hi));
+        }
+        return gbnf_seq({R"("\"")", gbnf_repeat(primitive("char"), lo, hi), R"("\"")"});
+    }
+
+    // Integers, with minimum/maximum (and their exclusive forms) enforced.
+    std::string integer_expr(const SchemaJson& s, const std::string& ptr) {
+        constexpr double kLimit = 1e18;
+        bool has_lo = false, has_hi = false;
+        int64_t lo = 0, hi = 0;
+        auto bound = [&](const char* key, bool lower, bool exclusive) {
+            if (!s.contains(key) || s[key].is_boolean()) return;
+            double v = s[key].get<double>();
+            if (!(std::fabs(v) <= kLimit)) {
+                schema_fail(schema_child(ptr, key),
+                            fmt::format("{} {} is out of the supported range "
+                                        "(magnitudes up to 1e18)",
+                                        key, schema_dump(s[key])));
+            }
+            // exclusive draft-4 style: "exclusiveMinimum": true next to "minimum".
+            bool excl = exclusive || s.value(lower ? "exclusiveMinimum" : "exclusiveMaximum",
+                                             SchemaJson(false)) == true;
+            auto b = static_cast<int64_t>(lower ? std::ceil(v) : std::floor(v));
+            if (excl && static_cast<double>(b) == v) b += lower ? 1 : -1;
+            int64_t& target = lower ? lo : hi;
+            bool& has = lower ? has_lo : has_hi;
+            target = !has ? b : lower ? std::max(target, b) : std::min(target, b);
+            has = true;
+        };
+        bound("minimum", true, false);
+        bound("exclusiveMinimum", true, true);
+        bound("maximum", false, false);
+        bound("exclusiveMaximum", false, true);
+        if (!has_lo && !has_hi) return primitive("integer");
+        if (has_lo && has_hi && lo > hi) {
+            schema_fail(ptr, fmt::format("no integer lies between the minimum {} and the "
+                                         "maximum {}",
+                                         lo, hi));
+        }
+        return gbnf_integer_range(has_lo, lo, has_hi, hi);
+    }
+
+    // Objects: the declared members in order (a required one always, an optional one
+    // maybe), then any additional members. A comma goes before every member but the first
+    // present one: while no member has appeared yet, each optional member is either the
+    // first (and the rest follow with commas) or absent (and the choice moves on).
+    std::string object_expr(const SchemaJson& s, const std::string& ptr, const std::string& hint) {
+        const SchemaJson no_props = SchemaJson::object();
+        const SchemaJson& props = s.contains("properties") ? s["properties"] : no_props;
+        std::vector<std::string> required;
+        for (const auto& r : s.value("required", SchemaJson::array())) {
+            std::string name = r.get<std::string>();
+            if (std::find(required.begin(), required.end(), name) == required.end()) {
+                required.push_back(name);
+            }
+        }
+        const SchemaJson* extra_schema =
+            s.contains("additionalProperties") ? &s["additionalProperties"] : nullptr;
+        bool has_props = s.contains("properties");
+        bool declares = has_props || !required.empty();
+        if (!declares && (!extra_schema || *extra_schema == true)) return primitive("object");
+        primitive("ws");
+
+        struct Member {
+            std::string name, kv;
+            bool required;
+        };
+        std::vector<Member> members;
+        auto is_required = [&](const std::string& name) {
+            return std::find(required.begin(), required.end(), name) != required.end();
+        };
+        auto add_member = [&](const std::string& name, const std::string& value) {
+            std::string kv = gbnf_seq(
+                {gbnf_literal(schema_dump(SchemaJson(name))), R"(ws ":" ws)", value, "ws"});
+            members.push_back({name, kv, is_required(name)});
+        };
+        for (const auto& [name, sub] : props.items()) {
+            std::string at = schema_child(schema_child(ptr, "properties"), name);
+            if (sub == false) {
+                if (is_required(name)) schema_fail(at, "a required property has the schema false");
+                continue;
+            }
+            std::string h = join_hint(hint, name);
+            add_member(name, rule_for(visit(sub, at, h), h));
+        }
+
+        // Extra members (and required names without a property schema) take this value.
+        // Without additionalProperties, declared properties rule extras out (as llama.cpp).
+        std::string extra_value;
+        if (extra_schema ? *extra_schema != false : !has_props) {
+            std::string h = join_hint(hint, "extra");
+            extra_value =
+                extra_schema
+                    ? rule_for(visit(*extra_schema, schema_child(ptr, "additionalProperties"), h),
+                               h)
+                    : primitive("value");
+        }
+        for (const auto& name : required) {
+            if (props.contains(name)) continue;
+            if (extra_schema && *extra_schema == false) {
+                schema_fail(schema_child(ptr, "required"),
+                            fmt::format("required property \"{}\" is not in properties, and "
+                                        "additionalProperties is false",
+                                        name));
+            }
+            add_member(name, extra_value.empty() ? primitive("value") : extra_value);
+        }
+        std::string extra;  // rule for one additional member; empty when none are allowed
+        if (!extra_value.empty()) {
+            std::vector<std::string> names = required;  // every declared name, even false ones
+            for (const auto& [name, sub] : props.items()) names.push_back(name);
+            if (!names.empty()) primitive("char");
+            std::string key =
+                names.empty() ? primitive("string")
+                              : add_rule(join_hint(hint, "extra-key"), gbnf_key_excluding(names));
+            extra = add_rule(join_hint(hint, "extra-kv"),
+                             gbnf_seq({key, R"(ws ":" ws)", extra_value, "ws"}));
+        }
+
+        // A member list repeats members in several alternatives: name them then.
+        if (!members.empty() && !members[0].required) {
+            for (auto& m : members) m.kv = add_rule(join_hint(hint, m.name + "-kv"), m.kv);
+        }
+        const std::string comma = R"("," ws)";
+        std::string tail = extra.empty() ? "" : "( " + comma + " " + extra + " )*";  // after i
+        std::string first = extra.empty() ? "" : "( " + extra + " " + tail + " )?";  // none yet
+        for (size_t i = members.size(); i-- > 0;) {
+            const Member& m = members[i];
+            std::string present = gbnf_seq({m.kv, tail});
+            if (m.required) {
+                first = present;
+            } else {
+                first =
+                    first.empty() ? "( " + present + " )?" : "( " + present + " | " + first + " )";
+            }
+            tail = gbnf_seq(
+                {m.required ? comma + " " + m.kv : "( " + comma + " " + m.kv + " )?", tail});
+        }
+        return gbnf_seq({R"("{" ws)", first, R"("}")"});
+    }
+
+    // Arrays: prefix (tuple) items, then items of the rest schema, minItems..maxItems in all.
+    // A prefix item may be absent only when the ones after it are too (JSON Schema lets an
+    // array be shorter than its prefixItems); those below minItems are mandatory.
+    std::string array_expr(const SchemaJson& s, const std::string& ptr, const std::string& hint) {
+        primitive("ws");
+        const SchemaJson* prefix = nullptr;
+        const SchemaJson* rest = nullptr;
+        std::string prefix_key, rest_key;
+        if (s.contains("prefixItems")) {
+            prefix = &s["prefixItems"], prefix_key = "prefixItems";
+            if (s.contains("items")) rest = &s["items"], rest_key = "items";
+        } else if (s.contains("items") && s["items"].is_array()) {
+            prefix = &s["items"], prefix_key = "items";
+            if (s.contains("additionalItems"))
+                rest = &s["additionalItems"], rest_key = "additionalItems";
+        } else if (s.contains("items")) {
+            rest = &s["items"], rest_key = "items";
+        }
+        uint64_t lo = schema_count(s, "minItems", 0),
+                 hi = schema_count(s, "maxItems", kGbnfUnbounded);
+        if (lo > hi)
+            schema_fail(ptr, fmt::format("minItems {} is larger than maxItems {}", lo, hi));
+
+        std::vector<std::string> items;  // the prefix items' rules
+        for (size_t i = 0; prefix && i < prefix->size() && i < hi; ++i) {
+            if ((*prefix)[i] == false) {  // no array reaches this index
+                hi = i;
+                break;
+            }
+            std::string h = join_hint(hint, "item" + std::to_string(i));
+            items.push_back(rule_for(
+                visit((*prefix)[i], schema_child(schema_child(ptr, prefix_key), i), h), h));
+        }
+        std::string rest_rule;
+        if (!rest || *rest != false) {
+            std::string h = join_hint(hint, "item");
+            rest_rule = rest ? rule_for(visit(*rest, schema_child(ptr, rest_key), h), h)
+                             : primitive("value");
+        } else if (hi > items.size()) {
+            hi = items.size();
+        }
+        if (lo > hi) {
+            schema_fail(ptr,
+                        fmt::format("minItems {} asks for more items than the {} allowed", lo, hi));
+        }
+
+        const std::string comma = R"("," ws)";
+        uint64_t k = items.size();
+        std::string tail;  // the items from index k on
+        if (!rest_rule.empty() && hi > k) {
+            uint64_t a = lo > k ? lo - k : 0, b = minus(hi, k);
+            std::string more = "( " + gbnf_seq({comma, rest_rule, "ws"}) + " )";
+            if (k > 0) {
+                tail = gbnf_repeat(more, a, b);
+            } else {
+                tail =
+                    gbnf_seq({rest_rule, "ws", gbnf_repeat(more, a > 0 ? a - 1 : 0, minus(b, 1))});
+                if (a == 0) tail = "( " + tail + " )?";
+            }
+        }
+        for (uint64_t i = k; i-- > 0;) {
+            std::string one = gbnf_seq({i > 0 ? comma : "", items[i], "ws", tail});
+            tail = i < lo ? one : "( " + one + " )?";
+        }
+        return gbnf_seq({R"("[" ws)", tail, R"("]")"});
+    }
+
+    const SchemaJson& root_;
+    std::vector<std::pair<std::string, std::string>> rules_;  // [name, body], root first
+    std::set<std::string> taken_;                             // rule names in use or reserved
+    std::set<std::string> primitives_;                        // fixed rules already emitted
+    std::map<std::string, std::string> ref_rules_;            // $ref -> rule name
+};
+
+}  // namespace
+
+std::string json_schema_to_grammar(const nlohmann::ordered_json& schema) {
+    return Converter(schema).run();
+}
+
+std::string json_schema_to_grammar(const nlohmann::json& schema) {
+    return json_schema_to_grammar(nlohmann::ordered_json(schema));
+}
+
+}  // namespace kvrun

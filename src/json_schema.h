@@ -1,0 +1,22 @@
+// JSON Schema -> GBNF: the grammar behind `--json-schema` (llama.cpp) and a server's
+// `json_schema` field. The grammar's sentences are the JSON texts a schema accepts (within
+// the supported subset, listed at the top of json_schema.cpp), so Grammar::parse of the
+// result constrains generation to valid output.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace kvrun {
+
+// GBNF text (root rule "root") whose sentences are exactly the JSON texts valid for `schema`
+// (within the supported subset), with bounded optional whitespace between tokens and none
+// before or after the value. Throws Error naming the JSON pointer ("#/properties/x/pattern")
+// of the first unsupported or invalid construct.
+// Objects keep their members in the schema's `properties` order: pass an ordered_json (e.g.
+// nlohmann::ordered_json::parse(text)) to keep the order the schema was written in; a plain
+// nlohmann::json has already sorted the keys alphabetically.
+std::string json_schema_to_grammar(const nlohmann::ordered_json& schema);
+std::string json_schema_to_grammar(const nlohmann::json& schema);
+
+}  // namespace kvrun
