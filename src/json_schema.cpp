@@ -339,8 +339,10 @@ class Converter {
                              gbnf_seq({key, R"(ws ":" ws)", extra_value, "ws"}));
         }
 
-        // A member list repeats members in several alternatives: name them then.
-        if (!members.empty() && !members[0].required) {
+        // Leading optional members make each later member appear in several alternatives:
+        // then members, and the lists after each, get rules (linear, not quadratic, size).
+        bool repeated = !members.empty() && !members[0].required;
+        if (repeated) {
             for (auto& m : members) m.kv = add_rule(join_hint(hint, m.name + "-kv"), m.kv);
         }
         const std::string comma = R"("," ws)";
@@ -357,6 +359,7 @@ class Converter {
             }
             tail = gbnf_seq(
                 {m.required ? comma + " " + m.kv : "( " + comma + " " + m.kv + " )?", tail});
+            if (repeated && i > 0) tail = rule_for(tail, join_hint(hint, m.name + "-rest"));
         }
         return gbnf_seq({R"("{" ws)", first, R"("}")"});
     }
