@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Fuzzes with libFuzzer + ASan + UBSan for N seconds (default 600).
-# Usage: scripts/fuzz.sh [gguf|tokenizer] [seconds] [extra libFuzzer flags...]
+# Usage: scripts/fuzz.sh [gguf|tokenizer|grammar] [seconds] [extra libFuzzer flags...]
 #   gguf (default): the GGUF reader (fuzz/fuzz_gguf.cpp), seeded from GgufWriter-made files
 #     and the smallest shared models.
 #   tokenizer: SPM and byte-level BPE on the shared llama.cpp vocabularies
 #     (fuzz/fuzz_tokenizer.cpp: ids in range, text round trips, streaming equals decode).
+#   grammar: GBNF parsing and matching (fuzz/fuzz_grammar.cpp: clear errors, and matching
+#     the whole text agrees with matching it byte by byte).
 # Builds build-fuzz/fuzz_<target> (or under $KVRUN_FUZZ_BUILD; never the CMake build/ tree)
 # with clang++ straight from the sources, and leaves any crashing input in fuzz/crashes/.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 target=gguf
-case "${1:-}" in gguf | tokenizer) target="$1"; shift ;; esac
+case "${1:-}" in gguf | tokenizer | grammar) target="$1"; shift ;; esac
 seconds="${1:-600}"
 shift || true
 
@@ -32,6 +34,12 @@ if [ "$target" = gguf ]; then
         [ -f "$shared/models/$m" ] && head -c 16384 "$shared/models/$m" > "$corpus/head_$m"
     done
     max_len=65536  # keeps mutations small; real models are still parsed up to 64 KiB
+elif [ "$target" = grammar ]; then
+    clang++ "${flags[@]}" fuzz/fuzz_grammar.cpp src/grammar.cpp src/grammar_match.cpp \
+        src/tokenizer.cpp src/tokenizer_bpe.cpp src/tokenizer_spm.cpp src/pretokenizer.cpp \
+        src/unicode_text.cpp src/gguf.cpp src/quant*.cpp -lfmt -lpcre2-8 -o "$out/fuzz_grammar"
+    KVRUN_FUZZ_WRITE_SEEDS="$corpus" "$out/fuzz_grammar"
+    max_len=4096
 else
     if [ ! -d "$shared/vocab" ]; then
         echo "fuzz.sh: the tokenizer target needs the vocabularies in $shared/vocab" >&2

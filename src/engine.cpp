@@ -387,7 +387,14 @@ std::span<const TokenId> Engine::penalty_window(const Seq& s) const {
 
 void Engine::sample_and_advance(Seq& s, const float* logits) {
     const int n_vocab = static_cast<int>(backend_.config().n_vocab);
-    advance(s, s.sampler->sample(logits, n_vocab, penalty_window(s)));
+    TokenId tok;
+    try {  // e.g. all logits NaN, or a grammar that allows no token: only this sequence ends
+        tok = s.sampler->sample(logits, n_vocab, penalty_window(s));
+    } catch (const Error& e) {
+        finish(s, StopReason::Error, e.what());
+        return;
+    }
+    advance(s, tok);
 }
 
 RowSampling Engine::row_sampling(Seq& s) {
@@ -594,7 +601,13 @@ bool Engine::step() {
             p.s->n_passes++;
             rows[i] = row;
             if (!p.logits) continue;
-            if (p.k > 0) verify_drafts(*p.s, logits_.data() + row * n_vocab, p.k);  // host path
+            if (p.k > 0) {  // host path
+                try {
+                    verify_drafts(*p.s, logits_.data() + row * n_vocab, p.k);
+                } catch (const Error& e) {  // the sequence ends; its drafts are not output
+                    finish(*p.s, StopReason::Error, e.what());
+                }
+            }
             row += static_cast<size_t>(p.k) + 1;
         }
         update_kv_stats();

@@ -145,9 +145,14 @@ void Engine::draft_round(std::vector<Part>& parts) {
             recent = recent_window(s);
             recent.insert(recent.end(), s.drafts.begin(), s.drafts.end());
             float* q_row = s.sampler->greedy() ? nullptr : s.q.data() + s.drafts.size() * V;
-            s.drafts.push_back(speculative_draft_token(
-                *s.draft_sampler, draft_logits_.data() + j * V, n_vocab, recent, q_row));
-            if (s.draft_grammar) s.draft_grammar->accept(s.drafts.back());
+            try {
+                const TokenId t = speculative_draft_token(
+                    *s.draft_sampler, draft_logits_.data() + j * V, n_vocab, recent, q_row);
+                if (s.draft_grammar) s.draft_grammar->accept(t);
+                s.drafts.push_back(t);
+            } catch (const Error&) {  // no draft possible here: verify what there is
+                active[j]->k = static_cast<int32_t>(s.drafts.size());
+            }
         }
         // The next pass runs the newest draft of every part that wants more.
         fb = ForwardBatch{};

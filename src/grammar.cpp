@@ -22,7 +22,9 @@ bool is_name_char(char c) {
            c == '_';
 }
 
-constexpr uint32_t kMaxRepeat = 10000;  // {m,n} bounds beyond this are refused
+constexpr uint32_t kMaxRepeat = 10000;            // {m,n} bounds beyond this are refused
+constexpr int kMaxNesting = 256;                  // ( ... ) groups inside each other
+constexpr size_t kMaxElements = size_t(1) << 22;  // a bound on the compiled size
 
 }  // namespace
 
@@ -124,12 +126,21 @@ class GrammarParser {
     }
 
     std::vector<Sequence> parse_alternatives(bool nested) {
+        if (nested && ++depth_ > kMaxNesting)
+            error(fmt::format("groups nested more than {} deep", kMaxNesting));
         std::vector<Sequence> alts;
         alts.push_back(parse_sequence(nested));
         while (peek() == '|') {
             ++pos_;
             alts.push_back(parse_sequence(nested));
         }
+        for (const Sequence& a : alts) n_elements_ += a.size() + 1;
+        if (n_elements_ > kMaxElements)
+            error(
+                fmt::format("the grammar is too large (more than {} elements once its "
+                            "repetitions are written out)",
+                            kMaxElements));
+        if (nested) --depth_;
         return alts;
     }
 
@@ -298,6 +309,11 @@ class GrammarParser {
         ++pos_;
         Sequence x(seq.begin() + static_cast<std::ptrdiff_t>(unit), seq.end());
         seq.resize(unit);
+        if (x.size() > 1) {  // a literal of several characters: one rule, so copies stay small
+            const uint32_t r = new_rule(current_);
+            rules_[r] = {x};
+            x = {{Kind::Rule, r, 0}};
+        }
         uint32_t min = 0, max = 0;
         bool unbounded = false;
         if (op == '*') {
@@ -325,6 +341,12 @@ class GrammarParser {
             ++pos_;
             if (!unbounded && max < min) error("repetition {m,n} with n < m");
         }
+        n_elements_ += 2 * static_cast<size_t>(unbounded ? min : max);
+        if (n_elements_ > kMaxElements)
+            error(
+                fmt::format("the grammar is too large (more than {} elements once its "
+                            "repetitions are written out)",
+                            kMaxElements));
         for (uint32_t i = 0; i < min; ++i) seq.insert(seq.end(), x.begin(), x.end());
         if (unbounded) {  // R ::= x R | (empty)
             const uint32_t r = new_rule(current_);
@@ -454,7 +476,9 @@ class GrammarParser {
     std::vector<bool> defined_;
     std::vector<size_t> used_at_;  // where a rule was first referenced (for errors)
     std::map<std::string, uint32_t> index_;
-    std::string current_;  // the rule being parsed (names generated rules)
+    std::string current_;    // the rule being parsed (names generated rules)
+    int depth_ = 0;          // groups open around the current position
+    size_t n_elements_ = 0;  // elements so far (a bound on the compiled size)
     int generated_ = 0;
 };
 

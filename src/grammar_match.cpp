@@ -12,6 +12,23 @@ namespace kvrun {
 
 using Kind = Grammar::Kind;
 
+namespace {
+
+// Parses followed at once. Real grammars keep a handful; a deliberately ambiguous one could
+// multiply them without end, so past this the matcher stops with an error instead of hanging.
+constexpr size_t kMaxStacks = 20000;
+
+void add_stack(std::vector<std::vector<uint32_t>>& out, std::vector<uint32_t>&& s) {
+    if (out.size() >= kMaxStacks)
+        fail(
+            "grammar: the grammar is too ambiguous here (more than {} ways to parse the text "
+            "at once); rewrite it so that fewer alternatives match the same text",
+            kMaxStacks);
+    out.push_back(std::move(s));
+}
+
+}  // namespace
+
 GrammarState::GrammarState(std::shared_ptr<const Grammar> grammar) : grammar_(std::move(grammar)) {
     if (!grammar_) fail("grammar: no grammar given");
     for (uint32_t alt : grammar_->alternatives_of(grammar_->root())) expand({alt}, stacks_);
@@ -22,7 +39,7 @@ GrammarState::GrammarState(std::shared_ptr<const Grammar> grammar) : grammar_(st
 void GrammarState::expand(Stack stack, std::vector<Stack>& out) const {
     for (;;) {
         if (stack.empty()) {
-            out.push_back(std::move(stack));
+            add_stack(out, std::move(stack));
             return;
         }
         const uint32_t pos = stack.back();
@@ -32,7 +49,7 @@ void GrammarState::expand(Stack stack, std::vector<Stack>& out) const {
             continue;
         }
         if (e.kind != Kind::Rule) {
-            out.push_back(std::move(stack));
+            add_stack(out, std::move(stack));
             return;
         }
         // A rule reference: its continuation (unless the alternative ends there, which keeps

@@ -141,6 +141,17 @@ TEST_CASE("grammar: parse errors name the problem and where it is") {
     CHECK(parse_error(R"(root ::= ("a"?)*)")
               .find("rule `root` (a group or repetition inside it) is left-recursive") !=
           std::string::npos);
+    // Hostile sizes: deep nesting and huge written-out repetitions are refused, not crashed on.
+    CHECK(parse_error("root ::= " + std::string(300, '(') + "\"a\"" + std::string(300, ')'))
+              .find("nested more than 256 deep") != std::string::npos);
+    std::string huge = "root ::=";
+    for (int i = 0; i < 300; ++i) huge += " \"ab\"{10000}";
+    CHECK(parse_error(huge).find("too large") != std::string::npos);
+    CHECK(accepts(R"(root ::= ("ab"{100}){50})", [] {
+        std::string t;
+        for (int i = 0; i < 5000; ++i) t += "ab";
+        return t;
+    }()));
     // Another start rule can be chosen.
     CHECK(grammar_accepts(*Grammar::parse("start ::= \"s\"", "start"), "s"));
 }

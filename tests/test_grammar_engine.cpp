@@ -201,3 +201,31 @@ TEST_CASE("grammar with speculative decoding: greedy tokens unchanged, sampling 
     const auto free = spec_test::lossless_z(ref, prompt, sp, draws, false);
     CHECK(free.z_first > 10);
 }
+
+TEST_CASE("a grammar that explodes mid-generation ends only its own request, with the reason") {
+    auto path = test::shared_path("models/stories260K.gguf");
+    if (path.empty()) return;
+    Model m = spec_test::load(path, 16, 64);
+    // After " x", 2^16 equal parses: refused as too ambiguous instead of hanging.
+    std::string text = "root ::= \" x\" r0\n";
+    for (int i = 0; i < 16; ++i) text += fmt::format("r{} ::= r{} | r{}\n", i, i + 1, i + 1);
+    text += "r16 ::= \"y\"\n";
+    auto bad = Grammar::parse(text);
+    {
+        GrammarState st(bad);
+        CHECK_THROWS_WITH_AS(st.advance(" x"), doctest::Contains("too ambiguous"), Error);
+    }
+    auto reqs = requests(*m.tok, Grammar::parse(kWords), greedy(), 40);
+    reqs[1].grammar = bad;
+    EngineOptions eo;
+    eo.max_parallel = 4;
+    Engine engine(*m.backend, *m.tok, eo);
+    std::vector<GenerationResult> results(reqs.size());
+    engine.on_finish([&](const GenerationResult& r) { results[r.request] = r; });
+    for (const auto& r : reqs) engine.submit(r);
+    engine.run();
+    CHECK(results[1].stop == StopReason::Error);
+    CHECK(results[1].error.find("too ambiguous") != std::string::npos);
+    for (size_t i : {0, 2, 3}) CHECK(results[i].stop == StopReason::Eos);
+    CHECK(engine.kv_table().n_used_blocks() == 0);
+}

@@ -1,0 +1,85 @@
+// libFuzzer target for GBNF grammars, which JSON requests can carry: the input is grammar text,
+// a NUL byte, then text to match. Parsing must either succeed or throw kvrun::Error (never
+// crash or hang), and a parsed grammar must read the text consistently: advancing by the
+// whole text succeeds exactly when advancing byte by byte does, a refused advance changes
+// nothing, and complete() agrees with grammar_accepts(). Run with KVRUN_FUZZ_WRITE_SEEDS=<dir>
+// to write a small seed corpus and exit.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <string_view>
+
+#include "common.h"
+#include "grammar.h"
+
+namespace {
+
+[[noreturn]] void trap(const char* what) {
+    std::fprintf(stderr, "fuzz_grammar: %s\n", what);
+    std::abort();
+}
+
+void write_seeds(const char* dir) {
+    const char* seeds[][2] = {
+        {R"(root ::= "yes" | "no")", "yes"},
+        {R"(root ::= [a-z]+ ("," [a-z]+)*)", "ab,cd"},
+        {R"(root ::= ("ab"{2,3} | [^x]?) "!" .)", "abab!\xC3\xA9"},
+        {"root ::= obj\nobj ::= \"{\" ws (str \":\" ws obj)? \"}\" ws\nstr ::= \"\\\"\" "
+         "[^\"\\\\]* \"\\\"\"\nws ::= [ \\t\\n]{0,4}",
+         "{\"a\": {}}"},
+        {R"(root ::= "\u00e9\x41\n" [\u0100-\U0001F600]*)",
+         "\xC3\xA9"
+         "A\n\xF0\x9F\x98\x80"},
+        {"root ::= item  # comment\nitem ::= \"(\" item* \")\" | \"x\"", "(x(x))"},
+    };
+    int n = 0;
+    for (const auto& s : seeds) {
+        std::ofstream out(std::string(dir) + "/seed_" + std::to_string(n++), std::ios::binary);
+        out << s[0] << '\0' << s[1];
+    }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+    if (const char* dir = std::getenv("KVRUN_FUZZ_WRITE_SEEDS")) {
+        write_seeds(dir);
+        std::exit(0);
+    }
+    return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    const std::string_view input(reinterpret_cast<const char*>(data), size);
+    const size_t cut = input.find('\0');
+    const std::string_view grammar_text = input.substr(0, cut);
+    const std::string_view text = cut == std::string_view::npos ? "" : input.substr(cut + 1);
+    std::shared_ptr<const kvrun::Grammar> g;
+    try {
+        g = kvrun::Grammar::parse(grammar_text);
+    } catch (const kvrun::Error&) {
+        return 0;
+    }
+    try {
+        kvrun::GrammarState whole(g), bytes(g);
+        const bool ok_whole = whole.advance(text);
+        bool ok_bytes = true;
+        for (char c : text) {
+            kvrun::GrammarState before = bytes;
+            if (!bytes.advance(std::string_view(&c, 1))) {
+                ok_bytes = false;
+                if (bytes.complete() != before.complete()) trap("a refused byte changed the state");
+                break;
+            }
+        }
+        if (ok_whole != ok_bytes) trap("whole text and byte by byte disagree");
+        const bool accepted = kvrun::grammar_accepts(*g, text);
+        if (accepted != (ok_whole && whole.complete())) trap("grammar_accepts disagrees");
+        if (whole.finished() && !whole.complete()) trap("finished but not complete");
+    } catch (const kvrun::Error&) {
+        // "too ambiguous": a clear error is an allowed outcome
+    }
+    return 0;
+}
