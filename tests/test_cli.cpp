@@ -88,7 +88,7 @@ TEST_CASE("help is complete and exits 0") {
     for (const char* flag :
          {"--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--frequency-penalty",
           "--presence-penalty", "--seed", "--kv-block-size", "--kv-type", "--device", "--jsonl",
-          "--stats", "--ctx"})
+          "--stats", "--ctx", "--grammar", "--grammar-file", "--json-schema", "--json-schema-file"})
         CHECK_MESSAGE(run_help.out.find(flag) != std::string::npos, flag);
 }
 
@@ -551,4 +551,75 @@ TEST_CASE(
         CHECK_MESSAGE(std::regex_match(t, words_re), t);
     }
     CHECK(n_lines == 3);
+}
+
+TEST_CASE(
+    "--json-schema / --json-schema-file / JSON \"json_schema\": output is JSON valid for it") {
+    auto model = shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    const std::string m = " -m " + model.string();
+    const std::string schema =
+        R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},)"
+        R"( "age": {"type": "integer", "minimum": 1, "maximum": 99},)"
+        R"( "pets": {"type": "array", "items": {"enum": ["cat", "dog"]}, "maxItems": 3}},)"
+        R"( "required": ["name", "age", "pets"]})";
+    auto check_record = [](const std::string& text) {
+        CAPTURE(text);
+        auto j = nlohmann::ordered_json::parse(text);  // throws (fails the test) if not JSON
+        REQUIRE(j.is_object());
+        CHECK(j.size() == 3);
+        std::vector<std::string> keys;
+        for (auto it = j.begin(); it != j.end(); ++it) keys.push_back(it.key());
+        CHECK(keys == std::vector<std::string>{"name", "age", "pets"});  // the schema's order
+        CHECK(j["name"].get<std::string>().size() <= 12);
+        CHECK(j["age"].get<int>() >= 1);
+        CHECK(j["age"].get<int>() <= 99);
+        CHECK(j["pets"].size() <= 3);
+        for (const auto& p : j["pets"]) CHECK((p == "cat" || p == "dog"));
+    };
+    for (const char* seed : {"1", "2", "3"}) {
+        auto r = run_command(kvrun_cmd("run" + m + " -p 'Once upon a time' -n 150 --temp 0.9 -s " +
+                                       seed + " --json-schema '" + schema + "'"));
+        CHECK_MESSAGE(r.exit_code == 0, r.err);
+        check_record(r.out);
+    }
+    const std::string file = temp_file(schema, "schema");
+    auto from_file = run_command(
+        kvrun_cmd("run" + m + " -p 'Once upon a time' -n 150 --temp 0 --json-schema-file " + file));
+    CHECK_MESSAGE(from_file.exit_code == 0, from_file.err);
+    check_record(from_file.out);
+
+    // JSONL: the schema as an object (its member order kept) or as text; errors per line.
+    const std::string input =
+        "{\"prompt\": \"Lily\", \"temperature\": 0, \"n_predict\": 150, \"json_schema\": " +
+        schema + "}\n" +
+        "{\"prompt\": \"Tom\", \"temperature\": 0, \"n_predict\": 150, \"json_schema\": " +
+        nlohmann::json(schema).dump() + "}\n" +
+        "{\"prompt\": \"hi\", \"json_schema\": {\"type\": \"string\", \"pattern\": \"a+\"}}\n"
+        "{\"prompt\": \"hi\", \"json_schema\": {}, \"grammar\": \"root ::= \\\"a\\\"\"}\n"
+        "{\"prompt\": \"hi\", \"json_schema\": 3}\n";
+    auto j = run_command(kvrun_cmd("run --jsonl" + m), input);
+    CHECK_MESSAGE(j.exit_code == 0, j.err);
+    std::istringstream jin(j.out);
+    std::vector<nlohmann::json> res;
+    std::string line;
+    while (std::getline(jin, line)) res.push_back(nlohmann::json::parse(line));
+    REQUIRE(res.size() == 5);
+    for (int i : {0, 1}) {
+        CHECK(res[i]["stop"] == "eos");
+        check_record(res[i]["text"]);
+    }
+    CHECK(res[2]["error"] ==
+          "'json_schema': json schema #/pattern: the \"pattern\" keyword is not supported");
+    CHECK(res[3]["error"] == "give 'grammar' or 'json_schema', not both");
+    CHECK(res[4]["error"].get<std::string>().find("'json_schema' must be a JSON Schema") == 0);
+
+    // Bad schemas and flag clashes: one clear line.
+    check_one_clear_error(run_command(kvrun_cmd("run" + m + " -p hi -j '{\"type\": 5}'")),
+                          "--json-schema: json schema #/type");
+    check_one_clear_error(run_command(kvrun_cmd("run" + m + " -p hi -j '{oops'")),
+                          "--json-schema: the JSON schema is not valid JSON");
+    check_one_clear_error(
+        run_command(kvrun_cmd("run" + m + " -p hi -j '{}' --grammar 'root ::= \"a\"'")),
+        "excludes");
 }

@@ -2,6 +2,7 @@
 #include "modes/grammar_options.h"
 
 #include "common.h"
+#include "json_schema.h"
 #include "text_input.h"
 
 namespace kvrun {
@@ -17,26 +18,74 @@ std::shared_ptr<const Grammar> compile(const std::string& text, const std::strin
     }
 }
 
+std::shared_ptr<const Grammar> compile_schema(const nlohmann::ordered_json& schema,
+                                              const std::string& where) {
+    std::string gbnf;
+    try {
+        gbnf = json_schema_to_grammar(schema);
+    } catch (const Error& e) {
+        fail("{}: {}", where, e.what());
+    }
+    return compile(gbnf, where);
+}
+
+// A schema given as JSON text (flag, file or a string field), parsed keeping member order.
+std::shared_ptr<const Grammar> compile_schema_text(const std::string& text,
+                                                   const std::string& where) {
+    nlohmann::ordered_json schema;
+    try {
+        schema = nlohmann::ordered_json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+        fail("{}: the JSON schema is not valid JSON: {}", where, e.what());
+    }
+    return compile_schema(schema, where);
+}
+
 }  // namespace
 
 void add_grammar_options(CLI::App* cmd, GrammarOptions& o) {
     auto* g = cmd->add_option("--grammar", o.grammar,
                               "Constrain the output to this GBNF grammar (llama.cpp's format; "
                               "the `root` rule starts it)");
-    cmd->add_option("--grammar-file", o.grammar_file, "Read the GBNF grammar from this file")
+    auto* gf =
+        cmd->add_option("--grammar-file", o.grammar_file, "Read the GBNF grammar from this file")
+            ->check(CLI::ExistingFile)
+            ->excludes(g);
+    auto* j = cmd->add_option("-j,--json-schema", o.json_schema,
+                              "Constrain the output to JSON valid for this JSON Schema (text)")
+                  ->excludes(g)
+                  ->excludes(gf);
+    cmd->add_option("--json-schema-file", o.json_schema_file, "Read the JSON Schema from this file")
         ->check(CLI::ExistingFile)
-        ->excludes(g);
+        ->excludes(g)
+        ->excludes(gf)
+        ->excludes(j);
 }
 
 std::shared_ptr<const Grammar> grammar_from_options(const GrammarOptions& o) {
     if (!o.grammar_file.empty()) return compile(read_file_text(o.grammar_file), o.grammar_file);
     if (!o.grammar.empty()) return compile(o.grammar, "--grammar");
+    if (!o.json_schema_file.empty())
+        return compile_schema_text(read_file_text(o.json_schema_file), o.json_schema_file);
+    if (!o.json_schema.empty()) return compile_schema_text(o.json_schema, "--json-schema");
     return nullptr;
 }
 
 std::shared_ptr<const Grammar> grammar_from_request(const nlohmann::json& j,
+                                                    const std::string& line,
                                                     std::shared_ptr<const Grammar> fallback) {
-    if (!j.contains("grammar") || j["grammar"].is_null()) return fallback;
+    const bool has_schema = j.contains("json_schema") && !j["json_schema"].is_null();
+    const bool has_grammar = j.contains("grammar") && !j["grammar"].is_null();
+    if (has_schema && has_grammar) fail("give 'grammar' or 'json_schema', not both");
+    if (has_schema) {
+        const auto& s = j["json_schema"];
+        if (s.is_string()) return compile_schema_text(s.get<std::string>(), "'json_schema'");
+        if (!s.is_object() && !s.is_boolean())
+            fail("'json_schema' must be a JSON Schema object (or its text)");
+        // Read the line again keeping member order (a plain json sorted the properties).
+        return compile_schema(nlohmann::ordered_json::parse(line)["json_schema"], "'json_schema'");
+    }
+    if (!has_grammar) return fallback;
     if (!j["grammar"].is_string()) fail("'grammar' must be a string of GBNF rules");
     const std::string text = j["grammar"].get<std::string>();
     if (text.empty()) return nullptr;  // "": this request is unconstrained

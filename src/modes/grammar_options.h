@@ -1,6 +1,7 @@
 // Constrained generation from the command line and JSON requests: --grammar (GBNF text),
-// --grammar-file, and the JSON request field "grammar", compiled once into a Grammar that
-// every sequence of the request follows.
+// --grammar-file, --json-schema / --json-schema-file (converted to GBNF), and the JSON request
+// fields "grammar" and "json_schema", compiled once into a Grammar that every sequence of the
+// request follows.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -13,7 +14,7 @@
 namespace kvrun {
 
 struct GrammarOptions {
-    std::string grammar, grammar_file;
+    std::string grammar, grammar_file, json_schema, json_schema_file;
 };
 
 void add_grammar_options(CLI::App* cmd, GrammarOptions& o);
@@ -22,9 +23,13 @@ void add_grammar_options(CLI::App* cmd, GrammarOptions& o);
 // grammar, saying which flag it came from.
 std::shared_ptr<const Grammar> grammar_from_options(const GrammarOptions& o);
 
-// A JSON request's grammar: its "grammar" field (GBNF text) when present, else `fallback`
-// (the command line's). Throws Error for a field of the wrong type or a bad grammar.
+// A JSON request's grammar: its "grammar" field (GBNF text, "" for none) or its "json_schema"
+// field (a schema object, or its JSON text) when present, else `fallback` (the command
+// line's). `line` is the request's text, read again in order so that a schema's properties
+// keep the order they were written in. Throws Error for a field of the wrong type, both
+// fields at once, or a bad grammar or schema.
 std::shared_ptr<const Grammar> grammar_from_request(const nlohmann::json& request,
+                                                    const std::string& line,
                                                     std::shared_ptr<const Grammar> fallback);
 
 }  // namespace kvrun

@@ -59,7 +59,7 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
     if (req.n_samples < 1 || req.n_samples > 256)
         fail("'n_samples' must be between 1 and 256 (got {})", req.n_samples);
     sampling_validate(req.sampling);  // throws Error naming the bad value and its range
-    req.grammar = grammar_from_request(j, d.grammar);
+    req.grammar = grammar_from_request(j, line, d.grammar);
     req.prompt = tok.encode(out.prompt_text, d.add_bos && tok.add_bos(), d.parse_special);
     return out;
 }

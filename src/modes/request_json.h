@@ -37,7 +37,8 @@ struct ParsedRequest {
 // (-1: no limit, 0: nothing generated; anything below -1 is refused),
 // temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty,
 // repeat_last_n, seed, n_samples (1-256),
-// ignore_eos, stop (array of strings), grammar (GBNF text; "" for none), id (any JSON value).
+// ignore_eos, stop (array of strings), grammar (GBNF text; "" for none), json_schema (a JSON
+// Schema object or its text), id (any JSON value).
 // Throws Error with the reason.
 ParsedRequest request_from_json(const std::string& line, const RequestDefaults& defaults,
                                 const Tokenizer& tok);

@@ -265,7 +265,7 @@ void add_run_command(CLI::App& root, int& exit_code) {
         "Read JSON requests from stdin, one per line: {\"prompt\": ..., \"n_predict\": ..., "
         "\"temperature\": ..., \"top_k\", \"top_p\", \"min_p\", \"repeat_penalty\", "
         "\"frequency_penalty\", \"presence_penalty\", \"repeat_last_n\", \"seed\", "
-        "\"n_samples\", \"stop\", \"grammar\"}; write one JSON result per line");
+        "\"n_samples\", \"stop\", \"grammar\", \"json_schema\"}; write one JSON result per line");
     cmd->add_flag("--truncate", o->truncate,
                   "Keep the end of a prompt that is longer than the context");
     cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after the end-of-sequence token");
