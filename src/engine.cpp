@@ -116,6 +116,8 @@ int32_t Engine::submit(GenerationRequest request) {
                                 tokens.size(), n_ctx_),
                     "use a larger -c/--ctx (and --kv-memory), a shorter prompt, or --truncate");
     if (request.n_samples < 1) fail("n_samples must be at least 1 (got {})", request.n_samples);
+    if (request.n_probs < 0 || request.n_probs > kMaxLogprobs)
+        fail("n_probs must be between 0 and {} (got {})", kMaxLogprobs, request.n_probs);
     auto req = std::make_shared<const GenerationRequest>(std::move(request));
     auto s = std::make_unique<Seq>();
     s->request = next_request_++;
@@ -307,6 +309,7 @@ void Engine::finish(Seq& s, StopReason reason, std::string error) {
     r.n_accepted = s.n_accepted;
     r.n_spec_rounds = s.n_spec_rounds;
     r.n_target_passes = s.n_passes;
+    r.logprobs = std::move(s.logprobs);
     auto now = Clock::now();
     GenerationTimings& t = r.timings;
     t.n_prompt = s.n_prompt;
@@ -394,7 +397,7 @@ void Engine::sample_and_advance(Seq& s, const float* logits) {
         finish(s, StopReason::Error, e.what());
         return;
     }
-    advance(s, tok);
+    advance(s, tok, logits);
 }
 
 RowSampling Engine::row_sampling(Seq& s) {
@@ -407,7 +410,7 @@ RowSampling Engine::row_sampling(Seq& s) {
 }
 
 // Appends one generated token, reports it and ends the sequence on a stop condition.
-void Engine::advance(Seq& s, TokenId tok) {
+void Engine::advance(Seq& s, TokenId tok, const float* logits) {
     auto now = Clock::now();
     if (!s.has_first) {
         s.has_first = true;
@@ -428,6 +431,9 @@ void Engine::advance(Seq& s, TokenId tok) {
     if (stop == StopReason::Eos) {
         s.tokens.pop_back();  // the end-of-generation token is not part of the output
     } else {
+        if (s.req->n_probs > 0 && logits)
+            s.logprobs.push_back(token_logprobs(logits, static_cast<int>(backend_.config().n_vocab),
+                                                tok, s.req->n_probs));
         stats_.tokens_decoded++;
         stats_.spec.generated++;
         if (on_token_) on_token_(s.request, s.sample, tok);
@@ -572,7 +578,7 @@ bool Engine::step() {
                                 backend_.samples_on_device());
         for (const Part& p : parts)
             if (p.logits &&
-                (p.k > 0 || p.s->grammar ||
+                (p.k > 0 || p.s->grammar || p.s->req->n_probs > 0 ||
                  (p.s->n_tokens() == p.s->n_prompt && p.s->req->n_samples > 1 && !p.s->forked)))
                 device_sampling = false;
         std::vector<TokenId> sampled;
@@ -616,8 +622,8 @@ bool Engine::step() {
             const Part& p = parts[i];
             if (!p.logits) continue;
             if (p.k > 0) {  // the accepted drafts and the target's own token
-                for (TokenId t : p.s->drafts)
-                    if (!p.s->finished) advance(*p.s, t);
+                for (size_t j = 0; j < p.s->drafts.size() && !p.s->finished; ++j)
+                    advance(*p.s, p.s->drafts[j], logits_.data() + (rows[i] + j) * n_vocab);
                 continue;
             }
             if (device_sampling) {  // rows[i] counts logit rows: one per plain part

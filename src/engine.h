@@ -49,6 +49,9 @@ struct GenerationRequest {
     // end of generation comes only where a sentence is complete, and the request ends (stop
     // "eos") once the grammar admits nothing more. Null: unconstrained.
     std::shared_ptr<const Grammar> grammar;
+    // > 0: report each generated token's log-probability and the n_probs most likely tokens
+    // (GenerationResult::logprobs; at most kMaxLogprobs). Such steps sample on the host.
+    int32_t n_probs = 0;
     // >= 0: run in this session (see Engine::open_session): the sequence is the session's
     // tokens followed by `prompt` (which may then be empty); only uncached tokens are computed.
     int32_t session = -1;
@@ -82,7 +85,8 @@ struct GenerationResult {
     // Speculative decoding (an engine with a draft model): draft tokens proposed and accepted,
     // and verification rounds that carried at least one draft.
     int32_t n_drafted = 0, n_accepted = 0, n_spec_rounds = 0;
-    int32_t n_target_passes = 0;  // target forward passes this sequence took part in
+    int32_t n_target_passes = 0;          // target forward passes this sequence took part in
+    std::vector<TokenLogprobs> logprobs;  // [tokens.size()] when the request asked (n_probs)
 };
 
 struct EngineOptions {
@@ -211,7 +215,9 @@ class Engine {
     void sample_and_advance(Seq& s, const float* logits);
     std::span<const TokenId> penalty_window(const Seq& s) const;  // tokens the penalty sees
     RowSampling row_sampling(Seq& s);  // for forward_sample (draws the sequence's uniform)
-    void advance(Seq& s, TokenId tok);
+    // logits: [n_vocab] the distribution tok was drawn from (for the request's logprobs; null
+    // when the step sampled on the device, which a request with n_probs never does).
+    void advance(Seq& s, TokenId tok, const float* logits = nullptr);
     void fork_samples(Seq& s);
     StopReason check_stop(Seq& s, TokenId tok);
     void requeue_preempted();

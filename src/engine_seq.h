@@ -26,7 +26,8 @@ struct Engine::Seq {
     bool preempted = false, finished = false;
     std::unique_ptr<Sampler> sampler;
     std::unique_ptr<GrammarConstraint> grammar;  // the request's grammar (sampler's constraint)
-    std::string text;  // generated text so far (only kept for stop strings)
+    std::string text;                     // generated text so far (only kept for stop strings)
+    std::vector<TokenLogprobs> logprobs;  // [n_generated] when the request asks for them
     int32_t preemptions = 0;
     bool admitted_once = false, has_first = false;
     Clock::time_point t_submit, t_admit, t_first, t_last;

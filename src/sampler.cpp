@@ -88,6 +88,37 @@ std::vector<std::pair<TokenId, int32_t>> penalized_token_counts(const SamplingPa
     return out;
 }
 
+TokenLogprobs token_logprobs(const float* logits, int n_vocab, TokenId chosen, int32_t n_top) {
+    check_vocab(logits, n_vocab, "logits");
+    if (chosen < 0 || chosen >= n_vocab)
+        fail("logprobs: token {} is outside the vocabulary (0..{})", chosen, n_vocab - 1);
+    auto value = [&](int i) { return std::isnan(logits[i]) ? kNegInf : logits[i]; };
+    float max = kNegInf;
+    for (int i = 0; i < n_vocab; ++i) max = std::max(max, value(i));
+    if (max == kNegInf) fail("logprobs: every logit is -inf or NaN");
+    if (std::isinf(max)) max = FLT_MAX;  // +inf logits: treated as the largest finite value
+    double z = 0.0;
+    for (int i = 0; i < n_vocab; ++i)
+        z += std::exp(static_cast<double>(std::min(value(i), FLT_MAX)) - max);
+    const double log_z = std::log(z);  // relative to max, so huge logits keep their precision
+    auto logprob = [&](int i) {
+        const float v = value(i);
+        return v == kNegInf
+                   ? kNegInf
+                   : static_cast<float>((static_cast<double>(std::min(v, FLT_MAX)) - max) - log_z);
+    };
+    TokenLogprobs out;
+    out.chosen = {chosen, logprob(chosen)};
+    const int n = std::clamp(n_top, 0, n_vocab);
+    if (n > 0) {
+        std::vector<std::pair<float, TokenId>> all(static_cast<size_t>(n_vocab));
+        for (int i = 0; i < n_vocab; ++i) all[static_cast<size_t>(i)] = {value(i), i};
+        std::partial_sort(all.begin(), all.begin() + n, all.end(), better);
+        for (int i = 0; i < n; ++i) out.top.push_back({all[i].second, logprob(all[i].second)});
+    }
+    return out;
+}
+
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
     sampling_validate(params);
 }

@@ -40,6 +40,23 @@ std::vector<std::pair<TokenId, int32_t>> penalized_token_counts(const SamplingPa
                                                                 std::span<const TokenId> recent,
                                                                 int64_t n_vocab);
 
+// A generated token's log-probability under the model's own distribution (softmax of the raw
+// logits: temperature 1, before penalties, filters and grammar, as OpenAI's and llama.cpp's
+// logprobs), with the n most likely tokens.
+struct TokenLogprob {
+    TokenId token = -1;
+    float logprob = 0.0f;  // natural log; -inf for a token the model gives no chance
+};
+struct TokenLogprobs {
+    TokenLogprob chosen;
+    std::vector<TokenLogprob> top;  // [n] most likely first (lower id first on ties)
+};
+constexpr int32_t kMaxLogprobs = 100;  // the most alternatives a request may ask for
+
+// logits: [n_vocab] (NaN counts as -inf). Throws Error when no logit is finite or `chosen` is
+// outside [0, n_vocab).
+TokenLogprobs token_logprobs(const float* logits, int n_vocab, TokenId chosen, int32_t n_top);
+
 // Throws Error naming the first parameter outside its range, its value and the range (the
 // same rule for command-line flags, JSON requests and the Sampler constructor).
 void sampling_validate(const SamplingParams& params);

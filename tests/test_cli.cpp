@@ -88,7 +88,8 @@ TEST_CASE("help is complete and exits 0") {
     for (const char* flag :
          {"--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--frequency-penalty",
           "--presence-penalty", "--seed", "--kv-block-size", "--kv-type", "--device", "--jsonl",
-          "--stats", "--ctx", "--grammar", "--grammar-file", "--json-schema", "--json-schema-file"})
+          "--stats", "--ctx", "--grammar", "--grammar-file", "--json-schema", "--json-schema-file",
+          "--n-probs"})
         CHECK_MESSAGE(run_help.out.find(flag) != std::string::npos, flag);
 }
 
@@ -622,4 +623,50 @@ TEST_CASE(
     check_one_clear_error(
         run_command(kvrun_cmd("run" + m + " -p hi -j '{}' --grammar 'root ::= \"a\"'")),
         "excludes");
+}
+
+TEST_CASE("--n-probs / JSON \"n_probs\": each token's logprob and the most likely alternatives") {
+    auto model = shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    const std::string m = " -m " + model.string();
+    auto r = run_command(kvrun_cmd("run" + m + " -p 'Once upon a time' --temp 0 -n 4 --n-probs 3"));
+    CHECK_MESSAGE(r.exit_code == 0, r.err);
+    CHECK(r.out == ", there was a\n");  // stdout keeps only the text
+    CHECK(r.err.find("--- logprobs") != std::string::npos);
+    CHECK(r.err.find("\",\"  -0.0317  96.9% | \",\" 96.9% \" there\" 2.9%") != std::string::npos);
+
+    const std::string input =
+        "{\"prompt\": \"Once upon a time\", \"n_predict\": 3, \"temperature\": 0, \"n_probs\": 2}\n"
+        "{\"prompt\": \"Once upon a time\", \"n_predict\": 3, \"temperature\": 0}\n"
+        "{\"prompt\": \"hi\", \"n_probs\": 101}\n";
+    auto j = run_command(kvrun_cmd("run --jsonl" + m), input);
+    std::istringstream jin(j.out);
+    std::vector<nlohmann::json> res;
+    std::string line;
+    while (std::getline(jin, line)) res.push_back(nlohmann::json::parse(line));
+    REQUIRE(res.size() == 3);
+    REQUIRE(res[0]["logprobs"].size() == 3);
+    const auto& first = res[0]["logprobs"][0];
+    CHECK(first["id"] == res[0]["tokens"][0]);
+    CHECK(first["token"] == ",");
+    CHECK(first["bytes"] == nlohmann::json({44}));
+    CHECK(first["logprob"].get<double>() == doctest::Approx(-0.03175).epsilon(1e-3));
+    REQUIRE(first["top_logprobs"].size() == 2);
+    CHECK(first["top_logprobs"][1]["token"] == " there");
+    CHECK_FALSE(res[1].contains("logprobs"));  // only when asked
+    CHECK(res[2]["error"] == "'n_probs' must be between 0 and 100 (got 101)");
+    check_one_clear_error(run_command(kvrun_cmd("run" + m + " -p hi --n-probs 101")), "--n-probs");
+
+    const std::string prompts = temp_file("Once upon a time\nThe dog\n", "nprobs");
+    auto b = run_command(kvrun_cmd("batch" + m + " -f " + prompts + " --temp 0 -n 3 --n-probs 1"));
+    CHECK_MESSAGE(b.exit_code == 0, b.err);
+    std::istringstream bin(b.out);
+    int n = 0;
+    while (std::getline(bin, line)) {
+        auto x = nlohmann::json::parse(line);
+        CHECK(x["logprobs"].size() == x["tokens"].size());
+        CHECK(x["logprobs"][0]["top_logprobs"].size() == 1);
+        ++n;
+    }
+    CHECK(n == 2);
 }

@@ -33,6 +33,7 @@ struct BatchOptions {
     std::string file, output, format = "auto";
     int32_t n_predict = 128;
     int32_t n_samples = 1;
+    int32_t n_probs = 0;
     int32_t parallel = 16;
     bool ignore_eos = false, no_bos = false, parse_special = false, no_progress = false;
     std::vector<std::string> stop;
@@ -98,6 +99,7 @@ std::vector<Item> read_items(const BatchOptions& o, const Tokenizer& tok) {
     d.sampling = o.sampling;
     d.n_predict = o.n_predict;
     d.n_samples = o.n_samples;
+    d.n_probs = o.n_probs;
     d.ignore_eos = o.ignore_eos;
     d.stop = o.stop;
     d.add_bos = !o.no_bos;
@@ -349,6 +351,11 @@ void add_batch_command(CLI::App& root, int& exit_code) {
     add_sampling_options(cmd, o->sampling);
     add_grammar_options(cmd, o->grammar);
     add_draft_options(cmd, o->draft);
+    cmd->add_option("--n-probs", o->n_probs,
+                    "Report each generated token's log-probability and the N most likely "
+                    "tokens (\"logprobs\" in each result)")
+        ->check(CLI::Range(0, static_cast<int>(kMaxLogprobs)))
+        ->capture_default_str();
     cmd->add_option("--n-samples", o->n_samples,
                     "Continuations per prompt, sharing the prompt's KV blocks")
         ->check(CLI::Range(1, 256))

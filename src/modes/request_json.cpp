@@ -16,6 +16,7 @@ GenerationRequest request_from_text(const std::string& prompt_text, const Reques
     req.ignore_eos = d.ignore_eos;
     req.stop_strings = d.stop;
     req.grammar = d.grammar;
+    req.n_probs = d.n_probs;
     req.prompt = tok.encode(prompt_text, d.add_bos && tok.add_bos(), d.parse_special);
     return req;
 }
@@ -51,11 +52,14 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
         req.n_samples = j.value("n_samples", d.n_samples);
         req.ignore_eos = j.value("ignore_eos", d.ignore_eos);
         req.stop_strings = j.value("stop", d.stop);
+        req.n_probs = j.value("n_probs", d.n_probs);
     } catch (const nlohmann::json::exception& e) {
         fail("bad field type: {}", e.what());
     }
     if (req.n_predict < -1)
         fail("'n_predict' must be -1 (no limit) or a count >= 0 (got {})", req.n_predict);
+    if (req.n_probs < 0 || req.n_probs > kMaxLogprobs)
+        fail("'n_probs' must be between 0 and {} (got {})", kMaxLogprobs, req.n_probs);
     if (req.n_samples < 1 || req.n_samples > 256)
         fail("'n_samples' must be between 1 and 256 (got {})", req.n_samples);
     sampling_validate(req.sampling);  // throws Error naming the bad value and its range
@@ -76,6 +80,26 @@ nlohmann::json timings_to_json(const GenerationTimings& t) {
              t.has_decode_rate() ? nlohmann::json(t.decode_tokens_per_s()) : nlohmann::json()}};
 }
 
+nlohmann::json logprobs_to_json(const std::vector<TokenLogprobs>& lps, const Tokenizer& tok) {
+    // The token's text may be part of a UTF-8 character (byte tokens): "bytes" is exact, and
+    // "token" shows invalid UTF-8 as U+FFFD (json_line).
+    auto one = [&](const TokenLogprob& t) {
+        const std::string piece = tok.token_to_piece(t.token);
+        return nlohmann::json{{"id", t.token},
+                              {"token", piece},
+                              {"bytes", std::vector<uint8_t>(piece.begin(), piece.end())},
+                              {"logprob", t.logprob}};  // -inf is written as null
+    };
+    nlohmann::json out = nlohmann::json::array();
+    for (const TokenLogprobs& lp : lps) {
+        nlohmann::json x = one(lp.chosen);
+        x["top_logprobs"] = nlohmann::json::array();
+        for (const TokenLogprob& t : lp.top) x["top_logprobs"].push_back(one(t));
+        out.push_back(std::move(x));
+    }
+    return out;
+}
+
 nlohmann::json generation_to_json(const GenerationResult& r, const Tokenizer& tok,
                                   bool speculative) {
     nlohmann::json x = {{"tokens", r.tokens},
@@ -88,6 +112,7 @@ nlohmann::json generation_to_json(const GenerationResult& r, const Tokenizer& to
                             {"accepted", r.n_accepted},
                             {"rounds", r.n_spec_rounds},
                             {"target_passes", r.n_target_passes}};
+    if (!r.logprobs.empty()) x["logprobs"] = logprobs_to_json(r.logprobs, tok);
     if (r.stop == StopReason::Error) x["error"] = r.error;
     return x;
 }

@@ -25,6 +25,7 @@ struct RequestDefaults {
     bool add_bos = true;  // add BOS when the vocabulary wants it
     bool parse_special = false;
     std::shared_ptr<const Grammar> grammar;  // --grammar (null: unconstrained)
+    int32_t n_probs = 0;                     // --n-probs
 };
 
 struct ParsedRequest {
@@ -38,7 +39,7 @@ struct ParsedRequest {
 // temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty,
 // repeat_last_n, seed, n_samples (1-256),
 // ignore_eos, stop (array of strings), grammar (GBNF text; "" for none), json_schema (a JSON
-// Schema object or its text), id (any JSON value).
+// Schema object or its text), n_probs (0-100: report logprobs), id (any JSON value).
 // Throws Error with the reason.
 ParsedRequest request_from_json(const std::string& line, const RequestDefaults& defaults,
                                 const Tokenizer& tok);
@@ -51,8 +52,10 @@ GenerationRequest request_from_text(const std::string& prompt_text, const Reques
 // has_decode_rate: fewer than two tokens, or all of them within a millisecond).
 nlohmann::json timings_to_json(const GenerationTimings& t);
 
-// One generation: {"tokens", "text", "stop", "preemptions", "timings"} (+ "error"), and with
-// `speculative` {"speculative": {"drafted", "accepted", "rounds", "target_passes"}}.
+// One generation: {"tokens", "text", "stop", "preemptions", "timings"} (+ "error"), with
+// `speculative` {"speculative": {"drafted", "accepted", "rounds", "target_passes"}}, and when
+// the request asked for them "logprobs": [{"id", "token", "bytes", "logprob",
+// "top_logprobs": [{"id", "token", "bytes", "logprob"}, ...]}, ...] (one per token).
 nlohmann::json generation_to_json(const GenerationResult& r, const Tokenizer& tok,
                                   bool speculative = false);
 

@@ -24,6 +24,7 @@ struct RunOptions {
     std::string prompt, file;
     int32_t n_predict = 128;
     int32_t n_samples = 1;
+    int32_t n_probs = 0;
     bool stats = false, jsonl = false, truncate = false, ignore_eos = false;
     bool no_bos = false, parse_special = false, echo = false;
     std::vector<std::string> stop;
@@ -90,6 +91,23 @@ void print_stats(const std::vector<GenerationResult>& results, const Engine& e,
     if (e.speculative()) print_speculative_stats(e.stats().spec);
 }
 
+// --n-probs: each generated token with its log-probability and the most likely alternatives.
+void print_logprobs(const GenerationResult& r, const Tokenizer& tok, bool several) {
+    auto show = [&](TokenId t) {  // quoted, escaped, invalid UTF-8 as U+FFFD
+        return nlohmann::json(tok.token_to_piece(t))
+            .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    };
+    fmt::print(stderr, "\n--- logprobs{} (token, logprob, probability; then the most likely) ---\n",
+               several ? fmt::format(" of sample {}", r.sample) : "");
+    for (const TokenLogprobs& lp : r.logprobs) {
+        std::string line = fmt::format("{:>14} {:8.4f} {:5.1f}% |", show(lp.chosen.token),
+                                       lp.chosen.logprob, 100.0 * std::exp(lp.chosen.logprob));
+        for (const TokenLogprob& t : lp.top)
+            line += fmt::format(" {} {:.1f}%", show(t.token), 100.0 * std::exp(t.logprob));
+        fmt::print(stderr, "{}\n", line);
+    }
+}
+
 // --spec-baseline: the target alone on the same request (its own engine: the speculative one
 // and its view of the KV pool are gone) and the measured speed-up.
 void print_baseline(const RunOptions& o, const LoadedModel& m, const GenerationRequest& req,
@@ -136,6 +154,7 @@ int run_single(const RunOptions& o) {
         req.n_predict = o.n_predict;
         req.sampling = o.sampling;
         req.n_samples = o.n_samples;
+        req.n_probs = o.n_probs;
         req.ignore_eos = o.ignore_eos;
         req.stop_strings = o.stop;
         req.grammar = grammar;
@@ -161,6 +180,8 @@ int run_single(const RunOptions& o) {
                            m.tokenizer->decode(r.tokens, false));
         }
         std::fflush(stdout);
+        if (o.n_probs > 0)
+            for (const auto& r : results) print_logprobs(r, *m.tokenizer, n_seq > 1);
         if (o.stats) print_stats(results, engine, m, o);
     }
     for (const auto& r : results)
@@ -193,6 +214,7 @@ void parse_request(const std::string& line, const RunOptions& o, const Tokenizer
     d.n_predict = o.n_predict;
     d.ignore_eos = o.ignore_eos;
     d.stop = o.stop;
+    d.n_probs = o.n_probs;
     d.add_bos = !o.no_bos;
     d.parse_special = o.parse_special;
     ParsedRequest p = request_from_json(line, d, tok);
@@ -258,6 +280,11 @@ void add_run_command(CLI::App& root, int& exit_code) {
                     "Parallel continuations sharing the prompt's KV blocks")
         ->check(CLI::Range(1, 256))
         ->capture_default_str();
+    cmd->add_option("--n-probs", o->n_probs,
+                    "Report each generated token's log-probability and the N most likely "
+                    "tokens (stderr; \"logprobs\" in JSON results)")
+        ->check(CLI::Range(0, static_cast<int>(kMaxLogprobs)))
+        ->capture_default_str();
     cmd->add_option("--stop", o->stop, "Stop when the output contains this text (repeatable)");
     cmd->add_flag("--stats", o->stats, "Print timings and KV usage to stderr");
     cmd->add_flag(
@@ -265,7 +292,8 @@ void add_run_command(CLI::App& root, int& exit_code) {
         "Read JSON requests from stdin, one per line: {\"prompt\": ..., \"n_predict\": ..., "
         "\"temperature\": ..., \"top_k\", \"top_p\", \"min_p\", \"repeat_penalty\", "
         "\"frequency_penalty\", \"presence_penalty\", \"repeat_last_n\", \"seed\", "
-        "\"n_samples\", \"stop\", \"grammar\", \"json_schema\"}; write one JSON result per line");
+        "\"n_samples\", \"stop\", \"grammar\", \"json_schema\", \"n_probs\"}; write one JSON "
+        "result per line");
     cmd->add_flag("--truncate", o->truncate,
                   "Keep the end of a prompt that is longer than the context");
     cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after the end-of-sequence token");
