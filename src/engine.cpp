@@ -116,6 +116,7 @@ int32_t Engine::submit(GenerationRequest request) {
                                 tokens.size(), n_ctx_),
                     "use a larger -c/--ctx (and --kv-memory), a shorter prompt, or --truncate");
     if (request.n_samples < 1) fail("n_samples must be at least 1 (got {})", request.n_samples);
+    merged_logit_bias(request.sampling, n_vocab);  // throws for an id outside the vocabulary
     if (request.n_probs < 0 || request.n_probs > kMaxLogprobs)
         fail("n_probs must be between 0 and {} (got {})", kMaxLogprobs, request.n_probs);
     auto req = std::make_shared<const GenerationRequest>(std::move(request));

@@ -62,9 +62,30 @@ void sampling_validate(const SamplingParams& p) {
     if (!std::isfinite(p.presence_penalty))
         fail("presence penalty must be a finite number (got {}; 0 disables it)",
              p.presence_penalty);
+    for (const auto& [id, bias] : p.logit_bias)
+        if (std::isnan(bias) || bias == std::numeric_limits<float>::infinity())
+            fail("logit bias of token {} must be a finite number or -inf (got {})", id, bias);
     if (p.repeat_last_n < -1)
         fail("repeat-last-n must be >= -1 (got {}; -1 means every token, 0 disables it)",
              p.repeat_last_n);
+}
+
+std::vector<std::pair<TokenId, float>> merged_logit_bias(const SamplingParams& p, int64_t n_vocab) {
+    std::vector<std::pair<TokenId, float>> out = p.logit_bias;
+    for (const auto& [id, bias] : out)
+        if (id < 0 || id >= n_vocab)
+            fail("logit bias: token id {} is outside the vocabulary (0..{})", id, n_vocab - 1);
+    std::stable_sort(out.begin(), out.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    size_t n = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+        if (n > 0 && out[n - 1].first == out[i].first)
+            out[n - 1].second += out[i].second;  // -inf + finite stays -inf
+        else
+            out[n++] = out[i];
+    }
+    out.resize(n);
+    return out;
 }
 
 std::vector<std::pair<TokenId, int32_t>> penalized_token_counts(const SamplingParams& p,
@@ -130,15 +151,24 @@ double Sampler::uniform() {
 void Sampler::penalized_logits(const float* logits, int n_vocab, std::span<const TokenId> recent) {
     check_vocab(logits, n_vocab, "logits");
     work_.assign(logits, logits + n_vocab);
-    bool any_finite = false;
     for (float& l : work_) {
         if (std::isnan(l))
             l = kNegInf;
         else if (l == std::numeric_limits<float>::infinity())
             l = FLT_MAX;
-        any_finite |= l != kNegInf;
     }
-    if (!any_finite) fail("sampler: every logit is -inf or NaN; nothing can be sampled");
+    if (!params_.logit_bias.empty()) {
+        if (bias_.empty()) bias_ = merged_logit_bias(params_, n_vocab);
+        for (const auto& [id, bias] : bias_) {
+            if (id >= n_vocab) fail("logit bias: token id {} is outside the vocabulary", id);
+            float& l = work_[static_cast<size_t>(id)];
+            if (l != kNegInf) l = biased_logit(l, bias);
+        }
+    }
+    if (std::all_of(work_.begin(), work_.end(), [](float l) { return l == kNegInf; }))
+        fail(
+            "sampler: every logit is -inf or NaN (or banned by a logit bias); nothing can be "
+            "sampled");
 
     const bool counted = params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f;
     for (const auto& [id, count] : penalized_token_counts(params_, recent, n_vocab)) {

@@ -31,7 +31,20 @@ struct SamplingParams {
     float presence_penalty = 0.0f;
     int repeat_last_n = 64;  // how many of the most recent tokens the penalties look at
     uint64_t seed = 0x5EED;
+    // Added to these tokens' logits before everything else (llama.cpp's --logit-bias; -inf
+    // bans a token). An id listed twice gets the sum. Finite values or -inf only.
+    std::vector<std::pair<TokenId, float>> logit_bias;
 };
+
+// The biases sorted by id, each id once (values summed; -inf wins). Throws Error for an id
+// outside [0, n_vocab). Shared by Sampler and the CUDA sampler's host side.
+std::vector<std::pair<TokenId, float>> merged_logit_bias(const SamplingParams& params,
+                                                         int64_t n_vocab);
+// logit + bias as the sampler applies it: -inf stays -inf, the sum is kept below +inf.
+inline float biased_logit(float logit, float bias) {
+    const float l = logit + bias;
+    return l > 3.402823466e+38f ? 3.402823466e+38f : l;
+}
 
 // The tokens the penalties apply to, each once with its count, sorted by id: the last
 // repeat_last_n entries of `recent` (all for -1); empty when no penalty is on. Throws Error
@@ -127,7 +140,8 @@ class Sampler {
     std::vector<std::pair<float, TokenId>> cand_;  // surviving (logit, id)
     std::vector<float> cand_prob_;                 // [cand_.size()]
     const TokenConstraint* constraint_ = nullptr;
-    std::vector<uint8_t> mask_;  // [n_vocab] scratch for the constraint's mask
+    std::vector<std::pair<TokenId, float>> bias_;  // merged_logit_bias, computed once
+    std::vector<uint8_t> mask_;                    // [n_vocab] scratch for the constraint's mask
 };
 
 }  // namespace kvrun

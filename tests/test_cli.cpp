@@ -670,3 +670,42 @@ TEST_CASE("--n-probs / JSON \"n_probs\": each token's logprob and the most likel
     }
     CHECK(n == 2);
 }
+
+TEST_CASE("-l/--logit-bias and JSON \"logit_bias\" (object or pairs) change the output") {
+    auto model = shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    const std::string m = " -m " + model.string();
+    const std::string base = "run" + m + " -p 'Once upon a time' --temp 0 -n 4";
+    CHECK(run_command(kvrun_cmd(base)).out == ", there was a\n");
+    // 432 is ",", 383 is " there".
+    auto r = run_command(kvrun_cmd(base + " -l 432-inf --logit-bias 383+5"));
+    CHECK_MESSAGE(r.exit_code == 0, r.err);
+    CHECK(r.out == " there there was a\n");
+    check_one_clear_error(run_command(kvrun_cmd(base + " -l 432")), "bad logit bias '432'");
+    check_one_clear_error(run_command(kvrun_cmd(base + " -l 432+inf")), "--logit-bias");
+    check_one_clear_error(run_command(kvrun_cmd(base + " -l 99999+1")),
+                          "logit bias: token id 99999 is outside the vocabulary (0..511)");
+
+    const std::string input =
+        "{\"prompt\": \"Once upon a time\", \"n_predict\": 4, \"temperature\": 0, "
+        "\"logit_bias\": {\"432\": -1000, \"383\": 5}}\n"
+        "{\"prompt\": \"Once upon a time\", \"n_predict\": 4, \"temperature\": 0, "
+        "\"logit_bias\": [[432, false], [383, 5]]}\n"
+        "{\"prompt\": \"Once upon a time\", \"n_predict\": 4, \"temperature\": 0, "
+        "\"logit_bias\": []}\n"
+        "{\"prompt\": \"hi\", \"logit_bias\": {\"abc\": 1}}\n"
+        "{\"prompt\": \"hi\", \"logit_bias\": [[1, \"x\"]]}\n"
+        "{\"prompt\": \"hi\", \"logit_bias\": {\"600\": 1}}\n";
+    auto j = run_command(kvrun_cmd("run --jsonl" + m + " -l 410+100"), input);
+    std::istringstream jin(j.out);
+    std::vector<nlohmann::json> res;
+    std::string line;
+    while (std::getline(jin, line)) res.push_back(nlohmann::json::parse(line));
+    REQUIRE(res.size() == 6);
+    CHECK(res[0]["text"] == " there there was a");  // the request's biases replace -l's
+    CHECK(res[1]["text"] == " there there was a");
+    CHECK(res[2]["text"] == ", there was a");  // [] clears the command line's
+    CHECK(res[3]["error"] == "'logit_bias': 'abc' is not a token id");
+    CHECK(res[4]["error"].get<std::string>().find("'logit_bias' must be") == 0);
+    CHECK(res[5]["error"] == "logit bias: token id 600 is outside the vocabulary (0..511)");
+}

@@ -90,32 +90,35 @@ SamplingParams params(float temp, int top_k, float top_p, float min_p, float pen
     return p;
 }
 
+// p with logit biases on a few ids (one given twice, one banned, 300 % n_vocab also the
+// penalized history's favourite).
+SamplingParams biased(SamplingParams p, int64_t n_vocab) {
+    const auto id = [&](int64_t i) { return TokenId(i % n_vocab); };
+    p.logit_bias = {{id(300), 2.5f}, {id(5), -kInf},   {id(17), 1.25f},
+                    {id(17), 0.75f}, {id(301), -3.0f}, {id(n_vocab - 1), 40.0f}};
+    return p;
+}
+
 // The parameter mixes every vocabulary is tried with: greedy (plain and penalized), the
 // defaults, each filter alone and off, boundary values (top-k 1 / above the vocabulary,
 // top-p 0 / just below 1, min-p 1), extreme temperatures and penalties (also < 1), and
 // frequency/presence penalties (greedy, with the repeat penalty, presence alone).
 std::vector<SamplingParams> param_mixes(int64_t n_vocab) {
-    return {params(0.0f, 40, 0.95f, 0.05f),
-            params(0.0f, 0, 1.0f, 0.0f, 1.5f),
-            params(0.8f, 40, 0.95f, 0.05f),
-            params(1.0f, 0, 1.0f, 0.0f),
-            params(1.0f, 7, 1.0f, 0.0f),
-            params(1.0f, 1, 1.0f, 0.0f),
-            params(1.0f, int(n_vocab) + 5, 1.0f, 0.0f),
-            params(1.0f, int(n_vocab) - 1, 0.99f, 0.0f),
-            params(1.0f, 0, 0.9f, 0.0f),
-            params(0.7f, 0, 0.5f, 0.0f),
-            params(1.0f, 0, 0.0f, 0.0f),
-            params(1.0f, 0, 0.99999f, 0.0f),
-            params(1.2f, 0, 1.0f, 0.1f),
-            params(1.0f, 0, 1.0f, 1.0f),
-            params(0.05f, 100, 0.9f, 0.01f),
-            params(2.5f, 5000, 0.99f, 0.01f, 1.3f),
-            params(0.9f, 40, 0.95f, 0.05f, 1.3f, -1),
-            params(1.1f, 0, 0.8f, 0.02f, 0.7f, 8),
-            params(0.0f, 0, 1.0f, 0.0f, 1.0f, 64, 0.9f, 0.3f),
-            params(0.9f, 40, 0.95f, 0.05f, 1.2f, -1, 0.35f, -0.2f),
-            params(1.0f, 0, 1.0f, 0.0f, 1.0f, 16, 0.0f, 1.5f)};
+    return {
+        params(0.0f, 40, 0.95f, 0.05f), params(0.0f, 0, 1.0f, 0.0f, 1.5f),
+        params(0.8f, 40, 0.95f, 0.05f), params(1.0f, 0, 1.0f, 0.0f), params(1.0f, 7, 1.0f, 0.0f),
+        params(1.0f, 1, 1.0f, 0.0f), params(1.0f, int(n_vocab) + 5, 1.0f, 0.0f),
+        params(1.0f, int(n_vocab) - 1, 0.99f, 0.0f), params(1.0f, 0, 0.9f, 0.0f),
+        params(0.7f, 0, 0.5f, 0.0f), params(1.0f, 0, 0.0f, 0.0f), params(1.0f, 0, 0.99999f, 0.0f),
+        params(1.2f, 0, 1.0f, 0.1f), params(1.0f, 0, 1.0f, 1.0f), params(0.05f, 100, 0.9f, 0.01f),
+        params(2.5f, 5000, 0.99f, 0.01f, 1.3f), params(0.9f, 40, 0.95f, 0.05f, 1.3f, -1),
+        params(1.1f, 0, 0.8f, 0.02f, 0.7f, 8), params(0.0f, 0, 1.0f, 0.0f, 1.0f, 64, 0.9f, 0.3f),
+        params(0.9f, 40, 0.95f, 0.05f, 1.2f, -1, 0.35f, -0.2f),
+        params(1.0f, 0, 1.0f, 0.0f, 1.0f, 16, 0.0f, 1.5f),
+        // Logit biases: a ban, boosts, an id given twice (summed), ids also penalized.
+        biased(params(0.0f, 0, 1.0f, 0.0f), n_vocab),
+        biased(params(0.8f, 40, 0.95f, 0.05f, 1.3f, -1, 0.2f, 0.1f), n_vocab),
+        biased(params(1.0f, 0, 1.0f, 0.0f), n_vocab)};
 }
 
 }  // namespace
@@ -232,6 +235,30 @@ TEST_CASE("cuda_sample_rows: the frequency penalty counts every recent occurrenc
     rows[3].p = params(0.0f, 0, 1.0f, 0.0f, 1.0f, 2, 0.45f, 0.0f);   // window {10, 10}: 4.1, 10
     const std::vector<int32_t> want = host_tokens(l, n_vocab, rows);
     CHECK(want == std::vector<int32_t>{11, 10, 11, 10});
+    CHECK(device_tokens(l, n_vocab, rows) == want);
+}
+
+TEST_CASE("cuda_sample_rows: logit biases decide the token as in Sampler") {
+    const int64_t n_vocab = 512;
+    std::vector<float> one(size_t(n_vocab), 0.0f);
+    one[10] = 5.0f;
+    one[11] = 4.0f;
+    one[12] = 3.9f;
+    std::vector<float> l;
+    std::vector<RowCase> rows(4);
+    for (RowCase& r : rows) l.insert(l.end(), one.begin(), one.end());
+    rows[0].p = params(0.0f, 0, 1.0f, 0.0f);
+    rows[0].p.logit_bias = {{10, -kInf}};  // banned: 11
+    rows[1].p = params(0.0f, 0, 1.0f, 0.0f);
+    rows[1].p.logit_bias = {{12, 0.6f}, {12, 0.6f}};  // 3.9 + 1.2 = 5.1 beats 5: 12
+    rows[2].p = params(0.0f, 0, 1.0f, 0.0f, 2.0f);
+    rows[2].p.logit_bias = {{11, 4.0f}};  // (4 + 4) / 2 = 4 < 5 (the bias comes first): 10
+    rows[2].recent = {11};
+    rows[3].p = params(0.0f, 0, 1.0f, 0.0f);
+    // Two huge boosts overflow to +inf together: kept at the largest float, as Sampler does.
+    rows[3].p.logit_bias = {{10, -kInf}, {11, -kInf}, {12, -kInf}, {13, 3e38f}, {13, 3e38f}};
+    const std::vector<int32_t> want = host_tokens(l, n_vocab, rows);
+    CHECK(want == std::vector<int32_t>{11, 12, 10, 13});
     CHECK(device_tokens(l, n_vocab, rows) == want);
 }
 

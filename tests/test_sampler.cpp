@@ -365,3 +365,42 @@ TEST_CASE("sample_with(u) picks what sample() picks when u is the RNG's next num
         }
     }
 }
+
+TEST_CASE("logit bias: added before everything else; -inf bans; ids listed twice are summed") {
+    const std::vector<float> logits = {1.0f, 2.0f, 3.0f, 0.5f};
+    SamplingParams p = no_filters(0.0f);
+    p.logit_bias = {{2, -INFINITY}};
+    CHECK(Sampler(p).sample(logits.data(), 4, {}) == 1);
+    p.logit_bias = {{0, 1.5f}, {0, 1.0f}};  // 1 + 2.5 = 3.5 beats 3
+    CHECK(Sampler(p).sample(logits.data(), 4, {}) == 0);
+    // Before the repetition penalty: (2 + 2) / 2 = 2 < 3, token 2 stays the best.
+    p.logit_bias = {{1, 2.0f}};
+    p.repeat_penalty = 2.0f;
+    const std::vector<TokenId> recent = {1};
+    CHECK(Sampler(p).sample(logits.data(), 4, recent) == 2);
+    // The distribution equals the one of the biased logits, bit for bit.
+    SamplingParams s = no_filters(0.7f);
+    s.top_k = 3;
+    s.logit_bias = {{3, 2.25f}, {1, -0.5f}, {3, 0.25f}};
+    const std::vector<float> biased = {1.0f, 1.5f, 3.0f, 3.0f};
+    SamplingParams plain = s;
+    plain.logit_bias.clear();
+    CHECK(Sampler(s).probabilities(logits.data(), 4, {}) ==
+          Sampler(plain).probabilities(biased.data(), 4, {}));
+    CHECK(kvrun::merged_logit_bias(s, 4) ==
+          std::vector<std::pair<TokenId, float>>{{1, -0.5f}, {3, 2.5f}});
+    // Bad values and ids.
+    s.logit_bias = {{1, NAN}};
+    CHECK_THROWS_WITH_AS(Sampler{s}, doctest::Contains("logit bias of token 1 must be"),
+                         kvrun::Error);
+    s.logit_bias = {{1, INFINITY}};
+    CHECK_THROWS_AS(Sampler{s}, kvrun::Error);
+    s.logit_bias = {{4, 1.0f}};
+    Sampler out_of_range(s);
+    CHECK_THROWS_WITH_AS(out_of_range.sample(logits.data(), 4, {}),
+                         doctest::Contains("token id 4 is outside the vocabulary"), kvrun::Error);
+    s.logit_bias = {{0, -INFINITY}, {1, -INFINITY}, {2, -INFINITY}, {3, -INFINITY}};
+    Sampler all_banned(s);
+    CHECK_THROWS_WITH_AS(all_banned.sample(logits.data(), 4, {}),
+                         doctest::Contains("banned by a logit bias"), kvrun::Error);
+}

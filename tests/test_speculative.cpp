@@ -74,7 +74,7 @@ TEST_CASE("speculative_accept reproduces the target distribution on synthetic p 
     const std::vector<float> q = {0.05f, 0.40f, 0.05f, 0.30f, 0.10f, 0.10f,
                                   0.30f, 0.10f, 0.30f, 0.10f, 0.10f, 0.10f};
     auto run = [&](AcceptRule rule, double& z0, double& z1) {
-        Sampler rng(SamplingParams{.temperature = 1.0f, .seed = 42});
+        Sampler rng(SamplingParams{.temperature = 1.0f, .seed = 42, .logit_bias = {}});
         std::mt19937_64 draw(7);
         std::discrete_distribution<int> q0(q.begin(), q.begin() + V), q1(q.begin() + V, q.end());
         std::map<int64_t, int64_t> first, second;
@@ -109,7 +109,7 @@ TEST_CASE("speculative_accept reproduces the target distribution on synthetic p 
     std::vector<float> ph(3 * V, 0.0f), qh(2 * V, 0.0f);
     ph[2] = ph[V + 4] = ph[2 * V + 1] = 1.0f;
     qh[2] = qh[V + 5] = 1.0f;
-    Sampler rng(SamplingParams{.temperature = 1.0f, .seed = 1});
+    Sampler rng(SamplingParams{.temperature = 1.0f, .seed = 1, .logit_bias = {}});
     SpecAcceptResult r =
         speculative_accept(ph.data(), qh.data(), std::vector<TokenId>{2, 5}, V, rng);
     CHECK(r.n_accepted == 1);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "common.h"
@@ -125,6 +126,18 @@ CudaSampleRow cuda_sample_row(const SamplingParams& p, double u, const int32_t* 
     r.repeat_penalty = p.repeat_penalty;
     r.frequency_penalty = p.frequency_penalty;
     r.presence_penalty = p.presence_penalty;
+    // Logit biases: the ids, then each bias's float bits (merged as Sampler merges them).
+    const auto bias = merged_logit_bias(p, n_vocab);
+    if (!bias.empty()) {
+        r.bias_begin = static_cast<int32_t>(penalty_ids.size());
+        r.bias_count = static_cast<int32_t>(bias.size());
+        for (const auto& [id, b] : bias) penalty_ids.push_back(id);
+        for (const auto& [id, b] : bias) {
+            int32_t bits;
+            std::memcpy(&bits, &b, sizeof bits);
+            penalty_ids.push_back(bits);
+        }
+    }
     const auto counts = penalized_token_counts(p, {recent, n_recent}, n_vocab);
     if (counts.empty()) return r;
     r.penalty_begin = static_cast<int32_t>(penalty_ids.size());

@@ -182,6 +182,11 @@ struct CudaSampleRow {
     float presence_penalty = 0.0f;
     int32_t penalty_begin = 0;
     int32_t penalty_count = 0;  // distinct ids (Sampler penalizes each id once)
+    // Before the penalties: logit += bias for the distinct ids penalty_ids[bias_begin, +
+    // bias_count), whose biases' float bits follow them (penalty_ids[bias_begin + bias_count
+    // + j]).
+    int32_t bias_begin = 0;
+    int32_t bias_count = 0;
 };
 
 // One launch for all rows (a thread block per row): out[r] = the token Sampler::sample_with
@@ -198,7 +203,8 @@ void cuda_sample_rows(int32_t* out, float* logits, int64_t n_rows, int64_t n_voc
                       const CudaSampleRow* rows, const int32_t* penalty_ids, cudaStream_t s);
 
 // Host side of cuda_sample_rows (device.cpp): the row for Sampler parameters p (checked by
-// the caller: sampling_validate) and uniform number u. When the repetition penalty is on,
+// the caller: sampling_validate) and uniform number u. Logit biases go into penalty_ids
+// (merged_logit_bias: ids, then float bits). When the repetition penalty is on,
 // appends the distinct ids among the last repeat_last_n entries of recent[n_recent] (the ids
 // Sampler penalizes) to penalty_ids, followed by their counts when a frequency or presence
 // penalty is on, and points the row at them. Throws Error like Sampler for a penalized id

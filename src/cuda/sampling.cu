@@ -329,6 +329,18 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_kernel(SampleArgs 
     if (a.u_f32) cfg.u = double(a.u_f32[blockIdx.x]);
     float* row = a.logits + int64_t(blockIdx.x) * n;
 
+    // Logit biases first (distinct ids; Sampler's rule: -inf stays, the sum stays finite).
+    if (cfg.bias_count > 0) {
+        for (int j = threadIdx.x; j < cfg.bias_count; j += blockDim.x) {
+            const int64_t id = a.penalty_ids[cfg.bias_begin + j];
+            if (id < 0 || id >= n) continue;
+            const float l = clean_logit(row[id]);
+            if (l == -INFINITY) continue;
+            const float b = __int_as_float(a.penalty_ids[cfg.bias_begin + cfg.bias_count + j]);
+            row[id] = fminf(l + b, FLT_MAX);  // a lone add: nothing to contract
+        }
+        __syncthreads();  // makes the block's global writes visible to the whole block
+    }
     // Repetition, then frequency/presence penalties on the distinct ids (each thread its own
     // ids; Sampler's rule and rounding: the count's product is never contracted into an FMA).
     const bool counted = cfg.frequency_penalty != 0.0f || cfg.presence_penalty != 0.0f;

@@ -53,6 +53,34 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
         ->capture_default_str();
 }
 
+std::pair<TokenId, float> parse_logit_bias(const std::string& text) {
+    // TOKEN_ID followed by +BIAS, -BIAS or =BIAS (llama.cpp's spelling: 15043+1, 15043-inf).
+    size_t i = 0;
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i;
+    const std::string usage = fmt::format(
+        "bad logit bias '{}' (expected TOKEN_ID+BIAS, TOKEN_ID-BIAS or TOKEN_ID=BIAS, e.g. "
+        "15043+1.5 or 15043-inf to ban a token)",
+        text);
+    if (i == 0 || i >= 10 || i + 1 >= text.size() ||
+        (text[i] != '+' && text[i] != '-' && text[i] != '='))
+        fail("{}", usage);
+    const auto id = static_cast<TokenId>(std::stol(text.substr(0, i)));
+    const std::string value = text.substr(text[i] == '=' ? i + 1 : i);
+    float bias = 0.0f;
+    if (value == "-inf") {
+        bias = -std::numeric_limits<float>::infinity();
+    } else {
+        size_t used = 0;
+        try {
+            bias = std::stof(value, &used);
+        } catch (const std::exception&) {
+            fail("{}", usage);
+        }
+        if (used != value.size() || !std::isfinite(bias)) fail("{}", usage);
+    }
+    return {id, bias};
+}
+
 void add_sampling_options(CLI::App* cmd, SamplingParams& p) {
     // Each flag's value is put into otherwise default parameters and checked with
     // sampling_validate, so flags and JSON requests share one rule and one message. A value
@@ -101,6 +129,23 @@ void add_sampling_options(CLI::App* cmd, SamplingParams& p) {
         ->capture_default_str();
     cmd->add_option("-s,--seed", p.seed, "Random seed (same seed, same output)")
         ->capture_default_str();
+    cmd->add_option_function<std::vector<std::string>>(
+           "-l,--logit-bias",
+           [&p](const std::vector<std::string>& v) {
+               for (const auto& s : v) p.logit_bias.push_back(parse_logit_bias(s));
+           },
+           "Add BIAS to a token's logit: TOKEN_ID+BIAS or TOKEN_ID-BIAS, -inf bans it "
+           "(repeatable)")
+        ->check(CLI::Validator(
+            [](std::string& text) -> std::string {
+                try {
+                    parse_logit_bias(text);
+                } catch (const Error& e) {
+                    return e.what();
+                }
+                return {};
+            },
+            "TOKEN_ID(+|-)BIAS"));
 }
 
 static bool cuda_available() {

@@ -32,6 +32,8 @@ CLI::Validator at_least(int64_t lo);
 
 void add_model_options(CLI::App* cmd, ModelOptions& o);
 void add_sampling_options(CLI::App* cmd, SamplingParams& p);
+// "15043+1.5", "15043-inf", "15043=-2" -> (id, bias). Throws Error with the expected form.
+std::pair<TokenId, float> parse_logit_bias(const std::string& text);
 
 struct LoadedModel {
     std::unique_ptr<GgufFile> file;

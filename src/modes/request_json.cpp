@@ -7,6 +7,47 @@
 
 namespace kvrun {
 
+namespace {
+
+// "logit_bias": {"15043": -1.5, ...} (OpenAI) or [[15043, -1.5], [15044, false], ...]
+// (llama.cpp's server; false bans the token). These replace the command line's biases.
+std::vector<std::pair<TokenId, float>> logit_bias_from_json(const nlohmann::json& j) {
+    const char* usage =
+        "'logit_bias' must be an object {\"TOKEN_ID\": BIAS, ...} or an array [[TOKEN_ID, "
+        "BIAS or false], ...]";
+    auto bias_of = [&](const nlohmann::json& v) {
+        if (v.is_boolean() && !v.get<bool>()) return -std::numeric_limits<float>::infinity();
+        if (!v.is_number()) fail("{}", usage);
+        return v.get<float>();
+    };
+    std::vector<std::pair<TokenId, float>> out;
+    if (j.is_object()) {
+        for (const auto& [key, v] : j.items()) {
+            size_t used = 0;
+            long id = -1;
+            try {
+                id = std::stol(key, &used);
+            } catch (const std::exception&) {
+            }
+            if (used != key.size() || id < 0 || id > INT32_MAX)
+                fail("'logit_bias': '{}' is not a token id", key);
+            out.emplace_back(static_cast<TokenId>(id), bias_of(v));
+        }
+    } else if (j.is_array()) {
+        for (const auto& e : j) {
+            if (!e.is_array() || e.size() != 2 || !e[0].is_number_integer()) fail("{}", usage);
+            const auto id = e[0].get<int64_t>();
+            if (id < 0 || id > INT32_MAX) fail("'logit_bias': {} is not a token id", id);
+            out.emplace_back(static_cast<TokenId>(id), bias_of(e[1]));
+        }
+    } else {
+        fail("{}", usage);
+    }
+    return out;
+}
+
+}  // namespace
+
 GenerationRequest request_from_text(const std::string& prompt_text, const RequestDefaults& d,
                                     const Tokenizer& tok) {
     GenerationRequest req;
@@ -53,6 +94,8 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
         req.ignore_eos = j.value("ignore_eos", d.ignore_eos);
         req.stop_strings = j.value("stop", d.stop);
         req.n_probs = j.value("n_probs", d.n_probs);
+        if (j.contains("logit_bias") && !j["logit_bias"].is_null())
+            req.sampling.logit_bias = logit_bias_from_json(j["logit_bias"]);
     } catch (const nlohmann::json::exception& e) {
         fail("bad field type: {}", e.what());
     }
@@ -63,6 +106,7 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
     if (req.n_samples < 1 || req.n_samples > 256)
         fail("'n_samples' must be between 1 and 256 (got {})", req.n_samples);
     sampling_validate(req.sampling);  // throws Error naming the bad value and its range
+    merged_logit_bias(req.sampling, tok.n_vocab());  // token ids inside the vocabulary
     req.grammar = grammar_from_request(j, line, d.grammar);
     req.prompt = tok.encode(out.prompt_text, d.add_bos && tok.add_bos(), d.parse_special);
     return out;
