@@ -127,7 +127,9 @@ class GrammarVocab {
 
 // One sequence's grammar: which tokens may come next, and advancing by the chosen one.
 // End-of-generation tokens are allowed exactly when the text so far is complete; other
-// tokens when their bytes continue some parse (tokens with no bytes never are).
+// tokens when their bytes continue some parse (tokens with no bytes never are). Copies share
+// a cache of recent masks (by matcher state: inside a JSON string every character leads back
+// to the same state), so they must stay on one thread.
 class GrammarConstraint final : public TokenConstraint {
   public:
     GrammarConstraint(std::shared_ptr<const Grammar> grammar,
@@ -147,9 +149,11 @@ class GrammarConstraint final : public TokenConstraint {
     // each distinct state gets an id and each (state, byte) transition is computed once.
     struct Walk;
     void walk(Walk& w, uint32_t node, int32_t state, std::span<uint8_t> mask) const;
+    struct MaskCache;
 
     GrammarState state_;
     std::shared_ptr<const GrammarVocab> vocab_;
+    std::shared_ptr<MaskCache> cache_;
 };
 
 }  // namespace kvrun

@@ -205,9 +205,17 @@ GrammarVocab::GrammarVocab(const Tokenizer& tok) : n_vocab_(tok.n_vocab()) {
 
 // ---- the constraint ----
 
+// The last few masks, by matcher state (stacks, then the partial code point's key).
+struct GrammarConstraint::MaskCache {
+    using Key = std::pair<std::vector<GrammarState::Stack>, uint64_t>;
+    static constexpr size_t kEntries = 16;
+    std::map<Key, std::vector<uint8_t>> masks;
+    std::vector<Key> order;  // oldest first
+};
+
 GrammarConstraint::GrammarConstraint(std::shared_ptr<const Grammar> grammar,
                                      std::shared_ptr<const GrammarVocab> vocab)
-    : state_(std::move(grammar)), vocab_(std::move(vocab)) {
+    : state_(std::move(grammar)), vocab_(std::move(vocab)), cache_(std::make_shared<MaskCache>()) {
     if (!vocab_) fail("grammar: no vocabulary given");
 }
 
@@ -262,12 +270,26 @@ void GrammarConstraint::walk(Walk& w, uint32_t node, int32_t state, std::span<ui
 void GrammarConstraint::allowed_mask(std::span<uint8_t> mask) const {
     if (mask.size() != static_cast<size_t>(vocab_->n_vocab_))
         fail("grammar: mask has {} entries for a vocabulary of {}", mask.size(), vocab_->n_vocab_);
+    const GrammarState::Utf8& u = state_.utf8_;
+    MaskCache::Key key{state_.stacks_, (uint64_t(u.value) << 16) |
+                                           (uint64_t(uint8_t(u.remaining)) << 8) |
+                                           uint64_t(uint8_t(u.length))};
+    if (auto it = cache_->masks.find(key); it != cache_->masks.end()) {
+        std::copy(it->second.begin(), it->second.end(), mask.begin());
+        return;
+    }
     std::fill(mask.begin(), mask.end(), 0);
     Walk w;
     walk(w, 0, w.intern({state_.stacks_, state_.utf8_}), mask);
     if (state_.complete())
         for (size_t t = 0; t < mask.size(); ++t)
             if (vocab_->eog_[t]) mask[t] = 1;
+    if (cache_->order.size() == MaskCache::kEntries) {
+        cache_->masks.erase(cache_->order.front());
+        cache_->order.erase(cache_->order.begin());
+    }
+    cache_->masks.emplace(key, std::vector<uint8_t>(mask.begin(), mask.end()));
+    cache_->order.push_back(std::move(key));
 }
 
 void GrammarConstraint::accept(TokenId token) {

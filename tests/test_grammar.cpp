@@ -219,6 +219,8 @@ TEST_CASE("grammar constraint: the trie's mask equals token-by-token checks on r
         std::mt19937 rng(7);
         for (const char* text : grammars) {
             GrammarConstraint c(Grammar::parse(text), vocab);
+            GrammarConstraint prev = c;
+            std::vector<uint8_t> prev_mask;
             // Walk a few random allowed tokens deep, comparing the mask with allows() each time.
             for (int step = 0; step < 6; ++step) {
                 std::vector<uint8_t> mask(static_cast<size_t>(tok->n_vocab()), 7);
@@ -236,6 +238,17 @@ TEST_CASE("grammar constraint: the trie's mask equals token-by-token checks on r
                               "step " << step << ": first mismatch token " << first_mismatch);
                 if (step == 0) CHECK(!allowed.empty());
                 for (TokenId t : tok->eog_ids()) CHECK(c.allows(t) == c.complete());
+                // Masks come from a cache shared by copies: the same state gives the same
+                // mask again, and an earlier state (a copy left behind) still gets its own.
+                std::vector<uint8_t> again(mask.size());
+                c.allowed_mask(again);
+                CHECK(again == mask);
+                if (step > 0) {
+                    prev.allowed_mask(again);
+                    CHECK(again == prev_mask);
+                }
+                prev = c;
+                prev_mask = mask;
                 if (allowed.empty()) break;
                 c.accept(allowed[rng() % allowed.size()]);
             }
