@@ -133,7 +133,7 @@ TEST_CASE("cuda argmax picks the largest logit, lowest id on ties") {
     cuda_argmax(out.get(), dl.get(), n_rows, n_vocab, nullptr);
     const std::vector<int32_t> got = out.download();
     for (int64_t r = 0; r < n_rows; ++r) {
-        Sampler greedy(SamplingParams{0.0f, 0, 1.0f, 0.0f, 1.0f, 0, 1});
+        Sampler greedy(params(0.0f, 0, 1.0f, 0.0f, 1.0f, 0));
         CHECK(got[size_t(r)] == greedy.sample(l.data() + r * n_vocab, int(n_vocab), {}));
     }
     CHECK(got[2] == 100);
@@ -161,7 +161,8 @@ TEST_CASE("cuda sample draws the CPU sampler's token for the same uniform number
             CAPTURE(c.top_k);
             CAPTURE(c.top_p);
             CAPTURE(c.min_p);
-            SamplingParams sp{c.temp, c.top_k, c.top_p, c.min_p, 1.0f, 0, 1};
+            SamplingParams sp = params(c.temp, c.top_k, c.top_p, c.min_p, 1.0f, 0);
+            sp.seed = 1;
             Sampler cpu(sp);
             const CudaSamplerConfig gc{c.temp, c.top_k, c.top_p, c.min_p};
             for (uint64_t trial = 0; trial < 12; ++trial) {
@@ -246,7 +247,7 @@ TEST_CASE("cuda_sample_rows: logit biases decide the token as in Sampler") {
     one[12] = 3.9f;
     std::vector<float> l;
     std::vector<RowCase> rows(4);
-    for (RowCase& r : rows) l.insert(l.end(), one.begin(), one.end());
+    for (size_t r = 0; r < rows.size(); ++r) l.insert(l.end(), one.begin(), one.end());
     rows[0].p = params(0.0f, 0, 1.0f, 0.0f);
     rows[0].p.logit_bias = {{10, -kInf}};  // banned: 11
     rows[1].p = params(0.0f, 0, 1.0f, 0.0f);
