@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Fuzzes with libFuzzer + ASan + UBSan for N seconds (default 600).
-# Usage: scripts/fuzz.sh [gguf|tokenizer|grammar] [seconds] [extra libFuzzer flags...]
+# Usage: scripts/fuzz.sh [gguf|tokenizer|grammar|json_schema] [seconds] [extra libFuzzer flags...]
 #   gguf (default): the GGUF reader (fuzz/fuzz_gguf.cpp), seeded from GgufWriter-made files
 #     and the smallest shared models.
 #   tokenizer: SPM and byte-level BPE on the shared llama.cpp vocabularies
 #     (fuzz/fuzz_tokenizer.cpp: ids in range, text round trips, streaming equals decode).
 #   grammar: GBNF parsing and matching (fuzz/fuzz_grammar.cpp: clear errors, and matching
 #     the whole text agrees with matching it byte by byte).
+#   json_schema: JSON Schema -> GBNF (fuzz/fuzz_json_schema.cpp: clear errors, and every
+#     converted grammar compiles).
 # Builds build-fuzz/fuzz_<target> (or under $KVRUN_FUZZ_BUILD; never the CMake build/ tree)
 # with clang++ straight from the sources, and leaves any crashing input in fuzz/crashes/.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 target=gguf
-case "${1:-}" in gguf | tokenizer | grammar) target="$1"; shift ;; esac
+case "${1:-}" in gguf | tokenizer | grammar | json_schema) target="$1"; shift ;; esac
 seconds="${1:-600}"
 shift || true
 
@@ -39,6 +41,13 @@ elif [ "$target" = grammar ]; then
         src/tokenizer.cpp src/tokenizer_bpe.cpp src/tokenizer_spm.cpp src/pretokenizer.cpp \
         src/unicode_text.cpp src/gguf.cpp src/quant*.cpp -lfmt -lpcre2-8 -o "$out/fuzz_grammar"
     KVRUN_FUZZ_WRITE_SEEDS="$corpus" "$out/fuzz_grammar"
+    max_len=4096
+elif [ "$target" = json_schema ]; then
+    clang++ "${flags[@]}" fuzz/fuzz_json_schema.cpp src/json_schema*.cpp src/grammar.cpp \
+        src/grammar_match.cpp src/tokenizer.cpp src/tokenizer_bpe.cpp src/tokenizer_spm.cpp \
+        src/pretokenizer.cpp src/unicode_text.cpp src/gguf.cpp src/quant*.cpp -lfmt -lpcre2-8 \
+        -o "$out/fuzz_json_schema"
+    KVRUN_FUZZ_WRITE_SEEDS="$corpus" "$out/fuzz_json_schema"
     max_len=4096
 else
     if [ ! -d "$shared/vocab" ]; then

@@ -143,7 +143,11 @@ void check(const SchemaJson& root, const SchemaJson& s, const std::string& ptr) 
         schema_fail(ptr,
                     fmt::format("a schema must be an object or a boolean, not {}", s.type_name()));
     }
-    for (const auto& [key, v] : s.items()) {
+    for (const auto& item : s.items()) {
+        // Named copies, not a structured binding: the lambdas below capture them (clang 14
+        // cannot capture a binding).
+        const std::string& key = item.key();
+        const SchemaJson& v = item.value();
         std::string at = schema_child(ptr, key);
         if (contains(kUnsupported, key) || (key == "uniqueItems" && v == true)) {
             schema_fail(at, fmt::format("the \"{}\" keyword is not supported", key));
@@ -189,7 +193,8 @@ void check(const SchemaJson& root, const SchemaJson& s, const std::string& ptr) 
             }
         } else if (key == "minItems" || key == "maxItems" || key == "minLength" ||
                    key == "maxLength") {
-            expect(is_count(v), "a non-negative integer");
+            // The grammar writes these out as repetitions, which GBNF bounds at 10000.
+            expect(is_count(v) && v.get<double>() <= 10000, "a non-negative integer up to 10000");
         } else if (key == "minimum" || key == "maximum") {
             expect(v.is_number(), "a number");
         } else if (key == "exclusiveMinimum" || key == "exclusiveMaximum") {

@@ -470,6 +470,16 @@ TEST_CASE("json schema: invalid schemas name their JSON pointer") {
     check_error(R"({"type": "array", "maxItems": 1.5})", {"#/maxItems"});
     check_error(R"({"$ref": "#/$defs/missing"})", {"#/$ref", "does not point"});
     check_error(R"({"properties": {"a": {"$ref": 1}}})", {"#/properties/a/$ref", "string"});
+    // Lengths and counts are written out as GBNF repetitions, which stop at 10000 (found by
+    // fuzz_json_schema: minItems 13333 made a grammar the parser refused).
+    check_error(R"({"type": "array", "minItems": 13333})",
+                {"json schema #/minItems:", "up to 10000"});
+    check_error(R"({"type": "string", "maxLength": 10001})",
+                {"json schema #/maxLength:", "up to 10000"});
+    CHECK(kvrun::grammar_accepts(
+        *kvrun::Grammar::parse(kvrun::json_schema_to_grammar(
+            nlohmann::ordered_json::parse(R"({"type": "array", "maxItems": 10000})"))),
+        "[1,2]"));
     check_error("false", {"json schema #:", "false"});
     check_error("[]", {"json schema #:", "object or a boolean"});
     check_error(R"({"type": "string", "minLength": 3, "maxLength": 2})", {"minLength 3"});
