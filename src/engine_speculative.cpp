@@ -190,8 +190,7 @@ void Engine::verify_drafts(Seq& s, const float* logits, int32_t k) {
         states.push_back(std::make_unique<GrammarConstraint>(*s.grammar));
         for (int32_t i = 0; i < k; ++i) {
             states.push_back(std::make_unique<GrammarConstraint>(*states.back()));
-            if (!tok_.is_eog(s.drafts[i]) && states.back()->allows(s.drafts[i]))
-                states.back()->accept(s.drafts[i]);
+            states.back()->try_accept(s.drafts[i]);  // a refused draft leaves the state put
         }
         for (const auto& st : states) rows.push_back(st.get());
     }

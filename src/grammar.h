@@ -137,7 +137,10 @@ class GrammarConstraint final : public TokenConstraint {
     bool allows(TokenId token) const override;
     // mask: [n_vocab], set to 1 for allowed tokens and 0 for the rest.
     void allowed_mask(std::span<uint8_t> mask) const override;
-    // Advances by a sampled token. Throws Error when the grammar does not allow it.
+    // Advances by a token when the grammar allows it (an end-of-generation token leaves the
+    // state as it is); false, with nothing changed, when it does not.
+    bool try_accept(TokenId token);
+    // The same for a sampled token; throws Error when the grammar does not allow it.
     void accept(TokenId token);
     bool complete() const { return state_.complete(); }
     bool finished() const { return state_.finished(); }

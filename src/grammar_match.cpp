@@ -292,13 +292,18 @@ void GrammarConstraint::allowed_mask(std::span<uint8_t> mask) const {
     cache_->order.push_back(std::move(key));
 }
 
+bool GrammarConstraint::try_accept(TokenId token) {
+    if (token < 0 || token >= vocab_->n_vocab_) return false;
+    if (vocab_->eog_[token]) return state_.complete();  // the end: the state stays
+    const std::string& b = vocab_->bytes_[token];
+    return !b.empty() && state_.advance(b);  // one match (advance leaves a refusal unchanged)
+}
+
 void GrammarConstraint::accept(TokenId token) {
-    if (token >= 0 && token < vocab_->n_vocab_ && vocab_->eog_[token]) {
-        if (!state_.complete()) fail("grammar: generation ended before the grammar was complete");
-        return;
-    }
-    if (!allows(token) || !state_.advance(vocab_->bytes_[token]))
-        fail("grammar: token {} does not continue the grammar", token);
+    if (try_accept(token)) return;
+    if (token >= 0 && token < vocab_->n_vocab_ && vocab_->eog_[token])
+        fail("grammar: generation ended before the grammar was complete");
+    fail("grammar: token {} does not continue the grammar", token);
 }
 
 }  // namespace kvrun
