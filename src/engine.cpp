@@ -125,7 +125,7 @@ int32_t Engine::submit(GenerationRequest request) {
     s->req = req;
     s->tokens = std::move(tokens);
     s->n_prompt = static_cast<int32_t>(s->tokens.size());
-    s->sampler = std::make_unique<Sampler>(req->sampling);
+    s->sampler = make_sampler(req->sampling);
     if (req->grammar) {
         if (!grammar_vocab_) grammar_vocab_ = std::make_shared<GrammarVocab>(tok_);
         s->grammar = std::make_unique<GrammarConstraint>(req->grammar, grammar_vocab_);
@@ -134,7 +134,7 @@ int32_t Engine::submit(GenerationRequest request) {
     if (draft_) {
         SamplingParams dp = req->sampling;
         dp.seed = speculative_draft_seed(dp.seed);
-        s->draft_sampler = std::make_unique<Sampler>(dp);
+        s->draft_sampler = make_sampler(dp);
         s->k = opt_.draft_max;
     }
     s->t_submit = Clock::now();
@@ -361,7 +361,7 @@ void Engine::fork_samples(Seq& s) {
         f->forked = true;
         SamplingParams p = s.req->sampling;
         p.seed = p.seed + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
-        f->sampler = std::make_unique<Sampler>(p);
+        f->sampler = make_sampler(p);
         if (s.grammar) {
             f->grammar = std::make_unique<GrammarConstraint>(*s.grammar);
             f->sampler->set_constraint(f->grammar.get());
@@ -369,7 +369,7 @@ void Engine::fork_samples(Seq& s) {
         if (draft_) {
             if (s.draft_kv >= 0) f->draft_kv = draft_table_->fork(s.draft_kv);
             p.seed = speculative_draft_seed(p.seed);
-            f->draft_sampler = std::make_unique<Sampler>(p);
+            f->draft_sampler = make_sampler(p);
             f->k = s.k;
         }
         f->admitted_once = true;
@@ -381,9 +381,26 @@ void Engine::fork_samples(Seq& s) {
     }
 }
 
+std::unique_ptr<Sampler> Engine::make_sampler(const SamplingParams& params) {
+    auto sampler = std::make_unique<Sampler>(params);
+    if (params.dry_multiplier != 0.0f && !params.dry_sequence_breakers.empty()) {
+        if (!token_pieces_) {
+            auto pieces = std::make_shared<std::vector<std::string>>(tok_.n_vocab());
+            for (TokenId t = 0; t < tok_.n_vocab(); ++t) {
+                const int32_t type = tok_.token_type(t);
+                if (type != kTokenControl && type != kTokenUnknown && type != kTokenUnused)
+                    (*pieces)[static_cast<size_t>(t)] = tok_.token_to_piece(t);
+            }
+            token_pieces_ = std::move(pieces);
+        }
+        sampler->set_token_pieces(token_pieces_.get());
+    }
+    return sampler;
+}
+
 std::span<const TokenId> Engine::penalty_window(const Seq& s) const {
-    // repeat_last_n < 0: the penalty looks at the whole sequence (as in the sampler).
-    const int32_t last_n = s.req->sampling.repeat_last_n;
+    // < 0: the sampler looks at the whole sequence (the penalties' or DRY's window).
+    const int32_t last_n = sampling_history_length(s.req->sampling);
     const int32_t n_tokens = static_cast<int32_t>(s.tokens.size());
     const int32_t n_recent = last_n < 0 ? n_tokens : std::min(n_tokens, last_n);
     return {s.tokens.data() + s.tokens.size() - n_recent, static_cast<size_t>(n_recent)};
@@ -580,6 +597,7 @@ bool Engine::step() {
         for (const Part& p : parts)
             if (p.logits &&
                 (p.k > 0 || p.s->grammar || p.s->req->n_probs > 0 ||
+                 sampling_needs_host(p.s->req->sampling) ||
                  (p.s->n_tokens() == p.s->n_prompt && p.s->req->n_samples > 1 && !p.s->forked)))
                 device_sampling = false;
         std::vector<TokenId> sampled;

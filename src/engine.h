@@ -213,7 +213,9 @@ class Engine {
     int32_t reserve(Seq& s, std::span<const TokenId> toks, int32_t n_min);
     bool drop_idle_session();
     void sample_and_advance(Seq& s, const float* logits);
-    std::span<const TokenId> penalty_window(const Seq& s) const;  // tokens the penalty sees
+    // A sampler for params, with the token texts DRY needs when it is on.
+    std::unique_ptr<Sampler> make_sampler(const SamplingParams& params);
+    std::span<const TokenId> penalty_window(const Seq& s) const;  // tokens the sampler sees
     RowSampling row_sampling(Seq& s);  // for forward_sample (draws the sequence's uniform)
     // logits: [n_vocab] the distribution tok was drawn from (for the request's logprobs; null
     // when the step sampled on the device, which a request with n_probs never does).
@@ -255,6 +257,8 @@ class Engine {
     std::vector<float> draft_logits_;                    // [logit rows][n_vocab] of a draft pass
     std::vector<float> p_scratch_;                       // target distributions while verifying
     std::shared_ptr<const GrammarVocab> grammar_vocab_;  // built for the first grammar request
+    // [n_vocab] each token's text ("" for control tokens), built for the first DRY request.
+    std::shared_ptr<const std::vector<std::string>> token_pieces_;
 };
 
 }  // namespace kvrun

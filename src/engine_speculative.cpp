@@ -57,9 +57,9 @@ int32_t Engine::draft_length(const Seq& s) const {
     return std::max(k, 0);
 }
 
-// The last tokens the repetition penalty looks at (all of them for repeat_last_n -1).
+// The last tokens the sampler looks at (all of them for a window of -1).
 std::vector<TokenId> Engine::recent_window(const Seq& s) const {
-    const int32_t last_n = s.req->sampling.repeat_last_n;
+    const int32_t last_n = sampling_history_length(s.req->sampling);
     const int32_t n = s.n_tokens();
     const int32_t keep = last_n < 0 ? n : std::min(n, last_n);
     return std::vector<TokenId>(s.tokens.end() - keep, s.tokens.end());

@@ -1,5 +1,6 @@
-// Sampler: the filter chain (repetition penalty -> top-k -> top-p -> min-p -> temperature),
-// the filtered distribution, and seeded draws that are identical on every platform.
+// Sampler: the filter chain (logit bias -> penalties -> DRY -> top-n-sigma -> top-k ->
+// typical -> top-p -> min-p -> XTC -> temperature), the filtered distribution, and seeded
+// draws that are identical on every platform.
 #include "sampler.h"
 
 #include <algorithm>
@@ -68,6 +69,47 @@ void sampling_validate(const SamplingParams& p) {
     if (p.repeat_last_n < -1)
         fail("repeat-last-n must be >= -1 (got {}; -1 means every token, 0 disables it)",
              p.repeat_last_n);
+    if (!(p.dry_multiplier >= 0.0f) || std::isinf(p.dry_multiplier))
+        fail("DRY multiplier must be a finite number >= 0 (got {}; 0 disables it)",
+             p.dry_multiplier);
+    if (!(p.dry_base >= 1.0f) || std::isinf(p.dry_base))
+        fail("DRY base must be a finite number >= 1 (got {})", p.dry_base);
+    if (p.dry_allowed_length < 1)
+        fail("DRY allowed length must be >= 1 (got {})", p.dry_allowed_length);
+    if (p.dry_penalty_last_n < -1)
+        fail("DRY penalty-last-n must be >= -1 (got {}; -1 means every token, 0 disables it)",
+             p.dry_penalty_last_n);
+    if (p.dry_sequence_breakers.size() > 64)
+        fail("at most 64 DRY sequence breakers (got {})", p.dry_sequence_breakers.size());
+    for (const auto& b : p.dry_sequence_breakers)
+        if (b.size() > 40)
+            fail("a DRY sequence breaker is at most 40 bytes (got {} bytes)", b.size());
+    if (!std::isfinite(p.top_n_sigma))
+        fail("top-n-sigma must be a finite number (got {}; <= 0 disables it)", p.top_n_sigma);
+    if (!(p.typical_p >= 0.0f && p.typical_p <= 1.0f))
+        fail("typical-p must be between 0 and 1 (got {}; 1 disables it)", p.typical_p);
+    if (!(p.xtc_probability >= 0.0f && p.xtc_probability <= 1.0f))
+        fail("XTC probability must be between 0 and 1 (got {}; 0 disables it)", p.xtc_probability);
+    if (!(p.xtc_threshold >= 0.0f && p.xtc_threshold <= 1.0f))
+        fail("XTC threshold must be between 0 and 1 (got {}; above 0.5 it never applies)",
+             p.xtc_threshold);
+    if (!(p.dynatemp_range >= 0.0f) || std::isinf(p.dynatemp_range))
+        fail("dynamic temperature range must be a finite number >= 0 (got {}; 0 disables it)",
+             p.dynatemp_range);
+    if (!(p.dynatemp_exponent >= 0.0f) || std::isinf(p.dynatemp_exponent))
+        fail("dynamic temperature exponent must be a finite number >= 0 (got {})",
+             p.dynatemp_exponent);
+}
+
+bool sampling_needs_host(const SamplingParams& p) {
+    return (p.dry_multiplier != 0.0f && p.dry_penalty_last_n != 0) || p.top_n_sigma > 0.0f ||
+           p.typical_p < 1.0f || p.xtc_probability > 0.0f || p.dynatemp_range > 0.0f;
+}
+
+int32_t sampling_history_length(const SamplingParams& p) {
+    const bool dry = p.dry_multiplier != 0.0f && p.dry_penalty_last_n != 0;
+    if (p.repeat_last_n < 0 || (dry && p.dry_penalty_last_n < 0)) return -1;
+    return std::max(p.repeat_last_n, dry ? p.dry_penalty_last_n : 0);
 }
 
 std::vector<std::pair<TokenId, float>> merged_logit_bias(const SamplingParams& p, int64_t n_vocab) {
@@ -182,6 +224,12 @@ void Sampler::penalized_logits(const float* logits, int n_vocab, std::span<const
                 l - (float(count) * params_.frequency_penalty + params_.presence_penalty), -FLT_MAX,
                 FLT_MAX);
     }
+    for (const auto& [id, penalty] : dry_penalties(params_, recent, pieces_)) {
+        if (id < 0 || id >= n_vocab)
+            fail("sampler: recent token id {} is outside the vocabulary", id);
+        float& l = work_[static_cast<size_t>(id)];
+        if (l != kNegInf) l = std::max(l - penalty, -FLT_MAX);  // finite, as above
+    }
 }
 
 TokenId Sampler::argmax_of_work() const {
@@ -216,14 +264,18 @@ TokenId Sampler::constrained_argmax() {
 
 void Sampler::filter(const float* logits, int n_vocab, std::span<const TokenId> recent_tokens) {
     penalized_logits(logits, n_vocab, recent_tokens);
+    // top-n-sigma looks at every candidate's logit, so a constraint masks the vocabulary first.
+    const bool sigma = params_.top_n_sigma > 0.0f;
+    if (constraint_ != nullptr && sigma) mask_work();
     cand_.clear();
     for (size_t i = 0; i < work_.size(); ++i) {
         if (work_[i] != kNegInf) cand_.emplace_back(work_[i], static_cast<TokenId>(i));
     }
+    if (sigma) top_n_sigma();
 
     // top-k: the k best (ties broken by lower id), then sorted best first.
     size_t k = params_.top_k > 0 ? static_cast<size_t>(params_.top_k) : cand_.size();
-    if (constraint_ != nullptr) {
+    if (constraint_ != nullptr && !sigma) {
         // The k best allowed tokens: usually found among the few best candidates, checked one
         // by one; otherwise (or without top-k) the constraint masks the whole vocabulary.
         bool found = false;
@@ -252,6 +304,7 @@ void Sampler::filter(const float* logits, int n_vocab, std::span<const TokenId> 
         cand_.resize(k);
     }
     std::sort(cand_.begin(), cand_.end(), better);
+    if (params_.typical_p < 1.0f) typical();
     const float max_logit = cand_.front().first;
 
     // top-p on the untempered softmax of the survivors: keep the shortest head whose mass
@@ -279,18 +332,139 @@ void Sampler::filter(const float* logits, int n_vocab, std::span<const TokenId> 
         cand_.resize(keep);
     }
 
+    // XTC: its coin drops the first `cut` candidates (best first). Always dropped when the
+    // coin always comes up; otherwise the distribution is the mixture of both outcomes.
+    size_t cut = xtc_cut();
+    xtc_ids_.clear();
+    if (cut > 0 && params_.xtc_probability >= 1.0f) {
+        cand_.erase(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(cut));
+        cut = 0;
+    }
+    for (size_t i = 0; i < cut; ++i) xtc_ids_.push_back(cand_[i].second);
+    std::sort(xtc_ids_.begin(), xtc_ids_.end());
+
     // Temperature, softmax, then token-id order so draws match sample_from().
     std::sort(cand_.begin(), cand_.end(),
               [](const auto& a, const auto& b) { return a.second < b.second; });
-    const double inv_t = 1.0 / static_cast<double>(params_.temperature);
     cand_prob_.resize(cand_.size());
+    tempered_softmax(nullptr, cand_prob_);
+    if (!xtc_ids_.empty()) {
+        xtc_excluded_.assign(cand_.size(), 0);
+        for (size_t i = 0; i < cand_.size(); ++i)
+            xtc_excluded_[i] =
+                std::binary_search(xtc_ids_.begin(), xtc_ids_.end(), cand_[i].second);
+        xtc_prob_.resize(cand_.size());
+        tempered_softmax(&xtc_excluded_, xtc_prob_);
+        const double q = params_.xtc_probability;
+        for (size_t i = 0; i < cand_.size(); ++i)
+            cand_prob_[i] = static_cast<float>((1.0 - q) * cand_prob_[i] + q * xtc_prob_[i]);
+    }
+}
+
+void Sampler::top_n_sigma() {
+    if (cand_.size() < 2) return;
+    double max = -DBL_MAX, sum = 0.0;
+    for (const auto& c : cand_) {
+        max = std::max(max, static_cast<double>(c.first));
+        sum += c.first;
+    }
+    const double mean = sum / static_cast<double>(cand_.size());
+    double var = 0.0;
+    for (const auto& c : cand_) var += (c.first - mean) * (c.first - mean);
+    const double sigma = std::sqrt(var / static_cast<double>(cand_.size()));
+    const double floor = max - static_cast<double>(params_.top_n_sigma) * sigma;
+    std::erase_if(cand_, [&](const auto& c) { return static_cast<double>(c.first) < floor; });
+}
+
+void Sampler::typical() {
+    if (cand_.size() < 2) return;
+    const double max = cand_.front().first;  // best first
+    double z = 0.0;
+    for (const auto& c : cand_) z += std::exp(static_cast<double>(c.first) - max);
+    const double log_z = std::log(z);
+    double entropy = 0.0;
+    std::vector<std::pair<double, size_t>> order(cand_.size());  // (|surprise - entropy|, index)
+    for (size_t i = 0; i < cand_.size(); ++i) {
+        const double logp = static_cast<double>(cand_[i].first) - max - log_z;
+        entropy -= std::exp(logp) * logp;
+        order[i] = {-logp, i};
+    }
+    for (auto& o : order) o.first = std::abs(o.first - entropy);
+    std::stable_sort(order.begin(), order.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    // The most typical tokens until their mass reaches typical_p (at least one).
+    double cum = 0.0;
+    size_t keep = order.size();
+    for (size_t i = 0; i < order.size(); ++i) {
+        cum += std::exp(static_cast<double>(cand_[order[i].second].first) - max - log_z);
+        if (cum >= params_.typical_p) {
+            keep = i + 1;
+            break;
+        }
+    }
+    std::vector<std::pair<float, TokenId>> kept;
+    for (size_t i = 0; i < keep; ++i) kept.push_back(cand_[order[i].second]);
+    std::sort(kept.begin(), kept.end(), better);
+    cand_ = std::move(kept);
+}
+
+size_t Sampler::xtc_cut() const {
+    if (params_.xtc_probability <= 0.0f || cand_.size() < 2) return 0;
+    const double max = cand_.front().first;  // best first
+    double z = 0.0;
+    for (const auto& c : cand_) z += std::exp(static_cast<double>(c.first) - max);
+    size_t above = 0;  // a prefix, as the candidates are sorted best first
+    while (above < cand_.size() &&
+           std::exp(static_cast<double>(cand_[above].first) - max) / z >= params_.xtc_threshold)
+        ++above;
+    return above >= 2 ? above - 1 : 0;
+}
+
+void Sampler::tempered_softmax(const std::vector<uint8_t>* excluded,
+                               std::vector<float>& out) const {
+    auto in = [&](size_t i) { return excluded == nullptr || !(*excluded)[i]; };
+    float max_logit = kNegInf;
+    size_t n = 0;
+    for (size_t i = 0; i < cand_.size(); ++i)
+        if (in(i)) {
+            max_logit = std::max(max_logit, cand_[i].first);
+            ++n;
+        }
+    double t = params_.temperature;
+    if (params_.dynatemp_range > 0.0f && n > 1) {
+        // The normalized entropy of the untempered distribution sets the temperature.
+        double z = 0.0;
+        for (size_t i = 0; i < cand_.size(); ++i)
+            if (in(i)) z += std::exp(static_cast<double>(cand_[i].first) - max_logit);
+        double entropy = 0.0;
+        for (size_t i = 0; i < cand_.size(); ++i) {
+            if (!in(i)) continue;
+            const double p = std::exp(static_cast<double>(cand_[i].first) - max_logit) / z;
+            if (p > 0.0) entropy -= p * std::log(p);
+        }
+        const double norm = std::clamp(entropy / std::log(static_cast<double>(n)), 0.0, 1.0);
+        const double lo = std::max(0.0, t - params_.dynatemp_range);
+        const double hi = t + params_.dynatemp_range;
+        t = lo + (hi - lo) * std::pow(norm, static_cast<double>(params_.dynatemp_exponent));
+    }
+    std::fill(out.begin(), out.end(), 0.0f);
+    if (!(t > 0.0)) {  // a dynamic temperature of 0: the best candidate (lowest id on ties)
+        for (size_t i = 0; i < cand_.size(); ++i)
+            if (in(i) && cand_[i].first == max_logit) {
+                out[i] = 1.0f;
+                return;
+            }
+    }
+    const double inv_t = 1.0 / t;
     double z = 0.0;
     for (size_t i = 0; i < cand_.size(); ++i) {
+        if (!in(i)) continue;
         const double e = std::exp((static_cast<double>(cand_[i].first) - max_logit) * inv_t);
-        cand_prob_[i] = static_cast<float>(e);
+        out[i] = static_cast<float>(e);
         z += e;
     }
-    for (float& p : cand_prob_) p = static_cast<float>(p / z);
+    for (size_t i = 0; i < cand_.size(); ++i)
+        if (in(i)) out[i] = static_cast<float>(out[i] / z);
 }
 
 TokenId Sampler::sample(const float* logits, int n_vocab, std::span<const TokenId> recent_tokens) {

@@ -1,5 +1,6 @@
-// Token sampling on the host: llama.cpp's default chain (repetition penalty, top-k, top-p,
-// min-p, temperature, then a seeded draw), greedy argmax when temperature <= 0, and the
+// Token sampling on the host: llama.cpp's default chain (logit bias, repetition/frequency/
+// presence penalties, DRY, top-n-sigma, top-k, typical, top-p, min-p, XTC, temperature or
+// dynamic temperature, then a seeded draw), greedy argmax when temperature <= 0, and the
 // filtered distribution itself (speculative decoding compares target and draft distributions).
 // Deterministic across platforms: std::mt19937_64 plus our own uniform conversion.
 #pragma once
@@ -7,6 +8,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -16,9 +18,15 @@ namespace kvrun {
 
 // Defaults follow llama.cpp. A filter whose value disables it: top_k == 0, top_p == 1,
 // min_p == 0, repeat_penalty == 1, frequency_penalty == presence_penalty == 0,
-// repeat_last_n == 0 (-1: every recent token given; it bounds all three penalties).
-// Valid ranges (sampling_validate): temperature >= 0, top_k >= 0, top_p and min_p in
-// [0, 1], repeat_penalty > 0, repeat_last_n >= -1, all finite.
+// repeat_last_n == 0 (-1: every recent token given; it bounds all three penalties),
+// dry_multiplier == 0, top_n_sigma <= 0, typical_p == 1, xtc_probability == 0,
+// dynatemp_range == 0. Valid ranges (sampling_validate): temperature >= 0, top_k >= 0, top_p,
+// min_p, typical_p, xtc_probability and xtc_threshold in [0, 1], repeat_penalty > 0,
+// repeat_last_n and dry_penalty_last_n >= -1, dry_multiplier, dynatemp_range and
+// dynatemp_exponent >= 0, dry_base >= 1, dry_allowed_length >= 1, all finite.
+//
+// Greedy (temperature 0) takes the argmax of the logits after the bias, the penalties and
+// DRY; the filters from top-n-sigma to XTC choose among candidates and do not apply.
 struct SamplingParams {
     float temperature = 0.8f;  // 0: greedy (argmax, lowest id on ties)
     int top_k = 40;
@@ -34,7 +42,53 @@ struct SamplingParams {
     // Added to these tokens' logits before everything else (llama.cpp's --logit-bias; -inf
     // bans a token). An id listed twice gets the sum. Finite values or -inf only.
     std::vector<std::pair<TokenId, float>> logit_bias;
+
+    // DRY, "don't repeat yourself" (koboldcpp's, as llama.cpp has it): when the last n tokens
+    // occurred earlier followed by token t, and n >= dry_allowed_length, t's logit loses
+    // dry_multiplier * dry_base^(n - dry_allowed_length). A repetition never reaches back
+    // past a sequence breaker: a string whose occurrence in the text ends a run (any token
+    // whose text completes one). Applied after the other penalties, over the last
+    // dry_penalty_last_n tokens of the sequence (prompt included; -1: all of it, 0: off).
+    float dry_multiplier = 0.0f;  // 0: off
+    float dry_base = 1.75f;
+    int dry_allowed_length = 2;
+    int dry_penalty_last_n = -1;
+    std::vector<std::string> dry_sequence_breakers = {"\n", ":", "\"", "*"};
+
+    // top-n-sigma: keep the tokens whose logit is at least max - top_n_sigma x the standard
+    // deviation of the logits (before top-k; <= 0: off).
+    float top_n_sigma = -1.0f;
+    // Locally typical sampling: keep the tokens whose surprise is closest to the entropy until
+    // their mass reaches typical_p (after top-k, before top-p; 1: off).
+    float typical_p = 1.0f;
+    // XTC, "exclude top choices": with probability xtc_probability, when two or more tokens
+    // have a probability >= xtc_threshold, all of them but the least likely are dropped
+    // (after min-p). The coin is part of the distribution: probabilities() returns the
+    // mixture, so speculative decoding stays exact.
+    float xtc_probability = 0.0f;
+    float xtc_threshold = 0.1f;
+    // Dynamic temperature: the temperature runs from temperature - dynatemp_range to
+    // temperature + dynatemp_range (never below 0) as the candidates' normalized entropy, to
+    // the power dynatemp_exponent, runs from 0 to 1 (0: a fixed temperature).
+    float dynatemp_range = 0.0f;
+    float dynatemp_exponent = 1.0f;
 };
+
+// True when the parameters use a filter only the host sampler has (DRY, top-n-sigma,
+// typical, XTC, dynamic temperature): such rows are not sampled on the GPU.
+bool sampling_needs_host(const SamplingParams& params);
+
+// How many of the last tokens of a sequence the sampler looks at: the longer of the
+// penalties' and DRY's windows (-1: all of them).
+int32_t sampling_history_length(const SamplingParams& params);
+
+// DRY's penalties for the next token: (token, amount to subtract from its logit), each token
+// once, sorted by id. history: the sequence so far (only its last dry_penalty_last_n tokens
+// count); pieces: [n_vocab] each token's text, needed to find the sequence breakers (throws
+// Error when breakers are set and pieces is null). Empty when DRY is off.
+std::vector<std::pair<TokenId, float>> dry_penalties(const SamplingParams& params,
+                                                     std::span<const TokenId> history,
+                                                     const std::vector<std::string>* pieces);
 
 // The biases sorted by id, each id once (values summed; -inf wins). Throws Error for an id
 // outside [0, n_vocab). Shared by Sampler and the CUDA sampler's host side.
@@ -117,6 +171,9 @@ class Sampler {
     // the others had -inf logits before the filter chain (null: no constraint). The
     // constraint must outlive its use; when it allows no token, sampling throws Error.
     void set_constraint(const TokenConstraint* c) { constraint_ = c; }
+    // Each token's text (pieces: [n_vocab]), which DRY's sequence breakers are found in; must
+    // outlive the sampler. Needed only when DRY is on with breakers.
+    void set_token_pieces(const std::vector<std::string>* pieces) { pieces_ = pieces; }
     const SamplingParams& params() const { return params_; }
     bool greedy() const { return params_.temperature <= 0.0f; }
 
@@ -124,9 +181,17 @@ class Sampler {
     // Runs the filter chain; leaves the surviving candidates in cand_ (sorted by token id) and
     // their probabilities in cand_prob_.
     void filter(const float* logits, int n_vocab, std::span<const TokenId> recent_tokens);
-    // Copies logits into work_ with NaN -> -inf and the repetition, frequency and presence
-    // penalties applied.
+    // Copies logits into work_ with NaN -> -inf and the logit bias, the repetition, frequency
+    // and presence penalties and DRY applied.
     void penalized_logits(const float* logits, int n_vocab, std::span<const TokenId> recent);
+    // The filters that run on cand_ (best first): top-n-sigma (any order), typical (keeps
+    // best-first order), and how many of the best XTC's coin drops (0: it does not apply).
+    void top_n_sigma();
+    void typical();
+    size_t xtc_cut() const;
+    // out: [cand_.size()] the tempered softmax of the candidates (id order) not excluded, 0
+    // for the excluded; the temperature is dynamic when dynatemp_range > 0.
+    void tempered_softmax(const std::vector<uint8_t>* excluded, std::vector<float>& out) const;
     TokenId argmax_of_work() const;
     // Sets every token the constraint refuses to -inf in work_ (throws when none is left).
     void mask_work();
@@ -140,8 +205,12 @@ class Sampler {
     std::vector<std::pair<float, TokenId>> cand_;  // surviving (logit, id)
     std::vector<float> cand_prob_;                 // [cand_.size()]
     const TokenConstraint* constraint_ = nullptr;
-    std::vector<std::pair<TokenId, float>> bias_;  // merged_logit_bias, computed once
-    std::vector<uint8_t> mask_;                    // [n_vocab] scratch for the constraint's mask
+    const std::vector<std::string>* pieces_ = nullptr;  // [n_vocab] token texts (DRY)
+    std::vector<std::pair<TokenId, float>> bias_;       // merged_logit_bias, computed once
+    std::vector<uint8_t> mask_;          // [n_vocab] scratch for the constraint's mask
+    std::vector<TokenId> xtc_ids_;       // sorted ids XTC's coin drops
+    std::vector<uint8_t> xtc_excluded_;  // [cand_.size()] 1 where XTC drops
+    std::vector<float> xtc_prob_;        // [cand_.size()] the distribution after XTC
 };
 
 }  // namespace kvrun

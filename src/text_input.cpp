@@ -92,4 +92,30 @@ std::string read_prompt_text(const std::string& prompt, const std::string& file,
     return read_text_input(in);
 }
 
+std::string unescape_text(const std::string& line) {
+    std::string out;
+    out.reserve(line.size());
+    for (size_t i = 0; i < line.size(); ++i) {
+        if (line[i] != '\\' || i + 1 == line.size()) {
+            out += line[i];
+            continue;
+        }
+        char c = line[i + 1];
+        if (c == 'n')
+            out += '\n';
+        else if (c == 't')
+            out += '\t';
+        else if (c == 'r')
+            out += '\r';
+        else if (c == '\\')
+            out += '\\';
+        else {
+            out += '\\';
+            continue;
+        }
+        ++i;
+    }
+    return out;
+}
+
 }  // namespace kvrun

@@ -28,6 +28,9 @@ std::string read_text_input(const TextInput& in);
 std::string read_prompt_text(const std::string& prompt, const std::string& file, bool allow_stdin);
 // Reads a whole file; throws Error naming the path when it can't.
 std::string read_file_text(const std::string& path);
+// Typed escapes: \n newline, \t tab, \r carriage return, \\ backslash; any other
+// backslash is kept as written (batch's text prompts, --dry-sequence-breaker).
+std::string unescape_text(const std::string& text);
 // Offset of the first invalid UTF-8 byte, or std::string::npos when valid.
 size_t utf8_find_invalid(std::string_view s);
 // Throws Error("<what> is not valid UTF-8 (byte offset N)") when invalid.

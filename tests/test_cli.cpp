@@ -336,6 +336,17 @@ TEST_CASE("sampling flags out of range are rejected with one clear line") {
         {"--frequency-penalty nan", "frequency penalty must be a finite number (got nan"},
         {"--presence-penalty inf", "presence penalty must be a finite number"},
         {"--top-k abc", "--top-k"},
+        {"--dry-multiplier -1", "DRY multiplier must be a finite number >= 0 (got -1"},
+        {"--dry-base 0.5", "DRY base must be a finite number >= 1 (got 0.5"},
+        {"--dry-allowed-length 0", "DRY allowed length must be >= 1 (got 0"},
+        {"--dry-penalty-last-n -2", "DRY penalty-last-n must be >= -1 (got -2"},
+        {"--dry-sequence-breaker " + std::string(41, 'x'), "at most 40 bytes (got 41"},
+        {"--top-nsigma nan", "top-n-sigma must be a finite number"},
+        {"--typical 1.5", "typical-p must be between 0 and 1 (got 1.5"},
+        {"--xtc-probability 2", "XTC probability must be between 0 and 1 (got 2"},
+        {"--xtc-threshold -1", "XTC threshold must be between 0 and 1 (got -1"},
+        {"--dynatemp-range -1", "dynamic temperature range must be a finite number >= 0"},
+        {"--dynatemp-exp inf", "dynamic temperature exponent must be a finite number >= 0"},
     };
     for (const auto& [flag, needle] : bad) {
         INFO(flag);
@@ -708,4 +719,71 @@ TEST_CASE("-l/--logit-bias and JSON \"logit_bias\" (object or pairs) change the 
     CHECK(res[3]["error"] == "'logit_bias': 'abc' is not a token id");
     CHECK(res[4]["error"].get<std::string>().find("'logit_bias' must be") == 0);
     CHECK(res[5]["error"] == "logit bias: token id 600 is outside the vocabulary (0..511)");
+}
+
+TEST_CASE("DRY, XTC, typical, top-n-sigma, dynamic temperature: flags and JSON fields agree") {
+    auto model = shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    const std::string m = " -m " + model.string();
+    const std::string base = "run" + m + " -p 'Once upon a time' --temp 0 -n 250";
+    const auto plain = run_command(kvrun_cmd(base));
+    const auto dry = run_command(kvrun_cmd(base + " --dry-multiplier 0.8"));
+    CHECK_MESSAGE(dry.exit_code == 0, dry.err);
+    CHECK(dry.out != plain.out);  // the greedy story repeats "was sad and didn't know what to do"
+    auto count = [](const std::string& text) {
+        int n = 0;
+        for (size_t at = 0;
+             (at = text.find("was sad and didn't know what to do", at)) != std::string::npos; ++at)
+            ++n;
+        return n;
+    };
+    CHECK(count(plain.out) == 2);
+    CHECK(count(dry.out) == 1);
+    // The defaults spelled out, with escapes, give the same; no breakers give another text.
+    const auto spelled =
+        run_command(kvrun_cmd(base + " --dry-multiplier 0.8 --dry-sequence-breaker '\\n' "
+                                     "--dry-sequence-breaker : --dry-sequence-breaker '\"' "
+                                     "--dry-sequence-breaker '*'"));
+    CHECK(spelled.out == dry.out);
+    const auto none =
+        run_command(kvrun_cmd(base + " --dry-multiplier 0.8 --dry-sequence-breaker none"));
+    CHECK(none.out != dry.out);
+
+    const std::string req =
+        "{\"prompt\": \"Once upon a time\", \"n_predict\": 250, "
+        "\"temperature\": 0";
+    const std::string input = req + ", \"dry_multiplier\": 0.8}\n" + req +
+                              ", \"dry_multiplier\": 0.8, \"dry_sequence_breakers\": []}\n" + req +
+                              "}\n" + "{\"prompt\": \"hi\", \"typical_p\": 2}\n" +
+                              "{\"prompt\": \"hi\", \"dry_sequence_breakers\": \"abc\"}\n";
+    auto j = run_command(kvrun_cmd("run --jsonl" + m), input);
+    std::istringstream jin(j.out);
+    std::vector<nlohmann::json> res;
+    std::string line;
+    while (std::getline(jin, line)) res.push_back(nlohmann::json::parse(line));
+    REQUIRE(res.size() == 5);
+    CHECK(res[0]["text"].get<std::string>() + "\n" == dry.out);
+    CHECK(res[1]["text"].get<std::string>() + "\n" == none.out);
+    CHECK(res[2]["text"].get<std::string>() + "\n" == plain.out);
+    CHECK(res[3]["error"] == "typical-p must be between 0 and 1 (got 2; 1 disables it)");
+    CHECK(res[4].contains("error"));
+
+    // Sampled with every extra at once: a seed gives one text, the flags change it.
+    const std::string sampled = "run" + m + " -p 'Once upon a time' -n 60 --temp 1 -s 4";
+    const std::string extras =
+        " --xtc-probability 0.5 --xtc-threshold 0.1 --typical 0.9 --top-nsigma 2 "
+        "--dynatemp-range 0.5 --dynatemp-exp 2 --dry-multiplier 1";
+    const auto a = run_command(kvrun_cmd(sampled + extras));
+    const auto b = run_command(kvrun_cmd(sampled + extras));
+    CHECK_MESSAGE(a.exit_code == 0, a.err);
+    CHECK(a.out == b.out);
+    CHECK(a.out != run_command(kvrun_cmd(sampled)).out);
+    // batch takes the same flags.
+    auto bt = run_command(kvrun_cmd("batch" + m +
+                                    " -f /dev/stdin --format txt -n 250 --temp 0 "
+                                    "--dry-multiplier 0.8"),
+                          "Once upon a time\n");
+    CHECK_MESSAGE(bt.exit_code == 0, bt.err);
+    REQUIRE(!bt.out.empty());
+    CHECK(nlohmann::json::parse(bt.out)["text"].get<std::string>() + "\n" == dry.out);
 }

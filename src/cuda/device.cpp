@@ -115,6 +115,10 @@ void cuda_free(void* p) noexcept {
 
 CudaSampleRow cuda_sample_row(const SamplingParams& p, double u, const int32_t* recent,
                               size_t n_recent, int64_t n_vocab, std::vector<int32_t>& penalty_ids) {
+    if (sampling_needs_host(p))
+        fail(
+            "cuda sampler: DRY, top-n-sigma, typical, XTC and dynamic temperature are sampled "
+            "on the host");
     CudaSampleRow r;
     r.u = u;
     r.temperature = p.temperature;

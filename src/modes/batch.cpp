@@ -50,34 +50,6 @@ struct Item {
     bool done = false;
 };
 
-// Text input escapes: \n newline, \t tab, \r carriage return, \\ backslash; any other
-// backslash is kept as written.
-std::string unescape_prompt(const std::string& line) {
-    std::string out;
-    out.reserve(line.size());
-    for (size_t i = 0; i < line.size(); ++i) {
-        if (line[i] != '\\' || i + 1 == line.size()) {
-            out += line[i];
-            continue;
-        }
-        char c = line[i + 1];
-        if (c == 'n')
-            out += '\n';
-        else if (c == 't')
-            out += '\t';
-        else if (c == 'r')
-            out += '\r';
-        else if (c == '\\')
-            out += '\\';
-        else {
-            out += '\\';
-            continue;
-        }
-        ++i;
-    }
-    return out;
-}
-
 bool is_jsonl(const BatchOptions& o) {
     if (o.format == "jsonl" || o.format == "json") return true;
     if (o.format == "txt" || o.format == "text") return false;
@@ -120,7 +92,7 @@ std::vector<Item> read_items(const BatchOptions& o, const Tokenizer& tok) {
                 it.request = std::move(p.request);
                 it.id = std::move(p.id);
             } else {
-                std::string text = unescape_prompt(line);
+                std::string text = unescape_text(line);
                 utf8_require_valid(text, fmt::format("line {}", line_no));
                 it.request = request_from_text(text, d, tok);
             }

@@ -8,6 +8,7 @@
 #include "common.h"
 #include "kv_format.h"
 #include "model_config.h"
+#include "text_input.h"
 #include "thread_pool.h"
 #if KVRUN_HAS_CUDA
 #include "cuda/cuda_backend.h"
@@ -128,6 +129,66 @@ void add_sampling_options(CLI::App* cmd, SamplingParams& p) {
         ->check(valid("AT LEAST -1", &SamplingParams::repeat_last_n))
         ->capture_default_str();
     cmd->add_option("-s,--seed", p.seed, "Random seed (same seed, same output)")
+        ->capture_default_str();
+    cmd->add_option("--dry-multiplier", p.dry_multiplier,
+                    "DRY: penalty for extending a repetition of the text (0: off)")
+        ->check(valid("NONNEGATIVE", &SamplingParams::dry_multiplier))
+        ->capture_default_str();
+    cmd->add_option("--dry-base", p.dry_base, "DRY: growth of the penalty per repeated token")
+        ->check(valid("AT LEAST 1", &SamplingParams::dry_base))
+        ->capture_default_str();
+    cmd->add_option("--dry-allowed-length", p.dry_allowed_length,
+                    "DRY: repetitions this long go unpenalized")
+        ->check(valid("AT LEAST 1", &SamplingParams::dry_allowed_length))
+        ->capture_default_str();
+    cmd->add_option("--dry-penalty-last-n", p.dry_penalty_last_n,
+                    "DRY: how many recent tokens it looks at (-1: all, 0: off)")
+        ->check(valid("AT LEAST -1", &SamplingParams::dry_penalty_last_n))
+        ->capture_default_str();
+    cmd->add_option_function<std::vector<std::string>>(
+           "--dry-sequence-breaker",
+           [&p](const std::vector<std::string>& v) {
+               p.dry_sequence_breakers.clear();
+               if (v.size() == 1 && v[0] == "none") return;
+               for (const auto& s : v) p.dry_sequence_breakers.push_back(unescape_text(s));
+           },
+           "DRY: text that ends a repetition (repeatable, \\n escapes; replaces the defaults "
+           "\\n : \" *; 'none' for no breaker)")
+        ->check(CLI::Validator(
+            [](std::string& text) -> std::string {
+                SamplingParams trial;
+                trial.dry_sequence_breakers = {unescape_text(text)};
+                try {
+                    utf8_require_valid(text, "a DRY sequence breaker");
+                    sampling_validate(trial);
+                } catch (const Error& e) {
+                    return e.what();
+                }
+                return {};
+            },
+            "TEXT"));
+    cmd->add_option("--top-nsigma,--top-n-sigma", p.top_n_sigma,
+                    "Keep logits within n standard deviations of the best (<= 0: off)")
+        ->check(valid("FINITE", &SamplingParams::top_n_sigma))
+        ->capture_default_str();
+    cmd->add_option("--typical", p.typical_p, "Locally typical sampling mass (1: off)")
+        ->check(valid("in [0 - 1]", &SamplingParams::typical_p))
+        ->capture_default_str();
+    cmd->add_option("--xtc-probability", p.xtc_probability,
+                    "XTC: chance of dropping the top choices (0: off)")
+        ->check(valid("in [0 - 1]", &SamplingParams::xtc_probability))
+        ->capture_default_str();
+    cmd->add_option("--xtc-threshold", p.xtc_threshold,
+                    "XTC: the probability that makes a top choice")
+        ->check(valid("in [0 - 1]", &SamplingParams::xtc_threshold))
+        ->capture_default_str();
+    cmd->add_option("--dynatemp-range", p.dynatemp_range,
+                    "Dynamic temperature: temp +- this by the entropy (0: off)")
+        ->check(valid("NONNEGATIVE", &SamplingParams::dynatemp_range))
+        ->capture_default_str();
+    cmd->add_option("--dynatemp-exp", p.dynatemp_exponent,
+                    "Dynamic temperature: exponent of the normalized entropy")
+        ->check(valid("NONNEGATIVE", &SamplingParams::dynatemp_exponent))
         ->capture_default_str();
     cmd->add_option_function<std::vector<std::string>>(
            "-l,--logit-bias",

@@ -90,6 +90,20 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
         req.sampling.presence_penalty = j.value("presence_penalty", d.sampling.presence_penalty);
         req.sampling.repeat_last_n = j.value("repeat_last_n", d.sampling.repeat_last_n);
         req.sampling.seed = j.value("seed", d.sampling.seed);
+        req.sampling.dry_multiplier = j.value("dry_multiplier", d.sampling.dry_multiplier);
+        req.sampling.dry_base = j.value("dry_base", d.sampling.dry_base);
+        req.sampling.dry_allowed_length =
+            j.value("dry_allowed_length", d.sampling.dry_allowed_length);
+        req.sampling.dry_penalty_last_n =
+            j.value("dry_penalty_last_n", d.sampling.dry_penalty_last_n);
+        req.sampling.dry_sequence_breakers =
+            j.value("dry_sequence_breakers", d.sampling.dry_sequence_breakers);
+        req.sampling.top_n_sigma = j.value("top_n_sigma", d.sampling.top_n_sigma);
+        req.sampling.typical_p = j.value("typical_p", d.sampling.typical_p);
+        req.sampling.xtc_probability = j.value("xtc_probability", d.sampling.xtc_probability);
+        req.sampling.xtc_threshold = j.value("xtc_threshold", d.sampling.xtc_threshold);
+        req.sampling.dynatemp_range = j.value("dynatemp_range", d.sampling.dynatemp_range);
+        req.sampling.dynatemp_exponent = j.value("dynatemp_exponent", d.sampling.dynatemp_exponent);
         req.n_samples = j.value("n_samples", d.n_samples);
         req.ignore_eos = j.value("ignore_eos", d.ignore_eos);
         req.stop_strings = j.value("stop", d.stop);

@@ -292,8 +292,9 @@ void add_run_command(CLI::App& root, int& exit_code) {
         "Read JSON requests from stdin, one per line: {\"prompt\": ..., \"n_predict\": ..., "
         "\"temperature\": ..., \"top_k\", \"top_p\", \"min_p\", \"repeat_penalty\", "
         "\"frequency_penalty\", \"presence_penalty\", \"repeat_last_n\", \"seed\", "
+        "\"dry_*\", \"top_n_sigma\", \"typical_p\", \"xtc_*\", \"dynatemp_*\", \"logit_bias\", "
         "\"n_samples\", \"stop\", \"grammar\", \"json_schema\", \"n_probs\"}; write one JSON "
-        "result per line");
+        "result per line (README: every field)");
     cmd->add_flag("--truncate", o->truncate,
                   "Keep the end of a prompt that is longer than the context");
     cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after the end-of-sequence token");
