@@ -131,7 +131,7 @@ int32_t Engine::submit(GenerationRequest request) {
         s->grammar = std::make_unique<GrammarConstraint>(req->grammar, grammar_vocab_);
         s->sampler->set_constraint(s->grammar.get());
     }
-    if (draft_) {
+    if (draft_ && req->sampling.mirostat == 0) {  // mirostat's state moves with every draw
         SamplingParams dp = req->sampling;
         dp.seed = speculative_draft_seed(dp.seed);
         s->draft_sampler = make_sampler(dp);
@@ -366,7 +366,7 @@ void Engine::fork_samples(Seq& s) {
             f->grammar = std::make_unique<GrammarConstraint>(*s.grammar);
             f->sampler->set_constraint(f->grammar.get());
         }
-        if (draft_) {
+        if (draft_ && s.draft_sampler) {
             if (s.draft_kv >= 0) f->draft_kv = draft_table_->fork(s.draft_kv);
             p.seed = speculative_draft_seed(p.seed);
             f->draft_sampler = make_sampler(p);

@@ -99,11 +99,18 @@ void sampling_validate(const SamplingParams& p) {
     if (!(p.dynatemp_exponent >= 0.0f) || std::isinf(p.dynatemp_exponent))
         fail("dynamic temperature exponent must be a finite number >= 0 (got {})",
              p.dynatemp_exponent);
+    if (p.mirostat < 0 || p.mirostat > 2)
+        fail("mirostat must be 0 (off), 1 or 2 (got {})", p.mirostat);
+    if (!(p.mirostat_tau >= 0.0f) || std::isinf(p.mirostat_tau))
+        fail("mirostat tau must be a finite number >= 0 (got {})", p.mirostat_tau);
+    if (!(p.mirostat_eta >= 0.0f) || std::isinf(p.mirostat_eta))
+        fail("mirostat eta must be a finite number >= 0 (got {})", p.mirostat_eta);
 }
 
 bool sampling_needs_host(const SamplingParams& p) {
     return (p.dry_multiplier != 0.0f && p.dry_penalty_last_n != 0) || p.top_n_sigma > 0.0f ||
-           p.typical_p < 1.0f || p.xtc_probability > 0.0f || p.dynatemp_range > 0.0f;
+           p.typical_p < 1.0f || p.xtc_probability > 0.0f || p.dynatemp_range > 0.0f ||
+           p.mirostat != 0;
 }
 
 int32_t sampling_history_length(const SamplingParams& p) {
@@ -182,7 +189,8 @@ TokenLogprobs token_logprobs(const float* logits, int n_vocab, TokenId chosen, i
     return out;
 }
 
-Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
+Sampler::Sampler(const SamplingParams& params)
+    : params_(params), rng_(params.seed), mu_(2.0f * params.mirostat_tau) {
     sampling_validate(params);
 }
 
@@ -264,6 +272,10 @@ TokenId Sampler::constrained_argmax() {
 
 void Sampler::filter(const float* logits, int n_vocab, std::span<const TokenId> recent_tokens) {
     penalized_logits(logits, n_vocab, recent_tokens);
+    if (params_.mirostat != 0) {
+        mirostat_filter();
+        return;
+    }
     // top-n-sigma looks at every candidate's logit, so a constraint masks the vocabulary first.
     const bool sigma = params_.top_n_sigma > 0.0f;
     if (constraint_ != nullptr && sigma) mask_work();
@@ -359,6 +371,56 @@ void Sampler::filter(const float* logits, int n_vocab, std::span<const TokenId> 
         for (size_t i = 0; i < cand_.size(); ++i)
             cand_prob_[i] = static_cast<float>((1.0 - q) * cand_prob_[i] + q * xtc_prob_[i]);
     }
+}
+
+void Sampler::mirostat_filter() {
+    if (constraint_ != nullptr) mask_work();
+    cand_.clear();
+    for (size_t i = 0; i < work_.size(); ++i)
+        if (work_[i] != kNegInf) cand_.emplace_back(work_[i], static_cast<TokenId>(i));
+    std::sort(cand_.begin(), cand_.end(), better);
+    // The distribution at the temperature, best first.
+    const double inv_t = 1.0 / static_cast<double>(params_.temperature);
+    const double max = cand_.front().first;
+    std::vector<double> p(cand_.size());
+    double z = 0.0;
+    for (size_t i = 0; i < cand_.size(); ++i)
+        z += p[i] = std::exp((static_cast<double>(cand_[i].first) - max) * inv_t);
+    for (double& x : p) x /= z;
+    size_t keep = cand_.size();
+    if (params_.mirostat == 2) {
+        // The tokens whose surprise stays within mu (at least the best).
+        keep = 0;
+        while (keep < p.size() && -std::log2(p[keep]) <= mu_) ++keep;
+        keep = std::max<size_t>(keep, 1);
+    } else {
+        // Mirostat 1: estimate the Zipf exponent s from the best 100 tokens, then the top-k
+        // whose expected surprise is mu for a vocabulary of that shape.
+        double num = 0.0, den = 0.0;
+        for (size_t i = 0; i + 1 < std::min<size_t>(p.size(), 100); ++i) {
+            if (!(p[i + 1] > 0.0)) break;
+            const double t = std::log(double(i + 2) / double(i + 1));
+            num += t * std::log(p[i] / p[i + 1]);
+            den += t * t;
+        }
+        if (den > 0.0) {
+            const double s = num / den, eps = s - 1.0;
+            const double n = static_cast<double>(work_.size());
+            const double k =
+                std::pow(eps * std::pow(2.0, double(mu_)) / (1.0 - std::pow(n, -eps)), 1.0 / s);
+            if (std::isfinite(k)) keep = static_cast<size_t>(std::clamp(k, 1.0, double(keep)));
+        }
+    }
+    cand_.resize(keep);
+    std::sort(cand_.begin(), cand_.end(),
+              [](const auto& a, const auto& b) { return a.second < b.second; });
+    cand_prob_.resize(cand_.size());
+    z = 0.0;
+    for (size_t i = 0; i < cand_.size(); ++i)
+        z += std::exp((static_cast<double>(cand_[i].first) - max) * inv_t);
+    for (size_t i = 0; i < cand_.size(); ++i)
+        cand_prob_[i] =
+            static_cast<float>(std::exp((static_cast<double>(cand_[i].first) - max) * inv_t) / z);
 }
 
 void Sampler::top_n_sigma() {
@@ -479,6 +541,10 @@ TokenId Sampler::sample_with(const float* logits, int n_vocab,
     }
     filter(logits, n_vocab, recent_tokens);
     const size_t i = draw_index(cand_prob_.data(), cand_prob_.size(), u);
+    if (params_.mirostat != 0) {  // the surprise of the draw moves the bound toward tau
+        const double surprise = -std::log2(static_cast<double>(cand_prob_[i]));
+        mu_ = static_cast<float>(mu_ - params_.mirostat_eta * (surprise - params_.mirostat_tau));
+    }
     return cand_[i].second;
 }
 

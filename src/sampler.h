@@ -1,7 +1,8 @@
 // Token sampling on the host: llama.cpp's default chain (logit bias, repetition/frequency/
 // presence penalties, DRY, top-n-sigma, top-k, typical, top-p, min-p, XTC, temperature or
-// dynamic temperature, then a seeded draw), greedy argmax when temperature <= 0, and the
-// filtered distribution itself (speculative decoding compares target and draft distributions).
+// dynamic temperature — or mirostat 1/2 after DRY — then a seeded draw), greedy argmax when
+// temperature <= 0, and the filtered distribution itself (speculative decoding compares target
+// and draft distributions).
 // Deterministic across platforms: std::mt19937_64 plus our own uniform conversion.
 #pragma once
 
@@ -72,10 +73,17 @@ struct SamplingParams {
     // the power dynatemp_exponent, runs from 0 to 1 (0: a fixed temperature).
     float dynatemp_range = 0.0f;
     float dynatemp_exponent = 1.0f;
+    // Mirostat 1 or 2 (0: off) replaces the filters after the penalties and DRY: the
+    // candidates at the temperature are cut so that the surprise (-log2 p) of the drawn tokens
+    // tracks mirostat_tau, learning at rate mirostat_eta. Its state changes with every draw, so
+    // a sequence using it does not speculate.
+    int mirostat = 0;
+    float mirostat_tau = 5.0f;
+    float mirostat_eta = 0.1f;
 };
 
 // True when the parameters use a filter only the host sampler has (DRY, top-n-sigma,
-// typical, XTC, dynamic temperature): such rows are not sampled on the GPU.
+// typical, XTC, dynamic temperature, mirostat): such rows are not sampled on the GPU.
 bool sampling_needs_host(const SamplingParams& params);
 
 // How many of the last tokens of a sequence the sampler looks at: the longer of the
@@ -159,6 +167,9 @@ class Sampler {
     // The same into a caller buffer: probs: [n_vocab], zero for excluded tokens, sums to 1.
     void compute_probabilities(const float* logits, int n_vocab,
                                std::span<const TokenId> recent_tokens, float* probs);
+    // With mirostat: the distribution of the next draw, which moves with each sample(); the
+    // target surprise's running estimate mu (2 x tau at the start).
+    float mirostat_mu() const { return mu_; }
     // Draws a token from a distribution (probs: [n_vocab], non-negative, not all zero; need
     // not be normalized) with this sampler's RNG. For the same RNG state,
     // sample_from(probabilities(x)) == sample(x) for non-greedy parameters.
@@ -189,6 +200,8 @@ class Sampler {
     void top_n_sigma();
     void typical();
     size_t xtc_cut() const;
+    // Mirostat's candidates and distribution (cand_, cand_prob_ by id) instead of the filters.
+    void mirostat_filter();
     // out: [cand_.size()] the tempered softmax of the candidates (id order) not excluded, 0
     // for the excluded; the temperature is dynamic when dynatemp_range > 0.
     void tempered_softmax(const std::vector<uint8_t>* excluded, std::vector<float>& out) const;
@@ -211,6 +224,7 @@ class Sampler {
     std::vector<TokenId> xtc_ids_;       // sorted ids XTC's coin drops
     std::vector<uint8_t> xtc_excluded_;  // [cand_.size()] 1 where XTC drops
     std::vector<float> xtc_prob_;        // [cand_.size()] the distribution after XTC
+    float mu_ = 0.0f;                    // mirostat's bound on the surprise, in bits
 };
 
 }  // namespace kvrun

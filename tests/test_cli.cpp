@@ -347,6 +347,9 @@ TEST_CASE("sampling flags out of range are rejected with one clear line") {
         {"--xtc-threshold -1", "XTC threshold must be between 0 and 1 (got -1"},
         {"--dynatemp-range -1", "dynamic temperature range must be a finite number >= 0"},
         {"--dynatemp-exp inf", "dynamic temperature exponent must be a finite number >= 0"},
+        {"--mirostat 3", "mirostat must be 0 (off), 1 or 2 (got 3"},
+        {"--mirostat-ent -1", "mirostat tau must be a finite number >= 0 (got -1"},
+        {"--mirostat-lr nan", "mirostat eta must be a finite number >= 0"},
     };
     for (const auto& [flag, needle] : bad) {
         INFO(flag);
@@ -616,7 +619,7 @@ TEST_CASE(
     std::vector<nlohmann::json> res;
     std::string line;
     while (std::getline(jin, line)) res.push_back(nlohmann::json::parse(line));
-    REQUIRE(res.size() == 5);
+    REQUIRE(res.size() == 6);
     for (int i : {0, 1}) {
         CHECK(res[i]["stop"] == "eos");
         check_record(res[i]["text"]);
@@ -721,7 +724,7 @@ TEST_CASE("-l/--logit-bias and JSON \"logit_bias\" (object or pairs) change the 
     CHECK(res[5]["error"] == "logit bias: token id 600 is outside the vocabulary (0..511)");
 }
 
-TEST_CASE("DRY, XTC, typical, top-n-sigma, dynamic temperature: flags and JSON fields agree") {
+TEST_CASE("DRY, XTC, typical, top-n-sigma, dynamic temperature, mirostat: flags and JSON agree") {
     auto model = shared_path("models/stories260K.gguf");
     if (model.empty()) return;
     const std::string m = " -m " + model.string();
@@ -755,18 +758,22 @@ TEST_CASE("DRY, XTC, typical, top-n-sigma, dynamic temperature: flags and JSON f
     const std::string input = req + ", \"dry_multiplier\": 0.8}\n" + req +
                               ", \"dry_multiplier\": 0.8, \"dry_sequence_breakers\": []}\n" + req +
                               "}\n" + "{\"prompt\": \"hi\", \"typical_p\": 2}\n" +
-                              "{\"prompt\": \"hi\", \"dry_sequence_breakers\": \"abc\"}\n";
+                              "{\"prompt\": \"hi\", \"dry_sequence_breakers\": \"abc\"}\n" +
+                              // mirostat with tau 0 keeps only the best token: greedy
+                              "{\"prompt\": \"Once upon a time\", \"n_predict\": 250, "
+                              "\"temperature\": 1, \"mirostat\": 2, \"mirostat_tau\": 0}\n";
     auto j = run_command(kvrun_cmd("run --jsonl" + m), input);
     std::istringstream jin(j.out);
     std::vector<nlohmann::json> res;
     std::string line;
     while (std::getline(jin, line)) res.push_back(nlohmann::json::parse(line));
-    REQUIRE(res.size() == 5);
+    REQUIRE(res.size() == 6);
     CHECK(res[0]["text"].get<std::string>() + "\n" == dry.out);
     CHECK(res[1]["text"].get<std::string>() + "\n" == none.out);
     CHECK(res[2]["text"].get<std::string>() + "\n" == plain.out);
     CHECK(res[3]["error"] == "typical-p must be between 0 and 1 (got 2; 1 disables it)");
     CHECK(res[4].contains("error"));
+    CHECK(res[5]["text"].get<std::string>() + "\n" == plain.out);
 
     // Sampled with every extra at once: a seed gives one text, the flags change it.
     const std::string sampled = "run" + m + " -p 'Once upon a time' -n 60 --temp 1 -s 4";

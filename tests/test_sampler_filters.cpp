@@ -375,6 +375,10 @@ TEST_CASE("the extras: validation, host-only, history length") {
           std::string::npos);
     CHECK(bad([](SamplingParams& p) { p.dynatemp_exponent = -1; }).find("exponent") !=
           std::string::npos);
+    CHECK(bad([](SamplingParams& p) { p.mirostat = 3; }).find("mirostat must be") !=
+          std::string::npos);
+    CHECK(bad([](SamplingParams& p) { p.mirostat_tau = -1; }).find("tau") != std::string::npos);
+    CHECK(bad([](SamplingParams& p) { p.mirostat_eta = NAN; }).find("eta") != std::string::npos);
     CHECK(bad([](SamplingParams&) {}).empty());
 
     SamplingParams p;
@@ -392,10 +396,64 @@ TEST_CASE("the extras: validation, host-only, history length") {
     for (auto set : {+[](SamplingParams& q) { q.top_n_sigma = 1; },
                      +[](SamplingParams& q) { q.typical_p = 0.5f; },
                      +[](SamplingParams& q) { q.xtc_probability = 0.5f; },
-                     +[](SamplingParams& q) { q.dynatemp_range = 0.5f; }}) {
+                     +[](SamplingParams& q) { q.dynatemp_range = 0.5f; },
+                     +[](SamplingParams& q) { q.mirostat = 2; }}) {
         SamplingParams q;
         set(q);
         CHECK(kvrun::sampling_needs_host(q));
+    }
+}
+
+TEST_CASE("mirostat 2: cuts at surprise mu, then moves mu toward tau by each draw's surprise") {
+    // probabilities 0.5, 0.25, 0.125, 0.125: surprises 1, 2, 3, 3 bits
+    const std::vector<float> logits = {std::log(0.5f), std::log(0.25f), std::log(0.125f),
+                                       std::log(0.125f)};
+    SamplingParams p = plain();
+    p.mirostat = 2;
+    p.mirostat_tau = 1.25f;  // mu starts at 2.5: tokens 0 and 1 stay
+    p.mirostat_eta = 0.1f;
+    Sampler s(p);
+    CHECK(s.mirostat_mu() == doctest::Approx(2.5));
+    auto probs = s.probabilities(logits.data(), 4, {});
+    CHECK(probs[0] == doctest::Approx(2.0 / 3));
+    CHECK(probs[1] == doctest::Approx(1.0 / 3));
+    CHECK(probs[2] == 0.0f);
+    CHECK(s.mirostat_mu() == doctest::Approx(2.5));  // probabilities() does not move it
+    CHECK(s.sample_with(logits.data(), 4, {}, 0.1) == 0);
+    CHECK(s.mirostat_mu() == doctest::Approx(2.5 - 0.1 * (-std::log2(2.0 / 3) - 1.25)));
+    CHECK(s.sample_with(logits.data(), 4, {}, 0.9) == 1);
+    // tau 0: mu 0 keeps only the best token.
+    p.mirostat_tau = 0.0f;
+    CHECK(kept(Sampler(p).probabilities(logits.data(), 4, {})) == std::vector<TokenId>{0});
+}
+
+TEST_CASE("mirostat 1 and 2: the drawn tokens' mean surprise settles at tau") {
+    // A Zipf-like vocabulary of 2000 tokens.
+    std::vector<float> logits(2000);
+    for (size_t i = 0; i < logits.size(); ++i) logits[i] = -1.1f * std::log(float(i + 1));
+    for (int version : {1, 2}) {
+        for (float tau : {2.0f, 4.0f, 6.0f}) {
+            SamplingParams p = plain();
+            p.mirostat = version;
+            p.mirostat_tau = tau;
+            p.seed = 17;
+            Sampler s(p), rng(p);
+            double sum = 0;
+            int n = 0;
+            for (int i = 0; i < 6000; ++i) {
+                const auto probs = s.probabilities(logits.data(), 2000, {});
+                const TokenId t = s.sample(logits.data(), 2000, {});
+                CHECK(t == rng.sample_from(probs.data(), 2000));  // draws follow probabilities()
+                if (i >= 1000) {
+                    sum += -std::log2(double(probs[size_t(t)]));
+                    ++n;
+                }
+            }
+            CAPTURE(version);
+            CAPTURE(tau);
+            CHECK(sum / n == doctest::Approx(tau).epsilon(0.08));
+            CHECK(std::isfinite(s.mirostat_mu()));
+        }
     }
 }
 
@@ -554,4 +612,41 @@ TEST_CASE("the extras with speculative decoding: sampling stays lossless (chi-sq
     const auto free =
         kvrun::spec_test::lossless_z(ref, prompt, kvrun::spec_test::full_softmax(), draws, false);
     CHECK(free.z_first > 10);
+}
+
+TEST_CASE("mirostat through the engine: no speculation, the same tokens, never on the device") {
+    auto path = kvrun::test::shared_path("models/stories260K.gguf");
+    if (path.empty()) return;
+    Model target = kvrun::spec_test::load(path, 16, 512);
+    Model draft =
+        kvrun::spec_test::load(kvrun::test::shared_path("models/stories260K-Q8_0.gguf"), 16, 512);
+    std::vector<GenerationRequest> reqs;
+    for (int v : {1, 2}) {
+        for (const auto& prompt : kvrun::spec_test::kPrompts) {
+            GenerationRequest r;
+            r.prompt = target.tok->encode(prompt, true);
+            r.sampling.temperature = 1.0f;
+            r.sampling.mirostat = v;
+            r.sampling.mirostat_tau = 3.0f;
+            r.sampling.seed = 7;
+            r.n_predict = 80;
+            reqs.push_back(std::move(r));
+        }
+    }
+    const auto alone = run_all(target, reqs, 1);
+    EngineOptions on;
+    on.device_sampling = EngineOptions::DeviceSampling::On;
+    int64_t device_steps = -1;
+    CHECK(run_all(target, reqs, 8, nullptr, 4, on, &device_steps) == alone);
+    CHECK(device_steps == 0);
+    EngineOptions eo;
+    eo.max_parallel = 8;
+    eo.draft = draft.backend.get();
+    Engine engine(*target.backend, *target.tok, eo);
+    std::vector<std::vector<TokenId>> got(reqs.size());
+    engine.on_finish([&](const GenerationResult& r) { got[size_t(r.request)] = r.tokens; });
+    for (const auto& r : reqs) engine.submit(r);
+    engine.run();
+    CHECK(got == alone);
+    CHECK(engine.stats().spec.drafted == 0);
 }

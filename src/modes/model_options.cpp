@@ -186,6 +186,16 @@ void add_sampling_options(CLI::App* cmd, SamplingParams& p) {
                     "Dynamic temperature: temp +- this by the entropy (0: off)")
         ->check(valid("NONNEGATIVE", &SamplingParams::dynatemp_range))
         ->capture_default_str();
+    cmd->add_option("--mirostat", p.mirostat,
+                    "Mirostat 1 or 2 instead of the filters after the penalties (0: off)")
+        ->check(valid("0, 1 or 2", &SamplingParams::mirostat))
+        ->capture_default_str();
+    cmd->add_option("--mirostat-ent", p.mirostat_tau, "Mirostat: target surprise (tau, bits)")
+        ->check(valid("NONNEGATIVE", &SamplingParams::mirostat_tau))
+        ->capture_default_str();
+    cmd->add_option("--mirostat-lr", p.mirostat_eta, "Mirostat: learning rate (eta)")
+        ->check(valid("NONNEGATIVE", &SamplingParams::mirostat_eta))
+        ->capture_default_str();
     cmd->add_option("--dynatemp-exp", p.dynatemp_exponent,
                     "Dynamic temperature: exponent of the normalized entropy")
         ->check(valid("NONNEGATIVE", &SamplingParams::dynatemp_exponent))

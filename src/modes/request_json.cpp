@@ -103,6 +103,9 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
         req.sampling.xtc_probability = j.value("xtc_probability", d.sampling.xtc_probability);
         req.sampling.xtc_threshold = j.value("xtc_threshold", d.sampling.xtc_threshold);
         req.sampling.dynatemp_range = j.value("dynatemp_range", d.sampling.dynatemp_range);
+        req.sampling.mirostat = j.value("mirostat", d.sampling.mirostat);
+        req.sampling.mirostat_tau = j.value("mirostat_tau", d.sampling.mirostat_tau);
+        req.sampling.mirostat_eta = j.value("mirostat_eta", d.sampling.mirostat_eta);
         req.sampling.dynatemp_exponent = j.value("dynatemp_exponent", d.sampling.dynatemp_exponent);
         req.n_samples = j.value("n_samples", d.n_samples);
         req.ignore_eos = j.value("ignore_eos", d.ignore_eos);

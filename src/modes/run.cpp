@@ -292,7 +292,8 @@ void add_run_command(CLI::App& root, int& exit_code) {
         "Read JSON requests from stdin, one per line: {\"prompt\": ..., \"n_predict\": ..., "
         "\"temperature\": ..., \"top_k\", \"top_p\", \"min_p\", \"repeat_penalty\", "
         "\"frequency_penalty\", \"presence_penalty\", \"repeat_last_n\", \"seed\", "
-        "\"dry_*\", \"top_n_sigma\", \"typical_p\", \"xtc_*\", \"dynatemp_*\", \"logit_bias\", "
+        "\"dry_*\", \"top_n_sigma\", \"typical_p\", \"xtc_*\", \"dynatemp_*\", \"mirostat*\", "
+        "\"logit_bias\", "
         "\"n_samples\", \"stop\", \"grammar\", \"json_schema\", \"n_probs\"}; write one JSON "
         "result per line (README: every field)");
     cmd->add_flag("--truncate", o->truncate,
