@@ -209,6 +209,8 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
         req.ignore_eos = cfg_.ignore_eos;
         if (!cfg_.ignore_eos) req.stop_tokens = stop_tokens_;
         req.stop_strings = stop_strings_;
+        req.grammar = cfg_.grammar;
+        if (req.grammar) req.grammar_prefix = reply_tokens;  // a continued reply
         try {
             engine_.submit(std::move(req));
         } catch (const Error&) {

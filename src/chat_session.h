@@ -35,6 +35,9 @@ struct ChatConfig {
     SamplingParams sampling;
     bool ignore_eos = false;  // keep going past end-of-turn tokens (tests, demos)
     ContextOverflow overflow = ContextOverflow::Shift;
+    // Every reply follows this grammar (null: free text); a reply continued after a context
+    // overflow keeps its place in it.
+    std::shared_ptr<const Grammar> grammar;
     int32_t n_sink = 4;  // sinks: leading tokens always kept
 };
 

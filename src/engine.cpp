@@ -129,6 +129,11 @@ int32_t Engine::submit(GenerationRequest request) {
     if (req->grammar) {
         if (!grammar_vocab_) grammar_vocab_ = std::make_shared<GrammarVocab>(tok_);
         s->grammar = std::make_unique<GrammarConstraint>(req->grammar, grammar_vocab_);
+        s->grammar->set_end_tokens(req->stop_tokens);
+        for (size_t i = 0; i < req->grammar_prefix.size(); ++i)
+            if (!s->grammar->try_accept(req->grammar_prefix[i]))
+                fail("grammar_prefix: token {} (#{}) does not continue the grammar",
+                     req->grammar_prefix[i], i);
         s->sampler->set_constraint(s->grammar.get());
     }
     if (draft_ && req->sampling.mirostat == 0) {  // mirostat's state moves with every draw

@@ -49,6 +49,9 @@ struct GenerationRequest {
     // end of generation comes only where a sentence is complete, and the request ends (stop
     // "eos") once the grammar admits nothing more. Null: unconstrained.
     std::shared_ptr<const Grammar> grammar;
+    // Tokens already generated under the grammar, at the end of the prompt (a reply continued
+    // after a context shift): its state starts after them. Each must continue the grammar.
+    std::vector<TokenId> grammar_prefix;
     // > 0: report each generated token's log-probability and the n_probs most likely tokens
     // (GenerationResult::logprobs; at most kMaxLogprobs). Such steps sample on the host.
     int32_t n_probs = 0;

@@ -140,6 +140,9 @@ class GrammarConstraint final : public TokenConstraint {
     // Advances by a token when the grammar allows it (an end-of-generation token leaves the
     // state as it is); false, with nothing changed, when it does not.
     bool try_accept(TokenId token);
+    // More tokens that end the generation like end-of-generation ones (a request's stop
+    // tokens, e.g. a chat template's end of turn): allowed exactly when the text is complete.
+    void set_end_tokens(std::vector<TokenId> tokens);
     // The same for a sampled token; throws Error when the grammar does not allow it.
     void accept(TokenId token);
     bool complete() const { return state_.complete(); }
@@ -153,10 +156,12 @@ class GrammarConstraint final : public TokenConstraint {
     struct Walk;
     void walk(Walk& w, uint32_t node, int32_t state, std::span<uint8_t> mask) const;
     struct MaskCache;
+    bool is_end(TokenId token) const;  // token in range
 
     GrammarState state_;
     std::shared_ptr<const GrammarVocab> vocab_;
     std::shared_ptr<MaskCache> cache_;
+    std::vector<TokenId> end_tokens_;  // sorted
 };
 
 }  // namespace kvrun

@@ -219,9 +219,19 @@ GrammarConstraint::GrammarConstraint(std::shared_ptr<const Grammar> grammar,
     if (!vocab_) fail("grammar: no vocabulary given");
 }
 
+void GrammarConstraint::set_end_tokens(std::vector<TokenId> tokens) {
+    std::sort(tokens.begin(), tokens.end());
+    end_tokens_ = std::move(tokens);
+    cache_ = std::make_shared<MaskCache>();  // masks made without them no longer hold
+}
+
+bool GrammarConstraint::is_end(TokenId token) const {
+    return vocab_->eog_[token] || std::binary_search(end_tokens_.begin(), end_tokens_.end(), token);
+}
+
 bool GrammarConstraint::allows(TokenId token) const {
     if (token < 0 || token >= vocab_->n_vocab_) return false;
-    if (vocab_->eog_[token]) return state_.complete();
+    if (is_end(token)) return state_.complete();
     const std::string& b = vocab_->bytes_[token];
     return !b.empty() && state_.accepts(b);
 }
@@ -281,9 +291,15 @@ void GrammarConstraint::allowed_mask(std::span<uint8_t> mask) const {
     std::fill(mask.begin(), mask.end(), 0);
     Walk w;
     walk(w, 0, w.intern({state_.stacks_, state_.utf8_}), mask);
-    if (state_.complete())
+    if (state_.complete()) {
         for (size_t t = 0; t < mask.size(); ++t)
             if (vocab_->eog_[t]) mask[t] = 1;
+        for (TokenId t : end_tokens_)
+            if (t >= 0 && static_cast<size_t>(t) < mask.size()) mask[static_cast<size_t>(t)] = 1;
+    } else {
+        for (TokenId t : end_tokens_)
+            if (t >= 0 && static_cast<size_t>(t) < mask.size()) mask[static_cast<size_t>(t)] = 0;
+    }
     if (cache_->order.size() == MaskCache::kEntries) {
         cache_->masks.erase(cache_->order.front());
         cache_->order.erase(cache_->order.begin());
@@ -294,14 +310,14 @@ void GrammarConstraint::allowed_mask(std::span<uint8_t> mask) const {
 
 bool GrammarConstraint::try_accept(TokenId token) {
     if (token < 0 || token >= vocab_->n_vocab_) return false;
-    if (vocab_->eog_[token]) return state_.complete();  // the end: the state stays
+    if (is_end(token)) return state_.complete();  // the end: the state stays
     const std::string& b = vocab_->bytes_[token];
     return !b.empty() && state_.advance(b);  // one match (advance leaves a refusal unchanged)
 }
 
 void GrammarConstraint::accept(TokenId token) {
     if (try_accept(token)) return;
-    if (token >= 0 && token < vocab_->n_vocab_ && vocab_->eog_[token])
+    if (token >= 0 && token < vocab_->n_vocab_ && is_end(token))
         fail("grammar: generation ended before the grammar was complete");
     fail("grammar: token {} does not continue the grammar", token);
 }

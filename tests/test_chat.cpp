@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -20,6 +21,7 @@
 #include "common.h"
 #include "engine.h"
 #include "gguf.h"
+#include "grammar.h"
 #include "test_util.h"
 #include "tokenizer.h"
 
@@ -254,6 +256,31 @@ TEST_CASE("chat with piped input: replies on stdout, commands work, EOF exits 0"
     auto bad = run_command(chat_cmd(model.string(), "--chat-template nope"), "");
     CHECK(bad.exit_code == 1);
     CHECK(bad.err.find("unknown chat template 'nope'") != std::string::npos);
+
+    // --json-schema: every reply is a JSON object of the schema.
+    const std::string schema =
+        R"({"type":"object","properties":{"name":{"type":"string","maxLength":12},)"
+        R"("age":{"type":"integer","minimum":1,"maximum":99}},"required":["name","age"]})";
+    auto js = run_command(
+        chat_cmd(model.string(), "--temp 0.8 -s 3 -n 80 --json-schema " + shell_quote(schema)),
+        "Tell me about Lily\nAnd Tom?\n");
+    CHECK_MESSAGE(js.exit_code == 0, js.err);
+    // Replies may span lines (the schema's whitespace allows newlines): read value by value.
+    std::istringstream in(js.out);
+    int replies = 0;
+    while ((in >> std::ws).peek() != EOF) {
+        nlohmann::json j;
+        REQUIRE_NOTHROW(in >> j);
+        CAPTURE(j.dump());
+        CHECK(j["name"].is_string());
+        CHECK(j["age"].get<int>() >= 1);
+        CHECK(j["age"].get<int>() <= 99);
+        ++replies;
+    }
+    CHECK(replies == 2);
+    auto bad_grammar = run_command(chat_cmd(model.string(), "--grammar 'root ::= foo'"), "hi\n");
+    CHECK(bad_grammar.exit_code == 1);
+    CHECK(bad_grammar.err.find("rule `foo` is used but never defined") != std::string::npos);
 }
 
 namespace {
@@ -450,4 +477,39 @@ TEST_CASE("chat with a draft model (piped): the same replies, /stats shows the s
     auto help = run_command(kvrun::test::kvrun_binary() + " chat --help");
     CHECK(help.out.find("--draft-model") != std::string::npos);
     CHECK(help.out.find("--draft-n") != std::string::npos);
+}
+
+TEST_CASE("ChatSession with a grammar: every reply follows it, also across a mid-reply overflow") {
+    using namespace kvrun;
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    ChatModel m(model.string(), 64);
+    EngineOptions eo;
+    eo.n_ctx = 160;
+    Engine engine(*m.backend, *m.tok, eo);
+    // A list: restarting the grammar in the middle would write " [" again.
+    auto g = Grammar::parse(R"(root ::= " [" [a-z]+ (", " [a-z]+)* "]")");
+    for (ContextOverflow policy : {ContextOverflow::Shift, ContextOverflow::Sinks}) {
+        CAPTURE(int(policy));
+        ChatConfig cfg;
+        cfg.n_predict = 120;
+        cfg.sampling.temperature = 0;
+        cfg.overflow = policy;
+        cfg.grammar = g;
+        ChatSession chat(engine, *m.tok, cfg);
+        Notices notes;
+        for (const char* msg : {"Once upon a time", "The dog ran to the park"}) {
+            std::string streamed;
+            const std::string reply = chat.send(
+                msg, [&](std::string_view t) { streamed += t; }, notes.sink());
+            CAPTURE(reply);
+            CHECK(streamed == reply);
+            GrammarState st(g);
+            CHECK(st.advance(" " + reply));  // the shown reply loses its leading space
+            if (chat.last_turn().stop == StopReason::Eos) CHECK(st.complete());
+        }
+        // The second reply outgrew the context at least once and went on where it was.
+        CHECK(chat.last_turn().n_overflows >= 1);
+        CHECK(notes.has("[context full:"));
+    }
 }

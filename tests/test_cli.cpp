@@ -619,7 +619,7 @@ TEST_CASE(
     std::vector<nlohmann::json> res;
     std::string line;
     while (std::getline(jin, line)) res.push_back(nlohmann::json::parse(line));
-    REQUIRE(res.size() == 6);
+    REQUIRE(res.size() == 5);
     for (int i : {0, 1}) {
         CHECK(res[i]["stop"] == "eos");
         check_record(res[i]["text"]);

@@ -256,6 +256,43 @@ TEST_CASE("grammar constraint: the trie's mask equals token-by-token checks on r
     }
 }
 
+TEST_CASE("grammar constraint: extra end tokens are allowed exactly where the text is complete") {
+    auto path = test::shared_path("models/stories260K.gguf");
+    if (path.empty()) return;
+    GgufFile file = GgufFile::open(path.string());
+    auto tok = Tokenizer::from_gguf(file);
+    auto vocab = std::make_shared<GrammarVocab>(*tok);
+    const TokenId dot = tok->find_token(".");
+    const TokenId word = tok->find_token("\u2581the");  // " the"
+    REQUIRE(dot >= 0);
+    REQUIRE(word >= 0);
+    // "." spelled by the grammar too: as an end token it is only an end.
+    GrammarConstraint c(Grammar::parse(R"(root ::= (" the")+ "."?)"), vocab);
+    c.set_end_tokens({dot});
+    std::vector<uint8_t> mask(static_cast<size_t>(tok->n_vocab()));
+    c.allowed_mask(mask);
+    CHECK_FALSE(c.allows(dot));  // nothing yet: not complete
+    CHECK(mask[size_t(dot)] == 0);
+    CHECK(c.allows(word));
+    c.accept(word);
+    CHECK(c.complete());
+    c.allowed_mask(mask);
+    CHECK(c.allows(dot));
+    CHECK(mask[size_t(dot)] == 1);
+    GrammarConstraint before = c;
+    CHECK(c.try_accept(dot));  // the end: the state stays
+    CHECK(c.state().complete());
+    c.accept(word);  // still where it was
+    // Without it, "." is text of the grammar.
+    GrammarConstraint plain(Grammar::parse(R"(root ::= (" the")+ "."?)"), vocab);
+    CHECK_FALSE(plain.allows(dot));  // not before " the"
+    plain.accept(word);
+    CHECK(plain.allows(dot));
+    plain.accept(dot);
+    CHECK(plain.finished());
+    CHECK_FALSE(plain.allows(word));
+}
+
 namespace {
 
 // A constraint that allows a fixed set of tokens (sampler tests need no vocabulary).

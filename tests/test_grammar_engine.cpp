@@ -229,3 +229,60 @@ TEST_CASE("a grammar that explodes mid-generation ends only its own request, wit
     for (size_t i : {0, 2, 3}) CHECK(results[i].stop == StopReason::Eos);
     CHECK(engine.kv_table().n_used_blocks() == 0);
 }
+
+TEST_CASE("grammar_prefix continues a reply where it left off; stop tokens end it when complete") {
+    auto path = test::shared_path("models/stories260K.gguf");
+    if (path.empty()) return;
+    Model m = spec_test::load(path, 16, 64);
+    auto g = Grammar::parse(R"(root ::= " [" [a-z]+ (", " [a-z]+)* "]")");
+    auto reqs = requests(*m.tok, g, greedy(), 40);
+    reqs.resize(1);
+    reqs[0].ignore_eos = true;
+    const auto whole = run(m, reqs, 1);
+    const std::vector<TokenId>& all = whole[0][0].tokens;
+    REQUIRE(all.size() == 40);
+    // The same request cut after k tokens, then continued with those tokens as its prefix.
+    for (size_t k : {1, 7, 20}) {
+        CAPTURE(k);
+        GenerationRequest r = reqs[0];
+        r.prompt.insert(r.prompt.end(), all.begin(), all.begin() + long(k));
+        r.grammar_prefix.assign(all.begin(), all.begin() + long(k));
+        r.n_predict = 40 - int32_t(k);
+        const auto rest = run(m, {r}, 1);
+        CHECK(rest[0][0].tokens == std::vector<TokenId>(all.begin() + long(k), all.end()));
+        // Without the prefix the grammar starts over (" [" again): another continuation.
+        r.grammar_prefix.clear();
+        CHECK(run(m, {r}, 1)[0][0].tokens != rest[0][0].tokens);
+    }
+    // A prefix the grammar refuses is refused at submit.
+    {
+        EngineOptions eo;
+        Engine engine(*m.backend, *m.tok, eo);
+        GenerationRequest r = reqs[0];
+        r.grammar_prefix = {m.tok->find_token(".")};
+        CHECK_THROWS_WITH_AS(engine.submit(r), doctest::Contains("does not continue the grammar"),
+                             Error);
+    }
+
+    // A stop token (here ".") is allowed as the end once the text is complete, and only then.
+    const TokenId dot = m.tok->find_token(".");
+    auto words = Grammar::parse(R"(root ::= (" " [a-z]+){3,})");
+    auto sreqs = requests(*m.tok, words, greedy(), 60);
+    for (auto& r : sreqs) r.stop_tokens = {dot};
+    const auto ended = run(m, sreqs, 4);
+    int early = 0;
+    for (size_t i = 0; i < sreqs.size(); ++i) {
+        CAPTURE(i);
+        const Out& o = ended[i][0];
+        std::string text;
+        for (TokenId t : o.tokens) text += m.tok->token_to_piece(t);
+        CAPTURE(text);
+        GrammarState st(words);
+        CHECK(st.advance(text));
+        if (o.stop == StopReason::Eos) {
+            CHECK(st.complete());
+            ++early;
+        }
+    }
+    CHECK(early >= 2);  // the story model ends its sentences soon after three words
+}

@@ -3,6 +3,7 @@
 // line editing and history (LineEditor), slash commands, streaming the reply to stdout,
 // Ctrl-C (stops a reply / clears the line) and Ctrl-D (exits 0). With --draft-model the
 // engine speculates for every reply (same replies with --temp 0; /stats shows the acceptance).
+// --grammar / --json-schema constrain every reply.
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include "common.h"
 #include "line_editor.h"
 #include "modes/draft_options.h"
+#include "modes/grammar_options.h"
 #include "modes/model_options.h"
 #include "modes/modes.h"
 
@@ -22,6 +24,7 @@ namespace {
 struct ChatOptions {
     ModelOptions model;
     DraftOptions draft;
+    GrammarOptions grammar;
     SamplingParams sampling;
     std::string system, chat_template, overflow = "shift", history_file;
     int32_t n_predict = -1;
@@ -94,6 +97,7 @@ int run_chat(const ChatOptions& o) {
     cfg.ignore_eos = o.ignore_eos;
     cfg.overflow = context_overflow_from_name(o.overflow);
     cfg.n_sink = o.n_sink;
+    cfg.grammar = grammar_from_options(o.grammar);  // before the model: a bad grammar fails fast
     LoadedModel m = load_model(o.model, 1);
     LoadedModel draft;
     if (o.draft.enabled()) draft = load_draft_model(o.draft, o.model, m, 1);
@@ -182,6 +186,7 @@ void add_chat_command(CLI::App& root, int& exit_code) {
         ->capture_default_str();
     add_sampling_options(cmd, o->sampling);
     add_draft_options(cmd, o->draft);
+    add_grammar_options(cmd, o->grammar);
     cmd->add_option("--context-overflow", o->overflow,
                     "When the conversation outgrows the context: stop (end the reply), shift "
                     "(drop the oldest half of the turns, re-prefill) or sinks (keep the first "
