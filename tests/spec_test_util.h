@@ -1,7 +1,8 @@
-// Helpers shared by the speculative-decoding tests (test_speculative.cpp, test_spec_engine.cpp):
-// a model with its own CPU backend, the reference prompts, the chi-square statistic, the exact
-// next-token distribution of the target, and the losslessness check on observed (first, second)
-// token pairs.
+// Helpers shared by the speculative-decoding tests (test_speculative.cpp, test_spec_engine.cpp,
+// test_grammar_engine.cpp, test_sampler_filters.cpp): a model with its own CPU backend, the
+// reference prompts, the chi-square statistic, the exact next-token distribution of the
+// target, sampled (first, second) token pairs through a speculating engine, and the
+// losslessness check on them.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "engine.h"
 #include "gguf.h"
 #include "grammar.h"
 #include "kv_block_table.h"
@@ -145,6 +147,46 @@ inline LosslessZ lossless_z(Model& ref, const std::vector<TokenId>& prompt,
     for (const auto& [key, count] : pair) binned[e2.count(key) ? key : -1] += count;
     e2[-1] = std::max(0.0, 1.0 - covered);
     out.z_pair = chi_square_z(binned, e2, n);
+    return out;
+}
+
+// The first two tokens of n continuations of `prompt` (three tokens each, seeds 1..n, `params`
+// otherwise, under `grammar` when given), 16 at a time, with the draft proposing exactly two
+// tokens: both come from one round's acceptance chain. Checks that no KV block leaks.
+struct FirstPairs {
+    std::vector<std::pair<TokenId, TokenId>> draws;
+    EngineStats stats;
+};
+inline FirstPairs first_pairs(Model& target, Backend& draft, const std::vector<TokenId>& prompt,
+                              const SamplingParams& params, int64_t n,
+                              AcceptRule rule = AcceptRule::Lossless,
+                              std::shared_ptr<const Grammar> grammar = nullptr) {
+    EngineOptions eo;
+    eo.max_parallel = 16;
+    eo.n_batch = 32;
+    eo.draft = &draft;
+    eo.draft_min = eo.draft_max = 2;
+    eo.accept_rule = rule;
+    Engine engine(*target.backend, *target.tok, eo);
+    FirstPairs out;
+    engine.on_finish([&](const GenerationResult& r) {
+        REQUIRE(r.tokens.size() == 3);
+        out.draws.emplace_back(r.tokens[0], r.tokens[1]);
+    });
+    for (int64_t i = 0; i < n; ++i) {
+        GenerationRequest req;
+        req.prompt = prompt;
+        req.n_predict = 3;
+        req.ignore_eos = true;
+        req.sampling = params;
+        req.sampling.seed = 1 + uint64_t(i);
+        req.grammar = grammar;
+        engine.submit(req);
+    }
+    engine.run();
+    CHECK(engine.kv_table().n_used_blocks() == 0);
+    CHECK(engine.draft_kv_table()->n_used_blocks() == 0);
+    out.stats = engine.stats();
     return out;
 }
 

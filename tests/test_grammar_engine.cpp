@@ -167,36 +167,15 @@ TEST_CASE("grammar with speculative decoding: greedy tokens unchanged, sampling 
     const std::vector<TokenId> prompt =
         target4.tok->encode("The little dog saw a big red ball. He", true);
     SamplingParams sp = spec_test::full_softmax();
-    EngineOptions eo;
-    eo.max_parallel = 16;
-    eo.n_batch = 32;
-    eo.draft = l3.backend.get();
-    eo.draft_min = eo.draft_max = 2;
-    Engine engine(*target4.backend, *target4.tok, eo);
-    std::vector<std::pair<TokenId, TokenId>> draws;
-    engine.on_finish([&](const GenerationResult& r) {
-        REQUIRE(r.tokens.size() == 3);
-        draws.emplace_back(r.tokens[0], r.tokens[1]);
-    });
-    const int n = 2000;
-    for (int i = 0; i < n; ++i) {
-        GenerationRequest req;
-        req.prompt = prompt;
-        req.n_predict = 3;
-        req.ignore_eos = true;
-        req.sampling = sp;
-        req.sampling.seed = 1 + uint64_t(i);
-        req.grammar = g;
-        engine.submit(req);
-    }
-    engine.run();
+    const auto run =
+        spec_test::first_pairs(target4, *l3.backend, prompt, sp, 2000, AcceptRule::Lossless, g);
+    const auto& draws = run.draws;
     const auto z = spec_test::lossless_z(ref, prompt, sp, draws, true, g);
     MESSAGE("grammar + speculation: z(first) " << z.z_first << ", z(pair) " << z.z_pair
-                                               << ", acceptance "
-                                               << engine.stats().spec.acceptance());
+                                               << ", acceptance " << run.stats.spec.acceptance());
     CHECK(z.z_first < 3.7);
     CHECK(z.z_pair < 3.7);
-    CHECK(engine.stats().spec.accepted > 0);
+    CHECK(run.stats.spec.accepted > 0);
     // Against the unconstrained distribution the same draws are far off: the test has teeth.
     const auto free = spec_test::lossless_z(ref, prompt, sp, draws, false);
     CHECK(free.z_first > 10);

@@ -579,35 +579,14 @@ TEST_CASE("the extras with speculative decoding: sampling stays lossless (chi-sq
     sp.xtc_threshold = 0.15f;
     sp.typical_p = 0.95f;
     sp.dynatemp_range = 0.4f;
-    EngineOptions eo;
-    eo.max_parallel = 16;
-    eo.n_batch = 32;
-    eo.draft = l3.backend.get();
-    eo.draft_min = eo.draft_max = 2;
-    Engine engine(*target.backend, *target.tok, eo);
-    std::vector<std::pair<TokenId, TokenId>> draws;
-    engine.on_finish([&](const GenerationResult& r) {
-        REQUIRE(r.tokens.size() == 3);
-        draws.emplace_back(r.tokens[0], r.tokens[1]);
-    });
-    const int n = 2000;
-    for (int i = 0; i < n; ++i) {
-        GenerationRequest req;
-        req.prompt = prompt;
-        req.n_predict = 3;
-        req.ignore_eos = true;
-        req.sampling = sp;
-        req.sampling.seed = 1 + uint64_t(i);
-        engine.submit(req);
-    }
-    engine.run();
+    const auto run = kvrun::spec_test::first_pairs(target, *l3.backend, prompt, sp, 2000);
+    const auto& draws = run.draws;
     const auto z = kvrun::spec_test::lossless_z(ref, prompt, sp, draws, true);
     MESSAGE("extras + speculation: z(first) " << z.z_first << ", z(pair) " << z.z_pair
-                                              << ", acceptance "
-                                              << engine.stats().spec.acceptance());
+                                              << ", acceptance " << run.stats.spec.acceptance());
     CHECK(z.z_first < 3.7);
     CHECK(z.z_pair < 3.7);
-    CHECK(engine.stats().spec.accepted > 0);
+    CHECK(run.stats.spec.accepted > 0);
     // Against the plain softmax the same draws are far off: the extras did change the output.
     const auto free =
         kvrun::spec_test::lossless_z(ref, prompt, kvrun::spec_test::full_softmax(), draws, false);

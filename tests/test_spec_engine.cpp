@@ -267,33 +267,12 @@ TEST_CASE("sampled batches with speculation are lossless (chi-square, temp 0.8 a
     const std::vector<TokenId> prompt =
         target.tok->encode("The little dog saw a big red ball. He", true);
 
-    // n requests of three tokens in batches of 16, fixed seeds 1..n, K = 2: the first two
-    // tokens come from one round's acceptance chain.
     auto measure = [&](const SamplingParams& params, AcceptRule rule, int64_t n, bool pairs,
                        double* acceptance) {
-        EngineOptions eo = spec_options(&draft, 16, 2, 2);
-        eo.accept_rule = rule;
-        Engine engine(*target.backend, *target.tok, eo);
-        std::vector<std::pair<TokenId, TokenId>> draws;
-        engine.on_finish([&](const GenerationResult& r) {
-            REQUIRE(r.tokens.size() == 3);
-            draws.emplace_back(r.tokens[0], r.tokens[1]);
-        });
-        for (int64_t i = 0; i < n; ++i) {
-            GenerationRequest req;
-            req.prompt = prompt;
-            req.n_predict = 3;
-            req.ignore_eos = true;
-            req.sampling = params;
-            req.sampling.seed = 1 + uint64_t(i);
-            engine.submit(req);
-        }
-        engine.run();
-        CHECK(engine.stats().peak_running == 16);
-        CHECK(engine.kv_table().n_used_blocks() == 0);
-        CHECK(engine.draft_kv_table()->n_used_blocks() == 0);
-        if (acceptance) *acceptance = engine.stats().spec.acceptance();
-        return spec_test::lossless_z(ref, prompt, params, draws, pairs);
+        const auto run = spec_test::first_pairs(target, *draft.backend, prompt, params, n, rule);
+        CHECK(run.stats.peak_running == 16);
+        if (acceptance) *acceptance = run.stats.spec.acceptance();
+        return spec_test::lossless_z(ref, prompt, params, run.draws, pairs);
     };
 
     const int64_t n = 3000;
