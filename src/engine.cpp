@@ -76,17 +76,23 @@ Engine::Engine(Backend& backend, const Tokenizer& tokenizer, EngineOptions optio
     ctx = std::min<int64_t>(ctx, INT32_MAX);
     n_ctx_requested_ = static_cast<int32_t>(ctx);
     n_ctx_ = static_cast<int32_t>(std::min<int64_t>(ctx, pool_tokens));
+    if (opt_.draft_ngram < 0 || opt_.draft_ngram > 64)
+        fail("--draft-ngram must be between 0 (off) and 64 (got {})", opt_.draft_ngram);
+    if (opt_.draft && opt_.draft_ngram > 0)
+        fail("give a draft model or n-gram drafting (--draft-ngram), not both");
+    if (opt_.draft || opt_.draft_ngram > 0) {
+        if (opt_.draft_max < 1 || opt_.draft_max > 256)
+            fail("--draft-n must be between 1 and 256 (got {})", opt_.draft_max);
+        if (opt_.draft_min < 1 || opt_.draft_min > opt_.draft_max)
+            fail("--draft-min must be between 1 and --draft-n ({}) (got {})", opt_.draft_max,
+                 opt_.draft_min);
+    }
     if (opt_.draft) {
         Backend& d = *opt_.draft;
         if (d.config().n_vocab != backend.config().n_vocab)
             throw Error(fmt::format("the draft model outputs {} logits per token but the target {}",
                                     d.config().n_vocab, backend.config().n_vocab),
                         "use a draft model of the same family (same tokenizer) as the target");
-        if (opt_.draft_max < 1 || opt_.draft_max > 256)
-            fail("--draft-n must be between 1 and 256 (got {})", opt_.draft_max);
-        if (opt_.draft_min < 1 || opt_.draft_min > opt_.draft_max)
-            fail("--draft-min must be between 1 and --draft-n ({}) (got {})", opt_.draft_max,
-                 opt_.draft_min);
         draft_ = &d;
         draft_table_ = std::make_unique<KvBlockTable>(static_cast<int32_t>(d.n_kv_blocks()),
                                                       d.kv_block_size(), d.n_kv_stages());
@@ -136,10 +142,12 @@ int32_t Engine::submit(GenerationRequest request) {
                      req->grammar_prefix[i], i);
         s->sampler->set_constraint(s->grammar.get());
     }
-    if (draft_ && req->sampling.mirostat == 0) {  // mirostat's state moves with every draw
-        SamplingParams dp = req->sampling;
-        dp.seed = speculative_draft_seed(dp.seed);
-        s->draft_sampler = make_sampler(dp);
+    if (speculative() && req->sampling.mirostat == 0) {  // mirostat moves with every draw
+        if (draft_) {
+            SamplingParams dp = req->sampling;
+            dp.seed = speculative_draft_seed(dp.seed);
+            s->draft_sampler = make_sampler(dp);
+        }
         s->k = opt_.draft_max;
     }
     s->t_submit = Clock::now();
@@ -375,8 +383,8 @@ void Engine::fork_samples(Seq& s) {
             if (s.draft_kv >= 0) f->draft_kv = draft_table_->fork(s.draft_kv);
             p.seed = speculative_draft_seed(p.seed);
             f->draft_sampler = make_sampler(p);
-            f->k = s.k;
         }
+        f->k = s.k;
         f->admitted_once = true;
         f->t_submit = s.t_submit;
         f->t_admit = s.t_admit;
@@ -559,10 +567,13 @@ bool Engine::step() {
         p.start = s->n_computed;
         p.n = n;
         p.logits = s->n_computed + n == s->n_tokens();
-        if (draft_ && p.logits) p.k = draft_length(*s);
+        if (speculative() && p.logits) p.k = draft_length(*s);
         parts.push_back(p);
     }
-    if (draft_) draft_round(parts);  // sets each part's drafts (p.k = how many)
+    if (draft_)
+        draft_round(parts);  // sets each part's drafts (p.k = how many)
+    else if (opt_.draft_ngram > 0)
+        lookup_round(parts);
 
     std::vector<TokenId> toks;
     for (Part& p : parts) {

@@ -101,6 +101,9 @@ struct EngineOptions {
     // must outlive the engine; its KV pool should hold at least the target's, plus K tokens
     // per sequence). Null: no speculation.
     Backend* draft = nullptr;
+    // Or, without a draft model: prompt lookup drafting (speculative_lookup_drafts) with
+    // n-grams of up to this many tokens (0: off). The two exclude each other.
+    int32_t draft_ngram = 0;
     int32_t draft_max = 8;  // --draft-n: the most tokens drafted per sequence and round
     int32_t draft_min = 1;  // the fewest (== draft_max: K fixed, no adaptation)
     AcceptRule accept_rule = AcceptRule::Lossless;
@@ -185,7 +188,7 @@ class Engine {
     KvBlockTable& kv_table() { return table_; }
     // The draft model's block table (null without a draft model).
     const KvBlockTable* draft_kv_table() const { return draft_table_.get(); }
-    bool speculative() const { return draft_ != nullptr; }
+    bool speculative() const { return draft_ != nullptr || opt_.draft_ngram > 0; }
     int32_t n_ctx() const { return n_ctx_; }
     // The context asked for (-c, else the model's training context) before n_ctx() capped it
     // to the KV pool: larger than n_ctx() when the pool is too small for it.
@@ -233,6 +236,7 @@ class Engine {
     void draft_init(Seq& s, Session* session);
     int32_t draft_length(const Seq& s) const;
     void draft_round(std::vector<Part>& parts);
+    void lookup_round(std::vector<Part>& parts);  // drafts by prompt lookup
     void draft_forward(const ForwardBatch& fb);
     bool draft_append(Seq& s, std::span<const TokenId> toks);
     void verify_drafts(Seq& s, const float* logits, int32_t k);

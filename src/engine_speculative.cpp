@@ -48,7 +48,7 @@ void Engine::draft_init(Seq& s, Session* session) {
 
 // Drafts for s's next round: 0 when it cannot speculate now.
 int32_t Engine::draft_length(const Seq& s) const {
-    if (s.draft_kv < 0 || !s.draft_sampler) return 0;
+    if (draft_ && (s.draft_kv < 0 || !s.draft_sampler)) return 0;
     if (s.req->n_samples > 1 && !s.forked) return 0;  // samples fork at the prompt's logits
     // The target writes positions n-1 .. n-1+k, all inside the context; drafting more than the
     // tokens still wanted (minus the target's own) is wasted.
@@ -173,6 +173,31 @@ void Engine::draft_round(std::vector<Part>& parts) {
     }
     for (Part& p : parts)
         if (p.k > 0) p.k = static_cast<int32_t>(p.s->drafts.size());
+}
+
+// Prompt lookup: each part's drafts continue the most recent earlier occurrence of its last
+// tokens (cut where a grammar refuses them); sampled sequences get one-hot draft rows.
+void Engine::lookup_round(std::vector<Part>& parts) {
+    const size_t V = static_cast<size_t>(backend_.config().n_vocab);
+    for (Part& p : parts) {
+        Seq& s = *p.s;
+        s.drafts.clear();
+        if (p.k <= 0) continue;
+        s.drafts = speculative_lookup_drafts(s.tokens, opt_.draft_ngram, p.k);
+        if (s.grammar) {
+            GrammarConstraint g(*s.grammar);
+            size_t ok = 0;
+            while (ok < s.drafts.size() && !tok_.is_eog(s.drafts[ok]) && g.try_accept(s.drafts[ok]))
+                ++ok;
+            s.drafts.resize(ok);
+        }
+        p.k = static_cast<int32_t>(s.drafts.size());
+        if (p.k > 0 && !s.sampler->greedy()) {
+            s.q.assign(static_cast<size_t>(p.k) * V, 0.0f);
+            for (size_t i = 0; i < s.drafts.size(); ++i)
+                s.q[i * V + static_cast<size_t>(s.drafts[i])] = 1.0f;
+        }
+    }
 }
 
 // After the target pass: judges s's k drafts against logits: [k + 1][n_vocab], rolls both

@@ -97,6 +97,22 @@ int32_t speculative_next_k(int32_t current, int32_t k, int32_t n_accepted, int32
     return std::clamp(next, k_min, k_max);
 }
 
+std::vector<TokenId> speculative_lookup_drafts(std::span<const TokenId> tokens, int32_t n_max,
+                                               int32_t k) {
+    const int64_t len = static_cast<int64_t>(tokens.size());
+    if (k <= 0 || len < 2) return {};
+    for (int64_t n = std::min<int64_t>(n_max, len - 1); n >= 1; --n) {
+        const std::span<const TokenId> suffix = tokens.last(static_cast<size_t>(n));
+        // An earlier occurrence ends at e - 1 < len - 1, most recent first.
+        for (int64_t e = len - 1; e >= n; --e) {
+            if (!std::equal(suffix.begin(), suffix.end(), tokens.begin() + (e - n))) continue;
+            const int64_t m = std::min<int64_t>(k, len - e);
+            return std::vector<TokenId>(tokens.begin() + e, tokens.begin() + e + m);
+        }
+    }
+    return {};
+}
+
 uint64_t speculative_draft_seed(uint64_t seed) {
     return seed ^ 0xD1B54A32D192ED03ull;
 }

@@ -63,6 +63,13 @@ SpecAcceptResult speculative_verify(Sampler& target, const float* logits, int n_
 int32_t speculative_next_k(int32_t current, int32_t k, int32_t n_accepted, int32_t k_min,
                            int32_t k_max);
 
+// Prompt lookup ("n-gram") drafting, no draft model: the tokens that followed the most recent
+// earlier occurrence of the sequence's last n tokens, for the longest n in [1, n_max] that has
+// one, at most k of them (empty when no suffix recurs). A one-hot draft distribution, so
+// sampling stays exact with the usual acceptance rule.
+std::vector<TokenId> speculative_lookup_drafts(std::span<const TokenId> tokens, int32_t n_max,
+                                               int32_t k);
+
 // The draft sampler's seed for a request seed (its own stream of random numbers).
 uint64_t speculative_draft_seed(uint64_t seed);
 

@@ -151,20 +151,22 @@ inline LosslessZ lossless_z(Model& ref, const std::vector<TokenId>& prompt,
 }
 
 // The first two tokens of n continuations of `prompt` (three tokens each, seeds 1..n, `params`
-// otherwise, under `grammar` when given), 16 at a time, with the draft proposing exactly two
-// tokens: both come from one round's acceptance chain. Checks that no KV block leaks.
+// otherwise, under `grammar` when given), 16 at a time, with the draft model (or, with
+// `ngram` > 0 and no draft, prompt lookup) proposing two tokens: both come from one round's
+// acceptance chain. Checks that no KV block leaks.
 struct FirstPairs {
     std::vector<std::pair<TokenId, TokenId>> draws;
     EngineStats stats;
 };
-inline FirstPairs first_pairs(Model& target, Backend& draft, const std::vector<TokenId>& prompt,
+inline FirstPairs first_pairs(Model& target, Backend* draft, const std::vector<TokenId>& prompt,
                               const SamplingParams& params, int64_t n,
                               AcceptRule rule = AcceptRule::Lossless,
-                              std::shared_ptr<const Grammar> grammar = nullptr) {
+                              std::shared_ptr<const Grammar> grammar = nullptr, int32_t ngram = 0) {
     EngineOptions eo;
     eo.max_parallel = 16;
     eo.n_batch = 32;
-    eo.draft = &draft;
+    eo.draft = draft;
+    eo.draft_ngram = ngram;
     eo.draft_min = eo.draft_max = 2;
     eo.accept_rule = rule;
     Engine engine(*target.backend, *target.tok, eo);
@@ -185,7 +187,7 @@ inline FirstPairs first_pairs(Model& target, Backend& draft, const std::vector<T
     }
     engine.run();
     CHECK(engine.kv_table().n_used_blocks() == 0);
-    CHECK(engine.draft_kv_table()->n_used_blocks() == 0);
+    if (draft) CHECK(engine.draft_kv_table()->n_used_blocks() == 0);
     out.stats = engine.stats();
     return out;
 }

@@ -167,8 +167,8 @@ TEST_CASE("grammar with speculative decoding: greedy tokens unchanged, sampling 
     const std::vector<TokenId> prompt =
         target4.tok->encode("The little dog saw a big red ball. He", true);
     SamplingParams sp = spec_test::full_softmax();
-    const auto run =
-        spec_test::first_pairs(target4, *l3.backend, prompt, sp, 2000, AcceptRule::Lossless, g);
+    const auto run = spec_test::first_pairs(target4, l3.backend.get(), prompt, sp, 2000,
+                                            AcceptRule::Lossless, g);
     const auto& draws = run.draws;
     const auto z = spec_test::lossless_z(ref, prompt, sp, draws, true, g);
     MESSAGE("grammar + speculation: z(first) " << z.z_first << ", z(pair) " << z.z_pair

@@ -579,7 +579,7 @@ TEST_CASE("the extras with speculative decoding: sampling stays lossless (chi-sq
     sp.xtc_threshold = 0.15f;
     sp.typical_p = 0.95f;
     sp.dynatemp_range = 0.4f;
-    const auto run = kvrun::spec_test::first_pairs(target, *l3.backend, prompt, sp, 2000);
+    const auto run = kvrun::spec_test::first_pairs(target, l3.backend.get(), prompt, sp, 2000);
     const auto& draws = run.draws;
     const auto z = kvrun::spec_test::lossless_z(ref, prompt, sp, draws, true);
     MESSAGE("extras + speculation: z(first) " << z.z_first << ", z(pair) " << z.z_pair

@@ -269,7 +269,8 @@ TEST_CASE("sampled batches with speculation are lossless (chi-square, temp 0.8 a
 
     auto measure = [&](const SamplingParams& params, AcceptRule rule, int64_t n, bool pairs,
                        double* acceptance) {
-        const auto run = spec_test::first_pairs(target, *draft.backend, prompt, params, n, rule);
+        const auto run =
+            spec_test::first_pairs(target, draft.backend.get(), prompt, params, n, rule);
         CHECK(run.stats.peak_running == 16);
         if (acceptance) *acceptance = run.stats.spec.acceptance();
         return spec_test::lossless_z(ref, prompt, params, run.draws, pairs);
@@ -449,4 +450,76 @@ TEST_CASE("quantized KV caches (q8, q4) with a draft: greedy tokens unchanged, n
             CHECK_MESSAGE(got.tokens[i] == want.tokens[i], "prompt " << i);
         CHECK(got.stats.spec.drafted > got.stats.spec.accepted);  // rollbacks happened
     }
+}
+
+TEST_CASE("prompt lookup drafts: hand cases") {
+    using V = std::vector<TokenId>;
+    // ... 1 2 3 | 9 9 ... 1 2 3 -> the continuation after the most recent "1 2 3": "4 5".
+    const V t = {1, 2, 3, 9, 9, 1, 2, 3, 4, 5, 7, 1, 2, 3};
+    CHECK(speculative_lookup_drafts(t, 3, 2) == V{4, 5});
+    CHECK(speculative_lookup_drafts(t, 3, 8) == V{4, 5, 7, 1, 2, 3});  // up to the end
+    CHECK(speculative_lookup_drafts(t, 3, 0).empty());
+    // The longest n-gram that recurs wins over a more recent shorter one: "6 7" was last
+    // followed by 8; the single "7" more recently by 1.
+    const V u = {5, 6, 7, 8, 0, 7, 1, 6, 7};
+    CHECK(speculative_lookup_drafts(u, 2, 3) == V{8, 0, 7});
+    CHECK(speculative_lookup_drafts(u, 1, 3) == V{1, 6, 7});
+    // Nothing recurs: no drafts.
+    CHECK(speculative_lookup_drafts(V{1, 2, 3, 4}, 3, 4).empty());
+    CHECK(speculative_lookup_drafts(V{1}, 3, 4).empty());
+    // A run of one token drafts more of it.
+    CHECK(speculative_lookup_drafts(V{4, 4, 4}, 2, 5) == V{4});
+}
+
+TEST_CASE("prompt lookup (--draft-ngram): greedy tokens unchanged, sampling lossless") {
+    auto tpath = test::shared_path("models/stories260K.gguf");
+    if (tpath.empty()) return;
+    Model target = load(tpath, 16, 256);
+    auto prompts = prompts_for(*target.tok);
+    std::vector<int32_t> n_pred;
+    for (size_t i = 0; i < prompts.size(); ++i) n_pred.push_back(40 + n_predict_for(i));
+    const Run want = run_all(target, prompts, spec_options(nullptr, 4, 1, 1), n_pred);
+    for (int32_t parallel : {1, 4}) {
+        for (int32_t k : {1, 4, 8}) {
+            CAPTURE(parallel);
+            CAPTURE(k);
+            EngineOptions eo = spec_options(nullptr, parallel, 1, k);
+            eo.draft_ngram = 3;
+            const Run got = run_all(target, prompts, eo, n_pred);
+            for (size_t i = 0; i < prompts.size(); ++i)
+                CHECK_MESSAGE(got.tokens[i] == want.tokens[i], "prompt " << i);
+            CHECK(got.stats.spec.drafted > 0);
+            CHECK(got.stats.spec.accepted > 0);  // greedy stories repeat their own phrases
+            CHECK(got.stats.spec.draft_passes == 0);
+        }
+    }
+    // Both options at once are refused.
+    Model draft = load(test::shared_path("models/stories260K-Q8_0.gguf"), 16, 64);
+    EngineOptions both = spec_options(&draft, 1, 1, 4);
+    both.draft_ngram = 2;
+    CHECK_THROWS_WITH_AS(Engine(*target.backend, *target.tok, both), doctest::Contains("not both"),
+                         Error);
+
+    // Sampled: one-hot drafts with the usual acceptance rule keep the target's distribution.
+    Model ref = load(tpath, 4, 64), target4 = load(tpath, 4, 1024);
+    const std::vector<TokenId> prompt =
+        target4.tok->encode("The dog saw the cat. The dog saw the cat. The dog saw the", true);
+    for (const SamplingParams& sp : {spec_test::full_softmax(), SamplingParams{}}) {
+        const auto run = spec_test::first_pairs(target4, nullptr, prompt, sp, 3000,
+                                                AcceptRule::Lossless, nullptr, 3);
+        const auto z = spec_test::lossless_z(ref, prompt, sp, run.draws, true);
+        MESSAGE("prompt lookup, temp " << sp.temperature << ": z(first) " << z.z_first
+                                       << ", z(pair) " << z.z_pair << ", acceptance "
+                                       << run.stats.spec.acceptance());
+        CHECK(z.z_first < 3.7);
+        CHECK(z.z_pair < 3.7);
+        CHECK(run.stats.spec.accepted > 0);
+        CHECK(run.stats.spec.accepted < run.stats.spec.drafted);
+    }
+    // A broken rule through the same path is caught.
+    const auto broken = spec_test::first_pairs(target4, nullptr, prompt, spec_test::full_softmax(),
+                                               1500, AcceptRule::AcceptAll, nullptr, 3);
+    CHECK(
+        spec_test::lossless_z(ref, prompt, spec_test::full_softmax(), broken.draws, false).z_first >
+        10);
 }

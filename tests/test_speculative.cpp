@@ -385,8 +385,18 @@ TEST_CASE("kvrun run --draft-model: same text, stats, baseline, jsonl") {
     for (const char* needle : {"drafted", "accepted", "tokens per pass", "tokens/s", "speed-up",
                                "outputs identical", "KV blocks used"})
         CHECK_MESSAGE(spec.err.find(needle) != std::string::npos, needle << " in " << spec.err);
+    // Prompt lookup instead of a draft model: the same text too.
+    auto lookup = test::run_command(base + " --draft-ngram 3 --stats --spec-baseline");
+    CHECK_MESSAGE(lookup.exit_code == 0, lookup.err);
+    CHECK(lookup.out == plain.out);
+    for (const char* needle : {"3-gram lookup", "drafted", "draft passes 0", "outputs identical"})
+        CHECK_MESSAGE(lookup.err.find(needle) != std::string::npos, needle << " in " << lookup.err);
+    auto both = test::run_command(base + " --draft-ngram 3 --draft-model " + dpath.string());
+    CHECK(both.exit_code == 1);
+    CHECK(both.err.find("excludes") != std::string::npos);
     auto help = test::run_command(kv + " run --help");
-    for (const char* flag : {"--draft-model", "--draft-n", "--draft-min", "--spec-baseline"})
+    for (const char* flag :
+         {"--draft-model", "--draft-ngram", "--draft-n", "--draft-min", "--spec-baseline"})
         CHECK_MESSAGE(help.out.find(flag) != std::string::npos, flag);
     // Each sample speculates on its own (the engine forks the draft's sequence too): greedy
     // samples are all the target's text.

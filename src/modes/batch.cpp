@@ -200,8 +200,8 @@ void print_summary(const std::vector<Item>& items, size_t n_written, const Engin
         const KvBlockStats ds = d->stats();
         fmt::print(stderr, "draft KV blocks   peak {} of {}, {} in use at the end\n",
                    ds.peak_used_blocks, ds.n_blocks, ds.used_blocks);
-        print_speculative_stats(s.spec);
     }
+    if (e.speculative()) print_speculative_stats(s.spec);
 }
 
 int run_batch(const BatchOptions& o) {

@@ -16,6 +16,12 @@ void add_draft_options(CLI::App* cmd, DraftOptions& o, bool baseline) {
                     "Speculative decoding: a small GGUF model of the same family that drafts "
                     "tokens for the target to verify, for every sequence (output unchanged)")
         ->check(CLI::ExistingFile);
+    cmd->add_option("--draft-ngram", o.ngram,
+                    "Speculative decoding without a draft model (prompt lookup): draft the "
+                    "tokens that followed the last N tokens (or fewer) earlier in the text "
+                    "(output unchanged)")
+        ->check(CLI::Range(1, 64))
+        ->excludes("--draft-model");
     cmd->add_option("--draft-n", o.n_max,
                     "Most tokens the draft proposes per round (adapted to the acceptance rate)")
         ->check(CLI::Range(1, 256))
@@ -76,8 +82,9 @@ LoadedModel load_draft_model(const DraftOptions& d, const ModelOptions& target_o
 EngineOptions generation_engine_options(const ModelOptions& o, int32_t max_parallel,
                                         const DraftOptions& d, const LoadedModel& draft) {
     EngineOptions e = engine_options(o, max_parallel);
-    if (draft.backend) {
+    if (draft.backend || d.ngram > 0) {
         e.draft = draft.backend.get();
+        e.draft_ngram = draft.backend ? 0 : d.ngram;
         e.draft_max = d.n_max;
         e.draft_min = std::min(d.n_min, d.n_max);
     }

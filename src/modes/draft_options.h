@@ -1,5 +1,6 @@
 // Generation flags and helpers shared by the modes that run the engine (run, chat, batch):
-// the speculative-decoding flags (--draft-model, --draft-n, --draft-min, --spec-baseline) and
+// the speculative-decoding flags (--draft-model or --draft-ngram, --draft-n, --draft-min,
+// --spec-baseline) and
 // loading the draft beside a loaded target, the engine options they imply, the -n check, the
 // one-time warning when the KV pool caps the context, and the speculative --stats lines.
 #pragma once
@@ -15,11 +16,13 @@
 namespace kvrun {
 
 struct DraftOptions {
-    std::string model;      // --draft-model: empty = no speculation
+    std::string model;      // --draft-model: empty = no draft model
+    int32_t ngram = 0;      // --draft-ngram: prompt lookup drafting with n-grams up to this
     int32_t n_max = 8;      // --draft-n: most tokens drafted per round (and sequence)
     int32_t n_min = 1;      // --draft-min: fewest (== n_max: fixed K)
     bool baseline = false;  // --spec-baseline: also time the target alone (run --stats)
-    bool enabled() const { return !model.empty(); }
+    bool enabled() const { return !model.empty(); }             // a draft model to load
+    bool speculates() const { return enabled() || ngram > 0; }  // either kind of drafts
 };
 
 // `baseline`: also offer --spec-baseline (run only).

@@ -55,8 +55,12 @@ void print_stats(const std::vector<GenerationResult>& results, const Engine& e,
         per_sample += fmt::format("{}{} ({})", per_sample.empty() ? "" : ", ",
                                   x.timings.n_generated, stop_reason_name(x.stop));
     }
-    fmt::print(stderr, "\n--- stats ({}{}) ---\n", m.device,
-               e.speculative() ? ", speculative with " + o.draft.model : "");
+    fmt::print(
+        stderr, "\n--- stats ({}{}) ---\n", m.device,
+        e.speculative()
+            ? ", speculative with " +
+                  (o.draft.enabled() ? o.draft.model : fmt::format("{}-gram lookup", o.draft.ngram))
+            : "");
     fmt::print(stderr,
                "prompt tokens     {} ({} computed, {} from the prefix cache)\n"
                "generated tokens  {} (stop: {})\n",
@@ -199,7 +203,7 @@ int run_single(const RunOptions& o) {
         fmt::print(stderr, "kvrun: interrupted\n");
         return 130;
     }
-    if (o.stats && o.draft.baseline && o.draft.enabled()) print_baseline(o, m, req, results[0]);
+    if (o.stats && o.draft.baseline && o.draft.speculates()) print_baseline(o, m, req, results[0]);
     return 0;
 }
 
