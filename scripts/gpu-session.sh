@@ -97,6 +97,14 @@ if [ "$what" = all ] || [ "$what" = spec ]; then
       acc=$(echo "$out" | sed -n 's/.*accepted (\([0-9.]*%\)).*/\1/p' | head -1)
       echo "| $preset Q4_0 | $rs | first 4 layers | $tps | $up | $acc |" >> "$OUT/spec.md"
     done
+    # Prompt lookup (no draft model) on the last target: pays where the text repeats itself.
+    out=$($K run -m $t --draft-ngram 3 --draft-n 8 -p "Once upon a time" -n 256 --temp 0 \
+          --ignore-eos --stats --spec-baseline 2>&1 >/dev/null)
+    echo "$out" > "$OUT/spec-$preset-lookup.log"
+    tps=$(echo "$out" | sed -n 's/^generation *\([0-9.]*\) tokens.*/\1/p' | head -1)
+    up=$(echo "$out" | grep -io 'speed-up[^0-9]*[0-9.]*x' | head -1)
+    acc=$(echo "$out" | sed -n 's/.*accepted (\([0-9.]*%\)).*/\1/p' | head -1)
+    echo "| $preset Q4_0 | $rs | 3-gram lookup | $tps | $up | $acc |" >> "$OUT/spec.md"
   done
   for d in stories260K-Q8_0 stories260K-Q4_0 stories260K-L4-F32; do
     $K run -m $M/stories260K.gguf --draft-model $M/$d.gguf --draft-n 8 -p "Once upon a time" \
