@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzzes with libFuzzer + ASan + UBSan for N seconds (default 600).
-# Usage: scripts/fuzz.sh [gguf|tokenizer|grammar|json_schema] [seconds] [extra libFuzzer flags...]
+# Usage: scripts/fuzz.sh [gguf|tokenizer|grammar|json_schema|sampler] [seconds] [extra flags...]
 #   gguf (default): the GGUF reader (fuzz/fuzz_gguf.cpp), seeded from GgufWriter-made files
 #     and the smallest shared models.
 #   tokenizer: SPM and byte-level BPE on the shared llama.cpp vocabularies
@@ -9,13 +9,15 @@
 #     the whole text agrees with matching it byte by byte).
 #   json_schema: JSON Schema -> GBNF (fuzz/fuzz_json_schema.cpp: clear errors, and every
 #     converted grammar compiles).
+#   sampler: every sampling parameter, NaN/inf logits, bad recent ids (fuzz/fuzz_sampler.cpp:
+#     clear errors, distributions that sum to 1, draws in range with positive probability).
 # Builds build-fuzz/fuzz_<target> (or under $KVRUN_FUZZ_BUILD; never the CMake build/ tree)
 # with clang++ straight from the sources, and leaves any crashing input in fuzz/crashes/.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 target=gguf
-case "${1:-}" in gguf | tokenizer | grammar | json_schema) target="$1"; shift ;; esac
+case "${1:-}" in gguf | tokenizer | grammar | json_schema | sampler) target="$1"; shift ;; esac
 seconds="${1:-600}"
 shift || true
 
@@ -49,6 +51,11 @@ elif [ "$target" = json_schema ]; then
         -o "$out/fuzz_json_schema"
     KVRUN_FUZZ_WRITE_SEEDS="$corpus" "$out/fuzz_json_schema"
     max_len=4096
+elif [ "$target" = sampler ]; then
+    clang++ "${flags[@]}" fuzz/fuzz_sampler.cpp src/sampler.cpp src/sampler_dry.cpp -lfmt \
+        -o "$out/fuzz_sampler"
+    KVRUN_FUZZ_WRITE_SEEDS="$corpus" "$out/fuzz_sampler"
+    max_len=1024
 else
     if [ ! -d "$shared/vocab" ]; then
         echo "fuzz.sh: the tokenizer target needs the vocabularies in $shared/vocab" >&2

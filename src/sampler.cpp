@@ -227,6 +227,7 @@ void Sampler::penalized_logits(const float* logits, int n_vocab, std::span<const
         // As llama.cpp does: shrink toward zero when positive, push further down when
         // negative; then subtract the count and presence terms.
         l = l > 0.0f ? l / params_.repeat_penalty : l * params_.repeat_penalty;
+        l = std::clamp(l, -FLT_MAX, FLT_MAX);  // a tiny or huge penalty stays finite
         if (counted)  // kept finite: a penalized token stays a candidate, however unlikely
             l = std::clamp(
                 l - (float(count) * params_.frequency_penalty + params_.presence_penalty), -FLT_MAX,
@@ -543,7 +544,8 @@ TokenId Sampler::sample_with(const float* logits, int n_vocab,
     const size_t i = draw_index(cand_prob_.data(), cand_prob_.size(), u);
     if (params_.mirostat != 0) {  // the surprise of the draw moves the bound toward tau
         const double surprise = -std::log2(static_cast<double>(cand_prob_[i]));
-        mu_ = static_cast<float>(mu_ - params_.mirostat_eta * (surprise - params_.mirostat_tau));
+        const double mu = mu_ - params_.mirostat_eta * (surprise - params_.mirostat_tau);
+        mu_ = static_cast<float>(std::clamp(mu, -double(FLT_MAX), double(FLT_MAX)));
     }
     return cand_[i].second;
 }

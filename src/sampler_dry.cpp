@@ -41,15 +41,16 @@ int32_t last_breaker_end(std::span<const TokenId> window, const std::vector<std:
     size_t longest = 0;
     for (const auto& b : breakers) longest = std::max(longest, b.size());
     if (longest == 0) return -1;
+    for (TokenId t : window)
+        if (t < 0 || static_cast<size_t>(t) >= pieces.size())
+            fail("sampler: recent token id {} is outside the vocabulary (0..{})", t,
+                 pieces.size() - 1);
     // Walk back from the end: token j completes a breaker when the breaker occurs in the text
     // of tokens (.., j] ending inside token j. Only the last longest - 1 bytes before token j
     // can take part, so the text examined per token stays small.
     std::string text;
     for (int32_t j = static_cast<int32_t>(window.size()) - 1; j >= 0; --j) {
         const TokenId t = window[static_cast<size_t>(j)];
-        if (t < 0 || static_cast<size_t>(t) >= pieces.size())
-            fail("sampler: recent token id {} is outside the vocabulary (0..{})", t,
-                 pieces.size() - 1);
         const std::string& piece = pieces[static_cast<size_t>(t)];
         if (piece.empty()) continue;
         text.clear();  // up to longest - 1 bytes of the tokens before j, then piece j

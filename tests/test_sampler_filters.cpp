@@ -146,6 +146,14 @@ TEST_CASE("DRY: a repeated phrase is penalized, growing with its length; breaker
     // The last token itself a breaker: no run at all.
     std::vector<TokenId> ends = {0, 1, 4, 0, 1, 4};
     CHECK(kvrun::dry_penalties(dry(1.0f, 1, -1, {"."}), ends, &pieces).empty());
+    // Ids outside the vocabulary anywhere in the window are an Error, not a stray read
+    // (found by fuzz/fuzz_sampler.cpp).
+    CHECK_THROWS_AS(
+        kvrun::dry_penalties(dry(1.0f, 2, -1, {"."}), std::vector<TokenId>{0, -3, 1, 0}, &pieces),
+        kvrun::Error);
+    CHECK_THROWS_AS(
+        kvrun::dry_penalties(dry(1.0f, 2, -1, {"."}), std::vector<TokenId>{0, 99, 1, 0}, &pieces),
+        kvrun::Error);
     // Breakers need the token texts.
     CHECK_THROWS_AS(kvrun::dry_penalties(dry(1.0f, 2, -1, {"."}), w, nullptr), kvrun::Error);
     CHECK(kvrun::dry_penalties(dry(1.0f, 2, -1, {}), w, nullptr).size() == 1);
@@ -340,6 +348,24 @@ TEST_CASE("the extras: draws agree with probabilities(), draw for draw") {
         for (float x : probs) sum += x;
         CHECK(sum == doctest::Approx(1.0).epsilon(1e-5));
         CHECK(a.sample(logits.data(), 300, recent) == b.sample_from(probs.data(), 300));
+    }
+}
+
+TEST_CASE("a tiny or huge repeat penalty keeps the logits finite (found by fuzz_sampler)") {
+    const std::vector<float> logits = {2.86f, -0.04f, -1.76f, 1e-30f};
+    const std::vector<TokenId> recent = {0, 1, 3};
+    for (float rp : {1.4e-39f, 1e-30f, 1e30f, 3e38f}) {
+        CAPTURE(rp);
+        SamplingParams p = plain(1.9f);
+        p.repeat_penalty = rp;
+        const auto probs = Sampler(p).probabilities(logits.data(), 4, recent);
+        double sum = 0;
+        for (float x : probs) {
+            CHECK(std::isfinite(x));
+            CHECK(x >= 0.0f);
+            sum += x;
+        }
+        CHECK(sum == doctest::Approx(1.0));
     }
 }
 
