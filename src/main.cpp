@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common.h"
 #include "modes/modes.h"
@@ -57,6 +59,21 @@ std::string parse_error_hint(const CLI::App& app) {
 
 }  // namespace
 
+// llama.cpp's multi-letter short flags, which CLI11 cannot name, as their long spellings.
+static std::vector<std::string> with_llamacpp_flags(int argc, char** argv) {
+    static const std::pair<const char*, const char*> kAliases[] = {
+        {"-ngl", "--n-gpu-layers"},
+        {"-md", "--model-draft"},
+        {"-ctk", "--cache-type-k"},
+        {"-ctv", "--cache-type-v"},
+    };
+    std::vector<std::string> args(argv, argv + argc);
+    for (size_t i = 1; i < args.size(); ++i)
+        for (const auto& [short_name, long_name] : kAliases)
+            if (args[i] == short_name) args[i] = long_name;
+    return args;
+}
+
 int main(int argc, char** argv) {
     CLI::App app{
         "kvrun: run quantized GGUF language models (llama family) on a paged KV cache.\n"
@@ -82,7 +99,10 @@ int main(int argc, char** argv) {
                 fmt::format("unknown command '{}'", argv[1]),
                 "the commands are run, chat, batch, perplexity, bench, info and tokenize; "
                 "see `kvrun --help`");
-        app.parse(argc, argv);
+        std::vector<std::string> args = with_llamacpp_flags(argc, argv);
+        std::vector<char*> arg_ptrs;
+        for (std::string& a : args) arg_ptrs.push_back(a.data());
+        app.parse(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
     } catch (const CLI::CallForHelp& e) {
         return app.exit(e);
     } catch (const CLI::CallForAllHelp& e) {

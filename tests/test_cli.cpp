@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "test_util.h"
@@ -793,4 +794,40 @@ TEST_CASE("DRY, XTC, typical, top-n-sigma, dynamic temperature, mirostat: flags 
     CHECK_MESSAGE(bt.exit_code == 0, bt.err);
     REQUIRE(!bt.out.empty());
     CHECK(nlohmann::json::parse(bt.out)["text"].get<std::string>() + "\n" == dry.out);
+}
+
+TEST_CASE("llama.cpp's spellings: -ngl, --ctx-size, -ctk/-ctv, -md/--draft-max, -s -1") {
+    auto model = shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    const std::string m = " -m " + model.string();
+    const std::string base = "run" + m + " -p 'Once upon a time' -n 12 --temp 0";
+    const auto plain = run_command(kvrun_cmd(base));
+    auto r = run_command(kvrun_cmd(base + " -ngl 0 --ctx-size 128 -ctk q8_0 -ctv q4_0 --stats"));
+    CHECK_MESSAGE(r.exit_code == 0, r.err);
+    CHECK(r.err.find("(cpu)") != std::string::npos);
+    CHECK(r.err.find("K q8, V q4") != std::string::npos);
+    CHECK(r.err.find("8 blocks of 16 tokens") != std::string::npos);  // 128 tokens
+    const auto draft = shared_path("models/stories260K-Q8_0.gguf");
+    auto d = run_command(kvrun_cmd(base + " -md " + draft.string() + " --draft-max 4 --stats"));
+    CHECK_MESSAGE(d.exit_code == 0, d.err);
+    CHECK(d.out == plain.out);
+    CHECK(d.err.find("speculative with") != std::string::npos);
+    // -s -1: a random seed each time.
+    std::set<std::string> outs;
+    for (int i = 0; i < 3; ++i)
+        outs.insert(
+            run_command(kvrun_cmd("run" + m + " -p 'Once upon a time' -n 40 --temp 1.5 -s -1"))
+                .out);
+    CHECK(outs.size() >= 2);
+    const std::string input =
+        "{\"prompt\": \"Once upon a time\", \"n_predict\": 4, \"seed\": -1}\n"
+        "{\"prompt\": \"hi\", \"seed\": -5}\n";
+    auto j = run_command(kvrun_cmd("run --jsonl" + m), input);
+    std::istringstream jin(j.out);
+    std::string line;
+    std::vector<nlohmann::json> res;
+    while (std::getline(jin, line)) res.push_back(nlohmann::json::parse(line));
+    REQUIRE(res.size() == 2);
+    CHECK(res[0].contains("text"));
+    CHECK(res[1]["error"] == "'seed' must be a count >= 0 or -1 for a random one (got -5)");
 }

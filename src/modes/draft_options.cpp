@@ -12,7 +12,7 @@
 namespace kvrun {
 
 void add_draft_options(CLI::App* cmd, DraftOptions& o, bool baseline) {
-    cmd->add_option("--draft-model", o.model,
+    cmd->add_option("--draft-model,--model-draft", o.model,
                     "Speculative decoding: a small GGUF model of the same family that drafts "
                     "tokens for the target to verify, for every sequence (output unchanged)")
         ->check(CLI::ExistingFile);
@@ -22,7 +22,7 @@ void add_draft_options(CLI::App* cmd, DraftOptions& o, bool baseline) {
                     "(output unchanged)")
         ->check(CLI::Range(1, 64))
         ->excludes("--draft-model");
-    cmd->add_option("--draft-n", o.n_max,
+    cmd->add_option("--draft-n,--draft-max", o.n_max,
                     "Most tokens the draft proposes per round (adapted to the acceptance rate)")
         ->check(CLI::Range(1, 256))
         ->capture_default_str();

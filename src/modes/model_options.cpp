@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <random>
 
 #include "common.h"
 #include "kv_format.h"
@@ -32,21 +33,27 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
     cmd->add_option("--device", o.device,
                     "Compute device: cpu, cuda, cuda:N or auto (cuda when present)")
         ->capture_default_str();
-    cmd->add_option("-c,--ctx", o.n_ctx, "Context length per sequence (0: the model's)")
+    cmd->add_option("-c,--ctx,--ctx-size", o.n_ctx, "Context length per sequence (0: the model's)")
         ->check(at_least(0));
     cmd->add_option("--kv-block-size", o.kv_block_size, "Tokens per KV cache block (1-256)")
         ->check(CLI::Range(1, 256))
         ->capture_default_str();
     cmd->add_option("--kv-type", o.kv_type, "KV cache storage: f16, q8, q4 (or f32)")
         ->capture_default_str();
-    cmd->add_option("--kv-type-k", o.kv_type_k, "Storage of K only (overrides --kv-type)");
-    cmd->add_option("--kv-type-v", o.kv_type_v, "Storage of V only (overrides --kv-type)");
+    cmd->add_option("--kv-type-k,--cache-type-k", o.kv_type_k,
+                    "Storage of K only (overrides --kv-type; llama.cpp's -ctk works too)");
+    cmd->add_option("--kv-type-v,--cache-type-v", o.kv_type_v,
+                    "Storage of V only (overrides --kv-type; llama.cpp's -ctv works too)");
     cmd->add_option("--kv-rotate", o.kv_rotate,
                     "Hadamard-rotate Q and K before K is stored (on, off; see docs/kv-cache.md)")
         ->check(CLI::IsMember({"on", "off"}))
         ->capture_default_str();
     cmd->add_option("--kv-memory", o.kv_memory_mib,
                     "KV cache pool size in MiB (0: sized for the context)")
+        ->check(at_least(0));
+    cmd->add_option("--n-gpu-layers", o.n_gpu_layers,
+                    "llama.cpp's -ngl: 0 runs on the CPU; any other count puts every layer on "
+                    "the GPU when one is present")
         ->check(at_least(0));
     cmd->add_option("-t,--threads", o.n_threads, "CPU threads (0: all cores)")->check(at_least(0));
     cmd->add_option("-b,--batch-size", o.n_batch, "Max tokens per forward pass (prefill chunk)")
@@ -80,6 +87,11 @@ std::pair<TokenId, float> parse_logit_bias(const std::string& text) {
         if (used != value.size() || !std::isfinite(bias)) fail("{}", usage);
     }
     return {id, bias};
+}
+
+uint64_t random_seed() {
+    std::random_device rd;
+    return (uint64_t(rd()) << 32) ^ rd();
 }
 
 void add_sampling_options(CLI::App* cmd, SamplingParams& p) {
@@ -128,7 +140,13 @@ void add_sampling_options(CLI::App* cmd, SamplingParams& p) {
                     "How many recent tokens the penalties look at (-1: all, 0: off)")
         ->check(valid("AT LEAST -1", &SamplingParams::repeat_last_n))
         ->capture_default_str();
-    cmd->add_option("-s,--seed", p.seed, "Random seed (same seed, same output)")
+    cmd->add_option("-s,--seed", p.seed, "Random seed (same seed, same output; -1: a random one)")
+        ->transform(CLI::Validator(
+            [](std::string& text) -> std::string {
+                if (text == "-1") text = std::to_string(random_seed());
+                return {};
+            },
+            "", "seed"))
         ->capture_default_str();
     cmd->add_option("--dry-multiplier", p.dry_multiplier,
                     "DRY: penalty for extending a repetition of the text (0: off)")
@@ -252,7 +270,12 @@ LoadedModel load_model(const ModelOptions& o, int32_t n_sequences) {
     if (o.n_threads > 0) cpu_set_num_threads(o.n_threads);
 
     std::string dev = o.device;
-    if (dev == "auto") dev = cuda_available() ? "cuda" : "cpu";
+    if (dev == "auto") dev = cuda_available() && o.n_gpu_layers != 0 ? "cuda" : "cpu";
+    if (dev != "cpu" && o.n_gpu_layers > 0 && o.n_gpu_layers < cfg.n_layer)
+        fmt::print(stderr,
+                   "kvrun: warning: -ngl {}: all {} layers run on the GPU (there is no partial "
+                   "offload; -ngl 0 or --device cpu runs on the CPU)\n",
+                   o.n_gpu_layers, cfg.n_layer);
     if (dev == "cpu") {
         m.backend = make_cpu_backend(*m.file, bo);
         m.device = "cpu";

@@ -25,13 +25,18 @@ struct ModelOptions {
     double kv_memory_mib = 0;       // 0: enough for the context (x parallel sequences)
     int32_t n_threads = 0;
     int32_t n_batch = 512;
+    // llama.cpp's -ngl/--n-gpu-layers: 0 runs on the CPU (when --device is auto); any other
+    // count runs every layer on the GPU when one is present (there is no partial offload).
+    int32_t n_gpu_layers = -1;  // -1: not given
 };
 
 // A CLI11 check that a number is >= lo, with a plain message ("must be at least 0 (got -1)").
 CLI::Validator at_least(int64_t lo);
 
 void add_model_options(CLI::App* cmd, ModelOptions& o);
+// -s/--seed takes -1 for a random seed (as llama.cpp), drawn from std::random_device.
 void add_sampling_options(CLI::App* cmd, SamplingParams& p);
+uint64_t random_seed();
 // "15043+1.5", "15043-inf", "15043=-2" -> (id, bias). Throws Error with the expected form.
 std::pair<TokenId, float> parse_logit_bias(const std::string& text);
 

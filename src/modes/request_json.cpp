@@ -3,6 +3,7 @@
 
 #include "common.h"
 #include "modes/grammar_options.h"
+#include "modes/model_options.h"
 #include "text_input.h"
 
 namespace kvrun {
@@ -90,6 +91,13 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
         req.sampling.presence_penalty = j.value("presence_penalty", d.sampling.presence_penalty);
         req.sampling.repeat_last_n = j.value("repeat_last_n", d.sampling.repeat_last_n);
         req.sampling.seed = j.value("seed", d.sampling.seed);
+        if (j.contains("seed") && j["seed"].is_number_integer() &&
+            !j["seed"].is_number_unsigned()) {
+            if (j["seed"].get<int64_t>() != -1)
+                fail("'seed' must be a count >= 0 or -1 for a random one (got {})",
+                     j["seed"].get<int64_t>());
+            req.sampling.seed = random_seed();
+        }
         req.sampling.dry_multiplier = j.value("dry_multiplier", d.sampling.dry_multiplier);
         req.sampling.dry_base = j.value("dry_base", d.sampling.dry_base);
         req.sampling.dry_allowed_length =
