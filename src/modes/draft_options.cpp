@@ -31,8 +31,8 @@ void add_draft_options(CLI::App* cmd, DraftOptions& o, bool baseline) {
         ->capture_default_str();
     if (baseline)
         cmd->add_flag("--spec-baseline", o.baseline,
-                      "With --stats and --draft-model: afterwards run the target alone on the "
-                      "same request and report the measured speed-up");
+                      "With --stats and --draft-model or --draft-ngram: afterwards run the target "
+                      "alone on the same request and report the measured speed-up");
 }
 
 CLI::Validator n_predict_check() {
