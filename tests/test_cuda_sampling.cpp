@@ -239,6 +239,31 @@ TEST_CASE("cuda_sample_rows: the frequency penalty counts every recent occurrenc
     CHECK(device_tokens(l, n_vocab, rows) == want);
 }
 
+TEST_CASE("cuda_sample_rows: a tiny or huge repeat penalty keeps the logits finite, as Sampler") {
+    // 2.86 / 1.4e-39 overflows a float: both samplers clamp it to the largest finite value
+    // (found by fuzz/fuzz_sampler.cpp on the host sampler).
+    const int64_t n_vocab = 512;
+    std::vector<float> one = random_logits(1, n_vocab, 77);
+    one[7] = 2.86f;
+    one[8] = 2.5f;
+    one[9] = -1.5f;
+    std::vector<float> l;
+    std::vector<RowCase> rows;
+    for (float rp : {1.4e-39f, 1e-30f, 1e30f, 3e38f}) {
+        for (float temp : {0.0f, 1.9f}) {
+            RowCase r;
+            r.p = params(temp, 0, 1.0f, 0.0f, rp);
+            r.u = 0.37;
+            r.recent = {7, 8, 9};
+            rows.push_back(r);
+            l.insert(l.end(), one.begin(), one.end());
+        }
+    }
+    const std::vector<int32_t> want = host_tokens(l, n_vocab, rows);
+    CHECK(device_tokens(l, n_vocab, rows) == want);
+    CHECK(want[0] == 7);  // both 7 and 8 clamp to FLT_MAX: the lower id wins
+}
+
 TEST_CASE("cuda_sample_rows: logit biases decide the token as in Sampler") {
     const int64_t n_vocab = 512;
     std::vector<float> one(size_t(n_vocab), 0.0f);
