@@ -383,7 +383,8 @@ void Sampler::mirostat_filter() {
     // The distribution at the temperature, best first.
     const double inv_t = 1.0 / static_cast<double>(params_.temperature);
     const double max = cand_.front().first;
-    std::vector<double> p(cand_.size());
+    std::vector<double>& p = miro_p_;
+    p.resize(cand_.size());
     double z = 0.0;
     for (size_t i = 0; i < cand_.size(); ++i)
         z += p[i] = std::exp((static_cast<double>(cand_[i].first) - max) * inv_t);

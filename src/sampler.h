@@ -224,6 +224,7 @@ class Sampler {
     std::vector<TokenId> xtc_ids_;       // sorted ids XTC's coin drops
     std::vector<uint8_t> xtc_excluded_;  // [cand_.size()] 1 where XTC drops
     std::vector<float> xtc_prob_;        // [cand_.size()] the distribution after XTC
+    std::vector<double> miro_p_;         // [candidates] mirostat's distribution, best first
     float mu_ = 0.0f;                    // mirostat's bound on the surprise, in bits
 };
 

@@ -796,7 +796,7 @@ TEST_CASE("DRY, XTC, typical, top-n-sigma, dynamic temperature, mirostat: flags 
     CHECK(nlohmann::json::parse(bt.out)["text"].get<std::string>() + "\n" == dry.out);
 }
 
-TEST_CASE("llama.cpp's spellings: -ngl, --ctx-size, -ctk/-ctv, -md/--draft-max, -s -1") {
+TEST_CASE("llama.cpp's spellings: -ngl, --ctx-size, -ctk/-ctv, -md/--draft-max, -s -1, -e") {
     auto model = shared_path("models/stories260K.gguf");
     if (model.empty()) return;
     const std::string m = " -m " + model.string();
@@ -812,6 +812,10 @@ TEST_CASE("llama.cpp's spellings: -ngl, --ctx-size, -ctk/-ctv, -md/--draft-max, 
     CHECK_MESSAGE(d.exit_code == 0, d.err);
     CHECK(d.out == plain.out);
     CHECK(d.err.find("speculative with") != std::string::npos);
+    // -e/--escape: \n in the prompt is a newline (without it, a backslash and an n).
+    const std::string esc = "run" + m + " -p 'Hello\\nWorld' --echo -n 2 --temp 0";
+    CHECK(run_command(kvrun_cmd(esc + " -e")).out.rfind("Hello\nWorld", 0) == 0);
+    CHECK(run_command(kvrun_cmd(esc)).out.rfind("Hello\\nWorld", 0) == 0);
     // -s -1: a random seed each time.
     std::set<std::string> outs;
     for (int i = 0; i < 3; ++i)

@@ -26,7 +26,7 @@ struct RunOptions {
     int32_t n_samples = 1;
     int32_t n_probs = 0;
     bool stats = false, jsonl = false, truncate = false, ignore_eos = false;
-    bool no_bos = false, parse_special = false, echo = false;
+    bool no_bos = false, parse_special = false, echo = false, escape = false;
     std::vector<std::string> stop;
 };
 
@@ -140,6 +140,7 @@ void print_baseline(const RunOptions& o, const LoadedModel& m, const GenerationR
 // of --n-samples continuations speculates on its own.
 int run_single(const RunOptions& o) {
     std::string text = read_prompt_text(o.prompt, o.file, /*allow_stdin=*/true);
+    if (o.escape) text = unescape_text(text);
     auto grammar = grammar_from_options(o.grammar);
     const int32_t n_seq = std::max(1, o.n_samples);
     LoadedModel m = load_model(o.model, n_seq);
@@ -307,6 +308,9 @@ void add_run_command(CLI::App& root, int& exit_code) {
     cmd->add_flag("--parse-special", o->parse_special,
                   "Recognize special token texts in the prompt");
     cmd->add_flag("--echo", o->echo, "Print the prompt before the completion");
+    cmd->add_flag("-e,--escape", o->escape,
+                  "Turn \\n \\t \\r \\\\ in the prompt into newline, tab, carriage return, "
+                  "backslash (as llama.cpp's -e)");
     cmd->callback([o, &exit_code] { exit_code = o->jsonl ? run_jsonl(*o) : run_single(*o); });
 }
 
