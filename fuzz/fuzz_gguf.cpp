@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "fuzz_seeds.h"
 #include "gguf.h"
 #include "gguf_writer.h"
 #include "quant.h"
@@ -114,12 +115,8 @@ void write_seeds(const std::string& dir) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
-    if (const char* dir = std::getenv("KVRUN_FUZZ_WRITE_SEEDS")) {
-        write_seeds(dir);
-        std::exit(0);
-    }
-    return 0;
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+    return fuzz_write_seeds_if_asked(write_seeds);
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common.h"
+#include "fuzz_seeds.h"
 #include "grammar.h"
 #include "json_schema.h"
 
@@ -39,11 +40,7 @@ void write_seeds(const char* dir) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-    if (const char* dir = std::getenv("KVRUN_FUZZ_WRITE_SEEDS")) {
-        write_seeds(dir);
-        std::exit(0);
-    }
-    return 0;
+    return fuzz_write_seeds_if_asked(write_seeds);
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

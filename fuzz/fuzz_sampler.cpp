@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common.h"
+#include "fuzz_seeds.h"
 #include "sampler.h"
 
 namespace {
@@ -68,11 +69,7 @@ void write_seeds(const char* dir) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-    if (const char* dir = std::getenv("KVRUN_FUZZ_WRITE_SEEDS")) {
-        write_seeds(dir);
-        std::exit(0);
-    }
-    return 0;
+    return fuzz_write_seeds_if_asked(write_seeds);
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
