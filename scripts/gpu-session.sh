@@ -82,6 +82,18 @@ if [ "$what" = all ] || [ "$what" = spec ]; then
   # drafts made of their first 4 layers; then the real stories pair.
   mkdir -p /tmp/models
   S=$B/make-synthetic-model
+  # spec_row LABEL LOG ARGS...: one greedy 256-token run with --spec-baseline, logged, as a row.
+  spec_row() {
+    local label=$1 log=$2 out tps up acc
+    shift 2
+    out=$($K run "$@" --draft-n 8 -p "Once upon a time" -n 256 --temp 0 --ignore-eos --stats \
+          --spec-baseline 2>&1 >/dev/null)
+    echo "$out" > "$log"
+    tps=$(echo "$out" | sed -n 's/^generation *\([0-9.]*\) tokens.*/\1/p' | head -1)
+    up=$(echo "$out" | grep -io 'speed-up[^0-9]*[0-9.]*x' | head -1)
+    acc=$(echo "$out" | sed -n 's/.*accepted (\([0-9.]*%\)).*/\1/p' | head -1)
+    echo "| $label | $tps | $up | $acc |" >> "$OUT/spec.md"
+  }
   echo "| target | residual scale | draft | tokens/s | speed-up | acceptance |" > "$OUT/spec.md"
   echo "|---|---:|---|---:|---:|---:|" >> "$OUT/spec.md"
   for preset in llama-1b llama2-7b; do
@@ -89,22 +101,12 @@ if [ "$what" = all ] || [ "$what" = spec ]; then
       t=/tmp/models/$preset-spec-$rs.gguf; d=/tmp/models/$preset-spec-$rs-draft.gguf
       $S --preset $preset --type Q4_0 --residual-scale $rs --scaled-from 4 -o $t > /dev/null
       $S --draft-of $t --n-layer 4 -o $d > /dev/null
-      out=$($K run -m $t --draft-model $d --draft-n 8 -p "Once upon a time" -n 256 --temp 0 \
-            --ignore-eos --stats --spec-baseline 2>&1 >/dev/null)
-      echo "$out" > "$OUT/spec-$preset-$rs.log"
-      tps=$(echo "$out" | sed -n 's/^generation *\([0-9.]*\) tokens.*/\1/p' | head -1)
-      up=$(echo "$out" | grep -io 'speed-up[^0-9]*[0-9.]*x' | head -1)
-      acc=$(echo "$out" | sed -n 's/.*accepted (\([0-9.]*%\)).*/\1/p' | head -1)
-      echo "| $preset Q4_0 | $rs | first 4 layers | $tps | $up | $acc |" >> "$OUT/spec.md"
+      spec_row "$preset Q4_0 | $rs | first 4 layers" "$OUT/spec-$preset-$rs.log" -m $t \
+        --draft-model $d
     done
     # Prompt lookup (no draft model) on the last target: pays where the text repeats itself.
-    out=$($K run -m $t --draft-ngram 3 --draft-n 8 -p "Once upon a time" -n 256 --temp 0 \
-          --ignore-eos --stats --spec-baseline 2>&1 >/dev/null)
-    echo "$out" > "$OUT/spec-$preset-lookup.log"
-    tps=$(echo "$out" | sed -n 's/^generation *\([0-9.]*\) tokens.*/\1/p' | head -1)
-    up=$(echo "$out" | grep -io 'speed-up[^0-9]*[0-9.]*x' | head -1)
-    acc=$(echo "$out" | sed -n 's/.*accepted (\([0-9.]*%\)).*/\1/p' | head -1)
-    echo "| $preset Q4_0 | $rs | 3-gram lookup | $tps | $up | $acc |" >> "$OUT/spec.md"
+    spec_row "$preset Q4_0 | $rs | 3-gram lookup" "$OUT/spec-$preset-lookup.log" -m $t \
+      --draft-ngram 3
   done
   for d in stories260K-Q8_0 stories260K-Q4_0 stories260K-L4-F32; do
     $K run -m $M/stories260K.gguf --draft-model $M/$d.gguf --draft-n 8 -p "Once upon a time" \

@@ -397,15 +397,8 @@ void Engine::fork_samples(Seq& s) {
 std::unique_ptr<Sampler> Engine::make_sampler(const SamplingParams& params) {
     auto sampler = std::make_unique<Sampler>(params);
     if (params.dry_multiplier != 0.0f && !params.dry_sequence_breakers.empty()) {
-        if (!token_pieces_) {
-            auto pieces = std::make_shared<std::vector<std::string>>(tok_.n_vocab());
-            for (TokenId t = 0; t < tok_.n_vocab(); ++t) {
-                const int32_t type = tok_.token_type(t);
-                if (type != kTokenControl && type != kTokenUnknown && type != kTokenUnused)
-                    (*pieces)[static_cast<size_t>(t)] = tok_.token_to_piece(t);
-            }
-            token_pieces_ = std::move(pieces);
-        }
+        if (!token_pieces_)
+            token_pieces_ = std::make_shared<std::vector<std::string>>(token_text_pieces(tok_));
         sampler->set_token_pieces(token_pieces_.get());
     }
     return sampler;

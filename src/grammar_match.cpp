@@ -154,15 +154,12 @@ bool grammar_accepts(const Grammar& grammar, std::string_view text) {
 // ---- the vocabulary trie ----
 
 GrammarVocab::GrammarVocab(const Tokenizer& tok) : n_vocab_(tok.n_vocab()) {
-    bytes_.resize(static_cast<size_t>(n_vocab_));
+    bytes_ = token_text_pieces(tok);
     eog_.assign(static_cast<size_t>(n_vocab_), 0);
     std::vector<TokenId> ids;
     for (TokenId t = 0; t < n_vocab_; ++t) {
         eog_[t] = tok.is_eog(t) ? 1 : 0;
-        const int32_t type = tok.token_type(t);
-        if (eog_[t] || type == kTokenControl || type == kTokenUnknown || type == kTokenUnused)
-            continue;
-        bytes_[t] = tok.token_to_piece(t);
+        if (eog_[t]) bytes_[t].clear();  // an end, never text
         if (!bytes_[t].empty()) ids.push_back(t);
     }
     std::sort(ids.begin(), ids.end(), [&](TokenId a, TokenId b) {

@@ -280,10 +280,7 @@ void Sampler::filter(const float* logits, int n_vocab, std::span<const TokenId> 
     // top-n-sigma looks at every candidate's logit, so a constraint masks the vocabulary first.
     const bool sigma = params_.top_n_sigma > 0.0f;
     if (constraint_ != nullptr && sigma) mask_work();
-    cand_.clear();
-    for (size_t i = 0; i < work_.size(); ++i) {
-        if (work_[i] != kNegInf) cand_.emplace_back(work_[i], static_cast<TokenId>(i));
-    }
+    collect_candidates();
     if (sigma) top_n_sigma();
 
     // top-k: the k best (ties broken by lower id), then sorted best first.
@@ -374,11 +371,15 @@ void Sampler::filter(const float* logits, int n_vocab, std::span<const TokenId> 
     }
 }
 
-void Sampler::mirostat_filter() {
-    if (constraint_ != nullptr) mask_work();
+void Sampler::collect_candidates() {
     cand_.clear();
     for (size_t i = 0; i < work_.size(); ++i)
         if (work_[i] != kNegInf) cand_.emplace_back(work_[i], static_cast<TokenId>(i));
+}
+
+void Sampler::mirostat_filter() {
+    if (constraint_ != nullptr) mask_work();
+    collect_candidates();
     std::sort(cand_.begin(), cand_.end(), better);
     // The distribution at the temperature, best first.
     const double inv_t = 1.0 / static_cast<double>(params_.temperature);

@@ -202,6 +202,7 @@ class Sampler {
     size_t xtc_cut() const;
     // Mirostat's candidates and distribution (cand_, cand_prob_ by id) instead of the filters.
     void mirostat_filter();
+    void collect_candidates();  // cand_ = the finite entries of work_, by id
     // out: [cand_.size()] the tempered softmax of the candidates (id order) not excluded, 0
     // for the excluded; the temperature is dynamic when dynatemp_range > 0.
     void tempered_softmax(const std::vector<uint8_t>* excluded, std::vector<float>& out) const;

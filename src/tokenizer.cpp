@@ -202,6 +202,16 @@ std::vector<Tokenizer::Fragment> Tokenizer::partition_special(std::string_view t
     return frags;
 }
 
+std::vector<std::string> token_text_pieces(const Tokenizer& tok) {
+    std::vector<std::string> pieces(static_cast<size_t>(tok.n_vocab()));
+    for (TokenId t = 0; t < tok.n_vocab(); ++t) {
+        const int32_t type = tok.token_type(t);
+        if (type != kTokenControl && type != kTokenUnknown && type != kTokenUnused)
+            pieces[static_cast<size_t>(t)] = tok.token_to_piece(t);
+    }
+    return pieces;
+}
+
 std::string Tokenizer::decode(const std::vector<TokenId>& ids, bool strip_leading_space) const {
     std::string out;
     bool strip = strip_leading_space && add_space_prefix_;

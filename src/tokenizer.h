@@ -107,6 +107,10 @@ class Tokenizer {
     std::string model_, pre_;
 };
 
+// Each token's text as generated output shows it ("" for control, unknown and unused tokens):
+// [n_vocab]. What DRY's breakers and the grammar's token trie look at.
+std::vector<std::string> token_text_pieces(const Tokenizer& tok);
+
 // Turns a stream of token ids into text chunks that are always whole UTF-8 characters.
 // When the first token pushed is BOS (a whole sequence from its start) and the vocabulary
 // adds a space prefix (SPM), the piece right after BOS loses its leading space, as decode()

@@ -240,8 +240,8 @@ TEST_CASE("cuda_sample_rows: the frequency penalty counts every recent occurrenc
 }
 
 TEST_CASE("cuda_sample_rows: a tiny or huge repeat penalty keeps the logits finite, as Sampler") {
-    // 2.86 / 1.4e-39 overflows a float: both samplers clamp it to the largest finite value
-    // (found by fuzz/fuzz_sampler.cpp on the host sampler).
+    // 2.86 / 1.4e-39 overflows a float: Sampler clamps it to the largest finite value, and the
+    // device reads +inf as that value (found by fuzz/fuzz_sampler.cpp on the host sampler).
     const int64_t n_vocab = 512;
     std::vector<float> one = random_logits(1, n_vocab, 77);
     one[7] = 2.86f;

@@ -548,11 +548,7 @@ TEST_CASE("DRY through the engine: greedy with it, with drafts, in batches, neve
     // The engine's DRY sees the whole sequence: a hand-written loop (the full context through
     // the backend each step, a Sampler with the token texts) picks the same tokens.
     Model ref = kvrun::spec_test::load(path, 16, 64);
-    std::vector<std::string> pieces;
-    for (TokenId t = 0; t < ref.tok->n_vocab(); ++t)
-        pieces.push_back(ref.tok->token_type(t) == kvrun::kTokenControl
-                             ? std::string()
-                             : ref.tok->token_to_piece(t));
+    const std::vector<std::string> pieces = kvrun::token_text_pieces(*ref.tok);
     std::vector<TokenId> ctx = reqs[1].prompt;
     Sampler greedy_dry(reqs[1].sampling);
     greedy_dry.set_token_pieces(&pieces);

@@ -351,7 +351,6 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_kernel(SampleArgs 
             float l = clean_logit(row[id]);
             if (l == -INFINITY) continue;
             l = l > 0.0f ? l / cfg.repeat_penalty : l * cfg.repeat_penalty;
-            l = fminf(fmaxf(l, -FLT_MAX), FLT_MAX);  // a tiny or huge penalty stays finite
             if (counted) {
                 const float c = float(a.penalty_ids[cfg.penalty_begin + cfg.penalty_count + j]);
                 const float sub = __fmul_rn(c, cfg.frequency_penalty) + cfg.presence_penalty;
