@@ -2,7 +2,9 @@
 // touches every metadata value and every tensor byte so ASan sees any bad pointer. It also
 // traps when an accepted file has overlapping tensor data or a rejection lacks the file, the
 // key/tensor/section or the byte offset. Run with KVRUN_FUZZ_WRITE_SEEDS=<dir> to write a
-// small seed corpus (made with GgufWriter) and exit.
+// small seed corpus (made with GgufWriter) and exit. Accepted files also go through
+// model_config_from_gguf (hyperparameters, RoPE scaling keys, rope_freqs.weight), which may
+// only refuse them with an Error.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -15,6 +17,7 @@
 #include "fuzz_seeds.h"
 #include "gguf.h"
 #include "gguf_writer.h"
+#include "model_config.h"
 #include "quant.h"
 
 namespace {
@@ -111,6 +114,25 @@ void write_seeds(const std::string& dir) {
     aligned.add_tensor("x", GgmlType::F32, {3}, f32.data(), 12);
     aligned.add_tensor("y", GgmlType::F32, {5}, f32.data(), 20);
     write_file(dir + "/seed_align64.gguf", aligned.to_bytes());
+
+    // A llama header with YaRN keys and Llama 3.1-style frequency factors (no weights: the
+    // config reader needs only the embedding table's shape).
+    GgufWriter rope;
+    rope.set_string("general.architecture", "llama");
+    rope.set_u32("llama.block_count", 1);
+    rope.set_u32("llama.embedding_length", 16);
+    rope.set_u32("llama.feed_forward_length", 32);
+    rope.set_u32("llama.attention.head_count", 2);
+    rope.set_u32("llama.context_length", 4096);
+    rope.set_string("llama.rope.scaling.type", "yarn");
+    rope.set_f32("llama.rope.scaling.factor", 4.0f);
+    rope.set_u32("llama.rope.scaling.original_context_length", 1024);
+    rope.set_f32("llama.rope.scaling.attn_factor", 1.0f);
+    std::vector<float> factors = {1.0f, 2.0f, 4.0f, 8.0f};
+    rope.add_tensor("rope_freqs.weight", GgmlType::F32, {4}, factors.data(), 16);
+    std::vector<float> embd(16 * 4, 0.1f);
+    rope.add_tensor("token_embd.weight", GgmlType::F32, {16, 4}, embd.data(), embd.size() * 4);
+    write_file(dir + "/seed_rope.gguf", rope.to_bytes());
 }
 
 }  // namespace
@@ -143,6 +165,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::sort(ranges.begin(), ranges.end());
         for (size_t k = 1; k < ranges.size(); ++k)
             if (ranges[k].first - ranges[k - 1].first < ranges[k - 1].second) __builtin_trap();
+        try {
+            const kvrun::ModelConfig c = kvrun::model_config_from_gguf(f);
+            const kvrun::RopeParams p = c.rope(c.rope_freq_factors.data());
+            g_sink = g_sink + uint64_t(p.n_rot) + uint64_t(c.rope_freq_factors.size());
+        } catch (const kvrun::Error&) {
+        }
     } catch (const kvrun::GgufError& e) {
         // Rejected input: the expected outcome for most mutations. It must say where.
         if (e.file() != "fuzz" || e.where().empty() || !e.offset()) __builtin_trap();

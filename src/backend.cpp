@@ -101,6 +101,12 @@ void kv_apply_pending(KvBlockTable& table, Backend& backend) {
     if (!copies.empty()) backend.copy_blocks(copies);
 }
 
+ModelConfig backend_model_config(const GgufFile& file, const BackendOptions& o) {
+    ModelConfig c = model_config_from_gguf(file);
+    apply_rope_overrides(c, o.rope);
+    return c;
+}
+
 int64_t kv_layer_block_bytes(KvType t, KvRole role, int64_t n_kv_head, int64_t block_size,
                              int64_t head_dim) {
     return n_kv_head * kv_head_block_bytes(t, role, block_size, head_dim);

@@ -101,7 +101,12 @@ struct BackendOptions {
     // CPU only, for validation: reproduce llama.cpp's arithmetic bit for bit
     // (cpu::set_llamacpp_rounding, docs/llamacpp-fidelity.md).
     bool llamacpp_rounding = false;
+    // --rope-* / --yarn-* overrides of the model's RoPE (none by default).
+    RopeOverrides rope;
 };
+
+// The model's hyperparameters with the options' RoPE overrides applied (what a backend runs).
+ModelConfig backend_model_config(const GgufFile& file, const BackendOptions& o);
 
 // Bytes of one layer's K (role K) or V pool block of `block_size` tokens in format t.
 int64_t kv_layer_block_bytes(KvType t, KvRole role, int64_t n_kv_head, int64_t block_size,

@@ -176,47 +176,47 @@ void add_bias(float* x, const float* bias, int64_t n_rows, int64_t n) {
 }
 
 void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-          int64_t n_rot, float freq_base, float freq_scale, bool neox) {
+          const RopeParams& p) {
+    const int64_t n_rot = p.n_rot;
     if (n_rot <= 0 || n_rot > head_dim || n_rot % 2 != 0)
         fail("rope: rotated dims {} must be even and within head_dim {}", n_rot, head_dim);
     const int64_t half = n_rot / 2;
+    const bool neox = p.neox;
     std::vector<float> cos_t(half), sin_t(half);  // [n_rot / 2] for one position
-    if (t_llamacpp_rounding) {  // ggml_compute_forward_rope_f32 (no YaRN, mscale 1)
-        const float theta_scale = std::pow(freq_base, -2.0f / float(n_rot));
-        for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        if (t_llamacpp_rounding) {  // ggml_compute_forward_rope_f32: float angles, theta *= scale
+            const float theta_scale = std::pow(p.freq_base, -2.0f / float(n_rot));
             float theta = float(pos[t]);
             for (int64_t i = 0; i < half; ++i) {
-                cos_t[i] = std::cos(freq_scale * theta);
-                sin_t[i] = std::sin(freq_scale * theta);
+                const float extrap = p.freq_factors ? theta / p.freq_factors[i] : theta;
+                float angle = p.freq_scale * extrap, mscale = p.mscale;
+                if (p.ext_factor != 0.0f) {
+                    const float mix = rope_yarn_ramp(p.corr_low, p.corr_high, i) * p.ext_factor;
+                    angle = angle * (1 - mix) + extrap * mix;
+                }
+                cos_t[i] = std::cos(angle) * mscale;
+                sin_t[i] = std::sin(angle) * mscale;
                 theta *= theta_scale;
             }
-            for (int64_t h = 0; h < n_heads; ++h) {
-                float* v = x + (t * n_heads + h) * head_dim;
-                for (int64_t i = 0; i < half; ++i) {
-                    const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-                    const float x0 = v[a], x1 = v[b];
-                    v[a] = llamacpp::fmaf_(x0, cos_t[i], -(x1 * sin_t[i]));
-                    v[b] = llamacpp::fmaf_(x0, sin_t[i], x1 * cos_t[i]);
-                }
+        } else {
+            for (int64_t i = 0; i < half; ++i) {
+                const double theta = rope_angle(p, pos[t], i);
+                cos_t[i] = float(std::cos(theta) * double(p.mscale));
+                sin_t[i] = float(std::sin(theta) * double(p.mscale));
             }
-        }
-        return;
-    }
-    for (int64_t t = 0; t < n_tokens; ++t) {
-        for (int64_t i = 0; i < half; ++i) {
-            double inv_freq = std::pow(double(freq_base), -2.0 * double(i) / double(n_rot));
-            double theta = double(pos[t]) * double(freq_scale) * inv_freq;
-            cos_t[i] = float(std::cos(theta));
-            sin_t[i] = float(std::sin(theta));
         }
         for (int64_t h = 0; h < n_heads; ++h) {
             float* v = x + (t * n_heads + h) * head_dim;
             for (int64_t i = 0; i < half; ++i) {
-                int64_t a = neox ? i : 2 * i;
-                int64_t b = neox ? i + half : 2 * i + 1;
-                float x0 = v[a], x1 = v[b];
-                v[a] = x0 * cos_t[i] - x1 * sin_t[i];
-                v[b] = x0 * sin_t[i] + x1 * cos_t[i];
+                const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+                const float x0 = v[a], x1 = v[b];
+                if (t_llamacpp_rounding) {
+                    v[a] = llamacpp::fmaf_(x0, cos_t[i], -(x1 * sin_t[i]));
+                    v[b] = llamacpp::fmaf_(x0, sin_t[i], x1 * cos_t[i]);
+                } else {
+                    v[a] = x0 * cos_t[i] - x1 * sin_t[i];
+                    v[b] = x0 * sin_t[i] + x1 * cos_t[i];
+                }
             }
         }
     }

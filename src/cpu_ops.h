@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "gguf.h"
+#include "rope.h"
 
 namespace kvrun {
 
@@ -69,11 +70,11 @@ void matmul(float* out, const float* x, const WeightView& w, int64_t n_rows);
 // Adds bias[n] to every row of x: [n_rows][n]
 void add_bias(float* x, const float* bias, int64_t n_rows, int64_t n);
 
-// Rotary embedding in place on x: [n_tokens][n_heads][head_dim], rotating the first n_rot
-// dims of each head. theta_i = pos * freq_scale * base^(-2i/n_rot).
+// Rotary embedding in place on x: [n_tokens][n_heads][head_dim], rotating the first p.n_rot
+// dims of each head by rope_angle (rope.h: frequency factors, linear and YaRN scaling).
 // neox=false: pairs (2i, 2i+1) (llama); neox=true: pairs (i, i + n_rot/2) (qwen2, neox).
 void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-          int64_t n_rot, float freq_base, float freq_scale, bool neox);
+          const RopeParams& p);
 
 // out[i] = silu(gate[i]) * up[i], n elements. (With llama.cpp emulation on, pass one row
 // per call: ggml vectorizes SiLU per row.)

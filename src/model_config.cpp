@@ -1,9 +1,13 @@
 // Reads the typed hyperparameters of a llama / qwen2 GGUF model and validates them.
 #include "model_config.h"
 
+#include <fmt/ranges.h>
+
+#include <algorithm>
 #include <cmath>
 
 #include "common.h"
+#include "quant.h"
 
 namespace kvrun {
 namespace {
@@ -58,6 +62,51 @@ int64_t vocab_size(const GgufFile& f) {
     fail("{}: cannot determine the vocabulary size (no token_embd.weight tensor)", f.path());
 }
 
+// rope.scaling.* keys (none, linear, yarn; the old rope.scale_linear) and the rope_freqs.weight
+// tensor of Llama 3.1-style models. n_rot and n_ctx_train are read and valid.
+void read_rope_scaling(const GgufFile& f, const std::string& a, ModelConfig& c) {
+    auto positive = [&](const std::string& key, double def) {
+        const double v = f.get_float_or(key, def);
+        if (!(v > 0) || !std::isfinite(v)) fail("{}: {} = {} must be positive", f.path(), key, v);
+        return v;
+    };
+    c.rope_scaling = f.get_string_or(a + "rope.scaling.type", "none");
+    // The factor (or the older rope.scale_linear); 0 means unset, as in llama.cpp.
+    const std::string factor_key =
+        f.has(a + "rope.scaling.factor") ? a + "rope.scaling.factor" : a + "rope.scale_linear";
+    double factor = f.get_float_or(factor_key, 1.0);
+    if (factor == 0.0) factor = 1.0;
+    if (!(factor > 0) || !std::isfinite(factor))
+        fail("{}: {} = {} must be positive", f.path(), factor_key, factor);
+    if (c.rope_scaling == "none" && factor != 1.0 && !f.has(a + "rope.scaling.type"))
+        c.rope_scaling = "linear";
+    if (c.rope_scaling == "linear" || c.rope_scaling == "yarn") {
+        c.rope_freq_scale = float(1.0 / factor);
+    } else if (c.rope_scaling != "none") {
+        fail("{}: rope scaling type '{}' is not supported (supported: none, linear, yarn)",
+             f.path(), c.rope_scaling);
+    }
+    if (f.has(a + "rope.scaling.original_context_length"))
+        c.yarn_n_ctx_orig = read_count(f, a + "rope.scaling.original_context_length", 0, false);
+    c.yarn_attn_factor = float(positive(a + "rope.scaling.attn_factor", 1.0));
+
+    const GgufTensorInfo* t = f.find_tensor("rope_freqs.weight");
+    if (!t) return;
+    const int64_t half = c.n_rot / 2;
+    if (t->dims.size() != 1 || t->dims[0] != half)
+        fail("{}: rope_freqs.weight has shape [{}], expected [{}] (rope.dimension_count / 2)",
+             f.path(), fmt::join(t->dims, ", "), half);
+    if (t->type != GgmlType::F32 && t->type != GgmlType::F16 && t->type != GgmlType::BF16)
+        fail("{}: rope_freqs.weight is {}, expected F32, F16 or BF16", f.path(),
+             ggml_type_name(t->type));
+    c.rope_freq_factors.resize(size_t(half));
+    dequantize_row(t->type, t->data, c.rope_freq_factors.data(), half);
+    for (int64_t i = 0; i < half; ++i)
+        if (!(c.rope_freq_factors[i] > 0) || !std::isfinite(c.rope_freq_factors[i]))
+            fail("{}: rope_freqs.weight[{}] = {} must be positive", f.path(), i,
+                 c.rope_freq_factors[i]);
+}
+
 }  // namespace
 
 ModelConfig model_config_from_gguf(const GgufFile& f) {
@@ -93,21 +142,6 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     c.norm_eps = float(f.get_float_or(a + "attention.layer_norm_rms_epsilon", 1e-5));
     c.rope_freq_base = float(f.get_float_or(a + "rope.freq_base", 10000.0));
 
-    std::string scaling = f.get_string_or(a + "rope.scaling.type", "none");
-    if (scaling == "linear") {
-        double factor = f.get_float_or(a + "rope.scaling.factor", 1.0);
-        if (!(factor > 0) || !std::isfinite(factor))
-            fail("{}: rope.scaling.factor = {} must be positive", f.path(), factor);
-        c.rope_freq_scale = float(1.0 / factor);
-    } else if (scaling != "none") {
-        fail("{}: rope scaling type '{}' is not supported (supported: none, linear)", f.path(),
-             scaling);
-    }
-    if (f.find_tensor("rope_freqs.weight"))
-        fail(
-            "{}: per-dimension RoPE frequency factors (rope_freqs.weight, Llama 3.1 style) "
-            "are not supported yet",
-            f.path());
     c.n_vocab = vocab_size(f);
 
     if (c.n_head % c.n_kv_head != 0)
@@ -121,7 +155,55 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
         fail("{}: attention.layer_norm_rms_epsilon = {} must be positive", f.path(), c.norm_eps);
     if (!(c.rope_freq_base > 0) || !std::isfinite(c.rope_freq_base))
         fail("{}: rope.freq_base = {} must be positive", f.path(), c.rope_freq_base);
+    read_rope_scaling(f, a, c);
     return c;
+}
+
+RopeParams ModelConfig::rope(const float* factors) const {
+    RopeParams p = RopeParams::plain(n_rot, rope_freq_base, rope_freq_scale, rope_neox);
+    if (!rope_freq_factors.empty()) p.freq_factors = factors;
+    if (rope_scaling == "yarn" && yarn_ext_factor != 0.0f) {
+        // llama.cpp's corr dims: the pairs that turn more than beta_fast times over the
+        // original context extrapolate, those turning fewer than beta_slow times interpolate.
+        const int64_t orig =
+            yarn_n_ctx_orig > 0 ? yarn_n_ctx_orig : (n_ctx_train > 0 ? n_ctx_train : 4096);
+        p.ext_factor = yarn_ext_factor;
+        p.corr_low = float(std::max(
+            0.0, std::floor(rope_yarn_corr_dim(n_rot, orig, yarn_beta_fast, rope_freq_base))));
+        p.corr_high = float(
+            std::min(double(n_rot - 1),
+                     std::ceil(rope_yarn_corr_dim(n_rot, orig, yarn_beta_slow, rope_freq_base))));
+        p.mscale = yarn_attn_factor * (1.0f + 0.1f * std::log(1.0f / rope_freq_scale));
+    } else if (rope_scaling == "yarn") {
+        p.mscale = yarn_attn_factor;
+    }
+    return p;
+}
+
+void apply_rope_overrides(ModelConfig& c, const RopeOverrides& o) {
+    if (!o.scaling.empty()) {
+        if (o.scaling != "none" && o.scaling != "linear" && o.scaling != "yarn")
+            fail("--rope-scaling '{}': expected none, linear or yarn", o.scaling);
+        c.rope_scaling = o.scaling;
+        if (o.scaling == "none") c.rope_freq_scale = 1.0f;
+    }
+    auto positive = [](const char* flag, double v) {
+        if (!(v > 0) || !std::isfinite(v)) fail("{} = {} must be positive", flag, v);
+    };
+    if (o.freq_base > 0) {
+        positive("--rope-freq-base", o.freq_base);
+        c.rope_freq_base = o.freq_base;
+    }
+    if (o.freq_scale > 0) {
+        positive("--rope-freq-scale", o.freq_scale);
+        c.rope_freq_scale = o.freq_scale;
+        if (c.rope_scaling == "none") c.rope_scaling = "linear";  // llama.cpp: a scale is linear
+    }
+    if (o.yarn_orig_ctx > 0) c.yarn_n_ctx_orig = o.yarn_orig_ctx;
+    if (o.yarn_ext_factor >= 0) c.yarn_ext_factor = o.yarn_ext_factor;
+    if (o.yarn_attn_factor > 0) c.yarn_attn_factor = o.yarn_attn_factor;
+    if (o.yarn_beta_fast > 0) c.yarn_beta_fast = o.yarn_beta_fast;
+    if (o.yarn_beta_slow > 0) c.yarn_beta_slow = o.yarn_beta_slow;
 }
 
 }  // namespace kvrun

@@ -4,8 +4,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "gguf.h"
+#include "rope.h"
 
 namespace kvrun {
 
@@ -22,13 +24,50 @@ struct ModelConfig {
     int64_t n_ctx_train = 0;          // context_length (0 when absent)
     float norm_eps = 1e-5f;           // attention.layer_norm_rms_epsilon
     float rope_freq_base = 10000.0f;  // rope.freq_base
-    float rope_freq_scale = 1.0f;     // 1 / rope.scaling.factor for linear scaling
+    float rope_freq_scale = 1.0f;     // 1 / rope.scaling.factor (linear and YaRN scaling)
     bool rope_neox = false;           // rotate pairs (i, i + n_rot/2) instead of (2i, 2i+1)
-    bool qkv_bias = false;            // the architecture requires Q/K/V biases (qwen2)
+    // rope_freqs.weight (Llama 3.1 and later): [n_rot / 2] divisors of the pair frequencies;
+    // empty when the model has none.
+    std::vector<float> rope_freq_factors;
+    std::string rope_scaling = "none";  // rope.scaling.type: none, linear or yarn
+    // YaRN (rope_scaling "yarn"): the context the model was trained for before scaling
+    // (rope.scaling.original_context_length, default context_length), the extrapolation mix
+    // (1), the attention factor (rope.scaling.attn_factor, 1) and the correction range's
+    // turn counts beta_fast 32 and beta_slow 1 (llama.cpp's defaults).
+    int64_t yarn_n_ctx_orig = 0;
+    float yarn_ext_factor = 1.0f, yarn_attn_factor = 1.0f;
+    float yarn_beta_fast = 32.0f, yarn_beta_slow = 1.0f;
+    bool qkv_bias = false;  // the architecture requires Q/K/V biases (qwen2)
 
     int64_t q_dim() const { return n_head * head_dim; }      // width of Q / attention out
     int64_t kv_dim() const { return n_kv_head * head_dim; }  // width of K and V
+
+    // The RoPE parameters for the forward pass (YaRN's ramp and attention factor worked out);
+    // `factors` is where rope_freq_factors live for the caller (host or device memory), null
+    // when there are none.
+    RopeParams rope(const float* factors) const;
 };
+
+// llama.cpp's --rope-* and --yarn-* overrides of the model's RoPE; unset fields keep the
+// model's values.
+struct RopeOverrides {
+    std::string scaling;          // "" (model's), none, linear or yarn
+    float freq_base = 0;          // > 0: replaces rope.freq_base
+    float freq_scale = 0;         // > 0: replaces the scale (--rope-scale N is 1 / N)
+    int64_t yarn_orig_ctx = 0;    // > 0: YaRN's original context
+    float yarn_ext_factor = -1;   // >= 0: YaRN's extrapolation mix
+    float yarn_attn_factor = -1;  // > 0: YaRN's attention factor
+    float yarn_beta_fast = -1;    // > 0
+    float yarn_beta_slow = -1;    // > 0
+    bool any() const {
+        return !scaling.empty() || freq_base > 0 || freq_scale > 0 || yarn_orig_ctx > 0 ||
+               yarn_ext_factor >= 0 || yarn_attn_factor > 0 || yarn_beta_fast > 0 ||
+               yarn_beta_slow > 0;
+    }
+};
+
+// Applies the overrides (validated: Error naming the flag for a bad value).
+void apply_rope_overrides(ModelConfig& c, const RopeOverrides& o);
 
 // Reads and validates the hyperparameters. Throws Error naming the key for a missing or
 // invalid value, and "unsupported architecture 'x' (supported: llama, qwen2)".

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -176,6 +177,12 @@ void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) 
     w.set_f32("llama.rope.freq_base", float(c.rope_base));
     w.set_f32("llama.attention.layer_norm_rms_epsilon", float(c.norm_eps));
     w.set_u32("llama.vocab_size", uint32_t(n_vocab));
+    if (c.rope_scaling == "linear" || c.rope_scaling == "yarn") {
+        w.set_string("llama.rope.scaling.type", c.rope_scaling);
+        w.set_f32("llama.rope.scaling.factor", float(c.rope_factor));
+        if (c.rope_scaling == "yarn")
+            w.set_u32("llama.rope.scaling.original_context_length", uint32_t(c.rope_orig_ctx));
+    }
     // Provenance, so a benchmark report can say what it ran on.
     w.set_u64("kvrun.synthetic.seed", c.seed);
     w.set_f32("kvrun.synthetic.weight_std", c.weight_std);
@@ -196,8 +203,30 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+std::vector<float> llama3_rope_factors(int64_t n_rot, double base, double factor,
+                                       double low_freq_factor, double high_freq_factor,
+                                       int64_t orig_ctx) {
+    const double low_wavelen = double(orig_ctx) / low_freq_factor;
+    const double high_wavelen = double(orig_ctx) / high_freq_factor;
+    std::vector<float> out(size_t(n_rot / 2));
+    for (int64_t i = 0; i < n_rot / 2; ++i) {
+        const double freq = std::pow(base, -2.0 * double(i) / double(n_rot));
+        const double wavelen = 2.0 * M_PI / freq;
+        double divisor = 1.0;
+        if (wavelen > low_wavelen) {
+            divisor = factor;
+        } else if (wavelen >= high_wavelen) {
+            const double smooth = (double(orig_ctx) / wavelen - low_freq_factor) /
+                                  (high_freq_factor - low_freq_factor);
+            divisor = 1.0 / ((1.0 - smooth) / factor + smooth);
+        }
+        out[size_t(i)] = float(divisor);
+    }
+    return out;
+}
+
 std::vector<std::string> synthetic_preset_names() {
-    return {"llama2-7b", "llama3-8b", "llama-1b", "tiny"};
+    return {"llama2-7b", "llama3-8b", "llama3.1-8b", "llama-1b", "tiny"};
 }
 
 SyntheticModelConfig synthetic_preset(std::string_view name) {
@@ -209,6 +238,10 @@ SyntheticModelConfig synthetic_preset(std::string_view name) {
     } else if (name == "llama3-8b") {
         c.n_layer = 32, c.n_embd = 4096, c.n_head = 32, c.n_head_kv = 8, c.n_ff = 14336;
         c.n_vocab = 128256, c.rope_base = 500000, c.n_ctx = 8192, c.norm_eps = 1e-5;
+    } else if (name == "llama3.1-8b") {  // llama3-8b with Llama 3.1's 128K-context RoPE
+        c.n_layer = 32, c.n_embd = 4096, c.n_head = 32, c.n_head_kv = 8, c.n_ff = 14336;
+        c.n_vocab = 128256, c.rope_base = 500000, c.n_ctx = 131072, c.norm_eps = 1e-5;
+        c.rope_scaling = "llama3", c.rope_factor = 8, c.rope_orig_ctx = 8192;
     } else if (name == "llama-1b") {  // shaped like Llama-3.2-1B
         c.n_layer = 16, c.n_embd = 2048, c.n_head = 32, c.n_head_kv = 8, c.n_ff = 8192;
         c.n_vocab = 128256, c.rope_base = 500000, c.n_ctx = 8192, c.norm_eps = 1e-5;
@@ -272,6 +305,16 @@ void synthetic_validate(const SyntheticModelConfig& c) {
             "positive (got {}, {}, {}, {})",
             c.rope_base, c.norm_eps, c.weight_std, c.residual_scale);
     if (c.scaled_from < 0) fail("synthetic model: --scaled-from must be >= 0");
+    if (c.rope_scaling != "none" && c.rope_scaling != "linear" && c.rope_scaling != "yarn" &&
+        c.rope_scaling != "llama3")
+        fail("synthetic model: rope scaling '{}' is not one of none, linear, yarn, llama3",
+             c.rope_scaling);
+    if (!(c.rope_factor > 0) || c.rope_orig_ctx < 1)
+        fail("synthetic model: rope factor {} and original context {} must be positive",
+             c.rope_factor, c.rope_orig_ctx);
+    if (!c.rope_freqs.empty() && int64_t(c.rope_freqs.size()) != c.n_embd / c.n_head / 2)
+        fail("synthetic model: {} rope frequency factors for head_dim {} (expected {})",
+             c.rope_freqs.size(), c.n_embd / c.n_head, c.n_embd / c.n_head / 2);
     if (c.k_mix && !is_k_quant(c.type)) fail("synthetic model: K-quant mix needs a K-quant type");
     std::vector<GgmlType> types = {c.type, c.output_type};
     if (c.k_mix) types.push_back(GgmlType::Q6_K);
@@ -317,6 +360,17 @@ SyntheticModelStats synthetic_model_write(const SyntheticModelConfig& cfg,
         });
         w.add_tensor(t.name, t.type, t.dims, data.get(), bytes);
         st.n_params += t.dims[0] * n_rows;
+        ++st.n_tensors;
+    }
+    const int64_t head_dim = cfg.n_embd / cfg.n_head;
+    std::vector<float> freqs = cfg.rope_freqs;
+    if (freqs.empty() && cfg.rope_scaling == "llama3")
+        freqs = llama3_rope_factors(head_dim, cfg.rope_base, cfg.rope_factor, 1.0, 4.0,
+                                    cfg.rope_orig_ctx);
+    if (!freqs.empty()) {
+        w.add_tensor("rope_freqs.weight", GgmlType::F32, {int64_t(freqs.size())}, freqs.data(),
+                     freqs.size() * sizeof(float));
+        st.n_params += int64_t(freqs.size());
         ++st.n_tensors;
     }
     w.write_file(path);

@@ -29,6 +29,14 @@ struct SyntheticModelConfig {
     int64_t n_ctx = 2048;
     double rope_base = 10000.0;
     double norm_eps = 1e-5;
+    // RoPE scaling written into the model: none; linear or yarn (rope.scaling.type, .factor
+    // = rope_factor and, for yarn, .original_context_length = rope_orig_ctx); or llama3: a
+    // rope_freqs.weight tensor by Llama 3.1's rule (llama3_rope_factors) from rope_factor and
+    // rope_orig_ctx. rope_freqs, when not empty, is written as rope_freqs.weight instead.
+    std::string rope_scaling = "none";
+    double rope_factor = 8.0;
+    int64_t rope_orig_ctx = 8192;
+    std::vector<float> rope_freqs;
 
     GgmlType type = GgmlType::F32;         // 2-D weights (attention, FFN) and token_embd
     GgmlType output_type = GgmlType::F32;  // output.weight
@@ -55,7 +63,15 @@ struct SyntheticModelStats {
     double seconds = 0;  // wall time (generation + writing)
 };
 
-// Names accepted by synthetic_preset: llama2-7b, llama3-8b, llama-1b, tiny.
+// Llama 3.1's per-pair frequency divisors (what llama.cpp's converter stores as
+// rope_freqs.weight): pairs whose wavelength 2 pi / base^(-2i/n_rot) is below
+// orig_ctx / high_freq_factor keep their frequency, those above orig_ctx / low_freq_factor
+// are divided by `factor`, and the band between is blended smoothly. [n_rot / 2] values.
+std::vector<float> llama3_rope_factors(int64_t n_rot, double base, double factor,
+                                       double low_freq_factor, double high_freq_factor,
+                                       int64_t orig_ctx);
+
+// Names accepted by synthetic_preset: llama2-7b, llama3-8b, llama3.1-8b, llama-1b, tiny.
 std::vector<std::string> synthetic_preset_names();
 // The hyperparameters of a preset (type F32, other fields default). Throws Error for an
 // unknown name, listing the known ones.

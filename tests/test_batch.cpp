@@ -24,21 +24,7 @@ std::string kvrun_cmd(const std::string& args) {
     return kvrun::test::kvrun_binary() + " " + args;
 }
 
-// A scratch directory removed at the end of the test.
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        static int n = 0;
-        path = fs::temp_directory_path() /
-               ("kvrun_test_batch_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-        fs::create_directories(path);
-    }
-    ~TempDir() { fs::remove_all(path); }
-    std::string write(const std::string& name, const std::string& text) const {
-        std::ofstream(path / name, std::ios::binary) << text;
-        return (path / name).string();
-    }
-};
+using kvrun::test::TempDir;
 
 std::vector<nlohmann::json> parse_lines(const std::string& text) {
     std::vector<nlohmann::json> out;

@@ -835,3 +835,45 @@ TEST_CASE("llama.cpp's spellings: -ngl, --ctx-size, -ctk/-ctv, -md/--draft-max, 
     CHECK(res[0].contains("text"));
     CHECK(res[1]["error"] == "'seed' must be a count >= 0 or -1 for a random one (got -5)");
 }
+
+TEST_CASE("RoPE flags: --rope-scale, --rope-freq-base, --rope-scaling, --yarn-*") {
+    const std::string readme = std::string(KVRUN_SOURCE_DIR) + "/README.md";  // parse-time error
+    const std::vector<std::pair<std::string, std::string>> bad = {
+        {"--rope-scaling dynamic", "--rope-scaling"},
+        {"--rope-scale 0", "--rope-scale"},
+        {"--rope-freq-base -1", "--rope-freq-base"},
+        {"--rope-freq-scale nan", "--rope-freq-scale"},
+        {"--yarn-orig-ctx 0", "--yarn-orig-ctx: must be at least 1 (got 0)"},
+        {"--yarn-beta-fast 0", "--yarn-beta-fast"},
+    };
+    for (const auto& [flag, needle] : bad) {
+        INFO(flag);
+        check_one_clear_error(run_command(kvrun_cmd("run -m " + readme + " -p hi " + flag)),
+                              needle);
+    }
+    auto model = shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    const std::string base =
+        "run -m " + model.string() + " -p 'Once upon a time, there was a' -n 40 --temp 0";
+    const auto plain = run_command(kvrun_cmd(base));
+    REQUIRE(plain.exit_code == 0);
+    // The model's own values restate nothing.
+    CHECK(run_command(kvrun_cmd(base + " --rope-freq-base 10000 --rope-scale 1")).out == plain.out);
+    const auto x4 = run_command(kvrun_cmd(base + " --rope-scale 4"));
+    CHECK_MESSAGE(x4.exit_code == 0, x4.err);
+    CHECK(x4.out != plain.out);
+    CHECK(run_command(kvrun_cmd(base + " --rope-freq-scale 0.25 --rope-scaling linear")).out ==
+          x4.out);
+    const auto yarn =
+        run_command(kvrun_cmd(base + " --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 128"));
+    CHECK_MESSAGE(yarn.exit_code == 0, yarn.err);
+    CHECK(yarn.out != x4.out);
+    CHECK(yarn.out != plain.out);
+    // The flags reach every model-running mode.
+    auto chat = run_command(kvrun_cmd("chat -m " + model.string() +
+                                      " --temp 0 -n 8 --rope-scale 2 --chat-template plain"),
+                            "hi\n");
+    CHECK_MESSAGE(chat.exit_code == 0, chat.err);
+    auto info = run_command(kvrun_cmd("info --json -m " + model.string()));
+    CHECK(nlohmann::json::parse(info.out)["hyperparameters"]["rope_scaling"] == "none");
+}

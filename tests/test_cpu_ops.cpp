@@ -184,7 +184,7 @@ TEST_CASE("rope rotates the right pairs by the right angles") {
         CAPTURE(neox);
         std::vector<float> x = base;
         x.insert(x.end(), base.begin(), base.end());
-        cpu::rope(x.data(), pos, 2, 1, 6, 4, 100.0f, 0.5f, neox);
+        cpu::rope(x.data(), pos, 2, 1, 6, RopeParams::plain(4, 100.0f, 0.5f, neox));
         // Position 0: unchanged.
         for (int i = 0; i < 6; ++i) CHECK(x[i] == base[i]);
         // Position 3 with freq_scale 0.5: angles 1.5 (pair 0) and 0.15 (pair 1).
@@ -202,7 +202,7 @@ TEST_CASE("rope rotates the right pairs by the right angles") {
         CHECK(v[5] == 6);
     }
     std::vector<float> x(8);
-    CHECK_THROWS_AS(cpu::rope(x.data(), pos, 1, 1, 8, 3, 1e4f, 1, false), Error);
+    CHECK_THROWS_AS(cpu::rope(x.data(), pos, 1, 1, 8, RopeParams::plain(3, 1e4f, 1, false)), Error);
 }
 
 TEST_CASE("embed dequantizes rows and rejects bad token ids") {

@@ -292,6 +292,56 @@ TEST_CASE("cuda backend with a q8 / q4 KV cache matches the cpu backend") {
             }
 }
 
+TEST_CASE("cuda backend matches the cpu backend with Llama 3.1 factors, YaRN and overrides") {
+    // Tiny models written here: rope_freqs.weight (Llama 3.1's rule), YaRN metadata, and the
+    // plain model with YaRN and base overrides. Positions far past the original context;
+    // fused RoPE + KV write (rotation off) and the unfused path (rotation on).
+    const auto dir = std::filesystem::temp_directory_path();
+    SyntheticModelConfig c = synthetic_preset("tiny");
+    c.n_ctx = 16384;
+    c.weight_std = 0.08f;
+    synthetic_set_type(c, "Q8_0");
+    struct Variant {
+        const char* name;
+        std::string scaling;
+        RopeOverrides rope;
+    };
+    RopeOverrides yarn_override;
+    yarn_override.scaling = "yarn", yarn_override.freq_scale = 0.125f;
+    yarn_override.yarn_orig_ctx = 512, yarn_override.freq_base = 50000;
+    const Variant variants[] = {{"llama3", "llama3", {}},
+                                {"yarn", "yarn", {}},
+                                {"plain + overrides", "none", yarn_override}};
+    for (const Variant& v : variants)
+        for (bool rotate : {false, true}) {
+            CAPTURE(v.name);
+            CAPTURE(rotate);
+            c.rope_scaling = v.scaling, c.rope_factor = 8, c.rope_orig_ctx = 512;
+            const auto path = dir / fmt::format("kvrun-test-cuda-rope-{}.gguf", v.scaling);
+            synthetic_model_write(c, path.string());
+            GgufFile file = GgufFile::open(path.string());
+            BackendOptions o;
+            o.kv_block_size = 16;
+            o.n_kv_blocks = 8;
+            o.kv_rotate = rotate;
+            o.rope = v.rope;
+            auto cpu = make_cpu_backend(file, o);
+            auto gpu = make_cuda_backend(file, o, 0);
+            std::vector<int32_t> toks;
+            for (int32_t i = 0; i < 24; ++i) toks.push_back((i * 37 + 11) % 512);
+            ForwardBatch b = batch_of(toks, 0, 0, {{3, 0, 5, 1}});
+            for (int32_t& p : b.positions) p += 7000;
+            int32_t next = 0;
+            CHECK(compare(*cpu, *gpu, b, &next) < kLogitBound);
+            for (int32_t step = 0; step < 4; ++step) {
+                ForwardBatch d = batch_of({next}, 24 + step, 0, {{3, 0, 5, 1}});
+                d.positions[0] += 7000;
+                CHECK(compare(*cpu, *gpu, d, &next) < kLogitBound);
+            }
+            std::filesystem::remove(path);
+        }
+}
+
 TEST_CASE("cuda forward_sample returns the tokens the host sampler picks from the same logits") {
     const auto path = shared_path("models/stories260K.gguf");
     if (path.empty()) return;

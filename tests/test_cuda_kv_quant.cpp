@@ -207,6 +207,8 @@ struct RopeShape {
     int64_t n_rot;
     bool neox;
     float freq_base, freq_scale;
+    bool factors = false;  // per-pair frequency factors (Llama 3.1 style)
+    bool yarn = false;     // YaRN ramp and attention factor
 };
 
 // Two device caches of one shape driven by one block table: `ref` gets cuda_rope on q and
@@ -245,15 +247,24 @@ class RopeTwin {
         const auto v = random_floats(k.size(), seed * 3 + 3);
         DevBuf<int32_t> dpos(pos);
         DevBuf<float> dv(v), rq(q), rk(k), fq(q), fk(k);
+        std::vector<float> ff(size_t(rs_.n_rot / 2));
+        for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + 0.5f * float(i % 7);
+        DevBuf<float> dff(ff);
+        RopeParams rope = RopeParams::plain(rs_.n_rot, rs_.freq_base, rs_.freq_scale, rs_.neox);
+        if (rs_.factors) rope.freq_factors = dff.get();
+        if (rs_.yarn) {
+            rope.ext_factor = 1.0f;
+            rope.corr_low = 2.0f;
+            rope.corr_high = float(rs_.n_rot / 2 - 3);
+            rope.mscale = 1.2f;
+        }
 
-        cuda_rope(rq.get(), dpos.get(), nt, n_head, hd, rs_.n_rot, rs_.freq_base, rs_.freq_scale,
-                  rs_.neox, nullptr);
-        cuda_rope(rk.get(), dpos.get(), nt, sh.n_kv_head, hd, rs_.n_rot, rs_.freq_base,
-                  rs_.freq_scale, rs_.neox, nullptr);
+        cuda_rope(rq.get(), dpos.get(), nt, n_head, hd, rope, nullptr);
+        cuda_rope(rk.get(), dpos.get(), nt, sh.n_kv_head, hd, rope, nullptr);
         cuda_kv_write(ref_.view, d.view, rk.get(), dv.get(), nullptr);
 
         cuda_rope_kv_write(fq.get(), fk.get(), dv.get(), dpos.get(), fused_.view, d.view, n_head,
-                           rs_.n_rot, rs_.freq_base, rs_.freq_scale, rs_.neox, nullptr);
+                           rope, nullptr);
 
         CHECK(same_bits(fq.download(), rq.download()));
         CHECK(same_bits(fk.download(), rk.download()));
@@ -373,9 +384,12 @@ TEST_CASE("cuda rope_kv_write gives the bits of cuda_rope on q and k, then cuda_
         {{16, 2, 4, 64, Q4, Q8, 24}, 32, true, 10000.0f, 1.0f},
         {{1, 2, 2, 64, Q8, Q4, 160}, 64, true, 10000.0f, 1.0f},  // every row seals
         {{64, 1, 8, 128, Q4, Q4, 10}, 64, false, 1000000.0f, 1.0f},
-        {{16, 2, 4, 64, F16, Q4, 24}, 64, true, 10000.0f, 1.0f},  // only V quantized
-        {{16, 1, 2, 33, Q8, Q8, 24}, 32, true, 10000.0f, 1.0f},   // odd head_dim, staged
-        {{7, 2, 3, 80, Q8, F32, 48}, 48, false, 10000.0f, 0.5f},  // odd block size
+        {{16, 2, 4, 64, F16, Q4, 24}, 64, true, 10000.0f, 1.0f},            // only V quantized
+        {{16, 1, 2, 33, Q8, Q8, 24}, 32, true, 10000.0f, 1.0f},             // odd head_dim, staged
+        {{16, 2, 4, 128, F16, F16, 0}, 128, false, 500000.0f, 1.0f, true},  // Llama 3.1 factors
+        {{16, 2, 2, 64, Q8, Q4, 24}, 64, true, 10000.0f, 0.25f, false, true},  // YaRN
+        {{16, 1, 4, 64, F32, F16, 0}, 48, false, 10000.0f, 0.5f, true, true},  // both, partial
+        {{7, 2, 3, 80, Q8, F32, 48}, 48, false, 10000.0f, 0.5f},               // odd block size
         {{16, 1, 17, 64, Q8, Q8, 24}, 64, false, 10000.0f, 1.0f},
     };
     uint32_t seed = 7;
@@ -417,8 +431,8 @@ TEST_CASE("cuda rope_kv_write refuses what it cannot do") {
     DevBuf<float> q(4 * 64), k(2 * 64), v(2 * 64);
     KvBatchView b{zeros.get(), zeros.get(), zeros.get(), 1, 1, zeros.get()};
     auto call = [&](const KvLayerView& kv, int64_t n_head, int64_t n_rot) {
-        cuda_rope_kv_write(q.get(), k.get(), v.get(), zeros.get(), kv, b, n_head, n_rot, 1e4f, 1.0f,
-                           false, nullptr);
+        cuda_rope_kv_write(q.get(), k.get(), v.get(), zeros.get(), kv, b, n_head,
+                           RopeParams::plain(n_rot, 1e4f, 1.0f, false), nullptr);
     };
     call(cache.view, 4, 64);  // fine
     CHECK_THROWS_WITH_AS(call(cache.view, 3, 64), doctest::Contains("multiple of n_kv_head"),

@@ -123,12 +123,47 @@ TEST_CASE("cuda rope matches the CPU (llama and neox pairs, partial rotation, lo
                         std::vector<float> x =
                             random_floats(static_cast<size_t>(n_tokens * n_heads * head_dim), 11);
                         DevBuf<float> dx(x);
-                        cpu::rope(x.data(), pos.data(), n_tokens, n_heads, head_dim, n_rot, base,
-                                  fscale, neox);
-                        cuda_rope(dx.get(), dpos.get(), n_tokens, n_heads, head_dim, n_rot, base,
-                                  fscale, neox, nullptr);
+                        const RopeParams p = RopeParams::plain(n_rot, base, fscale, neox);
+                        cpu::rope(x.data(), pos.data(), n_tokens, n_heads, head_dim, p);
+                        cuda_rope(dx.get(), dpos.get(), n_tokens, n_heads, head_dim, p, nullptr);
                         CHECK(nmse(dx.download(), x) < kExact);
                     }
+}
+
+TEST_CASE("cuda rope matches the CPU with frequency factors and YaRN") {
+    const int64_t n_tokens = 7, n_heads = 3, head_dim = 128;
+    std::vector<int32_t> pos = {0, 3, 100, 4095, 8191, 65535, 131071};
+    DevBuf<int32_t> dpos(pos);
+    for (int64_t n_rot : {head_dim, head_dim / 2})
+        for (bool factors : {false, true})
+            for (bool yarn : {false, true})
+                for (bool neox : {false, true}) {
+                    CAPTURE(n_rot);
+                    CAPTURE(factors);
+                    CAPTURE(yarn);
+                    CAPTURE(neox);
+                    std::vector<float> ff(size_t(n_rot / 2));
+                    for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + float(i % 9);
+                    DevBuf<float> dff(ff);
+                    RopeParams p = RopeParams::plain(n_rot, 500000.0f, yarn ? 0.25f : 1.0f, neox);
+                    if (yarn) {
+                        p.ext_factor = 1.0f;
+                        p.corr_low = 5.0f;
+                        p.corr_high = float(n_rot / 2 - 10);
+                        p.mscale = 1.1386f;
+                    }
+                    std::vector<float> x =
+                        random_floats(static_cast<size_t>(n_tokens * n_heads * head_dim), 5);
+                    DevBuf<float> dx(x);
+                    RopeParams host = p, dev = p;
+                    if (factors) {
+                        host.freq_factors = ff.data();
+                        dev.freq_factors = dff.get();
+                    }
+                    cpu::rope(x.data(), pos.data(), n_tokens, n_heads, head_dim, host);
+                    cuda_rope(dx.get(), dpos.get(), n_tokens, n_heads, head_dim, dev, nullptr);
+                    CHECK(nmse(dx.download(), x) < kExact);
+                }
 }
 
 TEST_CASE("cuda embed and f16 dequantization match dequantize_row for every weight type") {
@@ -244,7 +279,8 @@ TEST_CASE("cuda matmul_qkv and matmul_swiglu give the bits of the separate launc
         CAPTURE(ggml_type_name(ty.c));
         TestWeights wq = make_weights(ty.a, 256, n_in, 51), wk = make_weights(ty.b, 72, n_in, 52),
                     wv = make_weights(ty.c, 72, n_in, 53);
-        TestWeights gate = make_weights(ty.a, 200, n_in, 54), up = make_weights(ty.b, 200, n_in, 55);
+        TestWeights gate = make_weights(ty.a, 200, n_in, 54),
+                    up = make_weights(ty.b, 200, n_in, 55);
         for (int64_t n_rows : {1, 3, 16, 20}) {
             CAPTURE(n_rows);
             const std::vector<float> x = random_floats(static_cast<size_t>(n_rows * n_in), 56);

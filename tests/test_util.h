@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -96,5 +97,28 @@ inline CommandResult run_command(const std::string& cmd, const std::string& stdi
     fs::remove(err_file);
     return r;
 }
+
+// A fresh scratch directory under the system temp dir, removed at scope exit.
+struct TempDir {
+    std::filesystem::path path;
+    TempDir() {
+        static int counter = 0;
+        path = std::filesystem::temp_directory_path() /
+               ("kvrun_test_dir_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+        std::filesystem::create_directories(path);
+    }
+    ~TempDir() {
+        std::error_code ec;
+        std::filesystem::remove_all(path, ec);
+    }
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+    std::string file(const std::string& name) const { return (path / name).string(); }
+    // Writes `text` to file(name) and returns that path.
+    std::string write(const std::string& name, const std::string& text) const {
+        std::ofstream(path / name, std::ios::binary) << text;
+        return file(name);
+    }
+};
 
 }  // namespace kvrun::test

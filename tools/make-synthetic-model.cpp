@@ -22,9 +22,11 @@ int run(int argc, char** argv) {
     std::string preset = "tiny", type = "F32", output, vocab_from, draft_of, output_type;
     kvrun::SyntheticModelConfig o;  // holds the override values
     std::optional<int64_t> n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
-    std::optional<double> rope_base, norm_eps;
+    std::optional<double> rope_base, norm_eps, rope_factor;
+    std::optional<std::string> rope_scaling;
+    std::optional<int64_t> rope_orig_ctx;
     app.add_option("-o,--output", output, "output GGUF path")->required();
-    app.add_option("--preset", preset, "llama2-7b, llama3-8b, llama-1b or tiny")
+    app.add_option("--preset", preset, "llama2-7b, llama3-8b, llama3.1-8b, llama-1b or tiny")
         ->capture_default_str();
     app.add_option("-t,--type", type,
                    "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL "
@@ -41,6 +43,11 @@ int run(int argc, char** argv) {
     app.add_option("--n-vocab", n_vocab, "vocabulary size (synthetic SPM vocabulary)");
     app.add_option("--rope-base", rope_base, "RoPE theta");
     app.add_option("--ctx", n_ctx, "context length (llama.context_length)");
+    app.add_option("--rope-scaling", rope_scaling,
+                   "none, linear, yarn (rope.scaling.* metadata) or llama3 (a rope_freqs.weight "
+                   "tensor by Llama 3.1's rule); default: the preset's");
+    app.add_option("--rope-factor", rope_factor, "RoPE scaling factor (linear, yarn, llama3)");
+    app.add_option("--rope-orig-ctx", rope_orig_ctx, "context before scaling (yarn, llama3)");
     app.add_option("--norm-eps", norm_eps, "RMSNorm epsilon");
     app.add_option("--seed", o.seed, "random seed (same seed, same bytes)")->capture_default_str();
     app.add_option("--weight-std", o.weight_std, "RMS of the weights")->capture_default_str();
@@ -86,6 +93,9 @@ int run(int argc, char** argv) {
     if (n_ctx) c.n_ctx = *n_ctx;
     if (rope_base) c.rope_base = *rope_base;
     if (norm_eps) c.norm_eps = *norm_eps;
+    if (rope_scaling) c.rope_scaling = *rope_scaling;
+    if (rope_factor) c.rope_factor = *rope_factor;
+    if (rope_orig_ctx) c.rope_orig_ctx = *rope_orig_ctx;
     c.seed = o.seed, c.weight_std = o.weight_std, c.exact = o.exact;
     c.residual_scale = o.residual_scale, c.scaled_from = o.scaled_from;
     c.vocab_from = vocab_from, c.n_threads = o.n_threads;

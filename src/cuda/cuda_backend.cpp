@@ -150,6 +150,7 @@ class CudaBackend final : public Backend {
     WeightView token_embd_, output_;
     const float* output_norm_ = nullptr;
     std::vector<DeviceLayer> layers_;
+    RopeParams rope_;  // the model's RoPE, its frequency factors (if any) in weight_mem_
 
     int64_t n_blocks_ = 0, k_block_bytes_ = 0, v_block_bytes_ = 0;
     DeviceMem kv_mem_;                       // per layer: K pool, V pool, K stage, V stage
@@ -192,7 +193,7 @@ class CudaBackend final : public Backend {
 
 CudaBackend::CudaBackend(const GgufFile& file, const BackendOptions& options, int device)
     : device_((cuda_set_device(device), device)),
-      config_(model_config_from_gguf(file)),
+      config_(backend_model_config(file, options)),
       options_(options) {
     if (config_.head_dim > 256)
         throw Error(fmt::format("{}: head_dim {} is larger than the CUDA attention kernels "
@@ -241,6 +242,8 @@ void CudaBackend::upload_weights(const GgufFile& file) {
     const size_t i_embd = add_matrix(hw.token_embd, "token_embd.weight");
     const size_t i_out = hw.output_tied ? i_embd : add_matrix(hw.output, "output.weight");
     const size_t i_out_norm = add_vector(hw.output_norm);
+    const size_t i_rope =
+        config_.rope_freq_factors.empty() ? SIZE_MAX : add_vector(config_.rope_freq_factors);
     struct LayerItems {
         size_t attn_norm, ffn_norm, bq, bk, bv, wq, wk, wv, wo, gate, up, down;
     };
@@ -279,6 +282,7 @@ void CudaBackend::upload_weights(const GgufFile& file) {
     token_embd_ = on_device(hw.token_embd, i_embd);
     output_ = on_device(hw.output, i_out);
     output_norm_ = vec(i_out_norm);
+    rope_ = config_.rope(vec(i_rope));
     layers_.resize(hw.layers.size());
     for (size_t l = 0; l < hw.layers.size(); ++l) {
         const LayerWeights& w = hw.layers[l];
@@ -440,16 +444,13 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
         }
         const KvLayerView kv = kv_layer(l);
         if (rotate_) {  // q.k unchanged; K's outlier channels spread (kv_rotation_enabled)
-            cuda_rope(q_, d_pos_, T, c.n_head, c.head_dim, c.n_rot, c.rope_freq_base,
-                      c.rope_freq_scale, c.rope_neox, s);
-            cuda_rope(k_, d_pos_, T, c.n_kv_head, c.head_dim, c.n_rot, c.rope_freq_base,
-                      c.rope_freq_scale, c.rope_neox, s);
+            cuda_rope(q_, d_pos_, T, c.n_head, c.head_dim, rope_, s);
+            cuda_rope(k_, d_pos_, T, c.n_kv_head, c.head_dim, rope_, s);
             cuda_hadamard(q_, T * c.n_head, c.head_dim, s);
             cuda_hadamard(k_, T * c.n_kv_head, c.head_dim, s);
             cuda_kv_write(kv, kb, k_, v_, s);
         } else {
-            cuda_rope_kv_write(q_, k_, v_, d_pos_, kv, kb, c.n_head, c.n_rot, c.rope_freq_base,
-                               c.rope_freq_scale, c.rope_neox, s);
+            cuda_rope_kv_write(q_, k_, v_, d_pos_, kv, kb, c.n_head, rope_, s);
         }
         cuda_paged_attention(att_, q_, kv, kb, c.n_head, scale, scratch_, s);
         cuda_matmul(xb_, att_, w.wo, T, scratch_, s);

@@ -268,14 +268,14 @@ struct RopeKvParams {
     void* k_dst;         // unstaged: pools [n_blocks][n_kv_head][block_size][head_dim] of
     void* v_dst;         //   f32 / f16; staged: f16 stages [n_stages][n_kv_head][bs][head_dim]
     bool k_f32, v_f32;   // element types of k_dst / v_dst (else f16)
-    bool staged, neox;
+    bool staged;
     const int32_t* token_seq;
     const int32_t* token_slot;
     const int32_t* token_stage;  // staged only
     const int32_t* block_table;
     int64_t max_blocks_per_seq, n_tokens, n_blocks, n_stages;
-    int n_kv_head, group, block_size, head_dim, n_rot;
-    float freq_base, freq_scale;
+    int n_kv_head, group, block_size, head_dim;
+    RopeParams rope;  // freq_factors in device memory
 };
 
 // Element offset of token t's row of KV head h in k_dst / v_dst, or -1 when it has none
@@ -308,7 +308,7 @@ __device__ __forceinline__ void load_q_pairs(const float* qh, int g0, int group,
 }
 
 __global__ void rope_kv_write_kernel(RopeKvParams p) {
-    const int D = p.head_dim, pairs = (D + 1) / 2, half = p.n_rot / 2;
+    const int D = p.head_dim, pairs = (D + 1) / 2, half = p.rope.n_rot / 2;
     const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx >= p.n_tokens * p.n_kv_head * pairs) return;
     const int j = int(idx % pairs);
@@ -316,7 +316,8 @@ __global__ void rope_kv_write_kernel(RopeKvParams p) {
     const int h = int(th % p.n_kv_head);
     const int64_t t = th / p.n_kv_head;
     const bool rotated = j < half, second = 2 * j + 1 < D;  // second: the pair's 2nd exists
-    const int2 ab = rotated ? cu::rope_pair(j, p.n_rot, p.neox) : make_int2(2 * j, 2 * j + 1);
+    const int2 ab =
+        rotated ? cu::rope_pair(j, p.rope.n_rot, p.rope.neox) : make_int2(2 * j, 2 * j + 1);
     // The loads before any store (which could alias them as far as the compiler knows).
     float* kh = p.k + th * D;
     const float* vh = p.v + th * D;
@@ -327,7 +328,7 @@ __global__ void rope_kv_write_kernel(RopeKvParams p) {
     if (rotated) load_q_pairs(qh, 0, p.group, D, ab, qa, qb);
     const int64_t row = rope_kv_row(p, t, h);
     if (rotated) {
-        const float2 cs = cu::rope_cos_sin(p.pos[t], j, p.n_rot, p.freq_base, p.freq_scale);
+        const float2 cs = cu::rope_cos_sin(p.rope, p.pos[t], j);
         const float2 kr = cu::rope_rotate(k0, k1, cs);
         k0 = kr.x;
         k1 = kr.y;
@@ -457,8 +458,7 @@ void cuda_kv_write(const KvLayerView& kv, const KvBatchView& batch, const float*
 
 void cuda_rope_kv_write(float* q, float* k, const float* v, const int32_t* pos,
                         const KvLayerView& kv, const KvBatchView& batch, int64_t n_head,
-                        int64_t n_rot, float freq_base, float freq_scale, bool neox,
-                        cudaStream_t s) {
+                        const RopeParams& rope, cudaStream_t s) {
     CUDA_REQUIRE(kv.n_blocks > 0 && kv.n_kv_head > 0 && kv.block_size > 0 && kv.head_dim > 0,
                  "cuda_rope_kv_write: bad KV layer shape");
     CUDA_REQUIRE(batch.n_tokens >= 0 && batch.max_blocks_per_seq > 0,
@@ -468,7 +468,7 @@ void cuda_rope_kv_write(float* q, float* k, const float* v, const int32_t* pos,
                  "cuda_rope_kv_write: bad KV layer shape");
     CUDA_REQUIRE(n_head > 0 && n_head % kv.n_kv_head == 0 && n_head / kv.n_kv_head <= INT32_MAX,
                  "cuda_rope_kv_write: n_head must be a multiple of n_kv_head");
-    CUDA_REQUIRE(n_rot > 0 && n_rot % 2 == 0 && n_rot <= kv.head_dim,
+    CUDA_REQUIRE(rope.n_rot > 0 && rope.n_rot % 2 == 0 && rope.n_rot <= kv.head_dim,
                  "cuda_rope_kv_write: n_rot must be even and at most head_dim");
     kv_check_format(kv.k_type, kv.head_dim);
     kv_check_format(kv.v_type, kv.head_dim);
@@ -490,7 +490,6 @@ void cuda_rope_kv_write(float* q, float* k, const float* v, const int32_t* pos,
     p.k_f32 = !staged && kv.k_type == KvType::F32;
     p.v_f32 = !staged && kv.v_type == KvType::F32;
     p.staged = staged;
-    p.neox = neox;
     p.token_seq = batch.token_seq;
     p.token_slot = batch.token_slot;
     p.token_stage = batch.token_stage;
@@ -503,9 +502,7 @@ void cuda_rope_kv_write(float* q, float* k, const float* v, const int32_t* pos,
     p.group = int(n_head / kv.n_kv_head);
     p.block_size = int(kv.block_size);
     p.head_dim = int(kv.head_dim);
-    p.n_rot = int(n_rot);
-    p.freq_base = freq_base;
-    p.freq_scale = freq_scale;
+    p.rope = rope;
     const int64_t n = batch.n_tokens * kv.n_kv_head * ((kv.head_dim + 1) / 2);
     CUDA_REQUIRE(cu::ceil_div(n, kRopeKvThreads) <= INT32_MAX,
                  "cuda_rope_kv_write: too many tokens");

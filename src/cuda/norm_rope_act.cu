@@ -74,15 +74,14 @@ __global__ void softmax_kernel(float* __restrict__ x, int64_t n) {
 // x: [n_tokens][n_heads][head_dim]; one thread per rotated pair (t, h, i), i < n_rot / 2.
 // The math is rope.cuh's (shared with the fused RoPE + KV write of kv_write.cu).
 __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ pos,
-                            int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t n_rot,
-                            float freq_base, float freq_scale, bool neox) {
-    const int64_t half = n_rot / 2;
+                            int64_t n_tokens, int64_t n_heads, int64_t head_dim, RopeParams p) {
+    const int64_t half = p.n_rot / 2;
     const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx >= n_tokens * n_heads * half) return;
     const int64_t i = idx % half, th = idx / half, t = th / n_heads;
-    const float2 cs = cu::rope_cos_sin(pos[t], i, n_rot, freq_base, freq_scale);
+    const float2 cs = cu::rope_cos_sin(p, pos[t], i);
     float* head = x + th * head_dim;
-    const int2 ab = cu::rope_pair(int(i), int(n_rot), neox);
+    const int2 ab = cu::rope_pair(int(i), p.n_rot, p.neox);
     const float2 y = cu::rope_rotate(head[ab.x], head[ab.y], cs);
     head[ab.x] = y.x;
     head[ab.y] = y.y;
@@ -180,14 +179,13 @@ void cuda_softmax(float* x, int64_t n_rows, int64_t n, cudaStream_t s) {
 }
 
 void cuda_rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-               int64_t n_rot, float freq_base, float freq_scale, bool neox, cudaStream_t s) {
+               const RopeParams& p, cudaStream_t s) {
     CUDA_REQUIRE(n_tokens >= 0 && n_heads > 0 && head_dim > 0, "cuda_rope: bad shape");
-    CUDA_REQUIRE(n_rot > 0 && n_rot % 2 == 0 && n_rot <= head_dim,
+    CUDA_REQUIRE(p.n_rot > 0 && p.n_rot % 2 == 0 && p.n_rot <= head_dim,
                  "cuda_rope: n_rot must be even and at most head_dim");
-    const int64_t n = n_tokens * n_heads * (n_rot / 2);
+    const int64_t n = n_tokens * n_heads * (p.n_rot / 2);
     if (n == 0) return;
-    rope_kernel<<<elt_blocks(n), kEltThreads, 0, s>>>(x, pos, n_tokens, n_heads, head_dim, n_rot,
-                                                      freq_base, freq_scale, neox);
+    rope_kernel<<<elt_blocks(n), kEltThreads, 0, s>>>(x, pos, n_tokens, n_heads, head_dim, p);
     CUDA_CHECK_LAUNCH();
 }
 

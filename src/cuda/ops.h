@@ -51,9 +51,10 @@ void cuda_add_rmsnorm(float* x, const float* y, float* out, const float* w, int6
                       int64_t dim, float eps, cudaStream_t s);
 // Adds bias[n] to every row of x: [n_rows][n]
 void cuda_add_bias(float* x, const float* bias, int64_t n_rows, int64_t n, cudaStream_t s);
-// RoPE in place on x: [n_tokens][n_heads][head_dim]; pos: [n_tokens] (device). See cpu::rope.
+// RoPE in place on x: [n_tokens][n_heads][head_dim]; pos: [n_tokens] and p.freq_factors
+// (device). See cpu::rope.
 void cuda_rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-               int64_t n_rot, float freq_base, float freq_scale, bool neox, cudaStream_t s);
+               const RopeParams& p, cudaStream_t s);
 // out[i] = silu(gate[i]) * up[i], n elements.
 void cuda_swiglu(float* out, const float* gate, const float* up, int64_t n, cudaStream_t s);
 // x[i] += y[i], n elements.
@@ -121,8 +122,7 @@ void cuda_kv_write(const KvLayerView& kv, const KvBatchView& batch, const float*
 // between RoPE and the write (kv_rotation_enabled) needs the unfused calls.
 void cuda_rope_kv_write(float* q, float* k, const float* v, const int32_t* pos,
                         const KvLayerView& kv, const KvBatchView& batch, int64_t n_head,
-                        int64_t n_rot, float freq_base, float freq_scale, bool neox,
-                        cudaStream_t s);
+                        const RopeParams& rope, cudaStream_t s);
 // cpu::kv_copy's contract (one queued BlockCopy on one layer).
 void cuda_kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_stage,
                   int64_t dst_stage, int64_t n_rows, cudaStream_t s);

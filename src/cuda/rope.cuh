@@ -9,16 +9,16 @@
 
 #include <cstdint>
 
+#include "rope.h"
+
 namespace kvrun::cu {
 
-// cos and sin (x, y) of pair i's angle pos * freq_scale * freq_base^(-2i / n_rot).
-__device__ __forceinline__ float2 rope_cos_sin(int32_t pos, int64_t i, int64_t n_rot,
-                                               float freq_base, float freq_scale) {
-    const double inv_freq = pow(double(freq_base), -2.0 * double(i) / double(n_rot));
-    const double theta = double(pos) * double(freq_scale) * inv_freq;
+// cos and sin (x, y) of pair i's angle (rope_angle), times p.mscale, as cpu::rope.
+__device__ __forceinline__ float2 rope_cos_sin(const RopeParams& p, int32_t pos, int64_t i) {
+    const double theta = rope_angle(p, pos, i);
     double sd, cd;
     sincos(theta, &sd, &cd);
-    return make_float2(float(cd), float(sd));
+    return make_float2(float(cd * double(p.mscale)), float(sd * double(p.mscale)));
 }
 
 // (x0, x1) rotated by the angle whose cos and sin are cs: (x0 c - x1 s, x0 s + x1 c), each

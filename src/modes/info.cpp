@@ -26,6 +26,7 @@ struct Hyper {
     int64_t n_layer = 0, n_embd = 0, n_ff = 0, n_head = 0, n_head_kv = 0, n_ctx_train = 0;
     int64_t head_dim = 0, n_rot = 0, n_vocab = 0;
     double rope_base = 10000, norm_eps = 0;
+    std::string rope_scaling;  // e.g. "none", "linear x4", "yarn x4 from 8192", "+ rope_freqs"
 };
 
 Hyper read_hyper(const GgufFile& f) {
@@ -43,6 +44,17 @@ Hyper read_hyper(const GgufFile& f) {
     h.n_rot = f.get_int_or(a + "rope.dimension_count", h.head_dim);
     h.rope_base = f.get_float_or(a + "rope.freq_base", 10000.0);
     h.norm_eps = f.get_float_or(a + "attention.layer_norm_rms_epsilon", 0.0);
+    const double factor =
+        f.get_float_or(a + "rope.scaling.factor", f.get_float_or(a + "rope.scale_linear", 0.0));
+    h.rope_scaling =
+        f.get_string_or(a + "rope.scaling.type", factor > 0 && factor != 1 ? "linear" : "none");
+    if (h.rope_scaling != "none")
+        h.rope_scaling += fmt::format(" x{:g}", factor > 0 ? factor : 1.0);
+    if (h.rope_scaling.rfind("yarn", 0) == 0 && f.has(a + "rope.scaling.original_context_length"))
+        h.rope_scaling +=
+            fmt::format(" from {}", f.get_int_or(a + "rope.scaling.original_context_length", 0));
+    if (const GgufTensorInfo* t = f.find_tensor("rope_freqs.weight"))
+        h.rope_scaling += fmt::format(" + rope_freqs ({} pair factors)", t->n_elements);
     if (const GgufValue* toks = f.find("tokenizer.ggml.tokens");
         toks && toks->type == GgufValueType::ARRAY)
         h.n_vocab = static_cast<int64_t>(toks->as_array().size());
@@ -103,6 +115,7 @@ int run_info(const InfoOptions& o) {
                                 {"head_dim", h.head_dim},
                                 {"n_rot", h.n_rot},
                                 {"rope_freq_base", h.rope_base},
+                                {"rope_scaling", h.rope_scaling},
                                 {"rms_norm_eps", h.norm_eps},
                                 {"n_ctx_train", h.n_ctx_train}};
         j["vocab"] = {{"model", f.get_string_or("tokenizer.ggml.model", "")},
@@ -143,7 +156,8 @@ int run_info(const InfoOptions& o) {
     fmt::print("  n_embd        {:>10}    n_ff          {:>10}\n", h.n_embd, h.n_ff);
     fmt::print("  n_head        {:>10}    n_head_kv     {:>10}\n", h.n_head, h.n_head_kv);
     fmt::print("  head_dim      {:>10}    n_rot         {:>10}\n", h.head_dim, h.n_rot);
-    fmt::print("  rope_base     {:>10g}    rms_norm_eps  {:>10g}\n\n", h.rope_base, h.norm_eps);
+    fmt::print("  rope_base     {:>10g}    rms_norm_eps  {:>10g}\n", h.rope_base, h.norm_eps);
+    fmt::print("  rope_scaling  {}\n\n", h.rope_scaling);
     const std::string pre = f.get_string_or("tokenizer.ggml.pre", "");
     fmt::print("vocabulary      {}{}, {} tokens, bos {}, eos {}\n\n",
                f.get_string_or("tokenizer.ggml.model", "-"),

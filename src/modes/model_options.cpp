@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <csignal>
 #include <random>
 
@@ -26,6 +27,16 @@ CLI::Validator at_least(int64_t lo) {
             return fmt::format("must be at least {} (got {})", lo, text);
         },
         fmt::format(">= {}", lo));
+}
+
+CLI::Validator positive_finite() {
+    return CLI::Validator(
+        [](std::string& text) -> std::string {
+            double v = 0;
+            if (!CLI::detail::lexical_cast(text, v) || (v > 0 && std::isfinite(v))) return {};
+            return fmt::format("must be a finite number > 0 (got {})", text);
+        },
+        "> 0");
 }
 
 void add_model_options(CLI::App* cmd, ModelOptions& o) {
@@ -59,6 +70,44 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
     cmd->add_option("-b,--batch-size", o.n_batch, "Max tokens per forward pass (prefill chunk)")
         ->check(at_least(1))
         ->capture_default_str();
+    add_rope_options(cmd, o.rope);
+}
+
+void add_rope_options(CLI::App* cmd, RopeOverrides& r) {
+    const std::string group = "RoPE (default: the model's)";
+    cmd->add_option("--rope-scaling", r.scaling, "RoPE scaling: none, linear or yarn")
+        ->check(CLI::IsMember({"none", "linear", "yarn"}))
+        ->group(group);
+    cmd->add_option("--rope-freq-base", r.freq_base, "RoPE base frequency (theta)")
+        ->check(positive_finite())
+        ->group(group);
+    cmd->add_option("--rope-freq-scale", r.freq_scale,
+                    "RoPE frequency scale: the context grows by 1 / this")
+        ->check(positive_finite())
+        ->group(group);
+    cmd->add_option_function<float>(
+           "--rope-scale", [&r](float n) { r.freq_scale = 1.0f / n; },
+           "RoPE context scaling factor: the context grows by this (= --rope-freq-scale 1/N)")
+        ->check(positive_finite())
+        ->group(group);
+    cmd->add_option("--yarn-orig-ctx", r.yarn_orig_ctx, "YaRN: the model's context before scaling")
+        ->check(at_least(1))
+        ->group(group);
+    cmd->add_option("--yarn-ext-factor", r.yarn_ext_factor,
+                    "YaRN: extrapolation mix (0: plain interpolation; -1: the model's, 1)")
+        ->check(CLI::Range(-1.0f, 100.0f) & at_least(-1))
+        ->group(group);
+    cmd->add_option("--yarn-attn-factor", r.yarn_attn_factor, "YaRN: attention magnitude factor")
+        ->check(positive_finite())
+        ->group(group);
+    cmd->add_option("--yarn-beta-fast", r.yarn_beta_fast,
+                    "YaRN: pairs turning more than this often keep their frequency (32)")
+        ->check(positive_finite())
+        ->group(group);
+    cmd->add_option("--yarn-beta-slow", r.yarn_beta_slow,
+                    "YaRN: pairs turning less than this often are fully interpolated (1)")
+        ->check(positive_finite())
+        ->group(group);
 }
 
 std::pair<TokenId, float> parse_logit_bias(const std::string& text) {
@@ -259,6 +308,7 @@ LoadedModel load_model(const ModelOptions& o, int32_t n_sequences) {
     bo.n_batch = o.n_batch;
     bo.n_parallel = std::max<int32_t>(1, n_sequences);
     bo.kv_rotate = o.kv_rotate == "on";
+    bo.rope = o.rope;
     if (o.kv_memory_mib > 0) {
         bo.kv_memory_mib = o.kv_memory_mib;
         bo.n_kv_blocks = kv_blocks_for(cfg, bo);  // what the budget holds after stage slots

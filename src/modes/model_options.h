@@ -28,12 +28,15 @@ struct ModelOptions {
     // llama.cpp's -ngl/--n-gpu-layers: 0 runs on the CPU (when --device is auto); any other
     // count runs every layer on the GPU when one is present (there is no partial offload).
     int32_t n_gpu_layers = -1;  // -1: not given
+    RopeOverrides rope;         // --rope-* / --yarn-* (llama.cpp's spellings)
 };
 
 // A CLI11 check that a number is >= lo, with a plain message ("must be at least 0 (got -1)").
 CLI::Validator at_least(int64_t lo);
 
 void add_model_options(CLI::App* cmd, ModelOptions& o);
+// llama.cpp's --rope-scaling, --rope-freq-base, --rope-freq-scale, --rope-scale, --yarn-*.
+void add_rope_options(CLI::App* cmd, RopeOverrides& r);
 // -s/--seed takes -1 for a random seed (as llama.cpp), drawn from std::random_device.
 void add_sampling_options(CLI::App* cmd, SamplingParams& p);
 uint64_t random_seed();
