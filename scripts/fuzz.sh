@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fuzzes with libFuzzer + ASan + UBSan for N seconds (default 600).
 # Usage: scripts/fuzz.sh [gguf|tokenizer|grammar|json_schema|sampler] [seconds] [extra flags...]
-#   gguf (default): the GGUF reader (fuzz/fuzz_gguf.cpp), seeded from GgufWriter-made files
-#     and the smallest shared models.
+#   gguf (default): the GGUF reader and the model config reader (fuzz/fuzz_gguf.cpp), seeded
+#     from GgufWriter-made files and the smallest shared models.
 #   tokenizer: SPM and byte-level BPE on the shared llama.cpp vocabularies
 #     (fuzz/fuzz_tokenizer.cpp: ids in range, text round trips, streaming equals decode).
 #   grammar: GBNF parsing and matching (fuzz/fuzz_grammar.cpp: clear errors, and matching
@@ -30,6 +30,7 @@ flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undef
 
 if [ "$target" = gguf ]; then
     clang++ "${flags[@]}" fuzz/fuzz_gguf.cpp src/gguf.cpp src/gguf_writer.cpp src/quant*.cpp \
+        src/model_config.cpp \
         -lfmt -o "$out/fuzz_gguf"
     KVRUN_FUZZ_WRITE_SEEDS="$corpus" "$out/fuzz_gguf"
     for m in stories260K-Q4_0.gguf stories260K-Q4_K_M.gguf; do

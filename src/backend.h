@@ -79,6 +79,13 @@ class Backend {
     virtual void forward_sample(const ForwardBatch& batch, const std::vector<RowSampling>& rows,
                                 int32_t* tokens);
     virtual std::string name() const = 0;
+    // Bytes of one pool block over all layers, K and V (kv_block_bytes); read_kv_block
+    // writes them to dst as, per layer, the K block then the V block; write_kv_block stores
+    // them back (prompt caches, prompt_cache.h). Stages are not included: only a sealed
+    // (full) block's pool bytes are whole. Throw Error for an id outside the pool.
+    virtual int64_t kv_block_io_bytes() const = 0;
+    virtual void read_kv_block(int64_t block, uint8_t* dst) = 0;
+    virtual void write_kv_block(int64_t block, const uint8_t* src) = 0;
 };
 
 struct BackendOptions {

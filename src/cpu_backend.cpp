@@ -45,6 +45,32 @@ CpuBackend::CpuBackend(const GgufFile& file, const BackendOptions& options)
     if (options_.n_threads > 0) cpu_set_num_threads(options_.n_threads);
 }
 
+int64_t CpuBackend::kv_block_io_bytes() const {
+    return config_.n_layer * (k_block_bytes_ + v_block_bytes_);
+}
+
+void CpuBackend::read_kv_block(int64_t block, uint8_t* dst) {
+    if (block < 0 || block >= n_blocks_)
+        fail("read_kv_block: block {} is outside the pool (0..{})", block, n_blocks_ - 1);
+    for (int64_t l = 0; l < config_.n_layer; ++l) {
+        std::memcpy(dst, k_pool_[l].get() + block * k_block_bytes_, size_t(k_block_bytes_));
+        dst += k_block_bytes_;
+        std::memcpy(dst, v_pool_[l].get() + block * v_block_bytes_, size_t(v_block_bytes_));
+        dst += v_block_bytes_;
+    }
+}
+
+void CpuBackend::write_kv_block(int64_t block, const uint8_t* src) {
+    if (block < 0 || block >= n_blocks_)
+        fail("write_kv_block: block {} is outside the pool (0..{})", block, n_blocks_ - 1);
+    for (int64_t l = 0; l < config_.n_layer; ++l) {
+        std::memcpy(k_pool_[l].get() + block * k_block_bytes_, src, size_t(k_block_bytes_));
+        src += k_block_bytes_;
+        std::memcpy(v_pool_[l].get() + block * v_block_bytes_, src, size_t(v_block_bytes_));
+        src += v_block_bytes_;
+    }
+}
+
 KvLayerView CpuBackend::kv_layer(int64_t layer) const {
     KvLayerView kv;
     kv.k_type = options_.kv_type_k;

@@ -21,6 +21,9 @@ class CpuBackend final : public Backend {
     int32_t kv_block_size() const override { return options_.kv_block_size; }
     int32_t n_kv_stages() const override { return static_cast<int32_t>(n_stages_); }
     std::string name() const override { return "cpu"; }
+    int64_t kv_block_io_bytes() const override;
+    void read_kv_block(int64_t block, uint8_t* dst) override;
+    void write_kv_block(int64_t block, const uint8_t* src) override;
 
     const ModelWeights& weights() const { return weights_; }
     // One layer's K/V pools, for tests that inspect the cache.

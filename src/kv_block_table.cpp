@@ -157,6 +157,38 @@ void KvBlockTable::register_full_block(BlockId b, uint64_t hash, uint64_t parent
     blk.tokens.assign(tokens.begin(), tokens.end());
 }
 
+std::vector<BlockId> KvBlockTable::cached_prefix_blocks(std::span<const TokenId> tokens) const {
+    std::vector<BlockId> out;
+    find_prefix(tokens, out);
+    return out;
+}
+
+BlockId KvBlockTable::import_cached_block(uint64_t parent_hash, std::span<const TokenId> tokens) {
+    if (static_cast<int32_t>(tokens.size()) != block_size_)
+        fail("import_cached_block: {} tokens for a block of {}", tokens.size(), block_size_);
+    const uint64_t h = hash_block(parent_hash, tokens);
+    if (registry_.count(h) != 0 || free_.empty()) return -1;
+    const BlockId b = free_.back();
+    free_.pop_back();
+    Block& blk = blocks_[b];
+    blk.refcount = 0;
+    blk.sealed = true;  // the caller fills the whole block in the pool
+    register_full_block(b, h, parent_hash, tokens);
+    blk.lru_it = lru_.insert(lru_.end(), b);
+    blk.in_lru = true;
+    return b;
+}
+
+uint64_t KvBlockTable::cached_hash(BlockId block) const {
+    check_block(block);
+    return blocks_[block].cached ? blocks_[block].hash : 0;
+}
+
+uint64_t KvBlockTable::cached_parent_hash(BlockId block) const {
+    check_block(block);
+    return blocks_[block].cached ? blocks_[block].parent_hash : 0;
+}
+
 void KvBlockTable::find_prefix(std::span<const TokenId> tokens, std::vector<BlockId>& out) const {
     out.clear();
     const size_t bs = static_cast<size_t>(block_size_);

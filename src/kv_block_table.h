@@ -139,6 +139,17 @@ class KvBlockTable {
     int32_t match_prefix(std::span<const TokenId> tokens) const;
     // Drops every evictable block from the cache (they become free).
     void clear_cache();
+    // The cached full blocks holding the longest cached prefix of `tokens`, in order (what
+    // a prompt cache file saves; see prompt_cache.h).
+    std::vector<BlockId> cached_prefix_blocks(std::span<const TokenId> tokens) const;
+    // Registers a full block (block_size tokens after the chain whose hash is parent_hash)
+    // as cached and evictable in a free block, as if a sequence had filled it and left; the
+    // caller then writes its K/V rows into the returned block. Returns -1 when an identical
+    // block is cached already or no block is free (cached blocks are never evicted for it).
+    BlockId import_cached_block(uint64_t parent_hash, std::span<const TokenId> tokens);
+    // Chained hash of cached block b (0 when b is not cached).
+    uint64_t cached_hash(BlockId block) const;
+    uint64_t cached_parent_hash(BlockId block) const;
 
     // ---- pool ----
     int32_t n_blocks() const { return n_blocks_; }

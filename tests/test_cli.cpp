@@ -877,3 +877,56 @@ TEST_CASE("RoPE flags: --rope-scale, --rope-freq-base, --rope-scaling, --yarn-*"
     auto info = run_command(kvrun_cmd("info --json -m " + model.string()));
     CHECK(nlohmann::json::parse(info.out)["hyperparameters"]["rope_scaling"] == "none");
 }
+
+TEST_CASE("--prompt-cache: a second run reuses the prompt's blocks and prints the same text") {
+    const std::string readme = std::string(KVRUN_SOURCE_DIR) + "/README.md";
+    check_one_clear_error(run_command(kvrun_cmd("run -m " + readme + " -p hi --prompt-cache-ro")),
+                          "--prompt-cache-ro requires --prompt-cache");
+    auto model = shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    kvrun::test::TempDir dir;
+    const std::string cache = dir.file("prompt.cache");
+    const std::string base = "run -m " + model.string() +
+                             " -p 'Once upon a time, there was a little girl named Lily. She "
+                             "loved to play outside in the park with her friends.' -n 20 "
+                             "--temp 0 --stats --prompt-cache " +
+                             cache;
+    const auto first = run_command(kvrun_cmd(base));
+    REQUIRE_MESSAGE(first.exit_code == 0, first.err);
+    CHECK(first.err.find("prompt cache      " + cache + ": new, 2 blocks saved") !=
+          std::string::npos);
+    const auto second = run_command(kvrun_cmd(base));
+    REQUIRE_MESSAGE(second.exit_code == 0, second.err);
+    CHECK(second.out == first.out);
+    CHECK(second.err.find("2 of 2 blocks loaded (32 tokens)") != std::string::npos);
+    CHECK(second.err.find("32 from the prefix cache") != std::string::npos);
+    // -ro: used, never written; another KV format: a note, the run goes on.
+    const auto ro = run_command(kvrun_cmd(base + " --prompt-cache-ro --kv-type q8"));
+    CHECK(ro.exit_code == 0);
+    CHECK(ro.err.find("kvrun: note: prompt cache " + cache +
+                      " is not used: it was made with another KV cache") != std::string::npos);
+    CHECK(run_command(kvrun_cmd(base)).err.find("2 of 2 blocks loaded") != std::string::npos);
+    // --prompt-cache-all keeps the generated tokens' blocks too.
+    const auto all = run_command(kvrun_cmd(base + " --prompt-cache-all"));
+    CHECK(all.err.find("3 blocks saved") != std::string::npos);
+    // A corrupt file: one clear line, exit 1.
+    std::string bytes = read_all(cache);
+    bytes[bytes.size() / 2] ^= 1;
+    const std::string bad = dir.write("bad.cache", bytes);
+    check_one_clear_error(
+        run_command(kvrun_cmd("run -m " + model.string() + " -p hi -n 2 --prompt-cache " + bad)),
+        "prompt cache is corrupt (checksum mismatch)");
+    // batch and run --jsonl take it too.
+    const std::string prompts = dir.write(
+        "p.txt",
+        "Once upon a time, there was a little girl named Lily. She loved to play outside\n");
+    const std::string b = "batch -m " + model.string() + " -f " + prompts +
+                          " -n 4 --temp 0 --no-progress --prompt-cache " + dir.file("b.cache");
+    CHECK(run_command(kvrun_cmd(b)).err.find("new, 1 blocks saved") != std::string::npos);
+    CHECK(run_command(kvrun_cmd(b)).err.find("1 of 1 blocks loaded") != std::string::npos);
+    const auto j = run_command(
+        kvrun_cmd("run --jsonl --stats -m " + model.string() + " --prompt-cache " + cache),
+        "{\"prompt\": \"Once upon a time, there was a little girl named Lily. She loved to "
+        "play outside in the park with her friends.\", \"n_predict\": 2}\n");
+    CHECK(j.err.find("blocks loaded") != std::string::npos);
+}

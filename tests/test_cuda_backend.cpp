@@ -26,6 +26,7 @@
 #include "gguf.h"
 #include "kv_block_table.h"
 #include "kv_format.h"
+#include "prompt_cache.h"
 #include "sampler.h"
 #include "synthetic_model.h"
 #include "test_util.h"
@@ -340,6 +341,59 @@ TEST_CASE("cuda backend matches the cpu backend with Llama 3.1 factors, YaRN and
             }
             std::filesystem::remove(path);
         }
+}
+
+TEST_CASE("cuda kv block I/O round-trips, and a prompt cache saved on the cpu serves the gpu") {
+    const auto path = shared_model("stories260K.gguf");
+    if (path.empty()) return;
+    GgufFile file = GgufFile::open(path.string());
+    auto tok = Tokenizer::from_gguf(file);
+    for (KvType kv : {KvType::F16, KvType::Q8}) {
+        CAPTURE(std::string(kv_type_name(kv)));
+        BackendOptions o;
+        o.kv_block_size = 16;
+        o.n_kv_blocks = 32;
+        o.kv_type_k = o.kv_type_v = kv;
+        auto cpu = make_cpu_backend(file, o);
+        auto gpu = make_cuda_backend(file, o, 0);
+        REQUIRE(gpu->kv_block_io_bytes() == cpu->kv_block_io_bytes());
+        std::vector<uint8_t> a(size_t(gpu->kv_block_io_bytes())), b(a.size());
+        for (size_t i = 0; i < a.size(); ++i) a[i] = uint8_t(i * 7 + 3);
+        gpu->write_kv_block(5, a.data());
+        gpu->read_kv_block(5, b.data());
+        CHECK(a == b);
+        CHECK_THROWS_AS(gpu->read_kv_block(32, b.data()), Error);
+
+        const std::vector<TokenId> prompt = tok->encode(
+            "Once upon a time, there was a little girl named Lily. She loved to play outside in "
+            "the park with her friends.",
+            true);
+        auto greedy = [&](Backend& be, const std::string& load_from, const std::string& save_to) {
+            EngineOptions eo;
+            eo.max_parallel = 1;
+            Engine e(be, *tok, eo);
+            const PromptCacheKey key = prompt_cache_key(file, be, kv, kv, false);
+            if (!load_from.empty())
+                CHECK(prompt_cache_load(load_from, key, e.kv_table(), be, tok->n_vocab())
+                          .blocks_loaded == 2);
+            GenerationRequest req;
+            req.prompt = prompt;
+            req.n_predict = 16;
+            req.sampling.temperature = 0.0f;
+            GenerationResult out;
+            e.on_finish([&](const GenerationResult& r) { out = r; });
+            e.submit(req);
+            e.run();
+            if (!save_to.empty()) prompt_cache_save(save_to, key, e.kv_table(), be, {prompt});
+            return out;
+        };
+        const auto cache = std::filesystem::temp_directory_path() / "kvrun-test-cuda-pc.cache";
+        const GenerationResult want = greedy(*cpu, "", cache.string());
+        const GenerationResult got = greedy(*gpu, cache.string(), "");
+        CHECK(got.tokens == want.tokens);
+        CHECK(got.timings.n_prompt_computed == int32_t(prompt.size()) - 32);
+        std::filesystem::remove(cache);
+    }
 }
 
 TEST_CASE("cuda forward_sample returns the tokens the host sampler picks from the same logits") {

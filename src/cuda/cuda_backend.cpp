@@ -127,6 +127,11 @@ class CudaBackend final : public Backend {
     int32_t kv_block_size() const override { return options_.kv_block_size; }
     int32_t n_kv_stages() const override { return static_cast<int32_t>(n_stages_); }
     std::string name() const override { return "cuda"; }
+    int64_t kv_block_io_bytes() const override {
+        return config_.n_layer * (k_block_bytes_ + v_block_bytes_);
+    }
+    void read_kv_block(int64_t block, uint8_t* dst) override;
+    void write_kv_block(int64_t block, const uint8_t* src) override;
 
   private:
     void upload_weights(const GgufFile& file);
@@ -331,6 +336,35 @@ void CudaBackend::allocate_kv() {
             v_stage_.push_back(base + k_bytes + v_bytes + s_bytes);
         }
     }
+}
+
+void CudaBackend::read_kv_block(int64_t block, uint8_t* dst) {
+    if (block < 0 || block >= n_blocks_)
+        fail("read_kv_block: block {} is outside the pool (0..{})", block, n_blocks_ - 1);
+    for (int64_t l = 0; l < config_.n_layer; ++l) {
+        CUDA_CHECK(cudaMemcpyAsync(dst, k_pool_[size_t(l)] + block * k_block_bytes_,
+                                   size_t(k_block_bytes_), cudaMemcpyDeviceToHost, stream_.get()));
+        dst += k_block_bytes_;
+        CUDA_CHECK(cudaMemcpyAsync(dst, v_pool_[size_t(l)] + block * v_block_bytes_,
+                                   size_t(v_block_bytes_), cudaMemcpyDeviceToHost, stream_.get()));
+        dst += v_block_bytes_;
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+}
+
+void CudaBackend::write_kv_block(int64_t block, const uint8_t* src) {
+    if (block < 0 || block >= n_blocks_)
+        fail("write_kv_block: block {} is outside the pool (0..{})", block, n_blocks_ - 1);
+    for (int64_t l = 0; l < config_.n_layer; ++l) {
+        CUDA_CHECK(cudaMemcpyAsync(k_pool_[size_t(l)] + block * k_block_bytes_, src,
+                                   size_t(k_block_bytes_), cudaMemcpyHostToDevice, stream_.get()));
+        src += k_block_bytes_;
+        CUDA_CHECK(cudaMemcpyAsync(v_pool_[size_t(l)] + block * v_block_bytes_, src,
+                                   size_t(v_block_bytes_), cudaMemcpyHostToDevice, stream_.get()));
+        src += v_block_bytes_;
+    }
+    // Pageable source memory: the copy must finish before the caller reuses it.
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
 }
 
 KvLayerView CudaBackend::kv_layer(int64_t l) const {

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include "common.h"
 #include "gguf.h"
@@ -19,6 +20,7 @@
 #include "modes/grammar_options.h"
 #include "modes/model_options.h"
 #include "modes/modes.h"
+#include "modes/prompt_cache_options.h"
 #include "modes/request_json.h"
 #include "text_input.h"
 
@@ -30,6 +32,7 @@ struct BatchOptions {
     DraftOptions draft;
     SamplingParams sampling;
     GrammarOptions grammar;
+    PromptCacheOptions cache;
     std::string file, output, format = "auto";
     int32_t n_predict = 128;
     int32_t n_samples = 1;
@@ -219,6 +222,8 @@ int run_batch(const BatchOptions& o) {
     Engine engine(*m.backend, *m.tokenizer,
                   generation_engine_options(mo, o.parallel, o.draft, draft));
     warn_if_context_capped(engine, mo);
+    std::optional<PromptCacheUse> cache;
+    if (o.cache.enabled()) cache.emplace(o.cache, mo, m, engine);
 
     std::FILE* out = stdout;
     std::unique_ptr<std::FILE, int (*)(std::FILE*)> out_file(nullptr, std::fclose);
@@ -286,6 +291,12 @@ int run_batch(const BatchOptions& o) {
     progress.clear();
     print_summary(items, n_written, engine, m, elapsed, interrupted);
     fmt::print(stderr, "{}\n", kv_cache_summary(*m.backend, mo));
+    if (cache) {
+        for (const Item& it : items)
+            if (it.done) cache->remember(it.request.prompt, it.samples);
+        cache->save();
+        fmt::print(stderr, "{}\n", cache->summary());
+    }
     if (out_file && std::fclose(out_file.release()) != 0)
         fail("error while writing '{}'", o.output);
     if (interrupted) {
@@ -323,6 +334,7 @@ void add_batch_command(CLI::App& root, int& exit_code) {
     add_sampling_options(cmd, o->sampling);
     add_grammar_options(cmd, o->grammar);
     add_draft_options(cmd, o->draft);
+    add_prompt_cache_options(cmd, o->cache);
     cmd->add_option("--n-probs", o->n_probs,
                     "Report each generated token's log-probability and the N most likely "
                     "tokens (\"logprobs\" in each result)")

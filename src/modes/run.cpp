@@ -5,11 +5,13 @@
 
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "modes/draft_options.h"
 #include "modes/grammar_options.h"
 #include "modes/model_options.h"
 #include "modes/modes.h"
+#include "modes/prompt_cache_options.h"
 #include "modes/request_json.h"
 #include "text_input.h"
 
@@ -21,6 +23,7 @@ struct RunOptions {
     DraftOptions draft;
     SamplingParams sampling;
     GrammarOptions grammar;
+    PromptCacheOptions cache;
     std::string prompt, file;
     int32_t n_predict = 128;
     int32_t n_samples = 1;
@@ -163,6 +166,8 @@ int run_single(const RunOptions& o) {
         req.ignore_eos = o.ignore_eos;
         req.stop_strings = o.stop;
         req.grammar = grammar;
+        std::optional<PromptCacheUse> cache;
+        if (o.cache.enabled()) cache.emplace(o.cache, o.model, m, engine);
         engine.submit(req);
 
         install_interrupt_handler();
@@ -187,7 +192,12 @@ int run_single(const RunOptions& o) {
         std::fflush(stdout);
         if (o.n_probs > 0)
             for (const auto& r : results) print_logprobs(r, *m.tokenizer, n_seq > 1);
+        if (cache) {
+            cache->remember(req.prompt, results);
+            cache->save();
+        }
         if (o.stats) print_stats(results, engine, m, o);
+        if (o.stats && cache) fmt::print(stderr, "{}\n", cache->summary());
     }
     for (const auto& r : results)
         if (r.stop == StopReason::Error) fail("{}", r.error);
@@ -234,6 +244,8 @@ int run_jsonl(const RunOptions& o) {
     if (o.draft.enabled()) draft = load_draft_model(o.draft, o.model, m, 8);
     Engine engine(*m.backend, *m.tokenizer, generation_engine_options(o.model, 8, o.draft, draft));
     warn_if_context_capped(engine, o.model);
+    std::optional<PromptCacheUse> cache;
+    if (o.cache.enabled()) cache.emplace(o.cache, o.model, m, engine);
     install_interrupt_handler();
     std::string line;
     int64_t line_no = 0;
@@ -251,6 +263,7 @@ int run_jsonl(const RunOptions& o) {
             engine.on_finish([&](const GenerationResult& r) { results[r.sample] = r; });
             engine.submit(req);
             engine.run(&interrupt_flag());
+            if (cache) cache->remember(req.prompt, results);
             out = request_result_to_json(results, req.prompt, *m.tokenizer, engine.speculative());
         } catch (const Error& e) {
             out = {{"error", e.what()}, {"line", line_no}};
@@ -258,6 +271,8 @@ int run_jsonl(const RunOptions& o) {
         fmt::print("{}\n", json_line(out));
         std::fflush(stdout);
     }
+    if (cache) cache->save();
+    if (o.stats && cache) fmt::print(stderr, "{}\n", cache->summary());
     return interrupt_flag() ? 130 : 0;
 }
 
@@ -281,6 +296,7 @@ void add_run_command(CLI::App& root, int& exit_code) {
     add_sampling_options(cmd, o->sampling);
     add_grammar_options(cmd, o->grammar);
     add_draft_options(cmd, o->draft, /*baseline=*/true);
+    add_prompt_cache_options(cmd, o->cache);
     cmd->add_option("--n-samples", o->n_samples,
                     "Parallel continuations sharing the prompt's KV blocks")
         ->check(CLI::Range(1, 256))

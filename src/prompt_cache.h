@@ -1,0 +1,62 @@
+// Prompt cache files (llama.cpp's --prompt-cache): the K/V of full KV blocks saved to disk so
+// a later process with the same model and KV format skips prefilling the prompt prefix they
+// cover. A file holds blocks of the prefix cache (KvBlockTable's registry): each block's
+// chain hash parent, its block_size tokens and its pool bytes over all layers. Loading puts
+// them back as cached, evictable blocks, so any request whose prompt starts with those tokens
+// adopts them through the ordinary prefix cache, and memory pressure can still evict them.
+//
+// Layout (little-endian): "KVRUNPC1", u32 version, u64 model hash, u32 block size,
+// u64 block bytes, u32 format length + the KV format text, u32 block count, then per block
+// u64 parent hash, i32 tokens[block_size], the block's bytes; then a u64 checksum of
+// everything before it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "gguf.h"
+#include "kv_block_table.h"
+
+namespace kvrun {
+
+// What must agree for saved K/V to be valid: the model (weights, RoPE as run), the KV
+// storage (types, rotation) and the block geometry.
+struct PromptCacheKey {
+    uint64_t model_hash = 0;
+    std::string kv_format;  // e.g. "k=q8 v=f16 rotate=off"
+    int32_t block_size = 0;
+    int64_t block_bytes = 0;  // Backend::kv_block_io_bytes()
+};
+
+// Hash of the model as the backend runs it: file size, every tensor's name, type, shape and
+// offset, the first 4 KiB of every tensor's data, and the hyperparameters after overrides
+// (the RoPE values change the stored K).
+uint64_t prompt_cache_model_hash(const GgufFile& file, const ModelConfig& config);
+
+PromptCacheKey prompt_cache_key(const GgufFile& file, const Backend& backend, KvType k, KvType v,
+                                bool rotate);
+
+struct PromptCacheLoad {
+    bool found = false;          // the file exists
+    std::string ignored;         // non-empty: why its blocks do not apply (other model, ...)
+    int64_t blocks_in_file = 0;  // blocks the file holds
+    int64_t blocks_loaded = 0;   // blocks put into the table (not already cached, room left)
+};
+
+// Loads `path` into free blocks of `table` and the backend's pool. A missing file is not an
+// error (found false); one made for another key is ignored with a reason. Throws Error for a
+// file that is not a prompt cache, is truncated or corrupt (checksum), or holds token ids
+// outside [0, n_vocab).
+PromptCacheLoad prompt_cache_load(const std::string& path, const PromptCacheKey& key,
+                                  KvBlockTable& table, Backend& backend, int64_t n_vocab);
+
+// Writes the cached blocks covering the longest cached prefix of each token sequence (each
+// block once, parents first) to `path`, replacing it atomically. Returns the blocks written.
+// Throws Error when the file cannot be written.
+int64_t prompt_cache_save(const std::string& path, const PromptCacheKey& key,
+                          const KvBlockTable& table, Backend& backend,
+                          const std::vector<std::vector<TokenId>>& sequences);
+
+}  // namespace kvrun
