@@ -30,6 +30,8 @@ ChatSession::ChatSession(Engine& engine, const Tokenizer& tok, ChatConfig config
         else
             stop_strings_.push_back(s);
     }
+    for (const std::string& s : cfg_.stop)
+        if (!s.empty()) stop_strings_.push_back(s);
     session_ = engine_.open_session();
     reset();
 }

@@ -39,6 +39,9 @@ struct ChatConfig {
     // overflow keeps its place in it.
     std::shared_ptr<const Grammar> grammar;
     int32_t n_sink = 4;  // sinks: leading tokens always kept
+    // More texts that end a reply (llama.cpp's -r/--reverse-prompt), like the template's own
+    // end-of-turn texts: the reply is cut before them.
+    std::vector<std::string> stop;
 };
 
 // What the last turn did.

@@ -513,3 +513,28 @@ TEST_CASE("ChatSession with a grammar: every reply follows it, also across a mid
         CHECK(notes.has("[context full:"));
     }
 }
+
+TEST_CASE("chat -r/--reverse-prompt ends a reply before the text, like the template's stops") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    const std::string args = "--temp 0 -n 24 --system 'Tell a story.'";
+    auto plain = run_command(chat_cmd(model.string(), args), "Once upon a time\n");
+    REQUIRE(plain.exit_code == 0);
+    const std::string reply = plain.out.substr(0, plain.out.find('\n'));
+    // A word from the middle of the reply.
+    const size_t mid = reply.find(' ', reply.size() / 2);
+    REQUIRE(mid != std::string::npos);
+    const size_t end = reply.find(' ', mid + 1);
+    const std::string word = reply.substr(mid + 1, end == std::string::npos ? end : end - mid - 1);
+    REQUIRE(word.size() >= 2);
+    CAPTURE(reply);
+    CAPTURE(word);
+    auto cut = run_command(chat_cmd(model.string(), args + " -r " + shell_quote(word)),
+                           "Once upon a time\n");
+    REQUIRE(cut.exit_code == 0);
+    const std::string short_reply = cut.out.substr(0, cut.out.find('\n'));
+    CHECK(short_reply.size() < reply.size());
+    CHECK(reply.rfind(short_reply, 0) == 0);  // a prefix of the uncut reply
+    CHECK(short_reply.find(word) == std::string::npos);
+    CHECK(reply.find(word) <= short_reply.size() + 1);
+}

@@ -16,6 +16,7 @@
 #include "common.h"
 #include "engine.h"
 #include "gguf.h"
+#include "test_model.h"
 #include "test_util.h"
 #include "tokenizer.h"
 
@@ -23,18 +24,10 @@ using namespace kvrun;
 
 namespace {
 
-struct Model {
-    GgufFile file;
-    std::unique_ptr<Tokenizer> tok;
-    explicit Model(const std::string& path) : file(GgufFile::open(path)) {
-        tok = Tokenizer::from_gguf(file);
-    }
-};
+using test::Model;
 
 std::unique_ptr<Model> load_stories() {
-    auto path = test::shared_path("models/stories260K.gguf");
-    if (path.empty()) return nullptr;
-    return std::make_unique<Model>(path.string());
+    return test::load_shared_model("stories260K.gguf");
 }
 
 std::unique_ptr<Backend> make_backend(const Model& m, int32_t block_size, int64_t n_blocks) {

@@ -17,6 +17,7 @@
 #include "gguf.h"
 #include "kv_block_table.h"
 #include "prompt_cache.h"
+#include "test_model.h"
 #include "test_util.h"
 #include "tokenizer.h"
 
@@ -25,18 +26,10 @@ using kvrun::test::TempDir;
 
 namespace {
 
-struct Model {
-    GgufFile file;
-    std::unique_ptr<Tokenizer> tok;
-    explicit Model(const std::string& path) : file(GgufFile::open(path)) {
-        tok = Tokenizer::from_gguf(file);
-    }
-};
+using test::Model;
 
 std::unique_ptr<Model> load(const char* name) {
-    auto path = test::shared_model(name);
-    if (path.empty()) return nullptr;
-    return std::make_unique<Model>(path.string());
+    return test::load_shared_model(name);
 }
 
 // A backend plus engine over a fresh pool, as a new process would have them.

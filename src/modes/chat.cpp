@@ -30,6 +30,7 @@ struct ChatOptions {
     int32_t n_predict = -1;
     int32_t n_sink = 4;
     bool ignore_eos = false, stats = false;
+    std::vector<std::string> stop;  // -r/--reverse-prompt
 };
 
 constexpr const char* kHelp =
@@ -97,6 +98,7 @@ int run_chat(const ChatOptions& o) {
     cfg.ignore_eos = o.ignore_eos;
     cfg.overflow = context_overflow_from_name(o.overflow);
     cfg.n_sink = o.n_sink;
+    cfg.stop = o.stop;
     cfg.grammar = grammar_from_options(o.grammar);  // before the model: a bad grammar fails fast
     LoadedModel m = load_model(o.model, 1);
     LoadedModel draft;
@@ -198,6 +200,9 @@ void add_chat_command(CLI::App& root, int& exit_code) {
         ->capture_default_str();
     cmd->add_option("--history-file", o->history_file, "Load and save the input history here");
     cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-turn tokens");
+    cmd->add_option("-r,--reverse-prompt,--stop", o->stop,
+                    "End a reply where it writes this text, cut before it (repeatable; "
+                    "llama.cpp's -r)");
     cmd->add_flag("--stats", o->stats, "Print /stats after every reply");
     cmd->callback([o, &exit_code] { exit_code = run_chat(*o); });
 }
