@@ -623,6 +623,15 @@ void GgufFile::parse() {
 
 // ---- GgufFile: lookups ----------------------------------------------------------------------
 
+void GgufFile::override_value(const std::string& key, GgufValue value) {
+    if (auto it = kv_index_.find(key); it != kv_index_.end()) {
+        kv_[it->second].second = std::move(value);
+        return;
+    }
+    kv_index_.emplace(key, kv_.size());
+    kv_.emplace_back(key, std::move(value));
+}
+
 const GgufValue* GgufFile::find(std::string_view key) const {
     auto it = kv_index_.find(key);
     return it == kv_index_.end() ? nullptr : &kv_[it->second].second;

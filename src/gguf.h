@@ -150,6 +150,10 @@ class GgufFile {
     const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
     const GgufTensorInfo* find_tensor(std::string_view name) const;  // nullptr when absent
 
+    // Replaces a metadata value, or adds the key (llama.cpp's --override-kv): every later
+    // read sees the new value. The file on disk is not touched.
+    void override_value(const std::string& key, GgufValue value);
+
     // Throw GgufError about a key / tensor of this file: names the file, the key or tensor
     // and (when present in the file) the byte offset of its entry. For callers that find a
     // value unusable (e.g. a token array of the wrong length).

@@ -930,3 +930,41 @@ TEST_CASE("--prompt-cache: a second run reuses the prompt's blocks and prints th
         "play outside in the park with her friends.\", \"n_predict\": 2}\n");
     CHECK(j.err.find("blocks loaded") != std::string::npos);
 }
+
+TEST_CASE("--override-kv KEY=TYPE:VALUE replaces metadata before the model loads") {
+    const std::string readme = std::string(KVRUN_SOURCE_DIR) + "/README.md";
+    const std::vector<std::pair<std::string, std::string>> bad = {
+        {"--override-kv foo", "bad override 'foo' (expected KEY=TYPE:VALUE"},
+        {"--override-kv =int:1", "bad override '=int:1'"},
+        {"--override-kv a=long:1", "bad override 'a=long:1'"},
+        {"--override-kv a=int:1.5", "'1.5' is not an integer"},
+        {"--override-kv a=float:nan", "'nan' is not a finite number"},
+        {"--override-kv a=bool:yes", "a bool is true or false"},
+    };
+    for (const auto& [flag, needle] : bad) {
+        INFO(flag);
+        check_one_clear_error(run_command(kvrun_cmd("run -m " + readme + " -p hi " + flag)),
+                              needle);
+    }
+    auto model = shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    const std::string m = " -m " + model.string();
+    // No BOS: the prompt is one token shorter.
+    auto ids = [&](const std::string& extra) {
+        auto r = run_command(kvrun_cmd("run --jsonl" + m + extra),
+                             "{\"prompt\": \"Once upon a time\", \"n_predict\": 1}\n");
+        REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+        return nlohmann::json::parse(r.out)["prompt_tokens"].size();
+    };
+    CHECK(ids(" --override-kv tokenizer.ggml.add_bos_token=bool:false") + 1 == ids(""));
+    // A RoPE base in the metadata equals the flag, and differs from the model's own.
+    const std::string base = "run" + m + " -p 'Once upon a time, there was a' -n 30 --temp 0";
+    const auto flag = run_command(kvrun_cmd(base + " --rope-freq-base 300"));
+    const auto kv = run_command(kvrun_cmd(base + " --override-kv llama.rope.freq_base=float:300"));
+    CHECK_MESSAGE(kv.exit_code == 0, kv.err);
+    CHECK(kv.out == flag.out);
+    CHECK(kv.out != run_command(kvrun_cmd(base)).out);
+    // An override the loader refuses is reported like a bad file.
+    check_one_clear_error(run_command(kvrun_cmd(base + " --override-kv llama.block_count=int:-3")),
+                          "llama.block_count");
+}

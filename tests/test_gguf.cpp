@@ -634,3 +634,19 @@ TEST_CASE("every shared vocabulary file opens") {
     }
     CHECK(opened >= 12);
 }
+
+TEST_CASE("override_value replaces or adds metadata; errors about an added key still work") {
+    GgufWriter w;
+    w.set_string("general.architecture", "llama");
+    w.set_u32("llama.block_count", 2);
+    const auto bytes = w.to_bytes();
+    GgufFile f = GgufFile::from_memory(bytes.data(), bytes.size(), "o.gguf");
+    f.override_value("llama.block_count", gguf_make_int(GgufValueType::INT64, 7));
+    f.override_value("tokenizer.ggml.add_bos_token", gguf_make_bool(false));
+    CHECK(f.get_int("llama.block_count") == 7);
+    CHECK_FALSE(f.get_bool("tokenizer.ggml.add_bos_token"));
+    CHECK(f.metadata().size() == 3);
+    CHECK(f.find("tokenizer.ggml.add_bos_token") == &f.metadata().back().second);
+    CHECK_THROWS_WITH_AS(f.get_string("tokenizer.ggml.add_bos_token"),
+                         doctest::Contains("tokenizer.ggml.add_bos_token"), GgufError);
+}

@@ -211,10 +211,10 @@ int run_batch(const BatchOptions& o) {
     std::vector<Item> items;
     ModelOptions mo;
     {
-        GgufFile f = GgufFile::open(o.model.model);
-        auto tok = Tokenizer::from_gguf(f);
+        const auto f = open_model_file(o.model);
+        auto tok = Tokenizer::from_gguf(*f);
         items = read_items(o, *tok);
-        mo = sized_for(o, items, model_config_from_gguf(f));
+        mo = sized_for(o, items, model_config_from_gguf(*f));
     }
     LoadedModel m = load_model(mo, o.parallel);
     LoadedModel draft;

@@ -63,6 +63,7 @@ LoadedModel load_draft_model(const DraftOptions& d, const ModelOptions& target_o
     const int64_t pool = target.backend->n_kv_blocks() * target.backend->kv_block_size();
     ModelOptions o = target_options;
     o.model = d.model;
+    o.kv_overrides.clear();    // --override-kv names the target's metadata
     o.device = target.device;  // the same device the target got
     // load_model gives n_seq x ceil(n_ctx / block) blocks: the target's pool, spread over the
     // sequences, plus room for a round of drafts and a partly filled block each.

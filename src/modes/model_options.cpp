@@ -8,6 +8,7 @@
 #include <random>
 
 #include "common.h"
+#include "gguf_writer.h"
 #include "kv_format.h"
 #include "model_config.h"
 #include "text_input.h"
@@ -71,6 +72,67 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
         ->check(at_least(1))
         ->capture_default_str();
     add_rope_options(cmd, o.rope);
+    cmd->add_option("--override-kv", o.kv_overrides,
+                    "Replace a metadata value: KEY=TYPE:VALUE, TYPE int, float, bool or str "
+                    "(repeatable; e.g. tokenizer.ggml.add_bos_token=bool:false)")
+        ->check(CLI::Validator(
+            [](std::string& text) -> std::string {
+                try {
+                    parse_kv_override(text);
+                } catch (const Error& e) {
+                    return e.what();
+                }
+                return {};
+            },
+            "KEY=TYPE:VALUE"));
+}
+
+std::pair<std::string, GgufValue> parse_kv_override(const std::string& text) {
+    const std::string usage = fmt::format(
+        "bad override '{}' (expected KEY=TYPE:VALUE with TYPE int, float, bool or str, e.g. "
+        "tokenizer.ggml.add_bos_token=bool:false)",
+        text);
+    const size_t eq = text.find('=');
+    if (eq == 0 || eq == std::string::npos) fail("{}", usage);
+    const size_t colon = text.find(':', eq + 1);
+    if (colon == std::string::npos) fail("{}", usage);
+    const std::string key = text.substr(0, eq), type = text.substr(eq + 1, colon - eq - 1);
+    const std::string value = text.substr(colon + 1);
+    GgufValue v;
+    if (type == "str") {
+        v = gguf_make_string(value);
+    } else if (type == "bool") {
+        if (value != "true" && value != "false") fail("{}: a bool is true or false", usage);
+        v = gguf_make_bool(value == "true");
+    } else if (type == "int" || type == "float") {
+        size_t used = 0;
+        try {
+            if (type == "int")
+                v = gguf_make_int(GgufValueType::INT64, std::stoll(value, &used));
+            else {
+                const double d = std::stod(value, &used);
+                if (!std::isfinite(d)) used = 0;
+                v = gguf_make_float(GgufValueType::FLOAT64, d);
+            }
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (used == 0 || used != value.size())
+            fail("{}: '{}' is not {}", usage, value,
+                 type == "int" ? "an integer" : "a finite number");
+    } else {
+        fail("{}", usage);
+    }
+    return {key, std::move(v)};
+}
+
+std::unique_ptr<GgufFile> open_model_file(const ModelOptions& o) {
+    auto f = std::make_unique<GgufFile>(GgufFile::open(o.model));
+    for (const std::string& text : o.kv_overrides) {
+        auto [key, value] = parse_kv_override(text);
+        f->override_value(key, std::move(value));
+    }
+    return f;
 }
 
 void add_rope_options(CLI::App* cmd, RopeOverrides& r) {
@@ -296,7 +358,7 @@ static bool cuda_available() {
 
 LoadedModel load_model(const ModelOptions& o, int32_t n_sequences) {
     LoadedModel m;
-    m.file = std::make_unique<GgufFile>(GgufFile::open(o.model));
+    m.file = open_model_file(o);
     m.tokenizer = Tokenizer::from_gguf(*m.file);
     ModelConfig cfg = model_config_from_gguf(*m.file);
 

@@ -29,6 +29,8 @@ struct ModelOptions {
     // count runs every layer on the GPU when one is present (there is no partial offload).
     int32_t n_gpu_layers = -1;  // -1: not given
     RopeOverrides rope;         // --rope-* / --yarn-* (llama.cpp's spellings)
+    // --override-kv KEY=TYPE:VALUE (llama.cpp's): metadata replaced before anything reads it.
+    std::vector<std::string> kv_overrides;
 };
 
 // A CLI11 check that a number is >= lo, with a plain message ("must be at least 0 (got -1)").
@@ -40,6 +42,11 @@ void add_rope_options(CLI::App* cmd, RopeOverrides& r);
 // -s/--seed takes -1 for a random seed (as llama.cpp), drawn from std::random_device.
 void add_sampling_options(CLI::App* cmd, SamplingParams& p);
 uint64_t random_seed();
+// "tokenizer.ggml.add_bos_token=bool:false" (TYPE int, float, bool or str) -> (key, value).
+// Throws Error with the expected form.
+std::pair<std::string, GgufValue> parse_kv_override(const std::string& text);
+// Opens the model file with the --override-kv values applied.
+std::unique_ptr<GgufFile> open_model_file(const ModelOptions& o);
 // "15043+1.5", "15043-inf", "15043=-2" -> (id, bias). Throws Error with the expected form.
 std::pair<TokenId, float> parse_logit_bias(const std::string& text);
 
