@@ -104,6 +104,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         p.mirostat_tau = r.value(0.0f, 10.0f);
         p.mirostat_eta = r.value(0.0f, 1.0f);
     }
+    if (flags & 128) {  // a --samplers order: up to 8 steps, repeats (invalid) included
+        for (int n = r.byte() % 9; n > 0; --n)
+            p.order.push_back(static_cast<kvrun::SamplerStep>(r.byte() % 7));
+    }
     const int n_vocab = 1 + r.byte() % 48;
     // Token texts for DRY's breakers: short strings over a tiny alphabet, so breakers occur.
     std::vector<std::string> pieces(static_cast<size_t>(n_vocab));

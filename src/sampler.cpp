@@ -105,12 +105,156 @@ void sampling_validate(const SamplingParams& p) {
         fail("mirostat tau must be a finite number >= 0 (got {})", p.mirostat_tau);
     if (!(p.mirostat_eta >= 0.0f) || std::isinf(p.mirostat_eta))
         fail("mirostat eta must be a finite number >= 0 (got {})", p.mirostat_eta);
+    for (size_t i = 0; i < p.order.size(); ++i) {
+        if (static_cast<uint8_t>(p.order[i]) > static_cast<uint8_t>(SamplerStep::Temperature))
+            fail("unknown sampler step {}", static_cast<int>(p.order[i]));
+        for (size_t j = 0; j < i; ++j)
+            if (p.order[j] == p.order[i])
+                fail("sampler '{}' is listed twice", sampler_order_name({p.order[i]}));
+    }
+}
+
+namespace {
+
+constexpr std::pair<std::string_view, SamplerStep> kStepNames[] = {
+    {"top_n_sigma", SamplerStep::TopNSigma},
+    {"top-n-sigma", SamplerStep::TopNSigma},
+    {"top_k", SamplerStep::TopK},
+    {"top-k", SamplerStep::TopK},
+    {"typ_p", SamplerStep::Typical},
+    {"typical_p", SamplerStep::Typical},
+    {"typical", SamplerStep::Typical},
+    {"typ-p", SamplerStep::Typical},
+    {"top_p", SamplerStep::TopP},
+    {"top-p", SamplerStep::TopP},
+    {"nucleus", SamplerStep::TopP},
+    {"min_p", SamplerStep::MinP},
+    {"min-p", SamplerStep::MinP},
+    {"xtc", SamplerStep::Xtc},
+    {"temperature", SamplerStep::Temperature},
+    {"temp", SamplerStep::Temperature},
+};
+
+// Appends a step, refusing a repeat.
+void add_step(std::vector<SamplerStep>& out, SamplerStep s, std::string_view name) {
+    if (std::find(out.begin(), out.end(), s) != out.end())
+        fail("sampler '{}' is listed twice", name);
+    out.push_back(s);
+}
+
+}  // namespace
+
+std::vector<SamplerStep> sampler_order_parse(std::string_view names) {
+    std::vector<SamplerStep> out;
+    size_t start = 0;
+    while (start <= names.size()) {
+        size_t end = names.find(';', start);
+        if (end == std::string_view::npos) end = names.size();
+        std::string_view name = names.substr(start, end - start);
+        while (!name.empty() && name.front() == ' ') name.remove_prefix(1);
+        while (!name.empty() && name.back() == ' ') name.remove_suffix(1);
+        start = end + 1;
+        if (name.empty()) continue;
+        if (name == "penalties" || name == "dry") {
+            if (!out.empty())
+                fail(
+                    "sampler '{}' must come before the filters (kvrun always applies the "
+                    "penalties and DRY first)",
+                    name);
+            continue;
+        }
+        const auto* it = std::find_if(std::begin(kStepNames), std::end(kStepNames),
+                                      [&](const auto& e) { return e.first == name; });
+        if (it == std::end(kStepNames))
+            fail(
+                "unknown sampler '{}' (known: penalties, dry, top_n_sigma, top_k, typ_p, top_p, "
+                "min_p, xtc, temperature)",
+                name);
+        add_step(out, it->second, name);
+    }
+    if (out.empty()) fail("--samplers lists no sampler");
+    return out;
+}
+
+std::vector<SamplerStep> sampler_seq_parse(std::string_view letters) {
+    std::string names;
+    for (char ch : letters) {
+        const char* name = nullptr;
+        switch (ch) {
+            case 'e':
+                name = "penalties";
+                break;
+            case 'd':
+                name = "dry";
+                break;
+            case 's':
+                name = "top_n_sigma";
+                break;
+            case 'k':
+                name = "top_k";
+                break;
+            case 'y':
+                name = "typ_p";
+                break;
+            case 'p':
+                name = "top_p";
+                break;
+            case 'm':
+                name = "min_p";
+                break;
+            case 'x':
+                name = "xtc";
+                break;
+            case 't':
+                name = "temperature";
+                break;
+            default:
+                fail("unknown sampler letter '{}' (known: e d s k y p m x t)", ch);
+        }
+        names += std::string(name) + ";";
+    }
+    return sampler_order_parse(names);
+}
+
+std::string sampler_order_name(const std::vector<SamplerStep>& order) {
+    static const std::vector<SamplerStep> kDefault = {
+        SamplerStep::TopNSigma, SamplerStep::TopK, SamplerStep::Typical,    SamplerStep::TopP,
+        SamplerStep::MinP,      SamplerStep::Xtc,  SamplerStep::Temperature};
+    std::string out;
+    for (SamplerStep s : order.empty() ? kDefault : order) {
+        const char* name = "?";
+        switch (s) {
+            case SamplerStep::TopNSigma:
+                name = "top_n_sigma";
+                break;
+            case SamplerStep::TopK:
+                name = "top_k";
+                break;
+            case SamplerStep::Typical:
+                name = "typ_p";
+                break;
+            case SamplerStep::TopP:
+                name = "top_p";
+                break;
+            case SamplerStep::MinP:
+                name = "min_p";
+                break;
+            case SamplerStep::Xtc:
+                name = "xtc";
+                break;
+            case SamplerStep::Temperature:
+                name = "temperature";
+                break;
+        }
+        out += (out.empty() ? "" : ";") + std::string(name);
+    }
+    return out;
 }
 
 bool sampling_needs_host(const SamplingParams& p) {
     return (p.dry_multiplier != 0.0f && p.dry_penalty_last_n != 0) || p.top_n_sigma > 0.0f ||
            p.typical_p < 1.0f || p.xtc_probability > 0.0f || p.dynatemp_range > 0.0f ||
-           p.mirostat != 0;
+           p.mirostat != 0 || !p.order.empty();
 }
 
 int32_t sampling_history_length(const SamplingParams& p) {
@@ -277,11 +421,16 @@ void Sampler::filter(const float* logits, int n_vocab, std::span<const TokenId> 
         mirostat_filter();
         return;
     }
-    // top-n-sigma looks at every candidate's logit, so a constraint masks the vocabulary first.
+    // top-n-sigma looks at every candidate's logit, so a constraint masks the vocabulary first
+    // (as does a custom order, whose filters all see only allowed tokens).
     const bool sigma = params_.top_n_sigma > 0.0f;
-    if (constraint_ != nullptr && sigma) mask_work();
+    if (constraint_ != nullptr && (sigma || !params_.order.empty())) mask_work();
     collect_candidates();
-    if (sigma) top_n_sigma();
+    if (!params_.order.empty()) {
+        ordered_filter();
+        return;
+    }
+    if (sigma) top_n_sigma(cand_);
 
     // top-k: the k best (ties broken by lower id), then sorted best first.
     size_t k = params_.top_k > 0 ? static_cast<size_t>(params_.top_k) : cand_.size();
@@ -314,7 +463,7 @@ void Sampler::filter(const float* logits, int n_vocab, std::span<const TokenId> 
         cand_.resize(k);
     }
     std::sort(cand_.begin(), cand_.end(), better);
-    if (params_.typical_p < 1.0f) typical();
+    if (params_.typical_p < 1.0f) typical(cand_);
     const float max_logit = cand_.front().first;
 
     // top-p on the untempered softmax of the survivors: keep the shortest head whose mass
@@ -344,7 +493,7 @@ void Sampler::filter(const float* logits, int n_vocab, std::span<const TokenId> 
 
     // XTC: its coin drops the first `cut` candidates (best first). Always dropped when the
     // coin always comes up; otherwise the distribution is the mixture of both outcomes.
-    size_t cut = xtc_cut();
+    size_t cut = xtc_cut(cand_);
     xtc_ids_.clear();
     if (cut > 0 && params_.xtc_probability >= 1.0f) {
         cand_.erase(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(cut));
@@ -368,6 +517,123 @@ void Sampler::filter(const float* logits, int n_vocab, std::span<const TokenId> 
         const double q = params_.xtc_probability;
         for (size_t i = 0; i < cand_.size(); ++i)
             cand_prob_[i] = static_cast<float>((1.0 - q) * cand_prob_[i] + q * xtc_prob_[i]);
+    }
+}
+
+void Sampler::ordered_filter() {
+    acc_.assign(work_.size(), 0.0);
+    acc_ids_.clear();
+    run_steps(cand_, 0, 1.0);
+    std::sort(acc_ids_.begin(), acc_ids_.end());
+    acc_ids_.erase(std::unique(acc_ids_.begin(), acc_ids_.end()), acc_ids_.end());
+    cand_.clear();
+    cand_prob_.clear();
+    for (TokenId id : acc_ids_) {
+        cand_.push_back({work_[size_t(id)], id});
+        cand_prob_.push_back(static_cast<float>(acc_[size_t(id)]));
+    }
+    xtc_ids_.clear();
+}
+
+void Sampler::run_steps(std::vector<std::pair<float, TokenId>> c, size_t step, double weight) {
+    auto sort_best_first = [&] { std::sort(c.begin(), c.end(), better); };
+    for (; step < params_.order.size() && c.size() > 1; ++step) {
+        switch (params_.order[step]) {
+            case SamplerStep::TopNSigma:
+                if (params_.top_n_sigma > 0.0f) top_n_sigma(c);
+                break;
+            case SamplerStep::TopK:
+                if (params_.top_k > 0 && size_t(params_.top_k) < c.size()) {
+                    std::nth_element(c.begin(), c.begin() + params_.top_k, c.end(), better);
+                    c.resize(size_t(params_.top_k));
+                }
+                break;
+            case SamplerStep::Typical:
+                if (params_.typical_p < 1.0f) {
+                    sort_best_first();
+                    typical(c);
+                }
+                break;
+            case SamplerStep::TopP:
+                if (params_.top_p < 1.0f) {
+                    sort_best_first();
+                    const double max = c.front().first;
+                    double z = 0.0;
+                    for (const auto& x : c) z += std::exp(static_cast<double>(x.first) - max);
+                    double cum = 0.0;
+                    size_t keep = c.size();
+                    for (size_t i = 0; i < c.size(); ++i) {
+                        cum += std::exp(static_cast<double>(c[i].first) - max) / z;
+                        if (cum >= params_.top_p) {
+                            keep = i + 1;
+                            break;
+                        }
+                    }
+                    c.resize(keep);
+                }
+                break;
+            case SamplerStep::MinP:
+                if (params_.min_p > 0.0f) {
+                    sort_best_first();
+                    const double threshold =
+                        static_cast<double>(c.front().first) + std::log(params_.min_p);
+                    size_t keep = 1;
+                    while (keep < c.size() && static_cast<double>(c[keep].first) >= threshold)
+                        ++keep;
+                    c.resize(keep);
+                }
+                break;
+            case SamplerStep::Xtc: {
+                sort_best_first();
+                const size_t cut = xtc_cut(c);
+                if (cut == 0) break;
+                const double q = params_.xtc_probability;
+                std::vector<std::pair<float, TokenId>> dropped(c.begin() + std::ptrdiff_t(cut),
+                                                               c.end());
+                if (q >= 1.0) {
+                    c = std::move(dropped);
+                } else {  // both outcomes of the coin, each through the remaining steps
+                    run_steps(std::move(dropped), step + 1, weight * q);
+                    weight *= 1.0 - q;
+                }
+                break;
+            }
+            case SamplerStep::Temperature: {
+                double t = params_.temperature;
+                const double max = std::min_element(c.begin(), c.end(), better)->first;
+                if (params_.dynatemp_range > 0.0f) {  // as tempered_softmax
+                    double z = 0.0, entropy = 0.0;
+                    for (const auto& x : c) z += std::exp(static_cast<double>(x.first) - max);
+                    for (const auto& x : c) {
+                        const double p = std::exp(static_cast<double>(x.first) - max) / z;
+                        if (p > 0.0) entropy -= p * std::log(p);
+                    }
+                    const double norm =
+                        std::clamp(entropy / std::log(static_cast<double>(c.size())), 0.0, 1.0);
+                    const double lo = std::max(0.0, t - params_.dynatemp_range);
+                    const double hi = t + params_.dynatemp_range;
+                    t = lo + (hi - lo) * std::pow(norm, double(params_.dynatemp_exponent));
+                }
+                if (!(t > 0.0)) {  // the best candidate (lowest id on ties)
+                    c = {*std::min_element(c.begin(), c.end(), better)};
+                    break;
+                }
+                // Relative to the best (softmax and every filter ignore a shift), so a tiny
+                // temperature cannot overflow: the best becomes 0, the rest stay finite.
+                for (auto& x : c)
+                    x.first = static_cast<float>(
+                        std::max((static_cast<double>(x.first) - max) / t, -double(FLT_MAX)));
+                break;
+            }
+        }
+    }
+    // The softmax of what is left, weighted into the mixture.
+    const double max = std::min_element(c.begin(), c.end(), better)->first;  // the best
+    double z = 0.0;
+    for (const auto& x : c) z += std::exp(static_cast<double>(x.first) - max);
+    for (const auto& x : c) {
+        acc_[size_t(x.second)] += weight * std::exp(static_cast<double>(x.first) - max) / z;
+        acc_ids_.push_back(x.second);
     }
 }
 
@@ -426,22 +692,22 @@ void Sampler::mirostat_filter() {
             static_cast<float>(std::exp((static_cast<double>(cand_[i].first) - max) * inv_t) / z);
 }
 
-void Sampler::top_n_sigma() {
-    if (cand_.size() < 2) return;
+void Sampler::top_n_sigma(std::vector<std::pair<float, TokenId>>& cand) const {
+    if (cand.size() < 2) return;
     double max = -DBL_MAX, sum = 0.0;
-    for (const auto& c : cand_) {
+    for (const auto& c : cand) {
         max = std::max(max, static_cast<double>(c.first));
         sum += c.first;
     }
-    const double mean = sum / static_cast<double>(cand_.size());
+    const double mean = sum / static_cast<double>(cand.size());
     double var = 0.0;
-    for (const auto& c : cand_) var += (c.first - mean) * (c.first - mean);
-    const double sigma = std::sqrt(var / static_cast<double>(cand_.size()));
+    for (const auto& c : cand) var += (c.first - mean) * (c.first - mean);
+    const double sigma = std::sqrt(var / static_cast<double>(cand.size()));
     const double floor = max - static_cast<double>(params_.top_n_sigma) * sigma;
-    std::erase_if(cand_, [&](const auto& c) { return static_cast<double>(c.first) < floor; });
+    std::erase_if(cand, [&](const auto& c) { return static_cast<double>(c.first) < floor; });
 }
 
-void Sampler::typical() {
+void Sampler::typical(std::vector<std::pair<float, TokenId>>& cand_) const {
     if (cand_.size() < 2) return;
     const double max = cand_.front().first;  // best first
     double z = 0.0;
@@ -473,7 +739,7 @@ void Sampler::typical() {
     cand_ = std::move(kept);
 }
 
-size_t Sampler::xtc_cut() const {
+size_t Sampler::xtc_cut(const std::vector<std::pair<float, TokenId>>& cand_) const {
     if (params_.xtc_probability <= 0.0f || cand_.size() < 2) return 0;
     const double max = cand_.front().first;  // best first
     double z = 0.0;

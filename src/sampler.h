@@ -10,12 +10,17 @@
 #include <random>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "tokenizer.h"
 
 namespace kvrun {
+
+// The filters llama.cpp's --samplers can reorder (the logit bias, the penalties and DRY
+// always come first).
+enum class SamplerStep : uint8_t { TopNSigma, TopK, Typical, TopP, MinP, Xtc, Temperature };
 
 // Defaults follow llama.cpp. A filter whose value disables it: top_k == 0, top_p == 1,
 // min_p == 0, repeat_penalty == 1, frequency_penalty == presence_penalty == 0,
@@ -80,7 +85,25 @@ struct SamplingParams {
     int mirostat = 0;
     float mirostat_tau = 5.0f;
     float mirostat_eta = 0.1f;
+    // The filters in this order instead of the default (llama.cpp's --samplers). Each filter
+    // sees the logits as the steps before it left them: after "temperature" they are divided
+    // by it, so a later top-p works on the tempered distribution. A filter left out does not
+    // run; without "temperature" the distribution is the softmax of the filtered logits at
+    // temperature 1 (temperature 0 is still greedy). XTC's coin stays part of the
+    // distribution (the steps after it run for both outcomes). Empty: the default order.
+    std::vector<SamplerStep> order = {};
 };
+
+// llama.cpp's --samplers names, ';'-separated ("top_k;top_p;min_p;temperature"; also
+// "top-k", "typ_p", "typical", "nucleus", "temp", "top_n_sigma", ...; "penalties" and "dry"
+// are accepted at the front, where they always run). Throws Error for an unknown or
+// repeated name, or penalties/dry after a filter.
+std::vector<SamplerStep> sampler_order_parse(std::string_view names);
+// llama.cpp's --sampling-seq letters: s top-n-sigma, k top-k, y typical, p top-p, m min-p,
+// x XTC, t temperature (e penalties, d DRY accepted at the front). Same errors.
+std::vector<SamplerStep> sampler_seq_parse(std::string_view letters);
+// "top_k;top_p;temperature" (the default order for an empty one).
+std::string sampler_order_name(const std::vector<SamplerStep>& order);
 
 // True when the parameters use a filter only the host sampler has (DRY, top-n-sigma,
 // typical, XTC, dynamic temperature, mirostat): such rows are not sampled on the GPU.
@@ -197,9 +220,14 @@ class Sampler {
     void penalized_logits(const float* logits, int n_vocab, std::span<const TokenId> recent);
     // The filters that run on cand_ (best first): top-n-sigma (any order), typical (keeps
     // best-first order), and how many of the best XTC's coin drops (0: it does not apply).
-    void top_n_sigma();
-    void typical();
-    size_t xtc_cut() const;
+    void top_n_sigma(std::vector<std::pair<float, TokenId>>& cand) const;
+    void typical(std::vector<std::pair<float, TokenId>>& cand) const;
+    size_t xtc_cut(const std::vector<std::pair<float, TokenId>>& cand) const;
+    // The filters in params_.order: cand_ and cand_prob_ (by id) from the candidates.
+    void ordered_filter();
+    // Runs steps [step, end) of the order on c (logits as the steps left them) and adds
+    // weight x its final distribution into acc_.
+    void run_steps(std::vector<std::pair<float, TokenId>> c, size_t step, double weight);
     // Mirostat's candidates and distribution (cand_, cand_prob_ by id) instead of the filters.
     void mirostat_filter();
     void collect_candidates();  // cand_ = the finite entries of work_, by id
@@ -226,6 +254,8 @@ class Sampler {
     std::vector<uint8_t> xtc_excluded_;  // [cand_.size()] 1 where XTC drops
     std::vector<float> xtc_prob_;        // [cand_.size()] the distribution after XTC
     std::vector<double> miro_p_;         // [candidates] mirostat's distribution, best first
+    std::vector<double> acc_;            // [n_vocab] ordered_filter's distribution
+    std::vector<TokenId> acc_ids_;       // tokens with a share in acc_
     float mu_ = 0.0f;                    // mirostat's bound on the surprise, in bits
 };
 

@@ -968,3 +968,34 @@ TEST_CASE("--override-kv KEY=TYPE:VALUE replaces metadata before the model loads
     check_one_clear_error(run_command(kvrun_cmd(base + " --override-kv llama.block_count=int:-3")),
                           "llama.block_count");
 }
+
+TEST_CASE("--samplers / --sampling-seq and JSON \"samplers\": llama.cpp's filter order") {
+    const std::string readme = std::string(KVRUN_SOURCE_DIR) + "/README.md";
+    check_one_clear_error(run_command(kvrun_cmd("run -m " + readme + " -p hi --samplers top_z")),
+                          "unknown sampler 'top_z'");
+    check_one_clear_error(run_command(kvrun_cmd("run -m " + readme + " -p hi --sampling-seq kk")),
+                          "sampler 'top_k' is listed twice");
+    auto model = shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    const std::string base =
+        "run -m " + model.string() + " -p 'Once upon a time' -n 40 --temp 3 --top-p 0.5 -s 5";
+    const auto plain = run_command(kvrun_cmd(base));
+    const auto flag = run_command(kvrun_cmd(base + " --samplers 'temperature;top_p'"));
+    const auto seq = run_command(kvrun_cmd(base + " --sampling-seq tp"));
+    CHECK_MESSAGE(flag.exit_code == 0, flag.err);
+    CHECK(flag.out == seq.out);
+    CHECK(flag.out != plain.out);  // top-p on the tempered distribution keeps more tokens
+    // The default order spelled out changes nothing.
+    CHECK(run_command(kvrun_cmd(base + " --sampling-seq edskypmxt")).out == plain.out);
+    auto j = run_command(kvrun_cmd("run --jsonl -m " + model.string()),
+                         "{\"prompt\": \"Once upon a time\", \"n_predict\": 40, \"temperature\": "
+                         "3, \"top_p\": 0.5, \"seed\": 5, \"samplers\": [\"temperature\", "
+                         "\"top_p\"]}\n"
+                         "{\"prompt\": \"hi\", \"samplers\": \"top_k;nope\"}\n");
+    std::istringstream in(j.out);
+    std::vector<nlohmann::json> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+    REQUIRE(lines.size() == 2);
+    CHECK(flag.out.find(lines[0]["text"].get<std::string>()) != std::string::npos);
+    CHECK(lines[1]["error"].get<std::string>().find("unknown sampler 'nope'") != std::string::npos);
+}

@@ -19,6 +19,12 @@
 #include "test_util.h"
 
 using kvrun::Sampler;
+using kvrun::sampler_order_name;
+using kvrun::sampler_order_parse;
+using kvrun::sampler_seq_parse;
+using kvrun::SamplerStep;
+using kvrun::sampling_needs_host;
+using kvrun::sampling_validate;
 using kvrun::SamplingParams;
 using kvrun::TokenId;
 
@@ -349,6 +355,133 @@ TEST_CASE("the extras: draws agree with probabilities(), draw for draw") {
         CHECK(sum == doctest::Approx(1.0).epsilon(1e-5));
         CHECK(a.sample(logits.data(), 300, recent) == b.sample_from(probs.data(), 300));
     }
+}
+
+TEST_CASE("--samplers: the default order spelled out equals the built-in chain") {
+    // Random logits and every filter on: the ordered path must reproduce the fixed one.
+    std::mt19937_64 rng(11);
+    const std::vector<SamplerStep> spelled =
+        sampler_order_parse("penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature");
+    CHECK(sampler_order_name(spelled) == sampler_order_name({}));
+    for (int trial = 0; trial < 200; ++trial) {
+        CAPTURE(trial);
+        std::vector<float> logits(200);
+        for (auto& l : logits) l = float(rng() % 6000) / 700.0f;
+        SamplingParams p;
+        p.temperature = 0.3f + float(trial % 7) * 0.3f;
+        p.top_k = int(trial % 5) * 30;
+        p.top_p = trial % 3 ? 0.9f : 1.0f;
+        p.min_p = trial % 4 ? 0.02f : 0.0f;
+        p.top_n_sigma = trial % 5 == 1 ? 2.0f : -1.0f;
+        p.typical_p = trial % 6 == 2 ? 0.8f : 1.0f;
+        p.xtc_probability = trial % 2 ? 0.4f : 0.0f;
+        p.xtc_threshold = 0.03f;
+        p.dynatemp_range = trial % 7 == 3 ? 0.5f : 0.0f;
+        SamplingParams q = p;
+        q.order = spelled;
+        Sampler a(p), b(q);
+        const auto pa = a.probabilities(logits.data(), 200, {});
+        const auto pb = b.probabilities(logits.data(), 200, {});
+        double diff = 0;
+        for (size_t i = 0; i < pa.size(); ++i)
+            diff = std::max(diff, double(std::fabs(pa[i] - pb[i])));
+        CHECK(diff < 1e-6);
+        CHECK(kept(pa) == kept(pb));
+    }
+}
+
+TEST_CASE("--samplers: temperature first changes what top-p keeps; leaving it out means 1") {
+    const std::vector<float> logits = {2.0f, 1.0f, 0.0f, -1.0f};
+    SamplingParams p = plain(2.0f);
+    p.top_p = 0.6f;
+    // Default: top-p on the untempered softmax (0.64 for the best) keeps one token.
+    Sampler d(p);
+    CHECK(kept(d.probabilities(logits.data(), 4, {})) == std::vector<TokenId>{0});
+    // Temperature 2 first: the tempered softmax (0.44, 0.27, ...) needs two tokens for 0.6,
+    // and the result is their softmax at temperature 2 (no second division).
+    p.order = sampler_order_parse("temperature;top_p");
+    Sampler t(p);
+    const auto pt = t.probabilities(logits.data(), 4, {});
+    CHECK(kept(pt) == std::vector<TokenId>{0, 1});
+    const auto ref = softmax({2.0f, 1.0f}, 2.0);
+    CHECK(pt[0] == doctest::Approx(ref[0]).epsilon(1e-6));
+    CHECK(pt[1] == doctest::Approx(ref[1]).epsilon(1e-6));
+    // No temperature step: the temperature does not apply (llama.cpp's rule).
+    p.order = sampler_order_parse("top_k");
+    p.top_k = 3;
+    Sampler k(p);
+    const auto pk = k.probabilities(logits.data(), 4, {});
+    const auto ref3 = softmax({2.0f, 1.0f, 0.0f});
+    for (int i = 0; i < 3; ++i)
+        CHECK(pk[size_t(i)] == doctest::Approx(ref3[size_t(i)]).epsilon(1e-6));
+    CHECK(pk[3] == 0.0f);
+    // A tiny (dynamic) temperature first cannot overflow the logits (found by fuzz_sampler).
+    const std::vector<float> wide = {57.9f, 1e-10f, -9.8f, 30.0f, -7.8f};
+    for (float range : {0.0f, 0.9f}) {
+        SamplingParams q = plain(4.6e-14f);
+        q.dynatemp_range = range;
+        q.dynatemp_exponent = 2.2f;
+        q.top_p = 0.99f;
+        q.order = sampler_order_parse("temperature;top_p;min_p");
+        Sampler tiny(q);
+        const auto pt2 = tiny.probabilities(wide.data(), 5, {});
+        double sum = 0;
+        for (float x : pt2) {
+            CHECK(std::isfinite(x));
+            sum += x;
+        }
+        CHECK(sum == doctest::Approx(1.0));
+        CHECK(pt2[0] > 0.5f);
+    }
+}
+
+TEST_CASE("--samplers: XTC before top-k runs top-k for both outcomes of the coin") {
+    // Tokens 0 and 1 above the threshold: XTC (q 0.25) drops token 0, then top-k 1 keeps
+    // token 0 (no drop, 0.75) or token 1 (drop, 0.25).
+    const std::vector<float> logits = {3.0f, 2.9f, 0.0f, -1.0f};
+    SamplingParams p = plain(1.0f);
+    p.xtc_probability = 0.25f;
+    p.xtc_threshold = 0.2f;
+    p.top_k = 1;
+    p.order = sampler_seq_parse("xkt");
+    Sampler s(p);
+    const auto probs = s.probabilities(logits.data(), 4, {});
+    CHECK(probs[0] == doctest::Approx(0.75));
+    CHECK(probs[1] == doctest::Approx(0.25));
+    CHECK(probs[2] == 0.0f);
+    // Draws follow that mixture, draw for draw.
+    Sampler a(p), b(p);
+    int ones = 0;
+    for (int i = 0; i < 400; ++i) {
+        const TokenId x = a.sample(logits.data(), 4, {});
+        CHECK(x == b.sample_from(probs.data(), 4));
+        ones += x == 1;
+    }
+    CHECK(ones > 60);
+    CHECK(ones < 140);
+    // The order keeps sampling on the host.
+    CHECK(sampling_needs_host(p));
+}
+
+TEST_CASE("--samplers / --sampling-seq parsing") {
+    CHECK(sampler_order_parse("top_k; top-p ;min_p;temp") ==
+          std::vector<SamplerStep>{SamplerStep::TopK, SamplerStep::TopP, SamplerStep::MinP,
+                                   SamplerStep::Temperature});
+    CHECK(sampler_seq_parse("edskypmxt") == sampler_order_parse("top_n_sigma;top_k;typical;"
+                                                                "nucleus;min-p;xtc;temperature"));
+    CHECK(sampler_order_name(sampler_seq_parse("mt")) == "min_p;temperature");
+    CHECK_THROWS_WITH_AS(sampler_order_parse("top_k;top_z"),
+                         doctest::Contains("unknown sampler 'top_z'"), kvrun::Error);
+    CHECK_THROWS_WITH_AS(sampler_order_parse("top_k;temp;top_k"),
+                         doctest::Contains("sampler 'top_k' is listed twice"), kvrun::Error);
+    CHECK_THROWS_WITH_AS(sampler_order_parse("top_k;penalties"),
+                         doctest::Contains("must come before the filters"), kvrun::Error);
+    CHECK_THROWS_WITH_AS(sampler_seq_parse("kq"), doctest::Contains("unknown sampler letter 'q'"),
+                         kvrun::Error);
+    CHECK_THROWS_AS(sampler_order_parse(";;"), kvrun::Error);
+    SamplingParams p;
+    p.order = {SamplerStep::TopK, SamplerStep::TopK};
+    CHECK_THROWS_WITH_AS(sampling_validate(p), doctest::Contains("listed twice"), kvrun::Error);
 }
 
 TEST_CASE("a tiny or huge repeat penalty keeps the logits finite (found by fuzz_sampler)") {

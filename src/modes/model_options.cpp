@@ -325,6 +325,29 @@ void add_sampling_options(CLI::App* cmd, SamplingParams& p) {
     cmd->add_option("--mirostat-lr", p.mirostat_eta, "Mirostat: learning rate (eta)")
         ->check(valid("NONNEGATIVE", &SamplingParams::mirostat_eta))
         ->capture_default_str();
+    auto order_check = [](std::vector<SamplerStep> (*parse)(std::string_view)) {
+        return CLI::Validator(
+            [parse](std::string& text) -> std::string {
+                try {
+                    parse(text);
+                } catch (const Error& e) {
+                    return e.what();
+                }
+                return {};
+            },
+            "LIST");
+    };
+    cmd->add_option_function<std::string>(
+           "--samplers", [&p](const std::string& v) { p.order = sampler_order_parse(v); },
+           "The filters in this order, ';'-separated (llama.cpp's names; default "
+           "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature)")
+        ->check(order_check(sampler_order_parse));
+    cmd->add_option_function<std::string>(
+           "--sampling-seq,--sampler-seq",
+           [&p](const std::string& v) { p.order = sampler_seq_parse(v); },
+           "--samplers as letters (default edskypmxt: e penalties, d dry, s top-n-sigma, k "
+           "top-k, y typical, p top-p, m min-p, x XTC, t temperature)")
+        ->check(order_check(sampler_seq_parse));
     cmd->add_option("--dynatemp-exp", p.dynatemp_exponent,
                     "Dynamic temperature: exponent of the normalized entropy")
         ->check(valid("NONNEGATIVE", &SamplingParams::dynatemp_exponent))

@@ -121,6 +121,18 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
         req.n_probs = j.value("n_probs", d.n_probs);
         if (j.contains("logit_bias") && !j["logit_bias"].is_null())
             req.sampling.logit_bias = logit_bias_from_json(j["logit_bias"]);
+        if (j.contains("samplers") && !j["samplers"].is_null()) {
+            // llama.cpp's server: a list of names, or one ';'-separated string.
+            const auto& v = j["samplers"];
+            std::string names;
+            if (v.is_string())
+                names = v.get<std::string>();
+            else if (!v.is_array())
+                fail("'samplers' must be a list of names or a ';'-separated string");
+            else
+                for (const auto& n : v) names += n.get<std::string>() + ";";
+            req.sampling.order = sampler_order_parse(names);
+        }
     } catch (const nlohmann::json::exception& e) {
         fail("bad field type: {}", e.what());
     }
