@@ -748,6 +748,35 @@ TEST_CASE("the extras with speculative decoding: sampling stays lossless (chi-sq
     CHECK(free.z_first > 10);
 }
 
+TEST_CASE("a custom --samplers order with speculative decoding stays lossless (chi-square)") {
+    auto path = kvrun::test::shared_path("models/stories260K.gguf");
+    if (path.empty()) return;
+    Model ref = kvrun::spec_test::load(path, 4, 64);
+    Model target = kvrun::spec_test::load(path, 4, 1024);
+    Model l3 =
+        kvrun::spec_test::load(kvrun::test::shared_path("models/stories260K-L3-F32.gguf"), 4, 1200);
+    const std::vector<TokenId> prompt = target.tok->encode("Once upon a time, there was a", true);
+    SamplingParams sp = kvrun::spec_test::full_softmax();
+    sp.temperature = 1.6f;
+    sp.top_p = 0.9f;
+    sp.min_p = 0.02f;
+    sp.xtc_probability = 0.5f;
+    sp.xtc_threshold = 0.1f;
+    sp.order = sampler_order_parse("xtc;temperature;top_p;min_p");
+    const auto run = kvrun::spec_test::first_pairs(target, l3.backend.get(), prompt, sp, 2000);
+    const auto z = kvrun::spec_test::lossless_z(ref, prompt, sp, run.draws, true);
+    MESSAGE("custom order + speculation: z(first) " << z.z_first << ", z(pair) " << z.z_pair
+                                                    << ", acceptance "
+                                                    << run.stats.spec.acceptance());
+    CHECK(z.z_first < 3.7);
+    CHECK(z.z_pair < 3.7);
+    CHECK(run.stats.spec.accepted > 0);
+    // The default order with the same values is far off: the order changed the output.
+    SamplingParams fixed = sp;
+    fixed.order.clear();
+    CHECK(kvrun::spec_test::lossless_z(ref, prompt, fixed, run.draws, false).z_first > 10);
+}
+
 TEST_CASE("mirostat through the engine: no speculation, the same tokens, never on the device") {
     auto path = kvrun::test::shared_path("models/stories260K.gguf");
     if (path.empty()) return;
