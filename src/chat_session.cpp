@@ -61,6 +61,10 @@ void ChatSession::set_system(const std::string& text) {
     reset();
 }
 
+const std::vector<TokenId>& ChatSession::tokens() const {
+    return engine_.session_tokens(session_);
+}
+
 int32_t ChatSession::n_tokens() const {
     return static_cast<int32_t>(engine_.session_tokens(session_).size());
 }

@@ -77,8 +77,9 @@ class ChatSession {
     void set_system(const std::string& text);  // new system prompt, conversation reset
 
     const ChatTurnStats& last_turn() const { return last_; }  // the last turn that was sent
-    int32_t n_tokens() const;         // tokens in the conversation's sequence
-    int32_t n_cached_tokens() const;  // of which the KV cache holds
+    int32_t n_tokens() const;                    // tokens in the conversation's sequence
+    const std::vector<TokenId>& tokens() const;  // the conversation's sequence
+    int32_t n_cached_tokens() const;             // of which the KV cache holds
     const std::vector<ChatMessage>& messages() const { return history_; }
     const ChatConfig& config() const { return cfg_; }
     const std::vector<TokenId>& stop_tokens() const { return stop_tokens_; }

@@ -538,3 +538,23 @@ TEST_CASE("chat -r/--reverse-prompt ends a reply before the text, like the templ
     CHECK(short_reply.find(word) == std::string::npos);
     CHECK(reply.find(word) <= short_reply.size() + 1);
 }
+
+TEST_CASE("chat --prompt-cache: the next chat reuses the saved system prompt's blocks") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    kvrun::test::TempDir dir;
+    const std::string args =
+        "--temp 0 -n 10 --system " +
+        shell_quote(
+            "You are a friendly storyteller who tells short, happy stories about "
+            "animals and children in a small village.") +
+        " --prompt-cache " + dir.file("chat.cache");
+    auto first = run_command(chat_cmd(model.string(), args), "Tell me a story\n/stats\n");
+    REQUIRE_MESSAGE(first.exit_code == 0, first.err);
+    CHECK(first.out.find("reused 0 cached tokens") != std::string::npos);
+    auto second = run_command(chat_cmd(model.string(), args), "Tell me a story\n/stats\n");
+    REQUIRE_MESSAGE(second.exit_code == 0, second.err);
+    CHECK(second.out.find("reused 80 cached tokens") != std::string::npos);
+    // The same reply either way.
+    CHECK(second.out.substr(0, second.out.find('\n')) == first.out.substr(0, first.out.find('\n')));
+}

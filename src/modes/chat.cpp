@@ -17,6 +17,7 @@
 #include "modes/grammar_options.h"
 #include "modes/model_options.h"
 #include "modes/modes.h"
+#include "modes/prompt_cache_options.h"
 
 namespace kvrun {
 namespace {
@@ -31,6 +32,7 @@ struct ChatOptions {
     int32_t n_sink = 4;
     bool ignore_eos = false, stats = false;
     std::vector<std::string> stop;  // -r/--reverse-prompt
+    PromptCacheOptions cache;
 };
 
 constexpr const char* kHelp =
@@ -106,6 +108,8 @@ int run_chat(const ChatOptions& o) {
     cfg.kind = pick_template(o, *m.file);
     Engine engine(*m.backend, *m.tokenizer, generation_engine_options(o.model, 1, o.draft, draft));
     warn_if_context_capped(engine, o.model);
+    std::optional<PromptCacheUse> cache;  // before the session prefills the system prompt
+    if (o.cache.enabled()) cache.emplace(o.cache, o.model, m, engine);
     ChatSession chat(engine, *m.tokenizer, cfg);
     LineEditor editor(o.history_file);
     const bool tty = isatty(STDOUT_FILENO) == 1;
@@ -122,9 +126,17 @@ int run_chat(const ChatOptions& o) {
         std::fflush(stdout);
         fmt::print(stderr, "\n{}\n", s);
     };
+    // Saves the conversation's blocks for the next chat (--prompt-cache) on the way out.
+    auto finish = [&]() {
+        if (!cache) return 0;
+        cache->remember(chat.tokens(), {});
+        cache->save();
+        if (o.stats) fmt::print(stderr, "{}\n", cache->summary());
+        return 0;
+    };
     for (;;) {
         std::optional<std::string> read = editor.read_line("> ");
-        if (!read) return 0;  // Ctrl-D / end of input
+        if (!read) return finish();  // Ctrl-D / end of input
         if (editor.interrupted()) continue;
         const std::string line = trim(*read);
         if (line.empty()) continue;
@@ -133,7 +145,7 @@ int run_chat(const ChatOptions& o) {
             const size_t sp = line.find(' ');
             const std::string cmd = line.substr(0, sp);
             const std::string arg = sp == std::string::npos ? "" : trim(line.substr(sp));
-            if (cmd == "/exit" || cmd == "/quit") return 0;
+            if (cmd == "/exit" || cmd == "/quit") return finish();
             if (cmd == "/help") {
                 fmt::print("{}", kHelp);
             } else if (cmd == "/reset") {
@@ -200,6 +212,7 @@ void add_chat_command(CLI::App& root, int& exit_code) {
         ->capture_default_str();
     cmd->add_option("--history-file", o->history_file, "Load and save the input history here");
     cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-turn tokens");
+    add_prompt_cache_options(cmd, o->cache);
     cmd->add_option("-r,--reverse-prompt,--stop", o->stop,
                     "End a reply where it writes this text, cut before it (repeatable; "
                     "llama.cpp's -r)");
