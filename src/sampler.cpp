@@ -222,31 +222,10 @@ std::string sampler_order_name(const std::vector<SamplerStep>& order) {
         SamplerStep::MinP,      SamplerStep::Xtc,  SamplerStep::Temperature};
     std::string out;
     for (SamplerStep s : order.empty() ? kDefault : order) {
-        const char* name = "?";
-        switch (s) {
-            case SamplerStep::TopNSigma:
-                name = "top_n_sigma";
-                break;
-            case SamplerStep::TopK:
-                name = "top_k";
-                break;
-            case SamplerStep::Typical:
-                name = "typ_p";
-                break;
-            case SamplerStep::TopP:
-                name = "top_p";
-                break;
-            case SamplerStep::MinP:
-                name = "min_p";
-                break;
-            case SamplerStep::Xtc:
-                name = "xtc";
-                break;
-            case SamplerStep::Temperature:
-                name = "temperature";
-                break;
-        }
-        out += (out.empty() ? "" : ";") + std::string(name);
+        // The first name of a step in kStepNames is its canonical (llama.cpp) one.
+        const auto* it = std::find_if(std::begin(kStepNames), std::end(kStepNames),
+                                      [&](const auto& e) { return e.second == s; });
+        out += (out.empty() ? "" : ";") + std::string(it == std::end(kStepNames) ? "?" : it->first);
     }
     return out;
 }

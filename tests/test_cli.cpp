@@ -41,6 +41,17 @@ void check_one_line_with_hint(const kvrun::test::CommandResult& r, const std::st
     CHECK_MESSAGE(r.err.find(" (hint: ") != std::string::npos, r.err);
 }
 
+// Each (flags, needle): `run` with those flags (on a file that is not a model, so nothing loads
+// first) fails with one clear line containing needle.
+void check_bad_run_flags(const std::vector<std::pair<std::string, std::string>>& bad) {
+    const std::string readme = std::string(KVRUN_SOURCE_DIR) + "/README.md";
+    for (const auto& [flag, needle] : bad) {
+        INFO(flag);
+        check_one_clear_error(run_command(kvrun_cmd("run -m " + readme + " -p hi " + flag)),
+                              needle);
+    }
+}
+
 // Writes `text` byte-exact to a fresh temporary file and returns its path.
 std::string temp_file(const std::string& text, const std::string& tag) {
     static int counter = 0;
@@ -837,7 +848,6 @@ TEST_CASE("llama.cpp's spellings: -ngl, --ctx-size, -ctk/-ctv, -md/--draft-max, 
 }
 
 TEST_CASE("RoPE flags: --rope-scale, --rope-freq-base, --rope-scaling, --yarn-*") {
-    const std::string readme = std::string(KVRUN_SOURCE_DIR) + "/README.md";  // parse-time error
     const std::vector<std::pair<std::string, std::string>> bad = {
         {"--rope-scaling dynamic", "--rope-scaling"},
         {"--rope-scale 0", "--rope-scale"},
@@ -846,11 +856,7 @@ TEST_CASE("RoPE flags: --rope-scale, --rope-freq-base, --rope-scaling, --yarn-*"
         {"--yarn-orig-ctx 0", "--yarn-orig-ctx: must be at least 1 (got 0)"},
         {"--yarn-beta-fast 0", "--yarn-beta-fast"},
     };
-    for (const auto& [flag, needle] : bad) {
-        INFO(flag);
-        check_one_clear_error(run_command(kvrun_cmd("run -m " + readme + " -p hi " + flag)),
-                              needle);
-    }
+    check_bad_run_flags(bad);
     auto model = shared_path("models/stories260K.gguf");
     if (model.empty()) return;
     const std::string base =
@@ -879,9 +885,7 @@ TEST_CASE("RoPE flags: --rope-scale, --rope-freq-base, --rope-scaling, --yarn-*"
 }
 
 TEST_CASE("--prompt-cache: a second run reuses the prompt's blocks and prints the same text") {
-    const std::string readme = std::string(KVRUN_SOURCE_DIR) + "/README.md";
-    check_one_clear_error(run_command(kvrun_cmd("run -m " + readme + " -p hi --prompt-cache-ro")),
-                          "--prompt-cache-ro requires --prompt-cache");
+    check_bad_run_flags({{"--prompt-cache-ro", "--prompt-cache-ro requires --prompt-cache"}});
     auto model = shared_path("models/stories260K.gguf");
     if (model.empty()) return;
     kvrun::test::TempDir dir;
@@ -932,7 +936,6 @@ TEST_CASE("--prompt-cache: a second run reuses the prompt's blocks and prints th
 }
 
 TEST_CASE("--override-kv KEY=TYPE:VALUE replaces metadata before the model loads") {
-    const std::string readme = std::string(KVRUN_SOURCE_DIR) + "/README.md";
     const std::vector<std::pair<std::string, std::string>> bad = {
         {"--override-kv foo", "bad override 'foo' (expected KEY=TYPE:VALUE"},
         {"--override-kv =int:1", "bad override '=int:1'"},
@@ -941,11 +944,7 @@ TEST_CASE("--override-kv KEY=TYPE:VALUE replaces metadata before the model loads
         {"--override-kv a=float:nan", "'nan' is not a finite number"},
         {"--override-kv a=bool:yes", "a bool is true or false"},
     };
-    for (const auto& [flag, needle] : bad) {
-        INFO(flag);
-        check_one_clear_error(run_command(kvrun_cmd("run -m " + readme + " -p hi " + flag)),
-                              needle);
-    }
+    check_bad_run_flags(bad);
     auto model = shared_path("models/stories260K.gguf");
     if (model.empty()) return;
     const std::string m = " -m " + model.string();
@@ -970,11 +969,8 @@ TEST_CASE("--override-kv KEY=TYPE:VALUE replaces metadata before the model loads
 }
 
 TEST_CASE("--samplers / --sampling-seq and JSON \"samplers\": llama.cpp's filter order") {
-    const std::string readme = std::string(KVRUN_SOURCE_DIR) + "/README.md";
-    check_one_clear_error(run_command(kvrun_cmd("run -m " + readme + " -p hi --samplers top_z")),
-                          "unknown sampler 'top_z'");
-    check_one_clear_error(run_command(kvrun_cmd("run -m " + readme + " -p hi --sampling-seq kk")),
-                          "sampler 'top_k' is listed twice");
+    check_bad_run_flags({{"--samplers top_z", "unknown sampler 'top_z'"},
+                         {"--sampling-seq kk", "sampler 'top_k' is listed twice"}});
     auto model = shared_path("models/stories260K.gguf");
     if (model.empty()) return;
     const std::string base =
