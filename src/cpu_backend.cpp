@@ -18,6 +18,7 @@ CpuBackend::CpuBackend(const GgufFile& file, const BackendOptions& options)
     : config_(backend_model_config(file, options)),
       weights_(weights_load(file, config_)),
       options_(options) {
+    rope_ = config_.rope(config_.rope_freq_factors.data());
     n_blocks_ = kv_blocks_for(config_, options_);
     n_stages_ = kv_stages_for(options_);
     rotate_ = kv_rotation_enabled(config_, options_);
@@ -101,7 +102,6 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
         ~RoundingScope() { cpu::set_llamacpp_rounding(saved); }
     } rounding(options_.llamacpp_rounding);
     const ModelConfig& c = config_;
-    const RopeParams rope = c.rope(c.rope_freq_factors.data());
     const int64_t T = int64_t(b.tokens.size());
     if (T == 0) return;
 
@@ -145,8 +145,8 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
             cpu::add_bias(k_.data(), w.bk.data(), T, c.kv_dim());
             cpu::add_bias(v_.data(), w.bv.data(), T, c.kv_dim());
         }
-        cpu::rope(q_.data(), b.positions.data(), T, c.n_head, c.head_dim, rope);
-        cpu::rope(k_.data(), b.positions.data(), T, c.n_kv_head, c.head_dim, rope);
+        cpu::rope(q_.data(), b.positions.data(), T, c.n_head, c.head_dim, rope_);
+        cpu::rope(k_.data(), b.positions.data(), T, c.n_kv_head, c.head_dim, rope_);
         if (rotate_) {  // q.k is unchanged; K's outlier channels spread over all channels
             hadamard_rows(q_.data(), T * c.n_head, c.head_dim);
             hadamard_rows(k_.data(), T * c.n_kv_head, c.head_dim);

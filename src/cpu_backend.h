@@ -33,6 +33,7 @@ class CpuBackend final : public Backend {
     void validate(const ForwardBatch& batch) const;
 
     ModelConfig config_;
+    RopeParams rope_;  // the model's RoPE (factors in config_.rope_freq_factors)
     ModelWeights weights_;
     BackendOptions options_;
     int64_t n_blocks_ = 0;

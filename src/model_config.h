@@ -59,11 +59,6 @@ struct RopeOverrides {
     float yarn_attn_factor = -1;  // > 0: YaRN's attention factor
     float yarn_beta_fast = -1;    // > 0
     float yarn_beta_slow = -1;    // > 0
-    bool any() const {
-        return !scaling.empty() || freq_base > 0 || freq_scale > 0 || yarn_orig_ctx > 0 ||
-               yarn_ext_factor >= 0 || yarn_attn_factor > 0 || yarn_beta_fast > 0 ||
-               yarn_beta_slow > 0;
-    }
 };
 
 // Applies the overrides (validated: Error naming the flag for a bad value).

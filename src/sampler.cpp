@@ -443,32 +443,10 @@ void Sampler::filter(const float* logits, int n_vocab, std::span<const TokenId> 
     }
     std::sort(cand_.begin(), cand_.end(), better);
     if (params_.typical_p < 1.0f) typical(cand_);
-    const float max_logit = cand_.front().first;
 
-    // top-p on the untempered softmax of the survivors: keep the shortest head whose mass
-    // reaches top_p (at least one token).
-    if (params_.top_p < 1.0f) {
-        double z = 0.0;
-        for (const auto& c : cand_) z += std::exp(static_cast<double>(c.first) - max_logit);
-        double cum = 0.0;
-        size_t keep = cand_.size();
-        for (size_t i = 0; i < cand_.size(); ++i) {
-            cum += std::exp(static_cast<double>(cand_[i].first) - max_logit) / z;
-            if (cum >= params_.top_p) {
-                keep = i + 1;
-                break;
-            }
-        }
-        cand_.resize(keep);
-    }
-
-    // min-p: keep tokens whose probability is at least min_p times the best one's.
-    if (params_.min_p > 0.0f) {
-        const double threshold = static_cast<double>(max_logit) + std::log(params_.min_p);
-        size_t keep = 1;
-        while (keep < cand_.size() && static_cast<double>(cand_[keep].first) >= threshold) ++keep;
-        cand_.resize(keep);
-    }
+    // top-p on the untempered softmax of the survivors, then min-p.
+    if (params_.top_p < 1.0f) top_p(cand_);
+    if (params_.min_p > 0.0f) min_p(cand_);
 
     // XTC: its coin drops the first `cut` candidates (best first). Always dropped when the
     // coin always comes up; otherwise the distribution is the mixture of both outcomes.
@@ -536,30 +514,13 @@ void Sampler::run_steps(std::vector<std::pair<float, TokenId>> c, size_t step, d
             case SamplerStep::TopP:
                 if (params_.top_p < 1.0f) {
                     sort_best_first();
-                    const double max = c.front().first;
-                    double z = 0.0;
-                    for (const auto& x : c) z += std::exp(static_cast<double>(x.first) - max);
-                    double cum = 0.0;
-                    size_t keep = c.size();
-                    for (size_t i = 0; i < c.size(); ++i) {
-                        cum += std::exp(static_cast<double>(c[i].first) - max) / z;
-                        if (cum >= params_.top_p) {
-                            keep = i + 1;
-                            break;
-                        }
-                    }
-                    c.resize(keep);
+                    top_p(c);
                 }
                 break;
             case SamplerStep::MinP:
                 if (params_.min_p > 0.0f) {
                     sort_best_first();
-                    const double threshold =
-                        static_cast<double>(c.front().first) + std::log(params_.min_p);
-                    size_t keep = 1;
-                    while (keep < c.size() && static_cast<double>(c[keep].first) >= threshold)
-                        ++keep;
-                    c.resize(keep);
+                    min_p(c);
                 }
                 break;
             case SamplerStep::Xtc: {
@@ -587,11 +548,7 @@ void Sampler::run_steps(std::vector<std::pair<float, TokenId>> c, size_t step, d
                         const double p = std::exp(static_cast<double>(x.first) - max) / z;
                         if (p > 0.0) entropy -= p * std::log(p);
                     }
-                    const double norm =
-                        std::clamp(entropy / std::log(static_cast<double>(c.size())), 0.0, 1.0);
-                    const double lo = std::max(0.0, t - params_.dynatemp_range);
-                    const double hi = t + params_.dynatemp_range;
-                    t = lo + (hi - lo) * std::pow(norm, double(params_.dynatemp_exponent));
+                    t = dynamic_temperature(entropy, c.size());
                 }
                 if (!(t > 0.0)) {  // the best candidate (lowest id on ties)
                     c = {*std::min_element(c.begin(), c.end(), better)};
@@ -686,6 +643,37 @@ void Sampler::top_n_sigma(std::vector<std::pair<float, TokenId>>& cand) const {
     std::erase_if(cand, [&](const auto& c) { return static_cast<double>(c.first) < floor; });
 }
 
+void Sampler::top_p(std::vector<std::pair<float, TokenId>>& cand) const {
+    const double max = cand.front().first;  // best first
+    double z = 0.0;
+    for (const auto& c : cand) z += std::exp(static_cast<double>(c.first) - max);
+    double cum = 0.0;
+    size_t keep = cand.size();
+    for (size_t i = 0; i < cand.size(); ++i) {
+        cum += std::exp(static_cast<double>(cand[i].first) - max) / z;
+        if (cum >= params_.top_p) {
+            keep = i + 1;
+            break;
+        }
+    }
+    cand.resize(keep);
+}
+
+void Sampler::min_p(std::vector<std::pair<float, TokenId>>& cand) const {
+    const double threshold = static_cast<double>(cand.front().first) + std::log(params_.min_p);
+    size_t keep = 1;
+    while (keep < cand.size() && static_cast<double>(cand[keep].first) >= threshold) ++keep;
+    cand.resize(keep);
+}
+
+double Sampler::dynamic_temperature(double entropy, size_t n) const {
+    const double t = params_.temperature;
+    const double norm = std::clamp(entropy / std::log(static_cast<double>(n)), 0.0, 1.0);
+    const double lo = std::max(0.0, t - params_.dynatemp_range);
+    const double hi = t + params_.dynatemp_range;
+    return lo + (hi - lo) * std::pow(norm, static_cast<double>(params_.dynatemp_exponent));
+}
+
 void Sampler::typical(std::vector<std::pair<float, TokenId>>& cand_) const {
     if (cand_.size() < 2) return;
     const double max = cand_.front().first;  // best first
@@ -752,10 +740,7 @@ void Sampler::tempered_softmax(const std::vector<uint8_t>* excluded,
             const double p = std::exp(static_cast<double>(cand_[i].first) - max_logit) / z;
             if (p > 0.0) entropy -= p * std::log(p);
         }
-        const double norm = std::clamp(entropy / std::log(static_cast<double>(n)), 0.0, 1.0);
-        const double lo = std::max(0.0, t - params_.dynatemp_range);
-        const double hi = t + params_.dynatemp_range;
-        t = lo + (hi - lo) * std::pow(norm, static_cast<double>(params_.dynatemp_exponent));
+        t = dynamic_temperature(entropy, n);
     }
     std::fill(out.begin(), out.end(), 0.0f);
     if (!(t > 0.0)) {  // a dynamic temperature of 0: the best candidate (lowest id on ties)

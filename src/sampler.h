@@ -222,6 +222,12 @@ class Sampler {
     // best-first order), and how many of the best XTC's coin drops (0: it does not apply).
     void top_n_sigma(std::vector<std::pair<float, TokenId>>& cand) const;
     void typical(std::vector<std::pair<float, TokenId>>& cand) const;
+    // top-p on the softmax of cand (best first): the shortest head whose mass reaches top_p;
+    // min-p: the tokens whose probability is at least min_p times the best one's.
+    void top_p(std::vector<std::pair<float, TokenId>>& cand) const;
+    void min_p(std::vector<std::pair<float, TokenId>>& cand) const;
+    // Dynamic temperature for n candidates whose softmax has this entropy (nats).
+    double dynamic_temperature(double entropy, size_t n) const;
     size_t xtc_cut(const std::vector<std::pair<float, TokenId>>& cand) const;
     // The filters in params_.order: cand_ and cand_prob_ (by id) from the candidates.
     void ordered_filter();

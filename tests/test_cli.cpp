@@ -52,6 +52,14 @@ void check_bad_run_flags(const std::vector<std::pair<std::string, std::string>>&
     }
 }
 
+// One parsed JSON value per line of `text` (JSONL output).
+std::vector<nlohmann::json> json_lines(const std::string& text) {
+    std::istringstream in(text);
+    std::vector<nlohmann::json> out;
+    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+    return out;
+}
+
 // Writes `text` byte-exact to a fresh temporary file and returns its path.
 std::string temp_file(const std::string& text, const std::string& tag) {
     static int counter = 0;
@@ -391,9 +399,7 @@ TEST_CASE("sampling flags out of range are rejected with one clear line") {
                          "{\"prompt\": \"hi\", \"min_p\": 2}\n"
                          "{\"prompt\": \"hi\", \"n_predict\": 2, \"temperature\": 0}\n");
     CHECK(j.exit_code == 0);
-    std::istringstream in(j.out);
-    std::vector<nlohmann::json> lines;
-    for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+    const std::vector<nlohmann::json> lines = json_lines(j.out);
     REQUIRE(lines.size() == 3);
     CHECK(lines[0]["error"].get<std::string>().find("top-k must be >= 0 (got -3") !=
           std::string::npos);
@@ -418,9 +424,7 @@ TEST_CASE("sampling flags out of range are rejected with one clear line") {
                           "{\"prompt\": \"Once upon a time\", \"n_predict\": 40, "
                           "\"temperature\": 0, \"repeat_last_n\": -1, \"presence_penalty\": 2}\n"
                           "{\"prompt\": \"hi\", \"presence_penalty\": \"high\"}\n");
-    std::istringstream pin(pj.out);
-    std::vector<nlohmann::json> pl;
-    for (std::string line; std::getline(pin, line);) pl.push_back(nlohmann::json::parse(line));
+    const std::vector<nlohmann::json> pl = json_lines(pj.out);
     REQUIRE(pl.size() == 3);
     CHECK(freq.out.find(pl[0]["text"].get<std::string>()) != std::string::npos);
     CHECK(pres.out.find(pl[1]["text"].get<std::string>()) != std::string::npos);
@@ -988,9 +992,7 @@ TEST_CASE("--samplers / --sampling-seq and JSON \"samplers\": llama.cpp's filter
                          "3, \"top_p\": 0.5, \"seed\": 5, \"samplers\": [\"temperature\", "
                          "\"top_p\"]}\n"
                          "{\"prompt\": \"hi\", \"samplers\": \"top_k;nope\"}\n");
-    std::istringstream in(j.out);
-    std::vector<nlohmann::json> lines;
-    for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+    const std::vector<nlohmann::json> lines = json_lines(j.out);
     REQUIRE(lines.size() == 2);
     CHECK(flag.out.find(lines[0]["text"].get<std::string>()) != std::string::npos);
     CHECK(lines[1]["error"].get<std::string>().find("unknown sampler 'nope'") != std::string::npos);

@@ -717,13 +717,24 @@ TEST_CASE("DRY through the engine: greedy with it, with drafts, in batches, neve
     }
 }
 
-TEST_CASE("the extras with speculative decoding: sampling stays lossless (chi-square)") {
+// stories260K as the reference (exact distributions) and as the target, with its 3-layer
+// cut as the draft: the lossless chi-square tests' models. Null without ../shared.
+struct L3Setup {
+    Model ref, target, l3;
+};
+std::unique_ptr<L3Setup> l3_setup() {
     auto path = kvrun::test::shared_path("models/stories260K.gguf");
-    if (path.empty()) return;
-    Model ref = kvrun::spec_test::load(path, 4, 64);
-    Model target = kvrun::spec_test::load(path, 4, 1024);
-    Model l3 =
-        kvrun::spec_test::load(kvrun::test::shared_path("models/stories260K-L3-F32.gguf"), 4, 1200);
+    if (path.empty()) return nullptr;
+    return std::unique_ptr<L3Setup>(
+        new L3Setup{kvrun::spec_test::load(path, 4, 64), kvrun::spec_test::load(path, 4, 1024),
+                    kvrun::spec_test::load(
+                        kvrun::test::shared_path("models/stories260K-L3-F32.gguf"), 4, 1200)});
+}
+
+TEST_CASE("the extras with speculative decoding: sampling stays lossless (chi-square)") {
+    auto setup = l3_setup();
+    if (!setup) return;
+    Model &ref = setup->ref, &target = setup->target, &l3 = setup->l3;
     // A repetitive prompt, so that DRY's penalty is in play for both tokens.
     const std::vector<TokenId> prompt =
         target.tok->encode("The dog saw the cat. The dog saw the cat. The dog saw the", true);
@@ -749,12 +760,9 @@ TEST_CASE("the extras with speculative decoding: sampling stays lossless (chi-sq
 }
 
 TEST_CASE("a custom --samplers order with speculative decoding stays lossless (chi-square)") {
-    auto path = kvrun::test::shared_path("models/stories260K.gguf");
-    if (path.empty()) return;
-    Model ref = kvrun::spec_test::load(path, 4, 64);
-    Model target = kvrun::spec_test::load(path, 4, 1024);
-    Model l3 =
-        kvrun::spec_test::load(kvrun::test::shared_path("models/stories260K-L3-F32.gguf"), 4, 1200);
+    auto setup = l3_setup();
+    if (!setup) return;
+    Model &ref = setup->ref, &target = setup->target, &l3 = setup->l3;
     const std::vector<TokenId> prompt = target.tok->encode("Once upon a time, there was a", true);
     SamplingParams sp = kvrun::spec_test::full_softmax();
     sp.temperature = 1.6f;

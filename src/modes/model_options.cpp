@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <csignal>
+#include <functional>
 #include <random>
 
 #include "common.h"
@@ -38,6 +39,19 @@ CLI::Validator positive_finite() {
             return fmt::format("must be a finite number > 0 (got {})", text);
         },
         "> 0");
+}
+
+CLI::Validator parses_with(std::function<void(const std::string&)> parse, std::string name) {
+    return CLI::Validator(
+        [parse = std::move(parse)](std::string& text) -> std::string {
+            try {
+                parse(text);
+            } catch (const Error& e) {
+                return e.what();
+            }
+            return {};
+        },
+        std::move(name));
 }
 
 void add_model_options(CLI::App* cmd, ModelOptions& o) {
@@ -75,16 +89,7 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
     cmd->add_option("--override-kv", o.kv_overrides,
                     "Replace a metadata value: KEY=TYPE:VALUE, TYPE int, float, bool or str "
                     "(repeatable; e.g. tokenizer.ggml.add_bos_token=bool:false)")
-        ->check(CLI::Validator(
-            [](std::string& text) -> std::string {
-                try {
-                    parse_kv_override(text);
-                } catch (const Error& e) {
-                    return e.what();
-                }
-                return {};
-            },
-            "KEY=TYPE:VALUE"));
+        ->check(parses_with([](const std::string& t) { parse_kv_override(t); }, "KEY=TYPE:VALUE"));
 }
 
 std::pair<std::string, GgufValue> parse_kv_override(const std::string& text) {
@@ -325,29 +330,17 @@ void add_sampling_options(CLI::App* cmd, SamplingParams& p) {
     cmd->add_option("--mirostat-lr", p.mirostat_eta, "Mirostat: learning rate (eta)")
         ->check(valid("NONNEGATIVE", &SamplingParams::mirostat_eta))
         ->capture_default_str();
-    auto order_check = [](std::vector<SamplerStep> (*parse)(std::string_view)) {
-        return CLI::Validator(
-            [parse](std::string& text) -> std::string {
-                try {
-                    parse(text);
-                } catch (const Error& e) {
-                    return e.what();
-                }
-                return {};
-            },
-            "LIST");
-    };
     cmd->add_option_function<std::string>(
            "--samplers", [&p](const std::string& v) { p.order = sampler_order_parse(v); },
            "The filters in this order, ';'-separated (llama.cpp's names; default "
            "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature)")
-        ->check(order_check(sampler_order_parse));
+        ->check(parses_with([](const std::string& t) { sampler_order_parse(t); }, "LIST"));
     cmd->add_option_function<std::string>(
            "--sampling-seq,--sampler-seq",
            [&p](const std::string& v) { p.order = sampler_seq_parse(v); },
            "--samplers as letters (default edskypmxt: e penalties, d dry, s top-n-sigma, k "
            "top-k, y typical, p top-p, m min-p, x XTC, t temperature)")
-        ->check(order_check(sampler_seq_parse));
+        ->check(parses_with([](const std::string& t) { sampler_seq_parse(t); }, "LETTERS"));
     cmd->add_option("--dynatemp-exp", p.dynatemp_exponent,
                     "Dynamic temperature: exponent of the normalized entropy")
         ->check(valid("NONNEGATIVE", &SamplingParams::dynatemp_exponent))
@@ -359,16 +352,8 @@ void add_sampling_options(CLI::App* cmd, SamplingParams& p) {
            },
            "Add BIAS to a token's logit: TOKEN_ID+BIAS or TOKEN_ID-BIAS, -inf bans it "
            "(repeatable)")
-        ->check(CLI::Validator(
-            [](std::string& text) -> std::string {
-                try {
-                    parse_logit_bias(text);
-                } catch (const Error& e) {
-                    return e.what();
-                }
-                return {};
-            },
-            "TOKEN_ID(+|-)BIAS"));
+        ->check(
+            parses_with([](const std::string& t) { parse_logit_bias(t); }, "TOKEN_ID(+|-)BIAS"));
 }
 
 static bool cuda_available() {

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -35,6 +36,9 @@ struct ModelOptions {
 
 // A CLI11 check that a number is >= lo, with a plain message ("must be at least 0 (got -1)").
 CLI::Validator at_least(int64_t lo);
+// A CLI11 check that runs `parse` on the text and reports the Error it throws, if any (one
+// rule and one message for a flag and the code that reads the same text).
+CLI::Validator parses_with(std::function<void(const std::string&)> parse, std::string name);
 
 void add_model_options(CLI::App* cmd, ModelOptions& o);
 // llama.cpp's --rope-scaling, --rope-freq-base, --rope-freq-scale, --rope-scale, --yarn-*.
