@@ -103,6 +103,7 @@ void kv_apply_pending(KvBlockTable& table, Backend& backend) {
 
 ModelConfig backend_model_config(const GgufFile& file, const BackendOptions& o) {
     ModelConfig c = model_config_from_gguf(file);
+    select_rope_factors(c, o.n_ctx);
     apply_rope_overrides(c, o.rope);
     return c;
 }

@@ -110,6 +110,9 @@ struct BackendOptions {
     bool llamacpp_rounding = false;
     // --rope-* / --yarn-* overrides of the model's RoPE (none by default).
     RopeOverrides rope;
+    // The run's context per sequence (-c; 0: the model's training context). Only Phi-3's
+    // LongRoPE reads it, to pick its long or short factors (select_rope_factors).
+    int64_t n_ctx = 0;
 };
 
 // The model's hyperparameters with the options' RoPE overrides applied (what a backend runs).

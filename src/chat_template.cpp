@@ -10,6 +10,8 @@
 //   mistral [INST] S\n\nU1 [/INST]A1</s>[INST] U2 [/INST]   (Mistral's documented v0.1 form)
 //   zephyr  <|role|>\ncontent</s>\n per message; prompt <|assistant|>\n
 //   phi3    <|role|>\ncontent<|end|>\n per message; prompt <|assistant|>\n
+//   phi4    <|im_start|>role<|im_sep|>content<|im_end|> per message (nothing between);
+//           prompt <|im_start|>assistant<|im_sep|>
 //   gemma   <start_of_turn>user\nS\n\nU1<end_of_turn>\n<start_of_turn>model\nA1<end_of_turn>\n
 //           ... content trimmed, assistant is "model"; prompt <start_of_turn>model\n
 //   plain   S\n\nUser: U1\nAssistant: A1\nUser: U2\nAssistant:   (for models without a
@@ -33,20 +35,22 @@ struct NamedKind {
 };
 
 // Canonical names first (chat_template_name reads this table), then aliases.
-constexpr std::array<NamedKind, 11> kNames = {{
+constexpr std::array<NamedKind, 13> kNames = {{
     {"llama2", ChatTemplateKind::Llama2},
     {"llama3", ChatTemplateKind::Llama3},
     {"chatml", ChatTemplateKind::ChatML},
     {"mistral", ChatTemplateKind::Mistral},
     {"zephyr", ChatTemplateKind::Zephyr},
     {"phi3", ChatTemplateKind::Phi3},
+    {"phi4", ChatTemplateKind::Phi4},
     {"gemma", ChatTemplateKind::Gemma},
     {"plain", ChatTemplateKind::Plain},
     {"llama-2", ChatTemplateKind::Llama2},
     {"llama-3", ChatTemplateKind::Llama3},
     {"phi-3", ChatTemplateKind::Phi3},
+    {"phi-4", ChatTemplateKind::Phi4},
 }};
-constexpr size_t kCanonicalNames = 8;
+constexpr size_t kCanonicalNames = 9;
 
 bool contains(std::string_view haystack, std::string_view needle) {
     return haystack.find(needle) != std::string_view::npos;
@@ -123,6 +127,9 @@ void append_uniform(ChatTemplateKind kind, std::string& out, Role role, const Ch
         case ChatTemplateKind::Phi3:
             out += "<|" + m.role + "|>\n" + m.content + "<|end|>\n";
             break;
+        case ChatTemplateKind::Phi4:
+            out += "<|im_start|>" + m.role + "<|im_sep|>" + m.content + "<|im_end|>";
+            break;
         default:  // Plain
             if (role == Role::System) out += m.content + "\n\n";
             if (role == Role::User) out += "User: " + m.content + "\n";
@@ -144,6 +151,8 @@ std::string_view generation_prompt(ChatTemplateKind kind) {
         case ChatTemplateKind::Zephyr:
         case ChatTemplateKind::Phi3:
             return "<|assistant|>\n";
+        case ChatTemplateKind::Phi4:
+            return "<|im_start|>assistant<|im_sep|>";
         case ChatTemplateKind::Gemma:
             return "<start_of_turn>model\n";
         case ChatTemplateKind::Plain:
@@ -155,6 +164,7 @@ std::string_view generation_prompt(ChatTemplateKind kind) {
 }  // namespace
 
 ChatTemplateKind chat_template_detect(std::string_view src) {
+    if (contains(src, "<|im_sep|>")) return ChatTemplateKind::Phi4;  // before ChatML's test
     if (contains(src, "<|im_start|>")) return ChatTemplateKind::ChatML;
     if (contains(src, "<|start_header_id|>")) return ChatTemplateKind::Llama3;
     if (contains(src, "<start_of_turn>")) return ChatTemplateKind::Gemma;
@@ -259,6 +269,8 @@ std::string chat_template_assistant_suffix(ChatTemplateKind kind, const ChatSpec
             return special.eos + "\n";
         case ChatTemplateKind::Phi3:
             return "<|end|>\n";
+        case ChatTemplateKind::Phi4:
+            return "<|im_end|>";
         case ChatTemplateKind::Gemma:
             return "<end_of_turn>\n";
         case ChatTemplateKind::Plain:
@@ -275,6 +287,7 @@ std::vector<std::string> chat_template_stop_strings(ChatTemplateKind kind) {
         case ChatTemplateKind::Llama3:
             return {"<|eot_id|>", "<|end_of_text|>"};
         case ChatTemplateKind::ChatML:
+        case ChatTemplateKind::Phi4:
             return {"<|im_end|>", "<|endoftext|>"};
         case ChatTemplateKind::Zephyr:
             return {"</s>", "<|user|>"};

@@ -145,6 +145,12 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
             cpu::add_bias(k_.data(), w.bk.data(), T, c.kv_dim());
             cpu::add_bias(v_.data(), w.bv.data(), T, c.kv_dim());
         }
+        if (!w.q_norm.empty()) {  // qwen3: each head's Q and K RMS-normalized before RoPE
+            cpu::rmsnorm(q_.data(), q_.data(), w.q_norm.data(), T * c.n_head, c.head_dim,
+                         c.norm_eps);
+            cpu::rmsnorm(k_.data(), k_.data(), w.k_norm.data(), T * c.n_kv_head, c.head_dim,
+                         c.norm_eps);
+        }
         cpu::rope(q_.data(), b.positions.data(), T, c.n_head, c.head_dim, rope_);
         cpu::rope(k_.data(), b.positions.data(), T, c.n_kv_head, c.head_dim, rope_);
         if (rotate_) {  // q.k is unchanged; K's outlier channels spread over all channels

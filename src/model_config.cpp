@@ -1,4 +1,4 @@
-// Reads the typed hyperparameters of a llama / qwen2 GGUF model and validates them.
+// Reads the typed hyperparameters of a llama / qwen2 / qwen3 GGUF model and validates them.
 #include "model_config.h"
 
 #include <fmt/ranges.h>
@@ -17,11 +17,15 @@ struct ArchTraits {
     const char* name;
     bool rope_neox;
     bool qkv_bias;
+    bool qk_norm;
+    bool fused_gate_up;
 };
 
 constexpr ArchTraits kArchs[] = {
-    {"llama", false, false},
-    {"qwen2", true, true},
+    {"llama", false, false, false, false},
+    {"qwen2", true, true, false, false},
+    {"qwen3", true, false, true, false},
+    {"phi3", true, false, false, true},
 };
 
 // A positive integer key, either a scalar or an array whose elements are all equal
@@ -62,6 +66,24 @@ int64_t vocab_size(const GgufFile& f) {
     fail("{}: cannot determine the vocabulary size (no token_embd.weight tensor)", f.path());
 }
 
+// Per-pair RoPE frequency divisors from tensor `name` ([half] F32/F16/BF16, all positive);
+// empty when the model has no such tensor.
+std::vector<float> read_rope_factors(const GgufFile& f, const char* name, int64_t half) {
+    const GgufTensorInfo* t = f.find_tensor(name);
+    if (!t) return {};
+    if (t->dims.size() != 1 || t->dims[0] != half)
+        fail("{}: {} has shape [{}], expected [{}] (rope.dimension_count / 2)", f.path(), name,
+             fmt::join(t->dims, ", "), half);
+    if (t->type != GgmlType::F32 && t->type != GgmlType::F16 && t->type != GgmlType::BF16)
+        fail("{}: {} is {}, expected F32, F16 or BF16", f.path(), name, ggml_type_name(t->type));
+    std::vector<float> v(static_cast<size_t>(half));
+    dequantize_row(t->type, t->data, v.data(), half);
+    for (int64_t i = 0; i < half; ++i)
+        if (!(v[size_t(i)] > 0) || !std::isfinite(v[size_t(i)]))
+            fail("{}: {}[{}] = {} must be positive", f.path(), name, i, v[size_t(i)]);
+    return v;
+}
+
 // rope.scaling.* keys (none, linear, yarn; the old rope.scale_linear) and the rope_freqs.weight
 // tensor of Llama 3.1-style models. n_rot and n_ctx_train are read and valid.
 void read_rope_scaling(const GgufFile& f, const std::string& a, ModelConfig& c) {
@@ -90,21 +112,15 @@ void read_rope_scaling(const GgufFile& f, const std::string& a, ModelConfig& c) 
         c.yarn_n_ctx_orig = read_count(f, a + "rope.scaling.original_context_length", 0, false);
     c.yarn_attn_factor = float(positive(a + "rope.scaling.attn_factor", 1.0));
 
-    const GgufTensorInfo* t = f.find_tensor("rope_freqs.weight");
-    if (!t) return;
-    const int64_t half = c.n_rot / 2;
-    if (t->dims.size() != 1 || t->dims[0] != half)
-        fail("{}: rope_freqs.weight has shape [{}], expected [{}] (rope.dimension_count / 2)",
-             f.path(), fmt::join(t->dims, ", "), half);
-    if (t->type != GgmlType::F32 && t->type != GgmlType::F16 && t->type != GgmlType::BF16)
-        fail("{}: rope_freqs.weight is {}, expected F32, F16 or BF16", f.path(),
-             ggml_type_name(t->type));
-    c.rope_freq_factors.resize(size_t(half));
-    dequantize_row(t->type, t->data, c.rope_freq_factors.data(), half);
-    for (int64_t i = 0; i < half; ++i)
-        if (!(c.rope_freq_factors[i] > 0) || !std::isfinite(c.rope_freq_factors[i]))
-            fail("{}: rope_freqs.weight[{}] = {} must be positive", f.path(), i,
-                 c.rope_freq_factors[i]);
+    c.rope_freq_factors = read_rope_factors(f, "rope_freqs.weight", c.n_rot / 2);
+    // Phi-3's LongRoPE: two factor sets, the long one for contexts past the original.
+    c.rope_factors_long = read_rope_factors(f, "rope_factors_long.weight", c.n_rot / 2);
+    c.rope_factors_short = read_rope_factors(f, "rope_factors_short.weight", c.n_rot / 2);
+    if (c.rope_factors_long.empty() != c.rope_factors_short.empty())
+        fail("{}: rope_factors_long.weight and rope_factors_short.weight come as a pair",
+             f.path());
+    if (!c.rope_factors_long.empty() && !c.rope_freq_factors.empty())
+        fail("{}: both rope_freqs.weight and LongRoPE factors; expected one", f.path());
 }
 
 }  // namespace
@@ -116,12 +132,16 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     for (const auto& a : kArchs)
         if (c.arch == a.name) traits = &a;
     if (!traits) {
-        throw Error(fmt::format("{}: unsupported architecture '{}' (supported: llama, qwen2)",
-                                f.path(), c.arch),
-                    "kvrun runs llama-family models (Llama, Mistral, TinyLlama, SmolLM, Qwen2)");
+        throw Error(
+            fmt::format("{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, phi3)",
+                        f.path(), c.arch),
+            "kvrun runs llama-family models (Llama, Mistral, TinyLlama, SmolLM, Qwen2, Qwen3, "
+            "Phi-3, Phi-4)");
     }
     c.rope_neox = traits->rope_neox;
     c.qkv_bias = traits->qkv_bias;
+    c.qk_norm = traits->qk_norm;
+    c.fused_gate_up = traits->fused_gate_up;
 
     const std::string a = c.arch + ".";
     c.n_layer = read_count(f, a + "block_count", 0, true);
@@ -174,10 +194,20 @@ RopeParams ModelConfig::rope(const float* factors) const {
             std::min(double(n_rot - 1),
                      std::ceil(rope_yarn_corr_dim(n_rot, orig, yarn_beta_slow, rope_freq_base))));
         p.mscale = yarn_attn_factor * (1.0f + 0.1f * std::log(1.0f / rope_freq_scale));
-    } else if (rope_scaling == "yarn") {
-        p.mscale = yarn_attn_factor;
+    } else {
+        p.mscale = yarn_attn_factor;  // as llama.cpp: the attention factor applies to any RoPE
     }
     return p;
+}
+
+int64_t ModelConfig::rope_orig_ctx() const {
+    return yarn_n_ctx_orig > 0 ? yarn_n_ctx_orig : n_ctx_train;
+}
+
+void select_rope_factors(ModelConfig& c, int64_t n_ctx) {
+    if (c.rope_factors_long.empty()) return;
+    const int64_t ctx = n_ctx > 0 ? n_ctx : c.n_ctx_train;
+    c.rope_freq_factors = ctx > c.rope_orig_ctx() ? c.rope_factors_long : c.rope_factors_short;
 }
 
 void apply_rope_overrides(ModelConfig& c, const RopeOverrides& o) {

@@ -1,5 +1,5 @@
 // Typed model hyperparameters read from GGUF metadata (`<arch>.*` keys) for the supported
-// architectures (llama, qwen2), validated so the forward pass can trust them.
+// architectures (llama, qwen2, qwen3, phi3), validated so the forward pass can trust them.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,7 @@
 namespace kvrun {
 
 struct ModelConfig {
-    std::string arch;                 // general.architecture: "llama" or "qwen2"
+    std::string arch;                 // general.architecture: llama, qwen2, qwen3, phi3
     int64_t n_layer = 0;              // block_count
     int64_t n_embd = 0;               // embedding_length
     int64_t n_ff = 0;                 // feed_forward_length
@@ -29,6 +29,9 @@ struct ModelConfig {
     // rope_freqs.weight (Llama 3.1 and later): [n_rot / 2] divisors of the pair frequencies;
     // empty when the model has none.
     std::vector<float> rope_freq_factors;
+    // Phi-3's LongRoPE (rope_factors_long.weight / rope_factors_short.weight, [n_rot / 2]
+    // each, or empty): select_rope_factors puts one of them into rope_freq_factors.
+    std::vector<float> rope_factors_long, rope_factors_short;
     std::string rope_scaling = "none";  // rope.scaling.type: none, linear or yarn
     // YaRN (rope_scaling "yarn"): the context the model was trained for before scaling
     // (rope.scaling.original_context_length, default context_length), the extrapolation mix
@@ -38,6 +41,14 @@ struct ModelConfig {
     float yarn_ext_factor = 1.0f, yarn_attn_factor = 1.0f;
     float yarn_beta_fast = 32.0f, yarn_beta_slow = 1.0f;
     bool qkv_bias = false;  // the architecture requires Q/K/V biases (qwen2)
+    bool qk_norm = false;   // per-head RMSNorm of Q and K before RoPE (qwen3)
+    // ffn_up holds the gate's rows then the up projection's, [2 n_ff][n_embd], and there is
+    // no ffn_gate (phi3).
+    bool fused_gate_up = false;
+
+    // The context RoPE scaling was trained from: rope.scaling.original_context_length, else
+    // context_length (0 when neither is known).
+    int64_t rope_orig_ctx() const;
 
     int64_t q_dim() const { return n_head * head_dim; }      // width of Q / attention out
     int64_t kv_dim() const { return n_kv_head * head_dim; }  // width of K and V
@@ -61,11 +72,16 @@ struct RopeOverrides {
     float yarn_beta_slow = -1;    // > 0
 };
 
+// LongRoPE (Phi-3 128K): the long factors when the run's context per sequence `n_ctx` (0:
+// the training context) exceeds rope_orig_ctx(), else the short ones, as llama.cpp does.
+// Nothing for other models.
+void select_rope_factors(ModelConfig& c, int64_t n_ctx);
+
 // Applies the overrides (validated: Error naming the flag for a bad value).
 void apply_rope_overrides(ModelConfig& c, const RopeOverrides& o);
 
 // Reads and validates the hyperparameters. Throws Error naming the key for a missing or
-// invalid value, and "unsupported architecture 'x' (supported: llama, qwen2)".
+// invalid value, and "unsupported architecture 'x' (supported: llama, qwen2, qwen3, phi3)".
 ModelConfig model_config_from_gguf(const GgufFile& file);
 
 }  // namespace kvrun

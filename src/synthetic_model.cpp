@@ -1,4 +1,4 @@
-// Synthetic llama models: presets, the tensor plan (names, shapes, types, magnitudes), parallel
+// Synthetic llama-family models: presets, the tensor plan (names, shapes, types, magnitudes), parallel
 // deterministic generation into a GgufWriter, and cutting a model to its first L layers.
 #include "synthetic_model.h"
 
@@ -46,30 +46,49 @@ bool use_more_bits(int64_t i, int64_t n) {
     return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
 }
 
-// Norm weights: F32, 1 + 0.05 * gaussian.
+// Norm weights: F32, 1 + 0.05 * gaussian. Biases (qwen2): F32, 0.5 * gaussian.
 constexpr float kNormStd = 0.05f;
+constexpr float kBiasStd = 0.5f;
 
 std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab) {
-    const int64_t head_dim = c.n_embd / c.n_head, n_embd_kv = head_dim * c.n_head_kv;
+    const int64_t head_dim = synthetic_head_dim(c), n_embd_kv = head_dim * c.n_head_kv;
+    const int64_t n_embd_q = head_dim * c.n_head;
     const float s = c.weight_std;
     std::vector<TensorPlan> p;
     p.push_back({"token_embd.weight", c.type, {c.n_embd, n_vocab}, s, 0});
     for (int64_t i = 0; i < c.n_layer; ++i) {
         auto nm = [&](const char* what) { return fmt::format("blk.{}.{}.weight", i, what); };
+        auto bias = [&](const char* what) { return fmt::format("blk.{}.{}.bias", i, what); };
         const GgmlType more = c.k_mix && use_more_bits(i, c.n_layer) ? GgmlType::Q6_K : c.type;
         const float s_out = i >= c.scaled_from ? s * c.residual_scale : s;
         p.push_back({nm("attn_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
-        p.push_back({nm("attn_q"), c.type, {c.n_embd, c.n_embd}, s, 0});
-        p.push_back({nm("attn_k"), c.type, {c.n_embd, n_embd_kv}, s, 0});
-        p.push_back({nm("attn_v"), more, {c.n_embd, n_embd_kv}, s, 0});
-        p.push_back({nm("attn_output"), c.type, {c.n_embd, c.n_embd}, s_out, 0});
+        if (c.arch == "phi3") {  // Q, K and V rows in one tensor
+            p.push_back({nm("attn_qkv"), c.type, {c.n_embd, n_embd_q + 2 * n_embd_kv}, s, 0});
+        } else {
+            p.push_back({nm("attn_q"), c.type, {c.n_embd, n_embd_q}, s, 0});
+            p.push_back({nm("attn_k"), c.type, {c.n_embd, n_embd_kv}, s, 0});
+            p.push_back({nm("attn_v"), more, {c.n_embd, n_embd_kv}, s, 0});
+        }
+        if (c.arch == "qwen2") {  // biases of a few times the projections' typical output
+            p.push_back({bias("attn_q"), GgmlType::F32, {n_embd_q}, kBiasStd, 0});
+            p.push_back({bias("attn_k"), GgmlType::F32, {n_embd_kv}, kBiasStd, 0});
+            p.push_back({bias("attn_v"), GgmlType::F32, {n_embd_kv}, kBiasStd, 0});
+        } else if (c.arch == "qwen3") {
+            p.push_back({nm("attn_q_norm"), GgmlType::F32, {head_dim}, kNormStd, 1});
+            p.push_back({nm("attn_k_norm"), GgmlType::F32, {head_dim}, kNormStd, 1});
+        }
+        p.push_back({nm("attn_output"), c.type, {n_embd_q, c.n_embd}, s_out, 0});
         p.push_back({nm("ffn_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
-        p.push_back({nm("ffn_gate"), c.type, {c.n_embd, c.n_ff}, s, 0});
-        p.push_back({nm("ffn_up"), c.type, {c.n_embd, c.n_ff}, s, 0});
+        if (c.arch == "phi3") {  // the gate's rows, then up's, in ffn_up
+            p.push_back({nm("ffn_up"), c.type, {c.n_embd, 2 * c.n_ff}, s, 0});
+        } else {
+            p.push_back({nm("ffn_gate"), c.type, {c.n_embd, c.n_ff}, s, 0});
+            p.push_back({nm("ffn_up"), c.type, {c.n_embd, c.n_ff}, s, 0});
+        }
         p.push_back({nm("ffn_down"), more, {c.n_ff, c.n_embd}, s_out, 0});
     }
     p.push_back({"output_norm.weight", GgmlType::F32, {c.n_embd}, kNormStd, 1});
-    p.push_back({"output.weight", c.output_type, {c.n_embd, n_vocab}, s, 0});
+    if (!c.tied_output) p.push_back({"output.weight", c.output_type, {c.n_embd, n_vocab}, s, 0});
     return p;
 }
 
@@ -162,26 +181,38 @@ void set_tokenizer(GgufWriter& w, const SyntheticModelConfig& c, int64_t& n_voca
 void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) {
     const bool quantized =
         !(c.type == GgmlType::F32 || c.type == GgmlType::F16 || c.type == GgmlType::BF16);
-    w.set_string("general.architecture", "llama");
+    const std::string a = c.arch + ".";
+    const int64_t head_dim = synthetic_head_dim(c);
+    w.set_string("general.architecture", c.arch);
     w.set_string("general.name", fmt::format("synthetic {} {}{}", c.name, ggml_type_name(c.type),
                                              c.k_mix ? "_M" : ""));
     w.set_u32("general.file_type", file_type_of(c));
     if (quantized) w.set_u32("general.quantization_version", 2);
-    w.set_u32("llama.context_length", uint32_t(c.n_ctx));
-    w.set_u32("llama.embedding_length", uint32_t(c.n_embd));
-    w.set_u32("llama.block_count", uint32_t(c.n_layer));
-    w.set_u32("llama.feed_forward_length", uint32_t(c.n_ff));
-    w.set_u32("llama.rope.dimension_count", uint32_t(c.n_embd / c.n_head));
-    w.set_u32("llama.attention.head_count", uint32_t(c.n_head));
-    w.set_u32("llama.attention.head_count_kv", uint32_t(c.n_head_kv));
-    w.set_f32("llama.rope.freq_base", float(c.rope_base));
-    w.set_f32("llama.attention.layer_norm_rms_epsilon", float(c.norm_eps));
-    w.set_u32("llama.vocab_size", uint32_t(n_vocab));
+    w.set_u32(a + "context_length", uint32_t(c.n_ctx));
+    w.set_u32(a + "embedding_length", uint32_t(c.n_embd));
+    w.set_u32(a + "block_count", uint32_t(c.n_layer));
+    w.set_u32(a + "feed_forward_length", uint32_t(c.n_ff));
+    w.set_u32(a + "rope.dimension_count", uint32_t(head_dim));
+    w.set_u32(a + "attention.head_count", uint32_t(c.n_head));
+    w.set_u32(a + "attention.head_count_kv", uint32_t(c.n_head_kv));
+    if (c.head_dim > 0) {
+        w.set_u32(a + "attention.key_length", uint32_t(head_dim));
+        w.set_u32(a + "attention.value_length", uint32_t(head_dim));
+    }
+    w.set_f32(a + "rope.freq_base", float(c.rope_base));
+    w.set_f32(a + "attention.layer_norm_rms_epsilon", float(c.norm_eps));
+    w.set_u32(a + "vocab_size", uint32_t(n_vocab));
     if (c.rope_scaling == "linear" || c.rope_scaling == "yarn") {
-        w.set_string("llama.rope.scaling.type", c.rope_scaling);
-        w.set_f32("llama.rope.scaling.factor", float(c.rope_factor));
+        w.set_string(a + "rope.scaling.type", c.rope_scaling);
+        w.set_f32(a + "rope.scaling.factor", float(c.rope_factor));
         if (c.rope_scaling == "yarn")
-            w.set_u32("llama.rope.scaling.original_context_length", uint32_t(c.rope_orig_ctx));
+            w.set_u32(a + "rope.scaling.original_context_length", uint32_t(c.rope_orig_ctx));
+    } else if (c.rope_scaling == "longrope") {  // Phi-3 128K: the converter's attention factor
+        w.set_u32(a + "rope.scaling.original_context_length", uint32_t(c.rope_orig_ctx));
+        const double scale = double(c.n_ctx) / double(c.rope_orig_ctx);
+        if (scale > 1)
+            w.set_f32(a + "rope.scaling.attn_factor",
+                      float(std::sqrt(1 + std::log(scale) / std::log(double(c.rope_orig_ctx)))));
     }
     // Provenance, so a benchmark report can say what it ran on.
     w.set_u64("kvrun.synthetic.seed", c.seed);
@@ -225,8 +256,14 @@ std::vector<float> llama3_rope_factors(int64_t n_rot, double base, double factor
     return out;
 }
 
+int64_t synthetic_head_dim(const SyntheticModelConfig& cfg) {
+    return cfg.head_dim > 0 ? cfg.head_dim : cfg.n_embd / std::max<int64_t>(1, cfg.n_head);
+}
+
 std::vector<std::string> synthetic_preset_names() {
-    return {"llama2-7b", "llama3-8b", "llama3.1-8b", "llama-1b", "tiny"};
+    return {"llama2-7b",  "llama3-8b",  "llama3.1-8b", "llama-1b",       "qwen2.5-7b",
+            "qwen3-0.6b", "qwen3-8b",   "phi3-mini",   "phi3-mini-128k", "phi4",
+            "tiny"};
 }
 
 SyntheticModelConfig synthetic_preset(std::string_view name) {
@@ -245,6 +282,29 @@ SyntheticModelConfig synthetic_preset(std::string_view name) {
     } else if (name == "llama-1b") {  // shaped like Llama-3.2-1B
         c.n_layer = 16, c.n_embd = 2048, c.n_head = 32, c.n_head_kv = 8, c.n_ff = 8192;
         c.n_vocab = 128256, c.rope_base = 500000, c.n_ctx = 8192, c.norm_eps = 1e-5;
+    } else if (name == "qwen2.5-7b") {  // Q/K/V biases, GQA 7:1
+        c.arch = "qwen2";
+        c.n_layer = 28, c.n_embd = 3584, c.n_head = 28, c.n_head_kv = 4, c.n_ff = 18944;
+        c.n_vocab = 152064, c.rope_base = 1000000, c.n_ctx = 32768, c.norm_eps = 1e-6;
+    } else if (name == "qwen3-0.6b") {  // per-head Q/K norms, head_dim 128 != n_embd / n_head
+        c.arch = "qwen3", c.head_dim = 128, c.tied_output = true;
+        c.n_layer = 28, c.n_embd = 1024, c.n_head = 16, c.n_head_kv = 8, c.n_ff = 3072;
+        c.n_vocab = 151936, c.rope_base = 1000000, c.n_ctx = 40960, c.norm_eps = 1e-6;
+    } else if (name == "qwen3-8b") {
+        c.arch = "qwen3", c.head_dim = 128;
+        c.n_layer = 36, c.n_embd = 4096, c.n_head = 32, c.n_head_kv = 8, c.n_ff = 12288;
+        c.n_vocab = 151936, c.rope_base = 1000000, c.n_ctx = 40960, c.norm_eps = 1e-6;
+    } else if (name == "phi3-mini" || name == "phi3-mini-128k") {  // fused QKV and gate/up
+        c.arch = "phi3";
+        c.n_layer = 32, c.n_embd = 3072, c.n_head = 32, c.n_head_kv = 32, c.n_ff = 8192;
+        c.n_vocab = 32064, c.rope_base = 10000, c.n_ctx = 4096, c.norm_eps = 1e-5;
+        if (name == "phi3-mini-128k")
+            c.n_ctx = 131072, c.rope_scaling = "longrope", c.rope_factor = 64,
+            c.rope_orig_ctx = 4096;
+    } else if (name == "phi4") {  // Phi-4 14B: phi3 architecture, GQA 4:1
+        c.arch = "phi3";
+        c.n_layer = 40, c.n_embd = 5120, c.n_head = 40, c.n_head_kv = 10, c.n_ff = 17920;
+        c.n_vocab = 100352, c.rope_base = 250000, c.n_ctx = 16384, c.norm_eps = 1e-5;
     } else if (name == "tiny") {
         c.n_layer = 2, c.n_embd = 256, c.n_head = 4, c.n_head_kv = 2, c.n_ff = 512;
         c.n_vocab = 512, c.rope_base = 10000, c.n_ctx = 2048, c.norm_eps = 1e-5;
@@ -293,10 +353,16 @@ void synthetic_validate(const SyntheticModelConfig& c) {
     positive("n_ff", c.n_ff, 1 << 22);
     positive("n_ctx", c.n_ctx, int64_t(1) << 31);
     if (c.vocab_from.empty()) positive("n_vocab", c.n_vocab, int64_t(1) << 24);
-    if (c.n_embd % c.n_head != 0)
-        fail("synthetic model: n_embd {} is not a multiple of n_head {}", c.n_embd, c.n_head);
-    if ((c.n_embd / c.n_head) % 2 != 0)
-        fail("synthetic model: head_dim {} must be even for RoPE", c.n_embd / c.n_head);
+    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "phi3")
+        fail("synthetic model: architecture '{}' is not one of llama, qwen2, qwen3, phi3",
+             c.arch);
+    if (c.head_dim < 0 || c.head_dim > 4096)
+        fail("synthetic model: head_dim = {} is out of range [0, 4096]", c.head_dim);
+    if (c.head_dim == 0 && c.n_embd % c.n_head != 0)
+        fail("synthetic model: n_embd {} is not a multiple of n_head {} (or give --head-dim)",
+             c.n_embd, c.n_head);
+    const int64_t head_dim = synthetic_head_dim(c);
+    if (head_dim % 2 != 0) fail("synthetic model: head_dim {} must be even for RoPE", head_dim);
     if (c.n_head % c.n_head_kv != 0)
         fail("synthetic model: n_head {} is not a multiple of n_head_kv {}", c.n_head, c.n_head_kv);
     if (!(c.rope_base > 0) || !(c.norm_eps > 0) || !(c.weight_std >= 0) || !(c.residual_scale >= 0))
@@ -306,15 +372,17 @@ void synthetic_validate(const SyntheticModelConfig& c) {
             c.rope_base, c.norm_eps, c.weight_std, c.residual_scale);
     if (c.scaled_from < 0) fail("synthetic model: --scaled-from must be >= 0");
     if (c.rope_scaling != "none" && c.rope_scaling != "linear" && c.rope_scaling != "yarn" &&
-        c.rope_scaling != "llama3")
-        fail("synthetic model: rope scaling '{}' is not one of none, linear, yarn, llama3",
-             c.rope_scaling);
+        c.rope_scaling != "llama3" && c.rope_scaling != "longrope")
+        fail(
+            "synthetic model: rope scaling '{}' is not one of none, linear, yarn, llama3, "
+            "longrope",
+            c.rope_scaling);
     if (!(c.rope_factor > 0) || c.rope_orig_ctx < 1)
         fail("synthetic model: rope factor {} and original context {} must be positive",
              c.rope_factor, c.rope_orig_ctx);
-    if (!c.rope_freqs.empty() && int64_t(c.rope_freqs.size()) != c.n_embd / c.n_head / 2)
+    if (!c.rope_freqs.empty() && int64_t(c.rope_freqs.size()) != head_dim / 2)
         fail("synthetic model: {} rope frequency factors for head_dim {} (expected {})",
-             c.rope_freqs.size(), c.n_embd / c.n_head, c.n_embd / c.n_head / 2);
+             c.rope_freqs.size(), head_dim, head_dim / 2);
     if (c.k_mix && !is_k_quant(c.type)) fail("synthetic model: K-quant mix needs a K-quant type");
     std::vector<GgmlType> types = {c.type, c.output_type};
     if (c.k_mix) types.push_back(GgmlType::Q6_K);
@@ -322,7 +390,8 @@ void synthetic_validate(const SyntheticModelConfig& c) {
         if (!synthetic_type_supported(t))
             fail("synthetic model: cannot generate tensors of type {}", ggml_type_name(t));
         const GgmlTypeTraits& tr = ggml_type_traits(t);
-        for (auto [what, n] : {std::pair{"n_embd", c.n_embd}, std::pair{"n_ff", c.n_ff}})
+        for (auto [what, n] : {std::pair{"n_embd", c.n_embd}, std::pair{"n_ff", c.n_ff},
+                               std::pair{"n_head * head_dim", c.n_head * head_dim}})
             if (n % tr.block_elems != 0)
                 throw Error(fmt::format("synthetic model: {} = {} is not a multiple of the {} "
                                         "block size {}",
@@ -362,11 +431,26 @@ SyntheticModelStats synthetic_model_write(const SyntheticModelConfig& cfg,
         st.n_params += t.dims[0] * n_rows;
         ++st.n_tensors;
     }
-    const int64_t head_dim = cfg.n_embd / cfg.n_head;
+    const int64_t head_dim = synthetic_head_dim(cfg);
     std::vector<float> freqs = cfg.rope_freqs;
     if (freqs.empty() && cfg.rope_scaling == "llama3")
         freqs = llama3_rope_factors(head_dim, cfg.rope_base, cfg.rope_factor, 1.0, 4.0,
                                     cfg.rope_orig_ctx);
+    if (cfg.rope_scaling == "longrope") {  // long: 1 up to the factor; short: near 1
+        const int64_t half = head_dim / 2;
+        std::vector<float> lf(static_cast<size_t>(half)), sf(static_cast<size_t>(half));
+        for (int64_t i = 0; i < half; ++i) {
+            const double r = half > 1 ? double(i) / double(half - 1) : 0.0;
+            lf[size_t(i)] = float(1.0 + (cfg.rope_factor - 1.0) * r * r);
+            sf[size_t(i)] = float(1.0 + 0.05 * r);
+        }
+        for (auto [name, v] : {std::pair{"rope_factors_long.weight", &lf},
+                               std::pair{"rope_factors_short.weight", &sf}}) {
+            w.add_tensor(name, GgmlType::F32, {half}, v->data(), v->size() * sizeof(float));
+            st.n_params += half;
+            ++st.n_tensors;
+        }
+    }
     if (!freqs.empty()) {
         w.add_tensor("rope_freqs.weight", GgmlType::F32, {int64_t(freqs.size())}, freqs.data(),
                      freqs.size() * sizeof(float));

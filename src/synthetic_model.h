@@ -1,4 +1,4 @@
-// Synthetic llama models: GGUF files with real shapes (presets such as llama2-7b, llama3-8b)
+// Synthetic llama-family models (llama, qwen2, qwen3, phi3): GGUF files with real shapes (presets such as llama2-7b, llama3-8b)
 // and random weights, generated quickly and deterministically from a seed, for benchmarks and
 // tests. Also cuts a model down to its first L layers (a draft model for speculative decoding).
 //
@@ -20,10 +20,15 @@ namespace kvrun {
 
 struct SyntheticModelConfig {
     std::string name = "custom";  // preset name (goes into general.name)
+    // general.architecture: llama; qwen2 (adds Q/K/V biases); qwen3 (adds per-head Q/K norms);
+    // phi3 (Q/K/V fused in attn_qkv, gate and up fused in ffn_up).
+    std::string arch = "llama";
     int64_t n_layer = 2;
     int64_t n_embd = 256;
     int64_t n_head = 4;
     int64_t n_head_kv = 2;
+    int64_t head_dim = 0;  // 0: n_embd / n_head; otherwise written as attention.key_length
+    bool tied_output = false;  // no output.weight: the logits reuse token_embd
     int64_t n_ff = 512;
     int64_t n_vocab = 512;  // ignored with vocab_from (taken from that file)
     int64_t n_ctx = 2048;
@@ -32,7 +37,9 @@ struct SyntheticModelConfig {
     // RoPE scaling written into the model: none; linear or yarn (rope.scaling.type, .factor
     // = rope_factor and, for yarn, .original_context_length = rope_orig_ctx); or llama3: a
     // rope_freqs.weight tensor by Llama 3.1's rule (llama3_rope_factors) from rope_factor and
-    // rope_orig_ctx. rope_freqs, when not empty, is written as rope_freqs.weight instead.
+    // rope_orig_ctx; or longrope: Phi-3's rope_factors_long / rope_factors_short tensors (long
+    // rising to rope_factor), original context rope_orig_ctx, and the converter's attention
+    // factor for n_ctx. rope_freqs, when not empty, is written as rope_freqs.weight instead.
     std::string rope_scaling = "none";
     double rope_factor = 8.0;
     int64_t rope_orig_ctx = 8192;
@@ -71,7 +78,11 @@ std::vector<float> llama3_rope_factors(int64_t n_rot, double base, double factor
                                        double low_freq_factor, double high_freq_factor,
                                        int64_t orig_ctx);
 
-// Names accepted by synthetic_preset: llama2-7b, llama3-8b, llama3.1-8b, llama-1b, tiny.
+// The head size of `cfg`: head_dim, or n_embd / n_head when it is 0.
+int64_t synthetic_head_dim(const SyntheticModelConfig& cfg);
+
+// Names accepted by synthetic_preset: llama2-7b, llama3-8b, llama3.1-8b, llama-1b, qwen2.5-7b,
+// qwen3-0.6b, qwen3-8b, phi3-mini, phi3-mini-128k, phi4, tiny.
 std::vector<std::string> synthetic_preset_names();
 // The hyperparameters of a preset (type F32, other fields default). Throws Error for an
 // unknown name, listing the known ones.

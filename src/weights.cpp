@@ -1,4 +1,4 @@
-// Finds and checks the llama / qwen2 weight tensors of a GGUF file (see weights.h).
+// Finds and checks the llama / qwen2 / qwen3 / phi3 weight tensors of a GGUF file (see weights.h).
 #include "weights.h"
 
 #include "common.h"
@@ -57,6 +57,15 @@ WeightView load_matrix(const GgufFile& f, const std::string& name, int64_t n_in,
 }
 
 // A 1-D norm weight or bias of n elements, converted to float32.
+// Rows [r0, r0 + n) of a matrix: a view into the same bytes (each GGUF row is a whole number
+// of blocks, so a fused tensor splits into its parts without copying).
+WeightView row_slice(const WeightView& w, int64_t r0, int64_t n) {
+    WeightView s = w;
+    s.n_out = n;
+    s.data = static_cast<const uint8_t*>(w.data) + size_t(r0) * w.row_bytes;
+    return s;
+}
+
 std::vector<float> load_vector(const GgufFile& f, const std::string& name, int64_t n) {
     const GgufTensorInfo& t = find_checked(f, name, {n});
     std::vector<float> out(n);
@@ -82,9 +91,20 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
         auto name = [i](const char* what) { return fmt::format("blk.{}.{}", i, what); };
         uint64_t& bytes = w.matrix_bytes;
         l.attn_norm = load_vector(f, name("attn_norm.weight"), c.n_embd);
-        l.wq = load_matrix(f, name("attn_q.weight"), c.n_embd, c.q_dim(), bytes);
-        l.wk = load_matrix(f, name("attn_k.weight"), c.n_embd, c.kv_dim(), bytes);
-        l.wv = load_matrix(f, name("attn_v.weight"), c.n_embd, c.kv_dim(), bytes);
+        if (f.find_tensor(name("attn_qkv.weight"))) {  // Q, K and V rows in one tensor (phi3)
+            const WeightView qkv = load_matrix(f, name("attn_qkv.weight"), c.n_embd,
+                                               c.q_dim() + 2 * c.kv_dim(), bytes);
+            l.wq = row_slice(qkv, 0, c.q_dim());
+            l.wk = row_slice(qkv, c.q_dim(), c.kv_dim());
+            l.wv = row_slice(qkv, c.q_dim() + c.kv_dim(), c.kv_dim());
+            if (f.find_tensor(name("attn_qkv.bias")))
+                fail("{}: tensor '{}' (fused Q/K/V bias) is not supported", f.path(),
+                     name("attn_qkv.bias"));
+        } else {
+            l.wq = load_matrix(f, name("attn_q.weight"), c.n_embd, c.q_dim(), bytes);
+            l.wk = load_matrix(f, name("attn_k.weight"), c.n_embd, c.kv_dim(), bytes);
+            l.wv = load_matrix(f, name("attn_v.weight"), c.n_embd, c.kv_dim(), bytes);
+        }
         l.wo = load_matrix(f, name("attn_output.weight"), c.q_dim(), c.n_embd, bytes);
         // Biases: required by qwen2, optional for llama (a few llama conversions have them).
         const bool has_bias = f.find_tensor(name("attn_q.bias")) != nullptr;
@@ -93,12 +113,25 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
             l.bk = load_vector(f, name("attn_k.bias"), c.kv_dim());
             l.bv = load_vector(f, name("attn_v.bias"), c.kv_dim());
         }
+        // Per-head Q/K norms: required by qwen3; any other architecture that has them gets them
+        // applied rather than silently ignored.
+        if (c.qk_norm || f.find_tensor(name("attn_q_norm.weight"))) {
+            l.q_norm = load_vector(f, name("attn_q_norm.weight"), c.head_dim);
+            l.k_norm = load_vector(f, name("attn_k_norm.weight"), c.head_dim);
+        }
         if (f.find_tensor(name("attn_output.bias")))
             fail("{}: tensor '{}' (attention output bias) is not supported", f.path(),
                  name("attn_output.bias"));
         l.ffn_norm = load_vector(f, name("ffn_norm.weight"), c.n_embd);
-        l.w_gate = load_matrix(f, name("ffn_gate.weight"), c.n_embd, c.n_ff, bytes);
-        l.w_up = load_matrix(f, name("ffn_up.weight"), c.n_embd, c.n_ff, bytes);
+        if (c.fused_gate_up) {  // phi3: ffn_up holds the gate's rows, then up's
+            const WeightView both =
+                load_matrix(f, name("ffn_up.weight"), c.n_embd, 2 * c.n_ff, bytes);
+            l.w_gate = row_slice(both, 0, c.n_ff);
+            l.w_up = row_slice(both, c.n_ff, c.n_ff);
+        } else {
+            l.w_gate = load_matrix(f, name("ffn_gate.weight"), c.n_embd, c.n_ff, bytes);
+            l.w_up = load_matrix(f, name("ffn_up.weight"), c.n_embd, c.n_ff, bytes);
+        }
         l.w_down = load_matrix(f, name("ffn_down.weight"), c.n_ff, c.n_embd, bytes);
     }
     return w;

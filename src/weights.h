@@ -17,6 +17,7 @@ struct LayerWeights {
     WeightView wq, wk, wv, wo;        // [q_dim][n_embd], [kv_dim][n_embd] x2,
                                       // [n_embd][q_dim]
     std::vector<float> bq, bk, bv;    // [q_dim], [kv_dim], [kv_dim]; empty if none
+    std::vector<float> q_norm, k_norm;  // [head_dim] each (qwen3's per-head RMSNorm); or empty
     std::vector<float> ffn_norm;      // [n_embd]
     WeightView w_gate, w_up, w_down;  // [n_ff][n_embd] x2, [n_embd][n_ff]
 };

@@ -15,7 +15,7 @@ namespace {
 const std::vector<ChatTemplateKind> kAllKinds = {
     ChatTemplateKind::Llama2,  ChatTemplateKind::Llama3, ChatTemplateKind::ChatML,
     ChatTemplateKind::Mistral, ChatTemplateKind::Zephyr, ChatTemplateKind::Phi3,
-    ChatTemplateKind::Gemma,   ChatTemplateKind::Plain};
+    ChatTemplateKind::Phi4,    ChatTemplateKind::Gemma,  ChatTemplateKind::Plain};
 
 // system + user + assistant + user, the conversation every format is checked on.
 std::vector<ChatMessage> four_turns() {
@@ -54,6 +54,12 @@ std::string expected_four_turns(ChatTemplateKind kind) {
             return "<|system|>\nYou are terse.<|end|>\n<|user|>\nHi there<|end|>\n"
                    "<|assistant|>\nHello! How can I help?<|end|>\n"
                    "<|user|>\nTell me a joke.<|end|>\n<|assistant|>\n";
+        case ChatTemplateKind::Phi4:
+            return "<|im_start|>system<|im_sep|>You are terse.<|im_end|>"
+                   "<|im_start|>user<|im_sep|>Hi there<|im_end|>"
+                   "<|im_start|>assistant<|im_sep|>Hello! How can I help?<|im_end|>"
+                   "<|im_start|>user<|im_sep|>Tell me a joke.<|im_end|>"
+                   "<|im_start|>assistant<|im_sep|>";
         case ChatTemplateKind::Gemma:
             return "<start_of_turn>user\nYou are terse.\n\nHi there<end_of_turn>\n"
                    "<start_of_turn>model\nHello! How can I help?<end_of_turn>\n"
@@ -277,6 +283,13 @@ TEST_CASE("detection from real-world Jinja templates") {
         "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + "
         "'<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}"
         "{{'<start_of_turn>model\n'}}{% endif %}";
+    const std::string phi4 =
+        "{% for message in messages %}{% if (message['role'] == 'system') %}"
+        "{{'<|im_start|>system<|im_sep|>' + message['content'] + '<|im_end|>'}}{% elif "
+        "(message['role'] == 'user') %}{{'<|im_start|>user<|im_sep|>' + message['content'] + "
+        "'<|im_end|>'}}{% elif (message['role'] == 'assistant') %}{{'<|im_start|>assistant"
+        "<|im_sep|>' + message['content'] + '<|im_end|>'}}{% endif %}{% endfor %}{% if "
+        "add_generation_prompt %}{{ '<|im_start|>assistant<|im_sep|>' }}{% endif %}";
     const std::string vicuna =
         "{% for message in messages %}{% if message['role'] == 'user' %}{{ 'USER: ' + "
         "message['content'] + ' ' }}{% else %}{{ 'ASSISTANT: ' + message['content'] + eos_token "
@@ -290,6 +303,7 @@ TEST_CASE("detection from real-world Jinja templates") {
     CHECK(chat_template_detect(zephyr_literal_eos) == ChatTemplateKind::Zephyr);
     CHECK(chat_template_detect(phi3) == ChatTemplateKind::Phi3);
     CHECK(chat_template_detect(gemma) == ChatTemplateKind::Gemma);
+    CHECK(chat_template_detect(phi4) == ChatTemplateKind::Phi4);
     CHECK(chat_template_detect(vicuna) == ChatTemplateKind::Plain);
     CHECK(chat_template_detect("") == ChatTemplateKind::Plain);
 }
@@ -310,6 +324,7 @@ TEST_CASE("names: canonical, aliases, case, round trip, and the unknown-name err
     CHECK(chat_template_from_name("llama-2") == ChatTemplateKind::Llama2);
     CHECK(chat_template_from_name("llama-3") == ChatTemplateKind::Llama3);
     CHECK(chat_template_from_name("phi-3") == ChatTemplateKind::Phi3);
+    CHECK(chat_template_from_name("phi-4") == ChatTemplateKind::Phi4);
     CHECK(chat_template_from_name("ChatML") == ChatTemplateKind::ChatML);
     try {
         chat_template_from_name("vicuna");
@@ -317,7 +332,7 @@ TEST_CASE("names: canonical, aliases, case, round trip, and the unknown-name err
     } catch (const Error& e) {
         std::string msg = e.what();
         CHECK(msg.find("'vicuna'") != std::string::npos);
-        CHECK(msg.find("llama2, llama3, chatml, mistral, zephyr, phi3, gemma, plain") !=
+        CHECK(msg.find("llama2, llama3, chatml, mistral, zephyr, phi3, phi4, gemma, plain") !=
               std::string::npos);
     }
     CHECK_THROWS_AS(chat_template_from_name(""), Error);

@@ -343,6 +343,50 @@ TEST_CASE("cuda backend matches the cpu backend with Llama 3.1 factors, YaRN and
         }
 }
 
+TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3 and wide-head models") {
+    // qwen3 (per-head Q/K RMSNorm before RoPE) with head_dim 128 x 4 heads = 512 != n_embd 256
+    // and a tied output; qwen2 (biases), phi3 (fused QKV and gate/up, sliced views uploaded
+    // separately; LongRoPE factors and attention factor) and llama with the same wide heads.
+    // K-quant weights, f16 and q8 KV (q8 with rotation: the unfused RoPE path).
+    const auto dir = std::filesystem::temp_directory_path();
+    for (const char* arch : {"qwen3", "qwen2", "phi3", "llama"})
+        for (KvType kv : {KvType::F16, KvType::Q8}) {
+            CAPTURE(arch);
+            CAPTURE(std::string(kv_type_name(kv)));
+            SyntheticModelConfig c = synthetic_preset("tiny");
+            c.arch = arch, c.head_dim = 128, c.n_head = 4, c.n_head_kv = 2;
+            c.tied_output = std::string(arch) == "qwen3";
+            c.weight_std = 0.06f;
+            if (std::string(arch) == "phi3")
+                c.rope_scaling = "longrope", c.rope_factor = 16, c.rope_orig_ctx = 512;
+            synthetic_set_type(c, "Q4_K_M");
+            const auto path = dir / fmt::format("kvrun-test-cuda-arch-{}.gguf", arch);
+            synthetic_model_write(c, path.string());
+            GgufFile file = GgufFile::open(path.string());
+            BackendOptions o;
+            o.kv_block_size = 16;
+            o.n_kv_blocks = 8;
+            o.kv_type_k = o.kv_type_v = kv;
+            o.kv_rotate = kv == KvType::Q8;
+            auto cpu = make_cpu_backend(file, o);
+            auto gpu = make_cuda_backend(file, o, 0);
+            CHECK(gpu->config().qk_norm == (std::string(arch) == "qwen3"));
+            // A 24-token prompt, then decode steps (staged q8 blocks seal at 32 tokens).
+            KvBlockTable table(8, 16, cpu->n_kv_stages());
+            const SeqId a = table.create_sequence();
+            std::vector<TokenId> toks;
+            for (int32_t i = 0; i < 24; ++i) toks.push_back((i * 37 + 11) % 512);
+            int32_t next = 0;
+            CHECK(compare(*cpu, *gpu, append_step(table, {{a, toks}}, {cpu.get(), gpu.get()}),
+                          &next) < logit_bound(kv));
+            for (int32_t step = 0; step < 12; ++step)
+                CHECK(compare(*cpu, *gpu,
+                              append_step(table, {{a, {next}}}, {cpu.get(), gpu.get()}), &next) <
+                      logit_bound(kv));
+            std::filesystem::remove(path);
+        }
+}
+
 TEST_CASE("cuda kv block I/O round-trips, and a prompt cache saved on the cpu serves the gpu") {
     const auto path = shared_model("stories260K.gguf");
     if (path.empty()) return;

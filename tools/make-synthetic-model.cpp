@@ -1,6 +1,7 @@
-// make-synthetic-model: writes a llama GGUF with real shapes and random weights (presets such as
-// llama2-7b / llama3-8b, any hyperparameter overridable) for benchmarks, or cuts an existing
-// model to its first L layers (--draft-of) for speculative decoding.
+// make-synthetic-model: writes a llama / qwen2 / qwen3 / phi3 GGUF with real shapes and random
+// weights (presets such as llama2-7b / llama3-8b, any hyperparameter overridable) for
+// benchmarks, or cuts an existing model to its first L layers (--draft-of) for speculative
+// decoding.
 #include <fmt/core.h>
 
 #include <CLI/CLI.hpp>
@@ -15,19 +16,27 @@ namespace {
 
 int run(int argc, char** argv) {
     CLI::App app{
-        "make-synthetic-model: write a llama GGUF with real shapes and random weights.\n"
+        "make-synthetic-model: write a llama-family GGUF (llama, qwen2, qwen3, phi3) with real\n"
+        "shapes and random weights.\n"
         "Quantized tensors are random-but-valid blocks (codes from a discretized gaussian,\n"
         "per-block scales varying 0.5-1.5x, RMS = --weight-std), written directly without a\n"
         "quantizer; --exact quantizes float data with kvrun's quantizers instead (slower)."};
     std::string preset = "tiny", type = "F32", output, vocab_from, draft_of, output_type;
     kvrun::SyntheticModelConfig o;  // holds the override values
-    std::optional<int64_t> n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
+    std::optional<int64_t> n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab, n_ctx, head_dim;
+    std::optional<std::string> arch;
+    bool tied_output = false;
     std::optional<double> rope_base, norm_eps, rope_factor;
     std::optional<std::string> rope_scaling;
     std::optional<int64_t> rope_orig_ctx;
     app.add_option("-o,--output", output, "output GGUF path")->required();
-    app.add_option("--preset", preset, "llama2-7b, llama3-8b, llama3.1-8b, llama-1b or tiny")
+    app.add_option("--preset", preset,
+                   "llama2-7b, llama3-8b, llama3.1-8b, llama-1b, qwen2.5-7b, qwen3-0.6b, "
+                   "qwen3-8b, phi3-mini, phi3-mini-128k, phi4 or tiny")
         ->capture_default_str();
+    app.add_option("--arch", arch,
+                   "llama, qwen2 (Q/K/V biases), qwen3 (per-head Q/K norms) or phi3 (fused "
+                   "QKV and gate/up); default: the preset's");
     app.add_option("-t,--type", type,
                    "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL "
                    "IQ4_XS Q4_K_M Q5_K_M")
@@ -40,12 +49,16 @@ int run(int argc, char** argv) {
     app.add_option("--n-head", n_head, "attention heads");
     app.add_option("--n-head-kv", n_head_kv, "KV heads (GQA)");
     app.add_option("--n-ff", n_ff, "feed-forward width");
+    app.add_option("--head-dim", head_dim,
+                   "head size when it is not n_embd / n_head (attention.key_length)");
+    app.add_flag("--tied-output", tied_output, "no output.weight: logits reuse token_embd");
     app.add_option("--n-vocab", n_vocab, "vocabulary size (synthetic SPM vocabulary)");
     app.add_option("--rope-base", rope_base, "RoPE theta");
     app.add_option("--ctx", n_ctx, "context length (llama.context_length)");
     app.add_option("--rope-scaling", rope_scaling,
-                   "none, linear, yarn (rope.scaling.* metadata) or llama3 (a rope_freqs.weight "
-                   "tensor by Llama 3.1's rule); default: the preset's");
+                   "none, linear, yarn (rope.scaling.* metadata), llama3 (a rope_freqs.weight "
+                   "tensor by Llama 3.1's rule) or longrope (Phi-3's long/short factor "
+                   "tensors); default: the preset's");
     app.add_option("--rope-factor", rope_factor, "RoPE scaling factor (linear, yarn, llama3)");
     app.add_option("--rope-orig-ctx", rope_orig_ctx, "context before scaling (yarn, llama3)");
     app.add_option("--norm-eps", norm_eps, "RMSNorm epsilon");
@@ -89,6 +102,9 @@ int run(int argc, char** argv) {
     if (n_head) c.n_head = *n_head;
     if (n_head_kv) c.n_head_kv = *n_head_kv;
     if (n_ff) c.n_ff = *n_ff;
+    if (head_dim) c.head_dim = *head_dim;
+    if (arch) c.arch = *arch;
+    if (tied_output) c.tied_output = true;
     if (n_vocab) c.n_vocab = *n_vocab;
     if (n_ctx) c.n_ctx = *n_ctx;
     if (rope_base) c.rope_base = *rope_base;
@@ -103,10 +119,10 @@ int run(int argc, char** argv) {
     const unsigned threads =
         c.n_threads > 0 ? unsigned(c.n_threads) : std::max(1u, std::thread::hardware_concurrency());
     fmt::print(
-        "{}: {} {}{} | {} layers, n_embd {}, heads {}/{}, n_ff {}, seed {} | {} tensors, "
-        "{:.3f} G params, {:.1f} MiB | {:.2f} s on {} threads ({:.2f} GB/s)\n",
-        output, c.name, kvrun::ggml_type_name(c.type), c.k_mix ? "_M" : "", c.n_layer, c.n_embd,
-        c.n_head, c.n_head_kv, c.n_ff, c.seed, st.n_tensors, st.n_params / 1e9,
+        "{}: {} {} {}{} | {} layers, n_embd {}, heads {}/{} x {}, n_ff {}, seed {} | {} "
+        "tensors, {:.3f} G params, {:.1f} MiB | {:.2f} s on {} threads ({:.2f} GB/s)\n",
+        output, c.name, c.arch, kvrun::ggml_type_name(c.type), c.k_mix ? "_M" : "", c.n_layer,
+        c.n_embd, c.n_head, c.n_head_kv, kvrun::synthetic_head_dim(c), c.n_ff, c.seed, st.n_tensors, st.n_params / 1e9,
         st.n_bytes / 1048576.0, st.seconds, threads,
         st.seconds > 0 ? st.n_bytes / st.seconds / 1e9 : 0.0);
     return 0;

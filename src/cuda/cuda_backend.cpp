@@ -106,6 +106,7 @@ struct DeviceLayer {
     const float* attn_norm = nullptr;                         // [n_embd]
     const float* ffn_norm = nullptr;                          // [n_embd]
     const float *bq = nullptr, *bk = nullptr, *bv = nullptr;  // [q_dim], [kv_dim] x2 or null
+    const float *q_norm = nullptr, *k_norm = nullptr;         // [head_dim] each (qwen3) or null
     WeightView wq, wk, wv, wo, w_gate, w_up, w_down;          // data in device memory
 };
 
@@ -250,7 +251,7 @@ void CudaBackend::upload_weights(const GgufFile& file) {
     const size_t i_rope =
         config_.rope_freq_factors.empty() ? SIZE_MAX : add_vector(config_.rope_freq_factors);
     struct LayerItems {
-        size_t attn_norm, ffn_norm, bq, bk, bv, wq, wk, wv, wo, gate, up, down;
+        size_t attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm, wq, wk, wv, wo, gate, up, down;
     };
     std::vector<LayerItems> li(hw.layers.size());
     for (size_t l = 0; l < hw.layers.size(); ++l) {
@@ -262,6 +263,8 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         it.bq = w.bq.empty() ? SIZE_MAX : add_vector(w.bq);
         it.bk = w.bk.empty() ? SIZE_MAX : add_vector(w.bk);
         it.bv = w.bv.empty() ? SIZE_MAX : add_vector(w.bv);
+        it.q_norm = w.q_norm.empty() ? SIZE_MAX : add_vector(w.q_norm);
+        it.k_norm = w.k_norm.empty() ? SIZE_MAX : add_vector(w.k_norm);
         it.wq = add_matrix(w.wq, p + "attn_q.weight");
         it.wk = add_matrix(w.wk, p + "attn_k.weight");
         it.wv = add_matrix(w.wv, p + "attn_v.weight");
@@ -298,6 +301,8 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         d.bq = vec(it.bq);
         d.bk = vec(it.bk);
         d.bv = vec(it.bv);
+        d.q_norm = vec(it.q_norm);
+        d.k_norm = vec(it.k_norm);
         d.wq = on_device(w.wq, it.wq);
         d.wk = on_device(w.wk, it.wk);
         d.wv = on_device(w.wv, it.wv);
@@ -475,6 +480,10 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
             cuda_add_bias(q_, w.bq, T, c.q_dim(), s);
             cuda_add_bias(k_, w.bk, T, c.kv_dim(), s);
             cuda_add_bias(v_, w.bv, T, c.kv_dim(), s);
+        }
+        if (w.q_norm) {  // qwen3: per-head RMSNorm of Q and K before RoPE (in place)
+            cuda_rmsnorm(q_, q_, w.q_norm, T * c.n_head, c.head_dim, c.norm_eps, s);
+            cuda_rmsnorm(k_, k_, w.k_norm, T * c.n_kv_head, c.head_dim, c.norm_eps, s);
         }
         const KvLayerView kv = kv_layer(l);
         if (rotate_) {  // q.k unchanged; K's outlier channels spread (kv_rotation_enabled)

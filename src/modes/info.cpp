@@ -55,6 +55,10 @@ Hyper read_hyper(const GgufFile& f) {
             fmt::format(" from {}", f.get_int_or(a + "rope.scaling.original_context_length", 0));
     if (const GgufTensorInfo* t = f.find_tensor("rope_freqs.weight"))
         h.rope_scaling += fmt::format(" + rope_freqs ({} pair factors)", t->n_elements);
+    if (const GgufTensorInfo* t = f.find_tensor("rope_factors_long.weight"))
+        h.rope_scaling = fmt::format(
+            "longrope ({} pair factors: long past {} tokens of context, short within)",
+            t->n_elements, f.get_int_or(a + "rope.scaling.original_context_length", h.n_ctx_train));
     if (const GgufValue* toks = f.find("tokenizer.ggml.tokens");
         toks && toks->type == GgufValueType::ARRAY)
         h.n_vocab = static_cast<int64_t>(toks->as_array().size());

@@ -379,6 +379,7 @@ LoadedModel load_model(const ModelOptions& o, int32_t n_sequences) {
     bo.n_parallel = std::max<int32_t>(1, n_sequences);
     bo.kv_rotate = o.kv_rotate == "on";
     bo.rope = o.rope;
+    bo.n_ctx = o.n_ctx;
     if (o.kv_memory_mib > 0) {
         bo.kv_memory_mib = o.kv_memory_mib;
         bo.n_kv_blocks = kv_blocks_for(cfg, bo);  // what the budget holds after stage slots

@@ -1,0 +1,494 @@
+// The architectures kvrun runs (llama, qwen2, qwen3, phi3), each checked against an independent
+// forward pass written here from the models' definitions: plain float loops over the GGUF's
+// F32 tensors, one sequence, full causal attention with no cache. It shares nothing with the
+// backends (no cpu_ops, no paging), so agreement means the backend's layer wiring is right:
+// Q/K/V biases (qwen2), per-head Q/K RMSNorm before RoPE (qwen3), NeoX vs interleaved RoPE
+// pairs, a head size other than n_embd / n_head (Qwen3, Mistral Nemo), fused Q/K/V and
+// gate/up tensors (phi3) and Phi-3's LongRoPE, GQA, tied output.
+// The CPU backend runs the prompt in pieces across KV blocks of 4 tokens, so prefill, decode
+// and the paged cache are all on the path. Also: qwen3 load errors, and the synthetic presets.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "common.h"
+#include "gguf.h"
+#include "gguf_writer.h"
+#include "model_config.h"
+#include "synthetic_model.h"
+#include "test_util.h"
+
+using namespace kvrun;
+using kvrun::test::TempDir;
+
+namespace {
+
+// A float view of one F32 tensor: rows of dims[0] elements.
+struct Mat {
+    const float* data = nullptr;
+    int64_t n_in = 0, n_out = 0;
+    const float* row(int64_t r) const { return data + r * n_in; }
+};
+
+Mat tensor(const GgufFile& f, const std::string& name) {
+    const GgufTensorInfo* t = f.find_tensor(name);
+    REQUIRE_MESSAGE(t, "missing " << name);
+    REQUIRE(t->type == GgmlType::F32);
+    Mat m;
+    m.data = reinterpret_cast<const float*>(t->data);
+    m.n_in = t->dims[0];
+    m.n_out = t->dims.size() > 1 ? t->dims[1] : 1;
+    return m;
+}
+
+std::vector<float> matvec(const Mat& w, const std::vector<float>& x) {
+    REQUIRE(int64_t(x.size()) == w.n_in);
+    std::vector<float> y(size_t(w.n_out));
+    for (int64_t r = 0; r < w.n_out; ++r) {
+        double s = 0;
+        for (int64_t i = 0; i < w.n_in; ++i) s += double(w.row(r)[i]) * x[size_t(i)];
+        y[size_t(r)] = float(s);
+    }
+    return y;
+}
+
+// x / rms(x) * w over `x`'s elements [off, off + n).
+void rms_normalize(std::vector<float>& x, int64_t off, int64_t n, const float* w, double eps) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += double(x[size_t(off + i)]) * x[size_t(off + i)];
+    const double inv = 1.0 / std::sqrt(ss / double(n) + eps);
+    for (int64_t i = 0; i < n; ++i) x[size_t(off + i)] = float(x[size_t(off + i)] * inv * w[i]);
+}
+
+// Rotates each head of `x` (n_heads x head_dim) for position pos: pair j turns by
+// pos * base^(-2j/head_dim) / factors[j] (factors empty: 1) and is scaled by mscale; the pair
+// is (j, j + head_dim/2) for NeoX, (2j, 2j+1) otherwise.
+void rotate(std::vector<float>& x, int64_t n_heads, int64_t head_dim, int64_t pos, double base,
+            bool neox, const std::vector<float>& factors, double mscale) {
+    for (int64_t h = 0; h < n_heads; ++h)
+        for (int64_t j = 0; j < head_dim / 2; ++j) {
+            double theta = double(pos) * std::pow(base, -2.0 * double(j) / double(head_dim));
+            if (!factors.empty()) theta /= factors[size_t(j)];
+            const int64_t a = h * head_dim + (neox ? j : 2 * j);
+            const int64_t b = h * head_dim + (neox ? j + head_dim / 2 : 2 * j + 1);
+            const double x0 = x[size_t(a)], x1 = x[size_t(b)];
+            x[size_t(a)] = float(mscale * (x0 * std::cos(theta) - x1 * std::sin(theta)));
+            x[size_t(b)] = float(mscale * (x0 * std::sin(theta) + x1 * std::cos(theta)));
+        }
+}
+
+// The float values of a 1-D F32 tensor, or empty when absent.
+std::vector<float> vector_or_empty(const GgufFile& f, const char* name) {
+    const GgufTensorInfo* t = f.find_tensor(name);
+    if (!t) return {};
+    REQUIRE(t->type == GgmlType::F32);
+    const auto* p = reinterpret_cast<const float*>(t->data);
+    return std::vector<float>(p, p + t->n_elements);
+}
+
+// The reference forward: logits [n_tokens][n_vocab] for `tokens` at positions 0.., with the
+// architecture's parts switched by the flags (so a test can also show each part matters).
+struct RefParts {
+    bool biases = false, qk_norm = false, neox = false;
+    bool fused = false;                // Q/K/V in attn_qkv, gate then up in ffn_up (phi3)
+    std::vector<float> rope_factors;   // per-pair divisors (LongRoPE), empty: none
+    double rope_mscale = 1.0;          // rope.scaling.attn_factor
+    int32_t pos0 = 0;                  // position of the first token
+};
+
+RefParts parts_of(bool biases, bool qk_norm, bool neox, bool fused = false) {
+    RefParts p;
+    p.biases = biases, p.qk_norm = qk_norm, p.neox = neox, p.fused = fused;
+    return p;
+}
+
+std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelConfig& c,
+                                                 const RefParts& parts,
+                                                 const std::vector<int32_t>& tokens) {
+    const int64_t T = int64_t(tokens.size()), hd = c.head_dim, group = c.n_head / c.n_kv_head;
+    const Mat embd = tensor(f, "token_embd.weight");
+    const Mat out = f.find_tensor("output.weight") ? tensor(f, "output.weight") : embd;
+    const size_t nt = tokens.size();
+    std::vector<std::vector<float>> x(nt), keys(nt), values(nt);
+    for (int64_t t = 0; t < T; ++t)
+        x[size_t(t)].assign(embd.row(tokens[size_t(t)]), embd.row(tokens[size_t(t)]) + c.n_embd);
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+        auto w = [&](const char* what) { return tensor(f, fmt::format("blk.{}.{}", l, what)); };
+        auto add_bias = [&](std::vector<float>& v, const char* what) {
+            if (!parts.biases) return;
+            const Mat b = w(what);
+            for (size_t i = 0; i < v.size(); ++i) v[i] += b.data[i];
+        };
+        std::vector<std::vector<float>> q(nt);
+        for (int64_t t = 0; t < T; ++t) {
+            std::vector<float> h = x[size_t(t)];
+            rms_normalize(h, 0, c.n_embd, w("attn_norm.weight").data, c.norm_eps);
+            if (parts.fused) {  // one product, then cut into Q | K | V
+                const std::vector<float> all = matvec(w("attn_qkv.weight"), h);
+                const auto q_end = all.begin() + long(c.q_dim());
+                const auto k_end = q_end + long(c.kv_dim());
+                q[size_t(t)].assign(all.begin(), q_end);
+                keys[size_t(t)].assign(q_end, k_end);
+                values[size_t(t)].assign(k_end, all.end());
+            } else {
+                q[size_t(t)] = matvec(w("attn_q.weight"), h);
+                keys[size_t(t)] = matvec(w("attn_k.weight"), h);
+                values[size_t(t)] = matvec(w("attn_v.weight"), h);
+            }
+            add_bias(q[size_t(t)], "attn_q.bias");
+            add_bias(keys[size_t(t)], "attn_k.bias");
+            add_bias(values[size_t(t)], "attn_v.bias");
+            if (parts.qk_norm) {
+                for (int64_t hh = 0; hh < c.n_head; ++hh)
+                    rms_normalize(q[size_t(t)], hh * hd, hd, w("attn_q_norm.weight").data,
+                                  c.norm_eps);
+                for (int64_t hh = 0; hh < c.n_kv_head; ++hh)
+                    rms_normalize(keys[size_t(t)], hh * hd, hd, w("attn_k_norm.weight").data,
+                                  c.norm_eps);
+            }
+            const int64_t pos = parts.pos0 + t;
+            rotate(q[size_t(t)], c.n_head, hd, pos, c.rope_freq_base, parts.neox,
+                   parts.rope_factors, parts.rope_mscale);
+            rotate(keys[size_t(t)], c.n_kv_head, hd, pos, c.rope_freq_base, parts.neox,
+                   parts.rope_factors, parts.rope_mscale);
+        }
+        for (int64_t t = 0; t < T; ++t) {
+            std::vector<float> att(size_t(c.n_head * hd), 0.0f);
+            for (int64_t hh = 0; hh < c.n_head; ++hh) {
+                const int64_t kvh = hh / group;
+                std::vector<double> score(size_t(t + 1));
+                double mx = -1e300;
+                for (int64_t u = 0; u <= t; ++u) {
+                    double s = 0;
+                    for (int64_t i = 0; i < hd; ++i)
+                        s += double(q[size_t(t)][size_t(hh * hd + i)]) *
+                             keys[size_t(u)][size_t(kvh * hd + i)];
+                    score[size_t(u)] = s / std::sqrt(double(hd));
+                    mx = std::max(mx, score[size_t(u)]);
+                }
+                double z = 0;
+                for (auto& s : score) z += (s = std::exp(s - mx));
+                for (int64_t u = 0; u <= t; ++u)
+                    for (int64_t i = 0; i < hd; ++i)
+                        att[size_t(hh * hd + i)] +=
+                            float(score[size_t(u)] / z * values[size_t(u)][size_t(kvh * hd + i)]);
+            }
+            const std::vector<float> o = matvec(w("attn_output.weight"), att);
+            for (int64_t i = 0; i < c.n_embd; ++i) x[size_t(t)][size_t(i)] += o[size_t(i)];
+            std::vector<float> h = x[size_t(t)];
+            rms_normalize(h, 0, c.n_embd, w("ffn_norm.weight").data, c.norm_eps);
+            std::vector<float> g, up;
+            if (parts.fused) {
+                const std::vector<float> both = matvec(w("ffn_up.weight"), h);
+                g.assign(both.begin(), both.begin() + long(c.n_ff));
+                up.assign(both.begin() + long(c.n_ff), both.end());
+            } else {
+                g = matvec(w("ffn_gate.weight"), h);
+                up = matvec(w("ffn_up.weight"), h);
+            }
+            for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * up[i];
+            const std::vector<float> d = matvec(w("ffn_down.weight"), g);
+            for (int64_t i = 0; i < c.n_embd; ++i) x[size_t(t)][size_t(i)] += d[size_t(i)];
+        }
+    }
+    std::vector<std::vector<float>> logits(nt);
+    for (int64_t t = 0; t < T; ++t) {
+        std::vector<float> h = x[size_t(t)];
+        rms_normalize(h, 0, c.n_embd, tensor(f, "output_norm.weight").data, c.norm_eps);
+        logits[size_t(t)] = matvec(out, h);
+    }
+    return logits;
+}
+
+// The CPU backend's logits for every token of `tokens` (positions from pos0), fed as a
+// prefill of `first` tokens and then one token per step, in KV blocks of 4 tokens; n_ctx is
+// the run's context (BackendOptions::n_ctx).
+std::vector<std::vector<float>> backend_logits(const GgufFile& f,
+                                               const std::vector<int32_t>& tokens,
+                                               size_t first, int32_t pos0 = 0,
+                                               int64_t n_ctx = 0) {
+    BackendOptions o;
+    o.n_ctx = n_ctx;
+    o.kv_block_size = 4;
+    o.n_kv_blocks = 16;
+    o.n_threads = 2;
+    o.kv_type_k = o.kv_type_v = KvType::F32;  // f16 K/V would round at 1e-3
+    auto be = make_cpu_backend(f, o);
+    const size_t n_vocab = size_t(be->config().n_vocab);
+    std::vector<int32_t> table(16);
+    for (int i = 0; i < 16; ++i) table[size_t(i)] = 15 - i;  // not in order, on purpose
+    std::vector<std::vector<float>> out;
+    for (size_t start = 0; start < tokens.size();) {
+        const size_t n = start == 0 ? first : 1;
+        ForwardBatch b;
+        for (size_t i = start; i < start + n; ++i) {
+            b.tokens.push_back(tokens[i]);
+            b.positions.push_back(pos0 + int32_t(i));
+            b.seq_index.push_back(0);
+            b.slots.push_back(int32_t(i));
+            b.logit_rows.push_back(int32_t(i - start));
+        }
+        b.block_tables = {table};
+        std::vector<float> logits(n * n_vocab);
+        be->forward(b, logits.data());
+        for (size_t r = 0; r < n; ++r)
+            out.emplace_back(logits.begin() + long(r * n_vocab),
+                             logits.begin() + long((r + 1) * n_vocab));
+        start += n;
+    }
+    return out;
+}
+
+// max |a - b| / max |b| over all rows.
+double rel_diff(const std::vector<std::vector<float>>& a,
+                const std::vector<std::vector<float>>& b) {
+    REQUIRE(a.size() == b.size());
+    double d = 0, m = 0;
+    for (size_t t = 0; t < a.size(); ++t) {
+        REQUIRE(a[t].size() == b[t].size());
+        for (size_t i = 0; i < a[t].size(); ++i) {
+            d = std::max(d, double(std::fabs(a[t][i] - b[t][i])));
+            m = std::max(m, double(std::fabs(b[t][i])));
+        }
+    }
+    return d / m;
+}
+
+SyntheticModelConfig small(const std::string& arch) {
+    SyntheticModelConfig c = synthetic_preset("tiny");
+    c.arch = arch;
+    c.n_layer = 2;
+    c.n_embd = 64;
+    c.n_head = 4;
+    c.n_head_kv = 2;
+    c.n_ff = 96;
+    c.n_vocab = 300;
+    c.weight_std = 0.15f;  // big enough that every part visibly moves the logits
+    c.seed = 11;
+    return c;
+}
+
+std::vector<uint8_t> read_file_bytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+const std::vector<int32_t> kTokens = {1, 17, 250, 4, 99, 31, 7, 123, 88, 5, 260, 42, 3, 77};
+
+}  // namespace
+
+TEST_CASE("each architecture matches the independent reference forward") {
+    TempDir dir;
+    struct Case {
+        std::string what;
+        SyntheticModelConfig cfg;
+        RefParts parts;
+    };
+    std::vector<Case> cases;
+    cases.push_back({"llama", small("llama"), parts_of(false, false, false)});
+    cases.push_back({"qwen2", small("qwen2"), parts_of(true, false, true)});
+    cases.push_back({"qwen3", small("qwen3"), parts_of(false, true, true)});
+    {  // Qwen3's shape: head_dim 24 x 4 heads = 96 != n_embd 64, GQA 4:1, tied output
+        Case q{"qwen3 head_dim 24, tied", small("qwen3"), parts_of(false, true, true)};
+        q.cfg.head_dim = 24, q.cfg.n_head_kv = 1, q.cfg.tied_output = true;
+        cases.push_back(q);
+    }
+    {  // Mistral Nemo's shape: a llama whose heads are narrower than n_embd / n_head
+        Case m{"llama head_dim 8", small("llama"), parts_of(false, false, false)};
+        m.cfg.head_dim = 8;
+        cases.push_back(m);
+    }
+    {  // Phi-3 / Phi-4: fused attn_qkv and ffn_up (gate rows first), GQA
+        cases.push_back({"phi3", small("phi3"), parts_of(false, false, true, true)});
+    }
+    for (const Case& k : cases) {
+        CAPTURE(k.what);
+        const std::string path = dir.file(k.what + ".gguf");
+        synthetic_model_write(k.cfg, path);
+        GgufFile f = GgufFile::open(path);
+        const ModelConfig c = model_config_from_gguf(f);
+        CHECK(c.arch == k.cfg.arch);
+        CHECK(c.head_dim == synthetic_head_dim(k.cfg));
+        CHECK(c.qk_norm == k.parts.qk_norm);
+        CHECK(c.rope_neox == k.parts.neox);
+        const auto want = reference_logits(f, c, k.parts, kTokens);
+        const auto got = backend_logits(f, kTokens, 9);
+        CHECK(rel_diff(got, want) < 2e-5);
+        // Not vacuous: dropping the architecture's own part moves the logits far beyond that.
+        if (k.parts.biases || k.parts.qk_norm || k.parts.neox) {  // (phi3: NeoX matters)
+            RefParts plain;
+            plain.neox = !k.parts.neox;
+            plain.fused = k.parts.fused;
+            CHECK(rel_diff(reference_logits(f, c, plain, kTokens), want) > 1e-2);
+        }
+        if (k.parts.qk_norm) {
+            RefParts no_norm = k.parts;
+            no_norm.qk_norm = false;
+            CHECK(rel_diff(reference_logits(f, c, no_norm, kTokens), want) > 1e-2);
+        }
+    }
+}
+
+TEST_CASE("phi3 LongRoPE: the long factors past the original context, the short ones within") {
+    TempDir dir;
+    SyntheticModelConfig cfg = small("phi3");
+    cfg.rope_scaling = "longrope", cfg.rope_factor = 16, cfg.rope_orig_ctx = 512;
+    cfg.n_ctx = 8192;
+    const std::string path = dir.file("phi3-128k.gguf");
+    synthetic_model_write(cfg, path);
+    GgufFile f = GgufFile::open(path);
+    const ModelConfig c = model_config_from_gguf(f);
+    REQUIRE(c.rope_factors_long.size() == 8);
+    CHECK(c.rope_orig_ctx() == 512);
+    const double attn_factor = std::sqrt(1 + std::log(16.0) / std::log(512.0));
+    CHECK(c.yarn_attn_factor == doctest::Approx(attn_factor).epsilon(1e-6));
+    RefParts parts;
+    parts.neox = parts.fused = true;
+    parts.rope_mscale = attn_factor;
+    parts.pos0 = 3000;
+    for (int64_t n_ctx : {int64_t(0), int64_t(4096), int64_t(512), int64_t(300)}) {
+        CAPTURE(n_ctx);
+        const bool long_ctx = (n_ctx == 0 ? 8192 : n_ctx) > 512;
+        parts.rope_factors = vector_or_empty(
+            f, long_ctx ? "rope_factors_long.weight" : "rope_factors_short.weight");
+        const auto want = reference_logits(f, c, parts, kTokens);
+        CHECK(rel_diff(backend_logits(f, kTokens, 9, parts.pos0, n_ctx), want) < 2e-5);
+        // The other factor set, or no attention factor, is far off: the test sees both.
+        RefParts other = parts;
+        other.rope_factors = vector_or_empty(
+            f, long_ctx ? "rope_factors_short.weight" : "rope_factors_long.weight");
+        CHECK(rel_diff(reference_logits(f, c, other, kTokens), want) > 1e-2);
+        RefParts unscaled = parts;
+        unscaled.rope_mscale = 1.0;
+        CHECK(rel_diff(reference_logits(f, c, unscaled, kTokens), want) > 1e-2);
+    }
+}
+
+TEST_CASE("qwen3's per-head norms make Q and K scale-free, head by head") {
+    // Scaling one head's rows of attn_q (and one KV head's rows of attn_k) changes nothing
+    // after a per-head RMSNorm (up to eps), where a llama would change.
+    TempDir dir;
+    for (const std::string arch : {"qwen3", "llama"}) {
+        CAPTURE(arch);
+        const std::string path = dir.file(arch + ".gguf");
+        SyntheticModelConfig cfg = small(arch);
+        cfg.norm_eps = 1e-10;  // so "up to eps" is below float rounding
+        synthetic_model_write(cfg, path);
+        std::vector<uint8_t> bytes = read_file_bytes(path);
+        GgufFile orig = GgufFile::from_memory(bytes.data(), bytes.size(), "orig.gguf");
+        const auto before = backend_logits(orig, kTokens, 14);
+        const GgufTensorInfo* q = orig.find_tensor("blk.0.attn_q.weight");
+        const GgufTensorInfo* k = orig.find_tensor("blk.1.attn_k.weight");
+        const int64_t hd = 64 / 4, n_in = 64;
+        std::vector<uint8_t> scaled = bytes;
+        auto scale_rows = [&](const GgufTensorInfo* t, int64_t r0, float s) {
+            const size_t off = size_t(orig.data_offset() + t->offset);
+            auto* p = reinterpret_cast<float*>(scaled.data() + off) + r0 * n_in;
+            for (int64_t i = 0; i < hd * n_in; ++i) p[i] *= s;
+        };
+        scale_rows(q, 2 * hd, 7.0f);  // query head 2 of layer 0
+        scale_rows(k, 1 * hd, 0.2f);  // KV head 1 of layer 1
+        GgufFile f = GgufFile::from_memory(scaled.data(), scaled.size(), "scaled.gguf");
+        const double d = rel_diff(backend_logits(f, kTokens, 14), before);
+        if (arch == "qwen3")
+            CHECK(d < 1e-5);
+        else
+            CHECK(d > 1e-2);
+    }
+}
+
+TEST_CASE("qwen3 load errors name the missing or misshapen norm") {
+    TempDir dir;
+    const std::string path = dir.file("q3.gguf");
+    synthetic_model_write(small("qwen3"), path);
+    GgufFile good = GgufFile::open(path);
+    auto error_with = [&](const std::string& name, std::vector<int64_t> dims) {
+        // Rewrite the model with one norm tensor dropped (dims empty) or reshaped.
+        GgufWriter w(uint32_t(good.alignment()));
+        for (const auto& [key, value] : good.metadata()) w.set_value(key, value);
+        for (const GgufTensorInfo& t : good.tensors()) {
+            if (t.name != name) {
+                w.add_tensor(t.name, t.type, t.dims, t.data, t.n_bytes);
+            } else if (!dims.empty()) {
+                std::vector<float> ones(size_t(dims[0]), 1.0f);
+                w.add_tensor(t.name, t.type, dims, ones.data(), ones.size() * sizeof(float));
+            }
+        }
+        const std::vector<uint8_t> bytes = w.to_bytes();
+        GgufFile f = GgufFile::from_memory(bytes.data(), bytes.size(), "bad.gguf");
+        try {
+            BackendOptions o;
+            o.n_kv_blocks = 4;
+            make_cpu_backend(f, o);
+        } catch (const Error& e) {
+            return std::string(e.what());
+        }
+        return std::string();
+    };
+    CHECK(error_with("blk.1.attn_k_norm.weight", {}).find(
+              "missing tensor 'blk.1.attn_k_norm.weight'") != std::string::npos);
+    CHECK(error_with("blk.0.attn_q_norm.weight", {8}).find(
+              "'blk.0.attn_q_norm.weight' has shape [8], expected [16]") != std::string::npos);
+}
+
+TEST_CASE("kvrun info and run on qwen3 and phi3 LongRoPE models") {
+    TempDir dir;
+    SyntheticModelConfig q3 = small("qwen3");
+    q3.head_dim = 24;
+    SyntheticModelConfig phi = small("phi3");
+    phi.rope_scaling = "longrope", phi.rope_factor = 16, phi.rope_orig_ctx = 512;
+    phi.n_ctx = 8192;
+    synthetic_model_write(q3, dir.file("q3.gguf"));
+    synthetic_model_write(phi, dir.file("phi.gguf"));
+    const std::string bin = kvrun::test::kvrun_binary();
+    auto r = kvrun::test::run_command(bin + " info -m " + dir.file("q3.gguf"));
+    CHECK(r.exit_code == 0);
+    CHECK(r.out.find("qwen3") != std::string::npos);
+    CHECK(r.out.find("head_dim              24") != std::string::npos);
+    r = kvrun::test::run_command(bin + " info -m " + dir.file("phi.gguf"));
+    CHECK(r.exit_code == 0);
+    CHECK(r.out.find("longrope (8 pair factors: long past 512 tokens") != std::string::npos);
+    for (const char* m : {"q3.gguf", "phi.gguf"}) {
+        CAPTURE(m);
+        r = kvrun::test::run_command(bin + " run -m " + dir.file(m) +
+                                     " -p 'Once upon' -n 6 --temp 0 -c 256 --device cpu");
+        CHECK(r.exit_code == 0);
+        CHECK(r.err.find("error") == std::string::npos);
+    }
+}
+
+TEST_CASE("synthetic presets for qwen2.5, qwen3 and phi have the published shapes") {
+    const SyntheticModelConfig q06 = synthetic_preset("qwen3-0.6b");
+    CHECK(q06.arch == "qwen3");
+    CHECK(synthetic_head_dim(q06) == 128);
+    CHECK(q06.n_head * synthetic_head_dim(q06) == 2048);  // wider than n_embd 1024
+    CHECK(q06.tied_output);
+    CHECK_NOTHROW(synthetic_validate(q06));
+    const SyntheticModelConfig q8 = synthetic_preset("qwen3-8b");
+    CHECK(q8.n_layer == 36);
+    CHECK(synthetic_head_dim(q8) == 128);
+    const SyntheticModelConfig q25 = synthetic_preset("qwen2.5-7b");
+    CHECK(q25.arch == "qwen2");
+    CHECK(synthetic_head_dim(q25) == 128);
+    CHECK(q25.n_head / q25.n_head_kv == 7);
+    for (const char* name : {"phi3-mini", "phi3-mini-128k", "phi4"}) {
+        CAPTURE(name);
+        const SyntheticModelConfig p = synthetic_preset(name);
+        CHECK(p.arch == "phi3");
+        CHECK_NOTHROW(synthetic_validate(p));
+    }
+    CHECK(synthetic_preset("phi3-mini-128k").rope_scaling == "longrope");
+    CHECK(synthetic_preset("phi4").n_head_kv == 10);
+    SyntheticModelConfig bad = small("gemma");
+    CHECK_THROWS_WITH_AS(synthetic_validate(bad),
+                         doctest::Contains("architecture 'gemma' is not one of"), Error);
+    bad = small("qwen3");
+    bad.head_dim = 7;
+    CHECK_THROWS_WITH_AS(synthetic_validate(bad), doctest::Contains("must be even"), Error);
+}
