@@ -19,6 +19,9 @@ CpuBackend::CpuBackend(const GgufFile& file, const BackendOptions& options)
       weights_(weights_load(file, config_)),
       options_(options) {
     rope_ = config_.rope(config_.rope_freq_factors.data());
+    rope_swa_ = rope_;
+    for (int64_t l = 0; l < config_.n_layer; ++l)
+        if (config_.is_swa(l)) rope_swa_ = config_.rope_layer(l, config_.rope_freq_factors.data());
     n_blocks_ = kv_blocks_for(config_, options_);
     n_stages_ = kv_stages_for(options_);
     rotate_ = kv_rotation_enabled(config_, options_);
@@ -130,9 +133,8 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
     att_.resize(T * c.q_dim());
     gate_.resize(T * c.n_ff);
     up_.resize(T * c.n_ff);
-    const float scale = 1.0f / std::sqrt(float(c.head_dim));
-
     cpu::embed(x_.data(), weights_.token_embd, b.tokens.data(), T);
+    if (c.embd_scale != 1.0f) cpu::scale(x_.data(), T * c.n_embd, c.embd_scale);
     for (int64_t l = 0; l < c.n_layer; ++l) {
         const LayerWeights& w = weights_.layers[l];
         // Attention block.
@@ -151,28 +153,36 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
             cpu::rmsnorm(k_.data(), k_.data(), w.k_norm.data(), T * c.n_kv_head, c.head_dim,
                          c.norm_eps);
         }
-        cpu::rope(q_.data(), b.positions.data(), T, c.n_head, c.head_dim, rope_);
-        cpu::rope(k_.data(), b.positions.data(), T, c.n_kv_head, c.head_dim, rope_);
+        const RopeParams& rope = c.is_swa(l) ? rope_swa_ : rope_;
+        cpu::rope(q_.data(), b.positions.data(), T, c.n_head, c.head_dim, rope);
+        cpu::rope(k_.data(), b.positions.data(), T, c.n_kv_head, c.head_dim, rope);
         if (rotate_) {  // q.k is unchanged; K's outlier channels spread over all channels
             hadamard_rows(q_.data(), T * c.n_head, c.head_dim);
             hadamard_rows(k_.data(), T * c.n_kv_head, c.head_dim);
         }
         KvLayerView kv = kv_layer(l);
         cpu::kv_write(kv, kb, k_.data(), v_.data());
-        cpu::paged_attention(att_.data(), q_.data(), kv, kb, c.n_head, scale);
+        cpu::paged_attention(att_.data(), q_.data(), kv, kb, c.n_head, c.attn_scale, c.attn_softcap,
+                             c.window(l));
         cpu::matmul(xb_.data(), att_.data(), w.wo, T);
+        if (!w.attn_post_norm.empty())
+            cpu::rmsnorm(xb_.data(), xb_.data(), w.attn_post_norm.data(), T, c.n_embd, c.norm_eps);
         cpu::add(x_.data(), xb_.data(), T * c.n_embd);
         // Feed-forward block.
         cpu::rmsnorm(xb_.data(), x_.data(), w.ffn_norm.data(), T, c.n_embd, c.norm_eps);
         cpu::matmul(gate_.data(), xb_.data(), w.w_gate, T);
         cpu::matmul(up_.data(), xb_.data(), w.w_up, T);
-        if (options_.llamacpp_rounding)  // emulated SiLU works on rows, like ggml's
+        if (c.ffn_gelu)
+            cpu::geglu(gate_.data(), gate_.data(), up_.data(), T * c.n_ff);
+        else if (options_.llamacpp_rounding)  // emulated SiLU works on rows, like ggml's
             for (int64_t t = 0; t < T; ++t)
                 cpu::swiglu(gate_.data() + t * c.n_ff, gate_.data() + t * c.n_ff,
                             up_.data() + t * c.n_ff, c.n_ff);
         else
             cpu::swiglu(gate_.data(), gate_.data(), up_.data(), T * c.n_ff);
         cpu::matmul(xb_.data(), gate_.data(), w.w_down, T);
+        if (!w.ffn_post_norm.empty())
+            cpu::rmsnorm(xb_.data(), xb_.data(), w.ffn_post_norm.data(), T, c.n_embd, c.norm_eps);
         cpu::add(x_.data(), xb_.data(), T * c.n_embd);
     }
 
@@ -185,6 +195,7 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
                     c.n_embd * sizeof(float));
     cpu::rmsnorm(xb_.data(), xb_.data(), weights_.output_norm.data(), R, c.n_embd, c.norm_eps);
     cpu::matmul(logits, xb_.data(), weights_.output, R);
+    if (c.final_softcap > 0) cpu::softcap(logits, R * c.n_vocab, c.final_softcap);
 }
 
 void CpuBackend::copy_blocks(const std::vector<BlockCopy>& copies) {

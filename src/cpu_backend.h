@@ -33,7 +33,8 @@ class CpuBackend final : public Backend {
     void validate(const ForwardBatch& batch) const;
 
     ModelConfig config_;
-    RopeParams rope_;  // the model's RoPE (factors in config_.rope_freq_factors)
+    RopeParams rope_;      // the model's RoPE (factors in config_.rope_freq_factors)
+    RopeParams rope_swa_;  // sliding-window layers' RoPE (config_.rope_layer)
     ModelWeights weights_;
     BackendOptions options_;
     int64_t n_blocks_ = 0;

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -234,6 +235,22 @@ void swiglu(float* out, const float* gate, const float* up, int64_t n) {
     }
 }
 
+void geglu(float* out, const float* gate, const float* up, int64_t n) {
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = gate[i];
+        out[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * up[i];
+    }
+}
+
+void softcap(float* x, int64_t n, float cap) {
+    for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
+void scale(float* x, int64_t n, float s) {
+    for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
 void add(float* x, const float* y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
@@ -340,7 +357,14 @@ void attention_llamacpp(float* out, const float* q, const KvLayerView& kv, const
 
 void paged_attention(float* out, const float* q, const KvLayerView& kv, const KvBatchView& batch,
                      int64_t n_head, float scale) {
+    paged_attention(out, q, kv, batch, n_head, scale, 0.0f, 0);
+}
+
+void paged_attention(float* out, const float* q, const KvLayerView& kv, const KvBatchView& batch,
+                     int64_t n_head, float scale, float softcap, int64_t window) {
     check_kv_view(kv);
+    if (!(softcap >= 0) || window < 0)
+        fail("paged_attention: soft cap {} and window {} must be >= 0", softcap, window);
     if (n_head <= 0 || n_head % kv.n_kv_head != 0)
         fail("paged_attention: {} query heads do not divide into {} KV heads", n_head,
              kv.n_kv_head);
@@ -359,8 +383,8 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
         if (staged) kv_stage_of(kv, batch, t);
     }
 
-    const bool emulate =
-        t_llamacpp_rounding && kv.k_type == KvType::F16 && kv.v_type == KvType::F16 && !staged;
+    const bool emulate = t_llamacpp_rounding && kv.k_type == KvType::F16 &&
+                         kv.v_type == KvType::F16 && !staged && softcap == 0 && window == 0;
     const bool round_q = t_llamacpp_rounding && kv.k_type == KvType::F16;
     const bool round_p = t_llamacpp_rounding && kv.v_type == KvType::F16;
     const KvPool kp = kv_pool(kv, KvRole::K), vp = kv_pool(kv, KvRole::V);
@@ -456,8 +480,14 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
                 const int64_t n_slots = batch.token_slot[t] + 1;
                 float* o = out + (t * n_head + h0) * hd;  // [nh][head_dim]
                 std::fill(o, o + nh * hd, 0.0f);
+                // Gemma: soft cap, then the slots before the window drop out (exp(-inf) = 0).
+                const int64_t lo = window > 0 ? std::max<int64_t>(0, n_slots - window) : 0;
                 for (int64_t h = 0; h < nh; ++h) {
                     float* p = scores_of(t) + h * n_max;
+                    if (softcap > 0)
+                        for (int64_t s = lo; s < n_slots; ++s)
+                            p[s] = softcap * std::tanh(p[s] / softcap);
+                    std::fill(p, p + lo, -std::numeric_limits<float>::infinity());
                     softmax(p, n_slots);
                     if (round_p)
                         for (int64_t s = 0; s < n_slots; ++s) p[s] = round_to_f16(p[s]);

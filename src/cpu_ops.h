@@ -80,6 +80,16 @@ void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64
 // per call: ggml vectorizes SiLU per row.)
 void swiglu(float* out, const float* gate, const float* up, int64_t n);
 
+// out[i] = gelu(gate[i]) * up[i] with GELU's tanh approximation
+// 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), n elements (Gemma's FFN).
+void geglu(float* out, const float* gate, const float* up, int64_t n);
+
+// x[i] = cap * tanh(x[i] / cap), n elements (Gemma 2's logit soft cap); cap > 0.
+void softcap(float* x, int64_t n, float cap);
+
+// x[i] *= s, n elements.
+void scale(float* x, int64_t n, float s);
+
 // x[i] += y[i], n elements.
 void add(float* x, const float* y, int64_t n);
 
@@ -101,6 +111,10 @@ void kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, c
 // the token's own block is read from its stage (exact f16) and earlier blocks from the pool.
 void paged_attention(float* out, const float* q, const KvLayerView& kv, const KvBatchView& batch,
                      int64_t n_head, float scale);
+// The same with Gemma's options: scores soft-capped, cap * tanh(score / cap), when
+// softcap > 0; a token at slot s sees slots s - window + 1 .. s only when window > 0.
+void paged_attention(float* out, const float* q, const KvLayerView& kv, const KvBatchView& batch,
+                     int64_t n_head, float scale, float softcap, int64_t window);
 
 // One queued block copy (kv_block_table.h BlockCopy) on one layer: src_stage and dst_stage
 // both -1: pool block src -> pool block dst (whole block); dst_stage >= 0: rows

@@ -1,4 +1,4 @@
-// Reads the typed hyperparameters of a llama / qwen2 / qwen3 GGUF model and validates them.
+// Reads the typed hyperparameters of a llama-family GGUF model and validates them.
 #include "model_config.h"
 
 #include <fmt/ranges.h>
@@ -19,13 +19,18 @@ struct ArchTraits {
     bool qkv_bias;
     bool qk_norm;
     bool fused_gate_up;
+    int gemma;  // 0: not Gemma; 1, 2, 3: Gemma generation
 };
 
+// name, NeoX RoPE, Q/K/V biases, Q/K norms, fused gate/up, Gemma generation
 constexpr ArchTraits kArchs[] = {
-    {"llama", false, false, false, false},
-    {"qwen2", true, true, false, false},
-    {"qwen3", true, false, true, false},
-    {"phi3", true, false, false, true},
+    {"llama", false, false, false, false, 0},  //
+    {"qwen2", true, true, false, false, 0},    //
+    {"qwen3", true, false, true, false, 0},    //
+    {"phi3", true, false, false, true, 0},     //
+    {"gemma", true, false, false, false, 1},   //
+    {"gemma2", true, false, false, false, 2},  //
+    {"gemma3", true, false, true, false, 3},   //
 };
 
 // A positive integer key, either a scalar or an array whose elements are all equal
@@ -123,6 +128,33 @@ void read_rope_scaling(const GgufFile& f, const std::string& a, ModelConfig& c) 
         fail("{}: both rope_freqs.weight and LongRoPE factors; expected one", f.path());
 }
 
+// The Gemma family's settings (llama.cpp's reading of the GGUF keys and model sizes).
+void read_gemma(const GgufFile& f, const std::string& a, int gen, ModelConfig& c) {
+    c.embd_scale = std::sqrt(float(c.n_embd));
+    c.ffn_gelu = true;
+    if (gen == 1) return;
+    c.post_norms = true;
+    // The 27B models scale queries by n_embd / n_head rather than the head size (Gemma's
+    // query_pre_attn_scalar); llama.cpp recognizes them by their layer count.
+    if ((gen == 2 && c.n_layer == 46) || (gen == 3 && c.n_layer == 62))
+        c.attn_scale = 1.0f / std::sqrt(float(c.n_embd / c.n_head));
+    auto cap = [&](const char* key, double def) {
+        const double v = f.get_float_or(a + key, def);
+        if (!(v >= 0) || !std::isfinite(v)) fail("{}: {}{} = {} must be >= 0", f.path(), a, key, v);
+        return float(v);
+    };
+    if (gen == 2) {
+        c.swa_pattern = 2;
+        c.n_swa = read_count(f, a + "attention.sliding_window", 4096, false);
+        c.attn_softcap = cap("attn_logit_softcapping", 50.0);
+        c.final_softcap = cap("final_logit_softcapping", 30.0);
+    } else {
+        c.swa_pattern = 6;
+        c.n_swa = read_count(f, a + "attention.sliding_window", 0, true);
+        c.rope_freq_base_swa = 10000.0f;
+    }
+}
+
 }  // namespace
 
 ModelConfig model_config_from_gguf(const GgufFile& f) {
@@ -133,10 +165,11 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
         if (c.arch == a.name) traits = &a;
     if (!traits) {
         throw Error(
-            fmt::format("{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, phi3)",
+            fmt::format("{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, "
+                        "phi3, gemma, gemma2, gemma3)",
                         f.path(), c.arch),
             "kvrun runs llama-family models (Llama, Mistral, TinyLlama, SmolLM, Qwen2, Qwen3, "
-            "Phi-3, Phi-4)");
+            "Phi-3, Phi-4, Gemma 1-3)");
     }
     c.rope_neox = traits->rope_neox;
     c.qkv_bias = traits->qkv_bias;
@@ -176,7 +209,15 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     if (!(c.rope_freq_base > 0) || !std::isfinite(c.rope_freq_base))
         fail("{}: rope.freq_base = {} must be positive", f.path(), c.rope_freq_base);
     read_rope_scaling(f, a, c);
+    c.attn_scale = 1.0f / std::sqrt(float(c.head_dim));
+    if (traits->gemma) read_gemma(f, a, traits->gemma, c);
     return c;
+}
+
+RopeParams ModelConfig::rope_layer(int64_t l, const float* factors) const {
+    if (is_swa(l) && rope_freq_base_swa > 0)
+        return RopeParams::plain(n_rot, rope_freq_base_swa, 1.0f, rope_neox);
+    return rope(factors);
 }
 
 RopeParams ModelConfig::rope(const float* factors) const {

@@ -1,5 +1,6 @@
 // Typed model hyperparameters read from GGUF metadata (`<arch>.*` keys) for the supported
-// architectures (llama, qwen2, qwen3, phi3), validated so the forward pass can trust them.
+// architectures (llama, qwen2, qwen3, phi3, gemma, gemma2, gemma3), validated so the forward pass
+// can trust them.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +13,7 @@
 namespace kvrun {
 
 struct ModelConfig {
-    std::string arch;                 // general.architecture: llama, qwen2, qwen3, phi3
+    std::string arch;                 // general.architecture (llama, qwen2, qwen3, phi3, gemma*)
     int64_t n_layer = 0;              // block_count
     int64_t n_embd = 0;               // embedding_length
     int64_t n_ff = 0;                 // feed_forward_length
@@ -45,10 +46,36 @@ struct ModelConfig {
     // ffn_up holds the gate's rows then the up projection's, [2 n_ff][n_embd], and there is
     // no ffn_gate (phi3).
     bool fused_gate_up = false;
+    // The Gemma family: token embeddings times embd_scale (sqrt(n_embd); 1 otherwise); a
+    // GELU (tanh approximation) gate instead of SiLU; RMSNorms on each block's output before
+    // its residual add (attn_post_norm, ffn_post_norm: gemma2, gemma3); soft caps
+    // cap * tanh(x / cap) on the attention scores and on the logits (0: none; gemma2).
+    float embd_scale = 1.0f;
+    bool ffn_gelu = false;
+    bool post_norms = false;
+    float attn_softcap = 0.0f, final_softcap = 0.0f;
+    // Scale of q.k (1 / sqrt(head_dim), or what the architecture prescribes).
+    float attn_scale = 0.0f;
+    // Sliding-window attention: layer l attends to its last n_swa tokens (itself included)
+    // when swa_pattern > 0 and l % swa_pattern < swa_pattern - 1 (gemma2: every other layer,
+    // gemma3: five of six). Such layers rotate with rope_freq_base_swa, unscaled, when it is
+    // > 0 (gemma3), else like the others.
+    int64_t n_swa = 0;
+    int64_t swa_pattern = 0;
+    float rope_freq_base_swa = 0.0f;
 
     // The context RoPE scaling was trained from: rope.scaling.original_context_length, else
     // context_length (0 when neither is known).
     int64_t rope_orig_ctx() const;
+
+    // Whether layer l uses the sliding window, and the window (0: the whole context).
+    bool is_swa(int64_t l) const {
+        return n_swa > 0 && swa_pattern > 0 && l % swa_pattern < swa_pattern - 1;
+    }
+    int64_t window(int64_t l) const { return is_swa(l) ? n_swa : 0; }
+    // The RoPE of layer l: rope(factors), or for a SWA layer with its own base that base,
+    // unscaled.
+    RopeParams rope_layer(int64_t l, const float* factors) const;
 
     int64_t q_dim() const { return n_head * head_dim; }      // width of Q / attention out
     int64_t kv_dim() const { return n_kv_head * head_dim; }  // width of K and V
@@ -81,7 +108,8 @@ void select_rope_factors(ModelConfig& c, int64_t n_ctx);
 void apply_rope_overrides(ModelConfig& c, const RopeOverrides& o);
 
 // Reads and validates the hyperparameters. Throws Error naming the key for a missing or
-// invalid value, and "unsupported architecture 'x' (supported: llama, qwen2, qwen3, phi3)".
+// invalid value, and "unsupported architecture 'x' (supported: llama, qwen2, qwen3, phi3, gemma,
+// gemma2, gemma3)".
 ModelConfig model_config_from_gguf(const GgufFile& file);
 
 }  // namespace kvrun

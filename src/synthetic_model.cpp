@@ -41,6 +41,10 @@ bool is_k_quant(GgmlType t) {
            t == GgmlType::Q5_K || t == GgmlType::Q6_K;
 }
 
+bool is_gemma(const SyntheticModelConfig& c) {
+    return c.arch == "gemma" || c.arch == "gemma2" || c.arch == "gemma3";
+}
+
 // llama.cpp's rule for which layers get more bits in the _M mixes.
 bool use_more_bits(int64_t i, int64_t n) {
     return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
@@ -73,11 +77,13 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
             p.push_back({bias("attn_q"), GgmlType::F32, {n_embd_q}, kBiasStd, 0});
             p.push_back({bias("attn_k"), GgmlType::F32, {n_embd_kv}, kBiasStd, 0});
             p.push_back({bias("attn_v"), GgmlType::F32, {n_embd_kv}, kBiasStd, 0});
-        } else if (c.arch == "qwen3") {
+        } else if (c.arch == "qwen3" || c.arch == "gemma3") {
             p.push_back({nm("attn_q_norm"), GgmlType::F32, {head_dim}, kNormStd, 1});
             p.push_back({nm("attn_k_norm"), GgmlType::F32, {head_dim}, kNormStd, 1});
         }
         p.push_back({nm("attn_output"), c.type, {n_embd_q, c.n_embd}, s_out, 0});
+        if (c.arch == "gemma2" || c.arch == "gemma3")
+            p.push_back({nm("post_attention_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
         p.push_back({nm("ffn_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
         if (c.arch == "phi3") {  // the gate's rows, then up's, in ffn_up
             p.push_back({nm("ffn_up"), c.type, {c.n_embd, 2 * c.n_ff}, s, 0});
@@ -86,9 +92,11 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
             p.push_back({nm("ffn_up"), c.type, {c.n_embd, c.n_ff}, s, 0});
         }
         p.push_back({nm("ffn_down"), more, {c.n_ff, c.n_embd}, s_out, 0});
+        if (c.arch == "gemma2" || c.arch == "gemma3")
+            p.push_back({nm("post_ffw_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
     }
     p.push_back({"output_norm.weight", GgmlType::F32, {c.n_embd}, kNormStd, 1});
-    if (!c.tied_output) p.push_back({"output.weight", c.output_type, {c.n_embd, n_vocab}, s, 0});
+    if (!c.tied_output && !is_gemma(c)) p.push_back({"output.weight", c.output_type, {c.n_embd, n_vocab}, s, 0});
     return p;
 }
 
@@ -214,6 +222,15 @@ void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) 
             w.set_f32(a + "rope.scaling.attn_factor",
                       float(std::sqrt(1 + std::log(scale) / std::log(double(c.rope_orig_ctx)))));
     }
+    if (c.arch == "gemma2") {
+        w.set_u32(a + "attention.sliding_window",
+                  uint32_t(c.sliding_window > 0 ? c.sliding_window : 4096));
+        w.set_f32(a + "attn_logit_softcapping", float(c.attn_softcap));
+        w.set_f32(a + "final_logit_softcapping", float(c.final_softcap));
+    } else if (c.arch == "gemma3") {
+        w.set_u32(a + "attention.sliding_window",
+                  uint32_t(c.sliding_window > 0 ? c.sliding_window : 1024));
+    }
     // Provenance, so a benchmark report can say what it ran on.
     w.set_u64("kvrun.synthetic.seed", c.seed);
     w.set_f32("kvrun.synthetic.weight_std", c.weight_std);
@@ -261,9 +278,9 @@ int64_t synthetic_head_dim(const SyntheticModelConfig& cfg) {
 }
 
 std::vector<std::string> synthetic_preset_names() {
-    return {"llama2-7b",  "llama3-8b",  "llama3.1-8b", "llama-1b",       "qwen2.5-7b",
-            "qwen3-0.6b", "qwen3-8b",   "phi3-mini",   "phi3-mini-128k", "phi4",
-            "tiny"};
+    return {"llama2-7b", "llama3-8b",      "llama3.1-8b", "llama-1b",  "qwen2.5-7b",
+            "qwen3-0.6b", "qwen3-8b",      "phi3-mini",   "phi3-mini-128k", "phi4",
+            "gemma2-2b", "gemma3-1b",      "gemma3-4b",   "tiny"};
 }
 
 SyntheticModelConfig synthetic_preset(std::string_view name) {
@@ -305,6 +322,19 @@ SyntheticModelConfig synthetic_preset(std::string_view name) {
         c.arch = "phi3";
         c.n_layer = 40, c.n_embd = 5120, c.n_head = 40, c.n_head_kv = 10, c.n_ff = 17920;
         c.n_vocab = 100352, c.rope_base = 250000, c.n_ctx = 16384, c.norm_eps = 1e-5;
+    } else if (name == "gemma2-2b") {  // soft caps, a 4096-token window on every other layer
+        c.arch = "gemma2", c.head_dim = 256;
+        c.n_layer = 26, c.n_embd = 2304, c.n_head = 8, c.n_head_kv = 4, c.n_ff = 9216;
+        c.n_vocab = 256000, c.rope_base = 10000, c.n_ctx = 8192, c.norm_eps = 1e-6;
+    } else if (name == "gemma3-1b") {  // Q/K norms, a 512-token window on 5 of 6 layers
+        c.arch = "gemma3", c.head_dim = 256, c.sliding_window = 512;
+        c.n_layer = 26, c.n_embd = 1152, c.n_head = 4, c.n_head_kv = 1, c.n_ff = 6912;
+        c.n_vocab = 262144, c.rope_base = 1000000, c.n_ctx = 32768, c.norm_eps = 1e-6;
+    } else if (name == "gemma3-4b") {  // global layers: linear RoPE scaling x8
+        c.arch = "gemma3", c.head_dim = 256, c.sliding_window = 1024;
+        c.n_layer = 34, c.n_embd = 2560, c.n_head = 8, c.n_head_kv = 4, c.n_ff = 10240;
+        c.n_vocab = 262208, c.rope_base = 1000000, c.n_ctx = 131072, c.norm_eps = 1e-6;
+        c.rope_scaling = "linear", c.rope_factor = 8;
     } else if (name == "tiny") {
         c.n_layer = 2, c.n_embd = 256, c.n_head = 4, c.n_head_kv = 2, c.n_ff = 512;
         c.n_vocab = 512, c.rope_base = 10000, c.n_ctx = 2048, c.norm_eps = 1e-5;
@@ -353,9 +383,14 @@ void synthetic_validate(const SyntheticModelConfig& c) {
     positive("n_ff", c.n_ff, 1 << 22);
     positive("n_ctx", c.n_ctx, int64_t(1) << 31);
     if (c.vocab_from.empty()) positive("n_vocab", c.n_vocab, int64_t(1) << 24);
-    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "phi3")
-        fail("synthetic model: architecture '{}' is not one of llama, qwen2, qwen3, phi3",
-             c.arch);
+    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "phi3" &&
+        !is_gemma(c))
+        fail(
+            "synthetic model: architecture '{}' is not one of llama, qwen2, qwen3, phi3, gemma, "
+            "gemma2, gemma3",
+            c.arch);
+    if (c.sliding_window < 0 || !(c.attn_softcap >= 0) || !(c.final_softcap >= 0))
+        fail("synthetic model: sliding window and soft caps must be >= 0");
     if (c.head_dim < 0 || c.head_dim > 4096)
         fail("synthetic model: head_dim = {} is out of range [0, 4096]", c.head_dim);
     if (c.head_dim == 0 && c.n_embd % c.n_head != 0)

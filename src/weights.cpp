@@ -1,4 +1,5 @@
-// Finds and checks the llama / qwen2 / qwen3 / phi3 weight tensors of a GGUF file (see weights.h).
+// Finds and checks the weight tensors of the llama-family architectures of a GGUF file (see
+// weights.h).
 #include "weights.h"
 
 #include "common.h"
@@ -123,6 +124,10 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
             fail("{}: tensor '{}' (attention output bias) is not supported", f.path(),
                  name("attn_output.bias"));
         l.ffn_norm = load_vector(f, name("ffn_norm.weight"), c.n_embd);
+        if (c.post_norms) {
+            l.attn_post_norm = load_vector(f, name("post_attention_norm.weight"), c.n_embd);
+            l.ffn_post_norm = load_vector(f, name("post_ffw_norm.weight"), c.n_embd);
+        }
         if (c.fused_gate_up) {  // phi3: ffn_up holds the gate's rows, then up's
             const WeightView both =
                 load_matrix(f, name("ffn_up.weight"), c.n_embd, 2 * c.n_ff, bytes);

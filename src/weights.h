@@ -19,6 +19,8 @@ struct LayerWeights {
     std::vector<float> bq, bk, bv;    // [q_dim], [kv_dim], [kv_dim]; empty if none
     std::vector<float> q_norm, k_norm;  // [head_dim] each (qwen3's per-head RMSNorm); or empty
     std::vector<float> ffn_norm;      // [n_embd]
+    // [n_embd] each: RMSNorm weights of the attention and FFN outputs (gemma2/3), or empty.
+    std::vector<float> attn_post_norm, ffn_post_norm;
     WeightView w_gate, w_up, w_down;  // [n_ff][n_embd] x2, [n_embd][n_ff]
 };
 

@@ -1,10 +1,12 @@
-// The architectures kvrun runs (llama, qwen2, qwen3, phi3), each checked against an independent
-// forward pass written here from the models' definitions: plain float loops over the GGUF's
-// F32 tensors, one sequence, full causal attention with no cache. It shares nothing with the
+// The architectures kvrun runs (llama, qwen2, qwen3, phi3, gemma 1-3), each checked against an
+// independent forward pass written here from the models' definitions: plain float loops over the
+// GGUF's F32 tensors, one sequence, full causal attention with no cache. It shares nothing with the
 // backends (no cpu_ops, no paging), so agreement means the backend's layer wiring is right:
 // Q/K/V biases (qwen2), per-head Q/K RMSNorm before RoPE (qwen3), NeoX vs interleaved RoPE
 // pairs, a head size other than n_embd / n_head (Qwen3, Mistral Nemo), fused Q/K/V and
-// gate/up tensors (phi3) and Phi-3's LongRoPE, GQA, tied output.
+// gate/up tensors (phi3) and Phi-3's LongRoPE, Gemma's embedding scale, GELU, post norms,
+// soft caps, sliding-window layers and per-layer RoPE (gemma, gemma2, gemma3), GQA, tied
+// output.
 // The CPU backend runs the prompt in pieces across KV blocks of 4 tokens, so prefill, decode
 // and the paged cache are all on the path. Also: qwen3 load errors, and the synthetic presets.
 #include <doctest/doctest.h>
@@ -70,10 +72,11 @@ void rms_normalize(std::vector<float>& x, int64_t off, int64_t n, const float* w
 // pos * base^(-2j/head_dim) / factors[j] (factors empty: 1) and is scaled by mscale; the pair
 // is (j, j + head_dim/2) for NeoX, (2j, 2j+1) otherwise.
 void rotate(std::vector<float>& x, int64_t n_heads, int64_t head_dim, int64_t pos, double base,
-            bool neox, const std::vector<float>& factors, double mscale) {
+            bool neox, const std::vector<float>& factors, double mscale, double freq_scale = 1) {
     for (int64_t h = 0; h < n_heads; ++h)
         for (int64_t j = 0; j < head_dim / 2; ++j) {
-            double theta = double(pos) * std::pow(base, -2.0 * double(j) / double(head_dim));
+            double theta =
+                freq_scale * double(pos) * std::pow(base, -2.0 * double(j) / double(head_dim));
             if (!factors.empty()) theta /= factors[size_t(j)];
             const int64_t a = h * head_dim + (neox ? j : 2 * j);
             const int64_t b = h * head_dim + (neox ? j + head_dim / 2 : 2 * j + 1);
@@ -96,10 +99,18 @@ std::vector<float> vector_or_empty(const GgufFile& f, const char* name) {
 // architecture's parts switched by the flags (so a test can also show each part matters).
 struct RefParts {
     bool biases = false, qk_norm = false, neox = false;
-    bool fused = false;                // Q/K/V in attn_qkv, gate then up in ffn_up (phi3)
-    std::vector<float> rope_factors;   // per-pair divisors (LongRoPE), empty: none
-    double rope_mscale = 1.0;          // rope.scaling.attn_factor
-    int32_t pos0 = 0;                  // position of the first token
+    bool fused = false;               // Q/K/V in attn_qkv, gate then up in ffn_up (phi3)
+    std::vector<float> rope_factors;  // per-pair divisors (LongRoPE), empty: none
+    double rope_mscale = 1.0;         // rope.scaling.attn_factor
+    int32_t pos0 = 0;                 // position of the first token
+    // Gemma (generation 1-3, 0: not Gemma): embeddings times sqrt(n_embd), GELU gate; from 2
+    // on post norms and sliding-window layers (gemma2: even layers, gemma3: five of six) of
+    // `window` tokens; gemma2's soft caps; gemma3's window layers rotate with base 10000,
+    // unscaled, the others with the model's base times rope_scale.
+    int gemma = 0;
+    int64_t window = 0;
+    double attn_softcap = 0, final_softcap = 0;
+    double rope_scale = 1.0;
 };
 
 RefParts parts_of(bool biases, bool qk_norm, bool neox, bool fused = false) {
@@ -116,9 +127,22 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
     const Mat out = f.find_tensor("output.weight") ? tensor(f, "output.weight") : embd;
     const size_t nt = tokens.size();
     std::vector<std::vector<float>> x(nt), keys(nt), values(nt);
-    for (int64_t t = 0; t < T; ++t)
+    for (int64_t t = 0; t < T; ++t) {
         x[size_t(t)].assign(embd.row(tokens[size_t(t)]), embd.row(tokens[size_t(t)]) + c.n_embd);
+        if (parts.gemma)
+            for (float& e : x[size_t(t)]) e = float(e * std::sqrt(double(c.n_embd)));
+    }
+    // Applies the RMSNorm weights `name` of layer l to all of v.
+    auto post_norm = [&](std::vector<float>& v, int64_t l, const char* name) {
+        rms_normalize(v, 0, int64_t(v.size()), tensor(f, fmt::format("blk.{}.{}", l, name)).data,
+                      c.norm_eps);
+    };
     for (int64_t l = 0; l < c.n_layer; ++l) {
+        const bool swa = parts.window > 0 &&
+                         ((parts.gemma == 2 && l % 2 == 0) || (parts.gemma == 3 && l % 6 < 5));
+        const bool local_rope = swa && parts.gemma == 3;
+        const double base = local_rope ? 10000.0 : c.rope_freq_base;
+        const double freq_scale = local_rope ? 1.0 : parts.rope_scale;
         auto w = [&](const char* what) { return tensor(f, fmt::format("blk.{}.{}", l, what)); };
         auto add_bias = [&](std::vector<float>& v, const char* what) {
             if (!parts.biases) return;
@@ -153,33 +177,40 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
                                   c.norm_eps);
             }
             const int64_t pos = parts.pos0 + t;
-            rotate(q[size_t(t)], c.n_head, hd, pos, c.rope_freq_base, parts.neox,
-                   parts.rope_factors, parts.rope_mscale);
-            rotate(keys[size_t(t)], c.n_kv_head, hd, pos, c.rope_freq_base, parts.neox,
-                   parts.rope_factors, parts.rope_mscale);
+            rotate(q[size_t(t)], c.n_head, hd, pos, base, parts.neox, parts.rope_factors,
+                   parts.rope_mscale, freq_scale);
+            rotate(keys[size_t(t)], c.n_kv_head, hd, pos, base, parts.neox, parts.rope_factors,
+                   parts.rope_mscale, freq_scale);
         }
         for (int64_t t = 0; t < T; ++t) {
             std::vector<float> att(size_t(c.n_head * hd), 0.0f);
             for (int64_t hh = 0; hh < c.n_head; ++hh) {
                 const int64_t kvh = hh / group;
-                std::vector<double> score(size_t(t + 1));
+                // Keys u0 .. t: all, or the last `window` in a sliding-window layer.
+                const int64_t u0 = swa ? std::max<int64_t>(0, t - parts.window + 1) : 0;
+                std::vector<double> score(size_t(t + 1), 0.0);
                 double mx = -1e300;
-                for (int64_t u = 0; u <= t; ++u) {
+                for (int64_t u = u0; u <= t; ++u) {
                     double s = 0;
                     for (int64_t i = 0; i < hd; ++i)
                         s += double(q[size_t(t)][size_t(hh * hd + i)]) *
                              keys[size_t(u)][size_t(kvh * hd + i)];
-                    score[size_t(u)] = s / std::sqrt(double(hd));
-                    mx = std::max(mx, score[size_t(u)]);
+                    s /= std::sqrt(double(hd));
+                    if (parts.attn_softcap > 0)
+                        s = parts.attn_softcap * std::tanh(s / parts.attn_softcap);
+                    score[size_t(u)] = s;
+                    mx = std::max(mx, s);
                 }
                 double z = 0;
-                for (auto& s : score) z += (s = std::exp(s - mx));
-                for (int64_t u = 0; u <= t; ++u)
+                for (int64_t u = u0; u <= t; ++u)
+                    z += (score[size_t(u)] = std::exp(score[size_t(u)] - mx));
+                for (int64_t u = u0; u <= t; ++u)
                     for (int64_t i = 0; i < hd; ++i)
                         att[size_t(hh * hd + i)] +=
                             float(score[size_t(u)] / z * values[size_t(u)][size_t(kvh * hd + i)]);
             }
-            const std::vector<float> o = matvec(w("attn_output.weight"), att);
+            std::vector<float> o = matvec(w("attn_output.weight"), att);
+            if (parts.gemma >= 2) post_norm(o, l, "post_attention_norm.weight");
             for (int64_t i = 0; i < c.n_embd; ++i) x[size_t(t)][size_t(i)] += o[size_t(i)];
             std::vector<float> h = x[size_t(t)];
             rms_normalize(h, 0, c.n_embd, w("ffn_norm.weight").data, c.norm_eps);
@@ -192,8 +223,17 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
                 g = matvec(w("ffn_gate.weight"), h);
                 up = matvec(w("ffn_up.weight"), h);
             }
-            for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * up[i];
-            const std::vector<float> d = matvec(w("ffn_down.weight"), g);
+            for (size_t i = 0; i < g.size(); ++i) {
+                const double v = g[i];
+                const double act =
+                    parts.gemma
+                        ? 0.5 * v *
+                              (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)))
+                        : v / (1 + std::exp(-v));
+                g[i] = float(act * up[i]);
+            }
+            std::vector<float> d = matvec(w("ffn_down.weight"), g);
+            if (parts.gemma >= 2) post_norm(d, l, "post_ffw_norm.weight");
             for (int64_t i = 0; i < c.n_embd; ++i) x[size_t(t)][size_t(i)] += d[size_t(i)];
         }
     }
@@ -202,6 +242,9 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
         std::vector<float> h = x[size_t(t)];
         rms_normalize(h, 0, c.n_embd, tensor(f, "output_norm.weight").data, c.norm_eps);
         logits[size_t(t)] = matvec(out, h);
+        if (parts.final_softcap > 0)
+            for (float& v : logits[size_t(t)])
+                v = float(parts.final_softcap * std::tanh(v / parts.final_softcap));
     }
     return logits;
 }
@@ -210,9 +253,8 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
 // prefill of `first` tokens and then one token per step, in KV blocks of 4 tokens; n_ctx is
 // the run's context (BackendOptions::n_ctx).
 std::vector<std::vector<float>> backend_logits(const GgufFile& f,
-                                               const std::vector<int32_t>& tokens,
-                                               size_t first, int32_t pos0 = 0,
-                                               int64_t n_ctx = 0) {
+                                               const std::vector<int32_t>& tokens, size_t first,
+                                               int32_t pos0 = 0, int64_t n_ctx = 0) {
     BackendOptions o;
     o.n_ctx = n_ctx;
     o.kv_block_size = 4;
@@ -307,6 +349,26 @@ TEST_CASE("each architecture matches the independent reference forward") {
     {  // Phi-3 / Phi-4: fused attn_qkv and ffn_up (gate rows first), GQA
         cases.push_back({"phi3", small("phi3"), parts_of(false, false, true, true)});
     }
+    {  // Gemma: embedding scale, GELU, 256-wide... here 24-wide heads, tied output
+        Case g{"gemma", small("gemma"), parts_of(false, false, true)};
+        g.cfg.head_dim = 24;
+        g.parts.gemma = 1;
+        cases.push_back(g);
+    }
+    {  // Gemma 2: post norms, soft caps small enough to bite, a 4-token window on layer 0
+        Case g{"gemma2", small("gemma2"), parts_of(false, false, true)};
+        g.cfg.sliding_window = 4, g.cfg.attn_softcap = 3, g.cfg.final_softcap = 2;
+        g.parts.gemma = 2, g.parts.window = 4, g.parts.attn_softcap = 3, g.parts.final_softcap = 2;
+        cases.push_back(g);
+    }
+    {  // Gemma 3: Q/K norms, a 5-token window on layers 0-4 (base 10000), layer 5 global with
+       // base 1e6 and linear RoPE scaling x8
+        Case g{"gemma3", small("gemma3"), parts_of(false, true, true)};
+        g.cfg.n_layer = 6, g.cfg.sliding_window = 5, g.cfg.rope_base = 1e6;
+        g.cfg.rope_scaling = "linear", g.cfg.rope_factor = 8;
+        g.parts.gemma = 3, g.parts.window = 5, g.parts.rope_scale = 1.0 / 8;
+        cases.push_back(g);
+    }
     for (const Case& k : cases) {
         CAPTURE(k.what);
         const std::string path = dir.file(k.what + ".gguf");
@@ -332,6 +394,30 @@ TEST_CASE("each architecture matches the independent reference forward") {
             no_norm.qk_norm = false;
             CHECK(rel_diff(reference_logits(f, c, no_norm, kTokens), want) > 1e-2);
         }
+        if (k.parts.gemma) {  // each Gemma part moves the logits
+            std::vector<RefParts> variants;
+            RefParts v = k.parts;
+            v.gemma = 0;  // no embedding scale, SiLU, no post norms, no window
+            variants.push_back(v);
+            if (k.parts.window > 0) {
+                v = k.parts, v.window = 0;
+                variants.push_back(v);
+            }
+            if (k.parts.attn_softcap > 0) {
+                v = k.parts, v.attn_softcap = 0;
+                variants.push_back(v);
+                v = k.parts, v.final_softcap = 0;
+                variants.push_back(v);
+            }
+            if (k.parts.rope_scale != 1.0) {
+                v = k.parts, v.rope_scale = 1.0;
+                variants.push_back(v);
+            }
+            for (size_t i = 0; i < variants.size(); ++i) {
+                CAPTURE(i);
+                CHECK(rel_diff(reference_logits(f, c, variants[i], kTokens), want) > 1e-3);
+            }
+        }
     }
 }
 
@@ -355,14 +441,14 @@ TEST_CASE("phi3 LongRoPE: the long factors past the original context, the short 
     for (int64_t n_ctx : {int64_t(0), int64_t(4096), int64_t(512), int64_t(300)}) {
         CAPTURE(n_ctx);
         const bool long_ctx = (n_ctx == 0 ? 8192 : n_ctx) > 512;
-        parts.rope_factors = vector_or_empty(
-            f, long_ctx ? "rope_factors_long.weight" : "rope_factors_short.weight");
+        parts.rope_factors =
+            vector_or_empty(f, long_ctx ? "rope_factors_long.weight" : "rope_factors_short.weight");
         const auto want = reference_logits(f, c, parts, kTokens);
         CHECK(rel_diff(backend_logits(f, kTokens, 9, parts.pos0, n_ctx), want) < 2e-5);
         // The other factor set, or no attention factor, is far off: the test sees both.
         RefParts other = parts;
-        other.rope_factors = vector_or_empty(
-            f, long_ctx ? "rope_factors_short.weight" : "rope_factors_long.weight");
+        other.rope_factors =
+            vector_or_empty(f, long_ctx ? "rope_factors_short.weight" : "rope_factors_long.weight");
         CHECK(rel_diff(reference_logits(f, c, other, kTokens), want) > 1e-2);
         RefParts unscaled = parts;
         unscaled.rope_mscale = 1.0;
@@ -431,13 +517,14 @@ TEST_CASE("qwen3 load errors name the missing or misshapen norm") {
         }
         return std::string();
     };
-    CHECK(error_with("blk.1.attn_k_norm.weight", {}).find(
-              "missing tensor 'blk.1.attn_k_norm.weight'") != std::string::npos);
-    CHECK(error_with("blk.0.attn_q_norm.weight", {8}).find(
-              "'blk.0.attn_q_norm.weight' has shape [8], expected [16]") != std::string::npos);
+    CHECK(error_with("blk.1.attn_k_norm.weight", {})
+              .find("missing tensor 'blk.1.attn_k_norm.weight'") != std::string::npos);
+    CHECK(error_with("blk.0.attn_q_norm.weight", {8})
+              .find("'blk.0.attn_q_norm.weight' has shape [8], expected [16]") !=
+          std::string::npos);
 }
 
-TEST_CASE("kvrun info and run on qwen3 and phi3 LongRoPE models") {
+TEST_CASE("kvrun info and run on qwen3, phi3 LongRoPE and gemma3 models") {
     TempDir dir;
     SyntheticModelConfig q3 = small("qwen3");
     q3.head_dim = 24;
@@ -454,7 +541,12 @@ TEST_CASE("kvrun info and run on qwen3 and phi3 LongRoPE models") {
     r = kvrun::test::run_command(bin + " info -m " + dir.file("phi.gguf"));
     CHECK(r.exit_code == 0);
     CHECK(r.out.find("longrope (8 pair factors: long past 512 tokens") != std::string::npos);
-    for (const char* m : {"q3.gguf", "phi.gguf"}) {
+    SyntheticModelConfig g3 = small("gemma3");
+    g3.sliding_window = 8;
+    synthetic_model_write(g3, dir.file("g3.gguf"));
+    r = kvrun::test::run_command(bin + " info -m " + dir.file("g3.gguf"));
+    CHECK(r.out.find("sliding window 8 tokens on 5 of 6 layers") != std::string::npos);
+    for (const char* m : {"q3.gguf", "phi.gguf", "g3.gguf"}) {
         CAPTURE(m);
         r = kvrun::test::run_command(bin + " run -m " + dir.file(m) +
                                      " -p 'Once upon' -n 6 --temp 0 -c 256 --device cpu");
@@ -463,7 +555,38 @@ TEST_CASE("kvrun info and run on qwen3 and phi3 LongRoPE models") {
     }
 }
 
-TEST_CASE("synthetic presets for qwen2.5, qwen3 and phi have the published shapes") {
+TEST_CASE("gemma3 without its sliding window, and a negative soft cap, are load errors") {
+    TempDir dir;
+    synthetic_model_write(small("gemma3"), dir.file("g3.gguf"));
+    synthetic_model_write(small("gemma2"), dir.file("g2.gguf"));
+    // Rewrites `src` with metadata key `key` dropped (value empty) or replaced.
+    auto config_error = [&](const std::string& src, const std::string& key,
+                            const GgufValue* value) {
+        GgufFile good = GgufFile::open(src);
+        GgufWriter w(uint32_t(good.alignment()));
+        for (const auto& [k, v] : good.metadata())
+            if (k != key) w.set_value(k, v);
+        if (value) w.set_value(key, *value);
+        for (const GgufTensorInfo& t : good.tensors())
+            w.add_tensor(t.name, t.type, t.dims, t.data, t.n_bytes);
+        const std::vector<uint8_t> bytes = w.to_bytes();
+        try {
+            model_config_from_gguf(GgufFile::from_memory(bytes.data(), bytes.size(), "bad.gguf"));
+        } catch (const Error& e) {
+            return std::string(e.what());
+        }
+        return std::string();
+    };
+    CHECK(config_error(dir.file("g3.gguf"), "gemma3.attention.sliding_window", nullptr)
+              .find("missing required key 'gemma3.attention.sliding_window'") != std::string::npos);
+    GgufValue negative;
+    negative.type = GgufValueType::FLOAT32;
+    negative.data = -1.0;
+    CHECK(config_error(dir.file("g2.gguf"), "gemma2.attn_logit_softcapping", &negative)
+              .find("gemma2.attn_logit_softcapping = -1 must be >= 0") != std::string::npos);
+}
+
+TEST_CASE("synthetic presets for qwen2.5, qwen3, phi and gemma have the published shapes") {
     const SyntheticModelConfig q06 = synthetic_preset("qwen3-0.6b");
     CHECK(q06.arch == "qwen3");
     CHECK(synthetic_head_dim(q06) == 128);
@@ -485,9 +608,32 @@ TEST_CASE("synthetic presets for qwen2.5, qwen3 and phi have the published shape
     }
     CHECK(synthetic_preset("phi3-mini-128k").rope_scaling == "longrope");
     CHECK(synthetic_preset("phi4").n_head_kv == 10);
-    SyntheticModelConfig bad = small("gemma");
+    {  // Gemma 2 27B's query scale (n_embd / n_head), recognized by its 46 layers; Gemma 3
+       // needs its window
+        TempDir dir;
+        SyntheticModelConfig g = small("gemma2");
+        g.n_layer = 46, g.head_dim = 24;
+        synthetic_model_write(g, dir.file("g27.gguf"));
+        const ModelConfig c = model_config_from_gguf(GgufFile::open(dir.file("g27.gguf")));
+        CHECK(c.attn_scale == doctest::Approx(1.0 / std::sqrt(16.0)));
+        CHECK(c.is_swa(0));
+        CHECK_FALSE(c.is_swa(1));
+        CHECK(c.attn_softcap == 50.0f);
+        g.n_layer = 42;  // 9B: the head size
+        synthetic_model_write(g, dir.file("g9.gguf"));
+        CHECK(model_config_from_gguf(GgufFile::open(dir.file("g9.gguf"))).attn_scale ==
+              doctest::Approx(1.0 / std::sqrt(24.0)));
+    }
+    for (const char* name : {"gemma2-2b", "gemma3-1b", "gemma3-4b"}) {
+        CAPTURE(name);
+        const SyntheticModelConfig g = synthetic_preset(name);
+        CHECK(synthetic_head_dim(g) == 256);
+        CHECK_NOTHROW(synthetic_validate(g));
+    }
+    CHECK(synthetic_preset("gemma3-1b").sliding_window == 512);
+    SyntheticModelConfig bad = small("mamba");
     CHECK_THROWS_WITH_AS(synthetic_validate(bad),
-                         doctest::Contains("architecture 'gemma' is not one of"), Error);
+                         doctest::Contains("architecture 'mamba' is not one of"), Error);
     bad = small("qwen3");
     bad.head_dim = 7;
     CHECK_THROWS_WITH_AS(synthetic_validate(bad), doctest::Contains("must be even"), Error);

@@ -44,6 +44,9 @@ struct Scenario {
     // Blocks in the pool at least (the decode splits grow with the pool: above 128 Ki slots
     // each warp of a decode block walks several 32-key tiles).
     int64_t min_pool_blocks = 0;
+    // Gemma's options for every call: soft cap (0: none) and sliding window (0: none).
+    float softcap = 0.0f;
+    int64_t window = 0;
 };
 
 // Fraction of differing bytes (0 when equal).
@@ -146,14 +149,15 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
     cpu::paged_attention(ref.data(), q.data(), hkv,
                          KvBatchView{t_seq.data(), t_slot.data(), table.data(), max_blocks, nt,
                                      staged ? t_stage.data() : nullptr},
-                         n_head, scale);
+                         n_head, scale, sc.softcap, sc.window);
 
     DevBuf<int32_t> dtseq(t_seq), dtslot(t_slot), dtstage(t_stage);
     DevBuf<float> dq(q), dout(q.size());
     const KvBatchView db{dtseq.get(), dtslot.get(), dtable.get(),
                          max_blocks,  nt,           staged ? dtstage.get() : nullptr};
     CudaScratch scratch;
-    cuda_paged_attention_decode(dout.get(), dq.get(), dkv, db, n_head, scale, scratch, nullptr);
+    cuda_paged_attention_decode(dout.get(), dq.get(), dkv, db, n_head, scale, scratch, nullptr,
+                                sc.softcap, sc.window);
     const std::vector<float> batched = dout.download();
     CHECK(nmse(batched, ref) < kAttnBound);
     if (nt <= 16) {
@@ -174,17 +178,19 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
             cuda_paged_attention_decode(d_out.get(), d_q.get(), dkv,
                                         KvBatchView{d_seq.get(), d_slot.get(), d_own.get(), width,
                                                     1, staged ? d_stage.get() : nullptr},
-                                        n_head, scale, scratch, nullptr);
+                                        n_head, scale, scratch, nullptr, sc.softcap, sc.window);
             const std::vector<float> alone = d_out.download();
             CHECK(std::memcmp(alone.data(), batched.data() + i * row,
                               alone.size() * sizeof(float)) == 0);
         }
     }
     dout.zero();
-    cuda_paged_attention_prefill(dout.get(), dq.get(), dkv, db, n_head, scale, nullptr);
+    cuda_paged_attention_prefill(dout.get(), dq.get(), dkv, db, n_head, scale, nullptr, sc.softcap,
+                                 sc.window);
     CHECK(nmse(dout.download(), ref) < kAttnBound);
     dout.zero();
-    cuda_paged_attention(dout.get(), dq.get(), dkv, db, n_head, scale, scratch, nullptr);
+    cuda_paged_attention(dout.get(), dq.get(), dkv, db, n_head, scale, scratch, nullptr, sc.softcap,
+                         sc.window);
     CHECK(nmse(dout.download(), ref) < kAttnBound);
 }
 
@@ -323,6 +329,29 @@ TEST_CASE("cuda paged attention matches the CPU on quantized caches (q8/q4, stag
         run_scenario(sh, prefill_scenario(), seed++);
         run_scenario(sh, verify_scenario(), seed++);
     }
+}
+
+TEST_CASE("cuda paged attention with Gemma's soft cap and sliding window matches the CPU") {
+    // Windows shorter than a tile, than a block, than a decode split and longer than every
+    // context (no effect), with and without a soft cap; decode (both kernels: head_dim 36
+    // takes the tiled one), prefill and verification batches; f16 and staged q8/q4 caches.
+    const AttnShape shapes[] = {
+        {16, 2, 4, 64, KvType::F16, KvType::F16},
+        {16, 1, 4, 256, KvType::Q8, KvType::Q4},   // Gemma's head size, quantized
+        {16, 2, 2, 36, KvType::F16, KvType::F16},  // tiled decode kernel
+    };
+    uint32_t seed = 1200;
+    for (const AttnShape& sh : shapes)
+        for (int64_t window : {int64_t(1), int64_t(7), int64_t(40), int64_t(300), int64_t(5000)})
+            for (float softcap : {0.0f, 2.0f}) {
+                CAPTURE(sh.head_dim);
+                CAPTURE(window);
+                CAPTURE(softcap);
+                for (Scenario sc : {decode_scenario(), prefill_scenario(), verify_scenario()}) {
+                    sc.window = window, sc.softcap = softcap;
+                    run_scenario(sh, sc, seed++);
+                }
+            }
 }
 
 TEST_CASE("cuda paged attention rejects shapes it cannot run") {

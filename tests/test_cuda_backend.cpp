@@ -343,13 +343,14 @@ TEST_CASE("cuda backend matches the cpu backend with Llama 3.1 factors, YaRN and
         }
 }
 
-TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3 and wide-head models") {
+TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-head models") {
     // qwen3 (per-head Q/K RMSNorm before RoPE) with head_dim 128 x 4 heads = 512 != n_embd 256
     // and a tied output; qwen2 (biases), phi3 (fused QKV and gate/up, sliced views uploaded
-    // separately; LongRoPE factors and attention factor) and llama with the same wide heads.
+    // separately; LongRoPE factors and attention factor), gemma 1-3 (embedding scale, GeGLU,
+    // post norms, soft caps, sliding windows, per-layer RoPE) and llama with the same heads.
     // K-quant weights, f16 and q8 KV (q8 with rotation: the unfused RoPE path).
     const auto dir = std::filesystem::temp_directory_path();
-    for (const char* arch : {"qwen3", "qwen2", "phi3", "llama"})
+    for (const char* arch : {"qwen3", "qwen2", "phi3", "gemma", "gemma2", "gemma3", "llama"})
         for (KvType kv : {KvType::F16, KvType::Q8}) {
             CAPTURE(arch);
             CAPTURE(std::string(kv_type_name(kv)));
@@ -359,6 +360,9 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3 and wide-head mod
             c.weight_std = 0.06f;
             if (std::string(arch) == "phi3")
                 c.rope_scaling = "longrope", c.rope_factor = 16, c.rope_orig_ctx = 512;
+            // Gemma: windows of 8 tokens (layer 0 of gemma2, both layers of gemma3, whose RoPE
+            // base there is 10000), gemma2's soft caps small enough to bite.
+            c.sliding_window = 8, c.attn_softcap = 2, c.final_softcap = 3;
             synthetic_set_type(c, "Q4_K_M");
             const auto path = dir / fmt::format("kvrun-test-cuda-arch-{}.gguf", arch);
             synthetic_model_write(c, path.string());
@@ -370,7 +374,8 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3 and wide-head mod
             o.kv_rotate = kv == KvType::Q8;
             auto cpu = make_cpu_backend(file, o);
             auto gpu = make_cuda_backend(file, o, 0);
-            CHECK(gpu->config().qk_norm == (std::string(arch) == "qwen3"));
+            CHECK(gpu->config().qk_norm ==
+                  (std::string(arch) == "qwen3" || std::string(arch) == "gemma3"));
             // A 24-token prompt, then decode steps (staged q8 blocks seal at 32 tokens).
             KvBlockTable table(8, 16, cpu->n_kv_stages());
             const SeqId a = table.create_sequence();

@@ -31,7 +31,7 @@ constexpr double kGemmF16 = 1e-5;  // activations and weights rounded to f16
 
 }  // namespace
 
-TEST_CASE("cuda rmsnorm, softmax, swiglu, add, add_bias match the CPU") {
+TEST_CASE("cuda rmsnorm, softmax, swiglu, add, add_bias, geglu, softcap, scale match the CPU") {
     for (int64_t dim : {64, 172, 4096}) {
         CAPTURE(dim);
         const int64_t rows = 5, n = rows * dim;
@@ -65,6 +65,21 @@ TEST_CASE("cuda rmsnorm, softmax, swiglu, add, add_bias match the CPU") {
         cpu::add_bias(ref.data(), w.data(), rows, dim);
         acc.upload(x);
         cuda_add_bias(acc.get(), dw.get(), rows, dim, nullptr);
+        CHECK(nmse(acc.download(), ref) < kExact);
+
+        // Gemma's ops: GeGLU, soft cap, scale.
+        cpu::geglu(ref.data(), x.data(), y.data(), n);
+        cuda_geglu(dout.get(), dx.get(), dy.get(), n, nullptr);
+        CHECK(nmse(dout.download(), ref) < kExact);
+        ref = x;
+        cpu::softcap(ref.data(), n, 1.5f);
+        acc.upload(x);
+        cuda_softcap(acc.get(), n, 1.5f, nullptr);
+        CHECK(nmse(acc.download(), ref) < kExact);
+        ref = x;
+        cpu::scale(ref.data(), n, 48.0f);
+        acc.upload(x);
+        cuda_scale(acc.get(), n, 48.0f, nullptr);
         CHECK(nmse(acc.download(), ref) < kExact);
     }
 }

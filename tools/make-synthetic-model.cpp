@@ -25,6 +25,7 @@ int run(int argc, char** argv) {
     kvrun::SyntheticModelConfig o;  // holds the override values
     std::optional<int64_t> n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab, n_ctx, head_dim;
     std::optional<std::string> arch;
+    std::optional<int64_t> sliding_window;
     bool tied_output = false;
     std::optional<double> rope_base, norm_eps, rope_factor;
     std::optional<std::string> rope_scaling;
@@ -32,11 +33,14 @@ int run(int argc, char** argv) {
     app.add_option("-o,--output", output, "output GGUF path")->required();
     app.add_option("--preset", preset,
                    "llama2-7b, llama3-8b, llama3.1-8b, llama-1b, qwen2.5-7b, qwen3-0.6b, "
-                   "qwen3-8b, phi3-mini, phi3-mini-128k, phi4 or tiny")
+                   "qwen3-8b, phi3-mini, phi3-mini-128k, phi4, gemma2-2b, gemma3-1b, gemma3-4b "
+                   "or tiny")
         ->capture_default_str();
     app.add_option("--arch", arch,
-                   "llama, qwen2 (Q/K/V biases), qwen3 (per-head Q/K norms) or phi3 (fused "
-                   "QKV and gate/up); default: the preset's");
+                   "llama, qwen2 (Q/K/V biases), qwen3 (per-head Q/K norms), phi3 (fused "
+                   "QKV and gate/up), gemma, gemma2 or gemma3; default: the preset's");
+    app.add_option("--sliding-window", sliding_window,
+                   "gemma2/gemma3: attention.sliding_window (default 4096 / 1024)");
     app.add_option("-t,--type", type,
                    "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL "
                    "IQ4_XS Q4_K_M Q5_K_M")
@@ -104,6 +108,7 @@ int run(int argc, char** argv) {
     if (n_ff) c.n_ff = *n_ff;
     if (head_dim) c.head_dim = *head_dim;
     if (arch) c.arch = *arch;
+    if (sliding_window) c.sliding_window = *sliding_window;
     if (tied_output) c.tied_output = true;
     if (n_vocab) c.n_vocab = *n_vocab;
     if (n_ctx) c.n_ctx = *n_ctx;

@@ -47,6 +47,8 @@ struct AttnParams {
     int n_head, n_kv_head, group, heads_per_cta, n_head_sub, tokens_per_cta, head_dim;
     int block_size;
     float scale;
+    float softcap;      // > 0: scores become softcap * tanh(score / softcap)
+    int64_t window;     // > 0: a token at slot s sees slots s - window + 1 .. s only
     int64_t split_len;  // context slots per grid-z split
     float* part_o;      // split-K partials [n_splits][n_tokens][n_head][head_dim], or null
     float* part_ml;     // [n_splits][n_tokens][n_head][2]: running max, running sum
@@ -172,12 +174,14 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
 
     int row_tok[RPW];      // local token of each owned row, -1 when the row is unused
     int64_t row_end[RPW];  // exclusive key limit: min(slot + 1, split_end)
+    int64_t row_lo[RPW];   // first visible key: slot - window + 1 (window > 0), else 0
 #pragma unroll
     for (int i = 0; i < RPW; ++i) {
         const int r = warp * RPW + i, tl = r / Gs, hg = hsub * Gs + r % Gs;
         const bool valid = tl < n_tok && hg < p.group;
         row_tok[i] = valid ? tl : -1;
         row_end[i] = valid ? min(int64_t(tok_slot[tl]) + 1, split_end) : 0;
+        row_lo[i] = valid && p.window > 0 ? int64_t(tok_slot[tl]) - p.window + 1 : 0;
     }
     float m[RPW], l[RPW], acc[RPW][kAttnMaxDim / 32];
 #pragma unroll
@@ -195,13 +199,19 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
         const int seq = tok_seq[sb];
         const int64_t own = int64_t(tok_slot[sb]) / p.block_size;
         int se = sb + 1;
-        int64_t seg_end = int64_t(tok_slot[sb]) + 1;
+        int64_t seg_end = int64_t(tok_slot[sb]) + 1, seg_lo = int64_t(tok_slot[sb]);
         while (se < n_tok && tok_seq[se] == seq &&
-               (!staged || int64_t(tok_slot[se]) / p.block_size == own))
+               (!staged || int64_t(tok_slot[se]) / p.block_size == own)) {
+            seg_lo = min(seg_lo, int64_t(tok_slot[se]));
             seg_end = max(seg_end, int64_t(tok_slot[se++]) + 1);
+        }
         seg_end = min(seg_end, split_end);
+        // With a window, the tiles before the segment's first visible key are skipped.
+        int64_t seg_begin = split_begin;
+        if (p.window > 0 && seg_lo - p.window + 1 > seg_begin)
+            seg_begin = (seg_lo - p.window + 1) / kAttnTile * kAttnTile;
         const int32_t own_stage = staged ? p.token_stage[t0 + sb] : -1;
-        for (int64_t k0 = split_begin; k0 < seg_end; k0 += kAttnTile) {
+        for (int64_t k0 = seg_begin; k0 < seg_end; k0 += kAttnTile) {
             __syncthreads();  // the previous tile is fully consumed
             if (tid < kAttnTile) {
                 const int64_t slot = k0 + tid;
@@ -233,11 +243,15 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
 #pragma unroll
                 for (int i = 0; i < RPW; ++i) s[i] = fmaf(qw[i * D + d], kd, s[i]);
             }
+            if (p.softcap > 0.0f)
+#pragma unroll
+                for (int i = 0; i < RPW; ++i) s[i] = p.softcap * tanhf(s[i] / p.softcap);
             const int64_t key = k0 + lane;
             float pr[RPW];
 #pragma unroll
             for (int i = 0; i < RPW; ++i) {
-                const bool ok = row_tok[i] >= sb && row_tok[i] < se && key < row_end[i];
+                const bool ok =
+                    row_tok[i] >= sb && row_tok[i] < se && key < row_end[i] && key >= row_lo[i];
                 const float sv = ok ? s[i] : -INFINITY;
                 const float m_new = fmaxf(m[i], cu::warp_max(sv));
                 pr[i] = 0.0f;
@@ -304,7 +318,9 @@ namespace kvrun::cu {
 // `rows`; tokens_per_cta: 1 for decode, else as many tokens as the rows hold).
 inline AttnParams attn_params(float* out, const float* q, const KvLayerView& kv,
                               const KvBatchView& b, int64_t n_head, float scale, int rows,
-                              bool one_token_per_cta) {
+                              bool one_token_per_cta, float softcap, int64_t window) {
+    CUDA_REQUIRE(softcap >= 0.0f && window >= 0,
+                 "paged attention: soft cap and window must be >= 0");
     CUDA_REQUIRE(kv.n_kv_head > 0 && n_head > 0 && n_head % kv.n_kv_head == 0,
                  "paged attention: n_head must be a positive multiple of n_kv_head");
     CUDA_REQUIRE(kv.head_dim > 0 && kv.head_dim <= kAttnMaxDim,
@@ -349,6 +365,8 @@ inline AttnParams attn_params(float* out, const float* q, const KvLayerView& kv,
     p.head_dim = int(kv.head_dim);
     p.block_size = int(kv.block_size);
     p.scale = scale;
+    p.softcap = softcap;
+    p.window = window;
     p.split_len = b.max_blocks_per_seq * kv.block_size;  // whole context: no split
     p.part_o = nullptr;
     p.part_ml = nullptr;

@@ -162,6 +162,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(cu::At
     const int seq = p.token_seq[t], slot = p.token_slot[t], bs = p.block_size;
     const int64_t begin = int64_t(blockIdx.z) * p.split_len;
     const int64_t end = min(int64_t(slot) + 1, begin + p.split_len);  // keys [begin, end)
+    // With a window, keys before lo are not visible, and the tiles before lo's are skipped.
+    const int64_t lo = p.window > 0 ? int64_t(slot) - p.window + 1 : 0;
+    const int64_t first = max(begin, lo > 0 ? lo / cu::kAttnTile * cu::kAttnTile : int64_t(0));
     // Staged caches: the token's own block comes from its stage (when the stage id is valid).
     int own_block = -1, own_stage = 0;
     if (p.token_stage != nullptr && slot >= 0) {
@@ -190,10 +193,10 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(cu::At
         for (int e = 0; e < 8; ++e) acc[r][e] = 0.0f;
     }
 
-    for (int64_t k0 = begin + int64_t(warp) * cu::kAttnTile; k0 < end; k0 += W * cu::kAttnTile) {
+    for (int64_t k0 = first + int64_t(warp) * cu::kAttnTile; k0 < end; k0 += W * cu::kAttnTile) {
         // Lane j: the source of key k0 + j (end <= slot + 1, so a visible key fits an int).
         int src = kMasked, row = 0;
-        if (k0 + lane < end && seq >= 0) {
+        if (k0 + lane < end && k0 + lane >= lo && seq >= 0) {
             const int key = int(k0 + lane), blk = key / bs;
             row = key - blk * bs;
             if (blk < p.max_blocks_per_seq) {
@@ -239,7 +242,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(cu::At
                     for (int r = 0; r < R; ++r) s[r] += __shfl_xor_sync(kFull, s[r], o);
                 if (gl == j && visible)
 #pragma unroll
-                    for (int r = 0; r < R; ++r) s_own[r] = s[r];
+                    for (int r = 0; r < R; ++r)
+                        s_own[r] = p.softcap > 0.0f ? p.softcap * tanhf(s[r] / p.softcap) : s[r];
             }
         }
 
@@ -390,8 +394,10 @@ void decode_dispatch(const cu::AttnParams& p, int n_splits, cudaStream_t s) {
 
 void cuda_paged_attention_decode(float* out, const float* q, const KvLayerView& kv,
                                  const KvBatchView& batch, int64_t n_head, float scale,
-                                 CudaScratch& scratch, cudaStream_t s) {
-    cu::AttnParams p = cu::attn_params(out, q, kv, batch, n_head, scale, kDecodeMaxRows, true);
+                                 CudaScratch& scratch, cudaStream_t s, float softcap,
+                                 int64_t window) {
+    cu::AttnParams p =
+        cu::attn_params(out, q, kv, batch, n_head, scale, kDecodeMaxRows, true, softcap, window);
     if (p.n_tokens == 0) return;
     const int64_t ctx = batch.max_blocks_per_seq * kv.block_size;
     const int64_t split_len = split_len_for(kv);
@@ -416,11 +422,11 @@ void cuda_paged_attention_decode(float* out, const float* q, const KvLayerView& 
 
 void cuda_paged_attention(float* out, const float* q, const KvLayerView& kv,
                           const KvBatchView& batch, int64_t n_head, float scale,
-                          CudaScratch& scratch, cudaStream_t s) {
+                          CudaScratch& scratch, cudaStream_t s, float softcap, int64_t window) {
     if (batch.n_tokens <= kMaxDecodeTokens)
-        cuda_paged_attention_decode(out, q, kv, batch, n_head, scale, scratch, s);
+        cuda_paged_attention_decode(out, q, kv, batch, n_head, scale, scratch, s, softcap, window);
     else
-        cuda_paged_attention_prefill(out, q, kv, batch, n_head, scale, s);
+        cuda_paged_attention_prefill(out, q, kv, batch, n_head, scale, s, softcap, window);
 }
 
 }  // namespace kvrun

@@ -107,7 +107,8 @@ struct DeviceLayer {
     const float* ffn_norm = nullptr;                          // [n_embd]
     const float *bq = nullptr, *bk = nullptr, *bv = nullptr;  // [q_dim], [kv_dim] x2 or null
     const float *q_norm = nullptr, *k_norm = nullptr;         // [head_dim] each (qwen3) or null
-    WeightView wq, wk, wv, wo, w_gate, w_up, w_down;          // data in device memory
+    const float *attn_post_norm = nullptr, *ffn_post_norm = nullptr;  // [n_embd] (gemma2/3)
+    WeightView wq, wk, wv, wo, w_gate, w_up, w_down;                  // data in device memory
 };
 
 class CudaBackend final : public Backend {
@@ -156,7 +157,8 @@ class CudaBackend final : public Backend {
     WeightView token_embd_, output_;
     const float* output_norm_ = nullptr;
     std::vector<DeviceLayer> layers_;
-    RopeParams rope_;  // the model's RoPE, its frequency factors (if any) in weight_mem_
+    RopeParams rope_;      // the model's RoPE, its frequency factors (if any) in weight_mem_
+    RopeParams rope_swa_;  // the sliding-window layers' RoPE (ModelConfig::rope_layer)
 
     int64_t n_blocks_ = 0, k_block_bytes_ = 0, v_block_bytes_ = 0;
     DeviceMem kv_mem_;                       // per layer: K pool, V pool, K stage, V stage
@@ -251,7 +253,8 @@ void CudaBackend::upload_weights(const GgufFile& file) {
     const size_t i_rope =
         config_.rope_freq_factors.empty() ? SIZE_MAX : add_vector(config_.rope_freq_factors);
     struct LayerItems {
-        size_t attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm, wq, wk, wv, wo, gate, up, down;
+        size_t attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm, attn_post, ffn_post, wq, wk, wv, wo,
+            gate, up, down;
     };
     std::vector<LayerItems> li(hw.layers.size());
     for (size_t l = 0; l < hw.layers.size(); ++l) {
@@ -265,6 +268,8 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         it.bv = w.bv.empty() ? SIZE_MAX : add_vector(w.bv);
         it.q_norm = w.q_norm.empty() ? SIZE_MAX : add_vector(w.q_norm);
         it.k_norm = w.k_norm.empty() ? SIZE_MAX : add_vector(w.k_norm);
+        it.attn_post = w.attn_post_norm.empty() ? SIZE_MAX : add_vector(w.attn_post_norm);
+        it.ffn_post = w.ffn_post_norm.empty() ? SIZE_MAX : add_vector(w.ffn_post_norm);
         it.wq = add_matrix(w.wq, p + "attn_q.weight");
         it.wk = add_matrix(w.wk, p + "attn_k.weight");
         it.wv = add_matrix(w.wv, p + "attn_v.weight");
@@ -291,6 +296,9 @@ void CudaBackend::upload_weights(const GgufFile& file) {
     output_ = on_device(hw.output, i_out);
     output_norm_ = vec(i_out_norm);
     rope_ = config_.rope(vec(i_rope));
+    rope_swa_ = rope_;
+    for (int64_t l = 0; l < config_.n_layer; ++l)
+        if (config_.is_swa(l)) rope_swa_ = config_.rope_layer(l, vec(i_rope));
     layers_.resize(hw.layers.size());
     for (size_t l = 0; l < hw.layers.size(); ++l) {
         const LayerWeights& w = hw.layers[l];
@@ -303,6 +311,8 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         d.bv = vec(it.bv);
         d.q_norm = vec(it.q_norm);
         d.k_norm = vec(it.k_norm);
+        d.attn_post_norm = vec(it.attn_post);
+        d.ffn_post_norm = vec(it.ffn_post);
         d.wq = on_device(w.wq, it.wq);
         d.wk = on_device(w.wk, it.wk);
         d.wv = on_device(w.wv, it.wv);
@@ -467,8 +477,8 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
     const cudaStream_t s = stream_.get();
     const KvBatchView kb{d_seq_,     d_slot_, d_table_,
                          max_blocks, T,       n_stages_ > 0 ? d_stage_ : nullptr};
-    const float scale = 1.0f / std::sqrt(float(c.head_dim));
     cuda_embed(x_, token_embd_, d_tokens_, T, s);
+    if (c.embd_scale != 1.0f) cuda_scale(x_, T * c.n_embd, c.embd_scale, s);
     // Each residual add is fused with the RMSNorm that follows it; the first layer's
     // attention norm has no add before it.
     cuda_rmsnorm(xb_, x_, layers_[0].attn_norm, T, c.n_embd, c.norm_eps, s);
@@ -486,21 +496,32 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
             cuda_rmsnorm(k_, k_, w.k_norm, T * c.n_kv_head, c.head_dim, c.norm_eps, s);
         }
         const KvLayerView kv = kv_layer(l);
+        const RopeParams& rope = c.is_swa(l) ? rope_swa_ : rope_;
         if (rotate_) {  // q.k unchanged; K's outlier channels spread (kv_rotation_enabled)
-            cuda_rope(q_, d_pos_, T, c.n_head, c.head_dim, rope_, s);
-            cuda_rope(k_, d_pos_, T, c.n_kv_head, c.head_dim, rope_, s);
+            cuda_rope(q_, d_pos_, T, c.n_head, c.head_dim, rope, s);
+            cuda_rope(k_, d_pos_, T, c.n_kv_head, c.head_dim, rope, s);
             cuda_hadamard(q_, T * c.n_head, c.head_dim, s);
             cuda_hadamard(k_, T * c.n_kv_head, c.head_dim, s);
             cuda_kv_write(kv, kb, k_, v_, s);
         } else {
-            cuda_rope_kv_write(q_, k_, v_, d_pos_, kv, kb, c.n_head, rope_, s);
+            cuda_rope_kv_write(q_, k_, v_, d_pos_, kv, kb, c.n_head, rope, s);
         }
-        cuda_paged_attention(att_, q_, kv, kb, c.n_head, scale, scratch_, s);
+        cuda_paged_attention(att_, q_, kv, kb, c.n_head, c.attn_scale, scratch_, s, c.attn_softcap,
+                             c.window(l));
         cuda_matmul(xb_, att_, w.wo, T, scratch_, s);
+        if (w.attn_post_norm)  // gemma2/3: the block's output normed before the residual add
+            cuda_rmsnorm(xb_, xb_, w.attn_post_norm, T, c.n_embd, c.norm_eps, s);
         cuda_add_rmsnorm(x_, xb_, xb_, w.ffn_norm, T, c.n_embd, c.norm_eps, s);
         // Feed-forward block.
-        cuda_matmul_swiglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s);
+        if (c.ffn_gelu) {  // Gemma: GELU gate (two products, then the elementwise GeGLU)
+            cuda_matmul(gate_, xb_, w.w_gate, T, scratch_, s);
+            cuda_matmul(up_, xb_, w.w_up, T, scratch_, s);
+            cuda_geglu(gate_, gate_, up_, T * c.n_ff, s);
+        } else {
+            cuda_matmul_swiglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s);
+        }
         cuda_matmul(xb_, gate_, w.w_down, T, scratch_, s);
+        if (w.ffn_post_norm) cuda_rmsnorm(xb_, xb_, w.ffn_post_norm, T, c.n_embd, c.norm_eps, s);
         if (l + 1 < c.n_layer)
             cuda_add_rmsnorm(x_, xb_, xb_, layers_[size_t(l + 1)].attn_norm, T, c.n_embd,
                              c.norm_eps, s);
@@ -512,6 +533,7 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
     cuda_gather_rows(xr_, x_, d_rows_, R, c.n_embd, s);
     cuda_rmsnorm(xr_, xr_, output_norm_, R, c.n_embd, c.norm_eps, s);
     cuda_matmul(logits_, xr_, output_, R, scratch_, s);
+    if (c.final_softcap > 0) cuda_softcap(logits_, R * c.n_vocab, c.final_softcap, s);
 }
 
 // Runs the step: eagerly, or from a CUDA graph for decode-sized batches (captured on the

@@ -1,6 +1,6 @@
 // Small dense ops of the forward pass: RMSNorm, residual add + RMSNorm, softmax (one block
-// per row), RoPE (one thread per rotated pair), SwiGLU, residual add, bias add and row gather
-// (one thread per element).
+// per row), RoPE (one thread per rotated pair), SwiGLU, GeGLU, soft cap, scale, residual add,
+// bias add and row gather (one thread per element).
 #include <cstdint>
 
 #include "cuda/common.cuh"
@@ -92,6 +92,23 @@ __global__ void swiglu_kernel(float* out, const float* gate, const float* up, in
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n) return;
     out[i] = cu::silu_mul(gate[i], up[i]);
+}
+
+__global__ void geglu_kernel(float* out, const float* gate, const float* up, int64_t n) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float g = gate[i];
+    out[i] = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
+}
+
+__global__ void softcap_kernel(float* x, int64_t n, float cap) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = cap * tanhf(x[i] / cap);
+}
+
+__global__ void scale_kernel(float* x, int64_t n, float f) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= f;
 }
 
 __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t n) {
@@ -192,6 +209,25 @@ void cuda_rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, 
 void cuda_swiglu(float* out, const float* gate, const float* up, int64_t n, cudaStream_t s) {
     if (n <= 0) return;
     swiglu_kernel<<<elt_blocks(n), kEltThreads, 0, s>>>(out, gate, up, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_geglu(float* out, const float* gate, const float* up, int64_t n, cudaStream_t s) {
+    if (n <= 0) return;
+    geglu_kernel<<<elt_blocks(n), kEltThreads, 0, s>>>(out, gate, up, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_softcap(float* x, int64_t n, float cap, cudaStream_t s) {
+    CUDA_REQUIRE(cap > 0, "cuda_softcap: the cap must be positive");
+    if (n <= 0) return;
+    softcap_kernel<<<elt_blocks(n), kEltThreads, 0, s>>>(x, n, cap);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_scale(float* x, int64_t n, float f, cudaStream_t s) {
+    if (n <= 0) return;
+    scale_kernel<<<elt_blocks(n), kEltThreads, 0, s>>>(x, n, f);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -57,6 +57,10 @@ void cuda_rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, 
                const RopeParams& p, cudaStream_t s);
 // out[i] = silu(gate[i]) * up[i], n elements.
 void cuda_swiglu(float* out, const float* gate, const float* up, int64_t n, cudaStream_t s);
+// cpu::geglu, cpu::softcap (cap > 0) and cpu::scale on the device.
+void cuda_geglu(float* out, const float* gate, const float* up, int64_t n, cudaStream_t s);
+void cuda_softcap(float* x, int64_t n, float cap, cudaStream_t s);
+void cuda_scale(float* x, int64_t n, float f, cudaStream_t s);
 // x[i] += y[i], n elements.
 void cuda_add(float* x, const float* y, int64_t n, cudaStream_t s);
 // Numerically stable softmax in place over each row of x: [n_rows][n]
@@ -131,17 +135,20 @@ void cuda_hadamard(float* x, int64_t n_rows, int64_t n, cudaStream_t s);
 // Paged causal attention, cpu::paged_attention's contract (f32/f16/q8/q4 pools; with
 // staging a token's own block comes from its stage). q, out: [n_tokens][n_head][head_dim].
 // head_dim <= 256, any block_size >= 1. Few tokens: one thread block per (token, KV head,
-// context split) with split-K merge; many tokens: flash-style query tiles.
+// context split) with split-K merge; many tokens: flash-style query tiles. softcap > 0 and
+// window > 0 as in cpu::paged_attention (Gemma); the kernels skip tiles before the window.
 void cuda_paged_attention(float* out, const float* q, const KvLayerView& kv,
                           const KvBatchView& batch, int64_t n_head, float scale,
-                          CudaScratch& scratch, cudaStream_t s);
+                          CudaScratch& scratch, cudaStream_t s, float softcap = 0.0f,
+                          int64_t window = 0);
 // The two kernels, callable directly (tests): both accept any batch.
 void cuda_paged_attention_decode(float* out, const float* q, const KvLayerView& kv,
                                  const KvBatchView& batch, int64_t n_head, float scale,
-                                 CudaScratch& scratch, cudaStream_t s);
+                                 CudaScratch& scratch, cudaStream_t s, float softcap = 0.0f,
+                                 int64_t window = 0);
 void cuda_paged_attention_prefill(float* out, const float* q, const KvLayerView& kv,
                                   const KvBatchView& batch, int64_t n_head, float scale,
-                                  cudaStream_t s);
+                                  cudaStream_t s, float softcap = 0.0f, int64_t window = 0);
 
 // ---- sampling (sampling.cu) ---------------------------------------------------------------
 

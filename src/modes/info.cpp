@@ -27,6 +27,7 @@ struct Hyper {
     int64_t head_dim = 0, n_rot = 0, n_vocab = 0;
     double rope_base = 10000, norm_eps = 0;
     std::string rope_scaling;  // e.g. "none", "linear x4", "yarn x4 from 8192", "+ rope_freqs"
+    std::string attention;     // sliding window and soft caps (Gemma), or empty
 };
 
 Hyper read_hyper(const GgufFile& f) {
@@ -59,6 +60,16 @@ Hyper read_hyper(const GgufFile& f) {
         h.rope_scaling = fmt::format(
             "longrope ({} pair factors: long past {} tokens of context, short within)",
             t->n_elements, f.get_int_or(a + "rope.scaling.original_context_length", h.n_ctx_train));
+    if (h.arch == "gemma2" || h.arch == "gemma3") {
+        const int64_t window =
+            f.get_int_or(a + "attention.sliding_window", h.arch == "gemma2" ? 4096 : 0);
+        h.attention = fmt::format("sliding window {} tokens on {}", window,
+                                  h.arch == "gemma2" ? "every other layer" : "5 of 6 layers");
+        if (h.arch == "gemma2")
+            h.attention += fmt::format(", soft caps {:g} (scores) {:g} (logits)",
+                                       f.get_float_or(a + "attn_logit_softcapping", 50.0),
+                                       f.get_float_or(a + "final_logit_softcapping", 30.0));
+    }
     if (const GgufValue* toks = f.find("tokenizer.ggml.tokens");
         toks && toks->type == GgufValueType::ARRAY)
         h.n_vocab = static_cast<int64_t>(toks->as_array().size());
@@ -120,6 +131,7 @@ int run_info(const InfoOptions& o) {
                                 {"n_rot", h.n_rot},
                                 {"rope_freq_base", h.rope_base},
                                 {"rope_scaling", h.rope_scaling},
+                                {"attention", h.attention},
                                 {"rms_norm_eps", h.norm_eps},
                                 {"n_ctx_train", h.n_ctx_train}};
         j["vocab"] = {{"model", f.get_string_or("tokenizer.ggml.model", "")},
@@ -161,7 +173,9 @@ int run_info(const InfoOptions& o) {
     fmt::print("  n_head        {:>10}    n_head_kv     {:>10}\n", h.n_head, h.n_head_kv);
     fmt::print("  head_dim      {:>10}    n_rot         {:>10}\n", h.head_dim, h.n_rot);
     fmt::print("  rope_base     {:>10g}    rms_norm_eps  {:>10g}\n", h.rope_base, h.norm_eps);
-    fmt::print("  rope_scaling  {}\n\n", h.rope_scaling);
+    fmt::print("  rope_scaling  {}\n", h.rope_scaling);
+    if (!h.attention.empty()) fmt::print("  attention     {}\n", h.attention);
+    fmt::print("\n");
     const std::string pre = f.get_string_or("tokenizer.ggml.pre", "");
     fmt::print("vocabulary      {}{}, {} tokens, bos {}, eos {}\n\n",
                f.get_string_or("tokenizer.ggml.model", "-"),
