@@ -170,6 +170,11 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
         cpu::add(x_.data(), xb_.data(), T * c.n_embd);
         // Feed-forward block.
         cpu::rmsnorm(xb_.data(), x_.data(), w.ffn_norm.data(), T, c.n_embd, c.norm_eps);
+        if (c.moe()) {
+            moe_ffn(w, T);
+            cpu::add(x_.data(), xb_.data(), T * c.n_embd);
+            continue;
+        }
         cpu::matmul(gate_.data(), xb_.data(), w.w_gate, T);
         cpu::matmul(up_.data(), xb_.data(), w.w_up, T);
         if (c.ffn_gelu)
@@ -196,6 +201,53 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
     cpu::rmsnorm(xb_.data(), xb_.data(), weights_.output_norm.data(), R, c.n_embd, c.norm_eps);
     cpu::matmul(logits, xb_.data(), weights_.output, R);
     if (c.final_softcap > 0) cpu::softcap(logits, R * c.n_vocab, c.final_softcap);
+}
+
+void CpuBackend::moe_ffn(const LayerWeights& w, int64_t T) {
+    const ModelConfig& c = config_;
+    const int64_t E = c.n_expert, K = c.n_expert_used, F = c.n_ff_exp, D = c.n_embd;
+    router_.resize(size_t(T * E));
+    cpu::matmul(router_.data(), xb_.data(), w.router, T);
+    // Each token's experts: the K largest softmax probabilities (ties: the lower id), weighted
+    // by those probabilities over their sum. routed[e] lists (token, weight).
+    std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));
+    std::vector<int64_t> order(static_cast<size_t>(E));
+    for (int64_t t = 0; t < T; ++t) {
+        float* p = router_.data() + t * E;
+        cpu::softmax(p, E);
+        for (int64_t e = 0; e < E; ++e) order[size_t(e)] = e;
+        std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int64_t a, int64_t b) {
+            return p[a] > p[b] || (p[a] == p[b] && a < b);
+        });
+        double sum = 0;
+        for (int64_t k = 0; k < K; ++k) sum += p[order[size_t(k)]];
+        for (int64_t k = 0; k < K; ++k)
+            routed[size_t(order[size_t(k)])].push_back({t, float(p[order[size_t(k)]] / sum)});
+    }
+    moe_out_.assign(size_t(T * D), 0.0f);
+    for (int64_t e = 0; e < E; ++e) {
+        const auto& rows = routed[size_t(e)];
+        if (rows.empty()) continue;
+        const int64_t n = int64_t(rows.size());
+        moe_in_.resize(size_t(n * D));
+        moe_gate_.resize(size_t(n * F));
+        moe_up_.resize(size_t(n * F));
+        moe_down_.resize(size_t(n * D));
+        for (int64_t i = 0; i < n; ++i)
+            std::memcpy(moe_in_.data() + i * D, xb_.data() + rows[size_t(i)].first * D,
+                        size_t(D) * sizeof(float));
+        cpu::matmul(moe_gate_.data(), moe_in_.data(), w.gate_exps[size_t(e)], n);
+        cpu::matmul(moe_up_.data(), moe_in_.data(), w.up_exps[size_t(e)], n);
+        cpu::swiglu(moe_gate_.data(), moe_gate_.data(), moe_up_.data(), n * F);
+        cpu::matmul(moe_down_.data(), moe_gate_.data(), w.down_exps[size_t(e)], n);
+        for (int64_t i = 0; i < n; ++i) {
+            float* o = moe_out_.data() + rows[size_t(i)].first * D;
+            const float* d = moe_down_.data() + i * D;
+            const float wt = rows[size_t(i)].second;
+            for (int64_t j = 0; j < D; ++j) o[j] += wt * d[j];
+        }
+    }
+    std::copy(moe_out_.begin(), moe_out_.end(), xb_.begin());
 }
 
 void CpuBackend::copy_blocks(const std::vector<BlockCopy>& copies) {

@@ -1,4 +1,4 @@
-// The CPU reference backend: the llama / qwen2 forward pass over a paged KV cache held in
+// The CPU reference backend: the llama-family forward pass over a paged KV cache held in
 // host memory, built from the ops in cpu_ops.h.
 #pragma once
 
@@ -31,6 +31,8 @@ class CpuBackend final : public Backend {
 
   private:
     void validate(const ForwardBatch& batch) const;
+    // The mixture-of-experts FFN of layer w on xb_'s T normed rows, result in xb_.
+    void moe_ffn(const LayerWeights& w, int64_t T);
 
     ModelConfig config_;
     RopeParams rope_;      // the model's RoPE (factors in config_.rope_freq_factors)
@@ -53,6 +55,9 @@ class CpuBackend final : public Backend {
     std::vector<float> k_, v_;          // [n_tokens][n_kv_head][head_dim]
     std::vector<float> att_;            // [n_tokens][n_head][head_dim]
     std::vector<float> gate_, up_;      // [n_tokens][n_ff]
+    // Mixture of experts: router logits [n_tokens][n_expert]; an expert's rows gathered
+    // [n][n_embd], their gate/up [n][n_ff_exp] and down output [n][n_embd]; the sum.
+    std::vector<float> router_, moe_in_, moe_gate_, moe_up_, moe_down_, moe_out_;
     std::vector<int32_t> flat_tables_;  // [n_seqs][max_blocks_per_seq], -1 padded
 };
 

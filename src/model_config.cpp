@@ -27,6 +27,7 @@ constexpr ArchTraits kArchs[] = {
     {"llama", false, false, false, false, 0},  //
     {"qwen2", true, true, false, false, 0},    //
     {"qwen3", true, false, true, false, 0},    //
+    {"qwen3moe", true, false, true, false, 0}, //
     {"phi3", true, false, false, true, 0},     //
     {"gemma", true, false, false, false, 1},   //
     {"gemma2", true, false, false, false, 2},  //
@@ -166,10 +167,10 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     if (!traits) {
         throw Error(
             fmt::format("{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, "
-                        "phi3, gemma, gemma2, gemma3)",
+                        "qwen3moe, phi3, gemma, gemma2, gemma3)",
                         f.path(), c.arch),
             "kvrun runs llama-family models (Llama, Mistral, TinyLlama, SmolLM, Qwen2, Qwen3, "
-            "Phi-3, Phi-4, Gemma 1-3)");
+            "Qwen3 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3)");
     }
     c.rope_neox = traits->rope_neox;
     c.qkv_bias = traits->qkv_bias;
@@ -211,6 +212,18 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     read_rope_scaling(f, a, c);
     c.attn_scale = 1.0f / std::sqrt(float(c.head_dim));
     if (traits->gemma) read_gemma(f, a, traits->gemma, c);
+    // Mixture of experts (some dense models say expert_count 0).
+    const GgufValue* experts = f.find(a + "expert_count");
+    if (experts && !(experts->is_int() && experts->as_int() == 0)) {
+        c.n_expert = read_count(f, a + "expert_count", 0, true);
+        c.n_expert_used = read_count(f, a + "expert_used_count", 0, true);
+        c.n_ff_exp = read_count(f, a + "expert_feed_forward_length", c.n_ff, false);
+        if (c.n_expert_used > c.n_expert || c.n_expert > 4096)
+            fail("{}: {}expert_used_count {} must be at most expert_count {} (<= 4096)", f.path(),
+                 a, c.n_expert_used, c.n_expert);
+    } else if (c.arch == "qwen3moe") {
+        fail("{}: missing required key '{}expert_count'", f.path(), a);
+    }
     return c;
 }
 

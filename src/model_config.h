@@ -1,5 +1,5 @@
 // Typed model hyperparameters read from GGUF metadata (`<arch>.*` keys) for the supported
-// architectures (llama, qwen2, qwen3, phi3, gemma, gemma2, gemma3), validated so the forward pass
+// architectures (llama, qwen2, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3), validated so the forward pass
 // can trust them.
 #pragma once
 
@@ -13,7 +13,7 @@
 namespace kvrun {
 
 struct ModelConfig {
-    std::string arch;                 // general.architecture (llama, qwen2, qwen3, phi3, gemma*)
+    std::string arch;                 // general.architecture (llama, qwen2, qwen3, qwen3moe, phi3, gemma*)
     int64_t n_layer = 0;              // block_count
     int64_t n_embd = 0;               // embedding_length
     int64_t n_ff = 0;                 // feed_forward_length
@@ -63,6 +63,12 @@ struct ModelConfig {
     int64_t n_swa = 0;
     int64_t swa_pattern = 0;
     float rope_freq_base_swa = 0.0f;
+    // Mixture of experts (qwen3moe; llama with expert_count: Mixtral): each FFN is n_expert
+    // SwiGLU experts of width n_ff_exp (expert_feed_forward_length, else feed_forward_length);
+    // a token goes to the n_expert_used with the largest softmax router probabilities,
+    // weighted by those probabilities renormalized to sum 1. 0: a dense FFN.
+    int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
+    bool moe() const { return n_expert > 0; }
 
     // The context RoPE scaling was trained from: rope.scaling.original_context_length, else
     // context_length (0 when neither is known).
@@ -108,8 +114,8 @@ void select_rope_factors(ModelConfig& c, int64_t n_ctx);
 void apply_rope_overrides(ModelConfig& c, const RopeOverrides& o);
 
 // Reads and validates the hyperparameters. Throws Error naming the key for a missing or
-// invalid value, and "unsupported architecture 'x' (supported: llama, qwen2, qwen3, phi3, gemma,
-// gemma2, gemma3)".
+// invalid value, and "unsupported architecture 'x' (supported: llama, qwen2, qwen3, qwen3moe,
+// phi3, gemma, gemma2, gemma3)".
 ModelConfig model_config_from_gguf(const GgufFile& file);
 
 }  // namespace kvrun

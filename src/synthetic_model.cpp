@@ -1,5 +1,5 @@
-// Synthetic llama-family models: presets, the tensor plan (names, shapes, types, magnitudes), parallel
-// deterministic generation into a GgufWriter, and cutting a model to its first L layers.
+// Synthetic llama-family models: presets, the tensor plan (names, shapes, types, magnitudes),
+// parallel deterministic generation into a GgufWriter, and cutting a model to its first L layers.
 #include "synthetic_model.h"
 
 #include <algorithm>
@@ -77,7 +77,7 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
             p.push_back({bias("attn_q"), GgmlType::F32, {n_embd_q}, kBiasStd, 0});
             p.push_back({bias("attn_k"), GgmlType::F32, {n_embd_kv}, kBiasStd, 0});
             p.push_back({bias("attn_v"), GgmlType::F32, {n_embd_kv}, kBiasStd, 0});
-        } else if (c.arch == "qwen3" || c.arch == "gemma3") {
+        } else if (c.arch == "qwen3" || c.arch == "qwen3moe" || c.arch == "gemma3") {
             p.push_back({nm("attn_q_norm"), GgmlType::F32, {head_dim}, kNormStd, 1});
             p.push_back({nm("attn_k_norm"), GgmlType::F32, {head_dim}, kNormStd, 1});
         }
@@ -85,18 +85,27 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
         if (c.arch == "gemma2" || c.arch == "gemma3")
             p.push_back({nm("post_attention_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
         p.push_back({nm("ffn_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
-        if (c.arch == "phi3") {  // the gate's rows, then up's, in ffn_up
-            p.push_back({nm("ffn_up"), c.type, {c.n_embd, 2 * c.n_ff}, s, 0});
+        if (c.n_expert > 0) {  // router and stacked experts
+            const int64_t fe = c.n_ff_exp > 0 ? c.n_ff_exp : c.n_ff;
+            p.push_back({nm("ffn_gate_inp"), GgmlType::F32, {c.n_embd, c.n_expert}, s, 0});
+            p.push_back({nm("ffn_gate_exps"), c.type, {c.n_embd, fe, c.n_expert}, s, 0});
+            p.push_back({nm("ffn_up_exps"), c.type, {c.n_embd, fe, c.n_expert}, s, 0});
+            p.push_back({nm("ffn_down_exps"), more, {fe, c.n_embd, c.n_expert}, s_out, 0});
         } else {
-            p.push_back({nm("ffn_gate"), c.type, {c.n_embd, c.n_ff}, s, 0});
-            p.push_back({nm("ffn_up"), c.type, {c.n_embd, c.n_ff}, s, 0});
+            if (c.arch == "phi3") {  // the gate's rows, then up's, in ffn_up
+                p.push_back({nm("ffn_up"), c.type, {c.n_embd, 2 * c.n_ff}, s, 0});
+            } else {
+                p.push_back({nm("ffn_gate"), c.type, {c.n_embd, c.n_ff}, s, 0});
+                p.push_back({nm("ffn_up"), c.type, {c.n_embd, c.n_ff}, s, 0});
+            }
+            p.push_back({nm("ffn_down"), more, {c.n_ff, c.n_embd}, s_out, 0});
         }
-        p.push_back({nm("ffn_down"), more, {c.n_ff, c.n_embd}, s_out, 0});
         if (c.arch == "gemma2" || c.arch == "gemma3")
             p.push_back({nm("post_ffw_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
     }
     p.push_back({"output_norm.weight", GgmlType::F32, {c.n_embd}, kNormStd, 1});
-    if (!c.tied_output && !is_gemma(c)) p.push_back({"output.weight", c.output_type, {c.n_embd, n_vocab}, s, 0});
+    if (!c.tied_output && !is_gemma(c))
+        p.push_back({"output.weight", c.output_type, {c.n_embd, n_vocab}, s, 0});
     return p;
 }
 
@@ -222,6 +231,11 @@ void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) 
             w.set_f32(a + "rope.scaling.attn_factor",
                       float(std::sqrt(1 + std::log(scale) / std::log(double(c.rope_orig_ctx)))));
     }
+    if (c.n_expert > 0) {
+        w.set_u32(a + "expert_count", uint32_t(c.n_expert));
+        w.set_u32(a + "expert_used_count", uint32_t(c.n_expert_used));
+        if (c.n_ff_exp > 0) w.set_u32(a + "expert_feed_forward_length", uint32_t(c.n_ff_exp));
+    }
     if (c.arch == "gemma2") {
         w.set_u32(a + "attention.sliding_window",
                   uint32_t(c.sliding_window > 0 ? c.sliding_window : 4096));
@@ -278,9 +292,10 @@ int64_t synthetic_head_dim(const SyntheticModelConfig& cfg) {
 }
 
 std::vector<std::string> synthetic_preset_names() {
-    return {"llama2-7b", "llama3-8b",      "llama3.1-8b", "llama-1b",  "qwen2.5-7b",
-            "qwen3-0.6b", "qwen3-8b",      "phi3-mini",   "phi3-mini-128k", "phi4",
-            "gemma2-2b", "gemma3-1b",      "gemma3-4b",   "tiny"};
+    return {"llama2-7b",    "llama3-8b",  "llama3.1-8b",    "llama-1b",
+            "qwen2.5-7b",   "qwen3-0.6b", "qwen3-8b",       "qwen3-30b-a3b",
+            "mixtral-8x7b", "phi3-mini",  "phi3-mini-128k", "phi4",
+            "gemma2-2b",    "gemma3-1b",  "gemma3-4b",      "tiny"};
 }
 
 SyntheticModelConfig synthetic_preset(std::string_view name) {
@@ -311,6 +326,15 @@ SyntheticModelConfig synthetic_preset(std::string_view name) {
         c.arch = "qwen3", c.head_dim = 128;
         c.n_layer = 36, c.n_embd = 4096, c.n_head = 32, c.n_head_kv = 8, c.n_ff = 12288;
         c.n_vocab = 151936, c.rope_base = 1000000, c.n_ctx = 40960, c.norm_eps = 1e-6;
+    } else if (name == "qwen3-30b-a3b") {  // 128 experts of width 768, 8 per token
+        c.arch = "qwen3moe", c.head_dim = 128;
+        c.n_layer = 48, c.n_embd = 2048, c.n_head = 32, c.n_head_kv = 4, c.n_ff = 6144;
+        c.n_expert = 128, c.n_expert_used = 8, c.n_ff_exp = 768;
+        c.n_vocab = 151936, c.rope_base = 1000000, c.n_ctx = 40960, c.norm_eps = 1e-6;
+    } else if (name == "mixtral-8x7b") {  // llama with 8 experts, 2 per token
+        c.n_layer = 32, c.n_embd = 4096, c.n_head = 32, c.n_head_kv = 8, c.n_ff = 14336;
+        c.n_expert = 8, c.n_expert_used = 2;
+        c.n_vocab = 32000, c.rope_base = 1000000, c.n_ctx = 32768, c.norm_eps = 1e-5;
     } else if (name == "phi3-mini" || name == "phi3-mini-128k") {  // fused QKV and gate/up
         c.arch = "phi3";
         c.n_layer = 32, c.n_embd = 3072, c.n_head = 32, c.n_head_kv = 32, c.n_ff = 8192;
@@ -383,12 +407,22 @@ void synthetic_validate(const SyntheticModelConfig& c) {
     positive("n_ff", c.n_ff, 1 << 22);
     positive("n_ctx", c.n_ctx, int64_t(1) << 31);
     if (c.vocab_from.empty()) positive("n_vocab", c.n_vocab, int64_t(1) << 24);
-    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "phi3" &&
-        !is_gemma(c))
+    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "qwen3moe" &&
+        c.arch != "phi3" && !is_gemma(c))
         fail(
-            "synthetic model: architecture '{}' is not one of llama, qwen2, qwen3, phi3, gemma, "
-            "gemma2, gemma3",
+            "synthetic model: architecture '{}' is not one of llama, qwen2, qwen3, qwen3moe, phi3, "
+            "gemma, gemma2, gemma3",
             c.arch);
+    if ((c.arch == "qwen3moe") != (c.n_expert > 0) && c.arch != "llama")
+        fail(
+            "synthetic model: experts need arch qwen3moe or llama (Mixtral), and qwen3moe "
+            "needs experts");
+    if (c.n_expert > 0 && (c.n_expert_used < 1 || c.n_expert_used > c.n_expert ||
+                           c.n_expert > 4096 || c.n_ff_exp < 0))
+        fail(
+            "synthetic model: {} experts with {} used per token (need 1 <= used <= experts <= "
+            "4096)",
+            c.n_expert, c.n_expert_used);
     if (c.sliding_window < 0 || !(c.attn_softcap >= 0) || !(c.final_softcap >= 0))
         fail("synthetic model: sliding window and soft caps must be >= 0");
     if (c.head_dim < 0 || c.head_dim > 4096)
@@ -426,7 +460,8 @@ void synthetic_validate(const SyntheticModelConfig& c) {
             fail("synthetic model: cannot generate tensors of type {}", ggml_type_name(t));
         const GgmlTypeTraits& tr = ggml_type_traits(t);
         for (auto [what, n] : {std::pair{"n_embd", c.n_embd}, std::pair{"n_ff", c.n_ff},
-                               std::pair{"n_head * head_dim", c.n_head * head_dim}})
+                               std::pair{"n_head * head_dim", c.n_head * head_dim},
+                               std::pair{"n_ff_exp", c.n_ff_exp > 0 ? c.n_ff_exp : c.n_ff}})
             if (n % tr.block_elems != 0)
                 throw Error(fmt::format("synthetic model: {} = {} is not a multiple of the {} "
                                         "block size {}",

@@ -1,4 +1,4 @@
-// Synthetic llama-family models (llama, qwen2, qwen3, phi3, gemma 1-3): GGUF files with real shapes (presets such as llama2-7b, llama3-8b)
+// Synthetic llama-family models (llama, qwen2, qwen3, qwen3moe, phi3, gemma 1-3): GGUF files with real shapes (presets such as llama2-7b, llama3-8b)
 // and random weights, generated quickly and deterministically from a seed, for benchmarks and
 // tests. Also cuts a model down to its first L layers (a draft model for speculative decoding).
 //
@@ -27,6 +27,9 @@ struct SyntheticModelConfig {
     std::string arch = "llama";
     int64_t sliding_window = 0;  // gemma2 / gemma3: attention.sliding_window (0: 4096 / 1024)
     double attn_softcap = 50.0, final_softcap = 30.0;  // gemma2's soft caps
+    // Mixture of experts (qwen3moe, or llama = Mixtral): n_expert SwiGLU experts of width
+    // n_ff_exp (0: n_ff) in ffn_*_exps tensors, an F32 router, n_expert_used per token.
+    int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
     int64_t n_layer = 2;
     int64_t n_embd = 256;
     int64_t n_head = 4;
@@ -86,7 +89,8 @@ std::vector<float> llama3_rope_factors(int64_t n_rot, double base, double factor
 int64_t synthetic_head_dim(const SyntheticModelConfig& cfg);
 
 // Names accepted by synthetic_preset: llama2-7b, llama3-8b, llama3.1-8b, llama-1b, qwen2.5-7b,
-// qwen3-0.6b, qwen3-8b, phi3-mini, phi3-mini-128k, phi4, gemma2-2b, gemma3-1b, gemma3-4b, tiny.
+// qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, phi3-mini, phi3-mini-128k, phi4,
+// gemma2-2b, gemma3-1b, gemma3-4b, tiny.
 std::vector<std::string> synthetic_preset_names();
 // The hyperparameters of a preset (type F32, other fields default). Throws Error for an
 // unknown name, listing the known ones.

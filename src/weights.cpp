@@ -128,6 +128,31 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
             l.attn_post_norm = load_vector(f, name("post_attention_norm.weight"), c.n_embd);
             l.ffn_post_norm = load_vector(f, name("post_ffw_norm.weight"), c.n_embd);
         }
+        if (c.moe()) {  // experts stacked in 3-D tensors: expert e is a contiguous slice
+            l.router = load_matrix(f, name("ffn_gate_inp.weight"), c.n_embd, c.n_expert, bytes);
+            auto experts = [&](const char* what, int64_t n_in, int64_t n_out) {
+                const std::string tn = name(what);
+                const GgufTensorInfo& t = find_checked(f, tn, {n_in, n_out, c.n_expert});
+                WeightView all;
+                all.type = t.type;
+                all.n_in = n_in;
+                all.n_out = n_out * c.n_expert;
+                all.row_bytes = ggml_row_bytes(t.type, n_in);
+                all.data = t.data;
+                if (all.row_bytes * uint64_t(all.n_out) > t.n_bytes)
+                    fail("{}: tensor '{}' holds {} bytes, fewer than its shape needs", f.path(), tn,
+                         t.n_bytes);
+                bytes += all.row_bytes * uint64_t(all.n_out);
+                std::vector<WeightView> v;
+                for (int64_t e = 0; e < c.n_expert; ++e)
+                    v.push_back(row_slice(all, e * n_out, n_out));
+                return v;
+            };
+            l.gate_exps = experts("ffn_gate_exps.weight", c.n_embd, c.n_ff_exp);
+            l.up_exps = experts("ffn_up_exps.weight", c.n_embd, c.n_ff_exp);
+            l.down_exps = experts("ffn_down_exps.weight", c.n_ff_exp, c.n_embd);
+            continue;
+        }
         if (c.fused_gate_up) {  // phi3: ffn_up holds the gate's rows, then up's
             const WeightView both =
                 load_matrix(f, name("ffn_up.weight"), c.n_embd, 2 * c.n_ff, bytes);

@@ -1,4 +1,4 @@
-// The tensor-name table of llama / qwen2 GGUF models: finds every weight, checks its shape
+// The tensor-name table of llama-family GGUF models: finds every weight, checks its shape
 // and type, and exposes 2-D matrices as WeightViews into the file's mapping (no copies) and
 // 1-D norm / bias vectors as float32.
 #pragma once
@@ -21,7 +21,11 @@ struct LayerWeights {
     std::vector<float> ffn_norm;      // [n_embd]
     // [n_embd] each: RMSNorm weights of the attention and FFN outputs (gemma2/3), or empty.
     std::vector<float> attn_post_norm, ffn_post_norm;
-    WeightView w_gate, w_up, w_down;  // [n_ff][n_embd] x2, [n_embd][n_ff]
+    WeightView w_gate, w_up, w_down;  // [n_ff][n_embd] x2, [n_embd][n_ff] (dense FFN)
+    // Mixture of experts: the router [n_expert][n_embd] and each expert's views into the
+    // stacked ffn_*_exps tensors ([n_ff_exp][n_embd] x2, [n_embd][n_ff_exp]).
+    WeightView router;
+    std::vector<WeightView> gate_exps, up_exps, down_exps;
 };
 
 struct ModelWeights {

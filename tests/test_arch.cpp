@@ -45,7 +45,8 @@ Mat tensor(const GgufFile& f, const std::string& name) {
     Mat m;
     m.data = reinterpret_cast<const float*>(t->data);
     m.n_in = t->dims[0];
-    m.n_out = t->dims.size() > 1 ? t->dims[1] : 1;
+    m.n_out = 1;  // rows: the product of the other dims (experts stacked)
+    for (size_t i = 1; i < t->dims.size(); ++i) m.n_out *= t->dims[i];
     return m;
 }
 
@@ -111,6 +112,8 @@ struct RefParts {
     int64_t window = 0;
     double attn_softcap = 0, final_softcap = 0;
     double rope_scale = 1.0;
+    // Mixture of experts: the top n_used of n_expert softmax router probabilities, renormalized.
+    int64_t n_expert = 0, n_used = 0;
 };
 
 RefParts parts_of(bool biases, bool qk_norm, bool neox, bool fused = false) {
@@ -214,6 +217,38 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
             for (int64_t i = 0; i < c.n_embd; ++i) x[size_t(t)][size_t(i)] += o[size_t(i)];
             std::vector<float> h = x[size_t(t)];
             rms_normalize(h, 0, c.n_embd, w("ffn_norm.weight").data, c.norm_eps);
+            if (parts.n_expert > 0) {
+                const Mat router = w("ffn_gate_inp.weight");
+                std::vector<float> logit = matvec(router, h);
+                double mx = *std::max_element(logit.begin(), logit.end()), z = 0;
+                std::vector<double> prob(logit.size());
+                for (size_t e = 0; e < prob.size(); ++e) z += (prob[e] = std::exp(logit[e] - mx));
+                for (double& pe : prob) pe /= z;
+                std::vector<int64_t> ids(prob.size());
+                for (size_t e = 0; e < ids.size(); ++e) ids[e] = int64_t(e);
+                std::stable_sort(ids.begin(), ids.end(),
+                                 [&](int64_t a, int64_t b) { return prob[a] > prob[b]; });
+                double picked = 0;
+                for (int64_t k = 0; k < parts.n_used; ++k) picked += prob[size_t(ids[size_t(k)])];
+                const Mat ge = w("ffn_gate_exps.weight"), ue = w("ffn_up_exps.weight"),
+                          de = w("ffn_down_exps.weight");
+                const int64_t fe = ge.n_out / parts.n_expert;
+                auto expert = [&](const Mat& m, int64_t e, int64_t rows) {
+                    return Mat{m.data + e * rows * m.n_in, m.n_in, rows};
+                };
+                std::vector<float> sum(size_t(c.n_embd), 0.0f);
+                for (int64_t k = 0; k < parts.n_used; ++k) {
+                    const int64_t e = ids[size_t(k)];
+                    std::vector<float> g = matvec(expert(ge, e, fe), h);
+                    const std::vector<float> u = matvec(expert(ue, e, fe), h);
+                    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+                    const std::vector<float> d = matvec(expert(de, e, c.n_embd), g);
+                    const double wt = prob[size_t(e)] / picked;
+                    for (size_t i = 0; i < sum.size(); ++i) sum[i] += float(wt * d[i]);
+                }
+                for (int64_t i = 0; i < c.n_embd; ++i) x[size_t(t)][size_t(i)] += sum[size_t(i)];
+                continue;
+            }
             std::vector<float> g, up;
             if (parts.fused) {
                 const std::vector<float> both = matvec(w("ffn_up.weight"), h);
@@ -349,6 +384,19 @@ TEST_CASE("each architecture matches the independent reference forward") {
     {  // Phi-3 / Phi-4: fused attn_qkv and ffn_up (gate rows first), GQA
         cases.push_back({"phi3", small("phi3"), parts_of(false, false, true, true)});
     }
+    {  // Qwen3 MoE: 6 experts of width 40, 2 per token, Q/K norms
+        Case m{"qwen3moe", small("qwen3"), parts_of(false, true, true)};
+        m.cfg.arch = "qwen3moe", m.cfg.n_expert = 6, m.cfg.n_expert_used = 2;
+        m.cfg.n_ff_exp = 40;
+        m.parts.n_expert = 6, m.parts.n_used = 2;
+        cases.push_back(m);
+    }
+    {  // Mixtral: a llama with 4 experts of the FFN's width, 2 per token
+        Case m{"mixtral", small("llama"), parts_of(false, false, false)};
+        m.cfg.n_expert = 4, m.cfg.n_expert_used = 2;
+        m.parts.n_expert = 4, m.parts.n_used = 2;
+        cases.push_back(m);
+    }
     {  // Gemma: embedding scale, GELU, 256-wide... here 24-wide heads, tied output
         Case g{"gemma", small("gemma"), parts_of(false, false, true)};
         g.cfg.head_dim = 24;
@@ -387,12 +435,20 @@ TEST_CASE("each architecture matches the independent reference forward") {
             RefParts plain;
             plain.neox = !k.parts.neox;
             plain.fused = k.parts.fused;
+            plain.n_expert = k.parts.n_expert, plain.n_used = k.parts.n_used;
             CHECK(rel_diff(reference_logits(f, c, plain, kTokens), want) > 1e-2);
         }
         if (k.parts.qk_norm) {
             RefParts no_norm = k.parts;
             no_norm.qk_norm = false;
             CHECK(rel_diff(reference_logits(f, c, no_norm, kTokens), want) > 1e-2);
+        }
+        if (k.parts.n_expert > 0) {  // routing matters: one expert, or all of them, differ
+            RefParts v = k.parts;
+            v.n_used = 1;
+            CHECK(rel_diff(reference_logits(f, c, v, kTokens), want) > 1e-3);
+            v.n_used = k.parts.n_expert;
+            CHECK(rel_diff(reference_logits(f, c, v, kTokens), want) > 1e-3);
         }
         if (k.parts.gemma) {  // each Gemma part moves the logits
             std::vector<RefParts> variants;
@@ -454,6 +510,48 @@ TEST_CASE("phi3 LongRoPE: the long factors past the original context, the short 
         unscaled.rope_mscale = 1.0;
         CHECK(rel_diff(reference_logits(f, c, unscaled, kTokens), want) > 1e-2);
     }
+}
+
+TEST_CASE("mixture of experts: a batch of two sequences gives each one's logits alone") {
+    // Routing groups the batch's tokens by expert; each token's result must not depend on
+    // which other tokens share its experts.
+    TempDir dir;
+    SyntheticModelConfig cfg = small("qwen3moe");
+    cfg.n_expert = 8, cfg.n_expert_used = 3, cfg.n_ff_exp = 32;
+    synthetic_model_write(cfg, dir.file("moe.gguf"));
+    GgufFile f = GgufFile::open(dir.file("moe.gguf"));
+    const std::vector<int32_t> a = {1, 5, 9, 200, 31, 77, 8}, b = {1, 250, 4, 4, 12};
+    const auto alone_a = backend_logits(f, a, a.size());
+    const auto alone_b = backend_logits(f, b, b.size());
+    BackendOptions o;
+    o.kv_block_size = 4;
+    o.n_kv_blocks = 16;
+    o.kv_type_k = o.kv_type_v = KvType::F32;
+    auto be = make_cpu_backend(f, o);
+    ForwardBatch fb;
+    for (int seq = 0; seq < 2; ++seq) {
+        const auto& toks = seq == 0 ? a : b;
+        for (size_t i = 0; i < toks.size(); ++i) {
+            fb.tokens.push_back(toks[i]);
+            fb.positions.push_back(int32_t(i));
+            fb.seq_index.push_back(seq);
+            fb.slots.push_back(int32_t(i));
+            fb.logit_rows.push_back(int32_t(fb.tokens.size()) - 1);
+        }
+    }
+    fb.block_tables = {{15, 14}, {3, 2}};
+    const size_t V = size_t(be->config().n_vocab);
+    std::vector<float> both(fb.logit_rows.size() * V);
+    be->forward(fb, both.data());
+    // backend_logits ran each alone through the same kind of backend and tables of 4-token
+    // blocks; rows must agree (to float summation order inside the shared matmuls).
+    double d = 0;
+    for (size_t r = 0; r < fb.logit_rows.size(); ++r) {
+        const auto& want = r < a.size() ? alone_a[r] : alone_b[r - a.size()];
+        for (size_t i = 0; i < V; ++i)
+            d = std::max(d, double(std::fabs(both[r * V + i] - want[i])));
+    }
+    CHECK(d < 1e-4);
 }
 
 TEST_CASE("qwen3's per-head norms make Q and K scale-free, head by head") {
@@ -524,7 +622,7 @@ TEST_CASE("qwen3 load errors name the missing or misshapen norm") {
           std::string::npos);
 }
 
-TEST_CASE("kvrun info and run on qwen3, phi3 LongRoPE and gemma3 models") {
+TEST_CASE("kvrun info and run on qwen3, phi3 LongRoPE, gemma3 and qwen3moe models") {
     TempDir dir;
     SyntheticModelConfig q3 = small("qwen3");
     q3.head_dim = 24;
@@ -546,7 +644,12 @@ TEST_CASE("kvrun info and run on qwen3, phi3 LongRoPE and gemma3 models") {
     synthetic_model_write(g3, dir.file("g3.gguf"));
     r = kvrun::test::run_command(bin + " info -m " + dir.file("g3.gguf"));
     CHECK(r.out.find("sliding window 8 tokens on 5 of 6 layers") != std::string::npos);
-    for (const char* m : {"q3.gguf", "phi.gguf", "g3.gguf"}) {
+    SyntheticModelConfig moe = small("qwen3moe");
+    moe.n_expert = 8, moe.n_expert_used = 2, moe.n_ff_exp = 32;
+    synthetic_model_write(moe, dir.file("moe.gguf"));
+    r = kvrun::test::run_command(bin + " info -m " + dir.file("moe.gguf"));
+    CHECK(r.out.find("experts       8 per layer, 2 per token, width 32") != std::string::npos);
+    for (const char* m : {"q3.gguf", "phi.gguf", "g3.gguf", "moe.gguf"}) {
         CAPTURE(m);
         r = kvrun::test::run_command(bin + " run -m " + dir.file(m) +
                                      " -p 'Once upon' -n 6 --temp 0 -c 256 --device cpu");
@@ -555,7 +658,7 @@ TEST_CASE("kvrun info and run on qwen3, phi3 LongRoPE and gemma3 models") {
     }
 }
 
-TEST_CASE("gemma3 without its sliding window, and a negative soft cap, are load errors") {
+TEST_CASE("config errors: gemma3 without its window, a negative soft cap, bad expert counts") {
     TempDir dir;
     synthetic_model_write(small("gemma3"), dir.file("g3.gguf"));
     synthetic_model_write(small("gemma2"), dir.file("g2.gguf"));
@@ -579,6 +682,22 @@ TEST_CASE("gemma3 without its sliding window, and a negative soft cap, are load 
     };
     CHECK(config_error(dir.file("g3.gguf"), "gemma3.attention.sliding_window", nullptr)
               .find("missing required key 'gemma3.attention.sliding_window'") != std::string::npos);
+    // A dense model that says expert_count 0 stays dense; qwen3moe without experts is refused.
+    synthetic_model_write(small("llama"), dir.file("dense.gguf"));
+    GgufValue zero;
+    zero.type = GgufValueType::UINT32;
+    zero.data = uint64_t(0);
+    CHECK(config_error(dir.file("dense.gguf"), "llama.expert_count", &zero).empty());
+    SyntheticModelConfig moe = small("qwen3moe");
+    moe.n_expert = 4, moe.n_expert_used = 2;
+    synthetic_model_write(moe, dir.file("moe.gguf"));
+    CHECK(config_error(dir.file("moe.gguf"), "qwen3moe.expert_count", nullptr)
+              .find("missing required key 'qwen3moe.expert_count'") != std::string::npos);
+    GgufValue too_many;
+    too_many.type = GgufValueType::UINT32;
+    too_many.data = uint64_t(9);
+    CHECK(config_error(dir.file("moe.gguf"), "qwen3moe.expert_used_count", &too_many)
+              .find("expert_used_count 9 must be at most expert_count 4") != std::string::npos);
     GgufValue negative;
     negative.type = GgufValueType::FLOAT32;
     negative.data = -1.0;

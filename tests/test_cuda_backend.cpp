@@ -250,6 +250,16 @@ TEST_CASE("cuda backend refuses what its kernels cannot run, with a hint") {
     CHECK_THROWS_AS(make_cuda_backend(file, o, 0), Error);
     o.kv_block_size = 16;
     CHECK_THROWS_AS(make_cuda_backend(file, o, cuda_device_count()), Error);
+    // Mixture of experts: no expert kernels yet, so a clear refusal naming the CPU.
+    SyntheticModelConfig moe = synthetic_preset("tiny");
+    moe.arch = "qwen3moe", moe.n_expert = 4, moe.n_expert_used = 2;
+    const auto moe_path = std::filesystem::temp_directory_path() / "kvrun-test-cuda-moe.gguf";
+    synthetic_model_write(moe, moe_path.string());
+    GgufFile moe_file = GgufFile::open(moe_path.string());
+    CHECK_THROWS_WITH_AS(make_cuda_backend(moe_file, o, 0),
+                         doctest::Contains("mixture-of-experts models (4 experts) run on the CPU"),
+                         Error);
+    std::filesystem::remove(moe_path);
 }
 
 TEST_CASE("cuda backend with a q8 / q4 KV cache matches the cpu backend") {

@@ -25,7 +25,7 @@ int run(int argc, char** argv) {
     kvrun::SyntheticModelConfig o;  // holds the override values
     std::optional<int64_t> n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab, n_ctx, head_dim;
     std::optional<std::string> arch;
-    std::optional<int64_t> sliding_window;
+    std::optional<int64_t> sliding_window, n_expert, n_expert_used, n_ff_exp;
     bool tied_output = false;
     std::optional<double> rope_base, norm_eps, rope_factor;
     std::optional<std::string> rope_scaling;
@@ -33,12 +33,15 @@ int run(int argc, char** argv) {
     app.add_option("-o,--output", output, "output GGUF path")->required();
     app.add_option("--preset", preset,
                    "llama2-7b, llama3-8b, llama3.1-8b, llama-1b, qwen2.5-7b, qwen3-0.6b, "
-                   "qwen3-8b, phi3-mini, phi3-mini-128k, phi4, gemma2-2b, gemma3-1b, gemma3-4b "
-                   "or tiny")
+                   "qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, phi3-mini, phi3-mini-128k, phi4, "
+                   "gemma2-2b, gemma3-1b, gemma3-4b or tiny")
         ->capture_default_str();
     app.add_option("--arch", arch,
-                   "llama, qwen2 (Q/K/V biases), qwen3 (per-head Q/K norms), phi3 (fused "
-                   "QKV and gate/up), gemma, gemma2 or gemma3; default: the preset's");
+                   "llama, qwen2 (Q/K/V biases), qwen3 (per-head Q/K norms), qwen3moe, phi3 "
+                   "(fused QKV and gate/up), gemma, gemma2 or gemma3; default: the preset's");
+    app.add_option("--n-expert", n_expert, "experts per layer (qwen3moe, llama = Mixtral)");
+    app.add_option("--n-expert-used", n_expert_used, "experts per token");
+    app.add_option("--n-ff-exp", n_ff_exp, "expert feed-forward width (default --n-ff)");
     app.add_option("--sliding-window", sliding_window,
                    "gemma2/gemma3: attention.sliding_window (default 4096 / 1024)");
     app.add_option("-t,--type", type,
@@ -109,6 +112,9 @@ int run(int argc, char** argv) {
     if (head_dim) c.head_dim = *head_dim;
     if (arch) c.arch = *arch;
     if (sliding_window) c.sliding_window = *sliding_window;
+    if (n_expert) c.n_expert = *n_expert;
+    if (n_expert_used) c.n_expert_used = *n_expert_used;
+    if (n_ff_exp) c.n_ff_exp = *n_ff_exp;
     if (tied_output) c.tied_output = true;
     if (n_vocab) c.n_vocab = *n_vocab;
     if (n_ctx) c.n_ctx = *n_ctx;

@@ -208,6 +208,11 @@ CudaBackend::CudaBackend(const GgufFile& file, const BackendOptions& options, in
                                 "support (256)",
                                 file.path(), config_.head_dim),
                     "use --device cpu");
+    if (config_.moe())
+        throw Error(fmt::format("{}: mixture-of-experts models ({} experts) run on the CPU "
+                                "only for now; the CUDA backend has no expert kernels yet",
+                                file.path(), config_.n_expert),
+                    "use --device cpu");
     if (options_.kv_block_size > 256)
         throw Error(fmt::format("--kv-block-size {} is larger than the CUDA kernels support (256)",
                                 options_.kv_block_size));

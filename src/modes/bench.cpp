@@ -68,12 +68,17 @@ double host_copy_bandwidth() {
 }
 
 // Bytes a decode step reads from the weights: every matrix once, but only one row of the
-// token embedding table (unless it doubles as the output matrix).
-double weight_bytes_per_token(const GgufFile& f) {
+// token embedding table (unless it doubles as the output matrix), and of a mixture of
+// experts only the experts one token uses (used / count of each ffn_*_exps tensor).
+double weight_bytes_per_token(const GgufFile& f, const ModelConfig& c) {
     double total = 0;
     for (const auto& t : f.tensors()) {
         if (t.name == "token_embd.weight" && f.find_tensor("output.weight") != nullptr) {
             total += double(t.n_bytes) / double(t.dims.size() > 1 ? t.dims[1] : 1);
+            continue;
+        }
+        if (c.moe() && t.name.find("_exps.weight") != std::string::npos) {
+            total += double(t.n_bytes) * double(c.n_expert_used) / double(c.n_expert);
             continue;
         }
         total += double(t.n_bytes);
@@ -143,7 +148,7 @@ int run_bench(BenchOptions o) {
             copy_bw = host_copy_bandwidth();
 #endif
         }
-        const double w_bytes = weight_bytes_per_token(*m.file);
+        const double w_bytes = weight_bytes_per_token(*m.file, m.backend->config());
         const double kv_tok =
             kv_bytes_per_token(cfg, kv_type_parse(kv), kv_type_parse(kv), mo.kv_block_size);
         std::mt19937 rng(42);

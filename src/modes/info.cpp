@@ -28,6 +28,7 @@ struct Hyper {
     double rope_base = 10000, norm_eps = 0;
     std::string rope_scaling;  // e.g. "none", "linear x4", "yarn x4 from 8192", "+ rope_freqs"
     std::string attention;     // sliding window and soft caps (Gemma), or empty
+    std::string experts;       // mixture of experts, or empty
 };
 
 Hyper read_hyper(const GgufFile& f) {
@@ -60,6 +61,10 @@ Hyper read_hyper(const GgufFile& f) {
         h.rope_scaling = fmt::format(
             "longrope ({} pair factors: long past {} tokens of context, short within)",
             t->n_elements, f.get_int_or(a + "rope.scaling.original_context_length", h.n_ctx_train));
+    if (const int64_t experts = f.get_int_or(a + "expert_count", 0); experts > 0)
+        h.experts = fmt::format("{} per layer, {} per token, width {}", experts,
+                                f.get_int_or(a + "expert_used_count", 0),
+                                f.get_int_or(a + "expert_feed_forward_length", h.n_ff));
     if (h.arch == "gemma2" || h.arch == "gemma3") {
         const int64_t window =
             f.get_int_or(a + "attention.sliding_window", h.arch == "gemma2" ? 4096 : 0);
@@ -132,6 +137,7 @@ int run_info(const InfoOptions& o) {
                                 {"rope_freq_base", h.rope_base},
                                 {"rope_scaling", h.rope_scaling},
                                 {"attention", h.attention},
+                                {"experts", h.experts},
                                 {"rms_norm_eps", h.norm_eps},
                                 {"n_ctx_train", h.n_ctx_train}};
         j["vocab"] = {{"model", f.get_string_or("tokenizer.ggml.model", "")},
@@ -175,6 +181,7 @@ int run_info(const InfoOptions& o) {
     fmt::print("  rope_base     {:>10g}    rms_norm_eps  {:>10g}\n", h.rope_base, h.norm_eps);
     fmt::print("  rope_scaling  {}\n", h.rope_scaling);
     if (!h.attention.empty()) fmt::print("  attention     {}\n", h.attention);
+    if (!h.experts.empty()) fmt::print("  experts       {}\n", h.experts);
     fmt::print("\n");
     const std::string pre = f.get_string_or("tokenizer.ggml.pre", "");
     fmt::print("vocabulary      {}{}, {} tokens, bos {}, eos {}\n\n",
