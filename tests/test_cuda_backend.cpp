@@ -250,16 +250,6 @@ TEST_CASE("cuda backend refuses what its kernels cannot run, with a hint") {
     CHECK_THROWS_AS(make_cuda_backend(file, o, 0), Error);
     o.kv_block_size = 16;
     CHECK_THROWS_AS(make_cuda_backend(file, o, cuda_device_count()), Error);
-    // Mixture of experts: no expert kernels yet, so a clear refusal naming the CPU.
-    SyntheticModelConfig moe = synthetic_preset("tiny");
-    moe.arch = "qwen3moe", moe.n_expert = 4, moe.n_expert_used = 2;
-    const auto moe_path = std::filesystem::temp_directory_path() / "kvrun-test-cuda-moe.gguf";
-    synthetic_model_write(moe, moe_path.string());
-    GgufFile moe_file = GgufFile::open(moe_path.string());
-    CHECK_THROWS_WITH_AS(make_cuda_backend(moe_file, o, 0),
-                         doctest::Contains("mixture-of-experts models (4 experts) run on the CPU"),
-                         Error);
-    std::filesystem::remove(moe_path);
 }
 
 TEST_CASE("cuda backend with a q8 / q4 KV cache matches the cpu backend") {
@@ -357,10 +347,12 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
     // qwen3 (per-head Q/K RMSNorm before RoPE) with head_dim 128 x 4 heads = 512 != n_embd 256
     // and a tied output; qwen2 (biases), phi3 (fused QKV and gate/up, sliced views uploaded
     // separately; LongRoPE factors and attention factor), gemma 1-3 (embedding scale, GeGLU,
-    // post norms, soft caps, sliding windows, per-layer RoPE) and llama with the same heads.
+    // post norms, soft caps, sliding windows, per-layer RoPE), qwen3moe (router top-k on the
+    // device, expert-indexed GEMVs, weighted sum) and llama with the same heads.
     // K-quant weights, f16 and q8 KV (q8 with rotation: the unfused RoPE path).
     const auto dir = std::filesystem::temp_directory_path();
-    for (const char* arch : {"qwen3", "qwen2", "phi3", "gemma", "gemma2", "gemma3", "llama"})
+    for (const char* arch :
+         {"qwen3", "qwen3moe", "qwen2", "phi3", "gemma", "gemma2", "gemma3", "llama"})
         for (KvType kv : {KvType::F16, KvType::Q8}) {
             CAPTURE(arch);
             CAPTURE(std::string(kv_type_name(kv)));
@@ -373,6 +365,10 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
             // Gemma: windows of 8 tokens (layer 0 of gemma2, both layers of gemma3, whose RoPE
             // base there is 10000), gemma2's soft caps small enough to bite.
             c.sliding_window = 8, c.attn_softcap = 2, c.final_softcap = 3;
+            // qwen3moe: 4 experts of width 256, all of them used, so that no routing near-tie
+            // can make the two backends pick different experts (top-k itself: test_cuda_ops).
+            if (std::string(arch) == "qwen3moe")
+                c.n_expert = 4, c.n_expert_used = 4, c.n_ff_exp = 256;
             synthetic_set_type(c, "Q4_K_M");
             const auto path = dir / fmt::format("kvrun-test-cuda-arch-{}.gguf", arch);
             synthetic_model_write(c, path.string());
@@ -385,7 +381,8 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
             auto cpu = make_cpu_backend(file, o);
             auto gpu = make_cuda_backend(file, o, 0);
             CHECK(gpu->config().qk_norm ==
-                  (std::string(arch) == "qwen3" || std::string(arch) == "gemma3"));
+                  (std::string(arch) == "qwen3" || std::string(arch) == "qwen3moe" ||
+                   std::string(arch) == "gemma3"));
             // A 24-token prompt, then decode steps (staged q8 blocks seal at 32 tokens).
             KvBlockTable table(8, 16, cpu->n_kv_stages());
             const SeqId a = table.create_sequence();
@@ -395,9 +392,8 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
             CHECK(compare(*cpu, *gpu, append_step(table, {{a, toks}}, {cpu.get(), gpu.get()}),
                           &next) < logit_bound(kv));
             for (int32_t step = 0; step < 12; ++step)
-                CHECK(compare(*cpu, *gpu,
-                              append_step(table, {{a, {next}}}, {cpu.get(), gpu.get()}), &next) <
-                      logit_bound(kv));
+                CHECK(compare(*cpu, *gpu, append_step(table, {{a, {next}}}, {cpu.get(), gpu.get()}),
+                              &next) < logit_bound(kv));
             std::filesystem::remove(path);
         }
 }

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -328,6 +329,89 @@ TEST_CASE("cuda matmul_qkv and matmul_swiglu give the bits of the separate launc
             CHECK(same_bits(out.download(), want));
         }
     }
+}
+
+TEST_CASE("cuda mixture-of-experts ops: top-k, expert-indexed GEMVs, weighted sum") {
+    // Expert-indexed GEMVs give each job the bits of a one-row cuda_gemv on its expert's
+    // slice (and the fused SwiGLU form those of cuda_swiglu on the two); top-k picks what a
+    // host sort picks, with renormalized softmax weights; the sum weights the rows.
+    const int64_t E = 5, K = 2, T = 7, n_in = 512, n_out = 96;
+    std::vector<int32_t> ids(static_cast<size_t>(T * K));
+    for (int64_t j = 0; j < T * K; ++j) ids[size_t(j)] = int32_t((j * 3 + j / K) % E);
+    DevBuf<int32_t> dids(ids);
+    const std::vector<float> x = random_floats(static_cast<size_t>(T * n_in), 71);
+    DevBuf<float> dx(x);
+    auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+        return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+    };
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16, GgmlType::F32}) {
+        CAPTURE(ggml_type_name(t));
+        TestWeights gate = make_weights(t, E * n_out, n_in, 72),
+                    up = make_weights(t, E * n_out, n_in, 73);
+        auto expert = [&](const TestWeights& w, int64_t e) {
+            WeightView v = w.device;
+            v.n_out = n_out;
+            v.data = static_cast<const uint8_t*>(w.device.data) + e * n_out * w.device.row_bytes;
+            return v;
+        };
+        const size_t expert_bytes = size_t(n_out) * gate.device.row_bytes;
+        std::vector<float> want_g, want_u;
+        for (int64_t j = 0; j < T * K; ++j) {
+            DevBuf<float> xr(
+                std::vector<float>(x.begin() + (j / K) * n_in, x.begin() + (j / K + 1) * n_in));
+            DevBuf<float> og(static_cast<size_t>(n_out)), ou(static_cast<size_t>(n_out));
+            cuda_gemv(og.get(), xr.get(), expert(gate, ids[size_t(j)]), 1, nullptr);
+            cuda_gemv(ou.get(), xr.get(), expert(up, ids[size_t(j)]), 1, nullptr);
+            const auto g = og.download(), u = ou.download();
+            want_g.insert(want_g.end(), g.begin(), g.end());
+            want_u.insert(want_u.end(), u.begin(), u.end());
+        }
+        DevBuf<float> out(want_g.size());
+        cuda_gemv_experts(out.get(), dx.get(), expert(gate, 0), expert_bytes, dids.get(), T * K,
+                          int(K), nullptr);
+        CHECK(same_bits(out.download(), want_g));
+        DevBuf<float> dg(want_g), du(want_u), dwant(want_g.size());
+        cuda_swiglu(dwant.get(), dg.get(), du.get(), int64_t(want_g.size()), nullptr);
+        cuda_gemv_experts_swiglu(out.get(), dx.get(), expert(gate, 0), expert(up, 0), expert_bytes,
+                                 dids.get(), T * K, int(K), nullptr);
+        CHECK(same_bits(out.download(), dwant.download()));
+    }
+
+    const int64_t n_expert = 40, k = 6, n_tok = 9;
+    const std::vector<float> logits =
+        random_floats(static_cast<size_t>(n_tok * n_expert), 74, 3.0f);
+    DevBuf<float> dl(logits), dw(static_cast<size_t>(n_tok * k));
+    DevBuf<int32_t> dsel(std::vector<int32_t>(static_cast<size_t>(n_tok * k), -1));
+    cuda_moe_topk(dl.get(), n_tok, n_expert, k, dsel.get(), dw.get(), nullptr);
+    const std::vector<int32_t> sel = dsel.download();
+    const std::vector<float> wts = dw.download();
+    for (int64_t t = 0; t < n_tok; ++t) {
+        CAPTURE(t);
+        std::vector<int32_t> order(static_cast<size_t>(n_expert));
+        std::iota(order.begin(), order.end(), 0);
+        const float* l = logits.data() + t * n_expert;
+        std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+        double z = 0;
+        for (int64_t j = 0; j < k; ++j) z += std::exp(double(l[order[size_t(j)]] - l[order[0]]));
+        for (int64_t j = 0; j < k; ++j) {
+            CHECK(sel[size_t(t * k + j)] == order[size_t(j)]);
+            CHECK(wts[size_t(t * k + j)] ==
+                  doctest::Approx(std::exp(double(l[order[size_t(j)]] - l[order[0]])) / z)
+                      .epsilon(1e-5));
+        }
+    }
+
+    const int64_t dim = 300;
+    const std::vector<float> rows = random_floats(static_cast<size_t>(n_tok * k * dim), 75);
+    std::vector<float> want(static_cast<size_t>(n_tok * dim), 0.0f);
+    for (int64_t t = 0; t < n_tok; ++t)
+        for (int64_t j = 0; j < k; ++j)
+            for (int64_t d = 0; d < dim; ++d)
+                want[size_t(t * dim + d)] +=
+                    wts[size_t(t * k + j)] * rows[size_t((t * k + j) * dim + d)];
+    DevBuf<float> drows(rows), dsum(want.size());
+    cuda_moe_combine(dsum.get(), drows.get(), dw.get(), n_tok, k, dim, nullptr);
+    CHECK(nmse(dsum.download(), want) < kExact);
 }
 
 TEST_CASE("cuda gemm (f16 tensor cores) and cuda_matmul match cpu::matmul for every type") {

@@ -109,6 +109,10 @@ struct DeviceLayer {
     const float *q_norm = nullptr, *k_norm = nullptr;         // [head_dim] each (qwen3) or null
     const float *attn_post_norm = nullptr, *ffn_post_norm = nullptr;  // [n_embd] (gemma2/3)
     WeightView wq, wk, wv, wo, w_gate, w_up, w_down;                  // data in device memory
+    // Mixture of experts: the router, and expert 0 of each stacked tensor (the others follow
+    // expert_bytes / down_bytes apart).
+    WeightView router, gate0, up0, down0;
+    size_t expert_bytes = 0, down_bytes = 0;
 };
 
 class CudaBackend final : public Backend {
@@ -176,8 +180,11 @@ class CudaBackend final : public Backend {
     float *q_ = nullptr, *att_ = nullptr;    // [T][q_dim]
     float *k_ = nullptr, *v_ = nullptr;      // [T][kv_dim]
     float *gate_ = nullptr, *up_ = nullptr;  // [T][n_ff]
-    float* xr_ = nullptr;                    // [R][n_embd] rows that need logits
-    float* logits_ = nullptr;                // [R][n_vocab]
+    // Mixture of experts (see ensure_capacity).
+    float *moe_logits_ = nullptr, *moe_w_ = nullptr, *moe_h_ = nullptr, *moe_out_ = nullptr;
+    int32_t* moe_ids_ = nullptr;
+    float* xr_ = nullptr;      // [R][n_embd] rows that need logits
+    float* logits_ = nullptr;  // [R][n_vocab]
     // Batch metadata on the device (int32): tokens, positions, seq, slot, stage [token_cap_]
     // each, logit rows [row_cap_], block tables [table_cap_].
     int32_t *d_tokens_ = nullptr, *d_pos_ = nullptr, *d_seq_ = nullptr, *d_slot_ = nullptr;
@@ -207,11 +214,6 @@ CudaBackend::CudaBackend(const GgufFile& file, const BackendOptions& options, in
         throw Error(fmt::format("{}: head_dim {} is larger than the CUDA attention kernels "
                                 "support (256)",
                                 file.path(), config_.head_dim),
-                    "use --device cpu");
-    if (config_.moe())
-        throw Error(fmt::format("{}: mixture-of-experts models ({} experts) run on the CPU "
-                                "only for now; the CUDA backend has no expert kernels yet",
-                                file.path(), config_.n_expert),
                     "use --device cpu");
     if (options_.kv_block_size > 256)
         throw Error(fmt::format("--kv-block-size {} is larger than the CUDA kernels support (256)",
@@ -258,8 +260,8 @@ void CudaBackend::upload_weights(const GgufFile& file) {
     const size_t i_rope =
         config_.rope_freq_factors.empty() ? SIZE_MAX : add_vector(config_.rope_freq_factors);
     struct LayerItems {
-        size_t attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm, attn_post, ffn_post, wq, wk, wv, wo,
-            gate, up, down;
+        size_t attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm, attn_post, ffn_post, router, gate_e,
+            up_e, down_e, wq, wk, wv, wo, gate, up, down;
     };
     std::vector<LayerItems> li(hw.layers.size());
     for (size_t l = 0; l < hw.layers.size(); ++l) {
@@ -279,6 +281,18 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         it.wk = add_matrix(w.wk, p + "attn_k.weight");
         it.wv = add_matrix(w.wv, p + "attn_v.weight");
         it.wo = add_matrix(w.wo, p + "attn_output.weight");
+        if (config_.moe()) {  // each stacked expert tensor as one item: experts stay evenly spaced
+            auto stacked = [&](const std::vector<WeightView>& e, const std::string& what) {
+                WeightView all = e[0];
+                all.n_out *= int64_t(e.size());
+                return add_matrix(all, what);
+            };
+            it.router = add_matrix(w.router, p + "ffn_gate_inp.weight");
+            it.gate_e = stacked(w.gate_exps, p + "ffn_gate_exps.weight");
+            it.up_e = stacked(w.up_exps, p + "ffn_up_exps.weight");
+            it.down_e = stacked(w.down_exps, p + "ffn_down_exps.weight");
+            continue;
+        }
         it.gate = add_matrix(w.w_gate, p + "ffn_gate.weight");
         it.up = add_matrix(w.w_up, p + "ffn_up.weight");
         it.down = add_matrix(w.w_down, p + "ffn_down.weight");
@@ -322,6 +336,15 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         d.wk = on_device(w.wk, it.wk);
         d.wv = on_device(w.wv, it.wv);
         d.wo = on_device(w.wo, it.wo);
+        if (config_.moe()) {
+            d.router = on_device(w.router, it.router);
+            d.gate0 = on_device(w.gate_exps[0], it.gate_e);
+            d.up0 = on_device(w.up_exps[0], it.up_e);
+            d.down0 = on_device(w.down_exps[0], it.down_e);
+            d.expert_bytes = w.gate_exps[0].row_bytes * size_t(w.gate_exps[0].n_out);
+            d.down_bytes = w.down_exps[0].row_bytes * size_t(w.down_exps[0].n_out);
+            continue;
+        }
         d.w_gate = on_device(w.w_gate, it.gate);
         d.w_up = on_device(w.w_up, it.up);
         d.w_down = on_device(w.w_down, it.down);
@@ -429,11 +452,26 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
     if (n_tokens > token_cap_) {
         token_cap_ = std::max({n_tokens, 2 * token_cap_, kMinTokenCapacity});
         const size_t T = size_t(token_cap_);
-        const size_t sizes[] = {
-            T * size_t(c.n_embd),  T * size_t(c.n_embd),   T * size_t(c.q_dim()),
-            T * size_t(c.q_dim()), T * size_t(c.kv_dim()), T * size_t(c.kv_dim()),
-            T * size_t(c.n_ff),    T * size_t(c.n_ff),     T * size_t(c.n_embd)};
-        float** ptrs[] = {&x_, &xb_, &q_, &att_, &k_, &v_, &gate_, &up_, &xr_};
+        // Mixture of experts: router logits [T][n_expert], ids and weights [T][k], the
+        // experts' hidden rows [T * k][n_ff_exp] and outputs [T * k][n_embd] (else empty).
+        const size_t TK = T * size_t(c.n_expert_used);
+        const size_t sizes[] = {T * size_t(c.n_embd),
+                                T * size_t(c.n_embd),
+                                T * size_t(c.q_dim()),
+                                T * size_t(c.q_dim()),
+                                T * size_t(c.kv_dim()),
+                                T * size_t(c.kv_dim()),
+                                T * size_t(c.n_ff),
+                                T * size_t(c.n_ff),
+                                T * size_t(c.n_embd),
+                                T * size_t(c.n_expert),
+                                TK,
+                                TK,
+                                TK * size_t(c.n_ff_exp),
+                                TK * size_t(c.n_embd)};
+        float* moe_ids = nullptr;
+        float** ptrs[] = {&x_,  &xb_, &q_,          &att_,    &k_,     &v_,     &gate_,
+                          &up_, &xr_, &moe_logits_, &moe_ids, &moe_w_, &moe_h_, &moe_out_};
         size_t total = 0;
         for (size_t s : sizes) total += align_up(s * sizeof(float));
         act_mem_ = DeviceMem();  // free first: the old buffers are no longer needed
@@ -443,6 +481,7 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
             *ptrs[i] = reinterpret_cast<float*>(act_mem_.get() + off);
             off += align_up(sizes[i] * sizeof(float));
         }
+        moe_ids_ = reinterpret_cast<int32_t*>(moe_ids);  // int32 in a float-sized slot
         grown = true;
     }
     if (n_rows > row_cap_) {
@@ -518,14 +557,22 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
             cuda_rmsnorm(xb_, xb_, w.attn_post_norm, T, c.n_embd, c.norm_eps, s);
         cuda_add_rmsnorm(x_, xb_, xb_, w.ffn_norm, T, c.n_embd, c.norm_eps, s);
         // Feed-forward block.
-        if (c.ffn_gelu) {  // Gemma: GELU gate (two products, then the elementwise GeGLU)
+        if (c.moe()) {  // router, top-k, expert GEMVs by device-side ids, weighted sum
+            const int64_t K = c.n_expert_used;
+            cuda_matmul(moe_logits_, xb_, w.router, T, scratch_, s);
+            cuda_moe_topk(moe_logits_, T, c.n_expert, K, moe_ids_, moe_w_, s);
+            cuda_gemv_experts_swiglu(moe_h_, xb_, w.gate0, w.up0, w.expert_bytes, moe_ids_, T * K,
+                                     int(K), s);
+            cuda_gemv_experts(moe_out_, moe_h_, w.down0, w.down_bytes, moe_ids_, T * K, 1, s);
+            cuda_moe_combine(xb_, moe_out_, moe_w_, T, K, c.n_embd, s);
+        } else if (c.ffn_gelu) {  // Gemma: GELU gate (two products, then the elementwise GeGLU)
             cuda_matmul(gate_, xb_, w.w_gate, T, scratch_, s);
             cuda_matmul(up_, xb_, w.w_up, T, scratch_, s);
             cuda_geglu(gate_, gate_, up_, T * c.n_ff, s);
         } else {
             cuda_matmul_swiglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s);
         }
-        cuda_matmul(xb_, gate_, w.w_down, T, scratch_, s);
+        if (!c.moe()) cuda_matmul(xb_, gate_, w.w_down, T, scratch_, s);
         if (w.ffn_post_norm) cuda_rmsnorm(xb_, xb_, w.ffn_post_norm, T, c.n_embd, c.norm_eps, s);
         if (l + 1 < c.n_layer)
             cuda_add_rmsnorm(x_, xb_, xb_, layers_[size_t(l + 1)].attn_norm, T, c.n_embd,

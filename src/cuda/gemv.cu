@@ -11,6 +11,7 @@
 // to deliver the weights. With a stride of kItem + 4 floats the 8 lanes of each quarter-warp
 // land on distinct banks; the block also loads x once instead of once per warp. Each lane
 // still sums its items in the same order, so the results are the same bits as before.
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/common.cuh"
@@ -98,6 +99,12 @@ struct GemvJob {
     bool swiglu;
     int n_matrices;
     GemvMatrix m[kMaxMatrices];
+    // Mixture of experts (null: a plain launch): grid row y is a job of one activation row,
+    // x row y / x_div, times the expert_ids[y]-th of the experts stacked expert_bytes apart
+    // at each matrix's w, into out row y.
+    const int32_t* expert_ids;
+    size_t expert_bytes;
+    int x_div;
 };
 
 // x: 16-byte aligned rows when kItem % 4 == 0; n_rows <= R. Dynamic shared memory:
@@ -111,12 +118,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const GemvJob
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     // This block's matrix (constant indices: a computed index into the parameter struct
     // would copy it to local memory).
-    const int mi = blockIdx.x < job.m[0].blocks_end                             ? 0
+    const int mi = blockIdx.x < job.m[0].blocks_end                          ? 0
                    : job.n_matrices > 2 && blockIdx.x >= job.m[1].blocks_end ? 2
-                                                                               : 1;
+                                                                             : 1;
     const GemvMatrix mat = mi == 0 ? job.m[0] : mi == 1 ? job.m[1] : job.m[2];
-    const unsigned block = blockIdx.x - (mi == 0 ? 0u : mi == 1 ? job.m[0].blocks_end
-                                                                : job.m[1].blocks_end);
+    const unsigned block = blockIdx.x - (mi == 0   ? 0u
+                                         : mi == 1 ? job.m[0].blocks_end
+                                                   : job.m[1].blocks_end);
     // The warp's two weight rows: o0 and o0 + 1 of the matrix, or (swiglu) row o0 of the
     // gate and of the up projection.
     const int64_t o0 = job.swiglu ? int64_t(block) * kWarpsPerBlock + warp
@@ -124,13 +132,23 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const GemvJob
     // A warp past the last row still helps stage x (the barriers need every thread).
     const bool active = o0 < mat.n_out;
     const bool has_second = job.swiglu || o0 + 1 < mat.n_out;
-    const uint8_t* row0 = mat.w + (active ? o0 : 0) * mat.row_bytes;
-    const uint8_t* row1 = job.swiglu   ? job.m[1].w + (active ? o0 : 0) * mat.row_bytes
+    const uint8_t* w_base = mat.w;
+    const uint8_t* up_base = job.m[1].w;
+    const float* x = job.x;
+    float* out = mat.out;
+    if (job.expert_ids) {  // this grid row's job: its expert, activation row and output row
+        const size_t e_off = size_t(job.expert_ids[blockIdx.y]) * job.expert_bytes;
+        w_base += e_off;
+        up_base += e_off;
+        x += int64_t(blockIdx.y / unsigned(job.x_div)) * job.n_in;
+        out += int64_t(blockIdx.y) * mat.n_out;
+    }
+    const uint8_t* row0 = w_base + (active ? o0 : 0) * mat.row_bytes;
+    const uint8_t* row1 = job.swiglu   ? up_base + (active ? o0 : 0) * mat.row_bytes
                           : has_second ? row0 + mat.row_bytes
                                        : row0;  // duplicate, result unused
     const int64_t n_in = job.n_in, n_items = n_in / kItem;
     const int n_rows = job.n_rows;
-    const float* x = job.x;
     float acc[kRowsPerWarp][R];
 #pragma unroll
     for (int k = 0; k < kRowsPerWarp; ++k)
@@ -173,21 +191,21 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const GemvJob
         const float s1 = cu::warp_sum(acc[1][r]);
         if (lane == 0 && r < n_rows) {
             if (job.swiglu) {
-                mat.out[r * mat.n_out + o0] = cu::silu_mul(s0, s1);
+                out[r * mat.n_out + o0] = cu::silu_mul(s0, s1);
             } else {
-                mat.out[r * mat.n_out + o0] = s0;
-                if (has_second) mat.out[r * mat.n_out + o0 + 1] = s1;
+                out[r * mat.n_out + o0] = s0;
+                if (has_second) out[r * mat.n_out + o0 + 1] = s1;
             }
         }
     }
 }
 
 template <class L, int R>
-void launch_gemv_rows(const GemvJob& job, cudaStream_t s) {
+void launch_gemv_rows(const GemvJob& job, cudaStream_t s, unsigned n_jobs = 1) {
     constexpr size_t smem = XStage<L, R>::kBytes;
     if constexpr (smem > 48 * 1024) cu::allow_dynamic_smem(gemv_kernel<L, R>, smem, s);
-    gemv_kernel<L, R>
-        <<<job.m[job.n_matrices - 1].blocks_end, kWarpsPerBlock * 32, smem, s>>>(job);
+    const dim3 grid(job.m[job.n_matrices - 1].blocks_end, n_jobs);
+    gemv_kernel<L, R><<<grid, kWarpsPerBlock * 32, smem, s>>>(job);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -248,19 +266,68 @@ void gemv_many(float* const* outs, const WeightView* const* ws, int n, const flo
                     ws[i]->row_bytes, blocks};
     }
     if (n_rows == 0) return;
-    cu::with_loader(ws[0]->type, gemv_vec(*ws[0]), [&](auto tag) {
-        launch_gemv<typename decltype(tag)::type>(job, n_rows, s);
-    });
+    cu::with_loader(ws[0]->type, gemv_vec(*ws[0]),
+                    [&](auto tag) { launch_gemv<typename decltype(tag)::type>(job, n_rows, s); });
 }
 
 bool same_layout(const WeightView& a, const WeightView& b) {
     return a.type == b.type && a.n_in == b.n_in && gemv_vec(a) == gemv_vec(b);
 }
 
+// The expert-indexed launch (GemvJob::expert_ids) of one matrix, or of a gate/up pair with
+// swiglu, in grid chunks of at most 65535 jobs (whole x_div groups).
+void gemv_experts(float* out, const float* x, const WeightView& w0, const WeightView* up0,
+                  size_t expert_bytes, const int32_t* ids, int64_t n_jobs, int x_div,
+                  cudaStream_t s) {
+    CUDA_REQUIRE(x_div >= 1 && n_jobs >= 0, "cuda_gemv_experts: bad job count");
+    CUDA_REQUIRE(expert_bytes % 16 == 0, "cuda_gemv_experts: experts must lie 16 bytes apart");
+    check_gemv(w0, x, 1);
+    if (up0) {
+        check_gemv(*up0, x, 1);
+        CUDA_REQUIRE(same_layout(w0, *up0) && w0.n_out == up0->n_out,
+                     "cuda_gemv_experts: gate and up differ in layout");
+    }
+    if (n_jobs == 0) return;
+    GemvJob job{};
+    job.n_in = w0.n_in;
+    job.n_rows = 1;
+    job.swiglu = up0 != nullptr;
+    job.n_matrices = 1;
+    const int64_t rows_per_block = job.swiglu ? kWarpsPerBlock : kRowsPerBlock;
+    const unsigned blocks = unsigned(cu::ceil_div(w0.n_out, rows_per_block));
+    job.m[0] = {static_cast<const uint8_t*>(w0.data), out, w0.n_out, w0.row_bytes, blocks};
+    if (up0)
+        job.m[1] = {static_cast<const uint8_t*>(up0->data), nullptr, up0->n_out, up0->row_bytes,
+                    blocks};
+    job.expert_bytes = expert_bytes;
+    job.x_div = x_div;
+    const int64_t chunk = 65535 / x_div * x_div;
+    for (int64_t j0 = 0; j0 < n_jobs; j0 += chunk) {
+        const int64_t n = std::min(chunk, n_jobs - j0);
+        job.x = x + (j0 / x_div) * w0.n_in;
+        job.expert_ids = ids + j0;
+        job.m[0].out = out + j0 * w0.n_out;
+        cu::with_loader(w0.type, gemv_vec(w0), [&](auto tag) {
+            launch_gemv_rows<typename decltype(tag)::type, 1>(job, s, unsigned(n));
+        });
+    }
+}
+
 }  // namespace
 
 bool cuda_supports_weight_type(GgmlType t) {
     return cu::weight_block_elems(t) != 0;
+}
+
+void cuda_gemv_experts(float* out, const float* x, const WeightView& expert0, size_t expert_bytes,
+                       const int32_t* ids, int64_t n_jobs, int x_div, cudaStream_t s) {
+    gemv_experts(out, x, expert0, nullptr, expert_bytes, ids, n_jobs, x_div, s);
+}
+
+void cuda_gemv_experts_swiglu(float* out, const float* x, const WeightView& gate0,
+                              const WeightView& up0, size_t expert_bytes, const int32_t* ids,
+                              int64_t n_jobs, int x_div, cudaStream_t s) {
+    gemv_experts(out, x, gate0, &up0, expert_bytes, ids, n_jobs, x_div, s);
 }
 
 void cuda_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows, cudaStream_t s) {

@@ -104,6 +104,24 @@ void cuda_gemm(float* out, const float* x, const WeightView& w, int64_t n_rows,
 void cuda_matmul_qkv(float* q, float* k, float* v, const float* x, const WeightView& wq,
                      const WeightView& wk, const WeightView& wv, int64_t n_rows,
                      CudaScratch& scratch, cudaStream_t s);
+// Mixture of experts: n_jobs GEMVs of one activation row each. Job j multiplies x row
+// j / x_div ([*][n_in]) by expert ids[j] (device memory, in [0, n_expert)) of the experts
+// stacked expert_bytes apart from expert0 (expert 0's view, device memory) into out row j
+// ([n_jobs][expert0.n_out]); the _swiglu form writes silu(x G^T) * (x U^T) for the gate
+// and up experts (same shape and stacking). Capturable: the ids are read on the device.
+void cuda_gemv_experts(float* out, const float* x, const WeightView& expert0, size_t expert_bytes,
+                       const int32_t* ids, int64_t n_jobs, int x_div, cudaStream_t s);
+void cuda_gemv_experts_swiglu(float* out, const float* x, const WeightView& gate0,
+                              const WeightView& up0, size_t expert_bytes, const int32_t* ids,
+                              int64_t n_jobs, int x_div, cudaStream_t s);
+// The router's choice per token (logits [n_tokens][n_expert]): the k largest (ties: the
+// lower id) into ids [n_tokens][k], in decreasing order, with weights [n_tokens][k] = their
+// softmax probabilities renormalized to sum 1.
+void cuda_moe_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k,
+                   int32_t* ids, float* weights, cudaStream_t s);
+// out[t][:] = sum over j < k of weights[t][j] * rows[t * k + j][:] ([n_tokens][dim]).
+void cuda_moe_combine(float* out, const float* rows, const float* weights, int64_t n_tokens,
+                      int64_t k, int64_t dim, cudaStream_t s);
 // out = silu(x W_gate^T) * (x W_up^T): [n_rows][gate.n_out]. Up to kCudaGemvMaxRows rows with
 // gate and up of one type and shape: one GEMV launch whose warps compute a gate row and the
 // matching up row and write the product (same bits as two cuda_matmul calls and

@@ -391,15 +391,7 @@ LoadedModel load_model(const ModelOptions& o, int32_t n_sequences) {
     if (o.n_threads > 0) cpu_set_num_threads(o.n_threads);
 
     std::string dev = o.device;
-    if (dev == "auto") {
-        dev = cuda_available() && o.n_gpu_layers != 0 ? "cuda" : "cpu";
-        if (dev == "cuda" && cfg.moe()) {  // no expert kernels on the GPU yet
-            fmt::print(stderr,
-                       "kvrun: note: mixture-of-experts models run on the CPU for now "
-                       "(--device cpu)\n");
-            dev = "cpu";
-        }
-    }
+    if (dev == "auto") dev = cuda_available() && o.n_gpu_layers != 0 ? "cuda" : "cpu";
     if (dev != "cpu" && o.n_gpu_layers > 0 && o.n_gpu_layers < cfg.n_layer)
         fmt::print(stderr,
                    "kvrun: warning: -ngl {}: all {} layers run on the GPU (there is no partial "
