@@ -66,6 +66,18 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
       --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
     echo >> "$OUT/bench.md"
   done
+  # The other architectures at full size: qwen3-8b (Q/K norms), gemma3-4b (sliding window,
+  # GeGLU unfused), qwen3-30b-a3b (mixture of experts: bandwidth counts the used experts).
+  $S --preset qwen3-8b --type Q4_K_M -o /tmp/models/qwen3-8b-Q4_K_M.gguf > /dev/null
+  $S --preset gemma3-4b --type Q4_K_M -o /tmp/models/gemma3-4b-Q4_K_M.gguf > /dev/null
+  $S --preset qwen3-30b-a3b --type Q4_K_M -o /tmp/models/qwen3-30b-a3b-Q4_K_M.gguf > /dev/null
+  for m in qwen3-8b-Q4_K_M gemma3-4b-Q4_K_M qwen3-30b-a3b-Q4_K_M; do
+    echo "### $m" >> "$OUT/bench.md"
+    $K bench -m /tmp/models/$m.gguf -p 512 -n 128 -r 3 --depth 0,4096 --kv-types f16 -o md \
+      --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
+    echo >> "$OUT/bench.md"
+    rm -f /tmp/models/$m.gguf
+  done
   # Decode attention A/B: tg128 at depth 4096 again with the old tiled kernel (the rows above
   # use the register kernel, see src/cuda/attention_decode.cu).
   for m in llama2-7b-Q4_0 llama3-8b-Q4_K; do
