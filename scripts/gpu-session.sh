@@ -67,7 +67,7 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     echo >> "$OUT/bench.md"
   done
   # The other architectures at full size: qwen3-8b (Q/K norms), gemma3-4b (sliding window,
-  # GeGLU unfused), qwen3-30b-a3b (mixture of experts: bandwidth counts the used experts).
+  # GeGLU), qwen3-30b-a3b (mixture of experts: bandwidth counts the used experts).
   $S --preset qwen3-8b --type Q4_K_M -o /tmp/models/qwen3-8b-Q4_K_M.gguf > /dev/null
   $S --preset gemma3-4b --type Q4_K_M -o /tmp/models/gemma3-4b-Q4_K_M.gguf > /dev/null
   $S --preset qwen3-30b-a3b --type Q4_K_M -o /tmp/models/qwen3-30b-a3b-Q4_K_M.gguf > /dev/null

@@ -277,7 +277,7 @@ TEST_CASE("cuda gemv gives each row the same bits whatever the number of rows") 
     }
 }
 
-TEST_CASE("cuda matmul_qkv and matmul_swiglu give the bits of the separate launches") {
+TEST_CASE("cuda matmul_qkv, matmul_swiglu and matmul_geglu give the bits of separate launches") {
     // The backend's fused decode launches: q/k/v in one GEMV, gate/up with SiLU(gate) * up
     // written by the GEMV. Mixed types (Q4_K_M keeps some attn_v / ffn tensors in Q6_K) take
     // separate launches, more than kCudaGemvMaxRows rows the GEMM path.
@@ -327,6 +327,14 @@ TEST_CASE("cuda matmul_qkv and matmul_swiglu give the bits of the separate launc
             cuda_matmul_swiglu(out.get(), up_buf.get(), dx.get(), gate.device, up.device, n_rows,
                                scratch, nullptr);
             CHECK(same_bits(out.download(), want));
+
+            // Gemma's GeGLU form: the bits of the two products and cuda_geglu.
+            std::vector<float> want_g = run(gate);
+            DevBuf<float> dgg(want_g), dgwant(want_g.size());
+            cuda_geglu(dgwant.get(), dgg.get(), du.get(), int64_t(want_g.size()), nullptr);
+            cuda_matmul_geglu(out.get(), up_buf.get(), dx.get(), gate.device, up.device, n_rows,
+                              scratch, nullptr);
+            CHECK(same_bits(out.download(), dgwant.download()));
         }
     }
 }

@@ -90,6 +90,12 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
     return g / (1.0f + expf(-g)) * u;
 }
 
+// GeGLU's gate (Gemma): gelu(g) * u with GELU's tanh approximation, the one formula of every
+// kernel that applies it.
+__device__ __forceinline__ float gelu_mul(float g, float u) {
+    return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u;
+}
+
 // Lets `kernel` take `bytes` (over 48 KiB) of dynamic shared memory. Only outside a graph
 // capture: every captured shape runs eagerly first (CudaBackend::run_step), which sets it.
 template <class Kernel>

@@ -565,10 +565,8 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
                                      int(K), s);
             cuda_gemv_experts(moe_out_, moe_h_, w.down0, w.down_bytes, moe_ids_, T * K, 1, s);
             cuda_moe_combine(xb_, moe_out_, moe_w_, T, K, c.n_embd, s);
-        } else if (c.ffn_gelu) {  // Gemma: GELU gate (two products, then the elementwise GeGLU)
-            cuda_matmul(gate_, xb_, w.w_gate, T, scratch_, s);
-            cuda_matmul(up_, xb_, w.w_up, T, scratch_, s);
-            cuda_geglu(gate_, gate_, up_, T * c.n_ff, s);
+        } else if (c.ffn_gelu) {  // Gemma: GELU gate
+            cuda_matmul_geglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s);
         } else {
             cuda_matmul_swiglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s);
         }

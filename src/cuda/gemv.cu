@@ -97,6 +97,7 @@ struct GemvJob {
     int64_t n_in;
     int n_rows;
     bool swiglu;
+    bool gelu;  // with swiglu: gelu(gate) * up instead (GeGLU)
     int n_matrices;
     GemvMatrix m[kMaxMatrices];
     // Mixture of experts (null: a plain launch): grid row y is a job of one activation row,
@@ -191,7 +192,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const GemvJob
         const float s1 = cu::warp_sum(acc[1][r]);
         if (lane == 0 && r < n_rows) {
             if (job.swiglu) {
-                out[r * mat.n_out + o0] = cu::silu_mul(s0, s1);
+                out[r * mat.n_out + o0] = job.gelu ? cu::gelu_mul(s0, s1) : cu::silu_mul(s0, s1);
             } else {
                 out[r * mat.n_out + o0] = s0;
                 if (has_second) out[r * mat.n_out + o0 + 1] = s1;
@@ -251,11 +252,12 @@ void check_gemv(const WeightView& w, const float* x, int64_t n_rows) {
 
 // Runs the matrices ws[0..n) (same type and n_in, checked) on x in one launch per pass.
 void gemv_many(float* const* outs, const WeightView* const* ws, int n, const float* x,
-               int64_t n_rows, bool swiglu, cudaStream_t s) {
+               int64_t n_rows, bool swiglu, cudaStream_t s, bool gelu = false) {
     GemvJob job{};
     job.x = x;
     job.n_in = ws[0]->n_in;
     job.swiglu = swiglu;
+    job.gelu = gelu;
     job.n_matrices = swiglu ? 1 : n;
     const int64_t rows_per_block = swiglu ? kWarpsPerBlock : kRowsPerBlock;
     unsigned blocks = 0;
@@ -368,6 +370,19 @@ void cuda_matmul_swiglu(float* out, float* up_buf, const float* x, const WeightV
     float* outs[] = {out, up_buf};
     const WeightView* ws[] = {&gate, &up};
     gemv_many(outs, ws, 2, x, n_rows, true, s);
+}
+
+void cuda_matmul_geglu(float* out, float* up_buf, const float* x, const WeightView& gate,
+                       const WeightView& up, int64_t n_rows, CudaScratch& scratch, cudaStream_t s) {
+    if (n_rows > kCudaGemvMaxRows || !same_layout(gate, up) || gate.n_out != up.n_out) {
+        cuda_matmul(out, x, gate, n_rows, scratch, s);
+        cuda_matmul(up_buf, x, up, n_rows, scratch, s);
+        cuda_geglu(out, out, up_buf, n_rows * gate.n_out, s);
+        return;
+    }
+    float* outs[] = {out, up_buf};
+    const WeightView* ws[] = {&gate, &up};
+    gemv_many(outs, ws, 2, x, n_rows, true, s, true);
 }
 
 }  // namespace kvrun

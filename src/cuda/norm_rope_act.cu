@@ -97,8 +97,7 @@ __global__ void swiglu_kernel(float* out, const float* gate, const float* up, in
 __global__ void geglu_kernel(float* out, const float* gate, const float* up, int64_t n) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float g = gate[i];
-    out[i] = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
+    out[i] = cu::gelu_mul(gate[i], up[i]);
 }
 
 __global__ void softcap_kernel(float* x, int64_t n, float cap) {

@@ -128,6 +128,9 @@ void cuda_moe_combine(float* out, const float* rows, const float* weights, int64
 // cuda_swiglu); otherwise exactly those, with up_buf ([n_rows][up.n_out]) for the up rows.
 void cuda_matmul_swiglu(float* out, float* up_buf, const float* x, const WeightView& gate,
                         const WeightView& up, int64_t n_rows, CudaScratch& scratch, cudaStream_t s);
+// The same with gelu(x W_gate^T) * (x W_up^T) (Gemma's GeGLU; cuda_geglu's bits).
+void cuda_matmul_geglu(float* out, float* up_buf, const float* x, const WeightView& gate,
+                       const WeightView& up, int64_t n_rows, CudaScratch& scratch, cudaStream_t s);
 
 // ---- paged KV cache (kv_write.cu, attention_*.cu) ----------------------------------------
 
