@@ -19,9 +19,7 @@ CpuBackend::CpuBackend(const GgufFile& file, const BackendOptions& options)
       weights_(weights_load(file, config_)),
       options_(options) {
     rope_ = config_.rope(config_.rope_freq_factors.data());
-    rope_swa_ = rope_;
-    for (int64_t l = 0; l < config_.n_layer; ++l)
-        if (config_.is_swa(l)) rope_swa_ = config_.rope_layer(l, config_.rope_freq_factors.data());
+    rope_swa_ = config_.rope_swa(config_.rope_freq_factors.data());
     n_blocks_ = kv_blocks_for(config_, options_);
     n_stages_ = kv_stages_for(options_);
     rotate_ = kv_rotation_enabled(config_, options_);

@@ -36,7 +36,7 @@ class CpuBackend final : public Backend {
 
     ModelConfig config_;
     RopeParams rope_;      // the model's RoPE (factors in config_.rope_freq_factors)
-    RopeParams rope_swa_;  // sliding-window layers' RoPE (config_.rope_layer)
+    RopeParams rope_swa_;  // sliding-window layers' RoPE (config_.rope_swa)
     ModelWeights weights_;
     BackendOptions options_;
     int64_t n_blocks_ = 0;

@@ -227,8 +227,8 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     return c;
 }
 
-RopeParams ModelConfig::rope_layer(int64_t l, const float* factors) const {
-    if (is_swa(l) && rope_freq_base_swa > 0)
+RopeParams ModelConfig::rope_swa(const float* factors) const {
+    if (rope_freq_base_swa > 0)
         return RopeParams::plain(n_rot, rope_freq_base_swa, 1.0f, rope_neox);
     return rope(factors);
 }

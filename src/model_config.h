@@ -1,6 +1,6 @@
 // Typed model hyperparameters read from GGUF metadata (`<arch>.*` keys) for the supported
-// architectures (llama, qwen2, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3), validated so the forward pass
-// can trust them.
+// architectures (llama, qwen2, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3), validated so the
+// forward pass can trust them.
 #pragma once
 
 #include <cstdint>
@@ -13,17 +13,17 @@
 namespace kvrun {
 
 struct ModelConfig {
-    std::string arch;                 // general.architecture (llama, qwen2, qwen3, qwen3moe, phi3, gemma*)
-    int64_t n_layer = 0;              // block_count
-    int64_t n_embd = 0;               // embedding_length
-    int64_t n_ff = 0;                 // feed_forward_length
-    int64_t n_head = 0;               // attention.head_count
-    int64_t n_kv_head = 0;            // attention.head_count_kv (default n_head)
-    int64_t head_dim = 0;             // attention.key_length (default n_embd / n_head)
-    int64_t n_rot = 0;                // rope.dimension_count (default head_dim)
-    int64_t n_vocab = 0;              // rows of the output (or embedding) tensor
-    int64_t n_ctx_train = 0;          // context_length (0 when absent)
-    float norm_eps = 1e-5f;           // attention.layer_norm_rms_epsilon
+    std::string arch;         // general.architecture (llama, qwen2, qwen3, qwen3moe, phi3, gemma*)
+    int64_t n_layer = 0;      // block_count
+    int64_t n_embd = 0;       // embedding_length
+    int64_t n_ff = 0;         // feed_forward_length
+    int64_t n_head = 0;       // attention.head_count
+    int64_t n_kv_head = 0;    // attention.head_count_kv (default n_head)
+    int64_t head_dim = 0;     // attention.key_length (default n_embd / n_head)
+    int64_t n_rot = 0;        // rope.dimension_count (default head_dim)
+    int64_t n_vocab = 0;      // rows of the output (or embedding) tensor
+    int64_t n_ctx_train = 0;  // context_length (0 when absent)
+    float norm_eps = 1e-5f;   // attention.layer_norm_rms_epsilon
     float rope_freq_base = 10000.0f;  // rope.freq_base
     float rope_freq_scale = 1.0f;     // 1 / rope.scaling.factor (linear and YaRN scaling)
     bool rope_neox = false;           // rotate pairs (i, i + n_rot/2) instead of (2i, 2i+1)
@@ -58,8 +58,7 @@ struct ModelConfig {
     float attn_scale = 0.0f;
     // Sliding-window attention: layer l attends to its last n_swa tokens (itself included)
     // when swa_pattern > 0 and l % swa_pattern < swa_pattern - 1 (gemma2: every other layer,
-    // gemma3: five of six). Such layers rotate with rope_freq_base_swa, unscaled, when it is
-    // > 0 (gemma3), else like the others.
+    // gemma3: five of six). Such layers rotate with rope_swa().
     int64_t n_swa = 0;
     int64_t swa_pattern = 0;
     float rope_freq_base_swa = 0.0f;
@@ -79,9 +78,9 @@ struct ModelConfig {
         return n_swa > 0 && swa_pattern > 0 && l % swa_pattern < swa_pattern - 1;
     }
     int64_t window(int64_t l) const { return is_swa(l) ? n_swa : 0; }
-    // The RoPE of layer l: rope(factors), or for a SWA layer with its own base that base,
-    // unscaled.
-    RopeParams rope_layer(int64_t l, const float* factors) const;
+    // The RoPE of the sliding-window layers: rope(factors), or with rope_freq_base_swa > 0
+    // that base, unscaled (gemma3).
+    RopeParams rope_swa(const float* factors) const;
 
     int64_t q_dim() const { return n_head * head_dim; }      // width of Q / attention out
     int64_t kv_dim() const { return n_kv_head * head_dim; }  // width of K and V

@@ -40,10 +40,14 @@ const GgufTensorInfo& find_checked(const GgufFile& f, const std::string& name,
     return *t;
 }
 
-// A 2-D weight: GGUF dims {n_in, n_out}.
+// A 2-D weight: GGUF dims {n_in, n_out}; with n_stack > 1, n_stack such matrices stacked in
+// one 3-D tensor {n_in, n_out, n_stack} (experts), viewed as n_out * n_stack rows.
 WeightView load_matrix(const GgufFile& f, const std::string& name, int64_t n_in, int64_t n_out,
-                       uint64_t& total_bytes) {
-    const GgufTensorInfo& t = find_checked(f, name, {n_in, n_out});
+                       uint64_t& total_bytes, int64_t n_stack = 1) {
+    const GgufTensorInfo& t = find_checked(f, name,
+                                           n_stack > 1 ? std::vector<int64_t>{n_in, n_out, n_stack}
+                                                       : std::vector<int64_t>{n_in, n_out});
+    n_out *= n_stack;
     WeightView w;
     w.type = t.type;
     w.n_in = n_in;
@@ -131,18 +135,7 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
         if (c.moe()) {  // experts stacked in 3-D tensors: expert e is a contiguous slice
             l.router = load_matrix(f, name("ffn_gate_inp.weight"), c.n_embd, c.n_expert, bytes);
             auto experts = [&](const char* what, int64_t n_in, int64_t n_out) {
-                const std::string tn = name(what);
-                const GgufTensorInfo& t = find_checked(f, tn, {n_in, n_out, c.n_expert});
-                WeightView all;
-                all.type = t.type;
-                all.n_in = n_in;
-                all.n_out = n_out * c.n_expert;
-                all.row_bytes = ggml_row_bytes(t.type, n_in);
-                all.data = t.data;
-                if (all.row_bytes * uint64_t(all.n_out) > t.n_bytes)
-                    fail("{}: tensor '{}' holds {} bytes, fewer than its shape needs", f.path(), tn,
-                         t.n_bytes);
-                bytes += all.row_bytes * uint64_t(all.n_out);
+                const WeightView all = load_matrix(f, name(what), n_in, n_out, bytes, c.n_expert);
                 std::vector<WeightView> v;
                 for (int64_t e = 0; e < c.n_expert; ++e)
                     v.push_back(row_slice(all, e * n_out, n_out));

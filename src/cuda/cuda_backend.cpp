@@ -162,7 +162,7 @@ class CudaBackend final : public Backend {
     const float* output_norm_ = nullptr;
     std::vector<DeviceLayer> layers_;
     RopeParams rope_;      // the model's RoPE, its frequency factors (if any) in weight_mem_
-    RopeParams rope_swa_;  // the sliding-window layers' RoPE (ModelConfig::rope_layer)
+    RopeParams rope_swa_;  // the sliding-window layers' RoPE (ModelConfig::rope_swa)
 
     int64_t n_blocks_ = 0, k_block_bytes_ = 0, v_block_bytes_ = 0;
     DeviceMem kv_mem_;                       // per layer: K pool, V pool, K stage, V stage
@@ -315,9 +315,7 @@ void CudaBackend::upload_weights(const GgufFile& file) {
     output_ = on_device(hw.output, i_out);
     output_norm_ = vec(i_out_norm);
     rope_ = config_.rope(vec(i_rope));
-    rope_swa_ = rope_;
-    for (int64_t l = 0; l < config_.n_layer; ++l)
-        if (config_.is_swa(l)) rope_swa_ = config_.rope_layer(l, vec(i_rope));
+    rope_swa_ = config_.rope_swa(vec(i_rope));
     layers_.resize(hw.layers.size());
     for (size_t l = 0; l < hw.layers.size(); ++l) {
         const LayerWeights& w = hw.layers[l];

@@ -315,6 +315,25 @@ void gemv_experts(float* out, const float* x, const WeightView& w0, const Weight
     }
 }
 
+// gate(x) * up(x) through SiLU (SwiGLU) or, with gelu, GELU (GeGLU): one GEMV launch for up
+// to kCudaGemvMaxRows rows of one layout, else two cuda_matmul and the elementwise op.
+void matmul_gated(float* out, float* up_buf, const float* x, const WeightView& gate,
+                  const WeightView& up, int64_t n_rows, CudaScratch& scratch, cudaStream_t s,
+                  bool gelu) {
+    if (n_rows > kCudaGemvMaxRows || !same_layout(gate, up) || gate.n_out != up.n_out) {
+        cuda_matmul(out, x, gate, n_rows, scratch, s);
+        cuda_matmul(up_buf, x, up, n_rows, scratch, s);
+        if (gelu)
+            cuda_geglu(out, out, up_buf, n_rows * gate.n_out, s);
+        else
+            cuda_swiglu(out, out, up_buf, n_rows * gate.n_out, s);
+        return;
+    }
+    float* outs[] = {out, up_buf};
+    const WeightView* ws[] = {&gate, &up};
+    gemv_many(outs, ws, 2, x, n_rows, true, s, gelu);
+}
+
 }  // namespace
 
 bool cuda_supports_weight_type(GgmlType t) {
@@ -361,28 +380,12 @@ void cuda_matmul_qkv(float* q, float* k, float* v, const float* x, const WeightV
 void cuda_matmul_swiglu(float* out, float* up_buf, const float* x, const WeightView& gate,
                         const WeightView& up, int64_t n_rows, CudaScratch& scratch,
                         cudaStream_t s) {
-    if (n_rows > kCudaGemvMaxRows || !same_layout(gate, up) || gate.n_out != up.n_out) {
-        cuda_matmul(out, x, gate, n_rows, scratch, s);
-        cuda_matmul(up_buf, x, up, n_rows, scratch, s);
-        cuda_swiglu(out, out, up_buf, n_rows * gate.n_out, s);
-        return;
-    }
-    float* outs[] = {out, up_buf};
-    const WeightView* ws[] = {&gate, &up};
-    gemv_many(outs, ws, 2, x, n_rows, true, s);
+    matmul_gated(out, up_buf, x, gate, up, n_rows, scratch, s, false);
 }
 
 void cuda_matmul_geglu(float* out, float* up_buf, const float* x, const WeightView& gate,
                        const WeightView& up, int64_t n_rows, CudaScratch& scratch, cudaStream_t s) {
-    if (n_rows > kCudaGemvMaxRows || !same_layout(gate, up) || gate.n_out != up.n_out) {
-        cuda_matmul(out, x, gate, n_rows, scratch, s);
-        cuda_matmul(up_buf, x, up, n_rows, scratch, s);
-        cuda_geglu(out, out, up_buf, n_rows * gate.n_out, s);
-        return;
-    }
-    float* outs[] = {out, up_buf};
-    const WeightView* ws[] = {&gate, &up};
-    gemv_many(outs, ws, 2, x, n_rows, true, s, true);
+    matmul_gated(out, up_buf, x, gate, up, n_rows, scratch, s, true);
 }
 
 }  // namespace kvrun
