@@ -422,6 +422,59 @@ TEST_CASE("cuda mixture-of-experts ops: top-k, expert-indexed GEMVs, weighted su
     CHECK(nmse(dsum.download(), want) < kExact);
 }
 
+TEST_CASE("cuda grouped mixture-of-experts prefill matches the expert-indexed GEMV path") {
+    // cuda_moe_ffn_grouped (prefill: tokens grouped by expert, one matmul per expert) against
+    // the decode path (a GEMV per token and expert, then the weighted sum) on the same ids:
+    // groups of more than kCudaGemvMaxRows tokens run on the f16 GEMM, smaller ones give the
+    // GEMV's bits, an expert nobody chose is skipped; out may alias x.
+    const int64_t E = 6, K = 2, D = 512, F = 256;
+    CudaScratch scratch;
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16}) {
+        CAPTURE(std::string(ggml_type_name(t)));
+        TestWeights gate = make_weights(t, E * F, D, 81), up = make_weights(t, E * F, D, 82),
+                    down = make_weights(t, E * D, F, 83);
+        MoeExperts ex;
+        ex.gate0 = gate.device, ex.up0 = up.device, ex.down0 = down.device;
+        ex.gate0.n_out = ex.up0.n_out = F, ex.down0.n_out = D;
+        ex.expert_bytes = size_t(F) * gate.device.row_bytes;
+        ex.down_bytes = size_t(D) * down.device.row_bytes;
+        for (int64_t T : {40, 8}) {
+            CAPTURE(T);
+            // T = 40: experts 0, 3, 4 get 24, 20, 20 tokens (GEMM), 1 and 2 get 8 (GEMV), 5
+            // none. T = 8: every group fits the GEMV.
+            std::vector<int32_t> ids(static_cast<size_t>(T * K));
+            for (int64_t i = 0; i < T; ++i) {
+                ids[size_t(i * K)] = int32_t(i < 24 ? 0 : 1 + i % 2);
+                ids[size_t(i * K + 1)] = int32_t(3 + i % 2);
+            }
+            // Small activations: the random K-quant weights are large and all of one sign, and
+            // the GEMM rounds the hidden rows to f16.
+            const std::vector<float> x = random_floats(static_cast<size_t>(T * D), 84, 0.002f);
+            std::vector<float> wts = random_floats(static_cast<size_t>(T * K), 85);
+            for (float& w : wts) w = 0.5f + 0.5f * std::fabs(w);
+            DevBuf<int32_t> dids(ids);
+            DevBuf<float> dx(x), dw(wts), h(static_cast<size_t>(T * K * F)),
+                rows(static_cast<size_t>(T * K * D)), want(x.size());
+            cuda_gemv_experts_swiglu(h.get(), dx.get(), ex.gate0, ex.up0, ex.expert_bytes,
+                                     dids.get(), T * K, int(K), nullptr);
+            cuda_gemv_experts(rows.get(), h.get(), ex.down0, ex.down_bytes, dids.get(), T * K, 1,
+                              nullptr);
+            cuda_moe_combine(want.get(), rows.get(), dw.get(), T, K, D, nullptr);
+            DevBuf<float> xs(static_cast<size_t>(T * K * D)), hh(static_cast<size_t>(T * K * F)),
+                uu(static_cast<size_t>(T * K * F));
+            DevBuf<int32_t> map(static_cast<size_t>(2 * T * K));
+            const MoeGroupedBuffers buf{xs.get(), hh.get(), uu.get(), map.get()};
+            DevBuf<float> out(x);  // in place: out aliases x
+            cuda_moe_ffn_grouped(out.get(), out.get(), dids.get(), dw.get(), T, K, E, ex, buf,
+                                 scratch, nullptr);
+            const std::vector<float> got = out.download(), ref = want.download();
+            if (T <= kCudaGemvMaxRows)
+                CHECK(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0);
+            CHECK(nmse(got, ref) < kGemmF16);
+        }
+    }
+}
+
 TEST_CASE("cuda gemm (f16 tensor cores) and cuda_matmul match cpu::matmul for every type") {
     CudaScratch scratch;
     for (GgmlType t : cuda_weight_types()) {

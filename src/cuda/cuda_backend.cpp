@@ -109,10 +109,9 @@ struct DeviceLayer {
     const float *q_norm = nullptr, *k_norm = nullptr;         // [head_dim] each (qwen3) or null
     const float *attn_post_norm = nullptr, *ffn_post_norm = nullptr;  // [n_embd] (gemma2/3)
     WeightView wq, wk, wv, wo, w_gate, w_up, w_down;                  // data in device memory
-    // Mixture of experts: the router, and expert 0 of each stacked tensor (the others follow
-    // expert_bytes / down_bytes apart).
-    WeightView router, gate0, up0, down0;
-    size_t expert_bytes = 0, down_bytes = 0;
+    // Mixture of experts: the router and the stacked experts.
+    WeightView router;
+    MoeExperts experts;
 };
 
 class CudaBackend final : public Backend {
@@ -181,8 +180,9 @@ class CudaBackend final : public Backend {
     float *k_ = nullptr, *v_ = nullptr;      // [T][kv_dim]
     float *gate_ = nullptr, *up_ = nullptr;  // [T][n_ff]
     // Mixture of experts (see ensure_capacity).
-    float *moe_logits_ = nullptr, *moe_w_ = nullptr, *moe_h_ = nullptr, *moe_out_ = nullptr;
-    int32_t* moe_ids_ = nullptr;
+    float *moe_logits_ = nullptr, *moe_w_ = nullptr, *moe_h_ = nullptr, *moe_out_ = nullptr,
+          *moe_up_ = nullptr;
+    int32_t *moe_ids_ = nullptr, *moe_map_ = nullptr;
     float* xr_ = nullptr;      // [R][n_embd] rows that need logits
     float* logits_ = nullptr;  // [R][n_vocab]
     // Batch metadata on the device (int32): tokens, positions, seq, slot, stage [token_cap_]
@@ -336,11 +336,11 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         d.wo = on_device(w.wo, it.wo);
         if (config_.moe()) {
             d.router = on_device(w.router, it.router);
-            d.gate0 = on_device(w.gate_exps[0], it.gate_e);
-            d.up0 = on_device(w.up_exps[0], it.up_e);
-            d.down0 = on_device(w.down_exps[0], it.down_e);
-            d.expert_bytes = w.gate_exps[0].row_bytes * size_t(w.gate_exps[0].n_out);
-            d.down_bytes = w.down_exps[0].row_bytes * size_t(w.down_exps[0].n_out);
+            d.experts.gate0 = on_device(w.gate_exps[0], it.gate_e);
+            d.experts.up0 = on_device(w.up_exps[0], it.up_e);
+            d.experts.down0 = on_device(w.down_exps[0], it.down_e);
+            d.experts.expert_bytes = w.gate_exps[0].row_bytes * size_t(w.gate_exps[0].n_out);
+            d.experts.down_bytes = w.down_exps[0].row_bytes * size_t(w.down_exps[0].n_out);
             continue;
         }
         d.w_gate = on_device(w.w_gate, it.gate);
@@ -451,7 +451,8 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
         token_cap_ = std::max({n_tokens, 2 * token_cap_, kMinTokenCapacity});
         const size_t T = size_t(token_cap_);
         // Mixture of experts: router logits [T][n_expert], ids and weights [T][k], the
-        // experts' hidden rows [T * k][n_ff_exp] and outputs [T * k][n_embd] (else empty).
+        // experts' hidden rows [T * k][n_ff_exp] and outputs [T * k][n_embd], and for grouped
+        // prefill the up rows [T * k][n_ff_exp] and the job map [2 * T * k] (else empty).
         const size_t TK = T * size_t(c.n_expert_used);
         const size_t sizes[] = {T * size_t(c.n_embd),
                                 T * size_t(c.n_embd),
@@ -466,10 +467,13 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
                                 TK,
                                 TK,
                                 TK * size_t(c.n_ff_exp),
-                                TK * size_t(c.n_embd)};
-        float* moe_ids = nullptr;
-        float** ptrs[] = {&x_,  &xb_, &q_,          &att_,    &k_,     &v_,     &gate_,
-                          &up_, &xr_, &moe_logits_, &moe_ids, &moe_w_, &moe_h_, &moe_out_};
+                                TK * size_t(c.n_embd),
+                                TK * size_t(c.n_ff_exp),
+                                2 * TK};
+        float *moe_ids = nullptr, *moe_map = nullptr;
+        float** ptrs[] = {&x_,     &xb_,      &q_,      &att_,        &k_,      &v_,
+                          &gate_,  &up_,      &xr_,     &moe_logits_, &moe_ids, &moe_w_,
+                          &moe_h_, &moe_out_, &moe_up_, &moe_map};
         size_t total = 0;
         for (size_t s : sizes) total += align_up(s * sizeof(float));
         act_mem_ = DeviceMem();  // free first: the old buffers are no longer needed
@@ -479,7 +483,8 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
             *ptrs[i] = reinterpret_cast<float*>(act_mem_.get() + off);
             off += align_up(sizes[i] * sizeof(float));
         }
-        moe_ids_ = reinterpret_cast<int32_t*>(moe_ids);  // int32 in a float-sized slot
+        moe_ids_ = reinterpret_cast<int32_t*>(moe_ids);  // int32s in float-sized slots
+        moe_map_ = reinterpret_cast<int32_t*>(moe_map);
         grown = true;
     }
     if (n_rows > row_cap_) {
@@ -513,7 +518,8 @@ void CudaBackend::validate(const ForwardBatch& b) const {
     b.validate(config_.n_vocab, n_blocks_, options_.kv_block_size, n_stages_);
 }
 
-// Enqueues the whole forward pass on the stream (no host synchronization, capturable).
+// Enqueues the whole forward pass on the stream: no host synchronization (capturable) up to
+// kGraphMaxTokens tokens; larger batches of a mixture of experts sync once per layer.
 void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
     const ModelConfig& c = config_;
     const cudaStream_t s = stream_.get();
@@ -555,14 +561,20 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
             cuda_rmsnorm(xb_, xb_, w.attn_post_norm, T, c.n_embd, c.norm_eps, s);
         cuda_add_rmsnorm(x_, xb_, xb_, w.ffn_norm, T, c.n_embd, c.norm_eps, s);
         // Feed-forward block.
-        if (c.moe()) {  // router, top-k, expert GEMVs by device-side ids, weighted sum
+        if (c.moe()) {  // router, top-k, the chosen experts, weighted sum
             const int64_t K = c.n_expert_used;
+            const MoeExperts& ex = w.experts;
             cuda_matmul(moe_logits_, xb_, w.router, T, scratch_, s);
             cuda_moe_topk(moe_logits_, T, c.n_expert, K, moe_ids_, moe_w_, s);
-            cuda_gemv_experts_swiglu(moe_h_, xb_, w.gate0, w.up0, w.expert_bytes, moe_ids_, T * K,
-                                     int(K), s);
-            cuda_gemv_experts(moe_out_, moe_h_, w.down0, w.down_bytes, moe_ids_, T * K, 1, s);
-            cuda_moe_combine(xb_, moe_out_, moe_w_, T, K, c.n_embd, s);
+            if (T > kGraphMaxTokens) {  // prefill: tokens grouped by expert (syncs the stream)
+                cuda_moe_ffn_grouped(xb_, xb_, moe_ids_, moe_w_, T, K, c.n_expert, ex,
+                                     {moe_out_, moe_h_, moe_up_, moe_map_}, scratch_, s);
+            } else {  // decode: expert GEMVs by device-side ids (capturable)
+                cuda_gemv_experts_swiglu(moe_h_, xb_, ex.gate0, ex.up0, ex.expert_bytes, moe_ids_,
+                                         T * K, int(K), s);
+                cuda_gemv_experts(moe_out_, moe_h_, ex.down0, ex.down_bytes, moe_ids_, T * K, 1, s);
+                cuda_moe_combine(xb_, moe_out_, moe_w_, T, K, c.n_embd, s);
+            }
         } else if (c.ffn_gelu) {  // Gemma: GELU gate
             cuda_matmul_geglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s);
         } else {

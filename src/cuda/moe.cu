@@ -1,7 +1,10 @@
 // Mixture of experts: the router's top-k choice per token and the weighted sum of the chosen
-// experts' outputs. The experts' products themselves are expert-indexed GEMVs (gemv.cu), so
-// the expert ids never leave the device and a decode step stays one CUDA graph.
+// experts' outputs. Decode-sized batches multiply by expert-indexed GEMVs (gemv.cu), so the
+// expert ids never leave the device and a decode step stays one CUDA graph; prefill groups
+// the tokens by expert on the host (cuda_moe_ffn_grouped) so each expert's weights are read
+// once per pass and large groups run on tensor cores.
 #include <cstdint>
+#include <vector>
 
 #include "cuda/common.cuh"
 #include "cuda/ops.h"
@@ -50,13 +53,17 @@ __global__ void moe_topk_kernel(const float* __restrict__ logits, int n_expert, 
 }
 
 __global__ void moe_combine_kernel(float* __restrict__ out, const float* __restrict__ rows,
-                                   const float* __restrict__ weights, int64_t n, int k,
+                                   const float* __restrict__ weights,
+                                   const int32_t* __restrict__ row_of, int64_t n, int k,
                                    int64_t dim) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const int64_t t = i / dim, d = i % dim;
     float acc = 0.0f;
-    for (int j = 0; j < k; ++j) acc = fmaf(weights[t * k + j], rows[(t * k + j) * dim + d], acc);
+    for (int j = 0; j < k; ++j) {
+        const int64_t r = row_of ? int64_t(row_of[t * k + j]) : t * k + j;
+        acc = fmaf(weights[t * k + j], rows[r * dim + d], acc);
+    }
     out[i] = acc;
 }
 
@@ -73,12 +80,64 @@ void cuda_moe_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int6
 }
 
 void cuda_moe_combine(float* out, const float* rows, const float* weights, int64_t n_tokens,
-                      int64_t k, int64_t dim, cudaStream_t s) {
+                      int64_t k, int64_t dim, cudaStream_t s, const int32_t* row_of) {
     const int64_t n = n_tokens * dim;
     if (n <= 0) return;
-    moe_combine_kernel<<<unsigned(cu::ceil_div(n, 256)), 256, 0, s>>>(out, rows, weights, n, int(k),
-                                                                      dim);
+    moe_combine_kernel<<<unsigned(cu::ceil_div(n, 256)), 256, 0, s>>>(out, rows, weights, row_of, n,
+                                                                      int(k), dim);
     CUDA_CHECK_LAUNCH();
+}
+
+void cuda_moe_ffn_grouped(float* out, const float* x, const int32_t* ids, const float* weights,
+                          int64_t n_tokens, int64_t k, int64_t n_expert, const MoeExperts& ex,
+                          const MoeGroupedBuffers& buf, CudaScratch& scratch, cudaStream_t s) {
+    CUDA_REQUIRE(n_expert >= 1 && k >= 1 && k <= n_expert, "cuda_moe_ffn_grouped: bad k");
+    CUDA_REQUIRE(ex.down0.n_in == ex.gate0.n_out && ex.up0.n_out == ex.gate0.n_out &&
+                     ex.up0.n_in == ex.gate0.n_in && ex.down0.n_out == ex.gate0.n_in,
+                 "cuda_moe_ffn_grouped: expert shapes do not chain");
+    const int64_t n_jobs = n_tokens * k, D = ex.gate0.n_in, F = ex.gate0.n_out;
+    if (n_jobs <= 0) return;
+    CUDA_REQUIRE(n_jobs <= INT32_MAX, "cuda_moe_ffn_grouped: too many tokens");
+    // The router's choice on the host (the one synchronization of the pass).
+    std::vector<int32_t> job_expert(static_cast<size_t>(n_jobs));
+    CUDA_CHECK(cudaMemcpyAsync(job_expert.data(), ids, size_t(n_jobs) * sizeof(int32_t),
+                               cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    // Counting sort of the jobs (token t's j-th expert is job t * k + j) by expert, stable:
+    // map[i] = the token of the i-th job in expert order, map[n_jobs + job] = its position.
+    std::vector<int64_t> first(static_cast<size_t>(n_expert) + 1, 0);
+    for (int32_t e : job_expert) {
+        CUDA_REQUIRE(e >= 0 && e < n_expert, "cuda_moe_ffn_grouped: expert id out of range");
+        ++first[size_t(e) + 1];
+    }
+    for (int64_t e = 0; e < n_expert; ++e) first[size_t(e + 1)] += first[size_t(e)];
+    std::vector<int32_t> map(static_cast<size_t>(2 * n_jobs));
+    std::vector<int64_t> next(first.begin(), first.end() - 1);
+    for (int64_t job = 0; job < n_jobs; ++job) {
+        const int64_t i = next[size_t(job_expert[size_t(job)])]++;
+        map[size_t(i)] = int32_t(job / k);
+        map[size_t(n_jobs + job)] = int32_t(i);
+    }
+    // Pageable source: the call returns once the bytes are staged, so map may go out of scope.
+    CUDA_CHECK(cudaMemcpyAsync(buf.map, map.data(), map.size() * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, s));
+    cuda_gather_rows(buf.xs, x, buf.map, n_jobs, D, s);
+    for (int64_t e = 0; e < n_expert; ++e) {
+        const int64_t i0 = first[size_t(e)], n = first[size_t(e + 1)] - i0;
+        if (n == 0) continue;
+        auto expert = [e](WeightView w, size_t bytes) {
+            w.data = static_cast<const uint8_t*>(w.data) + size_t(e) * bytes;
+            return w;
+        };
+        float* xs = buf.xs + i0 * D;
+        float* h = buf.h + i0 * F;
+        cuda_matmul_swiglu(h, buf.up + i0 * F, xs, expert(ex.gate0, ex.expert_bytes),
+                           expert(ex.up0, ex.expert_bytes), n, scratch, s);
+        // The expert's outputs replace its inputs (their last reader, the line above, runs
+        // first on the stream).
+        cuda_matmul(xs, h, expert(ex.down0, ex.down_bytes), n, scratch, s);
+    }
+    cuda_moe_combine(out, buf.xs, weights, n_tokens, k, D, s, buf.map + n_jobs);
 }
 
 }  // namespace kvrun

@@ -117,11 +117,35 @@ void cuda_gemv_experts_swiglu(float* out, const float* x, const WeightView& gate
 // The router's choice per token (logits [n_tokens][n_expert]): the k largest (ties: the
 // lower id) into ids [n_tokens][k], in decreasing order, with weights [n_tokens][k] = their
 // softmax probabilities renormalized to sum 1.
-void cuda_moe_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k,
-                   int32_t* ids, float* weights, cudaStream_t s);
-// out[t][:] = sum over j < k of weights[t][j] * rows[t * k + j][:] ([n_tokens][dim]).
+void cuda_moe_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k, int32_t* ids,
+                   float* weights, cudaStream_t s);
+// out[t][:] = sum over j < k of weights[t][j] * rows[t * k + j][:] ([n_tokens][dim]); with
+// row_of (device, [n_tokens * k]) the row is rows[row_of[t * k + j]] instead.
 void cuda_moe_combine(float* out, const float* rows, const float* weights, int64_t n_tokens,
-                      int64_t k, int64_t dim, cudaStream_t s);
+                      int64_t k, int64_t dim, cudaStream_t s, const int32_t* row_of = nullptr);
+// One layer's experts: expert 0 of each stacked tensor (device memory), the others
+// expert_bytes (gate, up) and down_bytes (down) apart.
+struct MoeExperts {
+    WeightView gate0, up0, down0;  // [F][D], [F][D], [D][F]
+    size_t expert_bytes = 0, down_bytes = 0;
+};
+// Device working memory of cuda_moe_ffn_grouped for n_jobs = n_tokens * k.
+struct MoeGroupedBuffers {
+    float* xs = nullptr;     // [n_jobs][D]
+    float* h = nullptr;      // [n_jobs][F]
+    float* up = nullptr;     // [n_jobs][F]
+    int32_t* map = nullptr;  // [2 * n_jobs]
+};
+// The experts' SwiGLU feed-forward for prefill-sized batches, with the router's choice ids /
+// weights from cuda_moe_topk: out[t] = sum over j of weights[t][j] * down_e(silu(gate_e x[t])
+// * up_e x[t]), e = ids[t][j]. The tokens are grouped by expert on the host, so each expert
+// runs one cuda_matmul_swiglu and one cuda_matmul over its tokens: its weights are read once
+// (fused GEMV, same bits as the expert-indexed GEMVs, up to kCudaGemvMaxRows tokens) or
+// dequantized once for a tensor-core GEMM (more tokens) instead of once per token.
+// out may equal x. Synchronizes the stream (the ids are read on the host): not capturable.
+void cuda_moe_ffn_grouped(float* out, const float* x, const int32_t* ids, const float* weights,
+                          int64_t n_tokens, int64_t k, int64_t n_expert, const MoeExperts& ex,
+                          const MoeGroupedBuffers& buf, CudaScratch& scratch, cudaStream_t s);
 // out = silu(x W_gate^T) * (x W_up^T): [n_rows][gate.n_out]. Up to kCudaGemvMaxRows rows with
 // gate and up of one type and shape: one GEMV launch whose warps compute a gate row and the
 // matching up row and write the product (same bits as two cuda_matmul calls and
