@@ -14,6 +14,8 @@
 //           prompt <|im_start|>assistant<|im_sep|>
 //   gemma   <start_of_turn>user\nS\n\nU1<end_of_turn>\n<start_of_turn>model\nA1<end_of_turn>\n
 //           ... content trimmed, assistant is "model"; prompt <start_of_turn>model\n
+//   granite <|start_of_role|>role<|end_of_role|>content<|end_of_text|>\n per message;
+//           prompt <|start_of_role|>assistant<|end_of_role|>   (IBM Granite 3)
 //   plain   S\n\nUser: U1\nAssistant: A1\nUser: U2\nAssistant:   (for models without a
 //           template; the reply follows "Assistant:" with its own leading space)
 // Each message is formatted independently of later ones, which gives the prefix properties
@@ -35,7 +37,7 @@ struct NamedKind {
 };
 
 // Canonical names first (chat_template_name reads this table), then aliases.
-constexpr std::array<NamedKind, 13> kNames = {{
+constexpr std::array<NamedKind, 14> kNames = {{
     {"llama2", ChatTemplateKind::Llama2},
     {"llama3", ChatTemplateKind::Llama3},
     {"chatml", ChatTemplateKind::ChatML},
@@ -44,13 +46,14 @@ constexpr std::array<NamedKind, 13> kNames = {{
     {"phi3", ChatTemplateKind::Phi3},
     {"phi4", ChatTemplateKind::Phi4},
     {"gemma", ChatTemplateKind::Gemma},
+    {"granite", ChatTemplateKind::Granite},
     {"plain", ChatTemplateKind::Plain},
     {"llama-2", ChatTemplateKind::Llama2},
     {"llama-3", ChatTemplateKind::Llama3},
     {"phi-3", ChatTemplateKind::Phi3},
     {"phi-4", ChatTemplateKind::Phi4},
 }};
-constexpr size_t kCanonicalNames = 9;
+constexpr size_t kCanonicalNames = 10;
 
 bool contains(std::string_view haystack, std::string_view needle) {
     return haystack.find(needle) != std::string_view::npos;
@@ -130,6 +133,10 @@ void append_uniform(ChatTemplateKind kind, std::string& out, Role role, const Ch
         case ChatTemplateKind::Phi4:
             out += "<|im_start|>" + m.role + "<|im_sep|>" + m.content + "<|im_end|>";
             break;
+        case ChatTemplateKind::Granite:
+            out +=
+                "<|start_of_role|>" + m.role + "<|end_of_role|>" + m.content + "<|end_of_text|>\n";
+            break;
         default:  // Plain
             if (role == Role::System) out += m.content + "\n\n";
             if (role == Role::User) out += "User: " + m.content + "\n";
@@ -155,6 +162,8 @@ std::string_view generation_prompt(ChatTemplateKind kind) {
             return "<|im_start|>assistant<|im_sep|>";
         case ChatTemplateKind::Gemma:
             return "<start_of_turn>model\n";
+        case ChatTemplateKind::Granite:
+            return "<|start_of_role|>assistant<|end_of_role|>";
         case ChatTemplateKind::Plain:
             return "Assistant:";
     }
@@ -168,6 +177,7 @@ ChatTemplateKind chat_template_detect(std::string_view src) {
     if (contains(src, "<|im_start|>")) return ChatTemplateKind::ChatML;
     if (contains(src, "<|start_header_id|>")) return ChatTemplateKind::Llama3;
     if (contains(src, "<start_of_turn>")) return ChatTemplateKind::Gemma;
+    if (contains(src, "<|start_of_role|>")) return ChatTemplateKind::Granite;
     // Zephyr/Phi-3 templates may build "<|user|>" from the role, but all of them write the
     // "<|assistant|>" generation prompt literally.
     if (contains(src, "<|user|>") || contains(src, "<|assistant|>")) {
@@ -273,6 +283,8 @@ std::string chat_template_assistant_suffix(ChatTemplateKind kind, const ChatSpec
             return "<|im_end|>";
         case ChatTemplateKind::Gemma:
             return "<end_of_turn>\n";
+        case ChatTemplateKind::Granite:
+            return "<|end_of_text|>\n";
         case ChatTemplateKind::Plain:
             return "\n";
     }
@@ -295,6 +307,8 @@ std::vector<std::string> chat_template_stop_strings(ChatTemplateKind kind) {
             return {"<|end|>", "<|endoftext|>"};
         case ChatTemplateKind::Gemma:
             return {"<end_of_turn>", "<eos>"};
+        case ChatTemplateKind::Granite:
+            return {"<|end_of_text|>"};
         case ChatTemplateKind::Plain:
             return {"\nUser:"};
     }

@@ -165,11 +165,13 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
         cpu::matmul(xb_.data(), att_.data(), w.wo, T);
         if (!w.attn_post_norm.empty())
             cpu::rmsnorm(xb_.data(), xb_.data(), w.attn_post_norm.data(), T, c.n_embd, c.norm_eps);
+        if (c.residual_scale != 1.0f) cpu::scale(xb_.data(), T * c.n_embd, c.residual_scale);
         cpu::add(x_.data(), xb_.data(), T * c.n_embd);
         // Feed-forward block.
         cpu::rmsnorm(xb_.data(), x_.data(), w.ffn_norm.data(), T, c.n_embd, c.norm_eps);
         if (c.moe()) {
             moe_ffn(w, T);
+            if (c.residual_scale != 1.0f) cpu::scale(xb_.data(), T * c.n_embd, c.residual_scale);
             cpu::add(x_.data(), xb_.data(), T * c.n_embd);
             continue;
         }
@@ -186,6 +188,7 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
         cpu::matmul(xb_.data(), gate_.data(), w.w_down, T);
         if (!w.ffn_post_norm.empty())
             cpu::rmsnorm(xb_.data(), xb_.data(), w.ffn_post_norm.data(), T, c.n_embd, c.norm_eps);
+        if (c.residual_scale != 1.0f) cpu::scale(xb_.data(), T * c.n_embd, c.residual_scale);
         cpu::add(x_.data(), xb_.data(), T * c.n_embd);
     }
 
@@ -198,6 +201,7 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
                     c.n_embd * sizeof(float));
     cpu::rmsnorm(xb_.data(), xb_.data(), weights_.output_norm.data(), R, c.n_embd, c.norm_eps);
     cpu::matmul(logits, xb_.data(), weights_.output, R);
+    if (c.logit_scale != 1.0f) cpu::scale(logits, R * c.n_vocab, c.logit_scale);
     if (c.final_softcap > 0) cpu::softcap(logits, R * c.n_vocab, c.final_softcap);
 }
 

@@ -19,19 +19,23 @@ struct ArchTraits {
     bool qkv_bias;
     bool qk_norm;
     bool fused_gate_up;
-    int gemma;  // 0: not Gemma; 1, 2, 3: Gemma generation
+    int gemma;     // 0: not Gemma; 1, 2, 3: Gemma generation
+    bool granite;  // Granite's four multipliers
+    bool experts;  // a mixture of experts (expert_count required)
 };
 
-// name, NeoX RoPE, Q/K/V biases, Q/K norms, fused gate/up, Gemma generation
+// name, NeoX RoPE, Q/K/V biases, Q/K norms, fused gate/up, Gemma generation, Granite, MoE
 constexpr ArchTraits kArchs[] = {
-    {"llama", false, false, false, false, 0},  //
-    {"qwen2", true, true, false, false, 0},    //
-    {"qwen3", true, false, true, false, 0},    //
-    {"qwen3moe", true, false, true, false, 0}, //
-    {"phi3", true, false, false, true, 0},     //
-    {"gemma", true, false, false, false, 1},   //
-    {"gemma2", true, false, false, false, 2},  //
-    {"gemma3", true, false, true, false, 3},   //
+    {"llama", false, false, false, false, 0, false, false},
+    {"qwen2", true, true, false, false, 0, false, false},
+    {"qwen3", true, false, true, false, 0, false, false},
+    {"qwen3moe", true, false, true, false, 0, false, true},
+    {"phi3", true, false, false, true, 0, false, false},
+    {"gemma", true, false, false, false, 1, false, false},
+    {"gemma2", true, false, false, false, 2, false, false},
+    {"gemma3", true, false, true, false, 3, false, false},
+    {"granite", false, false, false, false, 0, true, false},
+    {"granitemoe", false, false, false, false, 0, true, true},
 };
 
 // A positive integer key, either a scalar or an array whose elements are all equal
@@ -123,8 +127,7 @@ void read_rope_scaling(const GgufFile& f, const std::string& a, ModelConfig& c) 
     c.rope_factors_long = read_rope_factors(f, "rope_factors_long.weight", c.n_rot / 2);
     c.rope_factors_short = read_rope_factors(f, "rope_factors_short.weight", c.n_rot / 2);
     if (c.rope_factors_long.empty() != c.rope_factors_short.empty())
-        fail("{}: rope_factors_long.weight and rope_factors_short.weight come as a pair",
-             f.path());
+        fail("{}: rope_factors_long.weight and rope_factors_short.weight come as a pair", f.path());
     if (!c.rope_factors_long.empty() && !c.rope_freq_factors.empty())
         fail("{}: both rope_freqs.weight and LongRoPE factors; expected one", f.path());
 }
@@ -156,6 +159,23 @@ void read_gemma(const GgufFile& f, const std::string& a, int gen, ModelConfig& c
     }
 }
 
+// IBM Granite's multipliers (llama.cpp requires all four keys): embeddings times
+// embedding_scale, q.k times attention.scale, each block's output times residual_scale before
+// its residual add, logits divided by logit_scale.
+void read_granite(const GgufFile& f, const std::string& a, ModelConfig& c) {
+    auto positive = [&](const std::string& key) {
+        if (!f.has(a + key)) fail("{}: missing required key '{}{}'", f.path(), a, key);
+        const double v = f.get_float_or(a + key, 0.0);
+        if (!(v > 0) || !std::isfinite(v))
+            fail("{}: {}{} = {} must be positive", f.path(), a, key, v);
+        return float(v);
+    };
+    c.embd_scale = positive("embedding_scale");
+    c.attn_scale = positive("attention.scale");
+    c.residual_scale = positive("residual_scale");
+    c.logit_scale = 1.0f / positive("logit_scale");
+}
+
 }  // namespace
 
 ModelConfig model_config_from_gguf(const GgufFile& f) {
@@ -167,10 +187,10 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     if (!traits) {
         throw Error(
             fmt::format("{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, "
-                        "qwen3moe, phi3, gemma, gemma2, gemma3)",
+                        "qwen3moe, phi3, gemma, gemma2, gemma3, granite, granitemoe)",
                         f.path(), c.arch),
             "kvrun runs llama-family models (Llama, Mistral, TinyLlama, SmolLM, Qwen2, Qwen3, "
-            "Qwen3 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3)");
+            "Qwen3 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3, Granite 3)");
     }
     c.rope_neox = traits->rope_neox;
     c.qkv_bias = traits->qkv_bias;
@@ -212,6 +232,7 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     read_rope_scaling(f, a, c);
     c.attn_scale = 1.0f / std::sqrt(float(c.head_dim));
     if (traits->gemma) read_gemma(f, a, traits->gemma, c);
+    if (traits->granite) read_granite(f, a, c);
     // Mixture of experts (some dense models say expert_count 0).
     const GgufValue* experts = f.find(a + "expert_count");
     if (experts && !(experts->is_int() && experts->as_int() == 0)) {
@@ -221,7 +242,7 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
         if (c.n_expert_used > c.n_expert || c.n_expert > 4096)
             fail("{}: {}expert_used_count {} must be at most expert_count {} (<= 4096)", f.path(),
                  a, c.n_expert_used, c.n_expert);
-    } else if (c.arch == "qwen3moe") {
+    } else if (traits->experts) {
         fail("{}: missing required key '{}expert_count'", f.path(), a);
     }
     return c;

@@ -1,6 +1,6 @@
 // Typed model hyperparameters read from GGUF metadata (`<arch>.*` keys) for the supported
-// architectures (llama, qwen2, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3), validated so the
-// forward pass can trust them.
+// architectures (llama, qwen2, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3, granite,
+// granitemoe), validated so the forward pass can trust them.
 #pragma once
 
 #include <cstdint>
@@ -13,17 +13,17 @@
 namespace kvrun {
 
 struct ModelConfig {
-    std::string arch;         // general.architecture (llama, qwen2, qwen3, qwen3moe, phi3, gemma*)
-    int64_t n_layer = 0;      // block_count
-    int64_t n_embd = 0;       // embedding_length
-    int64_t n_ff = 0;         // feed_forward_length
-    int64_t n_head = 0;       // attention.head_count
-    int64_t n_kv_head = 0;    // attention.head_count_kv (default n_head)
-    int64_t head_dim = 0;     // attention.key_length (default n_embd / n_head)
-    int64_t n_rot = 0;        // rope.dimension_count (default head_dim)
-    int64_t n_vocab = 0;      // rows of the output (or embedding) tensor
-    int64_t n_ctx_train = 0;  // context_length (0 when absent)
-    float norm_eps = 1e-5f;   // attention.layer_norm_rms_epsilon
+    std::string arch;                 // general.architecture (llama, qwen*, phi3, gemma*, granite*)
+    int64_t n_layer = 0;              // block_count
+    int64_t n_embd = 0;               // embedding_length
+    int64_t n_ff = 0;                 // feed_forward_length
+    int64_t n_head = 0;               // attention.head_count
+    int64_t n_kv_head = 0;            // attention.head_count_kv (default n_head)
+    int64_t head_dim = 0;             // attention.key_length (default n_embd / n_head)
+    int64_t n_rot = 0;                // rope.dimension_count (default head_dim)
+    int64_t n_vocab = 0;              // rows of the output (or embedding) tensor
+    int64_t n_ctx_train = 0;          // context_length (0 when absent)
+    float norm_eps = 1e-5f;           // attention.layer_norm_rms_epsilon
     float rope_freq_base = 10000.0f;  // rope.freq_base
     float rope_freq_scale = 1.0f;     // 1 / rope.scaling.factor (linear and YaRN scaling)
     bool rope_neox = false;           // rotate pairs (i, i + n_rot/2) instead of (2i, 2i+1)
@@ -56,6 +56,11 @@ struct ModelConfig {
     float attn_softcap = 0.0f, final_softcap = 0.0f;
     // Scale of q.k (1 / sqrt(head_dim), or what the architecture prescribes).
     float attn_scale = 0.0f;
+    // Granite's multipliers (1 elsewhere): each block's output (attention, FFN) is scaled by
+    // residual_scale before its residual add, and the logits by logit_scale (1 / the GGUF's
+    // logit_scale, which divides); granite's embedding_scale is embd_scale and its
+    // attention.scale attn_scale.
+    float residual_scale = 1.0f, logit_scale = 1.0f;
     // Sliding-window attention: layer l attends to its last n_swa tokens (itself included)
     // when swa_pattern > 0 and l % swa_pattern < swa_pattern - 1 (gemma2: every other layer,
     // gemma3: five of six). Such layers rotate with rope_swa().
@@ -114,7 +119,7 @@ void apply_rope_overrides(ModelConfig& c, const RopeOverrides& o);
 
 // Reads and validates the hyperparameters. Throws Error naming the key for a missing or
 // invalid value, and "unsupported architecture 'x' (supported: llama, qwen2, qwen3, qwen3moe,
-// phi3, gemma, gemma2, gemma3)".
+// phi3, gemma, gemma2, gemma3, granite, granitemoe)".
 ModelConfig model_config_from_gguf(const GgufFile& file);
 
 }  // namespace kvrun

@@ -236,6 +236,14 @@ void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) 
         w.set_u32(a + "expert_used_count", uint32_t(c.n_expert_used));
         if (c.n_ff_exp > 0) w.set_u32(a + "expert_feed_forward_length", uint32_t(c.n_ff_exp));
     }
+    if (c.arch == "granite" || c.arch == "granitemoe") {
+        w.set_f32(a + "embedding_scale", float(c.granite_embedding_scale));
+        w.set_f32(a + "attention.scale",
+                  float(c.granite_attention_scale > 0 ? c.granite_attention_scale
+                                                      : 1.0 / double(head_dim)));
+        w.set_f32(a + "residual_scale", float(c.granite_residual_scale));
+        w.set_f32(a + "logit_scale", float(c.granite_logit_scale));
+    }
     if (c.arch == "gemma2") {
         w.set_u32(a + "attention.sliding_window",
                   uint32_t(c.sliding_window > 0 ? c.sliding_window : 4096));
@@ -292,10 +300,11 @@ int64_t synthetic_head_dim(const SyntheticModelConfig& cfg) {
 }
 
 std::vector<std::string> synthetic_preset_names() {
-    return {"llama2-7b",    "llama3-8b",  "llama3.1-8b",    "llama-1b",
-            "qwen2.5-7b",   "qwen3-0.6b", "qwen3-8b",       "qwen3-30b-a3b",
-            "mixtral-8x7b", "phi3-mini",  "phi3-mini-128k", "phi4",
-            "gemma2-2b",    "gemma3-1b",  "gemma3-4b",      "tiny"};
+    return {"llama2-7b",         "llama3-8b",  "llama3.1-8b",    "llama-1b",
+            "qwen2.5-7b",        "qwen3-0.6b", "qwen3-8b",       "qwen3-30b-a3b",
+            "mixtral-8x7b",      "phi3-mini",  "phi3-mini-128k", "phi4",
+            "gemma2-2b",         "gemma3-1b",  "gemma3-4b",      "granite3-8b",
+            "granite3-3b-a800m", "tiny"};
 }
 
 SyntheticModelConfig synthetic_preset(std::string_view name) {
@@ -359,6 +368,17 @@ SyntheticModelConfig synthetic_preset(std::string_view name) {
         c.n_layer = 34, c.n_embd = 2560, c.n_head = 8, c.n_head_kv = 4, c.n_ff = 10240;
         c.n_vocab = 262208, c.rope_base = 1000000, c.n_ctx = 131072, c.norm_eps = 1e-6;
         c.rope_scaling = "linear", c.rope_factor = 8;
+    } else if (name == "granite3-8b") {  // Granite 3.x 8B: multipliers, tied output
+        c.arch = "granite", c.tied_output = true;
+        c.n_layer = 40, c.n_embd = 4096, c.n_head = 32, c.n_head_kv = 8, c.n_ff = 12800;
+        c.n_vocab = 49155, c.rope_base = 10000000, c.n_ctx = 131072, c.norm_eps = 1e-5;
+    } else if (name == "granite3-3b-a800m") {  // Granite 3.x MoE: 40 experts, 8 per token
+        c.arch = "granitemoe", c.tied_output = true;
+        c.n_layer = 32, c.n_embd = 1536, c.n_head = 24, c.n_head_kv = 8, c.n_ff = 512;
+        c.n_expert = 40, c.n_expert_used = 8;
+        c.granite_embedding_scale = 12, c.granite_residual_scale = 0.22;
+        c.granite_logit_scale = 6, c.granite_attention_scale = 0.015625;
+        c.n_vocab = 49155, c.rope_base = 10000, c.n_ctx = 4096, c.norm_eps = 1e-6;
     } else if (name == "tiny") {
         c.n_layer = 2, c.n_embd = 256, c.n_head = 4, c.n_head_kv = 2, c.n_ff = 512;
         c.n_vocab = 512, c.rope_base = 10000, c.n_ctx = 2048, c.norm_eps = 1e-5;
@@ -408,15 +428,19 @@ void synthetic_validate(const SyntheticModelConfig& c) {
     positive("n_ctx", c.n_ctx, int64_t(1) << 31);
     if (c.vocab_from.empty()) positive("n_vocab", c.n_vocab, int64_t(1) << 24);
     if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "qwen3moe" &&
-        c.arch != "phi3" && !is_gemma(c))
+        c.arch != "phi3" && !is_gemma(c) && c.arch != "granite" && c.arch != "granitemoe")
         fail(
             "synthetic model: architecture '{}' is not one of llama, qwen2, qwen3, qwen3moe, phi3, "
-            "gemma, gemma2, gemma3",
+            "gemma, gemma2, gemma3, granite, granitemoe",
             c.arch);
-    if ((c.arch == "qwen3moe") != (c.n_expert > 0) && c.arch != "llama")
+    const bool moe_arch = c.arch == "qwen3moe" || c.arch == "granitemoe";
+    if (moe_arch != (c.n_expert > 0) && c.arch != "llama")
         fail(
-            "synthetic model: experts need arch qwen3moe or llama (Mixtral), and qwen3moe "
-            "needs experts");
+            "synthetic model: experts need arch qwen3moe, granitemoe or llama (Mixtral), and "
+            "qwen3moe and granitemoe need experts");
+    if (!(c.granite_embedding_scale > 0) || !(c.granite_residual_scale > 0) ||
+        !(c.granite_logit_scale > 0) || !(c.granite_attention_scale >= 0))
+        fail("synthetic model: Granite's multipliers must be positive");
     if (c.n_expert > 0 && (c.n_expert_used < 1 || c.n_expert_used > c.n_expert ||
                            c.n_expert > 4096 || c.n_ff_exp < 0))
         fail(

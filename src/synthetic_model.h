@@ -1,6 +1,7 @@
-// Synthetic llama-family models (llama, qwen2, qwen3, qwen3moe, phi3, gemma 1-3): GGUF files with real shapes (presets such as llama2-7b, llama3-8b)
-// and random weights, generated quickly and deterministically from a seed, for benchmarks and
-// tests. Also cuts a model down to its first L layers (a draft model for speculative decoding).
+// Synthetic llama-family models (llama, qwen2, qwen3, qwen3moe, phi3, gemma 1-3, granite): GGUF
+// files with real shapes (presets such as llama2-7b, llama3-8b) and random weights, generated
+// quickly and deterministically from a seed, for benchmarks and tests. Also cuts a model down to
+// its first L layers (a draft model for speculative decoding).
 //
 // Weights are N(0, weight_std^2)-like (see synthetic_fill.h for how quantized blocks are made);
 // norm weights are F32 near 1. The tokenizer is a synthetic SPM vocabulary (synthetic_vocab.h)
@@ -23,18 +24,23 @@ struct SyntheticModelConfig {
     // general.architecture: llama; qwen2 (adds Q/K/V biases); qwen3 (adds per-head Q/K norms);
     // phi3 (Q/K/V fused in attn_qkv, gate and up fused in ffn_up); gemma, gemma2 (post norms,
     // soft caps, sliding window), gemma3 (post norms, Q/K norms, sliding window): always a
-    // tied output.
+    // tied output; granite, granitemoe (llama / Mixtral-style experts with Granite's four
+    // multipliers below).
     std::string arch = "llama";
     int64_t sliding_window = 0;  // gemma2 / gemma3: attention.sliding_window (0: 4096 / 1024)
     double attn_softcap = 50.0, final_softcap = 30.0;  // gemma2's soft caps
     // Mixture of experts (qwen3moe, or llama = Mixtral): n_expert SwiGLU experts of width
     // n_ff_exp (0: n_ff) in ffn_*_exps tensors, an F32 router, n_expert_used per token.
     int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
+    // granite / granitemoe keys: embedding_scale, attention.scale, residual_scale, logit_scale
+    // (Granite 3.x 8B's values; attention.scale 0: 1 / head_dim).
+    double granite_embedding_scale = 12.0, granite_attention_scale = 0.0;
+    double granite_residual_scale = 0.22, granite_logit_scale = 16.0;
     int64_t n_layer = 2;
     int64_t n_embd = 256;
     int64_t n_head = 4;
     int64_t n_head_kv = 2;
-    int64_t head_dim = 0;  // 0: n_embd / n_head; otherwise written as attention.key_length
+    int64_t head_dim = 0;      // 0: n_embd / n_head; otherwise written as attention.key_length
     bool tied_output = false;  // no output.weight: the logits reuse token_embd
     int64_t n_ff = 512;
     int64_t n_vocab = 512;  // ignored with vocab_from (taken from that file)

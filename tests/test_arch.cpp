@@ -5,8 +5,8 @@
 // Q/K/V biases (qwen2), per-head Q/K RMSNorm before RoPE (qwen3), NeoX vs interleaved RoPE
 // pairs, a head size other than n_embd / n_head (Qwen3, Mistral Nemo), fused Q/K/V and
 // gate/up tensors (phi3) and Phi-3's LongRoPE, Gemma's embedding scale, GELU, post norms,
-// soft caps, sliding-window layers and per-layer RoPE (gemma, gemma2, gemma3), GQA, tied
-// output.
+// soft caps, sliding-window layers and per-layer RoPE (gemma, gemma2, gemma3), Granite's
+// multipliers (granite, granitemoe), GQA, tied output.
 // The CPU backend runs the prompt in pieces across KV blocks of 4 tokens, so prefill, decode
 // and the paged cache are all on the path. Also: qwen3 load errors, and the synthetic presets.
 #include <doctest/doctest.h>
@@ -114,6 +114,9 @@ struct RefParts {
     double rope_scale = 1.0;
     // Mixture of experts: the top n_used of n_expert softmax router probabilities, renormalized.
     int64_t n_expert = 0, n_used = 0;
+    // Granite: embeddings times embd_scale (0: Gemma's rule or 1), q.k times attn_scale (0:
+    // 1 / sqrt(head_dim)), block outputs times residual_scale, logits times logit_scale.
+    double embd_scale = 0, attn_scale = 0, residual_scale = 1, logit_scale = 1;
 };
 
 RefParts parts_of(bool biases, bool qk_norm, bool neox, bool fused = false) {
@@ -134,7 +137,15 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
         x[size_t(t)].assign(embd.row(tokens[size_t(t)]), embd.row(tokens[size_t(t)]) + c.n_embd);
         if (parts.gemma)
             for (float& e : x[size_t(t)]) e = float(e * std::sqrt(double(c.n_embd)));
+        if (parts.embd_scale > 0)
+            for (float& e : x[size_t(t)]) e = float(e * parts.embd_scale);
     }
+    // Adds a block's output to the residual stream (times Granite's residual_scale).
+    auto add_residual = [&](std::vector<float>& x_t, const std::vector<float>& o) {
+        for (int64_t i = 0; i < c.n_embd; ++i)
+            x_t[size_t(i)] = float(x_t[size_t(i)] + parts.residual_scale * o[size_t(i)]);
+    };
+    const double kq_scale = parts.attn_scale > 0 ? parts.attn_scale : 1 / std::sqrt(double(hd));
     // Applies the RMSNorm weights `name` of layer l to all of v.
     auto post_norm = [&](std::vector<float>& v, int64_t l, const char* name) {
         rms_normalize(v, 0, int64_t(v.size()), tensor(f, fmt::format("blk.{}.{}", l, name)).data,
@@ -198,7 +209,7 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
                     for (int64_t i = 0; i < hd; ++i)
                         s += double(q[size_t(t)][size_t(hh * hd + i)]) *
                              keys[size_t(u)][size_t(kvh * hd + i)];
-                    s /= std::sqrt(double(hd));
+                    s *= kq_scale;
                     if (parts.attn_softcap > 0)
                         s = parts.attn_softcap * std::tanh(s / parts.attn_softcap);
                     score[size_t(u)] = s;
@@ -214,7 +225,7 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
             }
             std::vector<float> o = matvec(w("attn_output.weight"), att);
             if (parts.gemma >= 2) post_norm(o, l, "post_attention_norm.weight");
-            for (int64_t i = 0; i < c.n_embd; ++i) x[size_t(t)][size_t(i)] += o[size_t(i)];
+            add_residual(x[size_t(t)], o);
             std::vector<float> h = x[size_t(t)];
             rms_normalize(h, 0, c.n_embd, w("ffn_norm.weight").data, c.norm_eps);
             if (parts.n_expert > 0) {
@@ -241,12 +252,13 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
                     const int64_t e = ids[size_t(k)];
                     std::vector<float> g = matvec(expert(ge, e, fe), h);
                     const std::vector<float> u = matvec(expert(ue, e, fe), h);
-                    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+                    for (size_t i = 0; i < g.size(); ++i)
+                        g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
                     const std::vector<float> d = matvec(expert(de, e, c.n_embd), g);
                     const double wt = prob[size_t(e)] / picked;
                     for (size_t i = 0; i < sum.size(); ++i) sum[i] += float(wt * d[i]);
                 }
-                for (int64_t i = 0; i < c.n_embd; ++i) x[size_t(t)][size_t(i)] += sum[size_t(i)];
+                add_residual(x[size_t(t)], sum);
                 continue;
             }
             std::vector<float> g, up;
@@ -269,7 +281,7 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
             }
             std::vector<float> d = matvec(w("ffn_down.weight"), g);
             if (parts.gemma >= 2) post_norm(d, l, "post_ffw_norm.weight");
-            for (int64_t i = 0; i < c.n_embd; ++i) x[size_t(t)][size_t(i)] += d[size_t(i)];
+            add_residual(x[size_t(t)], d);
         }
     }
     std::vector<std::vector<float>> logits(nt);
@@ -277,6 +289,7 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
         std::vector<float> h = x[size_t(t)];
         rms_normalize(h, 0, c.n_embd, tensor(f, "output_norm.weight").data, c.norm_eps);
         logits[size_t(t)] = matvec(out, h);
+        for (float& v : logits[size_t(t)]) v = float(v * parts.logit_scale);
         if (parts.final_softcap > 0)
             for (float& v : logits[size_t(t)])
                 v = float(parts.final_softcap * std::tanh(v / parts.final_softcap));
@@ -417,6 +430,21 @@ TEST_CASE("each architecture matches the independent reference forward") {
         g.parts.gemma = 3, g.parts.window = 5, g.parts.rope_scale = 1.0 / 8;
         cases.push_back(g);
     }
+    // Granite 3: llama with its four multipliers (here: embeddings x3, q.k x0.1 instead of
+    // 1/4, block outputs x0.5, logits / 4); granitemoe: the same on Mixtral-style experts.
+    for (const char* arch : {"granite", "granitemoe"}) {
+        Case g{arch, small(arch), parts_of(false, false, false)};
+        g.cfg.granite_embedding_scale = 3, g.cfg.granite_attention_scale = 0.1;
+        g.cfg.granite_residual_scale = 0.5, g.cfg.granite_logit_scale = 4;
+        g.cfg.tied_output = true;
+        g.parts.embd_scale = 3, g.parts.attn_scale = 0.1, g.parts.residual_scale = 0.5;
+        g.parts.logit_scale = 0.25;
+        if (std::string(arch) == "granitemoe") {
+            g.cfg.n_expert = 4, g.cfg.n_expert_used = 2, g.cfg.n_ff_exp = 48;
+            g.parts.n_expert = 4, g.parts.n_used = 2;
+        }
+        cases.push_back(g);
+    }
     for (const Case& k : cases) {
         CAPTURE(k.what);
         const std::string path = dir.file(k.what + ".gguf");
@@ -449,6 +477,14 @@ TEST_CASE("each architecture matches the independent reference forward") {
             CHECK(rel_diff(reference_logits(f, c, v, kTokens), want) > 1e-3);
             v.n_used = k.parts.n_expert;
             CHECK(rel_diff(reference_logits(f, c, v, kTokens), want) > 1e-3);
+        }
+        if (k.parts.embd_scale > 0) {  // each Granite multiplier moves the logits
+            for (double RefParts::*field : {&RefParts::embd_scale, &RefParts::attn_scale,
+                                            &RefParts::residual_scale, &RefParts::logit_scale}) {
+                RefParts v = k.parts;
+                v.*field = field == &RefParts::attn_scale || field == &RefParts::embd_scale ? 0 : 1;
+                CHECK(rel_diff(reference_logits(f, c, v, kTokens), want) > 1e-3);
+            }
         }
         if (k.parts.gemma) {  // each Gemma part moves the logits
             std::vector<RefParts> variants;
@@ -649,7 +685,11 @@ TEST_CASE("kvrun info and run on qwen3, phi3 LongRoPE, gemma3 and qwen3moe model
     synthetic_model_write(moe, dir.file("moe.gguf"));
     r = kvrun::test::run_command(bin + " info -m " + dir.file("moe.gguf"));
     CHECK(r.out.find("experts       8 per layer, 2 per token, width 32") != std::string::npos);
-    for (const char* m : {"q3.gguf", "phi.gguf", "g3.gguf", "moe.gguf"}) {
+    synthetic_model_write(small("granite"), dir.file("granite.gguf"));
+    r = kvrun::test::run_command(bin + " info -m " + dir.file("granite.gguf"));
+    CHECK(r.out.find("multipliers   embeddings x12, q.k x0.0625, block outputs x0.22, logits / "
+                     "16") != std::string::npos);
+    for (const char* m : {"q3.gguf", "phi.gguf", "g3.gguf", "moe.gguf", "granite.gguf"}) {
         CAPTURE(m);
         r = kvrun::test::run_command(bin + " run -m " + dir.file(m) +
                                      " -p 'Once upon' -n 6 --temp 0 -c 256 --device cpu");
@@ -703,6 +743,12 @@ TEST_CASE("config errors: gemma3 without its window, a negative soft cap, bad ex
     negative.data = -1.0;
     CHECK(config_error(dir.file("g2.gguf"), "gemma2.attn_logit_softcapping", &negative)
               .find("gemma2.attn_logit_softcapping = -1 must be >= 0") != std::string::npos);
+    // Granite's four multipliers are required and positive (llama.cpp requires them too).
+    synthetic_model_write(small("granite"), dir.file("granite.gguf"));
+    CHECK(config_error(dir.file("granite.gguf"), "granite.logit_scale", nullptr)
+              .find("missing required key 'granite.logit_scale'") != std::string::npos);
+    CHECK(config_error(dir.file("granite.gguf"), "granite.residual_scale", &negative)
+              .find("granite.residual_scale = -1 must be positive") != std::string::npos);
 }
 
 TEST_CASE("synthetic presets for qwen2.5, qwen3, phi and gemma have the published shapes") {
@@ -750,6 +796,14 @@ TEST_CASE("synthetic presets for qwen2.5, qwen3, phi and gemma have the publishe
         CHECK_NOTHROW(synthetic_validate(g));
     }
     CHECK(synthetic_preset("gemma3-1b").sliding_window == 512);
+    for (const char* name : {"granite3-8b", "granite3-3b-a800m"}) {
+        CAPTURE(name);
+        const SyntheticModelConfig g = synthetic_preset(name);
+        CHECK(g.arch.rfind("granite", 0) == 0);
+        CHECK(g.tied_output);
+        CHECK_NOTHROW(synthetic_validate(g));
+    }
+    CHECK(synthetic_preset("granite3-3b-a800m").n_expert == 40);
     SyntheticModelConfig bad = small("mamba");
     CHECK_THROWS_WITH_AS(synthetic_validate(bad),
                          doctest::Contains("architecture 'mamba' is not one of"), Error);

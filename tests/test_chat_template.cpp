@@ -15,7 +15,8 @@ namespace {
 const std::vector<ChatTemplateKind> kAllKinds = {
     ChatTemplateKind::Llama2,  ChatTemplateKind::Llama3, ChatTemplateKind::ChatML,
     ChatTemplateKind::Mistral, ChatTemplateKind::Zephyr, ChatTemplateKind::Phi3,
-    ChatTemplateKind::Phi4,    ChatTemplateKind::Gemma,  ChatTemplateKind::Plain};
+    ChatTemplateKind::Phi4,    ChatTemplateKind::Gemma,  ChatTemplateKind::Granite,
+    ChatTemplateKind::Plain};
 
 // system + user + assistant + user, the conversation every format is checked on.
 std::vector<ChatMessage> four_turns() {
@@ -65,6 +66,13 @@ std::string expected_four_turns(ChatTemplateKind kind) {
                    "<start_of_turn>model\nHello! How can I help?<end_of_turn>\n"
                    "<start_of_turn>user\nTell me a joke.<end_of_turn>\n"
                    "<start_of_turn>model\n";
+        case ChatTemplateKind::Granite:
+            return "<|start_of_role|>system<|end_of_role|>You are terse.<|end_of_text|>\n"
+                   "<|start_of_role|>user<|end_of_role|>Hi there<|end_of_text|>\n"
+                   "<|start_of_role|>assistant<|end_of_role|>Hello! How can I "
+                   "help?<|end_of_text|>\n"
+                   "<|start_of_role|>user<|end_of_role|>Tell me a joke.<|end_of_text|>\n"
+                   "<|start_of_role|>assistant<|end_of_role|>";
         case ChatTemplateKind::Plain:
             return "You are terse.\n\nUser: Hi there\nAssistant: Hello! How can I help?\n"
                    "User: Tell me a joke.\nAssistant:";
@@ -290,6 +298,12 @@ TEST_CASE("detection from real-world Jinja templates") {
         "'<|im_end|>'}}{% elif (message['role'] == 'assistant') %}{{'<|im_start|>assistant"
         "<|im_sep|>' + message['content'] + '<|im_end|>'}}{% endif %}{% endfor %}{% if "
         "add_generation_prompt %}{{ '<|im_start|>assistant<|im_sep|>' }}{% endif %}";
+    // IBM Granite 3's template (abridged: the default system prompt and tools elided).
+    const std::string granite =
+        "{%- for message in loop_messages %}{{- '<|start_of_role|>' + message['role'] + "
+        "'<|end_of_role|>' + message['content'] + '<|end_of_text|>\n' }}{%- if loop.last and "
+        "add_generation_prompt %}{{- '<|start_of_role|>assistant<|end_of_role|>' }}{%- endif "
+        "%}{%- endfor %}";
     const std::string vicuna =
         "{% for message in messages %}{% if message['role'] == 'user' %}{{ 'USER: ' + "
         "message['content'] + ' ' }}{% else %}{{ 'ASSISTANT: ' + message['content'] + eos_token "
@@ -304,6 +318,7 @@ TEST_CASE("detection from real-world Jinja templates") {
     CHECK(chat_template_detect(phi3) == ChatTemplateKind::Phi3);
     CHECK(chat_template_detect(gemma) == ChatTemplateKind::Gemma);
     CHECK(chat_template_detect(phi4) == ChatTemplateKind::Phi4);
+    CHECK(chat_template_detect(granite) == ChatTemplateKind::Granite);
     CHECK(chat_template_detect(vicuna) == ChatTemplateKind::Plain);
     CHECK(chat_template_detect("") == ChatTemplateKind::Plain);
 }
@@ -332,7 +347,8 @@ TEST_CASE("names: canonical, aliases, case, round trip, and the unknown-name err
     } catch (const Error& e) {
         std::string msg = e.what();
         CHECK(msg.find("'vicuna'") != std::string::npos);
-        CHECK(msg.find("llama2, llama3, chatml, mistral, zephyr, phi3, phi4, gemma, plain") !=
+        CHECK(msg.find(
+                  "llama2, llama3, chatml, mistral, zephyr, phi3, phi4, gemma, granite, plain") !=
               std::string::npos);
     }
     CHECK_THROWS_AS(chat_template_from_name(""), Error);

@@ -34,12 +34,14 @@ int run(int argc, char** argv) {
     app.add_option("--preset", preset,
                    "llama2-7b, llama3-8b, llama3.1-8b, llama-1b, qwen2.5-7b, qwen3-0.6b, "
                    "qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, phi3-mini, phi3-mini-128k, phi4, "
-                   "gemma2-2b, gemma3-1b, gemma3-4b or tiny")
+                   "gemma2-2b, gemma3-1b, gemma3-4b, granite3-8b, granite3-3b-a800m or tiny")
         ->capture_default_str();
     app.add_option("--arch", arch,
                    "llama, qwen2 (Q/K/V biases), qwen3 (per-head Q/K norms), qwen3moe, phi3 "
-                   "(fused QKV and gate/up), gemma, gemma2 or gemma3; default: the preset's");
-    app.add_option("--n-expert", n_expert, "experts per layer (qwen3moe, llama = Mixtral)");
+                   "(fused QKV and gate/up), gemma, gemma2, gemma3, granite or granitemoe "
+                   "(Granite's multipliers); default: the preset's");
+    app.add_option("--n-expert", n_expert,
+                   "experts per layer (qwen3moe, granitemoe, llama = Mixtral)");
     app.add_option("--n-expert-used", n_expert_used, "experts per token");
     app.add_option("--n-ff-exp", n_ff_exp, "expert feed-forward width (default --n-ff)");
     app.add_option("--sliding-window", sliding_window,
@@ -133,8 +135,8 @@ int run(int argc, char** argv) {
         "{}: {} {} {}{} | {} layers, n_embd {}, heads {}/{} x {}, n_ff {}, seed {} | {} "
         "tensors, {:.3f} G params, {:.1f} MiB | {:.2f} s on {} threads ({:.2f} GB/s)\n",
         output, c.name, c.arch, kvrun::ggml_type_name(c.type), c.k_mix ? "_M" : "", c.n_layer,
-        c.n_embd, c.n_head, c.n_head_kv, kvrun::synthetic_head_dim(c), c.n_ff, c.seed, st.n_tensors, st.n_params / 1e9,
-        st.n_bytes / 1048576.0, st.seconds, threads,
+        c.n_embd, c.n_head, c.n_head_kv, kvrun::synthetic_head_dim(c), c.n_ff, c.seed, st.n_tensors,
+        st.n_params / 1e9, st.n_bytes / 1048576.0, st.seconds, threads,
         st.seconds > 0 ? st.n_bytes / st.seconds / 1e9 : 0.0);
     return 0;
 }

@@ -559,6 +559,7 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
         cuda_matmul(xb_, att_, w.wo, T, scratch_, s);
         if (w.attn_post_norm)  // gemma2/3: the block's output normed before the residual add
             cuda_rmsnorm(xb_, xb_, w.attn_post_norm, T, c.n_embd, c.norm_eps, s);
+        if (c.residual_scale != 1.0f) cuda_scale(xb_, T * c.n_embd, c.residual_scale, s);
         cuda_add_rmsnorm(x_, xb_, xb_, w.ffn_norm, T, c.n_embd, c.norm_eps, s);
         // Feed-forward block.
         if (c.moe()) {  // router, top-k, the chosen experts, weighted sum
@@ -582,6 +583,7 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
         }
         if (!c.moe()) cuda_matmul(xb_, gate_, w.w_down, T, scratch_, s);
         if (w.ffn_post_norm) cuda_rmsnorm(xb_, xb_, w.ffn_post_norm, T, c.n_embd, c.norm_eps, s);
+        if (c.residual_scale != 1.0f) cuda_scale(xb_, T * c.n_embd, c.residual_scale, s);
         if (l + 1 < c.n_layer)
             cuda_add_rmsnorm(x_, xb_, xb_, layers_[size_t(l + 1)].attn_norm, T, c.n_embd,
                              c.norm_eps, s);
@@ -593,6 +595,7 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
     cuda_gather_rows(xr_, x_, d_rows_, R, c.n_embd, s);
     cuda_rmsnorm(xr_, xr_, output_norm_, R, c.n_embd, c.norm_eps, s);
     cuda_matmul(logits_, xr_, output_, R, scratch_, s);
+    if (c.logit_scale != 1.0f) cuda_scale(logits_, R * c.n_vocab, c.logit_scale, s);
     if (c.final_softcap > 0) cuda_softcap(logits_, R * c.n_vocab, c.final_softcap, s);
 }
 

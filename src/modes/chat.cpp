@@ -191,9 +191,10 @@ void add_chat_command(CLI::App& root, int& exit_code) {
         "chat", "Interactive multi-turn chat (each turn prefills only its new tokens)");
     add_model_options(cmd, o->model);
     cmd->add_option("--system", o->system, "System prompt");
-    cmd->add_option("--chat-template", o->chat_template,
-                    "Chat format: llama2, llama3, chatml, mistral, zephyr, phi3, phi4, gemma or "
-                    "plain (default: detected from the model's tokenizer.chat_template)");
+    cmd->add_option(
+        "--chat-template", o->chat_template,
+        "Chat format: llama2, llama3, chatml, mistral, zephyr, phi3, phi4, gemma, granite or "
+        "plain (default: detected from the model's tokenizer.chat_template)");
     cmd->add_option("-n,--n-predict", o->n_predict,
                     "Max tokens per reply (-1: until the end of the turn)")
         ->check(n_predict_check())

@@ -28,6 +28,7 @@ struct Hyper {
     double rope_base = 10000, norm_eps = 0;
     std::string rope_scaling;  // e.g. "none", "linear x4", "yarn x4 from 8192", "+ rope_freqs"
     std::string attention;     // sliding window and soft caps (Gemma), or empty
+    std::string multipliers;   // Granite's scales, or empty
     std::string experts;       // mixture of experts, or empty
 };
 
@@ -75,6 +76,11 @@ Hyper read_hyper(const GgufFile& f) {
                                        f.get_float_or(a + "attn_logit_softcapping", 50.0),
                                        f.get_float_or(a + "final_logit_softcapping", 30.0));
     }
+    if (h.arch == "granite" || h.arch == "granitemoe")
+        h.multipliers = fmt::format(
+            "embeddings x{:g}, q.k x{:g}, block outputs x{:g}, logits / {:g}",
+            f.get_float_or(a + "embedding_scale", 0.0), f.get_float_or(a + "attention.scale", 0.0),
+            f.get_float_or(a + "residual_scale", 0.0), f.get_float_or(a + "logit_scale", 0.0));
     if (const GgufValue* toks = f.find("tokenizer.ggml.tokens");
         toks && toks->type == GgufValueType::ARRAY)
         h.n_vocab = static_cast<int64_t>(toks->as_array().size());
@@ -137,6 +143,7 @@ int run_info(const InfoOptions& o) {
                                 {"rope_freq_base", h.rope_base},
                                 {"rope_scaling", h.rope_scaling},
                                 {"attention", h.attention},
+                                {"multipliers", h.multipliers},
                                 {"experts", h.experts},
                                 {"rms_norm_eps", h.norm_eps},
                                 {"n_ctx_train", h.n_ctx_train}};
@@ -181,6 +188,7 @@ int run_info(const InfoOptions& o) {
     fmt::print("  rope_base     {:>10g}    rms_norm_eps  {:>10g}\n", h.rope_base, h.norm_eps);
     fmt::print("  rope_scaling  {}\n", h.rope_scaling);
     if (!h.attention.empty()) fmt::print("  attention     {}\n", h.attention);
+    if (!h.multipliers.empty()) fmt::print("  multipliers   {}\n", h.multipliers);
     if (!h.experts.empty()) fmt::print("  experts       {}\n", h.experts);
     fmt::print("\n");
     const std::string pre = f.get_string_or("tokenizer.ggml.pre", "");
