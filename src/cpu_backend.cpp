@@ -152,8 +152,10 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
                          c.norm_eps);
         }
         const RopeParams& rope = c.is_swa(l) ? rope_swa_ : rope_;
-        cpu::rope(q_.data(), b.positions.data(), T, c.n_head, c.head_dim, rope);
-        cpu::rope(k_.data(), b.positions.data(), T, c.n_kv_head, c.head_dim, rope);
+        if (c.uses_rope(l)) {  // SmolLM3's NoPE layers skip it
+            cpu::rope(q_.data(), b.positions.data(), T, c.n_head, c.head_dim, rope);
+            cpu::rope(k_.data(), b.positions.data(), T, c.n_kv_head, c.head_dim, rope);
+        }
         if (rotate_) {  // q.k is unchanged; K's outlier channels spread over all channels
             hadamard_rows(q_.data(), T * c.n_head, c.head_dim);
             hadamard_rows(k_.data(), T * c.n_kv_head, c.head_dim);

@@ -19,23 +19,27 @@ struct ArchTraits {
     bool qkv_bias;
     bool qk_norm;
     bool fused_gate_up;
-    int gemma;     // 0: not Gemma; 1, 2, 3: Gemma generation
-    bool granite;  // Granite's four multipliers
-    bool experts;  // a mixture of experts (expert_count required)
+    int gemma;      // 0: not Gemma; 1, 2, 3: Gemma generation
+    bool granite;   // Granite's four multipliers
+    bool experts;   // a mixture of experts (expert_count required)
+    int nope_step;  // every nope_step-th layer skips RoPE (0: none)
 };
 
-// name, NeoX RoPE, Q/K/V biases, Q/K norms, fused gate/up, Gemma generation, Granite, MoE
+// name, NeoX RoPE, Q/K/V biases, Q/K norms, fused gate/up, Gemma generation, Granite, MoE,
+// NoPE step (SmolLM3: layers 3, 7, 11, ... have no RoPE; llama.cpp fixes the step at 4, there is
+// no GGUF key)
 constexpr ArchTraits kArchs[] = {
-    {"llama", false, false, false, false, 0, false, false},
-    {"qwen2", true, true, false, false, 0, false, false},
-    {"qwen3", true, false, true, false, 0, false, false},
-    {"qwen3moe", true, false, true, false, 0, false, true},
-    {"phi3", true, false, false, true, 0, false, false},
-    {"gemma", true, false, false, false, 1, false, false},
-    {"gemma2", true, false, false, false, 2, false, false},
-    {"gemma3", true, false, true, false, 3, false, false},
-    {"granite", false, false, false, false, 0, true, false},
-    {"granitemoe", false, false, false, false, 0, true, true},
+    {"llama", false, false, false, false, 0, false, false, 0},
+    {"qwen2", true, true, false, false, 0, false, false, 0},
+    {"qwen3", true, false, true, false, 0, false, false, 0},
+    {"qwen3moe", true, false, true, false, 0, false, true, 0},
+    {"phi3", true, false, false, true, 0, false, false, 0},
+    {"gemma", true, false, false, false, 1, false, false, 0},
+    {"gemma2", true, false, false, false, 2, false, false, 0},
+    {"gemma3", true, false, true, false, 3, false, false, 0},
+    {"granite", false, false, false, false, 0, true, false, 0},
+    {"granitemoe", false, false, false, false, 0, true, true, 0},
+    {"smollm3", false, false, false, false, 0, false, false, 4},
 };
 
 // A positive integer key, either a scalar or an array whose elements are all equal
@@ -187,15 +191,16 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     if (!traits) {
         throw Error(
             fmt::format("{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, "
-                        "qwen3moe, phi3, gemma, gemma2, gemma3, granite, granitemoe)",
+                        "qwen3moe, phi3, gemma, gemma2, gemma3, granite, granitemoe, smollm3)",
                         f.path(), c.arch),
             "kvrun runs llama-family models (Llama, Mistral, TinyLlama, SmolLM, Qwen2, Qwen3, "
-            "Qwen3 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3, Granite 3)");
+            "Qwen3 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3, Granite 3, SmolLM3)");
     }
     c.rope_neox = traits->rope_neox;
     c.qkv_bias = traits->qkv_bias;
     c.qk_norm = traits->qk_norm;
     c.fused_gate_up = traits->fused_gate_up;
+    c.nope_step = traits->nope_step;
 
     const std::string a = c.arch + ".";
     c.n_layer = read_count(f, a + "block_count", 0, true);

@@ -1,6 +1,6 @@
 // Typed model hyperparameters read from GGUF metadata (`<arch>.*` keys) for the supported
 // architectures (llama, qwen2, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3, granite,
-// granitemoe), validated so the forward pass can trust them.
+// granitemoe, smollm3), validated so the forward pass can trust them.
 #pragma once
 
 #include <cstdint>
@@ -61,6 +61,10 @@ struct ModelConfig {
     // logit_scale, which divides); granite's embedding_scale is embd_scale and its
     // attention.scale attn_scale.
     float residual_scale = 1.0f, logit_scale = 1.0f;
+    // SmolLM3's NoPE layers: layer l applies no RoPE to Q and K when nope_step > 0 and
+    // (l + 1) % nope_step == 0 (0: every layer rotates).
+    int64_t nope_step = 0;
+    bool uses_rope(int64_t l) const { return nope_step <= 0 || (l + 1) % nope_step != 0; }
     // Sliding-window attention: layer l attends to its last n_swa tokens (itself included)
     // when swa_pattern > 0 and l % swa_pattern < swa_pattern - 1 (gemma2: every other layer,
     // gemma3: five of six). Such layers rotate with rope_swa().
@@ -119,7 +123,7 @@ void apply_rope_overrides(ModelConfig& c, const RopeOverrides& o);
 
 // Reads and validates the hyperparameters. Throws Error naming the key for a missing or
 // invalid value, and "unsupported architecture 'x' (supported: llama, qwen2, qwen3, qwen3moe,
-// phi3, gemma, gemma2, gemma3, granite, granitemoe)".
+// phi3, gemma, gemma2, gemma3, granite, granitemoe, smollm3)".
 ModelConfig model_config_from_gguf(const GgufFile& file);
 
 }  // namespace kvrun

@@ -300,11 +300,13 @@ int64_t synthetic_head_dim(const SyntheticModelConfig& cfg) {
 }
 
 std::vector<std::string> synthetic_preset_names() {
-    return {"llama2-7b",         "llama3-8b",  "llama3.1-8b",    "llama-1b",
-            "qwen2.5-7b",        "qwen3-0.6b", "qwen3-8b",       "qwen3-30b-a3b",
-            "mixtral-8x7b",      "phi3-mini",  "phi3-mini-128k", "phi4",
-            "gemma2-2b",         "gemma3-1b",  "gemma3-4b",      "granite3-8b",
-            "granite3-3b-a800m", "tiny"};
+    return {"llama2-7b",   "llama3-8b",         "llama3.1-8b",
+            "llama-1b",    "qwen2.5-7b",        "qwen3-0.6b",
+            "qwen3-8b",    "qwen3-30b-a3b",     "mixtral-8x7b",
+            "phi3-mini",   "phi3-mini-128k",    "phi4",
+            "gemma2-2b",   "gemma3-1b",         "gemma3-4b",
+            "granite3-8b", "granite3-3b-a800m", "smollm3-3b",
+            "tiny"};
 }
 
 SyntheticModelConfig synthetic_preset(std::string_view name) {
@@ -379,6 +381,10 @@ SyntheticModelConfig synthetic_preset(std::string_view name) {
         c.granite_embedding_scale = 12, c.granite_residual_scale = 0.22;
         c.granite_logit_scale = 6, c.granite_attention_scale = 0.015625;
         c.n_vocab = 49155, c.rope_base = 10000, c.n_ctx = 4096, c.norm_eps = 1e-6;
+    } else if (name == "smollm3-3b") {  // SmolLM3: no RoPE on every fourth layer, tied output
+        c.arch = "smollm3", c.tied_output = true;
+        c.n_layer = 36, c.n_embd = 2048, c.n_head = 16, c.n_head_kv = 4, c.n_ff = 11008;
+        c.n_vocab = 128256, c.rope_base = 5000000, c.n_ctx = 65536, c.norm_eps = 1e-6;
     } else if (name == "tiny") {
         c.n_layer = 2, c.n_embd = 256, c.n_head = 4, c.n_head_kv = 2, c.n_ff = 512;
         c.n_vocab = 512, c.rope_base = 10000, c.n_ctx = 2048, c.norm_eps = 1e-5;
@@ -428,10 +434,11 @@ void synthetic_validate(const SyntheticModelConfig& c) {
     positive("n_ctx", c.n_ctx, int64_t(1) << 31);
     if (c.vocab_from.empty()) positive("n_vocab", c.n_vocab, int64_t(1) << 24);
     if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "qwen3moe" &&
-        c.arch != "phi3" && !is_gemma(c) && c.arch != "granite" && c.arch != "granitemoe")
+        c.arch != "phi3" && !is_gemma(c) && c.arch != "granite" && c.arch != "granitemoe" &&
+        c.arch != "smollm3")
         fail(
             "synthetic model: architecture '{}' is not one of llama, qwen2, qwen3, qwen3moe, phi3, "
-            "gemma, gemma2, gemma3, granite, granitemoe",
+            "gemma, gemma2, gemma3, granite, granitemoe, smollm3",
             c.arch);
     const bool moe_arch = c.arch == "qwen3moe" || c.arch == "granitemoe";
     if (moe_arch != (c.n_expert > 0) && c.arch != "llama")

@@ -25,7 +25,7 @@ struct SyntheticModelConfig {
     // phi3 (Q/K/V fused in attn_qkv, gate and up fused in ffn_up); gemma, gemma2 (post norms,
     // soft caps, sliding window), gemma3 (post norms, Q/K norms, sliding window): always a
     // tied output; granite, granitemoe (llama / Mixtral-style experts with Granite's four
-    // multipliers below).
+    // multipliers below); smollm3 (no RoPE on layers 3, 7, 11, ...).
     std::string arch = "llama";
     int64_t sliding_window = 0;  // gemma2 / gemma3: attention.sliding_window (0: 4096 / 1024)
     double attn_softcap = 50.0, final_softcap = 30.0;  // gemma2's soft caps

@@ -6,7 +6,7 @@
 // pairs, a head size other than n_embd / n_head (Qwen3, Mistral Nemo), fused Q/K/V and
 // gate/up tensors (phi3) and Phi-3's LongRoPE, Gemma's embedding scale, GELU, post norms,
 // soft caps, sliding-window layers and per-layer RoPE (gemma, gemma2, gemma3), Granite's
-// multipliers (granite, granitemoe), GQA, tied output.
+// multipliers (granite, granitemoe), SmolLM3's layers without RoPE, GQA, tied output.
 // The CPU backend runs the prompt in pieces across KV blocks of 4 tokens, so prefill, decode
 // and the paged cache are all on the path. Also: qwen3 load errors, and the synthetic presets.
 #include <doctest/doctest.h>
@@ -117,6 +117,8 @@ struct RefParts {
     // Granite: embeddings times embd_scale (0: Gemma's rule or 1), q.k times attn_scale (0:
     // 1 / sqrt(head_dim)), block outputs times residual_scale, logits times logit_scale.
     double embd_scale = 0, attn_scale = 0, residual_scale = 1, logit_scale = 1;
+    // SmolLM3: layers l with (l + 1) % nope_step == 0 apply no RoPE (0: all rotate).
+    int64_t nope_step = 0;
 };
 
 RefParts parts_of(bool biases, bool qk_norm, bool neox, bool fused = false) {
@@ -191,6 +193,7 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
                                   c.norm_eps);
             }
             const int64_t pos = parts.pos0 + t;
+            if (parts.nope_step > 0 && (l + 1) % parts.nope_step == 0) continue;  // NoPE layer
             rotate(q[size_t(t)], c.n_head, hd, pos, base, parts.neox, parts.rope_factors,
                    parts.rope_mscale, freq_scale);
             rotate(keys[size_t(t)], c.n_kv_head, hd, pos, base, parts.neox, parts.rope_factors,
@@ -445,6 +448,12 @@ TEST_CASE("each architecture matches the independent reference forward") {
         }
         cases.push_back(g);
     }
+    {  // SmolLM3: layer 3 of 4 has no RoPE, tied output
+        Case m{"smollm3", small("smollm3"), parts_of(false, false, false)};
+        m.cfg.n_layer = 4, m.cfg.tied_output = true;
+        m.parts.nope_step = 4;
+        cases.push_back(m);
+    }
     for (const Case& k : cases) {
         CAPTURE(k.what);
         const std::string path = dir.file(k.what + ".gguf");
@@ -476,6 +485,11 @@ TEST_CASE("each architecture matches the independent reference forward") {
             v.n_used = 1;
             CHECK(rel_diff(reference_logits(f, c, v, kTokens), want) > 1e-3);
             v.n_used = k.parts.n_expert;
+            CHECK(rel_diff(reference_logits(f, c, v, kTokens), want) > 1e-3);
+        }
+        if (k.parts.nope_step > 0) {  // rotating the NoPE layer too moves the logits
+            RefParts v = k.parts;
+            v.nope_step = 0;
             CHECK(rel_diff(reference_logits(f, c, v, kTokens), want) > 1e-3);
         }
         if (k.parts.embd_scale > 0) {  // each Granite multiplier moves the logits
@@ -804,6 +818,17 @@ TEST_CASE("synthetic presets for qwen2.5, qwen3, phi and gemma have the publishe
         CHECK_NOTHROW(synthetic_validate(g));
     }
     CHECK(synthetic_preset("granite3-3b-a800m").n_expert == 40);
+    CHECK_NOTHROW(synthetic_validate(synthetic_preset("smollm3-3b")));
+    {  // SmolLM3 rotates every layer but the fourth ones
+        TempDir dir;
+        synthetic_model_write(small("smollm3"), dir.file("s3.gguf"));
+        const ModelConfig c = model_config_from_gguf(GgufFile::open(dir.file("s3.gguf")));
+        CHECK(c.uses_rope(0));
+        CHECK(c.uses_rope(2));
+        CHECK_FALSE(c.uses_rope(3));
+        CHECK_FALSE(c.uses_rope(7));
+        CHECK(c.uses_rope(8));
+    }
     SyntheticModelConfig bad = small("mamba");
     CHECK_THROWS_WITH_AS(synthetic_validate(bad),
                          doctest::Contains("architecture 'mamba' is not one of"), Error);

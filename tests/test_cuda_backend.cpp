@@ -349,12 +349,12 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
     // separately; LongRoPE factors and attention factor), gemma 1-3 (embedding scale, GeGLU,
     // post norms, soft caps, sliding windows, per-layer RoPE), qwen3moe (router top-k on the
     // device, expert-indexed GEMVs, weighted sum; the 24-token prompt takes the grouped
-    // prefill), granite / granitemoe (embedding, q.k, residual and logit multipliers) and
-    // llama with the same heads.
+    // prefill), granite / granitemoe (embedding, q.k, residual and logit multipliers),
+    // smollm3 (a layer without RoPE: the unfused KV write) and llama with the same heads.
     // K-quant weights, f16 and q8 KV (q8 with rotation: the unfused RoPE path).
     const auto dir = std::filesystem::temp_directory_path();
     for (const char* arch : {"qwen3", "qwen3moe", "qwen2", "phi3", "gemma", "gemma2", "gemma3",
-                             "granite", "granitemoe", "llama"})
+                             "granite", "granitemoe", "smollm3", "llama"})
         for (KvType kv : {KvType::F16, KvType::Q8}) {
             CAPTURE(arch);
             CAPTURE(std::string(kv_type_name(kv)));
@@ -374,6 +374,7 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
             // Granite's multipliers, away from 1 (attention.scale: 1 / head_dim).
             c.granite_embedding_scale = 2, c.granite_residual_scale = 0.5;
             c.granite_logit_scale = 3;
+            if (std::string(arch) == "smollm3") c.n_layer = 4;  // layer 3 without RoPE
             synthetic_set_type(c, "Q4_K_M");
             const auto path = dir / fmt::format("kvrun-test-cuda-arch-{}.gguf", arch);
             synthetic_model_write(c, path.string());

@@ -545,11 +545,15 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
         }
         const KvLayerView kv = kv_layer(l);
         const RopeParams& rope = c.is_swa(l) ? rope_swa_ : rope_;
-        if (rotate_) {  // q.k unchanged; K's outlier channels spread (kv_rotation_enabled)
-            cuda_rope(q_, d_pos_, T, c.n_head, c.head_dim, rope, s);
-            cuda_rope(k_, d_pos_, T, c.n_kv_head, c.head_dim, rope, s);
-            cuda_hadamard(q_, T * c.n_head, c.head_dim, s);
-            cuda_hadamard(k_, T * c.n_kv_head, c.head_dim, s);
+        if (rotate_ || !c.uses_rope(l)) {  // unfused: a Hadamard rotation, or a NoPE layer
+            if (c.uses_rope(l)) {
+                cuda_rope(q_, d_pos_, T, c.n_head, c.head_dim, rope, s);
+                cuda_rope(k_, d_pos_, T, c.n_kv_head, c.head_dim, rope, s);
+            }
+            if (rotate_) {  // q.k unchanged; K's outlier channels spread (kv_rotation_enabled)
+                cuda_hadamard(q_, T * c.n_head, c.head_dim, s);
+                cuda_hadamard(k_, T * c.n_kv_head, c.head_dim, s);
+            }
             cuda_kv_write(kv, kb, k_, v_, s);
         } else {
             cuda_rope_kv_write(q_, k_, v_, d_pos_, kv, kb, c.n_head, rope, s);
