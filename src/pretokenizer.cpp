@@ -58,6 +58,15 @@ constexpr const char* kDeepseekPunct =
 constexpr const char* kPoro =
     R"( ?[^(\s|.,!?\x{2026}\x{3002}\x{FF0C}\x{3001}\x{964}\x{6D4}\x{60C})]+)";
 
+// GPT-4o's o200k pattern (Phi-4-mini, Llama 4) in the form llama.cpp runs: Tekken's cased
+// words with English contractions attached, digits in threes.
+constexpr const char* kGpt4o =
+    R"([^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+)"
+    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|)"
+    R"([^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*)"
+    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|)"
+    R"(\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 constexpr const char* kTekken = R"([^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|)"
                                 R"([^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|)"
                                 R"(\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
@@ -151,6 +160,8 @@ PreTokenizerSpec pretokenizer_spec(const std::string& pre) {
         s.no_bos = true;
     } else if (pre == "viking") {
         s.regexes = {kPoro, R"(\p{N})"};
+    } else if (name_in(pre, {"gpt-4o", "llama4"})) {  // o200k (Phi-4-mini, Llama 4)
+        s.regexes = {kGpt4o};
     } else if (pre == "tekken") {
         s.regexes = {kTekken};
         s.ignore_merges = true;

@@ -424,6 +424,12 @@ TEST_CASE("pre-tokenizer regexes split like llama.cpp") {
                      "b") == Words{"a", "\xC2\x85", "\xC2\x85", "b"});
     // Malformed UTF-8 is decoded leniently: a stray byte becomes U+FFFD.
     CHECK(gpt2.split("a\xFF") == Words{"a", "\xEF\xBF\xBD"});
+    // GPT-4o (o200k, Phi-4-mini): cased words keep their contraction, digits in threes, a
+    // run of capitals joins the word it starts.
+    RegexSplitter gpt4o(pretokenizer_spec("gpt-4o").regexes);
+    CHECK(gpt4o.split("Hello World's 12345 HTTPServer\n\n  x") ==
+          Words{"Hello", " World's", " ", "123", "45", " HTTPServer", "\n\n", " ", " x"});
+    CHECK(gpt4o.split("I'M fine/ok\n") == Words{"I'M", " fine", "/ok", "\n"});
     RegexSplitter falcon(pretokenizer_spec("falcon").regexes);
     CHECK(falcon.split("x=12345") == Words{"x", "=", "123", "45"});
 }
