@@ -377,9 +377,16 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
         max_slot = std::max<int64_t>(max_slot, batch.token_slot[t]);
         work += (batch.token_slot[t] + 1) * n_head * hd * 2;
     }
-    // Validate every block id (and stage) up front, so worker threads never meet bad input.
+    // First slot token t sees: with a window, the blocks before its block are never read (a
+    // paged cache may drop them), else 0.
+    auto first_visible = [&](int64_t t) {
+        return window > 0 ? std::max<int64_t>(0, batch.token_slot[t] + 1 - window) : int64_t(0);
+    };
+    // Validate every block id it reads (and stage) up front, so worker threads never meet bad
+    // input.
     for (int64_t t = 0; t < batch.n_tokens; ++t) {
-        for (int64_t s = 0; s <= batch.token_slot[t]; s += bs) kv_block_of(kv, batch, t, s);
+        for (int64_t s = first_visible(t) / bs * bs; s <= batch.token_slot[t]; s += bs)
+            kv_block_of(kv, batch, t, s);
         if (staged) kv_stage_of(kv, batch, t);
     }
 
@@ -438,9 +445,13 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
             const int64_t h0 = kvh * group + share * heads_per_share;
             const int64_t nh = std::min(heads_per_share, (kvh + 1) * group - h0);
             if (nh <= 0) continue;
-            int64_t n_max = 0;  // slots the run's longest token reads
-            for (int64_t t = t0; t < t1; ++t)
+            int64_t n_max = 0;        // slots the run's longest token reads
+            int64_t j_first = -1;     // first block any token of the run sees
+            for (int64_t t = t0; t < t1; ++t) {
                 n_max = std::max<int64_t>(n_max, batch.token_slot[t] + 1);
+                const int64_t j = first_visible(t) / bs;
+                j_first = j_first < 0 ? j : std::min(j_first, j);
+            }
             const int64_t own_block = int64_t(batch.token_slot[t0]) / bs;
             // Rows [0, n) of K or V block j of the run's sequence, decoded into `rows`: the
             // run's own block from its stage when staged, else from the pool.
@@ -467,7 +478,9 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
             auto scores_of = [&](int64_t t) { return scores.data() + (t - t0) * nh * n_max; };
             const float* qs[kMaxRun];
             for (int64_t t = t0; t < t1; ++t) qs[t - t0] = q_of(t);
-            for (int64_t j = 0, s0 = 0; s0 < n_max; ++j, s0 += bs) {
+            // Blocks before j_first only hold slots outside every window: skipped (their
+            // scores are set to -inf below, their p * V terms would be zero).
+            for (int64_t j = j_first, s0 = j_first * bs; s0 < n_max; ++j, s0 += bs) {
                 load_block(KvRole::K, j, std::min(bs, n_max - s0));
                 for (int64_t t = t0; t < t1; ++t) {
                     const int64_t n = std::min<int64_t>(bs, batch.token_slot[t] + 1 - s0);
@@ -493,7 +506,7 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
                         for (int64_t s = 0; s < n_slots; ++s) p[s] = round_to_f16(p[s]);
                 }
             }
-            for (int64_t j = 0, s0 = 0; s0 < n_max; ++j, s0 += bs) {
+            for (int64_t j = j_first, s0 = j_first * bs; s0 < n_max; ++j, s0 += bs) {
                 load_block(KvRole::V, j, std::min(bs, n_max - s0));
                 for (int64_t t = t0; t < t1; ++t) {
                     const int64_t n = std::min<int64_t>(bs, batch.token_slot[t] + 1 - s0);

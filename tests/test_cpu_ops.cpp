@@ -383,6 +383,42 @@ TEST_CASE("paged attention equals contiguous causal attention (GQA, any block si
     }
 }
 
+TEST_CASE("windowed paged attention never reads the blocks before the window") {
+    // Gemma's sliding window: the blocks wholly before every token's window are skipped, not
+    // just masked, so a paged cache may drop them. Pointing them at a NaN block, or at no
+    // block (-1), changes no bit; without the window -1 is refused.
+    const int64_t n_head = 4, n_kv = 2, hd = 16, bs = 4, window = 5, n = 20;
+    TestCache cache(KvType::F16, 8, n_kv, bs, hd);  // block 7 is never written: NaN
+    const std::vector<int32_t> table = {2, 0, 5, 1, 6};
+    std::vector<int32_t> seq(n, 0), slot(n);
+    std::iota(slot.begin(), slot.end(), 0);
+    const std::vector<float> k = random_vec(n * n_kv * hd, 31), v = random_vec(n * n_kv * hd, 32);
+    const std::vector<float> q = random_vec(n * n_head * hd, 33);
+    KvBatchView all{seq.data(), slot.data(), table.data(), 5, n};
+    cpu::kv_write(cache.view, all, k.data(), v.data());
+    for (float softcap : {0.0f, 2.0f}) {
+        CAPTURE(softcap);
+        // The last three tokens (a verification batch) see slots 13 .. 19: blocks 3 and 4.
+        auto attend = [&](const std::vector<int32_t>& tab, int64_t win) {
+            std::vector<float> out(3 * n_head * hd);
+            KvBatchView b{&seq[17], &slot[17], tab.data(), 5, 3};
+            cpu::paged_attention(out.data(), &q[17 * n_head * hd], cache.view, b, n_head, 0.25f,
+                                 softcap, win);
+            return out;
+        };
+        const std::vector<float> want = attend(table, window);
+        CHECK(std::all_of(want.begin(), want.end(), [](float x) { return std::isfinite(x); }));
+        CHECK(want != attend(table, 0));  // the window matters here
+        for (int32_t gone : {7, -1}) {
+            CAPTURE(gone);
+            std::vector<int32_t> dropped = table;
+            dropped[0] = dropped[1] = dropped[2] = gone;
+            CHECK(attend(dropped, window) == want);
+            if (gone < 0) CHECK_THROWS_AS(attend(dropped, 0), Error);
+        }
+    }
+}
+
 TEST_CASE("paged attention rejects inconsistent shapes and block ids") {
     TestCache cache(KvType::F16, 2, 2, 4, 8);
     const int32_t seq[1] = {0}, slot[1] = {5}, table[2] = {0, 7};

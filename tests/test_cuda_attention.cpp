@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -187,7 +188,35 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
     dout.zero();
     cuda_paged_attention_prefill(dout.get(), dq.get(), dkv, db, n_head, scale, nullptr, sc.softcap,
                                  sc.window);
-    CHECK(nmse(dout.download(), ref) < kAttnBound);
+    const std::vector<float> tiled = dout.download();
+    CHECK(nmse(tiled, ref) < kAttnBound);
+    if (sc.window > 0) {
+        // The blocks wholly before the window of every batch token of their sequence are
+        // never read (a paged cache may drop them): -1 there changes no bit in either kernel.
+        std::vector<int32_t> dropped = table;
+        std::vector<int64_t> first(table.size() / size_t(max_blocks), INT64_MAX);
+        for (int64_t i = 0; i < nt; ++i) {
+            int64_t& f = first[size_t(t_seq[size_t(i)])];
+            f = std::min(f, std::max<int64_t>(0, t_slot[size_t(i)] + 1 - sc.window));
+        }
+        int64_t n_dropped = 0;
+        for (size_t sq = 0; sq < first.size(); ++sq)
+            for (int64_t j = 0; first[sq] != INT64_MAX && j < first[sq] / bs; ++j, ++n_dropped)
+                dropped[sq * size_t(max_blocks) + size_t(j)] = -1;
+        if (n_dropped > 0) {
+            DevBuf<int32_t> ddropped(dropped);
+            const KvBatchView dbd{dtseq.get(), dtslot.get(), ddropped.get(),
+                                  max_blocks,  nt,           staged ? dtstage.get() : nullptr};
+            dout.zero();
+            cuda_paged_attention_decode(dout.get(), dq.get(), dkv, dbd, n_head, scale, scratch,
+                                        nullptr, sc.softcap, sc.window);
+            CHECK(dout.download() == batched);
+            dout.zero();
+            cuda_paged_attention_prefill(dout.get(), dq.get(), dkv, dbd, n_head, scale, nullptr,
+                                         sc.softcap, sc.window);
+            CHECK(dout.download() == tiled);
+        }
+    }
     dout.zero();
     cuda_paged_attention(dout.get(), dq.get(), dkv, db, n_head, scale, scratch, nullptr, sc.softcap,
                          sc.window);
