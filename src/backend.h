@@ -13,6 +13,7 @@
 #include "gguf.h"
 #include "kv_block_table.h"
 #include "kv_format.h"
+#include "lora.h"
 #include "model_config.h"
 #include "sampler.h"
 
@@ -113,6 +114,8 @@ struct BackendOptions {
     // The run's context per sequence (-c; 0: the model's training context). Only Phi-3's
     // LongRoPE reads it, to pick its long or short factors (select_rope_factors).
     int64_t n_ctx = 0;
+    // LoRA adapters applied on top of the weights (--lora, --lora-scaled; lora.h).
+    std::vector<LoraSpec> lora;
 };
 
 // The model's hyperparameters with the options' RoPE overrides applied (what a backend runs).

@@ -18,6 +18,7 @@ CpuBackend::CpuBackend(const GgufFile& file, const BackendOptions& options)
     : config_(backend_model_config(file, options)),
       weights_(weights_load(file, config_)),
       options_(options) {
+    lora_files_ = lora_attach(weights_, config_, file, options_.lora);
     rope_ = config_.rope(config_.rope_freq_factors.data());
     rope_swa_ = config_.rope_swa(config_.rope_freq_factors.data());
     n_blocks_ = kv_blocks_for(config_, options_);
@@ -140,6 +141,9 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
         cpu::matmul(q_.data(), xb_.data(), w.wq, T);
         cpu::matmul(k_.data(), xb_.data(), w.wk, T);
         cpu::matmul(v_.data(), xb_.data(), w.wv, T);
+        add_lora(q_.data(), xb_.data(), w.lora_q, T);
+        add_lora(k_.data(), xb_.data(), w.lora_k, T);
+        add_lora(v_.data(), xb_.data(), w.lora_v, T);
         if (!w.bq.empty()) {
             cpu::add_bias(q_.data(), w.bq.data(), T, c.q_dim());
             cpu::add_bias(k_.data(), w.bk.data(), T, c.kv_dim());
@@ -165,6 +169,7 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
         cpu::paged_attention(att_.data(), q_.data(), kv, kb, c.n_head, c.attn_scale, c.attn_softcap,
                              c.window(l));
         cpu::matmul(xb_.data(), att_.data(), w.wo, T);
+        add_lora(xb_.data(), att_.data(), w.lora_o, T);
         if (!w.attn_post_norm.empty())
             cpu::rmsnorm(xb_.data(), xb_.data(), w.attn_post_norm.data(), T, c.n_embd, c.norm_eps);
         if (c.residual_scale != 1.0f) cpu::scale(xb_.data(), T * c.n_embd, c.residual_scale);
@@ -179,6 +184,8 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
         }
         cpu::matmul(gate_.data(), xb_.data(), w.w_gate, T);
         cpu::matmul(up_.data(), xb_.data(), w.w_up, T);
+        add_lora(gate_.data(), xb_.data(), w.lora_gate, T);
+        add_lora(up_.data(), xb_.data(), w.lora_up, T);
         if (c.ffn_gelu)
             cpu::geglu(gate_.data(), gate_.data(), up_.data(), T * c.n_ff);
         else if (options_.llamacpp_rounding)  // emulated SiLU works on rows, like ggml's
@@ -188,6 +195,7 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
         else
             cpu::swiglu(gate_.data(), gate_.data(), up_.data(), T * c.n_ff);
         cpu::matmul(xb_.data(), gate_.data(), w.w_down, T);
+        add_lora(xb_.data(), gate_.data(), w.lora_down, T);
         if (!w.ffn_post_norm.empty())
             cpu::rmsnorm(xb_.data(), xb_.data(), w.ffn_post_norm.data(), T, c.n_embd, c.norm_eps);
         if (c.residual_scale != 1.0f) cpu::scale(xb_.data(), T * c.n_embd, c.residual_scale);
@@ -203,6 +211,7 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
                     c.n_embd * sizeof(float));
     cpu::rmsnorm(xb_.data(), xb_.data(), weights_.output_norm.data(), R, c.n_embd, c.norm_eps);
     cpu::matmul(logits, xb_.data(), weights_.output, R);
+    add_lora(logits, xb_.data(), weights_.lora_output, R);
     if (c.logit_scale != 1.0f) cpu::scale(logits, R * c.n_vocab, c.logit_scale);
     if (c.final_softcap > 0) cpu::softcap(logits, R * c.n_vocab, c.final_softcap);
 }
@@ -252,6 +261,17 @@ void CpuBackend::moe_ffn(const LayerWeights& w, int64_t T) {
         }
     }
     std::copy(moe_out_.begin(), moe_out_.end(), xb_.begin());
+}
+
+void CpuBackend::add_lora(float* out, const float* x, const std::vector<LoraDelta>& deltas,
+                          int64_t T) {
+    for (const LoraDelta& d : deltas) {
+        lora_tmp_.resize(size_t(T * d.a.n_out));
+        lora_out_.resize(size_t(T * d.b.n_out));
+        cpu::matmul(lora_tmp_.data(), x, d.a, T);
+        cpu::matmul(lora_out_.data(), lora_tmp_.data(), d.b, T);
+        for (size_t i = 0; i < lora_out_.size(); ++i) out[i] += d.scale * lora_out_[i];
+    }
 }
 
 void CpuBackend::copy_blocks(const std::vector<BlockCopy>& copies) {

@@ -33,11 +33,14 @@ class CpuBackend final : public Backend {
     void validate(const ForwardBatch& batch) const;
     // The mixture-of-experts FFN of layer w on xb_'s T normed rows, result in xb_.
     void moe_ffn(const LayerWeights& w, int64_t T);
+    // out[T][n_out] += each LoRA update of x[T][n_in] (LoraDelta).
+    void add_lora(float* out, const float* x, const std::vector<LoraDelta>& deltas, int64_t T);
 
     ModelConfig config_;
     RopeParams rope_;      // the model's RoPE (factors in config_.rope_freq_factors)
     RopeParams rope_swa_;  // sliding-window layers' RoPE (config_.rope_swa)
     ModelWeights weights_;
+    std::vector<std::unique_ptr<GgufFile>> lora_files_;  // the adapters weights_ points into
     BackendOptions options_;
     int64_t n_blocks_ = 0;
     int64_t k_block_bytes_ = 0, v_block_bytes_ = 0;  // one layer, one block
@@ -49,16 +52,17 @@ class CpuBackend final : public Backend {
     bool rotate_ = false;  // Hadamard rotation of Q and K (kv_rotation_enabled)
 
     // Scratch activations, grown to the largest batch seen.
-    std::vector<float> x_;              // [n_tokens][n_embd] residual stream
-    std::vector<float> xb_;             // [n_tokens][n_embd] normed input / projection output
-    std::vector<float> q_;              // [n_tokens][n_head][head_dim]
-    std::vector<float> k_, v_;          // [n_tokens][n_kv_head][head_dim]
-    std::vector<float> att_;            // [n_tokens][n_head][head_dim]
-    std::vector<float> gate_, up_;      // [n_tokens][n_ff]
+    std::vector<float> x_;          // [n_tokens][n_embd] residual stream
+    std::vector<float> xb_;         // [n_tokens][n_embd] normed input / projection output
+    std::vector<float> q_;          // [n_tokens][n_head][head_dim]
+    std::vector<float> k_, v_;      // [n_tokens][n_kv_head][head_dim]
+    std::vector<float> att_;        // [n_tokens][n_head][head_dim]
+    std::vector<float> gate_, up_;  // [n_tokens][n_ff]
     // Mixture of experts: router logits [n_tokens][n_expert]; an expert's rows gathered
     // [n][n_embd], their gate/up [n][n_ff_exp] and down output [n][n_embd]; the sum.
     std::vector<float> router_, moe_in_, moe_gate_, moe_up_, moe_down_, moe_out_;
-    std::vector<int32_t> flat_tables_;  // [n_seqs][max_blocks_per_seq], -1 padded
+    std::vector<float> lora_tmp_, lora_out_;  // LoRA: A x [T][rank], B (A x) [T][n_out]
+    std::vector<int32_t> flat_tables_;        // [n_seqs][max_blocks_per_seq], -1 padded
 };
 
 }  // namespace kvrun

@@ -95,9 +95,16 @@ uint64_t prompt_cache_model_hash(const GgufFile& file, const ModelConfig& c) {
 }
 
 PromptCacheKey prompt_cache_key(const GgufFile& file, const Backend& backend, KvType k, KvType v,
-                                bool rotate) {
+                                bool rotate, const std::vector<LoraSpec>& lora) {
     PromptCacheKey key;
     key.model_hash = prompt_cache_model_hash(file, backend.config());
+    for (const LoraSpec& spec : lora) {
+        Fnv h;
+        h.value(key.model_hash);
+        h.value(prompt_cache_model_hash(GgufFile::open(spec.path), backend.config()));
+        h.value(spec.scale);
+        key.model_hash = h.h;
+    }
     key.kv_format =
         fmt::format("k={} v={} rotate={}", kv_type_name(k), kv_type_name(v), rotate ? "on" : "off");
     key.block_size = backend.kv_block_size();
@@ -136,7 +143,7 @@ PromptCacheLoad prompt_cache_load(const std::string& path, const PromptCacheKey&
     got.kv_format.resize(fmt_len);
     read_exact(f.get(), got.kv_format.data(), fmt_len, sum, path);
     if (got.model_hash != key.model_hash) {
-        r.ignored = "it was made with another model (or other --rope-* settings)";
+        r.ignored = "it was made with another model (or other --rope-* or --lora settings)";
     } else if (got.kv_format != key.kv_format || got.block_size != key.block_size ||
                got.block_bytes != key.block_bytes) {
         r.ignored = fmt::format(

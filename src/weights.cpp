@@ -21,6 +21,17 @@ std::vector<int64_t> squeezed_dims(const GgufTensorInfo& t) {
     return d;
 }
 
+// Throws unless kvrun computes with t's type and rows of n_in elements are whole blocks.
+void check_computable(const GgufFile& f, const GgufTensorInfo& t, int64_t n_in) {
+    if (!ggml_type_known(static_cast<uint32_t>(t.type)) || !ggml_type_traits(t.type).can_dequantize)
+        fail("{}: tensor '{}' has type {}, which kvrun cannot compute with yet", f.path(), t.name,
+             ggml_type_known(static_cast<uint32_t>(t.type)) ? ggml_type_name(t.type) : "unknown");
+    const int64_t block = ggml_type_traits(t.type).block_elems;
+    if (block <= 0 || n_in % block != 0)
+        fail("{}: tensor '{}' rows of {} elements are not a whole number of {} blocks ({})",
+             f.path(), t.name, n_in, ggml_type_name(t.type), block);
+}
+
 const GgufTensorInfo& find_checked(const GgufFile& f, const std::string& name,
                                    const std::vector<int64_t>& expected) {
     const GgufTensorInfo* t = f.find_tensor(name);
@@ -29,16 +40,34 @@ const GgufTensorInfo& find_checked(const GgufFile& f, const std::string& name,
     if (squeezed_dims(*t) != expected)
         fail("{}: tensor '{}' has shape {}, expected {} (ggml order: row length first)", f.path(),
              name, shape_str(t->dims), shape_str(expected));
-    if (!ggml_type_known(static_cast<uint32_t>(t->type)) ||
-        !ggml_type_traits(t->type).can_dequantize)
-        fail("{}: tensor '{}' has type {}, which kvrun cannot compute with yet", f.path(), name,
-             ggml_type_known(static_cast<uint32_t>(t->type)) ? ggml_type_name(t->type) : "unknown");
-    const int64_t block = ggml_type_traits(t->type).block_elems;
-    if (block <= 0 || expected[0] % block != 0)
-        fail("{}: tensor '{}' rows of {} elements are not a whole number of {} blocks ({})",
-             f.path(), name, expected[0], ggml_type_name(t->type), block);
+    check_computable(f, *t, expected[0]);
     return *t;
 }
+
+}  // namespace
+
+WeightView matrix_view(const GgufFile& f, const GgufTensorInfo& t, int64_t n_in, int64_t n_out) {
+    check_computable(f, t, n_in);
+    WeightView w;
+    w.type = t.type;
+    w.n_in = n_in;
+    w.n_out = n_out;
+    w.row_bytes = ggml_row_bytes(t.type, n_in);
+    w.data = t.data;
+    if (w.row_bytes * uint64_t(n_out) > t.n_bytes)
+        fail("{}: tensor '{}' holds {} bytes, fewer than {} rows of {} bytes", f.path(), t.name,
+             t.n_bytes, n_out, w.row_bytes);
+    return w;
+}
+
+WeightView row_slice(const WeightView& w, int64_t r0, int64_t n) {
+    WeightView s = w;
+    s.n_out = n;
+    s.data = static_cast<const uint8_t*>(w.data) + size_t(r0) * w.row_bytes;
+    return s;
+}
+
+namespace {
 
 // A 2-D weight: GGUF dims {n_in, n_out}; with n_stack > 1, n_stack such matrices stacked in
 // one 3-D tensor {n_in, n_out, n_stack} (experts), viewed as n_out * n_stack rows.
@@ -47,30 +76,12 @@ WeightView load_matrix(const GgufFile& f, const std::string& name, int64_t n_in,
     const GgufTensorInfo& t = find_checked(f, name,
                                            n_stack > 1 ? std::vector<int64_t>{n_in, n_out, n_stack}
                                                        : std::vector<int64_t>{n_in, n_out});
-    n_out *= n_stack;
-    WeightView w;
-    w.type = t.type;
-    w.n_in = n_in;
-    w.n_out = n_out;
-    w.row_bytes = ggml_row_bytes(t.type, n_in);
-    w.data = t.data;
-    if (w.row_bytes * uint64_t(n_out) > t.n_bytes)
-        fail("{}: tensor '{}' holds {} bytes, fewer than {} rows of {} bytes", f.path(), name,
-             t.n_bytes, n_out, w.row_bytes);
-    total_bytes += w.row_bytes * uint64_t(n_out);
+    const WeightView w = matrix_view(f, t, n_in, n_out * n_stack);
+    total_bytes += w.row_bytes * uint64_t(w.n_out);
     return w;
 }
 
 // A 1-D norm weight or bias of n elements, converted to float32.
-// Rows [r0, r0 + n) of a matrix: a view into the same bytes (each GGUF row is a whole number
-// of blocks, so a fused tensor splits into its parts without copying).
-WeightView row_slice(const WeightView& w, int64_t r0, int64_t n) {
-    WeightView s = w;
-    s.n_out = n;
-    s.data = static_cast<const uint8_t*>(w.data) + size_t(r0) * w.row_bytes;
-    return s;
-}
-
 std::vector<float> load_vector(const GgufFile& f, const std::string& name, int64_t n) {
     const GgufTensorInfo& t = find_checked(f, name, {n});
     std::vector<float> out(n);

@@ -12,13 +12,20 @@
 
 namespace kvrun {
 
+// One LoRA adapter's update of a matrix W: W x becomes W x + scale * B (A x), with
+// A: [rank][n_in] and B: [n_out][rank] (views into the adapter file; see lora.h).
+struct LoraDelta {
+    WeightView a, b;
+    float scale = 1.0f;
+};
+
 struct LayerWeights {
-    std::vector<float> attn_norm;     // [n_embd]
-    WeightView wq, wk, wv, wo;        // [q_dim][n_embd], [kv_dim][n_embd] x2,
-                                      // [n_embd][q_dim]
-    std::vector<float> bq, bk, bv;    // [q_dim], [kv_dim], [kv_dim]; empty if none
+    std::vector<float> attn_norm;       // [n_embd]
+    WeightView wq, wk, wv, wo;          // [q_dim][n_embd], [kv_dim][n_embd] x2,
+                                        // [n_embd][q_dim]
+    std::vector<float> bq, bk, bv;      // [q_dim], [kv_dim], [kv_dim]; empty if none
     std::vector<float> q_norm, k_norm;  // [head_dim] each (qwen3's per-head RMSNorm); or empty
-    std::vector<float> ffn_norm;      // [n_embd]
+    std::vector<float> ffn_norm;        // [n_embd]
     // [n_embd] each: RMSNorm weights of the attention and FFN outputs (gemma2/3), or empty.
     std::vector<float> attn_post_norm, ffn_post_norm;
     WeightView w_gate, w_up, w_down;  // [n_ff][n_embd] x2, [n_embd][n_ff] (dense FFN)
@@ -26,6 +33,8 @@ struct LayerWeights {
     // stacked ffn_*_exps tensors ([n_ff_exp][n_embd] x2, [n_embd][n_ff_exp]).
     WeightView router;
     std::vector<WeightView> gate_exps, up_exps, down_exps;
+    // LoRA adapters' updates of wq .. w_down (lora.h), in adapter order; empty without.
+    std::vector<LoraDelta> lora_q, lora_k, lora_v, lora_o, lora_gate, lora_up, lora_down;
 };
 
 struct ModelWeights {
@@ -33,9 +42,17 @@ struct ModelWeights {
     std::vector<float> output_norm;  // [n_embd]
     WeightView output;               // [n_vocab][n_embd] (token_embd when tied)
     bool output_tied = false;
-    std::vector<LayerWeights> layers;  // [n_layer]
-    uint64_t matrix_bytes = 0;         // bytes of all 2-D weights (tied counted once)
+    std::vector<LayerWeights> layers;    // [n_layer]
+    uint64_t matrix_bytes = 0;           // bytes of all 2-D weights (tied counted once)
+    std::vector<LoraDelta> lora_output;  // LoRA updates of output (lora.h)
 };
+
+// A view of tensor t as n_out rows of n_in elements, checked: a type kvrun computes with, rows
+// of whole blocks, enough bytes (the caller checks the shape). Throws Error naming the tensor.
+WeightView matrix_view(const GgufFile& f, const GgufTensorInfo& t, int64_t n_in, int64_t n_out);
+// Rows [r0, r0 + n) of a matrix: a view into the same bytes (each GGUF row is a whole number
+// of blocks, so a fused tensor splits into its parts without copying).
+WeightView row_slice(const WeightView& w, int64_t r0, int64_t n);
 
 // Looks up and checks every tensor. Throws Error naming the tensor for a missing tensor, a
 // wrong shape (expected vs actual) or a type kvrun cannot dequantize. The views point

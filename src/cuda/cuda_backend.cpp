@@ -112,7 +112,16 @@ struct DeviceLayer {
     // Mixture of experts: the router and the stacked experts.
     WeightView router;
     MoeExperts experts;
+    // LoRA updates (device views) of wq, wk, wv, wo, w_gate, w_up, w_down (kLoraLists order).
+    std::vector<LoraDelta> lora[7];
 };
+
+// LayerWeights' LoRA lists, in DeviceLayer::lora's order.
+constexpr std::vector<LoraDelta> LayerWeights::*kLoraLists[7] = {
+    &LayerWeights::lora_q,   &LayerWeights::lora_k,    &LayerWeights::lora_v,
+    &LayerWeights::lora_o,   &LayerWeights::lora_gate, &LayerWeights::lora_up,
+    &LayerWeights::lora_down};
+enum LoraSlot { kLoraQ, kLoraK, kLoraV, kLoraO, kLoraGate, kLoraUp, kLoraDown };
 
 class CudaBackend final : public Backend {
   public:
@@ -140,6 +149,11 @@ class CudaBackend final : public Backend {
 
   private:
     void upload_weights(const GgufFile& file);
+    // The adapters' A and B matrices (lora_attach on hw) into lora_mem_, and the device
+    // views into layers_[l].lora and lora_output_.
+    void upload_lora(const ModelWeights& hw);
+    // out[T][n_out] += each LoRA update of x[T][n_in], on the stream.
+    void add_lora(float* out, const float* x, const std::vector<LoraDelta>& deltas, int64_t T);
     void allocate_kv();
     void validate(const ForwardBatch& b) const;
     void ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t table_entries);
@@ -160,6 +174,12 @@ class CudaBackend final : public Backend {
     WeightView token_embd_, output_;
     const float* output_norm_ = nullptr;
     std::vector<DeviceLayer> layers_;
+    // LoRA adapters: the files (lora_attach), their matrices on the device, the output's
+    // updates, and the widest rank and update (layers; the output's are n_vocab wide).
+    std::vector<std::unique_ptr<GgufFile>> lora_files_;
+    DeviceMem lora_mem_;
+    std::vector<LoraDelta> lora_output_;
+    int64_t lora_rank_ = 0, lora_width_ = 0;
     RopeParams rope_;      // the model's RoPE, its frequency factors (if any) in weight_mem_
     RopeParams rope_swa_;  // the sliding-window layers' RoPE (ModelConfig::rope_swa)
 
@@ -183,6 +203,8 @@ class CudaBackend final : public Backend {
     float *moe_logits_ = nullptr, *moe_w_ = nullptr, *moe_h_ = nullptr, *moe_out_ = nullptr,
           *moe_up_ = nullptr;
     int32_t *moe_ids_ = nullptr, *moe_map_ = nullptr;
+    DeviceMem lora_buf_;  // LoRA: A x [T][lora_rank_], B (A x) [max(T, R)][lora_width_]
+    float *lora_ax_ = nullptr, *lora_bax_ = nullptr;
     float* xr_ = nullptr;      // [R][n_embd] rows that need logits
     float* logits_ = nullptr;  // [R][n_vocab]
     // Batch metadata on the device (int32): tokens, positions, seq, slot, stage [token_cap_]
@@ -230,7 +252,8 @@ CudaBackend::CudaBackend(const GgufFile& file, const BackendOptions& options, in
 }
 
 void CudaBackend::upload_weights(const GgufFile& file) {
-    const ModelWeights hw = weights_load(file, config_);
+    ModelWeights hw = weights_load(file, config_);
+    lora_files_ = lora_attach(hw, config_, file, options_.lora);
     // Plan the arena: every matrix and vector at a 256-byte aligned offset.
     struct Item {
         const void* src;
@@ -346,6 +369,70 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         d.w_gate = on_device(w.w_gate, it.gate);
         d.w_up = on_device(w.w_up, it.up);
         d.w_down = on_device(w.w_down, it.down);
+    }
+    upload_lora(hw);
+}
+
+void CudaBackend::upload_lora(const ModelWeights& hw) {
+    std::vector<const WeightView*> mats;  // every A and B, in upload order
+    size_t total = 0;
+    auto plan = [&](const std::vector<LoraDelta>& v, bool output) {
+        for (const LoraDelta& d : v) {
+            for (const WeightView* w : {&d.a, &d.b}) {
+                if (!cuda_supports_weight_type(w->type))
+                    throw Error(fmt::format("a LoRA adapter has {} weights, which the CUDA kernels "
+                                            "do not support",
+                                            ggml_type_name(w->type)),
+                                "use --device cpu");
+                mats.push_back(w);
+                total += align_up(w->row_bytes * size_t(w->n_out));
+            }
+            lora_rank_ = std::max(lora_rank_, d.a.n_out);
+            lora_width_ = std::max(lora_width_, output ? config_.n_vocab : d.b.n_out);
+        }
+    };
+    for (const LayerWeights& w : hw.layers)
+        for (auto list : kLoraLists) plan(w.*list, false);
+    plan(hw.lora_output, true);
+    if (mats.empty()) return;
+    lora_mem_ = DeviceMem(total, "the LoRA adapters");
+    size_t off = 0;
+    for (const WeightView* w : mats) {
+        CUDA_CHECK(cudaMemcpy(lora_mem_.get() + off, w->data, w->row_bytes * size_t(w->n_out),
+                              cudaMemcpyHostToDevice));
+        off += align_up(w->row_bytes * size_t(w->n_out));
+    }
+    off = 0;
+    auto next = [&](const WeightView& w) {  // the device view of the next matrix
+        WeightView d = w;
+        d.data = lora_mem_.get() + off;
+        off += align_up(w.row_bytes * size_t(w.n_out));
+        return d;
+    };
+    auto on_device = [&](const std::vector<LoraDelta>& v) {
+        std::vector<LoraDelta> out;
+        for (const LoraDelta& d : v) {
+            LoraDelta dd = d;
+            dd.a = next(d.a);
+            dd.b = next(d.b);
+            out.push_back(dd);
+        }
+        return out;
+    };
+    for (size_t l = 0; l < hw.layers.size(); ++l)
+        for (size_t k = 0; k < std::size(kLoraLists); ++k)
+            layers_[l].lora[k] = on_device(hw.layers[l].*kLoraLists[k]);
+    lora_output_ = on_device(hw.lora_output);
+}
+
+void CudaBackend::add_lora(float* out, const float* x, const std::vector<LoraDelta>& deltas,
+                           int64_t T) {
+    const cudaStream_t s = stream_.get();
+    for (const LoraDelta& d : deltas) {
+        cuda_matmul(lora_ax_, x, d.a, T, scratch_, s);
+        cuda_matmul(lora_bax_, lora_ax_, d.b, T, scratch_, s);
+        cuda_scale(lora_bax_, T * d.b.n_out, d.scale, s);
+        cuda_add(out, lora_bax_, T * d.b.n_out, s);
     }
 }
 
@@ -511,6 +598,14 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
         d_table_ = d_rows_ + row_cap_;
         grown = true;
     }
+    if (grown && lora_rank_ > 0) {
+        const size_t ax = align_up(size_t(token_cap_ * lora_rank_) * sizeof(float));
+        const size_t bax = size_t(std::max(token_cap_, row_cap_) * lora_width_) * sizeof(float);
+        lora_buf_ = DeviceMem();
+        lora_buf_ = DeviceMem(ax + bax, "LoRA buffers");
+        lora_ax_ = reinterpret_cast<float*>(lora_buf_.get());
+        lora_bax_ = reinterpret_cast<float*>(lora_buf_.get() + ax);
+    }
     if (grown) clear_graphs();  // captured graphs point at the old buffers
 }
 
@@ -534,6 +629,9 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
         const DeviceLayer& w = layers_[size_t(l)];
         // Attention block (xb_ holds the normed input).
         cuda_matmul_qkv(q_, k_, v_, xb_, w.wq, w.wk, w.wv, T, scratch_, s);
+        add_lora(q_, xb_, w.lora[kLoraQ], T);
+        add_lora(k_, xb_, w.lora[kLoraK], T);
+        add_lora(v_, xb_, w.lora[kLoraV], T);
         if (w.bq) {
             cuda_add_bias(q_, w.bq, T, c.q_dim(), s);
             cuda_add_bias(k_, w.bk, T, c.kv_dim(), s);
@@ -561,6 +659,7 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
         cuda_paged_attention(att_, q_, kv, kb, c.n_head, c.attn_scale, scratch_, s, c.attn_softcap,
                              c.window(l));
         cuda_matmul(xb_, att_, w.wo, T, scratch_, s);
+        add_lora(xb_, att_, w.lora[kLoraO], T);
         if (w.attn_post_norm)  // gemma2/3: the block's output normed before the residual add
             cuda_rmsnorm(xb_, xb_, w.attn_post_norm, T, c.n_embd, c.norm_eps, s);
         if (c.residual_scale != 1.0f) cuda_scale(xb_, T * c.n_embd, c.residual_scale, s);
@@ -580,12 +679,25 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
                 cuda_gemv_experts(moe_out_, moe_h_, ex.down0, ex.down_bytes, moe_ids_, T * K, 1, s);
                 cuda_moe_combine(xb_, moe_out_, moe_w_, T, K, c.n_embd, s);
             }
+        } else if (!w.lora[kLoraGate].empty() || !w.lora[kLoraUp].empty()) {
+            // LoRA on the gate or up: the products apart, then the activation.
+            cuda_matmul(gate_, xb_, w.w_gate, T, scratch_, s);
+            cuda_matmul(up_, xb_, w.w_up, T, scratch_, s);
+            add_lora(gate_, xb_, w.lora[kLoraGate], T);
+            add_lora(up_, xb_, w.lora[kLoraUp], T);
+            if (c.ffn_gelu)
+                cuda_geglu(gate_, gate_, up_, T * c.n_ff, s);
+            else
+                cuda_swiglu(gate_, gate_, up_, T * c.n_ff, s);
         } else if (c.ffn_gelu) {  // Gemma: GELU gate
             cuda_matmul_geglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s);
         } else {
             cuda_matmul_swiglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s);
         }
-        if (!c.moe()) cuda_matmul(xb_, gate_, w.w_down, T, scratch_, s);
+        if (!c.moe()) {
+            cuda_matmul(xb_, gate_, w.w_down, T, scratch_, s);
+            add_lora(xb_, gate_, w.lora[kLoraDown], T);
+        }
         if (w.ffn_post_norm) cuda_rmsnorm(xb_, xb_, w.ffn_post_norm, T, c.n_embd, c.norm_eps, s);
         if (c.residual_scale != 1.0f) cuda_scale(xb_, T * c.n_embd, c.residual_scale, s);
         if (l + 1 < c.n_layer)
@@ -599,6 +711,7 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
     cuda_gather_rows(xr_, x_, d_rows_, R, c.n_embd, s);
     cuda_rmsnorm(xr_, xr_, output_norm_, R, c.n_embd, c.norm_eps, s);
     cuda_matmul(logits_, xr_, output_, R, scratch_, s);
+    add_lora(logits_, xr_, lora_output_, R);
     if (c.logit_scale != 1.0f) cuda_scale(logits_, R * c.n_vocab, c.logit_scale, s);
     if (c.final_softcap > 0) cuda_softcap(logits_, R * c.n_vocab, c.final_softcap, s);
 }

@@ -90,6 +90,11 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
                     "Replace a metadata value: KEY=TYPE:VALUE, TYPE int, float, bool or str "
                     "(repeatable; e.g. tokenizer.ggml.add_bos_token=bool:false)")
         ->check(parses_with([](const std::string& t) { parse_kv_override(t); }, "KEY=TYPE:VALUE"));
+    cmd->add_option("--lora", o.lora,
+                    "Apply a LoRA adapter (llama.cpp's adapter GGUF) at scale 1 (repeatable)");
+    cmd->add_option("--lora-scaled", o.lora_scaled,
+                    "Apply a LoRA adapter at a scale: --lora-scaled FILE SCALE (repeatable)")
+        ->type_size(2);
 }
 
 std::pair<std::string, GgufValue> parse_kv_override(const std::string& text) {
@@ -356,6 +361,20 @@ void add_sampling_options(CLI::App* cmd, SamplingParams& p) {
             parses_with([](const std::string& t) { parse_logit_bias(t); }, "TOKEN_ID(+|-)BIAS"));
 }
 
+std::vector<LoraSpec> lora_specs(const ModelOptions& o) {
+    std::vector<LoraSpec> specs;
+    for (const std::string& path : o.lora) specs.push_back({path, 1.0f});
+    for (size_t i = 0; i + 1 < o.lora_scaled.size(); i += 2) {
+        const std::string& text = o.lora_scaled[i + 1];
+        char* end = nullptr;
+        const double scale = std::strtod(text.c_str(), &end);
+        if (text.empty() || *end != '\0' || !std::isfinite(scale))
+            fail("--lora-scaled {} {}: the scale must be a finite number", o.lora_scaled[i], text);
+        specs.push_back({o.lora_scaled[i], float(scale)});
+    }
+    return specs;
+}
+
 static bool cuda_available() {
 #if KVRUN_HAS_CUDA
     return cuda_device_count() > 0;
@@ -380,6 +399,7 @@ LoadedModel load_model(const ModelOptions& o, int32_t n_sequences) {
     bo.kv_rotate = o.kv_rotate == "on";
     bo.rope = o.rope;
     bo.n_ctx = o.n_ctx;
+    bo.lora = lora_specs(o);
     if (o.kv_memory_mib > 0) {
         bo.kv_memory_mib = o.kv_memory_mib;
         bo.n_kv_blocks = kv_blocks_for(cfg, bo);  // what the budget holds after stage slots

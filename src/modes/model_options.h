@@ -32,6 +32,9 @@ struct ModelOptions {
     RopeOverrides rope;         // --rope-* / --yarn-* (llama.cpp's spellings)
     // --override-kv KEY=TYPE:VALUE (llama.cpp's): metadata replaced before anything reads it.
     std::vector<std::string> kv_overrides;
+    // LoRA adapters (llama.cpp's --lora FILE, --lora-scaled FILE SCALE), applied in order.
+    std::vector<std::string> lora;
+    std::vector<std::string> lora_scaled;  // FILE, SCALE, FILE, SCALE, ...
 };
 
 // A CLI11 check that a number is >= lo, with a plain message ("must be at least 0 (got -1)").
@@ -49,6 +52,8 @@ uint64_t random_seed();
 // "tokenizer.ggml.add_bos_token=bool:false" (TYPE int, float, bool or str) -> (key, value).
 // Throws Error with the expected form.
 std::pair<std::string, GgufValue> parse_kv_override(const std::string& text);
+// The --lora and --lora-scaled adapters, in that order. Throws Error for a bad scale.
+std::vector<LoraSpec> lora_specs(const ModelOptions& o);
 // Opens the model file with the --override-kv values applied.
 std::unique_ptr<GgufFile> open_model_file(const ModelOptions& o);
 // "15043+1.5", "15043-inf", "15043=-2" -> (id, bias). Throws Error with the expected form.

@@ -23,7 +23,7 @@ PromptCacheUse::PromptCacheUse(const PromptCacheOptions& o, const ModelOptions& 
     : o_(o), m_(m), engine_(engine) {
     const KvType k = kv_type_parse(mo.kv_type_k.empty() ? mo.kv_type : mo.kv_type_k);
     const KvType v = kv_type_parse(mo.kv_type_v.empty() ? mo.kv_type : mo.kv_type_v);
-    key_ = prompt_cache_key(*m.file, *m.backend, k, v, mo.kv_rotate == "on");
+    key_ = prompt_cache_key(*m.file, *m.backend, k, v, mo.kv_rotate == "on", lora_specs(mo));
     load_ =
         prompt_cache_load(o.path, key_, engine.kv_table(), *m.backend, m.backend->config().n_vocab);
     if (!load_.ignored.empty())

@@ -1,0 +1,34 @@
+// LoRA adapters in llama.cpp's GGUF form (what its convert_lora_to_gguf.py writes from a PEFT
+// directory): general.type "adapter", adapter.type "lora", the base model's
+// general.architecture, adapter.lora.alpha, and for each adapted matrix W = "<name>.weight" of
+// the base a pair "<name>.weight.lora_a" (GGUF dims {n_in, rank}) and "<name>.weight.lora_b"
+// ({rank, n_out}). Applied at run time, unmerged: W x + scale * B (A x) with scale = the user's
+// scale x alpha / rank (alpha 0: the user's scale), as llama.cpp does.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gguf.h"
+#include "model_config.h"
+#include "weights.h"
+
+namespace kvrun {
+
+struct LoraSpec {
+    std::string path;
+    float scale = 1.0f;  // --lora-scaled FILE SCALE (--lora: 1)
+};
+
+// Opens each adapter, checks it against the base model `base` (architecture, tensor names,
+// shapes, types) and appends its updates to `weights` (LayerWeights::lora_*, lora_output).
+// The attention, output and dense FFN matrices can be adapted (a fused attn_qkv or gate/up
+// ffn_up too: B's rows split like the matrix); token embeddings and experts cannot. Throws
+// Error naming the file and tensor. The returned files hold the adapter weights: keep them
+// as long as `weights`.
+std::vector<std::unique_ptr<GgufFile>> lora_attach(ModelWeights& weights, const ModelConfig& c,
+                                                   const GgufFile& base,
+                                                   const std::vector<LoraSpec>& specs);
+
+}  // namespace kvrun

@@ -1,0 +1,240 @@
+// LoRA adapters (lora.h): an adapter applied at run time gives the logits of the base model
+// with the update merged into its weights (W + scale * B A, scale = user scale x alpha / rank),
+// for plain and fused (phi3) matrices and the output; bad adapters get one clear error; the
+// CLI flags --lora and --lora-scaled reach the backend.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "common.h"
+#include "gguf.h"
+#include "gguf_writer.h"
+#include "lora.h"
+#include "lora_test_util.h"
+#include "synthetic_model.h"
+#include "test_util.h"
+
+using namespace kvrun;
+using kvrun::test::Factors;
+using kvrun::test::random_factors;
+using kvrun::test::TempDir;
+using kvrun::test::write_adapter;
+
+namespace {
+
+// The base model (F32) with W + scale * B A written into each adapted matrix.
+void write_merged(const GgufFile& base, const std::string& path, double alpha, double user_scale,
+                  const std::vector<Factors>& fs) {
+    std::map<std::string, std::vector<float>> merged;
+    for (const Factors& f : fs) {
+        const GgufTensorInfo* t = base.find_tensor(f.name);
+        REQUIRE(t->type == GgmlType::F32);
+        const auto* w = static_cast<const float*>(static_cast<const void*>(t->data));
+        std::vector<float> m(w, w + f.n_in * f.n_out);
+        const double s = user_scale * alpha / double(f.rank);
+        for (int64_t o = 0; o < f.n_out; ++o)
+            for (int64_t i = 0; i < f.n_in; ++i) {
+                double ba = 0;
+                for (int64_t r = 0; r < f.rank; ++r)
+                    ba += double(f.b[size_t(o * f.rank + r)]) * f.a[size_t(r * f.n_in + i)];
+                m[size_t(o * f.n_in + i)] = float(m[size_t(o * f.n_in + i)] + s * ba);
+            }
+        merged[f.name] = std::move(m);
+    }
+    GgufWriter w(uint32_t(base.alignment()));
+    for (const auto& [key, value] : base.metadata()) w.set_value(key, value);
+    for (const GgufTensorInfo& t : base.tensors()) {
+        auto it = merged.find(t.name);
+        if (it == merged.end())
+            w.add_tensor(t.name, t.type, t.dims, t.data, t.n_bytes);
+        else
+            w.add_tensor(t.name, t.type, t.dims, it->second.data(),
+                         it->second.size() * sizeof(float));
+    }
+    w.write_file(path);
+}
+
+// Logits of every token of a 9-token prompt (prefill of 6, then 3 decode steps).
+std::vector<float> logits_of(const GgufFile& f, const std::vector<LoraSpec>& lora = {}) {
+    BackendOptions o;
+    o.kv_block_size = 4;
+    o.n_kv_blocks = 8;
+    o.n_threads = 2;
+    o.kv_type_k = o.kv_type_v = KvType::F32;
+    o.lora = lora;
+    auto be = make_cpu_backend(f, o);
+    const std::vector<int32_t> toks = {1, 17, 250, 4, 99, 31, 7, 123, 88};
+    const size_t V = size_t(be->config().n_vocab);
+    std::vector<float> out;
+    for (size_t start = 0; start < toks.size();) {
+        const size_t n = start == 0 ? 6 : 1;
+        ForwardBatch b;
+        for (size_t i = start; i < start + n; ++i) {
+            b.tokens.push_back(toks[i]);
+            b.positions.push_back(int32_t(i));
+            b.seq_index.push_back(0);
+            b.slots.push_back(int32_t(i));
+            b.logit_rows.push_back(int32_t(i - start));
+        }
+        b.block_tables = {{3, 1, 0}};
+        std::vector<float> l(n * V);
+        be->forward(b, l.data());
+        out.insert(out.end(), l.begin(), l.end());
+        start += n;
+    }
+    return out;
+}
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+    REQUIRE(a.size() == b.size());
+    double d = 0, m = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        d = std::max(d, double(std::fabs(a[i] - b[i])));
+        m = std::max(m, double(std::fabs(b[i])));
+    }
+    return d / m;
+}
+
+SyntheticModelConfig small(const std::string& arch) {
+    SyntheticModelConfig c = synthetic_preset("tiny");
+    c.arch = arch;
+    c.n_layer = 2, c.n_embd = 64, c.n_head = 4, c.n_head_kv = 2, c.n_ff = 96, c.n_vocab = 300;
+    c.weight_std = 0.15f;
+    c.seed = 5;
+    return c;
+}
+
+std::string load_error(const GgufFile& base, const std::vector<LoraSpec>& lora) {
+    try {
+        logits_of(base, lora);
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return {};
+}
+
+}  // namespace
+
+TEST_CASE("a LoRA adapter gives the logits of the model with its update merged") {
+    TempDir dir;
+    for (const std::string arch : {"llama", "phi3"}) {
+        CAPTURE(arch);
+        const std::string base_path = dir.file(arch + ".gguf");
+        synthetic_model_write(small(arch), base_path);
+        GgufFile base = GgufFile::open(base_path);
+        // Attention (phi3: the fused attn_qkv, B's rows split into Q, K, V), FFN (phi3: the
+        // fused gate/up) and output matrices, ranks 4 and 8, alpha 8.
+        std::vector<Factors> fs;
+        if (arch == "phi3") {
+            fs.push_back(random_factors(base, "blk.0.attn_qkv.weight", 4, 1));
+            fs.push_back(random_factors(base, "blk.1.ffn_up.weight", 8, 2));
+        } else {
+            fs.push_back(random_factors(base, "blk.0.attn_q.weight", 4, 1));
+            fs.push_back(random_factors(base, "blk.0.attn_v.weight", 8, 2));
+            fs.push_back(random_factors(base, "blk.1.ffn_gate.weight", 4, 3));
+        }
+        fs.push_back(random_factors(base, "blk.1.attn_output.weight", 4, 4));
+        fs.push_back(random_factors(base, "blk.0.ffn_down.weight", 8, 5));
+        fs.push_back(random_factors(base, "output.weight", 4, 6));
+        const std::string adapter = dir.file(arch + "-lora.gguf");
+        write_adapter(adapter, arch, 8.0, fs);
+        const std::vector<float> plain = logits_of(base);
+        for (double scale : {1.0, 0.5}) {
+            CAPTURE(scale);
+            const std::string merged_path = dir.file(arch + "-merged.gguf");
+            write_merged(base, merged_path, 8.0, scale, fs);
+            const std::vector<float> merged = logits_of(GgufFile::open(merged_path));
+            const std::vector<float> got = logits_of(base, {{adapter, float(scale)}});
+            CHECK(rel_diff(got, merged) < 1e-5);
+            CHECK(rel_diff(got, plain) > 1e-2);  // the adapter does change the model
+        }
+        // Scale 0 is the base model, bit for bit; two adapters add up.
+        CHECK(logits_of(base, {{adapter, 0.0f}}) == plain);
+        write_merged(base, dir.file("twice.gguf"), 8.0, 2.0, fs);
+        CHECK(rel_diff(logits_of(base, {{adapter, 1.0f}, {adapter, 1.0f}}),
+                       logits_of(GgufFile::open(dir.file("twice.gguf")))) < 1e-5);
+    }
+}
+
+TEST_CASE("bad LoRA adapters get one clear error") {
+    TempDir dir;
+    synthetic_model_write(small("llama"), dir.file("base.gguf"));
+    GgufFile base = GgufFile::open(dir.file("base.gguf"));
+    const Factors q = random_factors(base, "blk.0.attn_q.weight", 4, 1);
+    auto adapter = [&](const std::string& name, const std::string& arch,
+                       const std::vector<Factors>& fs) {
+        write_adapter(dir.file(name), arch, 4.0, fs);
+        return dir.file(name);
+    };
+    CHECK(load_error(base, {{dir.file("base.gguf"), 1.0f}}).find("is not a LoRA adapter") !=
+          std::string::npos);
+    CHECK(load_error(base, {{adapter("qwen.gguf", "qwen2", {q}), 1.0f}})
+              .find("LoRA adapter for architecture 'qwen2', but the model is 'llama'") !=
+          std::string::npos);
+    Factors wrong = q;
+    wrong.n_in = 32, wrong.a.resize(size_t(4 * 32));
+    CHECK(load_error(base, {{adapter("shape.gguf", "llama", {wrong}), 1.0f}})
+              .find("'blk.0.attn_q.weight.lora_a' has shape [32, 4], expected [64, 4]") !=
+          std::string::npos);
+    Factors embd = random_factors(base, "token_embd.weight", 4, 2);
+    CHECK(load_error(base, {{adapter("embd.gguf", "llama", {embd}), 1.0f}})
+              .find("kvrun adapts the attention, dense FFN and output matrices only") !=
+          std::string::npos);
+    Factors ghost = q;
+    ghost.name = "blk.7.attn_q.weight";
+    CHECK(load_error(base, {{adapter("ghost.gguf", "llama", {ghost}), 1.0f}})
+              .find("which the model has no matrix of") != std::string::npos);
+    // A lone half of a pair.
+    GgufWriter w;
+    w.set_string("general.architecture", "llama");
+    w.set_string("general.type", "adapter");
+    w.set_string("adapter.type", "lora");
+    w.add_tensor("blk.0.attn_q.weight.lora_a", GgmlType::F32, {64, 4}, q.a.data(),
+                 q.a.size() * sizeof(float));
+    w.write_file(dir.file("half.gguf"));
+    CHECK(load_error(base, {{dir.file("half.gguf"), 1.0f}})
+              .find("'blk.0.attn_q.weight' has .lora_a but no .lora_b") != std::string::npos);
+    CHECK(load_error(base, {{dir.file("missing.gguf"), 1.0f}}).find("missing.gguf") !=
+          std::string::npos);
+}
+
+TEST_CASE("--lora and --lora-scaled: the CLI runs the adapted model") {
+    TempDir dir;
+    synthetic_model_write(small("llama"), dir.file("base.gguf"));
+    GgufFile base = GgufFile::open(dir.file("base.gguf"));
+    const std::vector<Factors> fs = {random_factors(base, "blk.0.attn_q.weight", 8, 1),
+                                     random_factors(base, "output.weight", 8, 2)};
+    write_adapter(dir.file("lora.gguf"), "llama", 16.0, fs);
+    write_merged(base, dir.file("merged.gguf"), 16.0, 1.0, fs);
+    const std::string bin = kvrun::test::kvrun_binary();
+    auto run = [&](const std::string& model, const std::string& extra) {
+        auto r = kvrun::test::run_command(bin + " run -m " + model +
+                                          " -p 'Once upon' -n 12 --temp 0 --device cpu " + extra);
+        CHECK_MESSAGE(r.exit_code == 0, r.err);
+        return r.out;
+    };
+    const std::string plain = run(dir.file("base.gguf"), "");
+    const std::string merged = run(dir.file("merged.gguf"), "");
+    CHECK(merged != plain);
+    CHECK(run(dir.file("base.gguf"), "--lora " + dir.file("lora.gguf")) == merged);
+    CHECK(run(dir.file("base.gguf"), "--lora-scaled " + dir.file("lora.gguf") + " 0") == plain);
+    // A prompt cache made with the adapter does not serve the base model (nor another scale).
+    const std::string pc = " --prompt-cache " + dir.file("p.cache");
+    CHECK(run(dir.file("base.gguf"), "--lora " + dir.file("lora.gguf") + pc) == merged);
+    CHECK(run(dir.file("base.gguf"), "--lora " + dir.file("lora.gguf") + pc) == merged);
+    auto other = kvrun::test::run_command(bin + " run -m " + dir.file("base.gguf") +
+                                          " -p 'Once upon' -n 12 --temp 0 --device cpu" + pc);
+    CHECK(other.out == plain);
+    CHECK(other.err.find("it was made with another model (or other --rope-* or --lora "
+                         "settings)") != std::string::npos);
+    auto bad = kvrun::test::run_command(bin + " run -m " + dir.file("base.gguf") +
+                                        " -p hi -n 2 --device cpu --lora-scaled " +
+                                        dir.file("lora.gguf") + " x");
+    CHECK(bad.exit_code == 1);
+    CHECK(bad.err.find("the scale must be a finite number") != std::string::npos);
+}
