@@ -237,4 +237,14 @@ TEST_CASE("--lora and --lora-scaled: the CLI runs the adapted model") {
                                         dir.file("lora.gguf") + " x");
     CHECK(bad.exit_code == 1);
     CHECK(bad.err.find("the scale must be a finite number") != std::string::npos);
+    // The adapter file itself: info describes it, run says what it is.
+    auto info = kvrun::test::run_command(bin + " info -m " + dir.file("lora.gguf"));
+    CHECK(info.exit_code == 0);
+    CHECK(info.out.find("adapter         lora for architecture llama") != std::string::npos);
+    CHECK(info.out.find("blk.0.attn_q.weight") != std::string::npos);
+    CHECK(info.out.find("rank 8") != std::string::npos);
+    auto as_model = kvrun::test::run_command(bin + " run -m " + dir.file("lora.gguf") + " -p hi");
+    CHECK(as_model.exit_code == 1);
+    CHECK(as_model.err.find("is a LoRA adapter, not a model (hint: pass it with --lora") !=
+          std::string::npos);
 }

@@ -94,8 +94,41 @@ std::string human_bytes(double b) {
     return u == 0 ? fmt::format("{:.0f} {}", b, units[u]) : fmt::format("{:.2f} {}", b, units[u]);
 }
 
+// kvrun info on a LoRA adapter file (lora.h): its base architecture, alpha and matrices.
+int run_info_adapter(const InfoOptions& o, const GgufFile& f) {
+    std::map<std::string, int64_t> rank;  // adapted matrix -> rank
+    for (const GgufTensorInfo& t : f.tensors()) {
+        const size_t at = t.name.rfind(".lora_a");
+        if (at != std::string::npos && at + 7 == t.name.size() && t.dims.size() == 2)
+            rank[t.name.substr(0, at)] = t.dims[1];
+    }
+    const std::string arch = f.get_string_or("general.architecture", "");
+    const double alpha = f.get_float_or("adapter.lora.alpha", 0.0);
+    if (o.json) {
+        nlohmann::json j;
+        j["file"] = o.model;
+        j["type"] = "adapter";
+        j["adapter"] = {{"type", f.get_string_or("adapter.type", "")},
+                        {"architecture", arch},
+                        {"alpha", alpha},
+                        {"matrices", rank}};
+        fmt::print("{}\n", j.dump(2));
+        return 0;
+    }
+    fmt::print("file            {}\n", o.model);
+    fmt::print(
+        "adapter         {} for architecture {} (use it with --lora next to its base "
+        "model)\n",
+        f.get_string_or("adapter.type", "?"), arch);
+    fmt::print("alpha           {:g}\n", alpha);
+    fmt::print("matrices        {}\n", rank.size());
+    for (const auto& [name, r] : rank) fmt::print("  {:<40} rank {}\n", name, r);
+    return 0;
+}
+
 int run_info(const InfoOptions& o) {
     GgufFile f = GgufFile::open(o.model);
+    if (f.get_string_or("general.type", "") == "adapter") return run_info_adapter(o, f);
     Hyper h = read_hyper(f);
 
     std::map<std::string, std::pair<int64_t, uint64_t>> histogram;  // type -> (count, bytes)

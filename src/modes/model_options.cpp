@@ -138,6 +138,9 @@ std::pair<std::string, GgufValue> parse_kv_override(const std::string& text) {
 
 std::unique_ptr<GgufFile> open_model_file(const ModelOptions& o) {
     auto f = std::make_unique<GgufFile>(GgufFile::open(o.model));
+    if (f->get_string_or("general.type", "") == "adapter")
+        throw Error(fmt::format("{} is a LoRA adapter, not a model", o.model),
+                    "pass it with --lora next to its base model (-m)");
     for (const std::string& text : o.kv_overrides) {
         auto [key, value] = parse_kv_override(text);
         f->override_value(key, std::move(value));
