@@ -128,6 +128,7 @@ std::vector<std::unique_ptr<GgufFile>> lora_attach(ModelWeights& weights, const 
             if (ab.first->dims.size() != 2)
                 fail("{}: LoRA tensor '{}{}' is not 2-D", spec.path, name, kA);
             const int64_t rank = ab.first->dims[1];
+            if (rank < 1) fail("{}: LoRA tensor '{}{}' has rank 0", spec.path, name, kA);
             LoraDelta d;
             d.a = adapter_matrix(*f, *ab.first, n_in, rank);
             d.b = adapter_matrix(*f, *ab.second, rank, n_out);
