@@ -209,7 +209,7 @@ void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) 
     w.set_u32(a + "embedding_length", uint32_t(c.n_embd));
     w.set_u32(a + "block_count", uint32_t(c.n_layer));
     w.set_u32(a + "feed_forward_length", uint32_t(c.n_ff));
-    w.set_u32(a + "rope.dimension_count", uint32_t(head_dim));
+    w.set_u32(a + "rope.dimension_count", uint32_t(c.rope_dims > 0 ? c.rope_dims : head_dim));
     w.set_u32(a + "attention.head_count", uint32_t(c.n_head));
     w.set_u32(a + "attention.head_count_kv", uint32_t(c.n_head_kv));
     if (c.head_dim > 0) {
@@ -300,13 +300,11 @@ int64_t synthetic_head_dim(const SyntheticModelConfig& cfg) {
 }
 
 std::vector<std::string> synthetic_preset_names() {
-    return {"llama2-7b",   "llama3-8b",         "llama3.1-8b",
-            "llama-1b",    "qwen2.5-7b",        "qwen3-0.6b",
-            "qwen3-8b",    "qwen3-30b-a3b",     "mixtral-8x7b",
-            "phi3-mini",   "phi3-mini-128k",    "phi4",
-            "gemma2-2b",   "gemma3-1b",         "gemma3-4b",
-            "granite3-8b", "granite3-3b-a800m", "smollm3-3b",
-            "tiny"};
+    return {"llama2-7b",         "llama3-8b",  "llama3.1-8b",    "llama-1b",
+            "qwen2.5-7b",        "qwen3-0.6b", "qwen3-8b",       "qwen3-30b-a3b",
+            "mixtral-8x7b",      "phi3-mini",  "phi3-mini-128k", "phi4",
+            "gemma2-2b",         "gemma3-1b",  "gemma3-4b",      "granite3-8b",
+            "granite3-3b-a800m", "smollm3-3b", "phi4-mini",      "tiny"};
 }
 
 SyntheticModelConfig synthetic_preset(std::string_view name) {
@@ -357,6 +355,11 @@ SyntheticModelConfig synthetic_preset(std::string_view name) {
         c.arch = "phi3";
         c.n_layer = 40, c.n_embd = 5120, c.n_head = 40, c.n_head_kv = 10, c.n_ff = 17920;
         c.n_vocab = 100352, c.rope_base = 250000, c.n_ctx = 16384, c.norm_eps = 1e-5;
+    } else if (name == "phi4-mini") {  // 3.8B: 96 of 128 head dims rotate, LongRoPE, tied
+        c.arch = "phi3", c.tied_output = true, c.rope_dims = 96;
+        c.n_layer = 32, c.n_embd = 3072, c.n_head = 24, c.n_head_kv = 8, c.n_ff = 8192;
+        c.n_vocab = 200064, c.rope_base = 10000, c.n_ctx = 131072, c.norm_eps = 1e-5;
+        c.rope_scaling = "longrope", c.rope_factor = 32, c.rope_orig_ctx = 4096;
     } else if (name == "gemma2-2b") {  // soft caps, a 4096-token window on every other layer
         c.arch = "gemma2", c.head_dim = 256;
         c.n_layer = 26, c.n_embd = 2304, c.n_head = 8, c.n_head_kv = 4, c.n_ff = 9216;
@@ -480,9 +483,13 @@ void synthetic_validate(const SyntheticModelConfig& c) {
     if (!(c.rope_factor > 0) || c.rope_orig_ctx < 1)
         fail("synthetic model: rope factor {} and original context {} must be positive",
              c.rope_factor, c.rope_orig_ctx);
-    if (!c.rope_freqs.empty() && int64_t(c.rope_freqs.size()) != head_dim / 2)
-        fail("synthetic model: {} rope frequency factors for head_dim {} (expected {})",
-             c.rope_freqs.size(), head_dim, head_dim / 2);
+    const int64_t n_rot = c.rope_dims > 0 ? c.rope_dims : head_dim;
+    if (c.rope_dims < 0 || c.rope_dims > head_dim || n_rot % 2 != 0)
+        fail("synthetic model: rope_dims {} must be even and at most head_dim {}", c.rope_dims,
+             head_dim);
+    if (!c.rope_freqs.empty() && int64_t(c.rope_freqs.size()) != n_rot / 2)
+        fail("synthetic model: {} rope frequency factors for {} rotated dims (expected {})",
+             c.rope_freqs.size(), n_rot, n_rot / 2);
     if (c.k_mix && !is_k_quant(c.type)) fail("synthetic model: K-quant mix needs a K-quant type");
     std::vector<GgmlType> types = {c.type, c.output_type};
     if (c.k_mix) types.push_back(GgmlType::Q6_K);
@@ -532,13 +539,13 @@ SyntheticModelStats synthetic_model_write(const SyntheticModelConfig& cfg,
         st.n_params += t.dims[0] * n_rows;
         ++st.n_tensors;
     }
-    const int64_t head_dim = synthetic_head_dim(cfg);
+    const int64_t n_rot = cfg.rope_dims > 0 ? cfg.rope_dims : synthetic_head_dim(cfg);
     std::vector<float> freqs = cfg.rope_freqs;
     if (freqs.empty() && cfg.rope_scaling == "llama3")
-        freqs = llama3_rope_factors(head_dim, cfg.rope_base, cfg.rope_factor, 1.0, 4.0,
-                                    cfg.rope_orig_ctx);
+        freqs =
+            llama3_rope_factors(n_rot, cfg.rope_base, cfg.rope_factor, 1.0, 4.0, cfg.rope_orig_ctx);
     if (cfg.rope_scaling == "longrope") {  // long: 1 up to the factor; short: near 1
-        const int64_t half = head_dim / 2;
+        const int64_t half = n_rot / 2;
         std::vector<float> lf(static_cast<size_t>(half)), sf(static_cast<size_t>(half));
         for (int64_t i = 0; i < half; ++i) {
             const double r = half > 1 ? double(i) / double(half - 1) : 0.0;

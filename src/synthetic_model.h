@@ -41,6 +41,7 @@ struct SyntheticModelConfig {
     int64_t n_head = 4;
     int64_t n_head_kv = 2;
     int64_t head_dim = 0;      // 0: n_embd / n_head; otherwise written as attention.key_length
+    int64_t rope_dims = 0;     // rope.dimension_count (partial rotary, Phi-4-mini); 0: head_dim
     bool tied_output = false;  // no output.weight: the logits reuse token_embd
     int64_t n_ff = 512;
     int64_t n_vocab = 512;  // ignored with vocab_from (taken from that file)

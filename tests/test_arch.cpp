@@ -69,18 +69,19 @@ void rms_normalize(std::vector<float>& x, int64_t off, int64_t n, const float* w
     for (int64_t i = 0; i < n; ++i) x[size_t(off + i)] = float(x[size_t(off + i)] * inv * w[i]);
 }
 
-// Rotates each head of `x` (n_heads x head_dim) for position pos: pair j turns by
-// pos * base^(-2j/head_dim) / factors[j] (factors empty: 1) and is scaled by mscale; the pair
-// is (j, j + head_dim/2) for NeoX, (2j, 2j+1) otherwise.
-void rotate(std::vector<float>& x, int64_t n_heads, int64_t head_dim, int64_t pos, double base,
-            bool neox, const std::vector<float>& factors, double mscale, double freq_scale = 1) {
+// Rotates the first n_rot dims of each head of `x` (n_heads x head_dim) for position pos: pair
+// j turns by pos * base^(-2j/n_rot) / factors[j] (factors empty: 1) and is scaled by mscale;
+// the pair is (j, j + n_rot/2) for NeoX, (2j, 2j+1) otherwise; dims from n_rot on stay.
+void rotate(std::vector<float>& x, int64_t n_heads, int64_t head_dim, int64_t n_rot, int64_t pos,
+            double base, bool neox, const std::vector<float>& factors, double mscale,
+            double freq_scale = 1) {
     for (int64_t h = 0; h < n_heads; ++h)
-        for (int64_t j = 0; j < head_dim / 2; ++j) {
+        for (int64_t j = 0; j < n_rot / 2; ++j) {
             double theta =
-                freq_scale * double(pos) * std::pow(base, -2.0 * double(j) / double(head_dim));
+                freq_scale * double(pos) * std::pow(base, -2.0 * double(j) / double(n_rot));
             if (!factors.empty()) theta /= factors[size_t(j)];
             const int64_t a = h * head_dim + (neox ? j : 2 * j);
-            const int64_t b = h * head_dim + (neox ? j + head_dim / 2 : 2 * j + 1);
+            const int64_t b = h * head_dim + (neox ? j + n_rot / 2 : 2 * j + 1);
             const double x0 = x[size_t(a)], x1 = x[size_t(b)];
             x[size_t(a)] = float(mscale * (x0 * std::cos(theta) - x1 * std::sin(theta)));
             x[size_t(b)] = float(mscale * (x0 * std::sin(theta) + x1 * std::cos(theta)));
@@ -119,6 +120,7 @@ struct RefParts {
     double embd_scale = 0, attn_scale = 0, residual_scale = 1, logit_scale = 1;
     // SmolLM3: layers l with (l + 1) % nope_step == 0 apply no RoPE (0: all rotate).
     int64_t nope_step = 0;
+    int64_t n_rot = 0;  // dims of each head that rotate (Phi-4-mini: 3/4); 0: all
 };
 
 RefParts parts_of(bool biases, bool qk_norm, bool neox, bool fused = false) {
@@ -194,10 +196,11 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
             }
             const int64_t pos = parts.pos0 + t;
             if (parts.nope_step > 0 && (l + 1) % parts.nope_step == 0) continue;  // NoPE layer
-            rotate(q[size_t(t)], c.n_head, hd, pos, base, parts.neox, parts.rope_factors,
+            const int64_t n_rot = parts.n_rot > 0 ? parts.n_rot : hd;
+            rotate(q[size_t(t)], c.n_head, hd, n_rot, pos, base, parts.neox, parts.rope_factors,
                    parts.rope_mscale, freq_scale);
-            rotate(keys[size_t(t)], c.n_kv_head, hd, pos, base, parts.neox, parts.rope_factors,
-                   parts.rope_mscale, freq_scale);
+            rotate(keys[size_t(t)], c.n_kv_head, hd, n_rot, pos, base, parts.neox,
+                   parts.rope_factors, parts.rope_mscale, freq_scale);
         }
         for (int64_t t = 0; t < T; ++t) {
             std::vector<float> att(size_t(c.n_head * hd), 0.0f);
@@ -528,37 +531,49 @@ TEST_CASE("each architecture matches the independent reference forward") {
 }
 
 TEST_CASE("phi3 LongRoPE: the long factors past the original context, the short ones within") {
-    TempDir dir;
-    SyntheticModelConfig cfg = small("phi3");
-    cfg.rope_scaling = "longrope", cfg.rope_factor = 16, cfg.rope_orig_ctx = 512;
-    cfg.n_ctx = 8192;
-    const std::string path = dir.file("phi3-128k.gguf");
-    synthetic_model_write(cfg, path);
-    GgufFile f = GgufFile::open(path);
-    const ModelConfig c = model_config_from_gguf(f);
-    REQUIRE(c.rope_factors_long.size() == 8);
-    CHECK(c.rope_orig_ctx() == 512);
-    const double attn_factor = std::sqrt(1 + std::log(16.0) / std::log(512.0));
-    CHECK(c.yarn_attn_factor == doctest::Approx(attn_factor).epsilon(1e-6));
-    RefParts parts;
-    parts.neox = parts.fused = true;
-    parts.rope_mscale = attn_factor;
-    parts.pos0 = 3000;
-    for (int64_t n_ctx : {int64_t(0), int64_t(4096), int64_t(512), int64_t(300)}) {
-        CAPTURE(n_ctx);
-        const bool long_ctx = (n_ctx == 0 ? 8192 : n_ctx) > 512;
-        parts.rope_factors =
-            vector_or_empty(f, long_ctx ? "rope_factors_long.weight" : "rope_factors_short.weight");
-        const auto want = reference_logits(f, c, parts, kTokens);
-        CHECK(rel_diff(backend_logits(f, kTokens, 9, parts.pos0, n_ctx), want) < 2e-5);
-        // The other factor set, or no attention factor, is far off: the test sees both.
-        RefParts other = parts;
-        other.rope_factors =
-            vector_or_empty(f, long_ctx ? "rope_factors_short.weight" : "rope_factors_long.weight");
-        CHECK(rel_diff(reference_logits(f, c, other, kTokens), want) > 1e-2);
-        RefParts unscaled = parts;
-        unscaled.rope_mscale = 1.0;
-        CHECK(rel_diff(reference_logits(f, c, unscaled, kTokens), want) > 1e-2);
+    // Phi-3's shape (every head dim rotates), and Phi-4-mini's: 12 of the 16 rotate (3/4, as
+    // its 96 of 128), the factors cover those, tied output.
+    for (int64_t rope_dims : {int64_t(0), int64_t(12)}) {
+        CAPTURE(rope_dims);
+        TempDir dir;
+        SyntheticModelConfig cfg = small("phi3");
+        cfg.rope_scaling = "longrope", cfg.rope_factor = 16, cfg.rope_orig_ctx = 512;
+        cfg.n_ctx = 8192;
+        cfg.rope_dims = rope_dims, cfg.tied_output = rope_dims > 0;
+        const std::string path = dir.file("phi3-128k.gguf");
+        synthetic_model_write(cfg, path);
+        GgufFile f = GgufFile::open(path);
+        const ModelConfig c = model_config_from_gguf(f);
+        REQUIRE(c.rope_factors_long.size() == (rope_dims > 0 ? 6u : 8u));
+        CHECK(c.rope_orig_ctx() == 512);
+        const double attn_factor = std::sqrt(1 + std::log(16.0) / std::log(512.0));
+        CHECK(c.yarn_attn_factor == doctest::Approx(attn_factor).epsilon(1e-6));
+        RefParts parts;
+        parts.neox = parts.fused = true;
+        parts.rope_mscale = attn_factor;
+        parts.pos0 = 3000;
+        parts.n_rot = rope_dims;
+        for (int64_t n_ctx : {int64_t(0), int64_t(4096), int64_t(512), int64_t(300)}) {
+            CAPTURE(n_ctx);
+            const bool long_ctx = (n_ctx == 0 ? 8192 : n_ctx) > 512;
+            parts.rope_factors = vector_or_empty(
+                f, long_ctx ? "rope_factors_long.weight" : "rope_factors_short.weight");
+            const auto want = reference_logits(f, c, parts, kTokens);
+            CHECK(rel_diff(backend_logits(f, kTokens, 9, parts.pos0, n_ctx), want) < 2e-5);
+            // The other factor set, or no attention factor, is far off: the test sees both.
+            RefParts other = parts;
+            other.rope_factors = vector_or_empty(
+                f, long_ctx ? "rope_factors_short.weight" : "rope_factors_long.weight");
+            CHECK(rel_diff(reference_logits(f, c, other, kTokens), want) > 1e-2);
+            RefParts unscaled = parts;
+            unscaled.rope_mscale = 1.0;
+            CHECK(rel_diff(reference_logits(f, c, unscaled, kTokens), want) > 1e-2);
+            if (rope_dims > 0) {  // rotating fewer dims is far off too
+                RefParts fewer = parts;
+                fewer.n_rot = 8;
+                CHECK(rel_diff(reference_logits(f, c, fewer, kTokens), want) > 1e-2);
+            }
+        }
     }
 }
 
@@ -819,6 +834,8 @@ TEST_CASE("synthetic presets for qwen2.5, qwen3, phi and gemma have the publishe
     }
     CHECK(synthetic_preset("granite3-3b-a800m").n_expert == 40);
     CHECK_NOTHROW(synthetic_validate(synthetic_preset("smollm3-3b")));
+    CHECK(synthetic_preset("phi4-mini").rope_dims == 96);
+    CHECK_NOTHROW(synthetic_validate(synthetic_preset("phi4-mini")));
     {  // SmolLM3 rotates every layer but the fourth ones
         TempDir dir;
         synthetic_model_write(small("smollm3"), dir.file("s3.gguf"));

@@ -31,11 +31,11 @@ int run(int argc, char** argv) {
     std::optional<std::string> rope_scaling;
     std::optional<int64_t> rope_orig_ctx;
     app.add_option("-o,--output", output, "output GGUF path")->required();
-    app.add_option(
-           "--preset", preset,
-           "llama2-7b, llama3-8b, llama3.1-8b, llama-1b, qwen2.5-7b, qwen3-0.6b, "
-           "qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, phi3-mini, phi3-mini-128k, phi4, "
-           "gemma2-2b, gemma3-1b, gemma3-4b, granite3-8b, granite3-3b-a800m, smollm3-3b or tiny")
+    app.add_option("--preset", preset,
+                   "llama2-7b, llama3-8b, llama3.1-8b, llama-1b, qwen2.5-7b, qwen3-0.6b, "
+                   "qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, phi3-mini, phi3-mini-128k, phi4, "
+                   "gemma2-2b, gemma3-1b, gemma3-4b, granite3-8b, granite3-3b-a800m, smollm3-3b, "
+                   "phi4-mini or tiny")
         ->capture_default_str();
     app.add_option("--arch", arch,
                    "llama, qwen2 (Q/K/V biases), qwen3 (per-head Q/K norms), qwen3moe, phi3 "
