@@ -204,6 +204,7 @@ class CudaBackend final : public Backend {
           *moe_up_ = nullptr;
     int32_t *moe_ids_ = nullptr, *moe_map_ = nullptr;
     DeviceMem lora_buf_;  // LoRA: A x [T][lora_rank_], B (A x) [max(T, R)][lora_width_]
+    size_t lora_buf_bytes_ = 0;
     float *lora_ax_ = nullptr, *lora_bax_ = nullptr;
     float* xr_ = nullptr;      // [R][n_embd] rows that need logits
     float* logits_ = nullptr;  // [R][n_vocab]
@@ -598,11 +599,15 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
         d_table_ = d_rows_ + row_cap_;
         grown = true;
     }
-    if (grown && lora_rank_ > 0) {
+    if (lora_rank_ > 0) {
         const size_t ax = align_up(size_t(token_cap_ * lora_rank_) * sizeof(float));
         const size_t bax = size_t(std::max(token_cap_, row_cap_) * lora_width_) * sizeof(float);
-        lora_buf_ = DeviceMem();
-        lora_buf_ = DeviceMem(ax + bax, "LoRA buffers");
+        if (ax + bax > lora_buf_bytes_) {
+            lora_buf_ = DeviceMem();
+            lora_buf_ = DeviceMem(ax + bax, "LoRA buffers");
+            lora_buf_bytes_ = ax + bax;
+            grown = true;
+        }
         lora_ax_ = reinterpret_cast<float*>(lora_buf_.get());
         lora_bax_ = reinterpret_cast<float*>(lora_buf_.get() + ax);
     }
