@@ -170,36 +170,28 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
                              c.window(l));
         cpu::matmul(xb_.data(), att_.data(), w.wo, T);
         add_lora(xb_.data(), att_.data(), w.lora_o, T);
-        if (!w.attn_post_norm.empty())
-            cpu::rmsnorm(xb_.data(), xb_.data(), w.attn_post_norm.data(), T, c.n_embd, c.norm_eps);
-        if (c.residual_scale != 1.0f) cpu::scale(xb_.data(), T * c.n_embd, c.residual_scale);
-        cpu::add(x_.data(), xb_.data(), T * c.n_embd);
+        add_block_output(w.attn_post_norm, T);
         // Feed-forward block.
         cpu::rmsnorm(xb_.data(), x_.data(), w.ffn_norm.data(), T, c.n_embd, c.norm_eps);
         if (c.moe()) {
             moe_ffn(w, T);
-            if (c.residual_scale != 1.0f) cpu::scale(xb_.data(), T * c.n_embd, c.residual_scale);
-            cpu::add(x_.data(), xb_.data(), T * c.n_embd);
-            continue;
+        } else {
+            cpu::matmul(gate_.data(), xb_.data(), w.w_gate, T);
+            cpu::matmul(up_.data(), xb_.data(), w.w_up, T);
+            add_lora(gate_.data(), xb_.data(), w.lora_gate, T);
+            add_lora(up_.data(), xb_.data(), w.lora_up, T);
+            if (c.ffn_gelu)
+                cpu::geglu(gate_.data(), gate_.data(), up_.data(), T * c.n_ff);
+            else if (options_.llamacpp_rounding)  // emulated SiLU works on rows, like ggml's
+                for (int64_t t = 0; t < T; ++t)
+                    cpu::swiglu(gate_.data() + t * c.n_ff, gate_.data() + t * c.n_ff,
+                                up_.data() + t * c.n_ff, c.n_ff);
+            else
+                cpu::swiglu(gate_.data(), gate_.data(), up_.data(), T * c.n_ff);
+            cpu::matmul(xb_.data(), gate_.data(), w.w_down, T);
+            add_lora(xb_.data(), gate_.data(), w.lora_down, T);
         }
-        cpu::matmul(gate_.data(), xb_.data(), w.w_gate, T);
-        cpu::matmul(up_.data(), xb_.data(), w.w_up, T);
-        add_lora(gate_.data(), xb_.data(), w.lora_gate, T);
-        add_lora(up_.data(), xb_.data(), w.lora_up, T);
-        if (c.ffn_gelu)
-            cpu::geglu(gate_.data(), gate_.data(), up_.data(), T * c.n_ff);
-        else if (options_.llamacpp_rounding)  // emulated SiLU works on rows, like ggml's
-            for (int64_t t = 0; t < T; ++t)
-                cpu::swiglu(gate_.data() + t * c.n_ff, gate_.data() + t * c.n_ff,
-                            up_.data() + t * c.n_ff, c.n_ff);
-        else
-            cpu::swiglu(gate_.data(), gate_.data(), up_.data(), T * c.n_ff);
-        cpu::matmul(xb_.data(), gate_.data(), w.w_down, T);
-        add_lora(xb_.data(), gate_.data(), w.lora_down, T);
-        if (!w.ffn_post_norm.empty())
-            cpu::rmsnorm(xb_.data(), xb_.data(), w.ffn_post_norm.data(), T, c.n_embd, c.norm_eps);
-        if (c.residual_scale != 1.0f) cpu::scale(xb_.data(), T * c.n_embd, c.residual_scale);
-        cpu::add(x_.data(), xb_.data(), T * c.n_embd);
+        add_block_output(w.ffn_post_norm, T);
     }
 
     // Final norm and output projection only for the rows that need logits.
@@ -261,6 +253,14 @@ void CpuBackend::moe_ffn(const LayerWeights& w, int64_t T) {
         }
     }
     std::copy(moe_out_.begin(), moe_out_.end(), xb_.begin());
+}
+
+void CpuBackend::add_block_output(const std::vector<float>& post_norm, int64_t T) {
+    const ModelConfig& c = config_;
+    if (!post_norm.empty())  // gemma2/3: the block's output normed before the residual add
+        cpu::rmsnorm(xb_.data(), xb_.data(), post_norm.data(), T, c.n_embd, c.norm_eps);
+    if (c.residual_scale != 1.0f) cpu::scale(xb_.data(), T * c.n_embd, c.residual_scale);
+    cpu::add(x_.data(), xb_.data(), T * c.n_embd);
 }
 
 void CpuBackend::add_lora(float* out, const float* x, const std::vector<LoraDelta>& deltas,

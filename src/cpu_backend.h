@@ -33,6 +33,9 @@ class CpuBackend final : public Backend {
     void validate(const ForwardBatch& batch) const;
     // The mixture-of-experts FFN of layer w on xb_'s T normed rows, result in xb_.
     void moe_ffn(const LayerWeights& w, int64_t T);
+    // x_ += a block's output xb_[T][n_embd], after its post norm (when not empty) and
+    // Granite's residual scale.
+    void add_block_output(const std::vector<float>& post_norm, int64_t T);
     // out[T][n_out] += each LoRA update of x[T][n_in] (LoraDelta).
     void add_lora(float* out, const float* x, const std::vector<LoraDelta>& deltas, int64_t T);
 

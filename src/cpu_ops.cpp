@@ -445,8 +445,8 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
             const int64_t h0 = kvh * group + share * heads_per_share;
             const int64_t nh = std::min(heads_per_share, (kvh + 1) * group - h0);
             if (nh <= 0) continue;
-            int64_t n_max = 0;        // slots the run's longest token reads
-            int64_t j_first = -1;     // first block any token of the run sees
+            int64_t n_max = 0;     // slots the run's longest token reads
+            int64_t j_first = -1;  // first block any token of the run sees
             for (int64_t t = t0; t < t1; ++t) {
                 n_max = std::max<int64_t>(n_max, batch.token_slot[t] + 1);
                 const int64_t j = first_visible(t) / bs;
@@ -494,7 +494,7 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
                 float* o = out + (t * n_head + h0) * hd;  // [nh][head_dim]
                 std::fill(o, o + nh * hd, 0.0f);
                 // Gemma: soft cap, then the slots before the window drop out (exp(-inf) = 0).
-                const int64_t lo = window > 0 ? std::max<int64_t>(0, n_slots - window) : 0;
+                const int64_t lo = first_visible(t);
                 for (int64_t h = 0; h < nh; ++h) {
                     float* p = scores_of(t) + h * n_max;
                     if (softcap > 0)

@@ -42,13 +42,16 @@ void attach(ModelWeights& w, const ModelConfig& c, const std::string& path, cons
         w.lora_output.push_back(d);
         return;
     }
-    int layer = -1, end = 0;
-    if (std::sscanf(name.c_str(), "blk.%d.%n", &layer, &end) != 1 || end == 0 || layer < 0 ||
-        layer >= c.n_layer)
+    auto unsupported = [&] {
         fail(
             "{}: LoRA tensor for '{}': kvrun adapts the attention, dense FFN and output "
             "matrices only",
             path, name);
+    };
+    int layer = -1, end = 0;
+    if (std::sscanf(name.c_str(), "blk.%d.%n", &layer, &end) != 1 || end == 0 || layer < 0 ||
+        layer >= c.n_layer)
+        unsupported();
     LayerWeights& l = w.layers[size_t(layer)];
     const std::string what = name.substr(size_t(end));
     if (what == "attn_q.weight") {
@@ -75,10 +78,7 @@ void attach(ModelWeights& w, const ModelConfig& c, const std::string& path, cons
     } else if (what == "ffn_down.weight" && !c.moe()) {
         l.lora_down.push_back(d);
     } else {
-        fail(
-            "{}: LoRA tensor for '{}': kvrun adapts the attention, dense FFN and output "
-            "matrices only",
-            path, name);
+        unsupported();
     }
 }
 

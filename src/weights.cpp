@@ -32,6 +32,7 @@ void check_computable(const GgufFile& f, const GgufTensorInfo& t, int64_t n_in) 
              f.path(), t.name, n_in, ggml_type_name(t.type), block);
 }
 
+// The tensor `name`, checked to exist with shape `expected` (its type: check_computable).
 const GgufTensorInfo& find_checked(const GgufFile& f, const std::string& name,
                                    const std::vector<int64_t>& expected) {
     const GgufTensorInfo* t = f.find_tensor(name);
@@ -40,7 +41,6 @@ const GgufTensorInfo& find_checked(const GgufFile& f, const std::string& name,
     if (squeezed_dims(*t) != expected)
         fail("{}: tensor '{}' has shape {}, expected {} (ggml order: row length first)", f.path(),
              name, shape_str(t->dims), shape_str(expected));
-    check_computable(f, *t, expected[0]);
     return *t;
 }
 
@@ -84,6 +84,7 @@ WeightView load_matrix(const GgufFile& f, const std::string& name, int64_t n_in,
 // A 1-D norm weight or bias of n elements, converted to float32.
 std::vector<float> load_vector(const GgufFile& f, const std::string& name, int64_t n) {
     const GgufTensorInfo& t = find_checked(f, name, {n});
+    check_computable(f, t, n);
     std::vector<float> out(n);
     dequantize_row(t.type, t.data, out.data(), n);
     return out;

@@ -158,6 +158,8 @@ class CudaBackend final : public Backend {
     void validate(const ForwardBatch& b) const;
     void ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t table_entries);
     void enqueue_forward(int64_t n_tokens, int64_t n_rows, int64_t max_blocks);
+    void enqueue_moe_ffn(const DeviceLayer& w, int64_t T);
+    void enqueue_dense_ffn(const DeviceLayer& w, int64_t T);
     void run_step(int64_t n_tokens, int64_t n_rows, int64_t max_blocks);
     int64_t launch(const ForwardBatch& b);  // validates, uploads and enqueues; returns rows
     KvLayerView kv_layer(int64_t l) const;
@@ -375,8 +377,7 @@ void CudaBackend::upload_weights(const GgufFile& file) {
 }
 
 void CudaBackend::upload_lora(const ModelWeights& hw) {
-    std::vector<const WeightView*> mats;  // every A and B, in upload order
-    size_t total = 0;
+    size_t total = 0;  // bytes of every A and B, each 256-byte aligned
     auto plan = [&](const std::vector<LoraDelta>& v, bool output) {
         for (const LoraDelta& d : v) {
             for (const WeightView* w : {&d.a, &d.b}) {
@@ -385,7 +386,6 @@ void CudaBackend::upload_lora(const ModelWeights& hw) {
                                             "do not support",
                                             ggml_type_name(w->type)),
                                 "use --device cpu");
-                mats.push_back(w);
                 total += align_up(w->row_bytes * size_t(w->n_out));
             }
             lora_rank_ = std::max(lora_rank_, d.a.n_out);
@@ -395,19 +395,15 @@ void CudaBackend::upload_lora(const ModelWeights& hw) {
     for (const LayerWeights& w : hw.layers)
         for (auto list : kLoraLists) plan(w.*list, false);
     plan(hw.lora_output, true);
-    if (mats.empty()) return;
+    if (total == 0) return;
     lora_mem_ = DeviceMem(total, "the LoRA adapters");
     size_t off = 0;
-    for (const WeightView* w : mats) {
-        CUDA_CHECK(cudaMemcpy(lora_mem_.get() + off, w->data, w->row_bytes * size_t(w->n_out),
-                              cudaMemcpyHostToDevice));
-        off += align_up(w->row_bytes * size_t(w->n_out));
-    }
-    off = 0;
-    auto next = [&](const WeightView& w) {  // the device view of the next matrix
+    auto next = [&](const WeightView& w) {  // copies w to the next slot, returns its device view
+        const size_t bytes = w.row_bytes * size_t(w.n_out);
+        CUDA_CHECK(cudaMemcpy(lora_mem_.get() + off, w.data, bytes, cudaMemcpyHostToDevice));
         WeightView d = w;
         d.data = lora_mem_.get() + off;
-        off += align_up(w.row_bytes * size_t(w.n_out));
+        off += align_up(bytes);
         return d;
     };
     auto on_device = [&](const std::vector<LoraDelta>& v) {
@@ -618,6 +614,49 @@ void CudaBackend::validate(const ForwardBatch& b) const {
     b.validate(config_.n_vocab, n_blocks_, options_.kv_block_size, n_stages_);
 }
 
+// The mixture-of-experts FFN of layer w on xb_'s T normed rows, result in xb_: router,
+// top-k, the chosen experts, weighted sum.
+void CudaBackend::enqueue_moe_ffn(const DeviceLayer& w, int64_t T) {
+    const ModelConfig& c = config_;
+    const cudaStream_t s = stream_.get();
+    const int64_t K = c.n_expert_used;
+    const MoeExperts& ex = w.experts;
+    cuda_matmul(moe_logits_, xb_, w.router, T, scratch_, s);
+    cuda_moe_topk(moe_logits_, T, c.n_expert, K, moe_ids_, moe_w_, s);
+    if (T > kGraphMaxTokens) {  // prefill: tokens grouped by expert (syncs the stream)
+        cuda_moe_ffn_grouped(xb_, xb_, moe_ids_, moe_w_, T, K, c.n_expert, ex,
+                             {moe_out_, moe_h_, moe_up_, moe_map_}, scratch_, s);
+    } else {  // decode: expert GEMVs by device-side ids (capturable)
+        cuda_gemv_experts_swiglu(moe_h_, xb_, ex.gate0, ex.up0, ex.expert_bytes, moe_ids_, T * K,
+                                 int(K), s);
+        cuda_gemv_experts(moe_out_, moe_h_, ex.down0, ex.down_bytes, moe_ids_, T * K, 1, s);
+        cuda_moe_combine(xb_, moe_out_, moe_w_, T, K, c.n_embd, s);
+    }
+}
+
+// The dense gated FFN of layer w on xb_'s T normed rows (SwiGLU, or Gemma's GeGLU), result in
+// xb_. Gate and up share one GEMV launch unless a LoRA adapts one of them.
+void CudaBackend::enqueue_dense_ffn(const DeviceLayer& w, int64_t T) {
+    const ModelConfig& c = config_;
+    const cudaStream_t s = stream_.get();
+    if (!w.lora[kLoraGate].empty() || !w.lora[kLoraUp].empty()) {
+        cuda_matmul(gate_, xb_, w.w_gate, T, scratch_, s);
+        cuda_matmul(up_, xb_, w.w_up, T, scratch_, s);
+        add_lora(gate_, xb_, w.lora[kLoraGate], T);
+        add_lora(up_, xb_, w.lora[kLoraUp], T);
+        if (c.ffn_gelu)
+            cuda_geglu(gate_, gate_, up_, T * c.n_ff, s);
+        else
+            cuda_swiglu(gate_, gate_, up_, T * c.n_ff, s);
+    } else if (c.ffn_gelu) {
+        cuda_matmul_geglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s);
+    } else {
+        cuda_matmul_swiglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s);
+    }
+    cuda_matmul(xb_, gate_, w.w_down, T, scratch_, s);
+    add_lora(xb_, gate_, w.lora[kLoraDown], T);
+}
+
 // Enqueues the whole forward pass on the stream: no host synchronization (capturable) up to
 // kGraphMaxTokens tokens; larger batches of a mixture of experts sync once per layer.
 void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
@@ -670,39 +709,10 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
         if (c.residual_scale != 1.0f) cuda_scale(xb_, T * c.n_embd, c.residual_scale, s);
         cuda_add_rmsnorm(x_, xb_, xb_, w.ffn_norm, T, c.n_embd, c.norm_eps, s);
         // Feed-forward block.
-        if (c.moe()) {  // router, top-k, the chosen experts, weighted sum
-            const int64_t K = c.n_expert_used;
-            const MoeExperts& ex = w.experts;
-            cuda_matmul(moe_logits_, xb_, w.router, T, scratch_, s);
-            cuda_moe_topk(moe_logits_, T, c.n_expert, K, moe_ids_, moe_w_, s);
-            if (T > kGraphMaxTokens) {  // prefill: tokens grouped by expert (syncs the stream)
-                cuda_moe_ffn_grouped(xb_, xb_, moe_ids_, moe_w_, T, K, c.n_expert, ex,
-                                     {moe_out_, moe_h_, moe_up_, moe_map_}, scratch_, s);
-            } else {  // decode: expert GEMVs by device-side ids (capturable)
-                cuda_gemv_experts_swiglu(moe_h_, xb_, ex.gate0, ex.up0, ex.expert_bytes, moe_ids_,
-                                         T * K, int(K), s);
-                cuda_gemv_experts(moe_out_, moe_h_, ex.down0, ex.down_bytes, moe_ids_, T * K, 1, s);
-                cuda_moe_combine(xb_, moe_out_, moe_w_, T, K, c.n_embd, s);
-            }
-        } else if (!w.lora[kLoraGate].empty() || !w.lora[kLoraUp].empty()) {
-            // LoRA on the gate or up: the products apart, then the activation.
-            cuda_matmul(gate_, xb_, w.w_gate, T, scratch_, s);
-            cuda_matmul(up_, xb_, w.w_up, T, scratch_, s);
-            add_lora(gate_, xb_, w.lora[kLoraGate], T);
-            add_lora(up_, xb_, w.lora[kLoraUp], T);
-            if (c.ffn_gelu)
-                cuda_geglu(gate_, gate_, up_, T * c.n_ff, s);
-            else
-                cuda_swiglu(gate_, gate_, up_, T * c.n_ff, s);
-        } else if (c.ffn_gelu) {  // Gemma: GELU gate
-            cuda_matmul_geglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s);
-        } else {
-            cuda_matmul_swiglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s);
-        }
-        if (!c.moe()) {
-            cuda_matmul(xb_, gate_, w.w_down, T, scratch_, s);
-            add_lora(xb_, gate_, w.lora[kLoraDown], T);
-        }
+        if (c.moe())
+            enqueue_moe_ffn(w, T);
+        else
+            enqueue_dense_ffn(w, T);
         if (w.ffn_post_norm) cuda_rmsnorm(xb_, xb_, w.ffn_post_norm, T, c.n_embd, c.norm_eps, s);
         if (c.residual_scale != 1.0f) cuda_scale(xb_, T * c.n_embd, c.residual_scale, s);
         if (l + 1 < c.n_layer)

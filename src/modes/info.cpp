@@ -97,11 +97,10 @@ std::string human_bytes(double b) {
 // kvrun info on a LoRA adapter file (lora.h): its base architecture, alpha and matrices.
 int run_info_adapter(const InfoOptions& o, const GgufFile& f) {
     std::map<std::string, int64_t> rank;  // adapted matrix -> rank
-    for (const GgufTensorInfo& t : f.tensors()) {
-        const size_t at = t.name.rfind(".lora_a");
-        if (at != std::string::npos && at + 7 == t.name.size() && t.dims.size() == 2)
-            rank[t.name.substr(0, at)] = t.dims[1];
-    }
+    constexpr std::string_view kA = ".lora_a";
+    for (const GgufTensorInfo& t : f.tensors())
+        if (t.name.ends_with(kA) && t.dims.size() == 2)
+            rank[t.name.substr(0, t.name.size() - kA.size())] = t.dims[1];
     const std::string arch = f.get_string_or("general.architecture", "");
     const double alpha = f.get_float_or("adapter.lora.alpha", 0.0);
     if (o.json) {
