@@ -38,6 +38,7 @@ int32_t ForwardBatch::add_sequence(const KvBlockTable& table, SeqId seq, int32_t
     const int32_t first = static_cast<int32_t>(tokens.size());
     const int32_t index = static_cast<int32_t>(block_tables.size());
     block_tables.push_back(table.block_ids(seq));
+    if (table.windowed()) window_tables.push_back(table.window_ids(seq));
     for (int32_t i = start; i < start + n; ++i) {
         tokens.push_back(toks[static_cast<size_t>(i)]);
         positions.push_back(i);
@@ -48,8 +49,8 @@ int32_t ForwardBatch::add_sequence(const KvBlockTable& table, SeqId seq, int32_t
     return first;
 }
 
-void ForwardBatch::validate(int64_t n_vocab, int64_t n_blocks, int64_t block_size,
-                            int64_t n_stages) const {
+void ForwardBatch::validate(int64_t n_vocab, int64_t n_blocks, int64_t block_size, int64_t n_stages,
+                            const KvWindowPool& window) const {
     const size_t n = tokens.size();
     if (positions.size() != n || seq_index.size() != n || slots.size() != n)
         fail("forward batch: {} tokens but {} positions, {} sequence indices, {} slots", n,
@@ -73,6 +74,37 @@ void ForwardBatch::validate(int64_t n_vocab, int64_t n_blocks, int64_t block_siz
     for (int32_t r : logit_rows)
         if (r < 0 || size_t(r) >= n)
             fail("forward batch: logit row {} outside the batch of {} tokens", r, n);
+    if (window.n_blocks > 0) {
+        if (window_tables.size() != block_tables.size())
+            fail("forward batch: {} block tables but {} window tables", block_tables.size(),
+                 window_tables.size());
+        for (size_t s = 0; s < block_tables.size(); ++s) {
+            if (window_tables[s].size() != block_tables[s].size())
+                fail("forward batch: sequence {} has {} blocks but {} window blocks", s,
+                     block_tables[s].size(), window_tables[s].size());
+            for (int32_t id : window_tables[s])
+                if (id < -1 || id >= window.n_blocks)
+                    fail("forward batch: window block id {} outside the window pool of {} blocks",
+                         id, window.n_blocks);
+        }
+        // Every block a token's window reaches has its window block (checked per sequence
+        // from the batch's earliest token).
+        std::vector<int64_t> lowest(block_tables.size(), INT64_MAX);
+        for (size_t i = 0; i < n; ++i) {
+            int64_t& lo = lowest[size_t(seq_index[i])];
+            lo = std::min<int64_t>(lo, slots[i]);
+        }
+        for (size_t s = 0; s < block_tables.size(); ++s) {
+            if (lowest[s] == INT64_MAX) continue;
+            const int64_t first = std::max<int64_t>(0, lowest[s] - window.window + 1) / block_size;
+            for (size_t b = size_t(first); b < window_tables[s].size(); ++b)
+                if (window_tables[s][b] < 0)
+                    fail(
+                        "forward batch: sequence {} has no window block for block {} its "
+                        "sliding-window layers read",
+                        s, b);
+        }
+    }
     if (n_stages > 0) {
         if (stages.size() != n)
             fail(
@@ -85,8 +117,13 @@ void ForwardBatch::validate(int64_t n_vocab, int64_t n_blocks, int64_t block_siz
     }
 }
 
-void kv_copies_validate(const std::vector<BlockCopy>& copies, int64_t n_blocks, int64_t n_stages) {
+void kv_copies_validate(const std::vector<BlockCopy>& copies, int64_t n_blocks, int64_t n_stages,
+                        int64_t n_window_blocks) {
     for (const BlockCopy& c : copies) {
+        if (n_window_blocks > 0 &&
+            (c.wsrc < 0 || c.wsrc >= n_window_blocks || c.wdst < 0 || c.wdst >= n_window_blocks))
+            fail("copy_blocks: window block pair ({}, {}) outside the window pool of {} blocks",
+                 c.wsrc, c.wdst, n_window_blocks);
         if (c.src < 0 || c.src >= n_blocks || c.dst < 0 || c.dst >= n_blocks)
             fail("copy_blocks: block pair ({}, {}) outside the pool of {} blocks", c.src, c.dst,
                  n_blocks);
@@ -101,6 +138,19 @@ void kv_apply_pending(KvBlockTable& table, Backend& backend) {
     if (!copies.empty()) backend.copy_blocks(copies);
 }
 
+void kv_block_io_check(const KvWindowPool& window) {
+    if (window.n_blocks > 0)
+        throw Error(
+            "whole KV blocks cannot be saved or restored with a sliding-window pool (its "
+            "early blocks drop the windowed layers)",
+            "give --swa-full to keep the full KV of every layer");
+}
+
+KvBlockTable kv_table_for(const Backend& backend) {
+    return KvBlockTable(static_cast<int32_t>(backend.n_kv_blocks()), backend.kv_block_size(),
+                        backend.n_kv_stages(), backend.kv_window_pool());
+}
+
 ModelConfig backend_model_config(const GgufFile& file, const BackendOptions& o) {
     ModelConfig c = model_config_from_gguf(file);
     select_rope_factors(c, o.n_ctx);
@@ -113,14 +163,46 @@ int64_t kv_layer_block_bytes(KvType t, KvRole role, int64_t n_kv_head, int64_t b
     return n_kv_head * kv_head_block_bytes(t, role, block_size, head_dim);
 }
 
-int64_t kv_block_bytes(const ModelConfig& c, const BackendOptions& o) {
+namespace {
+
+int64_t kv_layer_pair_bytes(const ModelConfig& c, const BackendOptions& o) {
     if (o.kv_block_size <= 0 || o.kv_block_size > 4096)
         fail("KV block size {} is out of range (1..4096)", o.kv_block_size);
     int64_t k =
         kv_layer_block_bytes(o.kv_type_k, KvRole::K, c.n_kv_head, o.kv_block_size, c.head_dim);
     int64_t v =
         kv_layer_block_bytes(o.kv_type_v, KvRole::V, c.n_kv_head, o.kv_block_size, c.head_dim);
-    return c.n_layer * (k + v);
+    return k + v;
+}
+
+int64_t n_windowed_layers(const ModelConfig& c) {
+    int64_t n = 0;
+    for (int64_t l = 0; l < c.n_layer; ++l) n += c.is_swa(l) ? 1 : 0;
+    return n;
+}
+
+int64_t one_pool_blocks(const ModelConfig& c, const BackendOptions& o);
+
+// Window pool blocks the options' sequences need (0: no window pool for this model).
+int64_t window_pool_blocks(const ModelConfig& c, const BackendOptions& o) {
+    if (o.swa_full || n_windowed_layers(c) == 0 || c.n_swa <= 0) return 0;
+    const int64_t bs = o.kv_block_size;
+    // From the first block the next query (minus the margin) sees to the last one a pass of
+    // n_batch tokens writes, plus one block for each of the two partial ends.
+    const int64_t per_seq =
+        (c.n_swa + kKvWindowMargin + std::max<int64_t>(1, o.n_batch) + bs - 1) / bs + 2;
+    return per_seq * std::max<int64_t>(1, o.n_parallel);
+}
+
+}  // namespace
+
+int64_t kv_block_bytes(const ModelConfig& c, const BackendOptions& o) {
+    return c.n_layer * kv_layer_pair_bytes(c, o);
+}
+
+int64_t kv_block_bytes(const ModelConfig& c, const BackendOptions& o, bool windowed) {
+    const int64_t n_win = n_windowed_layers(c);
+    return (windowed ? n_win : c.n_layer - n_win) * kv_layer_pair_bytes(c, o);
 }
 
 double kv_bytes_per_token(const ModelConfig& c, KvType k, KvType v, int64_t block_size) {
@@ -143,7 +225,34 @@ int64_t kv_stage_bytes(const ModelConfig& c, const BackendOptions& o, int64_t n_
     return n_stages * c.n_layer * c.n_kv_head * int64_t(o.kv_block_size) * c.head_dim * 2 * 2;
 }
 
+KvLayout kv_layout_for(const ModelConfig& c, const BackendOptions& o) {
+    KvLayout out;
+    out.n_blocks = one_pool_blocks(c, o);
+    const int64_t w = window_pool_blocks(c, o);
+    if (w <= 0 || w > kMaxKvBlocks) return out;
+    int64_t split = o.n_kv_blocks;
+    if (split <= 0) {  // the budget less the window pool, in blocks of the other layers
+        const double left = o.kv_memory_mib * 1024.0 * 1024.0 -
+                            double(kv_stage_bytes(c, o, kv_stages_for(o))) -
+                            double(w * kv_block_bytes(c, o, true));
+        split = left > 0 ? static_cast<int64_t>(left / double(kv_block_bytes(c, o, false))) : 0;
+        split = std::min<int64_t>(split, kMaxKvBlocks);
+        if (split <= out.n_blocks) return out;  // no more context than one pool: keep one
+    }
+    if (w >= split) return out;  // the window pool would not be smaller than the main one
+    out.n_blocks = split;
+    out.window = {static_cast<int32_t>(w), static_cast<int32_t>(c.n_swa), kKvWindowMargin};
+    return out;
+}
+
 int64_t kv_blocks_for(const ModelConfig& c, const BackendOptions& o) {
+    return kv_layout_for(c, o).n_blocks;
+}
+
+namespace {
+
+// Blocks of one pool holding every layer: o.n_kv_blocks, or what the budget holds.
+int64_t one_pool_blocks(const ModelConfig& c, const BackendOptions& o) {
     int64_t per_block = kv_block_bytes(c, o);
     int64_t n = o.n_kv_blocks;
     if (n <= 0) {
@@ -162,6 +271,8 @@ int64_t kv_blocks_for(const ModelConfig& c, const BackendOptions& o) {
     if (n > kMaxKvBlocks) fail("KV pool of {} blocks is too large (at most {})", n, kMaxKvBlocks);
     return n;
 }
+
+}  // namespace
 
 bool kv_rotation_enabled(const ModelConfig& c, const BackendOptions& o) {
     if (!o.kv_rotate) return false;

@@ -28,6 +28,9 @@ namespace kvrun {
 // stage slot of its block: its K/V row is written there, the block is sealed (quantized into
 // the pool) when its last row is written, and attention reads a token's own block from the
 // stage and every earlier block from the pool.
+// With a window pool (Backend::kv_window_pool()), the sliding-window layers store and read a
+// token's rows through window_tables instead: the window partners of block_tables' blocks,
+// -1 for the ones dropped (before every window of the batch; never read).
 struct ForwardBatch {
     std::vector<int32_t> tokens;                     // [n_tokens]
     std::vector<int32_t> positions;                  // [n_tokens] RoPE position
@@ -36,17 +39,22 @@ struct ForwardBatch {
     std::vector<std::vector<int32_t>> block_tables;  // [n_seqs][n_blocks of seq] physical ids
     std::vector<int32_t> logit_rows;                 // tokens that need logits, output order
     std::vector<int32_t> stages;  // [n_tokens] stage slot of the token's block (staging only)
+    std::vector<std::vector<int32_t>> window_tables;  // [n_seqs][n_blocks of seq] (window pool)
 
     // Adds tokens [start, start + n) of `seq`, already appended to `table`, as one more
     // sequence of the batch (RoPE position = cache slot). Returns the batch index of the first.
     int32_t add_sequence(const KvBlockTable& table, SeqId seq, int32_t start, int32_t n);
     // Throws Error for an inconsistent batch (sizes, ids, slots outside the block tables,
-    // missing or out-of-range stages when n_stages > 0).
-    void validate(int64_t n_vocab, int64_t n_blocks, int64_t block_size, int64_t n_stages) const;
+    // missing or out-of-range stages when n_stages > 0, window tables that miss or name a
+    // window block outside the pool where a token's window reaches).
+    void validate(int64_t n_vocab, int64_t n_blocks, int64_t block_size, int64_t n_stages,
+                  const KvWindowPool& window = {}) const;
 };
 
-// Throws Error for copies naming blocks or stages outside the pool.
-void kv_copies_validate(const std::vector<BlockCopy>& copies, int64_t n_blocks, int64_t n_stages);
+// Throws Error for copies naming blocks or stages outside the pool (or window blocks outside
+// the window pool, when there is one).
+void kv_copies_validate(const std::vector<BlockCopy>& copies, int64_t n_blocks, int64_t n_stages,
+                        int64_t n_window_blocks = 0);
 
 // How Backend::forward_sample samples one logit row.
 struct RowSampling {
@@ -70,6 +78,9 @@ class Backend {
     // f16 stage slots of a quantized cache (0: the cache is f16/f32 and needs none). Block
     // tables for this backend must be made with this many stages.
     virtual int32_t n_kv_stages() const { return 0; }
+    // The sliding-window layers' own pool (n_blocks 0: none, every layer in the main pool).
+    // Block tables for this backend must be made with it (kv_table_for).
+    virtual KvWindowPool kv_window_pool() const { return {}; }
     // Whether forward_sample samples where the logits live (the CUDA backend: only token ids
     // travel back, not [rows][n_vocab] logits). The engine then uses it for plain steps.
     virtual bool samples_on_device() const { return false; }
@@ -116,7 +127,14 @@ struct BackendOptions {
     int64_t n_ctx = 0;
     // LoRA adapters applied on top of the weights (--lora, --lora-scaled; lora.h).
     std::vector<LoraSpec> lora;
+    // Keep the sliding-window layers' K/V for the whole context in the main pool (llama.cpp's
+    // --swa-full) instead of a window pool holding only the window of each sequence.
+    bool swa_full = false;
 };
+
+// Tokens a sequence can always roll back by on a model with a window pool (speculative
+// rejection, a stop string's cut); the engine caps --draft-n below it.
+constexpr int32_t kKvWindowMargin = 64;
 
 // The model's hyperparameters with the options' RoPE overrides applied (what a backend runs).
 ModelConfig backend_model_config(const GgufFile& file, const BackendOptions& o);
@@ -126,6 +144,17 @@ int64_t kv_layer_block_bytes(KvType t, KvRole role, int64_t n_kv_head, int64_t b
                              int64_t head_dim);
 // Bytes of one block across all layers, K and V.
 int64_t kv_block_bytes(const ModelConfig& c, const BackendOptions& o);
+// Bytes of one block of the sliding-window layers only (windowed) or of the others.
+int64_t kv_block_bytes(const ModelConfig& c, const BackendOptions& o, bool windowed);
+// The KV layout for these options: the main pool's blocks and the window pool. A window pool is
+// used for models with sliding-window layers, unless o.swa_full, when it gives more tokens of
+// context than one pool would: it holds, per sequence, the window plus the rollback margin plus one
+// pass of n_batch tokens; the main pool then holds only the other layers.
+struct KvLayout {
+    int64_t n_blocks = 0;
+    KvWindowPool window;
+};
+KvLayout kv_layout_for(const ModelConfig& c, const BackendOptions& o);
 // Average KV bytes per token (all layers, K and V) for the given storage types and blocks of
 // block_size tokens (quantized K carries one scale per channel and block).
 double kv_bytes_per_token(const ModelConfig& c, KvType k, KvType v, int64_t block_size = 16);
@@ -133,8 +162,9 @@ double kv_bytes_per_token(const ModelConfig& c, KvType k, KvType v, int64_t bloc
 int64_t kv_stages_for(const BackendOptions& o);
 // Bytes of `n_stages` f16 stage slots across all layers, K and V.
 int64_t kv_stage_bytes(const ModelConfig& c, const BackendOptions& o, int64_t n_stages);
-// The number of blocks: o.n_kv_blocks when set, else as many as fit in o.kv_memory_mib after
-// the stage slots. Throws Error when that is less than one block.
+// The main pool's blocks (kv_layout_for): o.n_kv_blocks when set, else as many as fit in
+// o.kv_memory_mib after the stage slots (and the window pool). Throws Error when that is less than
+// one block.
 int64_t kv_blocks_for(const ModelConfig& c, const BackendOptions& o);
 // Whether Q and K are Hadamard-rotated; throws Error when rotation is asked for a head_dim
 // that is not a power of two.
@@ -143,6 +173,17 @@ bool kv_rotation_enabled(const ModelConfig& c, const BackendOptions& o);
 // Executes the table's pending copies on the backend (call before every forward pass: it
 // also closes the pass for the table's stage bookkeeping).
 void kv_apply_pending(KvBlockTable& table, Backend& backend);
+
+// Whether layer l's K/V lives in the window pool `w` (a sliding-window layer, and a pool).
+inline bool kv_layer_in_window_pool(const ModelConfig& c, const KvWindowPool& w, int64_t l) {
+    return w.n_blocks > 0 && c.is_swa(l);
+}
+
+// A block table for the backend's pool: its blocks, stage slots and window pool.
+KvBlockTable kv_table_for(const Backend& backend);
+// Throws Error when whole blocks cannot be read or written (read_kv_block, prompt caches):
+// with a window pool, a block's windowed layers may have been dropped.
+void kv_block_io_check(const KvWindowPool& window);
 
 // The CPU reference backend. `file` must outlive it (weights stay in the file's mapping).
 std::unique_ptr<Backend> make_cpu_backend(const GgufFile& file, const BackendOptions& options);

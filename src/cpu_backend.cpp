@@ -21,7 +21,9 @@ CpuBackend::CpuBackend(const GgufFile& file, const BackendOptions& options)
     lora_files_ = lora_attach(weights_, config_, file, options_.lora);
     rope_ = config_.rope(config_.rope_freq_factors.data());
     rope_swa_ = config_.rope_swa(config_.rope_freq_factors.data());
-    n_blocks_ = kv_blocks_for(config_, options_);
+    const KvLayout layout = kv_layout_for(config_, options_);
+    n_blocks_ = layout.n_blocks;
+    window_ = layout.window;
     n_stages_ = kv_stages_for(options_);
     rotate_ = kv_rotation_enabled(config_, options_);
     k_block_bytes_ = kv_layer_block_bytes(options_.kv_type_k, KvRole::K, config_.n_kv_head,
@@ -33,8 +35,9 @@ CpuBackend::CpuBackend(const GgufFile& file, const BackendOptions& options)
     try {
         for (int64_t l = 0; l < config_.n_layer; ++l) {
             // Uninitialized: a slot is always written before attention reads it.
-            k_pool_.emplace_back(new uint8_t[size_t(n_blocks_ * k_block_bytes_)]);
-            v_pool_.emplace_back(new uint8_t[size_t(n_blocks_ * v_block_bytes_)]);
+            const int64_t n = pool_blocks(l);
+            k_pool_.emplace_back(new uint8_t[size_t(n * k_block_bytes_)]);
+            v_pool_.emplace_back(new uint8_t[size_t(n * v_block_bytes_)]);
             if (n_stages_ > 0) {
                 k_stage_.emplace_back(new uint8_t[stage_bytes]);
                 v_stage_.emplace_back(new uint8_t[stage_bytes]);
@@ -52,7 +55,16 @@ int64_t CpuBackend::kv_block_io_bytes() const {
     return config_.n_layer * (k_block_bytes_ + v_block_bytes_);
 }
 
+int64_t CpuBackend::pool_blocks(int64_t layer) const {
+    return in_window_pool(layer) ? window_.n_blocks : n_blocks_;
+}
+
+bool CpuBackend::in_window_pool(int64_t layer) const {
+    return kv_layer_in_window_pool(config_, window_, layer);
+}
+
 void CpuBackend::read_kv_block(int64_t block, uint8_t* dst) {
+    kv_block_io_check(window_);
     if (block < 0 || block >= n_blocks_)
         fail("read_kv_block: block {} is outside the pool (0..{})", block, n_blocks_ - 1);
     for (int64_t l = 0; l < config_.n_layer; ++l) {
@@ -64,6 +76,7 @@ void CpuBackend::read_kv_block(int64_t block, uint8_t* dst) {
 }
 
 void CpuBackend::write_kv_block(int64_t block, const uint8_t* src) {
+    kv_block_io_check(window_);
     if (block < 0 || block >= n_blocks_)
         fail("write_kv_block: block {} is outside the pool (0..{})", block, n_blocks_ - 1);
     for (int64_t l = 0; l < config_.n_layer; ++l) {
@@ -80,7 +93,7 @@ KvLayerView CpuBackend::kv_layer(int64_t layer) const {
     kv.v_type = options_.kv_type_v;
     kv.k = k_pool_.at(layer).get();
     kv.v = v_pool_.at(layer).get();
-    kv.n_blocks = n_blocks_;
+    kv.n_blocks = pool_blocks(layer);
     kv.n_kv_head = config_.n_kv_head;
     kv.block_size = options_.kv_block_size;
     kv.head_dim = config_.head_dim;
@@ -93,7 +106,7 @@ KvLayerView CpuBackend::kv_layer(int64_t layer) const {
 }
 
 void CpuBackend::validate(const ForwardBatch& b) const {
-    b.validate(config_.n_vocab, n_blocks_, options_.kv_block_size, n_stages_);
+    b.validate(config_.n_vocab, n_blocks_, options_.kv_block_size, n_stages_, window_);
 }
 
 void CpuBackend::forward(const ForwardBatch& b, float* logits) {
@@ -108,14 +121,16 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
     if (T == 0) return;
 
     // Block tables flattened to [n_seqs][max_blocks], padded with -1 (never read: slots
-    // were checked against each table's length).
+    // were checked against each table's length); the window pool's the same way.
     int64_t max_blocks = 1;
     for (const auto& table : b.block_tables)
         max_blocks = std::max<int64_t>(max_blocks, table.size());
-    flat_tables_.assign(b.block_tables.size() * max_blocks, -1);
-    for (size_t s = 0; s < b.block_tables.size(); ++s)
-        std::copy(b.block_tables[s].begin(), b.block_tables[s].end(),
-                  flat_tables_.begin() + s * max_blocks);
+    auto flatten = [&](const std::vector<std::vector<int32_t>>& tables, std::vector<int32_t>& out) {
+        out.assign(tables.size() * max_blocks, -1);
+        for (size_t s = 0; s < tables.size(); ++s)
+            std::copy(tables[s].begin(), tables[s].end(), out.begin() + s * max_blocks);
+    };
+    flatten(b.block_tables, flat_tables_);
     KvBatchView kb;
     kb.token_seq = b.seq_index.data();
     kb.token_slot = b.slots.data();
@@ -123,6 +138,11 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
     kb.max_blocks_per_seq = max_blocks;
     kb.n_tokens = T;
     kb.token_stage = n_stages_ > 0 ? b.stages.data() : nullptr;
+    KvBatchView kb_window = kb;  // the sliding-window layers' view of the window pool
+    if (window_.n_blocks > 0) {
+        flatten(b.window_tables, flat_window_tables_);
+        kb_window.block_table = flat_window_tables_.data();
+    }
 
     x_.resize(T * c.n_embd);
     xb_.resize(T * c.n_embd);
@@ -165,9 +185,10 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
             hadamard_rows(k_.data(), T * c.n_kv_head, c.head_dim);
         }
         KvLayerView kv = kv_layer(l);
-        cpu::kv_write(kv, kb, k_.data(), v_.data());
-        cpu::paged_attention(att_.data(), q_.data(), kv, kb, c.n_head, c.attn_scale, c.attn_softcap,
-                             c.window(l));
+        const KvBatchView& kbl = in_window_pool(l) ? kb_window : kb;
+        cpu::kv_write(kv, kbl, k_.data(), v_.data());
+        cpu::paged_attention(att_.data(), q_.data(), kv, kbl, c.n_head, c.attn_scale,
+                             c.attn_softcap, c.window(l));
         cpu::matmul(xb_.data(), att_.data(), w.wo, T);
         add_lora(xb_.data(), att_.data(), w.lora_o, T);
         add_block_output(w.attn_post_norm, T);
@@ -275,10 +296,13 @@ void CpuBackend::add_lora(float* out, const float* x, const std::vector<LoraDelt
 }
 
 void CpuBackend::copy_blocks(const std::vector<BlockCopy>& copies) {
-    kv_copies_validate(copies, n_blocks_, n_stages_);
+    kv_copies_validate(copies, n_blocks_, n_stages_, window_.n_blocks);
     for (const BlockCopy& c : copies)
-        for (int64_t l = 0; l < config_.n_layer; ++l)
-            cpu::kv_copy(kv_layer(l), c.src, c.dst, c.src_stage, c.dst_stage, c.n_rows);
+        for (int64_t l = 0; l < config_.n_layer; ++l) {
+            const bool w = in_window_pool(l);
+            cpu::kv_copy(kv_layer(l), w ? c.wsrc : c.src, w ? c.wdst : c.dst, c.src_stage,
+                         c.dst_stage, c.n_rows);
+        }
 }
 
 std::unique_ptr<Backend> make_cpu_backend(const GgufFile& file, const BackendOptions& options) {

@@ -20,6 +20,7 @@ class CpuBackend final : public Backend {
     int64_t n_kv_blocks() const override { return n_blocks_; }
     int32_t kv_block_size() const override { return options_.kv_block_size; }
     int32_t n_kv_stages() const override { return static_cast<int32_t>(n_stages_); }
+    KvWindowPool kv_window_pool() const override { return window_; }
     std::string name() const override { return "cpu"; }
     int64_t kv_block_io_bytes() const override;
     void read_kv_block(int64_t block, uint8_t* dst) override;
@@ -31,6 +32,9 @@ class CpuBackend final : public Backend {
 
   private:
     void validate(const ForwardBatch& batch) const;
+    // Whether layer l's K/V lives in the window pool; that pool's or the main pool's blocks.
+    bool in_window_pool(int64_t layer) const;
+    int64_t pool_blocks(int64_t layer) const;
     // The mixture-of-experts FFN of layer w on xb_'s T normed rows, result in xb_.
     void moe_ffn(const LayerWeights& w, int64_t T);
     // x_ += a block's output xb_[T][n_embd], after its post norm (when not empty) and
@@ -46,8 +50,9 @@ class CpuBackend final : public Backend {
     std::vector<std::unique_ptr<GgufFile>> lora_files_;  // the adapters weights_ points into
     BackendOptions options_;
     int64_t n_blocks_ = 0;
+    KvWindowPool window_;  // the sliding-window layers' pool (kv_layout_for)
     int64_t k_block_bytes_ = 0, v_block_bytes_ = 0;  // one layer, one block
-    // [n_layer] of [n_blocks][n_kv_head] head blocks (kv_format.h)
+    // [n_layer] of [pool_blocks(l)][n_kv_head] head blocks (kv_format.h)
     std::vector<std::unique_ptr<uint8_t[]>> k_pool_, v_pool_;
     // Staging (quantized caches): [n_layer] of f16 [n_stages][n_kv_head][block_size][head_dim]
     int64_t n_stages_ = 0;
@@ -64,8 +69,9 @@ class CpuBackend final : public Backend {
     // Mixture of experts: router logits [n_tokens][n_expert]; an expert's rows gathered
     // [n][n_embd], their gate/up [n][n_ff_exp] and down output [n][n_embd]; the sum.
     std::vector<float> router_, moe_in_, moe_gate_, moe_up_, moe_down_, moe_out_;
-    std::vector<float> lora_tmp_, lora_out_;  // LoRA: A x [T][rank], B (A x) [T][n_out]
-    std::vector<int32_t> flat_tables_;        // [n_seqs][max_blocks_per_seq], -1 padded
+    std::vector<float> lora_tmp_, lora_out_;   // LoRA: A x [T][rank], B (A x) [T][n_out]
+    std::vector<int32_t> flat_tables_;         // [n_seqs][max_blocks_per_seq], -1 padded
+    std::vector<int32_t> flat_window_tables_;  // the same for the window pool
 };
 
 }  // namespace kvrun

@@ -63,11 +63,7 @@ static double ms_between(std::chrono::steady_clock::time_point a,
 }
 
 Engine::Engine(Backend& backend, const Tokenizer& tokenizer, EngineOptions options)
-    : backend_(backend),
-      tok_(tokenizer),
-      opt_(options),
-      table_(static_cast<int32_t>(backend.n_kv_blocks()), backend.kv_block_size(),
-             backend.n_kv_stages()) {
+    : backend_(backend), tok_(tokenizer), opt_(options), table_(kv_table_for(backend)) {
     if (opt_.max_parallel < 1) fail("--parallel must be at least 1 (got {})", opt_.max_parallel);
     if (opt_.n_batch < 1) fail("the batch size must be at least 1 (got {})", opt_.n_batch);
     const int64_t pool_tokens = backend.n_kv_blocks() * backend.kv_block_size();
@@ -94,8 +90,16 @@ Engine::Engine(Backend& backend, const Tokenizer& tokenizer, EngineOptions optio
                                     d.config().n_vocab, backend.config().n_vocab),
                         "use a draft model of the same family (same tokenizer) as the target");
         draft_ = &d;
-        draft_table_ = std::make_unique<KvBlockTable>(static_cast<int32_t>(d.n_kv_blocks()),
-                                                      d.kv_block_size(), d.n_kv_stages());
+        draft_table_ = std::make_unique<KvBlockTable>(kv_table_for(d));
+    }
+    if (opt_.draft || opt_.draft_ngram > 0) {
+        // A round rolls back at most draft_max + 1 tokens, which a window pool keeps.
+        int32_t margin = INT32_MAX;
+        if (table_.windowed()) margin = table_.window_pool().margin;
+        if (draft_table_ && draft_table_->windowed())
+            margin = std::min(margin, draft_table_->window_pool().margin);
+        opt_.draft_max = std::min(opt_.draft_max, margin - 1);
+        opt_.draft_min = std::min(opt_.draft_min, opt_.draft_max);
     }
 }
 
@@ -204,7 +208,8 @@ void Engine::admit() {
             // Continue the session's own sequence; its last token's logits must be computed.
             kv = session->kv;
             adopted = std::min(session->n_cached, n_tokens - 1);
-            if (adopted < table_.n_tokens(kv)) table_.truncate(kv, adopted);
+            // Past what a window pool keeps, the rollback recomputes from the start.
+            if (adopted < table_.n_tokens(kv)) adopted = table_.rollback(kv, adopted);
             session->n_cached = adopted;
         } else {
             // Adopt cached blocks for all but the last token: its logits must be computed.

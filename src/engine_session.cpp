@@ -70,12 +70,9 @@ void Engine::truncate_session(int32_t id, int32_t n_tokens) {
     if (n_tokens < 0 || n_tokens > static_cast<int32_t>(s.tokens.size()))
         fail("cannot truncate session {} of {} tokens to {}", id, s.tokens.size(), n_tokens);
     s.tokens.resize(static_cast<size_t>(n_tokens));
-    if (s.kv >= 0 && s.n_cached > n_tokens) {
-        table_.truncate(s.kv, n_tokens);
-        s.n_cached = n_tokens;
-    }
+    if (s.kv >= 0 && s.n_cached > n_tokens) s.n_cached = table_.rollback(s.kv, n_tokens);
     if (s.draft_kv >= 0 && draft_table_->n_tokens(s.draft_kv) > n_tokens)
-        draft_table_->truncate(s.draft_kv, n_tokens);
+        draft_table_->rollback(s.draft_kv, n_tokens);
 }
 
 }  // namespace kvrun

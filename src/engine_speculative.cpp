@@ -38,7 +38,7 @@ void Engine::draft_init(Seq& s, Session* session) {
         const size_t n = std::min(have.size(), limit);
         size_t common = 0;
         while (common < n && have[common] == s.tokens[common]) ++common;
-        if (common < have.size()) draft_table_->truncate(s.draft_kv, static_cast<int32_t>(common));
+        if (common < have.size()) draft_table_->rollback(s.draft_kv, static_cast<int32_t>(common));
         return;
     }
     std::span<const TokenId> prefix(s.tokens.data(), limit);
@@ -105,10 +105,8 @@ void Engine::draft_round(std::vector<Part>& parts) {
         int32_t have = draft_table_->n_tokens(s.draft_kv);
         if (p.k > 0) {
             // Everything the draft has not seen, with logits at the sequence's last token.
-            if (have > s.n_tokens() - 1) {
-                have = s.n_tokens() - 1;
-                draft_table_->truncate(s.draft_kv, have);
-            }
+            if (have > s.n_tokens() - 1)
+                have = draft_table_->rollback(s.draft_kv, s.n_tokens() - 1);
             toks.assign(s.tokens.begin() + have, s.tokens.end());
             if (!draft_append(s, toks)) {
                 p.k = 0;

@@ -30,6 +30,9 @@ std::string KvAppendResult::reason() const {
     if (n_blocks_needed > n_blocks_available)
         return fmt::format("out of KV blocks: needed {} new block(s), {} available",
                            n_blocks_needed, n_blocks_available);
+    if (n_window_needed > n_window_available)
+        return fmt::format("out of sliding-window KV blocks: needed {}, {} available",
+                           n_window_needed, n_window_available);
     return fmt::format("out of KV stage slots: needed {}, {} available", n_stages_needed,
                        n_stages_available);
 }
@@ -47,8 +50,9 @@ uint64_t KvBlockTable::hash_block(uint64_t parent, std::span<const TokenId> toke
     return mix64(h ^ static_cast<uint64_t>(tokens.size()));
 }
 
-KvBlockTable::KvBlockTable(int32_t n_blocks, int32_t block_size, int32_t n_stages)
-    : n_blocks_(n_blocks), block_size_(block_size) {
+KvBlockTable::KvBlockTable(int32_t n_blocks, int32_t block_size, int32_t n_stages,
+                           KvWindowPool window)
+    : n_blocks_(n_blocks), block_size_(block_size), window_(window) {
     if (block_size < 1 || block_size > kMaxBlockSize) {
         fail("KV block size {} is out of range (1..{})", block_size, kMaxBlockSize);
     }
@@ -64,6 +68,17 @@ KvBlockTable::KvBlockTable(int32_t n_blocks, int32_t block_size, int32_t n_stage
     }
     stages_.resize(static_cast<size_t>(n_stages));
     for (int32_t i = n_stages - 1; i >= 0; --i) free_stages_.push_back(i);
+    if (window_.n_blocks != 0) {
+        if (window_.n_blocks < 1 || window_.n_blocks > kMaxBlocks)
+            fail("KV window pool size {} is out of range (1..{})", window_.n_blocks, kMaxBlocks);
+        if (window_.window < 1 || window_.margin < 0)
+            fail("KV window pool: window {} and margin {} must be positive", window_.window,
+                 window_.margin);
+        // A margin of at least a block lets a new sequence adopt the whole blocks of a
+        // finished one whose partners it kept (the finished one may have been a block longer).
+        window_.margin = std::max(window_.margin, block_size_);
+        for (BlockId b = window_.n_blocks - 1; b >= 0; --b) wfree_.push_back(b);
+    }
 }
 
 // ---- internals ----
@@ -94,6 +109,7 @@ BlockId KvBlockTable::allocate_block() {
     } else {
         // Evict the least recently released cached block.
         b = lru_.front();
+        drop_partner(b);
         lru_.pop_front();
         blocks_[b].in_lru = false;
         uncache_block(b);
@@ -112,6 +128,7 @@ void KvBlockTable::retain_block(BlockId b) {
         if (blk.in_lru) {
             lru_.erase(blk.lru_it);
             blk.in_lru = false;
+            if (blk.wpart >= 0) --n_lru_partners_;
         }
         ++n_used_;
         peak_used_ = std::max(peak_used_, n_used_);
@@ -127,9 +144,13 @@ void KvBlockTable::release_block(BlockId b) {
     // is not needed any more. (A copy queued from it still runs before any new write.)
     release_stage(b);
     if (blk.cached) {
+        // It keeps its window partner (if any) while the window pool has room, so a new
+        // sequence can adopt it with the window the next query needs.
         blk.lru_it = lru_.insert(lru_.end(), b);
         blk.in_lru = true;
+        if (blk.wpart >= 0) ++n_lru_partners_;
     } else {
+        drop_partner(b);
         free_.push_back(b);
     }
 }
@@ -254,6 +275,72 @@ void KvBlockTable::touch_stage(BlockId block) {
     if (s >= 0) stages_[s].epoch = epoch_;
 }
 
+// ---- window pool ----
+
+int32_t KvBlockTable::window_first(int64_t n_tokens, int32_t margin) const {
+    if (!windowed()) return 0;
+    const int64_t lo = n_tokens - window_.window + 1 - margin;
+    return lo <= 0 ? 0 : static_cast<int32_t>(lo / block_size_);
+}
+
+void KvBlockTable::need_window(BlockId b) {
+    if (blocks_[b].wpart < 0) fail("KV block table: block {} has no window partner (internal)", b);
+    ++blocks_[b].wneed;
+}
+
+void KvBlockTable::unneed_window(BlockId b) {
+    Block& blk = blocks_[b];
+    if (--blk.wneed == 0 && blk.refcount > 0) drop_partner(b);
+}
+
+void KvBlockTable::give_partner(BlockId b) {
+    BlockId w = -1;
+    if (!wfree_.empty()) {
+        w = wfree_.back();
+        wfree_.pop_back();
+    } else {
+        // Take the partner of the evictable block released longest ago.
+        for (BlockId o : lru_)
+            if (blocks_[o].wpart >= 0) {
+                w = blocks_[o].wpart;
+                blocks_[o].wpart = -1;
+                --n_lru_partners_;
+                break;
+            }
+        if (w < 0) fail("KV block table: no window block available (internal error)");
+    }
+    blocks_[b].wpart = w;
+}
+
+void KvBlockTable::drop_partner(BlockId b) {
+    Block& blk = blocks_[b];
+    if (blk.wpart < 0) return;
+    if (blk.in_lru) --n_lru_partners_;
+    wfree_.push_back(blk.wpart);
+    blk.wpart = -1;
+}
+
+int32_t KvBlockTable::live_window_from(const std::vector<BlockId>& blocks, int32_t lo,
+                                       int32_t hi) const {
+    int32_t i = hi;
+    while (i > lo && blocks_[blocks[static_cast<size_t>(i - 1)]].wpart >= 0) --i;
+    return i;
+}
+
+BlockId KvBlockTable::window_of(BlockId block) const {
+    check_block(block);
+    return blocks_[block].wpart;
+}
+
+std::vector<BlockId> KvBlockTable::window_ids(SeqId seq) const {
+    const Sequence& s = seq_ref(seq);
+    std::vector<BlockId> out;
+    if (!windowed()) return out;
+    out.reserve(s.blocks.size());
+    for (BlockId b : s.blocks) out.push_back(blocks_[b].wpart);
+    return out;
+}
+
 int32_t KvBlockTable::stages_needed(SeqId seq, int32_t n_tokens) const {
     const Sequence& s = seq_ref(seq);
     const int32_t blocks = blocks_needed(seq, n_tokens);  // validates n_tokens
@@ -289,11 +376,27 @@ int32_t KvBlockTable::adopt_prefix(SeqId seq, std::span<const TokenId> tokens) {
     }
     std::vector<BlockId> found;
     find_prefix(tokens, found);
+    int32_t w_from = 0;
+    if (windowed()) {
+        // The longest prefix whose blocks the next query sees still have their partners.
+        int32_t k = static_cast<int32_t>(found.size());
+        for (; k > 0; --k) {
+            const int64_t n_k = static_cast<int64_t>(k) * block_size_;
+            w_from = live_window_from(found, window_first(n_k, window_.margin), k);
+            if (w_from <= window_first(n_k, 0)) break;
+        }
+        found.resize(static_cast<size_t>(k));
+        if (k == 0) w_from = 0;
+    }
     const size_t n = found.size() * static_cast<size_t>(block_size_);
     for (BlockId b : found) {
         retain_block(b);
         s.blocks.push_back(b);
         s.hashes.push_back(blocks_[b].hash);
+    }
+    if (windowed()) {
+        s.w_first = w_from;
+        for (size_t i = static_cast<size_t>(w_from); i < found.size(); ++i) need_window(found[i]);
     }
     s.tokens.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n));
     prefix_hit_tokens_ += static_cast<int64_t>(n);
@@ -304,14 +407,28 @@ void KvBlockTable::free_sequence(SeqId seq) {
     Sequence& s = seq_ref(seq);
     // Release the tail first so its blocks are the first evicted (a cached block is only
     // reachable through its parents).
-    for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) release_block(*it);
+    for (size_t i = s.blocks.size(); i-- > 0;) {
+        release_block(s.blocks[i]);
+        if (windowed() && static_cast<int32_t>(i) >= s.w_first) unneed_window(s.blocks[i]);
+    }
     seqs_.erase(seq);
 }
 
+void KvBlockTable::advance_window(Sequence& s) {
+    if (!windowed() || s.w_epoch == epoch_) return;
+    const int32_t target = window_first(static_cast<int64_t>(s.tokens.size()), window_.margin);
+    for (int32_t i = s.w_first; i < target; ++i) unneed_window(s.blocks[size_t(i)]);
+    s.w_first = std::max(s.w_first, target);
+}
+
 SeqId KvBlockTable::fork(SeqId seq) {
+    advance_window(seq_ref(seq));  // the fork need not hold what neither will read
     Sequence copy = seq_ref(seq);
     SeqId id = create_sequence();
     for (BlockId b : copy.blocks) retain_block(b);
+    if (windowed())
+        for (size_t i = static_cast<size_t>(copy.w_first); i < copy.blocks.size(); ++i)
+            need_window(copy.blocks[i]);
     seqs_[id] = std::move(copy);
     return id;
 }
@@ -342,6 +459,15 @@ KvAppendResult KvBlockTable::append(SeqId seq, int32_t n_tokens, const TokenId* 
     Sequence& s = seq_ref(seq);
     const size_t bs = static_cast<size_t>(block_size_);
     const size_t cur = s.tokens.size();
+    if (windowed()) {
+        // At the first append of a pass, drop the partners of the blocks no query of this
+        // sequence will see again (keeping the rollback margin). Not a visible change:
+        // nothing reads those rows any more, so this holds even when the append fails.
+        advance_window(s);
+        // Every new block (a copy-on-write target included) gets a partner.
+        result.n_window_needed = result.n_blocks_needed;
+        result.n_window_available = n_available_window();
+    }
     if (staging()) {
         // The partly filled last block's stage is read (copy-on-write) or written by this
         // pass: it must not be reclaimed for the blocks allocated below.
@@ -350,12 +476,15 @@ KvAppendResult KvBlockTable::append(SeqId seq, int32_t n_tokens, const TokenId* 
         result.n_stages_available = n_available_stages();
     }
     if (result.n_blocks_needed > result.n_blocks_available ||
-        result.n_stages_needed > result.n_stages_available) {
+        result.n_stages_needed > result.n_stages_available ||
+        result.n_window_needed > result.n_window_available) {
         result.ok = false;
         return result;
     }
 
     const bool stg = staging();
+    const bool win = windowed();
+    s.w_epoch = epoch_;
     if (cur % bs != 0) {
         BlockId last = s.blocks.back();
         const int32_t rows = static_cast<int32_t>(cur % bs);
@@ -363,22 +492,34 @@ KvAppendResult KvBlockTable::append(SeqId seq, int32_t n_tokens, const TokenId* 
             // Copy-on-write: this sequence gets a private copy of the valid rows.
             BlockId dst = allocate_block();
             const int32_t dst_stage = stg ? acquire_stage(dst) : -1;
-            pending_copies_.push_back({last, dst, rows, stg ? blocks_[last].stage : -1, dst_stage});
+            if (win) {
+                give_partner(dst);
+                need_window(dst);
+            }
+            pending_copies_.push_back({last, dst, rows, stg ? blocks_[last].stage : -1, dst_stage,
+                                       blocks_[last].wpart, blocks_[dst].wpart});
             ++n_copies_;
             release_block(last);
+            if (win) unneed_window(last);
             s.blocks.back() = dst;
         } else {
             // Sole owner of a block that was full once (then truncated): its cached content
             // is about to be overwritten.
             uncache_block(last);
-            if (stg && blocks_[last].stage < 0)  // its stage was reclaimed: decode the rows
-                pending_copies_.push_back({last, last, rows, -1, acquire_stage(last)});
+            if (stg && blocks_[last].stage < 0) {  // its stage was reclaimed: decode the rows
+                const BlockId w = blocks_[last].wpart;
+                pending_copies_.push_back({last, last, rows, -1, acquire_stage(last), w, w});
+            }
         }
     }
     const size_t after = cur + static_cast<size_t>(n_tokens);
     while (s.blocks.size() * bs < after) {
         s.blocks.push_back(allocate_block());
         if (stg) acquire_stage(s.blocks.back());
+        if (win) {
+            give_partner(s.blocks.back());
+            need_window(s.blocks.back());
+        }
     }
     s.tokens.insert(s.tokens.end(), tokens, tokens + n_tokens);
     if (stg) {
@@ -401,20 +542,50 @@ KvAppendResult KvBlockTable::append(SeqId seq, int32_t n_tokens, const TokenId* 
     return result;
 }
 
-void KvBlockTable::truncate(SeqId seq, int32_t n_tokens) {
-    Sequence& s = seq_ref(seq);
+bool KvBlockTable::can_truncate(SeqId seq, int32_t n_tokens) const {
+    const Sequence& s = seq_ref(seq);
     if (n_tokens < 0 || static_cast<size_t>(n_tokens) > s.tokens.size()) {
         fail("KV block table: cannot truncate sequence {} of {} tokens to {}", seq, s.tokens.size(),
              n_tokens);
     }
+    if (!windowed()) return true;
+    const int32_t keep = (n_tokens + block_size_ - 1) / block_size_;
+    const int32_t from = live_window_from(s.blocks, window_first(n_tokens, window_.margin),
+                                          std::min(s.w_first, keep));
+    return from <= window_first(n_tokens, 0);
+}
+
+void KvBlockTable::truncate(SeqId seq, int32_t n_tokens) {
+    if (!can_truncate(seq, n_tokens))
+        fail(
+            "KV block table: sequence {} cannot roll back to {} tokens: the sliding-window "
+            "layers' K/V before it was dropped",
+            seq, n_tokens);
+    Sequence& s = seq_ref(seq);
     const size_t bs = static_cast<size_t>(block_size_);
     const size_t keep = (static_cast<size_t>(n_tokens) + bs - 1) / bs;
     while (s.blocks.size() > keep) {
         release_block(s.blocks.back());
+        if (windowed() && static_cast<int32_t>(s.blocks.size()) - 1 >= s.w_first)
+            unneed_window(s.blocks.back());
         s.blocks.pop_back();
     }
     s.tokens.resize(static_cast<size_t>(n_tokens));
     s.hashes.resize(static_cast<size_t>(n_tokens) / bs);
+    if (windowed()) {
+        // Take back the partners (still held for other sequences) the rollback margin covers.
+        s.w_first = std::min(s.w_first, static_cast<int32_t>(keep));
+        const int32_t from =
+            live_window_from(s.blocks, window_first(n_tokens, window_.margin), s.w_first);
+        for (int32_t i = from; i < s.w_first; ++i) need_window(s.blocks[size_t(i)]);
+        s.w_first = from;
+    }
+}
+
+int32_t KvBlockTable::rollback(SeqId seq, int32_t n_tokens) {
+    if (!can_truncate(seq, n_tokens)) n_tokens = 0;
+    truncate(seq, n_tokens);
+    return n_tokens;
 }
 
 std::vector<BlockCopy> KvBlockTable::take_pending_copies() {
@@ -475,6 +646,7 @@ int32_t KvBlockTable::match_prefix(std::span<const TokenId> tokens) const {
 void KvBlockTable::clear_cache() {
     while (!lru_.empty()) {
         BlockId b = lru_.front();
+        drop_partner(b);
         lru_.pop_front();
         blocks_[b].in_lru = false;
         uncache_block(b);
@@ -496,6 +668,8 @@ KvBlockStats KvBlockTable::stats() const {
     st.copies = n_copies_;
     st.n_stages = n_stages();
     st.stages_in_use = n_stages() - static_cast<int32_t>(free_stages_.size());
+    st.n_window_blocks = window_.n_blocks;
+    st.window_in_use = window_.n_blocks - static_cast<int32_t>(wfree_.size());
     // A used block is filled up to the furthest row any of its sequences uses.
     std::vector<int32_t> fill(static_cast<size_t>(n_blocks_), 0);
     for (const auto& [id, s] : seqs_) {

@@ -13,6 +13,13 @@
 // A sealed block keeps its stage while there is room, so a rollback (truncate) into it stays
 // exact; under pressure the oldest stages of sealed blocks are reclaimed (a later append into
 // such a block first decodes the kept rows back into a stage: exact up to quantization).
+//
+// Window pool (models with sliding-window layers, KvWindowPool::n_blocks > 0): the windowed
+// layers' rows live in a second, smaller pool. Every block gets a *window partner* there
+// when allocated; a sequence keeps the partners of its blocks from w_first on (the blocks
+// its next query can see, plus `margin` tokens of rollback) and drops the rest, so a long
+// sequence holds only about window + margin tokens of the windowed layers. A cached block
+// whose last user leaves keeps its partner while the window pool has room (prefix reuse).
 #pragma once
 
 #include <cstdint>
@@ -32,14 +39,26 @@ using BlockId = int32_t;
 // A copy the storage must perform before the next write into `dst`: rows [0, n_rows) of
 // physical block `src` (every layer, K and V) into block `dst`. With staging, the rows go to
 // stage `dst_stage`: from stage `src_stage`, or, when src_stage is -1, decoded from the
-// sealed pool block `src` (src may then equal dst).
+// sealed pool block `src` (src may then equal dst). With a window pool, the windowed layers
+// copy window block `wsrc` to `wdst` instead (both -1 without one).
 struct BlockCopy {
     BlockId src = -1;
     BlockId dst = -1;
     int32_t n_rows = 0;
     int32_t src_stage = -1;
     int32_t dst_stage = -1;
+    BlockId wsrc = -1;
+    BlockId wdst = -1;
     bool operator==(const BlockCopy&) const = default;
+};
+
+// The sliding-window layers' own pool (see the header comment). n_blocks 0: none, every
+// layer lives in the main pool.
+struct KvWindowPool {
+    int32_t n_blocks = 0;  // window pool size in blocks
+    int32_t window = 0;    // tokens a query sees, itself included (ModelConfig::n_swa)
+    int32_t margin = 0;    // tokens a sequence can always be rolled back by (truncate)
+    bool operator==(const KvWindowPool&) const = default;
 };
 
 // Outcome of append(): running out of blocks is an expected condition the caller handles
@@ -50,6 +69,8 @@ struct [[nodiscard]] KvAppendResult {
     int32_t n_blocks_available = 0;  // free + evictable blocks at the time of the call
     int32_t n_stages_needed = 0;     // stage slots it needed (staging tables only)
     int32_t n_stages_available = 0;  // free + reclaimable stage slots
+    int32_t n_window_needed = 0;     // window partners it needed (window pool only)
+    int32_t n_window_available = 0;  // free window blocks + those of evictable blocks
     explicit operator bool() const { return ok; }
     std::string reason() const;  // "" when ok
 };
@@ -74,6 +95,8 @@ struct KvBlockStats {
     int64_t copies = 0;             // copy-on-write block copies, cumulative
     int32_t n_stages = 0;           // stage slots (0: no staging)
     int32_t stages_in_use = 0;      // held by a block (partly filled, or sealed and kept)
+    int32_t n_window_blocks = 0;    // window pool size (0: none)
+    int32_t window_in_use = 0;      // window blocks that are some block's partner
     // Share of the used blocks' slots that hold no token (the "KV waste").
     double waste_fraction() const;
 };
@@ -81,8 +104,10 @@ struct KvBlockStats {
 class KvBlockTable {
   public:
     // n_blocks: pool size (1 .. 2^24); block_size: tokens per block (1 .. 256); n_stages:
-    // f16 stage slots for quantized storage (0: none). Throws Error.
-    KvBlockTable(int32_t n_blocks, int32_t block_size, int32_t n_stages = 0);
+    // f16 stage slots for quantized storage (0: none); window: the sliding-window layers'
+    // pool (n_blocks 0: none). Throws Error.
+    KvBlockTable(int32_t n_blocks, int32_t block_size, int32_t n_stages = 0,
+                 KvWindowPool window = {});
 
     // ---- sequences ----
     SeqId create_sequence();
@@ -108,8 +133,15 @@ class KvBlockTable {
     // New blocks append(seq, n_tokens, ...) would need right now (incl. copy-on-write).
     int32_t blocks_needed(SeqId seq, int32_t n_tokens) const;
     // Rolls `seq` back to its first n_tokens tokens (0 .. n_tokens(seq)), releasing blocks
-    // it no longer needs.
+    // it no longer needs. With a window pool, throws Error when the window partners the
+    // tokens before n_tokens need are gone (check can_truncate first).
     void truncate(SeqId seq, int32_t n_tokens);
+    // Whether truncate(seq, n_tokens) can keep the windowed layers' K/V the next query needs
+    // (always true without a window pool, or when rolling back by at most the margin). When
+    // false, the caller recomputes: free the sequence, or truncate further (to 0 always works).
+    bool can_truncate(SeqId seq, int32_t n_tokens) const;
+    // truncate(seq, n_tokens) when can_truncate, else truncate(seq, 0): the tokens kept.
+    int32_t rollback(SeqId seq, int32_t n_tokens);
 
     // Stage slots append(seq, n_tokens, ...) would need right now (0 without staging).
     int32_t stages_needed(SeqId seq, int32_t n_tokens) const;
@@ -133,6 +165,10 @@ class KvBlockTable {
     int32_t stage_of(BlockId block) const;
     // Stage slot of the block holding position pos of seq.
     int32_t stage_of_slot(SeqId seq, int32_t pos) const;
+    // Window partner of a block, -1 when it has none (always -1 without a window pool).
+    BlockId window_of(BlockId block) const;
+    // The window partners of block_ids(seq), -1 where dropped (empty without a window pool).
+    std::vector<BlockId> window_ids(SeqId seq) const;
 
     // ---- prefix cache ----
     // Number of leading tokens (a multiple of block_size) whose full blocks are cached.
@@ -163,6 +199,12 @@ class KvBlockTable {
     bool staging() const { return !stages_.empty(); }
     // Stage slots an append can draw on: free ones plus reclaimable ones.
     int32_t n_available_stages() const;
+    const KvWindowPool& window_pool() const { return window_; }
+    bool windowed() const { return window_.n_blocks > 0; }
+    // Window blocks an allocation can draw on: free ones plus evictable blocks' partners.
+    int32_t n_available_window() const {
+        return static_cast<int32_t>(wfree_.size()) + n_lru_partners_;
+    }
     KvBlockStats stats() const;
 
     // Chained hash of one full block: `parent` is the previous block's hash (0 for the first).
@@ -179,6 +221,8 @@ class KvBlockTable {
         std::list<BlockId>::iterator lru_it;
         int32_t stage = -1;   // stage slot holding the block's rows in f16, or -1
         bool sealed = false;  // the pool holds the whole block (its last row was written)
+        BlockId wpart = -1;   // window partner, or -1 (none, or dropped)
+        int32_t wneed = 0;    // sequences holding it at or after their w_first
     };
     struct Stage {
         BlockId block = -1;  // owner, -1 when free
@@ -188,6 +232,11 @@ class KvBlockTable {
         std::vector<BlockId> blocks;   // [ceil(n_tokens / block_size)]
         std::vector<TokenId> tokens;   // [n_tokens]
         std::vector<uint64_t> hashes;  // [n_tokens / block_size] chained hashes of full blocks
+        // Window pool: blocks [w_first, blocks.size()) count this sequence in their wneed
+        // and have partners; w_epoch is the pass of the last append (w_first advances at the
+        // first append of a pass, never under the rows the pass still reads).
+        int32_t w_first = 0;
+        int64_t w_epoch = -1;
     };
 
     Sequence& seq_ref(SeqId seq);
@@ -205,6 +254,18 @@ class KvBlockTable {
     int32_t acquire_stage(BlockId block);  // caller checked availability
     void release_stage(BlockId block);
     void touch_stage(BlockId block);  // protects it from reclaiming until the next pass
+    // Window pool: the first block a sequence of n tokens keeps partners for, with `margin`
+    // tokens of rollback (0: just what the next query sees).
+    int32_t window_first(int64_t n_tokens, int32_t margin) const;
+    void need_window(BlockId block);    // wneed + 1 (the block has a partner)
+    void unneed_window(BlockId block);  // wneed - 1; at 0 a used block's partner is dropped
+    void give_partner(BlockId block);   // caller checked n_available_window()
+    void drop_partner(BlockId block);
+    // Unless `s` appended in this pass: drops its partners no later query reads (margin kept).
+    void advance_window(Sequence& s);
+    // Lowest index >= lo from which blocks[i .. hi) all have partners (hi when block hi-1
+    // has none).
+    int32_t live_window_from(const std::vector<BlockId>& blocks, int32_t lo, int32_t hi) const;
 
     int32_t n_blocks_ = 0;
     int32_t block_size_ = 0;
@@ -222,6 +283,9 @@ class KvBlockTable {
     int32_t peak_used_ = 0;
     int64_t prefix_hit_tokens_ = 0;
     int64_t n_copies_ = 0;
+    KvWindowPool window_;
+    std::vector<BlockId> wfree_;  // stack of free window blocks
+    int32_t n_lru_partners_ = 0;  // evictable blocks that still hold a partner
 };
 
 }  // namespace kvrun

@@ -68,8 +68,7 @@ PerplexityResult perplexity_run(Backend& backend, const Tokenizer& tok, const st
     const int32_t first = n_ctx / 2;
     const int32_t n_scored = n_ctx - 1 - first;
 
-    KvBlockTable table(static_cast<int32_t>(backend.n_kv_blocks()), backend.kv_block_size(),
-                       backend.n_kv_stages());
+    KvBlockTable table = kv_table_for(backend);
     if (table.n_blocks() * int64_t(table.block_size()) < n_ctx)
         throw Error(fmt::format("the KV pool holds {} tokens, less than -c {}",
                                 table.n_blocks() * int64_t(table.block_size()), n_ctx),

@@ -84,8 +84,7 @@ inline std::vector<float> exact_next_probs(Model& ref, const std::vector<TokenId
                                            const SamplingParams& params,
                                            const TokenConstraint* constraint = nullptr) {
     const int V = static_cast<int>(ref.backend->config().n_vocab);
-    KvBlockTable table(static_cast<int32_t>(ref.backend->n_kv_blocks()),
-                       ref.backend->kv_block_size(), ref.backend->n_kv_stages());
+    KvBlockTable table = kv_table_for(*ref.backend);
     SeqId seq = table.create_sequence();
     REQUIRE(table.append(seq, ctx));
     kv_apply_pending(table, *ref.backend);

@@ -405,6 +405,53 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
         }
 }
 
+TEST_CASE("cuda backend with a sliding-window pool matches the cpu backend past the window") {
+    // Gemma 3 with an 8-token window on 5 of 6 layers, blocks of 4: the windowed layers live
+    // in the window pool ((8 + 64 + 8) / 4 + 2 = 22 blocks) and drop their early blocks once
+    // a sequence is past the window and the rollback margin; a fork copies a partial block in
+    // both pools. f16 and q8 (staged) storage.
+    const auto dir = std::filesystem::temp_directory_path();
+    for (KvType kv : {KvType::F16, KvType::Q8}) {
+        CAPTURE(std::string(kv_type_name(kv)));
+        SyntheticModelConfig c = synthetic_preset("tiny");
+        c.arch = "gemma3", c.n_layer = 6, c.head_dim = 128, c.n_head = 4, c.n_head_kv = 2;
+        c.sliding_window = 8, c.weight_std = 0.06f;
+        const auto path = dir / "kvrun-test-cuda-swa-pool.gguf";
+        synthetic_model_write(c, path.string());
+        GgufFile file = GgufFile::open(path.string());
+        BackendOptions o;
+        o.kv_block_size = 4;
+        o.n_kv_blocks = 100;
+        o.n_batch = 8;
+        o.kv_type_k = o.kv_type_v = kv;
+        auto cpu = make_cpu_backend(file, o);
+        auto gpu = make_cuda_backend(file, o, 0);
+        REQUIRE(gpu->kv_window_pool() == cpu->kv_window_pool());
+        REQUIRE(gpu->kv_window_pool().n_blocks == 22);
+        KvBlockTable table = kv_table_for(*cpu);
+        const SeqId a = table.create_sequence();
+        std::vector<TokenId> toks;
+        for (int32_t i = 0; i < 24; ++i) toks.push_back((i * 37 + 11) % 512);
+        int32_t next = 0;
+        for (int32_t at = 0; at < 24; at += 8)
+            CHECK(compare(*cpu, *gpu,
+                          append_step(table, {{a, {toks.begin() + at, toks.begin() + at + 8}}},
+                                      {cpu.get(), gpu.get()}),
+                          &next) < logit_bound(kv));
+        for (int32_t step = 0; step < 79; ++step)
+            CHECK(compare(*cpu, *gpu, append_step(table, {{a, {next}}}, {cpu.get(), gpu.get()}),
+                          &next) < logit_bound(kv));
+        CHECK(table.window_of(table.block_ids(a)[0]) == -1);  // dropped
+        const SeqId b = table.fork(a);                        // 103 tokens: a partial block
+        for (int32_t step = 0; step < 6; ++step)
+            CHECK(compare(*cpu, *gpu,
+                          append_step(table, {{a, {next}}, {b, {(step * 13 + 5) % 512}}},
+                                      {cpu.get(), gpu.get()}),
+                          &next) < logit_bound(kv));
+        std::filesystem::remove(path);
+    }
+}
+
 TEST_CASE("cuda backend applies LoRA adapters like the cpu backend") {
     // Adapters on Q, V, the gate (the unfused gate/up path), down and the output of a Q4_K_M
     // llama and a phi3 (fused Q/K/V and gate/up: B's rows split), two adapters stacked;

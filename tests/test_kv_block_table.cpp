@@ -697,3 +697,290 @@ TEST_CASE("kv table: stage slots run out like blocks and are reclaimed from seal
     CHECK(copies[0].dst_stage == t.stage_of(t.block_ids(a)[0]));
     CHECK(copies[0].n_rows == 3);
 }
+
+namespace {
+
+// Storage for a table with a window pool, executed the way a backend does: the global layers
+// live in `pool` (main block ids), the windowed layers in `wpool` (window partner ids). With
+// staging, each kind of layer has its own f16 stage rows (stage, wstage). Each row holds its
+// token id, so reads can be checked against the sequence.
+struct WindowedStorage {
+    int32_t bs, window;
+    bool staged;
+    std::vector<std::vector<TokenId>> pool, wpool, stage, wstage;
+    WindowedStorage(int32_t n_blocks, int32_t n_window, int32_t n_stages, int32_t block_size,
+                    int32_t win)
+        : bs(block_size),
+          window(win),
+          staged(n_stages > 0),
+          pool(size_t(n_blocks), std::vector<TokenId>(size_t(block_size), -1)),
+          wpool(size_t(n_window), std::vector<TokenId>(size_t(block_size), -1)),
+          stage(size_t(n_stages), std::vector<TokenId>(size_t(block_size), -1)),
+          wstage(size_t(n_stages), std::vector<TokenId>(size_t(block_size), -1)) {}
+
+    void copy(const BlockCopy& c) {
+        REQUIRE(c.wsrc >= 0);
+        REQUIRE(c.wdst >= 0);
+        for (int32_t r = 0; r < c.n_rows; ++r) {
+            const size_t i = size_t(r);
+            if (!staged) {
+                pool[size_t(c.dst)][i] = pool[size_t(c.src)][i];
+                wpool[size_t(c.wdst)][i] = wpool[size_t(c.wsrc)][i];
+            } else if (c.src_stage >= 0) {
+                stage[size_t(c.dst_stage)][i] = stage[size_t(c.src_stage)][i];
+                wstage[size_t(c.dst_stage)][i] = wstage[size_t(c.src_stage)][i];
+            } else {
+                stage[size_t(c.dst_stage)][i] = pool[size_t(c.src)][i];
+                wstage[size_t(c.dst_stage)][i] = wpool[size_t(c.wsrc)][i];
+            }
+        }
+    }
+    void write(const KvBlockTable& t, SeqId seq, int32_t start, int32_t n) {
+        const auto w = t.window_ids(seq);
+        for (int32_t p = start; p < start + n; ++p) {
+            const TokenId tok = t.tokens(seq)[size_t(p)];
+            const size_t r = size_t(p % bs);
+            const size_t blk = size_t(p / bs);
+            REQUIRE(w[blk] >= 0);
+            if (staged) {
+                const int32_t st = t.stage_of_slot(seq, p);
+                REQUIRE(st >= 0);
+                stage[size_t(st)][r] = tok;
+                wstage[size_t(st)][r] = tok;
+            } else {
+                pool[size_t(t.slot(seq, p).block)][r] = tok;
+                wpool[size_t(w[blk])][r] = tok;
+            }
+        }
+        if (staged)
+            for (int32_t p = start; p < start + n; ++p)
+                if (p % bs == bs - 1) {
+                    const size_t st = size_t(t.stage_of_slot(seq, p));
+                    pool[size_t(t.slot(seq, p).block)] = stage[st];
+                    wpool[size_t(w[size_t(p / bs)])] = wstage[st];
+                }
+    }
+    // What position p's attention reads: every earlier row of the global layers, and the
+    // last `window` rows of the windowed ones (its own block from the stage when staged).
+    bool reads_ok(const KvBlockTable& t, SeqId seq, int32_t p) const {
+        const auto& toks = t.tokens(seq);
+        const auto& blocks = t.block_ids(seq);
+        const auto w = t.window_ids(seq);
+        const int32_t own = staged ? (p / bs) * bs : p + 1;
+        for (int32_t q = 0; q < own; ++q)
+            if (pool[size_t(blocks[size_t(q / bs)])][size_t(q % bs)] != toks[size_t(q)])
+                return false;
+        for (int32_t q = std::max(0, p - window + 1); q < own; ++q) {
+            const BlockId wb = w[size_t(q / bs)];
+            if (wb < 0 || wpool[size_t(wb)][size_t(q % bs)] != toks[size_t(q)]) return false;
+        }
+        if (staged) {
+            const int32_t st = t.stage_of_slot(seq, p);
+            if (st < 0) return false;
+            for (int32_t q = own; q <= p; ++q)
+                if (stage[size_t(st)][size_t(q % bs)] != toks[size_t(q)] ||
+                    (q > p - window && wstage[size_t(st)][size_t(q % bs)] != toks[size_t(q)]))
+                    return false;
+        }
+        return true;
+    }
+};
+
+struct WindowRun {
+    int32_t n_blocks, n_window, bs, n_stages, window, margin;
+};
+
+void run_random_windowed(WindowRun cfg, int n_ops, uint32_t seed) {
+    CAPTURE(cfg.bs);
+    CAPTURE(cfg.n_stages);
+    CAPTURE(cfg.window);
+    KvBlockTable t(cfg.n_blocks, cfg.bs, cfg.n_stages, {cfg.n_window, cfg.window, cfg.margin});
+    REQUIRE(t.windowed());
+    WindowedStorage store(cfg.n_blocks, cfg.n_window, cfg.n_stages, cfg.bs, cfg.window);
+    std::mt19937 rng(seed);
+    auto rnd = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    std::vector<SeqId> seqs;
+    int n_appends = 0, n_fail = 0, n_adopted = 0, n_refused_rollbacks = 0, n_rollbacks = 0;
+    int32_t longest = 0;
+    for (int op = 0; op < n_ops; ++op) {
+        const int kind = seqs.empty() ? 0 : rnd(0, 11);
+        if (kind == 0 && seqs.size() < 5) {
+            // Prompts from a tiny alphabet so that prefixes repeat, some past the window.
+            std::vector<TokenId> want(size_t(rnd(0, 2 * cfg.window)));
+            for (auto& x : want) x = rnd(0, 1);
+            seqs.push_back(t.create_sequence_with_prefix(want));
+            n_adopted += t.n_tokens(seqs.back()) > 0;
+            // What the adopter's next query sees is there.
+            const int32_t n = t.n_tokens(seqs.back());
+            if (n > 0 && !store.staged)
+                for (int32_t q = std::max(0, n - cfg.window + 1); q < n; ++q)
+                    CHECK(t.window_ids(seqs.back())[size_t(q / cfg.bs)] >= 0);
+        } else if (kind == 1 && seqs.size() < 5) {
+            seqs.push_back(t.fork(seqs[size_t(rnd(0, int(seqs.size()) - 1))]));
+        } else if (kind == 2) {
+            const size_t i = size_t(rnd(0, int(seqs.size()) - 1));
+            t.free_sequence(seqs[i]);
+            seqs.erase(seqs.begin() + int64_t(i));
+        } else if (kind == 3) {
+            // Roll back: within the margin it must work; further it may be refused.
+            const SeqId s = seqs[size_t(rnd(0, int(seqs.size()) - 1))];
+            const int32_t n = t.n_tokens(s);
+            const int32_t to = rnd(0, 1) ? std::max(0, n - rnd(0, cfg.margin)) : rnd(0, n);
+            if (n - to <= cfg.margin) CHECK(t.can_truncate(s, to));
+            if (t.can_truncate(s, to)) {
+                t.truncate(s, to);
+                ++n_rollbacks;
+            } else {
+                CHECK_THROWS_AS(t.truncate(s, to), kvrun::Error);
+                CHECK(t.n_tokens(s) == n);  // refused: unchanged
+                ++n_refused_rollbacks;
+                CHECK(t.can_truncate(s, 0));
+            }
+        } else {
+            // One pass: 1-3 sequences append 1..2*bs tokens each.
+            std::vector<std::pair<SeqId, int32_t>> parts;
+            std::vector<int32_t> lens;
+            const int n_parts = rnd(1, std::min<int>(3, int(seqs.size())));
+            for (int k = 0; k < n_parts; ++k) {
+                const SeqId s = seqs[size_t(rnd(0, int(seqs.size()) - 1))];
+                bool dup = false;
+                for (auto& p : parts) dup |= p.first == s;
+                if (dup) continue;
+                std::vector<TokenId> toks(size_t(rnd(1, 2 * cfg.bs)));
+                for (auto& x : toks) x = rnd(0, 1);
+                const int32_t start = t.n_tokens(s);
+                KvAppendResult r = t.append(s, toks);
+                if (!r) {
+                    ++n_fail;
+                    CHECK(t.n_tokens(s) == start);
+                    CHECK_FALSE(r.reason().empty());
+                    continue;
+                }
+                parts.push_back({s, start});
+                lens.push_back(int32_t(toks.size()));
+            }
+            for (const BlockCopy& c : t.take_pending_copies()) store.copy(c);
+            for (size_t k = 0; k < parts.size(); ++k)
+                store.write(t, parts[k].first, parts[k].second, lens[k]);
+            for (size_t k = 0; k < parts.size(); ++k) {
+                ++n_appends;
+                for (int32_t p = parts[k].second; p < parts[k].second + lens[k]; ++p)
+                    if (!store.reads_ok(t, parts[k].first, p))
+                        FAIL("position " << p << " of sequence " << parts[k].first
+                                         << " reads the wrong rows");
+            }
+        }
+        // No window block is the partner of two blocks; the counters agree.
+        std::vector<int> owners(size_t(cfg.n_window), 0);
+        int32_t partners = 0;
+        for (BlockId b = 0; b < cfg.n_blocks; ++b)
+            if (t.window_of(b) >= 0) {
+                ++owners[size_t(t.window_of(b))];
+                ++partners;
+            }
+        for (int o : owners) CHECK(o <= 1);
+        CHECK(t.stats().window_in_use == partners);
+        for (SeqId s : seqs) longest = std::max(longest, t.n_tokens(s));
+    }
+    CHECK(n_appends > n_ops / 4);
+    CHECK(n_rollbacks > 0);
+    CHECK(longest > 2 * cfg.window);  // the window really slid
+    MESSAGE("windowed run bs " << cfg.bs << ": " << n_appends << " appends, " << n_fail
+                               << " refused, " << n_adopted << " prefix adoptions, "
+                               << n_refused_rollbacks << " rollbacks refused, longest " << longest);
+    for (SeqId s : seqs) t.free_sequence(s);
+    CHECK(t.n_used_blocks() == 0);
+    t.clear_cache();
+    CHECK(t.stats().window_in_use == 0);
+}
+
+}  // namespace
+
+TEST_CASE("kv table: window pool, randomized against a simulated backend") {
+    // n_blocks, n_window, bs, n_stages, window, margin
+    run_random_windowed({400, 40, 4, 0, 12, 4}, 4000, 21);
+    run_random_windowed({400, 60, 2, 0, 7, 3}, 4000, 22);
+    run_random_windowed({200, 24, 8, 0, 20, 8}, 3000, 23);
+    run_random_windowed({400, 40, 4, 10, 12, 4}, 4000, 24);
+    run_random_windowed({600, 90, 1, 0, 5, 2}, 3000, 25);
+}
+
+TEST_CASE("kv table: a long sequence holds only its window in the window pool") {
+    // Window 32, margin 16, blocks of 4: the window pool needs ceil((32 + 16) / 4) + 2 = 14
+    // blocks however long the sequence grows; the main pool holds all of it.
+    KvBlockTable t(300, 4, 0, {14, 32, 16});
+    SeqId a = t.create_sequence();
+    int32_t peak = 0;
+    for (int i = 0; i < 1000; ++i) {
+        REQUIRE(t.append(a, iota_tokens(1, i)));
+        (void)t.take_pending_copies();
+        peak = std::max(peak, t.stats().window_in_use);
+    }
+    CHECK(t.n_used_blocks() == 250);
+    CHECK(peak <= 14);
+    const auto w = t.window_ids(a);
+    CHECK(w.front() == -1);  // dropped
+    CHECK(w.back() >= 0);
+    // Rolling back by the margin works; far back it is refused, and 0 always works.
+    CHECK(t.can_truncate(a, 1000 - 16));
+    CHECK_FALSE(t.can_truncate(a, 500));
+    CHECK_THROWS_AS(t.truncate(a, 500), kvrun::Error);
+    CHECK(t.n_tokens(a) == 1000);
+    t.truncate(a, 990);
+    CHECK(t.append(a, iota_tokens(10, 7)));
+    (void)t.take_pending_copies();
+
+    // A prefill pass of 40 tokens needs partners for all of them at once: it fails cleanly
+    // when the window pool is too small, and the pool is unchanged.
+    KvBlockTable small(300, 4, 0, {8, 32, 16});
+    SeqId b = small.create_sequence();
+    KvAppendResult r = small.append(b, iota_tokens(40));
+    CHECK_FALSE(r);
+    CHECK(r.n_window_needed == 10);
+    CHECK(r.n_window_available == 8);
+    CHECK(r.reason().find("sliding-window") != std::string::npos);
+    CHECK(small.n_tokens(b) == 0);
+    CHECK(small.stats().window_in_use == 0);
+}
+
+TEST_CASE("kv table: a finished sequence's window survives for prefix reuse") {
+    // Chat-like: a conversation is freed, then a longer prompt with the same start adopts
+    // it whole, window included (its last blocks kept their partners).
+    KvBlockTable t(100, 4, 0, {20, 8, 4});
+    const auto conv = iota_tokens(50);
+    SeqId a = t.create_sequence();
+    REQUIRE(t.append(a, conv));
+    (void)t.take_pending_copies();
+    t.free_sequence(a);
+    auto longer = conv;
+    for (int i = 0; i < 9; ++i) longer.push_back(1000 + i);
+    SeqId b = t.create_sequence_with_prefix(longer);
+    CHECK(t.n_tokens(b) == 48);
+    // Another sequence now needs the whole window pool: the evictable partners are taken
+    // (the unused blocks lose theirs first), and a later adoption finds no window.
+    t.free_sequence(b);
+    SeqId c = t.create_sequence();
+    REQUIRE(t.append(c, iota_tokens(80, 5000)));
+    (void)t.take_pending_copies();
+    CHECK(t.stats().window_in_use <= 20);
+    SeqId d = t.create_sequence_with_prefix(longer);
+    CHECK(t.n_tokens(d) == 0);
+}
+
+TEST_CASE("kv table: the window advances once per pass, never under the pass's own reads") {
+    KvBlockTable t(100, 4, 0, {40, 8, 4});
+    SeqId a = t.create_sequence();
+    REQUIRE(t.append(a, iota_tokens(100)));
+    (void)t.take_pending_copies();
+    // One pass appends 40 tokens, then 1 more: the first of them (position 100) still reads
+    // positions 93.. (block 23), whatever the second append would drop.
+    REQUIRE(t.append(a, iota_tokens(40, 500)));
+    REQUIRE(t.append(a, iota_tokens(1, 900)));
+    const auto w = t.window_ids(a);
+    for (size_t i = 23; i < w.size(); ++i) CHECK(w[i] >= 0);
+    (void)t.take_pending_copies();
+    // The next pass's first append drops what position 141 (minus the margin) cannot see.
+    REQUIRE(t.append(a, iota_tokens(1, 901)));
+    CHECK(t.window_of(t.block_ids(a)[23]) == -1);
+    CHECK(t.window_of(t.block_ids(a)[32]) >= 0);
+}

@@ -688,8 +688,7 @@ TEST_CASE("DRY through the engine: greedy with it, with drafts, in batches, neve
     const int V = static_cast<int>(ref.backend->config().n_vocab);
     std::vector<TokenId> by_hand;
     while (by_hand.size() < want[1].size()) {
-        kvrun::KvBlockTable table(static_cast<int32_t>(ref.backend->n_kv_blocks()),
-                                  ref.backend->kv_block_size(), ref.backend->n_kv_stages());
+        kvrun::KvBlockTable table = kvrun::kv_table_for(*ref.backend);
         const auto seq = table.create_sequence();
         REQUIRE(table.append(seq, ctx));
         kvrun::kv_apply_pending(table, *ref.backend);

@@ -140,6 +140,7 @@ class CudaBackend final : public Backend {
     int64_t n_kv_blocks() const override { return n_blocks_; }
     int32_t kv_block_size() const override { return options_.kv_block_size; }
     int32_t n_kv_stages() const override { return static_cast<int32_t>(n_stages_); }
+    KvWindowPool kv_window_pool() const override { return window_; }
     std::string name() const override { return "cuda"; }
     int64_t kv_block_io_bytes() const override {
         return config_.n_layer * (k_block_bytes_ + v_block_bytes_);
@@ -163,6 +164,9 @@ class CudaBackend final : public Backend {
     void run_step(int64_t n_tokens, int64_t n_rows, int64_t max_blocks);
     int64_t launch(const ForwardBatch& b);  // validates, uploads and enqueues; returns rows
     KvLayerView kv_layer(int64_t l) const;
+    // Whether layer l's K/V lives in the window pool; that pool's or the main pool's blocks.
+    bool in_window_pool(int64_t layer) const;
+    int64_t pool_blocks(int64_t layer) const;
     void clear_graphs();
     void drop_graphs_if_scratch_moved();
 
@@ -186,6 +190,7 @@ class CudaBackend final : public Backend {
     RopeParams rope_swa_;  // the sliding-window layers' RoPE (ModelConfig::rope_swa)
 
     int64_t n_blocks_ = 0, k_block_bytes_ = 0, v_block_bytes_ = 0;
+    KvWindowPool window_;                    // the sliding-window layers' pool (kv_layout_for)
     DeviceMem kv_mem_;                       // per layer: K pool, V pool, K stage, V stage
     std::vector<uint8_t*> k_pool_, v_pool_;  // [n_layer] of [n_blocks][n_kv_head] head blocks
     // Staging (quantized caches): [n_layer] of f16 [n_stages][n_kv_head][bs][hd]
@@ -214,6 +219,7 @@ class CudaBackend final : public Backend {
     // each, logit rows [row_cap_], block tables [table_cap_].
     int32_t *d_tokens_ = nullptr, *d_pos_ = nullptr, *d_seq_ = nullptr, *d_slot_ = nullptr;
     int32_t *d_stage_ = nullptr, *d_rows_ = nullptr, *d_table_ = nullptr;
+    int32_t* d_wtable_ = nullptr;  // window pool tables [table_cap_] after d_table_
 
     // forward_sample: [R] token ids, [R] CudaSampleRow, penalty ids (device and pinned host
     // mirror, same layout).
@@ -434,36 +440,58 @@ void CudaBackend::add_lora(float* out, const float* x, const std::vector<LoraDel
 }
 
 void CudaBackend::allocate_kv() {
-    n_blocks_ = kv_blocks_for(config_, options_);
+    const KvLayout layout = kv_layout_for(config_, options_);
+    n_blocks_ = layout.n_blocks;
+    window_ = layout.window;
     n_stages_ = kv_stages_for(options_);
     k_block_bytes_ = kv_layer_block_bytes(options_.kv_type_k, KvRole::K, config_.n_kv_head,
                                           options_.kv_block_size, config_.head_dim);
     v_block_bytes_ = kv_layer_block_bytes(options_.kv_type_v, KvRole::V, config_.n_kv_head,
                                           options_.kv_block_size, config_.head_dim);
-    const size_t k_bytes = align_up(size_t(n_blocks_) * size_t(k_block_bytes_));
-    const size_t v_bytes = align_up(size_t(n_blocks_) * size_t(v_block_bytes_));
     const size_t s_bytes = align_up(
         size_t(n_stages_ * config_.n_kv_head * options_.kv_block_size * config_.head_dim * 2));
-    const size_t layer_bytes = k_bytes + v_bytes + 2 * s_bytes;
+    // Per layer: K pool, V pool (of the main or the window pool's blocks), K and V stages.
+    auto layer_bytes = [&](int64_t l) {
+        const size_t n = size_t(pool_blocks(l));
+        return align_up(n * size_t(k_block_bytes_)) + align_up(n * size_t(v_block_bytes_)) +
+               2 * s_bytes;
+    };
+    size_t total = 0;
+    for (int64_t l = 0; l < config_.n_layer; ++l) total += layer_bytes(l);
     const std::string what = fmt::format(
-        "the KV cache ({} blocks of {} tokens{} x {} layers)", n_blocks_, options_.kv_block_size,
+        "the KV cache ({} blocks of {} tokens{}{} x {} layers)", n_blocks_, options_.kv_block_size,
+        window_.n_blocks > 0 ? fmt::format(", {} for the sliding-window layers", window_.n_blocks)
+                             : "",
         n_stages_ > 0 ? fmt::format(" + {} f16 stage blocks", n_stages_) : "", config_.n_layer);
-    kv_mem_ = DeviceMem(layer_bytes * size_t(config_.n_layer), what.c_str());
+    kv_mem_ = DeviceMem(total, what.c_str());
     // Zeroed so that no stale NaN can ever meet a zero attention weight.
     CUDA_CHECK(cudaMemsetAsync(kv_mem_.get(), 0, kv_mem_.size(), stream_.get()));
     CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    uint8_t* base = kv_mem_.get();
     for (int64_t l = 0; l < config_.n_layer; ++l) {
-        uint8_t* base = kv_mem_.get() + size_t(l) * layer_bytes;
+        const size_t n = size_t(pool_blocks(l));
+        const size_t k_bytes = align_up(n * size_t(k_block_bytes_));
+        const size_t v_bytes = align_up(n * size_t(v_block_bytes_));
         k_pool_.push_back(base);
         v_pool_.push_back(base + k_bytes);
         if (n_stages_ > 0) {
             k_stage_.push_back(base + k_bytes + v_bytes);
             v_stage_.push_back(base + k_bytes + v_bytes + s_bytes);
         }
+        base += layer_bytes(l);
     }
 }
 
+bool CudaBackend::in_window_pool(int64_t layer) const {
+    return kv_layer_in_window_pool(config_, window_, layer);
+}
+
+int64_t CudaBackend::pool_blocks(int64_t layer) const {
+    return in_window_pool(layer) ? window_.n_blocks : n_blocks_;
+}
+
 void CudaBackend::read_kv_block(int64_t block, uint8_t* dst) {
+    kv_block_io_check(window_);
     if (block < 0 || block >= n_blocks_)
         fail("read_kv_block: block {} is outside the pool (0..{})", block, n_blocks_ - 1);
     for (int64_t l = 0; l < config_.n_layer; ++l) {
@@ -478,6 +506,7 @@ void CudaBackend::read_kv_block(int64_t block, uint8_t* dst) {
 }
 
 void CudaBackend::write_kv_block(int64_t block, const uint8_t* src) {
+    kv_block_io_check(window_);
     if (block < 0 || block >= n_blocks_)
         fail("write_kv_block: block {} is outside the pool (0..{})", block, n_blocks_ - 1);
     for (int64_t l = 0; l < config_.n_layer; ++l) {
@@ -498,7 +527,7 @@ KvLayerView CudaBackend::kv_layer(int64_t l) const {
     kv.v_type = options_.kv_type_v;
     kv.k = k_pool_[size_t(l)];
     kv.v = v_pool_[size_t(l)];
-    kv.n_blocks = n_blocks_;
+    kv.n_blocks = pool_blocks(l);
     kv.n_kv_head = config_.n_kv_head;
     kv.block_size = options_.kv_block_size;
     kv.head_dim = config_.head_dim;
@@ -581,7 +610,8 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
     }
     if (grown || table_entries > table_cap_) {
         table_cap_ = std::max({table_entries, 2 * table_cap_, int64_t(1024)});
-        const size_t n = size_t(5 * token_cap_ + row_cap_ + table_cap_);
+        // Two tables of table_cap_ entries: the main pool's and the window pool's.
+        const size_t n = size_t(5 * token_cap_ + row_cap_ + 2 * table_cap_);
         meta_mem_ = DeviceMem();
         meta_mem_ = DeviceMem(n * sizeof(int32_t), "batch metadata");
         meta_host_ = PinnedMem(n * sizeof(int32_t));
@@ -593,6 +623,7 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
         d_stage_ = m + 4 * token_cap_;
         d_rows_ = m + 5 * token_cap_;
         d_table_ = d_rows_ + row_cap_;
+        d_wtable_ = d_table_ + table_cap_;
         grown = true;
     }
     if (lora_rank_ > 0) {
@@ -611,7 +642,7 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
 }
 
 void CudaBackend::validate(const ForwardBatch& b) const {
-    b.validate(config_.n_vocab, n_blocks_, options_.kv_block_size, n_stages_);
+    b.validate(config_.n_vocab, n_blocks_, options_.kv_block_size, n_stages_, window_);
 }
 
 // The mixture-of-experts FFN of layer w on xb_'s T normed rows, result in xb_: router,
@@ -662,8 +693,10 @@ void CudaBackend::enqueue_dense_ffn(const DeviceLayer& w, int64_t T) {
 void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
     const ModelConfig& c = config_;
     const cudaStream_t s = stream_.get();
-    const KvBatchView kb{d_seq_,     d_slot_, d_table_,
-                         max_blocks, T,       n_stages_ > 0 ? d_stage_ : nullptr};
+    const KvBatchView kb_main{d_seq_,     d_slot_, d_table_,
+                              max_blocks, T,       n_stages_ > 0 ? d_stage_ : nullptr};
+    KvBatchView kb_window = kb_main;  // the sliding-window layers' view of the window pool
+    kb_window.block_table = d_wtable_;
     cuda_embed(x_, token_embd_, d_tokens_, T, s);
     if (c.embd_scale != 1.0f) cuda_scale(x_, T * c.n_embd, c.embd_scale, s);
     // Each residual add is fused with the RMSNorm that follows it; the first layer's
@@ -686,6 +719,7 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
             cuda_rmsnorm(k_, k_, w.k_norm, T * c.n_kv_head, c.head_dim, c.norm_eps, s);
         }
         const KvLayerView kv = kv_layer(l);
+        const KvBatchView& kb = in_window_pool(l) ? kb_window : kb_main;
         const RopeParams& rope = c.is_swa(l) ? rope_swa_ : rope_;
         if (rotate_ || !c.uses_rope(l)) {  // unfused: a Hadamard rotation, or a NoPE layer
             if (c.uses_rope(l)) {
@@ -799,7 +833,16 @@ int64_t CudaBackend::launch(const ForwardBatch& b) {
     for (int64_t sq = 0; sq < n_seqs; ++sq)
         std::copy(b.block_tables[size_t(sq)].begin(), b.block_tables[size_t(sq)].end(),
                   ht + sq * max_blocks);
-    const size_t meta_bytes = size_t(5 * token_cap_ + row_cap_ + n_seqs * max_blocks) * 4;
+    int64_t table_entries = n_seqs * max_blocks;
+    if (window_.n_blocks > 0) {  // the window tables at d_wtable_ (the upload spans the gap)
+        int32_t* hw = ht + table_cap_;
+        std::fill(hw, hw + n_seqs * max_blocks, -1);
+        for (int64_t sq = 0; sq < n_seqs; ++sq)
+            std::copy(b.window_tables[size_t(sq)].begin(), b.window_tables[size_t(sq)].end(),
+                      hw + sq * max_blocks);
+        table_entries += table_cap_;
+    }
+    const size_t meta_bytes = size_t(5 * token_cap_ + row_cap_ + table_entries) * 4;
     CUDA_CHECK(
         cudaMemcpyAsync(meta_mem_.get(), h, meta_bytes, cudaMemcpyHostToDevice, stream_.get()));
     try {
@@ -876,12 +919,14 @@ void CudaBackend::forward_sample(const ForwardBatch& b, const std::vector<RowSam
 }
 
 void CudaBackend::copy_blocks(const std::vector<BlockCopy>& copies) {
-    kv_copies_validate(copies, n_blocks_, n_stages_);
+    kv_copies_validate(copies, n_blocks_, n_stages_, window_.n_blocks);
     CUDA_CHECK(cudaSetDevice(device_));
     for (const BlockCopy& c : copies)
-        for (int64_t l = 0; l < config_.n_layer; ++l)
-            cuda_kv_copy(kv_layer(l), c.src, c.dst, c.src_stage, c.dst_stage, c.n_rows,
-                         stream_.get());
+        for (int64_t l = 0; l < config_.n_layer; ++l) {
+            const bool w = in_window_pool(l);
+            cuda_kv_copy(kv_layer(l), w ? c.wsrc : c.src, w ? c.wdst : c.dst, c.src_stage,
+                         c.dst_stage, c.n_rows, stream_.get());
+        }
     CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
 }
 

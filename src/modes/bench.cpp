@@ -158,14 +158,16 @@ int run_bench(BenchOptions o) {
         for (int32_t depth : depth_list) {
             std::vector<double> pp, tg;
             for (int32_t r = -1; r < o.reps; ++r) {  // r = -1: warm-up
-                KvBlockTable table(static_cast<int32_t>(b.n_kv_blocks()), b.kv_block_size(),
-                                   b.n_kv_stages());
+                KvBlockTable table = kv_table_for(b);
                 SeqId seq = table.create_sequence();
                 if (depth > 0) feed(b, table, seq, toks, 0, depth, mo.n_batch, logits);
                 if (o.n_prompt > 0) {
-                    double s = feed(b, table, seq, toks, depth, o.n_prompt, mo.n_batch, logits);
+                    // On a fork, so decode continues from the depth (a window pool could not
+                    // roll the prompt back).
+                    const SeqId prompt = table.fork(seq);
+                    double s = feed(b, table, prompt, toks, depth, o.n_prompt, mo.n_batch, logits);
                     if (r >= 0) pp.push_back(o.n_prompt / s);
-                    table.truncate(seq, depth);
+                    table.free_sequence(prompt);
                 }
                 if (o.n_gen > 0) {
                     double s = feed(b, table, seq, toks, depth, o.n_gen, 1, logits);

@@ -74,6 +74,9 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
                     "Hadamard-rotate Q and K before K is stored (on, off; see docs/kv-cache.md)")
         ->check(CLI::IsMember({"on", "off"}))
         ->capture_default_str();
+    cmd->add_flag("--swa-full", o.swa_full,
+                  "Sliding-window models (Gemma 2/3): keep the windowed layers' K/V for the "
+                  "whole context instead of only each sequence's window (more memory)");
     cmd->add_option("--kv-memory", o.kv_memory_mib,
                     "KV cache pool size in MiB (0: sized for the context)")
         ->check(at_least(0));
@@ -403,6 +406,7 @@ LoadedModel load_model(const ModelOptions& o, int32_t n_sequences) {
     bo.rope = o.rope;
     bo.n_ctx = o.n_ctx;
     bo.lora = lora_specs(o);
+    bo.swa_full = o.swa_full;
     if (o.kv_memory_mib > 0) {
         bo.kv_memory_mib = o.kv_memory_mib;
         bo.n_kv_blocks = kv_blocks_for(cfg, bo);  // what the budget holds after stage slots
@@ -453,9 +457,17 @@ std::string kv_cache_summary(const Backend& backend, const ModelOptions& o) {
     const KvType v = kv_type_parse(o.kv_type_v.empty() ? o.kv_type : o.kv_type_v);
     const ModelConfig& c = backend.config();
     const int32_t bs = backend.kv_block_size();
-    std::string s = fmt::format("KV cache: K {}, V {}, {:.1f} bytes/token, {} blocks of {} tokens",
-                                kv_type_name(k), kv_type_name(v), kv_bytes_per_token(c, k, v, bs),
-                                backend.n_kv_blocks(), bs);
+    const KvWindowPool w = backend.kv_window_pool();
+    int64_t n_win = 0;  // layers in the window pool
+    for (int64_t l = 0; l < c.n_layer; ++l) n_win += kv_layer_in_window_pool(c, w, l) ? 1 : 0;
+    const double per_token =
+        kv_bytes_per_token(c, k, v, bs) * double(c.n_layer - n_win) / double(c.n_layer);
+    std::string s =
+        fmt::format("KV cache: K {}, V {}, {:.1f} bytes/token, {} blocks of {} tokens",
+                    kv_type_name(k), kv_type_name(v), per_token, backend.n_kv_blocks(), bs);
+    if (w.n_blocks > 0)
+        s += fmt::format(" + {} blocks for the {} sliding-window layers (window {} + {})",
+                         w.n_blocks, n_win, w.window, w.margin);
     if (backend.n_kv_stages() > 0)
         s += fmt::format(" + {} f16 stage blocks", backend.n_kv_stages());
     if (o.kv_rotate == "on") s += ", Hadamard-rotated keys";

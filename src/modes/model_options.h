@@ -35,6 +35,9 @@ struct ModelOptions {
     // LoRA adapters (llama.cpp's --lora FILE, --lora-scaled FILE SCALE), applied in order.
     std::vector<std::string> lora;
     std::vector<std::string> lora_scaled;  // FILE, SCALE, FILE, SCALE, ...
+    // Keep the sliding-window layers' K/V for the whole context (llama.cpp's --swa-full)
+    // instead of only each sequence's window (BackendOptions::swa_full).
+    bool swa_full = false;
 };
 
 // A CLI11 check that a number is >= lo, with a plain message ("must be at least 0 (got -1)").

@@ -18,6 +18,12 @@ void add_prompt_cache_options(CLI::App* cmd, PromptCacheOptions& o) {
         ->needs(path);
 }
 
+ModelOptions model_options_for_cache(const ModelOptions& mo, const PromptCacheOptions& o) {
+    ModelOptions out = mo;
+    if (o.enabled()) out.swa_full = true;
+    return out;
+}
+
 PromptCacheUse::PromptCacheUse(const PromptCacheOptions& o, const ModelOptions& mo,
                                const LoadedModel& m, Engine& engine)
     : o_(o), m_(m), engine_(engine) {

@@ -22,6 +22,11 @@ struct PromptCacheOptions {
 
 void add_prompt_cache_options(CLI::App* cmd, PromptCacheOptions& o);
 
+// The model options for a run with these prompt cache options: a prompt cache file holds
+// whole blocks of every layer, so a model with sliding-window layers keeps their full K/V
+// (--swa-full) when one is given.
+ModelOptions model_options_for_cache(const ModelOptions& mo, const PromptCacheOptions& o);
+
 // One run's use of the file: the constructor loads it (a note on stderr when it is made for
 // another model or KV format: it is then rewritten, unless read-only); remember() records a
 // request's tokens; save() writes their cached blocks. Errors (corrupt file, I/O) throw.
