@@ -216,6 +216,12 @@ TEST_CASE("engine and CLI on a windowed model: same tokens with and without the 
     CHECK(cached1.out == full.out);
     CHECK(cached2.out == full.out);
     CHECK(cached1.err.find("sliding-window layers") == std::string::npos);
+    // bench at a depth past the window: its prompt runs on a fork of the depth sequence.
+    const auto bench = kvrun::test::run_command(bin + " bench -m " + dir.file("g3.gguf") +
+                                                " -p 24 -n 8 -r 1 --depth 0,122 --device cpu "
+                                                "--kv-block-size 4 -b 16 -o csv");
+    CHECK_MESSAGE(bench.exit_code == 0, bench.err);
+    CHECK(bench.out.find("pp24") != std::string::npos);
 
     // An engine session rolled back far past the window recomputes and still gives the
     // tokens of a fresh run.

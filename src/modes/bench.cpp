@@ -136,7 +136,11 @@ int run_bench(BenchOptions o) {
         mo.kv_type_v.clear();
         mo.n_ctx = max_depth + std::max(o.n_prompt, o.n_gen) + mo.kv_block_size;
         if (mo.kv_memory_mib <= 0) mo.kv_memory_mib = 0;
-        LoadedModel m = load_model(mo, 1);
+        // pp runs on a fork of the depth sequence; with sliding-window layers both hold a
+        // window in the window pool, so it is sized for two sequences.
+        const ModelConfig probe = model_config_from_gguf(*open_model_file(mo));
+        const bool windowed = probe.n_swa > 0 && probe.swa_pattern > 0 && !mo.swa_full;
+        LoadedModel m = load_model(mo, windowed ? 2 : 1);
         Backend& b = *m.backend;
         const ModelConfig& cfg = b.config();
         model_name = m.file->get_string_or("general.name", mo.model);
