@@ -216,6 +216,10 @@ TEST_CASE("engine and CLI on a windowed model: same tokens with and without the 
     CHECK(cached1.out == full.out);
     CHECK(cached2.out == full.out);
     CHECK(cached1.err.find("sliding-window layers") == std::string::npos);
+    const auto info = kvrun::test::run_command(bin + " info -m " + dir.file("g3.gguf"));
+    CHECK(info.out.find("per token of the 1 global layers: 128.0 bytes in f16; the 5 "
+                        "sliding-window layers keep each sequence's last 8 + 64") !=
+          std::string::npos);
     // bench at a depth past the window: its prompt runs on a fork of the depth sequence.
     const auto bench = kvrun::test::run_command(bin + " bench -m " + dir.file("g3.gguf") +
                                                 " -p 24 -n 8 -r 1 --depth 0,122 --device cpu "

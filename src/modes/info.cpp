@@ -28,8 +28,9 @@ struct Hyper {
     double rope_base = 10000, norm_eps = 0;
     std::string rope_scaling;  // e.g. "none", "linear x4", "yarn x4 from 8192", "+ rope_freqs"
     std::string attention;     // sliding window and soft caps (Gemma), or empty
-    std::string multipliers;   // Granite's scales, or empty
-    std::string experts;       // mixture of experts, or empty
+    int64_t n_swa = 0, n_swa_layers = 0;  // the window and how many layers use it
+    std::string multipliers;              // Granite's scales, or empty
+    std::string experts;                  // mixture of experts, or empty
 };
 
 Hyper read_hyper(const GgufFile& f) {
@@ -71,6 +72,8 @@ Hyper read_hyper(const GgufFile& f) {
             f.get_int_or(a + "attention.sliding_window", h.arch == "gemma2" ? 4096 : 0);
         h.attention = fmt::format("sliding window {} tokens on {}", window,
                                   h.arch == "gemma2" ? "every other layer" : "5 of 6 layers");
+        h.n_swa = window;
+        h.n_swa_layers = h.arch == "gemma2" ? (h.n_layer + 1) / 2 : h.n_layer - h.n_layer / 6;
         if (h.arch == "gemma2")
             h.attention += fmt::format(", soft caps {:g} (scores) {:g} (logits)",
                                        f.get_float_or(a + "attn_logit_softcapping", 50.0),
@@ -241,6 +244,14 @@ int run_info(const InfoOptions& o) {
     for (auto& r : kv_rows)
         fmt::print("                {:<8} {:>14.1f} {:>16} {:>11.2f}x\n", r.name, r.bytes,
                    human_bytes(r.bytes * 4096), r.bytes > 0 ? f16_bytes / r.bytes : 0.0);
+    if (h.n_swa > 0 && h.n_swa_layers > 0 && h.n_layer > 0)
+        fmt::print(
+            "                (per token of the {} global layers: {:.1f} bytes in f16; the {} "
+            "sliding-window layers keep each sequence's last {} + 64 + --batch-size tokens, "
+            "unless --swa-full)\n",
+            h.n_layer - h.n_swa_layers,
+            f16_bytes * double(h.n_layer - h.n_swa_layers) / double(h.n_layer), h.n_swa_layers,
+            h.n_swa);
     if (o.metadata) {
         fmt::print("\nmetadata\n");
         for (const auto& [key, v] : f.metadata()) fmt::print("  {:<40} {}\n", key, v.to_display());
