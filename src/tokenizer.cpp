@@ -212,13 +212,14 @@ std::vector<std::string> token_text_pieces(const Tokenizer& tok) {
     return pieces;
 }
 
-std::string Tokenizer::decode(const std::vector<TokenId>& ids, bool strip_leading_space) const {
+std::string Tokenizer::decode(const std::vector<TokenId>& ids, bool strip_leading_space,
+                              bool render_special) const {
     std::string out;
     bool strip = strip_leading_space && add_space_prefix_;
     size_t i = 0;
-    if (strip && !ids.empty() && ids[0] == bos_) out += token_to_piece(ids[i++]);
+    if (strip && !ids.empty() && ids[0] == bos_) out += token_to_piece(ids[i++], render_special);
     for (; i < ids.size(); ++i) {
-        std::string piece = token_to_piece(ids[i]);
+        std::string piece = token_to_piece(ids[i], render_special);
         if (strip && !piece.empty() && piece[0] == ' ') piece.erase(0, 1);
         strip = false;
         out += piece;
@@ -250,7 +251,7 @@ void Tokenizer::check_id(TokenId id) const {
 }
 
 std::string StreamDecoder::push(TokenId id) {
-    std::string piece = tok_.token_to_piece(id);
+    std::string piece = tok_.token_to_piece(id, render_special_);
     if (strip_next_) {
         if (!piece.empty() && piece[0] == ' ') piece.erase(0, 1);
         strip_next_ = false;

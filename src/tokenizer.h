@@ -48,7 +48,9 @@ class Tokenizer {
     // Concatenated pieces. For SPM the leading space added by encode is removed when
     // `strip_leading_space`: the first piece after an optional leading BOS loses one leading
     // space, so decode(encode(s, any_bos)) == s for SPM as for BPE (special tokens aside).
-    std::string decode(const std::vector<TokenId>& ids, bool strip_leading_space = true) const;
+    // render_special: control tokens show their text (llama.cpp's --special) instead of "".
+    std::string decode(const std::vector<TokenId>& ids, bool strip_leading_space = true,
+                       bool render_special = false) const;
 
     int32_t n_vocab() const { return static_cast<int32_t>(tokens_.size()); }
     const std::string& token_text(TokenId id) const {  // throws Error when out of range
@@ -117,7 +119,9 @@ std::vector<std::string> token_text_pieces(const Tokenizer& tok);
 // does; a stream that starts elsewhere (e.g. generated tokens after a prompt) keeps it.
 class StreamDecoder {
   public:
-    explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
+    // render_special: control tokens show their text (Tokenizer::decode).
+    explicit StreamDecoder(const Tokenizer& tok, bool render_special = false)
+        : tok_(tok), render_special_(render_special) {}
     // Returns the text that became complete with this token (possibly empty). Malformed
     // byte sequences come out as U+FFFD.
     std::string push(TokenId id);
@@ -126,6 +130,7 @@ class StreamDecoder {
 
   private:
     const Tokenizer& tok_;
+    bool render_special_ = false;
     std::string pending_;
     bool first_ = true;
     bool strip_next_ = false;  // BOS came first: strip the next piece's leading space

@@ -740,6 +740,29 @@ TEST_CASE("-l/--logit-bias and JSON \"logit_bias\" (object or pairs) change the 
     CHECK(res[5]["error"] == "logit bias: token id 600 is outside the vocabulary (0..511)");
 }
 
+TEST_CASE("--special / -sp shows generated control tokens; -np is --parallel") {
+    auto model = shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    const std::string m = " -m " + model.string();
+    // Token 1 is the control token <s>: forced by a bias, it is invisible unless --special.
+    const std::string base = "run" + m + " -p 'Once' --temp 0 -n 3 -l 1+100";
+    CHECK(run_command(kvrun_cmd(base)).out == "\n");
+    CHECK(run_command(kvrun_cmd(base + " --special")).out == "<s><s><s>\n");
+    CHECK(run_command(kvrun_cmd(base + " -sp --n-samples 2")).out.find("<s><s><s>\n") !=
+          std::string::npos);
+    const std::string req = "{\"prompt\": \"Once\", \"n_predict\": 2}\n";
+    auto j = run_command(kvrun_cmd("run --jsonl -sp -l 1+100" + m), req);
+    CHECK(nlohmann::json::parse(j.out)["text"] == "<s><s>");
+    kvrun::test::TempDir dir;
+    const std::string prompts = dir.file("p.txt");
+    std::ofstream(prompts) << "Once\nThe dog\n";
+    auto b = run_command(kvrun_cmd("batch -f " + prompts + m + " -n 2 -l 1+100 -np 2 --special"));
+    CHECK_MESSAGE(b.exit_code == 0, b.err);
+    CHECK(b.out.find("\"text\":\"<s><s>\"") != std::string::npos);
+    b = run_command(kvrun_cmd("batch -f " + prompts + m + " -n 2 -l 1+100"));
+    CHECK(b.out.find("\"text\":\"\"") != std::string::npos);
+}
+
 TEST_CASE("DRY, XTC, typical, top-n-sigma, dynamic temperature, mirostat: flags and JSON agree") {
     auto model = shared_path("models/stories260K.gguf");
     if (model.empty()) return;

@@ -39,6 +39,7 @@ struct BatchOptions {
     int32_t n_probs = 0;
     int32_t parallel = 16;
     bool ignore_eos = false, no_bos = false, parse_special = false, no_progress = false;
+    bool special = false;  // control tokens in the output show their text
     std::vector<std::string> stop;
 };
 
@@ -127,14 +128,15 @@ ModelOptions sized_for(const BatchOptions& o, const std::vector<Item>& items,
     return m;
 }
 
-nlohmann::json item_json(size_t index, const Item& it, const Tokenizer& tok, bool speculative) {
+nlohmann::json item_json(size_t index, const Item& it, const Tokenizer& tok, bool speculative,
+                         bool special) {
     nlohmann::json j = {{"index", index}, {"line", it.line_no}};
     if (!it.id.is_null()) j["id"] = it.id;
     if (!it.error.empty()) {
         j["error"] = it.error;
         return j;
     }
-    j.update(request_result_to_json(it.samples, it.request.prompt, tok, speculative));
+    j.update(request_result_to_json(it.samples, it.request.prompt, tok, speculative, special));
     return j;
 }
 
@@ -261,8 +263,9 @@ int run_batch(const BatchOptions& o) {
             const bool ready = it.done || !it.error.empty();
             if (!ready && !skip_unfinished) break;
             if (!ready) continue;
-            fmt::print(out, "{}\n",
-                       json_line(item_json(next, it, *m.tokenizer, engine.speculative())));
+            fmt::print(
+                out, "{}\n",
+                json_line(item_json(next, it, *m.tokenizer, engine.speculative(), o.special)));
             ++n_written;
         }
         std::fflush(out);
@@ -349,6 +352,9 @@ void add_batch_command(CLI::App& root, int& exit_code) {
     cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after the end-of-sequence token");
     cmd->add_flag("--no-bos", o->no_bos, "Do not add the BOS token to the prompts");
     cmd->add_flag("--parse-special", o->parse_special, "Recognize special token texts in prompts");
+    cmd->add_flag("--special", o->special,
+                  "Show control tokens the model generates as their text in \"text\" (llama.cpp's "
+                  "-sp)");
     cmd->add_flag("--no-progress", o->no_progress, "No progress bar on stderr");
     cmd->callback([o, &exit_code] { exit_code = run_batch(*o); });
 }

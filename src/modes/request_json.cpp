@@ -181,10 +181,10 @@ nlohmann::json logprobs_to_json(const std::vector<TokenLogprobs>& lps, const Tok
     return out;
 }
 
-nlohmann::json generation_to_json(const GenerationResult& r, const Tokenizer& tok,
-                                  bool speculative) {
+nlohmann::json generation_to_json(const GenerationResult& r, const Tokenizer& tok, bool speculative,
+                                  bool special) {
     nlohmann::json x = {{"tokens", r.tokens},
-                        {"text", tok.decode(r.tokens, false)},
+                        {"text", tok.decode(r.tokens, false, special)},
                         {"stop", stop_reason_name(r.stop)},
                         {"preemptions", r.preemptions},
                         {"timings", timings_to_json(r.timings)}};
@@ -200,14 +200,15 @@ nlohmann::json generation_to_json(const GenerationResult& r, const Tokenizer& to
 
 nlohmann::json request_result_to_json(const std::vector<GenerationResult>& samples,
                                       const std::vector<TokenId>& prompt_tokens,
-                                      const Tokenizer& tok, bool speculative) {
-    nlohmann::json out = samples.empty() ? nlohmann::json::object()
-                                         : generation_to_json(samples[0], tok, speculative);
+                                      const Tokenizer& tok, bool speculative, bool special) {
+    nlohmann::json out = samples.empty()
+                             ? nlohmann::json::object()
+                             : generation_to_json(samples[0], tok, speculative, special);
     out["prompt_tokens"] = prompt_tokens;
     if (samples.size() > 1) {
         out["samples"] = nlohmann::json::array();
         for (const auto& r : samples)
-            out["samples"].push_back(generation_to_json(r, tok, speculative));
+            out["samples"].push_back(generation_to_json(r, tok, speculative, special));
     }
     return out;
 }

@@ -56,14 +56,16 @@ nlohmann::json timings_to_json(const GenerationTimings& t);
 // `speculative` {"speculative": {"drafted", "accepted", "rounds", "target_passes"}}, and when
 // the request asked for them "logprobs": [{"id", "token", "bytes", "logprob",
 // "top_logprobs": [{"id", "token", "bytes", "logprob"}, ...]}, ...] (one per token).
+// `special`: control tokens show their text in "text" (--special).
 nlohmann::json generation_to_json(const GenerationResult& r, const Tokenizer& tok,
-                                  bool speculative = false);
+                                  bool speculative = false, bool special = false);
 
 // A request's result: sample 0's fields plus "prompt_tokens", and with several samples a
 // "samples" array holding each one. `samples` is indexed by sample number.
 nlohmann::json request_result_to_json(const std::vector<GenerationResult>& samples,
                                       const std::vector<TokenId>& prompt_tokens,
-                                      const Tokenizer& tok, bool speculative = false);
+                                      const Tokenizer& tok, bool speculative = false,
+                                      bool special = false);
 
 // One JSON line: compact, invalid UTF-8 replaced by U+FFFD.
 std::string json_line(const nlohmann::json& j);

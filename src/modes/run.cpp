@@ -29,6 +29,7 @@ struct RunOptions {
     int32_t n_samples = 1;
     int32_t n_probs = 0;
     bool stats = false, jsonl = false, truncate = false, ignore_eos = false;
+    bool special = false;  // control tokens in the output show their text
     bool no_bos = false, parse_special = false, echo = false, escape = false;
     std::vector<std::string> stop;
 };
@@ -172,7 +173,7 @@ int run_single(const RunOptions& o) {
 
         install_interrupt_handler();
         if (o.echo) fmt::print("{}", text), std::fflush(stdout);
-        std::vector<StreamDecoder> decoders(n_seq, StreamDecoder(*m.tokenizer));
+        std::vector<StreamDecoder> decoders(n_seq, StreamDecoder(*m.tokenizer, o.special));
         if (n_seq == 1) {
             engine.on_token([&](int32_t, int32_t, TokenId tok) {
                 std::string piece = decoders[0].push(tok);
@@ -187,7 +188,7 @@ int run_single(const RunOptions& o) {
             for (const auto& r : results)
                 fmt::print("--- sample {} ({} tokens, stop: {}) ---\n{}\n", r.sample,
                            r.tokens.size(), stop_reason_name(r.stop),
-                           m.tokenizer->decode(r.tokens, false));
+                           m.tokenizer->decode(r.tokens, false, o.special));
         }
         std::fflush(stdout);
         if (o.n_probs > 0)
@@ -264,7 +265,8 @@ int run_jsonl(const RunOptions& o) {
             engine.submit(req);
             engine.run(&interrupt_flag());
             if (cache) cache->remember(req.prompt, results);
-            out = request_result_to_json(results, req.prompt, *m.tokenizer, engine.speculative());
+            out = request_result_to_json(results, req.prompt, *m.tokenizer, engine.speculative(),
+                                         o.special);
         } catch (const Error& e) {
             out = {{"error", e.what()}, {"line", line_no}};
         }
@@ -308,6 +310,9 @@ void add_run_command(CLI::App& root, int& exit_code) {
         ->capture_default_str();
     cmd->add_option("--stop", o->stop, "Stop when the output contains this text (repeatable)");
     cmd->add_flag("--stats", o->stats, "Print timings and KV usage to stderr");
+    cmd->add_flag("--special", o->special,
+                  "Show control tokens the model generates (e.g. <|im_start|>) as their text "
+                  "(llama.cpp's -sp)");
     cmd->add_flag(
         "--jsonl", o->jsonl,
         "Read JSON requests from stdin, one per line: {\"prompt\": ..., \"n_predict\": ..., "
