@@ -3,6 +3,7 @@
 #include "backend.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common.h"
 #include "kv_format.h"
@@ -115,6 +116,34 @@ void ForwardBatch::validate(int64_t n_vocab, int64_t n_blocks, int64_t block_siz
             if (st < 0 || st >= n_stages)
                 fail("forward batch: stage slot {} outside the {} stage slots", st, n_stages);
     }
+}
+
+void ForwardBatch::set_lora_scales(int32_t seq_index, std::vector<float> scales) {
+    if (seq_index < 0 || size_t(seq_index) >= block_tables.size())
+        fail("forward batch: LoRA scales for sequence {} of {}", seq_index, block_tables.size());
+    if (lora_scales.size() <= size_t(seq_index)) lora_scales.resize(size_t(seq_index) + 1);
+    lora_scales[size_t(seq_index)] = std::move(scales);
+}
+
+std::vector<std::vector<float>> ForwardBatch::token_lora_scales(
+    const std::vector<float>& loaded) const {
+    if (lora_scales.size() > block_tables.size())
+        fail("forward batch: LoRA scales for {} sequences but {} block tables", lora_scales.size(),
+             block_tables.size());
+    for (const auto& row : lora_scales) {
+        if (row.empty()) continue;
+        if (row.size() != loaded.size())
+            fail("forward batch: {} LoRA scales for {} loaded adapters", row.size(), loaded.size());
+        for (float s : row)
+            if (!std::isfinite(s)) fail("forward batch: LoRA scale {} is not finite", s);
+    }
+    std::vector<std::vector<float>> out(loaded.size(), std::vector<float>(tokens.size()));
+    for (size_t t = 0; t < tokens.size(); ++t) {
+        const size_t s = size_t(seq_index[t]);
+        const bool own = s < lora_scales.size() && !lora_scales[s].empty();
+        for (size_t i = 0; i < loaded.size(); ++i) out[i][t] = own ? lora_scales[s][i] : loaded[i];
+    }
+    return out;
 }
 
 void kv_copies_validate(const std::vector<BlockCopy>& copies, int64_t n_blocks, int64_t n_stages,

@@ -40,6 +40,9 @@ struct ForwardBatch {
     std::vector<int32_t> logit_rows;                 // tokens that need logits, output order
     std::vector<int32_t> stages;  // [n_tokens] stage slot of the token's block (staging only)
     std::vector<std::vector<int32_t>> window_tables;  // [n_seqs][n_blocks of seq] (window pool)
+    // Per-sequence LoRA scales (a request's "lora"): row s holds one user scale per loaded
+    // adapter for sequence s, or is empty (or missing) for the loaded scales (--lora-scaled).
+    std::vector<std::vector<float>> lora_scales;
 
     // Adds tokens [start, start + n) of `seq`, already appended to `table`, as one more
     // sequence of the batch (RoPE position = cache slot). Returns the batch index of the first.
@@ -49,6 +52,11 @@ struct ForwardBatch {
     // window block outside the pool where a token's window reaches).
     void validate(int64_t n_vocab, int64_t n_blocks, int64_t block_size, int64_t n_stages,
                   const KvWindowPool& window = {}) const;
+    // Sets sequence `seq_index`'s LoRA scales (empty: the loaded ones).
+    void set_lora_scales(int32_t seq_index, std::vector<float> scales);
+    // Each token's user scale for every adapter: [n_adapters][n_tokens], from lora_scales or
+    // `loaded`. Throws Error for rows that do not have one finite scale per adapter.
+    std::vector<std::vector<float>> token_lora_scales(const std::vector<float>& loaded) const;
 };
 
 // Throws Error for copies naming blocks or stages outside the pool (or window blocks outside
@@ -81,6 +89,9 @@ class Backend {
     // The sliding-window layers' own pool (n_blocks 0: none, every layer in the main pool).
     // Block tables for this backend must be made with it (kv_table_for).
     virtual KvWindowPool kv_window_pool() const { return {}; }
+    // The LoRA adapters' loaded user scales (--lora: 1, --lora-scaled), one per adapter; a
+    // batch's lora_scales rows replace them per sequence.
+    virtual std::vector<float> lora_scales() const { return {}; }
     // Whether forward_sample samples where the logits live (the CUDA backend: only token ids
     // travel back, not [rows][n_vocab] logits). The engine then uses it for plain steps.
     virtual bool samples_on_device() const { return false; }

@@ -119,6 +119,13 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
     const ModelConfig& c = config_;
     const int64_t T = int64_t(b.tokens.size());
     if (T == 0) return;
+    if (!options_.lora.empty()) {  // each token's and each logit row's adapter scales
+        lora_user_ = b.token_lora_scales(lora_scales());
+        lora_user_rows_.assign(lora_user_.size(), std::vector<float>(b.logit_rows.size()));
+        for (size_t i = 0; i < lora_user_.size(); ++i)
+            for (size_t r = 0; r < b.logit_rows.size(); ++r)
+                lora_user_rows_[i][r] = lora_user_[i][size_t(b.logit_rows[r])];
+    }
 
     // Block tables flattened to [n_seqs][max_blocks], padded with -1 (never read: slots
     // were checked against each table's length); the window pool's the same way.
@@ -161,9 +168,9 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
         cpu::matmul(q_.data(), xb_.data(), w.wq, T);
         cpu::matmul(k_.data(), xb_.data(), w.wk, T);
         cpu::matmul(v_.data(), xb_.data(), w.wv, T);
-        add_lora(q_.data(), xb_.data(), w.lora_q, T);
-        add_lora(k_.data(), xb_.data(), w.lora_k, T);
-        add_lora(v_.data(), xb_.data(), w.lora_v, T);
+        add_lora(q_.data(), xb_.data(), w.lora_q, T, lora_user_);
+        add_lora(k_.data(), xb_.data(), w.lora_k, T, lora_user_);
+        add_lora(v_.data(), xb_.data(), w.lora_v, T, lora_user_);
         if (!w.bq.empty()) {
             cpu::add_bias(q_.data(), w.bq.data(), T, c.q_dim());
             cpu::add_bias(k_.data(), w.bk.data(), T, c.kv_dim());
@@ -190,7 +197,7 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
         cpu::paged_attention(att_.data(), q_.data(), kv, kbl, c.n_head, c.attn_scale,
                              c.attn_softcap, c.window(l));
         cpu::matmul(xb_.data(), att_.data(), w.wo, T);
-        add_lora(xb_.data(), att_.data(), w.lora_o, T);
+        add_lora(xb_.data(), att_.data(), w.lora_o, T, lora_user_);
         add_block_output(w.attn_post_norm, T);
         // Feed-forward block.
         cpu::rmsnorm(xb_.data(), x_.data(), w.ffn_norm.data(), T, c.n_embd, c.norm_eps);
@@ -199,8 +206,8 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
         } else {
             cpu::matmul(gate_.data(), xb_.data(), w.w_gate, T);
             cpu::matmul(up_.data(), xb_.data(), w.w_up, T);
-            add_lora(gate_.data(), xb_.data(), w.lora_gate, T);
-            add_lora(up_.data(), xb_.data(), w.lora_up, T);
+            add_lora(gate_.data(), xb_.data(), w.lora_gate, T, lora_user_);
+            add_lora(up_.data(), xb_.data(), w.lora_up, T, lora_user_);
             if (c.ffn_gelu)
                 cpu::geglu(gate_.data(), gate_.data(), up_.data(), T * c.n_ff);
             else if (options_.llamacpp_rounding)  // emulated SiLU works on rows, like ggml's
@@ -210,7 +217,7 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
             else
                 cpu::swiglu(gate_.data(), gate_.data(), up_.data(), T * c.n_ff);
             cpu::matmul(xb_.data(), gate_.data(), w.w_down, T);
-            add_lora(xb_.data(), gate_.data(), w.lora_down, T);
+            add_lora(xb_.data(), gate_.data(), w.lora_down, T, lora_user_);
         }
         add_block_output(w.ffn_post_norm, T);
     }
@@ -224,7 +231,7 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
                     c.n_embd * sizeof(float));
     cpu::rmsnorm(xb_.data(), xb_.data(), weights_.output_norm.data(), R, c.n_embd, c.norm_eps);
     cpu::matmul(logits, xb_.data(), weights_.output, R);
-    add_lora(logits, xb_.data(), weights_.lora_output, R);
+    add_lora(logits, xb_.data(), weights_.lora_output, R, lora_user_rows_);
     if (c.logit_scale != 1.0f) cpu::scale(logits, R * c.n_vocab, c.logit_scale);
     if (c.final_softcap > 0) cpu::softcap(logits, R * c.n_vocab, c.final_softcap);
 }
@@ -285,13 +292,15 @@ void CpuBackend::add_block_output(const std::vector<float>& post_norm, int64_t T
 }
 
 void CpuBackend::add_lora(float* out, const float* x, const std::vector<LoraDelta>& deltas,
-                          int64_t T) {
+                          int64_t T, const std::vector<std::vector<float>>& user) {
     for (const LoraDelta& d : deltas) {
+        const int64_t n = d.b.n_out;
         lora_tmp_.resize(size_t(T * d.a.n_out));
-        lora_out_.resize(size_t(T * d.b.n_out));
+        lora_out_.resize(size_t(T * n));
         cpu::matmul(lora_tmp_.data(), x, d.a, T);
         cpu::matmul(lora_out_.data(), lora_tmp_.data(), d.b, T);
-        for (size_t i = 0; i < lora_out_.size(); ++i) out[i] += d.scale * lora_out_[i];
+        cpu::add_scaled_rows(out, lora_out_.data(), user[size_t(d.adapter)].data(), T, n,
+                             d.per_unit);
     }
 }
 

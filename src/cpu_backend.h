@@ -21,6 +21,7 @@ class CpuBackend final : public Backend {
     int32_t kv_block_size() const override { return options_.kv_block_size; }
     int32_t n_kv_stages() const override { return static_cast<int32_t>(n_stages_); }
     KvWindowPool kv_window_pool() const override { return window_; }
+    std::vector<float> lora_scales() const override { return lora_user_scales(options_.lora); }
     std::string name() const override { return "cpu"; }
     int64_t kv_block_io_bytes() const override;
     void read_kv_block(int64_t block, uint8_t* dst) override;
@@ -40,8 +41,10 @@ class CpuBackend final : public Backend {
     // x_ += a block's output xb_[T][n_embd], after its post norm (when not empty) and
     // Granite's residual scale.
     void add_block_output(const std::vector<float>& post_norm, int64_t T);
-    // out[T][n_out] += each LoRA update of x[T][n_in] (LoraDelta).
-    void add_lora(float* out, const float* x, const std::vector<LoraDelta>& deltas, int64_t T);
+    // out[T][n_out] += each LoRA update of x[T][n_in] (LoraDelta), row t scaled for the user
+    // scale user[adapter][t].
+    void add_lora(float* out, const float* x, const std::vector<LoraDelta>& deltas, int64_t T,
+                  const std::vector<std::vector<float>>& user);
 
     ModelConfig config_;
     RopeParams rope_;      // the model's RoPE (factors in config_.rope_freq_factors)
@@ -69,7 +72,9 @@ class CpuBackend final : public Backend {
     // Mixture of experts: router logits [n_tokens][n_expert]; an expert's rows gathered
     // [n][n_embd], their gate/up [n][n_ff_exp] and down output [n][n_embd]; the sum.
     std::vector<float> router_, moe_in_, moe_gate_, moe_up_, moe_down_, moe_out_;
-    std::vector<float> lora_tmp_, lora_out_;   // LoRA: A x [T][rank], B (A x) [T][n_out]
+    std::vector<float> lora_tmp_, lora_out_;  // LoRA: A x [T][rank], B (A x) [T][n_out]
+    // LoRA user scales [n_adapters][n_tokens] and [n_adapters][n_logit_rows] of the batch.
+    std::vector<std::vector<float>> lora_user_, lora_user_rows_;
     std::vector<int32_t> flat_tables_;         // [n_seqs][max_blocks_per_seq], -1 padded
     std::vector<int32_t> flat_window_tables_;  // the same for the window pool
 };

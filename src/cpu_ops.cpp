@@ -26,6 +26,7 @@
 #include "quant.h"
 #include "simd.h"
 #include "thread_pool.h"
+#include "weights.h"
 
 namespace kvrun::cpu {
 namespace {
@@ -249,6 +250,14 @@ void softcap(float* x, int64_t n, float cap) {
 
 void scale(float* x, int64_t n, float s) {
     for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+void add_scaled_rows(float* out, const float* y, const float* user, int64_t n_rows, int64_t n,
+                     double per_unit) {
+    for (int64_t t = 0; t < n_rows; ++t) {
+        const float s = lora_row_scale(user[t], per_unit);
+        for (int64_t j = 0; j < n; ++j) out[t * n + j] += s * y[t * n + j];
+    }
 }
 
 void add(float* x, const float* y, int64_t n) {

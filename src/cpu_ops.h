@@ -89,6 +89,10 @@ void softcap(float* x, int64_t n, float cap);
 
 // x[i] *= s, n elements.
 void scale(float* x, int64_t n, float s);
+// out[t][j] += lora_row_scale(user[t], per_unit) * y[t][j] for [n_rows][n] (a LoRA update
+// added with each row's own scale; the product is rounded before the sum).
+void add_scaled_rows(float* out, const float* y, const float* user, int64_t n_rows, int64_t n,
+                     double per_unit);
 
 // x[i] += y[i], n elements.
 void add(float* x, const float* y, int64_t n);

@@ -18,6 +18,8 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 
 #include "common.h"
 #include "engine_seq.h"
@@ -129,6 +131,18 @@ int32_t Engine::submit(GenerationRequest request) {
     merged_logit_bias(request.sampling, n_vocab);  // throws for an id outside the vocabulary
     if (request.n_probs < 0 || request.n_probs > kMaxLogprobs)
         fail("n_probs must be between 0 and {} (got {})", kMaxLogprobs, request.n_probs);
+    if (!request.lora.empty()) {
+        const std::vector<float> loaded = backend_.lora_scales();
+        if (loaded.empty())
+            throw Error("the request sets LoRA scales but no adapter is loaded",
+                        "load the adapters with --lora or --lora-scaled");
+        if (request.lora.size() != loaded.size())
+            fail("the request has {} LoRA scales for {} loaded adapters", request.lora.size(),
+                 loaded.size());
+        for (float x : request.lora)
+            if (!std::isfinite(x)) fail("LoRA scale {} is not finite", x);
+        if (request.lora == loaded) request.lora.clear();  // the loaded scales: share the cache
+    }
     auto req = std::make_shared<const GenerationRequest>(std::move(request));
     auto s = std::make_unique<Seq>();
     s->request = next_request_++;
@@ -164,6 +178,16 @@ bool Engine::idle() const {
     return running_.empty() && waiting_.empty();
 }
 
+// The block-hash salt of a request's LoRA scales (KvBlockTable::create_sequence): 0 for the
+// loaded scales.
+static uint64_t lora_salt(const std::vector<float>& scales) {
+    if (scales.empty()) return 0;
+    std::vector<TokenId> bits(scales.size());
+    std::memcpy(bits.data(), scales.data(), scales.size() * sizeof(float));
+    const uint64_t h = KvBlockTable::hash_block(0x4c6f'5241'7363'616cULL, bits);
+    return h != 0 ? h : 1;
+}
+
 // Blocks running sequences still need for the prompt tokens they have not computed yet.
 int32_t Engine::committed_blocks() const {
     int32_t n = 0;
@@ -180,7 +204,7 @@ bool Engine::shares_uncomputed_prefix(const Seq& s, int32_t n_cached) const {
     const int32_t bs = table_.block_size();
     const size_t limit = s.tokens.size() - 1;  // the last token is always computed
     for (const auto& r : running_) {
-        if (r->finished || r->kv < 0) continue;
+        if (r->finished || r->kv < 0 || r->req->lora != s.req->lora) continue;
         const size_t n = std::min(limit, r->tokens.size());
         size_t common = 0;
         while (common < n && s.tokens[common] == r->tokens[common]) ++common;
@@ -204,6 +228,13 @@ void Engine::admit() {
         Session* session = s.req->session >= 0 ? &session_ref(s.req->session) : nullptr;
         SeqId kv = -1;
         int32_t adopted = 0;
+        const uint64_t salt = lora_salt(s.req->lora);
+        if (session && session->kv >= 0 && table_.salt(session->kv) != salt) {
+            // The session's K/V was computed with other LoRA scales: recompute.
+            table_.free_sequence(session->kv);
+            session->kv = -1;
+            session->n_cached = 0;
+        }
         if (session && session->kv >= 0) {
             // Continue the session's own sequence; its last token's logits must be computed.
             kv = session->kv;
@@ -215,10 +246,10 @@ void Engine::admit() {
             // Adopt cached blocks for all but the last token: its logits must be computed.
             std::span<const TokenId> prefix(s.tokens.data(), s.tokens.size() - 1);
             if (opt_.prefix_cache && !running_.empty() &&
-                shares_uncomputed_prefix(s, table_.match_prefix(prefix)))
+                shares_uncomputed_prefix(s, table_.match_prefix(prefix, salt)))
                 break;  // a running prompt computes these blocks in this step: wait for them
-            kv = opt_.prefix_cache ? table_.create_sequence_with_prefix(prefix)
-                                   : table_.create_sequence();
+            kv = opt_.prefix_cache ? table_.create_sequence_with_prefix(prefix, salt)
+                                   : table_.create_sequence(salt);
             adopted = table_.n_tokens(kv);
         }
         // Forked samples copy the prompt's partly filled last block when they diverge.
@@ -597,6 +628,9 @@ bool Engine::step() {
         ForwardBatch fb;
         for (const Part& p : parts) {
             fb.add_sequence(table_, p.s->kv, p.start, p.n + p.k);
+            if (!p.s->req->lora.empty())
+                fb.set_lora_scales(static_cast<int32_t>(fb.block_tables.size()) - 1,
+                                   p.s->req->lora);
             if (p.logits)
                 for (int32_t i = p.k; i >= 0; --i)
                     fb.logit_rows.push_back(static_cast<int32_t>(fb.tokens.size()) - 1 - i);

@@ -58,6 +58,9 @@ struct GenerationRequest {
     // >= 0: run in this session (see Engine::open_session): the sequence is the session's
     // tokens followed by `prompt` (which may then be empty); only uncached tokens are computed.
     int32_t session = -1;
+    // This request's scale for each loaded LoRA adapter (llama.cpp server's "lora"); empty:
+    // the loaded scales. Sequences with other scales never share cached K/V with it.
+    std::vector<float> lora;
 };
 
 struct GenerationTimings {

@@ -210,10 +210,11 @@ uint64_t KvBlockTable::cached_parent_hash(BlockId block) const {
     return blocks_[block].cached ? blocks_[block].parent_hash : 0;
 }
 
-void KvBlockTable::find_prefix(std::span<const TokenId> tokens, std::vector<BlockId>& out) const {
+void KvBlockTable::find_prefix(std::span<const TokenId> tokens, std::vector<BlockId>& out,
+                               uint64_t salt) const {
     out.clear();
     const size_t bs = static_cast<size_t>(block_size_);
-    uint64_t parent = 0;
+    uint64_t parent = salt;
     for (size_t i = 0; (i + 1) * bs <= tokens.size(); ++i) {
         auto chunk = tokens.subspan(i * bs, bs);
         uint64_t h = hash_block(parent, chunk);
@@ -355,15 +356,21 @@ int32_t KvBlockTable::stages_needed(SeqId seq, int32_t n_tokens) const {
 
 // ---- sequences ----
 
-SeqId KvBlockTable::create_sequence() {
+SeqId KvBlockTable::create_sequence(uint64_t salt) {
     if (next_seq_ == INT32_MAX) fail("KV block table: sequence ids exhausted");
     SeqId id = next_seq_++;
-    seqs_.emplace(id, Sequence{});
+    Sequence s;
+    s.salt = salt;
+    seqs_.emplace(id, std::move(s));
     return id;
 }
 
-SeqId KvBlockTable::create_sequence_with_prefix(std::span<const TokenId> tokens) {
-    SeqId id = create_sequence();
+uint64_t KvBlockTable::salt(SeqId seq) const {
+    return seq_ref(seq).salt;
+}
+
+SeqId KvBlockTable::create_sequence_with_prefix(std::span<const TokenId> tokens, uint64_t salt) {
+    SeqId id = create_sequence(salt);
     adopt_prefix(id, tokens);
     return id;
 }
@@ -375,7 +382,7 @@ int32_t KvBlockTable::adopt_prefix(SeqId seq, std::span<const TokenId> tokens) {
              s.tokens.size());
     }
     std::vector<BlockId> found;
-    find_prefix(tokens, found);
+    find_prefix(tokens, found, s.salt);
     int32_t w_from = 0;
     if (windowed()) {
         // The longest prefix whose blocks the next query sees still have their partners.
@@ -533,7 +540,7 @@ KvAppendResult KvBlockTable::append(SeqId seq, int32_t n_tokens, const TokenId* 
 
     // Hash and register every block this append completed.
     for (size_t i = s.hashes.size(); (i + 1) * bs <= after; ++i) {
-        const uint64_t parent = i > 0 ? s.hashes[i - 1] : 0;
+        const uint64_t parent = i > 0 ? s.hashes[i - 1] : s.salt;
         auto chunk = std::span<const TokenId>(s.tokens).subspan(i * bs, bs);
         const uint64_t h = hash_block(parent, chunk);
         s.hashes.push_back(h);
@@ -637,9 +644,9 @@ int32_t KvBlockTable::stage_of_slot(SeqId seq, int32_t pos) const {
     return stage_of(slot(seq, pos).block);
 }
 
-int32_t KvBlockTable::match_prefix(std::span<const TokenId> tokens) const {
+int32_t KvBlockTable::match_prefix(std::span<const TokenId> tokens, uint64_t salt) const {
     std::vector<BlockId> found;
-    find_prefix(tokens, found);
+    find_prefix(tokens, found, salt);
     return static_cast<int32_t>(found.size()) * block_size_;
 }
 

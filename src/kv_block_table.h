@@ -110,11 +110,15 @@ class KvBlockTable {
                  KvWindowPool window = {});
 
     // ---- sequences ----
-    SeqId create_sequence();
+    // `salt` seeds the chain of the sequence's block hashes: sequences whose K/V differ for
+    // the same tokens (a request's own LoRA scales) use different salts and never share
+    // cached blocks. 0: the plain chain (prompt cache files hold only these).
+    SeqId create_sequence(uint64_t salt = 0);
     // Creates a sequence holding the longest cached prefix of `tokens` (whole blocks); its
     // n_tokens() says how many were adopted. Pass the prompt minus its last token when the
     // last position's logits must be computed anyway.
-    SeqId create_sequence_with_prefix(std::span<const TokenId> tokens);
+    SeqId create_sequence_with_prefix(std::span<const TokenId> tokens, uint64_t salt = 0);
+    uint64_t salt(SeqId seq) const;
     // Like create_sequence_with_prefix for an existing, empty sequence; returns tokens adopted.
     int32_t adopt_prefix(SeqId seq, std::span<const TokenId> tokens);
     void free_sequence(SeqId seq);
@@ -172,7 +176,7 @@ class KvBlockTable {
 
     // ---- prefix cache ----
     // Number of leading tokens (a multiple of block_size) whose full blocks are cached.
-    int32_t match_prefix(std::span<const TokenId> tokens) const;
+    int32_t match_prefix(std::span<const TokenId> tokens, uint64_t salt = 0) const;
     // Drops every evictable block from the cache (they become free).
     void clear_cache();
     // The cached full blocks holding the longest cached prefix of `tokens`, in order (what
@@ -237,6 +241,7 @@ class KvBlockTable {
         // first append of a pass, never under the rows the pass still reads).
         int32_t w_first = 0;
         int64_t w_epoch = -1;
+        uint64_t salt = 0;  // the parent hash of block 0
     };
 
     Sequence& seq_ref(SeqId seq);
@@ -249,7 +254,8 @@ class KvBlockTable {
     void register_full_block(BlockId block, uint64_t hash, uint64_t parent_hash,
                              std::span<const TokenId> tokens);
     // Walks the registry along `tokens`; fills `out` with the cached blocks of the prefix.
-    void find_prefix(std::span<const TokenId> tokens, std::vector<BlockId>& out) const;
+    void find_prefix(std::span<const TokenId> tokens, std::vector<BlockId>& out,
+                     uint64_t salt = 0) const;
     bool stage_reclaimable(const Stage& st) const;
     int32_t acquire_stage(BlockId block);  // caller checked availability
     void release_stage(BlockId block);

@@ -132,7 +132,9 @@ std::vector<std::unique_ptr<GgufFile>> lora_attach(ModelWeights& weights, const 
             LoraDelta d;
             d.a = adapter_matrix(*f, *ab.first, n_in, rank);
             d.b = adapter_matrix(*f, *ab.second, rank, n_out);
-            d.scale = float(alpha > 0 ? spec.scale * alpha / double(rank) : spec.scale);
+            d.per_unit = alpha > 0 ? alpha / double(rank) : 1.0;
+            d.scale = lora_row_scale(spec.scale, d.per_unit);
+            d.adapter = static_cast<int32_t>(files.size());
             attach(weights, c, spec.path, name, d);
         }
         files.push_back(std::move(f));

@@ -21,6 +21,13 @@ struct LoraSpec {
     float scale = 1.0f;  // --lora-scaled FILE SCALE (--lora: 1)
 };
 
+// The specs' user scales, one per adapter (Backend::lora_scales).
+inline std::vector<float> lora_user_scales(const std::vector<LoraSpec>& specs) {
+    std::vector<float> out;
+    for (const LoraSpec& s : specs) out.push_back(s.scale);
+    return out;
+}
+
 // Opens each adapter, checks it against the base model `base` (architecture, tensor names,
 // shapes, types) and appends its updates to `weights` (LayerWeights::lora_*, lora_output).
 // The attention, output and dense FFN matrices can be adapted (a fused attn_qkv or gate/up

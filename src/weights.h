@@ -14,9 +14,17 @@ namespace kvrun {
 
 // One LoRA adapter's update of a matrix W: W x becomes W x + scale * B (A x), with
 // A: [rank][n_in] and B: [n_out][rank] (views into the adapter file; see lora.h).
+// The scale of a LoRA update for a user scale (a request's or --lora-scaled's) and the
+// update's alpha / rank: both backends compute it this way, per row.
+inline float lora_row_scale(float user, double per_unit) {
+    return static_cast<float>(double(user) * per_unit);
+}
+
 struct LoraDelta {
     WeightView a, b;
-    float scale = 1.0f;
+    float scale = 1.0f;     // user scale x per_unit (the adapter's loaded scale)
+    double per_unit = 1.0;  // alpha / rank (1 without alpha): scale = float(user * per_unit)
+    int32_t adapter = 0;    // which adapter (index into BackendOptions::lora)
 };
 
 struct LayerWeights {

@@ -493,6 +493,17 @@ TEST_CASE("cuda backend applies LoRA adapters like the cpu backend") {
         for (int32_t step = 0; step < 6; ++step)
             CHECK(compare(*cpu, *gpu, append_step(table, {{a, {next}}}, {cpu.get(), gpu.get()}),
                           &next) < logit_bound(KvType::F16));
+        // A second sequence with its own scales (a request's "lora") in the same batches:
+        // prefill beside a's decode step, then decode steps of both.
+        const SeqId b = table.create_sequence();
+        std::vector<TokenId> btoks(toks.begin(), toks.begin() + 20);
+        for (int32_t step = 0; step < 4; ++step) {
+            ForwardBatch fb = append_step(
+                table, {{a, {next}}, {b, step == 0 ? btoks : std::vector<TokenId>{next}}},
+                {cpu.get(), gpu.get()});
+            fb.set_lora_scales(1, {0.0f, 2.0f});
+            CHECK(compare(*cpu, *gpu, fb, &next) < logit_bound(KvType::F16));
+        }
         std::filesystem::remove(path);
         std::filesystem::remove(adapter);
     }

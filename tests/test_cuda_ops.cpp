@@ -32,7 +32,9 @@ constexpr double kGemmF16 = 1e-5;  // activations and weights rounded to f16
 
 }  // namespace
 
-TEST_CASE("cuda rmsnorm, softmax, swiglu, add, add_bias, geglu, softcap, scale match the CPU") {
+TEST_CASE(
+    "cuda rmsnorm, softmax, swiglu, add, add_bias, geglu, softcap, scale, add_scaled_rows "
+    "match the CPU") {
     for (int64_t dim : {64, 172, 4096}) {
         CAPTURE(dim);
         const int64_t rows = 5, n = rows * dim;
@@ -82,6 +84,16 @@ TEST_CASE("cuda rmsnorm, softmax, swiglu, add, add_bias, geglu, softcap, scale m
         acc.upload(x);
         cuda_scale(acc.get(), n, 48.0f, nullptr);
         CHECK(nmse(acc.download(), ref) < kExact);
+        // LoRA's per-row scaled add: the same bits as the host (a row scale of 0 adds nothing).
+        const std::vector<float> user = {0.5f, -2.0f, 0.0f, 1.0f, 3.25f};
+        DevBuf<float> du(user);
+        ref = x;
+        cpu::add_scaled_rows(ref.data(), y.data(), user.data(), rows, dim, 0.375);
+        acc.upload(x);
+        cuda_add_scaled_rows(acc.get(), dy.get(), du.get(), rows, dim, 0.375, nullptr);
+        CHECK(acc.download() == ref);
+        CHECK(std::vector<float>(ref.begin() + 2 * dim, ref.begin() + 3 * dim) ==
+              std::vector<float>(x.begin() + 2 * dim, x.begin() + 3 * dim));
     }
 }
 

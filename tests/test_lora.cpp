@@ -5,19 +5,24 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "backend.h"
 #include "common.h"
+#include "engine.h"
 #include "gguf.h"
 #include "gguf_writer.h"
 #include "lora.h"
 #include "lora_test_util.h"
 #include "synthetic_model.h"
 #include "test_util.h"
+#include "tokenizer.h"
 
 using namespace kvrun;
 using kvrun::test::Factors;
@@ -247,4 +252,146 @@ TEST_CASE("--lora and --lora-scaled: the CLI runs the adapted model") {
     CHECK(as_model.exit_code == 1);
     CHECK(as_model.err.find("is a LoRA adapter, not a model (hint: pass it with --lora") !=
           std::string::npos);
+}
+
+TEST_CASE("per-sequence LoRA scales: one batch gives each sequence the logits of its own scale") {
+    TempDir dir;
+    synthetic_model_write(small("llama"), dir.file("base.gguf"));
+    GgufFile base = GgufFile::open(dir.file("base.gguf"));
+    const std::vector<Factors> fa = {random_factors(base, "blk.0.attn_q.weight", 4, 1),
+                                     random_factors(base, "blk.1.ffn_down.weight", 8, 2),
+                                     random_factors(base, "output.weight", 4, 3)};
+    const std::vector<Factors> fb = {random_factors(base, "blk.1.attn_v.weight", 4, 4)};
+    write_adapter(dir.file("a.gguf"), "llama", 8.0, fa);
+    write_adapter(dir.file("b.gguf"), "llama", 4.0, fb);
+    // One batch of three sequences (a 5-token prompt each; logits of every token).
+    auto run = [&](const std::vector<LoraSpec>& loaded,
+                   const std::vector<std::vector<float>>& rows) {
+        BackendOptions o;
+        o.kv_block_size = 4;
+        o.n_kv_blocks = 12;
+        o.n_threads = 2;
+        o.lora = loaded;
+        auto be = make_cpu_backend(base, o);
+        CHECK(be->lora_scales().size() == loaded.size());
+        ForwardBatch b;
+        for (int32_t s = 0; s < 3; ++s)
+            for (int32_t i = 0; i < 5; ++i) {
+                b.tokens.push_back((s * 31 + i * 7 + 3) % 300);
+                b.positions.push_back(i);
+                b.seq_index.push_back(s);
+                b.slots.push_back(i);
+                b.logit_rows.push_back(s * 5 + i);
+            }
+        b.block_tables = {{0, 1}, {2, 3}, {4, 5}};
+        for (size_t s = 0; s < rows.size(); ++s)
+            if (!rows[s].empty()) b.set_lora_scales(int32_t(s), rows[s]);
+        std::vector<float> l(15 * 300);
+        be->forward(b, l.data());
+        return l;
+    };
+    auto rows_of = [](const std::vector<float>& l, int s) {
+        return std::vector<float>(l.begin() + s * 5 * 300, l.begin() + (s + 1) * 5 * 300);
+    };
+    const std::string a = dir.file("a.gguf"), bb = dir.file("b.gguf");
+    // Loaded at (1, 1); sequence 0 keeps them, 1 runs (0.5, 0), 2 runs (2, 1.5).
+    const auto mixed = run({{a, 1.0f}, {bb, 1.0f}}, {{}, {0.5f, 0.0f}, {2.0f, 1.5f}});
+    const auto at_1 = run({{a, 1.0f}, {bb, 1.0f}}, {});
+    const auto at_half = run({{a, 0.5f}, {bb, 0.0f}}, {});
+    const auto at_2 = run({{a, 2.0f}, {bb, 1.5f}}, {});
+    CHECK(rows_of(mixed, 0) == rows_of(at_1, 0));  // bit for bit
+    CHECK(rows_of(mixed, 1) == rows_of(at_half, 1));
+    CHECK(rows_of(mixed, 2) == rows_of(at_2, 2));
+    CHECK(rows_of(mixed, 1) != rows_of(at_1, 1));
+    // Scales (0, 0) are the base model's logits.
+    const auto none = run({{a, 1.0f}, {bb, 1.0f}}, {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}});
+    CHECK(none == run({}, {}));
+    // A row must have one finite scale per adapter.
+    CHECK_THROWS_AS(run({{a, 1.0f}, {bb, 1.0f}}, {{1.0f}}), Error);
+    CHECK_THROWS_AS(run({{a, 1.0f}, {bb, 1.0f}}, {{1.0f, std::nanf("")}}), Error);
+}
+
+TEST_CASE("a request's \"lora\" scales: the CLI, the engine's prefix cache, and errors") {
+    TempDir dir;
+    synthetic_model_write(small("llama"), dir.file("base.gguf"));
+    GgufFile base = GgufFile::open(dir.file("base.gguf"));
+    const std::vector<Factors> fs = {random_factors(base, "blk.0.attn_k.weight", 8, 1),
+                                     random_factors(base, "output.weight", 8, 2)};
+    write_adapter(dir.file("lora.gguf"), "llama", 16.0, fs);
+    const std::string bin = kvrun::test::kvrun_binary();
+    const std::string common = " -n 12 --temp 0 --device cpu --kv-block-size 4";
+    const std::string p = "\"prompt\": \"Once upon a time there\", \"n_predict\": 12";
+    // The generated tokens of one JSONL request with these flags.
+    auto tokens = [&](const std::string& extra) {
+        auto r = kvrun::test::run_command(
+            bin + " run --jsonl -m " + dir.file("base.gguf") + common + extra, "{" + p + "}\n");
+        CHECK_MESSAGE(r.exit_code == 0, r.err);
+        return nlohmann::json::parse(r.out)["tokens"];
+    };
+    const auto plain = tokens("");
+    const auto full = tokens(" --lora " + dir.file("lora.gguf"));
+    const auto half = tokens(" --lora-scaled " + dir.file("lora.gguf") + " 0.5");
+    CHECK(plain != full);
+    CHECK(half != full);
+    // JSONL requests with their own scales, all in one run (batched together).
+    const std::string input =
+        "{" + p + ", \"lora\": [{\"id\": 0, \"scale\": 0.5}]}\n{" + p + "}\n{" + p +
+        ", \"lora\": []}\n{" + p + ", \"lora\": [{\"id\": 0, \"scale\": 1}]}\n{" + p +
+        ", \"lora\": [{\"id\": 3, \"scale\": 1}]}\n{" + p + ", \"lora\": {\"id\": 0}}\n";
+    for (const std::string& mode :
+         std::vector<std::string>{"run --jsonl", "batch --parallel 4 -f " + dir.file("in.jsonl")}) {
+        CAPTURE(mode);
+        std::ofstream(dir.file("in.jsonl")) << input;
+        auto r = kvrun::test::run_command(bin + " " + mode + " -m " + dir.file("base.gguf") +
+                                              common + " --lora " + dir.file("lora.gguf"),
+                                          input);
+        std::istringstream in(r.out);
+        std::vector<nlohmann::json> res;
+        for (std::string line; std::getline(in, line);) res.push_back(nlohmann::json::parse(line));
+        REQUIRE(res.size() == 6);
+        CHECK(res[0]["tokens"] == half);
+        CHECK(res[1]["tokens"] == full);   // no "lora": the loaded scales
+        CHECK(res[2]["tokens"] == plain);  // []: every adapter at 0
+        CHECK(res[3]["tokens"] == full);
+        CHECK(res[4]["error"] == "'lora': adapter id 3 is not loaded (ids 0..0)");
+        CHECK(res[5]["error"].get<std::string>().find("'lora' must be an array") == 0);
+    }
+    auto none = kvrun::test::run_command(bin + " run --jsonl -m " + dir.file("base.gguf") + common,
+                                         "{" + p + ", \"lora\": []}\n");
+    CHECK(nlohmann::json::parse(none.out)["error"].get<std::string>().find(
+              "'lora': no LoRA adapter is loaded") == 0);
+
+    // The engine: sequences with other scales never adopt each other's cached blocks.
+    std::vector<LoraSpec> spec = {{dir.file("lora.gguf"), 1.0f}};
+    BackendOptions o;
+    o.kv_block_size = 4;
+    o.n_kv_blocks = 64;
+    o.lora = spec;
+    auto be = make_cpu_backend(base, o);
+    auto tok = Tokenizer::from_gguf(base);
+    Engine engine(*be, *tok, EngineOptions{});
+    std::vector<GenerationResult> results;
+    engine.on_finish([&](const GenerationResult& g) { results.push_back(g); });
+    GenerationRequest r;
+    r.prompt = tok->encode("Once upon a time there was a little", true);
+    r.n_predict = 4;
+    r.sampling.temperature = 0;
+    auto hits = [&](std::vector<float> lora) {
+        r.lora = std::move(lora);
+        const int64_t before = engine.stats().prefix_hit_tokens;
+        engine.submit(r);
+        engine.run();
+        return engine.stats().prefix_hit_tokens - before;
+    };
+    CHECK(hits({}) == 0);
+    CHECK(hits({0.5f}) == 0);  // other scales: nothing shared
+    CHECK(hits({0.5f}) > 0);   // the same scales: the prompt's blocks are reused
+    CHECK(hits({1.0f}) > 0);   // the loaded scale is the plain chain of the first request
+    CHECK(results[1].tokens == results[2].tokens);
+    CHECK_THROWS_AS(engine.submit([&] {
+        GenerationRequest bad = r;
+        bad.lora = {1.0f, 2.0f};
+        return bad;
+    }()),
+                    Error);
 }

@@ -141,6 +141,7 @@ class CudaBackend final : public Backend {
     int32_t kv_block_size() const override { return options_.kv_block_size; }
     int32_t n_kv_stages() const override { return static_cast<int32_t>(n_stages_); }
     KvWindowPool kv_window_pool() const override { return window_; }
+    std::vector<float> lora_scales() const override { return lora_user_scales(options_.lora); }
     std::string name() const override { return "cuda"; }
     int64_t kv_block_io_bytes() const override {
         return config_.n_layer * (k_block_bytes_ + v_block_bytes_);
@@ -154,7 +155,10 @@ class CudaBackend final : public Backend {
     // views into layers_[l].lora and lora_output_.
     void upload_lora(const ModelWeights& hw);
     // out[T][n_out] += each LoRA update of x[T][n_in], on the stream.
-    void add_lora(float* out, const float* x, const std::vector<LoraDelta>& deltas, int64_t T);
+    // out[T][n_out] += each LoRA update of x, row t scaled for its user scale (lora_user_:
+    // the batch's tokens, or with logit_rows its logit rows).
+    void add_lora(float* out, const float* x, const std::vector<LoraDelta>& deltas, int64_t T,
+                  bool logit_rows = false);
     void allocate_kv();
     void validate(const ForwardBatch& b) const;
     void ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t table_entries);
@@ -213,6 +217,10 @@ class CudaBackend final : public Backend {
     DeviceMem lora_buf_;  // LoRA: A x [T][lora_rank_], B (A x) [max(T, R)][lora_width_]
     size_t lora_buf_bytes_ = 0;
     float *lora_ax_ = nullptr, *lora_bax_ = nullptr;
+    // The batch's LoRA user scales: [n_adapters][token_cap_] per token, then
+    // [n_adapters][row_cap_] per logit row (ForwardBatch::token_lora_scales), and their upload.
+    float* lora_user_ = nullptr;
+    std::vector<float> lora_user_host_;
     float* xr_ = nullptr;      // [R][n_embd] rows that need logits
     float* logits_ = nullptr;  // [R][n_vocab]
     // Batch metadata on the device (int32): tokens, positions, seq, slot, stage [token_cap_]
@@ -429,13 +437,17 @@ void CudaBackend::upload_lora(const ModelWeights& hw) {
 }
 
 void CudaBackend::add_lora(float* out, const float* x, const std::vector<LoraDelta>& deltas,
-                           int64_t T) {
+                           int64_t T, bool logit_rows) {
     const cudaStream_t s = stream_.get();
+    // The batch's user scales: per token, or per logit row after them.
+    const int64_t n_ad = int64_t(options_.lora.size());
+    const float* user = logit_rows ? lora_user_ + n_ad * token_cap_ : lora_user_;
+    const int64_t stride = logit_rows ? row_cap_ : token_cap_;
     for (const LoraDelta& d : deltas) {
         cuda_matmul(lora_ax_, x, d.a, T, scratch_, s);
         cuda_matmul(lora_bax_, lora_ax_, d.b, T, scratch_, s);
-        cuda_scale(lora_bax_, T * d.b.n_out, d.scale, s);
-        cuda_add(out, lora_bax_, T * d.b.n_out, s);
+        cuda_add_scaled_rows(out, lora_bax_, user + d.adapter * stride, T, d.b.n_out, d.per_unit,
+                             s);
     }
 }
 
@@ -628,15 +640,18 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
     }
     if (lora_rank_ > 0) {
         const size_t ax = align_up(size_t(token_cap_ * lora_rank_) * sizeof(float));
-        const size_t bax = size_t(std::max(token_cap_, row_cap_) * lora_width_) * sizeof(float);
-        if (ax + bax > lora_buf_bytes_) {
+        const size_t bax =
+            align_up(size_t(std::max(token_cap_, row_cap_) * lora_width_) * sizeof(float));
+        const size_t user = options_.lora.size() * size_t(token_cap_ + row_cap_) * sizeof(float);
+        if (ax + bax + user > lora_buf_bytes_) {
             lora_buf_ = DeviceMem();
-            lora_buf_ = DeviceMem(ax + bax, "LoRA buffers");
-            lora_buf_bytes_ = ax + bax;
+            lora_buf_ = DeviceMem(ax + bax + user, "LoRA buffers");
+            lora_buf_bytes_ = ax + bax + user;
             grown = true;
         }
         lora_ax_ = reinterpret_cast<float*>(lora_buf_.get());
         lora_bax_ = reinterpret_cast<float*>(lora_buf_.get() + ax);
+        lora_user_ = reinterpret_cast<float*>(lora_buf_.get() + ax + bax);
     }
     if (grown) clear_graphs();  // captured graphs point at the old buffers
 }
@@ -760,7 +775,7 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
     cuda_gather_rows(xr_, x_, d_rows_, R, c.n_embd, s);
     cuda_rmsnorm(xr_, xr_, output_norm_, R, c.n_embd, c.norm_eps, s);
     cuda_matmul(logits_, xr_, output_, R, scratch_, s);
-    add_lora(logits_, xr_, lora_output_, R);
+    add_lora(logits_, xr_, lora_output_, R, /*logit_rows=*/true);
     if (c.logit_scale != 1.0f) cuda_scale(logits_, R * c.n_vocab, c.logit_scale, s);
     if (c.final_softcap > 0) cuda_softcap(logits_, R * c.n_vocab, c.final_softcap, s);
 }
@@ -845,6 +860,21 @@ int64_t CudaBackend::launch(const ForwardBatch& b) {
     const size_t meta_bytes = size_t(5 * token_cap_ + row_cap_ + table_entries) * 4;
     CUDA_CHECK(
         cudaMemcpyAsync(meta_mem_.get(), h, meta_bytes, cudaMemcpyHostToDevice, stream_.get()));
+    if (lora_rank_ > 0) {  // each token's and each logit row's adapter scales
+        const auto user = b.token_lora_scales(lora_scales());
+        const size_t n_ad = user.size();
+        lora_user_host_.assign(n_ad * size_t(token_cap_ + row_cap_), 0.0f);
+        for (size_t i = 0; i < n_ad; ++i) {
+            std::copy(user[i].begin(), user[i].end(),
+                      lora_user_host_.begin() + ptrdiff_t(i * size_t(token_cap_)));
+            for (int64_t r = 0; r < R; ++r)
+                lora_user_host_[n_ad * size_t(token_cap_) + i * size_t(row_cap_) + size_t(r)] =
+                    user[i][size_t(b.logit_rows[size_t(r)])];
+        }
+        CUDA_CHECK(cudaMemcpyAsync(lora_user_, lora_user_host_.data(),
+                                   lora_user_host_.size() * sizeof(float), cudaMemcpyHostToDevice,
+                                   stream_.get()));
+    }
     try {
         run_step(T, R, max_blocks);
     } catch (...) {

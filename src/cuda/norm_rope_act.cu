@@ -110,6 +110,15 @@ __global__ void scale_kernel(float* x, int64_t n, float f) {
     if (i < n) x[i] *= f;
 }
 
+__global__ void add_scaled_rows_kernel(float* __restrict__ out, const float* __restrict__ y,
+                                       const float* __restrict__ user, int64_t n_rows, int64_t n,
+                                       double per_unit) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_rows * n) return;
+    const float s = static_cast<float>(double(user[i / n]) * per_unit);  // lora_row_scale
+    out[i] += __fmul_rn(s, y[i]);  // rounded before the sum, as on the host
+}
+
 __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t n) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
@@ -227,6 +236,14 @@ void cuda_softcap(float* x, int64_t n, float cap, cudaStream_t s) {
 void cuda_scale(float* x, int64_t n, float f, cudaStream_t s) {
     if (n <= 0) return;
     scale_kernel<<<elt_blocks(n), kEltThreads, 0, s>>>(x, n, f);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_add_scaled_rows(float* out, const float* y, const float* user, int64_t n_rows, int64_t n,
+                          double per_unit, cudaStream_t s) {
+    if (n_rows <= 0 || n <= 0) return;
+    add_scaled_rows_kernel<<<elt_blocks(n_rows * n), kEltThreads, 0, s>>>(out, y, user, n_rows, n,
+                                                                          per_unit);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -61,6 +61,9 @@ void cuda_swiglu(float* out, const float* gate, const float* up, int64_t n, cuda
 void cuda_geglu(float* out, const float* gate, const float* up, int64_t n, cudaStream_t s);
 void cuda_softcap(float* x, int64_t n, float cap, cudaStream_t s);
 void cuda_scale(float* x, int64_t n, float f, cudaStream_t s);
+// cpu::add_scaled_rows on the device (user: [n_rows] device scales).
+void cuda_add_scaled_rows(float* out, const float* y, const float* user, int64_t n_rows, int64_t n,
+                          double per_unit, cudaStream_t s);
 // x[i] += y[i], n elements.
 void cuda_add(float* x, const float* y, int64_t n, cudaStream_t s);
 // Numerically stable softmax in place over each row of x: [n_rows][n]

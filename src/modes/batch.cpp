@@ -81,6 +81,7 @@ std::vector<Item> read_items(const BatchOptions& o, const Tokenizer& tok) {
     d.add_bos = !o.no_bos;
     d.parse_special = o.parse_special;
     d.grammar = grammar_from_options(o.grammar);
+    d.n_lora = static_cast<int32_t>(lora_specs(o.model).size());
     std::vector<Item> items;
     std::string line;
     int64_t line_no = 0;

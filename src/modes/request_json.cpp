@@ -1,6 +1,8 @@
 // Parsing JSON generation requests and writing JSON results (see request_json.h).
 #include "modes/request_json.h"
 
+#include <cmath>
+
 #include "common.h"
 #include "modes/grammar_options.h"
 #include "modes/model_options.h"
@@ -12,6 +14,32 @@ namespace {
 
 // "logit_bias": {"15043": -1.5, ...} (OpenAI) or [[15043, -1.5], [15044, false], ...]
 // (llama.cpp's server; false bans the token). These replace the command line's biases.
+// "lora": [{"id": 0, "scale": 0.5}, ...] -> one scale per loaded adapter (0 when left out).
+std::vector<float> lora_scales_from_json(const nlohmann::json& j, int32_t n_lora) {
+    if (n_lora == 0)
+        throw Error("'lora': no LoRA adapter is loaded",
+                    "load the adapters with --lora or --lora-scaled; \"id\" is their position");
+    const char* shape = "'lora' must be an array of {\"id\": ADAPTER, \"scale\": SCALE}";
+    if (!j.is_array()) fail("{}", shape);
+    std::vector<float> out(size_t(n_lora), 0.0f);
+    std::vector<bool> seen(size_t(n_lora), false);
+    for (const auto& e : j) {
+        if (!e.is_object() || !e.contains("id") || !e["id"].is_number_integer() ||
+            !e.contains("scale") || !e["scale"].is_number())
+            fail("{}", shape);
+        const int64_t id = e["id"].get<int64_t>();
+        if (id < 0 || id >= n_lora)
+            fail("'lora': adapter id {} is not loaded (ids 0..{})", id, n_lora - 1);
+        if (seen[size_t(id)]) fail("'lora': adapter id {} is given twice", id);
+        seen[size_t(id)] = true;
+        const double scale = e["scale"].get<double>();
+        if (!std::isfinite(scale) || std::fabs(scale) > 1e6)
+            fail("'lora': scale {} of adapter {} is out of range", scale, id);
+        out[size_t(id)] = float(scale);
+    }
+    return out;
+}
+
 std::vector<std::pair<TokenId, float>> logit_bias_from_json(const nlohmann::json& j) {
     const char* usage =
         "'logit_bias' must be an object {\"TOKEN_ID\": BIAS, ...} or an array [[TOKEN_ID, "
@@ -121,6 +149,8 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
         req.n_probs = j.value("n_probs", d.n_probs);
         if (j.contains("logit_bias") && !j["logit_bias"].is_null())
             req.sampling.logit_bias = logit_bias_from_json(j["logit_bias"]);
+        if (j.contains("lora") && !j["lora"].is_null())
+            req.lora = lora_scales_from_json(j["lora"], d.n_lora);
         if (j.contains("samplers") && !j["samplers"].is_null()) {
             // llama.cpp's server: a list of names, or one ';'-separated string.
             const auto& v = j["samplers"];

@@ -26,6 +26,7 @@ struct RequestDefaults {
     bool parse_special = false;
     std::shared_ptr<const Grammar> grammar;  // --grammar (null: unconstrained)
     int32_t n_probs = 0;                     // --n-probs
+    int32_t n_lora = 0;                      // LoRA adapters loaded (--lora, --lora-scaled)
 };
 
 struct ParsedRequest {
@@ -39,7 +40,9 @@ struct ParsedRequest {
 // temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty,
 // repeat_last_n, seed, n_samples (1-256),
 // ignore_eos, stop (array of strings), grammar (GBNF text; "" for none), json_schema (a JSON
-// Schema object or its text), n_probs (0-100: report logprobs), id (any JSON value).
+// Schema object or its text), n_probs (0-100: report logprobs), id (any JSON value), lora
+// ([{"id": ADAPTER, "scale": S}, ...] as llama.cpp's server: the scale of each loaded
+// adapter, in --lora order; an adapter left out gets 0).
 // Throws Error with the reason.
 ParsedRequest request_from_json(const std::string& line, const RequestDefaults& defaults,
                                 const Tokenizer& tok);

@@ -233,6 +233,7 @@ void parse_request(const std::string& line, const RunOptions& o, const Tokenizer
     d.n_probs = o.n_probs;
     d.add_bos = !o.no_bos;
     d.parse_special = o.parse_special;
+    d.n_lora = static_cast<int32_t>(lora_specs(o.model).size());
     ParsedRequest p = request_from_json(line, d, tok);
     req = std::move(p.request);
     prompt_text = std::move(p.prompt_text);
