@@ -311,6 +311,7 @@ void KvBlockTable::give_partner(BlockId b) {
         if (w < 0) fail("KV block table: no window block available (internal error)");
     }
     blocks_[b].wpart = w;
+    window_peak_ = std::max(window_peak_, window_.n_blocks - static_cast<int32_t>(wfree_.size()));
 }
 
 void KvBlockTable::drop_partner(BlockId b) {
@@ -677,6 +678,7 @@ KvBlockStats KvBlockTable::stats() const {
     st.stages_in_use = n_stages() - static_cast<int32_t>(free_stages_.size());
     st.n_window_blocks = window_.n_blocks;
     st.window_in_use = window_.n_blocks - static_cast<int32_t>(wfree_.size());
+    st.window_peak = window_peak_;
     // A used block is filled up to the furthest row any of its sequences uses.
     std::vector<int32_t> fill(static_cast<size_t>(n_blocks_), 0);
     for (const auto& [id, s] : seqs_) {

@@ -97,6 +97,7 @@ struct KvBlockStats {
     int32_t stages_in_use = 0;      // held by a block (partly filled, or sealed and kept)
     int32_t n_window_blocks = 0;    // window pool size (0: none)
     int32_t window_in_use = 0;      // window blocks that are some block's partner
+    int32_t window_peak = 0;        // max of window_in_use since construction
     // Share of the used blocks' slots that hold no token (the "KV waste").
     double waste_fraction() const;
 };
@@ -292,6 +293,7 @@ class KvBlockTable {
     KvWindowPool window_;
     std::vector<BlockId> wfree_;  // stack of free window blocks
     int32_t n_lru_partners_ = 0;  // evictable blocks that still hold a partner
+    int32_t window_peak_ = 0;     // most window blocks in use at once
 };
 
 }  // namespace kvrun

@@ -918,6 +918,7 @@ TEST_CASE("kv table: a long sequence holds only its window in the window pool") 
     }
     CHECK(t.n_used_blocks() == 250);
     CHECK(peak <= 14);
+    CHECK(t.stats().window_peak == peak);
     const auto w = t.window_ids(a);
     CHECK(w.front() == -1);  // dropped
     CHECK(w.back() >= 0);

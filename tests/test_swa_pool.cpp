@@ -204,6 +204,7 @@ TEST_CASE("engine and CLI on a windowed model: same tokens with and without the 
     CHECK(split.out == full.out);
     CHECK(split.out.size() > 40);
     CHECK(split.err.find("sliding-window layers (window 8 + 64)") != std::string::npos);
+    CHECK(split.err.find("KV window blocks  ") != std::string::npos);
     CHECK(full.err.find("sliding-window layers") == std::string::npos);
     // Self-speculation (the model drafts for itself): every draft is accepted and rolled back
     // within the margin; --draft-n is capped below it.

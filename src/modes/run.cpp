@@ -90,6 +90,9 @@ void print_stats(const std::vector<GenerationResult>& results, const Engine& e,
         fmt::print(stderr, "KV blocks used    {} peak of {} ({} tokens each), waste {:.1f}%\n",
                    e.stats().peak_blocks_used, ks.n_blocks, ks.block_size,
                    100.0 * e.stats().peak_waste_fraction);
+    if (ks.n_window_blocks > 0)
+        fmt::print(stderr, "KV window blocks  {} peak of {} (the sliding-window layers)\n",
+                   ks.window_peak, ks.n_window_blocks);
     fmt::print(stderr, "{}\n", kv_cache_summary(*m.backend, o.model));
     if (results.size() > 1)
         fmt::print(stderr,
