@@ -356,6 +356,17 @@ TEST_CASE("a request's \"lora\" scales: the CLI, the engine's prefix cache, and 
         CHECK(res[4]["error"] == "'lora': adapter id 3 is not loaded (ids 0..0)");
         CHECK(res[5]["error"].get<std::string>().find("'lora' must be an array") == 0);
     }
+    // --lora-init-without-apply: loaded at 0 (the base model) unless a request sets a scale.
+    auto lazy = kvrun::test::run_command(
+        bin + " run --jsonl -m " + dir.file("base.gguf") + common + " --lora " +
+            dir.file("lora.gguf") + " --lora-init-without-apply",
+        "{" + p + "}\n{" + p + ", \"lora\": [{\"id\": 0, \"scale\": 0.5}]}\n");
+    std::istringstream lazy_in(lazy.out);
+    std::string l0, l1;
+    std::getline(lazy_in, l0);
+    std::getline(lazy_in, l1);
+    CHECK(nlohmann::json::parse(l0)["tokens"] == plain);
+    CHECK(nlohmann::json::parse(l1)["tokens"] == half);
     auto none = kvrun::test::run_command(bin + " run --jsonl -m " + dir.file("base.gguf") + common,
                                          "{" + p + ", \"lora\": []}\n");
     CHECK(nlohmann::json::parse(none.out)["error"].get<std::string>().find(

@@ -98,6 +98,8 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
     cmd->add_option("--lora-scaled", o.lora_scaled,
                     "Apply a LoRA adapter at a scale: --lora-scaled FILE SCALE (repeatable)")
         ->type_size(2);
+    cmd->add_flag("--lora-init-without-apply", o.lora_init_without_apply,
+                  "Load the LoRA adapters at scale 0: only requests that set \"lora\" use them");
 }
 
 std::pair<std::string, GgufValue> parse_kv_override(const std::string& text) {
@@ -378,6 +380,8 @@ std::vector<LoraSpec> lora_specs(const ModelOptions& o) {
             fail("--lora-scaled {} {}: the scale must be a finite number", o.lora_scaled[i], text);
         specs.push_back({o.lora_scaled[i], float(scale)});
     }
+    if (o.lora_init_without_apply)
+        for (LoraSpec& s : specs) s.scale = 0.0f;
     return specs;
 }
 

@@ -35,6 +35,7 @@ struct ModelOptions {
     // LoRA adapters (llama.cpp's --lora FILE, --lora-scaled FILE SCALE), applied in order.
     std::vector<std::string> lora;
     std::vector<std::string> lora_scaled;  // FILE, SCALE, FILE, SCALE, ...
+    bool lora_init_without_apply = false;  // loaded at scale 0 (requests' "lora" set them)
     // Keep the sliding-window layers' K/V for the whole context (llama.cpp's --swa-full)
     // instead of only each sequence's window (BackendOptions::swa_full).
     bool swa_full = false;
