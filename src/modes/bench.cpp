@@ -187,7 +187,12 @@ int run_bench(BenchOptions o) {
                 BenchRow row{"tg" + std::to_string(o.n_gen), kv, depth, o.n_gen};
                 mean_std(tg, row.mean, row.stddev);
                 // KV read per decode step grows from depth to depth + n_gen: use the mean.
-                row.bytes_per_token = w_bytes + kv_tok * (depth + o.n_gen / 2.0);
+                // A sliding-window layer reads at most its window.
+                const double ctx = depth + o.n_gen / 2.0;
+                double kv_read = 0;
+                for (int64_t l = 0; l < cfg.n_layer; ++l)
+                    kv_read += cfg.window(l) > 0 ? std::min(ctx, double(cfg.window(l))) : ctx;
+                row.bytes_per_token = w_bytes + kv_tok / double(cfg.n_layer) * kv_read;
                 row.gbs = row.bytes_per_token * row.mean / 1e9;
                 row.fraction = copy_bw > 0 ? row.bytes_per_token * row.mean / copy_bw : 0;
                 rows.push_back(row);
