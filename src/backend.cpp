@@ -167,14 +167,6 @@ void kv_apply_pending(KvBlockTable& table, Backend& backend) {
     if (!copies.empty()) backend.copy_blocks(copies);
 }
 
-void kv_block_io_check(const KvWindowPool& window) {
-    if (window.n_blocks > 0)
-        throw Error(
-            "whole KV blocks cannot be saved or restored with a sliding-window pool (its "
-            "early blocks drop the windowed layers)",
-            "give --swa-full to keep the full KV of every layer");
-}
-
 KvBlockTable kv_table_for(const Backend& backend) {
     return KvBlockTable(static_cast<int32_t>(backend.n_kv_blocks()), backend.kv_block_size(),
                         backend.n_kv_stages(), backend.kv_window_pool());

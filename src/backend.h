@@ -102,13 +102,15 @@ class Backend {
     virtual void forward_sample(const ForwardBatch& batch, const std::vector<RowSampling>& rows,
                                 int32_t* tokens);
     virtual std::string name() const = 0;
-    // Bytes of one pool block over all layers, K and V (kv_block_bytes); read_kv_block
-    // writes them to dst as, per layer, the K block then the V block; write_kv_block stores
-    // them back (prompt caches, prompt_cache.h). Stages are not included: only a sealed
-    // (full) block's pool bytes are whole. Throw Error for an id outside the pool.
-    virtual int64_t kv_block_io_bytes() const = 0;
-    virtual void read_kv_block(int64_t block, uint8_t* dst) = 0;
-    virtual void write_kv_block(int64_t block, const uint8_t* src) = 0;
+    // Bytes of one block of `pool` (its layers, K and V: kv_block_bytes); read_kv_block
+    // writes them to dst as, per layer of the pool in order, the K block then the V block;
+    // write_kv_block stores them back (prompt caches, prompt_cache.h). Stages are not
+    // included: only a sealed (full) block's pool bytes are whole. Without a window pool the
+    // main pool holds every layer and the window pool none (0 bytes). Throw Error for an id
+    // outside the pool.
+    virtual int64_t kv_block_io_bytes(KvPool pool) const = 0;
+    virtual void read_kv_block(KvPool pool, int64_t block, uint8_t* dst) = 0;
+    virtual void write_kv_block(KvPool pool, int64_t block, const uint8_t* src) = 0;
 };
 
 struct BackendOptions {
@@ -192,9 +194,10 @@ inline bool kv_layer_in_window_pool(const ModelConfig& c, const KvWindowPool& w,
 
 // A block table for the backend's pool: its blocks, stage slots and window pool.
 KvBlockTable kv_table_for(const Backend& backend);
-// Throws Error when whole blocks cannot be read or written (read_kv_block, prompt caches):
-// with a window pool, a block's windowed layers may have been dropped.
-void kv_block_io_check(const KvWindowPool& window);
+// Whether layer l's K/V lives in `pool` of a backend whose window pool is `w`.
+inline bool kv_layer_in_pool(const ModelConfig& c, const KvWindowPool& w, int64_t l, KvPool pool) {
+    return kv_layer_in_window_pool(c, w, l) == (pool == KvPool::Window);
+}
 
 // The CPU reference backend. `file` must outlive it (weights stay in the file's mapping).
 std::unique_ptr<Backend> make_cpu_backend(const GgufFile& file, const BackendOptions& options);

@@ -51,8 +51,11 @@ CpuBackend::CpuBackend(const GgufFile& file, const BackendOptions& options)
     if (options_.n_threads > 0) cpu_set_num_threads(options_.n_threads);
 }
 
-int64_t CpuBackend::kv_block_io_bytes() const {
-    return config_.n_layer * (k_block_bytes_ + v_block_bytes_);
+int64_t CpuBackend::kv_block_io_bytes(KvPool pool) const {
+    int64_t n = 0;
+    for (int64_t l = 0; l < config_.n_layer; ++l)
+        if (kv_layer_in_pool(config_, window_, l, pool)) n += k_block_bytes_ + v_block_bytes_;
+    return n;
 }
 
 int64_t CpuBackend::pool_blocks(int64_t layer) const {
@@ -63,11 +66,13 @@ bool CpuBackend::in_window_pool(int64_t layer) const {
     return kv_layer_in_window_pool(config_, window_, layer);
 }
 
-void CpuBackend::read_kv_block(int64_t block, uint8_t* dst) {
-    kv_block_io_check(window_);
-    if (block < 0 || block >= n_blocks_)
-        fail("read_kv_block: block {} is outside the pool (0..{})", block, n_blocks_ - 1);
+void CpuBackend::read_kv_block(KvPool pool, int64_t block, uint8_t* dst) {
+    const int64_t n = pool == KvPool::Window ? window_.n_blocks : n_blocks_;
+    if (block < 0 || block >= n)
+        fail("read_kv_block: block {} is outside the {} pool (0..{})", block,
+             pool == KvPool::Window ? "window" : "main", n - 1);
     for (int64_t l = 0; l < config_.n_layer; ++l) {
+        if (!kv_layer_in_pool(config_, window_, l, pool)) continue;
         std::memcpy(dst, k_pool_[l].get() + block * k_block_bytes_, size_t(k_block_bytes_));
         dst += k_block_bytes_;
         std::memcpy(dst, v_pool_[l].get() + block * v_block_bytes_, size_t(v_block_bytes_));
@@ -75,11 +80,13 @@ void CpuBackend::read_kv_block(int64_t block, uint8_t* dst) {
     }
 }
 
-void CpuBackend::write_kv_block(int64_t block, const uint8_t* src) {
-    kv_block_io_check(window_);
-    if (block < 0 || block >= n_blocks_)
-        fail("write_kv_block: block {} is outside the pool (0..{})", block, n_blocks_ - 1);
+void CpuBackend::write_kv_block(KvPool pool, int64_t block, const uint8_t* src) {
+    const int64_t n = pool == KvPool::Window ? window_.n_blocks : n_blocks_;
+    if (block < 0 || block >= n)
+        fail("write_kv_block: block {} is outside the {} pool (0..{})", block,
+             pool == KvPool::Window ? "window" : "main", n - 1);
     for (int64_t l = 0; l < config_.n_layer; ++l) {
+        if (!kv_layer_in_pool(config_, window_, l, pool)) continue;
         std::memcpy(k_pool_[l].get() + block * k_block_bytes_, src, size_t(k_block_bytes_));
         src += k_block_bytes_;
         std::memcpy(v_pool_[l].get() + block * v_block_bytes_, src, size_t(v_block_bytes_));

@@ -23,9 +23,9 @@ class CpuBackend final : public Backend {
     KvWindowPool kv_window_pool() const override { return window_; }
     std::vector<float> lora_scales() const override { return lora_user_scales(options_.lora); }
     std::string name() const override { return "cpu"; }
-    int64_t kv_block_io_bytes() const override;
-    void read_kv_block(int64_t block, uint8_t* dst) override;
-    void write_kv_block(int64_t block, const uint8_t* src) override;
+    int64_t kv_block_io_bytes(KvPool pool) const override;
+    void read_kv_block(KvPool pool, int64_t block, uint8_t* dst) override;
+    void write_kv_block(KvPool pool, int64_t block, const uint8_t* src) override;
 
     const ModelWeights& weights() const { return weights_; }
     // One layer's K/V pools, for tests that inspect the cache.

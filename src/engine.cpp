@@ -684,6 +684,10 @@ bool Engine::step() {
             row += static_cast<size_t>(p.k) + 1;
         }
         update_kv_stats();
+        if (on_prompt_computed_)
+            for (const Part& p : parts)
+                if (p.start < p.s->n_prompt && p.start + p.n >= p.s->n_prompt && p.s->kv >= 0)
+                    on_prompt_computed_(p.s->kv);
 
         for (size_t i = 0; i < parts.size(); ++i) {
             const Part& p = parts[i];

@@ -172,6 +172,12 @@ class Engine {
 
     void on_token(TokenCallback cb) { on_token_ = std::move(cb); }
     void on_finish(FinishCallback cb) { on_finish_ = std::move(cb); }
+    // Called after the pass that computed a sequence's last prompt token (again when a
+    // preempted one recomputes it), with its id in kv_table(), before a later pass moves its
+    // sliding window on: a prompt cache reads the windowed layers' K/V of the prompt's last
+    // blocks there (PromptCacheWindows).
+    using PromptCallback = std::function<void(SeqId kv)>;
+    void on_prompt_computed(PromptCallback cb) { on_prompt_computed_ = std::move(cb); }
 
     // ---- sessions: a sequence kept between requests (multi-turn chat) ----
     // When a session's request ends (any stop reason), its tokens and K/V stay in the
@@ -262,6 +268,7 @@ class Engine {
     std::map<int32_t, Session> sessions_;
     TokenCallback on_token_;
     FinishCallback on_finish_;
+    PromptCallback on_prompt_computed_;
     EngineStats stats_;
     std::vector<float> logits_;                          // [logit rows][n_vocab] of the target pass
     std::vector<float> draft_logits_;                    // [logit rows][n_vocab] of a draft pass

@@ -184,7 +184,8 @@ std::vector<BlockId> KvBlockTable::cached_prefix_blocks(std::span<const TokenId>
     return out;
 }
 
-BlockId KvBlockTable::import_cached_block(uint64_t parent_hash, std::span<const TokenId> tokens) {
+BlockId KvBlockTable::import_cached_block(uint64_t parent_hash, std::span<const TokenId> tokens,
+                                          bool with_window) {
     if (static_cast<int32_t>(tokens.size()) != block_size_)
         fail("import_cached_block: {} tokens for a block of {}", tokens.size(), block_size_);
     const uint64_t h = hash_block(parent_hash, tokens);
@@ -197,6 +198,10 @@ BlockId KvBlockTable::import_cached_block(uint64_t parent_hash, std::span<const 
     register_full_block(b, h, parent_hash, tokens);
     blk.lru_it = lru_.insert(lru_.end(), b);
     blk.in_lru = true;
+    if (with_window && windowed() && !wfree_.empty()) {
+        give_partner(b);
+        ++n_lru_partners_;
+    }
     return b;
 }
 
@@ -405,6 +410,9 @@ int32_t KvBlockTable::adopt_prefix(SeqId seq, std::span<const TokenId> tokens) {
     if (windowed()) {
         s.w_first = w_from;
         for (size_t i = static_cast<size_t>(w_from); i < found.size(); ++i) need_window(found[i]);
+        // A used block no sequence needs the partner of keeps none (as unneed_window does).
+        for (size_t i = 0; i < static_cast<size_t>(w_from); ++i)
+            if (blocks_[found[i]].wneed == 0) drop_partner(found[i]);
     }
     s.tokens.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n));
     prefix_hit_tokens_ += static_cast<int64_t>(n);

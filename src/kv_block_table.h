@@ -61,6 +61,10 @@ struct KvWindowPool {
     bool operator==(const KvWindowPool&) const = default;
 };
 
+// The pool a block id names: the main pool (every layer; with a window pool, the layers
+// outside it) or the window pool (the sliding-window layers, ids from window_of()).
+enum class KvPool : uint8_t { Main, Window };
+
 // Outcome of append(): running out of blocks is an expected condition the caller handles
 // (preempt, wait); the table is then unchanged.
 struct [[nodiscard]] KvAppendResult {
@@ -187,7 +191,10 @@ class KvBlockTable {
     // as cached and evictable in a free block, as if a sequence had filled it and left; the
     // caller then writes its K/V rows into the returned block. Returns -1 when an identical
     // block is cached already or no block is free (cached blocks are never evicted for it).
-    BlockId import_cached_block(uint64_t parent_hash, std::span<const TokenId> tokens);
+    // With a window pool and `with_window`, the block also gets a partner from the free
+    // window blocks when one is left (window_of() then names it; the caller writes it too).
+    BlockId import_cached_block(uint64_t parent_hash, std::span<const TokenId> tokens,
+                                bool with_window = false);
     // Chained hash of cached block b (0 when b is not cached).
     uint64_t cached_hash(BlockId block) const;
     uint64_t cached_parent_hash(BlockId block) const;

@@ -14,7 +14,7 @@ namespace kvrun {
 namespace {
 
 constexpr char kMagic[8] = {'K', 'V', 'R', 'U', 'N', 'P', 'C', '1'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 
 // FNV-1a, 64 bits, over everything fed to it.
 struct Fnv {
@@ -107,8 +107,14 @@ PromptCacheKey prompt_cache_key(const GgufFile& file, const Backend& backend, Kv
     }
     key.kv_format =
         fmt::format("k={} v={} rotate={}", kv_type_name(k), kv_type_name(v), rotate ? "on" : "off");
+    const ModelConfig& c = backend.config();
+    bool has_swa = false;
+    for (int64_t l = 0; l < c.n_layer; ++l) has_swa = has_swa || c.is_swa(l);
+    if (has_swa)
+        key.kv_format += backend.kv_window_pool().n_blocks > 0 ? " swa=split" : " swa=full";
     key.block_size = backend.kv_block_size();
-    key.block_bytes = backend.kv_block_io_bytes();
+    key.block_bytes = backend.kv_block_io_bytes(KvPool::Main);
+    key.window_block_bytes = backend.kv_block_io_bytes(KvPool::Window);
     return key;
 }
 
@@ -138,6 +144,7 @@ PromptCacheLoad prompt_cache_load(const std::string& path, const PromptCacheKey&
     got.model_hash = read_value<uint64_t>(f.get(), sum, path);
     got.block_size = read_value<int32_t>(f.get(), sum, path);
     got.block_bytes = read_value<int64_t>(f.get(), sum, path);
+    got.window_block_bytes = read_value<int64_t>(f.get(), sum, path);
     const auto fmt_len = read_value<uint32_t>(f.get(), sum, path);
     if (fmt_len > 256) throw Error(fmt::format("{}: prompt cache header is corrupt", path));
     got.kv_format.resize(fmt_len);
@@ -145,7 +152,8 @@ PromptCacheLoad prompt_cache_load(const std::string& path, const PromptCacheKey&
     if (got.model_hash != key.model_hash) {
         r.ignored = "it was made with another model (or other --rope-* or --lora settings)";
     } else if (got.kv_format != key.kv_format || got.block_size != key.block_size ||
-               got.block_bytes != key.block_bytes) {
+               got.block_bytes != key.block_bytes ||
+               got.window_block_bytes != key.window_block_bytes) {
         r.ignored = fmt::format(
             "it was made with another KV cache ({}, blocks of {} tokens; now "
             "{}, blocks of {})",
@@ -153,13 +161,15 @@ PromptCacheLoad prompt_cache_load(const std::string& path, const PromptCacheKey&
     }
     if (!r.ignored.empty()) return r;
     const auto n_blocks = read_value<uint32_t>(f.get(), sum, path);
-    const uint64_t header = 8 + 4 + 8 + 4 + 8 + 4 + fmt_len + 4;
-    const uint64_t per_block = 8 + 4 * uint64_t(key.block_size) + uint64_t(key.block_bytes);
-    if (size != header + uint64_t(n_blocks) * per_block + 8)
-        throw Error(fmt::format("{}: prompt cache is truncated or corrupt ({} bytes for {} "
-                                "blocks)",
-                                path, size, n_blocks),
-                    "delete it; the next run writes a new one");
+    const uint64_t header = 8 + 4 + 8 + 4 + 8 + 8 + 4 + fmt_len + 4;
+    const uint64_t per_block = 8 + 4 * uint64_t(key.block_size) + uint64_t(key.block_bytes) + 1;
+    const auto corrupt = [&] {
+        return Error(fmt::format("{}: prompt cache is truncated or corrupt ({} bytes for {} "
+                                 "blocks)",
+                                 path, size, n_blocks),
+                     "delete it; the next run writes a new one");
+    };
+    if (size < header + uint64_t(n_blocks) * per_block + 8) throw corrupt();
     r.blocks_in_file = n_blocks;
 
     // Pass 1 checks tokens and the checksum before anything touches the table, so a corrupt
@@ -167,6 +177,7 @@ PromptCacheLoad prompt_cache_load(const std::string& path, const PromptCacheKey&
     const long blocks_start = std::ftell(f.get());
     std::vector<TokenId> tokens(size_t(key.block_size));
     std::vector<uint8_t> bytes(size_t(key.block_bytes));
+    std::vector<uint8_t> wbytes(size_t(key.window_block_bytes));
     for (uint32_t i = 0; i < n_blocks; ++i) {
         read_value<uint64_t>(f.get(), sum, path);
         read_exact(f.get(), tokens.data(), tokens.size() * sizeof(TokenId), sum, path);
@@ -177,12 +188,16 @@ PromptCacheLoad prompt_cache_load(const std::string& path, const PromptCacheKey&
                                         path, t, n_vocab),
                             "delete it; the next run writes a new one");
         read_exact(f.get(), bytes.data(), bytes.size(), sum, path);
+        const auto has_window = read_value<uint8_t>(f.get(), sum, path);
+        if (has_window > 1 || (has_window && wbytes.empty())) throw corrupt();
+        if (has_window) read_exact(f.get(), wbytes.data(), wbytes.size(), sum, path);
     }
     const uint64_t want = sum.h;
     Fnv ignore;
     if (read_value<uint64_t>(f.get(), ignore, path) != want)
         throw Error(fmt::format("{}: prompt cache is corrupt (checksum mismatch)", path),
                     "delete it; the next run writes a new one");
+    if (std::ftell(f.get()) != long(size)) throw corrupt();  // bytes after the checksum
     if (blocks_start < 0 || std::fseek(f.get(), blocks_start, SEEK_SET) != 0)
         throw Error(fmt::format("{}: cannot read the prompt cache", path));
     for (uint32_t i = 0; i < n_blocks && table.n_free_blocks() > 0; ++i) {
@@ -190,17 +205,52 @@ PromptCacheLoad prompt_cache_load(const std::string& path, const PromptCacheKey&
         const auto parent = read_value<uint64_t>(f.get(), ignore, path);
         read_exact(f.get(), tokens.data(), tokens.size() * sizeof(TokenId), ignore, path);
         read_exact(f.get(), bytes.data(), bytes.size(), ignore, path);
-        const BlockId id = table.import_cached_block(parent, tokens);
+        const bool has_window = read_value<uint8_t>(f.get(), ignore, path) != 0;
+        if (has_window) read_exact(f.get(), wbytes.data(), wbytes.size(), ignore, path);
+        const BlockId id = table.import_cached_block(parent, tokens, has_window);
         if (id < 0) continue;  // cached already
-        backend.write_kv_block(id, bytes.data());
+        backend.write_kv_block(KvPool::Main, id, bytes.data());
         ++r.blocks_loaded;
+        if (has_window && table.window_of(id) >= 0) {
+            backend.write_kv_block(KvPool::Window, table.window_of(id), wbytes.data());
+            ++r.windows_loaded;
+        }
     }
     return r;
 }
 
+void PromptCacheWindows::keep(const KvBlockTable& table, Backend& backend, SeqId seq) {
+    if (!table.windowed()) return;
+    const std::vector<BlockId>& blocks = table.block_ids(seq);
+    const std::vector<BlockId> partners = table.window_ids(seq);
+    const size_t n_full = size_t(table.n_tokens(seq) / table.block_size());
+    const size_t n_bytes = size_t(backend.kv_block_io_bytes(KvPool::Window));
+    for (size_t i = 0; i < n_full; ++i) {
+        const uint64_t h = table.cached_hash(blocks[i]);
+        if (partners[i] < 0 || h == 0 || parts_.count(h) != 0) continue;
+        std::vector<uint8_t> bytes(n_bytes);
+        backend.read_kv_block(KvPool::Window, partners[i], bytes.data());
+        parts_.emplace(h, std::move(bytes));
+        order_.push_back(h);
+        bytes_ += int64_t(n_bytes);
+    }
+    while (bytes_ > max_bytes_ && !order_.empty()) {
+        auto it = parts_.find(order_.front());
+        bytes_ -= int64_t(it->second.size());
+        parts_.erase(it);
+        order_.pop_front();
+    }
+}
+
+const std::vector<uint8_t>* PromptCacheWindows::find(uint64_t hash) const {
+    auto it = parts_.find(hash);
+    return it == parts_.end() ? nullptr : &it->second;
+}
+
 int64_t prompt_cache_save(const std::string& path, const PromptCacheKey& key,
                           const KvBlockTable& table, Backend& backend,
-                          const std::vector<std::vector<TokenId>>& sequences) {
+                          const std::vector<std::vector<TokenId>>& sequences,
+                          const PromptCacheWindows* kept) {
     // Each cached block once, in chain order (a parent before its children).
     struct Out {
         BlockId block;
@@ -228,15 +278,28 @@ int64_t prompt_cache_save(const std::string& path, const PromptCacheKey& key,
         write_value(f.get(), key.model_hash, sum, path);
         write_value(f.get(), key.block_size, sum, path);
         write_value(f.get(), key.block_bytes, sum, path);
+        write_value(f.get(), key.window_block_bytes, sum, path);
         write_value(f.get(), uint32_t(key.kv_format.size()), sum, path);
         write_exact(f.get(), key.kv_format.data(), key.kv_format.size(), sum, path);
         write_value(f.get(), uint32_t(out.size()), sum, path);
         std::vector<uint8_t> bytes(size_t(key.block_bytes));
+        std::vector<uint8_t> wbytes(size_t(key.window_block_bytes));
         for (const Out& o : out) {
             write_value(f.get(), table.cached_parent_hash(o.block), sum, path);
             write_exact(f.get(), o.tokens, bs * sizeof(TokenId), sum, path);
-            backend.read_kv_block(o.block, bytes.data());
+            backend.read_kv_block(KvPool::Main, o.block, bytes.data());
             write_exact(f.get(), bytes.data(), bytes.size(), sum, path);
+            // The windowed layers: from the live partner, else as kept, else none.
+            const uint8_t* w = nullptr;
+            if (!wbytes.empty() && table.window_of(o.block) >= 0) {
+                backend.read_kv_block(KvPool::Window, table.window_of(o.block), wbytes.data());
+                w = wbytes.data();
+            } else if (const auto* k = kept ? kept->find(table.cached_hash(o.block)) : nullptr;
+                       k && k->size() == wbytes.size() && !wbytes.empty()) {
+                w = k->data();
+            }
+            write_value(f.get(), uint8_t(w ? 1 : 0), sum, path);
+            if (w) write_exact(f.get(), w, wbytes.size(), sum, path);
         }
         Fnv ignore;
         write_value(f.get(), sum.h, ignore, path);

@@ -448,6 +448,19 @@ TEST_CASE("cuda backend with a sliding-window pool matches the cpu backend past 
                           append_step(table, {{a, {next}}, {b, {(step * 13 + 5) % 512}}},
                                       {cpu.get(), gpu.get()}),
                           &next) < logit_bound(kv));
+        // Block I/O (prompt caches) per pool: the main pool holds the one global layer, the
+        // window pool the five windowed ones.
+        for (KvPool pool : {KvPool::Main, KvPool::Window}) {
+            const int64_t n = gpu->kv_block_io_bytes(pool);
+            CHECK(n == cpu->kv_block_io_bytes(pool));
+            CHECK(n == (pool == KvPool::Main ? 1 : 5) * cpu->kv_block_io_bytes(KvPool::Main));
+            std::vector<uint8_t> x(static_cast<size_t>(n)), y(x.size());
+            for (size_t i = 0; i < x.size(); ++i) x[i] = uint8_t(i * 5 + 1);
+            gpu->write_kv_block(pool, 21, x.data());
+            gpu->read_kv_block(pool, 21, y.data());
+            CHECK(x == y);
+        }
+        CHECK_THROWS_AS(gpu->read_kv_block(KvPool::Window, 22, nullptr), Error);
         std::filesystem::remove(path);
     }
 }
@@ -522,13 +535,15 @@ TEST_CASE("cuda kv block I/O round-trips, and a prompt cache saved on the cpu se
         o.kv_type_k = o.kv_type_v = kv;
         auto cpu = make_cpu_backend(file, o);
         auto gpu = make_cuda_backend(file, o, 0);
-        REQUIRE(gpu->kv_block_io_bytes() == cpu->kv_block_io_bytes());
-        std::vector<uint8_t> a(size_t(gpu->kv_block_io_bytes())), b(a.size());
+        REQUIRE(gpu->kv_block_io_bytes(KvPool::Main) == cpu->kv_block_io_bytes(KvPool::Main));
+        CHECK(gpu->kv_block_io_bytes(KvPool::Window) == 0);
+        std::vector<uint8_t> a(size_t(gpu->kv_block_io_bytes(KvPool::Main))), b(a.size());
         for (size_t i = 0; i < a.size(); ++i) a[i] = uint8_t(i * 7 + 3);
-        gpu->write_kv_block(5, a.data());
-        gpu->read_kv_block(5, b.data());
+        gpu->write_kv_block(KvPool::Main, 5, a.data());
+        gpu->read_kv_block(KvPool::Main, 5, b.data());
         CHECK(a == b);
-        CHECK_THROWS_AS(gpu->read_kv_block(32, b.data()), Error);
+        CHECK_THROWS_AS(gpu->read_kv_block(KvPool::Main, 32, b.data()), Error);
+        CHECK_THROWS_AS(gpu->read_kv_block(KvPool::Window, 0, b.data()), Error);
 
         const std::vector<TokenId> prompt = tok->encode(
             "Once upon a time, there was a little girl named Lily. She loved to play outside in "

@@ -100,6 +100,38 @@ TEST_CASE("import_cached_block registers evictable blocks the prefix cache adopt
     CHECK_THROWS_AS(t.import_cached_block(0, std::vector<TokenId>{1}), Error);
 }
 
+TEST_CASE("import_cached_block with a window pool gives partners while free ones last") {
+    // Blocks of 2, a window of 2 tokens (the rollback margin becomes one block), three window
+    // blocks: the first three imported blocks get partners, the fourth none; adoption stops
+    // where the last window's partner is missing.
+    KvBlockTable t(8, 2, 0, KvWindowPool{3, 2, 0});
+    const std::vector<TokenId> toks = {5, 6, 7, 8, 9, 10, 11, 12, 13};
+    uint64_t parent = 0;
+    std::vector<BlockId> ids;
+    for (int i = 0; i < 4; ++i) {
+        const auto chunk = std::span(toks).subspan(size_t(2 * i), 2);
+        ids.push_back(t.import_cached_block(parent, chunk, true));
+        parent = KvBlockTable::hash_block(parent, chunk);
+    }
+    REQUIRE(ids[3] >= 0);
+    for (int i = 0; i < 3; ++i) CHECK(t.window_of(ids[size_t(i)]) >= 0);
+    CHECK(t.window_of(ids[3]) == -1);
+    CHECK(t.n_available_window() == 3);  // evictable blocks' partners can still be taken
+    const std::vector<TokenId> other = {1, 2};
+    const BlockId plain = t.import_cached_block(0, other);  // without window: no partner
+    CHECK(t.window_of(plain) == -1);
+    const SeqId s = t.create_sequence_with_prefix(toks);
+    CHECK(t.n_tokens(s) == 6);  // block 3 lacks the windowed layers its next query needs
+    // Its next query and the margin reach back to block 1: block 0's partner is freed.
+    CHECK(t.window_of(ids[0]) == -1);
+    CHECK(t.window_of(ids[1]) >= 0);
+    CHECK(t.window_of(ids[2]) >= 0);
+    CHECK(t.stats().window_in_use == 2);
+    // Without a window pool the flag changes nothing.
+    KvBlockTable u(4, 2);
+    CHECK(u.window_of(u.import_cached_block(0, other, true)) == -1);
+}
+
 TEST_CASE("a saved prompt cache gives a fresh engine the same tokens from fewer computed") {
     auto m = load("stories260K.gguf");
     if (!m) return;
@@ -207,6 +239,7 @@ TEST_CASE("prompt cache: small pools, --prompt-cache-all, and files that do not 
         CHECK(fresh.engine->kv_table().n_evictable_blocks() == 0);
     };
     refused(bytes.substr(0, bytes.size() - 1), "truncated or corrupt");
+    refused(bytes + "x", "truncated or corrupt");  // bytes after the checksum
     refused(bytes.substr(0, 30), "truncated");
     std::string flipped = bytes;
     flipped[flipped.size() / 2] ^= 0x10;

@@ -6,6 +6,8 @@
 // session rolled back past the window) give the same tokens with and without it.
 #include <doctest/doctest.h>
 
+#include <array>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <string>
@@ -190,11 +192,11 @@ TEST_CASE("engine and CLI on a windowed model: same tokens with and without the 
     TempDir dir;
     synthetic_model_write(gemma3_small(), dir.file("g3.gguf"));
     const std::string bin = kvrun::test::kvrun_binary();
-    auto run = [&](const std::string& extra) {
+    auto run = [&](const std::string& extra,
+                   const std::string& prompt = "Once upon a time there was") {
         auto r = kvrun::test::run_command(
-            bin + " run -m " + dir.file("g3.gguf") +
-            " -p 'Once upon a time there was' -n 90 --temp 0 --ignore-eos --device cpu "
-            "--kv-block-size 4 -b 8 -c 512 --stats " +
+            bin + " run -m " + dir.file("g3.gguf") + " -p '" + prompt +
+            "' -n 90 --temp 0 --ignore-eos --device cpu --kv-block-size 4 -b 8 -c 512 --stats " +
             extra);
         CHECK_MESSAGE(r.exit_code == 0, r.err);
         return r;
@@ -210,13 +212,38 @@ TEST_CASE("engine and CLI on a windowed model: same tokens with and without the 
     // within the margin; --draft-n is capped below it.
     const auto spec = run("--draft-model " + dir.file("g3.gguf") + " --draft-n 100");
     CHECK(spec.out == full.out);
-    // A prompt cache keeps the full pool (whole blocks of every layer), written then read.
+    // A prompt cache with the window pool: the file holds the windowed layers' K/V of the
+    // prompt's last blocks, kept when the prompt was computed (the 90 generated tokens move
+    // the window far past them), so a second run adopts the whole prompt (its full blocks
+    // before the last token) and still gives the tokens of --swa-full.
+    const std::string long_prompt =
+        "Once upon a time there was a little dog who lived in a small house near the river "
+        "with his friends the cat and the bird";
     const std::string pc = "--prompt-cache " + dir.file("p.cache");
-    const auto cached1 = run(pc);
-    const auto cached2 = run(pc);
-    CHECK(cached1.out == full.out);
-    CHECK(cached2.out == full.out);
-    CHECK(cached1.err.find("sliding-window layers") == std::string::npos);
+    const auto long_full = run("--swa-full", long_prompt);
+    const auto cached1 = run(pc, long_prompt);
+    const auto cached2 = run(pc, long_prompt);
+    CHECK(cached1.out == long_full.out);
+    CHECK(cached2.out == long_full.out);
+    CHECK(cached1.err.find("sliding-window layers (window 8 + 64)") != std::string::npos);
+    const auto prompt_stats = [](const std::string& err) {
+        int n = 0, computed = 0, cached = 0;
+        const auto at = err.find("prompt tokens ");
+        if (at != std::string::npos)
+            std::sscanf(err.c_str() + at, "prompt tokens %d (%d computed, %d from", &n, &computed,
+                        &cached);
+        return std::array<int, 3>{n, computed, cached};
+    };
+    const auto s1 = prompt_stats(cached1.err), s2 = prompt_stats(cached2.err);
+    CHECK(s1[0] > 20);
+    CHECK(s1[2] == 0);
+    CHECK(s2[2] == (s2[0] - 1) / 4 * 4);
+    CHECK(cached2.err.find("with their sliding-window layers") != std::string::npos);
+    // The same file in a --swa-full run: another KV layout, not used (and rewritten).
+    const auto cached3 = run("--swa-full " + pc, long_prompt);
+    CHECK(cached3.out == long_full.out);
+    CHECK(cached3.err.find("swa=split") != std::string::npos);
+    CHECK(prompt_stats(cached3.err)[2] == 0);
     const auto info = kvrun::test::run_command(bin + " info -m " + dir.file("g3.gguf"));
     CHECK(info.out.find("per token of the 1 global layers: 128.0 bytes in f16; the 5 "
                         "sliding-window layers keep each sequence's last 8 + 64") !=

@@ -143,11 +143,14 @@ class CudaBackend final : public Backend {
     KvWindowPool kv_window_pool() const override { return window_; }
     std::vector<float> lora_scales() const override { return lora_user_scales(options_.lora); }
     std::string name() const override { return "cuda"; }
-    int64_t kv_block_io_bytes() const override {
-        return config_.n_layer * (k_block_bytes_ + v_block_bytes_);
+    int64_t kv_block_io_bytes(KvPool pool) const override {
+        int64_t n = 0;
+        for (int64_t l = 0; l < config_.n_layer; ++l)
+            if (kv_layer_in_pool(config_, window_, l, pool)) n += k_block_bytes_ + v_block_bytes_;
+        return n;
     }
-    void read_kv_block(int64_t block, uint8_t* dst) override;
-    void write_kv_block(int64_t block, const uint8_t* src) override;
+    void read_kv_block(KvPool pool, int64_t block, uint8_t* dst) override;
+    void write_kv_block(KvPool pool, int64_t block, const uint8_t* src) override;
 
   private:
     void upload_weights(const GgufFile& file);
@@ -502,11 +505,13 @@ int64_t CudaBackend::pool_blocks(int64_t layer) const {
     return in_window_pool(layer) ? window_.n_blocks : n_blocks_;
 }
 
-void CudaBackend::read_kv_block(int64_t block, uint8_t* dst) {
-    kv_block_io_check(window_);
-    if (block < 0 || block >= n_blocks_)
-        fail("read_kv_block: block {} is outside the pool (0..{})", block, n_blocks_ - 1);
+void CudaBackend::read_kv_block(KvPool pool, int64_t block, uint8_t* dst) {
+    const int64_t n = pool == KvPool::Window ? window_.n_blocks : n_blocks_;
+    if (block < 0 || block >= n)
+        fail("read_kv_block: block {} is outside the {} pool (0..{})", block,
+             pool == KvPool::Window ? "window" : "main", n - 1);
     for (int64_t l = 0; l < config_.n_layer; ++l) {
+        if (!kv_layer_in_pool(config_, window_, l, pool)) continue;
         CUDA_CHECK(cudaMemcpyAsync(dst, k_pool_[size_t(l)] + block * k_block_bytes_,
                                    size_t(k_block_bytes_), cudaMemcpyDeviceToHost, stream_.get()));
         dst += k_block_bytes_;
@@ -517,11 +522,13 @@ void CudaBackend::read_kv_block(int64_t block, uint8_t* dst) {
     CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
 }
 
-void CudaBackend::write_kv_block(int64_t block, const uint8_t* src) {
-    kv_block_io_check(window_);
-    if (block < 0 || block >= n_blocks_)
-        fail("write_kv_block: block {} is outside the pool (0..{})", block, n_blocks_ - 1);
+void CudaBackend::write_kv_block(KvPool pool, int64_t block, const uint8_t* src) {
+    const int64_t n = pool == KvPool::Window ? window_.n_blocks : n_blocks_;
+    if (block < 0 || block >= n)
+        fail("write_kv_block: block {} is outside the {} pool (0..{})", block,
+             pool == KvPool::Window ? "window" : "main", n - 1);
     for (int64_t l = 0; l < config_.n_layer; ++l) {
+        if (!kv_layer_in_pool(config_, window_, l, pool)) continue;
         CUDA_CHECK(cudaMemcpyAsync(k_pool_[size_t(l)] + block * k_block_bytes_, src,
                                    size_t(k_block_bytes_), cudaMemcpyHostToDevice, stream_.get()));
         src += k_block_bytes_;

@@ -219,7 +219,6 @@ int run_batch(const BatchOptions& o) {
         items = read_items(o, *tok);
         mo = sized_for(o, items, model_config_from_gguf(*f));
     }
-    mo = model_options_for_cache(mo, o.cache);
     LoadedModel m = load_model(mo, o.parallel);
     LoadedModel draft;
     if (o.draft.enabled()) draft = load_draft_model(o.draft, mo, m, o.parallel);

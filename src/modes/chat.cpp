@@ -102,7 +102,7 @@ int run_chat(const ChatOptions& o) {
     cfg.n_sink = o.n_sink;
     cfg.stop = o.stop;
     cfg.grammar = grammar_from_options(o.grammar);  // before the model: a bad grammar fails fast
-    LoadedModel m = load_model(model_options_for_cache(o.model, o.cache), 1);
+    LoadedModel m = load_model(o.model, 1);
     LoadedModel draft;
     if (o.draft.enabled()) draft = load_draft_model(o.draft, o.model, m, 1);
     cfg.kind = pick_template(o, *m.file);

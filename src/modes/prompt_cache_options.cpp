@@ -18,15 +18,18 @@ void add_prompt_cache_options(CLI::App* cmd, PromptCacheOptions& o) {
         ->needs(path);
 }
 
-ModelOptions model_options_for_cache(const ModelOptions& mo, const PromptCacheOptions& o) {
-    ModelOptions out = mo;
-    if (o.enabled()) out.swa_full = true;
-    return out;
+namespace {
+
+// Host bytes for kept window parts: as much as the backend's window pool holds.
+int64_t window_keep_bytes(const Backend& b) {
+    return int64_t(b.kv_window_pool().n_blocks) * b.kv_block_io_bytes(KvPool::Window);
 }
+
+}  // namespace
 
 PromptCacheUse::PromptCacheUse(const PromptCacheOptions& o, const ModelOptions& mo,
                                const LoadedModel& m, Engine& engine)
-    : o_(o), m_(m), engine_(engine) {
+    : o_(o), m_(m), engine_(engine), windows_(window_keep_bytes(*m.backend)) {
     const KvType k = kv_type_parse(mo.kv_type_k.empty() ? mo.kv_type : mo.kv_type_k);
     const KvType v = kv_type_parse(mo.kv_type_v.empty() ? mo.kv_type : mo.kv_type_v);
     key_ = prompt_cache_key(*m.file, *m.backend, k, v, mo.kv_rotate == "on", lora_specs(mo));
@@ -35,6 +38,13 @@ PromptCacheUse::PromptCacheUse(const PromptCacheOptions& o, const ModelOptions& 
     if (!load_.ignored.empty())
         fmt::print(stderr, "kvrun: note: prompt cache {} is not used: {}{}\n", o.path,
                    load_.ignored, o.read_only ? "" : " (it will be rewritten)");
+    if (!o.read_only && m.backend->kv_window_pool().n_blocks > 0)
+        engine.on_prompt_computed(
+            [this](SeqId seq) { windows_.keep(engine_.kv_table(), *m_.backend, seq); });
+}
+
+PromptCacheUse::~PromptCacheUse() {
+    engine_.on_prompt_computed(nullptr);
 }
 
 void PromptCacheUse::remember(const std::vector<TokenId>& prompt,
@@ -50,7 +60,8 @@ void PromptCacheUse::remember(const std::vector<TokenId>& prompt,
 
 void PromptCacheUse::save() {
     if (o_.read_only) return;
-    saved_ = prompt_cache_save(o_.path, key_, engine_.kv_table(), *m_.backend, sequences_);
+    saved_ =
+        prompt_cache_save(o_.path, key_, engine_.kv_table(), *m_.backend, sequences_, &windows_);
 }
 
 std::string PromptCacheUse::summary() const {
@@ -60,8 +71,12 @@ std::string PromptCacheUse::summary() const {
     else if (!load_.ignored.empty())
         s += "not used (" + load_.ignored + ")";
     else
-        s += fmt::format("{} of {} blocks loaded ({} tokens)", load_.blocks_loaded,
-                         load_.blocks_in_file, load_.blocks_loaded * key_.block_size);
+        s += fmt::format(
+            "{} of {} blocks loaded ({} tokens{})", load_.blocks_loaded, load_.blocks_in_file,
+            load_.blocks_loaded * key_.block_size,
+            key_.window_block_bytes > 0
+                ? fmt::format("; {} with their sliding-window layers", load_.windows_loaded)
+                : "");
     if (saved_ >= 0) s += fmt::format(", {} blocks saved", saved_);
     return s;
 }

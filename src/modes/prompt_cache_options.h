@@ -22,18 +22,18 @@ struct PromptCacheOptions {
 
 void add_prompt_cache_options(CLI::App* cmd, PromptCacheOptions& o);
 
-// The model options for a run with these prompt cache options: a prompt cache file holds
-// whole blocks of every layer, so a model with sliding-window layers keeps their full K/V
-// (--swa-full) when one is given.
-ModelOptions model_options_for_cache(const ModelOptions& mo, const PromptCacheOptions& o);
-
 // One run's use of the file: the constructor loads it (a note on stderr when it is made for
 // another model or KV format: it is then rewritten, unless read-only); remember() records a
-// request's tokens; save() writes their cached blocks. Errors (corrupt file, I/O) throw.
+// request's tokens; save() writes their cached blocks. With a window pool it also keeps the
+// windowed layers' K/V of each prompt's last blocks as the engine computes them
+// (PromptCacheWindows). Errors (corrupt file, I/O) throw.
 class PromptCacheUse {
   public:
     PromptCacheUse(const PromptCacheOptions& o, const ModelOptions& mo, const LoadedModel& m,
                    Engine& engine);
+    ~PromptCacheUse();
+    PromptCacheUse(const PromptCacheUse&) = delete;
+    PromptCacheUse& operator=(const PromptCacheUse&) = delete;
     void remember(const std::vector<TokenId>& prompt, const std::vector<GenerationResult>& results);
     void save();
     // "prompt cache: 12 blocks (192 tokens) loaded from F; 14 saved" for --stats.
@@ -47,6 +47,7 @@ class PromptCacheUse {
     PromptCacheLoad load_;
     int64_t saved_ = -1;
     std::vector<std::vector<TokenId>> sequences_;
+    PromptCacheWindows windows_;
 };
 
 }  // namespace kvrun

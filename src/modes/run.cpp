@@ -150,7 +150,7 @@ int run_single(const RunOptions& o) {
     if (o.escape) text = unescape_text(text);
     auto grammar = grammar_from_options(o.grammar);
     const int32_t n_seq = std::max(1, o.n_samples);
-    LoadedModel m = load_model(model_options_for_cache(o.model, o.cache), n_seq);
+    LoadedModel m = load_model(o.model, n_seq);
     LoadedModel d;
     if (o.draft.enabled()) d = load_draft_model(o.draft, o.model, m, n_seq);
     GenerationRequest req;
@@ -244,7 +244,7 @@ void parse_request(const std::string& line, const RunOptions& o, const Tokenizer
 
 int run_jsonl(const RunOptions& o) {
     const auto grammar = grammar_from_options(o.grammar);
-    LoadedModel m = load_model(model_options_for_cache(o.model, o.cache), 1);
+    LoadedModel m = load_model(o.model, 1);
     LoadedModel draft;
     if (o.draft.enabled()) draft = load_draft_model(o.draft, o.model, m, 8);
     Engine engine(*m.backend, *m.tokenizer, generation_engine_options(o.model, 8, o.draft, draft));
