@@ -338,6 +338,20 @@ TEST_CASE("run rejects bad input with one clear line") {
     auto t = run_command(
         kvrun_cmd("run" + m + " -c 8 --truncate -n 2 --temp 0 -p 'Once upon a time there was'"));
     CHECK(t.exit_code == 0);
+    // A full context stops with a note naming --context-shift, which goes on instead.
+    const std::string gen = "run" + m + " -c 32 -n 80 --temp 0 --ignore-eos --stats -p 'Once'";
+    auto full = run_command(kvrun_cmd(gen));
+    CHECK(full.exit_code == 0);
+    CHECK(full.err.find("the context is full (hint: raise -c/--ctx, or --context-shift)") !=
+          std::string::npos);
+    auto shifted = run_command(kvrun_cmd(gen + " --context-shift --keep 1"));
+    CHECK(shifted.exit_code == 0);
+    CHECK(shifted.err.find("generated tokens  80 (stop: length)") != std::string::npos);
+    CHECK(shifted.err.find("context shifts    ") != std::string::npos);
+    CHECK(shifted.out.size() > full.out.size());
+    CHECK(shifted.out.compare(0, full.out.size() - 1, full.out, 0, full.out.size() - 1) == 0);
+    check_one_line_with_hint(run_command(kvrun_cmd(gen + " --context-shift --n-samples 2")),
+                             "--context-shift runs one sample");
 }
 
 TEST_CASE("sampling flags out of range are rejected with one clear line") {

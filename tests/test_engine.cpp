@@ -16,6 +16,7 @@
 #include "common.h"
 #include "engine.h"
 #include "gguf.h"
+#include "modes/context_shift.h"
 #include "test_model.h"
 #include "test_util.h"
 #include "tokenizer.h"
@@ -567,4 +568,66 @@ TEST_CASE("device-style sampling (Backend::forward_sample) gives the host path's
     CHECK(host_stats.device_sampled_steps == 0);
     CHECK(dev_stats.device_sampled_steps > 0);
     CHECK(dev_stats.device_sampled_steps < dev_stats.steps);  // the fork step used the host
+}
+
+TEST_CASE("--context-shift: keep the head, drop the older half, go on like a fresh run") {
+    // The rule on its own.
+    const std::vector<TokenId> all = {1, 10, 11, 12, 13, 14, 15, 16, 17, 18};
+    CHECK(context_shift_tokens(all, 2) == std::vector<TokenId>{1, 10, 15, 16, 17, 18});
+    CHECK(context_shift_tokens(all, 0) == std::vector<TokenId>{14, 15, 16, 17, 18});
+    CHECK(context_shift_tokens(all, 9).empty());  // one token left over: nothing to drop
+    CHECK(context_shift_tokens(all, 99).empty());
+    CHECK(context_shift_keep({1, 5, 6}, 1, 1) == 2);   // BOS counted on top
+    CHECK(context_shift_keep({5, 6, 7}, 1, 1) == 1);   // no BOS
+    CHECK(context_shift_keep({1, 5, 6}, -1, 1) == 3);  // the whole prompt
+    CHECK(context_shift_keep({1, 5, 6}, 9, 1) == 3);
+
+    auto m = load_stories();
+    if (!m) return;
+    auto backend = make_backend(*m, 16, 64);
+    EngineOptions eo;
+    eo.n_ctx = 64;
+    Engine engine(*backend, *m->tok, eo);
+    GenerationRequest req;
+    req.prompt = m->tok->encode("Once upon a time", true);
+    req.n_predict = 150;
+    req.ignore_eos = true;
+    req.sampling.temperature = 0;
+    ContextShiftOptions o;
+    o.enabled = true;
+    o.n_keep = 2;
+    int32_t shifts = 0;
+    const GenerationResult r =
+        run_with_context_shift(engine, req, o, m->tok->bos(), nullptr, &shifts);
+    CHECK(r.tokens.size() == 150);
+    CHECK(r.stop == StopReason::Length);
+    CHECK(shifts >= 3);
+    CHECK(r.timings.n_generated == 150);
+    // Round 1 fills the context; round 2 is exactly a fresh greedy run on the shifted text.
+    const size_t n1 = 64 - req.prompt.size();
+    std::vector<TokenId> all1 = req.prompt;
+    all1.insert(all1.end(), r.tokens.begin(), r.tokens.begin() + std::ptrdiff_t(n1));
+    const std::vector<TokenId> next = context_shift_tokens(all1, 3);
+    REQUIRE(next.size() < 64);
+    GenerationRequest fresh = req;
+    fresh.prompt = next;
+    fresh.n_predict = static_cast<int32_t>(64 - next.size());
+    GenerationResult f;
+    auto b2 = make_backend(*m, 16, 64);
+    Engine e2(*b2, *m->tok, eo);
+    e2.on_finish([&](const GenerationResult& x) { f = x; });
+    e2.submit(fresh);
+    e2.run();
+    REQUIRE(f.tokens.size() == size_t(fresh.n_predict));
+    CHECK(std::equal(f.tokens.begin(), f.tokens.end(), r.tokens.begin() + std::ptrdiff_t(n1)));
+    // Off: the context stop stays; all blocks are back after the rounds.
+    o.enabled = false;
+    const GenerationResult off =
+        run_with_context_shift(engine, req, o, m->tok->bos(), nullptr, &shifts);
+    CHECK(off.stop == StopReason::Context);
+    CHECK(off.tokens.size() == n1);
+    CHECK(shifts == 0);
+    CHECK(engine.kv_table().n_used_blocks() == 0);
+    req.n_samples = 2;
+    CHECK_THROWS_AS(run_with_context_shift(engine, req, o, m->tok->bos(), nullptr, nullptr), Error);
 }

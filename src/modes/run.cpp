@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "modes/context_shift.h"
 #include "modes/draft_options.h"
 #include "modes/grammar_options.h"
 #include "modes/model_options.h"
@@ -24,6 +25,7 @@ struct RunOptions {
     SamplingParams sampling;
     GrammarOptions grammar;
     PromptCacheOptions cache;
+    ContextShiftOptions shift;
     std::string prompt, file;
     int32_t n_predict = 128;
     int32_t n_samples = 1;
@@ -150,6 +152,9 @@ int run_single(const RunOptions& o) {
     if (o.escape) text = unescape_text(text);
     auto grammar = grammar_from_options(o.grammar);
     const int32_t n_seq = std::max(1, o.n_samples);
+    if (o.shift.enabled && n_seq > 1)
+        throw Error("--context-shift runs one sample", "drop --n-samples, or --context-shift");
+    int32_t n_shifts = 0;
     LoadedModel m = load_model(o.model, n_seq);
     LoadedModel d;
     if (o.draft.enabled()) d = load_draft_model(o.draft, o.model, m, n_seq);
@@ -172,7 +177,7 @@ int run_single(const RunOptions& o) {
         req.grammar = grammar;
         std::optional<PromptCacheUse> cache;
         if (o.cache.enabled()) cache.emplace(o.cache, o.model, m, engine);
-        engine.submit(req);
+        if (!o.shift.enabled) engine.submit(req);
 
         install_interrupt_handler();
         if (o.echo) fmt::print("{}", text), std::fflush(stdout);
@@ -183,8 +188,13 @@ int run_single(const RunOptions& o) {
                 if (!piece.empty()) fmt::print("{}", piece), std::fflush(stdout);
             });
         }
-        engine.on_finish([&](const GenerationResult& r) { results[r.sample] = r; });
-        engine.run(&interrupt_flag());
+        if (o.shift.enabled) {
+            results[0] = run_with_context_shift(engine, req, o.shift, m.tokenizer->bos(),
+                                                &interrupt_flag(), &n_shifts);
+        } else {
+            engine.on_finish([&](const GenerationResult& r) { results[r.sample] = r; });
+            engine.run(&interrupt_flag());
+        }
         if (n_seq == 1) {
             fmt::print("{}\n", decoders[0].flush());
         } else {
@@ -201,6 +211,8 @@ int run_single(const RunOptions& o) {
             cache->save();
         }
         if (o.stats) print_stats(results, engine, m, o);
+        if (o.stats && o.shift.enabled)
+            fmt::print(stderr, "context shifts    {} (--keep {})\n", n_shifts, o.shift.n_keep);
         if (o.stats && cache) fmt::print(stderr, "{}\n", cache->summary());
     }
     for (const auto& r : results)
@@ -210,7 +222,7 @@ int run_single(const RunOptions& o) {
         if (r.stop == StopReason::Context && o.n_predict > 0) {
             fmt::print(stderr,
                        "kvrun: note: stopped after {} of {} tokens: the context is full "
-                       "(hint: raise -c/--ctx)\n",
+                       "(hint: raise -c/--ctx, or --context-shift)\n",
                        r.tokens.size(), o.n_predict);
             break;
         }
@@ -265,9 +277,14 @@ int run_jsonl(const RunOptions& o) {
             if (o.truncate)
                 truncate_prompt(req.prompt, engine.n_ctx(), req.n_predict, m.tokenizer->bos());
             std::vector<GenerationResult> results(std::max(1, req.n_samples));
-            engine.on_finish([&](const GenerationResult& r) { results[r.sample] = r; });
-            engine.submit(req);
-            engine.run(&interrupt_flag());
+            if (o.shift.enabled) {
+                results[0] = run_with_context_shift(engine, req, o.shift, m.tokenizer->bos(),
+                                                    &interrupt_flag(), nullptr);
+            } else {
+                engine.on_finish([&](const GenerationResult& r) { results[r.sample] = r; });
+                engine.submit(req);
+                engine.run(&interrupt_flag());
+            }
             if (cache) cache->remember(req.prompt, results);
             out = request_result_to_json(results, req.prompt, *m.tokenizer, engine.speculative(),
                                          o.special);
@@ -328,6 +345,13 @@ void add_run_command(CLI::App& root, int& exit_code) {
         "result per line (README: every field)");
     cmd->add_flag("--truncate", o->truncate,
                   "Keep the end of a prompt that is longer than the context");
+    cmd->add_flag("--context-shift", o->shift.enabled,
+                  "When the context fills before -n tokens, drop the older half of the tokens "
+                  "after --keep and go on (re-prefilling what is kept; llama.cpp's flag)");
+    cmd->add_option("--keep", o->shift.n_keep,
+                    "Prompt tokens --context-shift always keeps after BOS (-1: the whole prompt)")
+        ->check(CLI::Range(-1, INT32_MAX))
+        ->capture_default_str();
     cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after the end-of-sequence token");
     cmd->add_flag("--no-bos", o->no_bos, "Do not add the BOS token to the prompt");
     cmd->add_flag("--parse-special", o->parse_special,
