@@ -130,6 +130,8 @@ struct BackendOptions {
     // channel and measured worse (docs/kv-cache.md).
     bool kv_rotate = false;
     int n_threads = 0;  // CPU threads; 0 = hardware concurrency
+    // CPU threads for passes of more than one token (prefill, llama.cpp's -tb); 0: n_threads.
+    int n_threads_batch = 0;
     // CPU only, for validation: reproduce llama.cpp's arithmetic bit for bit
     // (cpu::set_llamacpp_rounding, docs/llamacpp-fidelity.md).
     bool llamacpp_rounding = false;

@@ -48,7 +48,9 @@ CpuBackend::CpuBackend(const GgufFile& file, const BackendOptions& options)
                                 config_.n_layer),
                     "lower --kv-memory");
     }
-    if (options_.n_threads > 0) cpu_set_num_threads(options_.n_threads);
+    if (options_.n_threads > 0 || options_.n_threads_batch > 0)
+        cpu_set_num_threads(std::max(cpu_resolve_threads(options_.n_threads),
+                                     cpu_resolve_threads(options_.n_threads_batch)));
 }
 
 int64_t CpuBackend::kv_block_io_bytes(KvPool pool) const {
@@ -118,6 +120,9 @@ void CpuBackend::validate(const ForwardBatch& b) const {
 
 void CpuBackend::forward(const ForwardBatch& b, float* logits) {
     validate(b);
+    if (options_.n_threads_batch > 0)  // -tb for prefill passes, -t for decode steps
+        cpu_thread_pool().set_active(cpu_resolve_threads(
+            b.tokens.size() > 1 ? options_.n_threads_batch : options_.n_threads));
     struct RoundingScope {  // the ops read the flag on this thread
         bool saved = cpu::llamacpp_rounding();
         explicit RoundingScope(bool on) { cpu::set_llamacpp_rounding(on); }

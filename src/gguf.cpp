@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -374,7 +375,7 @@ std::string GgufValue::to_display(size_t max_items) const {
 
 // ---- GgufFile: opening and lifetime ---------------------------------------------------
 
-GgufFile GgufFile::open(const std::string& path) {
+GgufFile GgufFile::open(const std::string& path, GgufOpenOptions options) {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) fail("{}: cannot open: {}", path, std::strerror(errno));
     struct stat st {};
@@ -390,15 +391,44 @@ GgufFile GgufFile::open(const std::string& path) {
     GgufFile f;
     f.path_ = path;
     f.size_ = static_cast<uint64_t>(st.st_size);
-    if (f.size_ > 0) {
+    if (f.size_ > 0 && options.mmap) {
         void* m = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);
         int err = errno;
         ::close(fd);
         if (m == MAP_FAILED) fail("{}: cannot map the file: {}", path, std::strerror(err));
         f.map_ = m;
         f.base_ = static_cast<const uint8_t*>(m);
+    } else if (f.size_ > 0) {
+        // Page-aligned like a mapping, so tensor data keeps the file's alignment.
+        f.read_ = std::aligned_alloc(4096, (f.size_ + 4095) / 4096 * 4096);
+        if (!f.read_) {
+            ::close(fd);
+            fail("{}: cannot allocate {:.1f} MiB to read the file (--no-mmap)", path,
+                 double(f.size_) / (1 << 20));
+        }
+        uint64_t done = 0;
+        while (done < f.size_) {
+            const ssize_t n = ::pread(fd, static_cast<uint8_t*>(f.read_) + done,
+                                      std::min<uint64_t>(f.size_ - done, 1u << 30), off_t(done));
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) {
+                const int err = n < 0 ? errno : 0;
+                ::close(fd);
+                fail("{}: cannot read the file: {}", path,
+                     err ? std::strerror(err) : "it ended early");
+            }
+            done += uint64_t(n);
+        }
+        ::close(fd);
+        f.base_ = static_cast<const uint8_t*>(f.read_);
     } else {
         ::close(fd);
+    }
+    if (options.mlock && f.size_ > 0) {
+        if (::mlock(f.base_, f.size_) == 0)
+            f.locked_ = true;
+        else
+            f.lock_error_ = std::strerror(errno);
     }
     f.parse();  // on a throw, f's destructor unmaps
     return f;
@@ -430,6 +460,9 @@ GgufFile& GgufFile::operator=(GgufFile&& other) noexcept {
     std::swap(size_, other.size_);
     std::swap(map_, other.map_);
     std::swap(owned_, other.owned_);
+    std::swap(read_, other.read_);
+    std::swap(locked_, other.locked_);
+    std::swap(lock_error_, other.lock_error_);
     std::swap(kv_, other.kv_);
     std::swap(kv_offsets_, other.kv_offsets_);
     std::swap(kv_index_, other.kv_index_);
@@ -440,7 +473,11 @@ GgufFile& GgufFile::operator=(GgufFile&& other) noexcept {
 }
 
 GgufFile::~GgufFile() {
-    if (map_) ::munmap(map_, size_);
+    if (map_) ::munmap(map_, size_);  // also unlocks
+    if (read_) {
+        if (locked_) ::munlock(read_, size_);
+        std::free(read_);
+    }
 }
 
 // ---- GgufFile: parsing ------------------------------------------------------------------

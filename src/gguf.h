@@ -114,10 +114,17 @@ struct GgufTensorInfo {
     const uint8_t* data = nullptr;  // points into the mapping (valid while GgufFile lives)
 };
 
+// How GgufFile::open holds the file's bytes (llama.cpp's --no-mmap and --mlock).
+struct GgufOpenOptions {
+    bool mmap = true;    // map the file; false: read it into memory (page-aligned)
+    bool mlock = false;  // lock the bytes in RAM (GgufFile::lock_error() says if that failed)
+};
+
 class GgufFile {
   public:
-    // Map and parse `path`. Throws GgufError (or Error for a missing/unreadable file).
-    static GgufFile open(const std::string& path);
+    // Map (or read) and parse `path`. Throws GgufError (or Error for a missing/unreadable
+    // file). A failed mlock is not an error: lock_error() then says why.
+    static GgufFile open(const std::string& path, GgufOpenOptions options = {});
     // Parse an in-memory buffer (tests, fuzzing). The bytes are copied and owned.
     static GgufFile from_memory(const void* bytes, size_t size, std::string name = "<memory>");
 
@@ -130,6 +137,10 @@ class GgufFile {
     uint64_t alignment() const { return alignment_; }
     uint64_t data_offset() const { return data_offset_; }
     uint64_t file_size() const { return size_; }
+    bool mapped() const { return map_ != nullptr; }
+    bool locked() const { return locked_; }
+    // Why GgufOpenOptions::mlock failed ("" when it was not asked for or succeeded).
+    const std::string& lock_error() const { return lock_error_; }
 
     // Metadata in file order.
     const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return kv_; }
@@ -172,6 +183,9 @@ class GgufFile {
     uint64_t size_ = 0;
     void* map_ = nullptr;         // mmap base when mapped
     std::vector<uint8_t> owned_;  // buffer when from_memory
+    void* read_ = nullptr;        // page-aligned buffer when read (--no-mmap)
+    bool locked_ = false;         // mlock'ed (base_, size_)
+    std::string lock_error_;
     std::vector<std::pair<std::string, GgufValue>> kv_;
     std::vector<uint64_t> kv_offsets_;  // [kv_.size()] where each entry starts (for errors)
     std::map<std::string, size_t, std::less<>> kv_index_;

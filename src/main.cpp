@@ -62,8 +62,10 @@ std::string parse_error_hint(const CLI::App& app) {
 // llama.cpp's multi-letter short flags, which CLI11 cannot name, as their long spellings.
 static std::vector<std::string> with_llamacpp_flags(int argc, char** argv) {
     static const std::pair<const char*, const char*> kAliases[] = {
-        {"-ngl", "--n-gpu-layers"}, {"-md", "--model-draft"}, {"-ctk", "--cache-type-k"},
-        {"-ctv", "--cache-type-v"}, {"-np", "--parallel"},    {"-sp", "--special"},
+        {"-ngl", "--n-gpu-layers"},  {"-md", "--model-draft"}, {"-ctk", "--cache-type-k"},
+        {"-ctv", "--cache-type-v"},  {"-np", "--parallel"},    {"-sp", "--special"},
+        {"-tb", "--threads-batch"},  {"-ub", "--ubatch-size"}, {"-fa", "--flash-attn"},
+        {"-sys", "--system-prompt"},
     };
     std::vector<std::string> args(argv, argv + argc);
     for (size_t i = 1; i < args.size(); ++i)

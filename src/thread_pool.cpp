@@ -25,7 +25,18 @@ int resolve_threads(int n_threads) {
 
 ThreadPool::ThreadPool(int n_threads) {
     int n = resolve_threads(n_threads);
-    for (int i = 1; i < n; ++i) workers_.emplace_back([this] { worker_loop(); });
+    active_ = n;
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+}
+
+void ThreadPool::set_active(int n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    active_ = std::clamp(n, 1, n_threads());
+}
+
+int ThreadPool::n_active() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return active_;
 }
 
 ThreadPool::~ThreadPool() {
@@ -58,7 +69,7 @@ void ThreadPool::run_chunks(uint64_t generation) {
     }
 }
 
-void ThreadPool::worker_loop() {
+void ThreadPool::worker_loop(int index) {
     uint64_t seen = 0;
     for (;;) {
         {
@@ -66,6 +77,7 @@ void ThreadPool::worker_loop() {
             wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
             if (stop_) return;
             seen = generation_;
+            if (index >= active_) continue;  // idle for this job
         }
         run_chunks(seen);
     }
@@ -80,11 +92,15 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
         return;
     }
     std::lock_guard<std::mutex> call_lock(call_mutex_);
-    // About four chunks per thread balances uneven chunks without much claiming overhead.
-    const int64_t per_thread = n_threads() * 4;
+    if (n_active() <= 1) {
+        fn(0, n);
+        return;
+    }
     uint64_t generation;
     {
         std::lock_guard<std::mutex> lock(mutex_);
+        // About four chunks per thread balances uneven chunks without much claiming overhead.
+        const int64_t per_thread = int64_t(active_) * 4;
         fn_ = &fn;
         n_ = n;
         chunk_ = std::max(grain, (n + per_thread - 1) / per_thread);
@@ -123,6 +139,10 @@ void cpu_set_num_threads(int n_threads) {
     if (g_pool && g_pool->n_threads() == n) return;
     g_pool.reset();
     g_pool = std::make_unique<ThreadPool>(n);
+}
+
+int cpu_resolve_threads(int n_threads) {
+    return resolve_threads(n_threads);
 }
 
 }  // namespace kvrun

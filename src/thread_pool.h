@@ -21,6 +21,10 @@ class ThreadPool {
     ThreadPool& operator=(const ThreadPool&) = delete;
 
     int n_threads() const { return static_cast<int>(workers_.size()) + 1; }
+    // Threads a parallel_for uses (1 .. n_threads(), the caller included; default all): the
+    // others stay idle (-t for decode steps, -tb for prefill). Not during a parallel_for.
+    void set_active(int n);
+    int n_active() const;
 
     // Calls fn(begin, end) on disjoint chunks covering [0, n), each at least `grain` long
     // (except the last), on all threads; returns when every chunk is done. Runs inline
@@ -30,17 +34,18 @@ class ThreadPool {
     void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
   private:
-    void worker_loop();
+    void worker_loop(int index);  // index 1 .. n_threads() - 1 (the caller is 0)
     // Claims and runs chunks of job `generation` until none is left (or a newer job began).
     void run_chunks(uint64_t generation);
 
     std::vector<std::thread> workers_;
-    std::mutex call_mutex_;  // one parallel_for at a time
-    std::mutex mutex_;       // guards everything below
+    std::mutex call_mutex_;     // one parallel_for at a time
+    mutable std::mutex mutex_;  // guards everything below
     std::condition_variable wake_;
     std::condition_variable done_;
     uint64_t generation_ = 0;
     bool stop_ = false;
+    int active_ = 1;  // set_active
 
     // The current job. The caller waits for its chunks, not for the workers: a worker that
     // wakes late (a busy machine) finds nothing left to claim and costs nothing.
@@ -62,5 +67,7 @@ ThreadPool& cpu_thread_pool();
 // Replaces the process-wide pool with one of n_threads (0 = hardware); not thread-safe
 // against a running parallel_for.
 void cpu_set_num_threads(int n_threads);
+// The number of hardware threads, or n_threads when it is > 0.
+int cpu_resolve_threads(int n_threads);
 
 }  // namespace kvrun

@@ -252,6 +252,13 @@ TEST_CASE("chat with piped input: replies on stdout, commands work, EOF exits 0"
     std::string expected = direct.out.substr(0, direct.out.find('\n'));
     expected.erase(0, expected.find_first_not_of(' '));
     CHECK(first_reply == expected);
+    // llama.cpp's -sys / --system-prompt spell --system.
+    for (const char* flag : {"-sys", "--system-prompt"}) {
+        auto sys = run_command(
+            chat_cmd(model.string(), std::string("--temp 0 -n 12 ") + flag + " 'Tell a story.'"),
+            "Once upon a time\n");
+        CHECK(sys.out.substr(0, sys.out.find('\n')) == first_reply);
+    }
     // Bad template names and overflow policies are one clear error.
     auto bad = run_command(chat_cmd(model.string(), "--chat-template nope"), "");
     CHECK(bad.exit_code == 1);

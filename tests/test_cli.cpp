@@ -886,6 +886,21 @@ TEST_CASE("llama.cpp's spellings: -ngl, --ctx-size, -ctk/-ctv, -md/--draft-max, 
     REQUIRE(res.size() == 2);
     CHECK(res[0].contains("text"));
     CHECK(res[1]["error"] == "'seed' must be a count >= 0 or -1 for a random one (got -5)");
+
+    // -tb, -ub, --no-mmap, --mlock, -fa: the same tokens (-ub 3 prefills in passes of 3 tokens,
+    // -tb 2 uses two threads for them and -t 1 one for each decode step).
+    for (const char* flags : {" -t 1 -tb 2", " -ub 3", " -b 8 -ub 16", " --no-mmap", " --mlock",
+                              " --no-mmap --mlock", " -fa", " -fa on", " --flash-attn auto"}) {
+        CAPTURE(flags);
+        auto x = run_command(kvrun_cmd(base + flags));
+        CHECK_MESSAGE(x.exit_code == 0, x.err);
+        CHECK(x.out == plain.out);
+    }
+    auto fa_off = run_command(kvrun_cmd(base + " -fa off"));
+    CHECK(fa_off.out == plain.out);
+    CHECK(fa_off.err.find("-fa off changes nothing") != std::string::npos);
+    check_bad_run_flags(
+        {{"-ub 0", "--ubatch-size"}, {"-tb -1", "--threads-batch"}, {"-fa maybe", "--flash-attn"}});
 }
 
 TEST_CASE("RoPE flags: --rope-scale, --rope-freq-base, --rope-scaling, --yarn-*") {

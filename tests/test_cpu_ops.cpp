@@ -4,11 +4,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common.h"
@@ -447,4 +451,26 @@ TEST_CASE("thread pool covers every index once, nests inline and rethrows") {
         for (int64_t i = a; i < b; ++i) sum += i;
     });
     CHECK(sum == 4950);
+    // set_active limits the threads a job uses (-t for decode, -tb for prefill).
+    auto threads_used = [&] {
+        std::mutex mu;
+        std::set<std::thread::id> ids;
+        std::vector<std::atomic<int>> seen(4000);
+        pool.parallel_for(4000, 1, [&](int64_t a, int64_t b) {
+            for (int64_t i = a; i < b; ++i) seen[size_t(i)]++;
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            std::lock_guard<std::mutex> lock(mu);
+            ids.insert(std::this_thread::get_id());
+        });
+        CHECK(std::all_of(seen.begin(), seen.end(), [](auto& h) { return h.load() == 1; }));
+        return ids.size();
+    };
+    pool.set_active(1);
+    CHECK(pool.n_active() == 1);
+    CHECK(threads_used() == 1);
+    pool.set_active(2);
+    CHECK(threads_used() <= 2);
+    pool.set_active(99);  // clamped
+    CHECK(pool.n_active() == 4);
+    CHECK(threads_used() >= 2);
 }

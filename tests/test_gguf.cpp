@@ -239,6 +239,21 @@ TEST_CASE("writer: custom alignment, files on disk, move semantics") {
         CHECK(h.find_tensor("x")->n_bytes == 20);
         CHECK(reinterpret_cast<const float*>(h.find_tensor("x")->data)[4] == 2.0f);
     }
+    // --no-mmap reads the file into a page-aligned buffer: the same bytes, the same
+    // alignment; --mlock locks them (or says why not).
+    for (bool mmap : {true, false}) {
+        CAPTURE(mmap);
+        GgufOpenOptions o;
+        o.mmap = mmap;
+        o.mlock = true;
+        GgufFile f = GgufFile::open(path.string(), o);
+        CHECK(f.mapped() == mmap);
+        CHECK(f.locked() == f.lock_error().empty());
+        CHECK(reinterpret_cast<uintptr_t>(f.find_tensor("y")->data) % 128 == 0);
+        CHECK(reinterpret_cast<const float*>(f.find_tensor("y")->data)[2] == -1.0f);
+        GgufFile g = std::move(f);
+        CHECK(reinterpret_cast<const float*>(g.find_tensor("x")->data)[4] == 2.0f);
+    }
     fs::remove(path);
     CHECK_THROWS_AS(GgufWriter(48), Error);
 }

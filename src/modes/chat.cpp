@@ -190,7 +190,7 @@ void add_chat_command(CLI::App& root, int& exit_code) {
     CLI::App* cmd = root.add_subcommand(
         "chat", "Interactive multi-turn chat (each turn prefills only its new tokens)");
     add_model_options(cmd, o->model);
-    cmd->add_option("--system", o->system, "System prompt");
+    cmd->add_option("--system,--system-prompt", o->system, "System prompt (llama.cpp's -sys)");
     cmd->add_option(
         "--chat-template", o->chat_template,
         "Chat format: llama2, llama3, chatml, mistral, zephyr, phi3, phi4, gemma, granite or "

@@ -85,9 +85,32 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
                     "the GPU when one is present")
         ->check(at_least(0));
     cmd->add_option("-t,--threads", o.n_threads, "CPU threads (0: all cores)")->check(at_least(0));
+    cmd->add_option("--threads-batch", o.n_threads_batch,
+                    "CPU threads for prefill passes (llama.cpp's -tb; 0: as -t)")
+        ->check(at_least(0));
     cmd->add_option("-b,--batch-size", o.n_batch, "Max tokens per forward pass (prefill chunk)")
         ->check(at_least(1))
         ->capture_default_str();
+    cmd->add_option("--ubatch-size", o.n_ubatch,
+                    "llama.cpp's -ub: max tokens per forward pass (at most -b when both are given)")
+        ->check(at_least(1));
+    cmd->add_flag("!--no-mmap", o.mmap, "Read the model file into memory instead of mapping it");
+    cmd->add_flag("--mlock", o.mlock,
+                  "Keep the model's bytes in RAM (mlock; a warning when the system refuses)");
+    cmd->add_option("--flash-attn", o.flash_attn,
+                    "llama.cpp's -fa: kvrun's attention is always fused (flash-attention "
+                    "style); the value changes nothing")
+        ->expected(0, 1)
+        ->default_str("auto")
+        ->check(CLI::IsMember({"on", "off", "auto", "1", "0", "true", "false"}));
+    cmd->parse_complete_callback([cmd, &o] {
+        if (o.n_ubatch > 0)
+            o.n_batch = cmd->count("--batch-size") ? std::min(o.n_batch, o.n_ubatch) : o.n_ubatch;
+        if (o.flash_attn == "off" || o.flash_attn == "0" || o.flash_attn == "false")
+            fmt::print(stderr,
+                       "kvrun: note: -fa off changes nothing: kvrun's attention is always "
+                       "fused\n");
+    });
     add_rope_options(cmd, o.rope);
     cmd->add_option("--override-kv", o.kv_overrides,
                     "Replace a metadata value: KEY=TYPE:VALUE, TYPE int, float, bool or str "
@@ -142,7 +165,15 @@ std::pair<std::string, GgufValue> parse_kv_override(const std::string& text) {
 }
 
 std::unique_ptr<GgufFile> open_model_file(const ModelOptions& o) {
-    auto f = std::make_unique<GgufFile>(GgufFile::open(o.model));
+    GgufOpenOptions go;
+    go.mmap = o.mmap;
+    go.mlock = o.mlock;
+    auto f = std::make_unique<GgufFile>(GgufFile::open(o.model, go));
+    if (!f->lock_error().empty())
+        fmt::print(stderr,
+                   "kvrun: warning: --mlock: cannot lock the model's {:.1f} MiB in RAM ({}); "
+                   "going on unlocked (hint: raise `ulimit -l`)\n",
+                   double(f->file_size()) / (1 << 20), f->lock_error());
     if (f->get_string_or("general.type", "") == "adapter")
         throw Error(fmt::format("{} is a LoRA adapter, not a model", o.model),
                     "pass it with --lora next to its base model (-m)");
@@ -404,6 +435,7 @@ LoadedModel load_model(const ModelOptions& o, int32_t n_sequences) {
     bo.kv_type_k = kv_type_parse(o.kv_type_k.empty() ? o.kv_type : o.kv_type_k);
     bo.kv_type_v = kv_type_parse(o.kv_type_v.empty() ? o.kv_type : o.kv_type_v);
     bo.n_threads = o.n_threads;
+    bo.n_threads_batch = o.n_threads_batch;
     bo.n_batch = o.n_batch;
     bo.n_parallel = std::max<int32_t>(1, n_sequences);
     bo.kv_rotate = o.kv_rotate == "on";
@@ -419,7 +451,9 @@ LoadedModel load_model(const ModelOptions& o, int32_t n_sequences) {
         int64_t per_seq = (ctx + o.kv_block_size - 1) / o.kv_block_size;
         bo.n_kv_blocks = per_seq * std::max<int32_t>(1, n_sequences);
     }
-    if (o.n_threads > 0) cpu_set_num_threads(o.n_threads);
+    if (o.n_threads > 0 || o.n_threads_batch > 0)
+        cpu_set_num_threads(
+            std::max(cpu_resolve_threads(o.n_threads), cpu_resolve_threads(o.n_threads_batch)));
 
     std::string dev = o.device;
     if (dev == "auto") dev = cuda_available() && o.n_gpu_layers != 0 ? "cuda" : "cpu";

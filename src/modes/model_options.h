@@ -25,7 +25,12 @@ struct ModelOptions {
     std::string kv_rotate = "off";  // on | off
     double kv_memory_mib = 0;       // 0: enough for the context (x parallel sequences)
     int32_t n_threads = 0;
+    int32_t n_threads_batch = 0;  // -tb: CPU threads for prefill passes (0: -t)
     int32_t n_batch = 512;
+    int32_t n_ubatch = 0;  // -ub (llama.cpp's physical batch): the pass size, at most -b if given
+    bool mmap = true;      // --no-mmap: read the model file into memory instead
+    bool mlock = false;    // --mlock: lock the model's bytes in RAM
+    std::string flash_attn = "auto";  // -fa on|off|auto: kvrun's attention is always fused
     // llama.cpp's -ngl/--n-gpu-layers: 0 runs on the CPU (when --device is auto); any other
     // count runs every layer on the GPU when one is present (there is no partial offload).
     int32_t n_gpu_layers = -1;  // -1: not given
