@@ -118,4 +118,21 @@ std::string unescape_text(const std::string& line) {
     return out;
 }
 
+std::string escape_control_bytes(const std::string& s) {
+    std::string out;
+    for (unsigned char c : s) {
+        if (c == '\n')
+            out += "\\n";
+        else if (c == '\t')
+            out += "\\t";
+        else if (c == '\r')
+            out += "\\r";
+        else if (c < 0x20 || c == 0x7f)
+            out += fmt::format("\\x{:02x}", c);
+        else
+            out += static_cast<char>(c);
+    }
+    return out;
+}
+
 }  // namespace kvrun

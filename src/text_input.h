@@ -31,6 +31,8 @@ std::string read_file_text(const std::string& path);
 // Typed escapes: \n newline, \t tab, \r carriage return, \\ backslash; any other
 // backslash is kept as written (batch's text prompts, --dry-sequence-breaker).
 std::string unescape_text(const std::string& text);
+// For display: newline, tab and carriage return as \n \t \r, other control bytes as \xNN.
+std::string escape_control_bytes(const std::string& s);
 // Offset of the first invalid UTF-8 byte, or std::string::npos when valid.
 size_t utf8_find_invalid(std::string_view s);
 // Throws Error("<what> is not valid UTF-8 (byte offset N)") when invalid.

@@ -896,6 +896,12 @@ TEST_CASE("llama.cpp's spellings: -ngl, --ctx-size, -ctk/-ctv, -md/--draft-max, 
         CHECK_MESSAGE(x.exit_code == 0, x.err);
         CHECK(x.out == plain.out);
     }
+    // --verbose-prompt: the prompt's tokens on stderr; --no-display-prompt (the default) wins
+    // over --echo.
+    auto vp = run_command(kvrun_cmd(base + " --verbose-prompt --echo --no-display-prompt"));
+    CHECK(vp.out == plain.out);
+    CHECK(vp.err.find("prompt: 'Once upon a time'\nnumber of tokens in prompt = 5\n       1 -> "
+                      "'<s>'\n     403 -> ' Once'\n") != std::string::npos);
     auto fa_off = run_command(kvrun_cmd(base + " -fa off"));
     CHECK(fa_off.out == plain.out);
     CHECK(fa_off.err.find("-fa off changes nothing") != std::string::npos);

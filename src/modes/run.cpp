@@ -33,6 +33,8 @@ struct RunOptions {
     bool stats = false, jsonl = false, truncate = false, ignore_eos = false;
     bool special = false;  // control tokens in the output show their text
     bool no_bos = false, parse_special = false, echo = false, escape = false;
+    bool verbose_prompt = false;     // the prompt's tokens on stderr before generating
+    bool no_display_prompt = false;  // llama.cpp's; kvrun shows the prompt only with --echo
     std::vector<std::string> stop;
 };
 
@@ -168,6 +170,13 @@ int run_single(const RunOptions& o) {
             m.tokenizer->encode(text, !o.no_bos && m.tokenizer->add_bos(), o.parse_special);
         if (o.truncate)
             truncate_prompt(req.prompt, engine.n_ctx(), o.n_predict, m.tokenizer->bos());
+        if (o.verbose_prompt) {  // llama.cpp's --verbose-prompt
+            fmt::print(stderr, "prompt: '{}'\nnumber of tokens in prompt = {}\n",
+                       escape_control_bytes(text), req.prompt.size());
+            for (TokenId id : req.prompt)
+                fmt::print(stderr, "{:>8} -> '{}'\n", id,
+                           escape_control_bytes(m.tokenizer->token_to_piece(id, true)));
+        }
         req.n_predict = o.n_predict;
         req.sampling = o.sampling;
         req.n_samples = o.n_samples;
@@ -180,7 +189,7 @@ int run_single(const RunOptions& o) {
         if (!o.shift.enabled) engine.submit(req);
 
         install_interrupt_handler();
-        if (o.echo) fmt::print("{}", text), std::fflush(stdout);
+        if (o.echo && !o.no_display_prompt) fmt::print("{}", text), std::fflush(stdout);
         std::vector<StreamDecoder> decoders(n_seq, StreamDecoder(*m.tokenizer, o.special));
         if (n_seq == 1) {
             engine.on_token([&](int32_t, int32_t, TokenId tok) {
@@ -357,6 +366,10 @@ void add_run_command(CLI::App& root, int& exit_code) {
     cmd->add_flag("--parse-special", o->parse_special,
                   "Recognize special token texts in the prompt");
     cmd->add_flag("--echo", o->echo, "Print the prompt before the completion");
+    cmd->add_flag("--verbose-prompt", o->verbose_prompt,
+                  "Print the prompt's tokens (id and piece) to stderr before generating");
+    cmd->add_flag("--no-display-prompt", o->no_display_prompt,
+                  "llama.cpp's: the prompt is not shown (kvrun's default; --echo shows it)");
     cmd->add_flag("-e,--escape", o->escape,
                   "Turn \\n \\t \\r \\\\ in the prompt into newline, tab, carriage return, "
                   "backslash (as llama.cpp's -e)");

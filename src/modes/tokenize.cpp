@@ -15,24 +15,6 @@ struct TokenizeOptions {
     bool ids = false, no_bos = false, parse_special = false, show_count = false;
 };
 
-// Renders a piece for display: printable as-is, control bytes escaped.
-std::string escape_piece(const std::string& s) {
-    std::string out;
-    for (unsigned char c : s) {
-        if (c == '\n')
-            out += "\\n";
-        else if (c == '\t')
-            out += "\\t";
-        else if (c == '\r')
-            out += "\\r";
-        else if (c < 0x20 || c == 0x7f)
-            out += fmt::format("\\x{:02x}", c);
-        else
-            out += static_cast<char>(c);
-    }
-    return out;
-}
-
 int run_tokenize(const TokenizeOptions& o) {
     // The text byte-exact from -p, -f or stdin alike (a final newline is tokenized too), and
     // empty text is fine: like llama-tokenize, so the vocabulary suites replay exactly.
@@ -51,7 +33,7 @@ int run_tokenize(const TokenizeOptions& o) {
         fmt::print("{}\n", line);
     } else {
         for (TokenId id : ids)
-            fmt::print("{:>8} -> '{}'\n", id, escape_piece(tok->token_to_piece(id, true)));
+            fmt::print("{:>8} -> '{}'\n", id, escape_control_bytes(tok->token_to_piece(id, true)));
     }
     if (o.show_count) fmt::print(stderr, "{} tokens\n", ids.size());
     return 0;
