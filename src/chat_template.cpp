@@ -16,6 +16,14 @@
 //           ... content trimmed, assistant is "model"; prompt <start_of_turn>model\n
 //   granite <|start_of_role|>role<|end_of_role|>content<|end_of_text|>\n per message;
 //           prompt <|start_of_role|>assistant<|end_of_role|>   (IBM Granite 3)
+//   deepseek3          S\n\n<｜User｜>U1<｜Assistant｜>A1<｜end▁of▁sentence｜><｜User｜>U2
+//                      <｜Assistant｜>   (DeepSeek V3/R1 and the R1 distills of Qwen/Llama)
+//   mistral-v3         [INST] S\n\nU1[/INST] A1</s>[INST] U2[/INST]   (A trimmed)
+//   mistral-v3-tekken  [INST]S\n\nU1[/INST]A1</s>[INST]U2[/INST]   (Mistral Nemo)
+//   mistral-v7         [SYSTEM_PROMPT] S[/SYSTEM_PROMPT][INST] U1[/INST] A1</s>[INST] U2[/INST]
+//   mistral-v7-tekken  [SYSTEM_PROMPT]S[/SYSTEM_PROMPT][INST]U1[/INST]A1</s>[INST]U2[/INST]
+//                      (Mistral Small 3; the Mistral formats as their model cards and
+//                      llama.cpp write them; </s> is the vocabulary's EOS text)
 //   plain   S\n\nUser: U1\nAssistant: A1\nUser: U2\nAssistant:   (for models without a
 //           template; the reply follows "Assistant:" with its own leading space)
 // Each message is formatted independently of later ones, which gives the prefix properties
@@ -37,7 +45,7 @@ struct NamedKind {
 };
 
 // Canonical names first (chat_template_name reads this table), then aliases.
-constexpr std::array<NamedKind, 14> kNames = {{
+constexpr std::array<NamedKind, 19> kNames = {{
     {"llama2", ChatTemplateKind::Llama2},
     {"llama3", ChatTemplateKind::Llama3},
     {"chatml", ChatTemplateKind::ChatML},
@@ -47,13 +55,18 @@ constexpr std::array<NamedKind, 14> kNames = {{
     {"phi4", ChatTemplateKind::Phi4},
     {"gemma", ChatTemplateKind::Gemma},
     {"granite", ChatTemplateKind::Granite},
+    {"deepseek3", ChatTemplateKind::DeepSeek3},
+    {"mistral-v3", ChatTemplateKind::MistralV3},
+    {"mistral-v3-tekken", ChatTemplateKind::MistralV3Tekken},
+    {"mistral-v7", ChatTemplateKind::MistralV7},
+    {"mistral-v7-tekken", ChatTemplateKind::MistralV7Tekken},
     {"plain", ChatTemplateKind::Plain},
     {"llama-2", ChatTemplateKind::Llama2},
     {"llama-3", ChatTemplateKind::Llama3},
     {"phi-3", ChatTemplateKind::Phi3},
     {"phi-4", ChatTemplateKind::Phi4},
 }};
-constexpr size_t kCanonicalNames = 10;
+constexpr size_t kCanonicalNames = 15;
 
 bool contains(std::string_view haystack, std::string_view needle) {
     return haystack.find(needle) != std::string_view::npos;
@@ -80,8 +93,14 @@ Role parse_role(const ChatMessage& m, size_t index) {
 // text waits in `pending_system` until that turn, and later system messages act as users.
 bool folds_system(ChatTemplateKind kind) {
     return kind == ChatTemplateKind::Llama2 || kind == ChatTemplateKind::Mistral ||
-           kind == ChatTemplateKind::Gemma;
+           kind == ChatTemplateKind::Gemma || kind == ChatTemplateKind::MistralV3 ||
+           kind == ChatTemplateKind::MistralV3Tekken;
 }
+
+// DeepSeek's turn markers: fullwidth vertical bars (U+FF5C) and U+2581 for the spaces.
+constexpr std::string_view kDeepSeekUser = "<\uFF5CUser\uFF5C>";
+constexpr std::string_view kDeepSeekAssistant = "<\uFF5CAssistant\uFF5C>";
+constexpr std::string_view kDeepSeekEnd = "<\uFF5Cend\u2581of\u2581sentence\uFF5C>";
 
 // Appends one user turn of a folding format; `system` is the pending system text or null.
 void append_folded_user(ChatTemplateKind kind, std::string& out, std::string_view content,
@@ -102,6 +121,13 @@ void append_folded_user(ChatTemplateKind kind, std::string& out, std::string_vie
             if (system) out += *system + "\n\n";
             out += content;
             out += " [/INST]";
+            break;
+        case ChatTemplateKind::MistralV3:
+        case ChatTemplateKind::MistralV3Tekken:
+            out += kind == ChatTemplateKind::MistralV3 ? "[INST] " : "[INST]";
+            if (system) out += *system + "\n\n";
+            out += content;
+            out += "[/INST]";
             break;
         default:  // Gemma
             out += "<start_of_turn>user\n";
@@ -137,6 +163,20 @@ void append_uniform(ChatTemplateKind kind, std::string& out, Role role, const Ch
             out +=
                 "<|start_of_role|>" + m.role + "<|end_of_role|>" + m.content + "<|end_of_text|>\n";
             break;
+        case ChatTemplateKind::DeepSeek3:
+            if (role == Role::System) out += m.content + "\n\n";
+            if (role == Role::User) (out += kDeepSeekUser) += m.content;
+            if (role == Role::Assistant) ((out += kDeepSeekAssistant) += m.content) += kDeepSeekEnd;
+            break;
+        case ChatTemplateKind::MistralV7:
+        case ChatTemplateKind::MistralV7Tekken: {
+            const std::string_view space = kind == ChatTemplateKind::MistralV7 ? " " : "";
+            if (role == Role::System)
+                ((out += "[SYSTEM_PROMPT]") += space) += m.content + "[/SYSTEM_PROMPT]";
+            if (role == Role::User) ((out += "[INST]") += space) += m.content + "[/INST]";
+            if (role == Role::Assistant) (out += space) += m.content + special.eos;
+            break;
+        }
         default:  // Plain
             if (role == Role::System) out += m.content + "\n\n";
             if (role == Role::User) out += "User: " + m.content + "\n";
@@ -150,7 +190,13 @@ std::string_view generation_prompt(ChatTemplateKind kind) {
     switch (kind) {
         case ChatTemplateKind::Llama2:
         case ChatTemplateKind::Mistral:
+        case ChatTemplateKind::MistralV3:
+        case ChatTemplateKind::MistralV3Tekken:
+        case ChatTemplateKind::MistralV7:
+        case ChatTemplateKind::MistralV7Tekken:
             return "";  // "[/INST]" already asks for the reply
+        case ChatTemplateKind::DeepSeek3:
+            return kDeepSeekAssistant;
         case ChatTemplateKind::Llama3:
             return "<|start_header_id|>assistant<|end_header_id|>\n\n";
         case ChatTemplateKind::ChatML:
@@ -178,6 +224,16 @@ ChatTemplateKind chat_template_detect(std::string_view src) {
     if (contains(src, "<|start_header_id|>")) return ChatTemplateKind::Llama3;
     if (contains(src, "<start_of_turn>")) return ChatTemplateKind::Gemma;
     if (contains(src, "<|start_of_role|>")) return ChatTemplateKind::Granite;
+    if (contains(src, kDeepSeekUser) && contains(src, kDeepSeekAssistant))
+        return ChatTemplateKind::DeepSeek3;
+    // Mistral's tokenizer versions: v7 has a system prompt block, v3 tool calls; the
+    // Tekken ones (Nemo, Small 3) write their markers without spaces.
+    if (contains(src, "[SYSTEM_PROMPT]"))
+        return contains(src, "[SYSTEM_PROMPT] ") ? ChatTemplateKind::MistralV7
+                                                 : ChatTemplateKind::MistralV7Tekken;
+    if (contains(src, "[INST]") && contains(src, "[AVAILABLE_TOOLS]"))
+        return contains(src, "\"[INST]\"") ? ChatTemplateKind::MistralV3Tekken
+                                           : ChatTemplateKind::MistralV3;
     // Zephyr/Phi-3 templates may build "<|user|>" from the role, but all of them write the
     // "<|assistant|>" generation prompt literally.
     if (contains(src, "<|user|>") || contains(src, "<|assistant|>")) {
@@ -233,8 +289,13 @@ std::string chat_template_apply(ChatTemplateKind kind, const std::vector<ChatMes
                 out += " ";
                 out += trim(m.content);
                 out += " " + special.eos;
-            } else if (kind == ChatTemplateKind::Mistral) {
+            } else if (kind == ChatTemplateKind::Mistral ||
+                       kind == ChatTemplateKind::MistralV3Tekken) {
                 out += m.content + special.eos;
+            } else if (kind == ChatTemplateKind::MistralV3) {
+                out += " ";
+                out += trim(m.content);
+                out += special.eos;
             } else {
                 out += "<start_of_turn>model\n";
                 out += trim(m.content);
@@ -270,7 +331,13 @@ std::string chat_template_assistant_suffix(ChatTemplateKind kind, const ChatSpec
         case ChatTemplateKind::Llama2:
             return " " + special.eos;
         case ChatTemplateKind::Mistral:
+        case ChatTemplateKind::MistralV3:
+        case ChatTemplateKind::MistralV3Tekken:
+        case ChatTemplateKind::MistralV7:
+        case ChatTemplateKind::MistralV7Tekken:
             return special.eos;
+        case ChatTemplateKind::DeepSeek3:
+            return std::string(kDeepSeekEnd);
         case ChatTemplateKind::Llama3:
             return "<|eot_id|>";
         case ChatTemplateKind::ChatML:
@@ -295,7 +362,13 @@ std::vector<std::string> chat_template_stop_strings(ChatTemplateKind kind) {
     switch (kind) {
         case ChatTemplateKind::Llama2:
         case ChatTemplateKind::Mistral:
+        case ChatTemplateKind::MistralV3:
+        case ChatTemplateKind::MistralV3Tekken:
+        case ChatTemplateKind::MistralV7:
+        case ChatTemplateKind::MistralV7Tekken:
             return {"</s>"};
+        case ChatTemplateKind::DeepSeek3:
+            return {std::string(kDeepSeekEnd)};
         case ChatTemplateKind::Llama3:
             return {"<|eot_id|>", "<|end_of_text|>"};
         case ChatTemplateKind::ChatML:

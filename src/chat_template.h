@@ -37,6 +37,11 @@ enum class ChatTemplateKind {
     Phi4,
     Gemma,
     Granite,
+    DeepSeek3,
+    MistralV3,
+    MistralV3Tekken,
+    MistralV7,
+    MistralV7Tekken,
     Plain
 };
 
@@ -50,23 +55,27 @@ struct ChatSpecialTexts {
 
 // Guesses the format from a Jinja chat template: "<|im_sep|>" → Phi4, "<|im_start|>" → ChatML,
 // "<|start_header_id|>" → Llama3, "<start_of_turn>" → Gemma, "<|start_of_role|>" → Granite,
-// "<|user|>" or "<|assistant|>"
-// with "<|end|>" → Phi3, without → Zephyr, "[INST]" with "<<SYS>>" → Llama2, other "[INST]"
-// → Mistral; empty or unrecognized → Plain.
+// "<｜User｜>" with "<｜Assistant｜>" → DeepSeek3 (DeepSeek V3/R1 and the R1 distills),
+// "<|user|>" or "<|assistant|>" with "<|end|>" → Phi3, without → Zephyr; "[SYSTEM_PROMPT]" →
+// MistralV7 ("[SYSTEM_PROMPT] " with its space) or MistralV7Tekken; "[AVAILABLE_TOOLS]" →
+// MistralV3Tekken (a "\"[INST]\"" literal: Mistral Nemo) or MistralV3; "[INST]" with
+// "<<SYS>>" → Llama2, other "[INST]" → Mistral; empty or unrecognized → Plain.
 ChatTemplateKind chat_template_detect(std::string_view jinja_source);
 
 // "llama2" (or "llama-2"), "llama3" ("llama-3"), "chatml", "mistral", "zephyr", "phi3"
-// ("phi-3"), "phi4" ("phi-4"), "gemma", "granite", "plain"; case-insensitive. Throws Error listing
-// the valid names.
+// ("phi-3"), "phi4" ("phi-4"), "gemma", "granite", "deepseek3", "mistral-v3",
+// "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken", "plain" (llama.cpp's names);
+// case-insensitive. Throws Error listing the valid names.
 ChatTemplateKind chat_template_from_name(std::string_view name);
 
 // The canonical name ("llama2", "llama3", ...), accepted by chat_template_from_name.
 std::string chat_template_name(ChatTemplateKind kind);
 
 // Formats the conversation (see the formats in chat_template.cpp). A leading system message
-// is native in Llama3, ChatML, Zephyr, Phi3, Phi4, Granite and Plain; Llama-2 wraps it in <<SYS>>
-// inside the first [INST]; Mistral and Gemma prepend it (plus "\n\n") to the first user message. In
-// Llama-2, Mistral and Gemma a system message that is not the first is formatted as a user turn.
+// is native in Llama3, ChatML, Zephyr, Phi3, Phi4, Granite, DeepSeek3, MistralV7(Tekken) and
+// Plain; Llama-2 wraps it in <<SYS>> inside the first [INST]; Mistral, MistralV3(Tekken) and
+// Gemma prepend it (plus "\n\n") to the first user message. In those folding formats a system
+// message that is not the first is formatted as a user turn.
 // add_generation_prompt appends the assistant header the model continues from. Throws Error
 // for a role other than system/user/assistant.
 std::string chat_template_apply(ChatTemplateKind kind, const std::vector<ChatMessage>& messages,

@@ -13,9 +13,13 @@ using namespace kvrun;
 namespace {
 
 const std::vector<ChatTemplateKind> kAllKinds = {
-    ChatTemplateKind::Llama2,  ChatTemplateKind::Llama3, ChatTemplateKind::ChatML,
-    ChatTemplateKind::Mistral, ChatTemplateKind::Zephyr, ChatTemplateKind::Phi3,
-    ChatTemplateKind::Phi4,    ChatTemplateKind::Gemma,  ChatTemplateKind::Granite,
+    ChatTemplateKind::Llama2,    ChatTemplateKind::Llama3,
+    ChatTemplateKind::ChatML,    ChatTemplateKind::Mistral,
+    ChatTemplateKind::Zephyr,    ChatTemplateKind::Phi3,
+    ChatTemplateKind::Phi4,      ChatTemplateKind::Gemma,
+    ChatTemplateKind::Granite,   ChatTemplateKind::DeepSeek3,
+    ChatTemplateKind::MistralV3, ChatTemplateKind::MistralV3Tekken,
+    ChatTemplateKind::MistralV7, ChatTemplateKind::MistralV7Tekken,
     ChatTemplateKind::Plain};
 
 // system + user + assistant + user, the conversation every format is checked on.
@@ -73,6 +77,22 @@ std::string expected_four_turns(ChatTemplateKind kind) {
                    "help?<|end_of_text|>\n"
                    "<|start_of_role|>user<|end_of_role|>Tell me a joke.<|end_of_text|>\n"
                    "<|start_of_role|>assistant<|end_of_role|>";
+        case ChatTemplateKind::DeepSeek3:
+            return "You are terse.\n\n<\uFF5CUser\uFF5C>Hi there<\uFF5CAssistant\uFF5C>Hello! How "
+                   "can I help?<\uFF5Cend\u2581of\u2581sentence\uFF5C><\uFF5CUser\uFF5C>Tell me a "
+                   "joke.<\uFF5CAssistant\uFF5C>";
+        case ChatTemplateKind::MistralV3:
+            return "[INST] You are terse.\n\nHi there[/INST] Hello! How can I help?</s>"
+                   "[INST] Tell me a joke.[/INST]";
+        case ChatTemplateKind::MistralV3Tekken:
+            return "[INST]You are terse.\n\nHi there[/INST]Hello! How can I help?</s>"
+                   "[INST]Tell me a joke.[/INST]";
+        case ChatTemplateKind::MistralV7:
+            return "[SYSTEM_PROMPT] You are terse.[/SYSTEM_PROMPT][INST] Hi there[/INST] Hello! "
+                   "How can I help?</s>[INST] Tell me a joke.[/INST]";
+        case ChatTemplateKind::MistralV7Tekken:
+            return "[SYSTEM_PROMPT]You are terse.[/SYSTEM_PROMPT][INST]Hi there[/INST]Hello! "
+                   "How can I help?</s>[INST]Tell me a joke.[/INST]";
         case ChatTemplateKind::Plain:
             return "You are terse.\n\nUser: Hi there\nAssistant: Hello! How can I help?\n"
                    "User: Tell me a joke.\nAssistant:";
@@ -319,6 +339,43 @@ TEST_CASE("detection from real-world Jinja templates") {
     CHECK(chat_template_detect(gemma) == ChatTemplateKind::Gemma);
     CHECK(chat_template_detect(phi4) == ChatTemplateKind::Phi4);
     CHECK(chat_template_detect(granite) == ChatTemplateKind::Granite);
+    // DeepSeek R1 (abridged: the think-stripping of earlier replies elided).
+    const std::string deepseek_r1 =
+        "{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}"
+        "{% endif %}{{ bos_token }}{{ ns.system_prompt }}{%- for message in messages %}{%- if "
+        "message['role'] == 'user' %}{{'<\uFF5CUser\uFF5C>' + message['content']}}{%- endif %}"
+        "{%- if message['role'] == 'assistant' and message['content'] is not none %}"
+        "{{'<\uFF5CAssistant\uFF5C>' + content + '<\uFF5Cend\u2581of\u2581sentence\uFF5C>'}}"
+        "{%- endif %}{%- endfor %}{% if add_generation_prompt %}{{'<\uFF5CAssistant\uFF5C>'}}"
+        "{% endif %}";
+    // Mistral's templates (abridged to their markers): Small 3 (v7 Tekken), Large 2411 (v7),
+    // Nemo (v3 Tekken), 7B v0.3 (v3).
+    const std::string mistral_small3 =
+        "{{- bos_token }}{%- if system_message is defined %}{{- '[SYSTEM_PROMPT]' + "
+        "system_message + '[/SYSTEM_PROMPT]' }}{%- endif %}{%- for message in loop_messages %}"
+        "{%- if message['role'] == 'user' %}{{- '[INST]' + message['content'] + '[/INST]' }}"
+        "{%- elif message['role'] == 'assistant' %}{{- message['content'] + eos_token }}{%- "
+        "endif %}{%- endfor %}";
+    const std::string mistral_large2411 =
+        "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}"
+        "{{ '[SYSTEM_PROMPT] ' + message['content'] + '[/SYSTEM_PROMPT]' }}{% elif "
+        "message['role'] == 'user' %}{{ '[INST] ' + message['content'] + '[/INST]' }}{% endif %}"
+        "{% endfor %}";
+    const std::string mistral_nemo =
+        "{%- if messages[0][\"role\"] == \"system\" %}{%- set system_message = "
+        "messages[0][\"content\"] %}{%- endif %}{{- bos_token }}{%- for message in "
+        "loop_messages %}{%- if message[\"role\"] == \"user\" %}{%- if tools is not none and "
+        "(message == user_messages[-1]) %}{{- \"[AVAILABLE_TOOLS][\" }}{%- endif %}{{- "
+        "\"[INST]\" + message[\"content\"] + \"[/INST]\" }}{%- endif %}{%- endfor %}";
+    const std::string mistral_v03 =
+        "{{- bos_token }}{%- for message in loop_messages %}{%- if message['role'] == 'user' %}"
+        "{%- if tools is not none %}{{- '[AVAILABLE_TOOLS] [' }}{%- endif %}{{- '[INST] ' + "
+        "message['content'] + '[/INST]' }}{%- endif %}{%- endfor %}";
+    CHECK(chat_template_detect(deepseek_r1) == ChatTemplateKind::DeepSeek3);
+    CHECK(chat_template_detect(mistral_small3) == ChatTemplateKind::MistralV7Tekken);
+    CHECK(chat_template_detect(mistral_large2411) == ChatTemplateKind::MistralV7);
+    CHECK(chat_template_detect(mistral_nemo) == ChatTemplateKind::MistralV3Tekken);
+    CHECK(chat_template_detect(mistral_v03) == ChatTemplateKind::MistralV3);
     CHECK(chat_template_detect(vicuna) == ChatTemplateKind::Plain);
     CHECK(chat_template_detect("") == ChatTemplateKind::Plain);
 }
@@ -347,9 +404,9 @@ TEST_CASE("names: canonical, aliases, case, round trip, and the unknown-name err
     } catch (const Error& e) {
         std::string msg = e.what();
         CHECK(msg.find("'vicuna'") != std::string::npos);
-        CHECK(msg.find(
-                  "llama2, llama3, chatml, mistral, zephyr, phi3, phi4, gemma, granite, plain") !=
-              std::string::npos);
+        CHECK(msg.find("llama2, llama3, chatml, mistral, zephyr, phi3, phi4, gemma, granite, "
+                       "deepseek3, mistral-v3, mistral-v3-tekken, mistral-v7, "
+                       "mistral-v7-tekken, plain") != std::string::npos);
     }
     CHECK_THROWS_AS(chat_template_from_name(""), Error);
 }
@@ -370,6 +427,15 @@ TEST_CASE("stop strings and assistant suffixes") {
     CHECK(chat_template_stop_strings(ChatTemplateKind::Phi3).front() == "<|end|>");
     CHECK(chat_template_stop_strings(ChatTemplateKind::Gemma).front() == "<end_of_turn>");
     CHECK(chat_template_stop_strings(ChatTemplateKind::Llama2).front() == "</s>");
+    CHECK(chat_template_stop_strings(ChatTemplateKind::DeepSeek3).front() ==
+          "<\uFF5Cend\u2581of\u2581sentence\uFF5C>");
+    CHECK(chat_template_stop_strings(ChatTemplateKind::MistralV7Tekken).front() == "</s>");
+    // The Mistral formats close a reply with the vocabulary's EOS text.
+    CHECK(chat_template_apply(ChatTemplateKind::MistralV7Tekken,
+                              {{"user", "u"}, {"assistant", "a"}, {"user", "v"}}, true,
+                              {"<s>", "<eos>"}) == "[INST]u[/INST]a<eos>[INST]v[/INST]");
+    CHECK(chat_template_apply(ChatTemplateKind::MistralV3, {{"user", "u"}, {"assistant", " a\n"}},
+                              false) == "[INST] u[/INST] a</s>");  // v3 trims the reply
     for (ChatTemplateKind kind : kAllKinds) {
         CAPTURE(chat_template_name(kind));
         CHECK_FALSE(chat_template_stop_strings(kind).empty());
