@@ -2,12 +2,17 @@
 // stories260K family, and the KL-divergence save/compare round trip.
 #include <doctest/doctest.h>
 
+#include <array>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "backend.h"
+#include "hellaswag.h"
+#include "kv_block_table.h"
 #include "perplexity.h"
 #include "test_util.h"
 #include "text_input.h"
@@ -122,4 +127,151 @@ TEST_CASE("perplexity rejects a text shorter than two chunks") {
     po.n_ctx = 256;
     CHECK_THROWS_WITH_AS(perplexity_run(*backend, *tok, "Once upon a time", po),
                          doctest::Contains("needs at least 512"), Error);
+}
+
+namespace {
+
+// Four tasks in llama.cpp's layout whose gold ending is the one a TinyStories model expects.
+const char* kHellaswagTasks =
+    "Story: Once upon a time, there was a little girl named Lily. She loved to\n2\n"
+    "zebra quantum purple sideways the the the.\neat rocks under the blue computer.\n"
+    "play outside in the park with her friends.\nfly a spaceship to the moon and back.\n"
+    "Story: One day, Tom saw a big red\n1\nelephant typing on a keyboard in space.\n"
+    "ball in the park.\nmathematics theorem proving engine.\nis the of and to a in.\n"
+    "Story: Lily was very happy. She said, \"Thank you, mom!\" Her mom\n0\n"
+    "smiled and gave her a big hug.\ncomputed the eigenvalues of a matrix.\n"
+    "sold the house to a robot.\nthe the the the the the.\n"
+    "Story: The little dog wanted to play. He ran to the\n3\n"
+    "quantum chromodynamics lecture hall.\nstock exchange in Tokyo.\nthe and of to in is.\n"
+    "park and played with a ball.\n";
+
+// The mean log-probability of `ending`'s tokens after `context` computed the plain way: the
+// whole candidate in one sequence of its own, every position's logits.
+double plain_ending_score(Backend& backend, const Tokenizer& tok, const std::string& context,
+                          const std::string& ending, size_t common) {
+    const std::vector<TokenId> t = tok.encode(context + " " + ending, tok.add_bos());
+    KvBlockTable table = kv_table_for(backend);
+    const SeqId s = table.create_sequence();
+    REQUIRE(table.append(s, t));
+    kv_apply_pending(table, backend);
+    ForwardBatch fb;
+    fb.add_sequence(table, s, 0, int32_t(t.size()));
+    for (int32_t i = 0; i < int32_t(t.size()); ++i) fb.logit_rows.push_back(i);
+    const int64_t nv = backend.config().n_vocab;
+    std::vector<float> logits(t.size() * size_t(nv));
+    backend.forward(fb, logits.data());
+    double sum = 0;
+    for (size_t i = common; i < t.size(); ++i) {
+        const float* row = logits.data() + (i - 1) * size_t(nv);
+        double mx = row[0], z = 0;
+        for (int64_t v = 1; v < nv; ++v) mx = std::max(mx, double(row[v]));
+        for (int64_t v = 0; v < nv; ++v) z += std::exp(double(row[v]) - mx);
+        sum += double(row[t[i]]) - mx - std::log(z);
+    }
+    return sum / double(t.size() - common);
+}
+
+}  // namespace
+
+TEST_CASE("HellaSwag: the file layout, llama.cpp's task draw and Wilson interval") {
+    const auto tasks = hellaswag_parse(kHellaswagTasks, "hs.txt");
+    REQUIRE(tasks.size() == 4);
+    CHECK(tasks[1].gold == 1);
+    CHECK(tasks[3].endings[3] == "park and played with a ball.");
+    CHECK_THROWS_WITH_AS(hellaswag_parse("a\n1\nb\nc\nd\n", "x.txt"),
+                         doctest::Contains("x.txt: 5 lines, not a multiple of 6"), Error);
+    CHECK_THROWS_WITH_AS(hellaswag_parse("a\n7\nb\nc\nd\ne\n", "x.txt"),
+                         doctest::Contains("x.txt:2: the gold ending index is '7', not 0..3"),
+                         Error);
+    // The draw: the same every time, a permutation when it takes them all.
+    const auto a = hellaswag_select(tasks, 10), b = hellaswag_select(tasks, 10);
+    REQUIRE(a.size() == 4);
+    std::set<std::string> contexts;
+    for (size_t i = 0; i < 4; ++i) {
+        CHECK(a[i].context == b[i].context);
+        contexts.insert(a[i].context);
+    }
+    CHECK(contexts.size() == 4);
+    CHECK(hellaswag_select(tasks, 2).size() == 2);
+    // llama.cpp's interval for one correct task of one, and 3 of 4.
+    const HellaswagScore one = hellaswag_score(1, 1);
+    CHECK(one.acc == doctest::Approx(100.0));
+    CHECK(one.lo == doctest::Approx(20.6549).epsilon(1e-5));
+    CHECK(one.hi == doctest::Approx(100.0));
+    const HellaswagScore s = hellaswag_score(3, 4);
+    CHECK(s.acc == doctest::Approx(75.0));
+    CHECK(s.lo == doctest::Approx(30.0636).epsilon(1e-4));
+    CHECK(s.hi == doctest::Approx(95.4407).epsilon(1e-4));
+}
+
+TEST_CASE("HellaSwag on stories260K: shared prefix forked, scores as computed one by one") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    GgufFile f = GgufFile::open(model.string());
+    auto tok = Tokenizer::from_gguf(f);
+    const auto tasks = hellaswag_parse(kHellaswagTasks, "hs.txt");
+    for (KvType kv : {KvType::F16, KvType::Q8}) {
+        CAPTURE(std::string(kv_type_name(kv)));
+        for (int32_t n_batch : {512, 5}) {  // one pass per part, or many
+            CAPTURE(n_batch);
+            BackendOptions bo;
+            bo.kv_block_size = 4;
+            bo.n_kv_blocks = 64;
+            bo.kv_type_k = bo.kv_type_v = kv;
+            auto backend = make_cpu_backend(f, bo);
+            std::vector<HellaswagTaskResult> results;
+            const HellaswagScore s =
+                hellaswag_run(*backend, *tok, tasks, n_batch,
+                              [&](size_t, const HellaswagTaskResult& r, const HellaswagScore&) {
+                                  results.push_back(r);
+                              });
+            CHECK(s.n_tasks == 4);
+            CHECK(s.n_correct == 4);
+            REQUIRE(results.size() == 4);
+            if (kv != KvType::F16) continue;
+            // Task 0's endings, scored alone from their first token after the shared part.
+            std::array<std::vector<TokenId>, 4> t;
+            for (size_t e = 0; e < 4; ++e)
+                t[e] = tok->encode(tasks[0].context + " " + tasks[0].endings[e], tok->add_bos());
+            size_t common = 0;
+            while (t[0][common] == t[1][common] && t[0][common] == t[2][common] &&
+                   t[0][common] == t[3][common])
+                ++common;
+            for (size_t e = 0; e < 4; ++e)
+                CHECK(results[0].score[e] ==
+                      doctest::Approx(plain_ending_score(*backend, *tok, tasks[0].context,
+                                                         tasks[0].endings[e], common))
+                          .epsilon(1e-5));
+        }
+    }
+    // A pool too small for a task is one clear Error.
+    BackendOptions tiny;
+    tiny.kv_block_size = 4;
+    tiny.n_kv_blocks = 3;
+    auto small = make_cpu_backend(f, tiny);
+    CHECK_THROWS_WITH_AS(hellaswag_run(*small, *tok, tasks, 512),
+                         doctest::Contains("does not fit in the KV pool"), Error);
+}
+
+TEST_CASE("perplexity --hellaswag: llama.cpp's table on stdout, clear errors") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    kvrun::test::TempDir dir;
+    const std::string file = dir.write("hs.txt", kHellaswagTasks);
+    const std::string base =
+        kvrun::test::kvrun_binary() + " perplexity -m " + model.string() + " --device cpu -f ";
+    auto r = kvrun::test::run_command(base + file + " --hellaswag --hellaswag-tasks 3");
+    CHECK_MESSAGE(r.exit_code == 0, r.err);
+    CHECK(r.out.rfind("task\tacc_norm\t95% confidence interval\n1\t100.00000000%\t[20.6549%, "
+                      "100.0000%]\n2\t",
+                      0) == 0);
+    CHECK(r.out.find("Final HellaSwag: acc_norm = 100.0000% [43.8503%, 100.0000%] over 3 tasks") !=
+          std::string::npos);
+    CHECK(r.err.find("3 of 4 tasks") != std::string::npos);
+    auto bad = kvrun::test::run_command(base + dir.write("bad.txt", "a\nb\n") + " --hellaswag");
+    CHECK(bad.exit_code == 1);
+    CHECK(bad.err.find("2 lines, not a multiple of 6") != std::string::npos);
+    auto both = kvrun::test::run_command(base + file + " --hellaswag --kld x");
+    CHECK(both.exit_code == 1);
+    CHECK(both.err.find("--kld excludes --hellaswag") != std::string::npos);
 }

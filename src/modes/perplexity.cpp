@@ -4,6 +4,7 @@
 
 #include <fmt/core.h>
 
+#include "hellaswag.h"
 #include "modes/model_options.h"
 #include "modes/modes.h"
 #include "text_input.h"
@@ -16,7 +17,35 @@ struct PplOptions {
     std::string file;
     int32_t chunks = -1;
     std::string kld_save, kld_base;
+    bool hellaswag = false;
+    int64_t hellaswag_tasks = 400;
 };
+
+// --hellaswag: llama-perplexity's HellaSwag score (acc_norm) on a task file, one line per task
+// with the running accuracy and its 95% interval, as llama.cpp prints them.
+int run_hellaswag(PplOptions o) {
+    const std::string text = read_file_text(o.file);
+    utf8_require_valid(text, "'" + o.file + "'");
+    const std::vector<HellaswagTask> all = hellaswag_parse(text, o.file);
+    const std::vector<HellaswagTask> tasks =
+        hellaswag_select(all, static_cast<size_t>(o.hellaswag_tasks));
+    if (o.model.n_ctx <= 0) o.model.n_ctx = 512;
+    LoadedModel m = load_model(o.model, 4);  // the four endings of a task at once
+    install_interrupt_handler();
+    fmt::print(stderr, "hellaswag: {} on {} ({}): {} of {} tasks, drawn at random (seed 1)\n",
+               o.model.model, o.file, m.device, tasks.size(), all.size());
+    fmt::print("task\tacc_norm\t95% confidence interval\n");
+    const HellaswagScore s = hellaswag_run(
+        *m.backend, *m.tokenizer, tasks, std::min(o.model.n_batch, o.model.n_ctx),
+        [&](size_t i, const HellaswagTaskResult&, const HellaswagScore& sc) {
+            if (interrupt_flag()) throw Error("interrupted");
+            fmt::print("{}\t{:.8f}%\t[{:.4f}%, {:.4f}%]\n", i + 1, sc.acc, sc.lo, sc.hi);
+            std::fflush(stdout);
+        });
+    fmt::print("Final HellaSwag: acc_norm = {:.4f}% [{:.4f}%, {:.4f}%] over {} tasks\n", s.acc,
+               s.lo, s.hi, s.n_tasks);
+    return 0;
+}
 
 int run_perplexity(PplOptions o) {
     std::string text = read_file_text(o.file);
@@ -72,13 +101,24 @@ void add_perplexity_command(CLI::App& root, int& exit_code) {
     cmd->add_option("--chunks", o->chunks, "Evaluate at most this many chunks (-1: all)")
         ->check(at_least(-1))
         ->capture_default_str();
-    cmd->add_option("--kld-save", o->kld_save, "Save per-token log-probabilities to this file");
-    cmd->add_option("--kld", o->kld_base,
-                    "Compare against log-probabilities saved with --kld-save");
+    auto* kld_save =
+        cmd->add_option("--kld-save", o->kld_save, "Save per-token log-probabilities to this file");
+    auto* kld = cmd->add_option("--kld", o->kld_base,
+                                "Compare against log-probabilities saved with --kld-save");
+    auto* hs = cmd->add_flag("--hellaswag", o->hellaswag,
+                             "Score HellaSwag tasks from -f (llama.cpp's hellaswag_val_full.txt "
+                             "layout) instead of perplexity");
+    cmd->add_option("--hellaswag-tasks", o->hellaswag_tasks,
+                    "Tasks to score, drawn at random with seed 1 as llama.cpp does")
+        ->check(at_least(1))
+        ->capture_default_str()
+        ->needs(hs);
+    hs->excludes(kld)->excludes(kld_save);
     cmd->footer(
         "-c sets the chunk length (default 512); each chunk scores its last n_ctx/2 "
         "predictions. The last stdout line is `Final estimate: PPL = <ppl> +/- <err>`.");
-    cmd->callback([o, &exit_code] { exit_code = run_perplexity(*o); });
+    cmd->callback(
+        [o, &exit_code] { exit_code = o->hellaswag ? run_hellaswag(*o) : run_perplexity(*o); });
 }
 
 }  // namespace kvrun
