@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -11,7 +12,7 @@
 #include <sstream>
 
 #include "backend.h"
-#include "hellaswag.h"
+#include "choice_eval.h"
 #include "kv_block_table.h"
 #include "perplexity.h"
 #include "test_util.h"
@@ -274,4 +275,120 @@ TEST_CASE("perplexity --hellaswag: llama.cpp's table on stdout, clear errors") {
     auto both = kvrun::test::run_command(base + file + " --hellaswag --kld x");
     CHECK(both.exit_code == 1);
     CHECK(both.err.find("--kld excludes --hellaswag") != std::string::npos);
+}
+
+namespace {
+
+// llama.cpp's binary multiple-choice layout (see choice_eval.h) for `tasks`; mc2 repeats mc1.
+std::string multiple_choice_file(const std::vector<ChoiceTask>& tasks) {
+    auto u32 = [](std::string& out, uint32_t v) { out.append(reinterpret_cast<char*>(&v), 4); };
+    auto text = [&](std::string& out, const std::string& s) {
+        u32(out, uint32_t(s.size()));
+        out += s;
+    };
+    std::vector<std::string> bodies;
+    for (const ChoiceTask& t : tasks) {
+        std::string b;
+        text(b, t.question);
+        for (int set = 0; set < 2; ++set) {
+            u32(b, uint32_t(t.answers.size()));
+            for (const auto& a : t.answers) text(b, a);
+            for (int32_t l : t.labels) u32(b, uint32_t(l));
+        }
+        bodies.push_back(b);
+    }
+    std::string out;
+    u32(out, uint32_t(tasks.size()));
+    uint32_t at = 4 + 4 * uint32_t(tasks.size());
+    for (const auto& b : bodies) u32(out, at), at += uint32_t(b.size());
+    for (const auto& b : bodies) out += b;
+    return out;
+}
+
+std::vector<ChoiceTask> story_choice_tasks() {
+    return {{"Once upon a time, there was a little girl named Lily. She loved to",
+             {"zebra quantum purple sideways.", "play outside in the park."},
+             {0, 1}},
+            {"One day, Tom saw a big red",
+             {"ball in the park.", "elephant typing on a keyboard.", "mathematics theorem engine."},
+             {1, 0, 0}},
+            {"Lily was very happy. She said, \"Thank you, mom!\" Her mom",
+             {"computed eigenvalues.", "sold the house to a robot.", "the the the the.",
+              "quantum chromodynamics lecture.", "smiled and gave her a big hug."},
+             {0, 0, 0, 0, 1}}};
+}
+
+}  // namespace
+
+TEST_CASE("multiple choice: llama.cpp's binary files, the draw, and malformed files") {
+    const std::string file = multiple_choice_file(story_choice_tasks());
+    size_t n = 0;
+    const auto all = multiple_choice_load(file, "mc.bin", 0, &n);
+    CHECK(n == 3);
+    REQUIRE(all.size() == 3);
+    CHECK(all[2].answers.size() == 5);
+    CHECK(all[2].labels[4] == 1);
+    CHECK(all[1].question == "One day, Tom saw a big red");
+    CHECK(multiple_choice_load(file, "mc.bin", 7).size() == 3);
+    const auto two = multiple_choice_load(file, "mc.bin", 2);
+    REQUIRE(two.size() == 2);
+    CHECK(two[0].question != two[1].question);
+    CHECK(multiple_choice_load(file, "mc.bin", 2)[1].question == two[1].question);
+    auto refused = [](const std::string& bytes, const char* needle, size_t n_tasks = 0) {
+        CHECK_THROWS_WITH_AS(multiple_choice_load(bytes, "mc.bin", n_tasks),
+                             doctest::Contains(needle), Error);
+    };
+    refused(file.substr(0, file.size() - 1), "the file ends inside a number");
+    refused(file.substr(0, 2), "the file ends inside a number");
+    refused(std::string(4, '\0'), "no tasks");
+    refused(std::string("\xff\xff\xff\x0f", 4), "tasks do not fit the file");
+    auto tasks = story_choice_tasks();
+    tasks[0].answers.assign(101, "x"), tasks[0].labels.assign(101, 0);
+    refused(multiple_choice_file(tasks), "task 1 has 101 answers (1..100)");
+    tasks = story_choice_tasks();
+    tasks[1].question = "";
+    refused(multiple_choice_file(tasks), "task 2 has an empty question");
+    tasks = story_choice_tasks();
+    tasks[2].answers[0] = "bad \xc3";
+    refused(multiple_choice_file(tasks), "an answer is not UTF-8");
+    std::string far = file;
+    const uint32_t past = uint32_t(file.size() + 10);
+    std::memcpy(far.data() + 4, &past, 4);
+    std::memcpy(far.data() + 8, &past, 4);
+    std::memcpy(far.data() + 12, &past, 4);
+    refused(far, "offset is past the end", 2);
+}
+
+TEST_CASE("multiple choice on stories260K: the sensible answer of 2, 3 and 5 wins") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    GgufFile f = GgufFile::open(model.string());
+    auto tok = Tokenizer::from_gguf(f);
+    BackendOptions bo;
+    bo.kv_block_size = 16;
+    bo.n_kv_blocks = 64;
+    auto backend = make_cpu_backend(f, bo);
+    const auto tasks = story_choice_tasks();
+    std::vector<ChoiceTaskResult> results;
+    const ChoiceScore s = multiple_choice_run(
+        *backend, *tok, tasks, 512,
+        [&](size_t, const ChoiceTaskResult& r, const ChoiceScore&) { results.push_back(r); });
+    CHECK(s.n_correct == 3);
+    CHECK(s.n_answers == 10);
+    CHECK(s.acc == doctest::Approx(100.0));
+    CHECK(s.chance == doctest::Approx(30.0));
+    REQUIRE(results.size() == 3);
+    CHECK(results[2].chosen == 4);
+    CHECK(results[2].score.size() == 5);
+
+    // The CLI: llama.cpp's table on stdout.
+    kvrun::test::TempDir dir;
+    const std::string path = dir.write("mc.bin", multiple_choice_file(tasks));
+    auto r =
+        kvrun::test::run_command(kvrun::test::kvrun_binary() + " perplexity -m " + model.string() +
+                                 " --device cpu --multiple-choice -f " + path);
+    CHECK_MESSAGE(r.exit_code == 0, r.err);
+    CHECK(r.out ==
+          "task\tacc_norm\n1\t100.00000000\n2\t100.00000000\n3\t100.00000000\n"
+          "Final result: 100.0000 +/- 0.0000\nRandom chance: 30.0000 +/- 32.4037\n");
 }

@@ -4,7 +4,7 @@
 
 #include <fmt/core.h>
 
-#include "hellaswag.h"
+#include "choice_eval.h"
 #include "modes/model_options.h"
 #include "modes/modes.h"
 #include "text_input.h"
@@ -19,7 +19,38 @@ struct PplOptions {
     std::string kld_save, kld_base;
     bool hellaswag = false;
     int64_t hellaswag_tasks = 400;
+    bool multiple_choice = false;
+    int64_t multiple_choice_tasks = 0;  // 0: all
 };
+
+// --multiple-choice: llama-perplexity's score on its binary multiple-choice files (ARC, MMLU,
+// TruthfulQA): one line per task with the running accuracy, then the result and what random
+// picks would get.
+int run_multiple_choice(PplOptions o) {
+    const std::string bytes = read_file_text(o.file);
+    size_t n_in_file = 0;
+    const std::vector<ChoiceTask> tasks = multiple_choice_load(
+        bytes, o.file, static_cast<size_t>(o.multiple_choice_tasks), &n_in_file);
+    size_t most = 1;
+    for (const ChoiceTask& t : tasks) most = std::max(most, t.answers.size());
+    if (o.model.n_ctx <= 0) o.model.n_ctx = 512;
+    LoadedModel m = load_model(o.model, static_cast<int32_t>(std::min<size_t>(most, 16)));
+    install_interrupt_handler();
+    fmt::print(stderr, "multiple choice: {} on {} ({}): {} of {} tasks{}\n", o.model.model, o.file,
+               m.device, tasks.size(), n_in_file,
+               tasks.size() < n_in_file ? ", drawn at random (seed 1)" : "");
+    fmt::print("task\tacc_norm\n");
+    const ChoiceScore s = multiple_choice_run(
+        *m.backend, *m.tokenizer, tasks, std::min(o.model.n_batch, o.model.n_ctx),
+        [&](size_t i, const ChoiceTaskResult&, const ChoiceScore& sc) {
+            if (interrupt_flag()) throw Error("interrupted");
+            fmt::print("{}\t{:.8f}\n", i + 1, sc.acc);
+            std::fflush(stdout);
+        });
+    fmt::print("Final result: {:.4f} +/- {:.4f}\nRandom chance: {:.4f} +/- {:.4f}\n", s.acc,
+               s.acc_sigma, s.chance, s.chance_sigma);
+    return 0;
+}
 
 // --hellaswag: llama-perplexity's HellaSwag score (acc_norm) on a task file, one line per task
 // with the running accuracy and its 95% interval, as llama.cpp prints them.
@@ -114,11 +145,23 @@ void add_perplexity_command(CLI::App& root, int& exit_code) {
         ->capture_default_str()
         ->needs(hs);
     hs->excludes(kld)->excludes(kld_save);
+    auto* mc = cmd->add_flag("--multiple-choice", o->multiple_choice,
+                             "Score multiple-choice tasks from -f (llama.cpp's binary ARC, MMLU, "
+                             "TruthfulQA files) instead of perplexity");
+    cmd->add_option("--multiple-choice-tasks", o->multiple_choice_tasks,
+                    "Tasks to score (0: all, in file order; else drawn at random with seed 1)")
+        ->check(at_least(0))
+        ->capture_default_str()
+        ->needs(mc);
+    mc->excludes(kld)->excludes(kld_save)->excludes(hs);
     cmd->footer(
         "-c sets the chunk length (default 512); each chunk scores its last n_ctx/2 "
         "predictions. The last stdout line is `Final estimate: PPL = <ppl> +/- <err>`.");
-    cmd->callback(
-        [o, &exit_code] { exit_code = o->hellaswag ? run_hellaswag(*o) : run_perplexity(*o); });
+    cmd->callback([o, &exit_code] {
+        exit_code = o->hellaswag         ? run_hellaswag(*o)
+                    : o->multiple_choice ? run_multiple_choice(*o)
+                                         : run_perplexity(*o);
+    });
 }
 
 }  // namespace kvrun
