@@ -24,15 +24,20 @@ double token_logprob(const float* logits, int64_t n, TokenId t) {
     return double(logits[t]) - mx - std::log(sum);
 }
 
-// Appends toks[s] to seqs[s] for every s, in passes of at most n_batch tokens, and returns,
-// per sequence, the log-probabilities of targets(s, i) at each new position i, in position
-// order then target order (no targets: the position's logits are not computed).
-std::vector<std::vector<double>> feed(
-    KvBlockTable& table, Backend& backend, const std::vector<SeqId>& seqs,
-    const std::vector<std::vector<TokenId>>& toks, int32_t n_batch,
-    const std::function<std::vector<TokenId>(size_t, size_t)>& targets) {
+// A token to score at a position: its log-probability goes to candidate `tag`'s sum.
+struct Target {
+    size_t tag;
+    TokenId token;
+};
+
+// Appends toks[s] to seqs[s] for every s, in passes of at most n_batch tokens, and adds the
+// log-probability of each of targets(s, i) (token i of toks[s]'s position predicting it) to
+// sum[tag], counting it in count[tag]. Positions without targets compute no logits.
+void feed(KvBlockTable& table, Backend& backend, const std::vector<SeqId>& seqs,
+          const std::vector<std::vector<TokenId>>& toks, int32_t n_batch,
+          const std::function<std::vector<Target>(size_t, size_t)>& targets,
+          std::vector<double>& sum, std::vector<int64_t>& count) {
     const int64_t n_vocab = backend.config().n_vocab;
-    std::vector<std::vector<double>> out(seqs.size());
     std::vector<size_t> done(seqs.size(), 0);
     std::vector<float> logits;
     for (;;) {
@@ -58,76 +63,94 @@ std::vector<std::vector<double>> feed(
         if (parts.empty()) break;
         kv_apply_pending(table, backend);
         ForwardBatch fb;
-        std::vector<std::pair<size_t, std::vector<TokenId>>> rows;  // per logit row
+        std::vector<std::vector<Target>> rows;  // per logit row
         for (const Part& p : parts) {
             const int32_t offset = static_cast<int32_t>(fb.tokens.size());
             fb.add_sequence(table, seqs[p.s], p.start, p.n);
             for (int32_t i = 0; i < p.n; ++i) {
-                std::vector<TokenId> t = targets(p.s, done[p.s] + size_t(i));
+                std::vector<Target> t = targets(p.s, done[p.s] + size_t(i));
                 if (t.empty()) continue;
                 fb.logit_rows.push_back(offset + i);
-                rows.emplace_back(p.s, std::move(t));
+                rows.push_back(std::move(t));
             }
         }
-        const bool none = fb.logit_rows.empty();
-        if (none) fb.logit_rows.push_back(0);  // the pass still fills the cache
+        if (fb.logit_rows.empty()) fb.logit_rows.push_back(0);  // the pass still fills the cache
         logits.resize(fb.logit_rows.size() * size_t(n_vocab));
         backend.forward(fb, logits.data());
         for (size_t r = 0; r < rows.size(); ++r)
-            for (TokenId t : rows[r].second)
-                out[rows[r].first].push_back(
-                    token_logprob(logits.data() + r * size_t(n_vocab), n_vocab, t));
+            for (const Target& t : rows[r]) {
+                sum[t.tag] += token_logprob(logits.data() + r * size_t(n_vocab), n_vocab, t.token);
+                ++count[t.tag];
+            }
         for (const Part& p : parts) done[p.s] += size_t(p.n);
     }
-    return out;
 }
 
-// llama.cpp's acc_norm scoring of one question: the mean log-probability of each candidate's
-// tokens after the tokens all candidates share (-inf for a candidate with none of its own).
-std::vector<double> score_candidates(KvBlockTable& table, Backend& backend,
-                                     const std::vector<std::vector<TokenId>>& candidates,
-                                     int32_t n_batch) {
-    const size_t n = candidates.size();
+// The number of leading tokens every candidate has in common.
+size_t shared_prefix(const std::vector<std::vector<TokenId>>& candidates) {
     size_t common = 0;
     while (common < candidates[0].size() &&
            std::all_of(candidates.begin() + 1, candidates.end(), [&](const auto& t) {
                return common < t.size() && t[common] == candidates[0][common];
            }))
         ++common;
-    std::vector<std::vector<TokenId>> own(n);
-    for (size_t s = 0; s < n; ++s)
-        own[s].assign(candidates[s].begin() + std::ptrdiff_t(common), candidates[s].end());
+    return common;
+}
 
-    // The shared tokens once: their last position scores every candidate's first token.
+// The mean log-probability of tokens [from[c], to[c]) of each candidate c (1 <= from; -inf
+// for an empty range). The tokens all candidates share are computed once, then each
+// candidate's own tokens on a fork of them (the paged cache shares their blocks).
+std::vector<double> mean_logprobs(KvBlockTable& table, Backend& backend,
+                                  const std::vector<std::vector<TokenId>>& candidates,
+                                  const std::vector<size_t>& from, const std::vector<size_t>& to,
+                                  int32_t n_batch) {
+    const size_t n = candidates.size();
+    const size_t common = shared_prefix(candidates);
+    // Position i predicts token i + 1: every candidate that scores it.
+    auto targets_at = [&](size_t pos) {
+        std::vector<Target> t;
+        for (size_t c = 0; c < n; ++c)
+            if (pos + 1 >= from[c] && pos + 1 < to[c]) t.push_back({c, candidates[c][pos + 1]});
+        return t;
+    };
     std::vector<double> sum(n, 0.0);
     std::vector<int64_t> count(n, 0);
     const SeqId base = table.create_sequence();
     const std::vector<TokenId> shared(candidates[0].begin(),
                                       candidates[0].begin() + std::ptrdiff_t(common));
-    const auto first = feed(table, backend, {base}, {shared}, n_batch, [&](size_t, size_t i) {
-        std::vector<TokenId> t;
-        if (i + 1 == common)
-            for (const auto& e : own)
-                if (!e.empty()) t.push_back(e[0]);
-        return t;
-    });
-    for (size_t s = 0, k = 0; s < n && common > 0; ++s)
-        if (!own[s].empty()) sum[s] += first[0][k++], ++count[s];
-    // Then each candidate on its own fork of them (the paged cache shares their blocks).
+    feed(
+        table, backend, {base}, {shared}, n_batch, [&](size_t, size_t i) { return targets_at(i); },
+        sum, count);
     std::vector<SeqId> seqs = {base};
     while (seqs.size() < n) seqs.push_back(table.fork(base));
-    const auto rest = feed(table, backend, seqs, own, n_batch, [&](size_t s, size_t i) {
-        return i + 1 < own[s].size() ? std::vector<TokenId>{own[s][i + 1]} : std::vector<TokenId>{};
-    });
+    std::vector<std::vector<TokenId>> own(n);
+    for (size_t c = 0; c < n; ++c)
+        own[c].assign(candidates[c].begin() + std::ptrdiff_t(common), candidates[c].end());
+    feed(
+        table, backend, seqs, own, n_batch,
+        [&](size_t c, size_t i) {
+            std::vector<Target> t;
+            const size_t pos = common + i;
+            if (pos + 1 >= from[c] && pos + 1 < to[c]) t.push_back({c, candidates[c][pos + 1]});
+            return t;
+        },
+        sum, count);
     for (SeqId s : seqs) table.free_sequence(s);
-
     std::vector<double> score(n);
-    for (size_t s = 0; s < n; ++s) {
-        for (double x : rest[s]) sum[s] += x, ++count[s];
-        score[s] =
-            count[s] > 0 ? sum[s] / double(count[s]) : -std::numeric_limits<double>::infinity();
-    }
+    for (size_t c = 0; c < n; ++c)
+        score[c] =
+            count[c] > 0 ? sum[c] / double(count[c]) : -std::numeric_limits<double>::infinity();
     return score;
+}
+
+// llama.cpp's acc_norm scoring: every token of each candidate after the shared ones.
+std::vector<double> score_candidates(KvBlockTable& table, Backend& backend,
+                                     const std::vector<std::vector<TokenId>>& candidates,
+                                     int32_t n_batch) {
+    const size_t common = shared_prefix(candidates);
+    std::vector<size_t> from(candidates.size(), std::max<size_t>(common, 1)), to;
+    for (const auto& c : candidates) to.push_back(c.size());
+    return mean_logprobs(table, backend, candidates, from, to, n_batch);
 }
 
 // The first candidate of the highest score.
@@ -284,6 +307,28 @@ struct ChoiceReader {
 
 }  // namespace
 
+namespace {
+
+// llama.cpp's draw of n of `count` tasks: std::mt19937 seeded 1, a float-scaled index into
+// those left, swap-remove.
+std::vector<size_t> draw_indices(size_t count, size_t n) {
+    std::mt19937 rng(1);
+    std::vector<size_t> left(count), out;
+    for (size_t i = 0; i < count; ++i) left[i] = i;
+    const float scale = 1.f / (1.f + static_cast<float>(std::mt19937::max()));
+    for (size_t k = 0; k < std::min(n, count); ++k) {
+        // float arithmetic, as llama.cpp computes it (the draw depends on its rounding)
+        const float x = scale * static_cast<float>(rng()) * static_cast<float>(left.size());
+        const size_t j = std::min(static_cast<size_t>(x), left.size() - 1);
+        out.push_back(left[j]);
+        left[j] = left.back();
+        left.pop_back();
+    }
+    return out;
+}
+
+}  // namespace
+
 std::vector<ChoiceTask> multiple_choice_load(const std::string& bytes, const std::string& name,
                                              size_t n_tasks, size_t* n_in_file) {
     ChoiceReader r{bytes, name};
@@ -298,16 +343,7 @@ std::vector<ChoiceTask> multiple_choice_load(const std::string& bytes, const std
         for (size_t i = 0; i < count; ++i) out.push_back(r.task(i));
         return out;
     }
-    std::mt19937 rng(1);
-    std::vector<uint32_t> left(count);
-    for (uint32_t i = 0; i < count; ++i) left[i] = i;
-    const float scale = 1.f / (1.f + static_cast<float>(std::mt19937::max()));
-    for (size_t k = 0; k < n_tasks; ++k) {
-        const float x = scale * static_cast<float>(rng()) * static_cast<float>(left.size());
-        const size_t j = std::min(static_cast<size_t>(x), left.size() - 1);
-        const uint32_t idx = left[j];
-        left[j] = left.back();
-        left.pop_back();
+    for (const size_t idx : draw_indices(count, n_tasks)) {
         if (pos[idx] >= bytes.size())
             r.bad(fmt::format("task {}'s offset is past the end", idx + 1));
         r.at = pos[idx];
@@ -340,6 +376,93 @@ ChoiceScore multiple_choice_run(
         sc.chance = 100 * q;
         sc.acc_sigma = n > 1 ? 100 * std::sqrt(p * (1 - p) / (n - 1)) : 0;
         sc.chance_sigma = n > 1 ? 100 * std::sqrt(q * (1 - q) / (n - 1)) : 0;
+        if (on_task) on_task(i, r, sc);
+    }
+    return sc;
+}
+
+std::vector<WinograndeTask> winogrande_parse(const std::string& text, size_t* n_skipped) {
+    std::vector<WinograndeTask> out;
+    size_t skipped = 0;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) {
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (line.empty()) continue;
+        // index,sentence,choice1,choice2,answer: the first four commas outside quotes.
+        std::vector<size_t> comma;
+        bool quoted = false;
+        for (size_t i = 0; i < line.size() && comma.size() < 4; ++i) {
+            if (line[i] == '"') quoted = !quoted;
+            if (line[i] == ',' && !quoted) comma.push_back(i);
+        }
+        const std::string answer = comma.size() == 4 ? line.substr(comma[3] + 1) : "";
+        if (comma.size() != 4 || (answer != "1" && answer != "2")) {
+            ++skipped;
+            continue;
+        }
+        std::string sentence = line.substr(comma[0] + 1, comma[1] - comma[0] - 1);
+        if (sentence.size() >= 2 && sentence.front() == '"' && sentence.back() == '"')
+            sentence = sentence.substr(1, sentence.size() - 2);
+        const size_t blank = sentence.find('_');
+        if (blank == std::string::npos || utf8_find_invalid(line) != std::string::npos) {
+            ++skipped;
+            continue;
+        }
+        WinograndeTask t;
+        t.first = sentence.substr(0, blank);
+        t.second = sentence.substr(blank + 1);
+        t.choices[0] = line.substr(comma[1] + 1, comma[2] - comma[1] - 1);
+        t.choices[1] = line.substr(comma[2] + 1, comma[3] - comma[2] - 1);
+        t.answer = answer[0] - '0';
+        out.push_back(std::move(t));
+    }
+    if (n_skipped) *n_skipped = skipped;
+    return out;
+}
+
+std::vector<WinograndeTask> winogrande_select(std::vector<WinograndeTask> tasks, size_t n) {
+    if (n == 0 || n >= tasks.size()) return tasks;
+    std::vector<WinograndeTask> out;
+    for (const size_t i : draw_indices(tasks.size(), n)) out.push_back(std::move(tasks[i]));
+    return out;
+}
+
+WinograndeScore winogrande_run(Backend& backend, const Tokenizer& tok,
+                               const std::vector<WinograndeTask>& tasks, int32_t n_batch,
+                               const std::function<void(size_t, const WinograndeTaskResult&,
+                                                        const WinograndeScore&)>& on_task) {
+    if (n_batch < 1) fail("Winogrande: the batch size must be at least 1 (got {})", n_batch);
+    constexpr size_t kMinTrailing = 3;  // llama.cpp's k_min_trailing_ctx
+    KvBlockTable table = kv_table_for(backend);
+    WinograndeScore sc;
+    for (size_t i = 0; i < tasks.size(); ++i) {
+        const WinograndeTask& t = tasks[i];
+        std::vector<std::vector<TokenId>> seqs;
+        std::vector<size_t> n_base;
+        for (const std::string& c : t.choices) {
+            seqs.push_back(tok.encode(t.first + c + t.second, tok.add_bos()));
+            n_base.push_back(tok.encode(t.first + c, tok.add_bos()).size());
+        }
+        // Score what follows the blank (the choice's effect on the rest of the sentence), but
+        // the choice too when that rest is short; not the last token (the final period).
+        const size_t common = shared_prefix(seqs);
+        const bool skip_choice =
+            seqs[0].size() - common > kMinTrailing && seqs[1].size() - common > kMinTrailing;
+        std::vector<size_t> from(2), to(2);
+        for (size_t c = 0; c < 2; ++c) {
+            from[c] = std::max<size_t>(skip_choice ? n_base[c] : common, 1);
+            to[c] = seqs[c].size() > from[c] + 1 ? seqs[c].size() - 1 : seqs[c].size();
+        }
+        const std::vector<double> score = mean_logprobs(table, backend, seqs, from, to, n_batch);
+        WinograndeTaskResult r;
+        r.score = {score[0], score[1]};
+        r.chosen = score[0] > score[1] ? 1 : 2;
+        r.correct = r.chosen == t.answer;
+        sc.n_tasks += 1;
+        sc.n_correct += r.correct ? 1 : 0;
+        const double n = double(sc.n_tasks), p = double(sc.n_correct) / n;
+        sc.acc = 100 * p;
+        sc.sigma = n > 1 ? 100 * std::sqrt(p * (1 - p) / (n - 1)) : 0;
         if (on_task) on_task(i, r, sc);
     }
     return sc;

@@ -87,6 +87,39 @@ ChoiceScore multiple_choice_run(
     Backend& backend, const Tokenizer& tok, const std::vector<ChoiceTask>& tasks, int32_t n_batch,
     const std::function<void(size_t, const ChoiceTaskResult&, const ChoiceScore&)>& on_task = {});
 
+// Winogrande (--winogrande): llama.cpp's CSV, one task per line "index,sentence,choice1,
+// choice2,answer" (the sentence quoted when it holds commas; "_" marks the blank; answer 1 or
+// 2). Each choice fills the blank; scored is the mean log-probability of what follows the
+// blank, less the last token — or from the first differing token when either rest is 3
+// tokens or fewer — and the higher score is the model's choice (2 on a tie).
+struct WinograndeTask {
+    std::string first, second;  // the sentence before and after the blank
+    std::array<std::string, 2> choices;
+    int32_t answer = 1;  // 1 or 2
+};
+
+// Parses the CSV; lines that are not tasks (a header, no blank, an answer other than 1 or 2,
+// not UTF-8) are skipped and counted in `n_skipped`.
+std::vector<WinograndeTask> winogrande_parse(const std::string& text, size_t* n_skipped);
+// n tasks (0 or at least the count: all, in order) drawn as llama.cpp draws them.
+std::vector<WinograndeTask> winogrande_select(std::vector<WinograndeTask> tasks, size_t n);
+
+struct WinograndeTaskResult {
+    std::array<double, 2> score{};
+    int32_t chosen = 1;  // 1 or 2
+    bool correct = false;
+};
+
+struct WinograndeScore {
+    int64_t n_tasks = 0, n_correct = 0;
+    double acc = 0, sigma = 0;  // percent and its standard error
+};
+
+WinograndeScore winogrande_run(Backend& backend, const Tokenizer& tok,
+                               const std::vector<WinograndeTask>& tasks, int32_t n_batch,
+                               const std::function<void(size_t, const WinograndeTaskResult&,
+                                                        const WinograndeScore&)>& on_task = {});
+
 HellaswagScore hellaswag_run(Backend& backend, const Tokenizer& tok,
                              const std::vector<HellaswagTask>& tasks, int32_t n_batch,
                              const std::function<void(size_t, const HellaswagTaskResult&,

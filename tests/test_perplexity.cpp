@@ -148,9 +148,16 @@ const char* kHellaswagTasks =
 
 // The mean log-probability of `ending`'s tokens after `context` computed the plain way: the
 // whole candidate in one sequence of its own, every position's logits.
+double plain_range_score(Backend& backend, const std::vector<TokenId>& t, size_t from, size_t to);
+
 double plain_ending_score(Backend& backend, const Tokenizer& tok, const std::string& context,
                           const std::string& ending, size_t common) {
     const std::vector<TokenId> t = tok.encode(context + " " + ending, tok.add_bos());
+    return plain_range_score(backend, t, common, t.size());
+}
+
+// The mean log-probability of tokens [from, to) of `t`, run alone with every position's logits.
+double plain_range_score(Backend& backend, const std::vector<TokenId>& t, size_t from, size_t to) {
     KvBlockTable table = kv_table_for(backend);
     const SeqId s = table.create_sequence();
     REQUIRE(table.append(s, t));
@@ -162,14 +169,14 @@ double plain_ending_score(Backend& backend, const Tokenizer& tok, const std::str
     std::vector<float> logits(t.size() * size_t(nv));
     backend.forward(fb, logits.data());
     double sum = 0;
-    for (size_t i = common; i < t.size(); ++i) {
+    for (size_t i = from; i < to; ++i) {
         const float* row = logits.data() + (i - 1) * size_t(nv);
         double mx = row[0], z = 0;
         for (int64_t v = 1; v < nv; ++v) mx = std::max(mx, double(row[v]));
         for (int64_t v = 0; v < nv; ++v) z += std::exp(double(row[v]) - mx);
         sum += double(row[t[i]]) - mx - std::log(z);
     }
-    return sum / double(t.size() - common);
+    return sum / double(to - from);
 }
 
 }  // namespace
@@ -391,4 +398,69 @@ TEST_CASE("multiple choice on stories260K: the sensible answer of 2, 3 and 5 win
     CHECK(r.out ==
           "task\tacc_norm\n1\t100.00000000\n2\t100.00000000\n3\t100.00000000\n"
           "Final result: 100.0000 +/- 0.0000\nRandom chance: 30.0000 +/- 32.4037\n");
+}
+
+TEST_CASE("Winogrande: llama.cpp's CSV, what is scored, and the CLI") {
+    const std::string csv =
+        "index,sentence,option1,option2,answer\n"
+        "0,Lily had a red ball and Tom had a stick. _ threw the ball to the dog in the park.,"
+        "Lily,Tom,1\n"
+        "1,\"Once upon a time, there was a little _ named Lily. She loved to play.\",girl,table,"
+        "1\r\n"
+        "2,No blank here.,a,b,1\n"
+        "3,The dog was happy because _ had a big bone to eat in the garden.,the dog,the moon,1\n"
+        "4,Bad answer _ here.,a,b,3\n"
+        "5,One day the sun was hot. The _ went to the park to play with her friends.,girl,rock,1";
+    size_t skipped = 0;
+    const auto tasks = winogrande_parse(csv, &skipped);
+    CHECK(skipped == 3);  // the header, no blank, answer 3
+    REQUIRE(tasks.size() == 4);
+    CHECK(tasks[1].first == "Once upon a time, there was a little ");
+    CHECK(tasks[1].second == " named Lily. She loved to play.");
+    CHECK(tasks[1].choices[1] == "table");
+    CHECK(tasks[3].answer == 1);
+    CHECK(winogrande_select(tasks, 0).size() == 4);
+    const auto two = winogrande_select(tasks, 2);
+    REQUIRE(two.size() == 2);
+    CHECK(two[0].first != two[1].first);
+
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    GgufFile f = GgufFile::open(model.string());
+    auto tok = Tokenizer::from_gguf(f);
+    BackendOptions bo;
+    bo.kv_block_size = 4;
+    bo.n_kv_blocks = 64;
+    auto backend = make_cpu_backend(f, bo);
+    std::vector<WinograndeTaskResult> results;
+    const WinograndeScore sc =
+        winogrande_run(*backend, *tok, tasks, 7,
+                       [&](size_t, const WinograndeTaskResult& r, const WinograndeScore&) {
+                           results.push_back(r);
+                       });
+    CHECK(sc.n_tasks == 4);
+    REQUIRE(results.size() == 4);
+    // Task 1: the rest after the blank is long, so the choice itself is not scored; nor is
+    // the final token.
+    for (size_t c = 0; c < 2; ++c) {
+        const auto t = tok->encode(tasks[1].first + tasks[1].choices[c] + tasks[1].second, true);
+        const size_t base = tok->encode(tasks[1].first + tasks[1].choices[c], true).size();
+        CHECK(results[1].score[c] ==
+              doctest::Approx(plain_range_score(*backend, t, base, t.size() - 1)).epsilon(1e-5));
+    }
+    CHECK(results[1].chosen == (results[1].score[0] > results[1].score[1] ? 1 : 2));
+
+    kvrun::test::TempDir dir;
+    auto r =
+        kvrun::test::run_command(kvrun::test::kvrun_binary() + " perplexity -m " + model.string() +
+                                 " --device cpu --winogrande -f " + dir.write("wg.csv", csv));
+    CHECK_MESSAGE(r.exit_code == 0, r.err);
+    CHECK(r.out.find(fmt::format("Final Winogrande score(4 tasks): {:.4f} +/- {:.4f}", sc.acc,
+                                 sc.sigma)) != std::string::npos);
+    CHECK(r.err.find("3 lines that are not tasks skipped") != std::string::npos);
+    auto none =
+        kvrun::test::run_command(kvrun::test::kvrun_binary() + " perplexity -m " + model.string() +
+                                 " --winogrande -f " + dir.write("none.csv", "a,b\n"));
+    CHECK(none.exit_code == 1);
+    CHECK(none.err.find("no Winogrande tasks (1 lines skipped)") != std::string::npos);
 }

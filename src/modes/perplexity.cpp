@@ -21,7 +21,39 @@ struct PplOptions {
     int64_t hellaswag_tasks = 400;
     bool multiple_choice = false;
     int64_t multiple_choice_tasks = 0;  // 0: all
+    bool winogrande = false;
+    int64_t winogrande_tasks = 0;  // 0: all
 };
+
+// --winogrande: llama-perplexity's Winogrande score on its CSV: one line per task (running
+// accuracy, both scores, the choice and the answer), then the final score.
+int run_winogrande(PplOptions o) {
+    const std::string text = read_file_text(o.file);
+    size_t skipped = 0;
+    const std::vector<WinograndeTask> all = winogrande_parse(text, &skipped);
+    if (all.empty())
+        throw Error(fmt::format("{}: no Winogrande tasks ({} lines skipped)", o.file, skipped),
+                    "one task per line: index,sentence with _,choice1,choice2,answer (1 or 2)");
+    const std::vector<WinograndeTask> tasks =
+        winogrande_select(all, static_cast<size_t>(o.winogrande_tasks));
+    if (o.model.n_ctx <= 0) o.model.n_ctx = 512;
+    LoadedModel m = load_model(o.model, 2);
+    install_interrupt_handler();
+    fmt::print(stderr, "winogrande: {} on {} ({}): {} of {} tasks{}{}\n", o.model.model, o.file,
+               m.device, tasks.size(), all.size(),
+               tasks.size() < all.size() ? ", drawn at random (seed 1)" : "",
+               skipped ? fmt::format("; {} lines that are not tasks skipped", skipped) : "");
+    const WinograndeScore s =
+        winogrande_run(*m.backend, *m.tokenizer, tasks, std::min(o.model.n_batch, o.model.n_ctx),
+                       [&](size_t i, const WinograndeTaskResult& r, const WinograndeScore& sc) {
+                           if (interrupt_flag()) throw Error("interrupted");
+                           fmt::print("{}\t{:.4f}\t{:10.6f}  {:10.6f}  {}  {}\n", i + 1, sc.acc,
+                                      r.score[0], r.score[1], r.chosen, tasks[i].answer);
+                           std::fflush(stdout);
+                       });
+    fmt::print("Final Winogrande score({} tasks): {:.4f} +/- {:.4f}\n", s.n_tasks, s.acc, s.sigma);
+    return 0;
+}
 
 // --multiple-choice: llama-perplexity's score on its binary multiple-choice files (ARC, MMLU,
 // TruthfulQA): one line per task with the running accuracy, then the result and what random
@@ -154,12 +186,22 @@ void add_perplexity_command(CLI::App& root, int& exit_code) {
         ->capture_default_str()
         ->needs(mc);
     mc->excludes(kld)->excludes(kld_save)->excludes(hs);
+    auto* wg = cmd->add_flag("--winogrande", o->winogrande,
+                             "Score Winogrande tasks from -f (llama.cpp's CSV) instead of "
+                             "perplexity");
+    cmd->add_option("--winogrande-tasks", o->winogrande_tasks,
+                    "Tasks to score (0: all, in file order; else drawn at random with seed 1)")
+        ->check(at_least(0))
+        ->capture_default_str()
+        ->needs(wg);
+    wg->excludes(kld)->excludes(kld_save)->excludes(hs)->excludes(mc);
     cmd->footer(
         "-c sets the chunk length (default 512); each chunk scores its last n_ctx/2 "
         "predictions. The last stdout line is `Final estimate: PPL = <ppl> +/- <err>`.");
     cmd->callback([o, &exit_code] {
         exit_code = o->hellaswag         ? run_hellaswag(*o)
                     : o->multiple_choice ? run_multiple_choice(*o)
+                    : o->winogrande      ? run_winogrande(*o)
                                          : run_perplexity(*o);
     });
 }
