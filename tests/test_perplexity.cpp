@@ -464,3 +464,21 @@ TEST_CASE("Winogrande: llama.cpp's CSV, what is scored, and the CLI") {
     CHECK(none.exit_code == 1);
     CHECK(none.err.find("no Winogrande tasks (1 lines skipped)") != std::string::npos);
 }
+
+TEST_CASE("llama.cpp's --kl-divergence-base [--kl-divergence] spell --kld-save / --kld") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    auto text = kvrun::test::shared_path("text/wiki.test.raw");
+    if (model.empty() || text.empty()) return;
+    kvrun::test::TempDir dir;
+    const std::string base = kvrun::test::kvrun_binary() + " perplexity --device cpu -c 128 " +
+                             "--chunks 2 -f " + text.string() + " -m " + model.string() +
+                             " --kl-divergence-base " + dir.file("b.kld");
+    auto save = kvrun::test::run_command(base);
+    CHECK_MESSAGE(save.exit_code == 0, save.err);
+    CHECK(save.err.find("saved log-probabilities to") != std::string::npos);
+    auto cmp = kvrun::test::run_command(base + " --kl-divergence --kv-type q8");
+    CHECK_MESSAGE(cmp.exit_code == 0, cmp.err);
+    CHECK(cmp.out.find("KL divergence vs " + dir.file("b.kld") + ": mean ") != std::string::npos);
+    auto both = kvrun::test::run_command(base + " --kld " + dir.file("b.kld"));
+    CHECK(both.exit_code == 1);
+}

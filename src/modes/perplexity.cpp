@@ -17,6 +17,10 @@ struct PplOptions {
     std::string file;
     int32_t chunks = -1;
     std::string kld_save, kld_base;
+    // llama.cpp's spelling: --kl-divergence-base FILE saves there, and with --kl-divergence
+    // compares against it.
+    std::string kl_divergence_base;
+    bool kl_divergence = false;
     bool hellaswag = false;
     int64_t hellaswag_tasks = 400;
     bool multiple_choice = false;
@@ -111,6 +115,8 @@ int run_hellaswag(PplOptions o) {
 }
 
 int run_perplexity(PplOptions o) {
+    if (!o.kl_divergence_base.empty())
+        (o.kl_divergence ? o.kld_base : o.kld_save) = o.kl_divergence_base;
     std::string text = read_file_text(o.file);
     utf8_require_valid(text, "'" + o.file + "'");
     if (o.model.n_ctx <= 0) o.model.n_ctx = 512;
@@ -176,7 +182,15 @@ void add_perplexity_command(CLI::App& root, int& exit_code) {
         ->check(at_least(1))
         ->capture_default_str()
         ->needs(hs);
-    hs->excludes(kld)->excludes(kld_save);
+    auto* klb = cmd->add_option("--kl-divergence-base", o->kl_divergence_base,
+                                "llama.cpp's spelling: save the log-probabilities to this file "
+                                "(as --kld-save), or with --kl-divergence compare against it "
+                                "(as --kld)");
+    cmd->add_flag("--kl-divergence", o->kl_divergence,
+                  "Compare against --kl-divergence-base (llama.cpp's spelling of --kld)")
+        ->needs(klb);
+    klb->excludes(kld)->excludes(kld_save);
+    hs->excludes(kld)->excludes(kld_save)->excludes(klb);
     auto* mc = cmd->add_flag("--multiple-choice", o->multiple_choice,
                              "Score multiple-choice tasks from -f (llama.cpp's binary ARC, MMLU, "
                              "TruthfulQA files) instead of perplexity");
@@ -185,7 +199,7 @@ void add_perplexity_command(CLI::App& root, int& exit_code) {
         ->check(at_least(0))
         ->capture_default_str()
         ->needs(mc);
-    mc->excludes(kld)->excludes(kld_save)->excludes(hs);
+    mc->excludes(kld)->excludes(kld_save)->excludes(klb)->excludes(hs);
     auto* wg = cmd->add_flag("--winogrande", o->winogrande,
                              "Score Winogrande tasks from -f (llama.cpp's CSV) instead of "
                              "perplexity");
@@ -194,7 +208,7 @@ void add_perplexity_command(CLI::App& root, int& exit_code) {
         ->check(at_least(0))
         ->capture_default_str()
         ->needs(wg);
-    wg->excludes(kld)->excludes(kld_save)->excludes(hs)->excludes(mc);
+    wg->excludes(kld)->excludes(kld_save)->excludes(klb)->excludes(hs)->excludes(mc);
     cmd->footer(
         "-c sets the chunk length (default 512); each chunk scores its last n_ctx/2 "
         "predictions. The last stdout line is `Final estimate: PPL = <ppl> +/- <err>`.");
