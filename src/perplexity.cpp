@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <tuple>
 
 #include "common.h"
 #include "kv_block_table.h"
@@ -46,6 +47,62 @@ double log_softmax(const float* logits, int64_t n, float* out) {
     const double lse = mx + std::log(sum);
     for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(logits[i] - lse);
     return lse;
+}
+
+// Mean and standard error of the mean of x.
+std::pair<double, double> mean_stderr(const std::vector<double>& x) {
+    const double n = double(x.size());
+    double sum = 0, sum2 = 0;
+    for (double v : x) sum += v, sum2 += v * v;
+    const double mean = sum / n, var = sum2 / n - mean * mean;
+    return {mean, var > 0 && n > 1 ? std::sqrt(var / (n - 1)) : 0.0};
+}
+
+// The value at quantile q of sorted values (nearest rank below).
+double quantile(const std::vector<double>& sorted, double q) {
+    const size_t i = static_cast<size_t>(q * double(sorted.size() - 1) + 0.5);
+    return sorted[std::min(i, sorted.size() - 1)];
+}
+
+// llama-perplexity's comparison block: PPL ratio and difference with their errors, the NLLs'
+// correlation, KL divergence and Δp quantiles, Δp mean and RMS, the top-1 agreement's error.
+void comparison_statistics(PerplexityResult& r, const std::vector<double>& nll,
+                           const std::vector<double>& base_nll, std::vector<double> kld,
+                           std::vector<double> dp) {
+    const size_t n = nll.size();
+    if (n == 0) return;
+    std::vector<double> d(n);
+    for (size_t i = 0; i < n; ++i) d[i] = nll[i] - base_nll[i];
+    std::tie(r.ln_ratio, r.ln_ratio_stderr) = mean_stderr(d);
+    r.ppl_ratio = std::exp(r.ln_ratio);
+    r.ppl_ratio_stderr = r.ppl_ratio * r.ln_ratio_stderr;
+    const auto [mq, eq] = mean_stderr(nll);
+    const auto [mb, eb] = mean_stderr(base_nll);
+    r.base_ppl_stderr = r.base_ppl * eb;
+    double cov = 0, vq = 0, vb = 0;
+    for (size_t i = 0; i < n; ++i) {
+        cov += (nll[i] - mq) * (base_nll[i] - mb);
+        vq += (nll[i] - mq) * (nll[i] - mq);
+        vb += (base_nll[i] - mb) * (base_nll[i] - mb);
+    }
+    r.nll_correlation = vq > 0 && vb > 0 ? cov / std::sqrt(vq * vb) : 1.0;
+    // Delta method: var(e^a - e^b) from the means' errors and their covariance.
+    const double cov_means = n > 1 ? cov / double(n) / double(n - 1) : 0.0;
+    const double var_delta = r.ppl * r.ppl * eq * eq + r.base_ppl * r.base_ppl * eb * eb -
+                             2 * r.ppl * r.base_ppl * cov_means;
+    r.ppl_delta_stderr = var_delta > 0 ? std::sqrt(var_delta) : 0.0;
+    std::tie(r.dp_mean, r.dp_stderr) = mean_stderr(dp);
+    double sq = 0;
+    for (double v : dp) sq += v * v;
+    r.dp_rms = std::sqrt(sq / double(n));
+    const double p = r.top1_agreement;
+    r.top1_stderr = n > 1 ? std::sqrt(p * (1 - p) / double(n - 1)) : 0.0;
+    std::sort(kld.begin(), kld.end());
+    std::sort(dp.begin(), dp.end());
+    for (double q : {1.0, 0.999, 0.99, 0.95, 0.9, 0.5, 0.1, 0.05, 0.01, 0.001, 0.0}) {
+        r.kld_quantiles.emplace_back(q, quantile(kld, q));
+        r.dp_quantiles.emplace_back(q, quantile(dp, q));
+    }
 }
 
 }  // namespace
@@ -107,7 +164,7 @@ PerplexityResult perplexity_run(Backend& backend, const Tokenizer& tok, const st
     double nll_sum = 0, nll2_sum = 0;
     double base_nll_sum = 0, kld_sum = 0, kld2_sum = 0;
     int64_t count = 0, agree = 0;
-    std::vector<double> klds;
+    std::vector<double> klds, nlls, base_nlls, dps;
     std::vector<float> logits(static_cast<size_t>(n_batch) * n_vocab);
     std::vector<float> all_logp(static_cast<size_t>(n_scored) * n_vocab);
     std::vector<float> base_logp(n_vocab);
@@ -175,6 +232,9 @@ PerplexityResult perplexity_run(Backend& backend, const Tokenizer& tok, const st
                 klds.push_back(kld);
                 agree += arg_base == arg_new;
                 base_nll_sum += -double(base_logp[target]);
+                nlls.push_back(nll);
+                base_nlls.push_back(-double(base_logp[target]));
+                dps.push_back(std::exp(double(lp[target])) - std::exp(double(base_logp[target])));
             }
         }
         const double running = std::exp(nll_sum / count);
@@ -198,9 +258,10 @@ PerplexityResult perplexity_run(Backend& backend, const Tokenizer& tok, const st
         res.kld_stderr = kvar > 0 && count > 1 ? std::sqrt(kvar / (count - 1)) : 0.0;
         std::sort(klds.begin(), klds.end());
         res.kld_max = klds.back();
-        res.kld_p99 = klds[std::min<size_t>(klds.size() - 1, size_t(0.99 * klds.size()))];
+        res.kld_p99 = quantile(klds, 0.99);
         res.top1_agreement = double(agree) / count;
         res.base_ppl = std::exp(base_nll_sum / count);
+        comparison_statistics(res, nlls, base_nlls, klds, dps);
     }
     return res;
 }

@@ -32,6 +32,17 @@ struct PerplexityResult {
     double kld_mean = 0, kld_max = 0, kld_p99 = 0, kld_stderr = 0;
     double top1_agreement = 0;  // fraction of positions with the same argmax
     double base_ppl = 0;        // PPL of the reference run
+    // llama-perplexity's fuller statistics (KL divergence mode), over the scored positions:
+    double base_ppl_stderr = 0;
+    double ln_ratio = 0, ln_ratio_stderr = 0;    // mean of ln p_base - ln p (= ln PPL ratio)
+    double ppl_ratio = 0, ppl_ratio_stderr = 0;  // PPL / base PPL
+    double ppl_delta_stderr = 0;                 // of ppl - base_ppl
+    double nll_correlation = 0;  // Pearson correlation of the per-token NLLs of both runs
+    // (quantile q in [0, 1], value): the KL divergence and Δp = p(correct token) - base
+    // p(correct token), at 1, 0.999, 0.99, 0.95, 0.9, 0.5, 0.1, 0.05, 0.01, 0.001, 0.
+    std::vector<std::pair<double, double>> kld_quantiles, dp_quantiles;
+    double dp_mean = 0, dp_stderr = 0, dp_rms = 0;  // Δp, as fractions
+    double top1_stderr = 0;
 };
 
 // Progress callback: (chunks done, total chunks, running PPL, seconds elapsed).

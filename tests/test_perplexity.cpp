@@ -101,9 +101,27 @@ TEST_CASE("KL divergence: a run compared with itself is zero; f32 vs f16 KV is t
     CHECK(self.kld_mean < 1e-9);  // the same computation: identical log-probs
     CHECK(self.top1_agreement == 1.0);
     CHECK(self.base_ppl == doctest::Approx(base.ppl).epsilon(1e-3));
+    // llama-perplexity's fuller statistics: a run against itself is exact agreement.
+    CHECK(self.ln_ratio == doctest::Approx(0.0));
+    CHECK(self.ppl_ratio == doctest::Approx(1.0));
+    CHECK(self.nll_correlation == doctest::Approx(1.0));
+    CHECK(self.dp_rms < 1e-9);
+    REQUIRE(self.kld_quantiles.size() == 11);
+    for (const auto& [q, v] : self.kld_quantiles) CHECK(v < 1e-9);
     PerplexityResult f16 = eval(model, text, 3, KvType::F16, {}, tmp.string());
     CHECK(f16.kld_mean < 1e-3);
     CHECK(f16.top1_agreement > 0.98);
+    CHECK(f16.nll_correlation > 0.999);
+    CHECK(f16.ppl_ratio == doctest::Approx(f16.ppl / f16.base_ppl).epsilon(1e-9));
+    CHECK(f16.dp_rms < 0.01);
+    // Quantiles run from the maximum down to the minimum, the median in between.
+    REQUIRE(f16.kld_quantiles.size() == 11);
+    CHECK(f16.kld_quantiles.front().second == doctest::Approx(f16.kld_max));
+    for (size_t i = 1; i < f16.kld_quantiles.size(); ++i) {
+        CHECK(f16.kld_quantiles[i].second <= f16.kld_quantiles[i - 1].second);
+        CHECK(f16.dp_quantiles[i].second <= f16.dp_quantiles[i - 1].second);
+    }
+    CHECK(f16.kld_p99 == f16.kld_quantiles[2].second);
     // A base file from another context length is rejected with a clear error.
     GgufFile f = GgufFile::open(model.string());
     auto tok = Tokenizer::from_gguf(f);

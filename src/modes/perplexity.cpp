@@ -114,6 +114,34 @@ int run_hellaswag(PplOptions o) {
     return 0;
 }
 
+// llama-perplexity's three blocks of comparison statistics (its layout and names).
+void print_comparison(const PerplexityResult& r) {
+    fmt::print(
+        "\n====== Perplexity statistics ======\n"
+        "Mean PPL(Q)                   : {:10.6f} ± {:10.6f}\n"
+        "Mean PPL(base)                : {:10.6f} ± {:10.6f}\n"
+        "Cor(ln(PPL(Q)), ln(PPL(base))): {:6.2f}%\n"
+        "Mean ln(PPL(Q)/PPL(base))     : {:10.6f} ± {:10.6f}\n"
+        "Mean PPL(Q)/PPL(base)         : {:10.6f} ± {:10.6f}\n"
+        "Mean PPL(Q)-PPL(base)         : {:10.6f} ± {:10.6f}\n",
+        r.ppl, r.ppl_stderr, r.base_ppl, r.base_ppl_stderr, 100 * r.nll_correlation, r.ln_ratio,
+        r.ln_ratio_stderr, r.ppl_ratio, r.ppl_ratio_stderr, r.ppl - r.base_ppl, r.ppl_delta_stderr);
+    auto label = [](double q, const char* what) {
+        if (q == 1.0) return fmt::format("Maximum {}", what);
+        if (q == 0.0) return fmt::format("Minimum {}", what);
+        if (q == 0.5) return fmt::format("Median  {}", what);
+        return fmt::format("{:4.1f}%   {}", 100 * q, what);
+    };
+    fmt::print("\n====== KL divergence statistics ======\n");
+    fmt::print("Mean    KLD: {:10.6f} ± {:10.6f}\n", r.kld_mean, r.kld_stderr);
+    for (const auto& [q, v] : r.kld_quantiles) fmt::print("{}: {:10.6f}\n", label(q, "KLD"), v);
+    fmt::print("\n====== Token probability statistics ======\n");
+    fmt::print("Mean    Δp: {:8.3f} ± {:5.3f} %\n", 100 * r.dp_mean, 100 * r.dp_stderr);
+    for (const auto& [q, v] : r.dp_quantiles) fmt::print("{}: {:8.3f}%\n", label(q, "Δp"), 100 * v);
+    fmt::print("RMS Δp    : {:8.3f} %\n", 100 * r.dp_rms);
+    fmt::print("Same top p: {:8.3f} ± {:5.3f} %\n\n", 100 * r.top1_agreement, 100 * r.top1_stderr);
+}
+
 int run_perplexity(PplOptions o) {
     if (!o.kl_divergence_base.empty())
         (o.kl_divergence ? o.kld_base : o.kld_save) = o.kl_divergence_base;
@@ -149,6 +177,7 @@ int run_perplexity(PplOptions o) {
         fmt::print("top-1 agreement: {:.3f}%\n", 100.0 * r.top1_agreement);
         fmt::print("PPL base {:.4f} -> {:.4f}: delta {:+.4f} ({:+.3f}%)\n", r.base_ppl, r.ppl,
                    r.ppl - r.base_ppl, 100.0 * (r.ppl - r.base_ppl) / r.base_ppl);
+        print_comparison(r);
     }
     if (!o.kld_save.empty()) fmt::print(stderr, "saved log-probabilities to {}\n", o.kld_save);
     fmt::print("Final estimate: PPL = {:.4f} +/- {:.5f}\n", r.ppl, r.ppl_stderr);
