@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <set>
 #include <sstream>
 
@@ -382,6 +383,21 @@ TEST_CASE("multiple choice: llama.cpp's binary files, the draw, and malformed fi
     std::memcpy(far.data() + 8, &past, 4);
     std::memcpy(far.data() + 12, &past, 4);
     refused(far, "offset is past the end", 2);
+    // Hostile bytes: random corruptions load or throw Error, never anything else.
+    std::mt19937 rng(7);
+    for (int trial = 0; trial < 3000; ++trial) {
+        std::string bad = file;
+        const int n_flips = 1 + int(rng() % 4);
+        for (int k = 0; k < n_flips; ++k) bad[rng() % bad.size()] = char(rng());
+        if (trial % 3 == 0) bad.resize(rng() % bad.size());
+        for (size_t n_tasks : {size_t(0), size_t(2)}) {
+            try {
+                const auto got = multiple_choice_load(bad, "mc.bin", n_tasks);
+                for (const auto& t : got) CHECK(t.answers.size() == t.labels.size());
+            } catch (const Error&) {
+            }
+        }
+    }
 }
 
 TEST_CASE("multiple choice on stories260K: the sensible answer of 2, 3 and 5 wins") {
