@@ -452,8 +452,9 @@ TEST_CASE("numeric flags out of range name the flag and the bound, not a float r
         {"run -p hi -b 0", "--batch-size: must be at least 1 (got 0)"},
         {"run -p hi -t -2", "--threads: must be at least 0 (got -2)"},
         {"run -p hi --kv-memory -5", "--kv-memory: must be at least 0 (got -5)"},
-        {"bench -p -5", "--n-prompt: must be at least 0 (got -5)"},
-        {"bench -n -1", "--n-gen: must be at least 0 (got -1)"},
+        {"bench -p -5", "-p: '-5' is not a token count"},
+        {"bench -n 8,-1", "-n: '-1' is not a token count"},
+        {"bench -pg 5", "-pg: '5' is not PROMPT,GEN"},
         {"bench -r 0", "--repetitions: must be at least 1 (got 0)"},
         {"perplexity -f " + readme + " --chunks -2", "--chunks: must be at least -1 (got -2)"},
         {"chat --sink-tokens -1", "--sink-tokens: must be at least 0 (got -1)"},
@@ -470,6 +471,21 @@ TEST_CASE("numeric flags out of range name the flag and the bound, not a float r
     check_one_clear_error(
         run_command(kvrun_cmd("bench -m " + model.string() + " -p 8 -n 0 --depth 0,-3")),
         "--depth: '-3' is not a token count");
+    // llama-bench's lists: -p and -n take several counts, -d the depths, -pg a prompt-then-
+    // generate test; -o jsonl writes one object per result.
+    auto lists = run_command(kvrun_cmd("bench -m " + model.string() +
+                                       " --device cpu -p 8,16 -n 4 -pg 8,4 -d 0,16 -r 1 -o jsonl"));
+    CHECK_MESSAGE(lists.exit_code == 0, lists.err);
+    const std::vector<nlohmann::json> rows = json_lines(lists.out);
+    REQUIRE(rows.size() == 8);
+    std::vector<std::string> tests;
+    for (const auto& r : rows)
+        tests.push_back(r["test"].get<std::string>() + "@" + std::to_string(r["depth"].get<int>()));
+    CHECK(tests == std::vector<std::string>{"pp8@0", "pp16@0", "tg4@0", "pp8+tg4@0", "pp8@16",
+                                            "pp16@16", "tg4@16", "pp8+tg4@16"});
+    CHECK(rows[3]["tokens"] == 12);
+    CHECK(rows[2]["bytes_per_token"].get<double>() > 0);
+    CHECK(rows[0]["tokens_per_s"].get<double>() > 0);
     // A completion cut short by a full context says so on stderr (exit 0, text kept).
     auto full = run_command(kvrun_cmd("run -m " + model.string() + " -c 8 -n 100 --temp 0 -p hi"));
     CHECK(full.exit_code == 0);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -26,7 +27,9 @@ namespace {
 
 struct BenchOptions {
     ModelOptions model;
-    int32_t n_prompt = 512, n_gen = 128, reps = 3;
+    std::string n_prompt = "512", n_gen = "128";  // comma-separated token counts
+    std::vector<std::string> pg;                  // "PP,TG" prompt-then-generate tests
+    int32_t reps = 3;
     std::string depths = "0", kv_types;
     std::string output = "md";
 };
@@ -112,18 +115,39 @@ double feed(Backend& b, KvBlockTable& table, SeqId seq, const std::vector<TokenI
     return seconds_since(t0);
 }
 
-int run_bench(BenchOptions o) {
-    auto kv_list = split_list(o.kv_types.empty() ? o.model.kv_type : o.kv_types);
-    std::vector<int32_t> depth_list;
-    for (auto& d : split_list(o.depths)) {
+// A comma-separated list of token counts ("0,4096"); throws Error naming the flag.
+std::vector<int32_t> count_list(const std::string& text, const char* flag) {
+    std::vector<int32_t> out;
+    for (auto& d : split_list(text)) {
         int32_t v = -1;
         const auto [end, ec] = std::from_chars(d.data(), d.data() + d.size(), v);
         if (ec != std::errc() || end != d.data() + d.size() || v < 0)
-            fail("--depth: '{}' is not a token count (expected e.g. 0,4096)", d);
-        depth_list.push_back(v);
+            fail("{}: '{}' is not a token count (expected e.g. 0,4096)", flag, d);
+        out.push_back(v);
     }
-    int32_t max_depth = 0;
+    return out;
+}
+
+int run_bench(BenchOptions o) {
+    auto kv_list = split_list(o.kv_types.empty() ? o.model.kv_type : o.kv_types);
+    const std::vector<int32_t> depth_list = count_list(o.depths, "--depth");
+    std::vector<int32_t> pp_list, tg_list;
+    for (int32_t v : count_list(o.n_prompt, "-p"))
+        if (v > 0) pp_list.push_back(v);
+    for (int32_t v : count_list(o.n_gen, "-n"))
+        if (v > 0) tg_list.push_back(v);
+    std::vector<std::pair<int32_t, int32_t>> pg_list;
+    for (const std::string& pg : o.pg) {
+        const std::vector<int32_t> v = count_list(pg, "-pg");
+        if (v.size() != 2 || v[0] == 0 || v[1] == 0)
+            fail("-pg: '{}' is not PROMPT,GEN (two token counts above 0, e.g. 512,128)", pg);
+        pg_list.emplace_back(v[0], v[1]);
+    }
+    int32_t max_depth = 0, max_tokens = 1;
     for (int32_t d : depth_list) max_depth = std::max(max_depth, d);
+    for (int32_t v : pp_list) max_tokens = std::max(max_tokens, v);
+    for (int32_t v : tg_list) max_tokens = std::max(max_tokens, v);
+    for (const auto& [pp, tg] : pg_list) max_tokens = std::max(max_tokens, pp + tg);
 
     std::vector<BenchRow> rows;
     double copy_bw = 0;
@@ -134,7 +158,7 @@ int run_bench(BenchOptions o) {
         mo.kv_type = kv;
         mo.kv_type_k.clear();
         mo.kv_type_v.clear();
-        mo.n_ctx = max_depth + std::max(o.n_prompt, o.n_gen) + mo.kv_block_size;
+        mo.n_ctx = max_depth + max_tokens + mo.kv_block_size;
         if (mo.kv_memory_mib <= 0) mo.kv_memory_mib = 0;
         // pp runs on a fork of the depth sequence; with sliding-window layers both hold a
         // window in the window pool, so it is sized for two sequences.
@@ -156,39 +180,57 @@ int run_bench(BenchOptions o) {
         const double kv_tok =
             kv_bytes_per_token(cfg, kv_type_parse(kv), kv_type_parse(kv), mo.kv_block_size);
         std::mt19937 rng(42);
-        std::vector<TokenId> toks(max_depth + o.n_prompt + o.n_gen + 1);
+        std::vector<TokenId> toks(size_t(max_depth) + size_t(max_tokens) + 1);
         for (auto& t : toks) t = static_cast<TokenId>(rng() % cfg.n_vocab);
         std::vector<float> logits(cfg.n_vocab);
         for (int32_t depth : depth_list) {
-            std::vector<double> pp, tg;
+            std::vector<std::vector<double>> pp(pp_list.size()), tg(tg_list.size()),
+                pg(pg_list.size());
             for (int32_t r = -1; r < o.reps; ++r) {  // r = -1: warm-up
                 KvBlockTable table = kv_table_for(b);
                 SeqId seq = table.create_sequence();
                 if (depth > 0) feed(b, table, seq, toks, 0, depth, mo.n_batch, logits);
-                if (o.n_prompt > 0) {
-                    // On a fork, so decode continues from the depth (a window pool could not
-                    // roll the prompt back).
-                    const SeqId prompt = table.fork(seq);
-                    double s = feed(b, table, prompt, toks, depth, o.n_prompt, mo.n_batch, logits);
-                    if (r >= 0) pp.push_back(o.n_prompt / s);
-                    table.free_sequence(prompt);
+                // Each test on a fork of the depth sequence, so the next starts from the depth
+                // again (a window pool could not roll a sequence back).
+                auto on_fork = [&](const std::function<double(SeqId)>& test) {
+                    const SeqId f = table.fork(seq);
+                    const double secs = test(f);
+                    table.free_sequence(f);
+                    return secs;
+                };
+                for (size_t i = 0; i < pp_list.size(); ++i) {
+                    const double s = on_fork([&](SeqId f) {
+                        return feed(b, table, f, toks, depth, pp_list[i], mo.n_batch, logits);
+                    });
+                    if (r >= 0) pp[i].push_back(pp_list[i] / s);
                 }
-                if (o.n_gen > 0) {
-                    double s = feed(b, table, seq, toks, depth, o.n_gen, 1, logits);
-                    if (r >= 0) tg.push_back(o.n_gen / s);
+                for (size_t i = 0; i < tg_list.size(); ++i) {
+                    const double s = on_fork([&](SeqId f) {
+                        return feed(b, table, f, toks, depth, tg_list[i], 1, logits);
+                    });
+                    if (r >= 0) tg[i].push_back(tg_list[i] / s);
+                }
+                for (size_t i = 0; i < pg_list.size(); ++i) {
+                    const auto [np, ng] = pg_list[i];
+                    const double s = on_fork([&](SeqId f) {
+                        return feed(b, table, f, toks, depth, np, mo.n_batch, logits) +
+                               feed(b, table, f, toks, depth + np, ng, 1, logits);
+                    });
+                    if (r >= 0) pg[i].push_back((np + ng) / s);
                 }
             }
-            if (!pp.empty()) {
-                BenchRow row{"pp" + std::to_string(o.n_prompt), kv, depth, o.n_prompt};
-                mean_std(pp, row.mean, row.stddev);
+            for (size_t i = 0; i < pp_list.size(); ++i) {
+                BenchRow row{"pp" + std::to_string(pp_list[i]), kv, depth, pp_list[i]};
+                mean_std(pp[i], row.mean, row.stddev);
                 rows.push_back(row);
             }
-            if (!tg.empty()) {
-                BenchRow row{"tg" + std::to_string(o.n_gen), kv, depth, o.n_gen};
-                mean_std(tg, row.mean, row.stddev);
+            for (size_t i = 0; i < tg_list.size(); ++i) {
+                const int32_t n_gen = tg_list[i];
+                BenchRow row{"tg" + std::to_string(n_gen), kv, depth, n_gen};
+                mean_std(tg[i], row.mean, row.stddev);
                 // KV read per decode step grows from depth to depth + n_gen: use the mean.
                 // A sliding-window layer reads at most its window.
-                const double ctx = depth + o.n_gen / 2.0;
+                const double ctx = depth + n_gen / 2.0;
                 double kv_read = 0;
                 for (int64_t l = 0; l < cfg.n_layer; ++l)
                     kv_read += cfg.window(l) > 0 ? std::min(ctx, double(cfg.window(l))) : ctx;
@@ -197,25 +239,42 @@ int run_bench(BenchOptions o) {
                 row.fraction = copy_bw > 0 ? row.bytes_per_token * row.mean / copy_bw : 0;
                 rows.push_back(row);
             }
+            for (size_t i = 0; i < pg_list.size(); ++i) {
+                const auto [np, ng] = pg_list[i];
+                BenchRow row{fmt::format("pp{}+tg{}", np, ng), kv, depth, np + ng};
+                mean_std(pg[i], row.mean, row.stddev);
+                rows.push_back(row);
+            }
         }
     }
 
+    auto row_json = [&](const BenchRow& r) {
+        return nlohmann::json{{"test", r.test},
+                              {"kv", r.kv},
+                              {"depth", r.depth},
+                              {"tokens", r.n},
+                              {"tokens_per_s", r.mean},
+                              {"stddev", r.stddev},
+                              {"bytes_per_token", r.bytes_per_token},
+                              {"gbs", r.gbs},
+                              {"bandwidth_fraction", r.fraction}};
+    };
     if (o.output == "json") {
         nlohmann::json j;
         j["model"] = o.model.model;
         j["device"] = device_name;
         j["copy_bandwidth_gbs"] = copy_bw / 1e9;
         j["results"] = nlohmann::json::array();
-        for (auto& r : rows)
-            j["results"].push_back({{"test", r.test},
-                                    {"kv", r.kv},
-                                    {"depth", r.depth},
-                                    {"tokens_per_s", r.mean},
-                                    {"stddev", r.stddev},
-                                    {"bytes_per_token", r.bytes_per_token},
-                                    {"gbs", r.gbs},
-                                    {"bandwidth_fraction", r.fraction}});
+        for (auto& r : rows) j["results"].push_back(row_json(r));
         fmt::print("{}\n", j.dump(2));
+    } else if (o.output == "jsonl") {  // one object per result, with the run's fields
+        for (auto& r : rows) {
+            nlohmann::json j = row_json(r);
+            j["model"] = o.model.model;
+            j["device"] = device_name;
+            j["copy_bandwidth_gbs"] = copy_bw / 1e9;
+            fmt::print("{}\n", j.dump());
+        }
     } else if (o.output == "csv") {
         fmt::print("model,device,test,kv,depth,tokens_per_s,stddev,gbs,bandwidth_fraction\n");
         for (auto& r : rows)
@@ -236,7 +295,7 @@ int run_bench(BenchOptions o) {
                            r.mean, r.stddev);
         }
     } else {
-        fail("unknown output format '{}' (expected md, csv or json)", o.output);
+        fail("unknown output format '{}' (expected md, csv, json or jsonl)", o.output);
     }
     return 0;
 }
@@ -250,20 +309,24 @@ void add_bench_command(CLI::App& root, int& exit_code) {
         "Measure prefill (pp) and decode (tg) tokens/s at batch 1, with decode memory "
         "bandwidth as a fraction of the measured copy bandwidth");
     add_model_options(cmd, o->model);
-    cmd->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens for the prefill test (0: skip)")
-        ->check(at_least(0))
+    cmd->add_option("-p,--n-prompt", o->n_prompt,
+                    "Prompt tokens for the prefill tests, comma-separated (0: none)")
         ->capture_default_str();
-    cmd->add_option("-n,--n-gen", o->n_gen, "Tokens for the decode test (0: skip)")
-        ->check(at_least(0))
+    cmd->add_option("-n,--n-gen", o->n_gen,
+                    "Tokens for the decode tests, comma-separated (0: none)")
         ->capture_default_str();
+    cmd->add_option("--pg", o->pg,
+                    "A prompt-then-generate test PP,TG (llama-bench's -pg; repeatable): "
+                    "(PP + TG) tokens / the time of both");
     cmd->add_option("-r,--repetitions", o->reps, "Repetitions (after one warm-up)")
         ->check(at_least(1))
         ->capture_default_str();
-    cmd->add_option("--depth", o->depths, "Context depths, comma-separated (e.g. 0,4096)")
+    cmd->add_option("-d,--depth,--n-depth", o->depths,
+                    "Context depths, comma-separated (e.g. 0,4096)")
         ->capture_default_str();
     cmd->add_option("--kv-types", o->kv_types,
                     "KV cache types to compare, comma-separated (e.g. f16,q8)");
-    cmd->add_option("-o,--output", o->output, "Output format: md, csv or json")
+    cmd->add_option("-o,--output", o->output, "Output format: md, csv, json or jsonl")
         ->capture_default_str();
     cmd->callback([o, &exit_code] { exit_code = run_bench(*o); });
 }
