@@ -54,6 +54,28 @@ void ChatSession::reset() {
     if (!cfg_.system.empty()) history_.push_back({"system", cfg_.system});
     reply_open_ = false;
     last_ = {};
+    turns_.clear();
+}
+
+bool ChatSession::undo() {
+    if (turns_.empty()) return false;
+    const TurnStart t = turns_.back();
+    turns_.pop_back();
+    engine_.truncate_session(session_, t.n_tokens);
+    history_.resize(t.n_messages);
+    reply_open_ = t.reply_open;
+    last_ = {};
+    return true;
+}
+
+bool ChatSession::regenerate(const TextSink& on_text, const TextSink& on_notice,
+                             const std::atomic<bool>* cancel) {
+    if (turns_.empty() || history_.size() <= turns_.back().n_messages) return false;
+    const std::string user = history_[turns_.back().n_messages].content;
+    undo();
+    ++n_redraws_;
+    send(user, on_text, on_notice, cancel);
+    return true;
 }
 
 void ChatSession::set_system(const std::string& text) {
@@ -140,6 +162,7 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
                               const TextSink& on_notice, const std::atomic<bool>* cancel) {
     ChatMessage msg{"user", user};
     ChatTurnStats turn;  // becomes last_ once the message was sent
+    const TurnStart start{n_tokens(), history_.size(), reply_open_};
     const bool first = engine_.session_tokens(session_).empty();
     std::vector<TokenId> add;
     if (first) {
@@ -212,6 +235,7 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
         req.prompt = std::move(add);
         req.n_predict = remaining;
         req.sampling = cfg_.sampling;
+        req.sampling.seed += 0x9E3779B97F4A7C15ull * n_redraws_;  // regenerate(): a new draw
         req.ignore_eos = cfg_.ignore_eos;
         if (!cfg_.ignore_eos) req.stop_tokens = stop_tokens_;
         req.stop_strings = stop_strings_;
@@ -289,6 +313,10 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
     history_.push_back({"assistant", lead == std::string::npos ? "" : reply.substr(lead)});
     reply_open_ = true;
     last_ = turn;
+    if (turn.n_overflows > 0)
+        turns_.clear();  // the conversation was rebuilt: earlier starts no longer hold
+    else
+        turns_.push_back(start);
     return history_.back().content;
 }
 

@@ -75,6 +75,14 @@ class ChatSession {
 
     void reset();                              // forget the conversation (keeps the system)
     void set_system(const std::string& text);  // new system prompt, conversation reset
+    // Takes back the last exchange (the user message and its reply): the conversation and
+    // its sequence return to before it. False when there is none to take back (nothing sent
+    // since the start, a reset, or a context overflow that rebuilt the conversation).
+    bool undo();
+    // Generates the last reply again with a new draw (the sampler's seed moves on; greedy
+    // sampling gives the same reply). False when undo() could not take the exchange back.
+    bool regenerate(const TextSink& on_text, const TextSink& on_notice,
+                    const std::atomic<bool>* cancel = nullptr);
 
     const ChatTurnStats& last_turn() const { return last_; }  // the last turn that was sent
     int32_t n_tokens() const;                    // tokens in the conversation's sequence
@@ -104,6 +112,14 @@ class ChatSession {
     int32_t session_ = -1;
     bool reply_open_ = false;  // the last reply's closing text is not in the sequence yet
     ChatTurnStats last_;
+    // Where each exchange since the last reset or overflow began (undo).
+    struct TurnStart {
+        int32_t n_tokens = 0;
+        size_t n_messages = 0;
+        bool reply_open = false;
+    };
+    std::vector<TurnStart> turns_;
+    uint64_t n_redraws_ = 0;  // regenerate() calls: each moves the sampler's seed on
 };
 
 }  // namespace kvrun

@@ -25,6 +25,7 @@ namespace kvrun {
 struct ChatMessage {
     std::string role;  // "system", "user" or "assistant"
     std::string content;
+    bool operator==(const ChatMessage&) const = default;
 };
 
 enum class ChatTemplateKind {

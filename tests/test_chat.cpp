@@ -252,6 +252,24 @@ TEST_CASE("chat with piped input: replies on stdout, commands work, EOF exits 0"
     std::string expected = direct.out.substr(0, direct.out.find('\n'));
     expected.erase(0, expected.find_first_not_of(' '));
     CHECK(first_reply == expected);
+    // /undo, /regen (greedy: the same reply again), /read FILE, /clear.
+    kvrun::test::TempDir dir;
+    const std::string msg = dir.write("msg.txt", "Once upon a time");
+    auto cmds = run_command(
+        chat_cmd(model.string(), "--temp 0 -n 12 --system 'Tell a story.'"),
+        "Once upon a time\n/regen\n/undo\n/undo\n/read " + msg + "\n/read /no/such/file\n/clear\n");
+    CHECK(cmds.exit_code == 0);
+    std::vector<std::string> out_lines;
+    std::istringstream cin(cmds.out);
+    for (std::string l; std::getline(cin, l);) out_lines.push_back(l);
+    REQUIRE(out_lines.size() >= 6);
+    CHECK(out_lines[0] == first_reply);
+    CHECK(out_lines[1] == first_reply);
+    CHECK(out_lines[2] == "[took back the last exchange]");
+    CHECK(out_lines[3] == "[nothing to take back]");
+    CHECK(out_lines[4] == first_reply);  // /read sent the same text
+    CHECK(out_lines[5] == "[new conversation]");
+    CHECK(cmds.err.find("cannot open '/no/such/file'") != std::string::npos);
     // llama.cpp's -sys / --system-prompt spell --system.
     for (const char* flag : {"-sys", "--system-prompt"}) {
         auto sys = run_command(
@@ -564,4 +582,55 @@ TEST_CASE("chat --prompt-cache: the next chat reuses the saved system prompt's b
     CHECK(second.out.find("reused 80 cached tokens") != std::string::npos);
     // The same reply either way.
     CHECK(second.out.substr(0, second.out.find('\n')) == first.out.substr(0, first.out.find('\n')));
+}
+
+TEST_CASE("ChatSession undo and regenerate: the conversation and its tokens go back exactly") {
+    using namespace kvrun;
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    ChatModel m(model.string(), 64);
+    Engine engine(*m.backend, *m.tok, EngineOptions{});
+    ChatConfig cfg;
+    cfg.system = "Tell a story.";
+    cfg.n_predict = 20;
+    cfg.sampling.temperature = 1.0f;
+    cfg.sampling.seed = 5;
+    cfg.ignore_eos = true;
+    ChatSession chat(engine, *m.tok, cfg);
+    Notices notes;
+    CHECK_FALSE(chat.undo());  // nothing sent yet
+    const std::string a1 = chat.send("Once upon a time", kIgnore, notes.sink());
+    const std::vector<TokenId> after1 = chat.tokens();
+    const auto messages1 = chat.messages();
+    chat.send("Then what?", kIgnore, notes.sink());
+    CHECK(chat.messages().size() == messages1.size() + 2);
+    // Undo: the second exchange is gone, tokens and messages as after the first.
+    REQUIRE(chat.undo());
+    CHECK(chat.tokens() == after1);
+    CHECK(chat.messages() == messages1);
+    // Regenerate the first reply: a new draw (another seed), the same message before it.
+    std::string shown;
+    REQUIRE(chat.regenerate([&](std::string_view t) { shown += t; }, notes.sink()));
+    CHECK(chat.messages().size() == messages1.size());
+    CHECK(chat.messages()[messages1.size() - 2].content == "Once upon a time");
+    const std::string a2 = chat.messages().back().content;
+    CHECK(a2 != a1);
+    CHECK(shown.find(a2.substr(0, 10)) != std::string::npos);
+    // Greedy: regenerating gives the same reply again.
+    ChatConfig greedy = cfg;
+    greedy.sampling.temperature = 0;
+    ChatSession g(engine, *m.tok, greedy);
+    const std::string r1 = g.send("Once upon a time", kIgnore, notes.sink());
+    const std::vector<TokenId> t1 = g.tokens();
+    REQUIRE(g.regenerate(kIgnore, notes.sink()));
+    CHECK(g.messages().back().content == r1);
+    CHECK(g.tokens() == t1);
+    // Both undone: back to the system prompt alone; a reset leaves nothing to undo.
+    REQUIRE(g.undo());
+    CHECK(g.n_tokens() == 0);
+    CHECK(g.messages().size() == 1);
+    CHECK_FALSE(g.undo());
+    CHECK_FALSE(g.regenerate(kIgnore, notes.sink()));
+    chat.reset();
+    CHECK_FALSE(chat.undo());
 }

@@ -18,6 +18,7 @@
 #include "modes/model_options.h"
 #include "modes/modes.h"
 #include "modes/prompt_cache_options.h"
+#include "text_input.h"
 
 namespace kvrun {
 namespace {
@@ -37,7 +38,10 @@ struct ChatOptions {
 
 constexpr const char* kHelp =
     "commands:\n"
-    "  /reset          start a new conversation (keeps the system prompt)\n"
+    "  /reset, /clear  start a new conversation (keeps the system prompt)\n"
+    "  /undo           take back your last message and its reply\n"
+    "  /regen          generate the last reply again (a new draw)\n"
+    "  /read FILE      send the text of FILE as your message\n"
     "  /system TEXT    set the system prompt (empty: none) and start over\n"
     "  /stats          token counts, cache reuse and speed of the last turn\n"
     "  /help           this list\n"
@@ -134,45 +138,17 @@ int run_chat(const ChatOptions& o) {
         if (o.stats) fmt::print(stderr, "{}\n", cache->summary());
         return 0;
     };
-    for (;;) {
-        std::optional<std::string> read = editor.read_line("> ");
-        if (!read) return finish();  // Ctrl-D / end of input
-        if (editor.interrupted()) continue;
-        const std::string line = trim(*read);
-        if (line.empty()) continue;
-        editor.add_history(line);
-        if (line[0] == '/') {
-            const size_t sp = line.find(' ');
-            const std::string cmd = line.substr(0, sp);
-            const std::string arg = sp == std::string::npos ? "" : trim(line.substr(sp));
-            if (cmd == "/exit" || cmd == "/quit") return finish();
-            if (cmd == "/help") {
-                fmt::print("{}", kHelp);
-            } else if (cmd == "/reset") {
-                chat.reset();
-                fmt::print("[new conversation]\n");
-            } else if (cmd == "/system") {
-                chat.set_system(arg);
-                fmt::print("[system prompt {}; new conversation]\n",
-                           arg.empty() ? "cleared" : "set");
-            } else if (cmd == "/stats") {
-                print_stats(chat, engine, m, o.model);
-            } else {
-                fmt::print("unknown command {} (/help lists them)\n", cmd);
-            }
-            std::fflush(stdout);
-            continue;
-        }
+    // One reply: `turn` sends (or regenerates) and returns false when there was nothing to do;
+    // an Error is one line on stderr and the chat goes on.
+    auto reply = [&](const std::function<bool()>& turn) {
         interrupt_flag() = false;
         try {
-            chat.send(line, print_text, print_notice, &interrupt_flag());
+            if (!turn()) return;
         } catch (const Error& e) {
             std::fflush(stdout);
-            if (e.hint().empty())
-                fmt::print(stderr, "error: {}\n", e.what());
-            else
-                fmt::print(stderr, "error: {} (hint: {})\n", e.what(), e.hint());
-            continue;
+            fmt::print(stderr, "error: {}{}\n", e.what(),
+                       e.hint().empty() ? "" : " (hint: " + e.hint() + ")");
+            return;
         }
         if (chat.last_turn().stop == StopReason::Cancelled) fmt::print(" [interrupted]");
         fmt::print("\n");
@@ -180,6 +156,56 @@ int run_chat(const ChatOptions& o) {
         std::fflush(stdout);
         interrupt_flag() = false;
         if (o.stats) print_stats(chat, engine, m, o.model);
+    };
+    for (;;) {
+        std::optional<std::string> read = editor.read_line("> ");
+        if (!read) return finish();  // Ctrl-D / end of input
+        if (editor.interrupted()) continue;
+        const std::string line = trim(*read);
+        if (line.empty()) continue;
+        editor.add_history(line);
+        if (line[0] != '/') {
+            reply([&] {
+                chat.send(line, print_text, print_notice, &interrupt_flag());
+                return true;
+            });
+            continue;
+        }
+        const size_t sp = line.find(' ');
+        const std::string cmd = line.substr(0, sp);
+        const std::string arg = sp == std::string::npos ? "" : trim(line.substr(sp));
+        if (cmd == "/exit" || cmd == "/quit") return finish();
+        if (cmd == "/help") {
+            fmt::print("{}", kHelp);
+        } else if (cmd == "/reset" || cmd == "/clear") {
+            chat.reset();
+            fmt::print("[new conversation]\n");
+        } else if (cmd == "/undo") {
+            fmt::print("{}\n",
+                       chat.undo() ? "[took back the last exchange]" : "[nothing to take back]");
+        } else if (cmd == "/regen") {
+            reply([&] {
+                if (chat.regenerate(print_text, print_notice, &interrupt_flag())) return true;
+                fmt::print("[no reply to generate again]\n");
+                return false;
+            });
+        } else if (cmd == "/read") {
+            reply([&] {
+                if (arg.empty()) throw Error("/read needs a file name", "/read FILE");
+                const std::string text = read_file_text(arg);
+                utf8_require_valid(text, "'" + arg + "'");
+                chat.send(text, print_text, print_notice, &interrupt_flag());
+                return true;
+            });
+        } else if (cmd == "/system") {
+            chat.set_system(arg);
+            fmt::print("[system prompt {}; new conversation]\n", arg.empty() ? "cleared" : "set");
+        } else if (cmd == "/stats") {
+            print_stats(chat, engine, m, o.model);
+        } else {
+            fmt::print("unknown command {} (/help lists them)\n", cmd);
+        }
+        std::fflush(stdout);
     }
 }
 
@@ -193,8 +219,9 @@ void add_chat_command(CLI::App& root, int& exit_code) {
     cmd->add_option("--system,--system-prompt", o->system, "System prompt (llama.cpp's -sys)");
     cmd->add_option(
         "--chat-template", o->chat_template,
-        "Chat format: llama2, llama3, chatml, mistral, zephyr, phi3, phi4, gemma, granite or "
-        "plain (default: detected from the model's tokenizer.chat_template)");
+        "Chat format: llama2, llama3, chatml, mistral, zephyr, phi3, phi4, gemma, granite, "
+        "deepseek3, mistral-v3, mistral-v3-tekken, mistral-v7, mistral-v7-tekken or plain "
+        "(default: detected from the model's tokenizer.chat_template)");
     cmd->add_option("-n,--n-predict", o->n_predict,
                     "Max tokens per reply (-1: until the end of the turn)")
         ->check(n_predict_check())
