@@ -109,6 +109,9 @@ struct EngineOptions {
     int32_t draft_ngram = 0;
     int32_t draft_max = 8;  // --draft-n: the most tokens drafted per sequence and round
     int32_t draft_min = 1;  // the fewest (== draft_max: K fixed, no adaptation)
+    // llama.cpp's --draft-p-min: a round stops drafting at the first token the draft model
+    // gives less than this probability (that token is not proposed); 0: off.
+    float draft_p_min = 0.0f;
     AcceptRule accept_rule = AcceptRule::Lossless;
     // Sampling where the logits are (Backend::forward_sample): only token ids come back from
     // the device. Auto: when the backend samples on its device (CUDA). On: always (tests use

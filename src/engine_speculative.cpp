@@ -12,6 +12,7 @@
 // tokens (the draft at most one less). A sequence whose draft cannot get blocks just does not
 // speculate this step; its draft sequence is freed with it (finish, preemption, session close).
 #include <algorithm>
+#include <cmath>
 
 #include "common.h"
 #include "engine.h"
@@ -88,6 +89,21 @@ void Engine::draft_forward(const ForwardBatch& fb) {
     stats_.spec.draft_passes++;
 }
 
+namespace {
+
+// The draft model's probability of its token t: from its sampling distribution q_row when
+// the sequence samples, else the softmax of its logits (greedy drafting).
+float draft_probability(const float* logits, int n_vocab, const float* q_row, TokenId t) {
+    if (q_row) return q_row[t];
+    float mx = logits[0];
+    for (int i = 1; i < n_vocab; ++i) mx = std::max(mx, logits[i]);
+    double sum = 0;
+    for (int i = 0; i < n_vocab; ++i) sum += std::exp(double(logits[i]) - mx);
+    return static_cast<float>(std::exp(double(logits[t]) - mx) / sum);
+}
+
+}  // namespace
+
 void Engine::draft_round(std::vector<Part>& parts) {
     const int n_vocab = static_cast<int>(draft_->config().n_vocab);
     const size_t V = static_cast<size_t>(n_vocab);
@@ -143,9 +159,15 @@ void Engine::draft_round(std::vector<Part>& parts) {
             recent = recent_window(s);
             recent.insert(recent.end(), s.drafts.begin(), s.drafts.end());
             float* q_row = s.sampler->greedy() ? nullptr : s.q.data() + s.drafts.size() * V;
+            const float* row = draft_logits_.data() + j * V;
             try {
-                const TokenId t = speculative_draft_token(
-                    *s.draft_sampler, draft_logits_.data() + j * V, n_vocab, recent, q_row);
+                const TokenId t =
+                    speculative_draft_token(*s.draft_sampler, row, n_vocab, recent, q_row);
+                if (opt_.draft_p_min > 0 &&
+                    draft_probability(row, n_vocab, q_row, t) < opt_.draft_p_min) {
+                    active[j]->k = static_cast<int32_t>(s.drafts.size());  // unsure: stop here
+                    continue;
+                }
                 if (s.draft_grammar) s.draft_grammar->accept(t);
                 s.drafts.push_back(t);
             } catch (const Error&) {  // no draft possible here: verify what there is

@@ -876,7 +876,8 @@ TEST_CASE("llama.cpp's spellings: -ngl, --ctx-size, -ctk/-ctv, -md/--draft-max, 
     CHECK(r.err.find("K q8, V q4") != std::string::npos);
     CHECK(r.err.find("8 blocks of 16 tokens") != std::string::npos);  // 128 tokens
     const auto draft = shared_path("models/stories260K-Q8_0.gguf");
-    auto d = run_command(kvrun_cmd(base + " -md " + draft.string() + " --draft-max 4 --stats"));
+    auto d = run_command(
+        kvrun_cmd(base + " -md " + draft.string() + " --draft-max 4 --draft-p-min 0.5 --stats"));
     CHECK_MESSAGE(d.exit_code == 0, d.err);
     CHECK(d.out == plain.out);
     CHECK(d.err.find("speculative with") != std::string::npos);
@@ -921,8 +922,10 @@ TEST_CASE("llama.cpp's spellings: -ngl, --ctx-size, -ctk/-ctv, -md/--draft-max, 
     auto fa_off = run_command(kvrun_cmd(base + " -fa off"));
     CHECK(fa_off.out == plain.out);
     CHECK(fa_off.err.find("-fa off changes nothing") != std::string::npos);
-    check_bad_run_flags(
-        {{"-ub 0", "--ubatch-size"}, {"-tb -1", "--threads-batch"}, {"-fa maybe", "--flash-attn"}});
+    check_bad_run_flags({{"-ub 0", "--ubatch-size"},
+                         {"-tb -1", "--threads-batch"},
+                         {"-fa maybe", "--flash-attn"},
+                         {"--draft-p-min 2", "--draft-p-min"}});
 }
 
 TEST_CASE("RoPE flags: --rope-scale, --rope-freq-base, --rope-scaling, --yarn-*") {

@@ -523,3 +523,31 @@ TEST_CASE("prompt lookup (--draft-ngram): greedy tokens unchanged, sampling loss
         spec_test::lossless_z(ref, prompt, spec_test::full_softmax(), broken.draws, false).z_first >
         10);
 }
+
+TEST_CASE("--draft-p-min ends rounds at unsure drafts: fewer drafted, tokens unchanged") {
+    auto tpath = test::shared_path("models/stories260K.gguf");
+    if (tpath.empty()) return;
+    Model target = load(tpath, 16, 256);
+    Model draft = load(test::shared_path("models/stories260K-Q4_0.gguf"), 16, 256 + 64);
+    auto prompts = prompts_for(*target.tok);
+    std::vector<int32_t> n_pred;
+    for (size_t i = 0; i < prompts.size(); ++i) n_pred.push_back(n_predict_for(i));
+    const Run want = run_all(target, prompts, spec_options(nullptr, 4, 1, 1), n_pred);
+    std::vector<SpeculativeStats> stats;
+    for (float p_min : {0.0f, 0.6f, 0.95f, 1.0f}) {
+        CAPTURE(p_min);
+        EngineOptions eo = spec_options(&draft, 4, 4, 4);
+        eo.draft_p_min = p_min;
+        const Run got = run_all(target, prompts, eo, n_pred);
+        for (size_t i = 0; i < prompts.size(); ++i)
+            CHECK_MESSAGE(got.tokens[i] == want.tokens[i], "prompt " << i);
+        stats.push_back(got.stats.spec);
+    }
+    CHECK(stats[1].drafted < stats[0].drafted);
+    CHECK(stats[2].drafted < stats[1].drafted);
+    CHECK(stats[1].acceptance() > stats[0].acceptance());  // what is left is likelier right
+    CHECK(stats[3].drafted < stats[2].drafted);            // only drafts the draft is certain of
+    MESSAGE("Q4_0 draft, K 4: drafted/accepted at p-min 0 "
+            << stats[0].drafted << "/" << stats[0].accepted << ", 0.6 " << stats[1].drafted << "/"
+            << stats[1].accepted << ", 0.95 " << stats[2].drafted << "/" << stats[2].accepted);
+}

@@ -29,6 +29,11 @@ void add_draft_options(CLI::App* cmd, DraftOptions& o, bool baseline) {
     cmd->add_option("--draft-min", o.n_min, "Fewest tokens drafted per round (= --draft-n: fixed)")
         ->check(CLI::Range(1, 256))
         ->capture_default_str();
+    cmd->add_option("--draft-p-min", o.p_min,
+                    "With --draft-model: end a round's drafts at the first token the draft gives "
+                    "less than this probability (llama.cpp's flag; 0: off)")
+        ->check(CLI::Range(0.0, 1.0))
+        ->capture_default_str();
     if (baseline)
         cmd->add_flag("--spec-baseline", o.baseline,
                       "With --stats and --draft-model or --draft-ngram: afterwards run the target "
@@ -63,8 +68,8 @@ LoadedModel load_draft_model(const DraftOptions& d, const ModelOptions& target_o
     const int64_t pool = target.backend->n_kv_blocks() * target.backend->kv_block_size();
     ModelOptions o = target_options;
     o.model = d.model;
-    o.kv_overrides.clear();    // --override-kv names the target's metadata
-    o.lora.clear();            // so do the LoRA adapters
+    o.kv_overrides.clear();  // --override-kv names the target's metadata
+    o.lora.clear();          // so do the LoRA adapters
     o.lora_scaled.clear();
     o.device = target.device;  // the same device the target got
     // load_model gives n_seq x ceil(n_ctx / block) blocks: the target's pool, spread over the
@@ -90,6 +95,7 @@ EngineOptions generation_engine_options(const ModelOptions& o, int32_t max_paral
         e.draft_ngram = draft.backend ? 0 : d.ngram;
         e.draft_max = d.n_max;
         e.draft_min = std::min(d.n_min, d.n_max);
+        e.draft_p_min = d.p_min;
     }
     return e;
 }

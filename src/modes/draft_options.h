@@ -20,6 +20,7 @@ struct DraftOptions {
     int32_t ngram = 0;      // --draft-ngram: prompt lookup drafting with n-grams up to this
     int32_t n_max = 8;      // --draft-n: most tokens drafted per round (and sequence)
     int32_t n_min = 1;      // --draft-min: fewest (== n_max: fixed K)
+    float p_min = 0.0f;     // --draft-p-min: stop a round at a draft token less likely than this
     bool baseline = false;  // --spec-baseline: also time the target alone (run --stats)
     bool enabled() const { return !model.empty(); }             // a draft model to load
     bool speculates() const { return enabled() || ngram > 0; }  // either kind of drafts
