@@ -389,3 +389,37 @@ TEST_CASE(
     CHECK(lines[1]["tokens"].size() == 40);
     CHECK(lines[1]["speculative"]["rounds"].get<int>() > 1);
 }
+
+TEST_CASE("batch --context-shift: each request goes past the context, like run does") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    TempDir dir;
+    const std::vector<std::string> prompts = {"Once upon a time", "The little dog saw a big red",
+                                              "Lily and Tom went to the park. They"};
+    std::string txt;
+    for (const auto& p : prompts) txt += p + "\n";
+    const std::string in = dir.write("prompts.txt", txt);
+    const std::string flags = " --temp 0 -n 70 -c 32 --ignore-eos --context-shift --keep 2";
+    auto r = run_command(
+        kvrun_cmd("batch -m " + model.string() + " -f " + in + " --parallel 3" + flags));
+    CHECK_MESSAGE(r.exit_code == 0, r.err);
+    auto lines = parse_lines(r.out);
+    REQUIRE(lines.size() == 3);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        CAPTURE(prompts[i]);
+        CHECK(lines[i]["tokens"].size() == 70);
+        CHECK(lines[i]["stop"] == "length");
+        // The same tokens as `run` with the same flags (one request at a time).
+        auto alone = run_command(
+            kvrun_cmd("run -m " + model.string() + flags + " -p " + shell_quote(prompts[i])));
+        REQUIRE(alone.exit_code == 0);
+        CHECK(lines[i]["text"].get<std::string>() + "\n" == alone.out);
+    }
+    // Without it the context ends each text; with several samples a request is refused.
+    auto plain = run_command(kvrun_cmd("batch -m " + model.string() + " -f " + in +
+                                       " --temp 0 -n 70 -c 32 --ignore-eos"));
+    CHECK(parse_lines(plain.out)[0]["stop"] == "context");
+    auto samples = run_command(
+        kvrun_cmd("batch -m " + model.string() + " -f " + in + flags + " --n-samples 2"));
+    CHECK(parse_lines(samples.out)[0]["error"] == "--context-shift runs one sample per request");
+}

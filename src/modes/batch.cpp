@@ -16,6 +16,7 @@
 #include "common.h"
 #include "gguf.h"
 #include "model_config.h"
+#include "modes/context_shift.h"
 #include "modes/draft_options.h"
 #include "modes/grammar_options.h"
 #include "modes/model_options.h"
@@ -33,6 +34,7 @@ struct BatchOptions {
     SamplingParams sampling;
     GrammarOptions grammar;
     PromptCacheOptions cache;
+    ContextShiftOptions shift;
     std::string file, output, format = "auto";
     int32_t n_predict = 128;
     int32_t n_samples = 1;
@@ -52,6 +54,7 @@ struct Item {
     std::vector<GenerationResult> samples;  // [n_samples]
     int32_t n_finished = 0;
     bool done = false;
+    std::optional<ContextShiftRun> shift;  // --context-shift: the rounds so far
 };
 
 bool is_jsonl(const BatchOptions& o) {
@@ -237,23 +240,53 @@ int run_batch(const BatchOptions& o) {
     }
 
     std::vector<size_t> item_of_request;  // engine request id -> item index
+    auto submit = [&](size_t i, const GenerationRequest& req) {
+        const int32_t id = engine.submit(req);
+        if (item_of_request.size() <= static_cast<size_t>(id)) item_of_request.resize(id + 1);
+        item_of_request[id] = i;
+    };
     for (size_t i = 0; i < items.size(); ++i) {
         Item& it = items[i];
         if (!it.error.empty()) continue;
         try {
-            int32_t id = engine.submit(it.request);
-            if (item_of_request.size() <= static_cast<size_t>(id)) item_of_request.resize(id + 1);
-            item_of_request[id] = i;
+            if (o.shift.enabled) it.shift.emplace(it.request, o.shift, m.tokenizer->bos());
+            submit(i, it.request);
             it.samples.resize(it.request.n_samples);
         } catch (const Error& e) {
             it.error = e.what();
         }
     }
+    std::vector<size_t> continued;  // --context-shift: items whose next round is due
     engine.on_finish([&](const GenerationResult& r) {
-        Item& it = items[item_of_request[r.request]];
+        const size_t i = item_of_request[r.request];
+        Item& it = items[i];
+        if (it.shift) {
+            if (it.shift->add(r, interrupt_flag())) {
+                continued.push_back(i);
+                return;
+            }
+            it.samples[0] = it.shift->result();
+            it.done = true;
+            return;
+        }
         it.samples[r.sample] = r;
         if (++it.n_finished == it.request.n_samples) it.done = true;
     });
+    // Submits the rounds that shifted contexts ask for (outside the engine's step).
+    auto submit_continued = [&] {
+        for (size_t i : continued) {
+            Item& it = items[i];
+            try {
+                submit(i, it.shift->request());
+            } catch (const Error& e) {
+                it.samples[0] = it.shift->result();
+                it.samples[0].stop = StopReason::Error;
+                it.samples[0].error = e.what();
+                it.done = true;
+            }
+        }
+        continued.clear();
+    };
 
     // Writes finished results, in input order, as far as they are consecutive.
     size_t next = 0, n_written = 0;
@@ -286,6 +319,7 @@ int run_batch(const BatchOptions& o) {
             break;
         }
         engine.step();
+        submit_continued();
         flush_ready(false);
         progress.update(next, engine.stats().tokens_decoded, engine.n_running(), seconds(), false);
     }
@@ -356,6 +390,7 @@ void add_batch_command(CLI::App& root, int& exit_code) {
                   "Show control tokens the model generates as their text in \"text\" (llama.cpp's "
                   "-sp)");
     cmd->add_flag("--no-progress", o->no_progress, "No progress bar on stderr");
+    add_context_shift_options(cmd, o->shift);
     cmd->callback([o, &exit_code] { exit_code = run_batch(*o); });
 }
 

@@ -354,13 +354,7 @@ void add_run_command(CLI::App& root, int& exit_code) {
         "result per line (README: every field)");
     cmd->add_flag("--truncate", o->truncate,
                   "Keep the end of a prompt that is longer than the context");
-    cmd->add_flag("--context-shift", o->shift.enabled,
-                  "When the context fills before -n tokens, drop the older half of the tokens "
-                  "after --keep and go on (re-prefilling what is kept; llama.cpp's flag)");
-    cmd->add_option("--keep", o->shift.n_keep,
-                    "Prompt tokens --context-shift always keeps after BOS (-1: the whole prompt)")
-        ->check(CLI::Range(-1, INT32_MAX))
-        ->capture_default_str();
+    add_context_shift_options(cmd, o->shift);
     cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after the end-of-sequence token");
     cmd->add_flag("--no-bos", o->no_bos, "Do not add the BOS token to the prompt");
     cmd->add_flag("--parse-special", o->parse_special,
