@@ -112,6 +112,10 @@ PerplexityResult perplexity_run(Backend& backend, const Tokenizer& tok, const st
     const int32_t n_ctx = opt.n_ctx;
     if (n_ctx < 4) fail("perplexity needs a context of at least 4 tokens (got {})", n_ctx);
     const int32_t n_batch = std::min(std::max(1, opt.n_batch), n_ctx);
+    // Whole chunks per forward pass when -b holds several (llama.cpp's n_seq = n_batch / n_ctx):
+    // each its own sequence, the same numbers as one at a time (a token's arithmetic does not
+    // depend on the rest of the batch), fewer passes.
+    int32_t n_par = std::max(1, opt.n_batch / n_ctx);
     const int64_t n_vocab = backend.config().n_vocab;
 
     std::vector<TokenId> tokens = tok.encode(text, /*add_bos=*/tok.bos() >= 0);
@@ -130,6 +134,9 @@ PerplexityResult perplexity_run(Backend& backend, const Tokenizer& tok, const st
         throw Error(fmt::format("the KV pool holds {} tokens, less than -c {}",
                                 table.n_blocks() * int64_t(table.block_size()), n_ctx),
                     "give a larger --kv-memory");
+    const int64_t blocks_per_chunk = (n_ctx + table.block_size() - 1) / table.block_size();
+    n_par = static_cast<int32_t>(
+        std::clamp<int64_t>(table.n_blocks() / blocks_per_chunk, 1, std::min(n_par, n_chunks)));
 
     FilePtr save, base;
     if (!opt.kld_save.empty()) {
@@ -165,40 +172,16 @@ PerplexityResult perplexity_run(Backend& backend, const Tokenizer& tok, const st
     double base_nll_sum = 0, kld_sum = 0, kld2_sum = 0;
     int64_t count = 0, agree = 0;
     std::vector<double> klds, nlls, base_nlls, dps;
-    std::vector<float> logits(static_cast<size_t>(n_batch) * n_vocab);
-    std::vector<float> all_logp(static_cast<size_t>(n_scored) * n_vocab);
+    std::vector<float> logits(static_cast<size_t>(std::max(n_batch, n_par * n_scored)) *
+                              size_t(n_vocab));
+    std::vector<float> all_logp(static_cast<size_t>(n_par) * n_scored * n_vocab);
     std::vector<float> base_logp(n_vocab);
     std::vector<int32_t> base_tokens(n_ctx);
     const auto t0 = std::chrono::steady_clock::now();
 
-    for (int32_t c = 0; c < n_chunks; ++c) {
-        std::vector<TokenId> chunk(tokens.begin() + int64_t(c) * n_ctx,
-                                   tokens.begin() + int64_t(c + 1) * n_ctx);
-        if (tok.bos() >= 0) chunk[0] = tok.bos();
-        SeqId seq = table.create_sequence();
-        for (int32_t start = 0; start < n_ctx; start += n_batch) {
-            const int32_t n = std::min(n_batch, n_ctx - start);
-            if (!table.append(seq, n, chunk.data() + start))
-                fail("KV pool exhausted during perplexity (pool too small for -c {})", n_ctx);
-            kv_apply_pending(table, backend);
-            ForwardBatch fb;
-            fb.add_sequence(table, seq, start, n);
-            for (int32_t i = 0; i < n; ++i)  // rows first .. n_ctx-2 are scored
-                if (start + i >= first && start + i <= n_ctx - 2) fb.logit_rows.push_back(i);
-            if (fb.logit_rows.empty()) {
-                // Still run the pass to fill the cache; ask for one row we ignore.
-                fb.logit_rows.push_back(n - 1);
-            }
-            backend.forward(fb, logits.data());
-            for (size_t r = 0; r < fb.logit_rows.size(); ++r) {
-                const int32_t pos = start + fb.logit_rows[r];
-                if (pos < first || pos > n_ctx - 2) continue;
-                log_softmax(logits.data() + r * n_vocab, n_vocab,
-                            all_logp.data() + size_t(pos - first) * n_vocab);
-            }
-        }
-        table.free_sequence(seq);
-
+    // Scores chunk c's predictions (logp: [n_scored][n_vocab]), saves or compares them, and
+    // reports progress.
+    auto score_chunk = [&](int32_t c, const std::vector<TokenId>& chunk, const float* logp) {
         if (save) write_all(save.get(), chunk.data(), sizeof(int32_t) * n_ctx, opt.kld_save);
         if (base) {
             read_all(base.get(), base_tokens.data(), sizeof(int32_t) * n_ctx, opt.kld_base);
@@ -207,7 +190,7 @@ PerplexityResult perplexity_run(Backend& backend, const Tokenizer& tok, const st
                      opt.kld_base, c);
         }
         for (int32_t j = 0; j < n_scored; ++j) {
-            const float* lp = all_logp.data() + size_t(j) * n_vocab;
+            const float* lp = logp + size_t(j) * n_vocab;
             const TokenId target = tokens[int64_t(c) * n_ctx + first + j + 1];
             const double nll = -double(lp[target]);
             nll_sum += nll;
@@ -244,6 +227,64 @@ PerplexityResult perplexity_run(Backend& backend, const Tokenizer& tok, const st
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             progress(c + 1, n_chunks, running, secs);
         }
+    };
+    auto chunk_tokens = [&](int32_t c) {
+        std::vector<TokenId> chunk(tokens.begin() + int64_t(c) * n_ctx,
+                                   tokens.begin() + int64_t(c + 1) * n_ctx);
+        if (tok.bos() >= 0) chunk[0] = tok.bos();
+        return chunk;
+    };
+    for (int32_t c0 = 0; c0 < n_chunks; c0 += n_par) {
+        const int32_t group = std::min(n_par, n_chunks - c0);
+        if (group > 1) {  // whole chunks, one pass
+            std::vector<SeqId> seqs;
+            ForwardBatch fb;
+            for (int32_t g = 0; g < group; ++g) {
+                const std::vector<TokenId> chunk = chunk_tokens(c0 + g);
+                seqs.push_back(table.create_sequence());
+                if (!table.append(seqs.back(), chunk))
+                    fail("KV pool exhausted during perplexity (pool too small for -c {})", n_ctx);
+            }
+            kv_apply_pending(table, backend);
+            for (int32_t g = 0; g < group; ++g) {
+                const int32_t offset = static_cast<int32_t>(fb.tokens.size());
+                fb.add_sequence(table, seqs[size_t(g)], 0, n_ctx);
+                for (int32_t pos = first; pos <= n_ctx - 2; ++pos)
+                    fb.logit_rows.push_back(offset + pos);
+            }
+            backend.forward(fb, logits.data());
+            for (size_t r = 0; r < fb.logit_rows.size(); ++r)
+                log_softmax(logits.data() + r * n_vocab, n_vocab, all_logp.data() + r * n_vocab);
+            for (SeqId s : seqs) table.free_sequence(s);
+        } else {  // one chunk in passes of -b tokens
+            const std::vector<TokenId> chunk = chunk_tokens(c0);
+            SeqId seq = table.create_sequence();
+            for (int32_t start = 0; start < n_ctx; start += n_batch) {
+                const int32_t n = std::min(n_batch, n_ctx - start);
+                if (!table.append(seq, n, chunk.data() + start))
+                    fail("KV pool exhausted during perplexity (pool too small for -c {})", n_ctx);
+                kv_apply_pending(table, backend);
+                ForwardBatch fb;
+                fb.add_sequence(table, seq, start, n);
+                for (int32_t i = 0; i < n; ++i)  // rows first .. n_ctx-2 are scored
+                    if (start + i >= first && start + i <= n_ctx - 2) fb.logit_rows.push_back(i);
+                if (fb.logit_rows.empty()) {
+                    // Still run the pass to fill the cache; ask for one row we ignore.
+                    fb.logit_rows.push_back(n - 1);
+                }
+                backend.forward(fb, logits.data());
+                for (size_t r = 0; r < fb.logit_rows.size(); ++r) {
+                    const int32_t pos = start + fb.logit_rows[r];
+                    if (pos < first || pos > n_ctx - 2) continue;
+                    log_softmax(logits.data() + r * n_vocab, n_vocab,
+                                all_logp.data() + size_t(pos - first) * n_vocab);
+                }
+            }
+            table.free_sequence(seq);
+        }
+        for (int32_t g = 0; g < group; ++g)
+            score_chunk(c0 + g, chunk_tokens(c0 + g),
+                        all_logp.data() + size_t(g) * n_scored * size_t(n_vocab));
     }
 
     res.n_scored = count;

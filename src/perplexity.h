@@ -15,7 +15,8 @@ namespace kvrun {
 
 struct PerplexityOptions {
     int32_t n_ctx = 512;
-    int32_t n_batch = 512;  // tokens per forward pass (<= n_ctx)
+    int32_t n_batch = 512;  // tokens per forward pass; a multiple of n_ctx runs whole chunks
+                            // in one pass (as many as the KV pool holds)
     int32_t n_chunks = -1;  // -1: all chunks the text holds
     std::string kld_save;   // write the per-token log-probabilities here
     std::string kld_base;   // compare against log-probabilities saved earlier

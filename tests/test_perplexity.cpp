@@ -46,16 +46,16 @@ std::map<std::string, RefPpl> load_reference(const std::filesystem::path& tsv) {
 
 PerplexityResult eval(const std::filesystem::path& model, const std::string& text, int chunks,
                       KvType kv = KvType::F16, const std::string& save = {},
-                      const std::string& base = {}) {
+                      const std::string& base = {}, int32_t n_batch = 256) {
     GgufFile f = GgufFile::open(model.string());
     auto tok = Tokenizer::from_gguf(f);
     BackendOptions bo;
-    bo.n_kv_blocks = 256 / bo.kv_block_size;
+    bo.n_kv_blocks = std::max(256, n_batch) / bo.kv_block_size;
     bo.kv_type_k = bo.kv_type_v = kv;
     auto backend = make_cpu_backend(f, bo);
     PerplexityOptions po;
     po.n_ctx = 256;
-    po.n_batch = 256;
+    po.n_batch = n_batch;
     po.n_chunks = chunks;
     po.kld_save = save;
     po.kld_base = base;
@@ -515,4 +515,22 @@ TEST_CASE("llama.cpp's --kl-divergence-base [--kl-divergence] spell --kld-save /
     CHECK(cmp.out.find("KL divergence vs " + dir.file("b.kld") + ": mean ") != std::string::npos);
     auto both = kvrun::test::run_command(base + " --kld " + dir.file("b.kld"));
     CHECK(both.exit_code == 1);
+}
+
+TEST_CASE("perplexity with -b holding several chunks: one pass each group, the same numbers") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    const std::string text =
+        read_file_text((kvrun::test::shared_dir() / "text/wiki.test.raw").string());
+    kvrun::test::TempDir dir;
+    const PerplexityResult one = eval(model, text, 5, KvType::F16, dir.file("one.kld"));
+    // -b 1024 with -c 256: four chunks per pass (5 chunks: a group of 4, then 1).
+    const PerplexityResult four = eval(model, text, 5, KvType::F16, dir.file("four.kld"), {}, 1024);
+    CHECK(four.ppl == one.ppl);
+    CHECK(four.chunk_ppl == one.chunk_ppl);
+    CHECK(read_file_text(dir.file("four.kld")) == read_file_text(dir.file("one.kld")));
+    // -b 512 (two per pass) against the saved run: identical log-probabilities.
+    const PerplexityResult two = eval(model, text, 5, KvType::F16, {}, dir.file("one.kld"), 512);
+    CHECK(two.kld_max == 0.0);
+    CHECK(two.top1_agreement == 1.0);
 }

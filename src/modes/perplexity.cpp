@@ -150,14 +150,17 @@ int run_perplexity(PplOptions o) {
     if (o.model.n_ctx <= 0) o.model.n_ctx = 512;
     PerplexityOptions po;
     po.n_ctx = o.model.n_ctx;
-    po.n_batch = std::min(o.model.n_batch, o.model.n_ctx);
+    po.n_batch = o.model.n_batch;  // -b holding several chunks runs them in one pass
     po.n_chunks = o.chunks;
     po.kld_save = o.kld_save;
     po.kld_base = o.kld_base;
-    LoadedModel m = load_model(o.model, 1);
+    const int32_t n_par = std::max(1, po.n_batch / po.n_ctx);
+    LoadedModel m = load_model(o.model, n_par);
     install_interrupt_handler();
-    fmt::print(stderr, "perplexity: {} on {} ({}), -c {} -b {}\n{}\n", o.model.model, o.file,
-               m.device, po.n_ctx, po.n_batch, kv_cache_summary(*m.backend, o.model));
+    fmt::print(stderr, "perplexity: {} on {} ({}), -c {} -b {}{}\n{}\n", o.model.model, o.file,
+               m.device, po.n_ctx, po.n_batch,
+               n_par > 1 ? fmt::format(" ({} chunks per pass)", n_par) : "",
+               kv_cache_summary(*m.backend, o.model));
     auto progress = [&](int32_t done, int32_t total, double ppl, double secs) {
         if (interrupt_flag()) throw Error("interrupted");
         const double eta = done > 0 ? secs / done * (total - done) : 0;
