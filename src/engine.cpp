@@ -149,6 +149,7 @@ int32_t Engine::submit(GenerationRequest request) {
     s->req = req;
     s->tokens = std::move(tokens);
     s->n_prompt = static_cast<int32_t>(s->tokens.size());
+    if (!req->stop_strings.empty()) s->text = req->stop_text_before;
     s->sampler = make_sampler(req->sampling);
     if (req->grammar) {
         if (!grammar_vocab_) grammar_vocab_ = std::make_shared<GrammarVocab>(tok_);

@@ -44,6 +44,9 @@ struct GenerationRequest {
     int32_t n_samples = 1;  // parallel continuations sharing the prompt's KV blocks
     bool ignore_eos = false;
     std::vector<std::string> stop_strings;  // generation ends when the text contains one
+    // Text generated before this request that a stop string may begin in (the reply so far
+    // when a context shift continues it); only its last bytes matter.
+    std::string stop_text_before;
     std::vector<TokenId> stop_tokens;       // extra end-of-generation ids (like EOS: not output)
     // Constrained generation: every generated token continues a sentence of the grammar, the
     // end of generation comes only where a sentence is complete, and the request ends (stop

@@ -597,8 +597,7 @@ TEST_CASE("--context-shift: keep the head, drop the older half, go on like a fre
     o.enabled = true;
     o.n_keep = 2;
     int32_t shifts = 0;
-    const GenerationResult r =
-        run_with_context_shift(engine, req, o, m->tok->bos(), nullptr, &shifts);
+    const GenerationResult r = run_with_context_shift(engine, req, o, *m->tok, nullptr, &shifts);
     CHECK(r.tokens.size() == 150);
     CHECK(r.stop == StopReason::Length);
     CHECK(shifts >= 3);
@@ -620,14 +619,27 @@ TEST_CASE("--context-shift: keep the head, drop the older half, go on like a fre
     e2.run();
     REQUIRE(f.tokens.size() == size_t(fresh.n_predict));
     CHECK(std::equal(f.tokens.begin(), f.tokens.end(), r.tokens.begin() + std::ptrdiff_t(n1)));
+    // A stop string across the first shift (its start in round 1, its end in round 2) ends
+    // the text there.
+    std::string t1, t2;
+    for (size_t i = 0; i < n1; ++i) t1 += m->tok->token_to_piece(r.tokens[i]);
+    for (size_t i = n1; i < n1 + 4; ++i) t2 += m->tok->token_to_piece(r.tokens[i]);
+    GenerationRequest stopping = req;
+    stopping.stop_strings = {t1.substr(t1.size() - 3) + t2.substr(0, 3)};
+    REQUIRE(t1.find(stopping.stop_strings[0]) == std::string::npos);
+    const GenerationResult st =
+        run_with_context_shift(engine, stopping, o, *m->tok, nullptr, &shifts);
+    CHECK(st.stop == StopReason::StopString);
+    CHECK(shifts == 1);
+    CHECK(st.tokens.size() > n1);
+    CHECK(st.tokens.size() <= n1 + 4);
     // Off: the context stop stays; all blocks are back after the rounds.
     o.enabled = false;
-    const GenerationResult off =
-        run_with_context_shift(engine, req, o, m->tok->bos(), nullptr, &shifts);
+    const GenerationResult off = run_with_context_shift(engine, req, o, *m->tok, nullptr, &shifts);
     CHECK(off.stop == StopReason::Context);
     CHECK(off.tokens.size() == n1);
     CHECK(shifts == 0);
     CHECK(engine.kv_table().n_used_blocks() == 0);
     req.n_samples = 2;
-    CHECK_THROWS_AS(run_with_context_shift(engine, req, o, m->tok->bos(), nullptr, nullptr), Error);
+    CHECK_THROWS_AS(run_with_context_shift(engine, req, o, *m->tok, nullptr, nullptr), Error);
 }

@@ -249,7 +249,7 @@ int run_batch(const BatchOptions& o) {
         Item& it = items[i];
         if (!it.error.empty()) continue;
         try {
-            if (o.shift.enabled) it.shift.emplace(it.request, o.shift, m.tokenizer->bos());
+            if (o.shift.enabled) it.shift.emplace(it.request, o.shift, *m.tokenizer);
             submit(i, it.request);
             it.samples.resize(it.request.n_samples);
         } catch (const Error& e) {

@@ -35,10 +35,11 @@ int32_t context_shift_keep(const std::vector<TokenId>& prompt, int32_t n_keep, T
     return std::min(with_bos, n);
 }
 
-ContextShiftRun::ContextShiftRun(GenerationRequest req, const ContextShiftOptions& o, TokenId bos)
-    : req_(std::move(req)), o_(o) {
+ContextShiftRun::ContextShiftRun(GenerationRequest req, const ContextShiftOptions& o,
+                                 const Tokenizer& tok)
+    : req_(std::move(req)), o_(o), tok_(tok) {
     if (req_.n_samples > 1) fail("--context-shift runs one sample per request");
-    keep_ = context_shift_keep(req_.prompt, o_.n_keep, bos);
+    keep_ = context_shift_keep(req_.prompt, o_.n_keep, tok_.bos());
     seed_ = req_.sampling.seed;
     all_ = req_.prompt;
 }
@@ -74,6 +75,13 @@ bool ContextShiftRun::add(const GenerationResult& round, bool cancelled) {
     if (next.empty()) return false;  // only kept tokens: stays a "context" stop
     if (req_.grammar)                // the reply so far, for the grammar's state
         req_.grammar_prefix = total_.tokens;
+    if (!req_.stop_strings.empty()) {  // a stop string may begin in the reply so far
+        size_t longest = 1;
+        for (const std::string& stop : req_.stop_strings) longest = std::max(longest, stop.size());
+        std::string text;
+        for (TokenId t : total_.tokens) text += tok_.token_to_piece(t);
+        req_.stop_text_before = text.substr(text.size() - std::min(text.size(), longest - 1));
+    }
     all_ = next;
     req_.prompt = std::move(next);
     ++shifts_;
@@ -83,9 +91,9 @@ bool ContextShiftRun::add(const GenerationResult& round, bool cancelled) {
 }
 
 GenerationResult run_with_context_shift(Engine& engine, GenerationRequest req,
-                                        const ContextShiftOptions& o, TokenId bos,
+                                        const ContextShiftOptions& o, const Tokenizer& tok,
                                         const std::atomic<bool>* cancel, int32_t* n_shifts) {
-    ContextShiftRun run(std::move(req), o, bos);
+    ContextShiftRun run(std::move(req), o, tok);
     GenerationResult round;
     engine.on_finish([&](const GenerationResult& r) { round = r; });
     struct Unhook {  // also when submit throws: the callback must not outlive `round`

@@ -35,11 +35,12 @@ int32_t context_shift_keep(const std::vector<TokenId>& prompt, int32_t n_keep, T
 // it says whether to go on with request() (the context shifted) and merges the rounds into
 // result(): all generated tokens and their log-probabilities, the last stop reason, the first
 // round's prompt timings with the later rounds' time counted as decoding, and the
-// speculation counters. Each later round draws with a new seed and continues the grammar.
+// speculation counters. Each later round draws with a new seed, continues the grammar and
+// sees the reply's last bytes for stop strings that span two rounds.
 class ContextShiftRun {
   public:
     // Throws Error for a request with several samples.
-    ContextShiftRun(GenerationRequest req, const ContextShiftOptions& o, TokenId bos);
+    ContextShiftRun(GenerationRequest req, const ContextShiftOptions& o, const Tokenizer& tok);
     const GenerationRequest& request() const { return req_; }  // the next round to submit
     // True: submit request() again. `cancelled`: the user stopped, no further round.
     bool add(const GenerationResult& round, bool cancelled);
@@ -49,6 +50,7 @@ class ContextShiftRun {
   private:
     GenerationRequest req_;
     ContextShiftOptions o_;
+    const Tokenizer& tok_;
     int32_t keep_ = 0;
     uint64_t seed_ = 0;
     std::vector<TokenId> all_;  // the current round's prompt + its tokens
@@ -62,7 +64,7 @@ class ContextShiftRun {
 // later rounds' time counted as decoding, and the speculation counters. `n_shifts` (optional)
 // receives the shifts made. Replaces the engine's finish callback (cleared on return).
 GenerationResult run_with_context_shift(Engine& engine, GenerationRequest req,
-                                        const ContextShiftOptions& o, TokenId bos,
+                                        const ContextShiftOptions& o, const Tokenizer& tok,
                                         const std::atomic<bool>* cancel, int32_t* n_shifts);
 
 }  // namespace kvrun

@@ -198,7 +198,7 @@ int run_single(const RunOptions& o) {
             });
         }
         if (o.shift.enabled) {
-            results[0] = run_with_context_shift(engine, req, o.shift, m.tokenizer->bos(),
+            results[0] = run_with_context_shift(engine, req, o.shift, *m.tokenizer,
                                                 &interrupt_flag(), &n_shifts);
         } else {
             engine.on_finish([&](const GenerationResult& r) { results[r.sample] = r; });
@@ -287,7 +287,7 @@ int run_jsonl(const RunOptions& o) {
                 truncate_prompt(req.prompt, engine.n_ctx(), req.n_predict, m.tokenizer->bos());
             std::vector<GenerationResult> results(std::max(1, req.n_samples));
             if (o.shift.enabled) {
-                results[0] = run_with_context_shift(engine, req, o.shift, m.tokenizer->bos(),
+                results[0] = run_with_context_shift(engine, req, o.shift, *m.tokenizer,
                                                     &interrupt_flag(), nullptr);
             } else {
                 engine.on_finish([&](const GenerationResult& r) { results[r.sample] = r; });
