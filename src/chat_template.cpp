@@ -245,6 +245,12 @@ ChatTemplateKind chat_template_detect(std::string_view src) {
     return ChatTemplateKind::Plain;
 }
 
+ChatTemplateKind chat_template_of(const GgufFile& file) {
+    const GgufValue* v = file.find("tokenizer.chat_template");
+    if (!v || !std::holds_alternative<std::string>(v->data)) return ChatTemplateKind::Plain;
+    return chat_template_detect(v->as_string());
+}
+
 ChatTemplateKind chat_template_from_name(std::string_view name) {
     std::string lower(name);
     std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) {

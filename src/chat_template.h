@@ -20,6 +20,8 @@
 #include <string_view>
 #include <vector>
 
+#include "gguf.h"
+
 namespace kvrun {
 
 struct ChatMessage {
@@ -62,6 +64,8 @@ struct ChatSpecialTexts {
 // MistralV3Tekken (a "\"[INST]\"" literal: Mistral Nemo) or MistralV3; "[INST]" with
 // "<<SYS>>" → Llama2, other "[INST]" → Mistral; empty or unrecognized → Plain.
 ChatTemplateKind chat_template_detect(std::string_view jinja_source);
+// chat_template_detect on a model file's tokenizer.chat_template (Plain without one).
+ChatTemplateKind chat_template_of(const GgufFile& file);
 
 // "llama2" (or "llama-2"), "llama3" ("llama-3"), "chatml", "mistral", "zephyr", "phi3"
 // ("phi-3"), "phi4" ("phi-4"), "gemma", "granite", "deepseek3", "mistral-v3",

@@ -151,6 +151,14 @@ TEST_CASE("info reports stories260K's hyperparameters") {
     auto table = run_command(kvrun_cmd("info -m " + model.string()));
     CHECK(table.exit_code == 0);
     CHECK(table.out.find("n_layer") != std::string::npos);
+    // The chat format `chat` would use: none in stories260K, Phi-3's in its vocabulary file.
+    CHECK(table.out.find("chat template   none in the file") != std::string::npos);
+    CHECK(j["vocab"]["chat_template"] == "plain");
+    auto phi3 = shared_path("vocab/ggml-vocab-phi-3.gguf");
+    if (phi3.empty()) return;
+    auto p = run_command(kvrun_cmd("info -m " + phi3.string()));
+    CHECK(p.out.find("chat template   phi3 (detected from tokenizer.chat_template)") !=
+          std::string::npos);
 }
 
 TEST_CASE("info loads every shared model and reports its tensor types") {

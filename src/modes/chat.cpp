@@ -51,10 +51,7 @@ constexpr const char* kHelp =
 
 ChatTemplateKind pick_template(const ChatOptions& o, const GgufFile& file) {
     if (!o.chat_template.empty()) return chat_template_from_name(o.chat_template);
-    const GgufValue* v = file.find("tokenizer.chat_template");
-    if (v && std::holds_alternative<std::string>(v->data))
-        return chat_template_detect(v->as_string());
-    return ChatTemplateKind::Plain;
+    return chat_template_of(file);
 }
 
 void print_stats(const ChatSession& chat, const Engine& engine, const LoadedModel& m,

@@ -5,6 +5,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "chat_template.h"
 #include "gguf.h"
 #include "kv_format.h"
 #include "modes/modes.h"
@@ -186,7 +187,8 @@ int run_info(const InfoOptions& o) {
                       {"pre", f.get_string_or("tokenizer.ggml.pre", "")},
                       {"n_vocab", h.n_vocab},
                       {"bos", f.get_int_or("tokenizer.ggml.bos_token_id", -1)},
-                      {"eos", f.get_int_or("tokenizer.ggml.eos_token_id", -1)}};
+                      {"eos", f.get_int_or("tokenizer.ggml.eos_token_id", -1)},
+                      {"chat_template", chat_template_name(chat_template_of(f))}};
         nlohmann::json types = nlohmann::json::object();
         for (auto& [name, e] : histogram) types[name] = {{"tensors", e.first}, {"bytes", e.second}};
         j["tensor_types"] = types;
@@ -227,11 +229,16 @@ int run_info(const InfoOptions& o) {
     if (!h.experts.empty()) fmt::print("  experts       {}\n", h.experts);
     fmt::print("\n");
     const std::string pre = f.get_string_or("tokenizer.ggml.pre", "");
-    fmt::print("vocabulary      {}{}, {} tokens, bos {}, eos {}\n\n",
+    fmt::print("vocabulary      {}{}, {} tokens, bos {}, eos {}\n",
                f.get_string_or("tokenizer.ggml.model", "-"),
                pre.empty() ? "" : " (pre-tokenizer " + pre + ")", h.n_vocab,
                f.get_int_or("tokenizer.ggml.bos_token_id", -1),
                f.get_int_or("tokenizer.ggml.eos_token_id", -1));
+    fmt::print(
+        "chat template   {}\n\n",
+        f.has("tokenizer.chat_template")
+            ? chat_template_name(chat_template_of(f)) + " (detected from tokenizer.chat_template)"
+            : std::string("none in the file (chat uses plain; --chat-template picks one)"));
     fmt::print("tensor types    {:<8} {:>8} {:>14}\n", "type", "tensors", "bytes");
     for (auto& [name, e] : histogram)
         fmt::print("                {:<8} {:>8} {:>14}\n", name, e.first,
