@@ -234,11 +234,14 @@ int run_info(const InfoOptions& o) {
                pre.empty() ? "" : " (pre-tokenizer " + pre + ")", h.n_vocab,
                f.get_int_or("tokenizer.ggml.bos_token_id", -1),
                f.get_int_or("tokenizer.ggml.eos_token_id", -1));
-    fmt::print(
-        "chat template   {}\n\n",
-        f.has("tokenizer.chat_template")
-            ? chat_template_name(chat_template_of(f)) + " (detected from tokenizer.chat_template)"
-            : std::string("none in the file (chat uses plain; --chat-template picks one)"));
+    const ChatTemplateKind chat = chat_template_of(f);
+    fmt::print("chat template   {}\n\n",
+               !f.has("tokenizer.chat_template")
+                   ? std::string("none in the file (chat uses plain; --chat-template picks one)")
+               : chat == ChatTemplateKind::Plain
+                   ? std::string("not a format kvrun knows (chat uses plain; --chat-template "
+                                 "picks one)")
+                   : chat_template_name(chat) + " (detected from tokenizer.chat_template)");
     fmt::print("tensor types    {:<8} {:>8} {:>14}\n", "type", "tensors", "bytes");
     for (auto& [name, e] : histogram)
         fmt::print("                {:<8} {:>8} {:>14}\n", name, e.first,
