@@ -203,6 +203,13 @@ TEST_CASE("tokenize --ids prints one line of ids") {
         run_command(kvrun_cmd("tokenize -m " + model.string() + " -p 'Once upon a time'"));
     CHECK(pieces.exit_code == 0);
     CHECK(pieces.out.find("403") != std::string::npos);
+    // llama-tokenize's --stdin and --no-parse-special (kvrun's defaults) are accepted.
+    auto in =
+        run_command(kvrun_cmd("tokenize --ids --stdin --no-parse-special -m " + model.string()),
+                    "Once upon a time");
+    CHECK(in.out == r.out);
+    check_one_clear_error(run_command(kvrun_cmd("tokenize --stdin -p x -m " + model.string())),
+                          "--prompt excludes --stdin");
 }
 
 TEST_CASE("tokenize: empty text gives an empty result") {

@@ -13,6 +13,7 @@ struct TokenizeOptions {
     std::string model, prompt, file;
     bool prompt_given = false;  // -p was on the command line (an empty -p '' counts)
     bool ids = false, no_bos = false, parse_special = false, show_count = false;
+    bool no_parse_special = false, from_stdin = false;  // llama-tokenize's spellings
 };
 
 int run_tokenize(const TokenizeOptions& o) {
@@ -54,8 +55,15 @@ void add_tokenize_command(CLI::App& root, int& exit_code) {
     p->excludes(f);
     cmd->add_flag("--ids", o->ids, "Print only the ids, space-separated on one line");
     cmd->add_flag("--no-bos", o->no_bos, "Do not add the BOS token");
-    cmd->add_flag("--parse-special", o->parse_special,
-                  "Recognize special/control token texts (e.g. <s>) in the input");
+    auto* ps = cmd->add_flag("--parse-special", o->parse_special,
+                             "Recognize special/control token texts (e.g. <s>) in the input");
+    cmd->add_flag("--no-parse-special", o->no_parse_special,
+                  "Treat special token texts as plain text (the default)")
+        ->excludes(ps);
+    auto* in = cmd->add_flag(
+        "--stdin", o->from_stdin,
+        "Read the text from standard input (the default without -p or -f; llama-tokenize's flag)");
+    in->excludes(p)->excludes(f);
     cmd->add_flag("--show-count", o->show_count, "Print the number of tokens to stderr");
     cmd->footer(
         "Without -p or -f the text is read from standard input. The text is tokenized "
