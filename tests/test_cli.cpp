@@ -501,6 +501,8 @@ TEST_CASE("numeric flags out of range name the flag and the bound, not a float r
     CHECK(rows[3]["tokens"] == 12);
     CHECK(rows[2]["bytes_per_token"].get<double>() > 0);
     CHECK(rows[0]["tokens_per_s"].get<double>() > 0);
+    CHECK(rows[0]["model_params"] == 292800);  // llama-bench's size and params columns
+    CHECK(rows[0]["model_bytes"].get<double>() > 1e6);
     // A completion cut short by a full context says so on stderr (exit 0, text kept).
     auto full = run_command(kvrun_cmd("run -m " + model.string() + " -c 8 -n 100 --temp 0 -p hi"));
     CHECK(full.exit_code == 0);

@@ -153,6 +153,7 @@ int run_bench(BenchOptions o) {
     double copy_bw = 0;
     std::string device_name;
     std::string model_name;
+    double model_bytes = 0, model_params = 0;  // llama-bench's "size" and "params"
     for (const std::string& kv : kv_list) {
         ModelOptions mo = o.model;
         mo.kv_type = kv;
@@ -168,6 +169,12 @@ int run_bench(BenchOptions o) {
         Backend& b = *m.backend;
         const ModelConfig& cfg = b.config();
         model_name = m.file->get_string_or("general.name", mo.model);
+        model_bytes = 0;
+        model_params = 0;
+        for (const auto& t : m.file->tensors()) {
+            model_bytes += double(t.n_bytes);
+            model_params += double(t.n_elements);
+        }
         device_name = m.device;
         if (copy_bw == 0) {
 #if KVRUN_HAS_CUDA
@@ -264,6 +271,8 @@ int run_bench(BenchOptions o) {
         j["model"] = o.model.model;
         j["device"] = device_name;
         j["copy_bandwidth_gbs"] = copy_bw / 1e9;
+        j["model_bytes"] = model_bytes;
+        j["model_params"] = model_params;
         j["results"] = nlohmann::json::array();
         for (auto& r : rows) j["results"].push_back(row_json(r));
         fmt::print("{}\n", j.dump(2));
@@ -273,6 +282,8 @@ int run_bench(BenchOptions o) {
             j["model"] = o.model.model;
             j["device"] = device_name;
             j["copy_bandwidth_gbs"] = copy_bw / 1e9;
+            j["model_bytes"] = model_bytes;
+            j["model_params"] = model_params;
             fmt::print("{}\n", j.dump());
         }
     } else if (o.output == "csv") {
@@ -281,8 +292,16 @@ int run_bench(BenchOptions o) {
             fmt::print("{},{},{},{},{},{:.3f},{:.3f},{:.2f},{:.4f}\n", o.model.model, device_name,
                        r.test, r.kv, r.depth, r.mean, r.stddev, r.gbs, r.fraction);
     } else if (o.output == "md") {
-        fmt::print("model: {} ({})  device: {}  measured copy bandwidth: {:.1f} GB/s\n\n",
-                   o.model.model, model_name, device_name, copy_bw / 1e9);
+        const std::string size = model_bytes >= double(1 << 30)
+                                     ? fmt::format("{:.2f} GiB", model_bytes / double(1 << 30))
+                                     : fmt::format("{:.1f} MiB", model_bytes / double(1 << 20));
+        const std::string params = model_params >= 1e9
+                                       ? fmt::format("{:.2f} B", model_params / 1e9)
+                                       : fmt::format("{:.2f} M", model_params / 1e6);
+        fmt::print(
+            "model: {} ({}, {}, {} params)  device: {}  measured copy bandwidth: {:.1f} "
+            "GB/s\n\n",
+            o.model.model, model_name, size, params, device_name, copy_bw / 1e9);
         fmt::print(
             "| test | kv | depth | t/s | ± | GB/s | % of copy bw "
             "|\n|---|---|---:|---:|---:|---:|---:|\n");
