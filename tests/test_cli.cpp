@@ -1091,3 +1091,24 @@ TEST_CASE("--samplers / --sampling-seq and JSON \"samplers\": llama.cpp's filter
     CHECK(flag.out.find(lines[0]["text"].get<std::string>()) != std::string::npos);
     CHECK(lines[1]["error"].get<std::string>().find("unknown sampler 'nope'") != std::string::npos);
 }
+
+TEST_CASE("run --jsonl and batch report the stop string that ended a text (stopping_word)") {
+    auto model = shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    const std::string req =
+        "{\"prompt\": \"Once upon a time\", \"n_predict\": 40, \"temperature\": 0, "
+        "\"stop\": [\"zzz\", \"Lily\", \"girl\"]}\n"
+        "{\"prompt\": \"Once upon a time\", \"n_predict\": 3, \"temperature\": 0, "
+        "\"stop\": [\"zzz\"]}\n";
+    auto r = run_command(kvrun_cmd("run --jsonl -m " + model.string()), req);
+    CHECK(r.exit_code == 0);
+    const std::vector<nlohmann::json> lines = json_lines(r.out);
+    REQUIRE(lines.size() == 2);
+    CHECK(lines[0]["stop"] == "stop");
+    CHECK(lines[0]["stopping_word"] == "girl");  // before "Lily" in the text
+    CHECK(lines[0]["text"].get<std::string>().ends_with("girl"));
+    CHECK_FALSE(lines[1].contains("stopping_word"));
+    const std::string in = temp_file(req, "stops.jsonl");
+    auto b = run_command(kvrun_cmd("batch --format jsonl -m " + model.string() + " -f " + in));
+    CHECK(json_lines(b.out)[0]["stopping_word"] == "girl");
+}

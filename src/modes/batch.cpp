@@ -141,6 +141,7 @@ nlohmann::json item_json(size_t index, const Item& it, const Tokenizer& tok, boo
         return j;
     }
     j.update(request_result_to_json(it.samples, it.request.prompt, tok, speculative, special));
+    add_stopping_words(j, it.request.stop_strings);
     return j;
 }
 

@@ -243,6 +243,25 @@ nlohmann::json request_result_to_json(const std::vector<GenerationResult>& sampl
     return out;
 }
 
+void add_stopping_words(nlohmann::json& result, const std::vector<std::string>& stops) {
+    auto one = [&](nlohmann::json& g) {
+        if (!g.is_object() || g.value("stop", "") != "stop" || !g.contains("text")) return;
+        const std::string text = g["text"].get<std::string>();
+        size_t best = std::string::npos;
+        for (const std::string& s : stops) {
+            const size_t at = s.empty() ? std::string::npos : text.find(s);
+            if (at < best || (at == best && at != std::string::npos &&
+                              s.size() > g["stopping_word"].get<std::string>().size())) {
+                best = at;
+                g["stopping_word"] = s;
+            }
+        }
+    };
+    one(result);
+    if (result.contains("samples"))
+        for (auto& g : result["samples"]) one(g);
+}
+
 std::string json_line(const nlohmann::json& j) {
     return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }

@@ -297,6 +297,7 @@ int run_jsonl(const RunOptions& o) {
             if (cache) cache->remember(req.prompt, results);
             out = request_result_to_json(results, req.prompt, *m.tokenizer, engine.speculative(),
                                          o.special);
+            add_stopping_words(out, req.stop_strings);
         } catch (const Error& e) {
             out = {{"error", e.what()}, {"line", line_no}};
         }
