@@ -66,6 +66,16 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
       --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
     echo >> "$OUT/bench.md"
   done
+  # perplexity on the GPU: one 512-token chunk per forward pass (-b 512) against four
+  # (-b 2048); the PPL must be the same, the time should drop (docs/perplexity.md).
+  for b in 512 2048; do
+    t0=$(date +%s%N)
+    ppl=$($K perplexity -m /tmp/models/llama2-7b-Q4_0.gguf -f $KVRUN_SHARED/text/wiki.test.raw \
+          -c 512 -b $b --chunks 16 2>/dev/null | tail -1)
+    t1=$(date +%s%N)
+    echo "llama2-7b Q4_0, -c 512 -b $b, 16 chunks: $(( (t1 - t0) / 1000000 )) ms; $ppl" \
+      | tee -a "$OUT/ppl-batching.md"
+  done
   # The other architectures at full size: qwen3-8b (Q/K norms), gemma3-4b (sliding window,
   # GeGLU), qwen3-30b-a3b (mixture of experts: bandwidth counts the used experts).
   $S --preset qwen3-8b --type Q4_K_M -o /tmp/models/qwen3-8b-Q4_K_M.gguf > /dev/null
