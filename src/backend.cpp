@@ -167,6 +167,20 @@ void kv_apply_pending(KvBlockTable& table, Backend& backend) {
     if (!copies.empty()) backend.copy_blocks(copies);
 }
 
+int64_t kv_pool_block_bytes(const ModelConfig& c, const BackendOptions& o, const KvWindowPool& w,
+                            KvPool pool) {
+    if (w.n_blocks > 0) return kv_block_bytes(c, o, pool == KvPool::Window);
+    return pool == KvPool::Main ? kv_block_bytes(c, o) : 0;
+}
+
+void kv_block_io_check(const char* what, KvPool pool, int64_t block, int64_t n_main,
+                       const KvWindowPool& w) {
+    const int64_t n = pool == KvPool::Window ? w.n_blocks : n_main;
+    if (block < 0 || block >= n)
+        fail("{}: block {} is outside the {} pool (0..{})", what, block,
+             pool == KvPool::Window ? "window" : "main", n - 1);
+}
+
 KvBlockTable kv_table_for(const Backend& backend) {
     return KvBlockTable(static_cast<int32_t>(backend.n_kv_blocks()), backend.kv_block_size(),
                         backend.n_kv_stages(), backend.kv_window_pool());

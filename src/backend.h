@@ -196,6 +196,14 @@ inline bool kv_layer_in_window_pool(const ModelConfig& c, const KvWindowPool& w,
 
 // A block table for the backend's pool: its blocks, stage slots and window pool.
 KvBlockTable kv_table_for(const Backend& backend);
+// Bytes of one block of `pool` for a backend whose window pool is `w` (kv_block_io_bytes).
+int64_t kv_pool_block_bytes(const ModelConfig& c, const BackendOptions& o, const KvWindowPool& w,
+                            KvPool pool);
+// Throws Error naming `what` (read_kv_block, ...) when `block` is outside `pool` (n_main blocks
+// in the main pool, w.n_blocks in the window pool).
+void kv_block_io_check(const char* what, KvPool pool, int64_t block, int64_t n_main,
+                       const KvWindowPool& w);
+
 // Whether layer l's K/V lives in `pool` of a backend whose window pool is `w`.
 inline bool kv_layer_in_pool(const ModelConfig& c, const KvWindowPool& w, int64_t l, KvPool pool) {
     return kv_layer_in_window_pool(c, w, l) == (pool == KvPool::Window);

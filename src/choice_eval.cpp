@@ -10,19 +10,11 @@
 
 #include "common.h"
 #include "kv_block_table.h"
+#include "sampler.h"
 #include "text_input.h"
 
 namespace kvrun {
 namespace {
-
-// log p(t) under the softmax of `logits`, in double.
-double token_logprob(const float* logits, int64_t n, TokenId t) {
-    float mx = logits[0];
-    for (int64_t i = 1; i < n; ++i) mx = std::max(mx, logits[i]);
-    double sum = 0;
-    for (int64_t i = 0; i < n; ++i) sum += std::exp(double(logits[i]) - mx);
-    return double(logits[t]) - mx - std::log(sum);
-}
 
 // A token to score at a position: its log-probability goes to candidate `tag`'s sum.
 struct Target {
@@ -79,7 +71,9 @@ void feed(KvBlockTable& table, Backend& backend, const std::vector<SeqId>& seqs,
         backend.forward(fb, logits.data());
         for (size_t r = 0; r < rows.size(); ++r)
             for (const Target& t : rows[r]) {
-                sum[t.tag] += token_logprob(logits.data() + r * size_t(n_vocab), n_vocab, t.token);
+                sum[t.tag] += token_logprobs(logits.data() + r * size_t(n_vocab),
+                                             static_cast<int>(n_vocab), t.token, 0)
+                                  .chosen.logprob;
                 ++count[t.tag];
             }
         for (const Part& p : parts) done[p.s] += size_t(p.n);

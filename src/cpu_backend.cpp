@@ -54,10 +54,7 @@ CpuBackend::CpuBackend(const GgufFile& file, const BackendOptions& options)
 }
 
 int64_t CpuBackend::kv_block_io_bytes(KvPool pool) const {
-    int64_t n = 0;
-    for (int64_t l = 0; l < config_.n_layer; ++l)
-        if (kv_layer_in_pool(config_, window_, l, pool)) n += k_block_bytes_ + v_block_bytes_;
-    return n;
+    return kv_pool_block_bytes(config_, options_, window_, pool);
 }
 
 int64_t CpuBackend::pool_blocks(int64_t layer) const {
@@ -69,10 +66,7 @@ bool CpuBackend::in_window_pool(int64_t layer) const {
 }
 
 void CpuBackend::read_kv_block(KvPool pool, int64_t block, uint8_t* dst) {
-    const int64_t n = pool == KvPool::Window ? window_.n_blocks : n_blocks_;
-    if (block < 0 || block >= n)
-        fail("read_kv_block: block {} is outside the {} pool (0..{})", block,
-             pool == KvPool::Window ? "window" : "main", n - 1);
+    kv_block_io_check("read_kv_block", pool, block, n_blocks_, window_);
     for (int64_t l = 0; l < config_.n_layer; ++l) {
         if (!kv_layer_in_pool(config_, window_, l, pool)) continue;
         std::memcpy(dst, k_pool_[l].get() + block * k_block_bytes_, size_t(k_block_bytes_));
@@ -83,10 +77,7 @@ void CpuBackend::read_kv_block(KvPool pool, int64_t block, uint8_t* dst) {
 }
 
 void CpuBackend::write_kv_block(KvPool pool, int64_t block, const uint8_t* src) {
-    const int64_t n = pool == KvPool::Window ? window_.n_blocks : n_blocks_;
-    if (block < 0 || block >= n)
-        fail("write_kv_block: block {} is outside the {} pool (0..{})", block,
-             pool == KvPool::Window ? "window" : "main", n - 1);
+    kv_block_io_check("write_kv_block", pool, block, n_blocks_, window_);
     for (int64_t l = 0; l < config_.n_layer; ++l) {
         if (!kv_layer_in_pool(config_, window_, l, pool)) continue;
         std::memcpy(k_pool_[l].get() + block * k_block_bytes_, src, size_t(k_block_bytes_));

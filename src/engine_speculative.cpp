@@ -94,12 +94,7 @@ namespace {
 // The draft model's probability of its token t: from its sampling distribution q_row when
 // the sequence samples, else the softmax of its logits (greedy drafting).
 float draft_probability(const float* logits, int n_vocab, const float* q_row, TokenId t) {
-    if (q_row) return q_row[t];
-    float mx = logits[0];
-    for (int i = 1; i < n_vocab; ++i) mx = std::max(mx, logits[i]);
-    double sum = 0;
-    for (int i = 0; i < n_vocab; ++i) sum += std::exp(double(logits[i]) - mx);
-    return static_cast<float>(std::exp(double(logits[t]) - mx) / sum);
+    return q_row ? q_row[t] : std::exp(token_logprobs(logits, n_vocab, t, 0).chosen.logprob);
 }
 
 }  // namespace

@@ -144,10 +144,7 @@ class CudaBackend final : public Backend {
     std::vector<float> lora_scales() const override { return lora_user_scales(options_.lora); }
     std::string name() const override { return "cuda"; }
     int64_t kv_block_io_bytes(KvPool pool) const override {
-        int64_t n = 0;
-        for (int64_t l = 0; l < config_.n_layer; ++l)
-            if (kv_layer_in_pool(config_, window_, l, pool)) n += k_block_bytes_ + v_block_bytes_;
-        return n;
+        return kv_pool_block_bytes(config_, options_, window_, pool);
     }
     void read_kv_block(KvPool pool, int64_t block, uint8_t* dst) override;
     void write_kv_block(KvPool pool, int64_t block, const uint8_t* src) override;
@@ -506,10 +503,7 @@ int64_t CudaBackend::pool_blocks(int64_t layer) const {
 }
 
 void CudaBackend::read_kv_block(KvPool pool, int64_t block, uint8_t* dst) {
-    const int64_t n = pool == KvPool::Window ? window_.n_blocks : n_blocks_;
-    if (block < 0 || block >= n)
-        fail("read_kv_block: block {} is outside the {} pool (0..{})", block,
-             pool == KvPool::Window ? "window" : "main", n - 1);
+    kv_block_io_check("read_kv_block", pool, block, n_blocks_, window_);
     for (int64_t l = 0; l < config_.n_layer; ++l) {
         if (!kv_layer_in_pool(config_, window_, l, pool)) continue;
         CUDA_CHECK(cudaMemcpyAsync(dst, k_pool_[size_t(l)] + block * k_block_bytes_,
@@ -523,10 +517,7 @@ void CudaBackend::read_kv_block(KvPool pool, int64_t block, uint8_t* dst) {
 }
 
 void CudaBackend::write_kv_block(KvPool pool, int64_t block, const uint8_t* src) {
-    const int64_t n = pool == KvPool::Window ? window_.n_blocks : n_blocks_;
-    if (block < 0 || block >= n)
-        fail("write_kv_block: block {} is outside the {} pool (0..{})", block,
-             pool == KvPool::Window ? "window" : "main", n - 1);
+    kv_block_io_check("write_kv_block", pool, block, n_blocks_, window_);
     for (int64_t l = 0; l < config_.n_layer; ++l) {
         if (!kv_layer_in_pool(config_, window_, l, pool)) continue;
         CUDA_CHECK(cudaMemcpyAsync(k_pool_[size_t(l)] + block * k_block_bytes_, src,

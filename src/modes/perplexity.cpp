@@ -29,6 +29,20 @@ struct PplOptions {
     int64_t winogrande_tasks = 0;  // 0: all
 };
 
+// The model for a task score: -c defaults to 512, the KV pool holds n_seq sequences (a
+// question's candidates at once), and Ctrl-C is caught (the per-task callbacks check it).
+LoadedModel load_task_model(PplOptions& o, int32_t n_seq) {
+    if (o.model.n_ctx <= 0) o.model.n_ctx = 512;
+    LoadedModel m = load_model(o.model, n_seq);
+    install_interrupt_handler();
+    return m;
+}
+
+// Tokens per forward pass of a task score.
+int32_t task_batch(const PplOptions& o) {
+    return std::min(o.model.n_batch, o.model.n_ctx);
+}
+
 // --winogrande: llama-perplexity's Winogrande score on its CSV: one line per task (running
 // accuracy, both scores, the choice and the answer), then the final score.
 int run_winogrande(PplOptions o) {
@@ -40,15 +54,13 @@ int run_winogrande(PplOptions o) {
                     "one task per line: index,sentence with _,choice1,choice2,answer (1 or 2)");
     const std::vector<WinograndeTask> tasks =
         winogrande_select(all, static_cast<size_t>(o.winogrande_tasks));
-    if (o.model.n_ctx <= 0) o.model.n_ctx = 512;
-    LoadedModel m = load_model(o.model, 2);
-    install_interrupt_handler();
+    LoadedModel m = load_task_model(o, 2);
     fmt::print(stderr, "winogrande: {} on {} ({}): {} of {} tasks{}{}\n", o.model.model, o.file,
                m.device, tasks.size(), all.size(),
                tasks.size() < all.size() ? ", drawn at random (seed 1)" : "",
                skipped ? fmt::format("; {} lines that are not tasks skipped", skipped) : "");
     const WinograndeScore s =
-        winogrande_run(*m.backend, *m.tokenizer, tasks, std::min(o.model.n_batch, o.model.n_ctx),
+        winogrande_run(*m.backend, *m.tokenizer, tasks, task_batch(o),
                        [&](size_t i, const WinograndeTaskResult& r, const WinograndeScore& sc) {
                            if (interrupt_flag()) throw Error("interrupted");
                            fmt::print("{}\t{:.4f}\t{:10.6f}  {:10.6f}  {}  {}\n", i + 1, sc.acc,
@@ -69,20 +81,18 @@ int run_multiple_choice(PplOptions o) {
         bytes, o.file, static_cast<size_t>(o.multiple_choice_tasks), &n_in_file);
     size_t most = 1;
     for (const ChoiceTask& t : tasks) most = std::max(most, t.answers.size());
-    if (o.model.n_ctx <= 0) o.model.n_ctx = 512;
-    LoadedModel m = load_model(o.model, static_cast<int32_t>(std::min<size_t>(most, 16)));
-    install_interrupt_handler();
+    LoadedModel m = load_task_model(o, static_cast<int32_t>(std::min<size_t>(most, 16)));
     fmt::print(stderr, "multiple choice: {} on {} ({}): {} of {} tasks{}\n", o.model.model, o.file,
                m.device, tasks.size(), n_in_file,
                tasks.size() < n_in_file ? ", drawn at random (seed 1)" : "");
     fmt::print("task\tacc_norm\n");
-    const ChoiceScore s = multiple_choice_run(
-        *m.backend, *m.tokenizer, tasks, std::min(o.model.n_batch, o.model.n_ctx),
-        [&](size_t i, const ChoiceTaskResult&, const ChoiceScore& sc) {
-            if (interrupt_flag()) throw Error("interrupted");
-            fmt::print("{}\t{:.8f}\n", i + 1, sc.acc);
-            std::fflush(stdout);
-        });
+    const ChoiceScore s =
+        multiple_choice_run(*m.backend, *m.tokenizer, tasks, task_batch(o),
+                            [&](size_t i, const ChoiceTaskResult&, const ChoiceScore& sc) {
+                                if (interrupt_flag()) throw Error("interrupted");
+                                fmt::print("{}\t{:.8f}\n", i + 1, sc.acc);
+                                std::fflush(stdout);
+                            });
     fmt::print("Final result: {:.4f} +/- {:.4f}\nRandom chance: {:.4f} +/- {:.4f}\n", s.acc,
                s.acc_sigma, s.chance, s.chance_sigma);
     return 0;
@@ -96,14 +106,12 @@ int run_hellaswag(PplOptions o) {
     const std::vector<HellaswagTask> all = hellaswag_parse(text, o.file);
     const std::vector<HellaswagTask> tasks =
         hellaswag_select(all, static_cast<size_t>(o.hellaswag_tasks));
-    if (o.model.n_ctx <= 0) o.model.n_ctx = 512;
-    LoadedModel m = load_model(o.model, 4);  // the four endings of a task at once
-    install_interrupt_handler();
+    LoadedModel m = load_task_model(o, 4);  // the four endings of a task at once
     fmt::print(stderr, "hellaswag: {} on {} ({}): {} of {} tasks, drawn at random (seed 1)\n",
                o.model.model, o.file, m.device, tasks.size(), all.size());
     fmt::print("task\tacc_norm\t95% confidence interval\n");
     const HellaswagScore s = hellaswag_run(
-        *m.backend, *m.tokenizer, tasks, std::min(o.model.n_batch, o.model.n_ctx),
+        *m.backend, *m.tokenizer, tasks, task_batch(o),
         [&](size_t i, const HellaswagTaskResult&, const HellaswagScore& sc) {
             if (interrupt_flag()) throw Error("interrupted");
             fmt::print("{}\t{:.8f}%\t[{:.4f}%, {:.4f}%]\n", i + 1, sc.acc, sc.lo, sc.hi);
