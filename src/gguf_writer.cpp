@@ -269,8 +269,8 @@ void GgufWriter::set_array_bool(std::string_view k, const std::vector<bool>& v) 
     set_value(k, gguf_make_array(GgufValueType::BOOL, std::move(items)));
 }
 
-void GgufWriter::add_tensor(std::string_view name, GgmlType type, const std::vector<int64_t>& dims,
-                            const void* data, size_t bytes) {
+size_t GgufWriter::check_tensor(std::string_view name, GgmlType type,
+                                const std::vector<int64_t>& dims) const {
     if (dims.empty() || dims.size() > 4)
         fail("GgufWriter: tensor '{}' has {} dimensions (must be 1..4)", name, dims.size());
     for (int64_t d : dims)
@@ -281,11 +281,17 @@ void GgufWriter::add_tensor(std::string_view name, GgmlType type, const std::vec
         fail("GgufWriter: tensor '{}' has unknown type id {}", name, static_cast<uint32_t>(type));
     size_t expected = ggml_row_bytes(type, dims[0]);
     for (size_t i = 1; i < dims.size(); ++i) expected *= static_cast<size_t>(dims[i]);
+    return expected;
+}
+
+void GgufWriter::add_tensor(std::string_view name, GgmlType type, const std::vector<int64_t>& dims,
+                            const void* data, size_t bytes) {
+    const size_t expected = check_tensor(name, type, dims);
     if (bytes != expected)
         fail("GgufWriter: tensor '{}' ({}) needs {} bytes, got {}", name, ggml_type_name(type),
              expected, bytes);
     if (bytes > 0 && !data) fail("GgufWriter: tensor '{}' has no data", name);
-    Tensor t{std::string(name), type, dims, {}};
+    Tensor t{std::string(name), type, dims, bytes, {}};
     if (bytes > 0) {
         const auto* p = static_cast<const uint8_t*>(data);
         t.data.assign(p, p + bytes);
@@ -293,7 +299,18 @@ void GgufWriter::add_tensor(std::string_view name, GgmlType type, const std::vec
     tensors_.push_back(std::move(t));
 }
 
-std::vector<uint8_t> GgufWriter::to_bytes() const {
+size_t GgufWriter::add_tensor_layout(std::string_view name, GgmlType type,
+                                     const std::vector<int64_t>& dims) {
+    const size_t bytes = check_tensor(name, type, dims);
+    tensors_.push_back(Tensor{std::string(name), type, dims, bytes, {}, true});
+    return bytes;
+}
+
+size_t GgufWriter::padding_after(size_t bytes) const {
+    return (alignment_ - bytes % alignment_) % alignment_;
+}
+
+std::vector<uint8_t> GgufWriter::header_bytes() const {
     std::vector<uint8_t> buf;
     Out out(buf);
     out.put<uint32_t>(kGgufMagic);
@@ -312,14 +329,18 @@ std::vector<uint8_t> GgufWriter::to_bytes() const {
         for (int64_t d : t.dims) out.put<uint64_t>(static_cast<uint64_t>(d));
         out.put<uint32_t>(static_cast<uint32_t>(t.type));
         out.put<uint64_t>(offset);
-        offset += (t.data.size() + alignment_ - 1) / alignment_ * alignment_;
+        offset += t.bytes + padding_after(t.bytes);
     }
     out.pad_to(alignment_);
+    return buf;
+}
+
+std::vector<uint8_t> GgufWriter::to_bytes() const {
+    std::vector<uint8_t> buf = header_bytes();
     for (const Tensor& t : tensors_) {
-        size_t at = buf.size();
-        buf.resize(at + t.data.size());
-        if (!t.data.empty()) std::memcpy(buf.data() + at, t.data.data(), t.data.size());
-        out.pad_to(alignment_);
+        if (t.layout_only) fail("GgufWriter: tensor '{}' was declared without data", t.name);
+        buf.insert(buf.end(), t.data.begin(), t.data.end());
+        buf.resize(buf.size() + padding_after(t.bytes), 0);
     }
     return buf;
 }

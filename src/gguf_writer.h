@@ -55,6 +55,15 @@ class GgufWriter {
     void add_tensor(std::string_view name, GgmlType type, const std::vector<int64_t>& dims,
                     const void* data, size_t bytes);
 
+    // Streaming a large file: declare each tensor's name, type and shape without its bytes
+    // (returns the byte count it must have), write header_bytes(), then each tensor's bytes
+    // followed by padding_after(bytes) zero bytes, in declaration order. to_bytes() and
+    // write_file() refuse a writer holding such declarations.
+    size_t add_tensor_layout(std::string_view name, GgmlType type,
+                             const std::vector<int64_t>& dims);
+    std::vector<uint8_t> header_bytes() const;  // everything before the first tensor's data
+    size_t padding_after(size_t bytes) const;   // zeros that align the next tensor
+
     size_t n_tensors() const { return tensors_.size(); }
     size_t n_metadata() const { return kv_.size(); }
 
@@ -67,8 +76,13 @@ class GgufWriter {
         std::string name;
         GgmlType type;
         std::vector<int64_t> dims;
+        size_t bytes = 0;
         std::vector<uint8_t> data;
+        bool layout_only = false;  // add_tensor_layout: the caller streams the bytes
     };
+    // Validates a tensor declaration; returns its size in bytes.
+    size_t check_tensor(std::string_view name, GgmlType type,
+                        const std::vector<int64_t>& dims) const;
     uint32_t alignment_;
     std::vector<std::pair<std::string, GgufValue>> kv_;
     std::vector<Tensor> tensors_;

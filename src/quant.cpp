@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 
@@ -110,6 +111,10 @@ KVRUN_SIMD_CLONES void dequant_q4q5(const uint8_t* src, float* dst, int64_t nb) 
     }
 }
 
+// The legacy quantizers follow llama.cpp's reference recipes step for step (scale from the
+// unrounded block statistics, round-half-up codes), so `kvrun quantize` writes the same bytes
+// as llama-quantize for these types.
+
 // Symmetric Q4_0 / Q5_0: the element of largest magnitude maps to the most negative code.
 template <bool kHasHigh>
 void quant_q4q5_sym(const float* src, uint8_t* dst, int64_t nb) {
@@ -119,14 +124,13 @@ void quant_q4q5_sym(const float* src, uint8_t* dst, int64_t nb) {
         float amax = 0, vmax = 0;
         for (int j = 0; j < kQ32; ++j)
             if (std::fabs(src[j]) > amax) amax = std::fabs(src[j]), vmax = src[j];
-        const uint16_t dh = fp32_to_fp16(vmax / -float(kHalf));
-        const float d = half_to_float(dh), id = d != 0 ? 1.0f / d : 0.0f;
-        store_u16(dst, dh);
+        const float d = vmax / -float(kHalf), id = d != 0 ? 1.0f / d : 0.0f;
+        store_u16(dst, fp32_to_fp16(d));
+        auto code = [&](float x) { return std::min(kMax, int(x * id + (float(kHalf) + 0.5f))); };
         uint32_t qh = 0;
         uint8_t* qs = dst + kBytes - 16;
         for (int j = 0; j < 16; ++j) {
-            int lo = std::clamp(nearest_int(src[j] * id) + kHalf, 0, kMax);
-            int hi = std::clamp(nearest_int(src[j + 16] * id) + kHalf, 0, kMax);
+            const int lo = code(src[j]), hi = code(src[j + 16]);
             qs[j] = uint8_t((lo & 0xf) | (hi & 0xf) << 4);
             qh |= uint32_t(lo >> 4) << j | uint32_t(hi >> 4) << (j + 16);
         }
@@ -142,16 +146,14 @@ void quant_q4q5_min(const float* src, uint8_t* dst, int64_t nb) {
     for (int64_t b = 0; b < nb; ++b, src += kQ32, dst += kBytes) {
         float lo = src[0], hi = src[0];
         for (int j = 1; j < kQ32; ++j) lo = std::min(lo, src[j]), hi = std::max(hi, src[j]);
-        const uint16_t dh = fp32_to_fp16((hi - lo) / kMax), mh = fp32_to_fp16(lo);
-        const float d = half_to_float(dh), m = half_to_float(mh);
-        const float id = d != 0 ? 1.0f / d : 0.0f;
-        store_u16(dst, dh);
-        store_u16(dst + 2, mh);
+        const float d = (hi - lo) / float(kMax), id = d != 0 ? 1.0f / d : 0.0f;
+        store_u16(dst, fp32_to_fp16(d));
+        store_u16(dst + 2, fp32_to_fp16(lo));
+        auto code = [&](float x) { return std::clamp(int((x - lo) * id + 0.5f), 0, kMax); };
         uint32_t qh = 0;
         uint8_t* qs = dst + kBytes - 16;
         for (int j = 0; j < 16; ++j) {
-            int a = std::clamp(nearest_int((src[j] - m) * id), 0, kMax);
-            int c = std::clamp(nearest_int((src[j + 16] - m) * id), 0, kMax);
+            const int a = code(src[j]), c = code(src[j + 16]);
             qs[j] = uint8_t((a & 0xf) | (c & 0xf) << 4);
             qh |= uint32_t(a >> 4) << j | uint32_t(c >> 4) << (j + 16);
         }
@@ -175,12 +177,11 @@ void quant_q8(const float* src, uint8_t* dst, int64_t nb) {
     for (int64_t b = 0; b < nb; ++b, src += kQ32, dst += kHeader + kQ32) {
         float amax = 0;
         for (int j = 0; j < kQ32; ++j) amax = std::max(amax, std::fabs(src[j]));
-        const uint16_t dh = fp32_to_fp16(amax / 127.0f);
-        const float d = half_to_float(dh), id = d != 0 ? 1.0f / d : 0.0f;
-        store_u16(dst, dh);
+        const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+        store_u16(dst, fp32_to_fp16(d));
         int sum = 0;
         for (int j = 0; j < kQ32; ++j) {
-            const int q = std::clamp(nearest_int(src[j] * id), -127, 127);
+            const int q = std::clamp(int(std::round(src[j] * id)), -127, 127);
             dst[kHeader + j] = uint8_t(int8_t(q));
             sum += q;
         }
@@ -291,6 +292,19 @@ const GgmlTypeTraits& ggml_type_traits(GgmlType t) {
 
 const char* ggml_type_name(GgmlType t) {
     return ggml_type_known(uint32_t(t)) ? type_table()[uint32_t(t)].traits.name : "unknown";
+}
+
+std::optional<GgmlType> ggml_type_from_name(std::string_view name) {
+    for (uint32_t id = 0; id < uint32_t(GgmlType::TQ2_0) + 1; ++id) {
+        if (!ggml_type_known(id)) continue;
+        const char* known = type_table()[id].traits.name;
+        if (name.size() == std::strlen(known) &&
+            std::equal(name.begin(), name.end(), known, [](char a, char b) {
+                return std::toupper(static_cast<unsigned char>(a)) == b;
+            }))
+            return GgmlType(id);
+    }
+    return std::nullopt;
 }
 
 size_t ggml_row_bytes(GgmlType t, int64_t n) {

@@ -4,6 +4,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 #include "gguf.h"
 
@@ -23,6 +25,8 @@ bool ggml_type_known(uint32_t id);
 const GgmlTypeTraits& ggml_type_traits(GgmlType t);
 // Name of a type ("Q4_K"); "unknown" for an unknown id (never throws).
 const char* ggml_type_name(GgmlType t);
+// The type of a name ("q4_k", "Q4_K"; case-insensitive); nullopt when no type has it.
+std::optional<GgmlType> ggml_type_from_name(std::string_view name);
 // Bytes for `n` elements (n must be a multiple of block_elems; throws otherwise).
 size_t ggml_row_bytes(GgmlType t, int64_t n);
 

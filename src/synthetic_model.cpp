@@ -15,6 +15,7 @@
 
 #include "gguf_writer.h"
 #include "quant.h"
+#include "quantize_model.h"
 #include "synthetic_fill.h"
 #include "synthetic_vocab.h"
 
@@ -45,11 +46,6 @@ bool is_gemma(const SyntheticModelConfig& c) {
     return c.arch == "gemma" || c.arch == "gemma2" || c.arch == "gemma3";
 }
 
-// llama.cpp's rule for which layers get more bits in the _M mixes.
-bool use_more_bits(int64_t i, int64_t n) {
-    return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
-}
-
 // Norm weights: F32, 1 + 0.05 * gaussian. Biases (qwen2): F32, 0.5 * gaussian.
 constexpr float kNormStd = 0.05f;
 constexpr float kBiasStd = 0.5f;
@@ -63,7 +59,8 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
     for (int64_t i = 0; i < c.n_layer; ++i) {
         auto nm = [&](const char* what) { return fmt::format("blk.{}.{}.weight", i, what); };
         auto bias = [&](const char* what) { return fmt::format("blk.{}.{}.bias", i, what); };
-        const GgmlType more = c.k_mix && use_more_bits(i, c.n_layer) ? GgmlType::Q6_K : c.type;
+        const GgmlType more =
+            c.k_mix && quant_use_more_bits(i, c.n_layer) ? GgmlType::Q6_K : c.type;
         const float s_out = i >= c.scaled_from ? s * c.residual_scale : s;
         p.push_back({nm("attn_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
         if (c.arch == "phi3") {  // Q, K and V rows in one tensor

@@ -1,0 +1,83 @@
+// `kvrun quantize`: convert a GGUF model's weights to another type, as llama-quantize does.
+// A file type (Q4_K_M, Q8_0, ...) names a default tensor type plus llama.cpp's mix rules:
+// which tensors get more bits (output, attn_v, ffn_down of some layers), and which fall back
+// to another type when their rows are not a whole number of the type's blocks. The same
+// rules give the same tensor types as llama-quantize; the legacy types (Q4_0 ... Q8_0) and
+// F16/BF16 give the same bytes, the K-quants and IQ4 kvrun's own (equal or lower error).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "gguf.h"
+
+namespace kvrun {
+
+// One of llama.cpp's model file types (llama_ftype; general.file_type in the GGUF).
+struct QuantFileType {
+    std::string_view name;          // "Q4_K_M"
+    uint32_t id = 0;                // general.file_type
+    GgmlType base = GgmlType::F32;  // the tensors' default type
+    std::string_view description;   // one line for the help text
+    std::string_view unsupported;   // why kvrun cannot write it ("" when it can)
+};
+
+// Every file type llama-quantize names, the ones kvrun cannot write included (with why).
+std::span<const QuantFileType> quant_file_types();
+// By name (case-insensitive; Q3_K, Q4_K and Q5_K mean their _M mixes, as in llama-quantize)
+// or by general.file_type number; nullptr when unknown.
+const QuantFileType* find_quant_file_type(std::string_view name_or_id);
+
+// llama.cpp's "use more bits" layers of the _M mixes: the first and last eighth of the
+// layers and every third one between.
+bool quant_use_more_bits(int64_t layer, int64_t n_layer);
+
+struct QuantizeOptions {
+    const QuantFileType* type = nullptr;  // nullptr: COPY (every tensor keeps its type)
+    bool pure = false;                    // every quantized tensor gets the base type
+    bool allow_requantize = false;        // quantized inputs may be converted (lossy twice)
+    bool leave_output = false;            // output.weight keeps its type
+    std::optional<GgmlType> output_type;  // output.weight's type
+    std::optional<GgmlType> token_embd_type;
+    // --tensor-type REGEX=TYPE: a tensor whose name the regex finds gets TYPE (the last
+    // match wins; not for tensors whose width needs a fallback type).
+    std::vector<std::pair<std::string, GgmlType>> tensor_types;
+    std::vector<std::pair<std::string, GgufValue>> metadata;  // --override-kv values
+    int threads = 0;                                          // 0: all cores
+};
+
+// What happens to one tensor.
+struct TensorQuantChoice {
+    const GgufTensorInfo* tensor = nullptr;
+    GgmlType to = GgmlType::F32;
+    bool fallback = false;  // the mix's type does not fit the row width: llama.cpp's fallback
+    bool convert() const { return tensor->type != to; }
+};
+
+// Each tensor's target type, in the order llama-quantize writes them (the tensors outside
+// the blocks by name, then the blocks in layer order, each by name). Throws Error for an
+// unsupported type, a row width no type fits, or a quantized input without
+// allow_requantize.
+std::vector<TensorQuantChoice> plan_quantization(const GgufFile& in, const QuantizeOptions& o);
+
+struct QuantizeResult {
+    uint64_t bytes_in = 0, bytes_out = 0;  // tensor data
+    int n_converted = 0, n_fallback = 0;
+};
+
+// Writes the quantized model to `out_path` (through `out_path`.part, renamed when complete;
+// removed on any failure). on_tensor(i, choice) runs before tensor i is converted; `cancel`
+// (Ctrl-C) stops it with Error("interrupted").
+QuantizeResult quantize_model(
+    const GgufFile& in, const std::string& out_path, const QuantizeOptions& o,
+    const std::function<void(size_t, const TensorQuantChoice&)>& on_tensor = {},
+    const std::atomic<bool>* cancel = nullptr);
+
+}  // namespace kvrun
