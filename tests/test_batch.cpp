@@ -237,6 +237,34 @@ TEST_CASE("batch: Ctrl-C stops, writes the finished results and exits 130") {
     CHECK(lines[1]["tokens"].size() == 4);
 }
 
+TEST_CASE("batch reads standard input without -f (or with -f -), JSONL by its first line") {
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    const std::string m = "batch -m " + model.string() + " --temp 0 -n 12 --no-progress";
+    auto txt = run_command(kvrun_cmd(m), "Once upon a time\n\nThe little dog\n");
+    REQUIRE_MESSAGE(txt.exit_code == 0, txt.err);
+    auto lines = parse_lines(txt.out);
+    REQUIRE(lines.size() == 2);
+    CHECK(lines[0]["text"] == run_alone(model.string(), "Once upon a time", 12));
+    CHECK(lines[1]["text"] == run_alone(model.string(), "The little dog", 12));
+    CHECK(lines[1]["line"] == 3);
+    auto jsonl =
+        run_command(kvrun_cmd(m + " -f -"),
+                    "  {\"prompt\": \"The little dog\", \"id\": \"d\", \"n_predict\": 12}\n");
+    REQUIRE_MESSAGE(jsonl.exit_code == 0, jsonl.err);
+    lines = parse_lines(jsonl.out);
+    REQUIRE(lines.size() == 1);
+    CHECK(lines[0]["id"] == "d");
+    CHECK(lines[0]["text"] == run_alone(model.string(), "The little dog", 12));
+    // --format txt reads a '{' line as a prompt.
+    auto forced = run_command(kvrun_cmd(m + " --format txt"), "{ not json\n");
+    REQUIRE_MESSAGE(forced.exit_code == 0, forced.err);
+    CHECK_FALSE(parse_lines(forced.out)[0].contains("error"));
+    auto none = run_command(kvrun_cmd(m), "\n \n");
+    CHECK(none.exit_code == 1);
+    CHECK(none.err.find("no prompts in standard input") != std::string::npos);
+}
+
 TEST_CASE("batch rejects a missing or empty input with one clear line") {
     auto model = kvrun::test::shared_path("models/stories260K.gguf");
     if (model.empty()) return;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <optional>
 
@@ -57,10 +58,25 @@ struct Item {
     std::optional<ContextShiftRun> shift;  // --context-shift: the rounds so far
 };
 
-bool is_jsonl(const BatchOptions& o) {
+bool reads_stdin(const BatchOptions& o) {
+    return o.file.empty() || o.file == "-";
+}
+
+// The input's name in messages.
+std::string input_name(const BatchOptions& o) {
+    return reads_stdin(o) ? std::string("standard input") : "'" + o.file + "'";
+}
+
+// --format auto: a file by its extension; standard input by its first non-blank line (a
+// JSON object starts with '{', a prompt seldom does).
+bool is_jsonl(const BatchOptions& o, const std::string& first_line) {
     if (o.format == "jsonl" || o.format == "json") return true;
     if (o.format == "txt" || o.format == "text") return false;
     if (o.format != "auto") fail("bad --format '{}' (expected auto, txt or jsonl)", o.format);
+    if (reads_stdin(o)) {
+        const size_t at = first_line.find_first_not_of(" \t");
+        return at != std::string::npos && first_line[at] == '{';
+    }
     auto ends_with = [&](const char* ext) {
         std::string e = ext;
         return o.file.size() >= e.size() &&
@@ -71,9 +87,22 @@ bool is_jsonl(const BatchOptions& o) {
 
 // Reads every non-blank line of the input into an item (bad lines carry their error).
 std::vector<Item> read_items(const BatchOptions& o, const Tokenizer& tok) {
-    std::ifstream in(o.file, std::ios::binary);
-    if (!in) fail("cannot open '{}' for reading", o.file);
-    const bool jsonl = is_jsonl(o);
+    std::ifstream file;
+    if (!reads_stdin(o)) {
+        file.open(o.file, std::ios::binary);
+        if (!file) fail("cannot open '{}' for reading", o.file);
+    }
+    std::istream& in = reads_stdin(o) ? std::cin : file;
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(std::move(line));
+    if (in.bad()) fail("error while reading {}", input_name(o));
+    std::string first;
+    for (const std::string& l : lines)
+        if (l.find_first_not_of(" \t\r") != std::string::npos) {
+            first = l;
+            break;
+        }
+    const bool jsonl = is_jsonl(o, first);
     RequestDefaults d;
     d.sampling = o.sampling;
     d.n_predict = o.n_predict;
@@ -86,9 +115,8 @@ std::vector<Item> read_items(const BatchOptions& o, const Tokenizer& tok) {
     d.grammar = grammar_from_options(o.grammar);
     d.n_lora = static_cast<int32_t>(lora_specs(o.model).size());
     std::vector<Item> items;
-    std::string line;
     int64_t line_no = 0;
-    while (std::getline(in, line)) {
+    for (std::string& line : lines) {
         ++line_no;
         if (!line.empty() && line.back() == '\r') line.pop_back();
         if (line.find_first_not_of(" \t") == std::string::npos) continue;
@@ -109,8 +137,8 @@ std::vector<Item> read_items(const BatchOptions& o, const Tokenizer& tok) {
         }
         items.push_back(std::move(it));
     }
-    if (in.bad()) fail("error while reading '{}'", o.file);
-    if (items.empty()) fail("no prompts in '{}' (one prompt or JSON request per line)", o.file);
+    if (items.empty())
+        fail("no prompts in {} (one prompt or JSON request per line)", input_name(o));
     return items;
 }
 
@@ -356,9 +384,13 @@ void add_batch_command(CLI::App& root, int& exit_code) {
     add_model_options(cmd, o->model);
     cmd->add_option("-f,--file", o->file,
                     "Input: .txt (one prompt per line; \\n \\t \\r \\\\ escapes) or .jsonl (one "
-                    "request object per line, as `run --jsonl`)")
-        ->required()
-        ->check(CLI::ExistingFile);
+                    "request object per line, as `run --jsonl`); default or '-': standard input "
+                    "(JSONL when its first line starts with '{')")
+        ->check(CLI::Validator(
+            [](const std::string& f) {
+                return f == "-" ? std::string() : CLI::ExistingFile(std::string(f));
+            },
+            "FILE|-"));
     cmd->add_option("-o,--output", o->output, "Write the JSONL results here (default: stdout)");
     cmd->add_option("--format", o->format, "Input format: auto (by extension), txt or jsonl")
         ->capture_default_str();
