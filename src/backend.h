@@ -78,6 +78,9 @@ class Backend {
     // Runs the batch; writes logits: [logit_rows.size()][n_vocab]. Throws Error for an
     // inconsistent batch (sizes, ids, slots outside the block table) before touching the cache.
     virtual void forward(const ForwardBatch& batch, float* logits) = 0;
+    // forward() that stops before the output projection: writes the logit rows' final hidden
+    // states after the output norm (llama.cpp's embeddings): [logit_rows.size()][n_embd].
+    virtual void forward_embeddings(const ForwardBatch& batch, float* out) = 0;
     // Executes the block table's queued copies (copy-on-write, stage restores; see
     // BlockCopy) on every layer's K and V. Throws Error for ids outside the pool.
     virtual void copy_blocks(const std::vector<BlockCopy>& copies) = 0;

@@ -110,6 +110,14 @@ void CpuBackend::validate(const ForwardBatch& b) const {
 }
 
 void CpuBackend::forward(const ForwardBatch& b, float* logits) {
+    run(b, logits, nullptr);
+}
+
+void CpuBackend::forward_embeddings(const ForwardBatch& b, float* out) {
+    run(b, nullptr, out);
+}
+
+void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
     validate(b);
     if (options_.n_threads_batch > 0)  // -tb for prefill passes, -t for decode steps
         cpu_thread_pool().set_active(cpu_resolve_threads(
@@ -233,6 +241,10 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
         std::memcpy(xb_.data() + r * c.n_embd, x_.data() + int64_t(b.logit_rows[r]) * c.n_embd,
                     c.n_embd * sizeof(float));
     cpu::rmsnorm(xb_.data(), xb_.data(), weights_.output_norm.data(), R, c.n_embd, c.norm_eps);
+    if (hidden) {
+        std::memcpy(hidden, xb_.data(), size_t(R * c.n_embd) * sizeof(float));
+        return;
+    }
     cpu::matmul(logits, xb_.data(), weights_.output, R);
     add_lora(logits, xb_.data(), weights_.lora_output, R, lora_user_rows_);
     if (c.logit_scale != 1.0f) cpu::scale(logits, R * c.n_vocab, c.logit_scale);

@@ -16,6 +16,7 @@ class CpuBackend final : public Backend {
 
     const ModelConfig& config() const override { return config_; }
     void forward(const ForwardBatch& batch, float* logits) override;
+    void forward_embeddings(const ForwardBatch& batch, float* out) override;
     void copy_blocks(const std::vector<BlockCopy>& copies) override;
     int64_t n_kv_blocks() const override { return n_blocks_; }
     int32_t kv_block_size() const override { return options_.kv_block_size; }
@@ -33,6 +34,8 @@ class CpuBackend final : public Backend {
 
   private:
     void validate(const ForwardBatch& batch) const;
+    // The pass: logits for the logit rows, or (hidden != nullptr) their normed final states.
+    void run(const ForwardBatch& batch, float* logits, float* hidden);
     // Whether layer l's K/V lives in the window pool; that pool's or the main pool's blocks.
     bool in_window_pool(int64_t layer) const;
     int64_t pool_blocks(int64_t layer) const;

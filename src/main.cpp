@@ -89,6 +89,7 @@ int main(int argc, char** argv) {
     kvrun::add_perplexity_command(app, exit_code);
     kvrun::add_tokenize_command(app, exit_code);
     kvrun::add_quantize_command(app, exit_code);
+    kvrun::add_embedding_command(app, exit_code);
     try {
         auto is_command = [&](const std::string& name) {
             for (const CLI::App* sub : app.get_subcommands({}))
@@ -98,8 +99,8 @@ int main(int argc, char** argv) {
         if (argc > 1 && argv[1][0] != '-' && !is_command(argv[1]))
             throw kvrun::Error(
                 fmt::format("unknown command '{}'", argv[1]),
-                "the commands are run, chat, batch, perplexity, bench, info, tokenize and "
-                "quantize; "
+                "the commands are run, chat, batch, perplexity, bench, info, tokenize, "
+                "quantize and embedding; "
                 "see `kvrun --help`");
         std::vector<std::string> args = with_llamacpp_flags(argc, argv);
         std::vector<char*> arg_ptrs;

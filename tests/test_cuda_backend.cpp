@@ -22,6 +22,7 @@
 #include "backend.h"
 #include "common.h"
 #include "cuda_test_util.h"
+#include "embedding.h"
 #include "engine.h"
 #include "gguf.h"
 #include "kv_block_table.h"
@@ -182,19 +183,33 @@ std::vector<int32_t> host_sample(const std::vector<float>& logits, int64_t n_voc
     return out;
 }
 
+// A shared model on both backends (16 blocks of 16 tokens); file is null when it is absent.
+struct CpuGpu {
+    std::unique_ptr<GgufFile> file;
+    std::unique_ptr<Backend> cpu, gpu;
+};
+
+CpuGpu cpu_and_gpu(const char* name) {
+    CpuGpu p;
+    const auto path = shared_model(name);
+    if (path.empty()) return p;
+    p.file = std::make_unique<GgufFile>(GgufFile::open(path.string()));
+    BackendOptions o;
+    o.kv_block_size = 16;
+    o.n_kv_blocks = 16;
+    p.cpu = make_cpu_backend(*p.file, o);
+    p.gpu = make_cuda_backend(*p.file, o, 0);
+    return p;
+}
+
 }  // namespace
 
 TEST_CASE("cuda backend logits match the cpu backend on the shared models") {
     for (const char* name : kModels) {
         CAPTURE(name);
-        const auto path = shared_model(name);
-        if (path.empty()) continue;
-        GgufFile file = GgufFile::open(path.string());
-        BackendOptions o;
-        o.kv_block_size = 16;
-        o.n_kv_blocks = 16;
-        auto cpu = make_cpu_backend(file, o);
-        auto gpu = make_cuda_backend(file, o, 0);
+        CpuGpu pair = cpu_and_gpu(name);
+        if (!pair.file) continue;
+        Backend *cpu = pair.cpu.get(), *gpu = pair.gpu.get();
         const int64_t n_vocab = cpu->config().n_vocab;
         CHECK(gpu->config().n_vocab == n_vocab);
         CHECK(gpu->n_kv_blocks() == 16);
@@ -815,6 +830,30 @@ TEST_CASE("engine with device sampling on the cuda backend gives the host path's
         CHECK(host == dev);
         CHECK(host_stats.device_sampled_steps == 0);
         CHECK(dev_stats.device_sampled_steps > 0);
+    }
+}
+
+TEST_CASE("cuda embeddings (normed final hidden states, pooled) match the cpu backend's") {
+    for (const char* name : kModels) {
+        CAPTURE(name);
+        CpuGpu pair = cpu_and_gpu(name);
+        if (!pair.file) continue;
+        Backend *cpu = pair.cpu.get(), *gpu = pair.gpu.get();
+        const int64_t n_vocab = cpu->config().n_vocab;
+        std::vector<std::vector<TokenId>> prompts(3);
+        for (int32_t i = 0; i < 40; ++i) prompts[0].push_back(TokenId((i * 37 + 11) % n_vocab));
+        for (int32_t i = 0; i < 3; ++i) prompts[1].push_back(TokenId((i * 53 + 5) % n_vocab));
+        for (int32_t i = 0; i < 17; ++i) prompts[2].push_back(TokenId((i * 29 + 3) % n_vocab));
+        for (Pooling pooling : {Pooling::None, Pooling::Mean, Pooling::Last}) {
+            CAPTURE(pooling_name(pooling));
+            for (int32_t n_batch : {512, 1, 9}) {  // one pass; decode-sized steps (graphs); mixed
+                CAPTURE(n_batch);
+                const auto c = compute_embeddings(*cpu, prompts, pooling, n_batch, 256);
+                const auto g = compute_embeddings(*gpu, prompts, pooling, n_batch, 256);
+                REQUIRE(c.size() == g.size());
+                for (size_t i = 0; i < c.size(); ++i) CHECK(nmse(g[i], c[i]) < kLogitBound);
+            }
+        }
     }
 }
 

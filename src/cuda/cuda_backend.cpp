@@ -133,6 +133,7 @@ class CudaBackend final : public Backend {
 
     const ModelConfig& config() const override { return config_; }
     void forward(const ForwardBatch& batch, float* logits) override;
+    void forward_embeddings(const ForwardBatch& batch, float* out) override;
     bool samples_on_device() const override { return true; }
     void forward_sample(const ForwardBatch& batch, const std::vector<RowSampling>& rows,
                         int32_t* tokens) override;
@@ -889,6 +890,17 @@ void CudaBackend::forward(const ForwardBatch& b, float* logits) {
     if (b.tokens.empty()) return;
     if (R > 0)
         CUDA_CHECK(cudaMemcpyAsync(logits, logits_, size_t(R * config_.n_vocab) * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream_.get()));
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+}
+
+// The pass computes the logits too (the step's kernels and graphs are shared with
+// forward()); the output norm's rows are still in xr_ afterwards.
+void CudaBackend::forward_embeddings(const ForwardBatch& b, float* out) {
+    const int64_t R = launch(b);
+    if (b.tokens.empty()) return;
+    if (R > 0)
+        CUDA_CHECK(cudaMemcpyAsync(out, xr_, size_t(R * config_.n_embd) * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream_.get()));
     CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
 }

@@ -14,5 +14,6 @@ void add_chat_command(CLI::App& root, int& exit_code);
 void add_bench_command(CLI::App& root, int& exit_code);
 void add_perplexity_command(CLI::App& root, int& exit_code);
 void add_quantize_command(CLI::App& root, int& exit_code);
+void add_embedding_command(CLI::App& root, int& exit_code);
 
 }  // namespace kvrun
