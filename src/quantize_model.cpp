@@ -273,7 +273,8 @@ std::vector<const GgufTensorInfo*> write_order(const GgufFile& in) {
 
 // The float32 values of a tensor (rows dequantized in parallel).
 const float* tensor_as_f32(const GgufTensorInfo& t, std::vector<float>& buf, ThreadPool& pool) {
-    if (t.type == T::F32) return reinterpret_cast<const float*>(t.data);
+    if (t.type == T::F32 && reinterpret_cast<uintptr_t>(t.data) % alignof(float) == 0)
+        return reinterpret_cast<const float*>(t.data);
     const int64_t width = t.dims[0], rows = t.n_elements / width;
     const size_t row_bytes = ggml_row_bytes(t.type, width);
     buf.resize(size_t(t.n_elements));
