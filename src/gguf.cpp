@@ -376,6 +376,59 @@ std::string GgufValue::to_display(size_t max_items) const {
 // ---- GgufFile: opening and lifetime ---------------------------------------------------
 
 GgufFile GgufFile::open(const std::string& path, GgufOpenOptions options) {
+    GgufFile f = open_one(path, options);
+    f.open_shards(options);
+    return f;
+}
+
+void GgufFile::open_shards(GgufOpenOptions options) {
+    const GgufValue* count_v = find("split.count");
+    if (!count_v) return;
+    const int64_t count = get_int("split.count");
+    const int64_t no = get_int_or("split.no", 0);
+    if (count < 1 || count > 9999)
+        fail_key("split.count", fmt::format("bad split count {}", count));
+    if (count == 1) return;
+    // PREFIX-00001-of-0000N.gguf names the first file; the others differ in the first number.
+    const std::string tail = fmt::format("-{:05d}-of-{:05d}.gguf", no + 1, count);
+    if (no != 0)
+        throw Error(
+            fmt::format("{}: this is file {} of a model split into {}", path_, no + 1, count),
+            "open its first file, the one named ...-00001-of-" + fmt::format("{:05d}", count) +
+                ".gguf");
+    if (path_.size() <= tail.size() || path_.compare(path_.size() - tail.size(), tail.size(), tail))
+        throw Error(fmt::format("{}: the first file of a model split into {} must be named "
+                                "PREFIX{} to find the others",
+                                path_, count, tail),
+                    "keep the names gguf-split gave the files");
+    const std::string prefix = path_.substr(0, path_.size() - tail.size());
+    for (int64_t i = 1; i < count; ++i) {
+        const std::string shard_path = prefix + fmt::format("-{:05d}-of-{:05d}.gguf", i + 1, count);
+        auto shard = std::make_unique<GgufFile>(open_one(shard_path, options));
+        if (shard->get_int_or("split.no", -1) != i || shard->get_int_or("split.count", -1) != count)
+            throw GgufError(
+                shard_path,
+                fmt::format("not file {} of {} (its split.no / split.count differ)", i + 1, count),
+                "header");
+        for (size_t t = 0; t < shard->tensors_.size(); ++t) {
+            const GgufTensorInfo& ti = shard->tensors_[t];
+            if (tensor_index_.count(ti.name))
+                throw GgufError(shard_path, "tensor also in an earlier file of the split model",
+                                "tensor '" + ti.name + "'", shard->tensor_info_offsets_[t]);
+            tensor_index_.emplace(ti.name, tensors_.size());
+            tensors_.push_back(ti);
+            tensor_info_offsets_.push_back(shard->tensor_info_offsets_[t]);
+        }
+        if (!shard->lock_error_.empty() && lock_error_.empty()) lock_error_ = shard->lock_error_;
+        shards_.push_back(std::move(shard));
+    }
+    const int64_t expected = get_int_or("split.tensors.count", int64_t(tensors_.size()));
+    if (expected != int64_t(tensors_.size()))
+        fail_key("split.tensors.count", fmt::format("the {} files hold {} tensors, not {}", count,
+                                                    tensors_.size(), expected));
+}
+
+GgufFile GgufFile::open_one(const std::string& path, GgufOpenOptions options) {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) fail("{}: cannot open: {}", path, std::strerror(errno));
     struct stat st {};
@@ -469,6 +522,7 @@ GgufFile& GgufFile::operator=(GgufFile&& other) noexcept {
     std::swap(tensors_, other.tensors_);
     std::swap(tensor_info_offsets_, other.tensor_info_offsets_);
     std::swap(tensor_index_, other.tensor_index_);
+    std::swap(shards_, other.shards_);
     return *this;
 }
 

@@ -124,6 +124,9 @@ class GgufFile {
   public:
     // Map (or read) and parse `path`. Throws GgufError (or Error for a missing/unreadable
     // file). A failed mlock is not an error: lock_error() then says why.
+    // A split model (llama.cpp's gguf-split: split.count > 1) is opened by its first file,
+    // PREFIX-00001-of-0000N.gguf: the other N - 1 files are mapped too and their tensors
+    // join this one's (the metadata is the first file's).
     static GgufFile open(const std::string& path, GgufOpenOptions options = {});
     // Parse an in-memory buffer (tests, fuzzing). The bytes are copied and owned.
     static GgufFile from_memory(const void* bytes, size_t size, std::string name = "<memory>");
@@ -136,7 +139,8 @@ class GgufFile {
     uint32_t version() const { return version_; }
     uint64_t alignment() const { return alignment_; }
     uint64_t data_offset() const { return data_offset_; }
-    uint64_t file_size() const { return size_; }
+    uint64_t file_size() const { return size_; }  // the first file's, for a split model
+    int n_splits() const { return 1 + static_cast<int>(shards_.size()); }
     bool mapped() const { return map_ != nullptr; }
     bool locked() const { return locked_; }
     // Why GgufOpenOptions::mlock failed ("" when it was not asked for or succeeded).
@@ -174,6 +178,9 @@ class GgufFile {
   private:
     GgufFile() = default;
     void parse();
+    static GgufFile open_one(const std::string& path, GgufOpenOptions options);
+    // Opens the other files of a split model and takes their tensors.
+    void open_shards(GgufOpenOptions options);
 
     std::string path_;
     uint32_t version_ = 0;
@@ -192,6 +199,7 @@ class GgufFile {
     std::vector<GgufTensorInfo> tensors_;
     std::vector<uint64_t> tensor_info_offsets_;  // [tensors_.size()] where each info starts
     std::map<std::string, size_t, std::less<>> tensor_index_;
+    std::vector<std::unique_ptr<GgufFile>> shards_;  // a split model's other files
 };
 
 }  // namespace kvrun

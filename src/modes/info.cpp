@@ -118,7 +118,8 @@ int run_info_adapter(const InfoOptions& o, const GgufFile& f) {
         fmt::print("{}\n", j.dump(2));
         return 0;
     }
-    fmt::print("file            {}\n", o.model);
+    fmt::print("file            {}{}\n", o.model,
+               f.n_splits() > 1 ? fmt::format("  (the first of {} files)", f.n_splits()) : "");
     fmt::print(
         "adapter         {} for architecture {} (use it with --lora next to its base "
         "model)\n",
@@ -166,6 +167,7 @@ int run_info(const InfoOptions& o) {
     if (o.json) {
         nlohmann::json j;
         j["file"] = o.model;
+        j["files"] = f.n_splits();
         j["gguf_version"] = f.version();
         j["architecture"] = h.arch;
         j["name"] = f.get_string_or("general.name", "");
@@ -212,7 +214,8 @@ int run_info(const InfoOptions& o) {
         return 0;
     }
 
-    fmt::print("file            {}\n", o.model);
+    fmt::print("file            {}{}\n", o.model,
+               f.n_splits() > 1 ? fmt::format("  (the first of {} files)", f.n_splits()) : "");
     fmt::print("gguf version    {}  ({} tensors, {} metadata keys, {})\n", f.version(),
                f.tensors().size(), f.metadata().size(), human_bytes(double(f.file_size())));
     fmt::print("name            {}\n", f.get_string_or("general.name", "-"));

@@ -1,0 +1,155 @@
+// Split models (llama.cpp's gguf-split layout): the first file's metadata, every file's
+// tensors, found by the PREFIX-0000i-of-0000N.gguf names; bad splits give one clear error.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "cli_test_util.h"
+#include "gguf.h"
+#include "gguf_writer.h"
+#include "quant.h"
+#include "test_util.h"
+
+using namespace kvrun;
+using kvrun::test::run_command;
+using kvrun::test::shared_model;
+namespace cli = kvrun::test::cli;
+namespace fs = std::filesystem;
+
+namespace {
+
+// What to get wrong when writing the split.
+struct SplitFaults {
+    int shard_no_of_file_2 = -1;  // >= 0: file 2 claims this split.no
+    bool duplicate_tensor = false;
+    int64_t tensors_count_delta = 0;
+};
+
+// Writes `src` as `n` files PREFIX-0000i-of-0000n.gguf (the metadata and split keys in the
+// first, only the split keys in the others, tensors dealt in turn); returns the paths.
+std::vector<std::string> write_split(const GgufFile& src, const std::string& prefix, int n,
+                                     SplitFaults faults = {}) {
+    std::vector<std::string> paths;
+    const auto& tensors = src.tensors();
+    for (int i = 0; i < n; ++i) {
+        GgufWriter w(uint32_t(src.alignment()));
+        if (i == 0)
+            for (const auto& [k, v] : src.metadata()) w.set_value(k, v);
+        const int no = i == 1 && faults.shard_no_of_file_2 >= 0 ? faults.shard_no_of_file_2 : i;
+        w.set_u16("split.no", uint16_t(no));
+        w.set_u16("split.count", uint16_t(n));
+        w.set_i32("split.tensors.count",
+                  int32_t(tensors.size() + size_t(faults.tensors_count_delta)));
+        for (size_t t = size_t(i); t < tensors.size(); t += size_t(n))
+            w.add_tensor(tensors[t].name, tensors[t].type, tensors[t].dims, tensors[t].data,
+                         tensors[t].n_bytes);
+        if (faults.duplicate_tensor && i == n - 1)
+            w.add_tensor(tensors[0].name, tensors[0].type, tensors[0].dims, tensors[0].data,
+                         tensors[0].n_bytes);
+        paths.push_back(prefix + fmt::format("-{:05d}-of-{:05d}.gguf", i + 1, n));
+        w.write_file(paths.back());
+    }
+    return paths;
+}
+
+std::string temp_prefix(const std::string& tag) {
+    return (fs::temp_directory_path() / ("kvrun_split_" + std::to_string(::getpid()) + "_" + tag))
+        .string();
+}
+
+void remove_all(const std::vector<std::string>& paths) {
+    for (const auto& p : paths) fs::remove(p);
+}
+
+}  // namespace
+
+TEST_CASE("a split model opens by its first file, with every file's tensors") {
+    auto path = shared_model("stories260K.gguf");
+    if (path.empty()) return;
+    GgufFile whole = GgufFile::open(path.string());
+    const auto paths = write_split(whole, temp_prefix("ok"), 3);
+    {
+        GgufFile split = GgufFile::open(paths[0]);
+        CHECK(split.n_splits() == 3);
+        CHECK(split.get_string("general.architecture") == "llama");
+        REQUIRE(split.tensors().size() == whole.tensors().size());
+        for (const GgufTensorInfo& t : whole.tensors()) {
+            INFO(t.name);
+            const GgufTensorInfo* s = split.find_tensor(t.name);
+            REQUIRE(s != nullptr);
+            CHECK(s->type == t.type);
+            CHECK(s->dims == t.dims);
+            REQUIRE(s->n_bytes == t.n_bytes);
+            CHECK(std::equal(t.data, t.data + t.n_bytes, s->data));
+        }
+        // Moving the file keeps the other files' mappings alive.
+        GgufFile moved = std::move(split);
+        const GgufTensorInfo* last = moved.find_tensor(whole.tensors().back().name);
+        CHECK(std::equal(last->data, last->data + last->n_bytes, whole.tensors().back().data));
+    }
+    // The same text as the whole file, through the program; and --no-mmap reads every file.
+    const std::string args = " -p 'Once upon a time' -n 24 --temp 0";
+    auto a = run_command(cli::kvrun_cmd("run -m " + path.string() + args));
+    auto b = run_command(cli::kvrun_cmd("run -m " + paths[0] + args));
+    auto c = run_command(cli::kvrun_cmd("run --no-mmap -m " + paths[0] + args));
+    CHECK_MESSAGE(b.exit_code == 0, b.err);
+    CHECK(a.out.size() > 40);
+    CHECK(b.out == a.out);
+    CHECK(c.out == a.out);
+    // quantize merges it into one file.
+    const std::string out = temp_prefix("merged") + ".gguf";
+    auto q = run_command(cli::kvrun_cmd("quantize -q " + paths[0] + " " + out + " Q8_0"));
+    CHECK_MESSAGE(q.exit_code == 0, q.err);
+    GgufFile merged = GgufFile::open(out);
+    CHECK(merged.n_splits() == 1);
+    CHECK_FALSE(merged.has("split.count"));
+    CHECK(merged.tensors().size() == whole.tensors().size());
+    fs::remove(out);
+    remove_all(paths);
+}
+
+TEST_CASE("bad split models: one clear error each") {
+    auto path = shared_model("stories260K.gguf");
+    if (path.empty()) return;
+    GgufFile whole = GgufFile::open(path.string());
+    SUBCASE("a later file names the first one") {
+        const auto paths = write_split(whole, temp_prefix("later"), 2);
+        CHECK_THROWS_WITH_AS(GgufFile::open(paths[1]),
+                             doctest::Contains("file 2 of a model split into 2"), Error);
+        auto r = run_command(cli::kvrun_cmd("run -m " + paths[1] + " -p hi"));
+        cli::check_one_line_with_hint(r, "-00001-of-00002.gguf");
+        remove_all(paths);
+    }
+    SUBCASE("a missing file is named") {
+        const auto paths = write_split(whole, temp_prefix("missing"), 3);
+        fs::remove(paths[2]);
+        CHECK_THROWS_WITH_AS(GgufFile::open(paths[0]), doctest::Contains("-00003-of-00003.gguf"),
+                             Error);
+        remove_all(paths);
+    }
+    SUBCASE("a renamed first file") {
+        const auto paths = write_split(whole, temp_prefix("renamed"), 2);
+        const std::string renamed = temp_prefix("renamed") + ".gguf";
+        fs::rename(paths[0], renamed);
+        CHECK_THROWS_WITH_AS(GgufFile::open(renamed), doctest::Contains("must be named"), Error);
+        fs::remove(renamed);
+        remove_all(paths);
+    }
+    SUBCASE("a file that claims another place, a tensor twice, a wrong tensor count") {
+        auto paths = write_split(whole, temp_prefix("wrongno"), 3, {.shard_no_of_file_2 = 2});
+        CHECK_THROWS_WITH_AS(GgufFile::open(paths[0]), doctest::Contains("not file 2 of 3"),
+                             GgufError);
+        remove_all(paths);
+        paths = write_split(whole, temp_prefix("dup"), 2, {.duplicate_tensor = true});
+        CHECK_THROWS_WITH_AS(GgufFile::open(paths[0]), doctest::Contains("also in an earlier file"),
+                             GgufError);
+        remove_all(paths);
+        paths = write_split(whole, temp_prefix("count"), 2, {.tensors_count_delta = 1});
+        CHECK_THROWS_WITH_AS(GgufFile::open(paths[0]), doctest::Contains("split.tensors.count"),
+                             GgufError);
+        remove_all(paths);
+    }
+}
