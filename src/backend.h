@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -71,6 +72,12 @@ struct RowSampling {
     std::vector<TokenId> recent;  // tokens the repetition penalty looks at (already cut)
 };
 
+// Sees the input rows x[n_rows][n_in] of each weight matrix a forward pass multiplies, before
+// the product; `weight` is the matrix's first byte in the model file's tensor data (an
+// expert's or a fused matrix's part points inside its tensor). Importance matrices.
+using MatmulObserver =
+    std::function<void(const void* weight, int64_t n_in, const float* x, int64_t n_rows)>;
+
 class Backend {
   public:
     virtual ~Backend();
@@ -81,6 +88,9 @@ class Backend {
     // forward() that stops before the output projection: writes the logit rows' final hidden
     // states after the output norm (llama.cpp's embeddings): [logit_rows.size()][n_embd].
     virtual void forward_embeddings(const ForwardBatch& batch, float* out) = 0;
+    // Installs (or, empty, removes) an observer of every weight product; false when the
+    // backend cannot (the CUDA backend).
+    virtual bool set_matmul_observer(MatmulObserver observer) { return !observer; }
     // Executes the block table's queued copies (copy-on-write, stage restores; see
     // BlockCopy) on every layer's K and V. Throws Error for ids outside the pool.
     virtual void copy_blocks(const std::vector<BlockCopy>& copies) = 0;

@@ -176,9 +176,9 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
         const LayerWeights& w = weights_.layers[l];
         // Attention block.
         cpu::rmsnorm(xb_.data(), x_.data(), w.attn_norm.data(), T, c.n_embd, c.norm_eps);
-        cpu::matmul(q_.data(), xb_.data(), w.wq, T);
-        cpu::matmul(k_.data(), xb_.data(), w.wk, T);
-        cpu::matmul(v_.data(), xb_.data(), w.wv, T);
+        matmul(q_.data(), xb_.data(), w.wq, T);
+        matmul(k_.data(), xb_.data(), w.wk, T);
+        matmul(v_.data(), xb_.data(), w.wv, T);
         add_lora(q_.data(), xb_.data(), w.lora_q, T, lora_user_);
         add_lora(k_.data(), xb_.data(), w.lora_k, T, lora_user_);
         add_lora(v_.data(), xb_.data(), w.lora_v, T, lora_user_);
@@ -207,7 +207,7 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
         cpu::kv_write(kv, kbl, k_.data(), v_.data());
         cpu::paged_attention(att_.data(), q_.data(), kv, kbl, c.n_head, c.attn_scale,
                              c.attn_softcap, c.window(l));
-        cpu::matmul(xb_.data(), att_.data(), w.wo, T);
+        matmul(xb_.data(), att_.data(), w.wo, T);
         add_lora(xb_.data(), att_.data(), w.lora_o, T, lora_user_);
         add_block_output(w.attn_post_norm, T);
         // Feed-forward block.
@@ -215,8 +215,8 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
         if (c.moe()) {
             moe_ffn(w, T);
         } else {
-            cpu::matmul(gate_.data(), xb_.data(), w.w_gate, T);
-            cpu::matmul(up_.data(), xb_.data(), w.w_up, T);
+            matmul(gate_.data(), xb_.data(), w.w_gate, T);
+            matmul(up_.data(), xb_.data(), w.w_up, T);
             add_lora(gate_.data(), xb_.data(), w.lora_gate, T, lora_user_);
             add_lora(up_.data(), xb_.data(), w.lora_up, T, lora_user_);
             if (c.ffn_gelu)
@@ -227,7 +227,7 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
                                 up_.data() + t * c.n_ff, c.n_ff);
             else
                 cpu::swiglu(gate_.data(), gate_.data(), up_.data(), T * c.n_ff);
-            cpu::matmul(xb_.data(), gate_.data(), w.w_down, T);
+            matmul(xb_.data(), gate_.data(), w.w_down, T);
             add_lora(xb_.data(), gate_.data(), w.lora_down, T, lora_user_);
         }
         add_block_output(w.ffn_post_norm, T);
@@ -245,7 +245,7 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
         std::memcpy(hidden, xb_.data(), size_t(R * c.n_embd) * sizeof(float));
         return;
     }
-    cpu::matmul(logits, xb_.data(), weights_.output, R);
+    matmul(logits, xb_.data(), weights_.output, R);
     add_lora(logits, xb_.data(), weights_.lora_output, R, lora_user_rows_);
     if (c.logit_scale != 1.0f) cpu::scale(logits, R * c.n_vocab, c.logit_scale);
     if (c.final_softcap > 0) cpu::softcap(logits, R * c.n_vocab, c.final_softcap);
@@ -255,7 +255,7 @@ void CpuBackend::moe_ffn(const LayerWeights& w, int64_t T) {
     const ModelConfig& c = config_;
     const int64_t E = c.n_expert, K = c.n_expert_used, F = c.n_ff_exp, D = c.n_embd;
     router_.resize(size_t(T * E));
-    cpu::matmul(router_.data(), xb_.data(), w.router, T);
+    matmul(router_.data(), xb_.data(), w.router, T);
     // Each token's experts: the K largest softmax probabilities (ties: the lower id), weighted
     // by those probabilities over their sum. routed[e] lists (token, weight).
     std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));
@@ -284,10 +284,10 @@ void CpuBackend::moe_ffn(const LayerWeights& w, int64_t T) {
         for (int64_t i = 0; i < n; ++i)
             std::memcpy(moe_in_.data() + i * D, xb_.data() + rows[size_t(i)].first * D,
                         size_t(D) * sizeof(float));
-        cpu::matmul(moe_gate_.data(), moe_in_.data(), w.gate_exps[size_t(e)], n);
-        cpu::matmul(moe_up_.data(), moe_in_.data(), w.up_exps[size_t(e)], n);
+        matmul(moe_gate_.data(), moe_in_.data(), w.gate_exps[size_t(e)], n);
+        matmul(moe_up_.data(), moe_in_.data(), w.up_exps[size_t(e)], n);
         cpu::swiglu(moe_gate_.data(), moe_gate_.data(), moe_up_.data(), n * F);
-        cpu::matmul(moe_down_.data(), moe_gate_.data(), w.down_exps[size_t(e)], n);
+        matmul(moe_down_.data(), moe_gate_.data(), w.down_exps[size_t(e)], n);
         for (int64_t i = 0; i < n; ++i) {
             float* o = moe_out_.data() + rows[size_t(i)].first * D;
             const float* d = moe_down_.data() + i * D;

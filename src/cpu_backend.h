@@ -17,6 +17,10 @@ class CpuBackend final : public Backend {
     const ModelConfig& config() const override { return config_; }
     void forward(const ForwardBatch& batch, float* logits) override;
     void forward_embeddings(const ForwardBatch& batch, float* out) override;
+    bool set_matmul_observer(MatmulObserver observer) override {
+        observer_ = std::move(observer);
+        return true;
+    }
     void copy_blocks(const std::vector<BlockCopy>& copies) override;
     int64_t n_kv_blocks() const override { return n_blocks_; }
     int32_t kv_block_size() const override { return options_.kv_block_size; }
@@ -39,6 +43,11 @@ class CpuBackend final : public Backend {
     // Whether layer l's K/V lives in the window pool; that pool's or the main pool's blocks.
     bool in_window_pool(int64_t layer) const;
     int64_t pool_blocks(int64_t layer) const;
+    // cpu::matmul, shown to the observer first.
+    void matmul(float* out, const float* x, const WeightView& w, int64_t T) {
+        if (observer_) observer_(w.data, w.n_in, x, T);
+        cpu::matmul(out, x, w, T);
+    }
     // The mixture-of-experts FFN of layer w on xb_'s T normed rows, result in xb_.
     void moe_ffn(const LayerWeights& w, int64_t T);
     // x_ += a block's output xb_[T][n_embd], after its post norm (when not empty) and
@@ -55,6 +64,7 @@ class CpuBackend final : public Backend {
     ModelWeights weights_;
     std::vector<std::unique_ptr<GgufFile>> lora_files_;  // the adapters weights_ points into
     BackendOptions options_;
+    MatmulObserver observer_;
     int64_t n_blocks_ = 0;
     KvWindowPool window_;  // the sliding-window layers' pool (kv_layout_for)
     int64_t k_block_bytes_ = 0, v_block_bytes_ = 0;  // one layer, one block

@@ -90,6 +90,7 @@ int main(int argc, char** argv) {
     kvrun::add_tokenize_command(app, exit_code);
     kvrun::add_quantize_command(app, exit_code);
     kvrun::add_embedding_command(app, exit_code);
+    kvrun::add_imatrix_command(app, exit_code);
     try {
         auto is_command = [&](const std::string& name) {
             for (const CLI::App* sub : app.get_subcommands({}))
@@ -100,7 +101,7 @@ int main(int argc, char** argv) {
             throw kvrun::Error(
                 fmt::format("unknown command '{}'", argv[1]),
                 "the commands are run, chat, batch, perplexity, bench, info, tokenize, "
-                "quantize and embedding; "
+                "quantize, imatrix and embedding; "
                 "see `kvrun --help`");
         std::vector<std::string> args = with_llamacpp_flags(argc, argv);
         std::vector<char*> arg_ptrs;

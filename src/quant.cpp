@@ -66,21 +66,21 @@ namespace {
 void dequant_f32(const uint8_t* src, float* dst, int64_t nb) {
     std::memcpy(dst, src, size_t(nb) * 4);
 }
-void quant_f32(const float* src, uint8_t* dst, int64_t nb) {
+void quant_f32(const float* src, uint8_t* dst, int64_t nb, const float* /*w*/) {
     std::memcpy(dst, src, size_t(nb) * 4);
 }
 KVRUN_SIMD_CLONES
 void dequant_f16(const uint8_t* src, float* dst, int64_t nb) {
     for (int64_t i = 0; i < nb; ++i) dst[i] = load_f16(src + 2 * i);
 }
-void quant_f16(const float* src, uint8_t* dst, int64_t nb) {
+void quant_f16(const float* src, uint8_t* dst, int64_t nb, const float* /*w*/) {
     for (int64_t i = 0; i < nb; ++i) store_u16(dst + 2 * i, fp32_to_fp16(src[i]));
 }
 KVRUN_SIMD_CLONES
 void dequant_bf16(const uint8_t* src, float* dst, int64_t nb) {
     for (int64_t i = 0; i < nb; ++i) dst[i] = bf16_to_fp32(load_u16(src + 2 * i));
 }
-void quant_bf16(const float* src, uint8_t* dst, int64_t nb) {
+void quant_bf16(const float* src, uint8_t* dst, int64_t nb, const float* /*w*/) {
     for (int64_t i = 0; i < nb; ++i) store_u16(dst + 2 * i, fp32_to_bf16(src[i]));
 }
 
@@ -116,17 +116,24 @@ KVRUN_SIMD_CLONES void dequant_q4q5(const uint8_t* src, float* dst, int64_t nb) 
 // as llama-quantize for these types.
 
 // Symmetric Q4_0 / Q5_0: the element of largest magnitude maps to the most negative code.
+// With importance weights, the scale is a weighted least-squares fit instead (the codes
+// then round to nearest with the stored scale).
 template <bool kHasHigh>
-void quant_q4q5_sym(const float* src, uint8_t* dst, int64_t nb) {
+void quant_q4q5_sym(const float* src, uint8_t* dst, int64_t nb, const float* w) {
     constexpr size_t kBytes = 2 + (kHasHigh ? 4 : 0) + 16;
     constexpr int kHalf = kHasHigh ? 16 : 8, kMax = 2 * kHalf - 1;
-    for (int64_t b = 0; b < nb; ++b, src += kQ32, dst += kBytes) {
+    for (int64_t b = 0; b < nb; ++b, src += kQ32, dst += kBytes, w = w ? w + kQ32 : w) {
         float amax = 0, vmax = 0;
         for (int j = 0; j < kQ32; ++j)
             if (std::fabs(src[j]) > amax) amax = std::fabs(src[j]), vmax = src[j];
-        const float d = vmax / -float(kHalf), id = d != 0 ? 1.0f / d : 0.0f;
+        const float d = w ? half_to_float(fp32_to_fp16(fit_scale_sym(src, kQ32, kHalf, w)))
+                          : vmax / -float(kHalf);
+        const float id = d != 0 ? 1.0f / d : 0.0f;
         store_u16(dst, fp32_to_fp16(d));
-        auto code = [&](float x) { return std::min(kMax, int(x * id + (float(kHalf) + 0.5f))); };
+        auto code = [&](float x) {
+            if (w) return std::clamp(nearest_int(x * id) + kHalf, 0, kMax);
+            return std::min(kMax, int(x * id + (float(kHalf) + 0.5f)));
+        };
         uint32_t qh = 0;
         uint8_t* qs = dst + kBytes - 16;
         for (int j = 0; j < 16; ++j) {
@@ -140,16 +147,25 @@ void quant_q4q5_sym(const float* src, uint8_t* dst, int64_t nb) {
 
 // Asymmetric Q4_1 / Q5_1: [min, max] spread over all codes.
 template <bool kHasHigh>
-void quant_q4q5_min(const float* src, uint8_t* dst, int64_t nb) {
+void quant_q4q5_min(const float* src, uint8_t* dst, int64_t nb, const float* w) {
     constexpr size_t kBytes = 4 + (kHasHigh ? 4 : 0) + 16;
     constexpr int kMax = kHasHigh ? 31 : 15;
-    for (int64_t b = 0; b < nb; ++b, src += kQ32, dst += kBytes) {
+    for (int64_t b = 0; b < nb; ++b, src += kQ32, dst += kBytes, w = w ? w + kQ32 : w) {
         float lo = src[0], hi = src[0];
         for (int j = 1; j < kQ32; ++j) lo = std::min(lo, src[j]), hi = std::max(hi, src[j]);
-        const float d = (hi - lo) / float(kMax), id = d != 0 ? 1.0f / d : 0.0f;
+        float d = (hi - lo) / float(kMax);
+        if (w && lo < 0) {  // the weighted fit keeps an offset <= 0 (x ~ d q - min)
+            float scale = 0, min = 0;
+            fit_scale_min(src, kQ32, kMax, scale, min, w);
+            d = half_to_float(fp32_to_fp16(scale)), lo = half_to_float(fp32_to_fp16(-min));
+        }
+        const float id = d != 0 ? 1.0f / d : 0.0f;
         store_u16(dst, fp32_to_fp16(d));
         store_u16(dst + 2, fp32_to_fp16(lo));
-        auto code = [&](float x) { return std::clamp(int((x - lo) * id + 0.5f), 0, kMax); };
+        auto code = [&](float x) {
+            if (w) return std::clamp(nearest_int((x - lo) * id), 0, kMax);
+            return std::clamp(int((x - lo) * id + 0.5f), 0, kMax);
+        };
         uint32_t qh = 0;
         uint8_t* qs = dst + kBytes - 16;
         for (int j = 0; j < 16; ++j) {
@@ -172,7 +188,7 @@ KVRUN_SIMD_CLONES void dequant_q8(const uint8_t* src, float* dst, int64_t nb) {
 }
 
 template <bool kHasSum>
-void quant_q8(const float* src, uint8_t* dst, int64_t nb) {
+void quant_q8(const float* src, uint8_t* dst, int64_t nb, const float* /*w*/) {
     constexpr size_t kHeader = kHasSum ? 4 : 2;
     for (int64_t b = 0; b < nb; ++b, src += kQ32, dst += kHeader + kQ32) {
         float amax = 0;
@@ -321,7 +337,14 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
 void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
     const TypeEntry& e = entry(t);
     if (!e.quant) fail("kvrun cannot quantize to tensor type {}", e.traits.name);
-    e.quant(src, static_cast<uint8_t*>(dst), row_blocks(e, n));
+    e.quant(src, static_cast<uint8_t*>(dst), row_blocks(e, n), nullptr);
+}
+
+void quantize_row_weighted(GgmlType t, const float* src, const float* importance, void* dst,
+                           int64_t n) {
+    const TypeEntry& e = entry(t);
+    if (!e.quant) fail("kvrun cannot quantize to tensor type {}", e.traits.name);
+    e.quant(src, static_cast<uint8_t*>(dst), row_blocks(e, n), importance);
 }
 
 float vec_dot_row(GgmlType t, const void* row, const float* x, int64_t n) {

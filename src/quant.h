@@ -36,6 +36,11 @@ size_t ggml_row_bytes(GgmlType t, int64_t n);
 void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
 // src[n] float32 -> dst (ggml_row_bytes(t, n) bytes). Throws for types without a quantizer.
 void quantize_row(GgmlType t, const float* src, void* dst, int64_t n);
+// The same, fitting each block to minimize the error weighted by importance[n] (an
+// importance matrix's entries for the row's columns: mean squared activations); nullptr is
+// quantize_row. Q4_0..Q5_1, the K-quants and IQ4 use the weights; the other types ignore them.
+void quantize_row_weighted(GgmlType t, const float* src, const float* importance, void* dst,
+                           int64_t n);
 // dot(row of type t with n elements, x[n]) in float32 accumulation; equal (to float
 // rounding) to dequantize_row followed by a dot product, without the temporary row.
 float vec_dot_row(GgmlType t, const void* row, const float* x, int64_t n);

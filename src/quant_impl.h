@@ -42,8 +42,17 @@ inline int unpack_q3_scale(const uint8_t* s, int j) {
 
 // src: nb blocks of the type -> dst[nb * block_elems]
 using DequantFn = void (*)(const uint8_t* src, float* dst, int64_t nb);
-// src[nb * block_elems] -> dst: nb blocks
-using QuantFn = void (*)(const float* src, uint8_t* dst, int64_t nb);
+// src[nb * block_elems] -> dst: nb blocks. w: nullptr, or the importance of each element
+// (nb * block_elems; an importance matrix's row): the fits then minimize the weighted
+// squared error. Types without weighted fits ignore it.
+using QuantFn = void (*)(const float* src, uint8_t* dst, int64_t nb, const float* w);
+
+// Least-squares fits of a sub-block (quant_k.cpp), weighted by w[n] or (nullptr) equally:
+// x ~ scale * q - min, q in [0, nmax], scale, min >= 0;
+void fit_scale_min(const float* x, int n, int nmax, float& scale, float& min, const float* w);
+// x ~ scale * q, q in [-nneg, nneg - 1] (returns the scale; its sign maps the largest
+// magnitude near -nneg).
+float fit_scale_sym(const float* x, int n, int nneg, const float* w);
 
 void dequant_q2_k(const uint8_t* src, float* dst, int64_t nb);
 void dequant_q3_k(const uint8_t* src, float* dst, int64_t nb);
@@ -51,17 +60,17 @@ void dequant_q4_k(const uint8_t* src, float* dst, int64_t nb);
 void dequant_q5_k(const uint8_t* src, float* dst, int64_t nb);
 void dequant_q6_k(const uint8_t* src, float* dst, int64_t nb);
 void dequant_q8_k(const uint8_t* src, float* dst, int64_t nb);
-void quant_q2_k(const float* src, uint8_t* dst, int64_t nb);
-void quant_q3_k(const float* src, uint8_t* dst, int64_t nb);
-void quant_q4_k(const float* src, uint8_t* dst, int64_t nb);
-void quant_q5_k(const float* src, uint8_t* dst, int64_t nb);
-void quant_q6_k(const float* src, uint8_t* dst, int64_t nb);
-void quant_q8_k(const float* src, uint8_t* dst, int64_t nb);
+void quant_q2_k(const float* src, uint8_t* dst, int64_t nb, const float* w);
+void quant_q3_k(const float* src, uint8_t* dst, int64_t nb, const float* w);
+void quant_q4_k(const float* src, uint8_t* dst, int64_t nb, const float* w);
+void quant_q5_k(const float* src, uint8_t* dst, int64_t nb, const float* w);
+void quant_q6_k(const float* src, uint8_t* dst, int64_t nb, const float* w);
+void quant_q8_k(const float* src, uint8_t* dst, int64_t nb, const float* w);
 
 void dequant_iq4_nl(const uint8_t* src, float* dst, int64_t nb);
 void dequant_iq4_xs(const uint8_t* src, float* dst, int64_t nb);
-void quant_iq4_nl(const float* src, uint8_t* dst, int64_t nb);
-void quant_iq4_xs(const float* src, uint8_t* dst, int64_t nb);
+void quant_iq4_nl(const float* src, uint8_t* dst, int64_t nb, const float* w);
+void quant_iq4_xs(const float* src, uint8_t* dst, int64_t nb, const float* w);
 
 // Little-endian scalar loads/stores (blocks are byte-packed, so no aligned access).
 inline float load_f16(const uint8_t* p);  // defined below via quant.h's converters

@@ -44,8 +44,8 @@ float code_block(const float* x, float d, uint8_t* idx) {
 }
 
 // Best scale for x[32]: candidates around +-amax/127, each refit by least squares for
-// its codes; the one with the least squared error wins.
-float fit_iq4_scale(const float* x) {
+// its codes (weighted by w[32], or equally); the one with the least squared error wins.
+float fit_iq4_scale(const float* x, const float* w) {
     float amax = 0;
     for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
     if (amax == 0) return 0;
@@ -57,8 +57,8 @@ float fit_iq4_scale(const float* x) {
             code_block(x, d0, idx);
             float skx = 0, skk = 0, sxx = 0;
             for (int i = 0; i < 32; ++i) {
-                const float k = kIq4Codebook[idx[i]];
-                skx += k * x[i], skk += k * k, sxx += x[i] * x[i];
+                const float k = kIq4Codebook[idx[i]], wi = w ? w[i] : 1.0f;
+                skx += wi * (k * x[i]), skk += wi * (k * k), sxx += wi * (x[i] * x[i]);
             }
             if (skk <= 0) continue;
             const float d1 = skx / skk;
@@ -95,22 +95,22 @@ void dequant_iq4_xs(const uint8_t* src, float* dst, int64_t nb) {
     }
 }
 
-void quant_iq4_nl(const float* src, uint8_t* dst, int64_t nb) {
+void quant_iq4_nl(const float* src, uint8_t* dst, int64_t nb, const float* w) {
     uint8_t idx[32];
-    for (int64_t b = 0; b < nb; ++b, src += kQ32, dst += 18) {
-        const uint16_t dh = fp32_to_fp16(fit_iq4_scale(src));
+    for (int64_t b = 0; b < nb; ++b, src += kQ32, dst += 18, w = w ? w + kQ32 : w) {
+        const uint16_t dh = fp32_to_fp16(fit_iq4_scale(src, w));
         store_u16(dst, dh);
         code_block(src, half_to_float(dh), idx);
         pack_nibbles_32(idx, dst + 2);
     }
 }
 
-void quant_iq4_xs(const float* src, uint8_t* dst, int64_t nb) {
+void quant_iq4_xs(const float* src, uint8_t* dst, int64_t nb, const float* w) {
     uint8_t idx[32];
-    for (int64_t b = 0; b < nb; ++b, src += kQK, dst += 136) {
+    for (int64_t b = 0; b < nb; ++b, src += kQK, dst += 136, w = w ? w + kQK : w) {
         float scales[8], amax = 0;
         for (int j = 0; j < 8; ++j) {
-            scales[j] = fit_iq4_scale(src + 32 * j);
+            scales[j] = fit_iq4_scale(src + 32 * j, w ? w + 32 * j : nullptr);
             amax = std::max(amax, std::fabs(scales[j]));
         }
         const uint16_t dh = fp32_to_fp16(amax / 31.0f);

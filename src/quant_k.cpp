@@ -47,9 +47,12 @@ void pack_q3_scales(const int* sc, uint8_t* s) {  // sc[16] in [-32, 31]
 
 // ---- sub-block fitting (quantizers) ------------------------------------------------
 
+}  // namespace
+
 // Fits x[n] ~ scale * q - min with q in [0, nmax], scale >= 0, min >= 0 (the offset is
-// never positive, as in the format). Tries a few ranges and keeps the least-squares best.
-void fit_scale_min(const float* x, int n, int nmax, float& scale, float& min) {
+// never positive, as in the format). Tries a few ranges and keeps the least-squares best,
+// weighted by w[n] (importance; nullptr: equal weights, the same arithmetic bit for bit).
+void fit_scale_min(const float* x, int n, int nmax, float& scale, float& min, const float* w) {
     float lo = 0, hi = x[0];
     for (int i = 0; i < n; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
     scale = 0;
@@ -60,32 +63,35 @@ void fit_scale_min(const float* x, int n, int nmax, float& scale, float& min) {
         const float s = (hi - lo) / (float(nmax) + 0.25f * float(step));
         if (s <= 0) continue;
         // Quantize with this range, then refit (a, b) of x ~ a*q + b by least squares.
-        double sq = 0, sqq = 0, sx = 0, sqx = 0;
+        double sw = 0, sq = 0, sqq = 0, sx = 0, sqx = 0;
         int qs[32];
         for (int i = 0; i < n; ++i) {
+            const double wi = w ? double(w[i]) : 1.0;
             qs[i] = std::clamp(nearest_int((x[i] - lo) / s), 0, nmax);
-            sq += qs[i], sqq += double(qs[i]) * qs[i], sx += x[i], sqx += double(qs[i]) * x[i];
+            sw += wi, sq += wi * qs[i], sqq += wi * (double(qs[i]) * qs[i]), sx += wi * x[i],
+                sqx += wi * (double(qs[i]) * x[i]);
         }
-        const double det = n * sqq - sq * sq;
+        const double det = sw * sqq - sq * sq;
         double a = s, b = lo;
         if (det > 0) {
-            a = (n * sqx - sq * sx) / det;
-            b = (sx - a * sq) / n;
+            a = (sw * sqx - sq * sx) / det;
+            b = (sx - a * sq) / sw;
         }
         if (b > 0) b = 0, a = sqq > 0 ? sqx / sqq : 0;
         if (a < 0) continue;
         float err = 0;
         for (int i = 0; i < n; ++i) {
             const float e = float(a) * float(qs[i]) + float(b) - x[i];
-            err += e * e;
+            err += (w ? w[i] : 1.0f) * (e * e);
         }
         if (err < best_err) best_err = err, scale = float(a), min = float(-b);
     }
 }
 
 // Fits x[n] ~ scale * q with q in [-nneg, nneg - 1]: the largest-magnitude element maps
-// near -nneg (sign carried by the scale); a few candidates, least-squares refit each.
-float fit_scale_sym(const float* x, int n, int nneg) {
+// near -nneg (sign carried by the scale); a few candidates, least-squares refit each,
+// weighted by w[n] (nullptr: equal weights).
+float fit_scale_sym(const float* x, int n, int nneg, const float* w) {
     float amax = 0, vmax = 0;
     for (int i = 0; i < n; ++i)
         if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]), vmax = x[i];
@@ -95,8 +101,9 @@ float fit_scale_sym(const float* x, int n, int nneg) {
         const float s = vmax / -(float(nneg) + 0.25f * float(step));
         double sqx = 0, sqq = 0;
         for (int i = 0; i < n; ++i) {
+            const double wi = w ? double(w[i]) : 1.0;
             const int q = std::clamp(nearest_int(x[i] / s), -nneg, nneg - 1);
-            sqx += double(q) * x[i], sqq += double(q) * q;
+            sqx += wi * (double(q) * x[i]), sqq += wi * (double(q) * q);
         }
         if (sqq <= 0) continue;
         const float a = float(sqx / sqq);
@@ -104,12 +111,14 @@ float fit_scale_sym(const float* x, int n, int nneg) {
         for (int i = 0; i < n; ++i) {
             const int q = std::clamp(nearest_int(x[i] / a), -nneg, nneg - 1);
             const float e = a * float(q) - x[i];
-            err += e * e;
+            err += (w ? w[i] : 1.0f) * (e * e);
         }
         if (err < best_err) best_err = err, best = a;
     }
     return best;
 }
+
+namespace {
 
 // Asymmetric super-block: fits every sub-block, quantizes scales and mins to `sbits`
 // bits against f16 super factors, and returns per-element codes L[256] in [0, nmax]
@@ -120,11 +129,12 @@ struct AsymBlock {
     uint8_t L[kQK] = {};
 };
 
-void quantize_asym(const float* x, int sub, int nmax, int smax, AsymBlock& out) {
+void quantize_asym(const float* x, int sub, int nmax, int smax, AsymBlock& out,
+                   const float* w = nullptr) {
     const int nsub = kQK / sub;
     float scales[16], mins[16], max_scale = 0, max_min = 0;
     for (int j = 0; j < nsub; ++j) {
-        fit_scale_min(x + j * sub, sub, nmax, scales[j], mins[j]);
+        fit_scale_min(x + j * sub, sub, nmax, scales[j], mins[j], w ? w + j * sub : nullptr);
         max_scale = std::max(max_scale, scales[j]);
         max_min = std::max(max_min, mins[j]);
     }
@@ -150,11 +160,12 @@ struct SymBlock {
     int L[kQK] = {};
 };
 
-void quantize_sym(const float* x, int sub, int nneg, int smax, SymBlock& out) {
+void quantize_sym(const float* x, int sub, int nneg, int smax, SymBlock& out,
+                  const float* w = nullptr) {
     const int nsub = kQK / sub;
     float scales[16], amax = 0;
     for (int j = 0; j < nsub; ++j) {
-        scales[j] = fit_scale_sym(x + j * sub, sub, nneg);
+        scales[j] = fit_scale_sym(x + j * sub, sub, nneg, w ? w + j * sub : nullptr);
         amax = std::max(amax, std::fabs(scales[j]));
     }
     out.d = fp32_to_fp16(amax / float(smax));
@@ -189,10 +200,10 @@ void dequant_q2_k(const uint8_t* src, float* dst, int64_t nb) {
     }
 }
 
-void quant_q2_k(const float* src, uint8_t* dst, int64_t nb) {
+void quant_q2_k(const float* src, uint8_t* dst, int64_t nb, const float* w) {
     AsymBlock blk;
-    for (int64_t b = 0; b < nb; ++b, src += kQK, dst += 84) {
-        quantize_asym(src, 16, 3, 15, blk);
+    for (int64_t b = 0; b < nb; ++b, src += kQK, dst += 84, w = w ? w + kQK : w) {
+        quantize_asym(src, 16, 3, 15, blk, w);
         for (int j = 0; j < 16; ++j) dst[j] = uint8_t(blk.sc[j] | blk.m[j] << 4);
         uint8_t* qs = dst + 16;
         std::fill(qs, qs + 64, 0);
@@ -226,10 +237,10 @@ void dequant_q3_k(const uint8_t* src, float* dst, int64_t nb) {
     }
 }
 
-void quant_q3_k(const float* src, uint8_t* dst, int64_t nb) {
+void quant_q3_k(const float* src, uint8_t* dst, int64_t nb, const float* w) {
     SymBlock blk;
-    for (int64_t b = 0; b < nb; ++b, src += kQK, dst += 110) {
-        quantize_sym(src, 16, 4, 31, blk);
+    for (int64_t b = 0; b < nb; ++b, src += kQK, dst += 110, w = w ? w + kQK : w) {
+        quantize_sym(src, 16, 4, 31, blk, w);
         uint8_t* hmask = dst;
         uint8_t* qs = dst + 32;
         std::fill(dst, dst + 96, 0);
@@ -271,11 +282,11 @@ KVRUN_SIMD_CLONES void dequant_q45_k(const uint8_t* src, float* dst, int64_t nb)
 }
 
 template <bool kHigh>
-void quant_q45_k(const float* src, uint8_t* dst, int64_t nb) {
+void quant_q45_k(const float* src, uint8_t* dst, int64_t nb, const float* w) {
     constexpr size_t kBytes = kHigh ? 176 : 144;
     AsymBlock blk;
-    for (int64_t b = 0; b < nb; ++b, src += kQK, dst += kBytes) {
-        quantize_asym(src, 32, kHigh ? 31 : 15, 63, blk);
+    for (int64_t b = 0; b < nb; ++b, src += kQK, dst += kBytes, w = w ? w + kQK : w) {
+        quantize_asym(src, 32, kHigh ? 31 : 15, 63, blk, w);
         store_u16(dst, blk.d);
         store_u16(dst + 2, blk.dmin);
         pack_scale_min(blk.sc, blk.m, dst + 4);
@@ -296,11 +307,11 @@ void dequant_q4_k(const uint8_t* src, float* dst, int64_t nb) {
 void dequant_q5_k(const uint8_t* src, float* dst, int64_t nb) {
     dequant_q45_k<true>(src, dst, nb);
 }
-void quant_q4_k(const float* src, uint8_t* dst, int64_t nb) {
-    quant_q45_k<false>(src, dst, nb);
+void quant_q4_k(const float* src, uint8_t* dst, int64_t nb, const float* w) {
+    quant_q45_k<false>(src, dst, nb, w);
 }
-void quant_q5_k(const float* src, uint8_t* dst, int64_t nb) {
-    quant_q45_k<true>(src, dst, nb);
+void quant_q5_k(const float* src, uint8_t* dst, int64_t nb, const float* w) {
+    quant_q45_k<true>(src, dst, nb, w);
 }
 
 // ---- Q6_K: element e = 128n + 32s + l: low nibble of ql[64n + l + 32*(s&1)] (s < 2) or
@@ -327,10 +338,10 @@ void dequant_q6_k(const uint8_t* src, float* dst, int64_t nb) {
     }
 }
 
-void quant_q6_k(const float* src, uint8_t* dst, int64_t nb) {
+void quant_q6_k(const float* src, uint8_t* dst, int64_t nb, const float* w) {
     SymBlock blk;
-    for (int64_t b = 0; b < nb; ++b, src += kQK, dst += 210) {
-        quantize_sym(src, 16, 32, 127, blk);
+    for (int64_t b = 0; b < nb; ++b, src += kQK, dst += 210, w = w ? w + kQK : w) {
+        quantize_sym(src, 16, 32, 127, blk, w);
         uint8_t* ql = dst;
         uint8_t* qh = dst + 128;
         std::fill(dst, dst + 192, 0);
@@ -356,7 +367,7 @@ void dequant_q8_k(const uint8_t* src, float* dst, int64_t nb) {
     }
 }
 
-void quant_q8_k(const float* src, uint8_t* dst, int64_t nb) {
+void quant_q8_k(const float* src, uint8_t* dst, int64_t nb, const float* /*w*/) {
     for (int64_t b = 0; b < nb; ++b, src += kQK, dst += 292) {
         float amax = 0;
         for (int e = 0; e < kQK; ++e) amax = std::max(amax, std::fabs(src[e]));

@@ -20,8 +20,6 @@
 namespace kvrun {
 namespace {
 
-constexpr std::string_view kNeedsImatrix =
-    "needs an importance matrix, which kvrun does not compute";
 constexpr std::string_view kNoCodec = "kvrun has no quantizer for its tensor type";
 
 // general.file_type numbers (llama.cpp's llama_ftype).
@@ -68,7 +66,7 @@ constexpr QuantFileType kFileTypes[] = {
     {"Q5_1", kQ5_1, T::Q5_1, "6.0 bpw, scale and minimum per 32 weights", ""},
     {"Q8_0", kQ8_0, T::Q8_0, "8.5 bpw, nearly lossless", ""},
     {"Q2_K", kQ2_K, T::Q2_K, "2-bit K-quant mix (Q3_K attn_v/attn_output/ffn_down)", ""},
-    {"Q2_K_S", kQ2_K_S, T::Q2_K, "2-bit K-quant, smaller mix", kNeedsImatrix},
+    {"Q2_K_S", kQ2_K_S, T::Q2_K, "2-bit K-quant, smaller mix (needs --imatrix)", "", true},
     {"Q3_K_S", kQ3_K_S, T::Q3_K, "3-bit K-quant", ""},
     {"Q3_K_M", kQ3_K_M, T::Q3_K, "3-bit K-quant mix (Q4_K/Q5_K attn_v, attn_output, ffn_down)", ""},
     {"Q3_K_L", kQ3_K_L, T::Q3_K, "3-bit K-quant mix (Q5_K attn_v, attn_output, ffn_down)", ""},
@@ -82,12 +80,12 @@ constexpr QuantFileType kFileTypes[] = {
     {"F16", kF16, T::F16, "16-bit float", ""},
     {"BF16", kBF16, T::BF16, "bfloat16", ""},
     {"F32", kF32, T::F32, "32-bit float", ""},
-    {"IQ2_XXS", kIQ2_XXS, T::IQ2_XXS, "2.06 bpw", kNeedsImatrix},
-    {"IQ2_XS", kIQ2_XS, T::IQ2_XS, "2.31 bpw", kNeedsImatrix},
-    {"IQ2_S", kIQ2_S, T::IQ2_XS, "2.5 bpw", kNeedsImatrix},
-    {"IQ2_M", kIQ2_M, T::IQ2_S, "2.7 bpw", kNeedsImatrix},
-    {"IQ1_S", kIQ1_S, T::IQ1_S, "1.56 bpw", kNeedsImatrix},
-    {"IQ1_M", kIQ1_M, T::IQ1_M, "1.75 bpw", kNeedsImatrix},
+    {"IQ2_XXS", kIQ2_XXS, T::IQ2_XXS, "2.06 bpw", kNoCodec, true},
+    {"IQ2_XS", kIQ2_XS, T::IQ2_XS, "2.31 bpw", kNoCodec, true},
+    {"IQ2_S", kIQ2_S, T::IQ2_XS, "2.5 bpw", kNoCodec, true},
+    {"IQ2_M", kIQ2_M, T::IQ2_S, "2.7 bpw", kNoCodec, true},
+    {"IQ1_S", kIQ1_S, T::IQ1_S, "1.56 bpw", kNoCodec, true},
+    {"IQ1_M", kIQ1_M, T::IQ1_M, "1.75 bpw", kNoCodec, true},
     {"IQ3_XXS", kIQ3_XXS, T::IQ3_XXS, "3.06 bpw", kNoCodec},
     {"IQ3_XS", kIQ3_XS, T::IQ3_S, "3.3 bpw", kNoCodec},
     {"IQ3_S", kIQ3_S, T::IQ3_S, "3.44 bpw", kNoCodec},
@@ -134,6 +132,7 @@ bool quantizable(const GgufTensorInfo& t, const QuantizeOptions& o) {
 // What the mix rules need to know about the model.
 struct MixContext {
     uint32_t ftype = 0;
+    bool has_imatrix = false;
     std::string arch;
     int64_t n_layer = 0, n_gqa = 1, n_expert = 0, n_attention_wv = 0;
     bool has_output = false, is_70b = false;
@@ -197,6 +196,7 @@ GgmlType mix_type(const MixContext& m, const GgufTensorInfo& t, GgmlType type, i
     if (contains(n, "ffn_down")) {
         const int64_t i = std::max<int64_t>(0, layer_of(n)), nl = std::max<int64_t>(1, m.n_layer);
         if (f == kQ2_K) return T::Q3_K;
+        if (f == kQ2_K_S) return i < nl / 8 ? T::Q4_K : type;
         if (f == kQ3_K_M)
             return i < nl / 16                             ? T::Q5_K
                    : !falcon || quant_use_more_bits(i, nl) ? T::Q4_K
@@ -207,9 +207,12 @@ GgmlType mix_type(const MixContext& m, const GgufTensorInfo& t, GgmlType type, i
                 return i < nl / 16 ? T::Q6_K : quant_use_more_bits(i, nl) ? T::Q5_K : T::Q4_K;
             return quant_use_more_bits(i, nl) ? T::Q6_K : type;
         }
-        if (i < nl / 8 && (f == kIQ4_NL || f == kIQ4_XS)) return T::Q5_K;
+        if (i < nl / 8 && (f == kIQ4_NL || f == kIQ4_XS) && !m.has_imatrix) return T::Q5_K;
         if (f == kQ5_K_M && quant_use_more_bits(i, nl)) return T::Q6_K;
         if (f == kQ4_K_S && !falcon && i < nl / 8) return T::Q5_K;
+        // With an imatrix, the first ffn_down layers of Q4_0 / Q5_0 get a minimum too.
+        if ((f == kQ4_0 || f == kQ5_0) && m.has_imatrix && i < nl / 8)
+            return f == kQ4_0 ? T::Q4_1 : T::Q5_1;
         return type;
     }
     if (contains(n, "attn_output.weight")) {
@@ -313,8 +316,12 @@ bool quant_use_more_bits(int64_t layer, int64_t n_layer) {
 
 std::vector<TensorQuantChoice> plan_quantization(const GgufFile& in, const QuantizeOptions& o) {
     if (o.type && !o.type->unsupported.empty())
-        fail("cannot quantize to {}: it {}", o.type->name, o.type->unsupported);
-    const MixContext mix = mix_context(in, o.type ? o.type->id : 0);
+        fail("cannot quantize to {}: {}", o.type->name, o.type->unsupported);
+    if (o.type && o.type->needs_imatrix && !o.imatrix)
+        throw Error(fmt::format("{} needs an importance matrix", o.type->name),
+                    "make one with `kvrun imatrix -m MODEL -f TEXT`, then pass --imatrix FILE");
+    MixContext mix = mix_context(in, o.type ? o.type->id : 0);
+    mix.has_imatrix = o.imatrix != nullptr;
     std::vector<std::pair<std::regex, GgmlType>> patterns;
     for (const auto& [re, type] : o.tensor_types) {
         try {
@@ -356,6 +363,22 @@ std::vector<TensorQuantChoice> plan_quantization(const GgufFile& in, const Quant
                     "tensor '{}' is already {}: requantizing loses quality twice; pass "
                     "--allow-requantize to do it anyway",
                     t->name, ggml_type_name(t->type));
+            if (o.imatrix) {
+                auto it = o.imatrix->entries.find(t->name);
+                const size_t n_mat = t->dims.size() > 2 ? size_t(t->dims[2]) : 1;
+                if (it != o.imatrix->entries.end()) {
+                    if (it->second.sum2.size() != size_t(t->dims[0]) * n_mat)
+                        fail("tensor '{}': the importance matrix holds {} values for it, the "
+                             "tensor has {} columns{}",
+                             t->name, it->second.sum2.size(), t->dims[0],
+                             n_mat > 1 ? fmt::format(" x {} experts", n_mat) : "");
+                    c.weighted = true;
+                } else if (o.type->needs_imatrix && c.to == o.type->base &&
+                           t->name != "token_embd.weight") {
+                    fail("tensor '{}' has no importance matrix entry, which {} needs", t->name,
+                         o.type->name);
+                }
+            }
         }
         plan.push_back(c);
     }
@@ -380,6 +403,13 @@ QuantizeResult quantize_model(
     if (o.type) {
         w.set_u32("general.quantization_version", 2);
         w.set_u32("general.file_type", o.type->id);
+    }
+    if (o.imatrix) {
+        w.set_string("quantize.imatrix.file", o.imatrix_file);
+        if (!o.imatrix->datasets.empty())
+            w.set_string("quantize.imatrix.dataset", o.imatrix->datasets.front());
+        w.set_i32("quantize.imatrix.entries_count", int32_t(o.imatrix->entries.size()));
+        w.set_i32("quantize.imatrix.chunks_count", int32_t(o.imatrix->chunks));
     }
     for (const auto& [key, value] : o.metadata) w.set_value(key, value);
     for (const TensorQuantChoice& c : plan)
@@ -406,13 +436,28 @@ QuantizeResult quantize_model(
             if (c.convert()) {
                 const float* x = tensor_as_f32(t, f32, pool);
                 const int64_t width = t.dims[0], rows = t.n_elements / width;
+                const int64_t rows_per_mat = t.dims.size() > 1 ? t.dims[1] : 1;
                 const size_t row_out = ggml_row_bytes(c.to, width);
+                // Importance per matrix (expert); an all-zero one (an expert the
+                // calibration never routed to) is quantized unweighted.
+                std::vector<float> ms =
+                    c.weighted ? o.imatrix->mean_squares(t.name) : std::vector<float>{};
+                std::vector<const float*> importance;
+                for (size_t m = 0; m * size_t(width) < ms.size(); ++m) {
+                    const float* p = ms.data() + m * size_t(width);
+                    importance.push_back(
+                        std::any_of(p, p + width, [](float v) { return v > 0; }) ? p : nullptr);
+                }
                 out.resize(row_out * size_t(rows));
                 pool.parallel_for(rows, parallel_grain(width * 8), [&](int64_t r0, int64_t r1) {
-                    for (int64_t row = r0; row < r1; ++row)
-                        quantize_row(c.to, x + row * width, out.data() + size_t(row) * row_out,
-                                     width);
+                    for (int64_t row = r0; row < r1; ++row) {
+                        const size_t m = size_t(row / rows_per_mat);
+                        quantize_row_weighted(c.to, x + row * width,
+                                              m < importance.size() ? importance[m] : nullptr,
+                                              out.data() + size_t(row) * row_out, width);
+                    }
                 });
+                r.n_weighted += c.weighted;
                 bytes = out.data();
                 n_bytes = out.size();
                 ++r.n_converted;

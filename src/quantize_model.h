@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gguf.h"
+#include "imatrix.h"
 
 namespace kvrun {
 
@@ -27,6 +28,7 @@ struct QuantFileType {
     GgmlType base = GgmlType::F32;  // the tensors' default type
     std::string_view description;   // one line for the help text
     std::string_view unsupported;   // why kvrun cannot write it ("" when it can)
+    bool needs_imatrix = false;     // llama.cpp refuses it without an importance matrix
 };
 
 // Every file type llama-quantize names, the ones kvrun cannot write included (with why).
@@ -51,6 +53,10 @@ struct QuantizeOptions {
     std::vector<std::pair<std::string, GgmlType>> tensor_types;
     std::vector<std::pair<std::string, GgufValue>> metadata;  // --override-kv values
     int threads = 0;                                          // 0: all cores
+    // --imatrix: each tensor's rows are fitted to minimize the error weighted by its
+    // columns' mean squared activations; the mixes take llama.cpp's imatrix variants.
+    const Imatrix* imatrix = nullptr;
+    std::string imatrix_file;  // recorded in the output's quantize.imatrix.* metadata
 };
 
 // What happens to one tensor.
@@ -58,6 +64,7 @@ struct TensorQuantChoice {
     const GgufTensorInfo* tensor = nullptr;
     GgmlType to = GgmlType::F32;
     bool fallback = false;  // the mix's type does not fit the row width: llama.cpp's fallback
+    bool weighted = false;  // converted with the importance matrix's entry
     bool convert() const { return tensor->type != to; }
 };
 
@@ -69,7 +76,7 @@ std::vector<TensorQuantChoice> plan_quantization(const GgufFile& in, const Quant
 
 struct QuantizeResult {
     uint64_t bytes_in = 0, bytes_out = 0;  // tensor data
-    int n_converted = 0, n_fallback = 0;
+    int n_converted = 0, n_fallback = 0, n_weighted = 0;
 };
 
 // Writes the quantized model to `out_path` (through `out_path`.part, renamed when complete;

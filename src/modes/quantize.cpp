@@ -60,8 +60,6 @@ const QuantFileType* file_type_arg(const std::string& s) {
 }
 
 int run_quantize(const QuantizeCliOptions& c) {
-    if (!c.imatrix.empty())
-        fail("--imatrix: kvrun does not use importance matrices; quantize without one");
     // INPUT [OUTPUT] TYPE [NTHREADS], as llama-quantize reads them.
     std::vector<std::string> a = c.positional;
     int threads = c.threads;
@@ -98,6 +96,12 @@ int run_quantize(const QuantizeCliOptions& c) {
                                     tensor_type_arg("--tensor-type", tt.substr(eq + 1)));
     }
     for (const std::string& kv : c.kv_overrides) o.metadata.push_back(parse_kv_override(kv));
+    Imatrix imatrix;
+    if (!c.imatrix.empty()) {
+        imatrix = load_imatrix(c.imatrix);
+        o.imatrix = &imatrix;
+        o.imatrix_file = c.imatrix;
+    }
 
     GgufFile in = GgufFile::open(input);
     install_interrupt_handler();
@@ -111,19 +115,25 @@ int run_quantize(const QuantizeCliOptions& c) {
         std::string what = ch.convert() ? fmt::format("{:>6} -> {:<6}", ggml_type_name(t.type),
                                                       ggml_type_name(ch.to))
                                         : fmt::format("{:>6}    kept  ", ggml_type_name(t.type));
+        if (ch.weighted) what += "  (imatrix)";
         if (ch.fallback)
             what += fmt::format("  (rows of {} do not fit the mix's type: fallback)", t.dims[0]);
         fmt::print(stderr, "[{:>4}/{}] {:<32} [{}] {}\n", i + 1, n, t.name, dims, what);
     };
     const QuantizeResult r = quantize_model(in, output, o, progress, &interrupt_flag());
+    if (o.imatrix)
+        fmt::print(stderr, "quantize: importance matrix {} ({} entries, {} chunks)\n", c.imatrix,
+                   imatrix.entries.size(), imatrix.chunks);
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     int64_t params = 0;
     for (const GgufTensorInfo& t : in.tensors()) params += t.n_elements;
     fmt::print(stderr,
-               "quantize: {} -> {} ({})\n  tensors: {} converted, {} kept{}\n"
+               "quantize: {} -> {} ({})\n  tensors: {} converted{}, {} kept{}\n"
                "  size: {:.2f} MiB -> {:.2f} MiB ({:.2f} bits per weight), {:.1f} s\n",
-               input, output, type ? type->name : "COPY", r.n_converted, n - r.n_converted,
+               input, output, type ? type->name : "COPY", r.n_converted,
+               o.imatrix ? fmt::format(" ({} with the importance matrix)", r.n_weighted) : "",
+               n - r.n_converted,
                r.n_fallback ? fmt::format(", {} with a fallback type", r.n_fallback) : "",
                r.bytes_in / 1048576.0, r.bytes_out / 1048576.0,
                params ? 8.0 * double(r.bytes_out) / double(params) : 0.0, secs);
@@ -156,7 +166,10 @@ void add_quantize_command(CLI::App& root, int& exit_code) {
     cmd->add_option("--override-kv", o->kv_overrides,
                     "Set a metadata value in the output: KEY=TYPE:VALUE, TYPE int, float, bool "
                     "or str (repeatable)");
-    cmd->add_option("--imatrix", o->imatrix, "Not supported (kvrun quantizes without one)");
+    cmd->add_option("--imatrix", o->imatrix,
+                    "Importance matrix (kvrun imatrix, or llama-imatrix's .gguf / .dat): rows are "
+                    "fitted to the error weighted by their columns' activations")
+        ->check(CLI::ExistingFile);
     cmd->add_option("-t,--threads", o->threads, "Threads (0: all cores; or NTHREADS)")
         ->check(CLI::NonNegativeNumber);
     cmd->add_flag("-q,--quiet", o->quiet, "Print only the summary, not a line per tensor");

@@ -1,0 +1,128 @@
+// `kvrun imatrix`: llama-imatrix. Runs a calibration text through the model in chunks of
+// -c tokens (BOS first, as perplexity does) on the CPU backend, collecting every weight
+// matrix's mean squared input activations, and writes them for `quantize --imatrix`.
+#include "imatrix.h"
+
+#include <fmt/core.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "kv_block_table.h"
+#include "modes/model_options.h"
+#include "modes/modes.h"
+#include "sampler.h"
+#include "text_input.h"
+
+namespace kvrun {
+namespace {
+
+struct ImatrixOptions {
+    ModelOptions model;
+    std::string file, output = "imatrix.gguf";
+    int64_t chunks = -1, first_chunk = 0;
+    bool process_output = false;
+};
+
+int run_imatrix(ImatrixOptions o) {
+    if (o.model.device != "auto" && o.model.device != "cpu")
+        throw Error("imatrix runs on the CPU backend (it reads every weight product's inputs)",
+                    "leave --device out or give --device cpu");
+    o.model.device = "cpu";
+    if (o.model.n_ctx <= 0) o.model.n_ctx = 512;  // llama-imatrix's chunk size
+    const std::string text = read_file_text(o.file);
+    utf8_require_valid(text, o.file);
+    LoadedModel m = load_model(o.model, 1);
+    install_interrupt_handler();
+    const int32_t n_ctx = o.model.n_ctx, n_batch = std::min(o.model.n_batch, n_ctx);
+    const Tokenizer& tok = *m.tokenizer;
+    const std::vector<TokenId> tokens = tok.encode(text, tok.bos() >= 0);
+    const int64_t available = int64_t(tokens.size()) / n_ctx - o.first_chunk;
+    if (available <= 0)
+        throw Error(fmt::format("{}: {} tokens hold no chunk of {} after chunk {}", o.file,
+                                tokens.size(), n_ctx, o.first_chunk),
+                    "use a longer text, a smaller -c or a smaller --chunk");
+    const int64_t n_chunks = o.chunks > 0 ? std::min(o.chunks, available) : available;
+
+    ImatrixCollector collector(*m.file, o.process_output);
+    Backend& backend = *m.backend;
+    if (!backend.set_matmul_observer([&](const void* w, int64_t n_in, const float* x,
+                                         int64_t rows) { collector.observe(w, n_in, x, rows); }))
+        fail("this backend cannot observe its weight products");
+    fmt::print(stderr, "imatrix: {} on {} (cpu): {} chunks of {} tokens from chunk {}\n",
+               o.model.model, o.file, n_chunks, n_ctx, o.first_chunk);
+
+    KvBlockTable table = kv_table_for(backend);
+    const int64_t n_vocab = backend.config().n_vocab;
+    std::vector<float> logits;
+    double nll = 0;
+    int64_t scored = 0;
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t c = 0; c < n_chunks; ++c) {
+        if (interrupt_flag()) throw Error("interrupted");
+        std::vector<TokenId> chunk(tokens.begin() + (o.first_chunk + c) * n_ctx,
+                                   tokens.begin() + (o.first_chunk + c + 1) * n_ctx);
+        if (tok.bos() >= 0) chunk[0] = tok.bos();
+        const SeqId seq = table.create_sequence();
+        for (int32_t at = 0; at < n_ctx; at += n_batch) {
+            const int32_t n = std::min(n_batch, n_ctx - at);
+            if (!table.append(seq, n, chunk.data() + at))
+                fail("KV pool exhausted during imatrix (pool too small for -c {})", n_ctx);
+            kv_apply_pending(table, backend);
+            ForwardBatch fb;
+            fb.add_sequence(table, seq, at, n);
+            for (int32_t i = 0; i < n; ++i)  // the second half scores the perplexity shown
+                if (at + i >= n_ctx / 2 && at + i < n_ctx - 1) fb.logit_rows.push_back(i);
+            if (fb.logit_rows.empty()) fb.logit_rows.push_back(n - 1);
+            logits.resize(fb.logit_rows.size() * size_t(n_vocab));
+            backend.forward(fb, logits.data());
+            for (size_t r = 0; r < fb.logit_rows.size(); ++r) {
+                const int32_t pos = at + fb.logit_rows[r];
+                if (pos < n_ctx / 2 || pos >= n_ctx - 1) continue;
+                nll -= token_logprobs(logits.data() + r * size_t(n_vocab), int(n_vocab),
+                                      chunk[size_t(pos) + 1], 0)
+                           .chosen.logprob;
+                ++scored;
+            }
+        }
+        table.free_sequence(seq);
+        fmt::print(stderr, "[{}]{:.4f}{}", c + 1,
+                   std::exp(nll / double(std::max<int64_t>(1, scored))),
+                   c + 1 < n_chunks ? "," : "\n");
+    }
+    backend.set_matmul_observer({});
+    Imatrix& im = collector.result();
+    im.chunks = n_chunks;
+    im.chunk_size = n_ctx;
+    im.datasets = {o.file};
+    save_imatrix(im, o.output);
+    fmt::print(stderr, "imatrix: {} matrices, {} chunks, final PPL {:.4f}, {:.1f} s -> {}\n",
+               im.entries.size(), n_chunks, std::exp(nll / double(std::max<int64_t>(1, scored))),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+               o.output);
+    return 0;
+}
+
+}  // namespace
+
+void add_imatrix_command(CLI::App& root, int& exit_code) {
+    auto o = std::make_shared<ImatrixOptions>();
+    CLI::App* cmd = root.add_subcommand(
+        "imatrix",
+        "Compute an importance matrix from a calibration text (llama-imatrix) for "
+        "`quantize --imatrix`");
+    add_model_options(cmd, o->model);
+    cmd->add_option("-f,--file", o->file, "Calibration text")->required()->check(CLI::ExistingFile);
+    cmd->add_option("-o,--output,--output-file", o->output,
+                    "Output: llama.cpp's GGUF imatrix (*.gguf) or its .dat layout (any other name)")
+        ->capture_default_str();
+    cmd->add_option("--chunks", o->chunks, "Chunks of -c tokens to process (default: all)");
+    cmd->add_option("--chunk", o->first_chunk, "Start at this chunk (skip the ones before)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_flag("--process-output", o->process_output,
+                  "Also collect output.weight's inputs (llama-imatrix leaves it out)");
+    cmd->footer("-c is the chunk size (default 512). Runs on the CPU backend.");
+    cmd->callback([o, &exit_code] { exit_code = run_imatrix(*o); });
+}
+
+}  // namespace kvrun
