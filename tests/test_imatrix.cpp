@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <regex>
 #include <string>
@@ -219,4 +220,37 @@ TEST_CASE("imatrix and quantize --imatrix: bad input") {
         run_command(cli::kvrun_cmd("imatrix -m " + small.string() + " -f " + short_text)),
         "no chunk");
     for (const std::string& p : {im, out, dat, cut, junk, short_text}) fs::remove(p);
+}
+
+TEST_CASE("imatrix files: every prefix and random corruptions load or fail cleanly") {
+    auto small = shared_model("stories260K.gguf");
+    auto text = kvrun::test::shared_path("text/wiki.test.raw");
+    if (small.empty() || text.empty()) return;
+    for (const std::string ext : {".dat", ".gguf"}) {
+        INFO(ext);
+        const std::string path = temp_path("fuzz" + ext);
+        REQUIRE(run_command(cli::kvrun_cmd("imatrix -m " + small.string() + " -f " + text.string() +
+                                           " -c 32 --chunks 1 -o " + path))
+                    .exit_code == 0);
+        const std::string bytes = cli::read_all(path);
+        const std::string probe = temp_path("probe" + ext);
+        auto try_load = [&](const std::string& b) {
+            { std::ofstream(probe, std::ios::binary) << b; }
+            try {
+                const Imatrix im = load_imatrix(probe);
+                for (const auto& [name, e] : im.entries) (void)im.mean_squares(name);
+            } catch (const Error&) {
+            }
+        };
+        for (size_t n = 0; n < bytes.size(); n += 1 + n / 64) try_load(bytes.substr(0, n));
+        std::mt19937 rng(3);
+        for (int i = 0; i < 300; ++i) {
+            std::string b = bytes;
+            for (int k = 0; k < 4; ++k) b[rng() % b.size()] = char(rng());
+            try_load(b);
+        }
+        CHECK(load_imatrix(path).entries.size() == 35);
+        fs::remove(path);
+        fs::remove(probe);
+    }
 }
