@@ -222,8 +222,9 @@ class CudaBackend final : public Backend {
     // [n_adapters][row_cap_] per logit row (ForwardBatch::token_lora_scales), and their upload.
     float* lora_user_ = nullptr;
     std::vector<float> lora_user_host_;
-    float* xr_ = nullptr;      // [R][n_embd] rows that need logits
-    float* logits_ = nullptr;  // [R][n_vocab]
+    float* xr_ = nullptr;       // [R][n_embd] rows that need logits
+    bool hidden_only_ = false;  // forward_embeddings: skip the output projection
+    float* logits_ = nullptr;   // [R][n_vocab]
     // Batch metadata on the device (int32): tokens, positions, seq, slot, stage [token_cap_]
     // each, logit rows [row_cap_], block tables [table_cap_].
     int32_t *d_tokens_ = nullptr, *d_pos_ = nullptr, *d_seq_ = nullptr, *d_slot_ = nullptr;
@@ -773,6 +774,7 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
     // Final norm and output projection only for the rows that need logits.
     cuda_gather_rows(xr_, x_, d_rows_, R, c.n_embd, s);
     cuda_rmsnorm(xr_, xr_, output_norm_, R, c.n_embd, c.norm_eps, s);
+    if (hidden_only_) return;  // forward_embeddings: the normed rows are the result
     cuda_matmul(logits_, xr_, output_, R, scratch_, s);
     add_lora(logits_, xr_, lora_output_, R, /*logit_rows=*/true);
     if (c.logit_scale != 1.0f) cuda_scale(logits_, R * c.n_vocab, c.logit_scale, s);
@@ -782,7 +784,7 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
 // Runs the step: eagerly, or from a CUDA graph for decode-sized batches (captured on the
 // second eager-free occurrence of a shape, so the first run sizes the scratch buffers).
 void CudaBackend::run_step(int64_t T, int64_t R, int64_t max_blocks) {
-    if (!use_graphs_ || T > kGraphMaxTokens) {
+    if (!use_graphs_ || T > kGraphMaxTokens || hidden_only_) {  // graphs hold the logits
         enqueue_forward(T, R, max_blocks);
         return;
     }
@@ -894,9 +896,14 @@ void CudaBackend::forward(const ForwardBatch& b, float* logits) {
     CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
 }
 
-// The pass computes the logits too (the step's kernels and graphs are shared with
-// forward()); the output norm's rows are still in xr_ afterwards.
+// An eager pass that stops after the output norm (CUDA graphs are captured with the
+// output projection, so they are not used here); the normed rows are in xr_.
 void CudaBackend::forward_embeddings(const ForwardBatch& b, float* out) {
+    struct HiddenOnly {
+        bool& flag;
+        explicit HiddenOnly(bool& f) : flag(f) { flag = true; }
+        ~HiddenOnly() { flag = false; }
+    } scope(hidden_only_);
     const int64_t R = launch(b);
     if (b.tokens.empty()) return;
     if (R > 0)
