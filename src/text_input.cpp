@@ -1,6 +1,8 @@
 // Reading prompts from flags, files and stdin; UTF-8 validation.
 #include "text_input.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -10,6 +12,11 @@
 #include "common.h"
 
 namespace kvrun {
+
+void note_reading_terminal() {
+    if (::isatty(STDIN_FILENO) == 1)
+        std::fprintf(stderr, "kvrun: reading standard input (end it with Ctrl-D)\n");
+}
 
 std::string read_file_text(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
@@ -68,6 +75,7 @@ std::string read_text_input(const TextInput& in) {
         text = read_file_text(in.file);
         what = "'" + in.file + "'";
     } else if (in.allow_stdin) {
+        note_reading_terminal();
         std::ostringstream ss;
         ss << std::cin.rdbuf();
         if (std::cin.bad()) fail("error while reading standard input");

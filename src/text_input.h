@@ -26,6 +26,9 @@ std::string read_text_input(const TextInput& in);
 // For generation prompts: `prompt` when non-empty, else `file`, else standard input, with
 // one final newline of a file or of stdin dropped; empty text is an Error.
 std::string read_prompt_text(const std::string& prompt, const std::string& file, bool allow_stdin);
+// When standard input is a terminal, tells stderr that the program waits for it there (a
+// command run without -p/-f would otherwise seem to hang).
+void note_reading_terminal();
 // Reads a whole file; throws Error naming the path when it can't.
 std::string read_file_text(const std::string& path);
 // Typed escapes: \n newline, \t tab, \r carriage return, \\ backslash; any other

@@ -92,6 +92,7 @@ std::vector<Item> read_items(const BatchOptions& o, const Tokenizer& tok) {
         file.open(o.file, std::ios::binary);
         if (!file) fail("cannot open '{}' for reading", o.file);
     }
+    if (reads_stdin(o)) note_reading_terminal();
     std::istream& in = reads_stdin(o) ? std::cin : file;
     std::vector<std::string> lines;
     for (std::string line; std::getline(in, line);) lines.push_back(std::move(line));
