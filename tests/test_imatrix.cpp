@@ -95,6 +95,11 @@ TEST_CASE("kvrun imatrix collects each matrix's mean squared inputs, in both fil
         REQUIRE(ma.size() == mb.size());
         for (size_t j = 0; j < ma.size(); ++j) CHECK(mb[j] == doctest::Approx(ma[j]).epsilon(1e-5));
     }
+    // info describes it; the model-running commands refuse it with a hint.
+    auto info = run_command(cli::kvrun_cmd("info -m " + gguf));
+    CHECK(info.out.find("35 matrices, 3 chunks of 64 tokens") != std::string::npos);
+    cli::check_one_line_with_hint(run_command(cli::kvrun_cmd("run -m " + gguf + " -p hi")),
+                                  "is an importance matrix, not a model");
     // Q, K and V read the same normed input; so do gate and up.
     CHECK(a.mean_squares("blk.2.attn_q.weight") == a.mean_squares("blk.2.attn_v.weight"));
     CHECK(a.mean_squares("blk.2.ffn_gate.weight") == a.mean_squares("blk.2.ffn_up.weight"));

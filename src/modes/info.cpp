@@ -7,6 +7,7 @@
 
 #include "chat_template.h"
 #include "gguf.h"
+#include "imatrix.h"
 #include "kv_format.h"
 #include "modes/modes.h"
 #include "quant.h"
@@ -130,9 +131,39 @@ int run_info_adapter(const InfoOptions& o, const GgufFile& f) {
     return 0;
 }
 
+// kvrun info on an importance matrix (imatrix.h): chunks, datasets and its matrices.
+int run_info_imatrix(const InfoOptions& o) {
+    const Imatrix im = load_imatrix(o.model);
+    if (o.json) {
+        nlohmann::json j;
+        j["file"] = o.model;
+        j["type"] = "imatrix";
+        j["chunks"] = im.chunks;
+        j["chunk_size"] = im.chunk_size;
+        j["datasets"] = im.datasets;
+        nlohmann::json m;
+        for (const auto& [name, e] : im.entries)
+            m[name] = {{"columns", e.n_in}, {"matrices", e.counts.size()}, {"counts", e.counts}};
+        j["entries"] = m;
+        fmt::print("{}\n", j.dump(2));
+        return 0;
+    }
+    fmt::print("file            {}\n", o.model);
+    fmt::print(
+        "imatrix         {} matrices, {} chunks of {} tokens (use it with quantize --imatrix)\n",
+        im.entries.size(), im.chunks, im.chunk_size);
+    for (const std::string& d : im.datasets) fmt::print("dataset         {}\n", d);
+    if (o.tensors)
+        for (const auto& [name, e] : im.entries)
+            fmt::print("  {:<40} {} columns x {} matrices, {:g} rows\n", name, e.n_in,
+                       e.counts.size(), e.counts.empty() ? 0.0 : e.counts.front());
+    return 0;
+}
+
 int run_info(const InfoOptions& o) {
     GgufFile f = GgufFile::open(o.model);
     if (f.get_string_or("general.type", "") == "adapter") return run_info_adapter(o, f);
+    if (f.get_string_or("general.type", "") == "imatrix") return run_info_imatrix(o);
     Hyper h = read_hyper(f);
 
     std::map<std::string, std::pair<int64_t, uint64_t>> histogram;  // type -> (count, bytes)

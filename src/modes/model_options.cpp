@@ -177,6 +177,9 @@ std::unique_ptr<GgufFile> open_model_file(const ModelOptions& o) {
     if (f->get_string_or("general.type", "") == "adapter")
         throw Error(fmt::format("{} is a LoRA adapter, not a model", o.model),
                     "pass it with --lora next to its base model (-m)");
+    if (f->get_string_or("general.type", "") == "imatrix")
+        throw Error(fmt::format("{} is an importance matrix, not a model", o.model),
+                    "pass it to `kvrun quantize --imatrix`");
     for (const std::string& text : o.kv_overrides) {
         auto [key, value] = parse_kv_override(text);
         f->override_value(key, std::move(value));
