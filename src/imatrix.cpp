@@ -47,6 +47,7 @@ class DatReader {
 Imatrix load_dat(const std::string& path, std::string bytes) {
     DatReader r(std::move(bytes), path);
     Imatrix im;
+    im.counts_are_calls = true;
     const int32_t n = r.i32("the entry count");
     if (n < 0 || size_t(n) > r.left() / 12)
         fail("{}: not an imatrix file (entry count {})", path, n);
@@ -65,11 +66,11 @@ Imatrix load_dat(const std::string& path, std::string bytes) {
         r.take(v.data(), v.size() * 4, "values");
         Imatrix::Entry e;
         e.n_in = nval;  // the matrix count is not stored: one row of all experts' columns
-        e.counts = {1.0};
+        e.counts = {double(std::max(ncall, 1))};  // the values are mean squares x ncall
         for (float x : v) {
             if (!std::isfinite(x) || x < 0)
                 fail("{}: entry '{}' holds a bad value {}", path, name, x);
-            e.sum2.push_back(ncall > 0 ? double(x) / ncall : double(x));
+            e.sum2.push_back(double(x));
         }
         if (!im.entries.emplace(name, std::move(e)).second)
             fail("{}: entry '{}' appears twice", path, name);
@@ -176,6 +177,48 @@ void ImatrixCollector::observe(const void* weight, int64_t n_in, const float* x,
     for (int64_t t = 0; t < n_rows; ++t)
         for (int64_t j = 0; j < n_in; ++j) s[j] += double(x[t * n_in + j]) * x[t * n_in + j];
     e.counts[size_t(m)] += double(n_rows);
+}
+
+void ImatrixCollector::add(const Imatrix& other) {
+    // The layouts' shapes per tensor: a .dat entry is one row of all experts' columns.
+    std::map<std::string, std::pair<int64_t, int64_t>> shape;  // name -> (n_in, n_mat)
+    for (const Range& r : ranges_) shape[*r.name] = {r.n_in, r.n_mat};
+    // A .dat file counts calls (chunks); weigh them as that many chunks of rows.
+    const double rows_per_call =
+        other.counts_are_calls ? double(im_.chunk_size > 0 ? im_.chunk_size : 512) : 1.0;
+    for (const auto& [name, e0] : other.entries) {
+        Imatrix::Entry e = e0;
+        for (double& v : e.sum2) v *= rows_per_call;
+        for (double& v : e.counts) v *= rows_per_call;
+        auto it = shape.find(name);
+        if (it != shape.end() && e.counts.size() == 1 && it->second.second > 1 &&
+            int64_t(e.sum2.size()) == it->second.first * it->second.second) {
+            e.n_in = it->second.first;
+            e.counts.assign(size_t(it->second.second), e.counts.front());
+        }
+        if (e.sum2.size() != size_t(e.n_in) * e.counts.size())
+            fail("importance matrix entry '{}': {} values for {} matrices of {} columns", name,
+                 e.sum2.size(), e.counts.size(), e.n_in);
+        if (it != shape.end() &&
+            (e.n_in != it->second.first || int64_t(e.counts.size()) != it->second.second))
+            fail(
+                "importance matrix entry '{}' is for {} x {} columns; this model's tensor has "
+                "{} x {}",
+                name, e.counts.size(), e.n_in, it->second.second, it->second.first);
+        Imatrix::Entry& into = im_.entries[name];
+        if (into.sum2.empty()) {
+            into = std::move(e);
+            continue;
+        }
+        if (into.n_in != e.n_in || into.sum2.size() != e.sum2.size())
+            fail("importance matrix entry '{}' has {} values here and {} in another file", name,
+                 into.sum2.size(), e.sum2.size());
+        for (size_t i = 0; i < e.sum2.size(); ++i) into.sum2[i] += e.sum2[i];
+        for (size_t m = 0; m < e.counts.size(); ++m) into.counts[m] += e.counts[m];
+    }
+    im_.chunks += other.chunks;
+    if (im_.chunk_size == 0) im_.chunk_size = other.chunk_size;
+    im_.datasets.insert(im_.datasets.end(), other.datasets.begin(), other.datasets.end());
 }
 
 void save_imatrix(const Imatrix& im, const std::string& path) {

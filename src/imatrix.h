@@ -23,6 +23,7 @@ struct Imatrix {
     std::map<std::string, Entry> entries;  // by weight tensor name
     int64_t chunks = 0, chunk_size = 0;
     std::vector<std::string> datasets;
+    bool counts_are_calls = false;  // read from a .dat file: counts are its calls, not rows
 
     // Mean squares [n_mat][n_in] of a tensor (empty when absent; an unseen expert's row is
     // all zeros).
@@ -36,6 +37,9 @@ class ImatrixCollector {
     // is left out unless include_output (llama-imatrix's --process-output).
     ImatrixCollector(const GgufFile& model, bool include_output);
     void observe(const void* weight, int64_t n_in, const float* x, int64_t n_rows);
+    // Adds another imatrix's sums and counts (llama-imatrix's --in-file); throws Error when
+    // an entry's shape differs from what is collected here.
+    void add(const Imatrix& other);
     Imatrix& result() { return im_; }
 
   private:

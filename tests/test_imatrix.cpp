@@ -259,3 +259,44 @@ TEST_CASE("imatrix files: every prefix and random corruptions load or fail clean
         fs::remove(probe);
     }
 }
+
+TEST_CASE("imatrix --in-file adds files up: two halves make the whole") {
+    auto small = shared_model("stories260K.gguf");
+    auto wide = shared_model("stories260K-w256-F32.gguf");
+    auto text = kvrun::test::shared_path("text/wiki.test.raw");
+    if (small.empty() || wide.empty() || text.empty()) return;
+    const std::string m = "imatrix -m " + small.string() + " -c 64 ";
+    const std::string a = temp_path("a.gguf"), b = temp_path("b.dat"), ab = temp_path("ab.gguf"),
+                      sum = temp_path("sum.gguf"), more = temp_path("more.gguf");
+    const std::string f = " -f " + text.string();
+    for (const auto& [args, out] : std::vector<std::pair<std::string, std::string>>{
+             {f + " --chunks 2", a},
+             {f + " --chunk 2 --chunks 2", b},
+             {f + " --chunks 4", ab},
+             {"--in-file " + a + " --in-file " + b, sum},
+             {f + " --chunk 2 --chunks 2 --in-file " + a, more}}) {
+        auto r = run_command(cli::kvrun_cmd(m + args + " -o " + out));
+        REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    }
+    const Imatrix whole = load_imatrix(ab);
+    for (const std::string& p : {sum, more}) {
+        INFO(p);
+        const Imatrix got = load_imatrix(p);
+        CHECK(got.chunks == 4);
+        REQUIRE(got.entries.size() == whole.entries.size());
+        for (const auto& [name, e] : whole.entries) {
+            INFO(name);
+            const auto want = whole.mean_squares(name), have = got.mean_squares(name);
+            REQUIRE(have.size() == want.size());
+            for (size_t j = 0; j < want.size(); ++j)
+                CHECK(have[j] == doctest::Approx(want[j]).epsilon(1e-5));
+        }
+    }
+    // Another model's imatrix does not fit.
+    cli::check_one_clear_error(run_command(cli::kvrun_cmd("imatrix -m " + wide.string() +
+                                                          " --in-file " + a + " -o " + sum)),
+                               "this model's tensor");
+    cli::check_one_line_with_hint(run_command(cli::kvrun_cmd("imatrix -m " + small.string())),
+                                  "--in-file");
+    for (const std::string& p : {a, b, ab, sum, more}) fs::remove(p);
+}

@@ -20,11 +20,29 @@ namespace {
 struct ImatrixOptions {
     ModelOptions model;
     std::string file, output = "imatrix.gguf";
+    std::vector<std::string> in_files;  // --in-file: imatrices to add
     int64_t chunks = -1, first_chunk = 0;
     bool process_output = false;
 };
 
+// --in-file without -f: the given imatrices added up (shapes checked against the model).
+int merge_only(const ImatrixOptions& o) {
+    GgufFile model = GgufFile::open(o.model.model);
+    ImatrixCollector collector(model, o.process_output);
+    for (const std::string& f : o.in_files) collector.add(load_imatrix(f));
+    save_imatrix(collector.result(), o.output);
+    fmt::print(stderr, "imatrix: {} files added: {} matrices, {} chunks -> {}\n", o.in_files.size(),
+               collector.result().entries.size(), collector.result().chunks, o.output);
+    return 0;
+}
+
 int run_imatrix(ImatrixOptions o) {
+    if (o.file.empty()) {
+        if (o.in_files.empty())
+            throw Error("nothing to do: give a calibration text (-f)",
+                        "or --in-file FILE (repeatable) to add imatrix files up");
+        return merge_only(o);
+    }
     if (o.model.device != "auto" && o.model.device != "cpu")
         throw Error("imatrix runs on the CPU backend (it reads every weight product's inputs)",
                     "leave --device out or give --device cpu");
@@ -45,6 +63,9 @@ int run_imatrix(ImatrixOptions o) {
     const int64_t n_chunks = o.chunks > 0 ? std::min(o.chunks, available) : available;
 
     ImatrixCollector collector(*m.file, o.process_output);
+    collector.result().chunk_size = n_ctx;
+    for (const std::string& f : o.in_files) collector.add(load_imatrix(f));
+    const int64_t earlier_chunks = collector.result().chunks;
     Backend& backend = *m.backend;
     if (!backend.set_matmul_observer([&](const void* w, int64_t n_in, const float* x,
                                          int64_t rows) { collector.observe(w, n_in, x, rows); }))
@@ -92,9 +113,9 @@ int run_imatrix(ImatrixOptions o) {
     }
     backend.set_matmul_observer({});
     Imatrix& im = collector.result();
-    im.chunks = n_chunks;
+    im.chunks = earlier_chunks + n_chunks;
     im.chunk_size = n_ctx;
-    im.datasets = {o.file};
+    im.datasets.push_back(o.file);
     save_imatrix(im, o.output);
     fmt::print(stderr, "imatrix: {} matrices, {} chunks, final PPL {:.4f}, {:.1f} s -> {}\n",
                im.entries.size(), n_chunks, std::exp(nll / double(std::max<int64_t>(1, scored))),
@@ -112,7 +133,11 @@ void add_imatrix_command(CLI::App& root, int& exit_code) {
         "Compute an importance matrix from a calibration text (llama-imatrix) for "
         "`quantize --imatrix`");
     add_model_options(cmd, o->model);
-    cmd->add_option("-f,--file", o->file, "Calibration text")->required()->check(CLI::ExistingFile);
+    cmd->add_option("-f,--file", o->file, "Calibration text")->check(CLI::ExistingFile);
+    cmd->add_option("--in-file", o->in_files,
+                    "Add this imatrix (.gguf or .dat) to the result (repeatable; without -f the "
+                    "files are only added up)")
+        ->check(CLI::ExistingFile);
     cmd->add_option("-o,--output,--output-file", o->output,
                     "Output: llama.cpp's GGUF imatrix (*.gguf) or its .dat layout (any other name)")
         ->capture_default_str();
