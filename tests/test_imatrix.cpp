@@ -190,6 +190,15 @@ TEST_CASE("imatrix and quantize --imatrix: bad input") {
     auto r = run_command(cli::kvrun_cmd("imatrix -m " + small.string() + " -f " + text.string() +
                                         " -c 64 --chunks 2 -o " + im));
     REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    // --include-weights / --exclude-weights pick the entries by name.
+    auto inc =
+        run_command(cli::kvrun_cmd("quantize -q --imatrix " + im + " --include-weights ffn_down " +
+                                   small.string() + " " + out + " Q4_0"));
+    CHECK_MESSAGE(inc.err.find("(5 with the importance matrix)") != std::string::npos, inc.err);
+    auto exc =
+        run_command(cli::kvrun_cmd("quantize -q --imatrix " + im + " --exclude-weights attn " +
+                                   small.string() + " " + out + " Q4_0"));
+    CHECK_MESSAGE(exc.err.find("(15 with the importance matrix)") != std::string::npos, exc.err);
     // An imatrix of another model: the sizes differ.
     cli::check_one_clear_error(run_command(cli::kvrun_cmd("quantize --imatrix " + im + " " +
                                                           wide.string() + " " + out + " Q4_K_M")),

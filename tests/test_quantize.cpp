@@ -296,6 +296,18 @@ TEST_CASE("quantize: the command line") {
         CHECK(a.out == b.out);
         CHECK(a.out.size() > 40);
     }
+    SUBCASE("repeatable flags take one value each, before the positionals") {
+        auto r = run_command(cli::kvrun_cmd(
+            "quantize -q --tensor-type attn_v=Q8_0 --tensor-type ffn_up=Q5_0 --override-kv "
+            "general.name=str:renamed " +
+            small.string() + " " + out.string() + " Q4_0"));
+        REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+        GgufFile got = GgufFile::open(out.string());
+        CHECK(got.get_string("general.name") == "renamed");
+        CHECK(got.find_tensor("blk.3.attn_v.weight")->type == GgmlType::Q8_0);
+        CHECK(got.find_tensor("blk.3.ffn_up.weight")->type == GgmlType::Q5_0);
+        CHECK(got.find_tensor("blk.3.attn_q.weight")->type == GgmlType::Q4_0);
+    }
     SUBCASE("without OUTPUT the file is ggml-model-TYPE.gguf beside the input") {
         const fs::path dir =
             fs::temp_directory_path() / ("kvrun_qdir_" + std::to_string(::getpid()));

@@ -17,7 +17,7 @@ namespace {
 struct QuantizeCliOptions {
     std::vector<std::string> positional;  // INPUT [OUTPUT] TYPE [NTHREADS]
     std::string output_type, token_embd_type, imatrix;
-    std::vector<std::string> tensor_types, kv_overrides;
+    std::vector<std::string> tensor_types, kv_overrides, include_weights, exclude_weights;
     bool pure = false, allow_requantize = false, leave_output = false, quiet = false;
     int threads = 0;
 };
@@ -99,6 +99,17 @@ int run_quantize(const QuantizeCliOptions& c) {
     Imatrix imatrix;
     if (!c.imatrix.empty()) {
         imatrix = load_imatrix(c.imatrix);
+        // llama-quantize's --include-weights / --exclude-weights: entries by name part.
+        auto named = [](const std::string& name, const std::vector<std::string>& parts) {
+            for (const std::string& p : parts)
+                if (name.find(p) != std::string::npos) return true;
+            return false;
+        };
+        for (auto it = imatrix.entries.begin(); it != imatrix.entries.end();) {
+            const bool keep = (c.include_weights.empty() || named(it->first, c.include_weights)) &&
+                              !named(it->first, c.exclude_weights);
+            it = keep ? std::next(it) : imatrix.entries.erase(it);
+        }
         o.imatrix = &imatrix;
         o.imatrix_file = c.imatrix;
     }
@@ -162,14 +173,25 @@ void add_quantize_command(CLI::App& root, int& exit_code) {
                     "Type of token_embd.weight (e.g. Q8_0)");
     cmd->add_option("--tensor-type", o->tensor_types,
                     "REGEX=TYPE: tensors whose name matches get TYPE (repeatable; the last match "
-                    "wins; e.g. attn_v=Q8_0)");
+                    "wins; e.g. attn_v=Q8_0)")
+        ->allow_extra_args(false);  // one value per flag: the positionals follow
     cmd->add_option("--override-kv", o->kv_overrides,
                     "Set a metadata value in the output: KEY=TYPE:VALUE, TYPE int, float, bool "
-                    "or str (repeatable)");
+                    "or str (repeatable)")
+        ->allow_extra_args(false);
     cmd->add_option("--imatrix", o->imatrix,
                     "Importance matrix (kvrun imatrix, or llama-imatrix's .gguf / .dat): rows are "
                     "fitted to the error weighted by their columns' activations")
         ->check(CLI::ExistingFile);
+    auto* inc = cmd->add_option("--include-weights", o->include_weights,
+                                "Use the imatrix only for tensors whose name contains this "
+                                "(repeatable)")
+                    ->allow_extra_args(false);
+    auto* exc = cmd->add_option("--exclude-weights", o->exclude_weights,
+                                "Do not use the imatrix for tensors whose name contains this "
+                                "(repeatable)")
+                    ->allow_extra_args(false);
+    inc->excludes(exc);
     cmd->add_option("-t,--threads", o->threads, "Threads (0: all cores; or NTHREADS)")
         ->check(CLI::NonNegativeNumber);
     cmd->add_flag("-q,--quiet", o->quiet, "Print only the summary, not a line per tensor");
