@@ -25,6 +25,7 @@
 #include "embedding.h"
 #include "engine.h"
 #include "gguf.h"
+#include "imatrix.h"
 #include "kv_block_table.h"
 #include "kv_format.h"
 #include "lora_test_util.h"
@@ -857,4 +858,35 @@ TEST_CASE("cuda embeddings (normed final hidden states, pooled) match the cpu ba
     }
 }
 
+TEST_CASE("cuda matmul observer (imatrix) sees the cpu backend's activations") {
+    for (const char* name : kModels) {
+        CAPTURE(name);
+        CpuGpu pair = cpu_and_gpu(name);
+        if (!pair.file) continue;
+        const int64_t n_vocab = pair.cpu->config().n_vocab;
+        std::vector<int32_t> prompt;
+        for (int32_t i = 0; i < 24; ++i) prompt.push_back(int32_t((i * 37 + 11) % n_vocab));
+        const std::vector<std::vector<int32_t>> tables = {{3, 0, 5, 1}};
+        std::vector<Imatrix> got;
+        for (Backend* be : {pair.cpu.get(), pair.gpu.get()}) {
+            ImatrixCollector collector(*pair.file, true);
+            REQUIRE(
+                be->set_matmul_observer([&](const void* w, int64_t n, const float* x,
+                                            int64_t rows) { collector.observe(w, n, x, rows); }));
+            logits_of(*be, batch_of(prompt, 0, 0, tables));  // a prefill pass
+            logits_of(*be, batch_of({7}, 24, 0, tables));    // a decode step
+            REQUIRE(be->set_matmul_observer({}));
+            got.push_back(collector.result());
+        }
+        REQUIRE(got[1].entries.size() == got[0].entries.size());
+        CHECK(got[0].entries.size() == size_t(7 * pair.cpu->config().n_layer + 1));
+        for (const auto& [tensor, e] : got[0].entries) {
+            CAPTURE(tensor);
+            REQUIRE(got[1].entries.count(tensor));
+            CHECK(got[1].entries.at(tensor).counts == e.counts);
+            const auto c = got[0].mean_squares(tensor), g = got[1].mean_squares(tensor);
+            CHECK(nmse(g, c) < 1e-3);
+        }
+    }
+}
 #endif  // KVRUN_HAS_CUDA

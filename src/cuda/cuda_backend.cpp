@@ -18,6 +18,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -134,6 +135,7 @@ class CudaBackend final : public Backend {
     const ModelConfig& config() const override { return config_; }
     void forward(const ForwardBatch& batch, float* logits) override;
     void forward_embeddings(const ForwardBatch& batch, float* out) override;
+    bool set_matmul_observer(MatmulObserver observer) override;
     bool samples_on_device() const override { return true; }
     void forward_sample(const ForwardBatch& batch, const std::vector<RowSampling>& rows,
                         int32_t* tokens) override;
@@ -163,6 +165,9 @@ class CudaBackend final : public Backend {
     void allocate_kv();
     void validate(const ForwardBatch& b) const;
     void ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t table_entries);
+    // Shows weight w's input rows x (device, [T][w.n_in]) to the observer: a synchronous
+    // copy to the host (observed passes run eagerly, without graphs).
+    void observe(const WeightView& w, const float* x, int64_t T);
     void enqueue_forward(int64_t n_tokens, int64_t n_rows, int64_t max_blocks);
     void enqueue_moe_ffn(const DeviceLayer& w, int64_t T);
     void enqueue_dense_ffn(const DeviceLayer& w, int64_t T);
@@ -224,7 +229,12 @@ class CudaBackend final : public Backend {
     std::vector<float> lora_user_host_;
     float* xr_ = nullptr;       // [R][n_embd] rows that need logits
     bool hidden_only_ = false;  // forward_embeddings: skip the output projection
-    float* logits_ = nullptr;   // [R][n_vocab]
+    // set_matmul_observer: the observer, each device weight's bytes in the model file, and
+    // the host copy of the observed activations.
+    MatmulObserver observer_;
+    std::unordered_map<const void*, const void*> host_of_;
+    std::vector<float> observed_;
+    float* logits_ = nullptr;  // [R][n_vocab]
     // Batch metadata on the device (int32): tokens, positions, seq, slot, stage [token_cap_]
     // each, logit rows [row_cap_], block tables [table_cap_].
     int32_t *d_tokens_ = nullptr, *d_pos_ = nullptr, *d_seq_ = nullptr, *d_slot_ = nullptr;
@@ -348,6 +358,7 @@ void CudaBackend::upload_weights(const GgufFile& file) {
     auto on_device = [&](const WeightView& w, size_t i) {
         WeightView d = w;
         d.data = base + items[i].offset;
+        host_of_[d.data] = w.data;  // the model file's bytes, for a matmul observer
         return d;
     };
     auto vec = [&](size_t i) -> const float* {
@@ -685,6 +696,8 @@ void CudaBackend::enqueue_moe_ffn(const DeviceLayer& w, int64_t T) {
 void CudaBackend::enqueue_dense_ffn(const DeviceLayer& w, int64_t T) {
     const ModelConfig& c = config_;
     const cudaStream_t s = stream_.get();
+    observe(w.w_gate, xb_, T);
+    observe(w.w_up, xb_, T);
     if (!w.lora[kLoraGate].empty() || !w.lora[kLoraUp].empty()) {
         cuda_matmul(gate_, xb_, w.w_gate, T, scratch_, s);
         cuda_matmul(up_, xb_, w.w_up, T, scratch_, s);
@@ -699,6 +712,7 @@ void CudaBackend::enqueue_dense_ffn(const DeviceLayer& w, int64_t T) {
     } else {
         cuda_matmul_swiglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s);
     }
+    observe(w.w_down, gate_, T);
     cuda_matmul(xb_, gate_, w.w_down, T, scratch_, s);
     add_lora(xb_, gate_, w.lora[kLoraDown], T);
 }
@@ -720,6 +734,7 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
     for (int64_t l = 0; l < c.n_layer; ++l) {
         const DeviceLayer& w = layers_[size_t(l)];
         // Attention block (xb_ holds the normed input).
+        for (const WeightView* m : {&w.wq, &w.wk, &w.wv}) observe(*m, xb_, T);
         cuda_matmul_qkv(q_, k_, v_, xb_, w.wq, w.wk, w.wv, T, scratch_, s);
         add_lora(q_, xb_, w.lora[kLoraQ], T);
         add_lora(k_, xb_, w.lora[kLoraK], T);
@@ -751,6 +766,7 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
         }
         cuda_paged_attention(att_, q_, kv, kb, c.n_head, c.attn_scale, scratch_, s, c.attn_softcap,
                              c.window(l));
+        observe(w.wo, att_, T);
         cuda_matmul(xb_, att_, w.wo, T, scratch_, s);
         add_lora(xb_, att_, w.lora[kLoraO], T);
         if (w.attn_post_norm)  // gemma2/3: the block's output normed before the residual add
@@ -775,6 +791,7 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
     cuda_gather_rows(xr_, x_, d_rows_, R, c.n_embd, s);
     cuda_rmsnorm(xr_, xr_, output_norm_, R, c.n_embd, c.norm_eps, s);
     if (hidden_only_) return;  // forward_embeddings: the normed rows are the result
+    observe(output_, xr_, R);
     cuda_matmul(logits_, xr_, output_, R, scratch_, s);
     add_lora(logits_, xr_, lora_output_, R, /*logit_rows=*/true);
     if (c.logit_scale != 1.0f) cuda_scale(logits_, R * c.n_vocab, c.logit_scale, s);
@@ -784,7 +801,7 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
 // Runs the step: eagerly, or from a CUDA graph for decode-sized batches (captured on the
 // second eager-free occurrence of a shape, so the first run sizes the scratch buffers).
 void CudaBackend::run_step(int64_t T, int64_t R, int64_t max_blocks) {
-    if (!use_graphs_ || T > kGraphMaxTokens || hidden_only_) {  // graphs hold the logits
+    if (!use_graphs_ || T > kGraphMaxTokens || hidden_only_ || observer_) {  // eager
         enqueue_forward(T, R, max_blocks);
         return;
     }
@@ -894,6 +911,23 @@ void CudaBackend::forward(const ForwardBatch& b, float* logits) {
         CUDA_CHECK(cudaMemcpyAsync(logits, logits_, size_t(R * config_.n_vocab) * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream_.get()));
     CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+}
+
+bool CudaBackend::set_matmul_observer(MatmulObserver observer) {
+    if (observer && config_.moe()) return false;  // experts run from routed ids on the GPU
+    observer_ = std::move(observer);
+    return true;
+}
+
+void CudaBackend::observe(const WeightView& w, const float* x, int64_t T) {
+    if (!observer_ || T == 0) return;
+    auto it = host_of_.find(w.data);
+    if (it == host_of_.end()) return;
+    observed_.resize(size_t(T * w.n_in));
+    CUDA_CHECK(cudaMemcpyAsync(observed_.data(), x, observed_.size() * sizeof(float),
+                               cudaMemcpyDeviceToHost, stream_.get()));
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    observer_(it->second, w.n_in, observed_.data(), T);
 }
 
 // An eager pass that stops after the output norm (CUDA graphs are captured with the

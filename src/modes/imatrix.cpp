@@ -1,6 +1,7 @@
 // `kvrun imatrix`: llama-imatrix. Runs a calibration text through the model in chunks of
-// -c tokens (BOS first, as perplexity does) on the CPU backend, collecting every weight
-// matrix's mean squared input activations, and writes them for `quantize --imatrix`.
+// -c tokens (BOS first, as perplexity does), collecting every weight matrix's mean squared
+// input activations through the backend's matmul observer (the CUDA backend copies them to
+// the host; its experts cannot be observed), and writes them for `quantize --imatrix`.
 #include "imatrix.h"
 
 #include <fmt/core.h>
@@ -43,10 +44,6 @@ int run_imatrix(ImatrixOptions o) {
                         "or --in-file FILE (repeatable) to add imatrix files up");
         return merge_only(o);
     }
-    if (o.model.device != "auto" && o.model.device != "cpu")
-        throw Error("imatrix runs on the CPU backend (it reads every weight product's inputs)",
-                    "leave --device out or give --device cpu");
-    o.model.device = "cpu";
     if (o.model.n_ctx <= 0) o.model.n_ctx = 512;  // llama-imatrix's chunk size
     const std::string text = read_file_text(o.file);
     utf8_require_valid(text, o.file);
@@ -69,9 +66,12 @@ int run_imatrix(ImatrixOptions o) {
     Backend& backend = *m.backend;
     if (!backend.set_matmul_observer([&](const void* w, int64_t n_in, const float* x,
                                          int64_t rows) { collector.observe(w, n_in, x, rows); }))
-        fail("this backend cannot observe its weight products");
-    fmt::print(stderr, "imatrix: {} on {} (cpu): {} chunks of {} tokens from chunk {}\n",
-               o.model.model, o.file, n_chunks, n_ctx, o.first_chunk);
+        throw Error(fmt::format("the {} backend cannot show this model's weight products (a "
+                                "mixture of experts routes them on the device)",
+                                m.device),
+                    "give --device cpu");
+    fmt::print(stderr, "imatrix: {} on {} ({}): {} chunks of {} tokens from chunk {}\n",
+               o.model.model, o.file, m.device, n_chunks, n_ctx, o.first_chunk);
 
     KvBlockTable table = kv_table_for(backend);
     const int64_t n_vocab = backend.config().n_vocab;
@@ -146,7 +146,10 @@ void add_imatrix_command(CLI::App& root, int& exit_code) {
         ->check(CLI::NonNegativeNumber);
     cmd->add_flag("--process-output", o->process_output,
                   "Also collect output.weight's inputs (llama-imatrix leaves it out)");
-    cmd->footer("-c is the chunk size (default 512). Runs on the CPU backend.");
+    cmd->footer(
+        "-c is the chunk size (default 512). On the GPU, each observed product's inputs are "
+        "copied to the host (passes run without CUDA graphs); mixture-of-experts models need "
+        "--device cpu.");
     cmd->callback([o, &exit_code] { exit_code = run_imatrix(*o); });
 }
 
