@@ -417,6 +417,7 @@ void GgufFile::open_shards(GgufOpenOptions options) {
                                 "tensor '" + ti.name + "'", shard->tensor_info_offsets_[t]);
             tensor_index_.emplace(ti.name, tensors_.size());
             tensors_.push_back(ti);
+            tensors_.back().split = int32_t(i);
             tensor_info_offsets_.push_back(shard->tensor_info_offsets_[t]);
         }
         if (!shard->lock_error_.empty() && lock_error_.empty()) lock_error_ = shard->lock_error_;

@@ -112,6 +112,7 @@ struct GgufTensorInfo {
     int64_t n_elements = 0;
     uint64_t n_bytes = 0;
     const uint8_t* data = nullptr;  // points into the mapping (valid while GgufFile lives)
+    int32_t split = 0;              // which file of a split model holds it (0: the first)
 };
 
 // How GgufFile::open holds the file's bytes (llama.cpp's --no-mmap and --mlock).

@@ -293,6 +293,35 @@ void write_all(FILE* f, const void* data, size_t bytes, const std::string& path)
         fail("{}: write failed: {}", path, std::strerror(errno));
 }
 
+// Tensor c converted to c.to in `out` (rows fitted with the imatrix entry when c.weighted).
+void convert_tensor(const TensorQuantChoice& c, const QuantizeOptions& o, ThreadPool& pool,
+                    std::vector<float>& f32, std::vector<uint8_t>& out) {
+    const GgufTensorInfo& t = *c.tensor;
+    const float* x = tensor_as_f32(t, f32, pool);
+    const int64_t width = t.dims[0], rows = t.n_elements / width;
+    const int64_t rows_per_mat = t.dims.size() > 1 ? t.dims[1] : 1;
+    const size_t row_out = ggml_row_bytes(c.to, width);
+    // Importance per matrix (expert); an all-zero one (an expert the calibration never
+    // routed to) is quantized unweighted.
+    const std::vector<float> ms =
+        c.weighted ? o.imatrix->mean_squares(t.name) : std::vector<float>{};
+    std::vector<const float*> importance;
+    for (size_t m = 0; m * size_t(width) < ms.size(); ++m) {
+        const float* p = ms.data() + m * size_t(width);
+        importance.push_back(std::any_of(p, p + width, [](float v) { return v > 0; }) ? p
+                                                                                      : nullptr);
+    }
+    out.resize(row_out * size_t(rows));
+    pool.parallel_for(rows, parallel_grain(width * 8), [&](int64_t r0, int64_t r1) {
+        for (int64_t row = r0; row < r1; ++row) {
+            const size_t m = size_t(row / rows_per_mat);
+            quantize_row_weighted(c.to, x + row * width,
+                                  m < importance.size() ? importance[m] : nullptr,
+                                  out.data() + size_t(row) * row_out, width);
+        }
+    });
+}
+
 }  // namespace
 
 std::span<const QuantFileType> quant_file_types() {
@@ -368,10 +397,11 @@ std::vector<TensorQuantChoice> plan_quantization(const GgufFile& in, const Quant
                 const size_t n_mat = t->dims.size() > 2 ? size_t(t->dims[2]) : 1;
                 if (it != o.imatrix->entries.end()) {
                     if (it->second.sum2.size() != size_t(t->dims[0]) * n_mat)
-                        fail("tensor '{}': the importance matrix holds {} values for it, the "
-                             "tensor has {} columns{}",
-                             t->name, it->second.sum2.size(), t->dims[0],
-                             n_mat > 1 ? fmt::format(" x {} experts", n_mat) : "");
+                        fail(
+                            "tensor '{}': the importance matrix holds {} values for it, the "
+                            "tensor has {} columns{}",
+                            t->name, it->second.sum2.size(), t->dims[0],
+                            n_mat > 1 ? fmt::format(" x {} experts", n_mat) : "");
                     c.weighted = true;
                 } else if (o.type->needs_imatrix && c.to == o.type->base &&
                            t->name != "token_embd.weight") {
@@ -391,93 +421,103 @@ QuantizeResult quantize_model(
     const std::atomic<bool>* cancel) {
     namespace fs = std::filesystem;
     std::error_code ec;
-    if (fs::exists(out_path) && fs::equivalent(out_path, in.path(), ec))
-        fail("{}: the output would overwrite the input model", out_path);
     const std::vector<TensorQuantChoice> plan = plan_quantization(in, o);
 
-    GgufWriter w(uint32_t(in.alignment()));
-    for (const auto& [key, value] : in.metadata()) {
-        if (key == "general.alignment" || key.rfind("split.", 0) == 0) continue;
-        w.set_value(key, value);
+    // The output files: one, or (--keep-split) one per file of a split input, named
+    // PREFIX-0000i-of-0000N.gguf with OUTPUT less its .gguf as the prefix.
+    const int n_files = o.keep_split ? in.n_splits() : 1;
+    std::vector<std::string> paths;
+    if (n_files == 1) {
+        paths.push_back(out_path);
+    } else {
+        std::string prefix = out_path;
+        if (prefix.size() > 5 && prefix.compare(prefix.size() - 5, 5, ".gguf") == 0)
+            prefix.resize(prefix.size() - 5);
+        for (int i = 0; i < n_files; ++i)
+            paths.push_back(prefix + fmt::format("-{:05d}-of-{:05d}.gguf", i + 1, n_files));
     }
-    if (o.type) {
-        w.set_u32("general.quantization_version", 2);
-        w.set_u32("general.file_type", o.type->id);
-    }
-    if (o.imatrix) {
-        w.set_string("quantize.imatrix.file", o.imatrix_file);
-        if (!o.imatrix->datasets.empty())
-            w.set_string("quantize.imatrix.dataset", o.imatrix->datasets.front());
-        w.set_i32("quantize.imatrix.entries_count", int32_t(o.imatrix->entries.size()));
-        w.set_i32("quantize.imatrix.chunks_count", int32_t(o.imatrix->chunks));
-    }
-    for (const auto& [key, value] : o.metadata) w.set_value(key, value);
-    for (const TensorQuantChoice& c : plan)
-        w.add_tensor_layout(c.tensor->name, c.to, c.tensor->dims);
+    for (const std::string& p : paths)
+        if (fs::exists(p) && fs::equivalent(p, in.path(), ec))
+            fail("{}: the output would overwrite the input model", p);
 
-    const std::string part = out_path + ".part";
-    FILE* f = std::fopen(part.c_str(), "wb");
-    if (!f) fail("{}: cannot create: {}", part, std::strerror(errno));
+    std::vector<GgufWriter> writers;
+    std::vector<std::vector<size_t>> members(static_cast<size_t>(n_files));  // per file
+    for (size_t i = 0; i < plan.size(); ++i)
+        members[size_t(n_files == 1 ? 0 : plan[i].tensor->split)].push_back(i);
+    for (int k = 0; k < n_files; ++k) {
+        GgufWriter& w = writers.emplace_back(uint32_t(in.alignment()));
+        if (k == 0) {
+            for (const auto& [key, value] : in.metadata())
+                if (key != "general.alignment" && key.rfind("split.", 0) != 0)
+                    w.set_value(key, value);
+            if (o.type) {
+                w.set_u32("general.quantization_version", 2);
+                w.set_u32("general.file_type", o.type->id);
+            }
+            if (o.imatrix) {
+                w.set_string("quantize.imatrix.file", o.imatrix_file);
+                if (!o.imatrix->datasets.empty())
+                    w.set_string("quantize.imatrix.dataset", o.imatrix->datasets.front());
+                w.set_i32("quantize.imatrix.entries_count", int32_t(o.imatrix->entries.size()));
+                w.set_i32("quantize.imatrix.chunks_count", int32_t(o.imatrix->chunks));
+            }
+            for (const auto& [key, value] : o.metadata) w.set_value(key, value);
+        }
+        if (n_files > 1) {
+            w.set_u16("split.no", uint16_t(k));
+            w.set_u16("split.count", uint16_t(n_files));
+            w.set_i32("split.tensors.count", int32_t(plan.size()));
+        }
+        for (size_t i : members[size_t(k)])
+            w.add_tensor_layout(plan[i].tensor->name, plan[i].to, plan[i].tensor->dims);
+    }
+
+    std::vector<std::string> parts;
+    for (const std::string& p : paths) parts.push_back(p + ".part");
+    FILE* f = nullptr;
     QuantizeResult r;
     try {
-        const std::vector<uint8_t> header = w.header_bytes();
-        write_all(f, header.data(), header.size(), part);
         ThreadPool pool(o.threads);
         std::vector<float> f32;
         std::vector<uint8_t> out;
         const std::vector<uint8_t> zeros(size_t(in.alignment()), 0);
-        for (size_t i = 0; i < plan.size(); ++i) {
-            if (cancel && *cancel) fail("interrupted");
-            const TensorQuantChoice& c = plan[i];
-            const GgufTensorInfo& t = *c.tensor;
-            if (on_tensor) on_tensor(i, c);
-            const uint8_t* bytes = t.data;
-            size_t n_bytes = t.n_bytes;
-            if (c.convert()) {
-                const float* x = tensor_as_f32(t, f32, pool);
-                const int64_t width = t.dims[0], rows = t.n_elements / width;
-                const int64_t rows_per_mat = t.dims.size() > 1 ? t.dims[1] : 1;
-                const size_t row_out = ggml_row_bytes(c.to, width);
-                // Importance per matrix (expert); an all-zero one (an expert the
-                // calibration never routed to) is quantized unweighted.
-                std::vector<float> ms =
-                    c.weighted ? o.imatrix->mean_squares(t.name) : std::vector<float>{};
-                std::vector<const float*> importance;
-                for (size_t m = 0; m * size_t(width) < ms.size(); ++m) {
-                    const float* p = ms.data() + m * size_t(width);
-                    importance.push_back(
-                        std::any_of(p, p + width, [](float v) { return v > 0; }) ? p : nullptr);
+        size_t done = 0;  // tensors reported so far, over all files
+        for (int k = 0; k < n_files; ++k) {
+            const std::string& part = parts[size_t(k)];
+            f = std::fopen(part.c_str(), "wb");
+            if (!f) fail("{}: cannot create: {}", part, std::strerror(errno));
+            const std::vector<uint8_t> header = writers[size_t(k)].header_bytes();
+            write_all(f, header.data(), header.size(), part);
+            for (size_t i : members[size_t(k)]) {
+                if (cancel && *cancel) fail("interrupted");
+                const TensorQuantChoice& c = plan[i];
+                const GgufTensorInfo& t = *c.tensor;
+                if (on_tensor) on_tensor(done++, c);
+                const uint8_t* bytes = t.data;
+                size_t n_bytes = t.n_bytes;
+                if (c.convert()) {
+                    convert_tensor(c, o, pool, f32, out);
+                    bytes = out.data();
+                    n_bytes = out.size();
+                    ++r.n_converted;
+                    r.n_fallback += c.fallback;
+                    r.n_weighted += c.weighted;
                 }
-                out.resize(row_out * size_t(rows));
-                pool.parallel_for(rows, parallel_grain(width * 8), [&](int64_t r0, int64_t r1) {
-                    for (int64_t row = r0; row < r1; ++row) {
-                        const size_t m = size_t(row / rows_per_mat);
-                        quantize_row_weighted(c.to, x + row * width,
-                                              m < importance.size() ? importance[m] : nullptr,
-                                              out.data() + size_t(row) * row_out, width);
-                    }
-                });
-                r.n_weighted += c.weighted;
-                bytes = out.data();
-                n_bytes = out.size();
-                ++r.n_converted;
-                r.n_fallback += c.fallback;
+                write_all(f, bytes, n_bytes, part);
+                write_all(f, zeros.data(), writers[size_t(k)].padding_after(n_bytes), part);
+                r.bytes_in += t.n_bytes;
+                r.bytes_out += n_bytes;
             }
-            write_all(f, bytes, n_bytes, part);
-            write_all(f, zeros.data(), w.padding_after(n_bytes), part);
-            r.bytes_in += t.n_bytes;
-            r.bytes_out += n_bytes;
-        }
-        if (std::fclose(f) != 0) {
+            const int closed = std::fclose(f);
             f = nullptr;
-            fail("{}: write failed: {}", part, std::strerror(errno));
+            if (closed != 0) fail("{}: write failed: {}", part, std::strerror(errno));
         }
-        f = nullptr;
-        if (std::rename(part.c_str(), out_path.c_str()) != 0)
-            fail("{}: cannot rename to {}: {}", part, out_path, std::strerror(errno));
+        for (size_t k = 0; k < paths.size(); ++k)
+            if (std::rename(parts[k].c_str(), paths[k].c_str()) != 0)
+                fail("{}: cannot rename to {}: {}", parts[k], paths[k], std::strerror(errno));
     } catch (...) {
         if (f) std::fclose(f);
-        fs::remove(part, ec);
+        for (const std::string& p : parts) fs::remove(p, ec);
         throw;
     }
     return r;

@@ -46,6 +46,9 @@ struct QuantizeOptions {
     bool pure = false;                    // every quantized tensor gets the base type
     bool allow_requantize = false;        // quantized inputs may be converted (lossy twice)
     bool leave_output = false;            // output.weight keeps its type
+    // A split input is written as as many files, each with the same tensors as the input's
+    // (llama-quantize's --keep-split); otherwise one file.
+    bool keep_split = false;
     std::optional<GgmlType> output_type;  // output.weight's type
     std::optional<GgmlType> token_embd_type;
     // --tensor-type REGEX=TYPE: a tensor whose name the regex finds gets TYPE (the last
@@ -80,7 +83,8 @@ struct QuantizeResult {
 };
 
 // Writes the quantized model to `out_path` (through `out_path`.part, renamed when complete;
-// removed on any failure). on_tensor(i, choice) runs before tensor i is converted; `cancel`
+// removed on any failure); with keep_split and a split input, to PREFIX-0000i-of-0000N.gguf
+// (PREFIX: out_path less .gguf). on_tensor(i, choice) runs before tensor i is converted; `cancel`
 // (Ctrl-C) stops it with Error("interrupted").
 QuantizeResult quantize_model(
     const GgufFile& in, const std::string& out_path, const QuantizeOptions& o,

@@ -111,6 +111,42 @@ TEST_CASE("a split model opens by its first file, with every file's tensors") {
     remove_all(paths);
 }
 
+TEST_CASE("quantize --keep-split writes as many files, each with its input file's tensors") {
+    auto path = shared_model("stories260K.gguf");
+    auto ref = shared_model("stories260K-Q8_0.gguf");
+    if (path.empty() || ref.empty()) return;
+    GgufFile whole = GgufFile::open(path.string());
+    const auto paths = write_split(whole, temp_prefix("in"), 3);
+    const std::string out = temp_prefix("out");
+    auto q = run_command(
+        cli::kvrun_cmd("quantize -q --keep-split " + paths[0] + " " + out + ".gguf Q8_0"));
+    REQUIRE_MESSAGE(q.exit_code == 0, q.err);
+    std::vector<std::string> outs;
+    for (int i = 1; i <= 3; ++i) outs.push_back(out + fmt::format("-{:05d}-of-00003.gguf", i));
+    for (const std::string& p : outs) REQUIRE(fs::exists(p));
+    CHECK_FALSE(fs::exists(out + ".gguf"));
+    {
+        GgufFile got = GgufFile::open(outs[0]), in = GgufFile::open(paths[0]);
+        GgufFile want = GgufFile::open(ref.string());
+        CHECK(got.n_splits() == 3);
+        CHECK(got.get_int("general.file_type") == 7);
+        REQUIRE(got.tensors().size() == want.tensors().size());
+        for (const GgufTensorInfo& t : got.tensors()) {
+            INFO(t.name);
+            CHECK(t.split == in.find_tensor(t.name)->split);  // the same file as its input
+            const GgufTensorInfo* w = want.find_tensor(t.name);
+            REQUIRE(w != nullptr);
+            REQUIRE(w->n_bytes == t.n_bytes);
+            CHECK(std::equal(t.data, t.data + t.n_bytes, w->data));  // llama-quantize's bytes
+        }
+    }
+    const std::string args = " -p 'Once upon a time' -n 16 --temp 0";
+    CHECK(run_command(cli::kvrun_cmd("run -m " + outs[0] + args)).out ==
+          run_command(cli::kvrun_cmd("run -m " + ref.string() + args)).out);
+    remove_all(outs);
+    remove_all(paths);
+}
+
 TEST_CASE("bad split models: one clear error each") {
     auto path = shared_model("stories260K.gguf");
     if (path.empty()) return;

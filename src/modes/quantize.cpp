@@ -19,6 +19,7 @@ struct QuantizeCliOptions {
     std::string output_type, token_embd_type, imatrix;
     std::vector<std::string> tensor_types, kv_overrides, include_weights, exclude_weights;
     bool pure = false, allow_requantize = false, leave_output = false, quiet = false;
+    bool keep_split = false;
     int threads = 0;
 };
 
@@ -83,6 +84,7 @@ int run_quantize(const QuantizeCliOptions& c) {
     o.pure = c.pure;
     o.allow_requantize = c.allow_requantize;
     o.leave_output = c.leave_output;
+    o.keep_split = c.keep_split;
     o.threads = threads;
     if (!c.output_type.empty())
         o.output_type = tensor_type_arg("--output-tensor-type", c.output_type);
@@ -165,6 +167,9 @@ void add_quantize_command(CLI::App& root, int& exit_code) {
                   "Convert tensors that are already quantized (quality suffers twice)");
     cmd->add_flag("--leave-output-tensor", o->leave_output,
                   "Keep output.weight in its type (bigger file, a little better quality)");
+    cmd->add_flag("--keep-split", o->keep_split,
+                  "A split input gives as many output files, OUTPUT less .gguf then "
+                  "-0000i-of-0000N.gguf, each with its input file's tensors");
     cmd->add_flag("--pure", o->pure,
                   "No mix: every quantized tensor gets TYPE's base type (fallbacks still apply "
                   "where rows do not split into its blocks)");
