@@ -76,6 +76,16 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     echo "llama2-7b Q4_0, -c 512 -b $b, 16 chunks: $(( (t1 - t0) / 1000000 )) ms; $ppl" \
       | tee -a "$OUT/ppl-batching.md"
   done
+  # imatrix and embeddings on the GPU at 7B scale: 4 calibration chunks (each observed
+  # product's inputs copied to the host), and 64 texts embedded.
+  t0=$(date +%s%N)
+  $K imatrix -m /tmp/models/llama2-7b-Q4_0.gguf -f $KVRUN_SHARED/text/wiki.test.raw -c 512 \
+    --chunks 4 -o /tmp/models/im.gguf 2>&1 | tail -1 | tee -a "$OUT/imatrix-embedding.md"
+  t1=$(date +%s%N)
+  head -c 200000 $KVRUN_SHARED/text/wiki.test.raw | grep -v '^ *$' | head -64 > /tmp/models/texts.txt
+  $K embedding -m /tmp/models/llama2-7b-Q4_0.gguf -f /tmp/models/texts.txt --pooling mean \
+    --embd-output-format array 2>&1 >/dev/null | tail -1 | tee -a "$OUT/imatrix-embedding.md"
+  echo "imatrix 4 chunks: $(( (t1 - t0) / 1000000 )) ms" | tee -a "$OUT/imatrix-embedding.md"
   # The other architectures at full size: qwen3-8b (Q/K norms), gemma3-4b (sliding window,
   # GeGLU), qwen3-30b-a3b (mixture of experts: bandwidth counts the used experts).
   $S --preset qwen3-8b --type Q4_K_M -o /tmp/models/qwen3-8b-Q4_K_M.gguf > /dev/null
