@@ -16,6 +16,7 @@
 #include "test_util.h"
 
 using kvrun::test::run_command;
+using kvrun::test::shell_quote;
 namespace fs = std::filesystem;
 
 namespace {
@@ -39,12 +40,6 @@ std::string read_all(const std::string& path) {
     std::stringstream ss;
     ss << in.rdbuf();
     return ss.str();
-}
-
-std::string shell_quote(const std::string& s) {
-    std::string out = "'";
-    for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return out + "'";
 }
 
 // `kvrun run` greedy output for one prompt (without the final newline).

@@ -26,17 +26,12 @@
 #include "tokenizer.h"
 
 using kvrun::test::run_command;
+using kvrun::test::shell_quote;
 
 namespace {
 
 bool have_tmux() {
     return run_command("command -v tmux >/dev/null 2>&1 && echo yes").out == "yes\n";
-}
-
-std::string shell_quote(const std::string& s) {
-    std::string out = "'";
-    for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return out + "'";
 }
 
 // A detached tmux session (own server socket) running one command; killed on destruction.

@@ -305,3 +305,26 @@ TEST_CASE("imatrix --in-file adds files up: two halves make the whole") {
                                   "--in-file");
     for (const std::string& p : {a, b, ab, sum, more}) fs::remove(p);
 }
+
+TEST_CASE("imatrix saves every --output-frequency chunks, and Ctrl-C keeps the chunks done") {
+    auto model = shared_model("stories260K-w256-F32.gguf");
+    auto text = kvrun::test::shared_path("text/wiki.test.raw");
+    if (model.empty() || text.empty()) return;
+    const std::string out = temp_path("int.gguf");
+    // All ~1300 chunks would take a while: wait until the first save (after 5), then SIGINT.
+    const std::string script =
+        cli::kvrun_cmd("imatrix -m " + model.string() + " -f " + text.string() +
+                       " -c 256 --output-frequency 5 -o " + out) +
+        " & pid=$!; for i in $(seq 300); do [ -s " + out +
+        " ] && break; sleep 0.1; done; kill -INT $pid; wait $pid; "
+        "echo rc=$?";
+    auto r = run_command("sh -c " + kvrun::test::shell_quote(script));
+    CHECK_MESSAGE(r.out.find("rc=130") != std::string::npos, r.out << r.err);
+    CHECK(r.err.find("saved 5 chunks") != std::string::npos);
+    CHECK(r.err.find("interrupted after") != std::string::npos);
+    const Imatrix im = load_imatrix(out);
+    CHECK(im.chunks >= 5);
+    CHECK(im.chunks < 1000);
+    for (const auto& [name, e] : im.entries) CHECK(e.counts.front() == double(im.chunks * 256));
+    fs::remove(out);
+}

@@ -59,6 +59,13 @@ inline std::vector<std::filesystem::path> shared_models() {
     return out;
 }
 
+// `s` as one single-quoted /bin/sh word.
+inline std::string shell_quote(const std::string& s) {
+    std::string out = "'";
+    for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return out + "'";
+}
+
 inline std::string kvrun_binary() {
     return KVRUN_BINARY;
 }

@@ -23,6 +23,7 @@ struct ImatrixOptions {
     std::string file, output = "imatrix.gguf";
     std::vector<std::string> in_files;  // --in-file: imatrices to add
     int64_t chunks = -1, first_chunk = 0;
+    int64_t output_frequency = 10;  // save every this many chunks (0: only at the end)
     bool process_output = false;
 };
 
@@ -79,8 +80,16 @@ int run_imatrix(ImatrixOptions o) {
     double nll = 0;
     int64_t scored = 0;
     const auto start = std::chrono::steady_clock::now();
+    Imatrix& im = collector.result();
+    im.chunk_size = n_ctx;
+    im.datasets.push_back(o.file);
+    auto save = [&](int64_t done) {  // what the first `done` chunks gave
+        im.chunks = earlier_chunks + done;
+        save_imatrix(im, o.output);
+    };
+    int64_t done = 0;
     for (int64_t c = 0; c < n_chunks; ++c) {
-        if (interrupt_flag()) throw Error("interrupted");
+        if (interrupt_flag()) break;  // a chunk is never cut: the sums stay whole chunks
         std::vector<TokenId> chunk(tokens.begin() + (o.first_chunk + c) * n_ctx,
                                    tokens.begin() + (o.first_chunk + c + 1) * n_ctx);
         if (tok.bos() >= 0) chunk[0] = tok.bos();
@@ -107,20 +116,28 @@ int run_imatrix(ImatrixOptions o) {
             }
         }
         table.free_sequence(seq);
-        fmt::print(stderr, "[{}]{:.4f}{}", c + 1,
+        done = c + 1;
+        fmt::print(stderr, "[{}]{:.4f}{}", done,
                    std::exp(nll / double(std::max<int64_t>(1, scored))),
-                   c + 1 < n_chunks ? "," : "\n");
+                   done < n_chunks ? "," : "\n");
+        if (o.output_frequency > 0 && done % o.output_frequency == 0 && done < n_chunks) {
+            save(done);
+            fmt::print(stderr, "\nimatrix: saved {} chunks to {}\n", done, o.output);
+        }
     }
     backend.set_matmul_observer({});
-    Imatrix& im = collector.result();
-    im.chunks = earlier_chunks + n_chunks;
-    im.chunk_size = n_ctx;
-    im.datasets.push_back(o.file);
-    save_imatrix(im, o.output);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (done < n_chunks) {  // Ctrl-C
+        if (done > 0) save(done);
+        fmt::print(stderr, "\nkvrun: interrupted after {} of {} chunks{}\n", done, n_chunks,
+                   done > 0 ? fmt::format("; {} holds them", o.output) : "");
+        return 130;
+    }
+    save(done);
     fmt::print(stderr, "imatrix: {} matrices, {} chunks, final PPL {:.4f}, {:.1f} s -> {}\n",
                im.entries.size(), n_chunks, std::exp(nll / double(std::max<int64_t>(1, scored))),
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-               o.output);
+               secs, o.output);
     return 0;
 }
 
@@ -144,6 +161,11 @@ void add_imatrix_command(CLI::App& root, int& exit_code) {
     cmd->add_option("--chunks", o->chunks, "Chunks of -c tokens to process (default: all)");
     cmd->add_option("--chunk", o->first_chunk, "Start at this chunk (skip the ones before)")
         ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--output-frequency", o->output_frequency,
+                    "Save the imatrix every N chunks (0: only at the end; Ctrl-C saves the "
+                    "chunks done)")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
     cmd->add_flag("--process-output", o->process_output,
                   "Also collect output.weight's inputs (llama-imatrix leaves it out)");
     cmd->footer(
