@@ -171,6 +171,8 @@ TEST_CASE("quantize --imatrix: closer to the F32 model than without (held-out te
         REQUIRE_MESSAGE(q.exit_code == 0, q.err);
         CHECK(q.err.find("(35 with the importance matrix)") != std::string::npos);
         CHECK(GgufFile::open(weighted).get_string("quantize.imatrix.file") == im);
+        CHECK(run_command(cli::kvrun_cmd("info -m " + weighted))
+                  .out.find("quantized with the importance matrix " + im) != std::string::npos);
         const double without = mean_kld(plain), with = mean_kld(weighted);
         MESSAGE(type << ": mean KLD " << without << " -> " << with << " with the imatrix");
         CHECK(with < without * 0.98);

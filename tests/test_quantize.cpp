@@ -288,6 +288,8 @@ TEST_CASE("quantize: the command line") {
         CHECK(r.err.find("fallback") != std::string::npos);
         CHECK(r.err.find("37 converted, 11 kept") != std::string::npos);
         CHECK(file_bytes(out) == file_bytes(ref));
+        CHECK(run_command(cli::kvrun_cmd("info -m " + out.string()))
+                  .out.find("file type       Q4_K_M") != std::string::npos);
         auto a = run_command(
             cli::kvrun_cmd("run -m " + out.string() + " -p 'Once upon a time' -n 24 --temp 0"));
         auto b = run_command(

@@ -11,6 +11,7 @@
 #include "kv_format.h"
 #include "modes/modes.h"
 #include "quant.h"
+#include "quantize_model.h"
 
 namespace kvrun {
 namespace {
@@ -160,6 +161,15 @@ int run_info_imatrix(const InfoOptions& o) {
     return 0;
 }
 
+// The file type llama.cpp's general.file_type names ("Q4_K_M"), "" when absent or unknown.
+std::string file_type_name(const GgufFile& f) {
+    const GgufValue* v = f.find("general.file_type");
+    if (!v || !v->is_int()) return "";
+    if (v->as_int() == 0) return "F32";
+    const QuantFileType* t = find_quant_file_type(std::to_string(v->as_int()));
+    return t ? std::string(t->name) : "";
+}
+
 int run_info(const InfoOptions& o) {
     GgufFile f = GgufFile::open(o.model);
     if (f.get_string_or("general.type", "") == "adapter") return run_info_adapter(o, f);
@@ -201,6 +211,9 @@ int run_info(const InfoOptions& o) {
         j["files"] = f.n_splits();
         j["gguf_version"] = f.version();
         j["architecture"] = h.arch;
+        j["file_type"] = file_type_name(f);
+        if (f.has("quantize.imatrix.file"))
+            j["imatrix"] = f.get_string_or("quantize.imatrix.file", "");
         j["name"] = f.get_string_or("general.name", "");
         j["hyperparameters"] = {{"n_layer", h.n_layer},
                                 {"n_embd", h.n_embd},
@@ -250,7 +263,14 @@ int run_info(const InfoOptions& o) {
     fmt::print("gguf version    {}  ({} tensors, {} metadata keys, {})\n", f.version(),
                f.tensors().size(), f.metadata().size(), human_bytes(double(f.file_size())));
     fmt::print("name            {}\n", f.get_string_or("general.name", "-"));
-    fmt::print("architecture    {}\n\n", h.arch.empty() ? "-" : h.arch);
+    fmt::print("architecture    {}\n", h.arch.empty() ? "-" : h.arch);
+    if (const std::string ft = file_type_name(f); !ft.empty())
+        fmt::print("file type       {}{}\n", ft,
+                   f.has("quantize.imatrix.file")
+                       ? fmt::format("  (quantized with the importance matrix {})",
+                                     f.get_string_or("quantize.imatrix.file", ""))
+                       : "");
+    fmt::print("\n");
     fmt::print("hyperparameters\n");
     fmt::print("  n_layer       {:>10}    n_ctx_train   {:>10}\n", h.n_layer, h.n_ctx_train);
     fmt::print("  n_embd        {:>10}    n_ff          {:>10}\n", h.n_embd, h.n_ff);
