@@ -1,0 +1,251 @@
+// Internal to the CUDA backend (cuda_backend.cpp: the forward pass, graphs and sampling;
+// cuda_backend_store.cpp: where the weights and the KV cache live): the device memory
+// helpers, the per-layer device views and the CudaBackend class.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "backend.h"
+#include "common.h"
+#include "cuda/common.cuh"
+#include "cuda/cuda_backend.h"
+#include "cuda/ops.h"
+#include "kv_format.h"
+#include "model_config.h"
+#include "weights.h"
+
+namespace kvrun::cuda_detail {
+
+constexpr int64_t kGraphMaxTokens = 16;    // batches up to this size replay CUDA graphs
+constexpr int64_t kMinTokenCapacity = 64;  // activation buffers hold at least this many
+constexpr size_t kAlign = 256;
+
+inline size_t align_up(size_t v) {
+    return (v + kAlign - 1) / kAlign * kAlign;
+}
+
+// One device allocation that frees itself.
+class DeviceMem {
+  public:
+    DeviceMem() = default;
+    DeviceMem(size_t bytes, const char* what) : p_(cuda_alloc(bytes, what)), bytes_(bytes) {}
+    DeviceMem(DeviceMem&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(o.bytes_) {}
+    DeviceMem& operator=(DeviceMem&& o) noexcept {
+        std::swap(p_, o.p_);
+        std::swap(bytes_, o.bytes_);
+        return *this;
+    }
+    ~DeviceMem() { cuda_free(p_); }
+    uint8_t* get() const { return static_cast<uint8_t*>(p_); }
+    size_t size() const { return bytes_; }
+
+  private:
+    void* p_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+// Pinned host memory (fast, truly asynchronous uploads).
+class PinnedMem {
+  public:
+    PinnedMem() = default;
+    explicit PinnedMem(size_t bytes) : bytes_(bytes) {
+        CUDA_CHECK(cudaHostAlloc(&p_, bytes, cudaHostAllocDefault));
+    }
+    PinnedMem(PinnedMem&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(o.bytes_) {}
+    PinnedMem& operator=(PinnedMem&& o) noexcept {
+        std::swap(p_, o.p_);
+        std::swap(bytes_, o.bytes_);
+        return *this;
+    }
+    ~PinnedMem() {
+        if (p_) (void)cudaFreeHost(p_);
+    }
+    uint8_t* get() const { return static_cast<uint8_t*>(p_); }
+
+  private:
+    void* p_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+// The backend's stream; declared before the members that use it so it is destroyed last.
+class Stream {
+  public:
+    Stream() { CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+    ~Stream() {
+        if (s_) {
+            (void)cudaStreamSynchronize(s_);
+            (void)cudaStreamDestroy(s_);
+        }
+    }
+    Stream(const Stream&) = delete;
+    Stream& operator=(const Stream&) = delete;
+    cudaStream_t get() const { return s_; }
+
+  private:
+    cudaStream_t s_ = nullptr;
+};
+
+struct DeviceLayer {
+    const float* attn_norm = nullptr;                         // [n_embd]
+    const float* ffn_norm = nullptr;                          // [n_embd]
+    const float *bq = nullptr, *bk = nullptr, *bv = nullptr;  // [q_dim], [kv_dim] x2 or null
+    const float *q_norm = nullptr, *k_norm = nullptr;         // [head_dim] each (qwen3) or null
+    const float *attn_post_norm = nullptr, *ffn_post_norm = nullptr;  // [n_embd] (gemma2/3)
+    WeightView wq, wk, wv, wo, w_gate, w_up, w_down;                  // data in device memory
+    // Mixture of experts: the router and the stacked experts.
+    WeightView router;
+    MoeExperts experts;
+    // LoRA updates (device views) of wq, wk, wv, wo, w_gate, w_up, w_down (kLoraLists order).
+    std::vector<LoraDelta> lora[7];
+};
+
+// LayerWeights' LoRA lists, in DeviceLayer::lora's order.
+constexpr std::vector<LoraDelta> LayerWeights::*kLoraLists[7] = {
+    &LayerWeights::lora_q,   &LayerWeights::lora_k,    &LayerWeights::lora_v,
+    &LayerWeights::lora_o,   &LayerWeights::lora_gate, &LayerWeights::lora_up,
+    &LayerWeights::lora_down};
+enum LoraSlot { kLoraQ, kLoraK, kLoraV, kLoraO, kLoraGate, kLoraUp, kLoraDown };
+
+class CudaBackend final : public Backend {
+  public:
+    CudaBackend(const GgufFile& file, const BackendOptions& options, int device);
+    ~CudaBackend() override {
+        (void)cudaSetDevice(device_);  // the members free memory of this device
+        clear_graphs();
+    }
+
+    const ModelConfig& config() const override { return config_; }
+    void forward(const ForwardBatch& batch, float* logits) override;
+    void forward_embeddings(const ForwardBatch& batch, float* out) override;
+    bool set_matmul_observer(MatmulObserver observer) override;
+    bool samples_on_device() const override { return true; }
+    void forward_sample(const ForwardBatch& batch, const std::vector<RowSampling>& rows,
+                        int32_t* tokens) override;
+    void copy_blocks(const std::vector<BlockCopy>& copies) override;
+    int64_t n_kv_blocks() const override { return n_blocks_; }
+    int32_t kv_block_size() const override { return options_.kv_block_size; }
+    int32_t n_kv_stages() const override { return static_cast<int32_t>(n_stages_); }
+    KvWindowPool kv_window_pool() const override { return window_; }
+    std::vector<float> lora_scales() const override { return lora_user_scales(options_.lora); }
+    std::string name() const override { return "cuda"; }
+    int64_t kv_block_io_bytes(KvPool pool) const override {
+        return kv_pool_block_bytes(config_, options_, window_, pool);
+    }
+    void read_kv_block(KvPool pool, int64_t block, uint8_t* dst) override;
+    void write_kv_block(KvPool pool, int64_t block, const uint8_t* src) override;
+
+  private:
+    void upload_weights(const GgufFile& file);
+    // The adapters' A and B matrices (lora_attach on hw) into lora_mem_, and the device
+    // views into layers_[l].lora and lora_output_.
+    void upload_lora(const ModelWeights& hw);
+    // out[T][n_out] += each LoRA update of x[T][n_in], on the stream.
+    // out[T][n_out] += each LoRA update of x, row t scaled for its user scale (lora_user_:
+    // the batch's tokens, or with logit_rows its logit rows).
+    void add_lora(float* out, const float* x, const std::vector<LoraDelta>& deltas, int64_t T,
+                  bool logit_rows = false);
+    void allocate_kv();
+    void validate(const ForwardBatch& b) const;
+    void ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t table_entries);
+    // Shows the input rows x (device, [T][n_in]) of weights ws, which share that input, to
+    // the observer: one synchronous copy to the host (observed passes run eagerly).
+    void observe(std::initializer_list<const WeightView*> ws, const float* x, int64_t T);
+    void enqueue_forward(int64_t n_tokens, int64_t n_rows, int64_t max_blocks);
+    void enqueue_moe_ffn(const DeviceLayer& w, int64_t T);
+    void enqueue_dense_ffn(const DeviceLayer& w, int64_t T);
+    void run_step(int64_t n_tokens, int64_t n_rows, int64_t max_blocks);
+    int64_t launch(const ForwardBatch& b);  // validates, uploads and enqueues; returns rows
+    KvLayerView kv_layer(int64_t l) const;
+    // Whether layer l's K/V lives in the window pool; that pool's or the main pool's blocks.
+    bool in_window_pool(int64_t layer) const;
+    int64_t pool_blocks(int64_t layer) const;
+    void clear_graphs();
+    void drop_graphs_if_scratch_moved();
+
+    int device_;
+    ModelConfig config_;
+    BackendOptions options_;
+    Stream stream_;
+    CudaScratch scratch_;
+
+    DeviceMem weight_mem_;  // every matrix and vector, 256-byte aligned
+    WeightView token_embd_, output_;
+    const float* output_norm_ = nullptr;
+    std::vector<DeviceLayer> layers_;
+    // LoRA adapters: the files (lora_attach), their matrices on the device, the output's
+    // updates, and the widest rank and update (layers; the output's are n_vocab wide).
+    std::vector<std::unique_ptr<GgufFile>> lora_files_;
+    DeviceMem lora_mem_;
+    std::vector<LoraDelta> lora_output_;
+    int64_t lora_rank_ = 0, lora_width_ = 0;
+    RopeParams rope_;      // the model's RoPE, its frequency factors (if any) in weight_mem_
+    RopeParams rope_swa_;  // the sliding-window layers' RoPE (ModelConfig::rope_swa)
+
+    int64_t n_blocks_ = 0, k_block_bytes_ = 0, v_block_bytes_ = 0;
+    KvWindowPool window_;                    // the sliding-window layers' pool (kv_layout_for)
+    DeviceMem kv_mem_;                       // per layer: K pool, V pool, K stage, V stage
+    std::vector<uint8_t*> k_pool_, v_pool_;  // [n_layer] of [n_blocks][n_kv_head] head blocks
+    // Staging (quantized caches): [n_layer] of f16 [n_stages][n_kv_head][bs][hd]
+    int64_t n_stages_ = 0;
+    std::vector<uint8_t*> k_stage_, v_stage_;
+    bool rotate_ = false;  // Hadamard rotation of Q and K (kv_rotation_enabled)
+
+    // Activations for up to token_cap_ tokens.
+    int64_t token_cap_ = 0, row_cap_ = 0, table_cap_ = 0;
+    DeviceMem act_mem_, logits_mem_, meta_mem_;
+    PinnedMem meta_host_;
+    float *x_ = nullptr, *xb_ = nullptr;     // [T][n_embd] residual / normed or projected
+    float *q_ = nullptr, *att_ = nullptr;    // [T][q_dim]
+    float *k_ = nullptr, *v_ = nullptr;      // [T][kv_dim]
+    float *gate_ = nullptr, *up_ = nullptr;  // [T][n_ff]
+    // Mixture of experts (see ensure_capacity).
+    float *moe_logits_ = nullptr, *moe_w_ = nullptr, *moe_h_ = nullptr, *moe_out_ = nullptr,
+          *moe_up_ = nullptr;
+    int32_t *moe_ids_ = nullptr, *moe_map_ = nullptr;
+    DeviceMem lora_buf_;  // LoRA: A x [T][lora_rank_], B (A x) [max(T, R)][lora_width_]
+    size_t lora_buf_bytes_ = 0;
+    float *lora_ax_ = nullptr, *lora_bax_ = nullptr;
+    // The batch's LoRA user scales: [n_adapters][token_cap_] per token, then
+    // [n_adapters][row_cap_] per logit row (ForwardBatch::token_lora_scales), and their upload.
+    float* lora_user_ = nullptr;
+    std::vector<float> lora_user_host_;
+    float* xr_ = nullptr;       // [R][n_embd] rows that need logits
+    bool hidden_only_ = false;  // forward_embeddings: skip the output projection
+    // set_matmul_observer: the observer, each device weight's bytes in the model file, and
+    // the host copy of the observed activations.
+    MatmulObserver observer_;
+    std::unordered_map<const void*, const void*> host_of_;
+    std::vector<float> observed_;
+    float* logits_ = nullptr;  // [R][n_vocab]
+    // Batch metadata on the device (int32): tokens, positions, seq, slot, stage [token_cap_]
+    // each, logit rows [row_cap_], block tables [table_cap_].
+    int32_t *d_tokens_ = nullptr, *d_pos_ = nullptr, *d_seq_ = nullptr, *d_slot_ = nullptr;
+    int32_t *d_stage_ = nullptr, *d_rows_ = nullptr, *d_table_ = nullptr;
+    int32_t* d_wtable_ = nullptr;  // window pool tables [table_cap_] after d_table_
+
+    // forward_sample: [R] token ids, [R] CudaSampleRow, penalty ids (device and pinned host
+    // mirror, same layout).
+    DeviceMem sample_mem_;
+    PinnedMem sample_host_;
+    size_t sample_cap_ = 0;
+
+    bool use_graphs_ = true;
+    size_t scratch_seen_ = 0;  // scratch size the captured graphs were recorded with
+    const void* scratch_ptr_seen_ = nullptr;
+    struct GraphEntry {
+        cudaGraphExec_t exec = nullptr;
+        int eager_runs = 0;
+    };
+    std::map<std::tuple<int64_t, int64_t, int64_t>, GraphEntry> graphs_;
+};
+
+}  // namespace kvrun::cuda_detail

@@ -1,0 +1,316 @@
+// The CUDA backend's storage (cuda_backend_impl.h): construction, the weights and LoRA
+// adapters uploaded into device arenas, the paged K/V pools, block copies and block I/O.
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "cuda/cuda_backend_impl.h"
+#include "quant.h"
+
+namespace kvrun::cuda_detail {
+
+CudaBackend::CudaBackend(const GgufFile& file, const BackendOptions& options, int device)
+    : device_((cuda_set_device(device), device)),
+      config_(backend_model_config(file, options)),
+      options_(options) {
+    if (config_.head_dim > 256)
+        throw Error(fmt::format("{}: head_dim {} is larger than the CUDA attention kernels "
+                                "support (256)",
+                                file.path(), config_.head_dim),
+                    "use --device cpu");
+    if (options_.kv_block_size > 256)
+        throw Error(fmt::format("--kv-block-size {} is larger than the CUDA kernels support (256)",
+                                options_.kv_block_size));
+    rotate_ = kv_rotation_enabled(config_, options_);
+    if (const char* env = std::getenv("KVRUN_CUDA_GRAPHS"); env && std::string(env) == "0")
+        use_graphs_ = false;
+    upload_weights(file);
+    allocate_kv();
+    ensure_capacity(kMinTokenCapacity, 1, 1024);
+    // The uploads (cudaMemcpy from pageable memory may return before its DMA ends) ran on
+    // the legacy stream, which does not order with our non-blocking stream: finish them.
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void CudaBackend::upload_weights(const GgufFile& file) {
+    ModelWeights hw = weights_load(file, config_);
+    lora_files_ = lora_attach(hw, config_, file, options_.lora);
+    // Plan the arena: every matrix and vector at a 256-byte aligned offset.
+    struct Item {
+        const void* src;
+        size_t bytes;
+        size_t offset;
+    };
+    std::vector<Item> items;
+    size_t total = 0;
+    auto add = [&](const void* src, size_t bytes) {
+        items.push_back({src, bytes, total});
+        total += align_up(bytes);
+        return items.size() - 1;
+    };
+    auto add_matrix = [&](const WeightView& w, const std::string& what) {
+        if (!cuda_supports_weight_type(w.type))
+            throw Error(fmt::format("{}: {} has type {}, which the CUDA kernels do not support",
+                                    file.path(), what, ggml_type_name(w.type)),
+                        "use --device cpu");
+        return add(w.data, w.row_bytes * size_t(w.n_out));
+    };
+    auto add_vector = [&](const std::vector<float>& v) {
+        return add(v.data(), v.size() * sizeof(float));
+    };
+    const size_t i_embd = add_matrix(hw.token_embd, "token_embd.weight");
+    const size_t i_out = hw.output_tied ? i_embd : add_matrix(hw.output, "output.weight");
+    const size_t i_out_norm = add_vector(hw.output_norm);
+    const size_t i_rope =
+        config_.rope_freq_factors.empty() ? SIZE_MAX : add_vector(config_.rope_freq_factors);
+    struct LayerItems {
+        size_t attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm, attn_post, ffn_post, router, gate_e,
+            up_e, down_e, wq, wk, wv, wo, gate, up, down;
+    };
+    std::vector<LayerItems> li(hw.layers.size());
+    for (size_t l = 0; l < hw.layers.size(); ++l) {
+        const LayerWeights& w = hw.layers[l];
+        const std::string p = fmt::format("blk.{}.", l);
+        LayerItems& it = li[l];
+        it.attn_norm = add_vector(w.attn_norm);
+        it.ffn_norm = add_vector(w.ffn_norm);
+        it.bq = w.bq.empty() ? SIZE_MAX : add_vector(w.bq);
+        it.bk = w.bk.empty() ? SIZE_MAX : add_vector(w.bk);
+        it.bv = w.bv.empty() ? SIZE_MAX : add_vector(w.bv);
+        it.q_norm = w.q_norm.empty() ? SIZE_MAX : add_vector(w.q_norm);
+        it.k_norm = w.k_norm.empty() ? SIZE_MAX : add_vector(w.k_norm);
+        it.attn_post = w.attn_post_norm.empty() ? SIZE_MAX : add_vector(w.attn_post_norm);
+        it.ffn_post = w.ffn_post_norm.empty() ? SIZE_MAX : add_vector(w.ffn_post_norm);
+        it.wq = add_matrix(w.wq, p + "attn_q.weight");
+        it.wk = add_matrix(w.wk, p + "attn_k.weight");
+        it.wv = add_matrix(w.wv, p + "attn_v.weight");
+        it.wo = add_matrix(w.wo, p + "attn_output.weight");
+        if (config_.moe()) {  // each stacked expert tensor as one item: experts stay evenly spaced
+            auto stacked = [&](const std::vector<WeightView>& e, const std::string& what) {
+                WeightView all = e[0];
+                all.n_out *= int64_t(e.size());
+                return add_matrix(all, what);
+            };
+            it.router = add_matrix(w.router, p + "ffn_gate_inp.weight");
+            it.gate_e = stacked(w.gate_exps, p + "ffn_gate_exps.weight");
+            it.up_e = stacked(w.up_exps, p + "ffn_up_exps.weight");
+            it.down_e = stacked(w.down_exps, p + "ffn_down_exps.weight");
+            continue;
+        }
+        it.gate = add_matrix(w.w_gate, p + "ffn_gate.weight");
+        it.up = add_matrix(w.w_up, p + "ffn_up.weight");
+        it.down = add_matrix(w.w_down, p + "ffn_down.weight");
+    }
+    weight_mem_ = DeviceMem(total, "the model weights");
+    for (const Item& it : items)
+        CUDA_CHECK(
+            cudaMemcpy(weight_mem_.get() + it.offset, it.src, it.bytes, cudaMemcpyHostToDevice));
+
+    uint8_t* base = weight_mem_.get();
+    auto on_device = [&](const WeightView& w, size_t i) {
+        WeightView d = w;
+        d.data = base + items[i].offset;
+        host_of_[d.data] = w.data;  // the model file's bytes, for a matmul observer
+        return d;
+    };
+    auto vec = [&](size_t i) -> const float* {
+        return i == SIZE_MAX ? nullptr : reinterpret_cast<const float*>(base + items[i].offset);
+    };
+    token_embd_ = on_device(hw.token_embd, i_embd);
+    output_ = on_device(hw.output, i_out);
+    output_norm_ = vec(i_out_norm);
+    rope_ = config_.rope(vec(i_rope));
+    rope_swa_ = config_.rope_swa(vec(i_rope));
+    layers_.resize(hw.layers.size());
+    for (size_t l = 0; l < hw.layers.size(); ++l) {
+        const LayerWeights& w = hw.layers[l];
+        const LayerItems& it = li[l];
+        DeviceLayer& d = layers_[l];
+        d.attn_norm = vec(it.attn_norm);
+        d.ffn_norm = vec(it.ffn_norm);
+        d.bq = vec(it.bq);
+        d.bk = vec(it.bk);
+        d.bv = vec(it.bv);
+        d.q_norm = vec(it.q_norm);
+        d.k_norm = vec(it.k_norm);
+        d.attn_post_norm = vec(it.attn_post);
+        d.ffn_post_norm = vec(it.ffn_post);
+        d.wq = on_device(w.wq, it.wq);
+        d.wk = on_device(w.wk, it.wk);
+        d.wv = on_device(w.wv, it.wv);
+        d.wo = on_device(w.wo, it.wo);
+        if (config_.moe()) {
+            d.router = on_device(w.router, it.router);
+            d.experts.gate0 = on_device(w.gate_exps[0], it.gate_e);
+            d.experts.up0 = on_device(w.up_exps[0], it.up_e);
+            d.experts.down0 = on_device(w.down_exps[0], it.down_e);
+            d.experts.expert_bytes = w.gate_exps[0].row_bytes * size_t(w.gate_exps[0].n_out);
+            d.experts.down_bytes = w.down_exps[0].row_bytes * size_t(w.down_exps[0].n_out);
+            continue;
+        }
+        d.w_gate = on_device(w.w_gate, it.gate);
+        d.w_up = on_device(w.w_up, it.up);
+        d.w_down = on_device(w.w_down, it.down);
+    }
+    upload_lora(hw);
+}
+
+void CudaBackend::upload_lora(const ModelWeights& hw) {
+    size_t total = 0;  // bytes of every A and B, each 256-byte aligned
+    auto plan = [&](const std::vector<LoraDelta>& v, bool output) {
+        for (const LoraDelta& d : v) {
+            for (const WeightView* w : {&d.a, &d.b}) {
+                if (!cuda_supports_weight_type(w->type))
+                    throw Error(fmt::format("a LoRA adapter has {} weights, which the CUDA kernels "
+                                            "do not support",
+                                            ggml_type_name(w->type)),
+                                "use --device cpu");
+                total += align_up(w->row_bytes * size_t(w->n_out));
+            }
+            lora_rank_ = std::max(lora_rank_, d.a.n_out);
+            lora_width_ = std::max(lora_width_, output ? config_.n_vocab : d.b.n_out);
+        }
+    };
+    for (const LayerWeights& w : hw.layers)
+        for (auto list : kLoraLists) plan(w.*list, false);
+    plan(hw.lora_output, true);
+    if (total == 0) return;
+    lora_mem_ = DeviceMem(total, "the LoRA adapters");
+    size_t off = 0;
+    auto next = [&](const WeightView& w) {  // copies w to the next slot, returns its device view
+        const size_t bytes = w.row_bytes * size_t(w.n_out);
+        CUDA_CHECK(cudaMemcpy(lora_mem_.get() + off, w.data, bytes, cudaMemcpyHostToDevice));
+        WeightView d = w;
+        d.data = lora_mem_.get() + off;
+        off += align_up(bytes);
+        return d;
+    };
+    auto on_device = [&](const std::vector<LoraDelta>& v) {
+        std::vector<LoraDelta> out;
+        for (const LoraDelta& d : v) {
+            LoraDelta dd = d;
+            dd.a = next(d.a);
+            dd.b = next(d.b);
+            out.push_back(dd);
+        }
+        return out;
+    };
+    for (size_t l = 0; l < hw.layers.size(); ++l)
+        for (size_t k = 0; k < std::size(kLoraLists); ++k)
+            layers_[l].lora[k] = on_device(hw.layers[l].*kLoraLists[k]);
+    lora_output_ = on_device(hw.lora_output);
+}
+
+void CudaBackend::allocate_kv() {
+    const KvLayout layout = kv_layout_for(config_, options_);
+    n_blocks_ = layout.n_blocks;
+    window_ = layout.window;
+    n_stages_ = kv_stages_for(options_);
+    k_block_bytes_ = kv_layer_block_bytes(options_.kv_type_k, KvRole::K, config_.n_kv_head,
+                                          options_.kv_block_size, config_.head_dim);
+    v_block_bytes_ = kv_layer_block_bytes(options_.kv_type_v, KvRole::V, config_.n_kv_head,
+                                          options_.kv_block_size, config_.head_dim);
+    const size_t s_bytes = align_up(
+        size_t(n_stages_ * config_.n_kv_head * options_.kv_block_size * config_.head_dim * 2));
+    // Per layer: K pool, V pool (of the main or the window pool's blocks), K and V stages.
+    auto layer_bytes = [&](int64_t l) {
+        const size_t n = size_t(pool_blocks(l));
+        return align_up(n * size_t(k_block_bytes_)) + align_up(n * size_t(v_block_bytes_)) +
+               2 * s_bytes;
+    };
+    size_t total = 0;
+    for (int64_t l = 0; l < config_.n_layer; ++l) total += layer_bytes(l);
+    const std::string what = fmt::format(
+        "the KV cache ({} blocks of {} tokens{}{} x {} layers)", n_blocks_, options_.kv_block_size,
+        window_.n_blocks > 0 ? fmt::format(", {} for the sliding-window layers", window_.n_blocks)
+                             : "",
+        n_stages_ > 0 ? fmt::format(" + {} f16 stage blocks", n_stages_) : "", config_.n_layer);
+    kv_mem_ = DeviceMem(total, what.c_str());
+    // Zeroed so that no stale NaN can ever meet a zero attention weight.
+    CUDA_CHECK(cudaMemsetAsync(kv_mem_.get(), 0, kv_mem_.size(), stream_.get()));
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    uint8_t* base = kv_mem_.get();
+    for (int64_t l = 0; l < config_.n_layer; ++l) {
+        const size_t n = size_t(pool_blocks(l));
+        const size_t k_bytes = align_up(n * size_t(k_block_bytes_));
+        const size_t v_bytes = align_up(n * size_t(v_block_bytes_));
+        k_pool_.push_back(base);
+        v_pool_.push_back(base + k_bytes);
+        if (n_stages_ > 0) {
+            k_stage_.push_back(base + k_bytes + v_bytes);
+            v_stage_.push_back(base + k_bytes + v_bytes + s_bytes);
+        }
+        base += layer_bytes(l);
+    }
+}
+
+bool CudaBackend::in_window_pool(int64_t layer) const {
+    return kv_layer_in_window_pool(config_, window_, layer);
+}
+
+int64_t CudaBackend::pool_blocks(int64_t layer) const {
+    return in_window_pool(layer) ? window_.n_blocks : n_blocks_;
+}
+
+void CudaBackend::read_kv_block(KvPool pool, int64_t block, uint8_t* dst) {
+    kv_block_io_check("read_kv_block", pool, block, n_blocks_, window_);
+    for (int64_t l = 0; l < config_.n_layer; ++l) {
+        if (!kv_layer_in_pool(config_, window_, l, pool)) continue;
+        CUDA_CHECK(cudaMemcpyAsync(dst, k_pool_[size_t(l)] + block * k_block_bytes_,
+                                   size_t(k_block_bytes_), cudaMemcpyDeviceToHost, stream_.get()));
+        dst += k_block_bytes_;
+        CUDA_CHECK(cudaMemcpyAsync(dst, v_pool_[size_t(l)] + block * v_block_bytes_,
+                                   size_t(v_block_bytes_), cudaMemcpyDeviceToHost, stream_.get()));
+        dst += v_block_bytes_;
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+}
+
+void CudaBackend::write_kv_block(KvPool pool, int64_t block, const uint8_t* src) {
+    kv_block_io_check("write_kv_block", pool, block, n_blocks_, window_);
+    for (int64_t l = 0; l < config_.n_layer; ++l) {
+        if (!kv_layer_in_pool(config_, window_, l, pool)) continue;
+        CUDA_CHECK(cudaMemcpyAsync(k_pool_[size_t(l)] + block * k_block_bytes_, src,
+                                   size_t(k_block_bytes_), cudaMemcpyHostToDevice, stream_.get()));
+        src += k_block_bytes_;
+        CUDA_CHECK(cudaMemcpyAsync(v_pool_[size_t(l)] + block * v_block_bytes_, src,
+                                   size_t(v_block_bytes_), cudaMemcpyHostToDevice, stream_.get()));
+        src += v_block_bytes_;
+    }
+    // Pageable source memory: the copy must finish before the caller reuses it.
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+}
+
+KvLayerView CudaBackend::kv_layer(int64_t l) const {
+    KvLayerView kv;
+    kv.k_type = options_.kv_type_k;
+    kv.v_type = options_.kv_type_v;
+    kv.k = k_pool_[size_t(l)];
+    kv.v = v_pool_[size_t(l)];
+    kv.n_blocks = pool_blocks(l);
+    kv.n_kv_head = config_.n_kv_head;
+    kv.block_size = options_.kv_block_size;
+    kv.head_dim = config_.head_dim;
+    if (n_stages_ > 0) {
+        kv.k_stage = k_stage_[size_t(l)];
+        kv.v_stage = v_stage_[size_t(l)];
+        kv.n_stages = n_stages_;
+    }
+    return kv;
+}
+
+void CudaBackend::copy_blocks(const std::vector<BlockCopy>& copies) {
+    kv_copies_validate(copies, n_blocks_, n_stages_, window_.n_blocks);
+    CUDA_CHECK(cudaSetDevice(device_));
+    for (const BlockCopy& c : copies)
+        for (int64_t l = 0; l < config_.n_layer; ++l) {
+            const bool w = in_window_pool(l);
+            cuda_kv_copy(kv_layer(l), w ? c.wsrc : c.src, w ? c.wdst : c.dst, c.src_stage,
+                         c.dst_stage, c.n_rows, stream_.get());
+        }
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+}
+
+}  // namespace kvrun::cuda_detail
