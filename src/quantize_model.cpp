@@ -328,14 +328,21 @@ std::span<const QuantFileType> quant_file_types() {
     return kFileTypes;
 }
 
+const QuantFileType* quant_file_type_by_id(uint32_t id) {
+    for (const QuantFileType& t : kFileTypes)
+        if (t.id == id) return &t;
+    return nullptr;
+}
+
 const QuantFileType* find_quant_file_type(std::string_view name_or_id) {
     std::string u = upper(name_or_id);
     if (u == "Q3_K" || u == "Q4_K" || u == "Q5_K") u += "_M";
     uint32_t id = 0;
     auto [p, ec] = std::from_chars(u.data(), u.data() + u.size(), id);
-    const bool numeric = !u.empty() && ec == std::errc() && p == u.data() + u.size();
+    if (!u.empty() && ec == std::errc() && p == u.data() + u.size())
+        return quant_file_type_by_id(id);
     for (const QuantFileType& t : kFileTypes)
-        if (numeric ? t.id == id : t.name == u) return &t;
+        if (t.name == u) return &t;
     return nullptr;
 }
 

@@ -36,6 +36,8 @@ std::span<const QuantFileType> quant_file_types();
 // By name (case-insensitive; Q3_K, Q4_K and Q5_K mean their _M mixes, as in llama-quantize)
 // or by general.file_type number; nullptr when unknown.
 const QuantFileType* find_quant_file_type(std::string_view name_or_id);
+// By general.file_type number; nullptr when unknown.
+const QuantFileType* quant_file_type_by_id(uint32_t id);
 
 // llama.cpp's "use more bits" layers of the _M mixes: the first and last eighth of the
 // layers and every third one between.

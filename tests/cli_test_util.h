@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -94,6 +95,24 @@ inline std::vector<std::string> vocab_cases(const std::string& inp) {
 inline std::string ids_output_for(const std::string& out_line) {
     REQUIRE_MESSAGE((out_line.empty() || out_line[0] == ' '), out_line);
     return (out_line.empty() ? out_line : out_line.substr(1)) + "\n";
+}
+
+// A fresh path in the temporary directory, kvrun_<tag>_<pid> (nothing is written).
+inline std::string temp_path(const std::string& tag) {
+    return (std::filesystem::temp_directory_path() /
+            ("kvrun_" + tag + "_" + std::to_string(::getpid())))
+        .string();
+}
+
+// The mean KL divergence `perplexity ARGS --kl-divergence-base BASE --kl-divergence` reports
+// for `model` (ARGS: the text, -c and --chunks the base run was made with).
+inline double mean_kld(const std::string& model, const std::string& args, const std::string& base) {
+    auto k = run_command(kvrun_cmd("perplexity -m " + model + args + " --kl-divergence-base " +
+                                   base + " --kl-divergence"));
+    REQUIRE_MESSAGE(k.exit_code == 0, k.err);
+    std::smatch m;
+    REQUIRE_MESSAGE(std::regex_search(k.out, m, std::regex(R"(Mean +KLD: +([0-9.]+))")), k.out);
+    return std::stod(m[1]);
 }
 
 }  // namespace kvrun::test::cli

@@ -1,7 +1,6 @@
 // Split models (llama.cpp's gguf-split layout): the first file's metadata, every file's
 // tensors, found by the PREFIX-0000i-of-0000N.gguf names; bad splits give one clear error.
 #include <doctest/doctest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <string>
@@ -56,8 +55,7 @@ std::vector<std::string> write_split(const GgufFile& src, const std::string& pre
 }
 
 std::string temp_prefix(const std::string& tag) {
-    return (fs::temp_directory_path() / ("kvrun_split_" + std::to_string(::getpid()) + "_" + tag))
-        .string();
+    return cli::temp_path("split_" + tag);
 }
 
 void remove_all(const std::vector<std::string>& paths) {

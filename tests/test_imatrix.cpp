@@ -2,13 +2,11 @@
 // computed by hand), both file layouts, weighted quantization (lower weighted error; a
 // lower KL divergence for the quantized model), and bad input.
 #include <doctest/doctest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -28,9 +26,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// A temporary path ending in `tag` (the extension decides the imatrix layout).
 std::string temp_path(const std::string& tag) {
-    return (fs::temp_directory_path() / ("kvrun_imatrix_" + std::to_string(::getpid()) + "_" + tag))
-        .string();
+    return cli::temp_path("imatrix") + "_" + tag;
 }
 
 // sum_i w_i (dequant(quant(x))_i - x_i)^2 for one row.
@@ -150,14 +148,7 @@ TEST_CASE("quantize --imatrix: closer to the F32 model than without (held-out te
     r = run_command(
         cli::kvrun_cmd("perplexity -m " + f32.string() + common + " --kl-divergence-base " + base));
     REQUIRE_MESSAGE(r.exit_code == 0, r.err);
-    auto mean_kld = [&](const std::string& model) {
-        auto k = run_command(cli::kvrun_cmd("perplexity -m " + model + common +
-                                            " --kl-divergence-base " + base + " --kl-divergence"));
-        REQUIRE_MESSAGE(k.exit_code == 0, k.err);
-        std::smatch m;
-        REQUIRE(std::regex_search(k.out, m, std::regex(R"(Mean +KLD: +([0-9.]+))")));
-        return std::stod(m[1]);
-    };
+    auto mean_kld = [&](const std::string& model) { return cli::mean_kld(model, common, base); };
     // Measured: Q4_1 0.208 -> 0.142, IQ4_XS 0.180 -> 0.171, Q4_K_M 0.136 -> 0.131.
     for (const std::string type : {"Q4_1", "IQ4_XS", "Q4_K_M"}) {
         INFO(type);

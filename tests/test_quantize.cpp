@@ -5,7 +5,6 @@
 
 #include <atomic>
 #include <filesystem>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -33,8 +32,7 @@ QuantizeOptions options_for(const std::string& type, bool pure = false) {
 }
 
 fs::path temp_gguf(const std::string& tag) {
-    return fs::temp_directory_path() /
-           ("kvrun_quantize_" + std::to_string(::getpid()) + "_" + tag + ".gguf");
+    return cli::temp_path("quantize_" + tag) + ".gguf";
 }
 
 std::string file_bytes(const fs::path& p) {
@@ -159,13 +157,7 @@ TEST_CASE("quantize: kvrun's K-quants and IQ4 are as close to F32 as llama-quant
                                         " --kl-divergence-base " + base.string()));
     REQUIRE_MESSAGE(r.exit_code == 0, r.err);
     auto mean_kld = [&](const std::string& model) {
-        auto k = run_command(cli::kvrun_cmd("perplexity -m " + model + common +
-                                            " --kl-divergence-base " + base.string() +
-                                            " --kl-divergence"));
-        REQUIRE_MESSAGE(k.exit_code == 0, k.err);
-        std::smatch m;
-        REQUIRE_MESSAGE(std::regex_search(k.out, m, std::regex(R"(Mean +KLD: +([0-9.]+))")), k.out);
-        return std::stod(m[1]);
+        return cli::mean_kld(model, common, base.string());
     };
     for (const std::string type : {"Q2_K", "Q3_K_M", "Q4_K_M", "Q6_K", "IQ4_XS"}) {
         INFO(type);

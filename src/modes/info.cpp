@@ -164,9 +164,9 @@ int run_info_imatrix(const InfoOptions& o) {
 // The file type llama.cpp's general.file_type names ("Q4_K_M"), "" when absent or unknown.
 std::string file_type_name(const GgufFile& f) {
     const GgufValue* v = f.find("general.file_type");
-    if (!v || !v->is_int()) return "";
-    if (v->as_int() == 0) return "F32";
-    const QuantFileType* t = find_quant_file_type(std::to_string(v->as_int()));
+    const QuantFileType* t = v && v->is_int() && v->as_int() >= 0
+                                 ? quant_file_type_by_id(uint32_t(v->as_int()))
+                                 : nullptr;
     return t ? std::string(t->name) : "";
 }
 
