@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common.h"
+#include "stop_text.h"
 
 namespace kvrun {
 
@@ -16,20 +17,32 @@ ContextOverflow context_overflow_from_name(std::string_view name) {
                 "use --context-overflow stop, shift or sinks");
 }
 
+ChatSpecialTexts chat_special_texts(const Tokenizer& tok) {
+    ChatSpecialTexts t;
+    if (tok.bos() >= 0) t.bos = tok.token_text(tok.bos());
+    if (tok.eos() >= 0) t.eos = tok.token_text(tok.eos());
+    return t;
+}
+
+ChatStops chat_stops(ChatTemplateKind kind, const Tokenizer& tok) {
+    ChatStops out;
+    for (const std::string& s : chat_template_stop_strings(kind)) {
+        const TokenId id = tok.find_token(s);
+        if (id >= 0)
+            out.tokens.push_back(id);
+        else
+            out.strings.push_back(s);
+    }
+    return out;
+}
+
 ChatSession::ChatSession(Engine& engine, const Tokenizer& tok, ChatConfig config)
     : engine_(engine), tok_(tok), cfg_(std::move(config)) {
     if (cfg_.n_sink < 0) fail("the number of sink tokens must be >= 0 (got {})", cfg_.n_sink);
-    if (tok_.bos() >= 0) special_.bos = tok_.token_text(tok_.bos());
-    if (tok_.eos() >= 0) special_.eos = tok_.token_text(tok_.eos());
-    // End-of-turn texts that are one token of the vocabulary stop on that id; others are
-    // looked for in the decoded text.
-    for (const std::string& s : chat_template_stop_strings(cfg_.kind)) {
-        TokenId id = tok_.find_token(s);
-        if (id >= 0)
-            stop_tokens_.push_back(id);
-        else
-            stop_strings_.push_back(s);
-    }
+    special_ = chat_special_texts(tok_);
+    ChatStops stops = chat_stops(cfg_.kind, tok_);
+    stop_tokens_ = std::move(stops.tokens);
+    stop_strings_ = std::move(stops.strings);
     for (const std::string& s : cfg_.stop)
         if (!s.empty()) stop_strings_.push_back(s);
     session_ = engine_.open_session();
@@ -146,18 +159,6 @@ std::vector<TokenId> ChatSession::shift_rebuild(const ChatMessage& user,
     return tokens;
 }
 
-// Length of the longest end of `text` that could start a stop string.
-size_t ChatSession::holdback(std::string_view text) const {
-    size_t best = 0;
-    for (const std::string& s : stop_strings_)
-        for (size_t n = std::min(s.size() - 1, text.size()); n > best; --n)
-            if (text.substr(text.size() - n) == std::string_view(s).substr(0, n)) {
-                best = n;
-                break;
-            }
-    return best;
-}
-
 std::string ChatSession::send(const std::string& user, const TextSink& on_text,
                               const TextSink& on_notice, const std::atomic<bool>* cancel) {
     ChatMessage msg{"user", user};
@@ -225,7 +226,7 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
     engine_.on_token([&](int32_t, int32_t, TokenId t) {
         reply_tokens.push_back(t);
         reply += decoder.push(t);
-        emit(std::min(reply.size() - holdback(reply), stop_at()));
+        emit(std::min(reply.size() - stop_string_holdback(reply, stop_strings_), stop_at()));
     });
     engine_.on_finish([&](const GenerationResult& r) { result = r; });
     int32_t remaining = cfg_.n_predict;

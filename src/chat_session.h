@@ -58,6 +58,17 @@ struct ChatTurnStats {
     GenerationTimings timings;  // of the first request of the turn
 };
 
+// The vocabulary's BOS/EOS texts for the formats that write them.
+ChatSpecialTexts chat_special_texts(const Tokenizer& tok);
+
+// What ends an assistant reply in a format: its end-of-turn texts that are one token of the
+// vocabulary stop on that id; the others are looked for in the decoded text.
+struct ChatStops {
+    std::vector<TokenId> tokens;
+    std::vector<std::string> strings;
+};
+ChatStops chat_stops(ChatTemplateKind kind, const Tokenizer& tok);
+
 class ChatSession {
   public:
     using TextSink = std::function<void(std::string_view)>;
@@ -100,7 +111,6 @@ class ChatSession {
     std::vector<TokenId> shift_rebuild(const ChatMessage& user, const std::vector<TokenId>& reply,
                                        int32_t& n_dropped);
     void restart_session();
-    size_t holdback(std::string_view text) const;
 
     Engine& engine_;
     const Tokenizer& tok_;

@@ -374,7 +374,17 @@ void Engine::finish(Seq& s, StopReason reason, std::string error) {
     } else if (s.admitted_once) {
         t.prefill_ms = ms_between(s.t_admit, now);
     }
-    if (on_finish_) on_finish_(r);
+    if (!on_finish_) return;
+    // A multi-sample request that ends before its samples forked (an error, a cancel, n_predict
+    // 0) ends every sample: callers count one result per sample.
+    if (s.forked || s.req->n_samples == 1) {
+        on_finish_(r);
+        return;
+    }
+    for (int32_t i = 0; i < s.req->n_samples; ++i) {
+        r.sample = i;
+        on_finish_(r);
+    }
 }
 
 StopReason Engine::check_stop(Seq& s, TokenId tok) {
@@ -559,10 +569,7 @@ void Engine::finish_empty_requests() {
         s.admitted_once = true;
         s.t_admit = Clock::now();
         s.n_prompt_computed = 0;
-        for (int32_t i = 0; i < s.req->n_samples; ++i) {
-            s.sample = i;
-            finish(s, StopReason::Length);
-        }
+        finish(s, StopReason::Length);  // every sample
         it = waiting_.erase(it);
     }
 }
@@ -748,6 +755,26 @@ void Engine::cancel_all() {
         finish(*waiting_.front(), StopReason::Cancelled);
         waiting_.pop_front();
     }
+}
+
+bool Engine::cancel(int32_t request) {
+    bool any = false;
+    for (auto& s : running_)
+        if (s->request == request && !s->finished) {
+            finish(*s, StopReason::Cancelled);
+            any = true;
+        }
+    std::erase_if(running_, [](auto& s) { return s->finished; });
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+        if ((*it)->request != request) {
+            ++it;
+            continue;
+        }
+        finish(**it, StopReason::Cancelled);
+        it = waiting_.erase(it);
+        any = true;
+    }
+    return any;
 }
 
 void Engine::run(const std::atomic<bool>* cancel) {

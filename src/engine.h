@@ -47,7 +47,7 @@ struct GenerationRequest {
     // Text generated before this request that a stop string may begin in (the reply so far
     // when a context shift continues it); only its last bytes matter.
     std::string stop_text_before;
-    std::vector<TokenId> stop_tokens;       // extra end-of-generation ids (like EOS: not output)
+    std::vector<TokenId> stop_tokens;  // extra end-of-generation ids (like EOS: not output)
     // Constrained generation: every generated token continues a sentence of the grammar, the
     // end of generation comes only where a sentence is complete, and the request ends (stop
     // "eos") once the grammar admits nothing more. Null: unconstrained.
@@ -175,6 +175,10 @@ class Engine {
     bool idle() const;
     // Ends every running and waiting request with StopReason::Cancelled.
     void cancel_all();
+    // Ends the request's sequences (all its samples) with StopReason::Cancelled and frees
+    // their blocks (a server's client went away). Not during step(); unknown or finished ids
+    // are ignored. Returns whether anything was cancelled.
+    bool cancel(int32_t request);
 
     void on_token(TokenCallback cb) { on_token_ = std::move(cb); }
     void on_finish(FinishCallback cb) { on_finish_ = std::move(cb); }

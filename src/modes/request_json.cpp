@@ -2,6 +2,7 @@
 #include "modes/request_json.h"
 
 #include <cmath>
+#include <optional>
 
 #include "common.h"
 #include "modes/grammar_options.h"
@@ -100,13 +101,32 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
         fail("malformed JSON: {}", e.what());
     }
     if (!j.is_object()) fail("a request must be a JSON object");
-    if (!j.contains("prompt") || !j["prompt"].is_string()) fail("missing string field 'prompt'");
+    if (!j.contains("prompt") || !(j["prompt"].is_string() || j["prompt"].is_array()))
+        fail("missing string field 'prompt'");
     ParsedRequest out;
     GenerationRequest& req = out.request;
+    // A prompt given as token ids ([15043, 3186, ...], llama.cpp's server) is used as is: no
+    // BOS is added.
+    std::optional<std::vector<TokenId>> prompt_ids;
     try {
-        out.prompt_text = j["prompt"].get<std::string>();
-        utf8_require_valid(out.prompt_text, "'prompt'");
-        if (out.prompt_text.empty()) fail("'prompt' is empty");
+        if (j["prompt"].is_array()) {
+            prompt_ids.emplace();
+            for (const auto& v : j["prompt"]) {
+                if (!v.is_number_integer())
+                    fail("'prompt' must be a string or an array of token ids");
+                const int64_t id = v.get<int64_t>();
+                if (id < 0 || id >= tok.n_vocab())
+                    fail("'prompt': token id {} is outside the vocabulary (0..{})", id,
+                         tok.n_vocab() - 1);
+                prompt_ids->push_back(static_cast<TokenId>(id));
+            }
+            if (prompt_ids->empty()) fail("'prompt' is empty");
+            out.prompt_text = tok.decode(*prompt_ids, false, true);
+        } else {
+            out.prompt_text = j["prompt"].get<std::string>();
+            utf8_require_valid(out.prompt_text, "'prompt'");
+            if (out.prompt_text.empty()) fail("'prompt' is empty");
+        }
         if (j.contains("id")) out.id = j["id"];
         req.n_predict = j.value("n_predict", d.n_predict);
         req.sampling = d.sampling;
@@ -175,7 +195,9 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
     sampling_validate(req.sampling);  // throws Error naming the bad value and its range
     merged_logit_bias(req.sampling, tok.n_vocab());  // token ids inside the vocabulary
     req.grammar = grammar_from_request(j, line, d.grammar);
-    req.prompt = tok.encode(out.prompt_text, d.add_bos && tok.add_bos(), d.parse_special);
+    req.prompt = prompt_ids
+                     ? std::move(*prompt_ids)
+                     : tok.encode(out.prompt_text, d.add_bos && tok.add_bos(), d.parse_special);
     return out;
 }
 

@@ -35,7 +35,8 @@ struct ParsedRequest {
     nlohmann::json id;  // the request's "id" field, echoed in its result (null when absent)
 };
 
-// Parses one JSONL request. Fields: prompt (string, required, non-empty UTF-8), n_predict
+// Parses one JSONL request. Fields: prompt (string, required, non-empty UTF-8; or an array of
+// token ids, used as they are, without BOS), n_predict
 // (-1: no limit, 0: nothing generated; anything below -1 is refused),
 // temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty,
 // repeat_last_n, seed, n_samples (1-256),
@@ -54,6 +55,10 @@ GenerationRequest request_from_text(const std::string& prompt_text, const Reques
 // decode_tokens_per_s is null when there is no meaningful rate (GenerationTimings::
 // has_decode_rate: fewer than two tokens, or all of them within a millisecond).
 nlohmann::json timings_to_json(const GenerationTimings& t);
+
+// [{"id", "token", "bytes", "logprob", "top_logprobs": [{"id", "token", "bytes", "logprob"},
+// ...]}, ...]: one entry per generated token (llama.cpp server's layout).
+nlohmann::json logprobs_to_json(const std::vector<TokenLogprobs>& lps, const Tokenizer& tok);
 
 // One generation: {"tokens", "text", "stop", "preemptions", "timings"} (+ "error"), with
 // `speculative` {"speculative": {"drafted", "accepted", "rounds", "target_passes"}}, and when

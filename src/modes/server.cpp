@@ -1,0 +1,472 @@
+// `kvrun server`: llama-server's and OpenAI's HTTP API on the engine.
+//
+// Every connection runs on its own thread (HttpServer); generation requests go to the one
+// EngineWorker thread that owns the engine, so concurrent clients share its continuous
+// batching, prefix cache (a chat client resending its conversation prefills only the new
+// turn) and speculative decoding. A connection turns its job's token events into text
+// (whole UTF-8 characters, cut before stop strings) and either streams it as server-sent
+// events or answers once the job ends. A client that hangs up cancels its generation, which
+// frees its KV blocks at the next step. Ctrl-C ends running generations and exits 0.
+//
+// Endpoints: POST /v1/completions, /v1/chat/completions (OpenAI), /completion (llama.cpp),
+// /tokenize, /detokenize; GET /health, /v1/models, /props, /metrics (Prometheus text).
+#include "modes/server.h"
+
+#include <fmt/core.h>
+
+#include <chrono>
+#include <csignal>
+#include <ctime>
+#include <filesystem>
+
+#include "common.h"
+#include "gguf.h"
+#include "modes/draft_options.h"
+#include "modes/model_options.h"
+#include "modes/modes.h"
+#include "text_input.h"
+
+namespace kvrun {
+
+struct ApiServer::Impl {
+    ServerConfig cfg;
+    Engine& engine;
+    const Tokenizer& tok;
+    EngineWorker* worker = nullptr;
+    std::unique_ptr<HttpServer> http;
+    const std::atomic<bool>* stop = nullptr;
+    std::atomic<int64_t> next_id{0};
+    std::atomic<int64_t> n_requests{0}, n_prompt_tokens{0}, n_generated_tokens{0}, n_cancelled{0};
+
+    Impl(ServerConfig c, Engine& e, const Tokenizer& t) : cfg(std::move(c)), engine(e), tok(t) {}
+
+    void handle(const HttpRequest& req, HttpConnection& conn);
+    void generate(ApiFormat format, const HttpRequest& req, HttpConnection& conn);
+    void tokenize(const HttpRequest& req, HttpConnection& conn);
+    void detokenize(const HttpRequest& req, HttpConnection& conn);
+    std::string metrics();
+    nlohmann::json props();
+    bool stopping() const { return stop && stop->load(); }
+};
+
+namespace {
+
+bool send_json(HttpConnection& conn, int status, const nlohmann::json& j) {
+    return conn.send(status, "application/json; charset=utf-8", json_line(j));
+}
+
+bool send_error(HttpConnection& conn, int status, std::string_view message) {
+    return conn.send(status, "application/json; charset=utf-8", http_error_body(status, message));
+}
+
+// One server-sent event.
+bool send_event(HttpConnection& conn, const nlohmann::json& j) {
+    return conn.send_chunk("data: " + json_line(j) + "\n\n");
+}
+
+nlohmann::json parse_body(const HttpRequest& req) {
+    try {
+        nlohmann::json j = nlohmann::json::parse(req.body);
+        if (!j.is_object()) fail("the request body must be a JSON object");
+        return j;
+    } catch (const nlohmann::json::exception& e) {
+        fail("malformed JSON: {}", e.what());
+    }
+}
+
+// An Error as one line: the message and its hint.
+std::string error_text(const Error& e) {
+    return e.hint().empty() ? std::string(e.what())
+                            : fmt::format("{} (hint: {})", e.what(), e.hint());
+}
+
+// "Authorization: Bearer KEY" (or llama.cpp's "X-Api-Key: KEY").
+bool authorized(const HttpRequest& req, const std::string& key) {
+    if (key.empty()) return true;
+    if (req.header("x-api-key") == key) return true;
+    return req.header("authorization") == "Bearer " + key;
+}
+
+}  // namespace
+
+void ApiServer::Impl::handle(const HttpRequest& req, HttpConnection& conn) {
+    const std::string& p = req.path;
+    if (req.method == "OPTIONS") {  // CORS preflight from browser clients
+        conn.send(204, "text/plain", "",
+                  {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
+                   {"Access-Control-Allow-Headers", "Content-Type, Authorization, X-Api-Key"}});
+        return;
+    }
+    if (p == "/health" || p == "/v1/health") {
+        send_json(conn, 200, {{"status", "ok"}});
+        return;
+    }
+    if (!authorized(req, cfg.api_key)) {
+        send_error(conn, 401, "invalid or missing API key (send \"Authorization: Bearer KEY\")");
+        return;
+    }
+    struct Route {
+        const char* method;
+        const char* path;
+        std::function<void()> run;
+    };
+    const Route routes[] = {
+        {"POST", "/v1/completions", [&] { generate(ApiFormat::OpenAiCompletion, req, conn); }},
+        {"POST", "/completions", [&] { generate(ApiFormat::OpenAiCompletion, req, conn); }},
+        {"POST", "/v1/chat/completions", [&] { generate(ApiFormat::OpenAiChat, req, conn); }},
+        {"POST", "/chat/completions", [&] { generate(ApiFormat::OpenAiChat, req, conn); }},
+        {"POST", "/completion", [&] { generate(ApiFormat::Completion, req, conn); }},
+        {"POST", "/tokenize", [&] { tokenize(req, conn); }},
+        {"POST", "/detokenize", [&] { detokenize(req, conn); }},
+        {"GET", "/v1/models",
+         [&] {
+             send_json(conn, 200,
+                       {{"object", "list"},
+                        {"data",
+                         {{{"id", cfg.api.model_id},
+                           {"object", "model"},
+                           {"created", 0},
+                           {"owned_by", "kvrun"},
+                           {"meta", {{"n_vocab", tok.n_vocab()}, {"n_ctx", engine.n_ctx()}}}}}}});
+         }},
+        {"GET", "/props", [&] { send_json(conn, 200, props()); }},
+        {"GET", "/metrics",
+         [&] { conn.send(200, "text/plain; version=0.0.4; charset=utf-8", metrics()); }},
+    };
+    bool known_path = false;
+    for (const Route& r : routes) {
+        if (p != r.path && !(p == "/models" && std::string_view(r.path) == "/v1/models")) continue;
+        known_path = true;
+        if (req.method == r.method) {
+            r.run();
+            return;
+        }
+    }
+    if (known_path)
+        send_error(conn, 405, fmt::format("{} is not allowed on {}", req.method, p));
+    else
+        send_error(conn, 404, fmt::format("no endpoint {} (see `kvrun server --help`)", p));
+}
+
+void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpConnection& conn) {
+    ApiRequest ar;
+    std::shared_ptr<EngineWorker::Job> job;
+    try {
+        ar = api_request_from_json(format, req.body, cfg.api, tok);
+        job = worker->submit(ar.request);
+    } catch (const Error& e) {
+        send_error(conn, stopping() ? 503 : 400, error_text(e));
+        return;
+    }
+    ++n_requests;
+    n_prompt_tokens += static_cast<int64_t>(ar.request.prompt.size());
+    const bool openai = format != ApiFormat::Completion;
+    ApiResponseMeta meta;
+    meta.id =
+        fmt::format("{}-{}", format == ApiFormat::OpenAiChat ? "chatcmpl" : "cmpl", next_id++);
+    meta.created = static_cast<int64_t>(std::time(nullptr));
+    meta.model = cfg.api.model_id;
+
+    const int32_t n = ar.request.n_samples;
+    std::vector<ApiTextStream> texts(static_cast<size_t>(n), ApiTextStream(tok, ar.stop));
+    std::vector<ApiChoiceResult> choices(static_cast<size_t>(n));
+    std::vector<bool> started(static_cast<size_t>(n), false);
+    bool client_gone = false, cancelled = false;
+    if (ar.stream &&
+        !conn.begin_chunked(200, "text/event-stream",
+                            {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}}))
+        client_gone = true;
+    auto emit = [&](int32_t s, const std::string& delta) {
+        if (!ar.stream || delta.empty() || client_gone) return;
+        if (!send_event(conn, api_stream_chunk(ar, meta, s, delta, !started[size_t(s)])))
+            client_gone = true;
+        started[size_t(s)] = true;
+    };
+    auto last_check = std::chrono::steady_clock::now();
+    while (!job->done()) {
+        // A client that left, or Ctrl-C: cancel once, then take the Cancelled results.
+        const auto now = std::chrono::steady_clock::now();
+        if (!cancelled && now - last_check > std::chrono::milliseconds(100)) {
+            last_check = now;
+            if (!client_gone && conn.peer_closed()) client_gone = true;
+            if (client_gone || stopping()) {
+                worker->cancel(*job);
+                cancelled = true;
+                ++n_cancelled;
+            }
+        }
+        std::optional<EngineWorker::Event> e = job->next(std::chrono::milliseconds(50));
+        if (!e) continue;
+        const auto s = size_t(e->sample);
+        if (e->kind == EngineWorker::Event::Kind::Token) {
+            emit(e->sample, texts[s].push(e->token));
+            continue;
+        }
+        emit(e->sample, texts[s].finish());
+        ApiChoiceResult& c = choices[s];
+        c.text = texts[s].text();
+        c.result = std::move(e->result);
+        c.stop_word = texts[s].stops().stopped() ? texts[s].stops().stop_word() : "";
+        n_generated_tokens += c.result.timings.n_generated;
+        if (!ar.stream || client_gone) continue;
+        if (c.result.stop == StopReason::Error) {
+            if (!send_event(conn, nlohmann::json::parse(http_error_body(500, c.result.error))))
+                client_gone = true;
+        } else if (!send_event(conn, api_stream_final_chunk(ar, meta, c, tok))) {
+            client_gone = true;
+        }
+    }
+    if (ar.stream) {
+        if (client_gone) return;
+        if (openai && ar.include_usage) send_event(conn, api_usage_chunk(ar, meta, choices));
+        if (openai) conn.send_chunk("data: [DONE]\n\n");
+        conn.end_chunked();
+        return;
+    }
+    if (client_gone) return;
+    for (const ApiChoiceResult& c : choices) {
+        if (c.result.stop == StopReason::Error) {
+            send_error(conn, 500, c.result.error);
+            return;
+        }
+        if (c.result.stop == StopReason::Cancelled) {
+            send_error(conn, 503, "the server is shutting down");
+            return;
+        }
+    }
+    send_json(conn, 200, api_response(ar, meta, choices, tok));
+}
+
+void ApiServer::Impl::tokenize(const HttpRequest& req, HttpConnection& conn) {
+    try {
+        const nlohmann::json j = parse_body(req);
+        if (!j.contains("content") || !j["content"].is_string())
+            fail("missing string field 'content'");
+        const std::string text = j["content"].get<std::string>();
+        utf8_require_valid(text, "'content'");
+        const bool add_special = j.value("add_special", false);
+        const bool parse_special = j.value("parse_special", true);
+        const bool with_pieces = j.value("with_pieces", false);
+        const std::vector<TokenId> ids =
+            tok.encode(text, add_special && tok.add_bos(), parse_special);
+        nlohmann::json tokens = nlohmann::json::array();
+        for (TokenId id : ids) {
+            if (!with_pieces) {
+                tokens.push_back(id);
+                continue;
+            }
+            const std::string piece = tok.token_to_piece(id);
+            tokens.push_back({{"id", id}, {"piece", piece}});
+        }
+        send_json(conn, 200, {{"tokens", tokens}});
+    } catch (const nlohmann::json::exception& e) {
+        send_error(conn, 400, fmt::format("bad field type: {}", e.what()));
+    } catch (const Error& e) {
+        send_error(conn, 400, error_text(e));
+    }
+}
+
+void ApiServer::Impl::detokenize(const HttpRequest& req, HttpConnection& conn) {
+    try {
+        const nlohmann::json j = parse_body(req);
+        if (!j.contains("tokens") || !j["tokens"].is_array())
+            fail("missing field 'tokens' (a list of token ids)");
+        std::vector<TokenId> ids;
+        for (const auto& v : j["tokens"]) {
+            const int64_t id = v.get<int64_t>();
+            if (id < 0 || id >= tok.n_vocab())
+                fail("token id {} is outside the vocabulary (0..{})", id, tok.n_vocab() - 1);
+            ids.push_back(static_cast<TokenId>(id));
+        }
+        send_json(conn, 200, {{"content", tok.decode(ids)}});
+    } catch (const nlohmann::json::exception& e) {
+        send_error(conn, 400, fmt::format("bad field type: {}", e.what()));
+    } catch (const Error& e) {
+        send_error(conn, 400, error_text(e));
+    }
+}
+
+nlohmann::json ApiServer::Impl::props() {
+    const SamplingParams& s = cfg.api.defaults.sampling;
+    return {{"default_generation_settings",
+             {{"n_ctx", engine.n_ctx()},
+              {"params",
+               {{"n_predict", cfg.api.defaults.n_predict},
+                {"temperature", s.temperature},
+                {"top_k", s.top_k},
+                {"top_p", s.top_p},
+                {"min_p", s.min_p},
+                {"repeat_penalty", s.repeat_penalty},
+                {"seed", s.seed},
+                {"stop", cfg.api.defaults.stop}}}}},
+            {"total_slots", cfg.parallel},
+            {"model_path", cfg.model_path},
+            {"model_alias", cfg.api.model_id},
+            {"chat_template", chat_template_name(cfg.api.chat_template)},
+            {"build_info", "kvrun"}};
+}
+
+std::string ApiServer::Impl::metrics() {
+    EngineStats st;
+    KvBlockStats kv;
+    int32_t running = 0, waiting = 0;
+    worker->call([&](Engine& e) {
+        st = e.stats();
+        kv = e.kv_table().stats();
+        running = e.n_running();
+        waiting = e.n_waiting();
+    });
+    std::string out;
+    auto metric = [&](const char* name, const char* type, const char* help, double value) {
+        out += fmt::format("# HELP kvrun:{} {}\n# TYPE kvrun:{} {}\nkvrun:{} {}\n", name, help,
+                           name, type, name, value);
+    };
+    metric("requests_total", "counter", "Generation requests accepted.", double(n_requests));
+    metric("requests_cancelled_total", "counter",
+           "Generations cancelled (the client went away, or the server stopped).",
+           double(n_cancelled));
+    metric("prompt_tokens_total", "counter", "Prompt tokens of accepted requests.",
+           double(n_prompt_tokens));
+    metric("tokens_predicted_total", "counter", "Tokens generated.", double(n_generated_tokens));
+    metric("prompt_tokens_computed_total", "counter",
+           "Prompt tokens run through the model (the rest came from the prefix cache).",
+           double(st.tokens_prefilled));
+    metric("prefix_cache_hit_tokens_total", "counter", "Prompt tokens reused from the KV cache.",
+           double(st.prefix_hit_tokens));
+    metric("preemptions_total", "counter", "Sequences preempted for KV blocks.",
+           double(st.preemptions));
+    metric("requests_processing", "gauge", "Sequences generating now.", running);
+    metric("requests_deferred", "gauge", "Sequences waiting for KV blocks.", waiting);
+    metric("kv_blocks_used", "gauge", "KV blocks in use.", kv.used_blocks);
+    metric("kv_blocks_total", "gauge", "KV blocks in the pool.", kv.n_blocks);
+    metric("kv_cache_usage_ratio", "gauge", "Fraction of the KV pool in use.",
+           kv.n_blocks > 0 ? double(kv.used_blocks) / kv.n_blocks : 0.0);
+    return out;
+}
+
+ApiServer::ApiServer(ServerConfig config, Engine& engine, const Tokenizer& tok)
+    : impl_(std::make_unique<Impl>(std::move(config), engine, tok)) {
+    Impl* impl = impl_.get();
+    impl->http = std::make_unique<HttpServer>(
+        impl->cfg.http, [impl](const HttpRequest& r, HttpConnection& c) { impl->handle(r, c); });
+    worker_ = std::make_unique<EngineWorker>(engine);
+    impl->worker = worker_.get();
+}
+
+ApiServer::~ApiServer() {
+    worker_->stop();
+}
+
+int ApiServer::port() const {
+    return impl_->http->port();
+}
+
+void ApiServer::serve(const std::atomic<bool>& stop) {
+    impl_->stop = &stop;
+    impl_->http->serve(stop);
+    worker_->stop();
+}
+
+namespace {
+
+struct ServerOptions {
+    ModelOptions model;
+    DraftOptions draft;
+    SamplingParams sampling;
+    std::string host = "127.0.0.1";
+    int port = 8080;
+    int32_t parallel = 4;
+    int32_t n_predict = -1;
+    std::vector<std::string> stop;
+    std::string api_key, chat_template, alias;
+    double timeout_s = 600;
+};
+
+int run_server(const ServerOptions& o) {
+    LoadedModel m = load_model(o.model, o.parallel);
+    LoadedModel draft;
+    if (o.draft.enabled()) draft = load_draft_model(o.draft, o.model, m, o.parallel);
+    Engine engine(*m.backend, *m.tokenizer,
+                  generation_engine_options(o.model, o.parallel, o.draft, draft));
+    warn_if_context_capped(engine, o.model);
+
+    ServerConfig cfg;
+    cfg.http.host = o.host;
+    cfg.http.port = o.port;
+    cfg.http.idle_timeout_s = o.timeout_s;
+    cfg.api_key = o.api_key;
+    cfg.parallel = o.parallel;
+    cfg.model_path = o.model.model;
+    RequestDefaults& d = cfg.api.defaults;
+    d.sampling = o.sampling;
+    d.n_predict = o.n_predict;
+    d.stop = o.stop;
+    d.n_lora = static_cast<int32_t>(lora_specs(o.model).size());
+    cfg.api.model_id =
+        o.alias.empty() ? std::filesystem::path(o.model.model).filename().string() : o.alias;
+    cfg.api.chat_template = o.chat_template.empty() ? chat_template_of(*m.file)
+                                                    : chat_template_from_name(o.chat_template);
+    cfg.api.special = chat_special_texts(*m.tokenizer);
+    cfg.api.chat_stops = chat_stops(cfg.api.chat_template, *m.tokenizer);
+
+    ApiServer server(cfg, engine, *m.tokenizer);
+    install_interrupt_handler();
+    std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not an exit
+    const std::string host = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;
+    fmt::print(stderr,
+               "kvrun server: {} on {}, {} sequences at once, context {} tokens, chat template "
+               "{}{}\n",
+               cfg.api.model_id, m.device, o.parallel, engine.n_ctx(),
+               chat_template_name(cfg.api.chat_template),
+               engine.speculative() ? ", speculative decoding" : "");
+    fmt::print(stderr, "kvrun server: listening on http://{}:{} (Ctrl-C stops)\n", host,
+               server.port());
+    std::fflush(stderr);
+    server.serve(interrupt_flag());
+    fmt::print(stderr, "kvrun server: stopped\n");
+    return 0;
+}
+
+}  // namespace
+
+void add_server_command(CLI::App& root, int& exit_code) {
+    auto o = std::make_shared<ServerOptions>();
+    CLI::App* cmd = root.add_subcommand(
+        "server",
+        "Serve the model over HTTP: OpenAI's /v1/completions and /v1/chat/completions (with "
+        "streaming), llama.cpp server's /completion, /tokenize, /detokenize, /health, /metrics");
+    cmd->alias("serve");
+    add_model_options(cmd, o->model);
+    cmd->add_option("--host", o->host, "Address to listen on (0.0.0.0: every interface)")
+        ->capture_default_str();
+    cmd->add_option("--port", o->port, "Port to listen on (0: any free port, printed on stderr)")
+        ->check(CLI::Range(0, 65535))
+        ->capture_default_str();
+    cmd->add_option("--parallel", o->parallel,
+                    "Sequences generated at once (more requests wait for a place)")
+        ->check(CLI::Range(1, 4096))
+        ->capture_default_str();
+    cmd->add_option("-n,--n-predict", o->n_predict,
+                    "Default tokens to generate per request (-1: until EOS or the context is full)")
+        ->check(n_predict_check())
+        ->capture_default_str();
+    add_sampling_options(cmd, o->sampling);
+    add_draft_options(cmd, o->draft);
+    cmd->add_option("--stop", o->stop, "Default stop text (repeatable)");
+    cmd->add_option("--api-key", o->api_key,
+                    "Require \"Authorization: Bearer KEY\" on every endpoint but /health");
+    cmd->add_option("--chat-template", o->chat_template,
+                    "Chat format of /v1/chat/completions: llama2, llama3, chatml, mistral, "
+                    "zephyr, phi3, phi4, gemma, granite, deepseek3, mistral-v3, "
+                    "mistral-v3-tekken, mistral-v7, mistral-v7-tekken, plain (default: detected "
+                    "from the model)")
+        ->check(parses_with([](const std::string& s) { chat_template_from_name(s); }, "TEMPLATE"));
+    cmd->add_option("-a,--alias", o->alias, "Model name in responses (default: the file name)");
+    cmd->add_option("--timeout", o->timeout_s,
+                    "Seconds an idle connection stays open without a complete request")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    cmd->callback([o, &exit_code] { exit_code = run_server(*o); });
+}
+
+}  // namespace kvrun

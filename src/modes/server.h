@@ -1,0 +1,44 @@
+// `kvrun server`: an HTTP server with OpenAI's and llama.cpp server's generation API on the
+// engine's continuous batching (see server.cpp). ApiServer is the part without the command
+// line, so tests run it in-process on a loaded model.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "engine.h"
+#include "engine_worker.h"
+#include "http_server.h"
+#include "modes/server_api.h"
+#include "tokenizer.h"
+
+namespace kvrun {
+
+struct ServerConfig {
+    HttpServerOptions http;
+    std::string api_key;  // non-empty: requests need "Authorization: Bearer KEY" (not /health)
+    ApiContext api;
+    std::string model_path;  // shown by /props
+    int32_t parallel = 4;    // sequences generated at once
+};
+
+class ApiServer {
+  public:
+    // Binds the listening socket (throws Error when it cannot) and starts the engine's worker
+    // thread; the engine and tokenizer must outlive the server.
+    ApiServer(ServerConfig config, Engine& engine, const Tokenizer& tok);
+    ~ApiServer();
+    int port() const;
+    // Serves until `stop` becomes true: then running generations end (streams close, whole
+    // responses answer 503), and it returns once every connection is done.
+    void serve(const std::atomic<bool>& stop);
+    EngineWorker& worker() { return *worker_; }
+
+  private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+    std::unique_ptr<EngineWorker> worker_;
+};
+
+}  // namespace kvrun

@@ -1,0 +1,344 @@
+// The server's request and response JSON (see server_api.h).
+#include "modes/server_api.h"
+
+#include <algorithm>
+
+#include "common.h"
+
+namespace kvrun {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+// OpenAI's "prompt": a string, token ids, or a list of either; kvrun takes one prompt per
+// request.
+void one_prompt(ojson& j) {
+    if (!j.contains("prompt") || !j["prompt"].is_array() || j["prompt"].empty()) return;
+    const ojson& p = j["prompt"];
+    if (!p[0].is_string() && !p[0].is_array()) return;  // token ids
+    if (p.size() > 1)
+        throw Error(
+            "a request carries one prompt ('prompt' holds " + std::to_string(p.size()) + ")",
+            "send one request per prompt; they run concurrently");
+    ojson only = p[0];
+    j["prompt"] = std::move(only);
+}
+
+// A message's "content": a string, or a list of {"type": "text", "text": ...} parts.
+std::string message_content(const ojson& m, size_t index) {
+    if (!m.contains("content") || m["content"].is_null()) return {};
+    const ojson& c = m["content"];
+    if (c.is_string()) return c.get<std::string>();
+    if (!c.is_array()) fail("'messages'[{}].content must be a string or a list of parts", index);
+    std::string text;
+    for (const ojson& part : c) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string())
+            fail(
+                "'messages'[{}]: only text content parts ({{\"type\": \"text\", \"text\": ...}}) "
+                "are supported",
+                index);
+        if (!text.empty()) text += "\n";
+        text += part["text"].get<std::string>();
+    }
+    return text;
+}
+
+// "messages" -> the prompt text in the model's chat format.
+std::string chat_prompt(const ojson& j, const ApiContext& ctx) {
+    if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty())
+        fail("missing field 'messages' (a non-empty list of {{\"role\", \"content\"}})");
+    std::vector<ChatMessage> msgs;
+    size_t i = 0;
+    for (const ojson& m : j["messages"]) {
+        if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+            fail("'messages'[{}] must be an object with a string 'role'", i);
+        std::string role = m["role"].get<std::string>();
+        if (role == "developer") role = "system";  // OpenAI's newer name
+        if (role != "system" && role != "user" && role != "assistant")
+            fail(
+                "'messages'[{}]: role '{}' is not supported (system, user or assistant; kvrun "
+                "has no tool calling)",
+                i, role);
+        msgs.push_back({role, message_content(m, i)});
+        ++i;
+    }
+    return chat_template_apply(ctx.chat_template, msgs, /*add_generation_prompt=*/true,
+                               ctx.special);
+}
+
+// response_format -> json_schema.
+void response_format(ojson& j) {
+    if (!j.contains("response_format")) return;
+    const ojson& f = j["response_format"];
+    const std::string type = f.is_object() ? f.value("type", "") : "";
+    if (type == "text") return;
+    if (type == "json_object") {
+        j["json_schema"] = f.contains("schema") ? f["schema"] : ojson{{"type", "object"}};
+    } else if (type == "json_schema") {
+        if (!f.contains("json_schema") || !f["json_schema"].is_object() ||
+            !f["json_schema"].contains("schema"))
+            fail(
+                "'response_format' of type json_schema needs \"json_schema\": {{\"schema\": ...}}");
+        j["json_schema"] = f["json_schema"]["schema"];
+    } else {
+        fail("'response_format' must have type text, json_object or json_schema");
+    }
+    j.erase("response_format");
+}
+
+std::string piece_of(const Tokenizer& tok, TokenId id) {
+    return tok.token_to_piece(id);
+}
+
+// OpenAI's logprobs of a text completion: parallel lists.
+nlohmann::json completion_logprobs(const GenerationResult& r, int32_t k, const Tokenizer& tok) {
+    nlohmann::json tokens = nlohmann::json::array(), lps = nlohmann::json::array(),
+                   tops = nlohmann::json::array(), offsets = nlohmann::json::array();
+    size_t offset = 0;
+    for (const TokenLogprobs& lp : r.logprobs) {
+        const std::string piece = piece_of(tok, lp.chosen.token);
+        tokens.push_back(piece);
+        lps.push_back(lp.chosen.logprob);
+        nlohmann::json top = nlohmann::json::object();
+        for (size_t i = 0; i < lp.top.size() && i < size_t(k); ++i)
+            top[piece_of(tok, lp.top[i].token)] = lp.top[i].logprob;
+        tops.push_back(std::move(top));
+        offsets.push_back(offset);
+        offset += piece.size();
+    }
+    return {{"tokens", tokens},
+            {"token_logprobs", lps},
+            {"top_logprobs", tops},
+            {"text_offset", offsets}};
+}
+
+// OpenAI's logprobs of a chat completion: {"content": [{"token", "logprob", "bytes",
+// "top_logprobs"}]}.
+nlohmann::json chat_logprobs(const GenerationResult& r, int32_t k, const Tokenizer& tok) {
+    auto one = [&](const TokenLogprob& t) {
+        const std::string piece = piece_of(tok, t.token);
+        return nlohmann::json{{"token", piece},
+                              {"logprob", t.logprob},
+                              {"bytes", std::vector<uint8_t>(piece.begin(), piece.end())}};
+    };
+    nlohmann::json content = nlohmann::json::array();
+    for (const TokenLogprobs& lp : r.logprobs) {
+        nlohmann::json x = one(lp.chosen);
+        x["top_logprobs"] = nlohmann::json::array();
+        for (size_t i = 0; i < lp.top.size() && i < size_t(k); ++i)
+            x["top_logprobs"].push_back(one(lp.top[i]));
+        content.push_back(std::move(x));
+    }
+    return {{"content", content}};
+}
+
+nlohmann::json choice_logprobs(const ApiRequest& req, const ApiChoiceResult& c,
+                               const Tokenizer& tok) {
+    if (req.top_logprobs < 0) return nullptr;
+    return req.format == ApiFormat::OpenAiChat
+               ? chat_logprobs(c.result, req.top_logprobs, tok)
+               : completion_logprobs(c.result, req.top_logprobs, tok);
+}
+
+const char* stop_type(StopReason r) {
+    switch (r) {
+        case StopReason::Eos:
+            return "eos";
+        case StopReason::StopString:
+            return "word";
+        case StopReason::Length:
+        case StopReason::Context:
+            return "limit";
+        default:
+            return "none";
+    }
+}
+
+// llama.cpp server's /completion result.
+nlohmann::json native_result(const ApiRequest& req, const ApiResponseMeta& meta,
+                             const ApiChoiceResult& c, const std::string& content,
+                             const Tokenizer& tok) {
+    const GenerationTimings& t = c.result.timings;
+    nlohmann::json j = {
+        {"index", 0},
+        {"content", content},
+        {"stop", true},
+        {"model", meta.model},
+        {"tokens_predicted", t.n_generated},
+        {"tokens_evaluated", req.request.prompt.size()},
+        {"tokens_cached", t.n_prompt - t.n_prompt_computed},
+        {"stop_type", stop_type(c.result.stop)},
+        {"stopping_word", c.stop_word},
+        {"truncated", false},
+        {"timings",
+         {{"prompt_n", t.n_prompt_computed},
+          {"prompt_ms", t.prefill_ms},
+          {"prompt_per_second", t.prefill_tokens_per_s()},
+          {"predicted_n", t.n_generated},
+          {"predicted_ms", t.decode_ms},
+          {"predicted_per_second", t.has_decode_rate() ? t.decode_tokens_per_s() : 0.0}}}};
+    if (!c.result.logprobs.empty())
+        j["completion_probabilities"] = logprobs_to_json(c.result.logprobs, tok);
+    return j;
+}
+
+nlohmann::json usage(const ApiRequest& req, const std::vector<ApiChoiceResult>& choices) {
+    int64_t generated = 0;
+    for (const ApiChoiceResult& c : choices) generated += c.result.timings.n_generated;
+    const auto prompt = static_cast<int64_t>(req.request.prompt.size());
+    return {{"prompt_tokens", prompt},
+            {"completion_tokens", generated},
+            {"total_tokens", prompt + generated}};
+}
+
+nlohmann::json envelope(const ApiRequest& req, const ApiResponseMeta& meta, bool chunk) {
+    const bool chat = req.format == ApiFormat::OpenAiChat;
+    return {{"id", meta.id},
+            {"object",
+             chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
+            {"created", meta.created},
+            {"model", meta.model}};
+}
+
+}  // namespace
+
+ApiRequest api_request_from_json(ApiFormat format, const std::string& body, const ApiContext& ctx,
+                                 const Tokenizer& tok) {
+    ojson j;
+    try {
+        j = ojson::parse(body);
+    } catch (const nlohmann::json::exception& e) {
+        fail("malformed JSON: {}", e.what());
+    }
+    if (!j.is_object()) fail("the request body must be a JSON object");
+    for (auto it = j.begin(); it != j.end();) it = it->is_null() ? j.erase(it) : std::next(it);
+    ApiRequest out;
+    out.format = format;
+    RequestDefaults d = ctx.defaults;
+    try {
+        out.stream = j.value("stream", false);
+        if (j.contains("stream_options") && j["stream_options"].is_object())
+            out.include_usage = j["stream_options"].value("include_usage", false);
+        if (j.value("echo", false)) fail("'echo' is not supported");
+        if (j.contains("suffix") && !j["suffix"].get<std::string>().empty())
+            fail("'suffix' (fill in the middle) is not supported");
+        if ((j.contains("tools") && !j["tools"].empty()) ||
+            (j.contains("functions") && !j["functions"].empty()))
+            fail("tool and function calling are not supported");
+        if (format != ApiFormat::Completion) {
+            if (j.contains("max_completion_tokens"))
+                j["n_predict"] = j["max_completion_tokens"];
+            else if (j.contains("max_tokens"))
+                j["n_predict"] = j["max_tokens"];
+            if (j.contains("n")) j["n_samples"] = j["n"];
+            if (j.contains("best_of") && j["best_of"] != j.value("n_samples", ojson(1)))
+                fail("'best_of' other than 'n' is not supported");
+            // OpenAI: logprobs (completions: a count; chat: a flag with top_logprobs).
+            const bool chat = format == ApiFormat::OpenAiChat;
+            if (chat ? j.value("logprobs", false) : j.contains("logprobs")) {
+                const int32_t k = chat ? j.value("top_logprobs", 0) : j["logprobs"].get<int32_t>();
+                if (k < 0 || k > 20)
+                    fail("'{}' must be between 0 and 20 (got {})",
+                         chat ? "top_logprobs" : "logprobs", k);
+                out.top_logprobs = k;
+                j["n_probs"] = std::max(k, 1);
+            }
+        }
+        if (j.contains("stop") && j["stop"].is_string()) j["stop"] = ojson::array({j["stop"]});
+        response_format(j);
+        if (format == ApiFormat::OpenAiChat) {
+            j["prompt"] = chat_prompt(j, ctx);
+            d.parse_special = true;
+        } else {
+            one_prompt(j);
+        }
+        if (format == ApiFormat::Completion && j.value("n_samples", 1) != 1)
+            fail("/completion returns one generation; use /v1/completions with \"n\" for more");
+    } catch (const nlohmann::json::exception& e) {
+        fail("bad field type: {}", e.what());
+    }
+    ParsedRequest p = request_from_json(j.dump(), d, tok);
+    out.request = std::move(p.request);
+    if (format == ApiFormat::OpenAiChat) {
+        if (!out.request.ignore_eos) out.request.stop_tokens = ctx.chat_stops.tokens;
+        for (const std::string& s : ctx.chat_stops.strings) out.request.stop_strings.push_back(s);
+    }
+    out.stop = out.request.stop_strings;
+    return out;
+}
+
+nlohmann::json api_finish_reason(StopReason stop) {
+    switch (stop) {
+        case StopReason::Eos:
+        case StopReason::StopString:
+            return "stop";
+        case StopReason::Length:
+        case StopReason::Context:
+            return "length";
+        default:
+            return nullptr;
+    }
+}
+
+nlohmann::json api_stream_chunk(const ApiRequest& req, const ApiResponseMeta& meta, int32_t index,
+                                const std::string& delta, bool first) {
+    if (req.format == ApiFormat::Completion)
+        return {{"index", index}, {"content", delta}, {"stop", false}};
+    nlohmann::json j = envelope(req, meta, true);
+    nlohmann::json choice = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    if (req.format == ApiFormat::OpenAiChat) {
+        choice["delta"] = first ? nlohmann::json{{"role", "assistant"}, {"content", delta}}
+                                : nlohmann::json{{"content", delta}};
+    } else {
+        choice["text"] = delta;
+    }
+    j["choices"] = nlohmann::json::array({choice});
+    return j;
+}
+
+nlohmann::json api_stream_final_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
+                                      const ApiChoiceResult& c, const Tokenizer& tok) {
+    if (req.format == ApiFormat::Completion) return native_result(req, meta, c, "", tok);
+    nlohmann::json j = envelope(req, meta, true);
+    nlohmann::json choice = {{"index", c.result.sample},
+                             {"logprobs", choice_logprobs(req, c, tok)},
+                             {"finish_reason", api_finish_reason(c.result.stop)}};
+    if (req.format == ApiFormat::OpenAiChat)
+        choice["delta"] = nlohmann::json::object();
+    else
+        choice["text"] = "";
+    j["choices"] = nlohmann::json::array({choice});
+    return j;
+}
+
+nlohmann::json api_usage_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
+                               const std::vector<ApiChoiceResult>& choices) {
+    nlohmann::json j = envelope(req, meta, true);
+    j["choices"] = nlohmann::json::array();
+    j["usage"] = usage(req, choices);
+    return j;
+}
+
+nlohmann::json api_response(const ApiRequest& req, const ApiResponseMeta& meta,
+                            const std::vector<ApiChoiceResult>& choices, const Tokenizer& tok) {
+    if (req.format == ApiFormat::Completion)
+        return native_result(req, meta, choices.at(0), choices.at(0).text, tok);
+    nlohmann::json j = envelope(req, meta, false);
+    j["choices"] = nlohmann::json::array();
+    for (const ApiChoiceResult& c : choices) {
+        nlohmann::json choice = {{"index", c.result.sample},
+                                 {"logprobs", choice_logprobs(req, c, tok)},
+                                 {"finish_reason", api_finish_reason(c.result.stop)}};
+        if (req.format == ApiFormat::OpenAiChat)
+            choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+        else
+            choice["text"] = c.text;
+        j["choices"].push_back(std::move(choice));
+    }
+    j["usage"] = usage(req, choices);
+    if (!choices.empty()) j["timings"] = timings_to_json(choices[0].result.timings);
+    return j;
+}
+
+}  // namespace kvrun

@@ -1,0 +1,106 @@
+// The server's HTTP API, without sockets: OpenAI's /v1/completions and /v1/chat/completions
+// and llama.cpp server's /completion requests become GenerationRequests, and what the
+// engine generates becomes their JSON responses and server-sent-event chunks.
+//
+// A request's fields are llama.cpp server's (request_json.h: temperature, top_k, top_p,
+// min_p, repeat_penalty, seed, grammar, json_schema, logit_bias, n_probs, ...) plus OpenAI's
+// names for the same things: max_tokens / max_completion_tokens (n_predict), n (samples),
+// stop as one string, logprobs / top_logprobs, response_format ({"type": "json_object"} or
+// {"type": "json_schema", "json_schema": {"schema": ...}}), stream and
+// stream_options.include_usage. Fields a client sets to null keep the server's defaults;
+// fields kvrun does not know are ignored (clients send many), but ones it cannot honour
+// (echo, suffix, tools, images, best_of > n) are refused with a clear message.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "chat_session.h"
+#include "chat_template.h"
+#include "modes/request_json.h"
+#include "stop_text.h"
+#include "tokenizer.h"
+
+namespace kvrun {
+
+enum class ApiFormat {
+    Completion,        // llama.cpp server's POST /completion
+    OpenAiCompletion,  // POST /v1/completions
+    OpenAiChat,        // POST /v1/chat/completions
+};
+
+// What the server knows when it reads a request.
+struct ApiContext {
+    RequestDefaults defaults;  // the command line's sampling, -n, --stop, ...
+    std::string model_id;      // "model" in responses
+    ChatTemplateKind chat_template = ChatTemplateKind::Plain;
+    ChatSpecialTexts special;
+    ChatStops chat_stops;  // the template's end-of-turn tokens and texts
+};
+
+struct ApiRequest {
+    ApiFormat format = ApiFormat::OpenAiCompletion;
+    GenerationRequest request;
+    std::vector<std::string> stop;  // texts the output ends before (request and template)
+    bool stream = false;
+    bool include_usage = false;  // stream_options.include_usage: a last chunk with "usage"
+    int32_t top_logprobs = -1;   // OpenAI logprobs: alternatives shown (-1: no logprobs)
+};
+
+// Throws Error with the reason (the server answers 400 with it).
+ApiRequest api_request_from_json(ApiFormat format, const std::string& body, const ApiContext& ctx,
+                                 const Tokenizer& tok);
+
+// One sample's text as it is generated: whole UTF-8 characters, cut before a stop string.
+class ApiTextStream {
+  public:
+    ApiTextStream(const Tokenizer& tok, const std::vector<std::string>& stops)
+        : decoder_(tok), text_(stops) {}
+    std::string push(TokenId token) { return text_.push(decoder_.push(token)); }
+    std::string finish() {
+        std::string out = text_.push(decoder_.flush());
+        return out + text_.finish();
+    }
+    const std::string& text() const { return text_.shown(); }
+    const StopTextStream& stops() const { return text_; }
+
+  private:
+    StreamDecoder decoder_;
+    StopTextStream text_;
+};
+
+// "stop", "length", or null for a generation that did not end normally.
+nlohmann::json api_finish_reason(StopReason stop);
+
+// Identifies one response: "cmpl-..."/"chatcmpl-..." id, creation time, model.
+struct ApiResponseMeta {
+    std::string id;
+    int64_t created = 0;
+    std::string model;
+};
+
+// One streamed chunk carrying `delta` for choice `index` (OpenAI formats: the first chat chunk
+// of a choice also carries the role; llama.cpp's: {"content", "stop": false}).
+nlohmann::json api_stream_chunk(const ApiRequest& req, const ApiResponseMeta& meta, int32_t index,
+                                const std::string& delta, bool first);
+
+// A finished sample as the response shows it.
+struct ApiChoiceResult {
+    std::string text;  // cut before the stop string
+    GenerationResult result;
+    std::string stop_word;  // the stop string that ended it ("" for none)
+};
+
+// The last streamed chunk of a choice (its finish reason; llama.cpp's: the whole result
+// with "stop": true).
+nlohmann::json api_stream_final_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
+                                      const ApiChoiceResult& choice, const Tokenizer& tok);
+// The usage chunk after every choice finished (stream_options.include_usage).
+nlohmann::json api_usage_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
+                               const std::vector<ApiChoiceResult>& choices);
+// A whole (not streamed) response.
+nlohmann::json api_response(const ApiRequest& req, const ApiResponseMeta& meta,
+                            const std::vector<ApiChoiceResult>& choices, const Tokenizer& tok);
+
+}  // namespace kvrun

@@ -1,0 +1,595 @@
+// `kvrun server` end to end, in-process: an ApiServer on a real shared model (CPU) answering
+// a socket client. Checks that the HTTP API gives exactly what the engine gives alone
+// (greedy, concurrently and one by one), that streamed chunks add up to the whole response,
+// that stop strings are cut (also across chunks), chat formatting, the llama.cpp endpoints,
+// one clear 4xx per bad request, that a client hanging up cancels its generation and frees
+// its KV blocks, and that stopping the server ends running requests. Also the pieces
+// underneath: StopTextStream, the OpenAI request translation, Engine::cancel and
+// EngineWorker. And the executable: `kvrun server --port 0` serves, and Ctrl-C exits 0.
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "chat_session.h"
+#include "common.h"
+#include "engine_worker.h"
+#include "http_test_client.h"
+#include "modes/model_options.h"
+#include "modes/server.h"
+#include "modes/server_api.h"
+#include "stop_text.h"
+#include "test_util.h"
+
+using namespace kvrun;
+using kvrun::test::HttpReply;
+using kvrun::test::HttpTestClient;
+using kvrun::test::sse_data;
+using nlohmann::json;
+
+namespace {
+
+// Pushes the pieces one by one and returns everything shown.
+std::string stream_all(StopTextStream& s, const std::vector<std::string>& pieces) {
+    std::string out;
+    for (const auto& p : pieces) out += s.push(p);
+    return out + s.finish();
+}
+
+}  // namespace
+
+TEST_CASE("StopTextStream: holds back a possible stop string and cuts before it") {
+    {
+        StopTextStream s({"<|im_end|>"});
+        CHECK(s.push("Hello <|im") == "Hello ");  // "<|im" may begin the stop string
+        CHECK(s.push("_e") == "");
+        CHECK(s.push("nd|> more") == "");
+        CHECK(s.stopped());
+        CHECK(s.stop_word() == "<|im_end|>");
+        CHECK(s.finish() == "");
+        CHECK(s.shown() == "Hello ");
+    }
+    {
+        StopTextStream s({"<|im_end|>"});
+        CHECK(s.push("a <|i") == "a ");
+        CHECK(s.push("x") == "<|ix");  // not a stop string after all: released
+        CHECK(s.push("<") == "");
+        CHECK(s.finish() == "<");  // the end of generation releases what was held
+        CHECK(!s.stopped());
+    }
+    // The earliest stop string wins; one byte at a time gives the same text as all at once.
+    const std::string text = "one two. three\n\nfour";
+    for (size_t step : {size_t(1), size_t(3), text.size()}) {
+        StopTextStream s({"\n\n", "two", "o."});
+        std::vector<std::string> pieces;
+        for (size_t i = 0; i < text.size(); i += step) pieces.push_back(text.substr(i, step));
+        CHECK(stream_all(s, pieces) == "one ");
+        CHECK(s.stop_word() == "two");
+    }
+    StopTextStream none({});
+    CHECK(stream_all(none, {"a", "b"}) == "ab");
+    CHECK(stop_string_holdback("abc</", {"</s>", "c</x"}) == 3);
+}
+
+namespace {
+
+// The shared stories260K model on the CPU, with an engine, for the server tests.
+struct Served {
+    LoadedModel m;
+    std::unique_ptr<Engine> engine;
+    explicit Served(const std::string& path, int32_t n_ctx = 512, int32_t parallel = 4) {
+        ModelOptions o;
+        o.model = path;
+        o.device = "cpu";
+        o.n_ctx = n_ctx;
+        m = load_model(o, parallel);
+        engine = std::make_unique<Engine>(*m.backend, *m.tokenizer, engine_options(o, parallel));
+    }
+    ServerConfig config() const {
+        ServerConfig c;
+        c.http.port = 0;
+        c.api.model_id = "stories";
+        c.api.defaults.n_predict = 32;
+        c.api.chat_template = ChatTemplateKind::Plain;
+        c.api.special = chat_special_texts(*m.tokenizer);
+        c.api.chat_stops = chat_stops(ChatTemplateKind::Plain, *m.tokenizer);
+        return c;
+    }
+    // What the engine alone generates (greedy) for a prompt text, as the API shows it.
+    std::string reference(const std::string& prompt, int32_t n_predict,
+                          const std::vector<std::string>& stops = {}) {
+        GenerationRequest r;
+        r.prompt = m.tokenizer->encode(prompt, m.tokenizer->add_bos(), false);
+        r.n_predict = n_predict;
+        r.sampling.temperature = 0;
+        r.stop_strings = stops;
+        std::vector<TokenId> toks;
+        engine->on_finish([&](const GenerationResult& g) { toks = g.tokens; });
+        engine->submit(r);
+        engine->run();
+        engine->on_finish(nullptr);
+        ApiTextStream text(*m.tokenizer, stops);
+        for (TokenId t : toks) text.push(t);
+        text.finish();
+        return text.text();
+    }
+};
+
+// Runs an ApiServer on a thread for the scope.
+struct Running {
+    ApiServer server;
+    std::atomic<bool> stop{false};
+    std::thread thread;
+    Running(ServerConfig cfg, Served& s) : server(std::move(cfg), *s.engine, *s.m.tokenizer) {
+        thread = std::thread([this] { server.serve(stop); });
+    }
+    ~Running() {
+        stop = true;
+        thread.join();
+    }
+    HttpReply post(const std::string& path, const json& body, const std::string& headers = {}) {
+        HttpTestClient c(server.port());
+        return c.request("POST", path, body.dump(), headers);
+    }
+    HttpReply get(const std::string& path) {
+        HttpTestClient c(server.port());
+        return c.request("GET", path);
+    }
+    // A Prometheus counter or gauge from /metrics.
+    double metric(const std::string& name) {
+        const HttpReply r = get("/metrics");
+        std::smatch m;
+        const std::regex re("\nkvrun:" + name + " ([0-9.e+-]+)");
+        REQUIRE_MESSAGE(std::regex_search(r.body, m, re), r.body);
+        return std::stod(m[1]);
+    }
+};
+
+std::string model_path() {
+    return kvrun::test::shared_model("stories260K.gguf").string();
+}
+
+}  // namespace
+
+TEST_CASE("server: completions give what the engine gives alone, also concurrently and streamed") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path);
+    const std::vector<std::string> prompts = {"Once upon a time", "The little dog",
+                                              "Lily wanted to play", "Tom had a red ball"};
+    std::vector<std::string> expected;
+    for (const auto& p : prompts) expected.push_back(s.reference(p, 24));
+    Running run(s.config(), s);
+
+    // Four clients at once: each gets its own prompt's continuation.
+    std::vector<HttpReply> replies(prompts.size());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < prompts.size(); ++i)
+        clients.emplace_back([&, i] {
+            replies[i] = run.post(
+                "/v1/completions",
+                {{"model", "x"}, {"prompt", prompts[i]}, {"max_tokens", 24}, {"temperature", 0}});
+        });
+    for (auto& t : clients) t.join();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        INFO(prompts[i]);
+        REQUIRE(replies[i].status == 200);
+        CHECK(replies[i].headers["content-type"].find("application/json") == 0);
+        const json j = json::parse(replies[i].body);
+        CHECK(j["object"] == "text_completion");
+        CHECK(j["model"] == "stories");
+        CHECK(j["choices"][0]["text"] == expected[i]);
+        CHECK(j["choices"][0]["finish_reason"] == "length");
+        CHECK(j["usage"]["completion_tokens"] == 24);
+        const auto n_prompt =
+            s.m.tokenizer->encode(prompts[i], s.m.tokenizer->add_bos(), false).size();
+        CHECK(j["usage"]["prompt_tokens"] == n_prompt);
+        CHECK(j["usage"]["total_tokens"] == n_prompt + 24);
+    }
+
+    // Streamed: the chunks add up to the same text, then a finish chunk, usage, [DONE].
+    HttpTestClient c(run.server.port());
+    const HttpReply r = c.request("POST", "/v1/completions",
+                                  json{{"prompt", prompts[0]},
+                                       {"max_tokens", 24},
+                                       {"temperature", 0},
+                                       {"stream", true},
+                                       {"stream_options", {{"include_usage", true}}}}
+                                      .dump());
+    REQUIRE(r.status == 200);
+    CHECK(r.headers.at("content-type") == "text/event-stream");
+    CHECK(r.headers.at("transfer-encoding") == "chunked");
+    const auto events = sse_data(r.body);
+    REQUIRE(events.size() >= 4);
+    CHECK(events.back() == "[DONE]");
+    std::string text;
+    int n_finish = 0;
+    for (size_t i = 0; i + 1 < events.size(); ++i) {
+        const json e = json::parse(events[i]);
+        if (e["choices"].empty()) {  // the usage chunk, last before [DONE]
+            CHECK(i + 2 == events.size());
+            CHECK(e["usage"]["completion_tokens"] == 24);
+            continue;
+        }
+        text += e["choices"][0]["text"].get<std::string>();
+        if (!e["choices"][0]["finish_reason"].is_null()) {
+            ++n_finish;
+            CHECK(e["choices"][0]["finish_reason"] == "length");
+        }
+    }
+    CHECK(n_finish == 1);
+    CHECK(text == expected[0]);
+
+    // Keep-alive: a second request on the same connection.
+    const HttpReply again =
+        c.request("POST", "/v1/completions",
+                  json{{"prompt", prompts[1]}, {"max_tokens", 24}, {"temperature", 0}}.dump());
+    REQUIRE(again.status == 200);
+    CHECK(json::parse(again.body)["choices"][0]["text"] == expected[1]);
+}
+
+TEST_CASE("server: stop strings end the text before them, streamed or not") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path);
+    const std::string prompt = "Once upon a time";
+    const std::string full = s.reference(prompt, 40);
+    // A stop string from the middle of the reply: its third word with the space before it.
+    const size_t a = full.find(' ', full.find(' ', 1) + 1);
+    const size_t b = full.find(' ', a + 1);
+    REQUIRE(a != std::string::npos);
+    REQUIRE(b != std::string::npos);
+    const std::string stop = full.substr(a, b - a);
+    const std::string expected = full.substr(0, full.find(stop));
+    CHECK(s.reference(prompt, 40, {stop}) == expected);
+    Running run(s.config(), s);
+    for (bool stream : {false, true}) {
+        INFO("stream " << stream);
+        const HttpReply r = run.post("/v1/completions", {{"prompt", prompt},
+                                                         {"max_tokens", 40},
+                                                         {"temperature", 0},
+                                                         {"stop", stop},
+                                                         {"stream", stream}});
+        REQUIRE(r.status == 200);
+        std::string text, finish;
+        if (!stream) {
+            const json j = json::parse(r.body);
+            text = j["choices"][0]["text"];
+            finish = j["choices"][0]["finish_reason"];
+        } else {
+            for (const auto& e : sse_data(r.body)) {
+                if (e == "[DONE]") continue;
+                const json c = json::parse(e)["choices"][0];
+                text += c["text"].get<std::string>();
+                if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+            }
+        }
+        CHECK(text == expected);
+        CHECK(finish == "stop");
+    }
+    // llama.cpp's /completion names the stop word.
+    const HttpReply r = run.post(
+        "/completion",
+        {{"prompt", prompt}, {"n_predict", 40}, {"temperature", 0}, {"stop", json::array({stop})}});
+    REQUIRE(r.status == 200);
+    const json j = json::parse(r.body);
+    CHECK(j["content"] == expected);
+    CHECK(j["stop_type"] == "word");
+    CHECK(j["stopping_word"] == stop);
+}
+
+TEST_CASE("server: chat completions, llama.cpp endpoints, multiple samples and logprobs") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path);
+    ServerConfig cfg = s.config();
+    cfg.api.chat_template = ChatTemplateKind::ChatML;
+    cfg.api.chat_stops = chat_stops(ChatTemplateKind::ChatML, *s.m.tokenizer);
+    const std::vector<ChatMessage> msgs = {{"system", "You tell stories."},
+                                           {"user", "Tell me about a cat."}};
+    const std::string rendered = chat_template_apply(ChatTemplateKind::ChatML, msgs, true);
+    const std::vector<TokenId> prompt =
+        s.m.tokenizer->encode(rendered, s.m.tokenizer->add_bos(), true);
+    Running run(cfg, s);
+    const json body = {
+        {"messages",
+         {{{"role", "system"}, {"content", "You tell stories."}},
+          {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "Tell me about a cat."}}}}}}},
+        {"max_tokens", 16},
+        {"temperature", 0}};
+    const HttpReply r = run.post("/v1/chat/completions", body);
+    REQUIRE(r.status == 200);
+    const json j = json::parse(r.body);
+    CHECK(j["object"] == "chat.completion");
+    CHECK(j["choices"][0]["message"]["role"] == "assistant");
+    CHECK(j["usage"]["prompt_tokens"] == prompt.size());
+    const std::string reply = j["choices"][0]["message"]["content"];
+    // The same request as tokens through /completion gives the same text.
+    const HttpReply n = run.post("/completion", {{"prompt", prompt},
+                                                 {"n_predict", 16},
+                                                 {"temperature", 0},
+                                                 {"stop", json::array({"<|im_end|>"})}});
+    REQUIRE(n.status == 200);
+    CHECK(json::parse(n.body)["content"] == reply);
+    CHECK(json::parse(n.body)["tokens_evaluated"] == prompt.size());
+    // Streamed chat: a role in the first delta, the same content in all.
+    json sb = body;
+    sb["stream"] = true;
+    const HttpReply st = run.post("/v1/chat/completions", sb);
+    REQUIRE(st.status == 200);
+    std::string streamed;
+    const auto events = sse_data(st.body);
+    REQUIRE(!events.empty());
+    CHECK(events.back() == "[DONE]");
+    for (size_t i = 0; i + 1 < events.size(); ++i) {
+        const json e = json::parse(events[i]);
+        CHECK(e["object"] == "chat.completion.chunk");
+        const json& d = e["choices"][0]["delta"];
+        if (i == 0 && !reply.empty()) CHECK(d["role"] == "assistant");
+        if (d.contains("content")) streamed += d["content"].get<std::string>();
+    }
+    CHECK(streamed == reply);
+
+    // response_format json_schema: the reply is JSON of that schema.
+    const HttpReply js = run.post(
+        "/v1/chat/completions",
+        {{"messages", {{{"role", "user"}, {"content", "How is the cat?"}}}},
+         {"max_tokens", 200},
+         {"response_format",
+          {{"type", "json_schema"},
+           {"json_schema",
+            {{"name", "mood"},
+             {"schema",
+              {{"type", "object"},
+               {"properties", {{"mood", {{"enum", {"happy", "sad"}}}}}},
+               {"required", {"mood"}},
+               {"additionalProperties", false}}}}}}}});
+    REQUIRE(js.status == 200);
+    const json jj = json::parse(js.body);
+    CHECK(jj["choices"][0]["finish_reason"] == "stop");
+    const json mood = json::parse(jj["choices"][0]["message"]["content"].get<std::string>());
+    CHECK((mood == json{{"mood", "happy"}} || mood == json{{"mood", "sad"}}));
+
+    // n = 3 samples: three choices; logprobs with two alternatives each.
+    const HttpReply m = run.post("/v1/completions", {{"prompt", "Once upon a time"},
+                                                     {"max_tokens", 8},
+                                                     {"temperature", 1.0},
+                                                     {"seed", 7},
+                                                     {"n", 3},
+                                                     {"logprobs", 2}});
+    REQUIRE(m.status == 200);
+    const json mj = json::parse(m.body);
+    REQUIRE(mj["choices"].size() == 3);
+    for (int i = 0; i < 3; ++i) {
+        const json& c = mj["choices"][i];
+        CHECK(c["index"] == i);
+        REQUIRE(c["logprobs"]["tokens"].size() == 8);
+        CHECK(c["logprobs"]["top_logprobs"][0].size() <= 2);
+        CHECK(c["logprobs"]["token_logprobs"][0].get<double>() <= 0.0);
+    }
+    CHECK(mj["usage"]["completion_tokens"] == 24);
+
+    // tokenize / detokenize round trip; models, props, health.
+    const HttpReply t = run.post("/tokenize", {{"content", "Once upon a time"}});
+    REQUIRE(t.status == 200);
+    const auto ids = json::parse(t.body)["tokens"];
+    CHECK(ids == json(s.m.tokenizer->encode("Once upon a time", false, true)));
+    const HttpReply d = run.post("/detokenize", {{"tokens", ids}});
+    CHECK(json::parse(d.body)["content"] == "Once upon a time");
+    CHECK(json::parse(run.get("/v1/models").body)["data"][0]["id"] == "stories");
+    CHECK(json::parse(run.get("/props").body)["chat_template"] == "chatml");
+    CHECK(json::parse(run.get("/health").body)["status"] == "ok");
+}
+
+TEST_CASE("server: bad requests get one clear error each") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, 128);
+    ServerConfig cfg = s.config();
+    Running run(cfg, s);
+    auto error_of = [](const HttpReply& r) {
+        const json j = json::parse(r.body);
+        return j["error"]["message"].get<std::string>();
+    };
+    struct Case {
+        std::string path, body;
+        int status;
+        std::string needle;
+    };
+    std::string long_prompt;
+    for (int i = 0; i < 200; ++i) long_prompt += "once upon a time ";
+    const std::vector<Case> cases = {
+        {"/v1/completions", "{\"prompt\": ", 400, "malformed JSON"},
+        {"/v1/completions", "[1, 2]", 400, "JSON object"},
+        {"/v1/completions", "{\"max_tokens\": 3}", 400, "'prompt'"},
+        {"/v1/completions", json{{"prompt", "hi"}, {"temperature", -1}}.dump(), 400, "temperature"},
+        {"/v1/completions", json{{"prompt", "hi"}, {"max_tokens", "many"}}.dump(), 400,
+         "bad field type"},
+        {"/v1/completions", json{{"prompt", long_prompt}}.dump(), 400, "context"},
+        {"/v1/completions", json{{"prompt", {"a", "b"}}}.dump(), 400, "one prompt"},
+        {"/v1/completions", json{{"prompt", "hi"}, {"echo", true}}.dump(), 400, "echo"},
+        {"/v1/completions", json{{"prompt", json::array({1, 999999})}}.dump(), 400,
+         "outside the vocabulary"},
+        {"/v1/chat/completions", json{{"messages", json::array()}}.dump(), 400, "'messages'"},
+        {"/v1/chat/completions", json{{"messages", {{{"role", "tool"}, {"content", "x"}}}}}.dump(),
+         400, "tool"},
+        {"/v1/chat/completions",
+         json{{"messages", {{{"role", "user"}, {"content", "x"}}}},
+              {"response_format", {{"type", "yaml"}}}}
+             .dump(),
+         400, "response_format"},
+        {"/tokenize", "{}", 400, "'content'"},
+        {"/detokenize", json{{"tokens", {-1}}}.dump(), 400, "outside the vocabulary"},
+        {"/v1/nothing", "{}", 404, "/v1/nothing"},
+    };
+    for (const Case& c : cases) {
+        INFO(c.path << " " << c.body.substr(0, 80));
+        HttpTestClient client(run.server.port());
+        const HttpReply r = client.request("POST", c.path, c.body);
+        CHECK(r.status == c.status);
+        const std::string msg = error_of(r);
+        CHECK_MESSAGE(msg.find(c.needle) != std::string::npos, msg);
+    }
+    CHECK(run.get("/v1/completions").status == 405);
+    // Invalid UTF-8 in a body is malformed JSON, not a crash.
+    CHECK(run.post("/v1/completions", json::object()).status == 400);
+    HttpTestClient raw(run.server.port());
+    const HttpReply bad = raw.request("POST", "/v1/completions", "{\"prompt\": \"\xff\xfe\"}");
+    CHECK(bad.status == 400);
+    // The server still serves after all that.
+    CHECK(run.post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}}).status == 200);
+}
+
+TEST_CASE("server: an API key is required when set") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path);
+    ServerConfig cfg = s.config();
+    cfg.api_key = "sesame";
+    Running run(cfg, s);
+    const json body = {{"prompt", "hi"}, {"max_tokens", 2}};
+    const HttpReply no = run.post("/v1/completions", body);
+    CHECK(no.status == 401);
+    CHECK(json::parse(no.body)["error"]["type"] == "authentication_error");
+    CHECK(run.post("/v1/completions", body, "Authorization: Bearer wrong\r\n").status == 401);
+    CHECK(run.post("/v1/completions", body, "Authorization: Bearer sesame\r\n").status == 200);
+    CHECK(run.get("/health").status == 200);  // health needs no key
+}
+
+TEST_CASE("server: a client that hangs up cancels its generation; stopping ends requests") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, 8192, 4);
+    Running run(s.config(), s);
+    // Four samples of a whole context each: far longer than the test waits.
+    const json endless = {{"prompt", "Once upon a time"}, {"max_tokens", -1},
+                          {"ignore_eos", true},           {"n", 4},
+                          {"temperature", 1.0},           {"stream", true}};
+    {
+        HttpTestClient c(run.server.port());
+        REQUIRE(c.send_raw("POST /v1/completions HTTP/1.1\r\nContent-Length: " +
+                           std::to_string(endless.dump().size()) + "\r\n\r\n" + endless.dump()));
+        const HttpReply head = c.read_head();
+        REQUIRE(head.status == 200);
+        bool ok = false;
+        CHECK(c.read_chunk(&ok).find("data: ") == 0);
+        CHECK(ok);
+    }  // hang up mid-stream
+    const auto t0 = std::chrono::steady_clock::now();
+    while (run.metric("requests_processing") > 0 &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30))
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(run.metric("requests_processing") == 0);
+    CHECK(run.metric("requests_cancelled_total") == 1);
+    CHECK(run.metric("kv_blocks_used") == 0);
+    CHECK(run.metric("tokens_predicted_total") < 4 * 8000);
+
+    // Stopping the server while a whole (not streamed) response is pending: 503, and
+    // serve() returns.
+    json whole = endless;
+    whole["stream"] = false;
+    HttpReply pending;
+    std::thread client([&] { pending = run.post("/v1/completions", whole); });
+    while (run.metric("requests_processing") == 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    run.stop = true;
+    client.join();
+    CHECK(pending.status == 503);
+    run.thread.join();
+    run.thread = std::thread([] {});  // for ~Running
+}
+
+TEST_CASE("EngineWorker: jobs from many threads; cancel frees blocks; multi-sample ends count") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, 256, 8);
+    EngineWorker w(*s.engine);
+    // A request cancelled before its samples forked still ends each of its samples.
+    GenerationRequest r;
+    r.prompt = s.m.tokenizer->encode("Once upon a time", true, false);
+    r.n_predict = -1;
+    r.ignore_eos = true;
+    r.n_samples = 3;
+    auto job = w.submit(r);
+    w.cancel(*job);
+    int finished = 0;
+    while (!job->done()) {
+        auto e = job->next(std::chrono::milliseconds(1000));
+        REQUIRE(e);
+        if (e->kind == EngineWorker::Event::Kind::Finished) {
+            ++finished;
+            CHECK(e->result.stop == StopReason::Cancelled);
+        }
+    }
+    CHECK(finished == 3);
+    int32_t used = -1;
+    w.call([&](Engine& e) { used = e.kv_table().stats().used_blocks; });
+    CHECK(used == 0);
+    CHECK(w.n_jobs() == 0);
+    // A refused request throws the engine's message.
+    GenerationRequest too_long = r;
+    too_long.prompt.assign(400, too_long.prompt[1]);
+    CHECK_THROWS_WITH_AS(w.submit(too_long), doctest::Contains("context"), Error);
+    w.stop();
+    CHECK_THROWS_AS(w.submit(r), Error);
+}
+
+TEST_CASE("kvrun server: serves on --port 0, refuses bad flags, Ctrl-C exits 0") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    using kvrun::test::run_command;
+    const std::string bin = kvrun::test::kvrun_binary();
+    auto bad = run_command(bin + " server -m " + path + " --port 70000");
+    CHECK(bad.exit_code == 1);
+    CHECK(bad.err.find("--port") != std::string::npos);
+
+    const std::string err_file =
+        std::filesystem::temp_directory_path() / ("kvrun_server_err_" + std::to_string(getpid()));
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    std::vector<std::string> args = {bin, "server", "-m", path, "--port", "0", "--device", "cpu"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = -1;
+    REQUIRE(posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv.data(), environ) == 0);
+    posix_spawn_file_actions_destroy(&fa);
+    int port = 0;
+    std::string err;
+    const std::regex re("listening on http://127\\.0\\.0\\.1:([0-9]+)");
+    for (int i = 0; i < 600 && port == 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        std::ifstream in(err_file);
+        err.assign(std::istreambuf_iterator<char>(in), {});
+        std::smatch m;
+        if (std::regex_search(err, m, re)) port = std::stoi(m[1]);
+    }
+    REQUIRE_MESSAGE(port > 0, err);
+    // A second server on the same port: one clear error.
+    auto busy = run_command(bin + " server -m " + path + " --port " + std::to_string(port));
+    CHECK(busy.exit_code == 1);
+    CHECK_MESSAGE(busy.err.find("cannot listen on") != std::string::npos, busy.err);
+    HttpTestClient c(port);
+    const HttpReply r =
+        c.request("POST", "/v1/completions", json{{"prompt", "Once"}, {"max_tokens", 4}}.dump());
+    CHECK(r.status == 200);
+    c.close();
+    kill(pid, SIGINT);
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    std::ifstream in(err_file);
+    err.assign(std::istreambuf_iterator<char>(in), {});
+    CHECK_MESSAGE(err.find("kvrun server: stopped") != std::string::npos, err);
+    std::filesystem::remove(err_file);
+}
