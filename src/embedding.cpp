@@ -48,6 +48,14 @@ std::vector<std::vector<float>> compute_embeddings(Backend& backend,
                                                    const std::vector<std::vector<TokenId>>& prompts,
                                                    Pooling pooling, int32_t n_batch,
                                                    int32_t max_tokens) {
+    KvBlockTable table = kv_table_for(backend);
+    return compute_embeddings(backend, table, prompts, pooling, n_batch, max_tokens);
+}
+
+std::vector<std::vector<float>> compute_embeddings(Backend& backend, KvBlockTable& table,
+                                                   const std::vector<std::vector<TokenId>>& prompts,
+                                                   Pooling pooling, int32_t n_batch,
+                                                   int32_t max_tokens) {
     if (pooling == Pooling::Rank)
         throw Error(
             "--pooling rank needs a reranker's classification head, which kvrun does not load",
@@ -66,8 +74,15 @@ std::vector<std::vector<float>> compute_embeddings(Backend& backend,
     std::vector<std::vector<float>> out(first_row.back(), std::vector<float>(size_t(n_embd), 0.0f));
     n_batch = std::max(n_batch, 1);
 
-    KvBlockTable table = kv_table_for(backend);
     std::vector<Active> active;
+    // The table may be shared (a server's engine): sequences of a failed call go back too.
+    struct FreeOnError {
+        KvBlockTable& table;
+        std::vector<Active>& active;
+        ~FreeOnError() {
+            for (const Active& a : active) table.free_sequence(a.seq);
+        }
+    } free_on_error{table, active};
     std::vector<float> hidden;
     size_t next = 0;
     while (next < prompts.size() || !active.empty()) {

@@ -12,6 +12,7 @@
 
 #include "backend.h"
 #include "gguf.h"
+#include "kv_block_table.h"
 #include "tokenizer.h"
 
 namespace kvrun {
@@ -30,6 +31,14 @@ Pooling model_pooling(const GgufFile& file);
 // reranker's classifier head, which kvrun does not load) or a KV pool too small for a
 // prompt.
 std::vector<std::vector<float>> compute_embeddings(Backend& backend,
+                                                   const std::vector<std::vector<TokenId>>& prompts,
+                                                   Pooling pooling, int32_t n_batch,
+                                                   int32_t max_tokens);
+
+// The same on `table`, a block table of the backend that other sequences may share (the
+// server's engine, between its steps): the prompts' sequences are freed before it returns,
+// also when it throws.
+std::vector<std::vector<float>> compute_embeddings(Backend& backend, KvBlockTable& table,
                                                    const std::vector<std::vector<TokenId>>& prompts,
                                                    Pooling pooling, int32_t n_batch,
                                                    int32_t max_tokens);

@@ -203,6 +203,8 @@ class Engine {
     void truncate_session(int32_t session, int32_t n_tokens);
 
     const EngineStats& stats() const { return stats_; }
+    // The target model's backend (for passes between steps on kv_table(), e.g. embeddings).
+    Backend& backend() { return backend_; }
     const KvBlockTable& kv_table() const { return table_; }
     KvBlockTable& kv_table() { return table_; }
     // The draft model's block table (null without a draft model).

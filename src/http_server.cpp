@@ -302,20 +302,30 @@ bool HttpRequestParser::parse_chunk_size() {
 
 bool HttpRequestParser::parse_trailers() {
     // Trailer fields are read and dropped: nothing here needs them, and merging them into
-    // the headers would let them override what was checked before the body.
+    // the headers would let them override what was checked before the body. The limit counts
+    // their lines, not the empty line that ends them, the same whether they arrive at once or
+    // byte by byte.
     std::string_view line;
     size_t after = 0;
-    while (trailer_bytes_ <= limits_.max_header_bytes && next_line(buffer_, pos_, line, after)) {
-        trailer_bytes_ += after - pos_;
-        pos_ = after;
+    const auto too_long = [&] {
+        return reject(
+            431, fmt::format("the request trailers exceed {} bytes", limits_.max_header_bytes));
+    };
+    while (next_line(buffer_, pos_, line, after)) {
         if (line.empty()) {
+            pos_ = after;
             phase_ = Phase::Done;
             return false;
         }
+        trailer_bytes_ += after - pos_;
+        pos_ = after;
+        if (trailer_bytes_ > limits_.max_header_bytes) return too_long();
     }
-    if (trailer_bytes_ + (buffer_.size() - pos_) > limits_.max_header_bytes)
-        return reject(
-            431, fmt::format("the request trailers exceed {} bytes", limits_.max_header_bytes));
+    // An unfinished line counts too, unless it is a lone CR that may begin the empty line.
+    const size_t pending = buffer_.size() - pos_;
+    if (pending > 0 && !(pending == 1 && buffer_[pos_] == '\r') &&
+        trailer_bytes_ + pending > limits_.max_header_bytes)
+        return too_long();
     return false;
 }
 

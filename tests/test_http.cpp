@@ -216,6 +216,16 @@ TEST_CASE("http parser: 413, 431, 501 and 505") {
           431);
     CHECK(error_status_of("GET / HTTP/1.1\r\nX: " + std::string(20, 'a') + "\r\n\r\n", small) == 0);
     CHECK(error_status_of(te + "1\r\na\r\n0\r\nX-T: " + std::string(80, 'b'), small) == 431);
+    // Trailers of exactly the limit, then the empty line: accepted whole and byte by byte
+    // alike (found by fuzz/fuzz_http.cpp: the bytewise read counted the final CR).
+    const std::string at_limit = te + "1\r\na\r\n0\r\nX-T: " + std::string(57, 'b') + "\r\n\r\n";
+    for (bool bytewise : {false, true}) {
+        HttpRequestParser q(small);
+        CHECK(feed_all(q, at_limit, bytewise) == State::Done);
+        HttpRequestParser over(small);
+        CHECK(feed_all(over, te + "1\r\na\r\n0\r\nX-T: " + std::string(58, 'b') + "\r\n\r\n",
+                       bytewise) == State::Error);
+    }
     // Transfer codings other than a lone chunked.
     CHECK(error_status_of("POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n") == 501);
     CHECK(error_status_of("POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n") == 501);

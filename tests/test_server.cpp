@@ -13,12 +13,15 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <thread>
 
 #include "chat_session.h"
+#include "embedding.h"
 #include "common.h"
 #include "engine_worker.h"
 #include "http_test_client.h"
@@ -386,6 +389,84 @@ TEST_CASE("server: chat completions, llama.cpp endpoints, multiple samples and l
     CHECK(json::parse(run.get("/v1/models").body)["data"][0]["id"] == "stories");
     CHECK(json::parse(run.get("/props").body)["chat_template"] == "chatml");
     CHECK(json::parse(run.get("/health").body)["status"] == "ok");
+}
+
+namespace {
+
+std::vector<float> floats_of_base64(const std::string& b64) {
+    auto value = [](char c) -> uint32_t {
+        if (c >= 'A' && c <= 'Z') return uint32_t(c - 'A');
+        if (c >= 'a' && c <= 'z') return uint32_t(c - 'a' + 26);
+        if (c >= '0' && c <= '9') return uint32_t(c - '0' + 52);
+        return c == '+' ? 62u : 63u;
+    };
+    std::string bytes;
+    for (size_t i = 0; i + 3 < b64.size(); i += 4) {
+        uint32_t v = 0;
+        int n = 3;
+        for (int k = 0; k < 4; ++k) {
+            if (b64[i + k] == '=') --n;
+            v = (v << 6) | (b64[i + k] == '=' ? 0u : value(b64[i + k]));
+        }
+        for (int k = 0; k < n; ++k) bytes += char((v >> (16 - 8 * k)) & 0xff);
+    }
+    std::vector<float> out(bytes.size() / sizeof(float));
+    std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("server: /v1/embeddings gives compute_embeddings' unit vectors, between generations") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path);
+    const std::vector<std::string> texts = {"A cat sat on the mat.", "The dog ran home.",
+                                            "Lily"};
+    std::vector<std::vector<TokenId>> prompts;
+    for (const auto& t : texts) prompts.push_back(s.m.tokenizer->encode(t, true, false));
+    auto expected = compute_embeddings(*s.m.backend, prompts, Pooling::Mean, 512, 512);
+    for (auto& v : expected) normalize_embedding(v, 2);
+    CHECK(base64_encode("Man") == "TWFu");
+    CHECK(base64_encode("Ma") == "TWE=");
+    CHECK(base64_encode("M") == "TQ==");
+    Running run(s.config(), s);
+    // A generation runs while the embeddings are computed.
+    HttpReply gen;
+    std::thread g([&] {
+        gen = run.post("/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 64}});
+    });
+    const HttpReply r = run.post("/v1/embeddings", {{"model", "x"}, {"input", texts}});
+    g.join();
+    CHECK(gen.status == 200);
+    REQUIRE(r.status == 200);
+    const json j = json::parse(r.body);
+    CHECK(j["object"] == "list");
+    REQUIRE(j["data"].size() == texts.size());
+    size_t n_tokens = 0;
+    for (size_t i = 0; i < texts.size(); ++i) {
+        n_tokens += prompts[i].size();
+        const auto v = j["data"][i]["embedding"].get<std::vector<float>>();
+        REQUIRE(v.size() == expected[i].size());
+        double dot = 0, err = 0;
+        for (size_t d = 0; d < v.size(); ++d) {
+            dot += double(v[d]) * v[d];
+            err = std::max(err, double(std::fabs(v[d] - expected[i][d])));
+        }
+        CHECK(dot == doctest::Approx(1.0).epsilon(1e-4));
+        CHECK(err < 1e-5);
+    }
+    CHECK(j["usage"]["prompt_tokens"] == n_tokens);
+    // Token ids and base64: the same first vector.
+    const HttpReply b = run.post("/v1/embeddings",
+                                 {{"input", prompts[0]}, {"encoding_format", "base64"}});
+    REQUIRE(b.status == 200);
+    const auto v = floats_of_base64(json::parse(b.body)["data"][0]["embedding"]);
+    REQUIRE(v.size() == expected[0].size());
+    for (size_t d = 0; d < v.size(); ++d) CHECK(v[d] == doctest::Approx(expected[0][d]).epsilon(1e-5));
+    CHECK(run.post("/v1/embeddings", {{"input", ""}}).status == 400);
+    CHECK(run.post("/v1/embeddings", {{"input", 3}}).status == 400);
+    CHECK(run.metric("kv_blocks_used") == 0);
 }
 
 TEST_CASE("server: bad requests get one clear error each") {

@@ -8,8 +8,9 @@
 // events or answers once the job ends. A client that hangs up cancels its generation, which
 // frees its KV blocks at the next step. Ctrl-C ends running generations and exits 0.
 //
-// Endpoints: POST /v1/completions, /v1/chat/completions (OpenAI), /completion (llama.cpp),
-// /tokenize, /detokenize; GET /health, /v1/models, /props, /metrics (Prometheus text).
+// Endpoints: POST /v1/completions, /v1/chat/completions, /v1/embeddings (OpenAI),
+// /completion (llama.cpp), /tokenize, /detokenize; GET /health, /v1/models, /props, /metrics
+// (Prometheus text).
 #include "modes/server.h"
 
 #include <fmt/core.h>
@@ -44,6 +45,7 @@ struct ApiServer::Impl {
     void generate(ApiFormat format, const HttpRequest& req, HttpConnection& conn);
     void tokenize(const HttpRequest& req, HttpConnection& conn);
     void detokenize(const HttpRequest& req, HttpConnection& conn);
+    void embeddings(const HttpRequest& req, HttpConnection& conn);
     std::string metrics();
     nlohmann::json props();
     bool stopping() const { return stop && stop->load(); }
@@ -116,6 +118,8 @@ void ApiServer::Impl::handle(const HttpRequest& req, HttpConnection& conn) {
         {"POST", "/v1/chat/completions", [&] { generate(ApiFormat::OpenAiChat, req, conn); }},
         {"POST", "/chat/completions", [&] { generate(ApiFormat::OpenAiChat, req, conn); }},
         {"POST", "/completion", [&] { generate(ApiFormat::Completion, req, conn); }},
+        {"POST", "/v1/embeddings", [&] { embeddings(req, conn); }},
+        {"POST", "/embeddings", [&] { embeddings(req, conn); }},
         {"POST", "/tokenize", [&] { tokenize(req, conn); }},
         {"POST", "/detokenize", [&] { detokenize(req, conn); }},
         {"GET", "/v1/models",
@@ -286,6 +290,38 @@ void ApiServer::Impl::detokenize(const HttpRequest& req, HttpConnection& conn) {
     }
 }
 
+// Embedding passes run on the worker thread between engine steps, on the engine's block
+// table (generation pauses for them; their prompt blocks stay in the prefix cache).
+void ApiServer::Impl::embeddings(const HttpRequest& req, HttpConnection& conn) {
+    try {
+        const nlohmann::json j = parse_body(req);
+        const std::string format = j.value("encoding_format", "float");
+        if (format != "float" && format != "base64")
+            fail("'encoding_format' must be float or base64 (got '{}')", format);
+        const std::vector<std::vector<TokenId>> prompts = api_embedding_inputs(j, tok);
+        int64_t n_tokens = 0;
+        for (const auto& p : prompts) n_tokens += static_cast<int64_t>(p.size());
+        std::vector<std::vector<float>> vectors;
+        std::optional<Error> error;
+        worker->call([&](Engine& e) {
+            try {
+                vectors = compute_embeddings(e.backend(), e.kv_table(), prompts, cfg.pooling,
+                                             cfg.n_batch, e.n_ctx());
+            } catch (const Error& x) {
+                error = x;
+            }
+        });
+        if (error) throw *error;
+        for (auto& v : vectors) normalize_embedding(v, 2);  // OpenAI's are unit vectors
+        send_json(conn, 200,
+                  api_embedding_response(vectors, cfg.api.model_id, n_tokens, format == "base64"));
+    } catch (const nlohmann::json::exception& e) {
+        send_error(conn, 400, fmt::format("bad field type: {}", e.what()));
+    } catch (const Error& e) {
+        send_error(conn, 400, error_text(e));
+    }
+}
+
 nlohmann::json ApiServer::Impl::props() {
     const SamplingParams& s = cfg.api.defaults.sampling;
     return {{"default_generation_settings",
@@ -378,7 +414,7 @@ struct ServerOptions {
     int32_t parallel = 4;
     int32_t n_predict = -1;
     std::vector<std::string> stop;
-    std::string api_key, chat_template, alias;
+    std::string api_key, chat_template, alias, pooling;
     double timeout_s = 600;
 };
 
@@ -397,6 +433,11 @@ int run_server(const ServerOptions& o) {
     cfg.api_key = o.api_key;
     cfg.parallel = o.parallel;
     cfg.model_path = o.model.model;
+    cfg.n_batch = o.model.n_batch;
+    // /v1/embeddings pools: --pooling, else the model's; a model without one (a generative
+    // model) is mean-pooled.
+    cfg.pooling = o.pooling.empty() ? model_pooling(*m.file) : *pooling_from_name(o.pooling);
+    if (cfg.pooling == Pooling::None) cfg.pooling = Pooling::Mean;
     RequestDefaults& d = cfg.api.defaults;
     d.sampling = o.sampling;
     d.n_predict = o.n_predict;
@@ -461,6 +502,10 @@ void add_server_command(CLI::App& root, int& exit_code) {
                     "mistral-v3-tekken, mistral-v7, mistral-v7-tekken, plain (default: detected "
                     "from the model)")
         ->check(parses_with([](const std::string& s) { chat_template_from_name(s); }, "TEMPLATE"));
+    cmd->add_option("--pooling", o->pooling,
+                    "Pooling of /v1/embeddings: mean, cls or last (default: the model's, mean "
+                    "when it has none)")
+        ->check(CLI::IsMember({"mean", "cls", "last"}));
     cmd->add_option("-a,--alias", o->alias, "Model name in responses (default: the file name)");
     cmd->add_option("--timeout", o->timeout_s,
                     "Seconds an idle connection stays open without a complete request")

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "embedding.h"
 #include "engine.h"
 #include "engine_worker.h"
 #include "http_server.h"
@@ -19,8 +20,10 @@ struct ServerConfig {
     HttpServerOptions http;
     std::string api_key;  // non-empty: requests need "Authorization: Bearer KEY" (not /health)
     ApiContext api;
-    std::string model_path;  // shown by /props
-    int32_t parallel = 4;    // sequences generated at once
+    std::string model_path;           // shown by /props
+    int32_t parallel = 4;             // sequences generated at once
+    Pooling pooling = Pooling::Mean;  // /v1/embeddings (never None or Rank)
+    int32_t n_batch = 512;            // tokens per embedding pass
 };
 
 class ApiServer {

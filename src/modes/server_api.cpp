@@ -2,8 +2,10 @@
 #include "modes/server_api.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "common.h"
+#include "text_input.h"
 
 namespace kvrun {
 namespace {
@@ -339,6 +341,89 @@ nlohmann::json api_response(const ApiRequest& req, const ApiResponseMeta& meta,
     j["usage"] = usage(req, choices);
     if (!choices.empty()) j["timings"] = timings_to_json(choices[0].result.timings);
     return j;
+}
+
+std::vector<std::vector<TokenId>> api_embedding_inputs(const nlohmann::json& body,
+                                                       const Tokenizer& tok) {
+    const char* key = body.contains("input") ? "input" : "content";
+    if (!body.contains(key)) fail("missing field 'input' (a string or a list of strings)");
+    const nlohmann::json& in = body[key];
+    auto ids_of = [&](const nlohmann::json& list) {
+        std::vector<TokenId> ids;
+        for (const auto& v : list) {
+            if (!v.is_number_integer())
+                fail("'{}' must be a string, a list of strings, or token ids", key);
+            const int64_t id = v.get<int64_t>();
+            if (id < 0 || id >= tok.n_vocab())
+                fail("'{}': token id {} is outside the vocabulary (0..{})", key, id,
+                     tok.n_vocab() - 1);
+            ids.push_back(static_cast<TokenId>(id));
+        }
+        return ids;
+    };
+    auto text_of = [&](const nlohmann::json& v) {
+        const std::string text = v.get<std::string>();
+        utf8_require_valid(text, fmt::format("'{}'", key));
+        if (text.empty()) fail("'{}' holds an empty text: nothing to embed", key);
+        return tok.encode(text, tok.add_bos(), false);
+    };
+    std::vector<std::vector<TokenId>> out;
+    if (in.is_string()) {
+        out.push_back(text_of(in));
+    } else if (in.is_array() && !in.empty() && in[0].is_number_integer()) {
+        out.push_back(ids_of(in));
+    } else if (in.is_array()) {
+        for (const auto& v : in) {
+            if (v.is_string())
+                out.push_back(text_of(v));
+            else if (v.is_array())
+                out.push_back(ids_of(v));
+            else
+                fail("'{}' must be a string, a list of strings, or token ids", key);
+        }
+    } else {
+        fail("'{}' must be a string, a list of strings, or token ids", key);
+    }
+    if (out.empty()) fail("'{}' is empty: nothing to embed", key);
+    for (const auto& p : out)
+        if (p.empty()) fail("'{}' holds an empty token list: nothing to embed", key);
+    return out;
+}
+
+std::string base64_encode(std::string_view bytes) {
+    static const char* kAlphabet =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    out.reserve((bytes.size() + 2) / 3 * 4);
+    for (size_t i = 0; i < bytes.size(); i += 3) {
+        const size_t n = std::min<size_t>(3, bytes.size() - i);
+        uint32_t v = 0;
+        for (size_t k = 0; k < 3; ++k)
+            v = (v << 8) | (k < n ? static_cast<uint8_t>(bytes[i + k]) : 0u);
+        for (size_t k = 0; k < 4; ++k) out += k <= n ? kAlphabet[(v >> (18 - 6 * k)) & 63] : '=';
+    }
+    return out;
+}
+
+nlohmann::json api_embedding_response(const std::vector<std::vector<float>>& vectors,
+                                      const std::string& model, int64_t n_prompt_tokens,
+                                      bool base64) {
+    nlohmann::json data = nlohmann::json::array();
+    for (size_t i = 0; i < vectors.size(); ++i) {
+        nlohmann::json e = {{"object", "embedding"}, {"index", i}};
+        if (base64) {
+            std::string bytes(vectors[i].size() * sizeof(float), '\0');
+            std::memcpy(bytes.data(), vectors[i].data(), bytes.size());  // little-endian hosts
+            e["embedding"] = base64_encode(bytes);
+        } else {
+            e["embedding"] = vectors[i];
+        }
+        data.push_back(std::move(e));
+    }
+    return {{"object", "list"},
+            {"data", data},
+            {"model", model},
+            {"usage", {{"prompt_tokens", n_prompt_tokens}, {"total_tokens", n_prompt_tokens}}}};
 }
 
 }  // namespace kvrun

@@ -103,4 +103,17 @@ nlohmann::json api_usage_chunk(const ApiRequest& req, const ApiResponseMeta& met
 nlohmann::json api_response(const ApiRequest& req, const ApiResponseMeta& meta,
                             const std::vector<ApiChoiceResult>& choices, const Tokenizer& tok);
 
+// /v1/embeddings: "input" (or llama.cpp's "content"): a string, a list of strings, token
+// ids, or a list of token-id lists -> one prompt each (strings get BOS when the vocabulary
+// wants it). Throws Error for anything else, an empty input, or an id outside the vocabulary.
+std::vector<std::vector<TokenId>> api_embedding_inputs(const nlohmann::json& body,
+                                                       const Tokenizer& tok);
+// OpenAI's embeddings list; base64: each vector as the base64 of its little-endian float32
+// bytes ("encoding_format": "base64").
+nlohmann::json api_embedding_response(const std::vector<std::vector<float>>& vectors,
+                                      const std::string& model, int64_t n_prompt_tokens,
+                                      bool base64);
+// Standard base64 (RFC 4648, with padding).
+std::string base64_encode(std::string_view bytes);
+
 }  // namespace kvrun
