@@ -86,6 +86,17 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
   $K embedding -m /tmp/models/llama2-7b-Q4_0.gguf -f /tmp/models/texts.txt --pooling mean \
     --embd-output-format array 2>&1 >/dev/null | tail -1 | tee -a "$OUT/imatrix-embedding.md"
   echo "imatrix 4 chunks: $(( (t1 - t0) / 1000000 )) ms" | tee -a "$OUT/imatrix-embedding.md"
+  # kvrun server under load at 7B: 1, 8 and 32 concurrent streamed clients (continuous
+  # batching: output tokens/s should grow with clients while TPOT stays near batch 1's).
+  $K server -m /tmp/models/llama2-7b-Q4_0.gguf --parallel 32 -c 2048 --port 8090 \
+    2> "$OUT/server.log" &
+  spid=$!
+  for i in $(seq 1 120); do grep -q 'listening on' "$OUT/server.log" && break; sleep 1; done
+  for c in 1 8 32; do
+    $B/server-load --port 8090 -c $c -r 2 -n 128 --prompt-tokens 256 2>&1 | tail -1 \
+      | tee -a "$OUT/server-load.md"
+  done
+  kill -INT $spid; wait $spid || true
   # The other architectures at full size: qwen3-8b (Q/K norms), gemma3-4b (sliding window,
   # GeGLU), qwen3-30b-a3b (mixture of experts: bandwidth counts the used experts).
   $S --preset qwen3-8b --type Q4_K_M -o /tmp/models/qwen3-8b-Q4_K_M.gguf > /dev/null

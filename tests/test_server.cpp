@@ -21,10 +21,10 @@
 #include <thread>
 
 #include "chat_session.h"
-#include "embedding.h"
 #include "common.h"
+#include "embedding.h"
 #include "engine_worker.h"
-#include "http_test_client.h"
+#include "http_client.h"
 #include "modes/model_options.h"
 #include "modes/server.h"
 #include "modes/server_api.h"
@@ -32,9 +32,6 @@
 #include "test_util.h"
 
 using namespace kvrun;
-using kvrun::test::HttpReply;
-using kvrun::test::HttpTestClient;
-using kvrun::test::sse_data;
 using nlohmann::json;
 
 namespace {
@@ -138,11 +135,11 @@ struct Running {
         thread.join();
     }
     HttpReply post(const std::string& path, const json& body, const std::string& headers = {}) {
-        HttpTestClient c(server.port());
+        HttpClient c(server.port());
         return c.request("POST", path, body.dump(), headers);
     }
     HttpReply get(const std::string& path) {
-        HttpTestClient c(server.port());
+        HttpClient c(server.port());
         return c.request("GET", path);
     }
     // A Prometheus counter or gauge from /metrics.
@@ -198,7 +195,7 @@ TEST_CASE("server: completions give what the engine gives alone, also concurrent
     }
 
     // Streamed: the chunks add up to the same text, then a finish chunk, usage, [DONE].
-    HttpTestClient c(run.server.port());
+    HttpClient c(run.server.port());
     const HttpReply r = c.request("POST", "/v1/completions",
                                   json{{"prompt", prompts[0]},
                                        {"max_tokens", 24},
@@ -342,18 +339,17 @@ TEST_CASE("server: chat completions, llama.cpp endpoints, multiple samples and l
 
     // response_format json_schema: the reply is JSON of that schema.
     const HttpReply js = run.post(
-        "/v1/chat/completions",
-        {{"messages", {{{"role", "user"}, {"content", "How is the cat?"}}}},
-         {"max_tokens", 200},
-         {"response_format",
-          {{"type", "json_schema"},
-           {"json_schema",
-            {{"name", "mood"},
-             {"schema",
-              {{"type", "object"},
-               {"properties", {{"mood", {{"enum", {"happy", "sad"}}}}}},
-               {"required", {"mood"}},
-               {"additionalProperties", false}}}}}}}});
+        "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "How is the cat?"}}}},
+                                 {"max_tokens", 200},
+                                 {"response_format",
+                                  {{"type", "json_schema"},
+                                   {"json_schema",
+                                    {{"name", "mood"},
+                                     {"schema",
+                                      {{"type", "object"},
+                                       {"properties", {{"mood", {{"enum", {"happy", "sad"}}}}}},
+                                       {"required", {"mood"}},
+                                       {"additionalProperties", false}}}}}}}});
     REQUIRE(js.status == 200);
     const json jj = json::parse(js.body);
     CHECK(jj["choices"][0]["finish_reason"] == "stop");
@@ -421,8 +417,7 @@ TEST_CASE("server: /v1/embeddings gives compute_embeddings' unit vectors, betwee
     const std::string path = model_path();
     if (path.empty()) return;
     Served s(path);
-    const std::vector<std::string> texts = {"A cat sat on the mat.", "The dog ran home.",
-                                            "Lily"};
+    const std::vector<std::string> texts = {"A cat sat on the mat.", "The dog ran home.", "Lily"};
     std::vector<std::vector<TokenId>> prompts;
     for (const auto& t : texts) prompts.push_back(s.m.tokenizer->encode(t, true, false));
     auto expected = compute_embeddings(*s.m.backend, prompts, Pooling::Mean, 512, 512);
@@ -458,12 +453,13 @@ TEST_CASE("server: /v1/embeddings gives compute_embeddings' unit vectors, betwee
     }
     CHECK(j["usage"]["prompt_tokens"] == n_tokens);
     // Token ids and base64: the same first vector.
-    const HttpReply b = run.post("/v1/embeddings",
-                                 {{"input", prompts[0]}, {"encoding_format", "base64"}});
+    const HttpReply b =
+        run.post("/v1/embeddings", {{"input", prompts[0]}, {"encoding_format", "base64"}});
     REQUIRE(b.status == 200);
     const auto v = floats_of_base64(json::parse(b.body)["data"][0]["embedding"]);
     REQUIRE(v.size() == expected[0].size());
-    for (size_t d = 0; d < v.size(); ++d) CHECK(v[d] == doctest::Approx(expected[0][d]).epsilon(1e-5));
+    for (size_t d = 0; d < v.size(); ++d)
+        CHECK(v[d] == doctest::Approx(expected[0][d]).epsilon(1e-5));
     CHECK(run.post("/v1/embeddings", {{"input", ""}}).status == 400);
     CHECK(run.post("/v1/embeddings", {{"input", 3}}).status == 400);
     CHECK(run.metric("kv_blocks_used") == 0);
@@ -512,7 +508,7 @@ TEST_CASE("server: bad requests get one clear error each") {
     };
     for (const Case& c : cases) {
         INFO(c.path << " " << c.body.substr(0, 80));
-        HttpTestClient client(run.server.port());
+        HttpClient client(run.server.port());
         const HttpReply r = client.request("POST", c.path, c.body);
         CHECK(r.status == c.status);
         const std::string msg = error_of(r);
@@ -521,7 +517,7 @@ TEST_CASE("server: bad requests get one clear error each") {
     CHECK(run.get("/v1/completions").status == 405);
     // Invalid UTF-8 in a body is malformed JSON, not a crash.
     CHECK(run.post("/v1/completions", json::object()).status == 400);
-    HttpTestClient raw(run.server.port());
+    HttpClient raw(run.server.port());
     const HttpReply bad = raw.request("POST", "/v1/completions", "{\"prompt\": \"\xff\xfe\"}");
     CHECK(bad.status == 400);
     // The server still serves after all that.
@@ -554,7 +550,7 @@ TEST_CASE("server: a client that hangs up cancels its generation; stopping ends 
                           {"ignore_eos", true},           {"n", 4},
                           {"temperature", 1.0},           {"stream", true}};
     {
-        HttpTestClient c(run.server.port());
+        HttpClient c(run.server.port());
         REQUIRE(c.send_raw("POST /v1/completions HTTP/1.1\r\nContent-Length: " +
                            std::to_string(endless.dump().size()) + "\r\n\r\n" + endless.dump()));
         const HttpReply head = c.read_head();
@@ -659,7 +655,7 @@ TEST_CASE("kvrun server: serves on --port 0, refuses bad flags, Ctrl-C exits 0")
     auto busy = run_command(bin + " server -m " + path + " --port " + std::to_string(port));
     CHECK(busy.exit_code == 1);
     CHECK_MESSAGE(busy.err.find("cannot listen on") != std::string::npos, busy.err);
-    HttpTestClient c(port);
+    HttpClient c(port);
     const HttpReply r =
         c.request("POST", "/v1/completions", json{{"prompt", "Once"}, {"max_tokens", 4}}.dump());
     CHECK(r.status == 200);

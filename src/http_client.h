@@ -1,7 +1,7 @@
-// A small blocking HTTP/1.1 client for the server tests: one TCP connection to 127.0.0.1,
-// requests written as given, replies read with Content-Length, chunked transfer encoding or
-// up to the end of the connection. Every read has a timeout, so a broken server fails a test
-// instead of hanging it.
+// A small blocking HTTP/1.1 client (the server tests and tools/server-load): one TCP
+// connection to a loopback port, requests written as given, replies read with
+// Content-Length, chunked transfer encoding or up to the end of the connection. Every read
+// has a timeout, so a broken server fails a test instead of hanging it.
 #pragma once
 
 #include <arpa/inet.h>
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-namespace kvrun::test {
+namespace kvrun {
 
 struct HttpReply {
     int status = 0;  // 0: no complete reply (connection closed or timed out)
@@ -25,21 +25,22 @@ struct HttpReply {
     std::string body;                            // decoded
 };
 
-class HttpTestClient {
+class HttpClient {
   public:
-    explicit HttpTestClient(int port, int timeout_s = 60) {
+    // host: an IPv4 address.
+    explicit HttpClient(int port, int timeout_s = 60, const std::string& host = "127.0.0.1") {
         fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
         timeval tv{timeout_s, 0};
         ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
         sockaddr_in a{};
         a.sin_family = AF_INET;
         a.sin_port = htons(static_cast<uint16_t>(port));
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+        connected_ = ::inet_pton(AF_INET, host.c_str(), &a.sin_addr) == 1 &&
+                     ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
     }
-    ~HttpTestClient() { close(); }
-    HttpTestClient(const HttpTestClient&) = delete;
-    HttpTestClient& operator=(const HttpTestClient&) = delete;
+    ~HttpClient() { close(); }
+    HttpClient(const HttpClient&) = delete;
+    HttpClient& operator=(const HttpClient&) = delete;
 
     bool connected() const { return connected_; }
     void close() {
@@ -162,4 +163,4 @@ inline std::vector<std::string> sse_data(const std::string& body) {
     return out;
 }
 
-}  // namespace kvrun::test
+}  // namespace kvrun
