@@ -227,6 +227,18 @@ TEST_CASE("server: completions give what the engine gives alone, also concurrent
     CHECK(n_finish == 1);
     CHECK(text == expected[0]);
 
+    // A client resending a long prompt (a conversation so far) prefills only what the prefix
+    // cache lacks.
+    std::string story = "Once upon a time";
+    for (int i = 0; i < 12; ++i) story += " there was a little dog who liked to run";
+    const json first =
+        json::parse(run.post("/v1/completions", {{"prompt", story}, {"max_tokens", 4}}).body);
+    const json second = json::parse(
+        run.post("/v1/completions", {{"prompt", story + " and jump"}, {"max_tokens", 4}}).body);
+    const int n_prompt2 = second["usage"]["prompt_tokens"];
+    CHECK(first["timings"]["prompt_tokens_computed"] == first["usage"]["prompt_tokens"]);
+    CHECK(second["timings"]["prompt_tokens_computed"].get<int>() <= n_prompt2 % 16 + 16);
+
     // Keep-alive: a second request on the same connection.
     const HttpReply again =
         c.request("POST", "/v1/completions",

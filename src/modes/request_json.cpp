@@ -278,6 +278,7 @@ void add_stopping_words(nlohmann::json& result, const std::vector<std::string>& 
                 g["stopping_word"] = s;
             }
         }
+        if (best != std::string::npos) g["text"] = text.substr(0, best);
     };
     one(result);
     if (result.contains("samples"))

@@ -76,8 +76,8 @@ nlohmann::json request_result_to_json(const std::vector<GenerationResult>& sampl
                                       bool special = false);
 
 // For each generation of `result` (and its "samples") that ended on a stop string, adds
-// "stopping_word": the one of `stops` that occurs first in its "text" (llama.cpp server's
-// field; the text itself keeps it).
+// "stopping_word": the one of `stops` that occurs first in its "text", and cuts the text
+// before it (as llama.cpp's server; "tokens" keep every generated token).
 void add_stopping_words(nlohmann::json& result, const std::vector<std::string>& stops);
 
 // One JSON line: compact, invalid UTF-8 replaced by U+FFFD.
