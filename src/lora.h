@@ -28,6 +28,22 @@ inline std::vector<float> lora_user_scales(const std::vector<LoraSpec>& specs) {
     return out;
 }
 
+// One adapted matrix of an adapter: base matrix `name` ({n_in, n_out}) gains
+// scale x per_unit x B A, with A = `a` ({n_in, rank}) and B = `b` ({rank, n_out}).
+struct LoraPair {
+    std::string name;
+    const GgufTensorInfo* a = nullptr;
+    const GgufTensorInfo* b = nullptr;
+    int64_t n_in = 0, n_out = 0, rank = 0;
+    double per_unit = 1.0;  // alpha / rank (1 without alpha)
+};
+
+// Opens an adapter and checks it against the base model file (general.type and adapter.type,
+// the architecture `arch`, every tensor paired, a base matrix for each pair, every shape);
+// `pairs` receives its matrices. Throws Error naming the file and tensor.
+std::unique_ptr<GgufFile> lora_open(const LoraSpec& spec, const GgufFile& base,
+                                    const std::string& arch, std::vector<LoraPair>& pairs);
+
 // Opens each adapter, checks it against the base model `base` (architecture, tensor names,
 // shapes, types) and appends its updates to `weights` (LayerWeights::lora_*, lora_output).
 // The attention, output and dense FFN matrices can be adapted (a fused attn_qkv or gate/up

@@ -298,6 +298,11 @@ void convert_tensor(const TensorQuantChoice& c, const QuantizeOptions& o, Thread
                     std::vector<float>& f32, std::vector<uint8_t>& out) {
     const GgufTensorInfo& t = *c.tensor;
     const float* x = tensor_as_f32(t, f32, pool);
+    if (c.edited) {
+        if (x != f32.data()) f32.assign(x, x + t.n_elements);  // x was the mapped file
+        o.edits.at(t.name).apply(f32.data(), pool);
+        x = f32.data();
+    }
     const int64_t width = t.dims[0], rows = t.n_elements / width;
     const int64_t rows_per_mat = t.dims.size() > 1 ? t.dims[1] : 1;
     const size_t row_out = ggml_row_bytes(c.to, width);
@@ -389,12 +394,19 @@ std::vector<TensorQuantChoice> plan_quantization(const GgufFile& in, const Quant
                      width, ggml_type_name(to), ggml_type_traits(to).block_elems);
             c.to = to;
         }
+        if (auto e = o.edits.find(t->name); e != o.edits.end()) {
+            c.to = e->second.to;
+            c.edited = true;
+            if (!fits(c.to, t->dims[0]))
+                fail("tensor '{}': its rows of {} do not split into {} blocks of {}", t->name,
+                     t->dims[0], ggml_type_name(c.to), ggml_type_traits(c.to).block_elems);
+        }
         if (c.convert()) {
             if (!ggml_type_traits(c.to).can_quantize)
                 fail("tensor '{}': kvrun cannot write {} tensors", t->name, ggml_type_name(c.to));
             if (!ggml_type_traits(t->type).can_dequantize)
                 fail("tensor '{}': kvrun cannot read {} tensors", t->name, ggml_type_name(t->type));
-            if (is_quantized(t->type) && !o.allow_requantize)
+            if (is_quantized(t->type) && !o.allow_requantize && !c.edited)
                 fail(
                     "tensor '{}' is already {}: requantizing loses quality twice; pass "
                     "--allow-requantize to do it anyway",

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -18,6 +19,7 @@
 
 #include "gguf.h"
 #include "imatrix.h"
+#include "thread_pool.h"
 
 namespace kvrun {
 
@@ -62,6 +64,14 @@ struct QuantizeOptions {
     // columns' mean squared activations; the mixes take llama.cpp's imatrix variants.
     const Imatrix* imatrix = nullptr;
     std::string imatrix_file;  // recorded in the output's quantize.imatrix.* metadata
+    // Changes to the weights themselves (export-lora merges adapters into them): by tensor
+    // name, `apply` edits the tensor's float32 values [rows][width] in place, and the tensor
+    // is written as `to` (a quantized input is then converted without --allow-requantize).
+    struct TensorEdit {
+        GgmlType to = GgmlType::F16;
+        std::function<void(float* values, ThreadPool& pool)> apply;
+    };
+    std::map<std::string, TensorEdit> edits;
 };
 
 // What happens to one tensor.
@@ -70,7 +80,8 @@ struct TensorQuantChoice {
     GgmlType to = GgmlType::F32;
     bool fallback = false;  // the mix's type does not fit the row width: llama.cpp's fallback
     bool weighted = false;  // converted with the importance matrix's entry
-    bool convert() const { return tensor->type != to; }
+    bool edited = false;    // QuantizeOptions::edits changes its values
+    bool convert() const { return edited || tensor->type != to; }
 };
 
 // Each tensor's target type, in the order llama-quantize writes them (the tensors outside

@@ -5,6 +5,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -405,4 +407,80 @@ TEST_CASE("a request's \"lora\" scales: the CLI, the engine's prefix cache, and 
         return bad;
     }()),
                     Error);
+}
+
+TEST_CASE("export-lora writes the model the adapters make at run time") {
+    using kvrun::test::run_command;
+    TempDir dir;
+    const std::string bin = kvrun::test::kvrun_binary();
+    for (const std::string arch : {"llama", "phi3"}) {
+        CAPTURE(arch);
+        const std::string base_path = dir.file(arch + ".gguf");
+        synthetic_model_write(small(arch), base_path);
+        GgufFile base = GgufFile::open(base_path);
+        std::vector<Factors> fa, fb;
+        fa.push_back(random_factors(
+            base, arch == "phi3" ? "blk.0.attn_qkv.weight" : "blk.0.attn_q.weight", 4, 11));
+        fa.push_back(random_factors(base, "blk.1.ffn_down.weight", 8, 12));
+        fa.push_back(random_factors(base, "output.weight", 4, 13));
+        fb.push_back(random_factors(base, "blk.1.ffn_down.weight", 4, 14));  // both adapt it
+        fb.push_back(random_factors(base, "blk.0.attn_output.weight", 4, 15));
+        const std::string a = dir.file(arch + "-a.gguf"), b = dir.file(arch + "-b.gguf");
+        write_adapter(a, arch, 8.0, fa);
+        write_adapter(b, arch, 0.0, fb);
+        const std::string out = dir.file(arch + "-merged.gguf");
+        auto r = run_command(bin + " export-lora -m " + base_path + " --lora-scaled " + a +
+                             " 0.5 --lora " + b + " -o " + out);
+        REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+        CHECK(r.err.find("4 matrices merged") != std::string::npos);
+        GgufFile merged = GgufFile::open(out);
+        const std::vector<float> runtime = logits_of(base, {{a, 0.5f}, {b, 1.0f}});
+        CHECK(rel_diff(logits_of(merged), runtime) < 1e-5);
+        CHECK(rel_diff(runtime, logits_of(base)) > 1e-2);
+        // Every other tensor is copied byte for byte, F32 stays F32, the metadata stays.
+        REQUIRE(merged.tensors().size() == base.tensors().size());
+        for (const GgufTensorInfo& t : base.tensors()) {
+            const GgufTensorInfo* m = merged.find_tensor(t.name);
+            REQUIRE(m);
+            CHECK(m->type == t.type);
+            const bool adapted = t.name == "output.weight" || t.name == "blk.1.ffn_down.weight" ||
+                                 t.name == "blk.0.attn_output.weight" || t.name == fa[0].name;
+            CHECK((std::memcmp(m->data, t.data, t.n_bytes) != 0) == adapted);
+        }
+        CHECK(merged.get_string_or("general.architecture", "") == arch);
+    }
+    // A quantized base: the merged matrices become F16, close to the run-time adapter.
+    SyntheticModelConfig q = small("llama");
+    q.type = GgmlType::Q8_0;
+    const std::string qpath = dir.file("q8.gguf");
+    synthetic_model_write(q, qpath);
+    GgufFile qbase = GgufFile::open(qpath);
+    std::vector<Factors> f = {random_factors(qbase, "blk.0.attn_q.weight", 4, 21),
+                              random_factors(qbase, "blk.1.ffn_up.weight", 4, 22)};
+    write_adapter(dir.file("q-lora.gguf"), "llama", 8.0, f);
+    auto r = run_command(bin + " export-lora -m " + qpath + " --lora " + dir.file("q-lora.gguf") +
+                         " -o " + dir.file("q-merged.gguf"));
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    GgufFile qm = GgufFile::open(dir.file("q-merged.gguf"));
+    CHECK(qm.find_tensor("blk.0.attn_q.weight")->type == GgmlType::F16);
+    CHECK(qm.find_tensor("blk.0.attn_k.weight")->type == GgmlType::Q8_0);
+    CHECK(rel_diff(logits_of(qm), logits_of(qbase, {{dir.file("q-lora.gguf"), 1.0f}})) < 2e-3);
+
+    // Bad input: one clear line each.
+    auto err_of = [&](const std::string& args) {
+        auto e = run_command(bin + " export-lora " + args);
+        CHECK(e.exit_code == 1);
+        CHECK(e.out.empty());
+        CHECK_MESSAGE(e.err.find('\n') == e.err.size() - 1, e.err);
+        return e.err;
+    };
+    CHECK(err_of("-m " + qpath + " -o " + dir.file("x.gguf")).find("no adapter") !=
+          std::string::npos);
+    CHECK(err_of("-m " + dir.file("q-lora.gguf") + " --lora " + dir.file("q-lora.gguf") + " -o " +
+                 dir.file("x.gguf"))
+              .find("not a base model") != std::string::npos);
+    CHECK(err_of("-m " + qpath + " --lora " + dir.file("phi3-a.gguf") + " -o " + dir.file("x.gguf"))
+              .find("architecture 'phi3'") != std::string::npos);
+    CHECK(!std::filesystem::exists(dir.file("x.gguf")));
+    CHECK(!std::filesystem::exists(dir.file("x.gguf.part")));
 }

@@ -17,5 +17,6 @@ void add_quantize_command(CLI::App& root, int& exit_code);
 void add_embedding_command(CLI::App& root, int& exit_code);
 void add_imatrix_command(CLI::App& root, int& exit_code);
 void add_server_command(CLI::App& root, int& exit_code);
+void add_export_lora_command(CLI::App& root, int& exit_code);
 
 }  // namespace kvrun
