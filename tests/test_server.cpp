@@ -227,6 +227,40 @@ TEST_CASE("server: completions give what the engine gives alone, also concurrent
     CHECK(n_finish == 1);
     CHECK(text == expected[0]);
 
+    // A list of prompts, two samples each (greedy: equal): choices prompt by prompt, whole
+    // and streamed.
+    for (bool stream : {false, true}) {
+        INFO("stream " << stream);
+        const HttpReply lr = run.post("/v1/completions", {{"prompt", {prompts[2], prompts[3]}},
+                                                          {"max_tokens", 24},
+                                                          {"temperature", 0},
+                                                          {"n", 2},
+                                                          {"stream", stream}});
+        REQUIRE(lr.status == 200);
+        std::vector<std::string> texts(4);
+        std::vector<int> finished(4, 0);
+        if (!stream) {
+            const json j = json::parse(lr.body);
+            REQUIRE(j["choices"].size() == 4);
+            for (const json& c : j["choices"]) {
+                texts[c["index"].get<size_t>()] = c["text"];
+                ++finished[c["index"].get<size_t>()];
+            }
+            CHECK(j["usage"]["completion_tokens"] == 4 * 24);
+        } else {
+            for (const auto& e : sse_data(lr.body)) {
+                if (e == "[DONE]") continue;
+                const json c = json::parse(e)["choices"][0];
+                texts[c["index"].get<size_t>()] += c["text"].get<std::string>();
+                if (!c["finish_reason"].is_null()) ++finished[c["index"].get<size_t>()];
+            }
+        }
+        for (size_t i = 0; i < 4; ++i) {
+            CHECK(texts[i] == expected[2 + i / 2]);
+            CHECK(finished[i] == 1);
+        }
+    }
+
     // A client resending a long prompt (a conversation so far) prefills only what the prefix
     // cache lacks.
     std::string story = "Once upon a time";
@@ -502,7 +536,7 @@ TEST_CASE("server: bad requests get one clear error each") {
         {"/v1/completions", json{{"prompt", "hi"}, {"max_tokens", "many"}}.dump(), 400,
          "bad field type"},
         {"/v1/completions", json{{"prompt", long_prompt}}.dump(), 400, "context"},
-        {"/v1/completions", json{{"prompt", {"a", "b"}}}.dump(), 400, "one prompt"},
+        {"/v1/completions", json{{"prompt", json::array({"a", 5})}}.dump(), 400, "'prompt'"},
         {"/v1/completions", json{{"prompt", "hi"}, {"echo", true}}.dump(), 400, "echo"},
         {"/v1/completions", json{{"prompt", json::array({1, 999999})}}.dump(), 400,
          "outside the vocabulary"},

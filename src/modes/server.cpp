@@ -154,16 +154,20 @@ void ApiServer::Impl::handle(const HttpRequest& req, HttpConnection& conn) {
 
 void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpConnection& conn) {
     ApiRequest ar;
-    std::shared_ptr<EngineWorker::Job> job;
+    // One job per prompt (OpenAI's list of prompts); their samples are the choices, prompt
+    // by prompt.
+    std::vector<std::shared_ptr<EngineWorker::Job>> jobs;
     try {
         ar = api_request_from_json(format, req.body, cfg.api, tok);
-        job = worker->submit(ar.request);
+        for (const GenerationRequest& r : ar.requests) jobs.push_back(worker->submit(r));
     } catch (const Error& e) {
+        for (const auto& job : jobs) worker->cancel(*job);
         send_error(conn, stopping() ? 503 : 400, error_text(e));
         return;
     }
     ++n_requests;
-    n_prompt_tokens += static_cast<int64_t>(ar.request.prompt.size());
+    for (const GenerationRequest& r : ar.requests)
+        n_prompt_tokens += static_cast<int64_t>(r.prompt.size());
     const bool openai = format != ApiFormat::Completion;
     ApiResponseMeta meta;
     meta.id =
@@ -171,54 +175,75 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
     meta.created = static_cast<int64_t>(std::time(nullptr));
     meta.model = cfg.api.model_id;
 
-    const int32_t n = ar.request.n_samples;
-    std::vector<ApiTextStream> texts(static_cast<size_t>(n), ApiTextStream(tok, ar.stop));
-    std::vector<ApiChoiceResult> choices(static_cast<size_t>(n));
-    std::vector<bool> started(static_cast<size_t>(n), false);
+    const int32_t n = ar.requests[0].n_samples;
+    const size_t n_choices = jobs.size() * static_cast<size_t>(n);
+    std::vector<ApiTextStream> texts(n_choices, ApiTextStream(tok, ar.stop));
+    std::vector<ApiChoiceResult> choices(n_choices);
+    std::vector<bool> started(n_choices, false);
     bool client_gone = false, cancelled = false;
     if (ar.stream &&
         !conn.begin_chunked(200, "text/event-stream",
                             {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}}))
         client_gone = true;
-    auto emit = [&](int32_t s, const std::string& delta) {
+    auto emit = [&](size_t i, const std::string& delta) {
         if (!ar.stream || delta.empty() || client_gone) return;
-        if (!send_event(conn, api_stream_chunk(ar, meta, s, delta, !started[size_t(s)])))
+        if (!send_event(conn, api_stream_chunk(ar, meta, int32_t(i), delta, !started[i])))
             client_gone = true;
-        started[size_t(s)] = true;
+        started[i] = true;
     };
-    auto last_check = std::chrono::steady_clock::now();
-    while (!job->done()) {
-        // A client that left, or Ctrl-C: cancel once, then take the Cancelled results.
-        const auto now = std::chrono::steady_clock::now();
-        if (!cancelled && now - last_check > std::chrono::milliseconds(100)) {
-            last_check = now;
-            if (!client_gone && conn.peer_closed()) client_gone = true;
-            if (client_gone || stopping()) {
-                worker->cancel(*job);
-                cancelled = true;
-                ++n_cancelled;
-            }
+    auto handle = [&](size_t job, EngineWorker::Event& e) {
+        const size_t i = job * size_t(n) + size_t(e.sample);
+        if (e.kind == EngineWorker::Event::Kind::Token) {
+            emit(i, texts[i].push(e.token));
+            return;
         }
-        std::optional<EngineWorker::Event> e = job->next(std::chrono::milliseconds(50));
-        if (!e) continue;
-        const auto s = size_t(e->sample);
-        if (e->kind == EngineWorker::Event::Kind::Token) {
-            emit(e->sample, texts[s].push(e->token));
-            continue;
-        }
-        emit(e->sample, texts[s].finish());
-        ApiChoiceResult& c = choices[s];
-        c.text = texts[s].text();
-        c.result = std::move(e->result);
-        c.stop_word = texts[s].stops().stopped() ? texts[s].stops().stop_word() : "";
+        emit(i, texts[i].finish());
+        ApiChoiceResult& c = choices[i];
+        c.index = int32_t(i);
+        c.text = texts[i].text();
+        c.result = std::move(e.result);
+        c.stop_word = texts[i].stops().stopped() ? texts[i].stops().stop_word() : "";
         n_generated_tokens += c.result.timings.n_generated;
-        if (!ar.stream || client_gone) continue;
+        if (!ar.stream || client_gone) return;
         if (c.result.stop == StopReason::Error) {
             if (!send_event(conn, nlohmann::json::parse(http_error_body(500, c.result.error))))
                 client_gone = true;
         } else if (!send_event(conn, api_stream_final_chunk(ar, meta, c, tok))) {
             client_gone = true;
         }
+    };
+    auto last_check = std::chrono::steady_clock::now();
+    for (;;) {
+        // A client that left, or Ctrl-C: cancel once, then take the Cancelled results.
+        const auto now = std::chrono::steady_clock::now();
+        if (!cancelled && now - last_check > std::chrono::milliseconds(100)) {
+            last_check = now;
+            if (!client_gone && conn.peer_closed()) client_gone = true;
+            if (client_gone || stopping()) {
+                for (const auto& job : jobs) worker->cancel(*job);
+                cancelled = true;
+                ++n_cancelled;
+            }
+        }
+        // Take what every job has; when none had anything, wait on one that is not done.
+        bool any = false;
+        std::shared_ptr<EngineWorker::Job> waiting;
+        size_t waiting_index = 0;
+        for (size_t j = 0; j < jobs.size(); ++j) {
+            while (std::optional<EngineWorker::Event> e =
+                       jobs[j]->next(std::chrono::milliseconds(0))) {
+                handle(j, *e);
+                any = true;
+            }
+            if (!waiting && !jobs[j]->done()) {
+                waiting = jobs[j];
+                waiting_index = j;
+            }
+        }
+        if (!waiting) break;
+        if (any) continue;
+        if (std::optional<EngineWorker::Event> e = waiting->next(std::chrono::milliseconds(50)))
+            handle(waiting_index, *e);
     }
     if (ar.stream) {
         if (client_gone) return;

@@ -12,18 +12,16 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-// OpenAI's "prompt": a string, token ids, or a list of either; kvrun takes one prompt per
-// request.
-void one_prompt(ojson& j) {
-    if (!j.contains("prompt") || !j["prompt"].is_array() || j["prompt"].empty()) return;
+// OpenAI's "prompt": a string, token ids, or a list of either: one prompt each.
+std::vector<ojson> prompt_list(const ojson& j) {
+    if (!j.contains("prompt") || !j["prompt"].is_array() || j["prompt"].empty()) return {ojson()};
     const ojson& p = j["prompt"];
-    if (!p[0].is_string() && !p[0].is_array()) return;  // token ids
-    if (p.size() > 1)
+    if (!p[0].is_string() && !p[0].is_array()) return {ojson()};  // token ids: one prompt
+    if (p.size() > kMaxApiPrompts)
         throw Error(
-            "a request carries one prompt ('prompt' holds " + std::to_string(p.size()) + ")",
-            "send one request per prompt; they run concurrently");
-    ojson only = p[0];
-    j["prompt"] = std::move(only);
+            fmt::format("'prompt' lists {} prompts, more than {}", p.size(), kMaxApiPrompts),
+            "send them in several requests");
+    return std::vector<ojson>(p.begin(), p.end());
 }
 
 // A message's "content": a string, or a list of {"type": "text", "text": ...} parts.
@@ -168,7 +166,7 @@ nlohmann::json native_result(const ApiRequest& req, const ApiResponseMeta& meta,
         {"stop", true},
         {"model", meta.model},
         {"tokens_predicted", t.n_generated},
-        {"tokens_evaluated", req.request.prompt.size()},
+        {"tokens_evaluated", req.requests.at(0).prompt.size()},
         {"tokens_cached", t.n_prompt - t.n_prompt_computed},
         {"stop_type", stop_type(c.result.stop)},
         {"stopping_word", c.stop_word},
@@ -188,7 +186,8 @@ nlohmann::json native_result(const ApiRequest& req, const ApiResponseMeta& meta,
 nlohmann::json usage(const ApiRequest& req, const std::vector<ApiChoiceResult>& choices) {
     int64_t generated = 0;
     for (const ApiChoiceResult& c : choices) generated += c.result.timings.n_generated;
-    const auto prompt = static_cast<int64_t>(req.request.prompt.size());
+    int64_t prompt = 0;
+    for (const GenerationRequest& r : req.requests) prompt += static_cast<int64_t>(r.prompt.size());
     return {{"prompt_tokens", prompt},
             {"completion_tokens", generated},
             {"total_tokens", prompt + generated}};
@@ -252,21 +251,23 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
         if (format == ApiFormat::OpenAiChat) {
             j["prompt"] = chat_prompt(j, ctx);
             d.parse_special = true;
-        } else {
-            one_prompt(j);
         }
         if (format == ApiFormat::Completion && j.value("n_samples", 1) != 1)
             fail("/completion returns one generation; use /v1/completions with \"n\" for more");
     } catch (const nlohmann::json::exception& e) {
         fail("bad field type: {}", e.what());
     }
-    ParsedRequest p = request_from_json(j.dump(), d, tok);
-    out.request = std::move(p.request);
-    if (format == ApiFormat::OpenAiChat) {
-        if (!out.request.ignore_eos) out.request.stop_tokens = ctx.chat_stops.tokens;
-        for (const std::string& s : ctx.chat_stops.strings) out.request.stop_strings.push_back(s);
+    for (ojson& prompt :
+         format == ApiFormat::OpenAiCompletion ? prompt_list(j) : std::vector<ojson>{ojson()}) {
+        if (!prompt.is_null()) j["prompt"] = std::move(prompt);
+        GenerationRequest r = request_from_json(j.dump(), d, tok).request;
+        if (format == ApiFormat::OpenAiChat) {
+            if (!r.ignore_eos) r.stop_tokens = ctx.chat_stops.tokens;
+            for (const std::string& s : ctx.chat_stops.strings) r.stop_strings.push_back(s);
+        }
+        out.requests.push_back(std::move(r));
     }
-    out.stop = out.request.stop_strings;
+    out.stop = out.requests[0].stop_strings;
     return out;
 }
 
@@ -303,7 +304,7 @@ nlohmann::json api_stream_final_chunk(const ApiRequest& req, const ApiResponseMe
                                       const ApiChoiceResult& c, const Tokenizer& tok) {
     if (req.format == ApiFormat::Completion) return native_result(req, meta, c, "", tok);
     nlohmann::json j = envelope(req, meta, true);
-    nlohmann::json choice = {{"index", c.result.sample},
+    nlohmann::json choice = {{"index", c.index},
                              {"logprobs", choice_logprobs(req, c, tok)},
                              {"finish_reason", api_finish_reason(c.result.stop)}};
     if (req.format == ApiFormat::OpenAiChat)
@@ -329,7 +330,7 @@ nlohmann::json api_response(const ApiRequest& req, const ApiResponseMeta& meta,
     nlohmann::json j = envelope(req, meta, false);
     j["choices"] = nlohmann::json::array();
     for (const ApiChoiceResult& c : choices) {
-        nlohmann::json choice = {{"index", c.result.sample},
+        nlohmann::json choice = {{"index", c.index},
                                  {"logprobs", choice_logprobs(req, c, tok)},
                                  {"finish_reason", api_finish_reason(c.result.stop)}};
         if (req.format == ApiFormat::OpenAiChat)

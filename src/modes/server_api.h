@@ -9,7 +9,8 @@
 // {"type": "json_schema", "json_schema": {"schema": ...}}), stream and
 // stream_options.include_usage. Fields a client sets to null keep the server's defaults;
 // fields kvrun does not know are ignored (clients send many), but ones it cannot honour
-// (echo, suffix, tools, images, best_of > n) are refused with a clear message.
+// (echo, suffix, tools, images, best_of > n) are refused with a clear message. A list of
+// prompts runs as that many requests (at most kMaxApiPrompts).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -41,12 +42,16 @@ struct ApiContext {
 
 struct ApiRequest {
     ApiFormat format = ApiFormat::OpenAiCompletion;
-    GenerationRequest request;
+    // One per prompt: OpenAI's "prompt" may list several (their choices come prompt by
+    // prompt, each prompt's n samples together); otherwise one.
+    std::vector<GenerationRequest> requests;
     std::vector<std::string> stop;  // texts the output ends before (request and template)
     bool stream = false;
     bool include_usage = false;  // stream_options.include_usage: a last chunk with "usage"
     int32_t top_logprobs = -1;   // OpenAI logprobs: alternatives shown (-1: no logprobs)
 };
+
+constexpr size_t kMaxApiPrompts = 256;
 
 // Throws Error with the reason (the server answers 400 with it).
 ApiRequest api_request_from_json(ApiFormat format, const std::string& body, const ApiContext& ctx,
@@ -87,7 +92,8 @@ nlohmann::json api_stream_chunk(const ApiRequest& req, const ApiResponseMeta& me
 
 // A finished sample as the response shows it.
 struct ApiChoiceResult {
-    std::string text;  // cut before the stop string
+    int32_t index = 0;  // the choice's "index": prompt x n + sample
+    std::string text;   // cut before the stop string
     GenerationResult result;
     std::string stop_word;  // the stop string that ended it ("" for none)
 };
