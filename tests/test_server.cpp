@@ -84,13 +84,16 @@ namespace {
 struct Served {
     LoadedModel m;
     std::unique_ptr<Engine> engine;
-    explicit Served(const std::string& path, int32_t n_ctx = 512, int32_t parallel = 4) {
+    explicit Served(const std::string& path, int32_t n_ctx = 512, int32_t parallel = 4,
+                    int32_t draft_ngram = 0) {
         ModelOptions o;
         o.model = path;
         o.device = "cpu";
         o.n_ctx = n_ctx;
         m = load_model(o, parallel);
-        engine = std::make_unique<Engine>(*m.backend, *m.tokenizer, engine_options(o, parallel));
+        EngineOptions eo = engine_options(o, parallel);
+        eo.draft_ngram = draft_ngram;
+        engine = std::make_unique<Engine>(*m.backend, *m.tokenizer, eo);
     }
     ServerConfig config() const {
         ServerConfig c;
@@ -279,6 +282,33 @@ TEST_CASE("server: completions give what the engine gives alone, also concurrent
                   json{{"prompt", prompts[1]}, {"max_tokens", 24}, {"temperature", 0}}.dump());
     REQUIRE(again.status == 200);
     CHECK(json::parse(again.body)["choices"][0]["text"] == expected[1]);
+}
+
+TEST_CASE("server: speculative decoding (prompt lookup) gives the same greedy texts") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served plain(path);
+    Served spec(path, 512, 4, 3);
+    REQUIRE(spec.engine->speculative());
+    const std::string prompt = "Once upon a time, there was a little girl. Once upon a time";
+    const std::string expected = plain.reference(prompt, 48);
+    Running run(spec.config(), spec);
+    std::vector<HttpReply> replies(3);
+    std::vector<std::thread> clients;
+    for (auto& r : replies)
+        clients.emplace_back([&] {
+            r = run.post("/v1/completions",
+                         {{"prompt", prompt}, {"max_tokens", 48}, {"temperature", 0}});
+        });
+    for (auto& t : clients) t.join();
+    for (const HttpReply& r : replies) {
+        REQUIRE(r.status == 200);
+        CHECK(json::parse(r.body)["choices"][0]["text"] == expected);
+    }
+    SpeculativeStats st;
+    run.server.worker().call([&](Engine& e) { st = e.stats().spec; });
+    CHECK(st.drafted > 0);  // it did speculate
+    CHECK(st.accepted > 0);
 }
 
 TEST_CASE("server: stop strings end the text before them, streamed or not") {
