@@ -142,6 +142,10 @@ class GgufFile {
     uint64_t data_offset() const { return data_offset_; }
     uint64_t file_size() const { return size_; }  // the first file's, for a split model
     int n_splits() const { return 1 + static_cast<int>(shards_.size()); }
+    // File k of a split model (0: path()).
+    const std::string& split_path(int k) const {
+        return k == 0 ? path_ : shards_.at(size_t(k - 1))->path();
+    }
     bool mapped() const { return map_ != nullptr; }
     bool locked() const { return locked_; }
     // Why GgufOpenOptions::mlock failed ("" when it was not asked for or succeeded).

@@ -434,6 +434,50 @@ std::vector<TensorQuantChoice> plan_quantization(const GgufFile& in, const Quant
     return plan;
 }
 
+std::vector<std::string> split_paths(const std::string& out_path, int n_files) {
+    if (n_files == 1) return {out_path};
+    std::string prefix = out_path;
+    if (prefix.size() > 5 && prefix.compare(prefix.size() - 5, 5, ".gguf") == 0)
+        prefix.resize(prefix.size() - 5);
+    std::vector<std::string> paths;
+    for (int i = 0; i < n_files; ++i)
+        paths.push_back(prefix + fmt::format("-{:05d}-of-{:05d}.gguf", i + 1, n_files));
+    return paths;
+}
+
+std::vector<int> plan_split(const GgufFile& in, const std::vector<TensorQuantChoice>& plan,
+                            const QuantizeOptions& o, int& n_files) {
+    std::vector<int> file_of(plan.size(), 0);
+    n_files = 1;
+    if (o.keep_split) {
+        n_files = in.n_splits();
+        for (size_t i = 0; i < plan.size(); ++i) file_of[i] = plan[i].tensor->split;
+        return file_of;
+    }
+    if (o.split_max_tensors <= 0 && o.split_max_bytes == 0) return file_of;
+    int file = o.split_no_tensor_first ? 1 : 0;
+    int64_t n_in_file = 0;
+    uint64_t bytes_in_file = 0;
+    for (size_t i = 0; i < plan.size(); ++i) {
+        const TensorQuantChoice& c = plan[i];
+        const uint64_t bytes = ggml_row_bytes(c.to, c.tensor->dims[0]) *
+                               uint64_t(c.tensor->n_elements / c.tensor->dims[0]);
+        const bool full = (o.split_max_tensors > 0 && n_in_file >= o.split_max_tensors) ||
+                          (o.split_max_bytes > 0 && bytes_in_file + bytes > o.split_max_bytes);
+        if (n_in_file > 0 && full) {
+            ++file;
+            n_in_file = 0;
+            bytes_in_file = 0;
+        }
+        file_of[i] = file;
+        ++n_in_file;
+        bytes_in_file += bytes;
+    }
+    n_files = plan.empty() ? 1 : file + 1;
+    if (n_files > 99999) fail("the split limits give {} files, more than 99999", n_files);
+    return file_of;
+}
+
 QuantizeResult quantize_model(
     const GgufFile& in, const std::string& out_path, const QuantizeOptions& o,
     const std::function<void(size_t, const TensorQuantChoice&)>& on_tensor,
@@ -442,27 +486,19 @@ QuantizeResult quantize_model(
     std::error_code ec;
     const std::vector<TensorQuantChoice> plan = plan_quantization(in, o);
 
-    // The output files: one, or (--keep-split) one per file of a split input, named
-    // PREFIX-0000i-of-0000N.gguf with OUTPUT less its .gguf as the prefix.
-    const int n_files = o.keep_split ? in.n_splits() : 1;
-    std::vector<std::string> paths;
-    if (n_files == 1) {
-        paths.push_back(out_path);
-    } else {
-        std::string prefix = out_path;
-        if (prefix.size() > 5 && prefix.compare(prefix.size() - 5, 5, ".gguf") == 0)
-            prefix.resize(prefix.size() - 5);
-        for (int i = 0; i < n_files; ++i)
-            paths.push_back(prefix + fmt::format("-{:05d}-of-{:05d}.gguf", i + 1, n_files));
-    }
+    // The output files: one, or one per file of a split input (--keep-split), or as the split
+    // limits say.
+    int n_files = 1;
+    const std::vector<int> file_of = plan_split(in, plan, o, n_files);
+    const std::vector<std::string> paths = split_paths(out_path, n_files);
     for (const std::string& p : paths)
-        if (fs::exists(p) && fs::equivalent(p, in.path(), ec))
-            fail("{}: the output would overwrite the input model", p);
+        for (int k = 0; k < in.n_splits(); ++k)
+            if (fs::exists(p) && fs::equivalent(p, in.split_path(k), ec))
+                fail("{}: the output would overwrite the input model", p);
 
     std::vector<GgufWriter> writers;
     std::vector<std::vector<size_t>> members(static_cast<size_t>(n_files));  // per file
-    for (size_t i = 0; i < plan.size(); ++i)
-        members[size_t(n_files == 1 ? 0 : plan[i].tensor->split)].push_back(i);
+    for (size_t i = 0; i < plan.size(); ++i) members[size_t(file_of[i])].push_back(i);
     for (int k = 0; k < n_files; ++k) {
         GgufWriter& w = writers.emplace_back(uint32_t(in.alignment()));
         if (k == 0) {

@@ -53,6 +53,13 @@ struct QuantizeOptions {
     // A split input is written as as many files, each with the same tensors as the input's
     // (llama-quantize's --keep-split); otherwise one file.
     bool keep_split = false;
+    // Otherwise llama-gguf-split's --split: a new output file when the current one holds
+    // split_max_tensors tensors, or when the next tensor would take its tensor data past
+    // split_max_bytes (0: no such limit); split_no_tensor_first leaves the first file only
+    // the metadata. One resulting file is written as a plain, unsplit model.
+    int64_t split_max_tensors = 0;
+    uint64_t split_max_bytes = 0;
+    bool split_no_tensor_first = false;
     std::optional<GgmlType> output_type;  // output.weight's type
     std::optional<GgmlType> token_embd_type;
     // --tensor-type REGEX=TYPE: a tensor whose name the regex finds gets TYPE (the last
@@ -99,6 +106,15 @@ struct QuantizeResult {
 // removed on any failure); with keep_split and a split input, to PREFIX-0000i-of-0000N.gguf
 // (PREFIX: out_path less .gguf). on_tensor(i, choice) runs before tensor i is converted; `cancel`
 // (Ctrl-C) stops it with Error("interrupted").
+// Which output file each entry of `plan` goes to (see QuantizeOptions' split fields), and how
+// many files there are.
+std::vector<int> plan_split(const GgufFile& in, const std::vector<TensorQuantChoice>& plan,
+                            const QuantizeOptions& o, int& n_files);
+
+// The output files' paths: out_path itself for one file, else PREFIX-0000i-of-0000N.gguf
+// with out_path less .gguf as PREFIX.
+std::vector<std::string> split_paths(const std::string& out_path, int n_files);
+
 QuantizeResult quantize_model(
     const GgufFile& in, const std::string& out_path, const QuantizeOptions& o,
     const std::function<void(size_t, const TensorQuantChoice&)>& on_tensor = {},

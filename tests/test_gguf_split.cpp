@@ -2,6 +2,8 @@
 // tensors, found by the PREFIX-0000i-of-0000N.gguf names; bad splits give one clear error.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -186,4 +188,91 @@ TEST_CASE("bad split models: one clear error each") {
                              GgufError);
         remove_all(paths);
     }
+}
+
+TEST_CASE("gguf-split: splits by tensors or size, merges back to the same bytes") {
+    auto path = shared_model("stories260K.gguf");
+    if (path.empty()) return;
+    const GgufFile src = GgufFile::open(path.string());
+    const std::string prefix = temp_prefix("tool");
+    auto one_file = [](const std::string& p) {  // one file of a split, without the others
+        const std::string bytes = cli::read_all(p);
+        return GgufFile::from_memory(bytes.data(), bytes.size(), p);
+    };
+    auto shards_of = [&](const std::string& p, int n) {
+        std::vector<std::string> out;
+        for (int i = 1; i <= n; ++i) out.push_back(p + fmt::format("-{:05d}-of-{:05d}.gguf", i, n));
+        return out;
+    };
+    // 48 tensors by 10: five files; every file carries the split keys, the first the metadata.
+    auto r = run_command(
+        cli::kvrun_cmd("gguf-split --split-max-tensors 10 " + path.string() + " " + prefix));
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    const size_t n_tensors = src.tensors().size();
+    const int n = int((n_tensors + 9) / 10);
+    const std::vector<std::string> shards = shards_of(prefix, n);
+    size_t total = 0;
+    for (int i = 0; i < n; ++i) {
+        GgufFile f = one_file(shards[size_t(i)]);
+        CHECK(f.get_int("split.no") == i);
+        CHECK(f.get_int("split.count") == n);
+        CHECK(f.get_int("split.tensors.count") == int64_t(n_tensors));
+        CHECK(f.has("general.architecture") == (i == 0));
+        CHECK(f.tensors().size() <= 10);
+        total += f.tensors().size();
+    }
+    CHECK(total == n_tensors);
+    // The split model is the model: every tensor's bytes, and the same greedy text.
+    const GgufFile split = GgufFile::open(shards[0]);
+    for (const GgufTensorInfo& t : src.tensors()) {
+        const GgufTensorInfo* s = split.find_tensor(t.name);
+        REQUIRE(s);
+        CHECK(std::memcmp(s->data, t.data, t.n_bytes) == 0);
+    }
+    const std::string args = " -p 'Once upon a time' -n 16 --temp 0";
+    CHECK(run_command(cli::kvrun_cmd("run -m " + shards[0] + args)).out ==
+          run_command(cli::kvrun_cmd("run -m " + path.string() + args)).out);
+    // Merged: the bytes `quantize COPY` writes for the original.
+    const std::string merged = prefix + "-merged.gguf", copy = prefix + "-copy.gguf";
+    REQUIRE(
+        run_command(cli::kvrun_cmd("gguf-split --merge " + shards[0] + " " + merged)).exit_code ==
+        0);
+    REQUIRE(run_command(cli::kvrun_cmd("quantize -q " + path.string() + " " + copy + " COPY"))
+                .exit_code == 0);
+    CHECK(cli::read_all(merged) == cli::read_all(copy));
+    remove_all(shards);
+    remove_all({merged, copy});
+
+    // By size, metadata alone in the first file; --dry-run writes nothing.
+    auto d = run_command(cli::kvrun_cmd("gguf-split --dry-run --split-max-size 300K " +
+                                        path.string() + " " + prefix));
+    CHECK(d.exit_code == 0);
+    CHECK(d.err.find("would write") != std::string::npos);
+    CHECK(!fs::exists(shards_of(prefix, 5)[0]));
+    r = run_command(cli::kvrun_cmd("gguf-split --split-max-size 300K --no-tensor-first-split " +
+                                   path.string() + " " + prefix));
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    std::vector<std::string> sized;
+    for (const auto& e : fs::directory_iterator(fs::path(prefix).parent_path()))
+        if (e.path().string().rfind(prefix + "-0", 0) == 0) sized.push_back(e.path().string());
+    std::sort(sized.begin(), sized.end());
+    REQUIRE(sized.size() >= 3);
+    CHECK(one_file(sized[0]).tensors().empty());
+    for (size_t i = 1; i < sized.size(); ++i) {
+        GgufFile f = one_file(sized[i]);
+        uint64_t bytes = 0;
+        for (const GgufTensorInfo& t : f.tensors()) bytes += t.n_bytes;
+        CHECK((bytes <= 300000 || f.tensors().size() == 1));
+    }
+    CHECK(GgufFile::open(sized[0]).tensors().size() == n_tensors);
+    remove_all(sized);
+
+    // Bad flags: one clear line each.
+    cli::check_one_clear_error(
+        run_command(cli::kvrun_cmd("gguf-split --split-max-size 2Q " + path.string() + " x")),
+        "--split-max-size '2Q'");
+    cli::check_one_clear_error(
+        run_command(
+            cli::kvrun_cmd("gguf-split --merge --split-max-tensors 3 " + path.string() + " x")),
+        "--merge takes no split limits");
 }
