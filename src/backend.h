@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "control_vector.h"
 #include "cpu_ops.h"
 #include "gguf.h"
 #include "kv_block_table.h"
@@ -158,6 +159,9 @@ struct BackendOptions {
     // Keep the sliding-window layers' K/V for the whole context in the main pool (llama.cpp's
     // --swa-full) instead of a window pool holding only the window of each sequence.
     bool swa_full = false;
+    // Control vectors added to the residual stream after each steered layer (--control-vector;
+    // control_vector.h).
+    ControlVectorOptions control_vectors;
 };
 
 // Tokens a sequence can always roll back by on a model with a window pool (speculative

@@ -19,6 +19,7 @@ CpuBackend::CpuBackend(const GgufFile& file, const BackendOptions& options)
       weights_(weights_load(file, config_)),
       options_(options) {
     lora_files_ = lora_attach(weights_, config_, file, options_.lora);
+    cvec_ = control_vector_load(options_.control_vectors, config_);
     rope_ = config_.rope(config_.rope_freq_factors.data());
     rope_swa_ = config_.rope_swa(config_.rope_freq_factors.data());
     const KvLayout layout = kv_layout_for(config_, options_);
@@ -230,7 +231,10 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
             matmul(xb_.data(), gate_.data(), w.w_down, T);
             add_lora(xb_.data(), gate_.data(), w.lora_down, T, lora_user_);
         }
-        add_block_output(w.ffn_post_norm, T);
+        add_block_output(w.ffn_post_norm, T,
+                         !cvec_.empty() && cvec_.steered[size_t(l)]
+                             ? cvec_.values.data() + l * c.n_embd
+                             : nullptr);
     }
 
     // Final norm and output projection only for the rows that need logits.
@@ -298,11 +302,15 @@ void CpuBackend::moe_ffn(const LayerWeights& w, int64_t T) {
     std::copy(moe_out_.begin(), moe_out_.end(), xb_.begin());
 }
 
-void CpuBackend::add_block_output(const std::vector<float>& post_norm, int64_t T) {
+void CpuBackend::add_block_output(const std::vector<float>& post_norm, int64_t T,
+                                  const float* steer) {
     const ModelConfig& c = config_;
     if (!post_norm.empty())  // gemma2/3: the block's output normed before the residual add
         cpu::rmsnorm(xb_.data(), xb_.data(), post_norm.data(), T, c.n_embd, c.norm_eps);
     if (c.residual_scale != 1.0f) cpu::scale(xb_.data(), T * c.n_embd, c.residual_scale);
+    // A control vector joins the block's output (the CUDA backend's order: its residual add
+    // is fused with the next norm).
+    if (steer) cpu::add_bias(xb_.data(), steer, T, c.n_embd);
     cpu::add(x_.data(), xb_.data(), T * c.n_embd);
 }
 

@@ -52,7 +52,10 @@ class CpuBackend final : public Backend {
     void moe_ffn(const LayerWeights& w, int64_t T);
     // x_ += a block's output xb_[T][n_embd], after its post norm (when not empty) and
     // Granite's residual scale.
-    void add_block_output(const std::vector<float>& post_norm, int64_t T);
+    // x += the block's output in xb_ (post-normed, residual-scaled; plus steer[n_embd], a
+    // control vector, when not null).
+    void add_block_output(const std::vector<float>& post_norm, int64_t T,
+                          const float* steer = nullptr);
     // out[T][n_out] += each LoRA update of x[T][n_in] (LoraDelta), row t scaled for the user
     // scale user[adapter][t].
     void add_lora(float* out, const float* x, const std::vector<LoraDelta>& deltas, int64_t T,
@@ -63,6 +66,7 @@ class CpuBackend final : public Backend {
     RopeParams rope_swa_;  // sliding-window layers' RoPE (config_.rope_swa)
     ModelWeights weights_;
     std::vector<std::unique_ptr<GgufFile>> lora_files_;  // the adapters weights_ points into
+    ControlVector cvec_;                                 // --control-vector (empty: none)
     BackendOptions options_;
     MatmulObserver observer_;
     int64_t n_blocks_ = 0;

@@ -95,7 +95,8 @@ uint64_t prompt_cache_model_hash(const GgufFile& file, const ModelConfig& c) {
 }
 
 PromptCacheKey prompt_cache_key(const GgufFile& file, const Backend& backend, KvType k, KvType v,
-                                bool rotate, const std::vector<LoraSpec>& lora) {
+                                bool rotate, const std::vector<LoraSpec>& lora,
+                                const ControlVectorOptions& cvec) {
     PromptCacheKey key;
     key.model_hash = prompt_cache_model_hash(file, backend.config());
     for (const LoraSpec& spec : lora) {
@@ -103,6 +104,13 @@ PromptCacheKey prompt_cache_key(const GgufFile& file, const Backend& backend, Kv
         h.value(key.model_hash);
         h.value(prompt_cache_model_hash(GgufFile::open(spec.path), backend.config()));
         h.value(spec.scale);
+        key.model_hash = h.h;
+    }
+    if (!cvec.empty()) {  // the steered K/V differ: the summed directions join the hash
+        const ControlVector cv = control_vector_load(cvec, backend.config());
+        Fnv h;
+        h.value(key.model_hash);
+        h.bytes(cv.values.data(), cv.values.size() * sizeof(float));
         key.model_hash = h.h;
     }
     key.kv_format =
@@ -150,7 +158,9 @@ PromptCacheLoad prompt_cache_load(const std::string& path, const PromptCacheKey&
     got.kv_format.resize(fmt_len);
     read_exact(f.get(), got.kv_format.data(), fmt_len, sum, path);
     if (got.model_hash != key.model_hash) {
-        r.ignored = "it was made with another model (or other --rope-* or --lora settings)";
+        r.ignored =
+            "it was made with another model (or other --rope-*, --lora or --control-vector "
+            "settings)";
     } else if (got.kv_format != key.kv_format || got.block_size != key.block_size ||
                got.block_bytes != key.block_bytes ||
                got.window_block_bytes != key.window_block_bytes) {

@@ -47,7 +47,8 @@ uint64_t prompt_cache_model_hash(const GgufFile& file, const ModelConfig& config
 // The key of `file` run by `backend` with that KV format; `lora`, the adapters the backend
 // applies, are part of the model (each file hashed like a model, with its scale).
 PromptCacheKey prompt_cache_key(const GgufFile& file, const Backend& backend, KvType k, KvType v,
-                                bool rotate, const std::vector<LoraSpec>& lora = {});
+                                bool rotate, const std::vector<LoraSpec>& lora = {},
+                                const ControlVectorOptions& cvec = {});
 
 struct PromptCacheLoad {
     bool found = false;          // the file exists

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,8 @@ struct RefParts {
     // SmolLM3: layers l with (l + 1) % nope_step == 0 apply no RoPE (0: all rotate).
     int64_t nope_step = 0;
     int64_t n_rot = 0;  // dims of each head that rotate (Phi-4-mini: 3/4); 0: all
+    // Control vectors: steer[l] (n_embd values, or empty) joins layer l's output.
+    std::vector<std::vector<float>> steer;
 };
 
 RefParts parts_of(bool biases, bool qk_norm, bool neox, bool fused = false) {
@@ -289,6 +292,10 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
             if (parts.gemma >= 2) post_norm(d, l, "post_ffw_norm.weight");
             add_residual(x[size_t(t)], d);
         }
+        if (size_t(l) < parts.steer.size() && !parts.steer[size_t(l)].empty())
+            for (int64_t t = 0; t < T; ++t)
+                for (int64_t i = 0; i < c.n_embd; ++i)
+                    x[size_t(t)][size_t(i)] += parts.steer[size_t(l)][size_t(i)];
     }
     std::vector<std::vector<float>> logits(nt);
     for (int64_t t = 0; t < T; ++t) {
@@ -308,8 +315,10 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
 // the run's context (BackendOptions::n_ctx).
 std::vector<std::vector<float>> backend_logits(const GgufFile& f,
                                                const std::vector<int32_t>& tokens, size_t first,
-                                               int32_t pos0 = 0, int64_t n_ctx = 0) {
+                                               int32_t pos0 = 0, int64_t n_ctx = 0,
+                                               const ControlVectorOptions& cvec = {}) {
     BackendOptions o;
+    o.control_vectors = cvec;
     o.n_ctx = n_ctx;
     o.kv_block_size = 4;
     o.n_kv_blocks = 16;
@@ -852,4 +861,86 @@ TEST_CASE("synthetic presets for qwen2.5, qwen3, phi and gemma have the publishe
     bad = small("qwen3");
     bad.head_dim = 7;
     CHECK_THROWS_WITH_AS(synthetic_validate(bad), doctest::Contains("must be even"), Error);
+}
+
+TEST_CASE("control vectors join each steered layer's output, as the reference does") {
+    TempDir dir;
+    SyntheticModelConfig cfg = small("llama");
+    cfg.n_layer = 4;
+    const std::string path = dir.file("cv-llama.gguf");
+    synthetic_model_write(cfg, path);
+    const GgufFile f = GgufFile::open(path);
+    const ModelConfig c = model_config_from_gguf(f);
+    // Two files: layers 1 and 3, and layer 3 again (they add up, times their scales).
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd(0.0f, 0.5f);
+    auto direction = [&] {
+        std::vector<float> v(size_t(c.n_embd));
+        for (float& x : v) x = nd(rng);
+        return v;
+    };
+    const std::vector<float> d1 = direction(), d3 = direction(), e3 = direction();
+    auto write_cv = [&](const std::string& name,
+                        const std::vector<std::pair<int, std::vector<float>>>& dirs) {
+        GgufWriter w;
+        w.set_string("general.architecture", "controlvector");
+        w.set_string("controlvector.model_hint", "llama");
+        w.set_i32("controlvector.layer_count", int32_t(dirs.size()));
+        for (const auto& [layer, v] : dirs)
+            w.add_tensor(fmt::format("direction.{}", layer), GgmlType::F32, {int64_t(v.size())}, v.data(),
+                         v.size() * sizeof(float));
+        w.write_file(dir.file(name));
+        return dir.file(name);
+    };
+    const std::string a = write_cv("a.gguf", {{1, d1}, {3, d3}}), b = write_cv("b.gguf", {{3, e3}});
+    ControlVectorOptions o;
+    o.specs = {{a, 1.0f}, {b, -0.5f}};
+    RefParts parts = parts_of(false, false, false);
+    parts.steer.assign(4, {});
+    parts.steer[1] = d1;
+    parts.steer[3] = d3;
+    for (size_t i = 0; i < e3.size(); ++i) parts.steer[3][i] += -0.5f * e3[i];
+    const auto got = backend_logits(f, kTokens, 5, 0, 0, o);
+    CHECK(rel_diff(got, reference_logits(f, c, parts, kTokens)) < 1e-4);
+    const auto plain = backend_logits(f, kTokens, 5);
+    CHECK(rel_diff(got, plain) > 1e-2);  // it does steer
+    // Scale 0 is the model itself, bit for bit; a layer range keeps only those layers.
+    CHECK(backend_logits(f, kTokens, 5, 0, 0, ControlVectorOptions{{{a, 0.0f}}}) == plain);
+    ControlVectorOptions ranged = o;
+    ranged.layer_start = 2, ranged.layer_end = 3;
+    parts.steer[1].clear();
+    CHECK(rel_diff(backend_logits(f, kTokens, 5, 0, 0, ranged),
+                   reference_logits(f, c, parts, kTokens)) < 1e-4);
+    // Bad files and ranges: one clear error each.
+    auto error_of = [&](const ControlVectorOptions& bad) {
+        try {
+            control_vector_load(bad, c);
+        } catch (const Error& e) {
+            return std::string(e.what());
+        }
+        return std::string();
+    };
+    CHECK(error_of({{{path, 1.0f}}}).find("is not a control vector") != std::string::npos);
+    CHECK(error_of({{{write_cv("l0.gguf", {{0, d1}}), 1.0f}}}).find("steers layer 0") !=
+          std::string::npos);
+    CHECK(error_of({{{write_cv("l9.gguf", {{9, d1}}), 1.0f}}}).find("steers layer 9") !=
+          std::string::npos);
+    const std::vector<float> short_v(8, 1.0f);
+    CHECK(error_of({{{write_cv("short.gguf", {{1, short_v}}), 1.0f}}}).find("must be 64") !=
+          std::string::npos);
+    ControlVectorOptions bad_range = o;
+    bad_range.layer_start = 3, bad_range.layer_end = 1;
+    CHECK(error_of(bad_range).find("--control-vector-layer-range 3 1") != std::string::npos);
+    // The CLI: run with a control vector differs from run without, and the same flags twice
+    // give the same text.
+    const std::string bin = kvrun::test::kvrun_binary();
+    const std::string args = " -m " + path + " -p 'hello' -n 12 --temp 0 --no-bos --device cpu";
+    auto r0 = kvrun::test::run_command(bin + " run" + args);
+    auto r1 =
+        kvrun::test::run_command(bin + " run" + args + " --control-vector-scaled " + a + " 4");
+    REQUIRE_MESSAGE(r1.exit_code == 0, r1.err);
+    CHECK(r1.out != r0.out);
+    auto bad = kvrun::test::run_command(bin + " run" + args + " --control-vector " + path);
+    CHECK(bad.exit_code == 1);
+    CHECK(bad.err.find("is not a control vector") != std::string::npos);
 }

@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <initializer_list>
@@ -25,6 +26,7 @@
 #include "embedding.h"
 #include "engine.h"
 #include "gguf.h"
+#include "gguf_writer.h"
 #include "imatrix.h"
 #include "kv_block_table.h"
 #include "kv_format.h"
@@ -890,3 +892,50 @@ TEST_CASE("cuda matmul observer (imatrix) sees the cpu backend's activations") {
     }
 }
 #endif  // KVRUN_HAS_CUDA
+
+TEST_CASE("cuda backend applies control vectors like the cpu backend") {
+    // Directions on two layers of a Q4_K_M llama (one file at scale 1.5, one with a layer
+    // range), through a prefill (GEMM, eager) and decode steps (GEMV, graphs).
+    const auto dir = std::filesystem::temp_directory_path();
+    SyntheticModelConfig c = synthetic_preset("tiny");
+    c.weight_std = 0.06f;
+    c.n_layer = 4;
+    synthetic_set_type(c, "Q4_K_M");
+    const auto path = dir / "kvrun-test-cuda-cvec.gguf";
+    synthetic_model_write(c, path.string());
+    GgufFile file = GgufFile::open(path.string());
+    const int64_t n_embd = c.n_embd;
+    GgufWriter w;
+    w.set_string("general.architecture", "controlvector");
+    std::vector<std::vector<float>> dirs;
+    for (int layer = 1; layer <= 2; ++layer) {
+        std::vector<float>& v = dirs.emplace_back(size_t(n_embd));
+        for (int64_t i = 0; i < n_embd; ++i) v[size_t(i)] = 0.3f * float(std::sin(0.7 * i + layer));
+        w.add_tensor(fmt::format("direction.{}", layer), GgmlType::F32, {n_embd}, v.data(),
+                     v.size() * sizeof(float));
+    }
+    const auto cv = dir / "kvrun-test-cuda-cvec-directions.gguf";
+    w.write_file(cv.string());
+    for (int range : {0, 1}) {
+        CAPTURE(range);
+        BackendOptions o;
+        o.kv_block_size = 16;
+        o.n_kv_blocks = 8;
+        o.control_vectors.specs = {{cv.string(), 1.5f}};
+        if (range) o.control_vectors.layer_start = o.control_vectors.layer_end = 1;
+        auto cpu = make_cpu_backend(file, o);
+        auto gpu = make_cuda_backend(file, o, 0);
+        KvBlockTable table(8, 16, cpu->n_kv_stages());
+        const SeqId a = table.create_sequence();
+        std::vector<TokenId> toks;
+        for (int32_t i = 0; i < 24; ++i) toks.push_back((i * 37 + 11) % 512);
+        int32_t next = 0;
+        CHECK(compare(*cpu, *gpu, append_step(table, {{a, toks}}, {cpu.get(), gpu.get()}), &next) <
+              logit_bound(KvType::F16));
+        for (int32_t step = 0; step < 6; ++step)
+            CHECK(compare(*cpu, *gpu, append_step(table, {{a, {next}}}, {cpu.get(), gpu.get()}),
+                          &next) < logit_bound(KvType::F16));
+    }
+    std::filesystem::remove(path);
+    std::filesystem::remove(cv);
+}

@@ -257,6 +257,8 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
             enqueue_dense_ffn(w, T);
         if (w.ffn_post_norm) cuda_rmsnorm(xb_, xb_, w.ffn_post_norm, T, c.n_embd, c.norm_eps, s);
         if (c.residual_scale != 1.0f) cuda_scale(xb_, T * c.n_embd, c.residual_scale, s);
+        if (!cvec_layer_.empty() && cvec_layer_[size_t(l)])  // a control vector joins the output
+            cuda_add_bias(xb_, cvec_layer_[size_t(l)], T, c.n_embd, s);
         if (l + 1 < c.n_layer)
             cuda_add_rmsnorm(x_, xb_, xb_, layers_[size_t(l + 1)].attn_norm, T, c.n_embd,
                              c.norm_eps, s);

@@ -187,6 +187,9 @@ class CudaBackend final : public Backend {
     DeviceMem lora_mem_;
     std::vector<LoraDelta> lora_output_;
     int64_t lora_rank_ = 0, lora_width_ = 0;
+    // Control vectors: [n_layer][n_embd] on the device, and each layer's row (null: none).
+    DeviceMem cvec_mem_;
+    std::vector<const float*> cvec_layer_;
     RopeParams rope_;      // the model's RoPE, its frequency factors (if any) in weight_mem_
     RopeParams rope_swa_;  // the sliding-window layers' RoPE (ModelConfig::rope_swa)
 

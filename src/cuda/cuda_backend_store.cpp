@@ -155,6 +155,18 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         d.w_down = on_device(w.w_down, it.down);
     }
     upload_lora(hw);
+    // Control vectors: every layer's direction (zeros where none), one upload.
+    const ControlVector cv = control_vector_load(options_.control_vectors, config_);
+    if (!cv.empty()) {
+        const size_t bytes = cv.values.size() * sizeof(float);
+        cvec_mem_ = DeviceMem(bytes, "the control vectors");
+        CUDA_CHECK(cudaMemcpy(cvec_mem_.get(), cv.values.data(), bytes, cudaMemcpyHostToDevice));
+        cvec_layer_.assign(size_t(config_.n_layer), nullptr);
+        for (int64_t l = 0; l < config_.n_layer; ++l)
+            if (cv.steered[size_t(l)])
+                cvec_layer_[size_t(l)] =
+                    reinterpret_cast<const float*>(cvec_mem_.get()) + l * config_.n_embd;
+    }
 }
 
 void CudaBackend::upload_lora(const ModelWeights& hw) {

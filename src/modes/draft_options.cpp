@@ -71,6 +71,9 @@ LoadedModel load_draft_model(const DraftOptions& d, const ModelOptions& target_o
     o.kv_overrides.clear();  // --override-kv names the target's metadata
     o.lora.clear();          // so do the LoRA adapters
     o.lora_scaled.clear();
+    o.control_vectors.clear();  // and the control vectors (the draft only proposes)
+    o.control_vectors_scaled.clear();
+    o.control_vector_layer_range.clear();
     o.device = target.device;  // the same device the target got
     // load_model gives n_seq x ceil(n_ctx / block) blocks: the target's pool, spread over the
     // sequences, plus room for a round of drafts and a partly filled block each.

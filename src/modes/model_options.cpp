@@ -123,6 +123,15 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
         ->type_size(2);
     cmd->add_flag("--lora-init-without-apply", o.lora_init_without_apply,
                   "Load the LoRA adapters at scale 0: only requests that set \"lora\" use them");
+    cmd->add_option("--control-vector", o.control_vectors,
+                    "Add a control vector (llama.cpp's GGUF) to the residual stream (repeatable)");
+    cmd->add_option("--control-vector-scaled", o.control_vectors_scaled,
+                    "Add a control vector times SCALE: --control-vector-scaled FILE SCALE "
+                    "(repeatable)")
+        ->type_size(2);
+    cmd->add_option("--control-vector-layer-range", o.control_vector_layer_range,
+                    "Steer only layers START..END (inclusive, counted from 0)")
+        ->expected(2);
 }
 
 std::pair<std::string, GgufValue> parse_kv_override(const std::string& text) {
@@ -419,6 +428,25 @@ std::vector<LoraSpec> lora_specs(const ModelOptions& o) {
     return specs;
 }
 
+ControlVectorOptions control_vector_options(const ModelOptions& o) {
+    ControlVectorOptions c;
+    for (const std::string& path : o.control_vectors) c.specs.push_back({path, 1.0f});
+    for (size_t i = 0; i + 1 < o.control_vectors_scaled.size(); i += 2) {
+        const std::string& text = o.control_vectors_scaled[i + 1];
+        char* end = nullptr;
+        const double scale = std::strtod(text.c_str(), &end);
+        if (text.empty() || *end != '\0' || !std::isfinite(scale))
+            fail("--control-vector-scaled {} {}: the scale must be a finite number",
+                 o.control_vectors_scaled[i], text);
+        c.specs.push_back({o.control_vectors_scaled[i], float(scale)});
+    }
+    if (o.control_vector_layer_range.size() == 2) {
+        c.layer_start = o.control_vector_layer_range[0];
+        c.layer_end = o.control_vector_layer_range[1];
+    }
+    return c;
+}
+
 static bool cuda_available() {
 #if KVRUN_HAS_CUDA
     return cuda_device_count() > 0;
@@ -445,6 +473,7 @@ LoadedModel load_model(const ModelOptions& o, int32_t n_sequences) {
     bo.rope = o.rope;
     bo.n_ctx = o.n_ctx;
     bo.lora = lora_specs(o);
+    bo.control_vectors = control_vector_options(o);
     bo.swa_full = o.swa_full;
     if (o.kv_memory_mib > 0) {
         bo.kv_memory_mib = o.kv_memory_mib;

@@ -41,6 +41,11 @@ struct ModelOptions {
     std::vector<std::string> lora;
     std::vector<std::string> lora_scaled;  // FILE, SCALE, FILE, SCALE, ...
     bool lora_init_without_apply = false;  // loaded at scale 0 (requests' "lora" set them)
+    // Control vectors (llama.cpp's --control-vector FILE, --control-vector-scaled FILE SCALE,
+    // --control-vector-layer-range START END).
+    std::vector<std::string> control_vectors;
+    std::vector<std::string> control_vectors_scaled;  // FILE, SCALE, FILE, SCALE, ...
+    std::vector<int32_t> control_vector_layer_range;  // empty or START, END
     // Keep the sliding-window layers' K/V for the whole context (llama.cpp's --swa-full)
     // instead of only each sequence's window (BackendOptions::swa_full).
     bool swa_full = false;
@@ -63,6 +68,9 @@ uint64_t random_seed();
 std::pair<std::string, GgufValue> parse_kv_override(const std::string& text);
 // The --lora and --lora-scaled adapters, in that order. Throws Error for a bad scale.
 std::vector<LoraSpec> lora_specs(const ModelOptions& o);
+// The --control-vector(-scaled) files and --control-vector-layer-range. Throws Error for a
+// bad scale.
+ControlVectorOptions control_vector_options(const ModelOptions& o);
 // Opens the model file with the --override-kv values applied.
 std::unique_ptr<GgufFile> open_model_file(const ModelOptions& o);
 // "15043+1.5", "15043-inf", "15043=-2" -> (id, bias). Throws Error with the expected form.

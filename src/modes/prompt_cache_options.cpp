@@ -32,7 +32,8 @@ PromptCacheUse::PromptCacheUse(const PromptCacheOptions& o, const ModelOptions& 
     : o_(o), m_(m), engine_(engine), windows_(window_keep_bytes(*m.backend)) {
     const KvType k = kv_type_parse(mo.kv_type_k.empty() ? mo.kv_type : mo.kv_type_k);
     const KvType v = kv_type_parse(mo.kv_type_v.empty() ? mo.kv_type : mo.kv_type_v);
-    key_ = prompt_cache_key(*m.file, *m.backend, k, v, mo.kv_rotate == "on", lora_specs(mo));
+    key_ = prompt_cache_key(*m.file, *m.backend, k, v, mo.kv_rotate == "on", lora_specs(mo),
+                            control_vector_options(mo));
     load_ =
         prompt_cache_load(o.path, key_, engine.kv_table(), *m.backend, m.backend->config().n_vocab);
     if (!load_.ignored.empty())
