@@ -60,7 +60,8 @@ elif [ "$target" = sampler ]; then
     KVRUN_FUZZ_WRITE_SEEDS="$corpus" "$out/fuzz_sampler"
     max_len=1024
 elif [ "$target" = http ]; then
-    clang++ "${flags[@]}" fuzz/fuzz_http.cpp src/http_server.cpp -lfmt -o "$out/fuzz_http"
+    clang++ "${flags[@]}" fuzz/fuzz_http.cpp src/http_parser.cpp src/http_server.cpp -lfmt \
+        -o "$out/fuzz_http"
     KVRUN_FUZZ_WRITE_SEEDS="$corpus" "$out/fuzz_http"
     max_len=4096
 else
