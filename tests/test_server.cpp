@@ -413,6 +413,20 @@ TEST_CASE("server: chat completions, llama.cpp endpoints, multiple samples and l
     }
     CHECK(streamed == reply);
 
+    // A conversation ending with the assistant's words continues them (assistant prefill).
+    const HttpReply pre = run.post("/v1/chat/completions",
+                                   {{"messages",
+                                     {{{"role", "user"}, {"content", "Tell me about a cat."}},
+                                      {{"role", "assistant"}, {"content", "Once upon a time"}}}},
+                                    {"max_tokens", 8},
+                                    {"temperature", 0}});
+    REQUIRE(pre.status == 200);
+    const std::string pre_prompt =
+        chat_template_apply(ChatTemplateKind::ChatML, {{"user", "Tell me about a cat."}}, true) +
+        "Once upon a time";
+    CHECK(json::parse(pre.body)["usage"]["prompt_tokens"] ==
+          s.m.tokenizer->encode(pre_prompt, s.m.tokenizer->add_bos(), true).size());
+
     // response_format json_schema: the reply is JSON of that schema.
     const HttpReply js = run.post(
         "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "How is the cat?"}}}},

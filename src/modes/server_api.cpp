@@ -63,6 +63,13 @@ std::string chat_prompt(const ojson& j, const ApiContext& ctx) {
         msgs.push_back({role, message_content(m, i)});
         ++i;
     }
+    // A conversation that ends with the assistant's words is continued from them (assistant
+    // prefill, as llama.cpp's server): the reply header, then that text, left open.
+    if (msgs.size() > 1 && msgs.back().role == "assistant") {
+        const std::string start = msgs.back().content;
+        msgs.pop_back();
+        return chat_template_apply(ctx.chat_template, msgs, true, ctx.special) + start;
+    }
     return chat_template_apply(ctx.chat_template, msgs, /*add_generation_prompt=*/true,
                                ctx.special);
 }
