@@ -475,6 +475,11 @@ TEST_CASE("server: chat completions, llama.cpp endpoints, multiple samples and l
     CHECK(json::parse(run.get("/v1/models").body)["data"][0]["id"] == "stories");
     CHECK(json::parse(run.get("/props").body)["chat_template"] == "chatml");
     CHECK(json::parse(run.get("/health").body)["status"] == "ok");
+    // The chat page: one HTML file that talks to the chat endpoint.
+    const HttpReply page = run.get("/");
+    CHECK(page.status == 200);
+    CHECK(page.headers.at("content-type").rfind("text/html", 0) == 0);
+    CHECK(page.body.find("v1/chat/completions") != std::string::npos);
 }
 
 namespace {
@@ -628,6 +633,16 @@ TEST_CASE("server: an API key is required when set") {
     CHECK(run.post("/v1/completions", body, "Authorization: Bearer wrong\r\n").status == 401);
     CHECK(run.post("/v1/completions", body, "Authorization: Bearer sesame\r\n").status == 200);
     CHECK(run.get("/health").status == 200);  // health needs no key
+}
+
+TEST_CASE("server: --no-webui leaves GET / unanswered") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path);
+    ServerConfig cfg = s.config();
+    cfg.web_ui = false;
+    Running run(cfg, s);
+    CHECK(run.get("/").status == 404);
 }
 
 TEST_CASE("server: a client that hangs up cancels its generation; stopping ends requests") {

@@ -8,8 +8,9 @@
 // events or answers once the job ends. A client that hangs up cancels its generation, which
 // frees its KV blocks at the next step. Ctrl-C ends running generations and exits 0.
 //
-// Endpoints: POST /v1/completions, /v1/chat/completions, /v1/embeddings (OpenAI),
-// /completion (llama.cpp), /tokenize, /detokenize; GET /health, /v1/models, /props, /metrics
+// Endpoints: GET / (a chat page, server_ui.cpp); POST /v1/completions,
+// /v1/chat/completions, /v1/embeddings (OpenAI), /completion (llama.cpp), /tokenize,
+// /detokenize; GET /health, /v1/models, /props, /metrics
 // (Prometheus text).
 #include "modes/server.h"
 
@@ -97,6 +98,10 @@ void ApiServer::Impl::handle(const HttpRequest& req, HttpConnection& conn) {
         conn.send(204, "text/plain", "",
                   {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
                    {"Access-Control-Allow-Headers", "Content-Type, Authorization, X-Api-Key"}});
+        return;
+    }
+    if (req.method == "GET" && (p == "/" || p == "/index.html") && cfg.web_ui) {
+        conn.send(200, "text/html; charset=utf-8", server_ui_html());
         return;
     }
     if (p == "/health" || p == "/v1/health") {
@@ -441,6 +446,7 @@ struct ServerOptions {
     std::vector<std::string> stop;
     std::string api_key, chat_template, alias, pooling;
     double timeout_s = 600;
+    bool no_webui = false;
 };
 
 int run_server(const ServerOptions& o) {
@@ -456,6 +462,7 @@ int run_server(const ServerOptions& o) {
     cfg.http.port = o.port;
     cfg.http.idle_timeout_s = o.timeout_s;
     cfg.api_key = o.api_key;
+    cfg.web_ui = !o.no_webui;
     cfg.parallel = o.parallel;
     cfg.model_path = o.model.model;
     cfg.n_batch = o.model.n_batch;
@@ -531,6 +538,7 @@ void add_server_command(CLI::App& root, int& exit_code) {
                     "Pooling of /v1/embeddings: mean, cls or last (default: the model's, mean "
                     "when it has none)")
         ->check(CLI::IsMember({"mean", "cls", "last"}));
+    cmd->add_flag("--no-webui", o->no_webui, "No chat page at GET /");
     cmd->add_option("-a,--alias", o->alias, "Model name in responses (default: the file name)");
     cmd->add_option("--timeout", o->timeout_s,
                     "Seconds an idle connection stays open without a complete request")

@@ -24,7 +24,11 @@ struct ServerConfig {
     int32_t parallel = 4;             // sequences generated at once
     Pooling pooling = Pooling::Mean;  // /v1/embeddings (never None or Rank)
     int32_t n_batch = 512;            // tokens per embedding pass
+    bool web_ui = true;               // GET / answers with a chat page (server_ui_html)
 };
+
+// The chat page of GET / (server_ui.cpp).
+const char* server_ui_html();
 
 class ApiServer {
   public:
