@@ -23,6 +23,7 @@
 
 #include "common.h"
 #include "gguf.h"
+#include "model_config.h"
 #include "modes/draft_options.h"
 #include "modes/model_options.h"
 #include "modes/modes.h"
@@ -450,12 +451,21 @@ struct ServerOptions {
 };
 
 int run_server(const ServerOptions& o) {
-    LoadedModel m = load_model(o.model, o.parallel);
+    // Without -c (and --kv-memory), each sequence gets at most kDefaultContext tokens, as
+    // llama.cpp's server: a pool of --parallel whole 128K contexts would not fit most GPUs.
+    ModelOptions mo = o.model;
+    if (mo.n_ctx == 0 && mo.kv_memory_mib <= 0) {
+        constexpr int64_t kDefaultContext = 4096;
+        const int64_t train = model_config_from_gguf(*open_model_file(mo)).n_ctx_train;
+        mo.n_ctx =
+            static_cast<int32_t>(train > 0 ? std::min(train, kDefaultContext) : kDefaultContext);
+    }
+    LoadedModel m = load_model(mo, o.parallel);
     LoadedModel draft;
-    if (o.draft.enabled()) draft = load_draft_model(o.draft, o.model, m, o.parallel);
+    if (o.draft.enabled()) draft = load_draft_model(o.draft, mo, m, o.parallel);
     Engine engine(*m.backend, *m.tokenizer,
-                  generation_engine_options(o.model, o.parallel, o.draft, draft));
-    warn_if_context_capped(engine, o.model);
+                  generation_engine_options(mo, o.parallel, o.draft, draft));
+    warn_if_context_capped(engine, mo);
 
     ServerConfig cfg;
     cfg.http.host = o.host;
@@ -464,8 +474,8 @@ int run_server(const ServerOptions& o) {
     cfg.api_key = o.api_key;
     cfg.web_ui = !o.no_webui;
     cfg.parallel = o.parallel;
-    cfg.model_path = o.model.model;
-    cfg.n_batch = o.model.n_batch;
+    cfg.model_path = mo.model;
+    cfg.n_batch = mo.n_batch;
     // /v1/embeddings pools: --pooling, else the model's; a model without one (a generative
     // model) is mean-pooled.
     cfg.pooling = o.pooling.empty() ? model_pooling(*m.file) : *pooling_from_name(o.pooling);
@@ -474,7 +484,7 @@ int run_server(const ServerOptions& o) {
     d.sampling = o.sampling;
     d.n_predict = o.n_predict;
     d.stop = o.stop;
-    d.n_lora = static_cast<int32_t>(lora_specs(o.model).size());
+    d.n_lora = static_cast<int32_t>(lora_specs(mo).size());
     cfg.api.model_id =
         o.alias.empty() ? std::filesystem::path(o.model.model).filename().string() : o.alias;
     cfg.api.chat_template = o.chat_template.empty() ? chat_template_of(*m.file)
