@@ -237,8 +237,8 @@ TEST_CASE("--lora and --lora-scaled: the CLI runs the adapted model") {
     auto other = kvrun::test::run_command(bin + " run -m " + dir.file("base.gguf") +
                                           " -p 'Once upon' -n 12 --temp 0 --device cpu" + pc);
     CHECK(other.out == plain);
-    CHECK(other.err.find("it was made with another model (or other --rope-* or --lora "
-                         "settings)") != std::string::npos);
+    CHECK(other.err.find("it was made with another model (or other --rope-*, --lora or "
+                         "--control-vector settings)") != std::string::npos);
     auto bad = kvrun::test::run_command(bin + " run -m " + dir.file("base.gguf") +
                                         " -p hi -n 2 --device cpu --lora-scaled " +
                                         dir.file("lora.gguf") + " x");
