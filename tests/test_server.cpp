@@ -775,3 +775,55 @@ TEST_CASE("kvrun server: serves on --port 0, refuses bad flags, Ctrl-C exits 0")
     CHECK_MESSAGE(err.find("kvrun server: stopped") != std::string::npos, err);
     std::filesystem::remove(err_file);
 }
+
+TEST_CASE("server: the chat page's script chats with the server (under node, when present)") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    if (kvrun::test::run_command("command -v node >/dev/null 2>&1 && echo yes").out != "yes\n") {
+        MESSAGE("SKIP: node is not installed; the chat page's script is not run");
+        return;
+    }
+    Served s(path);
+    ServerConfig cfg = s.config();
+    cfg.api.defaults.n_predict = 12;
+    Running run(cfg, s);
+    const std::string page = run.get("/").body;
+    const size_t a = page.find("<script>"), b = page.find("</script>");
+    REQUIRE(a != std::string::npos);
+    REQUIRE(b != std::string::npos);
+    kvrun::test::TempDir dir;
+    const std::string script = dir.file("page.js"), harness = dir.file("harness.js");
+    std::ofstream(script) << page.substr(a + 8, b - a - 8);
+    // A stand-in DOM; fetch goes to this server; then one message is sent as the form would.
+    std::ofstream(harness) << "const base = 'http://127.0.0.1:" << run.server.port() << "/';\n"
+                           << R"JS(
+const realFetch = fetch;
+globalThis.fetch = (u, o) => realFetch(base + u, o);
+const el = () => ({textContent: '', className: '', innerHTML: '', value: '', scrollTop: 0,
+                   scrollHeight: 0, appendChild() {}});
+const els = {};
+globalThis.document = {getElementById: id => (els[id] = els[id] || el()), createElement: el};
+globalThis.localStorage = {getItem: () => null, setItem() {}};
+eval(require('fs').readFileSync(process.argv[2], 'utf8') + `
+(async () => {
+  await new Promise(r => setTimeout(r, 300));
+  await ask('Tell me a story');
+  console.log(JSON.stringify({model: els.model.textContent, messages}));
+})();`);
+)JS";
+    const auto r = kvrun::test::run_command("node " + harness + " " + script);
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    const json j = json::parse(r.out);
+    CHECK(j["model"] == "stories");
+    REQUIRE(j["messages"].size() == 2);
+    CHECK(j["messages"][1]["role"] == "assistant");
+    // The page's streamed reply is the server's whole answer to the same conversation (the
+    // same default seed and logits: the same draw).
+    const HttpReply whole =
+        run.post("/v1/chat/completions",
+                 {{"messages", {{{"role", "user"}, {"content", "Tell me a story"}}}}});
+    REQUIRE(whole.status == 200);
+    CHECK_FALSE(j["messages"][1]["content"].get<std::string>().empty());
+    CHECK(j["messages"][1]["content"] ==
+          json::parse(whole.body)["choices"][0]["message"]["content"]);
+}
