@@ -586,7 +586,9 @@ TEST_CASE("server: bad requests get one clear error each") {
          "bad field type"},
         {"/v1/completions", json{{"prompt", long_prompt}}.dump(), 400, "context"},
         {"/v1/completions", json{{"prompt", json::array({"a", 5})}}.dump(), 400, "'prompt'"},
-        {"/v1/completions", json{{"prompt", "hi"}, {"echo", true}}.dump(), 400, "echo"},
+        {"/v1/chat/completions",
+         json{{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"echo", true}}.dump(), 400,
+         "'echo' is for /v1/completions"},
         {"/v1/completions", json{{"prompt", json::array({1, 999999})}}.dump(), 400,
          "outside the vocabulary"},
         {"/v1/chat/completions", json{{"messages", json::array()}}.dump(), 400, "'messages'"},
@@ -826,4 +828,55 @@ eval(require('fs').readFileSync(process.argv[2], 'utf8') + `
     CHECK_FALSE(j["messages"][1]["content"].get<std::string>().empty());
     CHECK(j["messages"][1]["content"] ==
           json::parse(whole.body)["choices"][0]["message"]["content"]);
+}
+
+TEST_CASE("server: echo with logprobs scores the prompt's tokens as generation scores its own") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path);
+    Running run(s.config(), s);
+    // Greedy continuation with its tokens' log-probabilities (llama.cpp's endpoint gives ids).
+    const HttpReply g = run.post(
+        "/completion",
+        {{"prompt", "Once upon a time"}, {"n_predict", 6}, {"temperature", 0}, {"n_probs", 2}});
+    REQUIRE(g.status == 200);
+    const json probs = json::parse(g.body)["completion_probabilities"];
+    REQUIRE(probs.size() == 6);
+    std::vector<TokenId> ids = s.m.tokenizer->encode("Once upon a time", true, false);
+    const size_t n_prompt = ids.size();
+    for (const json& p : probs) ids.push_back(p["id"].get<TokenId>());
+    // The whole text as the prompt, nothing generated: the last six logprobs are those.
+    const HttpReply e = run.post(
+        "/v1/completions", {{"prompt", ids}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 2}});
+    REQUIRE(e.status == 200);
+    const json lp = json::parse(e.body)["choices"][0]["logprobs"];
+    REQUIRE(lp["token_logprobs"].size() == ids.size());
+    CHECK(lp["token_logprobs"][0].is_null());
+    CHECK(lp["top_logprobs"][0].is_null());
+    for (size_t i = 0; i < 6; ++i) {
+        CAPTURE(i);
+        CHECK(lp["token_logprobs"][n_prompt + i].get<double>() ==
+              doctest::Approx(probs[i]["logprob"].get<double>()).epsilon(1e-4));
+        CHECK(lp["top_logprobs"][n_prompt + i].size() == 2);
+    }
+    CHECK(lp["tokens"].size() == ids.size());
+    // lm-evaluation-harness's request: one generated token after the echoed prompt.
+    const HttpReply h = run.post("/v1/completions", {{"prompt", "Once upon a time"},
+                                                     {"max_tokens", 1},
+                                                     {"temperature", 0},
+                                                     {"echo", true},
+                                                     {"logprobs", 1}});
+    REQUIRE(h.status == 200);
+    const json hj = json::parse(h.body)["choices"][0];
+    CHECK(hj["text"].get<std::string>().rfind("Once upon a time", 0) == 0);
+    CHECK(hj["logprobs"]["token_logprobs"].size() == n_prompt + 1);
+    // Streamed: the prompt comes first; echo without logprobs needs no scoring pass.
+    const HttpReply st = run.post(
+        "/v1/completions",
+        {{"prompt", "Once upon a time"}, {"max_tokens", 3}, {"echo", true}, {"stream", true}});
+    REQUIRE(st.status == 200);
+    const auto events = sse_data(st.body);
+    REQUIRE(!events.empty());
+    CHECK(json::parse(events[0])["choices"][0]["text"] == "Once upon a time");
+    CHECK(run.metric("kv_blocks_used") == 0);
 }

@@ -27,6 +27,7 @@
 #include "modes/draft_options.h"
 #include "modes/model_options.h"
 #include "modes/modes.h"
+#include "prompt_logprobs.h"
 #include "text_input.h"
 
 namespace kvrun {
@@ -163,8 +164,24 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
     // One job per prompt (OpenAI's list of prompts); their samples are the choices, prompt
     // by prompt.
     std::vector<std::shared_ptr<EngineWorker::Job>> jobs;
+    // echo with logprobs: each prompt's token log-probabilities, computed between steps.
+    std::vector<std::vector<TokenLogprobs>> echo_lps;
     try {
         ar = api_request_from_json(format, req.body, cfg.api, tok);
+        if (ar.echo && ar.top_logprobs >= 0)
+            for (const GenerationRequest& r : ar.requests) {
+                std::optional<Error> error;
+                worker->call([&](Engine& e) {
+                    try {
+                        echo_lps.push_back(prompt_logprobs(e.backend(), e.kv_table(), r.prompt,
+                                                           std::max(ar.top_logprobs, 1),
+                                                           cfg.n_batch));
+                    } catch (const Error& x) {
+                        error = x;
+                    }
+                });
+                if (error) throw *error;
+            }
         for (const GenerationRequest& r : ar.requests) jobs.push_back(worker->submit(r));
     } catch (const Error& e) {
         for (const auto& job : jobs) worker->cancel(*job);
@@ -186,6 +203,15 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
     std::vector<ApiTextStream> texts(n_choices, ApiTextStream(tok, ar.stop));
     std::vector<ApiChoiceResult> choices(n_choices);
     std::vector<bool> started(n_choices, false);
+    if (ar.echo)
+        for (size_t i = 0; i < n_choices; ++i) {
+            const size_t p = i / size_t(n);
+            choices[i].echo_text = ar.prompt_texts[p];
+            if (p < echo_lps.size()) {
+                choices[i].echo_tokens = ar.requests[p].prompt;
+                choices[i].echo_logprobs = echo_lps[p];
+            }
+        }
     bool client_gone = false, cancelled = false;
     if (ar.stream &&
         !conn.begin_chunked(200, "text/event-stream",
@@ -197,6 +223,7 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
             client_gone = true;
         started[i] = true;
     };
+    for (size_t i = 0; i < n_choices; ++i) emit(i, choices[i].echo_text);  // echo: the prompt
     auto handle = [&](size_t job, EngineWorker::Event& e) {
         const size_t i = job * size_t(n) + size_t(e.sample);
         if (e.kind == EngineWorker::Event::Kind::Token) {

@@ -98,12 +98,25 @@ std::string piece_of(const Tokenizer& tok, TokenId id) {
     return tok.token_to_piece(id);
 }
 
-// OpenAI's logprobs of a text completion: parallel lists.
-nlohmann::json completion_logprobs(const GenerationResult& r, int32_t k, const Tokenizer& tok) {
+// OpenAI's logprobs of a text completion: parallel lists (with echo, the prompt's tokens
+// first: the very first has no logprob, null).
+nlohmann::json completion_logprobs(const ApiChoiceResult& c, int32_t k, const Tokenizer& tok) {
     nlohmann::json tokens = nlohmann::json::array(), lps = nlohmann::json::array(),
                    tops = nlohmann::json::array(), offsets = nlohmann::json::array();
     size_t offset = 0;
-    for (const TokenLogprobs& lp : r.logprobs) {
+    if (!c.echo_tokens.empty()) {
+        const std::string piece = piece_of(tok, c.echo_tokens[0]);
+        tokens.push_back(piece);
+        lps.push_back(nullptr);
+        tops.push_back(nullptr);
+        offsets.push_back(offset);
+        offset += piece.size();
+    }
+    std::vector<const TokenLogprobs*> all;
+    for (const TokenLogprobs& lp : c.echo_logprobs) all.push_back(&lp);
+    for (const TokenLogprobs& lp : c.result.logprobs) all.push_back(&lp);
+    for (const TokenLogprobs* p : all) {
+        const TokenLogprobs& lp = *p;
         const std::string piece = piece_of(tok, lp.chosen.token);
         tokens.push_back(piece);
         lps.push_back(lp.chosen.logprob);
@@ -143,9 +156,8 @@ nlohmann::json chat_logprobs(const GenerationResult& r, int32_t k, const Tokeniz
 nlohmann::json choice_logprobs(const ApiRequest& req, const ApiChoiceResult& c,
                                const Tokenizer& tok) {
     if (req.top_logprobs < 0) return nullptr;
-    return req.format == ApiFormat::OpenAiChat
-               ? chat_logprobs(c.result, req.top_logprobs, tok)
-               : completion_logprobs(c.result, req.top_logprobs, tok);
+    return req.format == ApiFormat::OpenAiChat ? chat_logprobs(c.result, req.top_logprobs, tok)
+                                               : completion_logprobs(c, req.top_logprobs, tok);
 }
 
 const char* stop_type(StopReason r) {
@@ -228,7 +240,11 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
         out.stream = j.value("stream", false);
         if (j.contains("stream_options") && j["stream_options"].is_object())
             out.include_usage = j["stream_options"].value("include_usage", false);
-        if (j.value("echo", false)) fail("'echo' is not supported");
+        if (j.value("echo", false)) {
+            if (format != ApiFormat::OpenAiCompletion)
+                fail("'echo' is for /v1/completions (text completions)");
+            out.echo = true;
+        }
         if (j.contains("suffix") && !j["suffix"].get<std::string>().empty())
             fail("'suffix' (fill in the middle) is not supported");
         if ((j.contains("tools") && !j["tools"].empty()) ||
@@ -267,7 +283,9 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
     for (ojson& prompt :
          format == ApiFormat::OpenAiCompletion ? prompt_list(j) : std::vector<ojson>{ojson()}) {
         if (!prompt.is_null()) j["prompt"] = std::move(prompt);
-        GenerationRequest r = request_from_json(j.dump(), d, tok).request;
+        ParsedRequest parsed = request_from_json(j.dump(), d, tok);
+        out.prompt_texts.push_back(std::move(parsed.prompt_text));
+        GenerationRequest r = std::move(parsed.request);
         if (format == ApiFormat::OpenAiChat) {
             if (!r.ignore_eos) r.stop_tokens = ctx.chat_stops.tokens;
             for (const std::string& s : ctx.chat_stops.strings) r.stop_strings.push_back(s);
@@ -343,7 +361,7 @@ nlohmann::json api_response(const ApiRequest& req, const ApiResponseMeta& meta,
         if (req.format == ApiFormat::OpenAiChat)
             choice["message"] = {{"role", "assistant"}, {"content", c.text}};
         else
-            choice["text"] = c.text;
+            choice["text"] = c.echo_text + c.text;
         j["choices"].push_back(std::move(choice));
     }
     j["usage"] = usage(req, choices);

@@ -9,7 +9,8 @@
 // {"type": "json_schema", "json_schema": {"schema": ...}}), stream and
 // stream_options.include_usage. Fields a client sets to null keep the server's defaults;
 // fields kvrun does not know are ignored (clients send many), but ones it cannot honour
-// (echo, suffix, tools, images, best_of > n) are refused with a clear message. A list of
+// (suffix, tools, images, best_of > n, echo outside /v1/completions) are refused with a
+// clear message. A list of
 // prompts runs as that many requests (at most kMaxApiPrompts).
 #pragma once
 
@@ -45,7 +46,12 @@ struct ApiRequest {
     // One per prompt: OpenAI's "prompt" may list several (their choices come prompt by
     // prompt, each prompt's n samples together); otherwise one.
     std::vector<GenerationRequest> requests;
-    std::vector<std::string> stop;  // texts the output ends before (request and template)
+    std::vector<std::string> stop;          // texts the output ends before (request and template)
+    std::vector<std::string> prompt_texts;  // [requests.size()] as given (or decoded ids)
+    // OpenAI's "echo" (/v1/completions): each choice's text starts with its prompt, and with
+    // logprobs the prompt's tokens get theirs (the first one null) — lm-evaluation-harness
+    // scores continuations this way.
+    bool echo = false;
     bool stream = false;
     bool include_usage = false;  // stream_options.include_usage: a last chunk with "usage"
     int32_t top_logprobs = -1;   // OpenAI logprobs: alternatives shown (-1: no logprobs)
@@ -94,6 +100,11 @@ nlohmann::json api_stream_chunk(const ApiRequest& req, const ApiResponseMeta& me
 struct ApiChoiceResult {
     int32_t index = 0;  // the choice's "index": prompt x n + sample
     std::string text;   // cut before the stop string
+    // echo: the prompt's text before `text`, and with logprobs its tokens and, for each token
+    // after the first, prompt_logprobs' entry.
+    std::string echo_text;
+    std::vector<TokenId> echo_tokens;
+    std::vector<TokenLogprobs> echo_logprobs;
     GenerationResult result;
     std::string stop_word;  // the stop string that ended it ("" for none)
 };

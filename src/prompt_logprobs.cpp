@@ -1,0 +1,46 @@
+// Log-probabilities of a text's tokens (see prompt_logprobs.h).
+#include "prompt_logprobs.h"
+
+#include <algorithm>
+
+#include "common.h"
+
+namespace kvrun {
+
+std::vector<TokenLogprobs> prompt_logprobs(Backend& backend, KvBlockTable& table,
+                                           const std::vector<TokenId>& tokens, int32_t n_top,
+                                           int32_t n_batch) {
+    std::vector<TokenLogprobs> out;
+    if (tokens.size() < 2) return out;
+    const int64_t n_vocab = backend.config().n_vocab;
+    const auto n = static_cast<int32_t>(tokens.size());
+    n_batch = std::max(n_batch, 1);
+    const SeqId seq = table.create_sequence();
+    struct FreeSeq {
+        KvBlockTable& table;
+        SeqId seq;
+        ~FreeSeq() { table.free_sequence(seq); }
+    } free_seq{table, seq};
+    std::vector<float> logits;
+    for (int32_t start = 0; start < n - 1; start += n_batch) {
+        // The last token needs no logits of its own (nothing follows it): stop before it.
+        const int32_t count = std::min(n_batch, n - 1 - start);
+        const KvAppendResult r = table.append(seq, count, tokens.data() + start);
+        if (!r)
+            throw Error(
+                fmt::format("the KV pool cannot hold a text of {} tokens ({})", n, r.reason()),
+                "a shorter text, or a server with a larger -c / --kv-memory");
+        kv_apply_pending(table, backend);
+        ForwardBatch fb;
+        const int32_t offset = fb.add_sequence(table, seq, start, count);
+        for (int32_t i = 0; i < count; ++i) fb.logit_rows.push_back(offset + i);
+        logits.resize(size_t(count) * size_t(n_vocab));
+        backend.forward(fb, logits.data());
+        for (int32_t i = 0; i < count; ++i)
+            out.push_back(token_logprobs(logits.data() + size_t(i) * size_t(n_vocab), int(n_vocab),
+                                         tokens[size_t(start + i + 1)], n_top));
+    }
+    return out;
+}
+
+}  // namespace kvrun
