@@ -18,13 +18,16 @@ bool EngineWorker::Job::done() const {
     return n_finished_ == n_samples_ && events_.empty();
 }
 
-void EngineWorker::Job::push(Event e) {
+bool EngineWorker::Job::push(Event e) {
+    bool all;
     {
         std::lock_guard lk(mu_);
         if (e.kind == Event::Kind::Finished) ++n_finished_;
+        all = n_finished_ == n_samples_;
         events_.push_back(std::move(e));
     }
     cv_.notify_all();
+    return all;
 }
 
 EngineWorker::EngineWorker(Engine& engine) : engine_(engine) {
@@ -47,14 +50,7 @@ EngineWorker::EngineWorker(Engine& engine) : engine_(engine) {
             e.result.stop = StopReason::Error;
             e.result.error = step_error_;
         }
-        std::shared_ptr<Job> job = it->second;
-        job->push(std::move(e));
-        bool all;
-        {
-            std::lock_guard lk(job->mu_);
-            all = job->n_finished_ == job->n_samples_;
-        }
-        if (all) {
+        if (it->second->push(std::move(e))) {
             jobs_.erase(it);
             --n_jobs_;
         }
@@ -98,7 +94,8 @@ void EngineWorker::cancel(const Job& job) {
 }
 
 void EngineWorker::call(const std::function<void(Engine&)>& fn) {
-    Call c{&fn};
+    Call c;
+    c.fn = &fn;
     std::unique_lock lk(mu_);
     if (stopped_) {  // no worker thread any more: the engine is the caller's
         lk.unlock();
@@ -108,6 +105,7 @@ void EngineWorker::call(const std::function<void(Engine&)>& fn) {
     calls_.push_back(&c);
     wake_.notify_one();
     ran_.wait(lk, [&] { return c.done; });
+    if (c.error) std::rethrow_exception(c.error);
 }
 
 void EngineWorker::stop() {
@@ -163,7 +161,7 @@ void EngineWorker::loop() {
         }
         for (int32_t id : cancels) engine_.cancel(id);
         for (Call* c : calls) {
-            (*c->fn)(engine_);
+            c->run(engine_);
             std::lock_guard lk(mu_);
             c->done = true;
         }
@@ -173,7 +171,7 @@ void EngineWorker::loop() {
             std::lock_guard lk(mu_);
             stopped_ = true;
             for (Call* c : calls_) {  // came after the swap above
-                (*c->fn)(engine_);
+                c->run(engine_);
                 c->done = true;
             }
             calls_.clear();

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -41,7 +42,7 @@ class EngineWorker {
 
       private:
         friend class EngineWorker;
-        void push(Event e);
+        bool push(Event e);  // returns whether every sample has finished now
         mutable std::mutex mu_;
         std::condition_variable cv_;
         std::deque<Event> events_;
@@ -63,7 +64,8 @@ class EngineWorker {
     std::shared_ptr<Job> submit(GenerationRequest request);
     // Ends the job's sequences with StopReason::Cancelled (their Finished events still come).
     void cancel(const Job& job);
-    // Runs fn on the worker thread between steps and returns when it ran.
+    // Runs fn on the worker thread between steps and returns when it ran; what fn throws is
+    // rethrown here.
     void call(const std::function<void(Engine&)>& fn);
     // Cancels everything running or waiting, then ends the thread. Later submits throw.
     void stop();
@@ -78,7 +80,15 @@ class EngineWorker {
     };
     struct Call {
         const std::function<void(Engine&)>* fn = nullptr;
+        std::exception_ptr error;  // what fn threw, for the caller
         bool done = false;
+        void run(Engine& e) {
+            try {
+                (*fn)(e);
+            } catch (...) {
+                error = std::current_exception();
+            }
+        }
     };
 
     Engine& engine_;

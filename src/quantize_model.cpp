@@ -274,20 +274,6 @@ std::vector<const GgufTensorInfo*> write_order(const GgufFile& in) {
     return order;
 }
 
-// The float32 values of a tensor (rows dequantized in parallel).
-const float* tensor_as_f32(const GgufTensorInfo& t, std::vector<float>& buf, ThreadPool& pool) {
-    if (t.type == T::F32 && reinterpret_cast<uintptr_t>(t.data) % alignof(float) == 0)
-        return reinterpret_cast<const float*>(t.data);
-    const int64_t width = t.dims[0], rows = t.n_elements / width;
-    const size_t row_bytes = ggml_row_bytes(t.type, width);
-    buf.resize(size_t(t.n_elements));
-    pool.parallel_for(rows, parallel_grain(width * 4), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r)
-            dequantize_row(t.type, t.data + size_t(r) * row_bytes, buf.data() + r * width, width);
-    });
-    return buf.data();
-}
-
 void write_all(FILE* f, const void* data, size_t bytes, const std::string& path) {
     if (bytes && std::fwrite(data, 1, bytes, f) != bytes)
         fail("{}: write failed: {}", path, std::strerror(errno));
@@ -328,6 +314,19 @@ void convert_tensor(const TensorQuantChoice& c, const QuantizeOptions& o, Thread
 }
 
 }  // namespace
+
+const float* tensor_as_f32(const GgufTensorInfo& t, std::vector<float>& buf, ThreadPool& pool) {
+    if (t.type == T::F32 && reinterpret_cast<uintptr_t>(t.data) % alignof(float) == 0)
+        return reinterpret_cast<const float*>(t.data);
+    const int64_t width = t.dims[0], rows = t.n_elements / width;
+    const size_t row_bytes = ggml_row_bytes(t.type, width);
+    buf.resize(size_t(t.n_elements));
+    pool.parallel_for(rows, parallel_grain(width * 4), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+            dequantize_row(t.type, t.data + size_t(r) * row_bytes, buf.data() + r * width, width);
+    });
+    return buf.data();
+}
 
 std::span<const QuantFileType> quant_file_types() {
     return kFileTypes;

@@ -106,6 +106,10 @@ struct QuantizeResult {
 // removed on any failure); with keep_split and a split input, to PREFIX-0000i-of-0000N.gguf
 // (PREFIX: out_path less .gguf). on_tensor(i, choice) runs before tensor i is converted; `cancel`
 // (Ctrl-C) stops it with Error("interrupted").
+// The float32 values of a tensor: the tensor's own bytes when it is aligned F32, else its
+// rows dequantized in parallel into `buf`.
+const float* tensor_as_f32(const GgufTensorInfo& t, std::vector<float>& buf, ThreadPool& pool);
+
 // Which output file each entry of `plan` goes to (see QuantizeOptions' split fields), and how
 // many files there are.
 std::vector<int> plan_split(const GgufFile& in, const std::vector<TensorQuantChoice>& plan,

@@ -108,6 +108,25 @@ ForwardBatch append_step(KvBlockTable& table, const StepParts& parts,
     return fb;
 }
 
+// The 24-token prompt the cases below prefill.
+std::vector<TokenId> prompt24() {
+    std::vector<TokenId> toks;
+    for (int32_t i = 0; i < 24; ++i) toks.push_back((i * 37 + 11) % 512);
+    return toks;
+}
+
+// Prefills prompt24() into sequence `seq` (one GEMM pass), then n_decode steps of the token
+// the CPU picked (GEMV, graphs), checking every step's logits against `bound`. Returns the
+// next token.
+int32_t check_prefill_decode(Backend& cpu, Backend& gpu, KvBlockTable& table, SeqId seq,
+                             int n_decode, double bound) {
+    int32_t next = 0;
+    CHECK(compare(cpu, gpu, append_step(table, {{seq, prompt24()}}, {&cpu, &gpu}), &next) < bound);
+    for (int step = 0; step < n_decode; ++step)
+        CHECK(compare(cpu, gpu, append_step(table, {{seq, {next}}}, {&cpu, &gpu}), &next) < bound);
+    return next;
+}
+
 // `n` tokens of sequence `seq` starting at slot `pos`, logits for every row.
 ForwardBatch batch_of(const std::vector<int32_t>& tokens, int32_t pos, int32_t seq,
                       std::vector<std::vector<int32_t>> tables) {
@@ -411,14 +430,7 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
             // A 24-token prompt, then decode steps (staged q8 blocks seal at 32 tokens).
             KvBlockTable table(8, 16, cpu->n_kv_stages());
             const SeqId a = table.create_sequence();
-            std::vector<TokenId> toks;
-            for (int32_t i = 0; i < 24; ++i) toks.push_back((i * 37 + 11) % 512);
-            int32_t next = 0;
-            CHECK(compare(*cpu, *gpu, append_step(table, {{a, toks}}, {cpu.get(), gpu.get()}),
-                          &next) < logit_bound(kv));
-            for (int32_t step = 0; step < 12; ++step)
-                CHECK(compare(*cpu, *gpu, append_step(table, {{a, {next}}}, {cpu.get(), gpu.get()}),
-                              &next) < logit_bound(kv));
+            check_prefill_decode(*cpu, *gpu, table, a, 12, logit_bound(kv));
             std::filesystem::remove(path);
         }
 }
@@ -516,17 +528,11 @@ TEST_CASE("cuda backend applies LoRA adapters like the cpu backend") {
         auto gpu = make_cuda_backend(file, o, 0);
         KvBlockTable table(8, 16, cpu->n_kv_stages());
         const SeqId a = table.create_sequence();
-        std::vector<TokenId> toks;
-        for (int32_t i = 0; i < 24; ++i) toks.push_back((i * 37 + 11) % 512);
-        int32_t next = 0;
-        CHECK(compare(*cpu, *gpu, append_step(table, {{a, toks}}, {cpu.get(), gpu.get()}), &next) <
-              logit_bound(KvType::F16));
-        for (int32_t step = 0; step < 6; ++step)
-            CHECK(compare(*cpu, *gpu, append_step(table, {{a, {next}}}, {cpu.get(), gpu.get()}),
-                          &next) < logit_bound(KvType::F16));
+        int32_t next = check_prefill_decode(*cpu, *gpu, table, a, 6, logit_bound(KvType::F16));
         // A second sequence with its own scales (a request's "lora") in the same batches:
         // prefill beside a's decode step, then decode steps of both.
         const SeqId b = table.create_sequence();
+        const std::vector<TokenId> toks = prompt24();
         std::vector<TokenId> btoks(toks.begin(), toks.begin() + 20);
         for (int32_t step = 0; step < 4; ++step) {
             ForwardBatch fb = append_step(
@@ -927,14 +933,7 @@ TEST_CASE("cuda backend applies control vectors like the cpu backend") {
         auto gpu = make_cuda_backend(file, o, 0);
         KvBlockTable table(8, 16, cpu->n_kv_stages());
         const SeqId a = table.create_sequence();
-        std::vector<TokenId> toks;
-        for (int32_t i = 0; i < 24; ++i) toks.push_back((i * 37 + 11) % 512);
-        int32_t next = 0;
-        CHECK(compare(*cpu, *gpu, append_step(table, {{a, toks}}, {cpu.get(), gpu.get()}), &next) <
-              logit_bound(KvType::F16));
-        for (int32_t step = 0; step < 6; ++step)
-            CHECK(compare(*cpu, *gpu, append_step(table, {{a, {next}}}, {cpu.get(), gpu.get()}),
-                          &next) < logit_bound(KvType::F16));
+        check_prefill_decode(*cpu, *gpu, table, a, 6, logit_bound(KvType::F16));
     }
     std::filesystem::remove(path);
     std::filesystem::remove(cv);

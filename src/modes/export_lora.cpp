@@ -36,26 +36,19 @@ struct Delta {
     float scale = 0;
 };
 
-std::vector<float> as_f32(const GgufTensorInfo& t) {
-    const int64_t width = t.dims[0], rows = t.n_elements / width;
-    const size_t row_bytes = ggml_row_bytes(t.type, width);
-    std::vector<float> out(static_cast<size_t>(t.n_elements));
-    for (int64_t r = 0; r < rows; ++r)
-        dequantize_row(t.type, t.data + size_t(r) * row_bytes, out.data() + r * width, width);
-    return out;
-}
-
 // W [n_out][n_in] += scale x B A for each delta.
 void merge(float* w, int64_t n_in, int64_t n_out, const std::vector<Delta>& deltas,
            ThreadPool& pool) {
     for (const Delta& d : deltas) {
-        const std::vector<float> a = as_f32(*d.a), b = as_f32(*d.b);
+        std::vector<float> a_buf, b_buf;
+        const float* a = tensor_as_f32(*d.a, a_buf, pool);
+        const float* b = tensor_as_f32(*d.b, b_buf, pool);
         pool.parallel_for(n_out, 1, [&](int64_t o0, int64_t o1) {
             for (int64_t o = o0; o < o1; ++o) {
                 float* row = w + o * n_in;
                 for (int64_t k = 0; k < d.rank; ++k) {
                     const float s = d.scale * b[size_t(o * d.rank + k)];
-                    const float* ak = a.data() + k * n_in;
+                    const float* ak = a + k * n_in;
                     for (int64_t i = 0; i < n_in; ++i) row[i] += s * ak[i];
                 }
             }

@@ -412,17 +412,27 @@ void add_sampling_options(CLI::App* cmd, SamplingParams& p) {
             parses_with([](const std::string& t) { parse_logit_bias(t); }, "TOKEN_ID(+|-)BIAS"));
 }
 
-std::vector<LoraSpec> lora_specs(const ModelOptions& o) {
-    std::vector<LoraSpec> specs;
-    for (const std::string& path : o.lora) specs.push_back({path, 1.0f});
-    for (size_t i = 0; i + 1 < o.lora_scaled.size(); i += 2) {
-        const std::string& text = o.lora_scaled[i + 1];
+// A FILE SCALE, FILE SCALE, ... flag's values as (file, scale) pairs. Throws Error naming the
+// flag for a scale that is not a finite number.
+static std::vector<std::pair<std::string, float>> scaled_files(
+    const std::vector<std::string>& values, const char* flag) {
+    std::vector<std::pair<std::string, float>> out;
+    for (size_t i = 0; i + 1 < values.size(); i += 2) {
+        const std::string& text = values[i + 1];
         char* end = nullptr;
         const double scale = std::strtod(text.c_str(), &end);
         if (text.empty() || *end != '\0' || !std::isfinite(scale))
-            fail("--lora-scaled {} {}: the scale must be a finite number", o.lora_scaled[i], text);
-        specs.push_back({o.lora_scaled[i], float(scale)});
+            fail("{} {} {}: the scale must be a finite number", flag, values[i], text);
+        out.emplace_back(values[i], float(scale));
     }
+    return out;
+}
+
+std::vector<LoraSpec> lora_specs(const ModelOptions& o) {
+    std::vector<LoraSpec> specs;
+    for (const std::string& path : o.lora) specs.push_back({path, 1.0f});
+    for (auto& [path, scale] : scaled_files(o.lora_scaled, "--lora-scaled"))
+        specs.push_back({path, scale});
     if (o.lora_init_without_apply)
         for (LoraSpec& s : specs) s.scale = 0.0f;
     return specs;
@@ -431,15 +441,8 @@ std::vector<LoraSpec> lora_specs(const ModelOptions& o) {
 ControlVectorOptions control_vector_options(const ModelOptions& o) {
     ControlVectorOptions c;
     for (const std::string& path : o.control_vectors) c.specs.push_back({path, 1.0f});
-    for (size_t i = 0; i + 1 < o.control_vectors_scaled.size(); i += 2) {
-        const std::string& text = o.control_vectors_scaled[i + 1];
-        char* end = nullptr;
-        const double scale = std::strtod(text.c_str(), &end);
-        if (text.empty() || *end != '\0' || !std::isfinite(scale))
-            fail("--control-vector-scaled {} {}: the scale must be a finite number",
-                 o.control_vectors_scaled[i], text);
-        c.specs.push_back({o.control_vectors_scaled[i], float(scale)});
-    }
+    for (auto& [path, scale] : scaled_files(o.control_vectors_scaled, "--control-vector-scaled"))
+        c.specs.push_back({path, scale});
     if (o.control_vector_layer_range.size() == 2) {
         c.layer_start = o.control_vector_layer_range[0];
         c.layer_end = o.control_vector_layer_range[1];

@@ -46,9 +46,10 @@ struct ApiServer::Impl {
 
     void handle(const HttpRequest& req, HttpConnection& conn);
     void generate(ApiFormat format, const HttpRequest& req, HttpConnection& conn);
-    void tokenize(const HttpRequest& req, HttpConnection& conn);
-    void detokenize(const HttpRequest& req, HttpConnection& conn);
-    void embeddings(const HttpRequest& req, HttpConnection& conn);
+    // JSON in, JSON out (json_endpoint answers 400 for what they throw).
+    nlohmann::json tokenize(const nlohmann::json& body);
+    nlohmann::json detokenize(const nlohmann::json& body);
+    nlohmann::json embeddings(const nlohmann::json& body);
     std::string metrics();
     nlohmann::json props();
     bool stopping() const { return stop && stop->load(); }
@@ -92,6 +93,19 @@ bool authorized(const HttpRequest& req, const std::string& key) {
     return req.header("authorization") == "Bearer " + key;
 }
 
+// A JSON endpoint: the body parsed, `answer` run on it; 200 with what it returns, 400 with
+// the reason for a bad body or what it throws.
+template <class Answer>
+void json_endpoint(const HttpRequest& req, HttpConnection& conn, Answer answer) {
+    try {
+        send_json(conn, 200, answer(parse_body(req)));
+    } catch (const nlohmann::json::exception& e) {
+        send_error(conn, 400, fmt::format("bad field type: {}", e.what()));
+    } catch (const Error& e) {
+        send_error(conn, 400, error_text(e));
+    }
+}
+
 }  // namespace
 
 void ApiServer::Impl::handle(const HttpRequest& req, HttpConnection& conn) {
@@ -125,10 +139,14 @@ void ApiServer::Impl::handle(const HttpRequest& req, HttpConnection& conn) {
         {"POST", "/v1/chat/completions", [&] { generate(ApiFormat::OpenAiChat, req, conn); }},
         {"POST", "/chat/completions", [&] { generate(ApiFormat::OpenAiChat, req, conn); }},
         {"POST", "/completion", [&] { generate(ApiFormat::Completion, req, conn); }},
-        {"POST", "/v1/embeddings", [&] { embeddings(req, conn); }},
-        {"POST", "/embeddings", [&] { embeddings(req, conn); }},
-        {"POST", "/tokenize", [&] { tokenize(req, conn); }},
-        {"POST", "/detokenize", [&] { detokenize(req, conn); }},
+        {"POST", "/v1/embeddings",
+         [&] { json_endpoint(req, conn, [&](const auto& j) { return embeddings(j); }); }},
+        {"POST", "/embeddings",
+         [&] { json_endpoint(req, conn, [&](const auto& j) { return embeddings(j); }); }},
+        {"POST", "/tokenize",
+         [&] { json_endpoint(req, conn, [&](const auto& j) { return tokenize(j); }); }},
+        {"POST", "/detokenize",
+         [&] { json_endpoint(req, conn, [&](const auto& j) { return detokenize(j); }); }},
         {"GET", "/v1/models",
          [&] {
              send_json(conn, 200,
@@ -169,19 +187,11 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
     try {
         ar = api_request_from_json(format, req.body, cfg.api, tok);
         if (ar.echo && ar.top_logprobs >= 0)
-            for (const GenerationRequest& r : ar.requests) {
-                std::optional<Error> error;
+            for (const GenerationRequest& r : ar.requests)
                 worker->call([&](Engine& e) {
-                    try {
-                        echo_lps.push_back(prompt_logprobs(e.backend(), e.kv_table(), r.prompt,
-                                                           std::max(ar.top_logprobs, 1),
-                                                           cfg.n_batch));
-                    } catch (const Error& x) {
-                        error = x;
-                    }
+                    echo_lps.push_back(prompt_logprobs(e.backend(), e.kv_table(), r.prompt,
+                                                       std::max(ar.top_logprobs, 1), cfg.n_batch));
                 });
-                if (error) throw *error;
-            }
         for (const GenerationRequest& r : ar.requests) jobs.push_back(worker->submit(r));
     } catch (const Error& e) {
         for (const auto& job : jobs) worker->cancel(*job);
@@ -299,85 +309,52 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
     send_json(conn, 200, api_response(ar, meta, choices, tok));
 }
 
-void ApiServer::Impl::tokenize(const HttpRequest& req, HttpConnection& conn) {
-    try {
-        const nlohmann::json j = parse_body(req);
-        if (!j.contains("content") || !j["content"].is_string())
-            fail("missing string field 'content'");
-        const std::string text = j["content"].get<std::string>();
-        utf8_require_valid(text, "'content'");
-        const bool add_special = j.value("add_special", false);
-        const bool parse_special = j.value("parse_special", true);
-        const bool with_pieces = j.value("with_pieces", false);
-        const std::vector<TokenId> ids =
-            tok.encode(text, add_special && tok.add_bos(), parse_special);
-        nlohmann::json tokens = nlohmann::json::array();
-        for (TokenId id : ids) {
-            if (!with_pieces) {
-                tokens.push_back(id);
-                continue;
-            }
-            const std::string piece = tok.token_to_piece(id);
-            tokens.push_back({{"id", id}, {"piece", piece}});
-        }
-        send_json(conn, 200, {{"tokens", tokens}});
-    } catch (const nlohmann::json::exception& e) {
-        send_error(conn, 400, fmt::format("bad field type: {}", e.what()));
-    } catch (const Error& e) {
-        send_error(conn, 400, error_text(e));
+nlohmann::json ApiServer::Impl::tokenize(const nlohmann::json& j) {
+    if (!j.contains("content") || !j["content"].is_string()) fail("missing string field 'content'");
+    const std::string text = j["content"].get<std::string>();
+    utf8_require_valid(text, "'content'");
+    const bool add_special = j.value("add_special", false);
+    const bool parse_special = j.value("parse_special", true);
+    const bool with_pieces = j.value("with_pieces", false);
+    nlohmann::json tokens = nlohmann::json::array();
+    for (TokenId id : tok.encode(text, add_special && tok.add_bos(), parse_special)) {
+        if (with_pieces)
+            tokens.push_back({{"id", id}, {"piece", tok.token_to_piece(id)}});
+        else
+            tokens.push_back(id);
     }
+    return {{"tokens", tokens}};
 }
 
-void ApiServer::Impl::detokenize(const HttpRequest& req, HttpConnection& conn) {
-    try {
-        const nlohmann::json j = parse_body(req);
-        if (!j.contains("tokens") || !j["tokens"].is_array())
-            fail("missing field 'tokens' (a list of token ids)");
-        std::vector<TokenId> ids;
-        for (const auto& v : j["tokens"]) {
-            const int64_t id = v.get<int64_t>();
-            if (id < 0 || id >= tok.n_vocab())
-                fail("token id {} is outside the vocabulary (0..{})", id, tok.n_vocab() - 1);
-            ids.push_back(static_cast<TokenId>(id));
-        }
-        send_json(conn, 200, {{"content", tok.decode(ids)}});
-    } catch (const nlohmann::json::exception& e) {
-        send_error(conn, 400, fmt::format("bad field type: {}", e.what()));
-    } catch (const Error& e) {
-        send_error(conn, 400, error_text(e));
+nlohmann::json ApiServer::Impl::detokenize(const nlohmann::json& j) {
+    if (!j.contains("tokens") || !j["tokens"].is_array())
+        fail("missing field 'tokens' (a list of token ids)");
+    std::vector<TokenId> ids;
+    for (const auto& v : j["tokens"]) {
+        const int64_t id = v.get<int64_t>();
+        if (id < 0 || id >= tok.n_vocab())
+            fail("token id {} is outside the vocabulary (0..{})", id, tok.n_vocab() - 1);
+        ids.push_back(static_cast<TokenId>(id));
     }
+    return {{"content", tok.decode(ids)}};
 }
 
 // Embedding passes run on the worker thread between engine steps, on the engine's block
 // table (generation pauses for them; their prompt blocks stay in the prefix cache).
-void ApiServer::Impl::embeddings(const HttpRequest& req, HttpConnection& conn) {
-    try {
-        const nlohmann::json j = parse_body(req);
-        const std::string format = j.value("encoding_format", "float");
-        if (format != "float" && format != "base64")
-            fail("'encoding_format' must be float or base64 (got '{}')", format);
-        const std::vector<std::vector<TokenId>> prompts = api_embedding_inputs(j, tok);
-        int64_t n_tokens = 0;
-        for (const auto& p : prompts) n_tokens += static_cast<int64_t>(p.size());
-        std::vector<std::vector<float>> vectors;
-        std::optional<Error> error;
-        worker->call([&](Engine& e) {
-            try {
-                vectors = compute_embeddings(e.backend(), e.kv_table(), prompts, cfg.pooling,
-                                             cfg.n_batch, e.n_ctx());
-            } catch (const Error& x) {
-                error = x;
-            }
-        });
-        if (error) throw *error;
-        for (auto& v : vectors) normalize_embedding(v, 2);  // OpenAI's are unit vectors
-        send_json(conn, 200,
-                  api_embedding_response(vectors, cfg.api.model_id, n_tokens, format == "base64"));
-    } catch (const nlohmann::json::exception& e) {
-        send_error(conn, 400, fmt::format("bad field type: {}", e.what()));
-    } catch (const Error& e) {
-        send_error(conn, 400, error_text(e));
-    }
+nlohmann::json ApiServer::Impl::embeddings(const nlohmann::json& j) {
+    const std::string format = j.value("encoding_format", "float");
+    if (format != "float" && format != "base64")
+        fail("'encoding_format' must be float or base64 (got '{}')", format);
+    const std::vector<std::vector<TokenId>> prompts = api_embedding_inputs(j, tok);
+    int64_t n_tokens = 0;
+    for (const auto& p : prompts) n_tokens += static_cast<int64_t>(p.size());
+    std::vector<std::vector<float>> vectors;
+    worker->call([&](Engine& e) {
+        vectors = compute_embeddings(e.backend(), e.kv_table(), prompts, cfg.pooling, cfg.n_batch,
+                                     e.n_ctx());
+    });
+    for (auto& v : vectors) normalize_embedding(v, 2);  // OpenAI's are unit vectors
+    return api_embedding_response(vectors, cfg.api.model_id, n_tokens, format == "base64");
 }
 
 nlohmann::json ApiServer::Impl::props() {

@@ -94,10 +94,6 @@ void response_format(ojson& j) {
     j.erase("response_format");
 }
 
-std::string piece_of(const Tokenizer& tok, TokenId id) {
-    return tok.token_to_piece(id);
-}
-
 // OpenAI's logprobs of a text completion: parallel lists (with echo, the prompt's tokens
 // first: the very first has no logprob, null).
 nlohmann::json completion_logprobs(const ApiChoiceResult& c, int32_t k, const Tokenizer& tok) {
@@ -105,7 +101,7 @@ nlohmann::json completion_logprobs(const ApiChoiceResult& c, int32_t k, const To
                    tops = nlohmann::json::array(), offsets = nlohmann::json::array();
     size_t offset = 0;
     if (!c.echo_tokens.empty()) {
-        const std::string piece = piece_of(tok, c.echo_tokens[0]);
+        const std::string piece = tok.token_to_piece(c.echo_tokens[0]);
         tokens.push_back(piece);
         lps.push_back(nullptr);
         tops.push_back(nullptr);
@@ -117,12 +113,12 @@ nlohmann::json completion_logprobs(const ApiChoiceResult& c, int32_t k, const To
     for (const TokenLogprobs& lp : c.result.logprobs) all.push_back(&lp);
     for (const TokenLogprobs* p : all) {
         const TokenLogprobs& lp = *p;
-        const std::string piece = piece_of(tok, lp.chosen.token);
+        const std::string piece = tok.token_to_piece(lp.chosen.token);
         tokens.push_back(piece);
         lps.push_back(lp.chosen.logprob);
         nlohmann::json top = nlohmann::json::object();
         for (size_t i = 0; i < lp.top.size() && i < size_t(k); ++i)
-            top[piece_of(tok, lp.top[i].token)] = lp.top[i].logprob;
+            top[tok.token_to_piece(lp.top[i].token)] = lp.top[i].logprob;
         tops.push_back(std::move(top));
         offsets.push_back(offset);
         offset += piece.size();
@@ -137,7 +133,7 @@ nlohmann::json completion_logprobs(const ApiChoiceResult& c, int32_t k, const To
 // "top_logprobs"}]}.
 nlohmann::json chat_logprobs(const GenerationResult& r, int32_t k, const Tokenizer& tok) {
     auto one = [&](const TokenLogprob& t) {
-        const std::string piece = piece_of(tok, t.token);
+        const std::string piece = tok.token_to_piece(t.token);
         return nlohmann::json{{"token", piece},
                               {"logprob", t.logprob},
                               {"bytes", std::vector<uint8_t>(piece.begin(), piece.end())}};
