@@ -897,7 +897,6 @@ TEST_CASE("cuda matmul observer (imatrix) sees the cpu backend's activations") {
         }
     }
 }
-#endif  // KVRUN_HAS_CUDA
 
 TEST_CASE("cuda backend applies control vectors like the cpu backend") {
     // Directions on two layers of a Q4_K_M llama (one file at scale 1.5, one with a layer
@@ -938,3 +937,4 @@ TEST_CASE("cuda backend applies control vectors like the cpu backend") {
     std::filesystem::remove(path);
     std::filesystem::remove(cv);
 }
+#endif  // KVRUN_HAS_CUDA
