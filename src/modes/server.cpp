@@ -228,7 +228,8 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
                             {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}}))
         client_gone = true;
     auto emit = [&](size_t i, const std::string& delta) {
-        if (!ar.stream || delta.empty() || client_gone) return;
+        // With tools the reply shows once it is whole (api_stream_reply_chunk).
+        if (!ar.stream || delta.empty() || client_gone || ar.tools) return;
         if (!send_event(conn, api_stream_chunk(ar, meta, int32_t(i), delta, !started[i])))
             client_gone = true;
         started[i] = true;
@@ -251,7 +252,8 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
         if (c.result.stop == StopReason::Error) {
             if (!send_event(conn, nlohmann::json::parse(http_error_body(500, c.result.error))))
                 client_gone = true;
-        } else if (!send_event(conn, api_stream_final_chunk(ar, meta, c, tok))) {
+        } else if ((ar.tools && !send_event(conn, api_stream_reply_chunk(ar, meta, c))) ||
+                   !send_event(conn, api_stream_final_chunk(ar, meta, c, tok))) {
             client_gone = true;
         }
     };

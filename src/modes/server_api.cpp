@@ -24,48 +24,23 @@ std::vector<ojson> prompt_list(const ojson& j) {
     return std::vector<ojson>(p.begin(), p.end());
 }
 
-// A message's "content": a string, or a list of {"type": "text", "text": ...} parts.
-std::string message_content(const ojson& m, size_t index) {
-    if (!m.contains("content") || m["content"].is_null()) return {};
-    const ojson& c = m["content"];
-    if (c.is_string()) return c.get<std::string>();
-    if (!c.is_array()) fail("'messages'[{}].content must be a string or a list of parts", index);
-    std::string text;
-    for (const ojson& part : c) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-            !part["text"].is_string())
-            fail(
-                "'messages'[{}]: only text content parts ({{\"type\": \"text\", \"text\": ...}}) "
-                "are supported",
-                index);
-        if (!text.empty()) text += "\n";
-        text += part["text"].get<std::string>();
-    }
-    return text;
-}
-
-// "messages" -> the prompt text in the model's chat format.
-std::string chat_prompt(const ojson& j, const ApiContext& ctx) {
-    if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty())
+// "messages" (and "tools") -> the prompt text in the model's chat format.
+std::string chat_prompt(const ojson& j, const ApiContext& ctx,
+                        const std::optional<ChatTools>& tools) {
+    if (!j.contains("messages"))
         fail("missing field 'messages' (a non-empty list of {{\"role\", \"content\"}})");
-    std::vector<ChatMessage> msgs;
-    size_t i = 0;
-    for (const ojson& m : j["messages"]) {
-        if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-            fail("'messages'[{}] must be an object with a string 'role'", i);
-        std::string role = m["role"].get<std::string>();
-        if (role == "developer") role = "system";  // OpenAI's newer name
-        if (role != "system" && role != "user" && role != "assistant")
-            fail(
-                "'messages'[{}]: role '{}' is not supported (system, user or assistant; kvrun "
-                "has no tool calling)",
-                i, role);
-        msgs.push_back({role, message_content(m, i)});
-        ++i;
+    std::vector<ChatMessage> msgs = chat_messages_from_json(j["messages"]);
+    if (tools) {
+        const std::string text = chat_tools_instructions(*tools);
+        if (msgs[0].role == "system")
+            msgs[0].content += "\n\n" + text;
+        else
+            msgs.insert(msgs.begin(), ChatMessage{"system", text});
     }
     // A conversation that ends with the assistant's words is continued from them (assistant
     // prefill, as llama.cpp's server): the reply header, then that text, left open.
     if (msgs.size() > 1 && msgs.back().role == "assistant") {
+        if (tools) fail("a conversation ending with the assistant's words cannot use 'tools'");
         const std::string start = msgs.back().content;
         msgs.pop_back();
         return chat_template_apply(ctx.chat_template, msgs, true, ctx.special) + start;
@@ -217,6 +192,35 @@ nlohmann::json envelope(const ApiRequest& req, const ApiResponseMeta& meta, bool
             {"model", meta.model}};
 }
 
+// A chat choice's reply as tools read it (ids unique per response and choice).
+ChatToolReply tool_reply(const ApiResponseMeta& meta, const ApiChoiceResult& c) {
+    return chat_tools_parse(c.text, fmt::format("call_{}_{}", meta.id, c.index));
+}
+
+nlohmann::json finish_reason(const ApiRequest& req, const ApiResponseMeta& meta,
+                             const ApiChoiceResult& c) {
+    if (req.tools && !tool_reply(meta, c).calls.empty()) return "tool_calls";
+    return api_finish_reason(c.result.stop);
+}
+
+// A chat choice's message (or, streamed, its delta).
+nlohmann::json chat_message(const ApiRequest& req, const ApiResponseMeta& meta,
+                            const ApiChoiceResult& c, bool delta) {
+    nlohmann::json m = {{"role", "assistant"}};
+    if (!req.tools) {
+        m["content"] = c.text;
+        return m;
+    }
+    const ChatToolReply r = tool_reply(meta, c);
+    if (r.calls.empty()) {
+        m["content"] = r.content;
+    } else {
+        m["content"] = nullptr;
+        m["tool_calls"] = tool_calls_json(r.calls, delta);
+    }
+    return m;
+}
+
 }  // namespace
 
 ApiRequest api_request_from_json(ApiFormat format, const std::string& body, const ApiContext& ctx,
@@ -243,9 +247,19 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
         }
         if (j.contains("suffix") && !j["suffix"].get<std::string>().empty())
             fail("'suffix' (fill in the middle) is not supported");
-        if ((j.contains("tools") && !j["tools"].empty()) ||
-            (j.contains("functions") && !j["functions"].empty()))
-            fail("tool and function calling are not supported");
+        if (j.contains("functions") && !j["functions"].empty())
+            fail("'functions' (OpenAI's older form) is not supported: list them in 'tools'");
+        if (format == ApiFormat::OpenAiChat) {
+            out.tools = chat_tools_from_json(j);
+        } else if (j.contains("tools") && !j["tools"].empty()) {
+            fail("'tools' are for /v1/chat/completions");
+        }
+        if (out.tools && (j.contains("grammar") || j.contains("json_schema") ||
+                          (j.contains("response_format") &&
+                           j["response_format"].value("type", "text") != "text")))
+            fail(
+                "'tools' constrain the reply themselves: drop 'grammar', 'json_schema' or "
+                "'response_format'");
         if (format != ApiFormat::Completion) {
             if (j.contains("max_completion_tokens"))
                 j["n_predict"] = j["max_completion_tokens"];
@@ -268,8 +282,9 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
         if (j.contains("stop") && j["stop"].is_string()) j["stop"] = ojson::array({j["stop"]});
         response_format(j);
         if (format == ApiFormat::OpenAiChat) {
-            j["prompt"] = chat_prompt(j, ctx);
+            j["prompt"] = chat_prompt(j, ctx, out.tools);
             d.parse_special = true;
+            if (out.tools) j["json_schema"] = chat_tools_schema(*out.tools);
         }
         if (format == ApiFormat::Completion && j.value("n_samples", 1) != 1)
             fail("/completion returns one generation; use /v1/completions with \"n\" for more");
@@ -321,13 +336,23 @@ nlohmann::json api_stream_chunk(const ApiRequest& req, const ApiResponseMeta& me
     return j;
 }
 
+nlohmann::json api_stream_reply_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
+                                      const ApiChoiceResult& c) {
+    nlohmann::json j = envelope(req, meta, true);
+    j["choices"] = nlohmann::json::array({{{"index", c.index},
+                                           {"delta", chat_message(req, meta, c, /*delta=*/true)},
+                                           {"logprobs", nullptr},
+                                           {"finish_reason", nullptr}}});
+    return j;
+}
+
 nlohmann::json api_stream_final_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
                                       const ApiChoiceResult& c, const Tokenizer& tok) {
     if (req.format == ApiFormat::Completion) return native_result(req, meta, c, "", tok);
     nlohmann::json j = envelope(req, meta, true);
     nlohmann::json choice = {{"index", c.index},
                              {"logprobs", choice_logprobs(req, c, tok)},
-                             {"finish_reason", api_finish_reason(c.result.stop)}};
+                             {"finish_reason", finish_reason(req, meta, c)}};
     if (req.format == ApiFormat::OpenAiChat)
         choice["delta"] = nlohmann::json::object();
     else
@@ -353,9 +378,9 @@ nlohmann::json api_response(const ApiRequest& req, const ApiResponseMeta& meta,
     for (const ApiChoiceResult& c : choices) {
         nlohmann::json choice = {{"index", c.index},
                                  {"logprobs", choice_logprobs(req, c, tok)},
-                                 {"finish_reason", api_finish_reason(c.result.stop)}};
+                                 {"finish_reason", finish_reason(req, meta, c)}};
         if (req.format == ApiFormat::OpenAiChat)
-            choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+            choice["message"] = chat_message(req, meta, c, /*delta=*/false);
         else
             choice["text"] = c.echo_text + c.text;
         j["choices"].push_back(std::move(choice));

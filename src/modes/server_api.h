@@ -9,18 +9,20 @@
 // {"type": "json_schema", "json_schema": {"schema": ...}}), stream and
 // stream_options.include_usage. Fields a client sets to null keep the server's defaults;
 // fields kvrun does not know are ignored (clients send many), but ones it cannot honour
-// (suffix, tools, images, best_of > n, echo outside /v1/completions) are refused with a
-// clear message. A list of
-// prompts runs as that many requests (at most kMaxApiPrompts).
+// (suffix, images, best_of > n, echo outside /v1/completions) are refused with a clear
+// message. A list of prompts runs as that many requests (at most kMaxApiPrompts). Chat
+// requests may carry tools (server_tools.h).
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "chat_session.h"
 #include "chat_template.h"
 #include "modes/request_json.h"
+#include "modes/server_tools.h"
 #include "stop_text.h"
 #include "tokenizer.h"
 
@@ -55,6 +57,9 @@ struct ApiRequest {
     bool stream = false;
     bool include_usage = false;  // stream_options.include_usage: a last chunk with "usage"
     int32_t top_logprobs = -1;   // OpenAI logprobs: alternatives shown (-1: no logprobs)
+    // Chat with tools: the reply is generated in server_tools.h's JSON format and shown as
+    // tool calls or content once the choice ends (streams send no text deltas before).
+    std::optional<ChatTools> tools;
 };
 
 constexpr size_t kMaxApiPrompts = 256;
@@ -108,6 +113,11 @@ struct ApiChoiceResult {
     GenerationResult result;
     std::string stop_word;  // the stop string that ended it ("" for none)
 };
+
+// With tools: the chunk carrying a finished choice's message (its tool calls or content),
+// sent before its final chunk.
+nlohmann::json api_stream_reply_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
+                                      const ApiChoiceResult& choice);
 
 // The last streamed chunk of a choice (its finish reason; llama.cpp's: the whole result
 // with "stop": true).

@@ -1,0 +1,269 @@
+// Tool calling in one generic JSON format (see server_tools.h).
+#include "modes/server_tools.h"
+
+#include <map>
+
+#include "common.h"
+
+namespace kvrun {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+// A message's "content": a string, or a list of {"type": "text", "text": ...} parts.
+std::string message_content(const ojson& m, size_t index) {
+    if (!m.contains("content") || m["content"].is_null()) return {};
+    const ojson& c = m["content"];
+    if (c.is_string()) return c.get<std::string>();
+    if (!c.is_array()) fail("'messages'[{}].content must be a string or a list of parts", index);
+    std::string text;
+    for (const ojson& part : c) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string())
+            fail(
+                "'messages'[{}]: only text content parts ({{\"type\": \"text\", \"text\": ...}}) "
+                "are supported",
+                index);
+        if (!text.empty()) text += "\n";
+        text += part["text"].get<std::string>();
+    }
+    return text;
+}
+
+// One OpenAI tool call of an assistant message -> {"name", "arguments"} as the model writes
+// it (arguments come as a JSON string; one that does not parse stays a string).
+ojson written_call(const ojson& call, size_t index) {
+    if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
+        !call["function"].contains("name") || !call["function"]["name"].is_string())
+        fail("'messages'[{}].tool_calls: each call needs \"function\": {{\"name\", \"arguments\"}}",
+             index);
+    const ojson& f = call["function"];
+    ojson args = ojson::object();
+    if (f.contains("arguments") && f["arguments"].is_string()) {
+        const std::string text = f["arguments"].get<std::string>();
+        args = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
+        if (args.is_discarded()) args = text;
+    } else if (f.contains("arguments")) {
+        args = f["arguments"];
+    }
+    return ojson{{"name", f["name"]}, {"arguments", args}};
+}
+
+// Collects $defs / definitions of a tool's parameters into the root schema's, where the
+// tool's "#/$defs/X" references point once it sits inside the reply schema.
+void hoist_definitions(ojson& params, ojson& root, const std::string& tool) {
+    for (const char* key : {"$defs", "definitions"}) {
+        if (!params.is_object() || !params.contains(key)) continue;
+        if (!params[key].is_object())
+            fail("tool '{}': parameters' \"{}\" must be an object", tool, key);
+        for (auto& [name, def] : params[key].items()) {
+            if (root[key].contains(name) && root[key][name] != def)
+                fail("tools define \"{}/{}\" twice, differently (tool '{}')", key, name, tool);
+            root[key][name] = def;
+        }
+        params.erase(key);
+    }
+}
+
+}  // namespace
+
+std::optional<ChatTools> chat_tools_from_json(const ojson& j) {
+    if (!j.contains("tools") || j["tools"].is_null()) {
+        if (j.contains("tool_choice") && j["tool_choice"].is_object())
+            fail("'tool_choice' names a function but the request lists no 'tools'");
+        return std::nullopt;
+    }
+    const ojson& tools = j["tools"];
+    if (!tools.is_array()) fail("'tools' must be a list of {{\"type\": \"function\", ...}}");
+    if (tools.empty()) return std::nullopt;
+    ChatTools out;
+    for (size_t i = 0; i < tools.size(); ++i) {
+        const ojson& t = tools[i];
+        if (!t.is_object() || t.value("type", "function") != "function" ||
+            !t.contains("function") || !t["function"].is_object())
+            fail("'tools'[{}] must be {{\"type\": \"function\", \"function\": {{...}}}}", i);
+        const ojson& f = t["function"];
+        if (!f.contains("name") || !f["name"].is_string() || f["name"].get<std::string>().empty())
+            fail("'tools'[{}].function needs a non-empty string 'name'", i);
+        const std::string name = f["name"].get<std::string>();
+        for (const ojson& other : out.functions)
+            if (other["name"] == name) fail("'tools' lists the function '{}' twice", name);
+        ojson fn = {{"name", name}};
+        if (f.contains("description") && f["description"].is_string())
+            fn["description"] = f["description"];
+        ojson params = f.contains("parameters") && !f["parameters"].is_null()
+                           ? f["parameters"]
+                           : ojson{{"type", "object"}, {"properties", ojson::object()}};
+        if (!params.is_object())
+            fail("'tools'[{}].function.parameters must be a JSON schema object", i);
+        fn["parameters"] = params;
+        out.functions.push_back(std::move(fn));
+    }
+    if (j.contains("parallel_tool_calls") && !j["parallel_tool_calls"].is_null()) {
+        if (!j["parallel_tool_calls"].is_boolean())
+            fail("'parallel_tool_calls' must be true or false");
+        out.parallel = j["parallel_tool_calls"].get<bool>();
+    }
+    if (!j.contains("tool_choice") || j["tool_choice"].is_null()) return out;
+    const ojson& c = j["tool_choice"];
+    if (c.is_string()) {
+        const std::string s = c.get<std::string>();
+        if (s == "none") return std::nullopt;
+        if (s == "required")
+            out.required = true;
+        else if (s != "auto")
+            fail(
+                "'tool_choice' must be \"auto\", \"none\", \"required\" or a function (got \"{}\")",
+                s);
+        return out;
+    }
+    if (!c.is_object() || !c.contains("function") || !c["function"].is_object() ||
+        !c["function"].contains("name") || !c["function"]["name"].is_string())
+        fail(
+            "'tool_choice' must be \"auto\", \"none\", \"required\" or {{\"type\": \"function\", "
+            "\"function\": {{\"name\": ...}}}}");
+    out.only = c["function"]["name"].get<std::string>();
+    out.required = true;
+    bool listed = false;
+    for (const ojson& f : out.functions) listed = listed || f["name"] == out.only;
+    if (!listed) fail("'tool_choice' names '{}', which 'tools' does not list", out.only);
+    return out;
+}
+
+std::string chat_tools_instructions(const ChatTools& t) {
+    std::string s =
+        "You can call tools (functions). Here they are as JSON, each with its name, what it "
+        "does, and its parameters as a JSON schema:\n";
+    for (const ojson& f : t.functions) s += f.dump() + "\n";  // one line per tool
+    s += "\nReply with one JSON object and nothing else.\n";
+    const std::string calls = t.parallel ? "one or more calls" : "exactly one call";
+    if (!t.only.empty()) {
+        s += fmt::format(
+            "Call the tool \"{}\": {{\"tool_calls\": [{{\"name\": \"{}\", \"arguments\": "
+            "{{...}}}}]}} ({}).\n",
+            t.only, t.only, calls);
+    } else {
+        s += fmt::format(
+            "{}To call tools: {{\"tool_calls\": [{{\"name\": \"<tool name>\", \"arguments\": "
+            "{{...}}}}]}} ({}).\n",
+            t.required ? "You must call a tool. " : "", calls);
+        if (!t.required) s += "To answer the user instead: {\"response\": \"<your answer>\"}.\n";
+    }
+    s += "The results of your calls come back in a message {\"tool_results\": [...]}.";
+    return s;
+}
+
+ojson chat_tools_schema(const ChatTools& t) {
+    ojson root = ojson::object();
+    ojson defs = {{"$defs", ojson::object()}, {"definitions", ojson::object()}};
+    ojson alternatives = ojson::array();
+    for (const ojson& f : t.functions) {
+        if (!t.only.empty() && f["name"] != t.only) continue;
+        ojson params = f["parameters"];
+        hoist_definitions(params, defs, f["name"].get<std::string>());
+        alternatives.push_back(
+            {{"type", "object"},
+             {"properties", {{"name", {{"const", f["name"]}}}, {"arguments", params}}},
+             {"required", {"name", "arguments"}}});
+    }
+    ojson calls = {
+        {"type", "array"},
+        {"items", alternatives.size() == 1 ? alternatives[0] : ojson{{"anyOf", alternatives}}},
+        {"minItems", 1}};
+    if (!t.parallel) calls["maxItems"] = 1;
+    const ojson call_reply = {
+        {"type", "object"}, {"properties", {{"tool_calls", calls}}}, {"required", {"tool_calls"}}};
+    if (t.required) {
+        root = call_reply;
+    } else {
+        const ojson answer = {{"type", "object"},
+                              {"properties", {{"response", {{"type", "string"}}}}},
+                              {"required", {"response"}}};
+        root["anyOf"] = ojson::array({call_reply, answer});
+    }
+    for (const char* key : {"$defs", "definitions"})
+        if (!defs[key].empty()) root[key] = defs[key];
+    return root;
+}
+
+std::vector<ChatMessage> chat_messages_from_json(const ojson& messages) {
+    if (!messages.is_array() || messages.empty())
+        fail("missing field 'messages' (a non-empty list of {{\"role\", \"content\"}})");
+    std::vector<ChatMessage> msgs;
+    std::map<std::string, std::string> call_names;  // tool_call_id -> function name
+    ojson results = ojson::array();                 // consecutive tool messages
+    auto flush_results = [&] {
+        if (results.empty()) return;
+        msgs.push_back({"user", ojson{{"tool_results", results}}.dump()});
+        results = ojson::array();
+    };
+    for (size_t i = 0; i < messages.size(); ++i) {
+        const ojson& m = messages[i];
+        if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+            fail("'messages'[{}] must be an object with a string 'role'", i);
+        std::string role = m["role"].get<std::string>();
+        if (role == "developer") role = "system";  // OpenAI's newer name
+        if (role == "tool") {
+            ojson r = ojson::object();
+            const std::string id = m.value("tool_call_id", "");
+            if (!id.empty()) r["tool_call_id"] = id;
+            if (call_names.count(id)) r["name"] = call_names[id];
+            r["content"] = message_content(m, i);
+            results.push_back(std::move(r));
+            continue;
+        }
+        flush_results();
+        if (role != "system" && role != "user" && role != "assistant")
+            fail("'messages'[{}]: role '{}' is not supported (system, user, assistant or tool)", i,
+                 role);
+        if (role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null() &&
+            !(m["tool_calls"].is_array() && m["tool_calls"].empty())) {
+            if (!m["tool_calls"].is_array()) fail("'messages'[{}].tool_calls must be a list", i);
+            ojson calls = ojson::array();
+            for (const ojson& call : m["tool_calls"]) {
+                calls.push_back(written_call(call, i));
+                if (call.contains("id") && call["id"].is_string())
+                    call_names[call["id"].get<std::string>()] = calls.back()["name"];
+            }
+            msgs.push_back({"assistant", ojson{{"tool_calls", calls}}.dump()});
+            continue;
+        }
+        msgs.push_back({role, message_content(m, i)});
+    }
+    flush_results();
+    return msgs;
+}
+
+ChatToolReply chat_tools_parse(const std::string& text, const std::string& id_prefix) {
+    ChatToolReply out;
+    const ojson j = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("tool_calls") && j["tool_calls"].is_array()) {
+        for (const ojson& c : j["tool_calls"]) {
+            if (!c.is_object() || !c.contains("name") || !c["name"].is_string()) continue;
+            out.calls.push_back({fmt::format("{}_{}", id_prefix, out.calls.size()),
+                                 c["name"].get<std::string>(),
+                                 c.contains("arguments") ? c["arguments"].dump() : "{}"});
+        }
+        if (!out.calls.empty()) return out;
+    }
+    if (j.is_object() && j.contains("response") && j["response"].is_string())
+        out.content = j["response"].get<std::string>();
+    else
+        out.content = text;
+    return out;
+}
+
+nlohmann::json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index) {
+    nlohmann::json list = nlohmann::json::array();
+    for (size_t k = 0; k < calls.size(); ++k) {
+        nlohmann::json c = {
+            {"id", calls[k].id},
+            {"type", "function"},
+            {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}};
+        if (with_index) c["index"] = k;
+        list.push_back(std::move(c));
+    }
+    return list;
+}
+
+}  // namespace kvrun

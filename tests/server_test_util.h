@@ -1,0 +1,105 @@
+// The server tests' fixtures: a shared model served in-process by an ApiServer on a thread,
+// and a socket client for it.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine.h"
+#include "http_client.h"
+#include "modes/model_options.h"
+#include "modes/server.h"
+#include "modes/server_api.h"
+#include "test_util.h"
+
+namespace kvrun::test {
+
+using nlohmann::json;
+
+// The shared stories260K model on the CPU, with an engine, for the server tests.
+struct Served {
+    LoadedModel m;
+    std::unique_ptr<Engine> engine;
+    explicit Served(const std::string& path, int32_t n_ctx = 512, int32_t parallel = 4,
+                    int32_t draft_ngram = 0) {
+        ModelOptions o;
+        o.model = path;
+        o.device = "cpu";
+        o.n_ctx = n_ctx;
+        m = load_model(o, parallel);
+        EngineOptions eo = engine_options(o, parallel);
+        eo.draft_ngram = draft_ngram;
+        engine = std::make_unique<Engine>(*m.backend, *m.tokenizer, eo);
+    }
+    ServerConfig config() const {
+        ServerConfig c;
+        c.http.port = 0;
+        c.api.model_id = "stories";
+        c.api.defaults.n_predict = 32;
+        c.api.chat_template = ChatTemplateKind::Plain;
+        c.api.special = chat_special_texts(*m.tokenizer);
+        c.api.chat_stops = chat_stops(ChatTemplateKind::Plain, *m.tokenizer);
+        return c;
+    }
+    // What the engine alone generates (greedy) for a prompt text, as the API shows it.
+    std::string reference(const std::string& prompt, int32_t n_predict,
+                          const std::vector<std::string>& stops = {}) {
+        GenerationRequest r;
+        r.prompt = m.tokenizer->encode(prompt, m.tokenizer->add_bos(), false);
+        r.n_predict = n_predict;
+        r.sampling.temperature = 0;
+        r.stop_strings = stops;
+        std::vector<TokenId> toks;
+        engine->on_finish([&](const GenerationResult& g) { toks = g.tokens; });
+        engine->submit(r);
+        engine->run();
+        engine->on_finish(nullptr);
+        ApiTextStream text(*m.tokenizer, stops);
+        for (TokenId t : toks) text.push(t);
+        text.finish();
+        return text.text();
+    }
+};
+
+// Runs an ApiServer on a thread for the scope.
+struct Running {
+    ApiServer server;
+    std::atomic<bool> stop{false};
+    std::thread thread;
+    Running(ServerConfig cfg, Served& s) : server(std::move(cfg), *s.engine, *s.m.tokenizer) {
+        thread = std::thread([this] { server.serve(stop); });
+    }
+    ~Running() {
+        stop = true;
+        thread.join();
+    }
+    HttpReply post(const std::string& path, const json& body, const std::string& headers = {}) {
+        HttpClient c(server.port());
+        return c.request("POST", path, body.dump(), headers);
+    }
+    HttpReply get(const std::string& path) {
+        HttpClient c(server.port());
+        return c.request("GET", path);
+    }
+    // A Prometheus counter or gauge from /metrics.
+    double metric(const std::string& name) {
+        const HttpReply r = get("/metrics");
+        std::smatch m;
+        const std::regex re("\nkvrun:" + name + " ([0-9.e+-]+)");
+        REQUIRE_MESSAGE(std::regex_search(r.body, m, re), r.body);
+        return std::stod(m[1]);
+    }
+};
+
+std::string model_path() {
+    return kvrun::test::shared_model("stories260K.gguf").string();
+}
+
+}  // namespace kvrun::test

@@ -1,0 +1,337 @@
+// Tool calling on /v1/chat/completions (server_tools.h): the request's tools become a
+// system-prompt text and a grammar, so whatever the model writes is a call of a listed tool
+// with arguments matching its schema (or, with tool_choice "auto", an answer); the reply comes
+// back as OpenAI's tool_calls, streamed the same as whole; earlier calls and their results in
+// the conversation are written into the prompt; bad tool requests get one clear 400 each.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "grammar.h"
+#include "json_schema.h"
+#include "modes/server_tools.h"
+#include "server_test_util.h"
+
+using namespace kvrun;
+using namespace kvrun::test;
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+// Two tools whose arguments are bounded (a short string, an enum, integers), so even a tiny
+// model's constrained reply ends.
+ojson weather_and_add() {
+    return ojson::parse(R"([
+      {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object",
+          "properties": {"city": {"type": "string", "maxLength": 12},
+                         "unit": {"enum": ["celsius", "fahrenheit"]}},
+          "required": ["city", "unit"]}}},
+      {"type": "function", "function": {
+        "name": "add", "description": "Adds two integers.",
+        "parameters": {"type": "object",
+          "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 999},
+                         "b": {"type": "integer", "minimum": 0, "maximum": 999}},
+          "required": ["a", "b"]}}}
+    ])");
+}
+
+std::shared_ptr<const Grammar> schema_grammar(const ojson& schema) {
+    return Grammar::parse(json_schema_to_grammar(schema));
+}
+
+// A call's arguments must parse and match its tool's parameters.
+void check_call(const json& call, const std::set<std::string>& names) {
+    CHECK(call["type"] == "function");
+    CHECK(call["id"].is_string());
+    const std::string name = call["function"]["name"];
+    CHECK(names.count(name) == 1);
+    const json args = json::parse(call["function"]["arguments"].get<std::string>());
+    if (name == "get_weather") {
+        CHECK(args["city"].is_string());
+        CHECK(args["city"].get<std::string>().size() <= 12);
+        CHECK((args["unit"] == "celsius" || args["unit"] == "fahrenheit"));
+    } else {
+        CHECK(args["a"].is_number_integer());
+        CHECK(args["b"].is_number_integer());
+        CHECK(args["a"].get<int>() <= 999);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("tools: the reply schema admits exactly calls of listed tools (or an answer)") {
+    ojson req = {{"tools", weather_and_add()}};
+    std::optional<ChatTools> t = chat_tools_from_json(req);
+    REQUIRE(t);
+    CHECK(t->functions.size() == 2);
+    CHECK(!t->required);
+    auto g = schema_grammar(chat_tools_schema(*t));
+    CHECK(
+        grammar_accepts(*g, R"({"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]})"));
+    CHECK(grammar_accepts(
+        *g, R"({"tool_calls":[{"name":"get_weather","arguments":{"city":"Oslo","unit":"celsius"}},)"
+            R"({"name":"add","arguments":{"a":3,"b":4}}]})"));
+    CHECK(grammar_accepts(*g, R"({"response": "It is sunny."})"));
+    CHECK(!grammar_accepts(*g, R"({"tool_calls": [{"name": "mul", "arguments": {}}]})"));
+    CHECK(!grammar_accepts(*g, R"({"tool_calls": [{"name": "add", "arguments": {"a": 1}}]})"));
+    CHECK(!grammar_accepts(
+        *g, R"({"tool_calls": [{"name": "add", "arguments": {"a": "1", "b": 2}}]})"));
+    CHECK(!grammar_accepts(*g, R"({"tool_calls": []})"));
+    CHECK(!grammar_accepts(*g, "It is sunny."));
+
+    // "required", no parallel calls: one call, no answer.
+    req["tool_choice"] = "required";
+    req["parallel_tool_calls"] = false;
+    t = chat_tools_from_json(req);
+    REQUIRE(t);
+    g = schema_grammar(chat_tools_schema(*t));
+    CHECK(
+        grammar_accepts(*g, R"({"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]})"));
+    CHECK(!grammar_accepts(*g, R"({"response": "It is sunny."})"));
+    CHECK(!grammar_accepts(*g, R"({"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}},)"
+                               R"({"name": "add", "arguments": {"a": 1, "b": 2}}]})"));
+    CHECK(chat_tools_instructions(*t).find("exactly one call") != std::string::npos);
+    CHECK(chat_tools_instructions(*t).find("\"response\"") == std::string::npos);
+
+    // One named tool: only it.
+    req["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+    t = chat_tools_from_json(req);
+    REQUIRE(t);
+    CHECK(t->only == "get_weather");
+    g = schema_grammar(chat_tools_schema(*t));
+    CHECK(grammar_accepts(
+        *g,
+        R"({"tool_calls": [{"name": "get_weather", "arguments": {"city": "Rome", "unit": "celsius"}}]})"));
+    CHECK(!grammar_accepts(*g,
+                           R"({"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]})"));
+
+    // "none" and no tools: plain chat.
+    req["tool_choice"] = "none";
+    CHECK(!chat_tools_from_json(req));
+    CHECK(!chat_tools_from_json(ojson{{"tools", ojson::array()}}));
+
+    // A tool without parameters takes {}; $defs of a tool's parameters reach the root.
+    const ojson defs = ojson::parse(R"({"tools": [
+      {"type": "function", "function": {"name": "now"}},
+      {"type": "function", "function": {"name": "move", "parameters": {"type": "object",
+        "properties": {"to": {"$ref": "#/$defs/Point"}}, "required": ["to"],
+        "$defs": {"Point": {"type": "object", "properties": {"x": {"type": "integer"}},
+                            "required": ["x"]}}}}}]})");
+    t = chat_tools_from_json(defs);
+    REQUIRE(t);
+    g = schema_grammar(chat_tools_schema(*t));
+    CHECK(grammar_accepts(*g, R"({"tool_calls": [{"name": "now", "arguments": {}}]})"));
+    CHECK(grammar_accepts(*g,
+                          R"({"tool_calls": [{"name": "move", "arguments": {"to": {"x": 5}}}]})"));
+    CHECK(!grammar_accepts(
+        *g, R"({"tool_calls": [{"name": "move", "arguments": {"to": {"x": "5"}}}]})"));
+}
+
+TEST_CASE("tools: bad tool requests are refused with a clear message") {
+    struct Case {
+        std::string request;
+        std::string message;
+    };
+    const std::vector<Case> cases = {
+        {R"({"tools": {"type": "function"}})", "'tools' must be a list"},
+        {R"({"tools": [{"type": "retrieval"}]})", "'tools'[0] must be"},
+        {R"({"tools": [{"type": "function", "function": {"description": "x"}}]})",
+         "non-empty string 'name'"},
+        {R"({"tools": [{"function": {"name": "a"}}, {"function": {"name": "a"}}]})", "'a' twice"},
+        {R"({"tools": [{"function": {"name": "a", "parameters": 3}}]})",
+         "must be a JSON schema object"},
+        {R"({"tools": [{"function": {"name": "a"}}], "tool_choice": "sometimes"})",
+         "\"sometimes\""},
+        {R"({"tools": [{"function": {"name": "a"}}], "tool_choice": {"type": "function",
+            "function": {"name": "b"}}})",
+         "'b', which 'tools' does not list"},
+        {R"({"tool_choice": {"type": "function", "function": {"name": "b"}}})", "lists no 'tools'"},
+        {R"({"tools": [{"function": {"name": "a"}}], "parallel_tool_calls": "yes"})",
+         "true or false"},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(c.request);
+        try {
+            chat_tools_from_json(ojson::parse(c.request));
+            FAIL("no error");
+        } catch (const Error& e) {
+            CHECK_MESSAGE(std::string(e.what()).find(c.message) != std::string::npos, e.what());
+        }
+    }
+}
+
+TEST_CASE("tools: earlier calls and their results are written into the conversation") {
+    const ojson messages = ojson::parse(R"([
+      {"role": "user", "content": "Weather in Oslo and Rome?"},
+      {"role": "assistant", "content": null, "tool_calls": [
+        {"id": "c1", "type": "function",
+         "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}},
+        {"id": "c2", "type": "function",
+         "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "rain"},
+      {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "sun"}]},
+      {"role": "developer", "content": "Be brief."}
+    ])");
+    const std::vector<ChatMessage> m = chat_messages_from_json(messages);
+    REQUIRE(m.size() == 4);
+    CHECK(m[0] == ChatMessage{"user", "Weather in Oslo and Rome?"});
+    CHECK(m[1].role == "assistant");
+    CHECK(m[1].content == R"({"tool_calls":[{"name":"get_weather","arguments":{"city":"Oslo"}},)"
+                          R"({"name":"get_weather","arguments":{"city":"Rome"}}]})");
+    CHECK(m[2].role == "user");  // both results in one message, with the tools' names
+    CHECK(m[2].content ==
+          R"({"tool_results":[{"tool_call_id":"c1","name":"get_weather","content":"rain"},)"
+          R"({"tool_call_id":"c2","name":"get_weather","content":"sun"}]})");
+    CHECK(m[3] == ChatMessage{"system", "Be brief."});
+
+    // Replies read back.
+    ChatToolReply r = chat_tools_parse(
+        R"({"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "now", "arguments": {}}]})",
+        "call_x");
+    REQUIRE(r.calls.size() == 2);
+    CHECK(r.calls[0].id == "call_x_0");
+    CHECK(r.calls[0].name == "add");
+    CHECK(r.calls[0].arguments == R"({"a":1,"b":2})");
+    CHECK(r.calls[1].id == "call_x_1");
+    r = chat_tools_parse(R"({"response": "Hello"})", "c");
+    CHECK(r.calls.empty());
+    CHECK(r.content == "Hello");
+    r = chat_tools_parse(R"({"tool_calls": [{"name": "ad)", "c");  // cut short: shown whole
+    CHECK(r.calls.empty());
+    CHECK(r.content == R"({"tool_calls": [{"name": "ad)");
+}
+
+TEST_CASE("server: tool calls on /v1/chat/completions, whole and streamed") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, /*n_ctx=*/2048);
+    ServerConfig cfg = s.config();
+    cfg.api.chat_template = ChatTemplateKind::ChatML;
+    cfg.api.chat_stops = chat_stops(ChatTemplateKind::ChatML, *s.m.tokenizer);
+    Running run(cfg, s);
+    const std::set<std::string> both = {"get_weather", "add"};
+    const json tools = json::parse(weather_and_add().dump());
+    const json messages = {{{"role", "user"}, {"content", "What is 2 plus 3?"}}};
+
+    // "required", one call: the model (a 260K-parameter story model, which knows nothing of
+    // tools) still produces a well-formed call of a listed tool.
+    json body = {{"messages", messages},         {"tools", tools},    {"tool_choice", "required"},
+                 {"parallel_tool_calls", false}, {"max_tokens", 200}, {"temperature", 0}};
+    HttpReply r = run.post("/v1/chat/completions", body);
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    json j = json::parse(r.body);
+    json choice = j["choices"][0];
+    CHECK(choice["finish_reason"] == "tool_calls");
+    CHECK(choice["message"]["role"] == "assistant");
+    CHECK(choice["message"]["content"].is_null());
+    REQUIRE(choice["message"]["tool_calls"].size() == 1);
+    check_call(choice["message"]["tool_calls"][0], both);
+    const json whole_calls = choice["message"]["tool_calls"];
+
+    // Streamed: no text deltas, then one delta with the same calls (indexed), then the finish.
+    body["stream"] = true;
+    r = run.post("/v1/chat/completions", body);
+    REQUIRE(r.status == 200);
+    const auto events = sse_data(r.body);
+    REQUIRE(events.size() == 3);
+    CHECK(events[2] == "[DONE]");
+    const json delta = json::parse(events[0])["choices"][0]["delta"];
+    CHECK(delta["role"] == "assistant");
+    REQUIRE(delta["tool_calls"].size() == 1);
+    CHECK(delta["tool_calls"][0]["index"] == 0);
+    CHECK(delta["tool_calls"][0]["function"] == whole_calls[0]["function"]);
+    CHECK(json::parse(events[1])["choices"][0]["finish_reason"] == "tool_calls");
+
+    // A named tool, several samples: every sample calls it.
+    body = {{"messages", messages},
+            {"tools", tools},
+            {"tool_choice", {{"type", "function"}, {"function", {{"name", "add"}}}}},
+            {"parallel_tool_calls", false},
+            {"n", 3},
+            {"seed", 7},
+            {"max_tokens", 200}};
+    r = run.post("/v1/chat/completions", body);
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    j = json::parse(r.body);
+    REQUIRE(j["choices"].size() == 3);
+    std::set<std::string> ids;
+    for (const json& c : j["choices"]) {
+        CHECK(c["finish_reason"] == "tool_calls");
+        REQUIRE(c["message"]["tool_calls"].size() == 1);
+        check_call(c["message"]["tool_calls"][0], {"add"});
+        ids.insert(c["message"]["tool_calls"][0]["id"].get<std::string>());
+    }
+    CHECK(ids.size() == 3);  // unique per choice
+
+    // "auto" after a call and its result: a call or an answer, either well formed.
+    const json history = json::parse(R"([
+      {"role": "user", "content": "What is 2 plus 3?"},
+      {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+        "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "5"}])");
+    body = {{"messages", history},
+            {"tools", tools},
+            {"parallel_tool_calls", false},
+            {"max_tokens", 300},
+            {"temperature", 0}};
+    r = run.post("/v1/chat/completions", body);
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    choice = json::parse(r.body)["choices"][0];
+    if (choice["finish_reason"] == "tool_calls") {
+        for (const json& c : choice["message"]["tool_calls"]) check_call(c, both);
+    } else {
+        INFO(choice.dump());
+        CHECK(choice["finish_reason"] == "stop");
+        CHECK(choice["message"]["content"].is_string());
+        CHECK(!choice["message"].contains("tool_calls"));
+    }
+    // The prompt the server built holds the tools, the call and its result.
+    ApiContext ctx = cfg.api;
+    const ApiRequest ar =
+        api_request_from_json(ApiFormat::OpenAiChat, body.dump(), ctx, *s.m.tokenizer);
+    const std::string& prompt = ar.prompt_texts[0];
+    CHECK(prompt.find(R"({"name":"get_weather","description":"The weather in a city.")") !=
+          std::string::npos);
+    CHECK(prompt.find(R"({"tool_calls":[{"name":"add","arguments":{"a":2,"b":3}}]})") !=
+          std::string::npos);
+    CHECK(prompt.find(R"({"tool_results":[{"tool_call_id":"c1","name":"add","content":"5"}]})") !=
+          std::string::npos);
+
+    // Bad combinations: one clear 400 each.
+    struct Bad {
+        std::string path;
+        json body;
+        std::string message;
+    };
+    const std::vector<Bad> bad = {
+        {"/v1/completions", {{"prompt", "x"}, {"tools", tools}}, "/v1/chat/completions"},
+        {"/v1/chat/completions",
+         {{"messages", messages}, {"tools", tools}, {"response_format", {{"type", "json_object"}}}},
+         "drop 'grammar'"},
+        {"/v1/chat/completions",
+         {{"messages", messages}, {"tools", tools}, {"grammar", "root ::= \"x\""}},
+         "drop 'grammar'"},
+        {"/v1/chat/completions",
+         {{"messages",
+           {{{"role", "user"}, {"content", "x"}}, {{"role", "assistant"}, {"content", "y"}}}},
+          {"tools", tools}},
+         "cannot use 'tools'"},
+        {"/v1/chat/completions",
+         {{"messages", messages},
+          {"tools", json::parse(R"([{"type": "function", "function": {"name": "f",
+              "parameters": {"type": "object",
+                             "properties": {"s": {"type": "string", "pattern": "^a$"}}}}}])")}},
+         "pattern"},
+        {"/v1/chat/completions", {{"messages", messages}, {"functions", tools}}, "'tools'"},
+    };
+    for (const Bad& b : bad) {
+        CAPTURE(b.body.dump());
+        const HttpReply e = run.post(b.path, b.body);
+        CHECK(e.status == 400);
+        CHECK_MESSAGE(e.body.find(b.message) != std::string::npos, e.body);
+    }
+}
