@@ -85,8 +85,9 @@ void Tokenizer::load_vocab(const GgufFile& f, const VocabDefaults& d) {
 
     auto valid = [n](TokenId id) { return id >= 0 && static_cast<size_t>(id) < n ? id : -1; };
     bos_ = valid(d.bos), eos_ = valid(d.eos), unk_ = valid(d.unk), eot_ = -1;
-    TokenId eom = -1, fim_pre = -1, fim_suf = -1, fim_mid = -1, fim_pad = -1, fim_rep = -1,
-            fim_sep = -1;
+    fim_ = FimTokens{};
+    TokenId eom = -1, &fim_pre = fim_.pre, &fim_suf = fim_.suf, &fim_mid = fim_.mid,
+            &fim_pad = fim_.pad, &fim_rep = fim_.rep, &fim_sep = fim_.sep;
     read_token_id(f, "tokenizer.ggml.bos_token_id", n, bos_);
     read_token_id(f, "tokenizer.ggml.eos_token_id", n, eos_);
     read_token_id(f, "tokenizer.ggml.eot_token_id", n, eot_);

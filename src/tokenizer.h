@@ -61,6 +61,12 @@ class Tokenizer {
     TokenId eos() const { return eos_; }
     TokenId eot() const { return eot_; }  // end of turn (<|eot_id|>, <|im_end|>...), or -1
     TokenId unk() const { return unk_; }
+    // Fill-in-the-middle tokens (tokenizer.ggml.fim_*_token_id, or recognized by their text
+    // as llama.cpp does: <|fim_prefix|>, <PRE>, ...); -1 where the vocabulary has none.
+    struct FimTokens {
+        TokenId pre = -1, suf = -1, mid = -1, pad = -1, rep = -1, sep = -1;
+    };
+    const FimTokens& fim() const { return fim_; }
     bool add_bos() const { return add_bos_; }  // tokenizer.ggml.add_bos_token
     bool add_eos() const { return add_eos_; }
     bool add_space_prefix() const { return add_space_prefix_; }  // SPM: encode prepends "▁"
@@ -105,6 +111,7 @@ class Tokenizer {
     std::vector<TokenId> special_cache_;  // control/user-defined/unknown ids, longest first
     std::vector<TokenId> eog_ids_;
     TokenId bos_ = -1, eos_ = -1, eot_ = -1, unk_ = -1;
+    FimTokens fim_;
     bool add_bos_ = false, add_eos_ = false, add_space_prefix_ = false;
     std::string model_, pre_;
 };

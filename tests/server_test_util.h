@@ -27,12 +27,14 @@ using nlohmann::json;
 struct Served {
     LoadedModel m;
     std::unique_ptr<Engine> engine;
+    // kv_overrides: --override-kv texts ("KEY=TYPE:VALUE").
     explicit Served(const std::string& path, int32_t n_ctx = 512, int32_t parallel = 4,
-                    int32_t draft_ngram = 0) {
+                    int32_t draft_ngram = 0, std::vector<std::string> kv_overrides = {}) {
         ModelOptions o;
         o.model = path;
         o.device = "cpu";
         o.n_ctx = n_ctx;
+        o.kv_overrides = std::move(kv_overrides);
         m = load_model(o, parallel);
         EngineOptions eo = engine_options(o, parallel);
         eo.draft_ngram = draft_ngram;
@@ -46,13 +48,19 @@ struct Served {
         c.api.chat_template = ChatTemplateKind::Plain;
         c.api.special = chat_special_texts(*m.tokenizer);
         c.api.chat_stops = chat_stops(ChatTemplateKind::Plain, *m.tokenizer);
+        c.api.n_ctx_seq = engine->n_ctx();
         return c;
     }
     // What the engine alone generates (greedy) for a prompt text, as the API shows it.
     std::string reference(const std::string& prompt, int32_t n_predict,
                           const std::vector<std::string>& stops = {}) {
+        return reference(m.tokenizer->encode(prompt, m.tokenizer->add_bos(), false), n_predict,
+                         stops);
+    }
+    std::string reference(const std::vector<TokenId>& prompt, int32_t n_predict,
+                          const std::vector<std::string>& stops = {}) {
         GenerationRequest r;
-        r.prompt = m.tokenizer->encode(prompt, m.tokenizer->add_bos(), false);
+        r.prompt = prompt;
         r.n_predict = n_predict;
         r.sampling.temperature = 0;
         r.stop_strings = stops;

@@ -9,7 +9,7 @@
 // frees its KV blocks at the next step. Ctrl-C ends running generations and exits 0.
 //
 // Endpoints: GET / (a chat page, server_ui.cpp); POST /v1/completions,
-// /v1/chat/completions, /v1/embeddings (OpenAI), /completion (llama.cpp), /tokenize,
+// /v1/chat/completions, /v1/embeddings (OpenAI), /completion, /infill (llama.cpp), /tokenize,
 // /detokenize; GET /health, /v1/models, /props, /metrics
 // (Prometheus text).
 #include "modes/server.h"
@@ -139,6 +139,7 @@ void ApiServer::Impl::handle(const HttpRequest& req, HttpConnection& conn) {
         {"POST", "/v1/chat/completions", [&] { generate(ApiFormat::OpenAiChat, req, conn); }},
         {"POST", "/chat/completions", [&] { generate(ApiFormat::OpenAiChat, req, conn); }},
         {"POST", "/completion", [&] { generate(ApiFormat::Completion, req, conn); }},
+        {"POST", "/infill", [&] { generate(ApiFormat::Infill, req, conn); }},
         {"POST", "/v1/embeddings",
          [&] { json_endpoint(req, conn, [&](const auto& j) { return embeddings(j); }); }},
         {"POST", "/embeddings",
@@ -201,7 +202,7 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
     ++n_requests;
     for (const GenerationRequest& r : ar.requests)
         n_prompt_tokens += static_cast<int64_t>(r.prompt.size());
-    const bool openai = format != ApiFormat::Completion;
+    const bool openai = !api_native(format);
     ApiResponseMeta meta;
     meta.id =
         fmt::format("{}-{}", format == ApiFormat::OpenAiChat ? "chatcmpl" : "cmpl", next_id++);
@@ -454,6 +455,7 @@ struct ServerOptions {
     std::string api_key, chat_template, alias, pooling;
     double timeout_s = 600;
     bool no_webui = false;
+    bool spm_infill = false;
 };
 
 int run_server(const ServerOptions& o) {
@@ -497,6 +499,8 @@ int run_server(const ServerOptions& o) {
                                                     : chat_template_from_name(o.chat_template);
     cfg.api.special = chat_special_texts(*m.tokenizer);
     cfg.api.chat_stops = chat_stops(cfg.api.chat_template, *m.tokenizer);
+    cfg.api.n_ctx_seq = engine.n_ctx();
+    cfg.api.spm_infill = o.spm_infill;
 
     ApiServer server(cfg, engine, *m.tokenizer);
     install_interrupt_handler();
@@ -523,7 +527,8 @@ void add_server_command(CLI::App& root, int& exit_code) {
     CLI::App* cmd = root.add_subcommand(
         "server",
         "Serve the model over HTTP: OpenAI's /v1/completions and /v1/chat/completions (with "
-        "streaming), llama.cpp server's /completion, /tokenize, /detokenize, /health, /metrics");
+        "streaming), llama.cpp server's /completion, /infill, /tokenize, /detokenize, /health, "
+        "/metrics");
     cmd->alias("serve");
     add_model_options(cmd, o->model);
     cmd->add_option("--host", o->host, "Address to listen on (0.0.0.0: every interface)")
@@ -555,6 +560,9 @@ void add_server_command(CLI::App& root, int& exit_code) {
                     "when it has none)")
         ->check(CLI::IsMember({"mean", "cls", "last"}));
     cmd->add_flag("--no-webui", o->no_webui, "No chat page at GET /");
+    cmd->add_flag("--spm-infill", o->spm_infill,
+                  "Fill in the middle (/infill, suffix) in suffix-prefix-middle order, for "
+                  "models trained that way (default: prefix-suffix-middle)");
     cmd->add_option("-a,--alias", o->alias, "Model name in responses (default: the file name)");
     cmd->add_option("--timeout", o->timeout_s,
                     "Seconds an idle connection stays open without a complete request")

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common.h"
+#include "infill.h"
 #include "text_input.h"
 
 namespace kvrun {
@@ -160,7 +161,7 @@ nlohmann::json native_result(const ApiRequest& req, const ApiResponseMeta& meta,
         {"tokens_cached", t.n_prompt - t.n_prompt_computed},
         {"stop_type", stop_type(c.result.stop)},
         {"stopping_word", c.stop_word},
-        {"truncated", false},
+        {"truncated", req.truncated},
         {"timings",
          {{"prompt_n", t.n_prompt_computed},
           {"prompt_ms", t.prefill_ms},
@@ -190,6 +191,43 @@ nlohmann::json envelope(const ApiRequest& req, const ApiResponseMeta& meta, bool
              chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
             {"created", meta.created},
             {"model", meta.model}};
+}
+
+// /infill's fields -> the pieces of a fill-in-the-middle prompt.
+InfillInput infill_input(const ojson& j, const ApiContext& ctx) {
+    InfillInput in;
+    in.prefix = j.value("input_prefix", "");
+    in.suffix = j.value("input_suffix", "");
+    in.prompt = j.contains("prompt") ? j["prompt"].get<std::string>() : "";
+    in.spm = j.value("spm_infill", ctx.spm_infill);
+    if (j.contains("input_extra")) {
+        if (!j["input_extra"].is_array())
+            fail("'input_extra' must be a list of {{\"filename\", \"text\"}}");
+        for (const ojson& e : j["input_extra"]) {
+            if (!e.is_object() || !e.contains("text") || !e["text"].is_string())
+                fail("'input_extra' must be a list of {{\"filename\", \"text\"}}");
+            in.extra.push_back({e.value("filename", ""), e["text"].get<std::string>()});
+        }
+    }
+    for (const std::string* text : {&in.prefix, &in.suffix, &in.prompt})
+        utf8_require_valid(*text, "the infill text");
+    return in;
+}
+
+// The token prompt for `in`, fitted to the context less the tokens to generate (a quarter
+// of it when generation is unbounded).
+ojson fill_in_the_middle(const InfillInput& in, const ojson& j, const RequestDefaults& d,
+                         const ApiContext& ctx, const Tokenizer& tok, ApiRequest& out) {
+    int64_t budget = 0;
+    if (ctx.n_ctx_seq > 0) {
+        const int64_t n_predict = j.value("n_predict", int64_t(d.n_predict));
+        const int64_t reserve =
+            n_predict > 0 ? std::min(n_predict, ctx.n_ctx_seq / 2) : ctx.n_ctx_seq / 4;
+        budget = ctx.n_ctx_seq - reserve;
+    }
+    InfillPrompt p = infill_prompt(tok, in, budget);
+    out.truncated = out.truncated || p.truncated;
+    return p.tokens;
 }
 
 // A chat choice's reply as tools read it (ids unique per response and choice).
@@ -245,8 +283,8 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
                 fail("'echo' is for /v1/completions (text completions)");
             out.echo = true;
         }
-        if (j.contains("suffix") && !j["suffix"].get<std::string>().empty())
-            fail("'suffix' (fill in the middle) is not supported");
+        if (j.contains("suffix") && format != ApiFormat::OpenAiCompletion)
+            fail("'suffix' is for /v1/completions (use /infill's input_suffix)");
         if (j.contains("functions") && !j["functions"].empty())
             fail("'functions' (OpenAI's older form) is not supported: list them in 'tools'");
         if (format == ApiFormat::OpenAiChat) {
@@ -260,7 +298,7 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
             fail(
                 "'tools' constrain the reply themselves: drop 'grammar', 'json_schema' or "
                 "'response_format'");
-        if (format != ApiFormat::Completion) {
+        if (!api_native(format)) {
             if (j.contains("max_completion_tokens"))
                 j["n_predict"] = j["max_completion_tokens"];
             else if (j.contains("max_tokens"))
@@ -286,14 +324,28 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
             d.parse_special = true;
             if (out.tools) j["json_schema"] = chat_tools_schema(*out.tools);
         }
-        if (format == ApiFormat::Completion && j.value("n_samples", 1) != 1)
+        if (api_native(format) && j.value("n_samples", 1) != 1)
             fail("/completion returns one generation; use /v1/completions with \"n\" for more");
+        if (format == ApiFormat::Infill) {
+            InfillInput in = infill_input(j, ctx);
+            j["prompt"] = fill_in_the_middle(in, j, d, ctx, tok, out);
+        }
     } catch (const nlohmann::json::exception& e) {
         fail("bad field type: {}", e.what());
     }
     for (ojson& prompt :
          format == ApiFormat::OpenAiCompletion ? prompt_list(j) : std::vector<ojson>{ojson()}) {
         if (!prompt.is_null()) j["prompt"] = std::move(prompt);
+        if (format == ApiFormat::OpenAiCompletion && j.contains("suffix") &&
+            !j["suffix"].get<std::string>().empty()) {
+            if (!j.contains("prompt") || !j["prompt"].is_string())
+                fail("'suffix' (fill in the middle) needs a text 'prompt'");
+            InfillInput in;
+            in.prefix = j["prompt"].get<std::string>();
+            in.suffix = j["suffix"].get<std::string>();
+            in.spm = ctx.spm_infill;
+            j["prompt"] = fill_in_the_middle(in, j, d, ctx, tok, out);
+        }
         ParsedRequest parsed = request_from_json(j.dump(), d, tok);
         out.prompt_texts.push_back(std::move(parsed.prompt_text));
         GenerationRequest r = std::move(parsed.request);
@@ -322,8 +374,7 @@ nlohmann::json api_finish_reason(StopReason stop) {
 
 nlohmann::json api_stream_chunk(const ApiRequest& req, const ApiResponseMeta& meta, int32_t index,
                                 const std::string& delta, bool first) {
-    if (req.format == ApiFormat::Completion)
-        return {{"index", index}, {"content", delta}, {"stop", false}};
+    if (api_native(req.format)) return {{"index", index}, {"content", delta}, {"stop", false}};
     nlohmann::json j = envelope(req, meta, true);
     nlohmann::json choice = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
     if (req.format == ApiFormat::OpenAiChat) {
@@ -348,7 +399,7 @@ nlohmann::json api_stream_reply_chunk(const ApiRequest& req, const ApiResponseMe
 
 nlohmann::json api_stream_final_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
                                       const ApiChoiceResult& c, const Tokenizer& tok) {
-    if (req.format == ApiFormat::Completion) return native_result(req, meta, c, "", tok);
+    if (api_native(req.format)) return native_result(req, meta, c, "", tok);
     nlohmann::json j = envelope(req, meta, true);
     nlohmann::json choice = {{"index", c.index},
                              {"logprobs", choice_logprobs(req, c, tok)},
@@ -371,7 +422,7 @@ nlohmann::json api_usage_chunk(const ApiRequest& req, const ApiResponseMeta& met
 
 nlohmann::json api_response(const ApiRequest& req, const ApiResponseMeta& meta,
                             const std::vector<ApiChoiceResult>& choices, const Tokenizer& tok) {
-    if (req.format == ApiFormat::Completion)
+    if (api_native(req.format))
         return native_result(req, meta, choices.at(0), choices.at(0).text, tok);
     nlohmann::json j = envelope(req, meta, false);
     j["choices"] = nlohmann::json::array();

@@ -9,9 +9,10 @@
 // {"type": "json_schema", "json_schema": {"schema": ...}}), stream and
 // stream_options.include_usage. Fields a client sets to null keep the server's defaults;
 // fields kvrun does not know are ignored (clients send many), but ones it cannot honour
-// (suffix, images, best_of > n, echo outside /v1/completions) are refused with a clear
+// (images, best_of > n, echo outside /v1/completions) are refused with a clear
 // message. A list of prompts runs as that many requests (at most kMaxApiPrompts). Chat
-// requests may carry tools (server_tools.h).
+// requests may carry tools (server_tools.h). /infill (input_prefix, input_suffix,
+// input_extra, prompt) and OpenAI's "suffix" fill in the middle (infill.h).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -32,7 +33,13 @@ enum class ApiFormat {
     Completion,        // llama.cpp server's POST /completion
     OpenAiCompletion,  // POST /v1/completions
     OpenAiChat,        // POST /v1/chat/completions
+    Infill,            // llama.cpp server's POST /infill (fill in the middle; infill.h)
 };
+
+// llama.cpp's own formats (/completion, /infill) rather than OpenAI's.
+inline bool api_native(ApiFormat f) {
+    return f == ApiFormat::Completion || f == ApiFormat::Infill;
+}
 
 // What the server knows when it reads a request.
 struct ApiContext {
@@ -41,6 +48,9 @@ struct ApiContext {
     ChatTemplateKind chat_template = ChatTemplateKind::Plain;
     ChatSpecialTexts special;
     ChatStops chat_stops;  // the template's end-of-turn tokens and texts
+    // Fill in the middle: the tokens one sequence holds (0: no limit), and --spm-infill.
+    int64_t n_ctx_seq = 0;
+    bool spm_infill = false;
 };
 
 struct ApiRequest {
@@ -60,6 +70,7 @@ struct ApiRequest {
     // Chat with tools: the reply is generated in server_tools.h's JSON format and shown as
     // tool calls or content once the choice ends (streams send no text deltas before).
     std::optional<ChatTools> tools;
+    bool truncated = false;  // infill: prefix, suffix or extra files cut to fit the context
 };
 
 constexpr size_t kMaxApiPrompts = 256;
