@@ -223,7 +223,7 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
         return p;
     };
     GenerationResult result;
-    engine_.on_token([&](int32_t, int32_t, TokenId t) {
+    engine_.on_token([&](int32_t, int32_t, TokenId t, const TokenLogprobs*) {
         reply_tokens.push_back(t);
         reply += decoder.push(t);
         emit(std::min(reply.size() - stop_string_holdback(reply, stop_strings_), stop_at()));

@@ -502,12 +502,15 @@ void Engine::advance(Seq& s, TokenId tok, const float* logits) {
     if (stop == StopReason::Eos) {
         s.tokens.pop_back();  // the end-of-generation token is not part of the output
     } else {
-        if (s.req->n_probs > 0 && logits)
+        const TokenLogprobs* lp = nullptr;
+        if (s.req->n_probs > 0 && logits) {
             s.logprobs.push_back(token_logprobs(logits, static_cast<int>(backend_.config().n_vocab),
                                                 tok, s.req->n_probs));
+            lp = &s.logprobs.back();
+        }
         stats_.tokens_decoded++;
         stats_.spec.generated++;
-        if (on_token_) on_token_(s.request, s.sample, tok);
+        if (on_token_) on_token_(s.request, s.sample, tok, lp);
     }
     // The grammar admits nothing more: the model could only end here, so end it now.
     if (stop == StopReason::None && s.grammar && s.grammar->finished()) stop = StopReason::Eos;

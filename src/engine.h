@@ -156,7 +156,10 @@ struct EngineSequenceInfo {
 
 class Engine {
   public:
-    using TokenCallback = std::function<void(int32_t request, int32_t sample, TokenId token)>;
+    // `logprobs`: the token's log-probabilities when the request asked for them (n_probs),
+    // else null; valid during the call.
+    using TokenCallback = std::function<void(int32_t request, int32_t sample, TokenId token,
+                                             const TokenLogprobs* logprobs)>;
     using FinishCallback = std::function<void(const GenerationResult&)>;
 
     Engine(Backend& backend, const Tokenizer& tokenizer, EngineOptions options);

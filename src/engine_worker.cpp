@@ -31,14 +31,16 @@ bool EngineWorker::Job::push(Event e) {
 }
 
 EngineWorker::EngineWorker(Engine& engine) : engine_(engine) {
-    engine_.on_token([this](int32_t request, int32_t sample, TokenId token) {
-        auto it = jobs_.find(request);
-        if (it == jobs_.end()) return;
-        Event e;
-        e.sample = sample;
-        e.token = token;
-        it->second->push(std::move(e));
-    });
+    engine_.on_token(
+        [this](int32_t request, int32_t sample, TokenId token, const TokenLogprobs* logprobs) {
+            auto it = jobs_.find(request);
+            if (it == jobs_.end()) return;
+            Event e;
+            e.sample = sample;
+            e.token = token;
+            if (logprobs) e.logprobs = *logprobs;
+            it->second->push(std::move(e));
+        });
     engine_.on_finish([this](const GenerationResult& r) {
         auto it = jobs_.find(r.request);
         if (it == jobs_.end()) return;

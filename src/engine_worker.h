@@ -28,8 +28,9 @@ class EngineWorker {
     struct Event {
         enum class Kind { Token, Finished } kind = Kind::Token;
         int32_t sample = 0;
-        TokenId token = -1;       // Token
-        GenerationResult result;  // Finished
+        TokenId token = -1;                     // Token
+        std::optional<TokenLogprobs> logprobs;  // Token, when the request asked for them
+        GenerationResult result;                // Finished
     };
 
     // One submitted request's events, in the order the engine produced them.

@@ -51,7 +51,7 @@ SpeculativeDecoder::SpeculativeDecoder(Backend& target, Backend& draft, const To
     if (target.config().n_vocab != tokenizer.n_vocab())
         fail("the target model outputs {} logits per token but its vocabulary has {} tokens",
              target.config().n_vocab, tokenizer.n_vocab());
-    engine_.on_token([this](int32_t, int32_t, TokenId t) {
+    engine_.on_token([this](int32_t, int32_t, TokenId t, const TokenLogprobs*) {
         tokens_.push_back(t);
         if (on_token_) on_token_(t);
     });

@@ -800,3 +800,68 @@ TEST_CASE("server: echo with logprobs scores the prompt's tokens as generation s
     CHECK(json::parse(events[0])["choices"][0]["text"] == "Once upon a time");
     CHECK(run.metric("kv_blocks_used") == 0);
 }
+
+TEST_CASE("server: streamed logprobs come with their chunks and add up to the whole response's") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path);
+    Running run(s.config(), s);
+    // Text completion: tokens, logprobs, alternatives and text offsets.
+    json body = {
+        {"prompt", "Once upon a time"}, {"max_tokens", 12}, {"logprobs", 2}, {"temperature", 0}};
+    const json whole = json::parse(run.post("/v1/completions", body).body)["choices"][0];
+    body["stream"] = true;
+    json got = {{"tokens", json::array()},
+                {"token_logprobs", json::array()},
+                {"top_logprobs", json::array()},
+                {"text_offset", json::array()}};
+    std::string text;
+    int chunks_with_logprobs = 0;
+    for (const std::string& e : sse_data(run.post("/v1/completions", body).body)) {
+        if (e == "[DONE]") continue;
+        const json c = json::parse(e)["choices"][0];
+        text += c["text"].get<std::string>();
+        if (c["logprobs"].is_null()) continue;
+        if (!c["text"].get<std::string>().empty()) ++chunks_with_logprobs;
+        for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+            for (const json& v : c["logprobs"][k]) got[k].push_back(v);
+    }
+    CHECK(text == whole["text"]);
+    CHECK(got == whole["logprobs"]);
+    CHECK(chunks_with_logprobs > 1);                   // not all in the last chunk
+    for (size_t i = 0; i < got["tokens"].size(); ++i)  // offsets point at each token's text
+        CHECK(text.substr(got["text_offset"][i].get<size_t>(),
+                          got["tokens"][i].get<std::string>().size()) == got["tokens"][i]);
+
+    // Chat: {"content": [...]} per chunk.
+    json chat = {{"messages", {{{"role", "user"}, {"content", "Tell me a story."}}}},
+                 {"max_tokens", 12},
+                 {"logprobs", true},
+                 {"top_logprobs", 3},
+                 {"temperature", 0}};
+    const json cwhole = json::parse(run.post("/v1/chat/completions", chat).body)["choices"][0];
+    chat["stream"] = true;
+    json content = json::array();
+    for (const std::string& e : sse_data(run.post("/v1/chat/completions", chat).body)) {
+        if (e == "[DONE]") continue;
+        const json c = json::parse(e)["choices"][0];
+        if (!c["logprobs"].is_null())
+            for (const json& v : c["logprobs"]["content"]) content.push_back(v);
+    }
+    CHECK(content == cwhole["logprobs"]["content"]);
+    CHECK(content.size() == 12);
+
+    // llama.cpp's /completion: completion_probabilities per chunk.
+    json native = {
+        {"prompt", "Once upon a time"}, {"n_predict", 12}, {"n_probs", 2}, {"temperature", 0}};
+    const json nwhole = json::parse(run.post("/completion", native).body);
+    native["stream"] = true;
+    json probs = json::array();
+    for (const std::string& e : sse_data(run.post("/completion", native).body)) {
+        const json c = json::parse(e);
+        if (c.contains("completion_probabilities"))
+            for (const json& v : c["completion_probabilities"]) probs.push_back(v);
+    }
+    CHECK(probs == nwhole["completion_probabilities"]);
+    CHECK(probs.size() == 12);
+}

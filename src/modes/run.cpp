@@ -192,7 +192,7 @@ int run_single(const RunOptions& o) {
         if (o.echo && !o.no_display_prompt) fmt::print("{}", text), std::fflush(stdout);
         std::vector<StreamDecoder> decoders(n_seq, StreamDecoder(*m.tokenizer, o.special));
         if (n_seq == 1) {
-            engine.on_token([&](int32_t, int32_t, TokenId tok) {
+            engine.on_token([&](int32_t, int32_t, TokenId tok, const TokenLogprobs*) {
                 std::string piece = decoders[0].push(tok);
                 if (!piece.empty()) fmt::print("{}", piece), std::fflush(stdout);
             });

@@ -228,17 +228,28 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
         !conn.begin_chunked(200, "text/event-stream",
                             {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}}))
         client_gone = true;
+    // Streamed logprobs go with the chunk that shows their tokens' text: per choice, those
+    // not sent yet, how many were, and the bytes of text they covered.
+    std::vector<std::vector<TokenLogprobs>> lp_pending(n_choices);
+    std::vector<size_t> lp_sent(n_choices, 0), lp_offset(n_choices, 0);
     auto emit = [&](size_t i, const std::string& delta) {
         // With tools the reply shows once it is whole (api_stream_reply_chunk).
         if (!ar.stream || delta.empty() || client_gone || ar.tools) return;
-        if (!send_event(conn, api_stream_chunk(ar, meta, int32_t(i), delta, !started[i])))
+        if (!send_event(conn, api_stream_chunk(ar, meta, int32_t(i), delta, !started[i], tok,
+                                               lp_pending[i], lp_offset[i])))
             client_gone = true;
         started[i] = true;
+        for (const TokenLogprobs& lp : lp_pending[i])
+            lp_offset[i] += tok.token_to_piece(lp.chosen.token).size();
+        lp_sent[i] += lp_pending[i].size();
+        lp_pending[i].clear();
     };
     for (size_t i = 0; i < n_choices; ++i) emit(i, choices[i].echo_text);  // echo: the prompt
     auto handle = [&](size_t job, EngineWorker::Event& e) {
         const size_t i = job * size_t(n) + size_t(e.sample);
         if (e.kind == EngineWorker::Event::Kind::Token) {
+            // (echo sends the prompt's logprobs first: all of them wait for the last chunk.)
+            if (e.logprobs && !ar.echo) lp_pending[i].push_back(std::move(*e.logprobs));
             emit(i, texts[i].push(e.token));
             return;
         }
@@ -254,7 +265,7 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
             if (!send_event(conn, nlohmann::json::parse(http_error_body(500, c.result.error))))
                 client_gone = true;
         } else if ((ar.tools && !send_event(conn, api_stream_reply_chunk(ar, meta, c))) ||
-                   !send_event(conn, api_stream_final_chunk(ar, meta, c, tok))) {
+                   !send_event(conn, api_stream_final_chunk(ar, meta, c, tok, lp_sent[i]))) {
             client_gone = true;
         }
     };

@@ -70,28 +70,26 @@ void response_format(ojson& j) {
     j.erase("response_format");
 }
 
-// OpenAI's logprobs of a text completion: parallel lists (with echo, the prompt's tokens
-// first: the very first has no logprob, null).
-nlohmann::json completion_logprobs(const ApiChoiceResult& c, int32_t k, const Tokenizer& tok) {
-    nlohmann::json tokens = nlohmann::json::array(), lps = nlohmann::json::array(),
+// OpenAI's logprobs of a text completion: parallel lists, text offsets from `offset` (with
+// echo, the prompt's first token comes first with no logprob: null).
+nlohmann::json completion_logprobs(const std::vector<TokenId>& echo_first,
+                                   const std::vector<const TokenLogprobs*>& lps, size_t offset,
+                                   int32_t k, const Tokenizer& tok) {
+    nlohmann::json tokens = nlohmann::json::array(), values = nlohmann::json::array(),
                    tops = nlohmann::json::array(), offsets = nlohmann::json::array();
-    size_t offset = 0;
-    if (!c.echo_tokens.empty()) {
-        const std::string piece = tok.token_to_piece(c.echo_tokens[0]);
+    for (TokenId t : echo_first) {
+        const std::string piece = tok.token_to_piece(t);
         tokens.push_back(piece);
-        lps.push_back(nullptr);
+        values.push_back(nullptr);
         tops.push_back(nullptr);
         offsets.push_back(offset);
         offset += piece.size();
     }
-    std::vector<const TokenLogprobs*> all;
-    for (const TokenLogprobs& lp : c.echo_logprobs) all.push_back(&lp);
-    for (const TokenLogprobs& lp : c.result.logprobs) all.push_back(&lp);
-    for (const TokenLogprobs* p : all) {
+    for (const TokenLogprobs* p : lps) {
         const TokenLogprobs& lp = *p;
         const std::string piece = tok.token_to_piece(lp.chosen.token);
         tokens.push_back(piece);
-        lps.push_back(lp.chosen.logprob);
+        values.push_back(lp.chosen.logprob);
         nlohmann::json top = nlohmann::json::object();
         for (size_t i = 0; i < lp.top.size() && i < size_t(k); ++i)
             top[tok.token_to_piece(lp.top[i].token)] = lp.top[i].logprob;
@@ -100,14 +98,15 @@ nlohmann::json completion_logprobs(const ApiChoiceResult& c, int32_t k, const To
         offset += piece.size();
     }
     return {{"tokens", tokens},
-            {"token_logprobs", lps},
+            {"token_logprobs", values},
             {"top_logprobs", tops},
             {"text_offset", offsets}};
 }
 
 // OpenAI's logprobs of a chat completion: {"content": [{"token", "logprob", "bytes",
 // "top_logprobs"}]}.
-nlohmann::json chat_logprobs(const GenerationResult& r, int32_t k, const Tokenizer& tok) {
+nlohmann::json chat_logprobs(const std::vector<const TokenLogprobs*>& lps, int32_t k,
+                             const Tokenizer& tok) {
     auto one = [&](const TokenLogprob& t) {
         const std::string piece = tok.token_to_piece(t.token);
         return nlohmann::json{{"token", piece},
@@ -115,21 +114,46 @@ nlohmann::json chat_logprobs(const GenerationResult& r, int32_t k, const Tokeniz
                               {"bytes", std::vector<uint8_t>(piece.begin(), piece.end())}};
     };
     nlohmann::json content = nlohmann::json::array();
-    for (const TokenLogprobs& lp : r.logprobs) {
-        nlohmann::json x = one(lp.chosen);
+    for (const TokenLogprobs* lp : lps) {
+        nlohmann::json x = one(lp->chosen);
         x["top_logprobs"] = nlohmann::json::array();
-        for (size_t i = 0; i < lp.top.size() && i < size_t(k); ++i)
-            x["top_logprobs"].push_back(one(lp.top[i]));
+        for (size_t i = 0; i < lp->top.size() && i < size_t(k); ++i)
+            x["top_logprobs"].push_back(one(lp->top[i]));
         content.push_back(std::move(x));
     }
     return {{"content", content}};
 }
 
-nlohmann::json choice_logprobs(const ApiRequest& req, const ApiChoiceResult& c,
-                               const Tokenizer& tok) {
+// The logprobs of `lps` (tokens whose text starts `offset` bytes into the choice's text) in
+// the request's format; null without logprobs.
+nlohmann::json logprobs_of(const ApiRequest& req, const std::vector<TokenId>& echo_first,
+                           const std::vector<const TokenLogprobs*>& lps, size_t offset,
+                           const Tokenizer& tok) {
     if (req.top_logprobs < 0) return nullptr;
-    return req.format == ApiFormat::OpenAiChat ? chat_logprobs(c.result, req.top_logprobs, tok)
-                                               : completion_logprobs(c, req.top_logprobs, tok);
+    return req.format == ApiFormat::OpenAiChat
+               ? chat_logprobs(lps, req.top_logprobs, tok)
+               : completion_logprobs(echo_first, lps, offset, req.top_logprobs, tok);
+}
+
+// A choice's logprobs from its generated token `from` on (with echo and from 0, the prompt's
+// tokens first).
+nlohmann::json choice_logprobs(const ApiRequest& req, const ApiChoiceResult& c,
+                               const Tokenizer& tok, size_t from = 0) {
+    std::vector<TokenId> echo_first;
+    std::vector<const TokenLogprobs*> lps;
+    size_t offset = 0;
+    if (from == 0) {
+        if (!c.echo_tokens.empty()) echo_first.push_back(c.echo_tokens[0]);
+        for (const TokenLogprobs& lp : c.echo_logprobs) lps.push_back(&lp);
+    }
+    const std::vector<TokenLogprobs>& gen = c.result.logprobs;
+    for (size_t i = 0; i < gen.size(); ++i) {
+        if (i >= from)
+            lps.push_back(&gen[i]);
+        else
+            offset += tok.token_to_piece(gen[i].chosen.token).size();
+    }
+    return logprobs_of(req, echo_first, lps, offset, tok);
 }
 
 const char* stop_type(StopReason r) {
@@ -149,7 +173,7 @@ const char* stop_type(StopReason r) {
 // llama.cpp server's /completion result.
 nlohmann::json native_result(const ApiRequest& req, const ApiResponseMeta& meta,
                              const ApiChoiceResult& c, const std::string& content,
-                             const Tokenizer& tok) {
+                             const Tokenizer& tok, size_t logprobs_sent = 0) {
     const GenerationTimings& t = c.result.timings;
     nlohmann::json j = {
         {"index", 0},
@@ -169,8 +193,11 @@ nlohmann::json native_result(const ApiRequest& req, const ApiResponseMeta& meta,
           {"predicted_n", t.n_generated},
           {"predicted_ms", t.decode_ms},
           {"predicted_per_second", t.has_decode_rate() ? t.decode_tokens_per_s() : 0.0}}}};
-    if (!c.result.logprobs.empty())
-        j["completion_probabilities"] = logprobs_to_json(c.result.logprobs, tok);
+    if (c.result.logprobs.size() > logprobs_sent)
+        j["completion_probabilities"] = logprobs_to_json(
+            std::vector<TokenLogprobs>(c.result.logprobs.begin() + std::ptrdiff_t(logprobs_sent),
+                                       c.result.logprobs.end()),
+            tok);
     return j;
 }
 
@@ -373,10 +400,20 @@ nlohmann::json api_finish_reason(StopReason stop) {
 }
 
 nlohmann::json api_stream_chunk(const ApiRequest& req, const ApiResponseMeta& meta, int32_t index,
-                                const std::string& delta, bool first) {
-    if (api_native(req.format)) return {{"index", index}, {"content", delta}, {"stop", false}};
+                                const std::string& delta, bool first, const Tokenizer& tok,
+                                const std::vector<TokenLogprobs>& logprobs, size_t offset) {
+    std::vector<const TokenLogprobs*> lps;
+    for (const TokenLogprobs& lp : logprobs) lps.push_back(&lp);
+    if (api_native(req.format)) {
+        nlohmann::json j = {{"index", index}, {"content", delta}, {"stop", false}};
+        if (!lps.empty()) j["completion_probabilities"] = logprobs_to_json(logprobs, tok);
+        return j;
+    }
     nlohmann::json j = envelope(req, meta, true);
-    nlohmann::json choice = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    nlohmann::json choice = {
+        {"index", index},
+        {"logprobs", lps.empty() ? nlohmann::json() : logprobs_of(req, {}, lps, offset, tok)},
+        {"finish_reason", nullptr}};
     if (req.format == ApiFormat::OpenAiChat) {
         choice["delta"] = first ? nlohmann::json{{"role", "assistant"}, {"content", delta}}
                                 : nlohmann::json{{"content", delta}};
@@ -398,12 +435,15 @@ nlohmann::json api_stream_reply_chunk(const ApiRequest& req, const ApiResponseMe
 }
 
 nlohmann::json api_stream_final_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
-                                      const ApiChoiceResult& c, const Tokenizer& tok) {
-    if (api_native(req.format)) return native_result(req, meta, c, "", tok);
+                                      const ApiChoiceResult& c, const Tokenizer& tok,
+                                      size_t logprobs_sent) {
+    if (api_native(req.format)) return native_result(req, meta, c, "", tok, logprobs_sent);
     nlohmann::json j = envelope(req, meta, true);
-    nlohmann::json choice = {{"index", c.index},
-                             {"logprobs", choice_logprobs(req, c, tok)},
-                             {"finish_reason", finish_reason(req, meta, c)}};
+    const bool rest = logprobs_sent < c.result.logprobs.size() || logprobs_sent == 0;
+    nlohmann::json choice = {
+        {"index", c.index},
+        {"logprobs", rest ? choice_logprobs(req, c, tok, logprobs_sent) : nlohmann::json()},
+        {"finish_reason", finish_reason(req, meta, c)}};
     if (req.format == ApiFormat::OpenAiChat)
         choice["delta"] = nlohmann::json::object();
     else

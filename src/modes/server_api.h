@@ -108,9 +108,12 @@ struct ApiResponseMeta {
 };
 
 // One streamed chunk carrying `delta` for choice `index` (OpenAI formats: the first chat chunk
-// of a choice also carries the role; llama.cpp's: {"content", "stop": false}).
+// of a choice also carries the role; llama.cpp's: {"content", "stop": false}) and, with
+// logprobs, those of the tokens generated since the last chunk (`offset`: the bytes of the
+// choice's text before them).
 nlohmann::json api_stream_chunk(const ApiRequest& req, const ApiResponseMeta& meta, int32_t index,
-                                const std::string& delta, bool first);
+                                const std::string& delta, bool first, const Tokenizer& tok,
+                                const std::vector<TokenLogprobs>& logprobs = {}, size_t offset = 0);
 
 // A finished sample as the response shows it.
 struct ApiChoiceResult {
@@ -130,10 +133,11 @@ struct ApiChoiceResult {
 nlohmann::json api_stream_reply_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
                                       const ApiChoiceResult& choice);
 
-// The last streamed chunk of a choice (its finish reason; llama.cpp's: the whole result
-// with "stop": true).
+// The last streamed chunk of a choice (its finish reason, and the logprobs of its tokens
+// from `logprobs_sent` on; llama.cpp's: the whole result with "stop": true).
 nlohmann::json api_stream_final_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
-                                      const ApiChoiceResult& choice, const Tokenizer& tok);
+                                      const ApiChoiceResult& choice, const Tokenizer& tok,
+                                      size_t logprobs_sent = 0);
 // The usage chunk after every choice finished (stream_options.include_usage).
 nlohmann::json api_usage_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
                                const std::vector<ApiChoiceResult>& choices);
