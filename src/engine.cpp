@@ -246,11 +246,12 @@ void Engine::admit() {
         } else {
             // Adopt cached blocks for all but the last token: its logits must be computed.
             std::span<const TokenId> prefix(s.tokens.data(), s.tokens.size() - 1);
-            if (opt_.prefix_cache && !running_.empty() &&
+            const bool reuse = opt_.prefix_cache && s.req->cache_prompt;
+            if (reuse && !running_.empty() &&
                 shares_uncomputed_prefix(s, table_.match_prefix(prefix, salt)))
                 break;  // a running prompt computes these blocks in this step: wait for them
-            kv = opt_.prefix_cache ? table_.create_sequence_with_prefix(prefix, salt)
-                                   : table_.create_sequence(salt);
+            kv = reuse ? table_.create_sequence_with_prefix(prefix, salt)
+                       : table_.create_sequence(salt);
             adopted = table_.n_tokens(kv);
         }
         // Forked samples copy the prompt's partly filled last block when they diverge.

@@ -64,6 +64,9 @@ struct GenerationRequest {
     // This request's scale for each loaded LoRA adapter (llama.cpp server's "lora"); empty:
     // the loaded scales. Sequences with other scales never share cached K/V with it.
     std::vector<float> lora;
+    // false: the whole prompt is computed, adopting no K/V from the prefix cache (llama.cpp
+    // server's cache_prompt); its full blocks still serve later requests.
+    bool cache_prompt = true;
 };
 
 struct GenerationTimings {

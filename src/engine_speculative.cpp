@@ -43,8 +43,9 @@ void Engine::draft_init(Seq& s, Session* session) {
         return;
     }
     std::span<const TokenId> prefix(s.tokens.data(), limit);
-    s.draft_kv = opt_.prefix_cache ? draft_table_->create_sequence_with_prefix(prefix)
-                                   : draft_table_->create_sequence();
+    s.draft_kv = opt_.prefix_cache && s.req->cache_prompt
+                     ? draft_table_->create_sequence_with_prefix(prefix)
+                     : draft_table_->create_sequence();
 }
 
 // Drafts for s's next round: 0 when it cannot speculate now.

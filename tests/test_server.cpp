@@ -865,3 +865,64 @@ TEST_CASE("server: streamed logprobs come with their chunks and add up to the wh
     CHECK(probs == nwhole["completion_probabilities"]);
     CHECK(probs.size() == 12);
 }
+
+TEST_CASE("server: cache_prompt, /apply-template and /slots") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, /*n_ctx=*/2048, /*parallel=*/1);
+    ServerConfig cfg = s.config();
+    cfg.parallel = 1;
+    cfg.api.chat_template = ChatTemplateKind::ChatML;
+    Running run(cfg, s);
+
+    // cache_prompt: false computes the whole prompt again (same text); the default reuses it.
+    const std::string prompt = "Once upon a time, there was a little girl named Lily. She liked";
+    const json body = {{"prompt", prompt}, {"n_predict", 8}, {"temperature", 0}};
+    const json first = json::parse(run.post("/completion", body).body);
+    json nocache = body;
+    nocache["cache_prompt"] = false;
+    const json again = json::parse(run.post("/completion", nocache).body);
+    CHECK(again["tokens_cached"] == 0);
+    CHECK(again["timings"]["prompt_n"] == again["tokens_evaluated"]);
+    CHECK(again["content"] == first["content"]);
+    const json cached = json::parse(run.post("/completion", body).body);
+    CHECK(cached["tokens_cached"].get<int>() > 0);
+    CHECK(cached["content"] == first["content"]);
+
+    // /apply-template: the prompt a chat request generates from.
+    const json chat = {{"messages",
+                        {{{"role", "system"}, {"content", "Be kind."}},
+                         {{"role", "user"}, {"content", "Hello"}}}}};
+    HttpReply r = run.post("/apply-template", chat);
+    REQUIRE(r.status == 200);
+    CHECK(json::parse(r.body)["prompt"] ==
+          chat_template_apply(ChatTemplateKind::ChatML, {{"system", "Be kind."}, {"user", "Hello"}},
+                              true));
+    CHECK(run.post("/apply-template", json{{"messages", 3}}).status == 400);
+
+    // /slots: idle, then busy while a long generation runs, then idle again.
+    json slots = json::parse(run.get("/slots").body);
+    REQUIRE(slots.size() == 1);
+    CHECK(slots[0]["is_processing"] == false);
+    CHECK(slots[0]["n_ctx"] == 2048);
+    std::thread long_request([&] {
+        run.post("/completion", {{"prompt", "Tom"}, {"n_predict", 1900}, {"ignore_eos", true}});
+    });
+    bool seen = false;
+    for (int i = 0; i < 4000 && !seen; ++i) {
+        slots = json::parse(run.get("/slots").body);
+        if (slots[0]["is_processing"] == true) {
+            seen = true;
+            CHECK(slots[0]["id_task"].is_number_integer());
+            CHECK(slots[0]["n_prompt_tokens"].get<int>() >= 1);
+            CHECK(slots[0]["kv_blocks"].get<int>() >= 1);
+            CHECK(run.get("/slots?fail_on_no_slot=1").status == 503);
+        } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+    }
+    long_request.join();
+    CHECK(seen);
+    CHECK(json::parse(run.get("/slots").body)[0]["is_processing"] == false);
+    CHECK(run.get("/slots?fail_on_no_slot=1").status == 200);
+}

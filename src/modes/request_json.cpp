@@ -167,6 +167,7 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
         req.ignore_eos = j.value("ignore_eos", d.ignore_eos);
         req.stop_strings = j.value("stop", d.stop);
         req.n_probs = j.value("n_probs", d.n_probs);
+        req.cache_prompt = j.value("cache_prompt", true);
         if (j.contains("logit_bias") && !j["logit_bias"].is_null())
             req.sampling.logit_bias = logit_bias_from_json(j["logit_bias"]);
         if (j.contains("lora") && !j["lora"].is_null())

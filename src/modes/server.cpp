@@ -9,8 +9,8 @@
 // frees its KV blocks at the next step. Ctrl-C ends running generations and exits 0.
 //
 // Endpoints: GET / (a chat page, server_ui.cpp); POST /v1/completions,
-// /v1/chat/completions, /v1/embeddings (OpenAI), /completion, /infill (llama.cpp), /tokenize,
-// /detokenize; GET /health, /v1/models, /props, /metrics
+// /v1/chat/completions, /v1/embeddings (OpenAI), /completion, /infill, /apply-template
+// (llama.cpp), /tokenize, /detokenize; GET /health, /v1/models, /props, /slots, /metrics
 // (Prometheus text).
 #include "modes/server.h"
 
@@ -52,6 +52,7 @@ struct ApiServer::Impl {
     nlohmann::json embeddings(const nlohmann::json& body);
     std::string metrics();
     nlohmann::json props();
+    void slots(const HttpRequest& req, HttpConnection& conn);
     bool stopping() const { return stop && stop->load(); }
 };
 
@@ -160,6 +161,15 @@ void ApiServer::Impl::handle(const HttpRequest& req, HttpConnection& conn) {
                            {"meta", {{"n_vocab", tok.n_vocab()}, {"n_ctx", engine.n_ctx()}}}}}}});
          }},
         {"GET", "/props", [&] { send_json(conn, 200, props()); }},
+        {"GET", "/slots", [&] { slots(req, conn); }},
+        {"POST", "/apply-template",
+         [&] {
+             try {
+                 send_json(conn, 200, {{"prompt", api_chat_prompt(req.body, cfg.api)}});
+             } catch (const Error& e) {
+                 send_error(conn, 400, error_text(e));
+             }
+         }},
         {"GET", "/metrics",
          [&] { conn.send(200, "text/plain; version=0.0.4; charset=utf-8", metrics()); }},
     };
@@ -391,6 +401,43 @@ nlohmann::json ApiServer::Impl::props() {
             {"build_info", "kvrun"}};
 }
 
+// llama.cpp server's GET /slots: one entry per place for a sequence (--parallel), the running
+// sequences first. ?fail_on_no_slot=1 answers 503 when every place is taken.
+void ApiServer::Impl::slots(const HttpRequest& req, HttpConnection& conn) {
+    if (!cfg.slots_endpoint) {
+        send_error(conn, 501, "/slots is off (--no-slots)");
+        return;
+    }
+    std::vector<EngineSequenceInfo> seqs;
+    std::vector<int32_t> blocks;
+    worker->call([&](Engine& e) {
+        seqs = e.running_sequences();
+        for (const EngineSequenceInfo& s : seqs)
+            blocks.push_back(static_cast<int32_t>(e.kv_table().block_ids(s.kv).size()));
+    });
+    const size_t n = std::max(static_cast<size_t>(cfg.parallel), seqs.size());
+    if (req.query.find("fail_on_no_slot=1") != std::string::npos && seqs.size() >= n) {
+        send_error(conn, 503, "no slot available");
+        return;
+    }
+    nlohmann::json out = nlohmann::json::array();
+    for (size_t i = 0; i < n; ++i) {
+        nlohmann::json s = {
+            {"id", i}, {"n_ctx", engine.n_ctx()}, {"is_processing", i < seqs.size()}};
+        if (i < seqs.size()) {
+            const EngineSequenceInfo& q = seqs[i];
+            s["id_task"] = q.request;
+            s["sample"] = q.sample;
+            s["n_prompt_tokens"] = q.n_prompt;
+            s["n_past"] = q.n_computed;
+            s["n_decoded"] = q.n_tokens - q.n_prompt;
+            s["kv_blocks"] = blocks[i];
+        }
+        out.push_back(std::move(s));
+    }
+    send_json(conn, 200, out);
+}
+
 std::string ApiServer::Impl::metrics() {
     EngineStats st;
     KvBlockStats kv;
@@ -467,6 +514,7 @@ struct ServerOptions {
     double timeout_s = 600;
     bool no_webui = false;
     bool spm_infill = false;
+    bool no_slots = false;
 };
 
 int run_server(const ServerOptions& o) {
@@ -492,6 +540,7 @@ int run_server(const ServerOptions& o) {
     cfg.http.idle_timeout_s = o.timeout_s;
     cfg.api_key = o.api_key;
     cfg.web_ui = !o.no_webui;
+    cfg.slots_endpoint = !o.no_slots;
     cfg.parallel = o.parallel;
     cfg.model_path = mo.model;
     cfg.n_batch = mo.n_batch;
@@ -571,6 +620,7 @@ void add_server_command(CLI::App& root, int& exit_code) {
                     "when it has none)")
         ->check(CLI::IsMember({"mean", "cls", "last"}));
     cmd->add_flag("--no-webui", o->no_webui, "No chat page at GET /");
+    cmd->add_flag("--no-slots", o->no_slots, "No GET /slots (the running sequences' state)");
     cmd->add_flag("--spm-infill", o->spm_infill,
                   "Fill in the middle (/infill, suffix) in suffix-prefix-middle order, for "
                   "models trained that way (default: prefix-suffix-middle)");

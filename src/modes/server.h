@@ -25,6 +25,7 @@ struct ServerConfig {
     Pooling pooling = Pooling::Mean;  // /v1/embeddings (never None or Rank)
     int32_t n_batch = 512;            // tokens per embedding pass
     bool web_ui = true;               // GET / answers with a chat page (server_ui_html)
+    bool slots_endpoint = true;       // GET /slots answers (--no-slots: 501)
 };
 
 // The chat page of GET / (server_ui.cpp).

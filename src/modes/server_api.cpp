@@ -288,6 +288,17 @@ nlohmann::json chat_message(const ApiRequest& req, const ApiResponseMeta& meta,
 
 }  // namespace
 
+std::string api_chat_prompt(const std::string& body, const ApiContext& ctx) {
+    const ojson j = ojson::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) fail("malformed JSON");
+    if (!j.is_object()) fail("the request body must be a JSON object");
+    try {
+        return chat_prompt(j, ctx, chat_tools_from_json(j));
+    } catch (const nlohmann::json::exception& e) {
+        fail("bad field type: {}", e.what());
+    }
+}
+
 ApiRequest api_request_from_json(ApiFormat format, const std::string& body, const ApiContext& ctx,
                                  const Tokenizer& tok) {
     ojson j;

@@ -75,6 +75,10 @@ struct ApiRequest {
 
 constexpr size_t kMaxApiPrompts = 256;
 
+// llama.cpp server's /apply-template: a chat request's "messages" (and "tools") as the prompt
+// text /v1/chat/completions would generate from. Throws Error like api_request_from_json.
+std::string api_chat_prompt(const std::string& body, const ApiContext& ctx);
+
 // Throws Error with the reason (the server answers 400 with it).
 ApiRequest api_request_from_json(ApiFormat format, const std::string& body, const ApiContext& ctx,
                                  const Tokenizer& tok);
