@@ -926,3 +926,42 @@ TEST_CASE("server: cache_prompt, /apply-template and /slots") {
     CHECK(json::parse(run.get("/slots").body)[0]["is_processing"] == false);
     CHECK(run.get("/slots?fail_on_no_slot=1").status == 200);
 }
+
+TEST_CASE("server: /completion with a list of prompts answers a list of results") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path);
+    const std::vector<std::string> prompts = {"Once upon a time", "Tom had a", "The sun"};
+    std::vector<std::string> expected;  // (the engine alone, before the server owns it)
+    for (const std::string& p : prompts) expected.push_back(s.reference(p, 10));
+    Running run(s.config(), s);
+    const HttpReply r =
+        run.post("/completion", {{"prompt", prompts}, {"n_predict", 10}, {"temperature", 0}});
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    const json j = json::parse(r.body);
+    REQUIRE(j.is_array());
+    REQUIRE(j.size() == 3);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        CHECK(j[i]["index"] == i);
+        CHECK(j[i]["content"] == expected[i]);
+        CHECK(j[i]["tokens_evaluated"] ==
+              s.m.tokenizer->encode(prompts[i], s.m.tokenizer->add_bos(), false).size());
+    }
+    // Streamed: chunks carry each prompt's index; per index they add up to its content.
+    const HttpReply st =
+        run.post("/completion",
+                 {{"prompt", prompts}, {"n_predict", 10}, {"temperature", 0}, {"stream", true}});
+    REQUIRE(st.status == 200);
+    std::vector<std::string> texts(prompts.size());
+    int n_stop = 0;
+    for (const std::string& e : sse_data(st.body)) {
+        const json c = json::parse(e);
+        texts.at(c["index"].get<size_t>()) += c["content"].get<std::string>();
+        n_stop += c["stop"].get<bool>();
+    }
+    CHECK(n_stop == 3);
+    for (size_t i = 0; i < prompts.size(); ++i) CHECK(texts[i] == j[i]["content"]);
+    // One prompt (not a list): one object, as before.
+    CHECK(json::parse(run.post("/completion", {{"prompt", "Tom had a"}, {"n_predict", 4}}).body)
+              .is_object());
+}

@@ -176,12 +176,12 @@ nlohmann::json native_result(const ApiRequest& req, const ApiResponseMeta& meta,
                              const Tokenizer& tok, size_t logprobs_sent = 0) {
     const GenerationTimings& t = c.result.timings;
     nlohmann::json j = {
-        {"index", 0},
+        {"index", c.index},
         {"content", content},
         {"stop", true},
         {"model", meta.model},
         {"tokens_predicted", t.n_generated},
-        {"tokens_evaluated", req.requests.at(0).prompt.size()},
+        {"tokens_evaluated", req.requests.at(size_t(c.index)).prompt.size()},
         {"tokens_cached", t.n_prompt - t.n_prompt_computed},
         {"stop_type", stop_type(c.result.stop)},
         {"stopping_word", c.stop_word},
@@ -371,8 +371,12 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
     } catch (const nlohmann::json::exception& e) {
         fail("bad field type: {}", e.what());
     }
-    for (ojson& prompt :
-         format == ApiFormat::OpenAiCompletion ? prompt_list(j) : std::vector<ojson>{ojson()}) {
+    std::vector<ojson> prompts =
+        format == ApiFormat::OpenAiCompletion || format == ApiFormat::Completion
+            ? prompt_list(j)
+            : std::vector<ojson>{ojson()};
+    out.prompt_list = !prompts[0].is_null();
+    for (ojson& prompt : prompts) {
         if (!prompt.is_null()) j["prompt"] = std::move(prompt);
         if (format == ApiFormat::OpenAiCompletion && j.contains("suffix") &&
             !j["suffix"].get<std::string>().empty()) {
@@ -473,8 +477,15 @@ nlohmann::json api_usage_chunk(const ApiRequest& req, const ApiResponseMeta& met
 
 nlohmann::json api_response(const ApiRequest& req, const ApiResponseMeta& meta,
                             const std::vector<ApiChoiceResult>& choices, const Tokenizer& tok) {
-    if (api_native(req.format))
-        return native_result(req, meta, choices.at(0), choices.at(0).text, tok);
+    if (api_native(req.format)) {
+        // A list of prompts (/completion): a list of results, as llama.cpp's server.
+        if (!req.prompt_list)
+            return native_result(req, meta, choices.at(0), choices.at(0).text, tok);
+        nlohmann::json all = nlohmann::json::array();
+        for (const ApiChoiceResult& c : choices)
+            all.push_back(native_result(req, meta, c, c.text, tok));
+        return all;
+    }
     nlohmann::json j = envelope(req, meta, false);
     j["choices"] = nlohmann::json::array();
     for (const ApiChoiceResult& c : choices) {

@@ -70,7 +70,8 @@ struct ApiRequest {
     // Chat with tools: the reply is generated in server_tools.h's JSON format and shown as
     // tool calls or content once the choice ends (streams send no text deltas before).
     std::optional<ChatTools> tools;
-    bool truncated = false;  // infill: prefix, suffix or extra files cut to fit the context
+    bool prompt_list = false;  // "prompt" listed prompts (/completion then answers a list)
+    bool truncated = false;    // infill: prefix, suffix or extra files cut to fit the context
 };
 
 constexpr size_t kMaxApiPrompts = 256;
