@@ -36,6 +36,11 @@ ChatStops chat_stops(ChatTemplateKind kind, const Tokenizer& tok) {
     return out;
 }
 
+std::string ChatSession::format(const std::vector<ChatMessage>& msgs) const {
+    return cfg_.jinja ? chat_template_apply_jinja(*cfg_.jinja, msgs, true, special_)
+                      : chat_template_apply(cfg_.kind, msgs, true, special_);
+}
+
 ChatSession::ChatSession(Engine& engine, const Tokenizer& tok, ChatConfig config)
     : engine_(engine), tok_(tok), cfg_(std::move(config)) {
     if (cfg_.n_sink < 0) fail("the number of sink tokens must be >= 0 (got {})", cfg_.n_sink);
@@ -148,7 +153,7 @@ std::vector<TokenId> ChatSession::shift_rebuild(const ChatMessage& user,
         if (has_system) msgs.push_back(history_.front());
         msgs.insert(msgs.end(), turns.begin(), turns.end());
         msgs.push_back(user);
-        tokens = encode(chat_template_apply(cfg_.kind, msgs, true, special_), true);
+        tokens = encode(format(msgs), true);
         tokens.insert(tokens.end(), reply.begin(), reply.end());
         if (fits(tokens.size()) || turns.empty()) {
             history_ = std::move(msgs);
@@ -169,7 +174,25 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
     if (first) {
         std::vector<ChatMessage> msgs = history_;
         msgs.push_back(msg);
-        add = encode(chat_template_apply(cfg_.kind, msgs, true, special_), true);
+        add = encode(format(msgs), true);
+    } else if (cfg_.jinja) {
+        // The session holds the text of the last prompt plus the reply. When the whole
+        // conversation's rendering continues that text, prefill the rest (as the built-in
+        // formats' delta); otherwise the template rewrote earlier turns: start over.
+        std::string fed;
+        if (!history_.empty() && history_.back().role == "assistant") {
+            const std::vector<ChatMessage> before(history_.begin(), history_.end() - 1);
+            fed = format(before) + history_.back().content;
+        }
+        std::vector<ChatMessage> msgs = history_;
+        msgs.push_back(msg);
+        const std::string full = format(msgs);
+        if (!fed.empty() && full.size() > fed.size() && full.compare(0, fed.size(), fed) == 0) {
+            add = encode(full.substr(fed.size()), false);
+        } else {
+            restart_session();  // (the prefix cache still serves the unchanged start)
+            add = encode(full, true);
+        }
     } else {
         std::string text = reply_open_ ? chat_template_assistant_suffix(cfg_.kind, special_) : "";
         text += chat_template_apply_delta(cfg_.kind, history_, msg, special_);

@@ -30,6 +30,11 @@ ContextOverflow context_overflow_from_name(std::string_view name);  // throws Er
 
 struct ChatConfig {
     ChatTemplateKind kind = ChatTemplateKind::Plain;
+    // Set: conversations are rendered by this Jinja template (kind then only names the
+    // end-of-turn texts). Each message re-renders the whole conversation and prefills what
+    // follows the tokens the session holds (all of it, helped by the prefix cache, when the
+    // template rewrote earlier turns).
+    std::shared_ptr<const JinjaTemplate> jinja;
     std::string system;      // system prompt ("" for none)
     int32_t n_predict = -1;  // max reply tokens (< 0: until the end of turn)
     SamplingParams sampling;
@@ -111,6 +116,8 @@ class ChatSession {
     std::vector<TokenId> shift_rebuild(const ChatMessage& user, const std::vector<TokenId>& reply,
                                        int32_t& n_dropped);
     void restart_session();
+    // The conversation in the chat format, with the reply header (built-in or Jinja).
+    std::string format(const std::vector<ChatMessage>& msgs) const;
 
     Engine& engine_;
     const Tokenizer& tok_;

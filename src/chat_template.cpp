@@ -34,6 +34,7 @@
 #include <array>
 
 #include "common.h"
+#include "text_input.h"
 
 namespace kvrun {
 
@@ -392,6 +393,70 @@ std::vector<std::string> chat_template_stop_strings(ChatTemplateKind kind) {
             return {"\nUser:"};
     }
     return {};
+}
+
+std::string chat_template_apply_jinja(const JinjaTemplate& tmpl,
+                                      const std::vector<ChatMessage>& messages,
+                                      bool add_generation_prompt, const ChatSpecialTexts& special) {
+    nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+    for (const ChatMessage& m : messages)
+        msgs.push_back({{"role", m.role}, {"content", m.content}});
+    const nlohmann::ordered_json context = {
+        {"messages", msgs},         {"add_generation_prompt", add_generation_prompt},
+        {"bos_token", special.bos}, {"eos_token", special.eos},
+        {"tools", nullptr},         {"documents", nullptr}};
+    std::string text = tmpl.render(context);
+    if (!special.bos.empty() && text.rfind(special.bos, 0) == 0) text.erase(0, special.bos.size());
+    return text;
+}
+
+std::string ChatTemplateChoice::name() const {
+    return jinja ? "jinja" : chat_template_name(kind);
+}
+
+ChatTemplateChoice chat_template_choose(const GgufFile& file, const std::string& name,
+                                        const std::string& template_file, bool use_jinja) {
+    ChatTemplateChoice c;
+    if (!name.empty() && !template_file.empty())
+        fail("give --chat-template or --chat-template-file, not both");
+    if (!name.empty()) {
+        c.kind = chat_template_from_name(name);
+        return c;
+    }
+    const GgufValue* v = file.find("tokenizer.chat_template");
+    const std::string model_source =
+        v && std::holds_alternative<std::string>(v->data) ? v->as_string() : "";
+    auto parse = [&](const std::string& source, const std::string& where) {
+        try {
+            c.jinja = std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(source));
+        } catch (const Error& e) {
+            throw Error(fmt::format("{}: the chat template does not parse: {}", where, e.what()),
+                        "give a built-in format with --chat-template NAME");
+        }
+        c.kind = chat_template_detect(source);
+    };
+    if (!template_file.empty()) {
+        parse(read_file_text(template_file), template_file);
+        return c;
+    }
+    if (use_jinja) {
+        if (model_source.empty())
+            throw Error("--jinja: the model has no chat template (tokenizer.chat_template)",
+                        "give one with --chat-template-file FILE");
+        parse(model_source, file.path());
+        return c;
+    }
+    c.kind = chat_template_detect(model_source);
+    if (c.kind != ChatTemplateKind::Plain || model_source.empty()) return c;
+    try {
+        parse(model_source, file.path());
+        c.note =
+            "the model's chat template is not a built-in format: rendering it with the Jinja "
+            "interpreter (--chat-template NAME picks a built-in one)";
+    } catch (const Error& e) {
+        c.note = fmt::format("{}; using the plain format", e.what());
+    }
+    return c;
 }
 
 }  // namespace kvrun

@@ -16,11 +16,13 @@
 // where h already holds the assistant's reply.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "gguf.h"
+#include "jinja.h"
 
 namespace kvrun {
 
@@ -103,5 +105,33 @@ std::string chat_template_assistant_suffix(ChatTemplateKind kind,
 // when it is one special token of the vocabulary, and stop on that id) or, for Plain, text
 // to look for in the decoded output (cut the reply before it).
 std::vector<std::string> chat_template_stop_strings(ChatTemplateKind kind);
+
+// ---- Jinja: a model's own template, rendered by the interpreter (jinja.h) ----
+
+// chat_template_apply through a Jinja chat template, with Hugging Face's variables: messages
+// ([{"role", "content"}]), add_generation_prompt, bos_token, eos_token, tools (none). A BOS
+// text the template writes first is dropped (the tokenizer adds BOS; see the top). Throws
+// Error for what the template raises.
+std::string chat_template_apply_jinja(const JinjaTemplate& tmpl,
+                                      const std::vector<ChatMessage>& messages,
+                                      bool add_generation_prompt,
+                                      const ChatSpecialTexts& special = {});
+
+// The format a command uses, from its options (in this order): --chat-template NAME (a
+// built-in format), --chat-template-file FILE (that Jinja template), --jinja (the model's
+// tokenizer.chat_template through the interpreter), else the built-in format detected from
+// the model's template, or, when the model has a template that detection does not know,
+// that template through the interpreter (`note` then says so). kind is the detected
+// built-in format also with Jinja (its end-of-turn texts still stop replies). Throws Error
+// for an unknown name, an unreadable file, a template that does not parse, or --jinja on a
+// model without a template.
+struct ChatTemplateChoice {
+    ChatTemplateKind kind = ChatTemplateKind::Plain;
+    std::shared_ptr<const JinjaTemplate> jinja;  // null: the built-in `kind`
+    std::string note;                            // for stderr, or ""
+    std::string name() const;                    // "jinja" or chat_template_name(kind)
+};
+ChatTemplateChoice chat_template_choose(const GgufFile& file, const std::string& name,
+                                        const std::string& template_file, bool use_jinja);
 
 }  // namespace kvrun

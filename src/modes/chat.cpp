@@ -29,7 +29,8 @@ struct ChatOptions {
     DraftOptions draft;
     GrammarOptions grammar;
     SamplingParams sampling;
-    std::string system, chat_template, overflow = "shift", history_file;
+    std::string system, chat_template, chat_template_file, overflow = "shift", history_file;
+    bool jinja = false;
     int32_t n_predict = -1;
     int32_t n_sink = 4;
     bool ignore_eos = false, stats = false;
@@ -49,11 +50,6 @@ constexpr const char* kHelp =
     "  /exit           quit (also Ctrl-D)\n"
     "Ctrl-C stops a reply; while typing it clears the line.\n";
 
-ChatTemplateKind pick_template(const ChatOptions& o, const GgufFile& file) {
-    if (!o.chat_template.empty()) return chat_template_from_name(o.chat_template);
-    return chat_template_of(file);
-}
-
 void print_stats(const ChatSession& chat, const Engine& engine, const LoadedModel& m,
                  const ModelOptions& mo) {
     const ChatTurnStats& t = chat.last_turn();
@@ -72,7 +68,7 @@ void print_stats(const ChatSession& chat, const Engine& engine, const LoadedMode
             ? fmt::format("{:.1f} tokens/s", t.timings.decode_tokens_per_s())
             : std::string("-"),
         ks.used_blocks, ks.n_blocks, ks.block_size, ks.evictable_blocks,
-        chat_template_name(chat.config().kind), m.device,
+        chat.config().jinja ? "jinja" : chat_template_name(chat.config().kind), m.device,
         chat.config().overflow == ContextOverflow::Stop    ? "stop"
         : chat.config().overflow == ContextOverflow::Shift ? "shift"
                                                            : "sinks");
@@ -107,7 +103,11 @@ int run_chat(const ChatOptions& o) {
     LoadedModel m = load_model(o.model, 1);
     LoadedModel draft;
     if (o.draft.enabled()) draft = load_draft_model(o.draft, o.model, m, 1);
-    cfg.kind = pick_template(o, *m.file);
+    const ChatTemplateChoice choice =
+        chat_template_choose(*m.file, o.chat_template, o.chat_template_file, o.jinja);
+    if (!choice.note.empty()) fmt::print(stderr, "kvrun chat: {}\n", choice.note);
+    cfg.kind = choice.kind;
+    cfg.jinja = choice.jinja;
     Engine engine(*m.backend, *m.tokenizer, generation_engine_options(o.model, 1, o.draft, draft));
     warn_if_context_capped(engine, o.model);
     std::optional<PromptCacheUse> cache;  // before the session prefills the system prompt
@@ -118,7 +118,7 @@ int run_chat(const ChatOptions& o) {
     fmt::print(stderr,
                "kvrun chat: {} on {}, template {}, context {} tokens (overflow: {}).\n"
                "Type /help for commands, Ctrl-D to exit.\n",
-               o.model.model, m.device, chat_template_name(cfg.kind), engine.n_ctx(), o.overflow);
+               o.model.model, m.device, choice.name(), engine.n_ctx(), o.overflow);
     install_interrupt_handler();
     auto print_text = [](std::string_view s) {
         fmt::print("{}", s);
@@ -220,6 +220,11 @@ void add_chat_command(CLI::App& root, int& exit_code) {
         "Chat format: llama2, llama3, chatml, mistral, zephyr, phi3, phi4, gemma, granite, "
         "deepseek3, mistral-v3, mistral-v3-tekken, mistral-v7, mistral-v7-tekken or plain "
         "(default: detected from the model's tokenizer.chat_template)");
+    cmd->add_option("--chat-template-file", o->chat_template_file,
+                    "A Jinja chat template to format the conversation with");
+    cmd->add_flag("--jinja", o->jinja,
+                  "Format the conversation with the model's own Jinja template through kvrun's "
+                  "interpreter (default: a built-in format when the template is a known one)");
     cmd->add_option("-n,--n-predict", o->n_predict,
                     "Max tokens per reply (-1: until the end of the turn)")
         ->check(n_predict_check())

@@ -234,7 +234,7 @@ int run_info(const InfoOptions& o) {
                       {"n_vocab", h.n_vocab},
                       {"bos", f.get_int_or("tokenizer.ggml.bos_token_id", -1)},
                       {"eos", f.get_int_or("tokenizer.ggml.eos_token_id", -1)},
-                      {"chat_template", chat_template_name(chat_template_of(f))}};
+                      {"chat_template", chat_template_choose(f, "", "", false).name()}};
         nlohmann::json types = nlohmann::json::object();
         for (auto& [name, e] : histogram) types[name] = {{"tensors", e.first}, {"bytes", e.second}};
         j["tensor_types"] = types;
@@ -288,14 +288,15 @@ int run_info(const InfoOptions& o) {
                pre.empty() ? "" : " (pre-tokenizer " + pre + ")", h.n_vocab,
                f.get_int_or("tokenizer.ggml.bos_token_id", -1),
                f.get_int_or("tokenizer.ggml.eos_token_id", -1));
-    const ChatTemplateKind chat = chat_template_of(f);
+    const ChatTemplateChoice chat = chat_template_choose(f, "", "", false);
     fmt::print("chat template   {}\n\n",
                !f.has("tokenizer.chat_template")
                    ? std::string("none in the file (chat uses plain; --chat-template picks one)")
-               : chat == ChatTemplateKind::Plain
-                   ? std::string("not a format kvrun knows (chat uses plain; --chat-template "
-                                 "picks one)")
-                   : chat_template_name(chat) + " (detected from tokenizer.chat_template)");
+               : chat.jinja ? std::string("not a built-in format: chat and server render the "
+                                          "model's template with the Jinja interpreter")
+               : chat.kind == ChatTemplateKind::Plain
+                   ? "does not parse (" + chat.note + ")"
+                   : chat_template_name(chat.kind) + " (detected from tokenizer.chat_template)");
     fmt::print("tensor types    {:<8} {:>8} {:>14}\n", "type", "tensors", "bytes");
     for (auto& [name, e] : histogram)
         fmt::print("                {:<8} {:>8} {:>14}\n", name, e.first,

@@ -397,7 +397,8 @@ nlohmann::json ApiServer::Impl::props() {
             {"total_slots", cfg.parallel},
             {"model_path", cfg.model_path},
             {"model_alias", cfg.api.model_id},
-            {"chat_template", chat_template_name(cfg.api.chat_template)},
+            {"chat_template",
+             cfg.api.jinja ? cfg.api.jinja->source() : chat_template_name(cfg.api.chat_template)},
             {"build_info", "kvrun"}};
 }
 
@@ -515,6 +516,8 @@ struct ServerOptions {
     bool no_webui = false;
     bool spm_infill = false;
     bool no_slots = false;
+    bool jinja = false;
+    std::string chat_template_file;
 };
 
 int run_server(const ServerOptions& o) {
@@ -555,8 +558,11 @@ int run_server(const ServerOptions& o) {
     d.n_lora = static_cast<int32_t>(lora_specs(mo).size());
     cfg.api.model_id =
         o.alias.empty() ? std::filesystem::path(o.model.model).filename().string() : o.alias;
-    cfg.api.chat_template = o.chat_template.empty() ? chat_template_of(*m.file)
-                                                    : chat_template_from_name(o.chat_template);
+    const ChatTemplateChoice chat =
+        chat_template_choose(*m.file, o.chat_template, o.chat_template_file, o.jinja);
+    if (!chat.note.empty()) fmt::print(stderr, "kvrun server: {}\n", chat.note);
+    cfg.api.chat_template = chat.kind;
+    cfg.api.jinja = chat.jinja;
     cfg.api.special = chat_special_texts(*m.tokenizer);
     cfg.api.chat_stops = chat_stops(cfg.api.chat_template, *m.tokenizer);
     cfg.api.n_ctx_seq = engine.n_ctx();
@@ -569,8 +575,7 @@ int run_server(const ServerOptions& o) {
     fmt::print(stderr,
                "kvrun server: {} on {}, {} sequences at once, context {} tokens, chat template "
                "{}{}\n",
-               cfg.api.model_id, m.device, o.parallel, engine.n_ctx(),
-               chat_template_name(cfg.api.chat_template),
+               cfg.api.model_id, m.device, o.parallel, engine.n_ctx(), chat.name(),
                engine.speculative() ? ", speculative decoding" : "");
     fmt::print(stderr, "kvrun server: listening on http://{}:{} (Ctrl-C stops)\n", host,
                server.port());
@@ -615,6 +620,11 @@ void add_server_command(CLI::App& root, int& exit_code) {
                     "mistral-v3-tekken, mistral-v7, mistral-v7-tekken, plain (default: detected "
                     "from the model)")
         ->check(parses_with([](const std::string& s) { chat_template_from_name(s); }, "TEMPLATE"));
+    cmd->add_option("--chat-template-file", o->chat_template_file,
+                    "A Jinja chat template to format chats with (instead of the model's)");
+    cmd->add_flag("--jinja", o->jinja,
+                  "Format chats with the model's own Jinja template through kvrun's interpreter "
+                  "(default: a built-in format when the template is a known one)");
     cmd->add_option("--pooling", o->pooling,
                     "Pooling of /v1/embeddings: mean, cls or last (default: the model's, mean "
                     "when it has none)")

@@ -38,16 +38,19 @@ std::string chat_prompt(const ojson& j, const ApiContext& ctx,
         else
             msgs.insert(msgs.begin(), ChatMessage{"system", text});
     }
+    auto render = [&](const std::vector<ChatMessage>& m) {
+        return ctx.jinja ? chat_template_apply_jinja(*ctx.jinja, m, true, ctx.special)
+                         : chat_template_apply(ctx.chat_template, m, true, ctx.special);
+    };
     // A conversation that ends with the assistant's words is continued from them (assistant
     // prefill, as llama.cpp's server): the reply header, then that text, left open.
     if (msgs.size() > 1 && msgs.back().role == "assistant") {
         if (tools) fail("a conversation ending with the assistant's words cannot use 'tools'");
         const std::string start = msgs.back().content;
         msgs.pop_back();
-        return chat_template_apply(ctx.chat_template, msgs, true, ctx.special) + start;
+        return render(msgs) + start;
     }
-    return chat_template_apply(ctx.chat_template, msgs, /*add_generation_prompt=*/true,
-                               ctx.special);
+    return render(msgs);
 }
 
 // response_format -> json_schema.

@@ -46,6 +46,7 @@ struct ApiContext {
     RequestDefaults defaults;  // the command line's sampling, -n, --stop, ...
     std::string model_id;      // "model" in responses
     ChatTemplateKind chat_template = ChatTemplateKind::Plain;
+    std::shared_ptr<const JinjaTemplate> jinja;  // set: chats are rendered by it
     ChatSpecialTexts special;
     ChatStops chat_stops;  // the template's end-of-turn tokens and texts
     // Fill in the middle: the tokens one sequence holds (0: no limit), and --spm-infill.
