@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzzes with libFuzzer + ASan + UBSan for N seconds (default 600).
-# Usage: scripts/fuzz.sh [gguf|tokenizer|grammar|json_schema|sampler|http] [seconds] [extra flags...]
+# Usage: scripts/fuzz.sh [gguf|tokenizer|grammar|json_schema|sampler|http|jinja] [seconds] [extra flags...]
 #   gguf (default): the GGUF reader and the model config reader (fuzz/fuzz_gguf.cpp), seeded
 #     from GgufWriter-made files and the smallest shared models.
 #   tokenizer: SPM and byte-level BPE on the shared llama.cpp vocabularies
@@ -13,13 +13,15 @@
 #     clear errors, distributions that sum to 1, draws in range with positive probability).
 #   http: the server's HTTP/1.1 request parser (fuzz/fuzz_http.cpp: documented error statuses,
 #     bodies within the limit, the same requests whether the bytes come whole or in pieces).
+#   jinja: the chat-template interpreter (fuzz/fuzz_jinja.cpp: parse and render give text or
+#     a clear error, never a crash or hang).
 # Builds build-fuzz/fuzz_<target> (or under $KVRUN_FUZZ_BUILD; never the CMake build/ tree)
 # with clang++ straight from the sources, and leaves any crashing input in fuzz/crashes/.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 target=gguf
-case "${1:-}" in gguf | tokenizer | grammar | json_schema | sampler | http) target="$1"; shift ;; esac
+case "${1:-}" in gguf | tokenizer | grammar | json_schema | sampler | http | jinja) target="$1"; shift ;; esac
 seconds="${1:-600}"
 shift || true
 
@@ -63,6 +65,10 @@ elif [ "$target" = http ]; then
     clang++ "${flags[@]}" fuzz/fuzz_http.cpp src/http_parser.cpp src/http_server.cpp -lfmt \
         -o "$out/fuzz_http"
     KVRUN_FUZZ_WRITE_SEEDS="$corpus" "$out/fuzz_http"
+    max_len=4096
+elif [ "$target" = jinja ]; then
+    clang++ "${flags[@]}" fuzz/fuzz_jinja.cpp src/jinja*.cpp -lfmt -o "$out/fuzz_jinja"
+    KVRUN_FUZZ_WRITE_SEEDS="$corpus" "$out/fuzz_jinja"
     max_len=4096
 else
     if [ ! -d "$shared/vocab" ]; then
