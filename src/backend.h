@@ -79,6 +79,10 @@ struct RowSampling {
 using MatmulObserver =
     std::function<void(const void* weight, int64_t n_in, const float* x, int64_t n_rows)>;
 
+// Sees each layer's output x[n_rows][n_embd] (the residual stream after the layer: what a
+// control vector steers) as a forward pass computes it. Control vector generation.
+using LayerObserver = std::function<void(int32_t layer, const float* x, int64_t n_rows)>;
+
 class Backend {
   public:
     virtual ~Backend();
@@ -92,6 +96,8 @@ class Backend {
     // Installs (or, empty, removes) an observer of every weight product; false when the
     // backend cannot (the CUDA backend).
     virtual bool set_matmul_observer(MatmulObserver observer) { return !observer; }
+    // The same for layer outputs (false: the CUDA backend cannot).
+    virtual bool set_layer_observer(LayerObserver observer) { return !observer; }
     // Executes the block table's queued copies (copy-on-write, stage restores; see
     // BlockCopy) on every layer's K and V. Throws Error for ids outside the pool.
     virtual void copy_blocks(const std::vector<BlockCopy>& copies) = 0;

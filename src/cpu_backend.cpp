@@ -235,6 +235,7 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
                          !cvec_.empty() && cvec_.steered[size_t(l)]
                              ? cvec_.values.data() + l * c.n_embd
                              : nullptr);
+        if (layer_observer_) layer_observer_(static_cast<int32_t>(l), x_.data(), T);
     }
 
     // Final norm and output projection only for the rows that need logits.

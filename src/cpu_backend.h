@@ -17,6 +17,10 @@ class CpuBackend final : public Backend {
     const ModelConfig& config() const override { return config_; }
     void forward(const ForwardBatch& batch, float* logits) override;
     void forward_embeddings(const ForwardBatch& batch, float* out) override;
+    bool set_layer_observer(LayerObserver observer) override {
+        layer_observer_ = std::move(observer);
+        return true;
+    }
     bool set_matmul_observer(MatmulObserver observer) override {
         observer_ = std::move(observer);
         return true;
@@ -69,6 +73,7 @@ class CpuBackend final : public Backend {
     ControlVector cvec_;                                 // --control-vector (empty: none)
     BackendOptions options_;
     MatmulObserver observer_;
+    LayerObserver layer_observer_;
     int64_t n_blocks_ = 0;
     KvWindowPool window_;  // the sliding-window layers' pool (kv_layout_for)
     int64_t k_block_bytes_ = 0, v_block_bytes_ = 0;  // one layer, one block

@@ -93,6 +93,7 @@ int main(int argc, char** argv) {
     kvrun::add_imatrix_command(app, exit_code);
     kvrun::add_server_command(app, exit_code);
     kvrun::add_export_lora_command(app, exit_code);
+    kvrun::add_cvector_command(app, exit_code);
     kvrun::add_gguf_split_command(app, exit_code);
     try {
         auto is_command = [&](const std::string& name) {

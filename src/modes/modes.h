@@ -19,5 +19,6 @@ void add_imatrix_command(CLI::App& root, int& exit_code);
 void add_server_command(CLI::App& root, int& exit_code);
 void add_export_lora_command(CLI::App& root, int& exit_code);
 void add_gguf_split_command(CLI::App& root, int& exit_code);
+void add_cvector_command(CLI::App& root, int& exit_code);
 
 }  // namespace kvrun
