@@ -405,7 +405,11 @@ std::string chat_template_apply_jinja(const JinjaTemplate& tmpl,
         {"messages", msgs},         {"add_generation_prompt", add_generation_prompt},
         {"bos_token", special.bos}, {"eos_token", special.eos},
         {"tools", nullptr},         {"documents", nullptr}};
-    std::string text = tmpl.render(context);
+    // A chat template takes a few steps per message; a model file's template that runs
+    // away stops well before the interpreter's default bound (seconds per request).
+    JinjaTemplate::Limits limits;
+    limits.max_steps = 2'000'000;
+    std::string text = tmpl.render(context, limits);
     if (!special.bos.empty() && text.rfind(special.bos, 0) == 0) text.erase(0, special.bos.size());
     return text;
 }
