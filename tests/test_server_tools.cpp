@@ -205,6 +205,31 @@ TEST_CASE("tools: earlier calls and their results are written into the conversat
     CHECK(r.content == R"({"tool_calls": [{"name": "ad)");
 }
 
+TEST_CASE("tools: an answer's text is known while it is generated") {
+    const std::string reply = R"({ "response" : "Hi \"there\"\n\u00e9\ud83d\ude00 end"})";
+    const std::string answer = "Hi \"there\"\n\u00e9\U0001F600 end";
+    std::string last;
+    for (size_t n = 0; n <= reply.size(); ++n) {
+        CAPTURE(reply.substr(0, n));
+        const ToolAnswerPrefix a = tool_answer_prefix(reply.substr(0, n));
+        if (n <= reply.find('"', reply.find(':'))) {  // before the string opens
+            CHECK(!a.answer);
+            CHECK(!a.decided);
+            continue;
+        }
+        REQUIRE(a.answer);
+        CHECK(answer.rfind(a.text, 0) == 0);  // a prefix of the answer, growing
+        CHECK(a.text.size() >= last.size());
+        last = a.text;
+    }
+    CHECK(last == answer);
+    CHECK(!tool_answer_prefix(R"({"tool_calls": [)").answer);
+    CHECK(tool_answer_prefix(R"({"tool_calls": [)").decided);
+    CHECK(!tool_answer_prefix("{\"resp").decided);
+    // Cut short (max_tokens): the answer so far.
+    CHECK(chat_tools_parse(R"({"response": "It is sun)", "c").content == "It is sun");
+}
+
 TEST_CASE("server: tool calls on /v1/chat/completions, whole and streamed") {
     const std::string path = model_path();
     if (path.empty()) return;
@@ -289,6 +314,65 @@ TEST_CASE("server: tool calls on /v1/chat/completions, whole and streamed") {
         CHECK(choice["message"]["content"].is_string());
         CHECK(!choice["message"].contains("tool_calls"));
     }
+    // Streamed: an answer comes as it is generated (several content deltas adding up to the
+    // whole response's content), calls as one delta.
+    json sbody = body;
+    sbody["stream"] = true;
+    const HttpReply sr = run.post("/v1/chat/completions", sbody);
+    REQUIRE(sr.status == 200);
+    std::string streamed;
+    int content_chunks = 0;
+    json streamed_calls = json::array();
+    for (const std::string& e : sse_data(sr.body)) {
+        if (e == "[DONE]") continue;
+        const json d = json::parse(e)["choices"][0]["delta"];
+        if (d.contains("content") && d["content"].is_string() &&
+            !d["content"].get<std::string>().empty()) {
+            streamed += d["content"].get<std::string>();
+            ++content_chunks;
+        }
+        if (d.contains("tool_calls"))
+            for (const json& c : d["tool_calls"]) streamed_calls.push_back(c);
+    }
+    if (choice["finish_reason"] == "tool_calls") {
+        CHECK(streamed_calls.size() == choice["message"]["tool_calls"].size());
+        CHECK(streamed.empty());
+    } else {
+        CHECK(streamed == choice["message"]["content"]);
+        CHECK(content_chunks > 1);
+    }
+    MESSAGE("auto after a result: ", choice["finish_reason"]);
+
+    // An answer, streamed: a bias on the token "re" tips this model to {"response": ...}.
+    const TokenId re = s.m.tokenizer->find_token("re");
+    REQUIRE(re >= 0);
+    json answer_body = {{"messages", messages},
+                        {"tools", tools},
+                        {"max_tokens", 60},
+                        {"temperature", 0},
+                        {"logit_bias", json::array({json::array({re, 10})})}};
+    const json whole_answer =
+        json::parse(run.post("/v1/chat/completions", answer_body).body)["choices"][0];
+    REQUIRE(whole_answer["finish_reason"] != "tool_calls");
+    const std::string answer_text = whole_answer["message"]["content"];
+    CHECK(!answer_text.empty());
+    CHECK(answer_text.find("response") == std::string::npos);  // the answer, not the JSON
+    answer_body["stream"] = true;
+    std::string streamed_answer;
+    int answer_chunks = 0;
+    for (const std::string& e : sse_data(run.post("/v1/chat/completions", answer_body).body)) {
+        if (e == "[DONE]") continue;
+        const json d = json::parse(e)["choices"][0]["delta"];
+        if (d.contains("content") && d["content"].is_string() &&
+            !d["content"].get<std::string>().empty()) {
+            streamed_answer += d["content"].get<std::string>();
+            ++answer_chunks;
+        }
+        CHECK(!d.contains("tool_calls"));
+    }
+    CHECK(streamed_answer == answer_text);
+    CHECK(answer_chunks > 1);
+
     // The prompt the server built holds the tools, the call and its result.
     ApiContext ctx = cfg.api;
     const ApiRequest ar =

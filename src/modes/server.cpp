@@ -242,9 +242,20 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
     // not sent yet, how many were, and the bytes of text they covered.
     std::vector<std::vector<TokenLogprobs>> lp_pending(n_choices);
     std::vector<size_t> lp_sent(n_choices, 0), lp_offset(n_choices, 0);
-    auto emit = [&](size_t i, const std::string& delta) {
-        // With tools the reply shows once it is whole (api_stream_reply_chunk).
-        if (!ar.stream || delta.empty() || client_gone || ar.tools) return;
+    // With tools: the reply's text so far, and the bytes of its answer already streamed (an
+    // answer streams as it comes; tool calls show once whole, api_stream_reply_chunk).
+    std::vector<std::string> tool_text(n_choices);
+    std::vector<size_t> answer_sent(n_choices, 0);
+    auto emit = [&](size_t i, const std::string& piece) {
+        if (!ar.stream || piece.empty() || client_gone) return;
+        std::string delta = piece;
+        if (ar.tools) {
+            tool_text[i] += piece;
+            const ToolAnswerPrefix a = tool_answer_prefix(tool_text[i]);
+            if (!a.answer || a.text.size() <= answer_sent[i]) return;
+            delta = a.text.substr(answer_sent[i]);
+            answer_sent[i] = a.text.size();
+        }
         if (!send_event(conn, api_stream_chunk(ar, meta, int32_t(i), delta, !started[i], tok,
                                                lp_pending[i], lp_offset[i])))
             client_gone = true;
@@ -274,9 +285,13 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
         if (c.result.stop == StopReason::Error) {
             if (!send_event(conn, nlohmann::json::parse(http_error_body(500, c.result.error))))
                 client_gone = true;
-        } else if ((ar.tools && !send_event(conn, api_stream_reply_chunk(ar, meta, c))) ||
-                   !send_event(conn, api_stream_final_chunk(ar, meta, c, tok, lp_sent[i]))) {
-            client_gone = true;
+        } else {
+            const nlohmann::json reply =
+                ar.tools ? api_stream_reply_chunk(ar, meta, c, answer_sent[i], !started[i])
+                         : nlohmann::json();
+            if ((!reply.is_null() && !send_event(conn, reply)) ||
+                !send_event(conn, api_stream_final_chunk(ar, meta, c, tok, lp_sent[i])))
+                client_gone = true;
         }
     };
     auto last_check = std::chrono::steady_clock::now();

@@ -443,10 +443,17 @@ nlohmann::json api_stream_chunk(const ApiRequest& req, const ApiResponseMeta& me
 }
 
 nlohmann::json api_stream_reply_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
-                                      const ApiChoiceResult& c) {
+                                      const ApiChoiceResult& c, size_t answer_sent, bool first) {
+    nlohmann::json delta = chat_message(req, meta, c, /*delta=*/true);
+    if (!delta.contains("tool_calls")) {
+        const std::string content = delta["content"].get<std::string>();
+        if (content.size() <= answer_sent) return nullptr;
+        delta["content"] = content.substr(answer_sent);
+    }
+    if (!first) delta.erase("role");
     nlohmann::json j = envelope(req, meta, true);
     j["choices"] = nlohmann::json::array({{{"index", c.index},
-                                           {"delta", chat_message(req, meta, c, /*delta=*/true)},
+                                           {"delta", delta},
                                            {"logprobs", nullptr},
                                            {"finish_reason", nullptr}}});
     return j;

@@ -134,10 +134,12 @@ struct ApiChoiceResult {
     std::string stop_word;  // the stop string that ended it ("" for none)
 };
 
-// With tools: the chunk carrying a finished choice's message (its tool calls or content),
-// sent before its final chunk.
+// With tools: the chunk carrying a finished choice's tool calls, or the rest of its answer
+// after the `answer_sent` bytes streamed while it was generated (tool_answer_prefix); sent
+// before its final chunk. null: nothing left to send.
 nlohmann::json api_stream_reply_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
-                                      const ApiChoiceResult& choice);
+                                      const ApiChoiceResult& choice, size_t answer_sent,
+                                      bool first);
 
 // The last streamed chunk of a choice (its finish reason, and the logprobs of its tokens
 // from `logprobs_sent` on; llama.cpp's: the whole result with "stop": true).

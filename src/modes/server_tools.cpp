@@ -1,6 +1,7 @@
 // Tool calling in one generic JSON format (see server_tools.h).
 #include "modes/server_tools.h"
 
+#include <cstring>
 #include <map>
 
 #include "common.h"
@@ -65,7 +66,97 @@ void hoist_definitions(ojson& params, ojson& root, const std::string& tool) {
     }
 }
 
+// Appends code point cp as UTF-8.
+void put_utf8(uint32_t cp, std::string& out) {
+    if (cp < 0x80) {
+        out += char(cp);
+    } else if (cp < 0x800) {
+        out += char(0xC0 | (cp >> 6));
+        out += char(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+        out += char(0xE0 | (cp >> 12));
+        out += char(0x80 | ((cp >> 6) & 0x3F));
+        out += char(0x80 | (cp & 0x3F));
+    } else {
+        out += char(0xF0 | (cp >> 18));
+        out += char(0x80 | ((cp >> 12) & 0x3F));
+        out += char(0x80 | ((cp >> 6) & 0x3F));
+        out += char(0x80 | (cp & 0x3F));
+    }
+}
+
+// Four hex digits at s[i..i+4), or -1.
+int32_t hex4(std::string_view s, size_t i) {
+    if (i + 4 > s.size()) return -1;
+    int32_t v = 0;
+    for (size_t k = i; k < i + 4; ++k) {
+        const char c = s[k];
+        const int d = c >= '0' && c <= '9'   ? c - '0'
+                      : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                      : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                             : -1;
+        if (d < 0) return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
 }  // namespace
+
+ToolAnswerPrefix tool_answer_prefix(std::string_view s) {
+    ToolAnswerPrefix out;
+    size_t i = 0;
+    auto ws = [&] {
+        while (i < s.size() && (s[i] == ' ' || s[i] == '\n' || s[i] == '\t' || s[i] == '\r')) ++i;
+    };
+    // {  "response"  :  "   — each piece may still be incomplete.
+    ws();
+    for (std::string_view piece : {std::string_view("{"), std::string_view("\"response\""),
+                                   std::string_view(":"), std::string_view("\"")}) {
+        const size_t n = std::min(piece.size(), s.size() - i);
+        if (s.substr(i, n) != piece.substr(0, n)) {
+            out.answer = false;
+            return out;
+        }
+        if (n < piece.size()) {
+            out.decided = false;
+            return out;
+        }
+        i += n;
+        if (piece == "\"") break;  // the string begins
+        ws();
+    }
+    out.answer = true;
+    while (i < s.size() && s[i] != '"') {
+        if (s[i] != '\\') {
+            out.text += s[i++];
+            continue;
+        }
+        if (i + 1 >= s.size()) break;  // an escape not yet whole
+        const char e = s[i + 1];
+        const char* simple = "\"\\/bfnrt";
+        const char* value = "\"\\/\b\f\n\r\t";
+        if (const char* p = std::strchr(simple, e); p && e) {
+            out.text += value[p - simple];
+            i += 2;
+            continue;
+        }
+        if (e != 'u') break;  // (the grammar admits no other escape)
+        const int32_t hi = hex4(s, i + 2);
+        if (hi < 0) break;
+        if (hi >= 0xD800 && hi < 0xDC00) {  // a surrogate pair: wait for the second half
+            if (i + 12 > s.size() || s[i + 6] != '\\' || s[i + 7] != 'u') break;
+            const int32_t lo = hex4(s, i + 8);
+            if (lo < 0xDC00 || lo > 0xDFFF) break;
+            put_utf8(0x10000 + ((uint32_t(hi) - 0xD800) << 10) + (uint32_t(lo) - 0xDC00), out.text);
+            i += 12;
+            continue;
+        }
+        put_utf8(uint32_t(hi), out.text);
+        i += 6;
+    }
+    return out;
+}
 
 std::optional<ChatTools> chat_tools_from_json(const ojson& j) {
     if (!j.contains("tools") || j["tools"].is_null()) {
@@ -246,10 +337,13 @@ ChatToolReply chat_tools_parse(const std::string& text, const std::string& id_pr
         }
         if (!out.calls.empty()) return out;
     }
-    if (j.is_object() && j.contains("response") && j["response"].is_string())
+    if (j.is_object() && j.contains("response") && j["response"].is_string()) {
         out.content = j["response"].get<std::string>();
-    else
+    } else if (const ToolAnswerPrefix a = tool_answer_prefix(text); a.answer && !j.is_object()) {
+        out.content = a.text;  // an answer cut short
+    } else {
         out.content = text;
+    }
     return out;
 }
 

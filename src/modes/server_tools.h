@@ -9,7 +9,8 @@
 // and a grammar built from the tools' parameter schemas makes that the only thing the model
 // can write: a call always names a listed tool and its arguments always match its schema.
 // The reply is then read back into OpenAI's message: "tool_calls" (each with an id, the
-// name and the arguments as a JSON string; finish_reason "tool_calls") or "content".
+// name and the arguments as a JSON string; finish_reason "tool_calls") or "content" (which a
+// stream shows as it is generated: tool_answer_prefix).
 //
 // tool_choice: "auto" (call or answer), "required" (at least one call), {"type":
 // "function", "function": {"name": ...}} (that tool), "none" (no tools: plain chat).
@@ -65,8 +66,19 @@ struct ChatToolReply {
     std::string content;
     std::vector<ToolCall> calls;
 };
-// Ids are id_prefix + "_" + the call's position.
+// Ids are id_prefix + "_" + the call's position. An answer cut short ({"response": "It is
+// with no closing quote, max_tokens) gives the answer text so far.
 ChatToolReply chat_tools_parse(const std::string& text, const std::string& id_prefix);
+
+// A reply read while it is generated: whether it is (so far) an answer {"response": "...",
+// and the answer's text whose characters are already known (escapes decoded; an escape or
+// surrogate pair not yet whole waits). A stream shows an answer as it comes.
+struct ToolAnswerPrefix {
+    bool answer = false;  // the text so far begins an answer
+    bool decided = true;  // false: too little text to tell yet
+    std::string text;
+};
+ToolAnswerPrefix tool_answer_prefix(std::string_view reply);
 
 // OpenAI's "tool_calls" list of a message (with "index" for a streamed delta).
 nlohmann::json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index);
