@@ -67,7 +67,8 @@ elif [ "$target" = http ]; then
     KVRUN_FUZZ_WRITE_SEEDS="$corpus" "$out/fuzz_http"
     max_len=4096
 elif [ "$target" = jinja ]; then
-    clang++ "${flags[@]}" fuzz/fuzz_jinja.cpp src/jinja*.cpp -lfmt -o "$out/fuzz_jinja"
+    clang++ "${flags[@]}" fuzz/fuzz_jinja.cpp src/jinja*.cpp src/unicode_text.cpp -lfmt \
+        -o "$out/fuzz_jinja"
     KVRUN_FUZZ_WRITE_SEEDS="$corpus" "$out/fuzz_jinja"
     max_len=4096
 else

@@ -8,6 +8,7 @@
 
 #include "common.h"
 #include "jinja_impl.h"
+#include "unicode_text.h"
 
 namespace kvrun {
 
@@ -624,21 +625,7 @@ size_t codepoint_count(std::string_view s) {
 
 std::string encode_utf8(uint32_t cp) {
     std::string out;
-    if (cp < 0x80) {
-        out += char(cp);
-    } else if (cp < 0x800) {
-        out += char(0xc0 | (cp >> 6));
-        out += char(0x80 | (cp & 0x3f));
-    } else if (cp < 0x10000) {
-        out += char(0xe0 | (cp >> 12));
-        out += char(0x80 | ((cp >> 6) & 0x3f));
-        out += char(0x80 | (cp & 0x3f));
-    } else {
-        out += char(0xf0 | (cp >> 18));
-        out += char(0x80 | ((cp >> 12) & 0x3f));
-        out += char(0x80 | ((cp >> 6) & 0x3f));
-        out += char(0x80 | (cp & 0x3f));
-    }
+    utf8_append(out, cp);
     return out;
 }
 

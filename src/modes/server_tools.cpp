@@ -5,6 +5,7 @@
 #include <map>
 
 #include "common.h"
+#include "unicode_text.h"
 
 namespace kvrun {
 namespace {
@@ -63,25 +64,6 @@ void hoist_definitions(ojson& params, ojson& root, const std::string& tool) {
             root[key][name] = def;
         }
         params.erase(key);
-    }
-}
-
-// Appends code point cp as UTF-8.
-void put_utf8(uint32_t cp, std::string& out) {
-    if (cp < 0x80) {
-        out += char(cp);
-    } else if (cp < 0x800) {
-        out += char(0xC0 | (cp >> 6));
-        out += char(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-        out += char(0xE0 | (cp >> 12));
-        out += char(0x80 | ((cp >> 6) & 0x3F));
-        out += char(0x80 | (cp & 0x3F));
-    } else {
-        out += char(0xF0 | (cp >> 18));
-        out += char(0x80 | ((cp >> 12) & 0x3F));
-        out += char(0x80 | ((cp >> 6) & 0x3F));
-        out += char(0x80 | (cp & 0x3F));
     }
 }
 
@@ -148,11 +130,12 @@ ToolAnswerPrefix tool_answer_prefix(std::string_view s) {
             if (i + 12 > s.size() || s[i + 6] != '\\' || s[i + 7] != 'u') break;
             const int32_t lo = hex4(s, i + 8);
             if (lo < 0xDC00 || lo > 0xDFFF) break;
-            put_utf8(0x10000 + ((uint32_t(hi) - 0xD800) << 10) + (uint32_t(lo) - 0xDC00), out.text);
+            utf8_append(out.text,
+                        0x10000 + ((uint32_t(hi) - 0xD800) << 10) + (uint32_t(lo) - 0xDC00));
             i += 12;
             continue;
         }
-        put_utf8(uint32_t(hi), out.text);
+        utf8_append(out.text, uint32_t(hi));
         i += 6;
     }
     return out;
