@@ -67,8 +67,6 @@ void check_items(size_t count) {
     check_size(count > SIZE_MAX / sizeof(Value) ? SIZE_MAX : count * sizeof(Value));
 }
 
-namespace {}  // namespace
-
 Interp::DepthGuard::DepthGuard(Interp& i) : in(i) {
     char probe = 0;
     size_t used = g_stack_base ? size_t(g_stack_base - &probe) : 0;
