@@ -12,6 +12,7 @@
 #include "chat_session.h"
 #include "chat_template.h"
 #include "gguf_writer.h"
+#include "modes/request_json.h"
 #include "server_test_util.h"
 
 using namespace kvrun;
@@ -209,5 +210,50 @@ TEST_CASE("jinja: the server and a multi-turn chat give what the built-in format
             s.m.tokenizer->add_bos(), true);
         REQUIRE(chat.tokens().size() >= prompt.size());
         CHECK(std::equal(prompt.begin(), prompt.end(), chat.tokens().begin()));
+    }
+}
+
+TEST_CASE("JSONL requests (run --jsonl, batch) take 'messages' in the model's chat format") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, 512, 1);
+    const Tokenizer& tok = *s.m.tokenizer;
+    auto chat = std::make_shared<RequestChat>();
+    chat->kind = ChatTemplateKind::ChatML;
+    chat->jinja = std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(kChatmlJinja));
+    chat->special = chat_special_texts(tok);
+    chat->stops = chat_stops(ChatTemplateKind::ChatML, tok);
+    RequestDefaults d;
+    d.chat = chat;
+    const std::vector<ChatMessage> msgs = {{"system", "Be brief."}, {"user", "Hi"}};
+    const ParsedRequest p = request_from_json(
+        R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], "n_predict": 4})",
+        d, tok);
+    CHECK(p.request.prompt ==
+          tok.encode(chat_template_apply(ChatTemplateKind::ChatML, msgs, true, chat->special),
+                     tok.add_bos(), true));
+    CHECK(p.request.stop_tokens == chat->stops.tokens);
+    for (const std::string& st : chat->stops.strings)
+        CHECK(std::find(p.request.stop_strings.begin(), p.request.stop_strings.end(), st) !=
+              p.request.stop_strings.end());
+    CHECK(p.request.n_predict == 4);
+    RequestDefaults none;
+    CHECK_THROWS_WITH_AS(
+        request_from_json(R"({"messages": [{"role": "user", "content": "Hi"}]})", none, tok),
+        doctest::Contains("needs a chat format"), Error);
+
+    // The executables: the same prompt tokens as the rendered text (the model's format).
+    const std::string rendered =
+        chat_template_apply(chat_template_choose(*s.m.file, "", "", false).kind,
+                            {{"user", "Tell me a story."}}, true, chat->special);
+    const std::string line =
+        R"({"messages": [{"role": "user", "content": "Tell me a story."}], "n_predict": 6, "temperature": 0})";
+    for (const std::string& mode : {std::string("run --jsonl"), std::string("batch")}) {
+        CAPTURE(mode);
+        const auto r = kvrun::test::run_command(
+            kvrun::test::kvrun_binary() + " " + mode + " -m " + path + " -c 256", line + "\n");
+        REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+        const json out = json::parse(r.out.substr(0, r.out.find('\n')));
+        CHECK(out["prompt_tokens"] == tok.encode(rendered, tok.add_bos(), true));
     }
 }

@@ -86,7 +86,7 @@ bool is_jsonl(const BatchOptions& o, const std::string& first_line) {
 }
 
 // Reads every non-blank line of the input into an item (bad lines carry their error).
-std::vector<Item> read_items(const BatchOptions& o, const Tokenizer& tok) {
+std::vector<Item> read_items(const BatchOptions& o, const GgufFile& model, const Tokenizer& tok) {
     std::ifstream file;
     if (!reads_stdin(o)) {
         file.open(o.file, std::ios::binary);
@@ -115,6 +115,7 @@ std::vector<Item> read_items(const BatchOptions& o, const Tokenizer& tok) {
     d.parse_special = o.parse_special;
     d.grammar = grammar_from_options(o.grammar);
     d.n_lora = static_cast<int32_t>(lora_specs(o.model).size());
+    if (jsonl) d.chat = request_chat_for(model, tok);
     std::vector<Item> items;
     int64_t line_no = 0;
     for (std::string& line : lines) {
@@ -249,7 +250,7 @@ int run_batch(const BatchOptions& o) {
     {
         const auto f = open_model_file(o.model);
         auto tok = Tokenizer::from_gguf(*f);
-        items = read_items(o, *tok);
+        items = read_items(o, *f, *tok);
         mo = sized_for(o, items, model_config_from_gguf(*f));
     }
     LoadedModel m = load_model(mo, o.parallel);

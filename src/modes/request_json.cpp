@@ -7,6 +7,7 @@
 #include "common.h"
 #include "modes/grammar_options.h"
 #include "modes/model_options.h"
+#include "modes/server_tools.h"
 #include "text_input.h"
 
 namespace kvrun {
@@ -101,8 +102,14 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
         fail("malformed JSON: {}", e.what());
     }
     if (!j.is_object()) fail("a request must be a JSON object");
+    const bool chat = !j.contains("prompt") && j.contains("messages");
+    if (chat) {  // the conversation in the chat format becomes the prompt
+        if (!d.chat) fail("'messages' needs a chat format (give 'prompt' here)");
+        j["prompt"] = d.chat->render(
+            chat_messages_from_json(nlohmann::ordered_json::parse(j["messages"].dump())));
+    }
     if (!j.contains("prompt") || !(j["prompt"].is_string() || j["prompt"].is_array()))
-        fail("missing string field 'prompt'");
+        fail("missing string field 'prompt' (or 'messages')");
     ParsedRequest out;
     GenerationRequest& req = out.request;
     // A prompt given as token ids ([15043, 3186, ...], llama.cpp's server) is used as is: no
@@ -196,9 +203,29 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
     sampling_validate(req.sampling);  // throws Error naming the bad value and its range
     merged_logit_bias(req.sampling, tok.n_vocab());  // token ids inside the vocabulary
     req.grammar = grammar_from_request(j, line, d.grammar);
-    req.prompt = prompt_ids
-                     ? std::move(*prompt_ids)
-                     : tok.encode(out.prompt_text, d.add_bos && tok.add_bos(), d.parse_special);
+    req.prompt = prompt_ids ? std::move(*prompt_ids)
+                            : tok.encode(out.prompt_text, d.add_bos && tok.add_bos(),
+                                         d.parse_special || chat);
+    if (chat) {
+        if (!req.ignore_eos) req.stop_tokens = d.chat->stops.tokens;
+        for (const std::string& s : d.chat->stops.strings) req.stop_strings.push_back(s);
+    }
+    return out;
+}
+
+std::string RequestChat::render(const std::vector<ChatMessage>& msgs) const {
+    return jinja ? chat_template_apply_jinja(*jinja, msgs, true, special)
+                 : chat_template_apply(kind, msgs, true, special);
+}
+
+std::shared_ptr<const RequestChat> request_chat_for(const GgufFile& file, const Tokenizer& tok) {
+    const ChatTemplateChoice c = chat_template_choose(file, "", "", false);
+    if (!c.note.empty()) fmt::print(stderr, "kvrun: {}\n", c.note);
+    auto out = std::make_shared<RequestChat>();
+    out->kind = c.kind;
+    out->jinja = c.jinja;
+    out->special = chat_special_texts(tok);
+    out->stops = chat_stops(c.kind, tok);
     return out;
 }
 

@@ -8,12 +8,27 @@
 #include <string>
 #include <vector>
 
+#include "chat_session.h"
+#include "chat_template.h"
 #include "engine.h"
 #include "grammar.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
 namespace kvrun {
+
+// How "messages" requests are written: the model's chat format (chat_template_choose) and
+// its end-of-turn tokens and texts, which end the reply.
+struct RequestChat {
+    ChatTemplateKind kind = ChatTemplateKind::Plain;
+    std::shared_ptr<const JinjaTemplate> jinja;  // set: rendered by it
+    ChatSpecialTexts special;
+    ChatStops stops;
+    std::string render(const std::vector<ChatMessage>& msgs) const;  // with the reply header
+};
+// The model's format as chat_template_choose picks it without options (a note, if any, on
+// stderr).
+std::shared_ptr<const RequestChat> request_chat_for(const GgufFile& file, const Tokenizer& tok);
 
 // What a request gets for the fields it leaves out (the command-line flags).
 struct RequestDefaults {
@@ -24,9 +39,10 @@ struct RequestDefaults {
     std::vector<std::string> stop;
     bool add_bos = true;  // add BOS when the vocabulary wants it
     bool parse_special = false;
-    std::shared_ptr<const Grammar> grammar;  // --grammar (null: unconstrained)
-    int32_t n_probs = 0;                     // --n-probs
-    int32_t n_lora = 0;                      // LoRA adapters loaded (--lora, --lora-scaled)
+    std::shared_ptr<const Grammar> grammar;   // --grammar (null: unconstrained)
+    int32_t n_probs = 0;                      // --n-probs
+    int32_t n_lora = 0;                       // LoRA adapters loaded (--lora, --lora-scaled)
+    std::shared_ptr<const RequestChat> chat;  // null: "messages" requests are refused
 };
 
 struct ParsedRequest {
@@ -36,7 +52,9 @@ struct ParsedRequest {
 };
 
 // Parses one JSONL request. Fields: prompt (string, required, non-empty UTF-8; or an array of
-// token ids, used as they are, without BOS), n_predict
+// token ids, used as they are, without BOS) or messages ([{"role", "content"}], a
+// conversation written in the chat format with the assistant's header; its end-of-turn
+// tokens end the reply), n_predict
 // (-1: no limit, 0: nothing generated; anything below -1 is refused),
 // temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty,
 // repeat_last_n, seed, n_samples (1-256),

@@ -246,9 +246,10 @@ int run_single(const RunOptions& o) {
 // Parses one JSONL request into `req` (throws Error with the reason on bad input); the
 // fields are those of modes/request_json.h, shared with `kvrun batch`.
 void parse_request(const std::string& line, const RunOptions& o, const Tokenizer& tok,
-                   std::shared_ptr<const Grammar> grammar, GenerationRequest& req,
-                   std::string& prompt_text) {
+                   std::shared_ptr<const Grammar> grammar, std::shared_ptr<const RequestChat> chat,
+                   GenerationRequest& req, std::string& prompt_text) {
     RequestDefaults d;
+    d.chat = std::move(chat);
     d.grammar = std::move(grammar);
     d.sampling = o.sampling;
     d.n_predict = o.n_predict;
@@ -266,6 +267,7 @@ void parse_request(const std::string& line, const RunOptions& o, const Tokenizer
 int run_jsonl(const RunOptions& o) {
     const auto grammar = grammar_from_options(o.grammar);
     LoadedModel m = load_model(o.model, 1);
+    const auto chat = request_chat_for(*m.file, *m.tokenizer);
     LoadedModel draft;
     if (o.draft.enabled()) draft = load_draft_model(o.draft, o.model, m, 8);
     Engine engine(*m.backend, *m.tokenizer, generation_engine_options(o.model, 8, o.draft, draft));
@@ -282,7 +284,7 @@ int run_jsonl(const RunOptions& o) {
         try {
             GenerationRequest req;
             std::string prompt_text;
-            parse_request(line, o, *m.tokenizer, grammar, req, prompt_text);
+            parse_request(line, o, *m.tokenizer, grammar, chat, req, prompt_text);
             if (o.truncate)
                 truncate_prompt(req.prompt, engine.n_ctx(), req.n_predict, m.tokenizer->bos());
             std::vector<GenerationResult> results(std::max(1, req.n_samples));
