@@ -37,8 +37,7 @@ ChatStops chat_stops(ChatTemplateKind kind, const Tokenizer& tok) {
 }
 
 std::string ChatSession::format(const std::vector<ChatMessage>& msgs) const {
-    return cfg_.jinja ? chat_template_apply_jinja(*cfg_.jinja, msgs, true, special_)
-                      : chat_template_apply(cfg_.kind, msgs, true, special_);
+    return chat_template_render(cfg_.kind, cfg_.jinja.get(), msgs, true, special_);
 }
 
 ChatSession::ChatSession(Engine& engine, const Tokenizer& tok, ChatConfig config)

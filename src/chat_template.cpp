@@ -414,6 +414,13 @@ std::string chat_template_apply_jinja(const JinjaTemplate& tmpl,
     return text;
 }
 
+std::string chat_template_render(ChatTemplateKind kind, const JinjaTemplate* jinja,
+                                 const std::vector<ChatMessage>& messages,
+                                 bool add_generation_prompt, const ChatSpecialTexts& special) {
+    return jinja ? chat_template_apply_jinja(*jinja, messages, add_generation_prompt, special)
+                 : chat_template_apply(kind, messages, add_generation_prompt, special);
+}
+
 std::string ChatTemplateChoice::name() const {
     return jinja ? "jinja" : chat_template_name(kind);
 }

@@ -117,6 +117,12 @@ std::string chat_template_apply_jinja(const JinjaTemplate& tmpl,
                                       bool add_generation_prompt,
                                       const ChatSpecialTexts& special = {});
 
+// The conversation in a built-in format (`jinja` null) or through a Jinja template: the one
+// place that chooses between chat_template_apply and chat_template_apply_jinja.
+std::string chat_template_render(ChatTemplateKind kind, const JinjaTemplate* jinja,
+                                 const std::vector<ChatMessage>& messages,
+                                 bool add_generation_prompt, const ChatSpecialTexts& special = {});
+
 // The format a command uses, from its options (in this order): --chat-template NAME (a
 // built-in format), --chat-template-file FILE (that Jinja template), --jinja (the model's
 // tokenizer.chat_template through the interpreter), else the built-in format detected from

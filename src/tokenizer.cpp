@@ -86,22 +86,21 @@ void Tokenizer::load_vocab(const GgufFile& f, const VocabDefaults& d) {
     auto valid = [n](TokenId id) { return id >= 0 && static_cast<size_t>(id) < n ? id : -1; };
     bos_ = valid(d.bos), eos_ = valid(d.eos), unk_ = valid(d.unk), eot_ = -1;
     fim_ = FimTokens{};
-    TokenId eom = -1, &fim_pre = fim_.pre, &fim_suf = fim_.suf, &fim_mid = fim_.mid,
-            &fim_pad = fim_.pad, &fim_rep = fim_.rep, &fim_sep = fim_.sep;
+    TokenId eom = -1;
     read_token_id(f, "tokenizer.ggml.bos_token_id", n, bos_);
     read_token_id(f, "tokenizer.ggml.eos_token_id", n, eos_);
     read_token_id(f, "tokenizer.ggml.eot_token_id", n, eot_);
     read_token_id(f, "tokenizer.ggml.eom_token_id", n, eom);
     read_token_id(f, "tokenizer.ggml.unknown_token_id", n, unk_);
-    read_token_id(f, "tokenizer.ggml.fim_pre_token_id", n, fim_pre);
-    read_token_id(f, "tokenizer.ggml.fim_suf_token_id", n, fim_suf);
-    read_token_id(f, "tokenizer.ggml.fim_mid_token_id", n, fim_mid);
-    read_token_id(f, "tokenizer.ggml.fim_pad_token_id", n, fim_pad);
-    read_token_id(f, "tokenizer.ggml.fim_rep_token_id", n, fim_rep);
-    read_token_id(f, "tokenizer.ggml.fim_sep_token_id", n, fim_sep);
-    read_token_id(f, "tokenizer.ggml.prefix_token_id", n, fim_pre);  // older spellings
-    read_token_id(f, "tokenizer.ggml.suffix_token_id", n, fim_suf);
-    read_token_id(f, "tokenizer.ggml.middle_token_id", n, fim_mid);
+    read_token_id(f, "tokenizer.ggml.fim_pre_token_id", n, fim_.pre);
+    read_token_id(f, "tokenizer.ggml.fim_suf_token_id", n, fim_.suf);
+    read_token_id(f, "tokenizer.ggml.fim_mid_token_id", n, fim_.mid);
+    read_token_id(f, "tokenizer.ggml.fim_pad_token_id", n, fim_.pad);
+    read_token_id(f, "tokenizer.ggml.fim_rep_token_id", n, fim_.rep);
+    read_token_id(f, "tokenizer.ggml.fim_sep_token_id", n, fim_.sep);
+    read_token_id(f, "tokenizer.ggml.prefix_token_id", n, fim_.pre);  // older spellings
+    read_token_id(f, "tokenizer.ggml.suffix_token_id", n, fim_.suf);
+    read_token_id(f, "tokenizer.ggml.middle_token_id", n, fim_.mid);
 
     add_bos_ = f.get_bool_or("tokenizer.ggml.add_bos_token", d.add_bos);
     add_eos_ = f.get_bool_or("tokenizer.ggml.add_eos_token", d.add_eos);
@@ -120,12 +119,12 @@ void Tokenizer::load_vocab(const GgufFile& f, const VocabDefaults& d) {
     detect(eot_, {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>",
                   "_<EOT>", kDeepseekEos});
     detect(eom, {"<|eom_id|>"});
-    detect(fim_pre, {"<|fim_prefix|>", "<fim-prefix>", kDeepseekFimBegin, "<PRE>"});
-    detect(fim_suf, {"<|fim_suffix|>", "<fim-suffix>", kDeepseekFimHole, "<SUF>"});
-    detect(fim_mid, {"<|fim_middle|>", "<fim-middle>", kDeepseekFimEnd, "<MID>"});
-    detect(fim_pad, {"<|fim_pad|>", "<fim-pad>", "<PAD>"});
-    detect(fim_rep, {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>"});
-    detect(fim_sep, {"<|file_sep|>"});
+    detect(fim_.pre, {"<|fim_prefix|>", "<fim-prefix>", kDeepseekFimBegin, "<PRE>"});
+    detect(fim_.suf, {"<|fim_suffix|>", "<fim-suffix>", kDeepseekFimHole, "<SUF>"});
+    detect(fim_.mid, {"<|fim_middle|>", "<fim-middle>", kDeepseekFimEnd, "<MID>"});
+    detect(fim_.pad, {"<|fim_.pad|>", "<fim-pad>", "<PAD>"});
+    detect(fim_.rep, {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>"});
+    detect(fim_.sep, {"<|file_sep|>"});
 
     // End of generation: end-of-turn-looking texts, FIM pad/repo/sep, EOS, EOT, EOM.
     eog_ids_.clear();
@@ -136,7 +135,7 @@ void Tokenizer::load_vocab(const GgufFile& f, const VocabDefaults& d) {
         eog_ids_.push_back(id);
         token_types_[id] = kTokenControl;
     }
-    for (TokenId id : {fim_pad, fim_rep, fim_sep, eos_, eot_, eom})
+    for (TokenId id : {fim_.pad, fim_.rep, fim_.sep, eos_, eot_, eom})
         if (id >= 0) eog_ids_.push_back(id);
     std::sort(eog_ids_.begin(), eog_ids_.end());
     eog_ids_.erase(std::unique(eog_ids_.begin(), eog_ids_.end()), eog_ids_.end());

@@ -214,8 +214,7 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
 }
 
 std::string RequestChat::render(const std::vector<ChatMessage>& msgs) const {
-    return jinja ? chat_template_apply_jinja(*jinja, msgs, true, special)
-                 : chat_template_apply(kind, msgs, true, special);
+    return chat_template_render(kind, jinja.get(), msgs, true, special);
 }
 
 std::shared_ptr<const RequestChat> request_chat_for(const GgufFile& file, const Tokenizer& tok) {

@@ -39,8 +39,7 @@ std::string chat_prompt(const ojson& j, const ApiContext& ctx,
             msgs.insert(msgs.begin(), ChatMessage{"system", text});
     }
     auto render = [&](const std::vector<ChatMessage>& m) {
-        return ctx.jinja ? chat_template_apply_jinja(*ctx.jinja, m, true, ctx.special)
-                         : chat_template_apply(ctx.chat_template, m, true, ctx.special);
+        return chat_template_render(ctx.chat_template, ctx.jinja.get(), m, true, ctx.special);
     };
     // A conversation that ends with the assistant's words is continued from them (assistant
     // prefill, as llama.cpp's server): the reply header, then that text, left open.
