@@ -155,6 +155,7 @@ int32_t Engine::submit(GenerationRequest request) {
         if (!grammar_vocab_) grammar_vocab_ = std::make_shared<GrammarVocab>(tok_);
         s->grammar = std::make_unique<GrammarConstraint>(req->grammar, grammar_vocab_);
         s->grammar->set_end_tokens(req->stop_tokens);
+        if (!req->grammar_triggers.empty()) s->grammar->set_lazy(req->grammar_triggers);
         for (size_t i = 0; i < req->grammar_prefix.size(); ++i)
             if (!s->grammar->try_accept(req->grammar_prefix[i]))
                 fail("grammar_prefix: token {} (#{}) does not continue the grammar",

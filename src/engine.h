@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "grammar.h"
 #include "kv_block_table.h"
 #include "sampler.h"
 #include "speculative_accept.h"
@@ -33,7 +34,6 @@ namespace kvrun {
 enum class StopReason { None, Eos, Length, Context, StopString, Cancelled, Error };
 const char* stop_reason_name(StopReason r);  // "eos", "length", "context", "stop", ...
 
-class Grammar;
 class GrammarVocab;
 
 struct GenerationRequest {
@@ -52,6 +52,10 @@ struct GenerationRequest {
     // end of generation comes only where a sentence is complete, and the request ends (stop
     // "eos") once the grammar admits nothing more. Null: unconstrained.
     std::shared_ptr<const Grammar> grammar;
+    // Lazy grammar (llama.cpp's grammar_lazy): the output is free until one of these
+    // triggers appears, and follows `grammar` from there on (GrammarTriggers). Empty: the
+    // grammar holds from the first token.
+    GrammarTriggers grammar_triggers;
     // Tokens already generated under the grammar, at the end of the prompt (a reply continued
     // after a context shift): its state starts after them. Each must continue the grammar.
     std::vector<TokenId> grammar_prefix;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <regex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -125,6 +126,19 @@ class GrammarVocab {
     int32_t n_vocab_ = 0;
 };
 
+// What starts a lazy grammar (llama.cpp's grammar_lazy + grammar_triggers): the output is
+// free text until one of these shows in it, and follows the grammar from there on. A word
+// or a pattern (ECMAScript regex, searched in the text so far) begins the grammar's text:
+// the grammar is matched from the word's first byte, or from the pattern's first capture
+// group (the whole match without one). A token (e.g. a control token with no text, such as
+// "[TOOL_CALLS]") starts the grammar right after it.
+struct GrammarTriggers {
+    std::vector<std::string> words;
+    std::vector<std::string> patterns;
+    std::vector<TokenId> tokens;
+    bool empty() const { return words.empty() && patterns.empty() && tokens.empty(); }
+};
+
 // One sequence's grammar: which tokens may come next, and advancing by the chosen one.
 // End-of-generation tokens are allowed exactly when the text so far is complete; other
 // tokens when their bytes continue some parse (tokens with no bytes never are). Copies share
@@ -145,8 +159,14 @@ class GrammarConstraint final : public TokenConstraint {
     void set_end_tokens(std::vector<TokenId> tokens);
     // The same for a sampled token; throws Error when the grammar does not allow it.
     void accept(TokenId token);
-    bool complete() const { return state_.complete(); }
-    bool finished() const { return state_.finished(); }
+    // Makes the grammar lazy (before the first token): every token is allowed, and the end
+    // may come, until a trigger appears. Throws Error for a pattern that is not a valid
+    // regex. A trigger whose text the grammar cannot start with is not one (the search goes
+    // on past it).
+    void set_lazy(const GrammarTriggers& triggers);
+    bool triggered() const { return active_; }
+    bool complete() const { return !active_ || state_.complete(); }
+    bool finished() const { return active_ && state_.finished(); }
     const GrammarState& state() const { return state_; }
 
   private:
@@ -162,6 +182,16 @@ class GrammarConstraint final : public TokenConstraint {
     std::shared_ptr<const GrammarVocab> vocab_;
     std::shared_ptr<MaskCache> cache_;
     std::vector<TokenId> end_tokens_;  // sorted
+    // Lazy: not active until a trigger; the text generated so far (from where the search
+    // for a word or pattern goes on).
+    struct Lazy {
+        GrammarTriggers triggers;
+        std::vector<std::regex> patterns;
+    };
+    bool trigger_text();  // searches seen_: true when the grammar took over
+    bool active_ = true;
+    std::shared_ptr<const Lazy> lazy_;
+    std::string seen_;
 };
 
 }  // namespace kvrun

@@ -228,6 +228,7 @@ bool GrammarConstraint::is_end(TokenId token) const {
 
 bool GrammarConstraint::allows(TokenId token) const {
     if (token < 0 || token >= vocab_->n_vocab_) return false;
+    if (!active_) return true;
     if (is_end(token)) return state_.complete();
     const std::string& b = vocab_->bytes_[token];
     return !b.empty() && state_.accepts(b);
@@ -277,6 +278,10 @@ void GrammarConstraint::walk(Walk& w, uint32_t node, int32_t state, std::span<ui
 void GrammarConstraint::allowed_mask(std::span<uint8_t> mask) const {
     if (mask.size() != static_cast<size_t>(vocab_->n_vocab_))
         fail("grammar: mask has {} entries for a vocabulary of {}", mask.size(), vocab_->n_vocab_);
+    if (!active_) {
+        std::fill(mask.begin(), mask.end(), 1);
+        return;
+    }
     const GrammarState::Utf8& u = state_.utf8_;
     MaskCache::Key key{state_.stacks_, (uint64_t(u.value) << 16) |
                                            (uint64_t(uint8_t(u.remaining)) << 8) |
@@ -305,8 +310,60 @@ void GrammarConstraint::allowed_mask(std::span<uint8_t> mask) const {
     cache_->order.push_back(std::move(key));
 }
 
+void GrammarConstraint::set_lazy(const GrammarTriggers& triggers) {
+    auto lazy = std::make_shared<Lazy>();
+    lazy->triggers = triggers;
+    for (const std::string& p : triggers.patterns) {
+        try {
+            lazy->patterns.emplace_back(p, std::regex::ECMAScript);
+        } catch (const std::regex_error& e) {
+            fail("grammar trigger pattern '{}' is not a valid regex: {}", p, e.what());
+        }
+    }
+    lazy_ = std::move(lazy);
+    active_ = false;
+    seen_.clear();
+}
+
+bool GrammarConstraint::trigger_text() {
+    // The earliest trigger in the text; the grammar must take the text from there.
+    std::vector<size_t> starts;
+    for (const std::string& w : lazy_->triggers.words)
+        for (size_t p = seen_.find(w); p != std::string::npos && !w.empty();
+             p = seen_.find(w, p + 1))
+            starts.push_back(p);
+    for (const std::regex& re : lazy_->patterns)
+        for (auto it = std::sregex_iterator(seen_.begin(), seen_.end(), re);
+             it != std::sregex_iterator(); ++it) {
+            const std::smatch& m = *it;
+            starts.push_back(size_t(m.size() > 1 && m[1].matched ? m.position(1) : m.position(0)));
+        }
+    std::sort(starts.begin(), starts.end());
+    for (size_t p : starts) {
+        GrammarState s = state_;
+        if (!s.advance(std::string_view(seen_).substr(p))) continue;
+        state_ = std::move(s);
+        active_ = true;
+        seen_.clear();
+        return true;
+    }
+    return false;
+}
+
 bool GrammarConstraint::try_accept(TokenId token) {
     if (token < 0 || token >= vocab_->n_vocab_) return false;
+    if (!active_) {
+        const std::vector<TokenId>& t = lazy_->triggers.tokens;
+        if (std::find(t.begin(), t.end(), token) != t.end()) {
+            active_ = true;
+            seen_.clear();
+            return true;
+        }
+        if (is_end(token)) return true;
+        seen_ += vocab_->bytes_[token];
+        trigger_text();
+        return true;
+    }
     if (is_end(token)) return state_.complete();  // the end: the state stays
     const std::string& b = vocab_->bytes_[token];
     return !b.empty() && state_.advance(b);  // one match (advance leaves a refusal unchanged)

@@ -293,6 +293,84 @@ TEST_CASE("grammar constraint: extra end tokens are allowed exactly where the te
     CHECK_FALSE(plain.allows(word));
 }
 
+TEST_CASE("lazy grammar constraint: everything until a trigger word, pattern or token") {
+    auto path = test::shared_path("models/stories260K.gguf");
+    if (path.empty()) return;
+    GgufFile file = GgufFile::open(path.string());
+    auto tok = Tokenizer::from_gguf(file);
+    auto vocab = std::make_shared<GrammarVocab>(*tok);
+    auto id = [&](const char* piece) {
+        const TokenId t = tok->find_token(piece);
+        REQUIRE(t >= 0);
+        return t;
+    };
+    // SPM pieces: " the", " c", " t", "h", "e", "1", ".".
+    const TokenId the = id("\u2581the"), sc = id("\u2581c"), st = id("\u2581t");
+    const TokenId h = id("h"), e = id("e"), one = id("1"), dot = id("."), eos = tok->eos();
+    auto g = Grammar::parse(R"(root ::= "the" [0-9]+ ".")");
+    std::vector<uint8_t> mask(static_cast<size_t>(tok->n_vocab()));
+
+    GrammarConstraint lazy(g, vocab);
+    lazy.set_lazy({{"the"}, {}, {}});
+    CHECK_FALSE(lazy.triggered());
+    CHECK(lazy.complete());  // free text may end anywhere
+    lazy.allowed_mask(mask);
+    CHECK(std::count(mask.begin(), mask.end(), 1) == tok->n_vocab());
+    CHECK(lazy.allows(eos));
+    lazy.accept(sc);
+    lazy.accept(st);  // " c t": the word begins...
+    CHECK_FALSE(lazy.triggered());
+    lazy.accept(h);
+    lazy.accept(e);  // ... and is whole: the grammar has taken "the"
+    CHECK(lazy.triggered());
+    CHECK_FALSE(lazy.complete());
+    CHECK_FALSE(lazy.allows(eos));
+    CHECK_FALSE(lazy.allows(sc));
+    CHECK(lazy.allows(one));
+    lazy.allowed_mask(mask);
+    CHECK(mask[size_t(one)] == 1);
+    CHECK(mask[size_t(sc)] == 0);
+    lazy.accept(one);
+    lazy.accept(dot);
+    CHECK(lazy.finished());
+
+    // A trigger the grammar cannot start with is none: the search goes on past it.
+    GrammarConstraint other(Grammar::parse(R"(root ::= "x" [0-9]+)"), vocab);
+    other.set_lazy({{"the"}, {}, {}});
+    other.accept(the);
+    CHECK_FALSE(other.triggered());
+    CHECK(other.allows(sc));
+
+    // A token trigger: the grammar starts right after it.
+    GrammarConstraint by_token(Grammar::parse(R"(root ::= [0-9]+)"), vocab);
+    by_token.set_lazy({{}, {}, {sc}});
+    by_token.accept(the);
+    CHECK(by_token.allows(the));
+    by_token.accept(sc);
+    CHECK(by_token.triggered());
+    CHECK_FALSE(by_token.allows(the));
+    CHECK(by_token.allows(one));
+
+    // A pattern: the grammar starts at its first group.
+    GrammarConstraint by_pattern(g, vocab);
+    by_pattern.set_lazy({{}, {"c (the)"}, {}});
+    by_pattern.accept(the);
+    CHECK_FALSE(by_pattern.triggered());  // " the" alone does not match
+    by_pattern.accept(sc);
+    by_pattern.accept(the);  // " the c the"
+    CHECK(by_pattern.triggered());
+    CHECK(by_pattern.allows(one));
+    // A copy goes on from the same place.
+    GrammarConstraint copy = by_pattern;
+    copy.accept(one);
+    CHECK(copy.allows(dot));
+    CHECK_FALSE(by_pattern.allows(dot));
+    // A bad pattern is refused with its reason.
+    GrammarConstraint bad(g, vocab);
+    CHECK_THROWS_WITH_AS(bad.set_lazy({{}, {"(unclosed"}, {}}),
+                         doctest::Contains("not a valid regex"), Error);
+}
+
 namespace {
 
 // A constraint that allows a fixed set of tokens (sampler tests need no vocabulary).

@@ -10,6 +10,7 @@
 #include "common.h"
 #include "engine.h"
 #include "grammar.h"
+#include "modes/request_json.h"
 #include "spec_test_util.h"
 #include "test_util.h"
 
@@ -264,4 +265,95 @@ TEST_CASE("grammar_prefix continues a reply where it left off; stop tokens end i
         }
     }
     CHECK(early >= 2);  // the story model ends its sentences soon after three words
+}
+
+TEST_CASE("lazy grammar: free text until a trigger, the grammar from there; with a draft too") {
+    auto path = test::shared_path("models/stories260K.gguf");
+    if (path.empty()) return;
+    Model m = spec_test::load(path, 16, 64);
+    // Unconstrained, "Once upon a time" goes on ", there was a little girl named Lily...".
+    GenerationRequest free;
+    free.prompt = m.tok->encode("Once upon a time", true);
+    free.sampling = greedy();
+    free.n_predict = 30;
+    const auto plain = run(m, {free}, 1)[0][0];
+    std::string plain_text;
+    for (TokenId t : plain.tokens) plain_text += m.tok->token_to_piece(t);
+    const size_t at = plain_text.find(" girl");
+    REQUIRE(at != std::string::npos);
+
+    // From " girl" on, the text must be " girl" and then numbers (which the story model would
+    // never write there).
+    auto g = Grammar::parse(R"(root ::= " girl" (" " [0-9]{1,3}){2,4} ".")");
+    GenerationRequest lazy = free;
+    lazy.grammar = g;
+    lazy.grammar_triggers.words = {" girl"};
+    for (Backend* draft : {static_cast<Backend*>(nullptr), m.backend.get()}) {
+        CAPTURE(draft != nullptr);
+        const auto out = run(m, {lazy}, 1, draft, 4)[0][0];
+        std::string text;
+        for (TokenId t : out.tokens) text += m.tok->token_to_piece(t);
+        CAPTURE(text);
+        // Before the trigger: exactly the free text; from it: a sentence of the grammar, which
+        // then ends the generation.
+        REQUIRE(text.size() > at);
+        CHECK(text.substr(0, at) == plain_text.substr(0, at));
+        CHECK(grammar_accepts(*g, text.substr(at)));
+        CHECK(out.stop == StopReason::Eos);
+    }
+    // A trigger that never shows leaves the output free.
+    lazy.grammar_triggers.words = {"zebra"};
+    CHECK(run(m, {lazy}, 1)[0][0].tokens == plain.tokens);
+    // A pattern trigger: the grammar starts at its capture group.
+    lazy.grammar_triggers.words.clear();
+    lazy.grammar_triggers.patterns = {"little( girl)"};
+    const auto by_pattern = run(m, {lazy}, 1)[0][0];
+    std::string text;
+    for (TokenId t : by_pattern.tokens) text += m.tok->token_to_piece(t);
+    CHECK(text.substr(0, at) == plain_text.substr(0, at));
+    CHECK(grammar_accepts(*g, text.substr(at)));
+}
+
+TEST_CASE("lazy grammar from a JSON request: llama.cpp's grammar_lazy and grammar_triggers") {
+    auto path = test::shared_path("models/stories260K.gguf");
+    if (path.empty()) return;
+    GgufFile file = GgufFile::open(path.string());
+    auto tok = Tokenizer::from_gguf(file);
+    RequestDefaults d;
+    auto parse = [&](const std::string& fields) {
+        return request_from_json(R"({"prompt": "Hi", )" + fields + "}", d, *tok).request;
+    };
+    const GenerationRequest r =
+        parse(R"("grammar": "root ::= [0-9]+", "grammar_lazy": true, "grammar_triggers": [)"
+              R"({"type": "word", "value": "<x>"}, {"type": 1, "value": "y"}, {"word": "z"},)"
+              R"x({"type": "pattern", "value": "a(b)"}, {"type": 3, "value": "c.*"},)x"
+              R"({"type": "token", "value": "</s>"}, {"type": 0, "token": 5}])");
+    CHECK(r.grammar_triggers.words == std::vector<std::string>{"<x>", "y", "z"});
+    CHECK(r.grammar_triggers.patterns == std::vector<std::string>{"a(b)", "^(?:c.*)$"});
+    CHECK(r.grammar_triggers.tokens == std::vector<TokenId>{tok->eos(), 5});
+    CHECK(parse(R"("grammar": "root ::= [0-9]+")").grammar_triggers.empty());
+    // Each misuse gets its reason.
+    const std::vector<std::pair<std::string, std::string>> bad = {
+        {R"("grammar_lazy": true, "grammar_triggers": [{"word": "a"}])", "needs a 'grammar'"},
+        {R"("grammar": "root ::= [0-9]+", "grammar_lazy": true)", "needs 'grammar_triggers'"},
+        {R"("grammar": "root ::= [0-9]+", "grammar_triggers": [{"word": "a"}])",
+         "need \"grammar_lazy\": true"},
+        {R"("grammar": "root ::= [0-9]+", "grammar_lazy": 1, "grammar_triggers": [])",
+         "must be true or false"},
+        {R"("grammar": "root ::= [0-9]+", "grammar_lazy": true, "grammar_triggers": [{"type": 7}])",
+         "'grammar_triggers'[0] must be"},
+        {R"("grammar": "root ::= [0-9]+", "grammar_lazy": true,
+            "grammar_triggers": [{"type": "token", "value": "hello there"}])",
+         "is not one token"},
+        {R"("grammar": "root ::= [0-9]+", "grammar_lazy": true,
+            "grammar_triggers": [{"type": "token", "token": 99999}])",
+         "outside the vocabulary"},
+        {R"("grammar": "root ::= [0-9]+", "grammar_lazy": true,
+            "grammar_triggers": [{"type": "pattern", "value": "(a"}])",
+         "not a valid regex"},
+    };
+    for (const auto& [fields, reason] : bad) {
+        CAPTURE(fields);
+        CHECK_THROWS_WITH_AS(parse(fields), doctest::Contains(reason.c_str()), Error);
+    }
 }

@@ -1,6 +1,8 @@
 // --grammar / --grammar-file and the JSON "grammar" field (see grammar_options.h).
 #include "modes/grammar_options.h"
 
+#include <regex>
+
 #include "common.h"
 #include "json_schema.h"
 #include "text_input.h"
@@ -90,6 +92,87 @@ std::shared_ptr<const Grammar> grammar_from_request(const nlohmann::json& j,
     const std::string text = j["grammar"].get<std::string>();
     if (text.empty()) return nullptr;  // "": this request is unconstrained
     return compile(text, "'grammar'");
+}
+
+GrammarTriggers grammar_triggers_from_request(const nlohmann::json& j, bool has_grammar,
+                                              const Tokenizer& tok) {
+    GrammarTriggers out;
+    const bool lazy = j.contains("grammar_lazy") && j["grammar_lazy"].is_boolean() &&
+                      j["grammar_lazy"].get<bool>();
+    if (j.contains("grammar_lazy") && !j["grammar_lazy"].is_null() &&
+        !j["grammar_lazy"].is_boolean())
+        fail("'grammar_lazy' must be true or false");
+    const bool has_triggers = j.contains("grammar_triggers") && !j["grammar_triggers"].is_null() &&
+                              !j["grammar_triggers"].empty();
+    if (!lazy) {
+        if (has_triggers) fail("'grammar_triggers' need \"grammar_lazy\": true");
+        return out;
+    }
+    if (!has_grammar) fail("'grammar_lazy' needs a 'grammar' or 'json_schema'");
+    if (!has_triggers || !j["grammar_triggers"].is_array())
+        fail("'grammar_lazy' needs 'grammar_triggers': a list of {{\"type\", \"value\"}}");
+    auto bad = [](size_t i) {
+        fail(
+            "'grammar_triggers'[{}] must be {{\"type\": \"word\", \"pattern\", "
+            "\"pattern_full\" or \"token\", \"value\": TEXT}} (a token may give \"token\": ID)",
+            i);
+    };
+    size_t i = 0;
+    for (const auto& t : j["grammar_triggers"]) {
+        if (!t.is_object()) bad(i);
+        std::string type;
+        if (t.contains("word") && t["word"].is_string() && !t.contains("type")) {
+            type = "word";  // llama.cpp's older form
+        } else if (t.contains("type") && t["type"].is_string()) {
+            type = t["type"].get<std::string>();
+        } else if (t.contains("type") && t["type"].is_number_integer()) {
+            const int64_t n = t["type"].get<int64_t>();
+            type = n == 0   ? "token"
+                   : n == 1 ? "word"
+                   : n == 2 ? "pattern"
+                   : n == 3 ? "pattern_full"
+                            : "?";
+        }
+        const std::string value =
+            t.contains("value") && t["value"].is_string() ? t["value"].get<std::string>()
+            : t.contains("word") && t["word"].is_string() ? t["word"].get<std::string>()
+                                                          : std::string();
+        if (type == "token") {
+            TokenId id = -1;
+            if (t.contains("token") && t["token"].is_number_integer()) {
+                const int64_t n = t["token"].get<int64_t>();
+                if (n < 0 || n >= tok.n_vocab())
+                    fail("'grammar_triggers'[{}]: token {} is outside the vocabulary (0..{})", i, n,
+                         tok.n_vocab() - 1);
+                id = TokenId(n);
+            } else {
+                const std::vector<TokenId> ids = tok.encode(value, false, true);
+                if (ids.size() != 1)
+                    fail("'grammar_triggers'[{}]: '{}' is not one token of the vocabulary", i,
+                         value);
+                id = ids[0];
+            }
+            out.tokens.push_back(id);
+        } else if (type == "word" || type == "pattern" || type == "pattern_full") {
+            if (value.empty()) fail("'grammar_triggers'[{}] needs a non-empty \"value\"", i);
+            if (type == "word") {
+                out.words.push_back(value);
+            } else {
+                std::string re = type == "pattern" ? value : "^(?:" + value + ")$";
+                try {
+                    std::regex check(re, std::regex::ECMAScript);
+                } catch (const std::regex_error& e) {
+                    fail("'grammar_triggers'[{}]: '{}' is not a valid regex: {}", i, value,
+                         e.what());
+                }
+                out.patterns.push_back(std::move(re));
+            }
+        } else {
+            bad(i);
+        }
+        ++i;
+    }
+    return out;
 }
 
 }  // namespace kvrun

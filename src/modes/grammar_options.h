@@ -32,4 +32,14 @@ std::shared_ptr<const Grammar> grammar_from_request(const nlohmann::json& reques
                                                     const std::string& line,
                                                     std::shared_ptr<const Grammar> fallback);
 
+// A JSON request's lazy grammar (llama.cpp server's fields): "grammar_lazy": true with
+// "grammar_triggers": [{"type": "word" | "pattern" | "pattern_full" | "token", "value": TEXT,
+// "token": ID}, ...] (type also as llama.cpp's numbers 1, 2, 3, 0; a token by its id or its
+// one-token text; the older {"word": TEXT} too). pattern_full must match all the text so
+// far. Empty when not lazy. Throws Error for triggers without grammar_lazy or a grammar, an
+// unknown type, a token text that is not one token, an id outside the vocabulary, or a bad
+// regex.
+GrammarTriggers grammar_triggers_from_request(const nlohmann::json& request, bool has_grammar,
+                                              const Tokenizer& tok);
+
 }  // namespace kvrun

@@ -203,6 +203,7 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
     sampling_validate(req.sampling);  // throws Error naming the bad value and its range
     merged_logit_bias(req.sampling, tok.n_vocab());  // token ids inside the vocabulary
     req.grammar = grammar_from_request(j, line, d.grammar);
+    req.grammar_triggers = grammar_triggers_from_request(j, req.grammar != nullptr, tok);
     req.prompt = prompt_ids ? std::move(*prompt_ids)
                             : tok.encode(out.prompt_text, d.add_bos && tok.add_bos(),
                                          d.parse_special || chat);

@@ -58,7 +58,8 @@ struct ParsedRequest {
 // (-1: no limit, 0: nothing generated; anything below -1 is refused),
 // temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty,
 // repeat_last_n, seed, n_samples (1-256),
-// ignore_eos, stop (array of strings), grammar (GBNF text; "" for none), json_schema (a JSON
+// ignore_eos, stop (array of strings), grammar (GBNF text; "" for none), grammar_lazy and
+// grammar_triggers (grammar_options.h), json_schema (a JSON
 // Schema object or its text), n_probs (0-100: report logprobs), id (any JSON value), lora
 // ([{"id": ADAPTER, "scale": S}, ...] as llama.cpp's server: the scale of each loaded
 // adapter, in --lora order; an adapter left out gets 0).
