@@ -401,10 +401,17 @@ std::string chat_template_apply_jinja(const JinjaTemplate& tmpl,
     nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
     for (const ChatMessage& m : messages)
         msgs.push_back({{"role", m.role}, {"content", m.content}});
+    return chat_template_apply_jinja(tmpl, msgs, nullptr, add_generation_prompt, special);
+}
+
+std::string chat_template_apply_jinja(const JinjaTemplate& tmpl,
+                                      const nlohmann::ordered_json& messages,
+                                      const nlohmann::ordered_json& tools,
+                                      bool add_generation_prompt, const ChatSpecialTexts& special) {
     const nlohmann::ordered_json context = {
-        {"messages", msgs},         {"add_generation_prompt", add_generation_prompt},
+        {"messages", messages},     {"add_generation_prompt", add_generation_prompt},
         {"bos_token", special.bos}, {"eos_token", special.eos},
-        {"tools", nullptr},         {"documents", nullptr}};
+        {"tools", tools},           {"documents", nullptr}};
     // A chat template takes a few steps per message; a model file's template that runs
     // away stops well before the interpreter's default bound (seconds per request).
     JinjaTemplate::Limits limits;

@@ -116,6 +116,14 @@ std::string chat_template_apply_jinja(const JinjaTemplate& tmpl,
                                       const std::vector<ChatMessage>& messages,
                                       bool add_generation_prompt,
                                       const ChatSpecialTexts& special = {});
+// The same with the template's `messages` and `tools` given as JSON (OpenAI's shapes: tool
+// calls and tool results in the conversation, the functions a model may call; tools null for
+// none).
+std::string chat_template_apply_jinja(const JinjaTemplate& tmpl,
+                                      const nlohmann::ordered_json& messages,
+                                      const nlohmann::ordered_json& tools,
+                                      bool add_generation_prompt,
+                                      const ChatSpecialTexts& special = {});
 
 // The conversation in a built-in format (`jinja` null) or through a Jinja template: the one
 // place that chooses between chat_template_apply and chat_template_apply_jinja.

@@ -52,14 +52,19 @@ uint64_t minus(uint64_t b, uint64_t x) {
 // rules (json_schema_gbnf.cpp) are added when first used.
 class Converter {
   public:
-    explicit Converter(const SchemaJson& root) : root_(root) {
+    // top: the name of the schema's own rule ("root", or another when the caller embeds it).
+    Converter(const SchemaJson& root, const std::string& top,
+              const std::vector<std::string>& reserved = {})
+        : root_(root) {
         taken_.insert("root");
-        ref_rules_["#"] = "root";
+        taken_.insert(top);
+        taken_.insert(reserved.begin(), reserved.end());
+        ref_rules_["#"] = top;
     }
 
     std::string run() {
         schema_check(root_);
-        rules_.push_back({"root", ""});
+        rules_.push_back({ref_rules_["#"], ""});
         rules_[0].second = visit(root_, "", "");
         std::string out;
         for (const auto& [name, body] : rules_) out += name + " ::= " + body + "\n";
@@ -441,7 +446,19 @@ class Converter {
 }  // namespace
 
 std::string json_schema_to_grammar(const nlohmann::ordered_json& schema) {
-    return Converter(schema).run();
+    return Converter(schema, "root").run();
+}
+
+std::string json_schema_to_grammar_rule(const nlohmann::ordered_json& schema,
+                                        const std::string& rule,
+                                        const std::vector<std::string>& reserved) {
+    for (const std::string& name : reserved)
+        if (gbnf_is_primitive(name))
+            fail("json_schema_to_grammar_rule: '{}' is a fixed rule", name);
+    if (rule.empty() || rule == "root" || gbnf_is_primitive(rule) ||
+        rule.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") != std::string::npos)
+        fail("json_schema_to_grammar_rule: '{}' is no free rule name", rule);
+    return Converter(schema, rule, reserved).run();
 }
 
 std::string json_schema_to_grammar(const nlohmann::json& schema) {

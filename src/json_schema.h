@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace kvrun {
 
@@ -18,5 +19,13 @@ namespace kvrun {
 // nlohmann::json has already sorted the keys alphabetically.
 std::string json_schema_to_grammar(const nlohmann::ordered_json& schema);
 std::string json_schema_to_grammar(const nlohmann::json& schema);
+
+// The same rules with the schema's own rule named `rule` (lower-case letters, digits and
+// '-'; not "root" nor a fixed rule's name such as "ws" or "string") and no root rule: for a
+// grammar that embeds such JSON in more text, its caller adding `root ::= ... rule ...` and
+// its own rules named in `reserved`. Other rule names never collide with those.
+std::string json_schema_to_grammar_rule(const nlohmann::ordered_json& schema,
+                                        const std::string& rule,
+                                        const std::vector<std::string>& reserved = {});
 
 }  // namespace kvrun

@@ -251,7 +251,7 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
         std::string delta = piece;
         if (ar.tools) {
             tool_text[i] += piece;
-            const ToolAnswerPrefix a = tool_answer_prefix(tool_text[i]);
+            const ToolAnswerPrefix a = tool_stream_content(ar.tools->format, tool_text[i]);
             if (!a.answer || a.text.size() <= answer_sent[i]) return;
             delta = a.text.substr(answer_sent[i]);
             answer_sent[i] = a.text.size();
@@ -589,8 +589,10 @@ int run_server(const ServerOptions& o) {
     const std::string host = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;
     fmt::print(stderr,
                "kvrun server: {} on {}, {} sequences at once, context {} tokens, chat template "
-               "{}{}\n",
+               "{} (tool calls: {}){}\n",
                cfg.api.model_id, m.device, o.parallel, engine.n_ctx(), chat.name(),
+               tool_format_name(chat.jinja ? tool_format_detect(chat.jinja->source())
+                                           : ToolFormat::Generic),
                engine.speculative() ? ", speculative decoding" : "");
     fmt::print(stderr, "kvrun server: listening on http://{}:{} (Ctrl-C stops)\n", host,
                server.port());

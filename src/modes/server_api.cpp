@@ -25,11 +25,26 @@ std::vector<ojson> prompt_list(const ojson& j) {
     return std::vector<ojson>(p.begin(), p.end());
 }
 
+// The request's tools, in the template's own syntax where it has one (server_tools.h).
+std::optional<ChatTools> request_tools(const ojson& j, const ApiContext& ctx) {
+    std::optional<ChatTools> tools = chat_tools_from_json(j);
+    if (tools && ctx.jinja) tools->format = tool_format_detect(ctx.jinja->source());
+    return tools;
+}
+
 // "messages" (and "tools") -> the prompt text in the model's chat format.
 std::string chat_prompt(const ojson& j, const ApiContext& ctx,
                         const std::optional<ChatTools>& tools) {
     if (!j.contains("messages"))
         fail("missing field 'messages' (a non-empty list of {{\"role\", \"content\"}})");
+    if (tools && tools->format != ToolFormat::Generic) {  // the template writes the tools
+        const ojson msgs = chat_messages_native(j["messages"]);
+        if (msgs.size() > 1 && msgs.back()["role"] == "assistant")
+            fail("a conversation ending with the assistant's words cannot use 'tools'");
+        return chat_template_apply_jinja(*ctx.jinja, msgs, chat_tools_native_list(*tools), true,
+                                         ctx.special) +
+               chat_tools_prompt_suffix(*tools);
+    }
     std::vector<ChatMessage> msgs = chat_messages_from_json(j["messages"]);
     if (tools) {
         const std::string text = chat_tools_instructions(*tools);
@@ -260,13 +275,14 @@ ojson fill_in_the_middle(const InfillInput& in, const ojson& j, const RequestDef
 }
 
 // A chat choice's reply as tools read it (ids unique per response and choice).
-ChatToolReply tool_reply(const ApiResponseMeta& meta, const ApiChoiceResult& c) {
-    return chat_tools_parse(c.text, fmt::format("call_{}_{}", meta.id, c.index));
+ChatToolReply tool_reply(const ApiRequest& req, const ApiResponseMeta& meta,
+                         const ApiChoiceResult& c) {
+    return chat_tools_parse(req.tools->format, c.text, fmt::format("call_{}_{}", meta.id, c.index));
 }
 
 nlohmann::json finish_reason(const ApiRequest& req, const ApiResponseMeta& meta,
                              const ApiChoiceResult& c) {
-    if (req.tools && !tool_reply(meta, c).calls.empty()) return "tool_calls";
+    if (req.tools && !tool_reply(req, meta, c).calls.empty()) return "tool_calls";
     return api_finish_reason(c.result.stop);
 }
 
@@ -278,11 +294,11 @@ nlohmann::json chat_message(const ApiRequest& req, const ApiResponseMeta& meta,
         m["content"] = c.text;
         return m;
     }
-    const ChatToolReply r = tool_reply(meta, c);
+    const ChatToolReply r = tool_reply(req, meta, c);
     if (r.calls.empty()) {
         m["content"] = r.content;
-    } else {
-        m["content"] = nullptr;
+    } else {  // (native formats may write some text before the calls)
+        m["content"] = r.content.empty() ? nlohmann::json() : nlohmann::json(r.content);
         m["tool_calls"] = tool_calls_json(r.calls, delta);
     }
     return m;
@@ -295,7 +311,7 @@ std::string api_chat_prompt(const std::string& body, const ApiContext& ctx) {
     if (j.is_discarded()) fail("malformed JSON");
     if (!j.is_object()) fail("the request body must be a JSON object");
     try {
-        return chat_prompt(j, ctx, chat_tools_from_json(j));
+        return chat_prompt(j, ctx, request_tools(j, ctx));
     } catch (const nlohmann::json::exception& e) {
         fail("bad field type: {}", e.what());
     }
@@ -328,7 +344,7 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
         if (j.contains("functions") && !j["functions"].empty())
             fail("'functions' (OpenAI's older form) is not supported: list them in 'tools'");
         if (format == ApiFormat::OpenAiChat) {
-            out.tools = chat_tools_from_json(j);
+            out.tools = request_tools(j, ctx);
         } else if (j.contains("tools") && !j["tools"].empty()) {
             fail("'tools' are for /v1/chat/completions");
         }
@@ -362,7 +378,16 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
         if (format == ApiFormat::OpenAiChat) {
             j["prompt"] = chat_prompt(j, ctx, out.tools);
             d.parse_special = true;
-            if (out.tools) j["json_schema"] = chat_tools_schema(*out.tools);
+            if (out.tools && out.tools->format == ToolFormat::Generic) {
+                j["json_schema"] = chat_tools_schema(*out.tools);
+            } else if (out.tools) {
+                const ToolGrammar g = chat_tools_grammar(*out.tools, tok);
+                j["grammar"] = g.gbnf;
+                if (!g.triggers.empty()) {
+                    j["grammar_lazy"] = true;
+                    j["grammar_triggers"] = g.triggers;
+                }
+            }
         }
         if (api_native(format) && j.value("n_samples", 1) != 1)
             fail("/completion returns one generation; use /v1/completions with \"n\" for more");
@@ -444,11 +469,15 @@ nlohmann::json api_stream_chunk(const ApiRequest& req, const ApiResponseMeta& me
 nlohmann::json api_stream_reply_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
                                       const ApiChoiceResult& c, size_t answer_sent, bool first) {
     nlohmann::json delta = chat_message(req, meta, c, /*delta=*/true);
-    if (!delta.contains("tool_calls")) {
-        const std::string content = delta["content"].get<std::string>();
-        if (content.size() <= answer_sent) return nullptr;
+    // The content not streamed yet (what tool_stream_content showed is a prefix of it).
+    const std::string content =
+        delta["content"].is_string() ? delta["content"].get<std::string>() : "";
+    if (content.size() > answer_sent)
         delta["content"] = content.substr(answer_sent);
-    }
+    else if (delta.contains("tool_calls"))
+        delta.erase("content");
+    else
+        return nullptr;
     if (!first) delta.erase("role");
     nlohmann::json j = envelope(req, meta, true);
     j["choices"] = nlohmann::json::array({{{"index", c.index},

@@ -227,36 +227,45 @@ std::string chat_tools_instructions(const ChatTools& t) {
     return s;
 }
 
-ojson chat_tools_schema(const ChatTools& t) {
-    ojson root = ojson::object();
+ojson chat_tools_call_schema(const ChatTools& t, const std::string& args_key, bool with_id) {
     ojson defs = {{"$defs", ojson::object()}, {"definitions", ojson::object()}};
     ojson alternatives = ojson::array();
     for (const ojson& f : t.functions) {
         if (!t.only.empty() && f["name"] != t.only) continue;
         ojson params = f["parameters"];
         hoist_definitions(params, defs, f["name"].get<std::string>());
-        alternatives.push_back(
-            {{"type", "object"},
-             {"properties", {{"name", {{"const", f["name"]}}}, {"arguments", params}}},
-             {"required", {"name", "arguments"}}});
+        ojson call = {{"type", "object"},
+                      {"properties", {{"name", {{"const", f["name"]}}}, {args_key, params}}},
+                      {"required", {"name", args_key}}};
+        if (with_id) call["properties"]["id"] = {{"type", "string"}, {"maxLength", 9}};
+        alternatives.push_back(std::move(call));
     }
-    ojson calls = {
-        {"type", "array"},
-        {"items", alternatives.size() == 1 ? alternatives[0] : ojson{{"anyOf", alternatives}}},
-        {"minItems", 1}};
+    ojson root = alternatives.size() == 1 ? alternatives[0] : ojson{{"anyOf", alternatives}};
+    for (const char* key : {"$defs", "definitions"})
+        if (!defs[key].empty()) root[key] = defs[key];
+    return root;
+}
+
+ojson chat_tools_schema(const ChatTools& t) {
+    ojson call = chat_tools_call_schema(t, "arguments", false);
+    ojson root = ojson::object();
+    for (const char* key : {"$defs", "definitions"})
+        if (call.contains(key)) {
+            root[key] = call[key];
+            call.erase(key);
+        }
+    ojson calls = {{"type", "array"}, {"items", call}, {"minItems", 1}};
     if (!t.parallel) calls["maxItems"] = 1;
     const ojson call_reply = {
         {"type", "object"}, {"properties", {{"tool_calls", calls}}}, {"required", {"tool_calls"}}};
     if (t.required) {
-        root = call_reply;
+        for (auto& [k, v] : call_reply.items()) root[k] = v;
     } else {
         const ojson answer = {{"type", "object"},
                               {"properties", {{"response", {{"type", "string"}}}}},
                               {"required", {"response"}}};
         root["anyOf"] = ojson::array({call_reply, answer});
     }
-    for (const char* key : {"$defs", "definitions"})
-        if (!defs[key].empty()) root[key] = defs[key];
     return root;
 }
 
@@ -308,7 +317,7 @@ std::vector<ChatMessage> chat_messages_from_json(const ojson& messages) {
     return msgs;
 }
 
-ChatToolReply chat_tools_parse(const std::string& text, const std::string& id_prefix) {
+ChatToolReply chat_tools_parse_generic(const std::string& text, const std::string& id_prefix) {
     ChatToolReply out;
     const ojson j = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_object() && j.contains("tool_calls") && j["tool_calls"].is_array()) {

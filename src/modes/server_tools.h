@@ -1,7 +1,10 @@
 // OpenAI tool (function) calling for /v1/chat/completions, on any model.
 //
-// kvrun's chat templates are built in (chat_template.h), not Jinja, so tools are not written
-// in each model family's own trained format. Instead every model gets one generic format
+// When the chat is rendered by the model's own Jinja template (--jinja, --chat-template-file,
+// or a template no built-in format matches) and that template shows a tool syntax the model
+// was trained on, the tools use it (ToolFormat, server_tool_formats.cpp): the template itself
+// writes the tools and earlier calls and results, a grammar keeps the calls to that syntax,
+// and the reply is read back in it. Otherwise every model gets one generic format
 // (the idea of llama.cpp's "generic" tool-call handler): the system prompt lists the tools
 // as JSON and asks for one JSON object back,
 //   {"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}   or
@@ -31,12 +34,30 @@
 
 namespace kvrun {
 
+class Tokenizer;
+
+// A model family's own tool-call syntax:
+//   Hermes       <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call> after any text
+//                (Hermes 2/3 Pro, Qwen 2.5 and 3, ...); several calls one after another;
+//   Llama3       the whole reply {"name": ..., "parameters": {...}} (Llama 3.1-3.3); one call;
+//   MistralNemo  [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}, ...] (Mistral Nemo
+//                and the models sharing its template), the list following the control token.
+enum class ToolFormat { Generic, Hermes, Llama3, MistralNemo };
+
+// From a Jinja chat template's source: "<tool_call>" -> Hermes, "[TOOL_CALLS]" ->
+// MistralNemo, "<|start_header_id|>" with "ipython" or "<|python_tag|>" -> Llama3, else
+// Generic.
+ToolFormat tool_format_detect(std::string_view jinja_source);
+// "generic", "hermes", "llama3", "mistral-nemo".
+const char* tool_format_name(ToolFormat format);
+
 struct ChatTools {
     // [{"name", "description"?, "parameters"}], as the request listed them.
     nlohmann::ordered_json functions = nlohmann::ordered_json::array();
     std::string only;       // tool_choice naming one function: its name ("" otherwise)
     bool required = false;  // tool_choice "required" (or naming a function)
     bool parallel = true;   // parallel_tool_calls
+    ToolFormat format = ToolFormat::Generic;
 };
 
 // The request's "tools", "tool_choice" and "parallel_tool_calls"; nullopt without tools or
@@ -54,6 +75,29 @@ nlohmann::ordered_json chat_tools_schema(const ChatTools& tools);
 // above; "developer" is "system"). Throws Error naming the bad message.
 std::vector<ChatMessage> chat_messages_from_json(const nlohmann::ordered_json& messages);
 
+// ---- Native formats (not Generic) ----
+
+// The request's "messages" as a Jinja template's `messages`: OpenAI's shape kept for tool
+// calls (arguments as objects) and tool results ("tool_call_id", and "name" from the call it
+// answers); text parts joined; "developer" is "system". Throws Error as
+// chat_messages_from_json.
+nlohmann::ordered_json chat_messages_native(const nlohmann::ordered_json& messages);
+
+// The tools as the template's `tools`: [{"type": "function", "function": {...}}].
+nlohmann::ordered_json chat_tools_native_list(const ChatTools& tools);
+
+// What keeps a reply to the format: a GBNF grammar and llama.cpp-style lazy triggers (a
+// JSON list for "grammar_triggers"; empty: the grammar holds from the first token, as it
+// does when a call is required).
+struct ToolGrammar {
+    std::string gbnf;
+    nlohmann::json triggers = nlohmann::json::array();
+};
+ToolGrammar chat_tools_grammar(const ChatTools& tools, const Tokenizer& tok);
+// Text the prompt ends with, after the assistant's header: MistralNemo with a required call
+// starts the reply with its "[TOOL_CALLS]" (the grammar then writes the list); else "".
+std::string chat_tools_prompt_suffix(const ChatTools& tools);
+
 struct ToolCall {
     std::string id;
     std::string name;
@@ -66,9 +110,12 @@ struct ChatToolReply {
     std::string content;
     std::vector<ToolCall> calls;
 };
-// Ids are id_prefix + "_" + the call's position. An answer cut short ({"response": "It is
-// with no closing quote, max_tokens) gives the answer text so far.
-ChatToolReply chat_tools_parse(const std::string& text, const std::string& id_prefix);
+// Ids are id_prefix + "_" + the call's position (MistralNemo: 9 letters and digits made from
+// them, as its template demands). Generic: an answer cut short ({"response": "It is with no
+// closing quote, max_tokens) gives the answer text so far. Native formats: the text before
+// the calls is the content (Hermes), and a reply that holds no readable call is all content.
+ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
+                               const std::string& id_prefix);
 
 // A reply read while it is generated: whether it is (so far) an answer {"response": "...",
 // and the answer's text whose characters are already known (escapes decoded; an escape or
@@ -79,6 +126,20 @@ struct ToolAnswerPrefix {
     std::string text;
 };
 ToolAnswerPrefix tool_answer_prefix(std::string_view reply);
+// The same for any format: the content a stream may show of the reply so far (a prefix of
+// what chat_tools_parse gives as content at the end). Hermes holds back text that may begin
+// "<tool_call>" and trailing white space; Llama3 and MistralNemo show nothing of a reply
+// that begins with "{" or "[", and all of any other.
+ToolAnswerPrefix tool_stream_content(ToolFormat format, std::string_view reply);
+
+// ---- Shared by the formats ----
+
+// The JSON schema of one call: {"name": a listed tool's (the named one's with tool_choice),
+// args_key: its parameters, "id"?: a short string when with_id}, tools' $defs at its root.
+nlohmann::ordered_json chat_tools_call_schema(const ChatTools& tools, const std::string& args_key,
+                                              bool with_id);
+// chat_tools_parse for Generic.
+ChatToolReply chat_tools_parse_generic(const std::string& text, const std::string& id_prefix);
 
 // OpenAI's "tool_calls" list of a message (with "index" for a streamed delta).
 nlohmann::json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index);

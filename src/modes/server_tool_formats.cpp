@@ -1,0 +1,349 @@
+// Tool calls in a model family's own syntax (see ToolFormat in server_tools.h): detection
+// from the chat template, the messages and tools a template is given, the grammar that keeps
+// calls to the syntax, and reading a reply back.
+#include <algorithm>
+#include <map>
+
+#include "common.h"
+#include "json_schema.h"
+#include "modes/server_tools.h"
+#include "tokenizer.h"
+
+namespace kvrun {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+constexpr std::string_view kHermesOpen = "<tool_call>", kHermesClose = "</tool_call>";
+constexpr std::string_view kMistralCalls = "[TOOL_CALLS]", kPythonTag = "<|python_tag|>";
+
+bool is_space(char c) {
+    return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+}
+
+std::string_view trim_left(std::string_view s) {
+    while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+    return s;
+}
+
+std::string_view trim_right(std::string_view s) {
+    while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
+    return s;
+}
+
+// A message's text: a string, or text parts joined (other parts refused).
+ojson message_text(const ojson& m, size_t index) {
+    if (!m.contains("content") || m["content"].is_null()) return nullptr;
+    const ojson& c = m["content"];
+    if (c.is_string()) return c;
+    std::string text;
+    for (const ojson& part : c) {
+        if (!text.empty()) text += "\n";
+        text += part["text"].get<std::string>();  // shapes checked by chat_messages_from_json
+    }
+    (void)index;
+    return text;
+}
+
+// A call's arguments as the model would have written them: an object when the text parses.
+ojson arguments_value(const ojson& f) {
+    if (!f.contains("arguments")) return ojson::object();
+    if (!f["arguments"].is_string()) return f["arguments"];
+    const std::string text = f["arguments"].get<std::string>();
+    ojson v = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
+    return v.is_discarded() ? ojson(text) : v;
+}
+
+// One call read from the model's JSON: {"name", args_key or the other usual key}.
+bool read_call(const ojson& j, ToolCall& call) {
+    if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return false;
+    call.name = j["name"].get<std::string>();
+    const char* keys[] = {"arguments", "parameters"};
+    call.arguments = "{}";
+    for (const char* k : keys)
+        if (j.contains(k)) {
+            call.arguments = j[k].is_string() ? j[k].get<std::string>() : j[k].dump();
+            break;
+        }
+    return true;
+}
+
+// The JSON object that s begins with (after white space), without what follows it, or "".
+std::string_view object_at(std::string_view s) {
+    const size_t start = s.find_first_not_of(" \n\t\r");
+    if (start == std::string_view::npos || s[start] != '{') return {};
+    int depth = 0;
+    bool in_string = false;
+    for (size_t i = start; i < s.size(); ++i) {
+        const char c = s[i];
+        if (in_string) {
+            if (c == '\\')
+                ++i;
+            else if (c == '"')
+                in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '{' || c == '[') {
+            ++depth;
+        } else if ((c == '}' || c == ']') && --depth == 0) {
+            return s.substr(start, i + 1 - start);
+        }
+    }
+    return {};
+}
+
+// Mistral's templates demand ids of 9 letters and digits: made from the usual id.
+std::string mistral_id(const std::string& id) {
+    static constexpr char kAlnum[] =
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char c : id) h = (h ^ c) * 1099511628211ull;
+    std::string out;
+    for (int i = 0; i < 9; ++i) {
+        out += kAlnum[h % 62];
+        h = h / 62 + (h % 7919) * 2654435761ull;
+    }
+    return out;
+}
+
+ChatToolReply parse_hermes(const std::string& text) {
+    ChatToolReply out;
+    const size_t first = text.find(kHermesOpen);
+    if (first == std::string::npos) {
+        out.content = text;
+        return out;
+    }
+    for (size_t at = first; at != std::string::npos; at = text.find(kHermesOpen, at)) {
+        at += kHermesOpen.size();
+        const size_t end = text.find(kHermesClose, at);
+        // (A block cut short after its object, "</tool_c" say, still holds the call.)
+        const std::string_view body = object_at(std::string_view(text).substr(at));
+        ToolCall call;
+        if (read_call(ojson::parse(body, nullptr, false), call)) out.calls.push_back(call);
+        if (end == std::string::npos) break;
+        at = end + kHermesClose.size();
+    }
+    out.content = out.calls.empty() ? text : std::string(trim_right(text.substr(0, first)));
+    return out;
+}
+
+ChatToolReply parse_llama3(const std::string& text) {
+    ChatToolReply out;
+    std::string_view s = trim_left(text);
+    if (s.substr(0, kPythonTag.size()) == kPythonTag) s = trim_left(s.substr(kPythonTag.size()));
+    ToolCall call;
+    const ojson j = ojson::parse(trim_right(s), nullptr, false);
+    if (read_call(j, call))
+        out.calls.push_back(call);
+    else
+        out.content = text;
+    return out;
+}
+
+ChatToolReply parse_mistral(const std::string& text) {
+    ChatToolReply out;
+    std::string_view s = trim_left(text);
+    if (s.substr(0, kMistralCalls.size()) == kMistralCalls)
+        s = trim_left(s.substr(kMistralCalls.size()));
+    const ojson j = ojson::parse(trim_right(s), nullptr, false);
+    if (j.is_array())
+        for (const ojson& c : j) {
+            ToolCall call;
+            if (read_call(c, call)) out.calls.push_back(call);
+        }
+    if (out.calls.empty()) out.content = text;
+    return out;
+}
+
+// GBNF for a string literal.
+std::string literal(std::string_view s) {
+    std::string out = "\"";
+    for (char c : s) {
+        if (c == '"' || c == '\\') out += '\\';
+        if (c == '\n') {
+            out += "\\n";
+            continue;
+        }
+        out += c;
+    }
+    return out + "\"";
+}
+
+}  // namespace
+
+ToolFormat tool_format_detect(std::string_view src) {
+    auto has = [&](std::string_view s) { return src.find(s) != std::string_view::npos; };
+    if (has(kHermesOpen)) return ToolFormat::Hermes;
+    if (has(kMistralCalls)) return ToolFormat::MistralNemo;
+    if (has("<|start_header_id|>") && (has("ipython") || has(kPythonTag)))
+        return ToolFormat::Llama3;
+    return ToolFormat::Generic;
+}
+
+const char* tool_format_name(ToolFormat f) {
+    switch (f) {
+        case ToolFormat::Hermes:
+            return "hermes";
+        case ToolFormat::Llama3:
+            return "llama3";
+        case ToolFormat::MistralNemo:
+            return "mistral-nemo";
+        default:
+            return "generic";
+    }
+}
+
+ojson chat_messages_native(const ojson& messages) {
+    chat_messages_from_json(messages);  // the same checks, the same messages
+    ojson out = ojson::array();
+    std::map<std::string, std::string> call_names;  // tool_call_id -> function name
+    for (size_t i = 0; i < messages.size(); ++i) {
+        const ojson& m = messages[i];
+        std::string role = m["role"].get<std::string>();
+        if (role == "developer") role = "system";
+        ojson msg = {{"role", role}, {"content", message_text(m, i)}};
+        if (role == "tool") {
+            const std::string id = m.value("tool_call_id", "");
+            if (!id.empty()) msg["tool_call_id"] = id;
+            if (call_names.count(id)) msg["name"] = call_names[id];
+        }
+        if (role == "assistant" && m.contains("tool_calls") && m["tool_calls"].is_array() &&
+            !m["tool_calls"].empty()) {
+            ojson calls = ojson::array();
+            for (const ojson& c : m["tool_calls"]) {
+                const ojson& f = c["function"];
+                ojson call = ojson::object();
+                if (c.contains("id") && c["id"].is_string()) {
+                    call["id"] = c["id"];
+                    call_names[c["id"].get<std::string>()] = f["name"].get<std::string>();
+                }
+                call["type"] = "function";
+                call["function"] = {{"name", f["name"]}, {"arguments", arguments_value(f)}};
+                calls.push_back(std::move(call));
+            }
+            msg["tool_calls"] = std::move(calls);
+        }
+        out.push_back(std::move(msg));
+    }
+    return out;
+}
+
+ojson chat_tools_native_list(const ChatTools& t) {
+    ojson out = ojson::array();
+    for (const ojson& f : t.functions) out.push_back({{"type", "function"}, {"function", f}});
+    return out;
+}
+
+ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok) {
+    ToolGrammar g;
+    // The vocabulary's one token for a text, or -1.
+    auto one_token = [&](std::string_view text) {
+        const std::vector<TokenId> ids = tok.encode(std::string(text), false, true);
+        return ids.size() == 1 && tok.token_to_piece(ids[0], true) == text ? ids[0] : TokenId(-1);
+    };
+    const std::vector<std::string> own = {"tool-calls", "tool-block", "tool-sep"};
+    switch (t.format) {
+        case ToolFormat::Hermes: {
+            g.gbnf = json_schema_to_grammar_rule(chat_tools_call_schema(t, "arguments", false),
+                                                 "tool-call", own);
+            g.gbnf += "tool-block ::= " + literal(kHermesOpen) + " \"\\n\"? tool-call \"\\n\"? " +
+                      literal(kHermesClose) + "\n";
+            g.gbnf += t.parallel ? "root ::= tool-block (\"\\n\" tool-block)*\n"
+                                 : "root ::= tool-block\n";
+            if (!t.required) g.triggers.push_back({{"type", "word"}, {"value", kHermesOpen}});
+            break;
+        }
+        case ToolFormat::Llama3: {
+            g.gbnf = json_schema_to_grammar_rule(chat_tools_call_schema(t, "parameters", false),
+                                                 "tool-call", own);
+            g.gbnf += "root ::= tool-call\n";
+            if (!t.required) {
+                // A reply that begins with "{" is a call (from its "{"); so is what follows
+                // the python tag where the vocabulary has it.
+                g.triggers.push_back({{"type", "pattern_full"}, {"value", "\\s*(\\{[\\s\\S]*)"}});
+                if (one_token(kPythonTag) >= 0)
+                    g.triggers.push_back({{"type", "token"}, {"token", one_token(kPythonTag)}});
+            }
+            break;
+        }
+        case ToolFormat::MistralNemo: {
+            g.gbnf = json_schema_to_grammar_rule(chat_tools_call_schema(t, "arguments", true),
+                                                 "tool-call", own);
+            g.gbnf += t.parallel ? "root ::= \"[\" tool-call (\", \" tool-call)* \"]\"\n"
+                                 : "root ::= \"[\" tool-call \"]\"\n";
+            // A required call: the prompt ends with "[TOOL_CALLS]" (chat_tools_prompt_suffix).
+            if (t.required) break;
+            if (const TokenId calls = one_token(kMistralCalls); calls >= 0)
+                g.triggers.push_back({{"type", "token"}, {"token", calls}});
+            else  // a vocabulary without the token: its text, then the list
+                g.triggers.push_back({{"type", "pattern"}, {"value", "\\[TOOL_CALLS\\]\\s*(\\[)"}});
+            break;
+        }
+        case ToolFormat::Generic:
+            fail("chat_tools_grammar: the generic format uses chat_tools_schema");
+    }
+    return g;
+}
+
+std::string chat_tools_prompt_suffix(const ChatTools& t) {
+    return t.format == ToolFormat::MistralNemo && t.required ? std::string(kMistralCalls) : "";
+}
+
+ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
+                               const std::string& id_prefix) {
+    ChatToolReply out;
+    switch (format) {
+        case ToolFormat::Generic:
+            return chat_tools_parse_generic(text, id_prefix);
+        case ToolFormat::Hermes:
+            out = parse_hermes(text);
+            break;
+        case ToolFormat::Llama3:
+            out = parse_llama3(text);
+            break;
+        case ToolFormat::MistralNemo:
+            out = parse_mistral(text);
+            break;
+    }
+    for (size_t k = 0; k < out.calls.size(); ++k) {
+        out.calls[k].id = fmt::format("{}_{}", id_prefix, k);
+        if (format == ToolFormat::MistralNemo) out.calls[k].id = mistral_id(out.calls[k].id);
+    }
+    return out;
+}
+
+ToolAnswerPrefix tool_stream_content(ToolFormat format, std::string_view reply) {
+    ToolAnswerPrefix out;
+    switch (format) {
+        case ToolFormat::Generic:
+            return tool_answer_prefix(reply);
+        case ToolFormat::Hermes: {
+            out.answer = true;
+            const size_t at = reply.find(kHermesOpen);
+            std::string_view shown = reply.substr(0, at);
+            if (at == std::string_view::npos)  // hold back what may begin "<tool_call>"
+                for (size_t n = std::min(kHermesOpen.size() - 1, shown.size()); n > 0; --n)
+                    if (shown.substr(shown.size() - n) == kHermesOpen.substr(0, n)) {
+                        shown.remove_suffix(n);
+                        break;
+                    }
+            out.text = trim_right(shown);
+            return out;
+        }
+        case ToolFormat::Llama3:
+        case ToolFormat::MistralNemo: {
+            const std::string_view s = trim_left(reply);
+            if (s.empty()) {
+                out.decided = false;
+                return out;
+            }
+            const char call_start = format == ToolFormat::Llama3 ? '{' : '[';
+            out.answer = s.front() != call_start && s.front() != '<';
+            if (out.answer) out.text = reply;
+            return out;
+        }
+    }
+    return out;
+}
+
+}  // namespace kvrun

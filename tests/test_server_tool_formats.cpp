@@ -1,0 +1,441 @@
+// Tool calls in a model family's own syntax (ToolFormat, server_tool_formats.cpp): which
+// templates show which syntax; the template renders the tools, earlier calls and results
+// exactly as Python's jinja2 does (the expected texts come from jinja2 3.1.6 on the same
+// templates); each format's grammar admits exactly calls of listed tools; replies are read
+// back (text before Hermes calls, Mistral's 9-character ids); a stream shows only content that
+// the final reply keeps; and over HTTP, stories260K through each template writes well-formed
+// calls when one is required, and plain content (streamed the same) when it may answer.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "chat_template.h"
+#include "grammar.h"
+#include "json_schema.h"
+#include "modes/server_tools.h"
+#include "server_test_util.h"
+#include "tool_test_util.h"
+
+using namespace kvrun;
+using namespace kvrun::test;
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+// Three templates written for these tests in the styles of Hermes/Qwen, Llama 3.1 and Mistral
+// Nemo (not those models' own texts).
+const char* const kHermes = R"tmpl({%- if tools %}<|im_start|>system
+{% if messages[0].role == 'system' %}{{ messages[0].content }}
+
+{% endif %}You may call functions. Their signatures:
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+Call one as <tool_call>
+{"name": <name>, "arguments": <arguments>}
+</tool_call><|im_end|>
+{% elif messages[0].role == 'system' %}<|im_start|>system
+{{ messages[0].content }}<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant
+{% if message.content %}{{ message.content }}
+{% endif %}
+{%- for call in message.tool_calls %}<tool_call>
+{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
+</tool_call>{% if not loop.last %}
+{% endif %}{% endfor %}<|im_end|>
+{% elif message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% elif message.role != 'system' %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}
+)tmpl";
+
+const char* const kLlama3 = R"tmpl(<|start_header_id|>system<|end_header_id|>
+
+{% if tools %}Environment: ipython
+To call a function, reply with {"name": <name>, "parameters": <arguments>} and nothing else. The functions:
+{% for t in tools %}{{ t | tojson }}
+{% endfor %}{% endif %}{% if messages[0].role == 'system' %}{{ messages[0].content }}{% endif %}<|eot_id|>
+{%- for message in messages %}
+{%- if message.role == 'assistant' and message.tool_calls %}<|start_header_id|>assistant<|end_header_id|>
+
+{% set call = message.tool_calls[0].function %}{"name": "{{ call.name }}", "parameters": {{ call.arguments | tojson }}}<|eot_id|>
+{%- elif message.role == 'tool' %}<|start_header_id|>ipython<|end_header_id|>
+
+{{ message.content }}<|eot_id|>
+{%- elif message.role != 'system' %}<|start_header_id|>{{ message.role }}<|end_header_id|>
+
+{{ message.content }}<|eot_id|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>
+
+{% endif %}
+)tmpl";
+
+const char* const kMistral = R"tmpl({%- for message in messages %}
+{%- if message.role == 'user' %}{% if loop.last and tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]{{ message.content }}[/INST]
+{%- elif message.role == 'assistant' and message.tool_calls %}[TOOL_CALLS][
+{%- for c in message.tool_calls %}
+{%- if c.id is not defined or c.id | length != 9 %}{{ raise_exception("tool call ids must be 9 letters or digits") }}{% endif %}
+{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}, "id": "{{ c.id }}"}{% if not loop.last %}, {% endif %}
+{%- endfor %}]{{ eos_token }}
+{%- elif message.role == 'assistant' %}{{ message.content }}{{ eos_token }}
+{%- elif message.role == 'tool' %}[TOOL_RESULTS]{"content": {{ message.content | tojson }}, "call_id": "{{ message.tool_call_id }}"}[/TOOL_RESULTS]
+{%- endif %}
+{%- endfor %}
+)tmpl";
+
+ChatTools tools_for(ToolFormat format, const std::string& choice = "auto", bool parallel = true) {
+    ojson req = {
+        {"tools", weather_and_add()}, {"tool_choice", choice}, {"parallel_tool_calls", parallel}};
+    ChatTools t = *chat_tools_from_json(req);
+    t.format = format;
+    return t;
+}
+
+// The conversation of the rendering test: a call with its id, its result, a new question.
+const char* kHistory = R"([
+  {"role": "system", "content": "Be brief."},
+  {"role": "user", "content": "2+3?"},
+  {"role": "assistant", "content": null, "tool_calls": [{"id": "abcDEF123", "type": "function",
+    "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}}]},
+  {"role": "tool", "tool_call_id": "abcDEF123", "content": "5"},
+  {"role": "user", "content": "And 4+4?"}])";
+
+}  // namespace
+
+TEST_CASE("tool formats: detected from the template's own syntax") {
+    CHECK(tool_format_detect(kHermes) == ToolFormat::Hermes);
+    CHECK(tool_format_detect(kLlama3) == ToolFormat::Llama3);
+    CHECK(tool_format_detect(kMistral) == ToolFormat::MistralNemo);
+    CHECK(tool_format_detect("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}") ==
+          ToolFormat::Generic);
+    // Llama 3 headers alone (Llama 3.0, no tool role) are not the tool syntax.
+    CHECK(tool_format_detect("<|start_header_id|>{{ m.role }}<|end_header_id|>") ==
+          ToolFormat::Generic);
+    CHECK(std::string(tool_format_name(ToolFormat::MistralNemo)) == "mistral-nemo");
+}
+
+TEST_CASE("tool formats: the template writes tools, calls and results as jinja2 does") {
+    const ojson msgs = chat_messages_native(ojson::parse(kHistory));
+    // OpenAI's shape kept: the call's arguments as an object, the result named after its call.
+    CHECK(msgs[2]["tool_calls"][0]["function"]["arguments"] == ojson{{"a", 2}, {"b", 3}});
+    CHECK(msgs[2]["tool_calls"][0]["id"] == "abcDEF123");
+    CHECK(msgs[3]["name"] == "add");
+    CHECK(msgs[3]["tool_call_id"] == "abcDEF123");
+    const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "add",
+        "description": "Adds.", "parameters": {"type": "object",
+        "properties": {"a": {"type": "integer"}}}}}])");
+    const struct {
+        const char* source;
+        const char* expected;
+    } cases[] = {
+        {kHermes,
+         "<|im_start|>system\nBe brief.\n\nYou may call functions. Their "
+         "signatures:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"add\", "
+         "\"description\": \"Adds.\", \"parameters\": {\"type\": \"object\", \"properties\": "
+         "{\"a\": {\"type\": \"integer\"}}}}}\n</tools>\nCall one as <tool_call>\n{\"name\": "
+         "<name>, \"arguments\": "
+         "<arguments>}\n</"
+         "tool_call><|im_end|>\n<|im_start|>user\n2+3?<|im_end|>\n<|im_start|>assistant\n<tool_"
+         "call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": "
+         "3}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n5\n</"
+         "tool_response><|im_end|>\n<|im_start|>user\nAnd 4+4?<|im_end|>\n<|im_start|>assistant\n"},
+        {kLlama3,
+         "<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nTo call a function, "
+         "reply with {\"name\": <name>, \"parameters\": <arguments>} and nothing else. The "
+         "functions:\n{\"type\": \"function\", \"function\": {\"name\": \"add\", \"description\": "
+         "\"Adds.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": "
+         "\"integer\"}}}}}\nBe "
+         "brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n2+3?<|eot_id|><|start_header_"
+         "id|>assistant<|end_header_id|>\n\n{\"name\": \"add\", \"parameters\": {\"a\": 2, \"b\": "
+         "3}}<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n5<|eot_id|><|start_header_id|"
+         ">user<|end_header_id|>\n\nAnd "
+         "4+4?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"},
+        {kMistral,
+         "[INST]2+3?[/INST][TOOL_CALLS][{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}, "
+         "\"id\": \"abcDEF123\"}]</s>[TOOL_RESULTS]{\"content\": \"5\", \"call_id\": "
+         "\"abcDEF123\"}[/TOOL_RESULTS][AVAILABLE_TOOLS][{\"type\": \"function\", \"function\": "
+         "{\"name\": \"add\", \"description\": \"Adds.\", \"parameters\": {\"type\": \"object\", "
+         "\"properties\": {\"a\": {\"type\": \"integer\"}}}}}][/AVAILABLE_TOOLS][INST]And "
+         "4+4?[/INST]"},
+    };
+    for (const auto& c : cases) {
+        const JinjaTemplate t = JinjaTemplate::parse(c.source);
+        CHECK(chat_template_apply_jinja(t, msgs, tools, true, {}) == c.expected);
+    }
+    // Mistral's template refuses an id that is not 9 characters: ours always are.
+    ojson bad = ojson::parse(kHistory);
+    bad[2]["tool_calls"][0]["id"] = "call_1";
+    CHECK_THROWS_WITH_AS(chat_template_apply_jinja(JinjaTemplate::parse(kMistral),
+                                                   chat_messages_native(bad), tools, true, {}),
+                         "tool call ids must be 9 letters or digits", Error);
+    // The checks of chat_messages_from_json hold here too.
+    CHECK_THROWS_WITH_AS(
+        chat_messages_native(ojson::parse(R"([{"role": "robot", "content": "x"}])")),
+        doctest::Contains("role 'robot' is not supported"), Error);
+}
+
+TEST_CASE("tool formats: each grammar admits exactly calls of listed tools in its syntax") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    GgufFile file = GgufFile::open(path);
+    auto tok = Tokenizer::from_gguf(file);
+    auto grammar = [&](const ChatTools& t) {
+        return Grammar::parse(chat_tools_grammar(t, *tok).gbnf);
+    };
+    const std::string weather =
+        R"({"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}})";
+    const std::string add = R"({"name": "add", "arguments": {"a": 2, "b": 3}})";
+    const std::string not_listed = R"({"name": "rm", "arguments": {}})";
+    const std::string bad_args = R"({"name": "add", "arguments": {"a": "two", "b": 3}})";
+
+    // Hermes: one block or several; with "auto" the grammar waits for "<tool_call>".
+    auto hermes = grammar(tools_for(ToolFormat::Hermes));
+    auto block = [](const std::string& call) { return "<tool_call>\n" + call + "\n</tool_call>"; };
+    CHECK(grammar_accepts(*hermes, block(weather)));
+    CHECK(grammar_accepts(*hermes, block(weather) + "\n" + block(add)));
+    CHECK(grammar_accepts(*hermes, "<tool_call>" + add + "</tool_call>"));
+    CHECK_FALSE(grammar_accepts(*hermes, block(not_listed)));
+    CHECK_FALSE(grammar_accepts(*hermes, block(bad_args)));
+    CHECK_FALSE(grammar_accepts(*hermes, add));
+    const ToolGrammar hermes_auto = chat_tools_grammar(tools_for(ToolFormat::Hermes), *tok);
+    CHECK(hermes_auto.triggers == json::parse(R"([{"type": "word", "value": "<tool_call>"}])"));
+    CHECK(chat_tools_grammar(tools_for(ToolFormat::Hermes, "required"), *tok).triggers.empty());
+    auto single = grammar(tools_for(ToolFormat::Hermes, "required", false));
+    CHECK(grammar_accepts(*single, block(add)));
+    CHECK_FALSE(grammar_accepts(*single, block(add) + "\n" + block(add)));
+
+    // Llama 3: the reply is one object with "parameters".
+    auto llama = grammar(tools_for(ToolFormat::Llama3));
+    CHECK(grammar_accepts(*llama, R"({"name": "add", "parameters": {"a": 2, "b": 3}})"));
+    CHECK_FALSE(grammar_accepts(*llama, add));
+    CHECK_FALSE(grammar_accepts(*llama, R"({"name": "rm", "parameters": {}})"));
+    const ToolGrammar llama_auto = chat_tools_grammar(tools_for(ToolFormat::Llama3), *tok);
+    REQUIRE(llama_auto.triggers.size() == 1);  // (no <|python_tag|> in this vocabulary)
+    CHECK(llama_auto.triggers[0]["type"] == "pattern_full");
+
+    // Mistral Nemo: a list, each call with an optional short id; the vocabulary has no
+    // [TOOL_CALLS] token, so "auto" waits for its text.
+    auto mistral = grammar(tools_for(ToolFormat::MistralNemo));
+    CHECK(grammar_accepts(*mistral, "[" + add + "]"));
+    CHECK(grammar_accepts(
+        *mistral,
+        R"([{"name": "add", "arguments": {"a": 1, "b": 2}, "id": "x1y2z3w4v"}, )" + weather + "]"));
+    CHECK_FALSE(grammar_accepts(*mistral, add));
+    CHECK_FALSE(grammar_accepts(*mistral, "[" + not_listed + "]"));
+    const ToolGrammar mistral_auto = chat_tools_grammar(tools_for(ToolFormat::MistralNemo), *tok);
+    CHECK(mistral_auto.triggers[0]["type"] == "pattern");
+    CHECK(chat_tools_prompt_suffix(tools_for(ToolFormat::MistralNemo, "required")) ==
+          "[TOOL_CALLS]");
+    CHECK(chat_tools_prompt_suffix(tools_for(ToolFormat::MistralNemo)).empty());
+    CHECK(chat_tools_prompt_suffix(tools_for(ToolFormat::Hermes, "required")).empty());
+
+    // The embedded schema's rules keep clear of the caller's names.
+    const ojson schema = ojson::parse(R"({"type": "object", "properties": {
+        "tool-block": {"type": "integer"}, "root": {"type": "string"}}})");
+    const std::string rules = json_schema_to_grammar_rule(schema, "tool-call", {"tool-block"});
+    CHECK(rules.find("\ntool-block ::=") == std::string::npos);
+    CHECK(rules.find("root ::=") == std::string::npos);
+    CHECK(grammar_accepts(*Grammar::parse(rules + "root ::= \"<\" tool-call \">\"\n"),
+                          R"(<{"tool-block": 1, "root": "x"}>)"));
+    CHECK_THROWS_AS(json_schema_to_grammar_rule(schema, "root"), Error);
+    CHECK_THROWS_AS(json_schema_to_grammar_rule(schema, "ws"), Error);
+
+    // A named tool: only it.
+    ChatTools t = tools_for(ToolFormat::Hermes);
+    t.only = "add";
+    t.required = true;
+    auto g_add = grammar(t);
+    CHECK(grammar_accepts(*g_add, block(add)));
+    CHECK_FALSE(grammar_accepts(*g_add, block(weather)));
+}
+
+TEST_CASE("tool formats: replies read back; streams show only content the reply keeps") {
+    // Hermes: text before the calls is content; several calls; an unclosed last block.
+    ChatToolReply r = chat_tools_parse(ToolFormat::Hermes,
+                                       "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", "
+                                       "\"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n"
+                                       "<tool_call>{\"name\": \"add\", \"arguments\": {\"a\": 1}}",
+                                       "call_7");
+    CHECK(r.content == "Let me look.");
+    REQUIRE(r.calls.size() == 2);
+    CHECK(r.calls[0].name == "get_weather");
+    CHECK(r.calls[0].arguments == R"({"city":"Oslo"})");
+    CHECK(r.calls[0].id == "call_7_0");
+    CHECK(r.calls[1].arguments == R"({"a":1})");
+    // Cut short by max_tokens after the object: the call is whole.
+    r = chat_tools_parse(
+        ToolFormat::Hermes,
+        "<tool_call>\n{ \"name\" : \"add\" , \"arguments\" : {\"s\": \"}{\\\"\"} }\n</tool_c", "c");
+    REQUIRE(r.calls.size() == 1);
+    CHECK(r.calls[0].arguments == R"({"s":"}{\""})");
+    CHECK(r.content.empty());
+    r = chat_tools_parse(ToolFormat::Hermes, "Just words.", "c");
+    CHECK(r.calls.empty());
+    CHECK(r.content == "Just words.");
+    r = chat_tools_parse(ToolFormat::Hermes, "<tool_call>{broken</tool_call>", "c");
+    CHECK(r.calls.empty());  // nothing readable: all of it is content
+    CHECK(r.content == "<tool_call>{broken</tool_call>");
+
+    // Llama 3: the whole reply, "parameters" (or "arguments"), an optional python tag.
+    r = chat_tools_parse(ToolFormat::Llama3, R"( {"name": "add", "parameters": {"a": 1, "b": 2}} )",
+                         "c");
+    REQUIRE(r.calls.size() == 1);
+    CHECK(r.calls[0].arguments == R"({"a":1,"b":2})");
+    CHECK(chat_tools_parse(ToolFormat::Llama3, R"(<|python_tag|>{"name": "add", "arguments": {}})",
+                           "c")
+              .calls.size() == 1);
+    CHECK(chat_tools_parse(ToolFormat::Llama3, "It is 5.", "c").content == "It is 5.");
+
+    // Mistral Nemo: the list (after [TOOL_CALLS] when shown), ids of 9 letters and digits.
+    r = chat_tools_parse(
+        ToolFormat::MistralNemo,
+        R"([{"name": "add", "arguments": {"a": 1}, "id": "zzz"}, {"name": "add", "arguments": {"a": 2}}])",
+        "call_chatcmpl-3_0");
+    REQUIRE(r.calls.size() == 2);
+    std::set<std::string> ids;
+    for (const ToolCall& c : r.calls) {
+        CHECK(c.id.size() == 9);
+        CHECK(std::all_of(c.id.begin(), c.id.end(),
+                          [](char ch) { return std::isalnum(uint8_t(ch)); }));
+        ids.insert(c.id);
+    }
+    CHECK(ids.size() == 2);
+    CHECK(chat_tools_parse(ToolFormat::MistralNemo,
+                           R"([TOOL_CALLS][{"name": "add", "arguments": {}}])", "c")
+              .calls.size() == 1);
+    CHECK(chat_tools_parse(ToolFormat::MistralNemo, "[1] is a footnote.", "c").content ==
+          "[1] is a footnote.");
+
+    // Streams: at every point the text shown is a prefix of the final content.
+    const std::vector<std::pair<ToolFormat, std::string>> replies = {
+        {ToolFormat::Hermes,
+         "Let me look.  \n<tool_call>\n{\"name\": \"add\", \"arguments\": {}}\n</tool_call>"},
+        {ToolFormat::Hermes, "A story about <tool and <b>bold</b> text.\n"},
+        {ToolFormat::Llama3, R"(  {"name": "add", "parameters": {}})"},
+        {ToolFormat::Llama3, "  It is five."},
+        {ToolFormat::MistralNemo, R"([{"name": "add", "arguments": {}}])"},
+        {ToolFormat::MistralNemo, "Five."},
+    };
+    for (const auto& [format, reply] : replies) {
+        CAPTURE(reply);
+        const std::string content = chat_tools_parse(format, reply, "c").content;
+        size_t shown = 0;
+        for (size_t n = 0; n <= reply.size(); ++n) {
+            const ToolAnswerPrefix a = tool_stream_content(format, reply.substr(0, n));
+            if (!a.answer) continue;
+            CHECK(content.compare(0, a.text.size(), a.text) == 0);
+            CHECK(a.text.size() >= shown);  // never takes back what it showed
+            shown = a.text.size();
+        }
+        if (format == ToolFormat::Hermes && reply.find("<tool_call>") == std::string::npos)
+            CHECK(shown ==
+                  std::string(reply).find_last_not_of(" \n") + 1);  // all but the end's space
+    }
+    // "<tool" at the end of a Hermes stream waits: it may become a call.
+    CHECK(tool_stream_content(ToolFormat::Hermes, "Hi <tool").text == "Hi");
+    CHECK(tool_stream_content(ToolFormat::Hermes, "Hi <tooth").text == "Hi <tooth");
+}
+
+TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, /*n_ctx=*/2048);
+    const json tools = json::parse(weather_and_add().dump());
+    const json messages = {{{"role", "user"}, {"content", "What is 2 plus 3?"}}};
+    const std::set<std::string> both = {"get_weather", "add"};
+    const struct {
+        const char* source;
+        ChatTemplateKind kind;  // its end-of-turn texts stop replies
+    } templates[] = {{kHermes, ChatTemplateKind::ChatML},
+                     {kLlama3, ChatTemplateKind::Llama3},
+                     {kMistral, ChatTemplateKind::MistralV3}};
+    for (const auto& tc : templates) {
+        ServerConfig cfg = s.config();
+        cfg.api.chat_template = tc.kind;
+        cfg.api.chat_stops = chat_stops(tc.kind, *s.m.tokenizer);
+        cfg.api.jinja = std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(tc.source));
+        const ToolFormat format = tool_format_detect(tc.source);
+        CAPTURE(tool_format_name(format));
+        Running run(cfg, s);
+
+        // A required call: well formed, whole and streamed alike.
+        json body = {{"messages", messages},      {"tools", tools},
+                     {"tool_choice", "required"}, {"parallel_tool_calls", false},
+                     {"max_tokens", 200},         {"temperature", 0}};
+        HttpReply r = run.post("/v1/chat/completions", body);
+        REQUIRE_MESSAGE(r.status == 200, r.body);
+        const json choice = json::parse(r.body)["choices"][0];
+        CHECK(choice["finish_reason"] == "tool_calls");
+        REQUIRE(choice["message"]["tool_calls"].size() == 1);
+        const json call = choice["message"]["tool_calls"][0];
+        check_call(call, both);
+        if (format == ToolFormat::MistralNemo) CHECK(call["id"].get<std::string>().size() == 9);
+        body["stream"] = true;
+        json streamed_calls;
+        for (const std::string& e : sse_data(run.post("/v1/chat/completions", body).body)) {
+            if (e == "[DONE]") continue;
+            const json d = json::parse(e)["choices"][0]["delta"];
+            CHECK(!(d.contains("content") && d["content"].is_string()));  // no text
+            if (d.contains("tool_calls")) streamed_calls = d["tool_calls"];
+        }
+        REQUIRE(streamed_calls.size() == 1);
+        CHECK(streamed_calls[0]["function"] == call["function"]);
+
+        // The prompt the template wrote: its own tool list; with Mistral's required call the
+        // reply starts after [TOOL_CALLS].
+        const std::string prompt =
+            run.post("/apply-template",
+                     {{"messages", messages}, {"tools", tools}, {"tool_choice", "required"}})
+                .body;
+        CHECK(prompt.find("get_weather") != std::string::npos);
+        if (format == ToolFormat::MistralNemo) {
+            const std::string text = json::parse(prompt)["prompt"];
+            CHECK(text.size() >= 12);
+            CHECK(text.substr(text.size() - 12) == "[TOOL_CALLS]");
+        }
+
+        // The next turn: our call and its result, written back by the template (Mistral's
+        // demands the 9-character id it got).
+        json history = messages;
+        history.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", {call}}});
+        history.push_back({{"role", "tool"}, {"tool_call_id", call["id"]}, {"content", "5"}});
+        const HttpReply next =
+            run.post("/apply-template", {{"messages", history}, {"tools", tools}});
+        REQUIRE_MESSAGE(next.status == 200, next.body);
+        const std::string next_prompt = json::parse(next.body)["prompt"];
+        CHECK(next_prompt.find(call["function"]["name"].get<std::string>()) != std::string::npos);
+        if (format == ToolFormat::MistralNemo)
+            CHECK(next_prompt.find(call["id"].get<std::string>()) != std::string::npos);
+
+        // "auto": the story model answers in words (the grammar waits for a call that does not
+        // come); streamed, the deltas add up to the whole content.
+        json answer = {
+            {"messages", messages}, {"tools", tools}, {"max_tokens", 40}, {"temperature", 0}};
+        const json whole = json::parse(run.post("/v1/chat/completions", answer).body)["choices"][0];
+        CHECK(whole["finish_reason"] != "tool_calls");
+        const std::string content = whole["message"]["content"];
+        CHECK(!content.empty());
+        answer["stream"] = true;
+        std::string streamed;
+        for (const std::string& e : sse_data(run.post("/v1/chat/completions", answer).body)) {
+            if (e == "[DONE]") continue;
+            const json d = json::parse(e)["choices"][0]["delta"];
+            if (d.contains("content") && d["content"].is_string())
+                streamed += d["content"].get<std::string>();
+            CHECK(!d.contains("tool_calls"));
+        }
+        CHECK(streamed == content);
+    }
+}
