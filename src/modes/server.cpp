@@ -242,22 +242,27 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
     // not sent yet, how many were, and the bytes of text they covered.
     std::vector<std::vector<TokenLogprobs>> lp_pending(n_choices);
     std::vector<size_t> lp_sent(n_choices, 0), lp_offset(n_choices, 0);
-    // With tools: the reply's text so far, and the bytes of its answer already streamed (an
-    // answer streams as it comes; tool calls show once whole, api_stream_reply_chunk).
-    std::vector<std::string> tool_text(n_choices);
-    std::vector<size_t> answer_sent(n_choices, 0);
+    // With tools or reasoning: the reply's text so far, and the bytes of its content and
+    // reasoning already streamed (each streams as it comes, api_stream_view; tool calls show
+    // once whole, api_stream_reply_chunk).
+    const bool views = ar.tools || ar.reasoning;
+    std::vector<std::string> reply_text(n_choices);
+    std::vector<size_t> content_sent(n_choices, 0), reasoning_sent(n_choices, 0);
     auto emit = [&](size_t i, const std::string& piece) {
         if (!ar.stream || piece.empty() || client_gone) return;
-        std::string delta = piece;
-        if (ar.tools) {
-            tool_text[i] += piece;
-            const ToolAnswerPrefix a = tool_stream_content(ar.tools->format, tool_text[i]);
-            if (!a.answer || a.text.size() <= answer_sent[i]) return;
-            delta = a.text.substr(answer_sent[i]);
-            answer_sent[i] = a.text.size();
+        std::string delta = piece, reasoning;
+        if (views) {
+            reply_text[i] += piece;
+            const ApiStreamView v = api_stream_view(ar, reply_text[i]);
+            delta = v.content.size() > content_sent[i] ? v.content.substr(content_sent[i]) : "";
+            reasoning =
+                v.reasoning.size() > reasoning_sent[i] ? v.reasoning.substr(reasoning_sent[i]) : "";
+            if (delta.empty() && reasoning.empty()) return;
+            content_sent[i] += delta.size();
+            reasoning_sent[i] += reasoning.size();
         }
         if (!send_event(conn, api_stream_chunk(ar, meta, int32_t(i), delta, !started[i], tok,
-                                               lp_pending[i], lp_offset[i])))
+                                               lp_pending[i], lp_offset[i], reasoning)))
             client_gone = true;
         started[i] = true;
         for (const TokenLogprobs& lp : lp_pending[i])
@@ -287,8 +292,9 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
                 client_gone = true;
         } else {
             const nlohmann::json reply =
-                ar.tools ? api_stream_reply_chunk(ar, meta, c, answer_sent[i], !started[i])
-                         : nlohmann::json();
+                views ? api_stream_reply_chunk(ar, meta, c, content_sent[i], reasoning_sent[i],
+                                               !started[i])
+                      : nlohmann::json();
             if ((!reply.is_null() && !send_event(conn, reply)) ||
                 !send_event(conn, api_stream_final_chunk(ar, meta, c, tok, lp_sent[i])))
                 client_gone = true;
@@ -533,6 +539,7 @@ struct ServerOptions {
     bool no_slots = false;
     bool jinja = false;
     std::string chat_template_file;
+    std::string reasoning_format = "deepseek";
 };
 
 int run_server(const ServerOptions& o) {
@@ -578,6 +585,7 @@ int run_server(const ServerOptions& o) {
     if (!chat.note.empty()) fmt::print(stderr, "kvrun server: {}\n", chat.note);
     cfg.api.chat_template = chat.kind;
     cfg.api.jinja = chat.jinja;
+    cfg.api.reasoning = o.reasoning_format != "none";
     cfg.api.special = chat_special_texts(*m.tokenizer);
     cfg.api.chat_stops = chat_stops(cfg.api.chat_template, *m.tokenizer);
     cfg.api.n_ctx_seq = engine.n_ctx();
@@ -642,6 +650,12 @@ void add_server_command(CLI::App& root, int& exit_code) {
     cmd->add_flag("--jinja", o->jinja,
                   "Format chats with the model's own Jinja template through kvrun's interpreter "
                   "(default: a built-in format when the template is a known one)");
+    cmd->add_option("--reasoning-format", o->reasoning_format,
+                    "Chat replies of models that think (<think>...</think>): deepseek (or auto) "
+                    "returns the reasoning apart as \"reasoning_content\"; none keeps it in "
+                    "the content")
+        ->check(CLI::IsMember({"none", "deepseek", "auto"}))
+        ->capture_default_str();
     cmd->add_option("--pooling", o->pooling,
                     "Pooling of /v1/embeddings: mean, cls or last (default: the model's, mean "
                     "when it has none)")

@@ -6,6 +6,7 @@
 
 #include "common.h"
 #include "infill.h"
+#include "reasoning.h"
 #include "text_input.h"
 
 namespace kvrun {
@@ -65,6 +66,20 @@ std::string chat_prompt(const ojson& j, const ApiContext& ctx,
         return render(msgs) + start;
     }
     return render(msgs);
+}
+
+// Whether a chat request's replies have their reasoning returned apart: the server's
+// --reasoning-format, or the request's "reasoning_format" (none, deepseek or auto), when the
+// chat format thinks.
+bool reasoning_wanted(const ojson& j, const ApiContext& ctx) {
+    bool on = ctx.reasoning;
+    if (j.contains("reasoning_format")) {
+        const std::string f = j["reasoning_format"].get<std::string>();
+        if (f != "none" && f != "deepseek" && f != "auto")
+            fail("'reasoning_format' must be \"none\", \"deepseek\" or \"auto\" (got \"{}\")", f);
+        on = f != "none";
+    }
+    return on && chat_template_thinks(ctx.chat_template, ctx.jinja.get());
 }
 
 // response_format -> json_schema.
@@ -274,10 +289,16 @@ ojson fill_in_the_middle(const InfillInput& in, const ojson& j, const RequestDef
     return p.tokens;
 }
 
+// A chat choice's text less its reasoning (all of it without reasoning).
+std::string answer_text(const ApiRequest& req, const ApiChoiceResult& c) {
+    return req.reasoning ? reasoning_split(c.text, req.reasoning_open).content : c.text;
+}
+
 // A chat choice's reply as tools read it (ids unique per response and choice).
 ChatToolReply tool_reply(const ApiRequest& req, const ApiResponseMeta& meta,
                          const ApiChoiceResult& c) {
-    return chat_tools_parse(req.tools->format, c.text, fmt::format("call_{}_{}", meta.id, c.index));
+    return chat_tools_parse(req.tools->format, answer_text(req, c),
+                            fmt::format("call_{}_{}", meta.id, c.index));
 }
 
 nlohmann::json finish_reason(const ApiRequest& req, const ApiResponseMeta& meta,
@@ -290,8 +311,12 @@ nlohmann::json finish_reason(const ApiRequest& req, const ApiResponseMeta& meta,
 nlohmann::json chat_message(const ApiRequest& req, const ApiResponseMeta& meta,
                             const ApiChoiceResult& c, bool delta) {
     nlohmann::json m = {{"role", "assistant"}};
+    if (req.reasoning) {
+        const ReasoningSplit r = reasoning_split(c.text, req.reasoning_open);
+        if (!r.reasoning.empty()) m["reasoning_content"] = r.reasoning;
+    }
     if (!req.tools) {
-        m["content"] = c.text;
+        m["content"] = answer_text(req, c);
         return m;
     }
     const ChatToolReply r = tool_reply(req, meta, c);
@@ -378,6 +403,9 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
         if (format == ApiFormat::OpenAiChat) {
             j["prompt"] = chat_prompt(j, ctx, out.tools);
             d.parse_special = true;
+            out.reasoning = reasoning_wanted(j, ctx);
+            out.reasoning_open =
+                out.reasoning && prompt_opens_reasoning(j["prompt"].get<std::string>());
             if (out.tools && out.tools->format == ToolFormat::Generic) {
                 j["json_schema"] = chat_tools_schema(*out.tools);
             } else if (out.tools) {
@@ -441,9 +469,29 @@ nlohmann::json api_finish_reason(StopReason stop) {
     }
 }
 
+ApiStreamView api_stream_view(const ApiRequest& req, std::string_view reply) {
+    ApiStreamView v;
+    std::string content;
+    if (req.reasoning) {
+        ReasoningSplit r = reasoning_stream(reply, req.reasoning_open);
+        v.reasoning = std::move(r.reasoning);
+        content = std::move(r.content);
+    } else {
+        content = reply;
+    }
+    if (!req.tools) {
+        v.content = std::move(content);
+    } else if (const ToolAnswerPrefix a = tool_stream_content(req.tools->format, content);
+               a.answer) {
+        v.content = a.text;
+    }
+    return v;
+}
+
 nlohmann::json api_stream_chunk(const ApiRequest& req, const ApiResponseMeta& meta, int32_t index,
                                 const std::string& delta, bool first, const Tokenizer& tok,
-                                const std::vector<TokenLogprobs>& logprobs, size_t offset) {
+                                const std::vector<TokenLogprobs>& logprobs, size_t offset,
+                                const std::string& reasoning) {
     std::vector<const TokenLogprobs*> lps;
     for (const TokenLogprobs& lp : logprobs) lps.push_back(&lp);
     if (api_native(req.format)) {
@@ -457,8 +505,11 @@ nlohmann::json api_stream_chunk(const ApiRequest& req, const ApiResponseMeta& me
         {"logprobs", lps.empty() ? nlohmann::json() : logprobs_of(req, {}, lps, offset, tok)},
         {"finish_reason", nullptr}};
     if (req.format == ApiFormat::OpenAiChat) {
-        choice["delta"] = first ? nlohmann::json{{"role", "assistant"}, {"content", delta}}
-                                : nlohmann::json{{"content", delta}};
+        nlohmann::json d = nlohmann::json::object();
+        if (first) d["role"] = "assistant";
+        if (!reasoning.empty()) d["reasoning_content"] = reasoning;
+        if (!delta.empty() || reasoning.empty()) d["content"] = delta;
+        choice["delta"] = std::move(d);
     } else {
         choice["text"] = delta;
     }
@@ -467,16 +518,21 @@ nlohmann::json api_stream_chunk(const ApiRequest& req, const ApiResponseMeta& me
 }
 
 nlohmann::json api_stream_reply_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
-                                      const ApiChoiceResult& c, size_t answer_sent, bool first) {
+                                      const ApiChoiceResult& c, size_t content_sent,
+                                      size_t reasoning_sent, bool first) {
     nlohmann::json delta = chat_message(req, meta, c, /*delta=*/true);
-    // The content not streamed yet (what tool_stream_content showed is a prefix of it).
-    const std::string content =
-        delta["content"].is_string() ? delta["content"].get<std::string>() : "";
-    if (content.size() > answer_sent)
-        delta["content"] = content.substr(answer_sent);
-    else if (delta.contains("tool_calls"))
-        delta.erase("content");
-    else
+    // What was not streamed yet (api_stream_view showed prefixes of these).
+    for (const char* key : {"content", "reasoning_content"}) {
+        const size_t sent = std::string_view(key) == "content" ? content_sent : reasoning_sent;
+        const std::string text =
+            delta.contains(key) && delta[key].is_string() ? delta[key].get<std::string>() : "";
+        if (text.size() > sent)
+            delta[key] = text.substr(sent);
+        else
+            delta.erase(key);
+    }
+    if (!delta.contains("content") && !delta.contains("reasoning_content") &&
+        !delta.contains("tool_calls"))
         return nullptr;
     if (!first) delta.erase("role");
     nlohmann::json j = envelope(req, meta, true);

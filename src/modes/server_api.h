@@ -52,6 +52,9 @@ struct ApiContext {
     // Fill in the middle: the tokens one sequence holds (0: no limit), and --spm-infill.
     int64_t n_ctx_seq = 0;
     bool spm_infill = false;
+    // --reasoning-format deepseek (the default): a chat format that thinks (reasoning.h) has
+    // its replies' reasoning returned apart; none: replies stay whole.
+    bool reasoning = true;
 };
 
 struct ApiRequest {
@@ -71,6 +74,10 @@ struct ApiRequest {
     // Chat with tools: the reply is generated in server_tools.h's JSON format and shown as
     // tool calls or content once the choice ends (streams send no text deltas before).
     std::optional<ChatTools> tools;
+    // Chat replies' reasoning returned apart ("reasoning_content"); the prompt opened the
+    // reasoning block (the reply starts inside it).
+    bool reasoning = false;
+    bool reasoning_open = false;
     bool prompt_list = false;  // "prompt" listed prompts (/completion then answers a list)
     bool truncated = false;    // infill: prefix, suffix or extra files cut to fit the context
 };
@@ -117,9 +124,20 @@ struct ApiResponseMeta {
 // of a choice also carries the role; llama.cpp's: {"content", "stop": false}) and, with
 // logprobs, those of the tokens generated since the last chunk (`offset`: the bytes of the
 // choice's text before them).
+// `reasoning`: reasoning text for the chat delta's "reasoning_content" (its "content" then
+// only when `delta` is not empty).
 nlohmann::json api_stream_chunk(const ApiRequest& req, const ApiResponseMeta& meta, int32_t index,
                                 const std::string& delta, bool first, const Tokenizer& tok,
-                                const std::vector<TokenLogprobs>& logprobs = {}, size_t offset = 0);
+                                const std::vector<TokenLogprobs>& logprobs = {}, size_t offset = 0,
+                                const std::string& reasoning = "");
+
+// With tools or reasoning, what a stream may show of a chat reply so far: its reasoning and
+// its content (prefixes of what the finished reply gives; tool calls show at the end).
+struct ApiStreamView {
+    std::string reasoning;
+    std::string content;
+};
+ApiStreamView api_stream_view(const ApiRequest& req, std::string_view reply);
 
 // A finished sample as the response shows it.
 struct ApiChoiceResult {
@@ -134,12 +152,12 @@ struct ApiChoiceResult {
     std::string stop_word;  // the stop string that ended it ("" for none)
 };
 
-// With tools: the chunk carrying a finished choice's tool calls, or the rest of its answer
-// after the `answer_sent` bytes streamed while it was generated (tool_answer_prefix); sent
-// before its final chunk. null: nothing left to send.
+// With tools or reasoning: the chunk carrying a finished choice's tool calls and the rest of
+// its reasoning and content after the bytes streamed while it was generated
+// (api_stream_view); sent before its final chunk. null: nothing left to send.
 nlohmann::json api_stream_reply_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
-                                      const ApiChoiceResult& choice, size_t answer_sent,
-                                      bool first);
+                                      const ApiChoiceResult& choice, size_t content_sent,
+                                      size_t reasoning_sent, bool first);
 
 // The last streamed chunk of a choice (its finish reason, and the logprobs of its tokens
 // from `logprobs_sent` on; llama.cpp's: the whole result with "stop": true).

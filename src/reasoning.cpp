@@ -1,0 +1,84 @@
+// Reasoning blocks of replies (see reasoning.h).
+#include "reasoning.h"
+
+#include <algorithm>
+
+namespace kvrun {
+namespace {
+
+constexpr std::string_view kOpen = "<think>", kClose = "</think>";
+
+bool is_space(char c) {
+    return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+}
+
+std::string_view trim_left(std::string_view s) {
+    while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+    return s;
+}
+
+std::string_view trim_right(std::string_view s) {
+    while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
+    return s;
+}
+
+// s without an end that may still grow into `tag`.
+std::string_view hold_back(std::string_view s, std::string_view tag) {
+    for (size_t n = std::min(tag.size() - 1, s.size()); n > 0; --n)
+        if (s.substr(s.size() - n) == tag.substr(0, n)) return s.substr(0, s.size() - n);
+    return s;
+}
+
+// Where the reasoning begins in the reply (npos: there is none), and whether the reply is
+// still too short to tell.
+size_t reasoning_start(std::string_view reply, bool opened, bool& undecided) {
+    undecided = false;
+    if (opened) return 0;
+    const std::string_view s = trim_left(reply);
+    if (s.substr(0, kOpen.size()) == kOpen) return reply.size() - s.size() + kOpen.size();
+    undecided = s.size() < kOpen.size() && kOpen.substr(0, s.size()) == s;
+    return std::string_view::npos;
+}
+
+ReasoningSplit split(std::string_view reply, bool opened, bool streaming) {
+    ReasoningSplit out;
+    bool undecided = false;
+    const size_t start = reasoning_start(reply, opened, undecided);
+    if (undecided && streaming) return out;
+    if (start == std::string_view::npos) {
+        out.content = reply;
+        return out;
+    }
+    const std::string_view rest = reply.substr(start);
+    const size_t end = rest.find(kClose);
+    if (end == std::string_view::npos) {
+        const std::string_view shown = streaming ? hold_back(rest, kClose) : rest;
+        out.reasoning = trim_right(trim_left(shown));
+        return out;
+    }
+    out.reasoning = trim_right(trim_left(rest.substr(0, end)));
+    out.content = trim_left(rest.substr(end + kClose.size()));
+    return out;
+}
+
+}  // namespace
+
+bool chat_template_thinks(ChatTemplateKind kind, const JinjaTemplate* jinja) {
+    if (jinja) return jinja->source().find(kOpen) != std::string::npos;
+    return kind == ChatTemplateKind::DeepSeek3;
+}
+
+bool prompt_opens_reasoning(std::string_view prompt) {
+    const std::string_view s = trim_right(prompt);
+    return s.size() >= kOpen.size() && s.substr(s.size() - kOpen.size()) == kOpen;
+}
+
+ReasoningSplit reasoning_split(std::string_view reply, bool opened) {
+    return split(reply, opened, false);
+}
+
+ReasoningSplit reasoning_stream(std::string_view reply, bool opened) {
+    return split(reply, opened, true);
+}
+
+}  // namespace kvrun

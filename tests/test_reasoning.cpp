@@ -1,0 +1,154 @@
+// Reasoning blocks (reasoning.h): replies split into <think> reasoning and the answer, the
+// stream's view always a prefix of the finished split, and over HTTP a thinking template's
+// replies come back with "reasoning_content" apart, streamed the same as whole.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "reasoning.h"
+#include "server_test_util.h"
+
+using namespace kvrun;
+using namespace kvrun::test;
+using nlohmann::json;
+
+TEST_CASE("reasoning: replies split into reasoning and answer") {
+    struct Case {
+        const char* reply;
+        bool opened;
+        const char* reasoning;
+        const char* content;
+    };
+    const Case cases[] = {
+        {"No thinking here.", false, "", "No thinking here."},
+        {"<think>\nWeigh it.\n</think>\n\nIt is 5.", false, "Weigh it.", "It is 5."},
+        {"  <think>a</think>b", false, "a", "b"},
+        {"Weigh it.</think>It is 5.", true, "Weigh it.", "It is 5."},
+        {"\nStill weighing", true, "Still weighing", ""},  // cut short inside
+        {"<think>Still weighing", false, "Still weighing", ""},
+        {"<think></think>Answer", false, "", "Answer"},
+        {"I say <think> late", false, "", "I say <think> late"},  // not first: text
+        {"It is 5.", true, "It is 5.", ""},                       // opened, never closed
+    };
+    for (const Case& c : cases) {
+        CAPTURE(c.reply);
+        const ReasoningSplit r = reasoning_split(c.reply, c.opened);
+        CHECK(r.reasoning == c.reasoning);
+        CHECK(r.content == c.content);
+        // Streamed: every prefix shows a prefix of each final part, and never takes back.
+        size_t shown_r = 0, shown_c = 0;
+        const std::string reply = c.reply;
+        for (size_t n = 0; n <= reply.size(); ++n) {
+            const ReasoningSplit s = reasoning_stream(reply.substr(0, n), c.opened);
+            CHECK(r.reasoning.compare(0, s.reasoning.size(), s.reasoning) == 0);
+            CHECK(r.content.compare(0, s.content.size(), s.content) == 0);
+            CHECK(s.reasoning.size() >= shown_r);
+            CHECK(s.content.size() >= shown_c);
+            shown_r = s.reasoning.size();
+            shown_c = s.content.size();
+        }
+    }
+    // Tags that are not whole yet wait.
+    CHECK(reasoning_stream("<thi", false).content.empty());
+    CHECK(reasoning_stream("Hmm </thi", true).reasoning == "Hmm");
+    CHECK(reasoning_stream("<thumb", false).content == "<thumb");
+
+    CHECK(prompt_opens_reasoning("<|im_start|>assistant\n<think>\n"));
+    CHECK_FALSE(prompt_opens_reasoning("<|im_start|>assistant\n"));
+    CHECK(chat_template_thinks(ChatTemplateKind::DeepSeek3, nullptr));
+    CHECK_FALSE(chat_template_thinks(ChatTemplateKind::ChatML, nullptr));
+    const JinjaTemplate t = JinjaTemplate::parse("{{ '<think>' }}");
+    CHECK(chat_template_thinks(ChatTemplateKind::ChatML, &t));
+}
+
+namespace {
+
+// ChatML whose generation prompt opens a reasoning block (as DeepSeek R1's and Qwen 3's do).
+const char* const kThinkingChatml = R"tmpl({% for m in messages %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+<think>
+{% endif %})tmpl";
+
+struct Streamed {
+    std::string reasoning, content;
+    int reasoning_chunks = 0;
+};
+
+Streamed stream(Running& run, json body) {
+    body["stream"] = true;
+    Streamed s;
+    for (const std::string& e : sse_data(run.post("/v1/chat/completions", body).body)) {
+        if (e == "[DONE]") continue;
+        const json d = json::parse(e)["choices"][0]["delta"];
+        if (d.contains("reasoning_content")) {
+            s.reasoning += d["reasoning_content"].get<std::string>();
+            ++s.reasoning_chunks;
+        }
+        if (d.contains("content") && d["content"].is_string())
+            s.content += d["content"].get<std::string>();
+    }
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("server: reasoning_content apart from the answer, whole and streamed") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, /*n_ctx=*/1024);
+    ServerConfig cfg = s.config();
+    cfg.api.chat_template = ChatTemplateKind::ChatML;
+    cfg.api.chat_stops = chat_stops(ChatTemplateKind::ChatML, *s.m.tokenizer);
+    cfg.api.jinja = std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(kThinkingChatml));
+    Running run(cfg, s);
+    // A grammar makes the story model close its reasoning and answer after it.
+    json body = {{"messages", {{{"role", "user"}, {"content", "Tell me a story."}}}},
+                 {"grammar", R"(root ::= [a-z ]{8,30} "</think>" " " [a-z ]{4,20} ".")"},
+                 {"max_tokens", 120},
+                 {"temperature", 0}};
+    const json m =
+        json::parse(run.post("/v1/chat/completions", body).body)["choices"][0]["message"];
+    REQUIRE(m.contains("reasoning_content"));
+    const std::string reasoning = m["reasoning_content"], content = m["content"];
+    CAPTURE(reasoning);
+    CAPTURE(content);
+    CHECK(reasoning.size() >= 4);
+    CHECK(content.size() >= 5);
+    CHECK(content.back() == '.');
+    CHECK(content.find("think") == std::string::npos);
+    CHECK(reasoning.find("think") == std::string::npos);
+    const Streamed st = stream(run, body);
+    CHECK(st.reasoning == reasoning);
+    CHECK(st.content == content);
+    CHECK(st.reasoning_chunks > 1);  // reasoning streams as it comes
+
+    // reasoning_format "none": one whole content, tag and all.
+    body["reasoning_format"] = "none";
+    const json whole =
+        json::parse(run.post("/v1/chat/completions", body).body)["choices"][0]["message"];
+    CHECK(!whole.contains("reasoning_content"));
+    const std::string all = whole["content"];
+    CHECK(all.find(reasoning + "</think> " + content) != std::string::npos);
+    CHECK(stream(run, body).content == whole["content"].get<std::string>());
+    body["reasoning_format"] = "sideways";
+    CHECK(run.post("/v1/chat/completions", body).status == 400);
+}
+
+TEST_CASE("server: templates that do not think keep replies whole") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, /*n_ctx=*/1024);
+    ServerConfig cfg = s.config();
+    cfg.api.chat_template = ChatTemplateKind::ChatML;
+    cfg.api.chat_stops = chat_stops(ChatTemplateKind::ChatML, *s.m.tokenizer);
+    Running run(cfg, s);
+    const json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                       {"grammar", R"(root ::= "<think>" [a-z ]{3,10} "</think>" [a-z ]{3,10})"},
+                       {"max_tokens", 60},
+                       {"temperature", 0}};
+    const json m =
+        json::parse(run.post("/v1/chat/completions", body).body)["choices"][0]["message"];
+    CHECK(!m.contains("reasoning_content"));
+    CHECK(m["content"].get<std::string>().rfind("<think>", 0) == 0);
+}
