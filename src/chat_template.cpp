@@ -398,20 +398,35 @@ std::vector<std::string> chat_template_stop_strings(ChatTemplateKind kind) {
 std::string chat_template_apply_jinja(const JinjaTemplate& tmpl,
                                       const std::vector<ChatMessage>& messages,
                                       bool add_generation_prompt, const ChatSpecialTexts& special) {
+    return chat_template_apply_jinja(tmpl, chat_messages_json(messages), nullptr,
+                                     add_generation_prompt, special);
+}
+
+nlohmann::ordered_json chat_messages_json(const std::vector<ChatMessage>& messages) {
     nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
     for (const ChatMessage& m : messages)
         msgs.push_back({{"role", m.role}, {"content", m.content}});
-    return chat_template_apply_jinja(tmpl, msgs, nullptr, add_generation_prompt, special);
+    return msgs;
 }
 
 std::string chat_template_apply_jinja(const JinjaTemplate& tmpl,
                                       const nlohmann::ordered_json& messages,
                                       const nlohmann::ordered_json& tools,
-                                      bool add_generation_prompt, const ChatSpecialTexts& special) {
-    const nlohmann::ordered_json context = {
+                                      bool add_generation_prompt, const ChatSpecialTexts& special,
+                                      const nlohmann::ordered_json& kwargs) {
+    nlohmann::ordered_json context = {
         {"messages", messages},     {"add_generation_prompt", add_generation_prompt},
         {"bos_token", special.bos}, {"eos_token", special.eos},
         {"tools", tools},           {"documents", nullptr}};
+    if (!kwargs.is_null()) {
+        if (!kwargs.is_object())
+            fail("chat template kwargs must be a JSON object of variables (got {})", kwargs.dump());
+        for (const auto& [key, value] : kwargs.items()) {
+            if (key == "messages" || key == "tools" || key == "add_generation_prompt")
+                fail("chat template kwargs cannot set '{}'", key);
+            context[key] = value;
+        }
+    }
     // A chat template takes a few steps per message; a model file's template that runs
     // away stops well before the interpreter's default bound (seconds per request).
     JinjaTemplate::Limits limits;
@@ -423,8 +438,10 @@ std::string chat_template_apply_jinja(const JinjaTemplate& tmpl,
 
 std::string chat_template_render(ChatTemplateKind kind, const JinjaTemplate* jinja,
                                  const std::vector<ChatMessage>& messages,
-                                 bool add_generation_prompt, const ChatSpecialTexts& special) {
-    return jinja ? chat_template_apply_jinja(*jinja, messages, add_generation_prompt, special)
+                                 bool add_generation_prompt, const ChatSpecialTexts& special,
+                                 const nlohmann::ordered_json& kwargs) {
+    return jinja ? chat_template_apply_jinja(*jinja, chat_messages_json(messages), nullptr,
+                                             add_generation_prompt, special, kwargs)
                  : chat_template_apply(kind, messages, add_generation_prompt, special);
 }
 

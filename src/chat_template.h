@@ -118,18 +118,25 @@ std::string chat_template_apply_jinja(const JinjaTemplate& tmpl,
                                       const ChatSpecialTexts& special = {});
 // The same with the template's `messages` and `tools` given as JSON (OpenAI's shapes: tool
 // calls and tool results in the conversation, the functions a model may call; tools null for
-// none).
+// none), and more variables for the template in `kwargs` (an object or null; llama.cpp's
+// chat_template_kwargs, e.g. {"enable_thinking": false}). Throws Error for kwargs that are
+// not an object or that set messages, tools or add_generation_prompt.
 std::string chat_template_apply_jinja(const JinjaTemplate& tmpl,
                                       const nlohmann::ordered_json& messages,
                                       const nlohmann::ordered_json& tools,
                                       bool add_generation_prompt,
-                                      const ChatSpecialTexts& special = {});
+                                      const ChatSpecialTexts& special = {},
+                                      const nlohmann::ordered_json& kwargs = nullptr);
+// Messages as the template's `messages` ([{"role", "content"}]).
+nlohmann::ordered_json chat_messages_json(const std::vector<ChatMessage>& messages);
 
 // The conversation in a built-in format (`jinja` null) or through a Jinja template: the one
-// place that chooses between chat_template_apply and chat_template_apply_jinja.
+// place that chooses between chat_template_apply and chat_template_apply_jinja. `kwargs`:
+// more variables for a Jinja template (a built-in format has none to take).
 std::string chat_template_render(ChatTemplateKind kind, const JinjaTemplate* jinja,
                                  const std::vector<ChatMessage>& messages,
-                                 bool add_generation_prompt, const ChatSpecialTexts& special = {});
+                                 bool add_generation_prompt, const ChatSpecialTexts& special = {},
+                                 const nlohmann::ordered_json& kwargs = nullptr);
 
 // The format a command uses, from its options (in this order): --chat-template NAME (a
 // built-in format), --chat-template-file FILE (that Jinja template), --jinja (the model's

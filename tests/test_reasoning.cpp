@@ -152,3 +152,57 @@ TEST_CASE("server: templates that do not think keep replies whole") {
     CHECK(!m.contains("reasoning_content"));
     CHECK(m["content"].get<std::string>().rfind("<think>", 0) == 0);
 }
+
+TEST_CASE("server: chat_template_kwargs reach the template (enable_thinking)") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, /*n_ctx=*/1024);
+    ServerConfig cfg = s.config();
+    cfg.api.chat_template = ChatTemplateKind::ChatML;
+    cfg.api.chat_stops = chat_stops(ChatTemplateKind::ChatML, *s.m.tokenizer);
+    // Qwen 3's switch, in a template written for this test.
+    cfg.api.jinja = std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(
+        R"({% for m in messages %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% if enable_thinking is defined and not enable_thinking %}<think>
+
+</think>
+
+{% else %}<think>
+{% endif %}{% endif %})"));
+    cfg.api.template_kwargs = {{"style", "unused"}};
+    Running run(cfg, s);
+    const json messages = {{{"role", "user"}, {"content", "Tell me a story."}}};
+    auto prompt = [&](const json& extra) {
+        json body = {{"messages", messages}};
+        if (!extra.is_null()) body.update(extra);
+        const HttpReply r = run.post("/apply-template", body);
+        REQUIRE_MESSAGE(r.status == 200, r.body);
+        return json::parse(r.body)["prompt"].get<std::string>();
+    };
+    CHECK(prompt({}).ends_with("<think>\n"));
+    CHECK(prompt({{"chat_template_kwargs", {{"enable_thinking", false}}}})
+              .ends_with("<think>\n\n</think>\n\n"));
+    CHECK(prompt({{"chat_template_kwargs", {{"enable_thinking", true}}}}).ends_with("<think>\n"));
+
+    // Thinking off: the reply is all answer; on (the default), the story is all reasoning.
+    json body = {{"messages", messages}, {"max_tokens", 20}, {"temperature", 0}};
+    json m = json::parse(run.post("/v1/chat/completions", body).body)["choices"][0]["message"];
+    CHECK(m.contains("reasoning_content"));
+    CHECK(m["content"] == "");
+    body["chat_template_kwargs"] = {{"enable_thinking", false}};
+    m = json::parse(run.post("/v1/chat/completions", body).body)["choices"][0]["message"];
+    CHECK(!m.contains("reasoning_content"));
+    CHECK(!m["content"].get<std::string>().empty());
+
+    // Misuse: one clear 400 each.
+    body["chat_template_kwargs"] = "enable_thinking";
+    HttpReply r = run.post("/v1/chat/completions", body);
+    CHECK(r.status == 400);
+    CHECK(r.body.find("must be an object") != std::string::npos);
+    body["chat_template_kwargs"] = {{"messages", json::array()}};
+    r = run.post("/v1/chat/completions", body);
+    CHECK(r.status == 400);
+    CHECK(r.body.find("cannot set 'messages'") != std::string::npos);
+}

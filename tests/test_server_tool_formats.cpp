@@ -132,6 +132,10 @@ TEST_CASE("tool formats: the template writes tools, calls and results as jinja2 
     CHECK(msgs[2]["tool_calls"][0]["function"]["arguments"] == ojson{{"a", 2}, {"b", 3}});
     CHECK(msgs[2]["tool_calls"][0]["id"] == "abcDEF123");
     CHECK(msgs[3]["name"] == "add");
+    ojson with_reasoning = ojson::parse(kHistory);
+    with_reasoning[2]["reasoning_content"] = "Add them.";
+    CHECK(chat_messages_native(with_reasoning)[2]["reasoning_content"] == "Add them.");
+    CHECK(!msgs[2].contains("reasoning_content"));
     CHECK(msgs[3]["tool_call_id"] == "abcDEF123");
     const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "add",
         "description": "Adds.", "parameters": {"type": "object",

@@ -540,6 +540,7 @@ struct ServerOptions {
     bool jinja = false;
     std::string chat_template_file;
     std::string reasoning_format = "deepseek";
+    std::string template_kwargs;  // JSON object text
 };
 
 int run_server(const ServerOptions& o) {
@@ -586,6 +587,19 @@ int run_server(const ServerOptions& o) {
     cfg.api.chat_template = chat.kind;
     cfg.api.jinja = chat.jinja;
     cfg.api.reasoning = o.reasoning_format != "none";
+    if (!o.template_kwargs.empty()) {
+        cfg.api.template_kwargs =
+            nlohmann::ordered_json::parse(o.template_kwargs, nullptr, /*allow_exceptions=*/false);
+        if (!cfg.api.template_kwargs.is_object())
+            throw Error(
+                "--chat-template-kwargs must be a JSON object (got: " + o.template_kwargs + ")",
+                "e.g. --chat-template-kwargs '{\"enable_thinking\": false}'");
+        if (!chat.jinja)
+            fmt::print(stderr,
+                       "kvrun server: --chat-template-kwargs applies to Jinja templates only; "
+                       "the built-in format {} ignores it (add --jinja)\n",
+                       chat.name());
+    }
     cfg.api.special = chat_special_texts(*m.tokenizer);
     cfg.api.chat_stops = chat_stops(cfg.api.chat_template, *m.tokenizer);
     cfg.api.n_ctx_seq = engine.n_ctx();
@@ -656,6 +670,10 @@ void add_server_command(CLI::App& root, int& exit_code) {
                     "the content")
         ->check(CLI::IsMember({"none", "deepseek", "auto"}))
         ->capture_default_str();
+    cmd->add_option("--chat-template-kwargs", o->template_kwargs,
+                    "More variables for the Jinja chat template, as a JSON object (e.g. "
+                    "'{\"enable_thinking\": false}'); a request's chat_template_kwargs add to "
+                    "them");
     cmd->add_option("--pooling", o->pooling,
                     "Pooling of /v1/embeddings: mean, cls or last (default: the model's, mean "
                     "when it has none)")

@@ -38,12 +38,20 @@ std::string chat_prompt(const ojson& j, const ApiContext& ctx,
                         const std::optional<ChatTools>& tools) {
     if (!j.contains("messages"))
         fail("missing field 'messages' (a non-empty list of {{\"role\", \"content\"}})");
+    // Variables for a Jinja template: the server's, then the request's.
+    ojson kwargs = ctx.template_kwargs;
+    if (j.contains("chat_template_kwargs")) {
+        if (!j["chat_template_kwargs"].is_object())
+            fail("'chat_template_kwargs' must be an object of template variables");
+        if (kwargs.is_null()) kwargs = ojson::object();
+        for (const auto& [k, v] : j["chat_template_kwargs"].items()) kwargs[k] = v;
+    }
     if (tools && tools->format != ToolFormat::Generic) {  // the template writes the tools
         const ojson msgs = chat_messages_native(j["messages"]);
         if (msgs.size() > 1 && msgs.back()["role"] == "assistant")
             fail("a conversation ending with the assistant's words cannot use 'tools'");
         return chat_template_apply_jinja(*ctx.jinja, msgs, chat_tools_native_list(*tools), true,
-                                         ctx.special) +
+                                         ctx.special, kwargs) +
                chat_tools_prompt_suffix(*tools);
     }
     std::vector<ChatMessage> msgs = chat_messages_from_json(j["messages"]);
@@ -55,7 +63,8 @@ std::string chat_prompt(const ojson& j, const ApiContext& ctx,
             msgs.insert(msgs.begin(), ChatMessage{"system", text});
     }
     auto render = [&](const std::vector<ChatMessage>& m) {
-        return chat_template_render(ctx.chat_template, ctx.jinja.get(), m, true, ctx.special);
+        return chat_template_render(ctx.chat_template, ctx.jinja.get(), m, true, ctx.special,
+                                    kwargs);
     };
     // A conversation that ends with the assistant's words is continued from them (assistant
     // prefill, as llama.cpp's server): the reply header, then that text, left open.

@@ -55,6 +55,9 @@ struct ApiContext {
     // --reasoning-format deepseek (the default): a chat format that thinks (reasoning.h) has
     // its replies' reasoning returned apart; none: replies stay whole.
     bool reasoning = true;
+    // --chat-template-kwargs: more variables for a Jinja template (an object, or null); a
+    // request's "chat_template_kwargs" add to them.
+    nlohmann::ordered_json template_kwargs;
 };
 
 struct ApiRequest {

@@ -202,6 +202,10 @@ ojson chat_messages_native(const ojson& messages) {
         std::string role = m["role"].get<std::string>();
         if (role == "developer") role = "system";
         ojson msg = {{"role", role}, {"content", message_text(m, i)}};
+        // An earlier reply's reasoning, as a client sends it back (Qwen 3's template reads it).
+        if (role == "assistant" && m.contains("reasoning_content") &&
+            m["reasoning_content"].is_string())
+            msg["reasoning_content"] = m["reasoning_content"];
         if (role == "tool") {
             const std::string id = m.value("tool_call_id", "");
             if (!id.empty()) msg["tool_call_id"] = id;

@@ -79,7 +79,8 @@ std::vector<ChatMessage> chat_messages_from_json(const nlohmann::ordered_json& m
 
 // The request's "messages" as a Jinja template's `messages`: OpenAI's shape kept for tool
 // calls (arguments as objects) and tool results ("tool_call_id", and "name" from the call it
-// answers); text parts joined; "developer" is "system". Throws Error as
+// answers); an assistant's "reasoning_content" kept; text parts joined; "developer" is
+// "system". Throws Error as
 // chat_messages_from_json.
 nlohmann::ordered_json chat_messages_native(const nlohmann::ordered_json& messages);
 
