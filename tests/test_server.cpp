@@ -557,6 +557,17 @@ TEST_CASE("server: an API key is required when set") {
     CHECK(run.get("/health").status == 200);  // health needs no key
 }
 
+TEST_CASE("server: GET / is the chat page, which shows reasoning apart") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path);
+    Running run(s.config(), s);
+    const HttpReply r = run.get("/");
+    CHECK(r.status == 200);
+    CHECK(r.body.find("v1/chat/completions") != std::string::npos);
+    CHECK(r.body.find("delta.reasoning_content") != std::string::npos);
+}
+
 TEST_CASE("server: --no-webui leaves GET / unanswered") {
     const std::string path = model_path();
     if (path.empty()) return;

@@ -22,6 +22,8 @@ const char* server_ui_html() {
          border-radius: 8px; }
   .user { background: #e3f2fd; } .assistant { background: #fff; border: 1px solid #ddd; }
   .error { background: #ffebee; }
+  .thinking { color: #78909c; font-style: italic; border-left: 3px solid #cfd8dc;
+              padding-left: 8px; margin-bottom: 6px; }
   form { display: flex; gap: 8px; padding: 12px 16px; background: #eceff1; }
   textarea { flex: 1; font: inherit; padding: 8px; resize: vertical; min-height: 2.5em; }
   button { font: inherit; padding: 0 16px; }
@@ -56,9 +58,13 @@ async function ask(text) {
   messages.push({role: 'user', content: text});
   add('user', text);
   const out = add('assistant', '');
+  // A thinking model's reasoning (reasoning_content deltas) shows above its answer.
+  const thinking = document.createElement('div'), answer = document.createElement('div');
+  thinking.className = 'thinking';
+  out.append(thinking, answer);
   busy = new AbortController();
   send.textContent = 'Stop';
-  let reply = '', n = 0;
+  let reply = '', reasoning = '', n = 0;
   const t0 = performance.now();
   try {
     const post = () => fetch('v1/chat/completions', {
@@ -84,9 +90,14 @@ async function ask(text) {
         const j = JSON.parse(ev.slice(6));
         if (j.error) throw new Error(j.error.message);
         const c = j.choices && j.choices[0];
+        if (c && c.delta && c.delta.reasoning_content) {
+          reasoning += c.delta.reasoning_content; n++;
+          thinking.textContent = reasoning;
+          log.scrollTop = log.scrollHeight;
+        }
         if (c && c.delta && c.delta.content) {
           reply += c.delta.content; n++;
-          out.textContent = reply;
+          answer.textContent = reply;
           log.scrollTop = log.scrollHeight;
         }
       }
@@ -95,6 +106,7 @@ async function ask(text) {
   } catch (e) {
     if (e.name !== 'AbortError') { out.className = 'msg error'; out.textContent = String(e.message || e); }
   }
+  if (!reasoning) thinking.remove();
   messages.push({role: 'assistant', content: reply});
   busy = null;
   send.textContent = 'Send';
