@@ -96,7 +96,7 @@ class Backend {
     // Installs (or, empty, removes) an observer of every weight product; false when the
     // backend cannot (the CUDA backend).
     virtual bool set_matmul_observer(MatmulObserver observer) { return !observer; }
-    // The same for layer outputs (false: the CUDA backend cannot).
+    // The same for layer outputs (false: a backend that cannot; the CPU and CUDA ones can).
     virtual bool set_layer_observer(LayerObserver observer) { return !observer; }
     // Executes the block table's queued copies (copy-on-write, stage restores; see
     // BlockCopy) on every layer's K and V. Throws Error for ids outside the pool.

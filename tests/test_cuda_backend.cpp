@@ -898,6 +898,49 @@ TEST_CASE("cuda matmul observer (imatrix) sees the cpu backend's activations") {
     }
 }
 
+TEST_CASE("cuda layer observer (cvector-generator) sees the cpu backend's layer outputs") {
+    for (const char* name : kModels) {
+        CAPTURE(name);
+        CpuGpu pair = cpu_and_gpu(name);
+        if (!pair.file) continue;
+        const ModelConfig& c = pair.cpu->config();
+        std::vector<int32_t> prompt;
+        for (int32_t i = 0; i < 24; ++i) prompt.push_back(int32_t((i * 37 + 11) % c.n_vocab));
+        const std::vector<std::vector<int32_t>> tables = {{3, 0, 5, 1}};
+        // Per backend, per pass (a prefill, then a decode step), per layer: the rows seen.
+        std::vector<std::vector<std::vector<std::vector<float>>>> seen(2);
+        int b = 0;
+        for (Backend* be : {pair.cpu.get(), pair.gpu.get()}) {
+            auto& passes = seen[size_t(b++)];
+            REQUIRE(be->set_layer_observer([&](int32_t layer, const float* x, int64_t rows) {
+                if (layer == 0) passes.emplace_back();
+                CHECK(size_t(layer) == passes.back().size());  // layers in order
+                passes.back().emplace_back(x, x + rows * c.n_embd);
+            }));
+            const auto prefill = logits_of(*be, batch_of(prompt, 0, 0, tables));
+            const auto decode = logits_of(*be, batch_of({7}, 24, 0, tables));
+            REQUIRE(be->set_layer_observer({}));
+            // Observing changes nothing, and without it nothing more is seen.
+            const size_t n_passes = passes.size();
+            CHECK(nmse(logits_of(*be, batch_of({7}, 24, 0, tables)), decode) < 1e-6);
+            CHECK(passes.size() == n_passes);
+            (void)prefill;
+        }
+        REQUIRE(seen[0].size() == 2);
+        REQUIRE(seen[1].size() == 2);
+        for (size_t p = 0; p < 2; ++p)
+            for (int64_t l = 0; l < c.n_layer; ++l) {
+                CAPTURE(p);
+                CAPTURE(l);
+                const auto& cpu_rows = seen[0][p][size_t(l)];
+                const auto& gpu_rows = seen[1][p][size_t(l)];
+                REQUIRE(gpu_rows.size() == cpu_rows.size());
+                CHECK(gpu_rows.size() == size_t((p == 0 ? 24 : 1) * c.n_embd));
+                CHECK(nmse(gpu_rows, cpu_rows) < 1e-3);
+            }
+    }
+}
+
 TEST_CASE("cuda backend applies control vectors like the cpu backend") {
     // Directions on two layers of a Q4_K_M llama (one file at scale 1.5, one with a layer
     // range), through a prefill (GEMM, eager) and decode steps (GEMV, graphs).

@@ -264,6 +264,13 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
                              c.norm_eps, s);
         else
             cuda_add(x_, xb_, T * c.n_embd, s);
+        if (layer_observer_) {  // x_ now holds the layer's output
+            observed_.resize(size_t(T * c.n_embd));
+            CUDA_CHECK(cudaMemcpyAsync(observed_.data(), x_, observed_.size() * sizeof(float),
+                                       cudaMemcpyDeviceToHost, s));
+            CUDA_CHECK(cudaStreamSynchronize(s));
+            layer_observer_(static_cast<int32_t>(l), observed_.data(), T);
+        }
     }
     if (R == 0) return;
     // Final norm and output projection only for the rows that need logits.
@@ -280,7 +287,8 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
 // Runs the step: eagerly, or from a CUDA graph for decode-sized batches (captured on the
 // second eager-free occurrence of a shape, so the first run sizes the scratch buffers).
 void CudaBackend::run_step(int64_t T, int64_t R, int64_t max_blocks) {
-    if (!use_graphs_ || T > kGraphMaxTokens || hidden_only_ || observer_) {  // eager
+    if (!use_graphs_ || T > kGraphMaxTokens || hidden_only_ || observer_ ||
+        layer_observer_) {  // eager
         enqueue_forward(T, R, max_blocks);
         return;
     }

@@ -127,6 +127,10 @@ class CudaBackend final : public Backend {
     void forward(const ForwardBatch& batch, float* logits) override;
     void forward_embeddings(const ForwardBatch& batch, float* out) override;
     bool set_matmul_observer(MatmulObserver observer) override;
+    bool set_layer_observer(LayerObserver observer) override {
+        layer_observer_ = std::move(observer);
+        return true;
+    }
     bool samples_on_device() const override { return true; }
     void forward_sample(const ForwardBatch& batch, const std::vector<RowSampling>& rows,
                         int32_t* tokens) override;
@@ -228,6 +232,8 @@ class CudaBackend final : public Backend {
     MatmulObserver observer_;
     std::unordered_map<const void*, const void*> host_of_;
     std::vector<float> observed_;
+    // set_layer_observer: shown each layer's output (copied to observed_; runs are eager).
+    LayerObserver layer_observer_;
     float* logits_ = nullptr;  // [R][n_vocab]
     // Batch metadata on the device (int32): tokens, positions, seq, slot, stage [token_cap_]
     // each, logit rows [row_cap_], block tables [table_cap_].

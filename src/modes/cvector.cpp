@@ -1,6 +1,6 @@
 // `kvrun cvector-generator`: llama-cvector-generator. Reads pairs of prompts (line i of the
 // positive file with line i of the negative file), takes the difference of their last tokens'
-// layer outputs (CPU backend), and writes the per-layer directions as a control vector for
+// layer outputs (CPU or CUDA backend), and writes the per-layer directions as a control vector for
 // --control-vector / --control-vector-scaled (cvector_generator.h).
 #include <fmt/core.h>
 
@@ -43,7 +43,6 @@ int run_cvector(CvectorOptions o) {
             fmt::format("{} has {} prompts but {} has {}: line i of one pairs with line "
                         "i of the other",
                         o.positive_file, pos.size(), o.negative_file, neg.size()));
-    if (o.model.device.empty() || o.model.device == "auto") o.model.device = "cpu";
     LoadedModel m = load_model(o.model, 1);
     const Tokenizer& tok = *m.tokenizer;
     auto encode = [&](const std::vector<std::string>& texts) {
@@ -72,7 +71,7 @@ void add_cvector_command(CLI::App& root, int& exit_code) {
     CLI::App* cmd =
         root.add_subcommand("cvector-generator",
                             "Make a control vector from pairs of positive and negative prompts "
-                            "(llama-cvector-generator; CPU)");
+                            "(llama-cvector-generator)");
     cmd->alias("cvector");
     add_model_options(cmd, o->model);
     cmd->add_option("--positive-file", o->positive_file,
