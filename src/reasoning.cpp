@@ -3,24 +3,12 @@
 
 #include <algorithm>
 
+#include "unicode_text.h"
+
 namespace kvrun {
 namespace {
 
 constexpr std::string_view kOpen = "<think>", kClose = "</think>";
-
-bool is_space(char c) {
-    return c == ' ' || c == '\n' || c == '\t' || c == '\r';
-}
-
-std::string_view trim_left(std::string_view s) {
-    while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-    return s;
-}
-
-std::string_view trim_right(std::string_view s) {
-    while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
-    return s;
-}
 
 // s without an end that may still grow into `tag`.
 std::string_view hold_back(std::string_view s, std::string_view tag) {
@@ -34,7 +22,7 @@ std::string_view hold_back(std::string_view s, std::string_view tag) {
 size_t reasoning_start(std::string_view reply, bool opened, bool& undecided) {
     undecided = false;
     if (opened) return 0;
-    const std::string_view s = trim_left(reply);
+    const std::string_view s = trim_space_left(reply);
     if (s.substr(0, kOpen.size()) == kOpen) return reply.size() - s.size() + kOpen.size();
     undecided = s.size() < kOpen.size() && kOpen.substr(0, s.size()) == s;
     return std::string_view::npos;
@@ -53,11 +41,11 @@ ReasoningSplit split(std::string_view reply, bool opened, bool streaming) {
     const size_t end = rest.find(kClose);
     if (end == std::string_view::npos) {
         const std::string_view shown = streaming ? hold_back(rest, kClose) : rest;
-        out.reasoning = trim_right(trim_left(shown));
+        out.reasoning = trim_space_right(trim_space_left(shown));
         return out;
     }
-    out.reasoning = trim_right(trim_left(rest.substr(0, end)));
-    out.content = trim_left(rest.substr(end + kClose.size()));
+    out.reasoning = trim_space_right(trim_space_left(rest.substr(0, end)));
+    out.content = trim_space_left(rest.substr(end + kClose.size()));
     return out;
 }
 
@@ -69,7 +57,7 @@ bool chat_template_thinks(ChatTemplateKind kind, const JinjaTemplate* jinja) {
 }
 
 bool prompt_opens_reasoning(std::string_view prompt) {
-    const std::string_view s = trim_right(prompt);
+    const std::string_view s = trim_space_right(prompt);
     return s.size() >= kOpen.size() && s.substr(s.size() - kOpen.size()) == kOpen;
 }
 

@@ -125,4 +125,20 @@ std::string utf8_take_complete(std::string& pending, bool final) {
     return out;
 }
 
+namespace {
+bool ascii_space(char c) {
+    return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+}
+}  // namespace
+
+std::string_view trim_space_left(std::string_view s) {
+    while (!s.empty() && ascii_space(s.front())) s.remove_prefix(1);
+    return s;
+}
+
+std::string_view trim_space_right(std::string_view s) {
+    while (!s.empty() && ascii_space(s.back())) s.remove_suffix(1);
+    return s;
+}
+
 }  // namespace kvrun

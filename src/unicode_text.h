@@ -35,4 +35,8 @@ bool utf8_is_valid(std::string_view text);
 // completed by later bytes stays in `pending`, unless `final`, when it becomes U+FFFD too.
 std::string utf8_take_complete(std::string& pending, bool final);
 
+// s without leading (trailing) ASCII white space: space, tab, CR, LF.
+std::string_view trim_space_left(std::string_view s);
+std::string_view trim_space_right(std::string_view s);
+
 }  // namespace kvrun

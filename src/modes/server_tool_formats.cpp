@@ -8,6 +8,7 @@
 #include "json_schema.h"
 #include "modes/server_tools.h"
 #include "tokenizer.h"
+#include "unicode_text.h"
 
 namespace kvrun {
 namespace {
@@ -16,20 +17,6 @@ using ojson = nlohmann::ordered_json;
 
 constexpr std::string_view kHermesOpen = "<tool_call>", kHermesClose = "</tool_call>";
 constexpr std::string_view kMistralCalls = "[TOOL_CALLS]", kPythonTag = "<|python_tag|>";
-
-bool is_space(char c) {
-    return c == ' ' || c == '\n' || c == '\t' || c == '\r';
-}
-
-std::string_view trim_left(std::string_view s) {
-    while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-    return s;
-}
-
-std::string_view trim_right(std::string_view s) {
-    while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
-    return s;
-}
 
 // A message's text: a string, or text parts joined (other parts refused).
 ojson message_text(const ojson& m, size_t index) {
@@ -123,16 +110,17 @@ ChatToolReply parse_hermes(const std::string& text) {
         if (end == std::string::npos) break;
         at = end + kHermesClose.size();
     }
-    out.content = out.calls.empty() ? text : std::string(trim_right(text.substr(0, first)));
+    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, first)));
     return out;
 }
 
 ChatToolReply parse_llama3(const std::string& text) {
     ChatToolReply out;
-    std::string_view s = trim_left(text);
-    if (s.substr(0, kPythonTag.size()) == kPythonTag) s = trim_left(s.substr(kPythonTag.size()));
+    std::string_view s = trim_space_left(text);
+    if (s.substr(0, kPythonTag.size()) == kPythonTag)
+        s = trim_space_left(s.substr(kPythonTag.size()));
     ToolCall call;
-    const ojson j = ojson::parse(trim_right(s), nullptr, false);
+    const ojson j = ojson::parse(trim_space_right(s), nullptr, false);
     if (read_call(j, call))
         out.calls.push_back(call);
     else
@@ -142,10 +130,10 @@ ChatToolReply parse_llama3(const std::string& text) {
 
 ChatToolReply parse_mistral(const std::string& text) {
     ChatToolReply out;
-    std::string_view s = trim_left(text);
+    std::string_view s = trim_space_left(text);
     if (s.substr(0, kMistralCalls.size()) == kMistralCalls)
-        s = trim_left(s.substr(kMistralCalls.size()));
-    const ojson j = ojson::parse(trim_right(s), nullptr, false);
+        s = trim_space_left(s.substr(kMistralCalls.size()));
+    const ojson j = ojson::parse(trim_space_right(s), nullptr, false);
     if (j.is_array())
         for (const ojson& c : j) {
             ToolCall call;
@@ -331,12 +319,12 @@ ToolAnswerPrefix tool_stream_content(ToolFormat format, std::string_view reply) 
                         shown.remove_suffix(n);
                         break;
                     }
-            out.text = trim_right(shown);
+            out.text = trim_space_right(shown);
             return out;
         }
         case ToolFormat::Llama3:
         case ToolFormat::MistralNemo: {
-            const std::string_view s = trim_left(reply);
+            const std::string_view s = trim_space_left(reply);
             if (s.empty()) {
                 out.decided = false;
                 return out;
