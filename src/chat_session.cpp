@@ -17,36 +17,15 @@ ContextOverflow context_overflow_from_name(std::string_view name) {
                 "use --context-overflow stop, shift or sinks");
 }
 
-ChatSpecialTexts chat_special_texts(const Tokenizer& tok) {
-    ChatSpecialTexts t;
-    if (tok.bos() >= 0) t.bos = tok.token_text(tok.bos());
-    if (tok.eos() >= 0) t.eos = tok.token_text(tok.eos());
-    return t;
-}
-
-ChatStops chat_stops(ChatTemplateKind kind, const Tokenizer& tok) {
-    ChatStops out;
-    for (const std::string& s : chat_template_stop_strings(kind)) {
-        const TokenId id = tok.find_token(s);
-        if (id >= 0)
-            out.tokens.push_back(id);
-        else
-            out.strings.push_back(s);
-    }
-    return out;
-}
-
 std::string ChatSession::format(const std::vector<ChatMessage>& msgs) const {
-    return chat_template_render(cfg_.kind, cfg_.jinja.get(), msgs, true, special_);
+    return format_.render(msgs, true);
 }
 
 ChatSession::ChatSession(Engine& engine, const Tokenizer& tok, ChatConfig config)
     : engine_(engine), tok_(tok), cfg_(std::move(config)) {
     if (cfg_.n_sink < 0) fail("the number of sink tokens must be >= 0 (got {})", cfg_.n_sink);
-    special_ = chat_special_texts(tok_);
-    ChatStops stops = chat_stops(cfg_.kind, tok_);
-    stop_tokens_ = std::move(stops.tokens);
-    stop_strings_ = std::move(stops.strings);
+    format_ = chat_format_make(cfg_.chat_template, tok_);
+    stop_strings_ = format_.stops.strings;
     for (const std::string& s : cfg_.stop)
         if (!s.empty()) stop_strings_.push_back(s);
     session_ = engine_.open_session();
@@ -174,7 +153,7 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
         std::vector<ChatMessage> msgs = history_;
         msgs.push_back(msg);
         add = encode(format(msgs), true);
-    } else if (cfg_.jinja) {
+    } else if (format_.jinja) {
         // The session holds the text of the last prompt plus the reply. When the whole
         // conversation's rendering continues that text, prefill the rest (as the built-in
         // formats' delta); otherwise the template rewrote earlier turns: start over.
@@ -193,8 +172,9 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
             add = encode(full, true);
         }
     } else {
-        std::string text = reply_open_ ? chat_template_assistant_suffix(cfg_.kind, special_) : "";
-        text += chat_template_apply_delta(cfg_.kind, history_, msg, special_);
+        std::string text =
+            reply_open_ ? chat_template_assistant_suffix(format_.kind, format_.special) : "";
+        text += chat_template_apply_delta(format_.kind, history_, msg, format_.special);
         add = encode(text, false);
     }
     turn.n_appended = static_cast<int32_t>(add.size());
@@ -260,7 +240,7 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
         req.sampling = cfg_.sampling;
         req.sampling.seed += 0x9E3779B97F4A7C15ull * n_redraws_;  // regenerate(): a new draw
         req.ignore_eos = cfg_.ignore_eos;
-        if (!cfg_.ignore_eos) req.stop_tokens = stop_tokens_;
+        if (!cfg_.ignore_eos) req.stop_tokens = format_.stops.tokens;
         req.stop_strings = stop_strings_;
         req.grammar = cfg_.grammar;
         if (req.grammar) req.grammar_prefix = reply_tokens;  // a continued reply

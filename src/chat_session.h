@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "chat_format.h"
 #include "chat_template.h"
 #include "engine.h"
 #include "tokenizer.h"
@@ -29,12 +30,12 @@ enum class ContextOverflow { Stop, Shift, Sinks };
 ContextOverflow context_overflow_from_name(std::string_view name);  // throws Error
 
 struct ChatConfig {
-    ChatTemplateKind kind = ChatTemplateKind::Plain;
-    // Set: conversations are rendered by this Jinja template (kind then only names the
-    // end-of-turn texts). Each message re-renders the whole conversation and prefills what
-    // follows the tokens the session holds (all of it, helped by the prefix cache, when the
-    // template rewrote earlier turns).
-    std::shared_ptr<const JinjaTemplate> jinja;
+    // The chat format as chat_template_choose picks it (its note unused); the session adds
+    // the vocabulary's special texts and end-of-turn stops (chat_format_make). With a Jinja
+    // template each message re-renders the whole conversation and prefills what follows the
+    // tokens the session holds (all of it, helped by the prefix cache, when the template
+    // rewrote earlier turns).
+    ChatTemplateChoice chat_template;
     std::string system;      // system prompt ("" for none)
     int32_t n_predict = -1;  // max reply tokens (< 0: until the end of turn)
     SamplingParams sampling;
@@ -62,17 +63,6 @@ struct ChatTurnStats {
     StopReason stop = StopReason::None;
     GenerationTimings timings;  // of the first request of the turn
 };
-
-// The vocabulary's BOS/EOS texts for the formats that write them.
-ChatSpecialTexts chat_special_texts(const Tokenizer& tok);
-
-// What ends an assistant reply in a format: its end-of-turn texts that are one token of the
-// vocabulary stop on that id; the others are looked for in the decoded text.
-struct ChatStops {
-    std::vector<TokenId> tokens;
-    std::vector<std::string> strings;
-};
-ChatStops chat_stops(ChatTemplateKind kind, const Tokenizer& tok);
 
 class ChatSession {
   public:
@@ -106,7 +96,7 @@ class ChatSession {
     int32_t n_cached_tokens() const;             // of which the KV cache holds
     const std::vector<ChatMessage>& messages() const { return history_; }
     const ChatConfig& config() const { return cfg_; }
-    const std::vector<TokenId>& stop_tokens() const { return stop_tokens_; }
+    const std::vector<TokenId>& stop_tokens() const { return format_.stops.tokens; }
     const std::vector<std::string>& stop_strings() const { return stop_strings_; }
 
   private:
@@ -122,10 +112,10 @@ class ChatSession {
     Engine& engine_;
     const Tokenizer& tok_;
     ChatConfig cfg_;
-    ChatSpecialTexts special_;
-    std::vector<TokenId> stop_tokens_;       // end-of-turn ids of the template
-    std::vector<std::string> stop_strings_;  // end-of-turn texts that are not one token
-    std::vector<ChatMessage> history_;       // system (if any), then user/assistant turns
+    ChatFormat format_;  // cfg_.chat_template with the vocabulary's texts and end-of-turn ids
+    // The format's end-of-turn texts that are not one token, then cfg_.stop.
+    std::vector<std::string> stop_strings_;
+    std::vector<ChatMessage> history_;  // system (if any), then user/assistant turns
     int32_t session_ = -1;
     bool reply_open_ = false;  // the last reply's closing text is not in the sequence yet
     ChatTurnStats last_;

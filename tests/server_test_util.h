@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "chat_format.h"
 #include "engine.h"
 #include "http_client.h"
 #include "modes/model_options.h"
@@ -45,11 +46,23 @@ struct Served {
         c.http.port = 0;
         c.api.model_id = "stories";
         c.api.defaults.n_predict = 32;
-        c.api.chat_template = ChatTemplateKind::Plain;
-        c.api.special = chat_special_texts(*m.tokenizer);
-        c.api.chat_stops = chat_stops(ChatTemplateKind::Plain, *m.tokenizer);
+        set_chat(c, ChatTemplateKind::Plain);
         c.api.n_ctx_seq = engine->n_ctx();
         return c;
+    }
+    // The chat format `kind` (its end-of-turn texts stop replies), rendered by `jinja` when
+    // set, with the model's special texts.
+    ChatFormat chat_format(ChatTemplateKind kind,
+                           std::shared_ptr<const JinjaTemplate> jinja = nullptr) const {
+        ChatTemplateChoice choice;
+        choice.kind = kind;
+        choice.jinja = std::move(jinja);
+        return chat_format_make(choice, *m.tokenizer);
+    }
+    // Serves chats in that format.
+    void set_chat(ServerConfig& c, ChatTemplateKind kind,
+                  std::shared_ptr<const JinjaTemplate> jinja = nullptr) const {
+        c.api.chat = chat_format(kind, std::move(jinja));
     }
     // What the engine alone generates (greedy) for a prompt text, as the API shows it.
     std::string reference(const std::string& prompt, int32_t n_predict,

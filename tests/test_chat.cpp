@@ -448,8 +448,9 @@ TEST_CASE(
     ChatSpecialTexts special;
     special.bos = m.tok->token_text(m.tok->bos());
     special.eos = m.tok->token_text(m.tok->eos());
-    const auto prompt = m.tok->encode(chat_template_apply(cfg.kind, rebuilt, true, special),
-                                      m.tok->add_bos(), true);
+    const auto prompt =
+        m.tok->encode(chat_template_apply(cfg.chat_template.kind, rebuilt, true, special),
+                      m.tok->add_bos(), true);
     CHECK(chat.last_turn().n_prefilled == int32_t(prompt.size()));
     const auto want = fresh_reply(m, prompt, cfg.n_predict, chat.stop_strings());
     std::string want_text = m.tok->decode(want, false);

@@ -142,8 +142,7 @@ TEST_CASE("jinja: the server and a multi-turn chat give what the built-in format
     Served s(path, /*n_ctx=*/1024, /*parallel=*/2);
     const auto chatml = std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(kChatmlJinja));
     ServerConfig cfg = s.config();
-    cfg.api.chat_template = ChatTemplateKind::ChatML;
-    cfg.api.chat_stops = chat_stops(ChatTemplateKind::ChatML, *s.m.tokenizer);
+    s.set_chat(cfg, ChatTemplateKind::ChatML);
     const json body = {{"messages",
                         {{{"role", "system"}, {"content", "You tell stories."}},
                          {{"role", "user"}, {"content", "Tell me about a cat."}}}},
@@ -154,7 +153,7 @@ TEST_CASE("jinja: the server and a multi-turn chat give what the built-in format
         Running run(cfg, s);
         builtin = json::parse(run.post("/v1/chat/completions", body).body);
     }
-    cfg.api.jinja = chatml;
+    cfg.api.chat.jinja = chatml;
     {
         Running run(cfg, s);
         jinja = json::parse(run.post("/v1/chat/completions", body).body);
@@ -170,7 +169,7 @@ TEST_CASE("jinja: the server and a multi-turn chat give what the built-in format
     // Multi-turn: the same replies and the same conversation tokens, each turn prefilling
     // only its new tokens.
     ChatConfig cc;
-    cc.kind = ChatTemplateKind::ChatML;
+    cc.chat_template.kind = ChatTemplateKind::ChatML;
     cc.n_predict = 12;
     cc.sampling.temperature = 0;
     cc.system = "You tell stories.";
@@ -189,7 +188,7 @@ TEST_CASE("jinja: the server and a multi-turn chat give what the built-in format
     };
     const auto [want, want_tokens] = talk(cc, nullptr);
     ChatConfig cj = cc;
-    cj.jinja = chatml;
+    cj.chat_template.jinja = chatml;
     std::vector<ChatTurnStats> stats;
     const auto [got, got_tokens] = talk(cj, &stats);
     CHECK(got == want);
@@ -198,16 +197,18 @@ TEST_CASE("jinja: the server and a multi-turn chat give what the built-in format
 
     // A template that rewrites earlier replies: the model sees exactly its rendering.
     ChatConfig cr = cc;
-    cr.jinja = std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(kRewritingJinja));
+    cr.chat_template.jinja =
+        std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(kRewritingJinja));
     ChatSession chat(*s.engine, *s.m.tokenizer, cr);
     for (const std::string& t : turns) {
         chat.send(
             t, [](std::string_view) {}, [](std::string_view) {});
         std::vector<ChatMessage> before = chat.messages();
         before.pop_back();  // the reply
-        const std::vector<TokenId> prompt = s.m.tokenizer->encode(
-            chat_template_apply_jinja(*cr.jinja, before, true, chat_special_texts(*s.m.tokenizer)),
-            s.m.tokenizer->add_bos(), true);
+        const std::vector<TokenId> prompt =
+            s.m.tokenizer->encode(chat_template_apply_jinja(*cr.chat_template.jinja, before, true,
+                                                            chat_special_texts(*s.m.tokenizer)),
+                                  s.m.tokenizer->add_bos(), true);
         REQUIRE(chat.tokens().size() >= prompt.size());
         CHECK(std::equal(prompt.begin(), prompt.end(), chat.tokens().begin()));
     }
@@ -218,11 +219,9 @@ TEST_CASE("JSONL requests (run --jsonl, batch) take 'messages' in the model's ch
     if (path.empty()) return;
     Served s(path, 512, 1);
     const Tokenizer& tok = *s.m.tokenizer;
-    auto chat = std::make_shared<RequestChat>();
-    chat->kind = ChatTemplateKind::ChatML;
-    chat->jinja = std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(kChatmlJinja));
-    chat->special = chat_special_texts(tok);
-    chat->stops = chat_stops(ChatTemplateKind::ChatML, tok);
+    const auto chat = std::make_shared<const ChatFormat>(
+        s.chat_format(ChatTemplateKind::ChatML,
+                      std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(kChatmlJinja))));
     RequestDefaults d;
     d.chat = chat;
     const std::vector<ChatMessage> msgs = {{"system", "Be brief."}, {"user", "Hi"}};

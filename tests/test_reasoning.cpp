@@ -98,9 +98,8 @@ TEST_CASE("server: reasoning_content apart from the answer, whole and streamed")
     if (path.empty()) return;
     Served s(path, /*n_ctx=*/1024);
     ServerConfig cfg = s.config();
-    cfg.api.chat_template = ChatTemplateKind::ChatML;
-    cfg.api.chat_stops = chat_stops(ChatTemplateKind::ChatML, *s.m.tokenizer);
-    cfg.api.jinja = std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(kThinkingChatml));
+    s.set_chat(cfg, ChatTemplateKind::ChatML,
+               std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(kThinkingChatml)));
     Running run(cfg, s);
     // A grammar makes the story model close its reasoning and answer after it.
     json body = {{"messages", {{{"role", "user"}, {"content", "Tell me a story."}}}},
@@ -140,8 +139,7 @@ TEST_CASE("server: templates that do not think keep replies whole") {
     if (path.empty()) return;
     Served s(path, /*n_ctx=*/1024);
     ServerConfig cfg = s.config();
-    cfg.api.chat_template = ChatTemplateKind::ChatML;
-    cfg.api.chat_stops = chat_stops(ChatTemplateKind::ChatML, *s.m.tokenizer);
+    s.set_chat(cfg, ChatTemplateKind::ChatML);
     Running run(cfg, s);
     const json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
                        {"grammar", R"(root ::= "<think>" [a-z ]{3,10} "</think>" [a-z ]{3,10})"},
@@ -158,10 +156,9 @@ TEST_CASE("server: chat_template_kwargs reach the template (enable_thinking)") {
     if (path.empty()) return;
     Served s(path, /*n_ctx=*/1024);
     ServerConfig cfg = s.config();
-    cfg.api.chat_template = ChatTemplateKind::ChatML;
-    cfg.api.chat_stops = chat_stops(ChatTemplateKind::ChatML, *s.m.tokenizer);
+    s.set_chat(cfg, ChatTemplateKind::ChatML);
     // Qwen 3's switch, in a template written for this test.
-    cfg.api.jinja = std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(
+    cfg.api.chat.jinja = std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(
         R"({% for m in messages %}<|im_start|>{{ m.role }}
 {{ m.content }}<|im_end|>
 {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant

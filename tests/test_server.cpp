@@ -20,7 +20,7 @@
 #include <regex>
 #include <thread>
 
-#include "chat_session.h"
+#include "chat_template.h"
 #include "common.h"
 #include "embedding.h"
 #include "engine_worker.h"
@@ -285,8 +285,7 @@ TEST_CASE("server: chat completions, llama.cpp endpoints, multiple samples and l
     if (path.empty()) return;
     Served s(path);
     ServerConfig cfg = s.config();
-    cfg.api.chat_template = ChatTemplateKind::ChatML;
-    cfg.api.chat_stops = chat_stops(ChatTemplateKind::ChatML, *s.m.tokenizer);
+    s.set_chat(cfg, ChatTemplateKind::ChatML);
     const std::vector<ChatMessage> msgs = {{"system", "You tell stories."},
                                            {"user", "Tell me about a cat."}};
     const std::string rendered = chat_template_apply(ChatTemplateKind::ChatML, msgs, true);
@@ -709,17 +708,12 @@ TEST_CASE("kvrun server: serves on --port 0, refuses bad flags, Ctrl-C exits 0")
     std::filesystem::remove(err_file);
 }
 
-TEST_CASE("server: the chat page's script chats with the server (under node, when present)") {
-    const std::string path = model_path();
-    if (path.empty()) return;
-    if (kvrun::test::run_command("command -v node >/dev/null 2>&1 && echo yes").out != "yes\n") {
-        MESSAGE("SKIP: node is not installed; the chat page's script is not run");
-        return;
-    }
-    Served s(path);
-    ServerConfig cfg = s.config();
-    cfg.api.defaults.n_predict = 12;
-    Running run(cfg, s);
+namespace {
+
+// The chat page's script run under node against `run` (a stand-in DOM; fetch goes to the
+// server), sending one message as the form would: its JSON {model, messages, thinking} (the
+// text of the page's reasoning element).
+json run_page(Running& run) {
     const std::string page = run.get("/").body;
     const size_t a = page.find("<script>"), b = page.find("</script>");
     REQUIRE(a != std::string::npos);
@@ -727,29 +721,52 @@ TEST_CASE("server: the chat page's script chats with the server (under node, whe
     kvrun::test::TempDir dir;
     const std::string script = dir.file("page.js"), harness = dir.file("harness.js");
     std::ofstream(script) << page.substr(a + 8, b - a - 8);
-    // A stand-in DOM; fetch goes to this server; then one message is sent as the form would.
     std::ofstream(harness) << "const base = 'http://127.0.0.1:" << run.server.port() << "/';\n"
                            << R"JS(
 const realFetch = fetch;
 globalThis.fetch = (u, o) => realFetch(base + u, o);
+const made = [];
 const el = () => ({textContent: '', className: '', innerHTML: '', value: '', scrollTop: 0,
-                   scrollHeight: 0, appendChild() {}});
+                   scrollHeight: 0, hidden: false, appendChild() {}});
 const els = {};
-globalThis.document = {getElementById: id => (els[id] = els[id] || el()), createElement: el};
+globalThis.document = {getElementById: id => (els[id] = els[id] || el()),
+                       createElement: () => { const e = el(); made.push(e); return e; }};
 globalThis.localStorage = {getItem: () => null, setItem() {}};
 eval(require('fs').readFileSync(process.argv[2], 'utf8') + `
 (async () => {
   await new Promise(r => setTimeout(r, 300));
   await ask('Tell me a story');
-  console.log(JSON.stringify({model: els.model.textContent, messages}));
+  const t = made.find(e => e.className === 'thinking');
+  console.log(JSON.stringify({model: els.model.textContent, messages,
+                              thinking: t && !t.hidden ? t.textContent : null}));
 })();`);
 )JS";
     const auto r = kvrun::test::run_command("node " + harness + " " + script);
     REQUIRE_MESSAGE(r.exit_code == 0, r.err);
-    const json j = json::parse(r.out);
+    return json::parse(r.out);
+}
+
+bool have_node() {
+    if (kvrun::test::run_command("command -v node >/dev/null 2>&1 && echo yes").out == "yes\n")
+        return true;
+    MESSAGE("SKIP: node is not installed; the chat page's script is not run");
+    return false;
+}
+
+}  // namespace
+
+TEST_CASE("server: the chat page's script chats with the server (under node, when present)") {
+    const std::string path = model_path();
+    if (path.empty() || !have_node()) return;
+    Served s(path);
+    ServerConfig cfg = s.config();
+    cfg.api.defaults.n_predict = 12;
+    Running run(cfg, s);
+    const json j = run_page(run);
     CHECK(j["model"] == "stories");
     REQUIRE(j["messages"].size() == 2);
     CHECK(j["messages"][1]["role"] == "assistant");
+    CHECK(j["thinking"].is_null());  // no reasoning: its element stays hidden
     // The page's streamed reply is the server's whole answer to the same conversation (the
     // same default seed and logits: the same draw).
     const HttpReply whole =
@@ -759,6 +776,28 @@ eval(require('fs').readFileSync(process.argv[2], 'utf8') + `
     CHECK_FALSE(j["messages"][1]["content"].get<std::string>().empty());
     CHECK(j["messages"][1]["content"] ==
           json::parse(whole.body)["choices"][0]["message"]["content"]);
+}
+
+TEST_CASE("server: the chat page shows a thinking model's reasoning apart (under node)") {
+    const std::string path = model_path();
+    if (path.empty() || !have_node()) return;
+    Served s(path);
+    ServerConfig cfg = s.config();
+    cfg.api.defaults.n_predict = 12;
+    // A template that opens a reasoning block: the story model's reply is all reasoning.
+    s.set_chat(cfg, ChatTemplateKind::ChatML,
+               std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(
+                   "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                   "{% endfor %}<|im_start|>assistant\n<think>\n")));
+    Running run(cfg, s);
+    const json j = run_page(run);
+    const json whole =
+        json::parse(run.post("/v1/chat/completions",
+                             {{"messages", {{{"role", "user"}, {"content", "Tell me a story"}}}}})
+                        .body)["choices"][0]["message"];
+    REQUIRE(whole.contains("reasoning_content"));
+    CHECK(j["thinking"] == whole["reasoning_content"]);
+    CHECK(j["messages"][1]["content"] == "");  // the history keeps the answer only
 }
 
 TEST_CASE("server: echo with logprobs scores the prompt's tokens as generation scores its own") {
@@ -883,7 +922,7 @@ TEST_CASE("server: cache_prompt, /apply-template and /slots") {
     Served s(path, /*n_ctx=*/2048, /*parallel=*/1);
     ServerConfig cfg = s.config();
     cfg.parallel = 1;
-    cfg.api.chat_template = ChatTemplateKind::ChatML;
+    s.set_chat(cfg, ChatTemplateKind::ChatML);
     Running run(cfg, s);
 
     // cache_prompt: false computes the whole prompt again (same text); the default reuses it.

@@ -367,9 +367,8 @@ TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
                      {kMistral, ChatTemplateKind::MistralV3}};
     for (const auto& tc : templates) {
         ServerConfig cfg = s.config();
-        cfg.api.chat_template = tc.kind;
-        cfg.api.chat_stops = chat_stops(tc.kind, *s.m.tokenizer);
-        cfg.api.jinja = std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(tc.source));
+        s.set_chat(cfg, tc.kind,
+                   std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(tc.source)));
         const ToolFormat format = tool_format_detect(tc.source);
         CAPTURE(tool_format_name(format));
         Running run(cfg, s);

@@ -199,8 +199,7 @@ TEST_CASE("server: tool calls on /v1/chat/completions, whole and streamed") {
     if (path.empty()) return;
     Served s(path, /*n_ctx=*/2048);
     ServerConfig cfg = s.config();
-    cfg.api.chat_template = ChatTemplateKind::ChatML;
-    cfg.api.chat_stops = chat_stops(ChatTemplateKind::ChatML, *s.m.tokenizer);
+    s.set_chat(cfg, ChatTemplateKind::ChatML);
     Running run(cfg, s);
     const std::set<std::string> both = {"get_weather", "add"};
     const json tools = json::parse(weather_and_add().dump());

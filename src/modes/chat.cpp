@@ -68,7 +68,7 @@ void print_stats(const ChatSession& chat, const Engine& engine, const LoadedMode
             ? fmt::format("{:.1f} tokens/s", t.timings.decode_tokens_per_s())
             : std::string("-"),
         ks.used_blocks, ks.n_blocks, ks.block_size, ks.evictable_blocks,
-        chat.config().jinja ? "jinja" : chat_template_name(chat.config().kind), m.device,
+        chat.config().chat_template.name(), m.device,
         chat.config().overflow == ContextOverflow::Stop    ? "stop"
         : chat.config().overflow == ContextOverflow::Shift ? "shift"
                                                            : "sinks");
@@ -106,8 +106,7 @@ int run_chat(const ChatOptions& o) {
     const ChatTemplateChoice choice =
         chat_template_choose(*m.file, o.chat_template, o.chat_template_file, o.jinja);
     if (!choice.note.empty()) fmt::print(stderr, "kvrun chat: {}\n", choice.note);
-    cfg.kind = choice.kind;
-    cfg.jinja = choice.jinja;
+    cfg.chat_template = choice;
     Engine engine(*m.backend, *m.tokenizer, generation_engine_options(o.model, 1, o.draft, draft));
     warn_if_context_capped(engine, o.model);
     std::optional<PromptCacheUse> cache;  // before the session prefills the system prompt

@@ -106,7 +106,7 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
     if (chat) {  // the conversation in the chat format becomes the prompt
         if (!d.chat) fail("'messages' needs a chat format (give 'prompt' here)");
         j["prompt"] = d.chat->render(
-            chat_messages_from_json(nlohmann::ordered_json::parse(j["messages"].dump())));
+            chat_messages_from_json(nlohmann::ordered_json::parse(j["messages"].dump())), true);
     }
     if (!j.contains("prompt") || !(j["prompt"].is_string() || j["prompt"].is_array()))
         fail("missing string field 'prompt' (or 'messages')");
@@ -214,19 +214,10 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
     return out;
 }
 
-std::string RequestChat::render(const std::vector<ChatMessage>& msgs) const {
-    return chat_template_render(kind, jinja.get(), msgs, true, special);
-}
-
-std::shared_ptr<const RequestChat> request_chat_for(const GgufFile& file, const Tokenizer& tok) {
+std::shared_ptr<const ChatFormat> request_chat_for(const GgufFile& file, const Tokenizer& tok) {
     const ChatTemplateChoice c = chat_template_choose(file, "", "", false);
     if (!c.note.empty()) fmt::print(stderr, "kvrun: {}\n", c.note);
-    auto out = std::make_shared<RequestChat>();
-    out->kind = c.kind;
-    out->jinja = c.jinja;
-    out->special = chat_special_texts(tok);
-    out->stops = chat_stops(c.kind, tok);
-    return out;
+    return std::make_shared<const ChatFormat>(chat_format_make(c, tok));
 }
 
 nlohmann::json timings_to_json(const GenerationTimings& t) {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "chat_session.h"
+#include "chat_format.h"
 #include "chat_template.h"
 #include "engine.h"
 #include "grammar.h"
@@ -17,18 +17,9 @@
 
 namespace kvrun {
 
-// How "messages" requests are written: the model's chat format (chat_template_choose) and
-// its end-of-turn tokens and texts, which end the reply.
-struct RequestChat {
-    ChatTemplateKind kind = ChatTemplateKind::Plain;
-    std::shared_ptr<const JinjaTemplate> jinja;  // set: rendered by it
-    ChatSpecialTexts special;
-    ChatStops stops;
-    std::string render(const std::vector<ChatMessage>& msgs) const;  // with the reply header
-};
-// The model's format as chat_template_choose picks it without options (a note, if any, on
-// stderr).
-std::shared_ptr<const RequestChat> request_chat_for(const GgufFile& file, const Tokenizer& tok);
+// How "messages" requests are written: the model's format as chat_template_choose picks it
+// without options (a note, if any, on stderr); its end-of-turn tokens and texts end the reply.
+std::shared_ptr<const ChatFormat> request_chat_for(const GgufFile& file, const Tokenizer& tok);
 
 // What a request gets for the fields it leaves out (the command-line flags).
 struct RequestDefaults {
@@ -39,10 +30,10 @@ struct RequestDefaults {
     std::vector<std::string> stop;
     bool add_bos = true;  // add BOS when the vocabulary wants it
     bool parse_special = false;
-    std::shared_ptr<const Grammar> grammar;   // --grammar (null: unconstrained)
-    int32_t n_probs = 0;                      // --n-probs
-    int32_t n_lora = 0;                       // LoRA adapters loaded (--lora, --lora-scaled)
-    std::shared_ptr<const RequestChat> chat;  // null: "messages" requests are refused
+    std::shared_ptr<const Grammar> grammar;  // --grammar (null: unconstrained)
+    int32_t n_probs = 0;                     // --n-probs
+    int32_t n_lora = 0;                      // LoRA adapters loaded (--lora, --lora-scaled)
+    std::shared_ptr<const ChatFormat> chat;  // null: "messages" requests are refused
 };
 
 struct ParsedRequest {

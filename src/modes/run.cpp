@@ -246,7 +246,7 @@ int run_single(const RunOptions& o) {
 // Parses one JSONL request into `req` (throws Error with the reason on bad input); the
 // fields are those of modes/request_json.h, shared with `kvrun batch`.
 void parse_request(const std::string& line, const RunOptions& o, const Tokenizer& tok,
-                   std::shared_ptr<const Grammar> grammar, std::shared_ptr<const RequestChat> chat,
+                   std::shared_ptr<const Grammar> grammar, std::shared_ptr<const ChatFormat> chat,
                    GenerationRequest& req, std::string& prompt_text) {
     RequestDefaults d;
     d.chat = std::move(chat);

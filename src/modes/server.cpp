@@ -418,8 +418,8 @@ nlohmann::json ApiServer::Impl::props() {
             {"total_slots", cfg.parallel},
             {"model_path", cfg.model_path},
             {"model_alias", cfg.api.model_id},
-            {"chat_template",
-             cfg.api.jinja ? cfg.api.jinja->source() : chat_template_name(cfg.api.chat_template)},
+            {"chat_template", cfg.api.chat.jinja ? cfg.api.chat.jinja->source()
+                                                 : chat_template_name(cfg.api.chat.kind)},
             {"build_info", "kvrun"}};
 }
 
@@ -584,8 +584,7 @@ int run_server(const ServerOptions& o) {
     const ChatTemplateChoice chat =
         chat_template_choose(*m.file, o.chat_template, o.chat_template_file, o.jinja);
     if (!chat.note.empty()) fmt::print(stderr, "kvrun server: {}\n", chat.note);
-    cfg.api.chat_template = chat.kind;
-    cfg.api.jinja = chat.jinja;
+    cfg.api.chat = chat_format_make(chat, *m.tokenizer);
     cfg.api.reasoning = o.reasoning_format != "none";
     if (!o.template_kwargs.empty()) {
         cfg.api.template_kwargs =
@@ -600,8 +599,6 @@ int run_server(const ServerOptions& o) {
                        "the built-in format {} ignores it (add --jinja)\n",
                        chat.name());
     }
-    cfg.api.special = chat_special_texts(*m.tokenizer);
-    cfg.api.chat_stops = chat_stops(cfg.api.chat_template, *m.tokenizer);
     cfg.api.n_ctx_seq = engine.n_ctx();
     cfg.api.spm_infill = o.spm_infill;
 

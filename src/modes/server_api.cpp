@@ -29,7 +29,7 @@ std::vector<ojson> prompt_list(const ojson& j) {
 // The request's tools, in the template's own syntax where it has one (server_tools.h).
 std::optional<ChatTools> request_tools(const ojson& j, const ApiContext& ctx) {
     std::optional<ChatTools> tools = chat_tools_from_json(j);
-    if (tools && ctx.jinja) tools->format = tool_format_detect(ctx.jinja->source());
+    if (tools && ctx.chat.jinja) tools->format = tool_format_detect(ctx.chat.jinja->source());
     return tools;
 }
 
@@ -50,8 +50,8 @@ std::string chat_prompt(const ojson& j, const ApiContext& ctx,
         const ojson msgs = chat_messages_native(j["messages"]);
         if (msgs.size() > 1 && msgs.back()["role"] == "assistant")
             fail("a conversation ending with the assistant's words cannot use 'tools'");
-        return chat_template_apply_jinja(*ctx.jinja, msgs, chat_tools_native_list(*tools), true,
-                                         ctx.special, kwargs) +
+        return chat_template_apply_jinja(*ctx.chat.jinja, msgs, chat_tools_native_list(*tools),
+                                         true, ctx.chat.special, kwargs) +
                chat_tools_prompt_suffix(*tools);
     }
     std::vector<ChatMessage> msgs = chat_messages_from_json(j["messages"]);
@@ -63,8 +63,7 @@ std::string chat_prompt(const ojson& j, const ApiContext& ctx,
             msgs.insert(msgs.begin(), ChatMessage{"system", text});
     }
     auto render = [&](const std::vector<ChatMessage>& m) {
-        return chat_template_render(ctx.chat_template, ctx.jinja.get(), m, true, ctx.special,
-                                    kwargs);
+        return ctx.chat.render(m, true, kwargs);
     };
     // A conversation that ends with the assistant's words is continued from them (assistant
     // prefill, as llama.cpp's server): the reply header, then that text, left open.
@@ -88,7 +87,7 @@ bool reasoning_wanted(const ojson& j, const ApiContext& ctx) {
             fail("'reasoning_format' must be \"none\", \"deepseek\" or \"auto\" (got \"{}\")", f);
         on = f != "none";
     }
-    return on && chat_template_thinks(ctx.chat_template, ctx.jinja.get());
+    return on && chat_template_thinks(ctx.chat.kind, ctx.chat.jinja.get());
 }
 
 // response_format -> json_schema.
@@ -456,8 +455,8 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
         out.prompt_texts.push_back(std::move(parsed.prompt_text));
         GenerationRequest r = std::move(parsed.request);
         if (format == ApiFormat::OpenAiChat) {
-            if (!r.ignore_eos) r.stop_tokens = ctx.chat_stops.tokens;
-            for (const std::string& s : ctx.chat_stops.strings) r.stop_strings.push_back(s);
+            if (!r.ignore_eos) r.stop_tokens = ctx.chat.stops.tokens;
+            for (const std::string& s : ctx.chat.stops.strings) r.stop_strings.push_back(s);
         }
         out.requests.push_back(std::move(r));
     }

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "chat_session.h"
+#include "chat_format.h"
 #include "chat_template.h"
 #include "modes/request_json.h"
 #include "modes/server_tools.h"
@@ -45,10 +45,7 @@ inline bool api_native(ApiFormat f) {
 struct ApiContext {
     RequestDefaults defaults;  // the command line's sampling, -n, --stop, ...
     std::string model_id;      // "model" in responses
-    ChatTemplateKind chat_template = ChatTemplateKind::Plain;
-    std::shared_ptr<const JinjaTemplate> jinja;  // set: chats are rendered by it
-    ChatSpecialTexts special;
-    ChatStops chat_stops;  // the template's end-of-turn tokens and texts
+    ChatFormat chat;           // how chats are written, and their end-of-turn tokens and texts
     // Fill in the middle: the tokens one sequence holds (0: no limit), and --spm-infill.
     int64_t n_ctx_seq = 0;
     bool spm_infill = false;

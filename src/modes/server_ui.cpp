@@ -61,7 +61,9 @@ async function ask(text) {
   // A thinking model's reasoning (reasoning_content deltas) shows above its answer.
   const thinking = document.createElement('div'), answer = document.createElement('div');
   thinking.className = 'thinking';
-  out.append(thinking, answer);
+  thinking.hidden = true;
+  out.appendChild(thinking);
+  out.appendChild(answer);
   busy = new AbortController();
   send.textContent = 'Stop';
   let reply = '', reasoning = '', n = 0;
@@ -92,6 +94,7 @@ async function ask(text) {
         const c = j.choices && j.choices[0];
         if (c && c.delta && c.delta.reasoning_content) {
           reasoning += c.delta.reasoning_content; n++;
+          thinking.hidden = false;
           thinking.textContent = reasoning;
           log.scrollTop = log.scrollHeight;
         }
@@ -106,7 +109,6 @@ async function ask(text) {
   } catch (e) {
     if (e.name !== 'AbortError') { out.className = 'msg error'; out.textContent = String(e.message || e); }
   }
-  if (!reasoning) thinking.remove();
   messages.push({role: 'assistant', content: reply});
   busy = null;
   send.textContent = 'Send';
