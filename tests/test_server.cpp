@@ -663,6 +663,19 @@ TEST_CASE("kvrun server: serves on --port 0, refuses bad flags, Ctrl-C exits 0")
     auto bad = run_command(bin + " server -m " + path + " --port 70000");
     CHECK(bad.exit_code == 1);
     CHECK(bad.err.find("--port") != std::string::npos);
+    bad = run_command(bin + " server -m " + path + " --reasoning-budget 5");
+    CHECK(bad.exit_code == 1);
+    CHECK(bad.err.find("--reasoning-budget") != std::string::npos);
+    bad = run_command(bin + " server -m " + path + " --chat-template-kwargs nope");
+    CHECK(bad.exit_code == 1);
+    CHECK(bad.err.find("must be a JSON object") != std::string::npos);
+    // A Qwen 3 style switch, turned off by --reasoning-budget 0.
+    kvrun::test::TempDir dir;
+    const std::string tmpl = dir.file("thinking.jinja");
+    std::ofstream(tmpl)
+        << "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+           "<|im_end|>\n{% endfor %}<|im_start|>assistant\n{% if enable_thinking "
+           "is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}";
 
     const std::string err_file =
         std::filesystem::temp_directory_path() / ("kvrun_server_err_" + std::to_string(getpid()));
@@ -670,7 +683,18 @@ TEST_CASE("kvrun server: serves on --port 0, refuses bad flags, Ctrl-C exits 0")
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 2, err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    std::vector<std::string> args = {bin, "server", "-m", path, "--port", "0", "--device", "cpu"};
+    std::vector<std::string> args = {bin,
+                                     "server",
+                                     "-m",
+                                     path,
+                                     "--port",
+                                     "0",
+                                     "--device",
+                                     "cpu",
+                                     "--chat-template-file",
+                                     tmpl,
+                                     "--reasoning-budget",
+                                     "0"};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -696,6 +720,11 @@ TEST_CASE("kvrun server: serves on --port 0, refuses bad flags, Ctrl-C exits 0")
     const HttpReply r =
         c.request("POST", "/v1/completions", json{{"prompt", "Once"}, {"max_tokens", 4}}.dump());
     CHECK(r.status == 200);
+    const HttpReply t =
+        c.request("POST", "/apply-template",
+                  json{{"messages", {{{"role", "user"}, {"content", "Hi"}}}}}.dump());
+    CHECK(t.status == 200);
+    CHECK(json::parse(t.body)["prompt"].get<std::string>().ends_with("<think>\n\n</think>\n\n"));
     c.close();
     kill(pid, SIGINT);
     int status = 0;

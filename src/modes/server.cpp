@@ -540,7 +540,8 @@ struct ServerOptions {
     bool jinja = false;
     std::string chat_template_file;
     std::string reasoning_format = "deepseek";
-    std::string template_kwargs;  // JSON object text
+    std::string template_kwargs;    // JSON object text
+    int32_t reasoning_budget = -1;  // -1: unrestricted; 0: thinking off (enable_thinking false)
 };
 
 int run_server(const ServerOptions& o) {
@@ -597,6 +598,17 @@ int run_server(const ServerOptions& o) {
             fmt::print(stderr,
                        "kvrun server: --chat-template-kwargs applies to Jinja templates only; "
                        "the built-in format {} ignores it (add --jinja)\n",
+                       chat.name());
+    }
+    if (o.reasoning_budget == 0) {  // llama.cpp's switch: the template's enable_thinking off
+        if (cfg.api.template_kwargs.is_null())
+            cfg.api.template_kwargs = nlohmann::ordered_json::object();
+        if (!cfg.api.template_kwargs.contains("enable_thinking"))
+            cfg.api.template_kwargs["enable_thinking"] = false;
+        if (!chat.jinja || chat.jinja->source().find("enable_thinking") == std::string::npos)
+            fmt::print(stderr,
+                       "kvrun server: --reasoning-budget 0: the chat template ({}) has no "
+                       "enable_thinking switch; the model may still think\n",
                        chat.name());
     }
     cfg.api.n_ctx_seq = engine.n_ctx();
@@ -666,6 +678,11 @@ void add_server_command(CLI::App& root, int& exit_code) {
                     "returns the reasoning apart as \"reasoning_content\"; none keeps it in "
                     "the content")
         ->check(CLI::IsMember({"none", "deepseek", "auto"}))
+        ->capture_default_str();
+    cmd->add_option("--reasoning-budget", o->reasoning_budget,
+                    "-1: models think as they like; 0: thinking off (the template's "
+                    "enable_thinking set to false, as llama.cpp)")
+        ->check(CLI::IsMember({-1, 0}))
         ->capture_default_str();
     cmd->add_option("--chat-template-kwargs", o->template_kwargs,
                     "More variables for the Jinja chat template, as a JSON object (e.g. "
