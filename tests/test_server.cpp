@@ -912,6 +912,40 @@ TEST_CASE("server: streamed logprobs come with their chunks and add up to the wh
         CHECK(text.substr(got["text_offset"][i].get<size_t>(),
                           got["tokens"][i].get<std::string>().size()) == got["tokens"][i]);
 
+    // With echo the prompt's entries come first (its first token's logprob null), in the
+    // first chunk with the prompt's text; the generated tokens' follow in their chunks.
+    body["echo"] = true;
+    body.erase("stream");
+    const json ewhole = json::parse(run.post("/v1/completions", body).body)["choices"][0];
+    body["stream"] = true;
+    json egot = {{"tokens", json::array()},
+                 {"token_logprobs", json::array()},
+                 {"top_logprobs", json::array()},
+                 {"text_offset", json::array()}};
+    std::string etext;
+    int echunks = 0;
+    bool first = true;
+    for (const std::string& e : sse_data(run.post("/v1/completions", body).body)) {
+        if (e == "[DONE]") continue;
+        const json c = json::parse(e)["choices"][0];
+        if (first) {  // the prompt, with as many entries as it has tokens
+            CHECK(c["text"] == "Once upon a time");
+            REQUIRE(!c["logprobs"].is_null());
+            CHECK(c["logprobs"]["token_logprobs"][0].is_null());
+            CHECK(c["logprobs"]["text_offset"][0] == 0);
+            first = false;
+        }
+        etext += c["text"].get<std::string>();
+        if (c["logprobs"].is_null()) continue;
+        if (!c["text"].get<std::string>().empty()) ++echunks;
+        for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+            for (const json& v : c["logprobs"][k]) egot[k].push_back(v);
+    }
+    CHECK(etext == ewhole["text"]);
+    CHECK(egot == ewhole["logprobs"]);
+    CHECK(echunks > 2);
+    body.erase("echo");
+
     // Chat: {"content": [...]} per chunk.
     json chat = {{"messages", {{{"role", "user"}, {"content", "Tell me a story."}}}},
                  {"max_tokens", 12},

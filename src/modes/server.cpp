@@ -223,6 +223,7 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
     const size_t n_choices = jobs.size() * static_cast<size_t>(n);
     std::vector<ApiTextStream> texts(n_choices, ApiTextStream(tok, ar.stop));
     std::vector<ApiChoiceResult> choices(n_choices);
+    for (size_t i = 0; i < n_choices; ++i) choices[i].index = int32_t(i);
     std::vector<bool> started(n_choices, false);
     if (ar.echo)
         for (size_t i = 0; i < n_choices; ++i) {
@@ -270,12 +271,21 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
         lp_sent[i] += lp_pending[i].size();
         lp_pending[i].clear();
     };
-    for (size_t i = 0; i < n_choices; ++i) emit(i, choices[i].echo_text);  // echo: the prompt
+    // Echo: the prompt first, with its tokens' logprobs; the generated tokens' entries and
+    // text offsets follow on from them.
+    for (size_t i = 0; i < n_choices && ar.echo && ar.stream && !client_gone; ++i) {
+        const ApiChoiceResult& c = choices[i];
+        if (c.echo_text.empty() && c.echo_tokens.empty()) continue;
+        if (!send_event(conn, api_stream_echo_chunk(ar, meta, c, tok))) client_gone = true;
+        started[i] = true;
+        if (c.echo_tokens.empty()) continue;
+        lp_sent[i] = 1 + c.echo_logprobs.size();
+        for (TokenId t : c.echo_tokens) lp_offset[i] += tok.token_to_piece(t).size();
+    }
     auto handle = [&](size_t job, EngineWorker::Event& e) {
         const size_t i = job * size_t(n) + size_t(e.sample);
         if (e.kind == EngineWorker::Event::Kind::Token) {
-            // (echo sends the prompt's logprobs first: all of them wait for the last chunk.)
-            if (e.logprobs && !ar.echo) lp_pending[i].push_back(std::move(*e.logprobs));
+            if (e.logprobs) lp_pending[i].push_back(std::move(*e.logprobs));
             emit(i, texts[i].push(e.token));
             return;
         }

@@ -175,24 +175,24 @@ nlohmann::json logprobs_of(const ApiRequest& req, const std::vector<TokenId>& ec
                : completion_logprobs(echo_first, lps, offset, req.top_logprobs, tok);
 }
 
-// A choice's logprobs from its generated token `from` on (with echo and from 0, the prompt's
-// tokens first).
+// A choice's logprob entries [from, to): with echo the prompt's tokens come first (the first
+// without a logprob), then the generated tokens'.
 nlohmann::json choice_logprobs(const ApiRequest& req, const ApiChoiceResult& c,
-                               const Tokenizer& tok, size_t from = 0) {
+                               const Tokenizer& tok, size_t from = 0,
+                               size_t to = std::string::npos) {
     std::vector<TokenId> echo_first;
     std::vector<const TokenLogprobs*> lps;
-    size_t offset = 0;
-    if (from == 0) {
-        if (!c.echo_tokens.empty()) echo_first.push_back(c.echo_tokens[0]);
-        for (const TokenLogprobs& lp : c.echo_logprobs) lps.push_back(&lp);
-    }
-    const std::vector<TokenLogprobs>& gen = c.result.logprobs;
-    for (size_t i = 0; i < gen.size(); ++i) {
-        if (i >= from)
-            lps.push_back(&gen[i]);
-        else
-            offset += tok.token_to_piece(gen[i].chosen.token).size();
-    }
+    size_t offset = 0, k = 0;  // text bytes of the entries before `from`; entries seen
+    auto skip = [&](TokenId t) {
+        if (k++ >= from) return false;
+        offset += tok.token_to_piece(t).size();
+        return true;
+    };
+    if (!c.echo_tokens.empty() && !skip(c.echo_tokens[0]) && k <= to)
+        echo_first.push_back(c.echo_tokens[0]);
+    for (const std::vector<TokenLogprobs>* list : {&c.echo_logprobs, &c.result.logprobs})
+        for (const TokenLogprobs& lp : *list)
+            if (!skip(lp.chosen.token) && k <= to) lps.push_back(&lp);
     return logprobs_of(req, echo_first, lps, offset, tok);
 }
 
@@ -525,6 +525,18 @@ nlohmann::json api_stream_chunk(const ApiRequest& req, const ApiResponseMeta& me
     return j;
 }
 
+nlohmann::json api_stream_echo_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
+                                     const ApiChoiceResult& c, const Tokenizer& tok) {
+    nlohmann::json j = envelope(req, meta, true);
+    const size_t n = c.echo_tokens.empty() ? 0 : 1 + c.echo_logprobs.size();
+    j["choices"] = nlohmann::json::array(
+        {{{"index", c.index},
+          {"text", c.echo_text},
+          {"logprobs", n > 0 ? choice_logprobs(req, c, tok, 0, n) : nlohmann::json()},
+          {"finish_reason", nullptr}}});
+    return j;
+}
+
 nlohmann::json api_stream_reply_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
                                       const ApiChoiceResult& c, size_t content_sent,
                                       size_t reasoning_sent, bool first) {
@@ -556,7 +568,9 @@ nlohmann::json api_stream_final_chunk(const ApiRequest& req, const ApiResponseMe
                                       size_t logprobs_sent) {
     if (api_native(req.format)) return native_result(req, meta, c, "", tok, logprobs_sent);
     nlohmann::json j = envelope(req, meta, true);
-    const bool rest = logprobs_sent < c.result.logprobs.size() || logprobs_sent == 0;
+    const size_t entries =
+        (c.echo_tokens.empty() ? 0 : 1) + c.echo_logprobs.size() + c.result.logprobs.size();
+    const bool rest = logprobs_sent < entries || logprobs_sent == 0;
     nlohmann::json choice = {
         {"index", c.index},
         {"logprobs", rest ? choice_logprobs(req, c, tok, logprobs_sent) : nlohmann::json()},

@@ -159,8 +159,14 @@ nlohmann::json api_stream_reply_chunk(const ApiRequest& req, const ApiResponseMe
                                       const ApiChoiceResult& choice, size_t content_sent,
                                       size_t reasoning_sent, bool first);
 
-// The last streamed chunk of a choice (its finish reason, and the logprobs of its tokens
-// from `logprobs_sent` on; llama.cpp's: the whole result with "stop": true).
+// With echo (text completions), the first chunk of a choice: the prompt's text, and with
+// logprobs its tokens' (the first null), as many entries as it has tokens.
+nlohmann::json api_stream_echo_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
+                                     const ApiChoiceResult& choice, const Tokenizer& tok);
+
+// The last streamed chunk of a choice (its finish reason, and the logprob entries not sent
+// yet: from `logprobs_sent` on, counting the prompt's with echo; llama.cpp's: the whole
+// result with "stop": true).
 nlohmann::json api_stream_final_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
                                       const ApiChoiceResult& choice, const Tokenizer& tok,
                                       size_t logprobs_sent = 0);
