@@ -11,6 +11,8 @@
 #include <sstream>
 
 #include "cli_test_util.h"
+#include "gguf.h"
+#include "gguf_writer.h"
 #include "test_util.h"
 
 using kvrun::test::run_command;
@@ -82,6 +84,25 @@ TEST_CASE("info reports stories260K's hyperparameters") {
     auto p = run_command(kvrun_cmd("info -m " + phi3.string()));
     CHECK(p.out.find("chat template   phi3 (detected from tokenizer.chat_template)") !=
           std::string::npos);
+    CHECK(p.out.find("chat features   tool calls generic; no reasoning blocks") !=
+          std::string::npos);
+    // The same vocabulary with a template in the Hermes tool syntax that thinks.
+    kvrun::GgufFile phi = kvrun::GgufFile::open(phi3.string());
+    kvrun::GgufWriter w;
+    for (const auto& [key, value] : phi.metadata()) w.set_value(key, value);
+    w.set_string("tokenizer.chat_template",
+                 "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                 "{% endfor %}<|im_start|>assistant\n<think>\n{# <tool_call> #}");
+    kvrun::test::TempDir dir;
+    const std::string hermes = dir.file("hermes.gguf");
+    w.write_file(hermes);
+    auto h = run_command(kvrun_cmd("info -m " + hermes));
+    CHECK_MESSAGE(h.out.find("chat features   tool calls hermes with --jinja (the generic JSON "
+                             "format without); thinks") != std::string::npos,
+                  h.out);
+    const auto hj = nlohmann::json::parse(run_command(kvrun_cmd("info --json -m " + hermes)).out);
+    CHECK(hj["vocab"]["tool_calls"] == "hermes");
+    CHECK(hj["vocab"]["thinking"] == true);
 }
 
 TEST_CASE("info loads every shared model and reports its tensor types") {

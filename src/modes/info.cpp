@@ -10,11 +10,25 @@
 #include "imatrix.h"
 #include "kv_format.h"
 #include "modes/modes.h"
+#include "modes/server_tools.h"
 #include "quant.h"
 #include "quantize_model.h"
 
 namespace kvrun {
 namespace {
+
+// The model's chat template source ("" without one).
+std::string template_source(const GgufFile& f) {
+    const GgufValue* v = f.find("tokenizer.chat_template");
+    return v && std::holds_alternative<std::string>(v->data) ? v->as_string() : "";
+}
+
+// Whether its chats write <think> reasoning (reasoning.h).
+bool template_thinks(const GgufFile& f) {
+    const std::string src = template_source(f);
+    return src.find("<think>") != std::string::npos ||
+           (!src.empty() && chat_template_detect(src) == ChatTemplateKind::DeepSeek3);
+}
 
 struct InfoOptions {
     std::string model;
@@ -234,7 +248,9 @@ int run_info(const InfoOptions& o) {
                       {"n_vocab", h.n_vocab},
                       {"bos", f.get_int_or("tokenizer.ggml.bos_token_id", -1)},
                       {"eos", f.get_int_or("tokenizer.ggml.eos_token_id", -1)},
-                      {"chat_template", chat_template_choose(f, "", "", false).name()}};
+                      {"chat_template", chat_template_choose(f, "", "", false).name()},
+                      {"tool_calls", tool_format_name(tool_format_detect(template_source(f)))},
+                      {"thinking", template_thinks(f)}};
         nlohmann::json types = nlohmann::json::object();
         for (auto& [name, e] : histogram) types[name] = {{"tensors", e.first}, {"bytes", e.second}};
         j["tensor_types"] = types;
@@ -289,7 +305,7 @@ int run_info(const InfoOptions& o) {
                f.get_int_or("tokenizer.ggml.bos_token_id", -1),
                f.get_int_or("tokenizer.ggml.eos_token_id", -1));
     const ChatTemplateChoice chat = chat_template_choose(f, "", "", false);
-    fmt::print("chat template   {}\n\n",
+    fmt::print("chat template   {}\n",
                !f.has("tokenizer.chat_template")
                    ? std::string("none in the file (chat uses plain; --chat-template picks one)")
                : chat.jinja ? std::string("not a built-in format: chat and server render the "
@@ -297,6 +313,18 @@ int run_info(const InfoOptions& o) {
                : chat.kind == ChatTemplateKind::Plain
                    ? "does not parse (" + chat.note + ")"
                    : chat_template_name(chat.kind) + " (detected from tokenizer.chat_template)");
+    if (f.has("tokenizer.chat_template")) {
+        // The server's tool calls use the template's own syntax when it renders through
+        // Jinja; replies of thinking models come with their reasoning apart.
+        const ToolFormat tools = tool_format_detect(template_source(f));
+        fmt::print("chat features   tool calls {}{}; {}\n", tool_format_name(tools),
+                   tools == ToolFormat::Generic || chat.jinja
+                       ? ""
+                       : " with --jinja (the generic JSON format without)",
+                   template_thinks(f) ? "thinks (<think> reasoning returned apart)"
+                                      : "no reasoning blocks");
+    }
+    fmt::print("\n");
     fmt::print("tensor types    {:<8} {:>8} {:>14}\n", "type", "tensors", "bytes");
     for (auto& [name, e] : histogram)
         fmt::print("                {:<8} {:>8} {:>14}\n", name, e.first,
