@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <regex>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -130,13 +131,20 @@ class GrammarVocab {
 // free text until one of these shows in it, and follows the grammar from there on. A word
 // or a pattern (ECMAScript regex, searched in the text so far) begins the grammar's text:
 // the grammar is matched from the word's first byte, or from the pattern's first capture
-// group (the whole match without one). A token (e.g. a control token with no text, such as
-// "[TOOL_CALLS]") starts the grammar right after it.
+// group (the whole match without one); a full pattern must match all the text so far. A
+// token (e.g. a control token with no text, such as "[TOOL_CALLS]") starts the grammar
+// right after it. Patterns are looked for in the last 256 bytes of text, and full patterns
+// only while the text is at most 1 KiB: std::regex backtracks, recursing per
+// character, so these bounds keep a pattern such as "a[\s\S]*b" from exhausting the stack
+// or taking quadratic time on a long reply. Words are looked for in all of it.
 struct GrammarTriggers {
     std::vector<std::string> words;
     std::vector<std::string> patterns;
+    std::vector<std::string> patterns_full;
     std::vector<TokenId> tokens;
-    bool empty() const { return words.empty() && patterns.empty() && tokens.empty(); }
+    bool empty() const {
+        return words.empty() && patterns.empty() && patterns_full.empty() && tokens.empty();
+    }
 };
 
 // One sequence's grammar: which tokens may come next, and advancing by the chosen one.
@@ -186,12 +194,15 @@ class GrammarConstraint final : public TokenConstraint {
     // for a word or pattern goes on).
     struct Lazy {
         GrammarTriggers triggers;
-        std::vector<std::regex> patterns;
+        std::vector<std::regex> patterns, patterns_full;
     };
     bool trigger_text();  // searches seen_: true when the grammar took over
     bool active_ = true;
     std::shared_ptr<const Lazy> lazy_;
     std::string seen_;
+    // Trigger starts in seen_ the grammar could not take the text from: more text cannot
+    // change that, so they are not tried again.
+    std::set<size_t> refused_starts_;
 };
 
 }  // namespace kvrun

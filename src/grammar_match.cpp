@@ -313,38 +313,59 @@ void GrammarConstraint::allowed_mask(std::span<uint8_t> mask) const {
 void GrammarConstraint::set_lazy(const GrammarTriggers& triggers) {
     auto lazy = std::make_shared<Lazy>();
     lazy->triggers = triggers;
-    for (const std::string& p : triggers.patterns) {
-        try {
-            lazy->patterns.emplace_back(p, std::regex::ECMAScript);
-        } catch (const std::regex_error& e) {
-            fail("grammar trigger pattern '{}' is not a valid regex: {}", p, e.what());
+    auto compile = [](const std::vector<std::string>& in, std::vector<std::regex>& out) {
+        for (const std::string& p : in) {
+            try {
+                out.emplace_back(p, std::regex::ECMAScript);
+            } catch (const std::regex_error& e) {
+                fail("grammar trigger pattern '{}' is not a valid regex: {}", p, e.what());
+            }
         }
-    }
+    };
+    compile(triggers.patterns, lazy->patterns);
+    compile(triggers.patterns_full, lazy->patterns_full);
     lazy_ = std::move(lazy);
     active_ = false;
     seen_.clear();
+    refused_starts_.clear();
 }
 
 bool GrammarConstraint::trigger_text() {
-    // The earliest trigger in the text; the grammar must take the text from there.
+    // Bounds of the regex searches (GrammarTriggers).
+    constexpr size_t kPatternWindow = 256, kFullLimit = 1024;
+    const size_t from = seen_.size() > kPatternWindow ? seen_.size() - kPatternWindow : 0;
+    const std::string_view recent = std::string_view(seen_).substr(from);
+    // Where the grammar would take the text from, earliest first.
     std::vector<size_t> starts;
     for (const std::string& w : lazy_->triggers.words)
         for (size_t p = seen_.find(w); p != std::string::npos && !w.empty();
              p = seen_.find(w, p + 1))
             starts.push_back(p);
+    auto start_of = [](const std::cmatch& m) {
+        return size_t(m.size() > 1 && m[1].matched ? m.position(1) : m.position(0));
+    };
     for (const std::regex& re : lazy_->patterns)
-        for (auto it = std::sregex_iterator(seen_.begin(), seen_.end(), re);
-             it != std::sregex_iterator(); ++it) {
-            const std::smatch& m = *it;
-            starts.push_back(size_t(m.size() > 1 && m[1].matched ? m.position(1) : m.position(0)));
-        }
+        for (auto it = std::cregex_iterator(recent.data(), recent.data() + recent.size(), re);
+             it != std::cregex_iterator(); ++it)
+            starts.push_back(from + start_of(*it));
+    if (seen_.size() <= kFullLimit)
+        for (const std::regex& re : lazy_->patterns_full)
+            if (std::cmatch m;
+                std::regex_match(recent.data() - from, recent.data() + recent.size(), m, re))
+                starts.push_back(start_of(m));
     std::sort(starts.begin(), starts.end());
+    starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
     for (size_t p : starts) {
+        if (refused_starts_.count(p)) continue;
         GrammarState s = state_;
-        if (!s.advance(std::string_view(seen_).substr(p))) continue;
+        if (!s.advance(std::string_view(seen_).substr(p))) {
+            refused_starts_.insert(p);
+            continue;
+        }
         state_ = std::move(s);
         active_ = true;
         seen_.clear();
+        refused_starts_.clear();
         return true;
     }
     return false;

@@ -311,7 +311,7 @@ TEST_CASE("lazy grammar constraint: everything until a trigger word, pattern or 
     std::vector<uint8_t> mask(static_cast<size_t>(tok->n_vocab()));
 
     GrammarConstraint lazy(g, vocab);
-    lazy.set_lazy({{"the"}, {}, {}});
+    lazy.set_lazy({{"the"}, {}, {}, {}});
     CHECK_FALSE(lazy.triggered());
     CHECK(lazy.complete());  // free text may end anywhere
     lazy.allowed_mask(mask);
@@ -336,14 +336,14 @@ TEST_CASE("lazy grammar constraint: everything until a trigger word, pattern or 
 
     // A trigger the grammar cannot start with is none: the search goes on past it.
     GrammarConstraint other(Grammar::parse(R"(root ::= "x" [0-9]+)"), vocab);
-    other.set_lazy({{"the"}, {}, {}});
+    other.set_lazy({{"the"}, {}, {}, {}});
     other.accept(the);
     CHECK_FALSE(other.triggered());
     CHECK(other.allows(sc));
 
     // A token trigger: the grammar starts right after it.
     GrammarConstraint by_token(Grammar::parse(R"(root ::= [0-9]+)"), vocab);
-    by_token.set_lazy({{}, {}, {sc}});
+    by_token.set_lazy({{}, {}, {}, {sc}});
     by_token.accept(the);
     CHECK(by_token.allows(the));
     by_token.accept(sc);
@@ -353,7 +353,7 @@ TEST_CASE("lazy grammar constraint: everything until a trigger word, pattern or 
 
     // A pattern: the grammar starts at its first group.
     GrammarConstraint by_pattern(g, vocab);
-    by_pattern.set_lazy({{}, {"c (the)"}, {}});
+    by_pattern.set_lazy({{}, {"c (the)"}, {}, {}});
     by_pattern.accept(the);
     CHECK_FALSE(by_pattern.triggered());  // " the" alone does not match
     by_pattern.accept(sc);
@@ -365,9 +365,21 @@ TEST_CASE("lazy grammar constraint: everything until a trigger word, pattern or 
     copy.accept(one);
     CHECK(copy.allows(dot));
     CHECK_FALSE(by_pattern.allows(dot));
+    // Hostile patterns on a long reply: no stack exhaustion (std::regex recurses per
+    // character), and a word trigger at its end still works.
+    const TokenId at = id("at");
+    GrammarConstraint hostile(g, vocab);
+    hostile.set_lazy({{"the"}, {"a[\\s\\S]*b", "(a|at)*x"}, {"[\\s\\S]*x", "(a|t)*x"}, {}});
+    for (int i = 0; i < 1000; ++i) hostile.accept(at);  // 2000 bytes of "atat..."
+    CHECK_FALSE(hostile.triggered());
+    hostile.accept(st);
+    hostile.accept(h);
+    hostile.accept(e);
+    CHECK(hostile.triggered());
+    CHECK(hostile.allows(one));
     // A bad pattern is refused with its reason.
     GrammarConstraint bad(g, vocab);
-    CHECK_THROWS_WITH_AS(bad.set_lazy({{}, {"(unclosed"}, {}}),
+    CHECK_THROWS_WITH_AS(bad.set_lazy({{}, {"(unclosed"}, {}, {}}),
                          doctest::Contains("not a valid regex"), Error);
 }
 

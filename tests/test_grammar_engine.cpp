@@ -329,7 +329,8 @@ TEST_CASE("lazy grammar from a JSON request: llama.cpp's grammar_lazy and gramma
               R"x({"type": "pattern", "value": "a(b)"}, {"type": 3, "value": "c.*"},)x"
               R"({"type": "token", "value": "</s>"}, {"type": 0, "token": 5}])");
     CHECK(r.grammar_triggers.words == std::vector<std::string>{"<x>", "y", "z"});
-    CHECK(r.grammar_triggers.patterns == std::vector<std::string>{"a(b)", "^(?:c.*)$"});
+    CHECK(r.grammar_triggers.patterns == std::vector<std::string>{"a(b)"});
+    CHECK(r.grammar_triggers.patterns_full == std::vector<std::string>{"c.*"});
     CHECK(r.grammar_triggers.tokens == std::vector<TokenId>{tok->eos(), 5});
     CHECK(parse(R"("grammar": "root ::= [0-9]+")").grammar_triggers.empty());
     // Each misuse gets its reason.

@@ -158,14 +158,13 @@ GrammarTriggers grammar_triggers_from_request(const nlohmann::json& j, bool has_
             if (type == "word") {
                 out.words.push_back(value);
             } else {
-                std::string re = type == "pattern" ? value : "^(?:" + value + ")$";
                 try {
-                    std::regex check(re, std::regex::ECMAScript);
+                    std::regex check(value, std::regex::ECMAScript);
                 } catch (const std::regex_error& e) {
                     fail("'grammar_triggers'[{}]: '{}' is not a valid regex: {}", i, value,
                          e.what());
                 }
-                out.patterns.push_back(std::move(re));
+                (type == "pattern" ? out.patterns : out.patterns_full).push_back(value);
             }
         } else {
             bad(i);
