@@ -885,66 +885,55 @@ TEST_CASE("server: streamed logprobs come with their chunks and add up to the wh
     if (path.empty()) return;
     Served s(path);
     Running run(s.config(), s);
-    // Text completion: tokens, logprobs, alternatives and text offsets.
+    // Text completion: tokens, logprobs, alternatives and text offsets, whole and streamed.
+    // A stream's chunks pieced together: the text, the logprob lists, how many chunks with
+    // text carried logprobs, and the first chunk.
+    struct Pieced {
+        std::string text;
+        json logprobs = {{"tokens", json::array()},
+                         {"token_logprobs", json::array()},
+                         {"top_logprobs", json::array()},
+                         {"text_offset", json::array()}};
+        int chunks_with_logprobs = 0;
+        json first;
+    };
+    auto whole_and_streamed = [&](json body) {
+        body.erase("stream");
+        const json whole = json::parse(run.post("/v1/completions", body).body)["choices"][0];
+        body["stream"] = true;
+        Pieced p;
+        for (const std::string& e : sse_data(run.post("/v1/completions", body).body)) {
+            if (e == "[DONE]") continue;
+            const json c = json::parse(e)["choices"][0];
+            if (p.first.is_null()) p.first = c;
+            p.text += c["text"].get<std::string>();
+            if (c["logprobs"].is_null()) continue;
+            if (!c["text"].get<std::string>().empty()) ++p.chunks_with_logprobs;
+            for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+                for (const json& v : c["logprobs"][k]) p.logprobs[k].push_back(v);
+        }
+        CHECK(p.text == whole["text"]);
+        CHECK(p.logprobs == whole["logprobs"]);
+        return p;
+    };
     json body = {
         {"prompt", "Once upon a time"}, {"max_tokens", 12}, {"logprobs", 2}, {"temperature", 0}};
-    const json whole = json::parse(run.post("/v1/completions", body).body)["choices"][0];
-    body["stream"] = true;
-    json got = {{"tokens", json::array()},
-                {"token_logprobs", json::array()},
-                {"top_logprobs", json::array()},
-                {"text_offset", json::array()}};
-    std::string text;
-    int chunks_with_logprobs = 0;
-    for (const std::string& e : sse_data(run.post("/v1/completions", body).body)) {
-        if (e == "[DONE]") continue;
-        const json c = json::parse(e)["choices"][0];
-        text += c["text"].get<std::string>();
-        if (c["logprobs"].is_null()) continue;
-        if (!c["text"].get<std::string>().empty()) ++chunks_with_logprobs;
-        for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
-            for (const json& v : c["logprobs"][k]) got[k].push_back(v);
-    }
-    CHECK(text == whole["text"]);
-    CHECK(got == whole["logprobs"]);
-    CHECK(chunks_with_logprobs > 1);                   // not all in the last chunk
+    const Pieced plain = whole_and_streamed(body);
+    CHECK(plain.chunks_with_logprobs > 1);  // not all in the last chunk
+    const json& got = plain.logprobs;
     for (size_t i = 0; i < got["tokens"].size(); ++i)  // offsets point at each token's text
-        CHECK(text.substr(got["text_offset"][i].get<size_t>(),
-                          got["tokens"][i].get<std::string>().size()) == got["tokens"][i]);
+        CHECK(plain.text.substr(got["text_offset"][i].get<size_t>(),
+                                got["tokens"][i].get<std::string>().size()) == got["tokens"][i]);
 
     // With echo the prompt's entries come first (its first token's logprob null), in the
     // first chunk with the prompt's text; the generated tokens' follow in their chunks.
     body["echo"] = true;
-    body.erase("stream");
-    const json ewhole = json::parse(run.post("/v1/completions", body).body)["choices"][0];
-    body["stream"] = true;
-    json egot = {{"tokens", json::array()},
-                 {"token_logprobs", json::array()},
-                 {"top_logprobs", json::array()},
-                 {"text_offset", json::array()}};
-    std::string etext;
-    int echunks = 0;
-    bool first = true;
-    for (const std::string& e : sse_data(run.post("/v1/completions", body).body)) {
-        if (e == "[DONE]") continue;
-        const json c = json::parse(e)["choices"][0];
-        if (first) {  // the prompt, with as many entries as it has tokens
-            CHECK(c["text"] == "Once upon a time");
-            REQUIRE(!c["logprobs"].is_null());
-            CHECK(c["logprobs"]["token_logprobs"][0].is_null());
-            CHECK(c["logprobs"]["text_offset"][0] == 0);
-            first = false;
-        }
-        etext += c["text"].get<std::string>();
-        if (c["logprobs"].is_null()) continue;
-        if (!c["text"].get<std::string>().empty()) ++echunks;
-        for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
-            for (const json& v : c["logprobs"][k]) egot[k].push_back(v);
-    }
-    CHECK(etext == ewhole["text"]);
-    CHECK(egot == ewhole["logprobs"]);
-    CHECK(echunks > 2);
-    body.erase("echo");
+    const Pieced echo = whole_and_streamed(body);
+    CHECK(echo.first["text"] == "Once upon a time");
+    REQUIRE(!echo.first["logprobs"].is_null());
+    CHECK(echo.first["logprobs"]["token_logprobs"][0].is_null());
+    CHECK(echo.first["logprobs"]["text_offset"][0] == 0);
+    CHECK(echo.chunks_with_logprobs > 2);
 
     // Chat: {"content": [...]} per chunk.
     json chat = {{"messages", {{{"role", "user"}, {"content", "Tell me a story."}}}},
