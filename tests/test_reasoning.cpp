@@ -203,3 +203,29 @@ TEST_CASE("server: chat_template_kwargs reach the template (enable_thinking)") {
     CHECK(r.status == 400);
     CHECK(r.body.find("cannot set 'messages'") != std::string::npos);
 }
+
+TEST_CASE("server: a required tool call may follow reasoning the prompt opened") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, /*n_ctx=*/1024);
+    ServerConfig cfg = s.config();
+    // The thinking ChatML with the Hermes tool syntax (in a comment: detection only).
+    s.set_chat(cfg, ChatTemplateKind::ChatML,
+               std::make_shared<const JinjaTemplate>(
+                   JinjaTemplate::parse(std::string(kThinkingChatml) + "{# <tool_call> #}")));
+    Running run(cfg, s);
+    const json tools = json::parse(R"([{"type": "function", "function": {"name": "add",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}])");
+    // The grammar lets the reasoning come first; the story model never closes it, so
+    // max_tokens cuts the reply inside its reasoning.
+    const HttpReply r = run.post("/v1/chat/completions",
+                                 {{"messages", {{{"role", "user"}, {"content", "Add 2 and 3."}}}},
+                                  {"tools", tools},
+                                  {"tool_choice", "required"},
+                                  {"max_tokens", 20},
+                                  {"temperature", 0}});
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    const json m = json::parse(r.body)["choices"][0]["message"];
+    CHECK(!m["reasoning_content"].get<std::string>().empty());
+    CHECK(!m.contains("tool_calls"));
+}

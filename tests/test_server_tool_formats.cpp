@@ -256,6 +256,29 @@ TEST_CASE("tool formats: each grammar admits exactly calls of listed tools in it
     CHECK_THROWS_AS(json_schema_to_grammar_rule(schema, "root"), Error);
     CHECK_THROWS_AS(json_schema_to_grammar_rule(schema, "ws"), Error);
 
+    // A required call after reasoning: the block first (optional, or already opened by the
+    // prompt), never closed twice, then the calls.
+    auto thinking = [&](ToolFormat f, ToolThinking th) {
+        return Grammar::parse(chat_tools_grammar(tools_for(f, "required"), *tok, th).gbnf);
+    };
+    auto optional = thinking(ToolFormat::Hermes, ToolThinking::Optional);
+    CHECK(grammar_accepts(*optional, block(add)));
+    CHECK(grammar_accepts(*optional, "<think>Add 2 and 3 </thi </think>\n\n" + block(add)));
+    CHECK(grammar_accepts(*optional, "<think></think>" + block(add)));
+    CHECK_FALSE(grammar_accepts(*optional, "<think>a</think> b </think>\n" + block(add)));
+    CHECK_FALSE(grammar_accepts(*optional, "<think>never closed " + block(add)));
+    CHECK_FALSE(grammar_accepts(*optional, "Sure! " + block(add)));
+    auto open = thinking(ToolFormat::Hermes, ToolThinking::Open);
+    CHECK(grammar_accepts(*open, "The user wants a sum.\n</think>\n\n" + block(add)));
+    CHECK(grammar_accepts(*open, "<<//</think>" + block(add)));
+    CHECK_FALSE(grammar_accepts(*open, block(add)));  // the block must close first
+    auto llama_open = thinking(ToolFormat::Llama3, ToolThinking::Open);
+    CHECK(grammar_accepts(*llama_open,
+                          R"(sum</think> {"name": "add", "parameters": {"a": 2, "b": 3}})"));
+    // Without a required call the grammar is lazy and leaves the reasoning free.
+    CHECK(chat_tools_grammar(tools_for(ToolFormat::Hermes), *tok, ToolThinking::Open).gbnf ==
+          chat_tools_grammar(tools_for(ToolFormat::Hermes), *tok).gbnf);
+
     // A named tool: only it.
     ChatTools t = tools_for(ToolFormat::Hermes);
     t.only = "add";

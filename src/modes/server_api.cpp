@@ -417,7 +417,13 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
             if (out.tools && out.tools->format == ToolFormat::Generic) {
                 j["json_schema"] = chat_tools_schema(*out.tools);
             } else if (out.tools) {
-                const ToolGrammar g = chat_tools_grammar(*out.tools, tok);
+                // (The model thinks whether or not its reasoning is returned apart.)
+                const std::string& prompt = j["prompt"].get_ref<const std::string&>();
+                const ToolThinking thinking =
+                    !chat_template_thinks(ctx.chat.kind, ctx.chat.jinja.get()) ? ToolThinking::None
+                    : prompt_opens_reasoning(prompt)                           ? ToolThinking::Open
+                                                     : ToolThinking::Optional;
+                const ToolGrammar g = chat_tools_grammar(*out.tools, tok, thinking);
                 j["grammar"] = g.gbnf;
                 if (!g.triggers.empty()) {
                     j["grammar_lazy"] = true;

@@ -17,6 +17,7 @@ using ojson = nlohmann::ordered_json;
 
 constexpr std::string_view kHermesOpen = "<tool_call>", kHermesClose = "</tool_call>";
 constexpr std::string_view kMistralCalls = "[TOOL_CALLS]", kPythonTag = "<|python_tag|>";
+constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
 
 // A message's text: a string, or text parts joined (other parts refused).
 ojson message_text(const ojson& m, size_t index) {
@@ -143,6 +144,44 @@ ChatToolReply parse_mistral(const std::string& text) {
     return out;
 }
 
+// GBNF rules `name` (with helpers name-0 .. name-(n-1)) for any text that does not contain
+// `word` (ASCII): a matcher of the word's prefixes, each state a rule that goes on with any
+// character except one that would complete the word.
+std::string gbnf_text_without(std::string_view word, const std::string& name) {
+    std::string alphabet;
+    for (char c : word) {
+        if (static_cast<unsigned char>(c) >= 0x80)
+            fail("gbnf_text_without: '{}' is not ASCII", word);
+        if (alphabet.find(c) == std::string::npos) alphabet += c;
+    }
+    // The longest prefix of `word` that ends the text word[0..k) + c.
+    auto next = [&](size_t k, char c) {
+        const std::string text = std::string(word.substr(0, k)) + c;
+        for (size_t j = std::min(text.size(), word.size()); j > 0; --j)
+            if (text.compare(text.size() - j, j, word.substr(0, j)) == 0) return j;
+        return size_t(0);
+    };
+    auto char_literal = [](char c) {
+        return c == '"' || c == '\\' ? std::string("\"\\") + c + "\""
+                                     : "\"" + std::string(1, c) + "\"";
+    };
+    std::string others = "[^";
+    for (char c : alphabet) {
+        if (c == ']' || c == '^' || c == '-' || c == '\\') others += '\\';
+        others += c;
+    }
+    others += "]";
+    std::string out = name + " ::= " + name + "-0\n";
+    for (size_t k = 0; k < word.size(); ++k) {
+        out += fmt::format("{}-{} ::= (", name, k);
+        for (char c : alphabet)
+            if (const size_t j = next(k, c); j < word.size())
+                out += fmt::format("{} {}-{} | ", char_literal(c), name, j);
+        out += fmt::format("{} {}-0)?\n", others, name);
+    }
+    return out;
+}
+
 // GBNF for a string literal.
 std::string literal(std::string_view s) {
     std::string out = "\"";
@@ -226,29 +265,31 @@ ojson chat_tools_native_list(const ChatTools& t) {
     return out;
 }
 
-ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok) {
+ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThinking thinking) {
     ToolGrammar g;
     // The vocabulary's one token for a text, or -1.
     auto one_token = [&](std::string_view text) {
         const std::vector<TokenId> ids = tok.encode(std::string(text), false, true);
         return ids.size() == 1 && tok.token_to_piece(ids[0], true) == text ? ids[0] : TokenId(-1);
     };
-    const std::vector<std::string> own = {"tool-calls", "tool-block", "tool-sep"};
+    // The grammar's own rules (the schema's keep clear of them).
+    std::vector<std::string> own = {"tool-calls", "tool-block", "think-text"};
+    for (size_t k = 0; k < kThinkClose.size(); ++k) own.push_back(fmt::format("think-text-{}", k));
     switch (t.format) {
         case ToolFormat::Hermes: {
             g.gbnf = json_schema_to_grammar_rule(chat_tools_call_schema(t, "arguments", false),
                                                  "tool-call", own);
             g.gbnf += "tool-block ::= " + literal(kHermesOpen) + " \"\\n\"? tool-call \"\\n\"? " +
                       literal(kHermesClose) + "\n";
-            g.gbnf += t.parallel ? "root ::= tool-block (\"\\n\" tool-block)*\n"
-                                 : "root ::= tool-block\n";
+            g.gbnf += t.parallel ? "tool-calls ::= tool-block (\"\\n\" tool-block)*\n"
+                                 : "tool-calls ::= tool-block\n";
             if (!t.required) g.triggers.push_back({{"type", "word"}, {"value", kHermesOpen}});
             break;
         }
         case ToolFormat::Llama3: {
             g.gbnf = json_schema_to_grammar_rule(chat_tools_call_schema(t, "parameters", false),
                                                  "tool-call", own);
-            g.gbnf += "root ::= tool-call\n";
+            g.gbnf += "tool-calls ::= tool-call\n";
             if (!t.required) {
                 // A reply that begins with "{" is a call (from its "{"); so is what follows
                 // the python tag where the vocabulary has it.
@@ -261,8 +302,8 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok) {
         case ToolFormat::MistralNemo: {
             g.gbnf = json_schema_to_grammar_rule(chat_tools_call_schema(t, "arguments", true),
                                                  "tool-call", own);
-            g.gbnf += t.parallel ? "root ::= \"[\" tool-call (\", \" tool-call)* \"]\"\n"
-                                 : "root ::= \"[\" tool-call \"]\"\n";
+            g.gbnf += t.parallel ? "tool-calls ::= \"[\" tool-call (\", \" tool-call)* \"]\"\n"
+                                 : "tool-calls ::= \"[\" tool-call \"]\"\n";
             // A required call: the prompt ends with "[TOOL_CALLS]" (chat_tools_prompt_suffix).
             if (t.required) break;
             if (const TokenId calls = one_token(kMistralCalls); calls >= 0)
@@ -274,6 +315,17 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok) {
         case ToolFormat::Generic:
             fail("chat_tools_grammar: the generic format uses chat_tools_schema");
     }
+    // A required call in a reply that may think first: the reasoning block, then the calls
+    // (a lazy grammar leaves the text before the calls free anyway).
+    if (!t.required || thinking == ToolThinking::None || t.format == ToolFormat::MistralNemo) {
+        g.gbnf += "root ::= tool-calls\n";
+        return g;
+    }
+    g.gbnf += gbnf_text_without(kThinkClose, "think-text");
+    const std::string close = literal(kThinkClose) + " [ \\t\\n]*";
+    g.gbnf += thinking == ToolThinking::Open
+                  ? "root ::= think-text " + close + " tool-calls\n"
+                  : "root ::= (" + literal(kThinkOpen) + " think-text " + close + ")? tool-calls\n";
     return g;
 }
 

@@ -94,7 +94,13 @@ struct ToolGrammar {
     std::string gbnf;
     nlohmann::json triggers = nlohmann::json::array();
 };
-ToolGrammar chat_tools_grammar(const ChatTools& tools, const Tokenizer& tok);
+// Whether a reply may start with reasoning (reasoning.h): None; Optional (the chat format
+// thinks: a <think>...</think> block may come first); Open (the prompt opened the block: the
+// reply starts inside it). With a required call the grammar then lets the reasoning come
+// first, the calls after its "</think>" (Hermes and Llama3).
+enum class ToolThinking { None, Optional, Open };
+ToolGrammar chat_tools_grammar(const ChatTools& tools, const Tokenizer& tok,
+                               ToolThinking thinking = ToolThinking::None);
 // Text the prompt ends with, after the assistant's header: MistralNemo with a required call
 // starts the reply with its "[TOOL_CALLS]" (the grammar then writes the list); else "".
 std::string chat_tools_prompt_suffix(const ChatTools& tools);
