@@ -246,10 +246,14 @@ ChatTemplateKind chat_template_detect(std::string_view src) {
     return ChatTemplateKind::Plain;
 }
 
-ChatTemplateKind chat_template_of(const GgufFile& file) {
+std::string chat_template_source(const GgufFile& file) {
     const GgufValue* v = file.find("tokenizer.chat_template");
-    if (!v || !std::holds_alternative<std::string>(v->data)) return ChatTemplateKind::Plain;
-    return chat_template_detect(v->as_string());
+    return v && std::holds_alternative<std::string>(v->data) ? v->as_string() : "";
+}
+
+ChatTemplateKind chat_template_of(const GgufFile& file) {
+    const std::string source = chat_template_source(file);
+    return source.empty() ? ChatTemplateKind::Plain : chat_template_detect(source);
 }
 
 ChatTemplateKind chat_template_from_name(std::string_view name) {
@@ -458,9 +462,7 @@ ChatTemplateChoice chat_template_choose(const GgufFile& file, const std::string&
         c.kind = chat_template_from_name(name);
         return c;
     }
-    const GgufValue* v = file.find("tokenizer.chat_template");
-    const std::string model_source =
-        v && std::holds_alternative<std::string>(v->data) ? v->as_string() : "";
+    const std::string model_source = chat_template_source(file);
     auto parse = [&](const std::string& source, const std::string& where) {
         try {
             c.jinja = std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(source));

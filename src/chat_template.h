@@ -66,6 +66,8 @@ struct ChatSpecialTexts {
 // MistralV3Tekken (a "\"[INST]\"" literal: Mistral Nemo) or MistralV3; "[INST]" with
 // "<<SYS>>" → Llama2, other "[INST]" → Mistral; empty or unrecognized → Plain.
 ChatTemplateKind chat_template_detect(std::string_view jinja_source);
+// A model file's tokenizer.chat_template ("" without one).
+std::string chat_template_source(const GgufFile& file);
 // chat_template_detect on a model file's tokenizer.chat_template (Plain without one).
 ChatTemplateKind chat_template_of(const GgufFile& file);
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "stop_text.h"
 #include "unicode_text.h"
 
 namespace kvrun {
@@ -10,11 +11,9 @@ namespace {
 
 constexpr std::string_view kOpen = "<think>", kClose = "</think>";
 
-// s without an end that may still grow into `tag`.
+// s without an end that may still grow into `tag` (stop_string_holdback).
 std::string_view hold_back(std::string_view s, std::string_view tag) {
-    for (size_t n = std::min(tag.size() - 1, s.size()); n > 0; --n)
-        if (s.substr(s.size() - n) == tag.substr(0, n)) return s.substr(0, s.size() - n);
-    return s;
+    return s.substr(0, s.size() - stop_string_holdback(s, {std::string(tag)}));
 }
 
 // Where the reasoning begins in the reply (npos: there is none), and whether the reply is

@@ -17,15 +17,9 @@
 namespace kvrun {
 namespace {
 
-// The model's chat template source ("" without one).
-std::string template_source(const GgufFile& f) {
-    const GgufValue* v = f.find("tokenizer.chat_template");
-    return v && std::holds_alternative<std::string>(v->data) ? v->as_string() : "";
-}
-
 // Whether its chats write <think> reasoning (reasoning.h).
 bool template_thinks(const GgufFile& f) {
-    const std::string src = template_source(f);
+    const std::string src = chat_template_source(f);
     return src.find("<think>") != std::string::npos ||
            (!src.empty() && chat_template_detect(src) == ChatTemplateKind::DeepSeek3);
 }
@@ -249,7 +243,7 @@ int run_info(const InfoOptions& o) {
                       {"bos", f.get_int_or("tokenizer.ggml.bos_token_id", -1)},
                       {"eos", f.get_int_or("tokenizer.ggml.eos_token_id", -1)},
                       {"chat_template", chat_template_choose(f, "", "", false).name()},
-                      {"tool_calls", tool_format_name(tool_format_detect(template_source(f)))},
+                      {"tool_calls", tool_format_name(tool_format_detect(chat_template_source(f)))},
                       {"thinking", template_thinks(f)}};
         nlohmann::json types = nlohmann::json::object();
         for (auto& [name, e] : histogram) types[name] = {{"tensors", e.first}, {"bytes", e.second}};
@@ -316,7 +310,7 @@ int run_info(const InfoOptions& o) {
     if (f.has("tokenizer.chat_template")) {
         // The server's tool calls use the template's own syntax when it renders through
         // Jinja; replies of thinking models come with their reasoning apart.
-        const ToolFormat tools = tool_format_detect(template_source(f));
+        const ToolFormat tools = tool_format_detect(chat_template_source(f));
         fmt::print("chat features   tool calls {}{}; {}\n", tool_format_name(tools),
                    tools == ToolFormat::Generic || chat.jinja
                        ? ""

@@ -7,6 +7,7 @@
 #include "common.h"
 #include "json_schema.h"
 #include "modes/server_tools.h"
+#include "stop_text.h"
 #include "tokenizer.h"
 #include "unicode_text.h"
 
@@ -18,20 +19,6 @@ using ojson = nlohmann::ordered_json;
 constexpr std::string_view kHermesOpen = "<tool_call>", kHermesClose = "</tool_call>";
 constexpr std::string_view kMistralCalls = "[TOOL_CALLS]", kPythonTag = "<|python_tag|>";
 constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
-
-// A message's text: a string, or text parts joined (other parts refused).
-ojson message_text(const ojson& m, size_t index) {
-    if (!m.contains("content") || m["content"].is_null()) return nullptr;
-    const ojson& c = m["content"];
-    if (c.is_string()) return c;
-    std::string text;
-    for (const ojson& part : c) {
-        if (!text.empty()) text += "\n";
-        text += part["text"].get<std::string>();  // shapes checked by chat_messages_from_json
-    }
-    (void)index;
-    return text;
-}
 
 // A call's arguments as the model would have written them: an object when the text parses.
 ojson arguments_value(const ojson& f) {
@@ -228,7 +215,9 @@ ojson chat_messages_native(const ojson& messages) {
         const ojson& m = messages[i];
         std::string role = m["role"].get<std::string>();
         if (role == "developer") role = "system";
-        ojson msg = {{"role", role}, {"content", message_text(m, i)}};
+        ojson msg = {{"role", role}, {"content", nullptr}};
+        if (m.contains("content") && !m["content"].is_null())
+            msg["content"] = chat_message_text(m, i);
         // An earlier reply's reasoning, as a client sends it back (Qwen 3's template reads it).
         if (role == "assistant" && m.contains("reasoning_content") &&
             m["reasoning_content"].is_string())
@@ -366,11 +355,7 @@ ToolAnswerPrefix tool_stream_content(ToolFormat format, std::string_view reply) 
             const size_t at = reply.find(kHermesOpen);
             std::string_view shown = reply.substr(0, at);
             if (at == std::string_view::npos)  // hold back what may begin "<tool_call>"
-                for (size_t n = std::min(kHermesOpen.size() - 1, shown.size()); n > 0; --n)
-                    if (shown.substr(shown.size() - n) == kHermesOpen.substr(0, n)) {
-                        shown.remove_suffix(n);
-                        break;
-                    }
+                shown.remove_suffix(stop_string_holdback(shown, {std::string(kHermesOpen)}));
             out.text = trim_space_right(shown);
             return out;
         }

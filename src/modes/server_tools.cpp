@@ -8,12 +8,10 @@
 #include "unicode_text.h"
 
 namespace kvrun {
-namespace {
 
 using ojson = nlohmann::ordered_json;
 
-// A message's "content": a string, or a list of {"type": "text", "text": ...} parts.
-std::string message_content(const ojson& m, size_t index) {
+std::string chat_message_text(const ojson& m, size_t index) {
     if (!m.contains("content") || m["content"].is_null()) return {};
     const ojson& c = m["content"];
     if (c.is_string()) return c.get<std::string>();
@@ -31,6 +29,8 @@ std::string message_content(const ojson& m, size_t index) {
     }
     return text;
 }
+
+namespace {
 
 // One OpenAI tool call of an assistant message -> {"name", "arguments"} as the model writes
 // it (arguments come as a JSON string; one that does not parse stays a string).
@@ -291,7 +291,7 @@ std::vector<ChatMessage> chat_messages_from_json(const ojson& messages) {
             const std::string id = m.value("tool_call_id", "");
             if (!id.empty()) r["tool_call_id"] = id;
             if (call_names.count(id)) r["name"] = call_names[id];
-            r["content"] = message_content(m, i);
+            r["content"] = chat_message_text(m, i);
             results.push_back(std::move(r));
             continue;
         }
@@ -311,7 +311,7 @@ std::vector<ChatMessage> chat_messages_from_json(const ojson& messages) {
             msgs.push_back({"assistant", ojson{{"tool_calls", calls}}.dump()});
             continue;
         }
-        msgs.push_back({role, message_content(m, i)});
+        msgs.push_back({role, chat_message_text(m, i)});
     }
     flush_results();
     return msgs;

@@ -71,6 +71,10 @@ std::string chat_tools_instructions(const ChatTools& tools);
 // The JSON schema every reply must match (the generation's grammar).
 nlohmann::ordered_json chat_tools_schema(const ChatTools& tools);
 
+// A message's "content" as text: a string, or its {"type": "text", "text": ...} parts joined
+// by newlines ("" when absent or null). Throws Error naming messages[index] for other parts.
+std::string chat_message_text(const nlohmann::ordered_json& message, size_t index);
+
 // The request's "messages" as chat messages (tool calls and results written as described
 // above; "developer" is "system"). Throws Error naming the bad message.
 std::vector<ChatMessage> chat_messages_from_json(const nlohmann::ordered_json& messages);
