@@ -153,7 +153,8 @@ int32_t Engine::submit(GenerationRequest request) {
     s->sampler = make_sampler(req->sampling);
     if (req->grammar) {
         if (!grammar_vocab_) grammar_vocab_ = std::make_shared<GrammarVocab>(tok_);
-        s->grammar = std::make_unique<GrammarConstraint>(req->grammar, grammar_vocab_);
+        s->grammar = std::make_unique<GrammarConstraint>(grammar_bind_tokens(req->grammar, tok_),
+                                                         grammar_vocab_);
         s->grammar->set_end_tokens(req->stop_tokens);
         if (!req->grammar_triggers.empty()) s->grammar->set_lazy(req->grammar_triggers);
         for (size_t i = 0; i < req->grammar_prefix.size(); ++i)

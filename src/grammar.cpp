@@ -1,4 +1,4 @@
-// GBNF parsing: text -> flat rules of Char/NotChar/Rule elements. Repetitions and groups
+// GBNF parsing: text -> flat rules of Char/NotChar/Rule/Token elements. Repetitions and groups
 // become generated rules (x* is R ::= x R | empty, so the matcher's stacks stay bounded);
 // after parsing, every referenced rule must exist and no rule may be left-recursive.
 #include "grammar.h"
@@ -171,6 +171,8 @@ class GrammarParser {
             } else if (c == '[') {
                 ++pos_;
                 parse_class(seq);
+            } else if (c == '<' || (c == '!' && peek(1) == '<')) {
+                parse_token(seq);
             } else if (c == '.') {
                 ++pos_;
                 seq.push_back({Kind::NotChar, static_cast<uint32_t>(ranges_.size()), 0});
@@ -303,6 +305,39 @@ class GrammarParser {
         seq.push_back(e);
     }
 
+    // `<[id]>`, `<text>`, or either after `!` (any one token but that).
+    void parse_token(Sequence& seq) {
+        Element e{Kind::Token, 0, 0};
+        if (peek() == '!') {
+            e.kind = Kind::NotToken;
+            ++pos_;
+        }
+        ++pos_;  // '<'
+        const size_t start = pos_;
+        while (!at_end() && peek() != '>' && peek() != '\n') ++pos_;
+        if (peek() != '>') error("unterminated token (`<[id]>` or `<text>`)");
+        const std::string_view inner = text_.substr(start, pos_ - start);
+        ++pos_;
+        if (inner.empty()) error("empty token `<>`");
+        if (inner.front() == '[' && inner.back() == ']' && inner.size() > 2) {
+            uint64_t id = 0;
+            for (char d : inner.substr(1, inner.size() - 2)) {
+                if (d < '0' || d > '9' || id > Grammar::kNamedToken)
+                    error(fmt::format("bad token id in `<{}>`", inner));
+                id = id * 10 + static_cast<uint64_t>(d - '0');
+            }
+            if (id >= Grammar::kNamedToken) error(fmt::format("bad token id in `<{}>`", inner));
+            e.value = static_cast<uint32_t>(id);
+        } else {
+            // The token's text is all of `<...>`, as special tokens are spelled (<think>).
+            const std::string name = "<" + std::string(inner) + ">";
+            auto it = std::find(token_names_.begin(), token_names_.end(), name);
+            e.value = Grammar::kNamedToken | static_cast<uint32_t>(it - token_names_.begin());
+            if (it == token_names_.end()) token_names_.push_back(name);
+        }
+        seq.push_back(e);
+    }
+
     // Replaces seq[unit..] by its repetition (`*`, `+`, `?`, `{m}`, `{m,}`, `{m,n}`).
     void apply_postfix(Sequence& seq, size_t unit) {
         const char op = peek();
@@ -396,6 +431,7 @@ class GrammarParser {
         auto g = std::make_shared<Grammar>();
         g->ranges_ = std::move(ranges_);
         g->names_ = names_;
+        g->token_names_ = std::move(token_names_);
         g->root_ = it->second;
         g->alts_.resize(rules_.size());
         for (size_t r = 0; r < rules_.size(); ++r) {
@@ -405,6 +441,9 @@ class GrammarParser {
                 g->elements_.push_back({Kind::End, 0, 0});
             }
         }
+        g->has_tokens_ = std::any_of(
+            g->elements_.begin(), g->elements_.end(),
+            [](const Element& e) { return e.kind == Kind::Token || e.kind == Kind::NotToken; });
         return g;
     }
 
@@ -472,7 +511,8 @@ class GrammarParser {
     std::vector<std::vector<Sequence>> rules_;
     std::vector<Grammar::Range> ranges_;
     std::vector<std::string> names_;
-    std::vector<std::string> owner_;  // the user's rule a generated rule belongs to
+    std::vector<std::string> token_names_;  // `<text>` tokens, by first use
+    std::vector<std::string> owner_;        // the user's rule a generated rule belongs to
     std::vector<bool> defined_;
     std::vector<size_t> used_at_;  // where a rule was first referenced (for errors)
     std::map<std::string, uint32_t> index_;
@@ -487,6 +527,7 @@ std::shared_ptr<const Grammar> Grammar::parse(std::string_view text, std::string
 }
 
 bool Grammar::matches(const Element& e, uint32_t cp) const {
+    if (e.kind == Kind::Token || e.kind == Kind::NotToken) return false;
     bool in = false;
     for (uint32_t i = 0; i < e.n_ranges && !in; ++i) {
         const Range& r = ranges_[e.value + i];
@@ -495,7 +536,41 @@ bool Grammar::matches(const Element& e, uint32_t cp) const {
     return e.kind == Kind::Char ? in : !in;
 }
 
+bool Grammar::matches_token(const Element& e, int32_t id) {
+    if (id < 0 || (e.value & kNamedToken)) return false;
+    if (e.kind == Kind::Token) return e.value == static_cast<uint32_t>(id);
+    return e.kind == Kind::NotToken && e.value != static_cast<uint32_t>(id);
+}
+
+std::shared_ptr<const Grammar> grammar_bind_tokens(std::shared_ptr<const Grammar> grammar,
+                                                   const Tokenizer& tok) {
+    if (!grammar || !grammar->has_tokens()) return grammar;
+    std::vector<uint32_t> ids;
+    for (const std::string& name : grammar->token_names()) {
+        const std::vector<TokenId> enc = tok.encode(name, false, true);
+        TokenId id = enc.size() == 1 ? enc[0] : tok.find_token(name);
+        if (id < 0)
+            throw Error(fmt::format("grammar: the model has no token `{}` (its text encodes to "
+                                    "{} tokens)",
+                                    name, enc.size()),
+                        "a token element names one token of the vocabulary: its text, or "
+                        "its id as `<[id]>`");
+        ids.push_back(static_cast<uint32_t>(id));
+    }
+    auto out = std::make_shared<Grammar>(*grammar);
+    out->token_names_.clear();
+    for (Grammar::Element& e : out->elements_) {
+        if (e.kind != Kind::Token && e.kind != Kind::NotToken) continue;
+        if (e.value & Grammar::kNamedToken) e.value = ids[e.value & ~Grammar::kNamedToken];
+        if (e.value >= static_cast<uint32_t>(tok.n_vocab()))
+            fail("grammar: token id {} (`<[{}]>`) is beyond the vocabulary of {} tokens", e.value,
+                 e.value, tok.n_vocab());
+    }
+    return out;
+}
+
 bool Grammar::matches_any(const Element& e, uint32_t lo, uint32_t hi) const {
+    if (e.kind == Kind::Token || e.kind == Kind::NotToken) return false;
     if (e.kind == Kind::Char) {
         for (uint32_t i = 0; i < e.n_ranges; ++i) {
             const Range& r = ranges_[e.value + i];

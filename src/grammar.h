@@ -1,7 +1,8 @@
 // Grammar-constrained generation. A GBNF grammar (llama.cpp's format: `name ::= ...` rules
-// of literals, character classes, rule references, groups, alternatives and the * + ? {m,n}
-// repetitions) is compiled into flat rules; GrammarState is a pushdown matcher over Unicode
-// code points that follows every parse at once (a set of stacks); GrammarVocab holds a
+// of literals, character classes, rule references, groups, alternatives, the * + ? {m,n}
+// repetitions, and tokens: `<[id]>` or `<text>` for one token, `!<[id]>` or `!<text>` for
+// any one token but that) is compiled into flat rules; GrammarState is a pushdown matcher over
+// Unicode code points that follows every parse at once (a set of stacks); GrammarVocab holds a
 // vocabulary's token bytes as a trie, so GrammarConstraint finds all tokens the grammar
 // allows next in one walk that drops whole subtrees at their first impossible byte.
 #pragma once
@@ -24,11 +25,16 @@ class Grammar {
   public:
     // One element of a rule alternative.
     enum class Kind : uint8_t {
-        End,      // end of an alternative (the rule's next alternative follows, or the rule ends)
-        Char,     // one code point in any of the ranges (`ranges` [first, first + n_ranges))
-        NotChar,  // one code point in none of the ranges
-        Rule,     // a reference to rule `value`
+        End,       // end of an alternative (the rule's next alternative follows, or the rule ends)
+        Char,      // one code point in any of the ranges (`ranges` [first, first + n_ranges))
+        NotChar,   // one code point in none of the ranges
+        Rule,      // a reference to rule `value`
+        Token,     // one token: the id `value` (a control token with no text included)
+        NotToken,  // one token other than `value` (never an end-of-generation token)
     };
+    // Token/NotToken written by their text (`<think>`) until grammar_bind_tokens finds the
+    // ids: value is kNamedToken | an index into token_names(), and matches no token.
+    static constexpr uint32_t kNamedToken = 0x80000000u;
     struct Element {
         Kind kind = Kind::End;
         uint32_t value = 0;     // Rule: rule index; Char/NotChar: first index into ranges()
@@ -40,6 +46,7 @@ class Grammar {
 
     // Parses GBNF text. Throws Error naming the line and column of the first problem, an
     // undefined or missing root rule, or left recursion (which the matcher cannot follow).
+    // Tokens named by text stay unbound (grammar_bind_tokens).
     static std::shared_ptr<const Grammar> parse(std::string_view text,
                                                 std::string_view root = "root");
 
@@ -50,20 +57,39 @@ class Grammar {
     const std::vector<Range>& ranges() const { return ranges_; }
     uint32_t root() const { return root_; }
     size_t n_rules() const { return alts_.size(); }
+    uint32_t n_elements() const { return static_cast<uint32_t>(elements_.size()); }
     const std::string& rule_name(uint32_t rule) const { return names_[rule]; }
-    // Does code point `cp` match element e (Char or NotChar)?
+    // Does code point `cp` match element e (Char or NotChar; never a token element)?
     bool matches(const Element& e, uint32_t cp) const;
     // Could some code point in [lo, hi] match element e (Char or NotChar)?
     bool matches_any(const Element& e, uint32_t lo, uint32_t hi) const;
+    // Does token `id` match element e (Token or NotToken, bound)?
+    static bool matches_token(const Element& e, int32_t id);
+    // The texts of tokens written as `<text>`, brackets included (see kNamedToken); empty
+    // once bound.
+    const std::vector<std::string>& token_names() const { return token_names_; }
+    bool has_tokens() const { return has_tokens_; }  // some Token/NotToken element
 
   private:
     friend class GrammarParser;
+    friend std::shared_ptr<const Grammar> grammar_bind_tokens(std::shared_ptr<const Grammar>,
+                                                              const Tokenizer&);
     std::vector<Element> elements_;
     std::vector<Range> ranges_;
     std::vector<std::vector<uint32_t>> alts_;  // [n_rules] first element of each alternative
     std::vector<std::string> names_;           // [n_rules] (generated rules: "name/3")
+    std::vector<std::string> token_names_;
     uint32_t root_ = 0;
+    bool has_tokens_ = false;
 };
+
+// The grammar with its tokens found in a vocabulary: `<text>` is the one token that `<text>`
+// (brackets included: `<think>`, `<|im_end|>`) encodes to (special tokens included, as llama.cpp
+// reads it) or, failing that, the token spelled `text` in the vocabulary; `<[id]>` must be below
+// the vocabulary's size. Returns the grammar itself when there is nothing to bind; throws Error
+// naming a token not found.
+std::shared_ptr<const Grammar> grammar_bind_tokens(std::shared_ptr<const Grammar> grammar,
+                                                   const Tokenizer& tok);
 
 // The matcher's position after some text: every way the grammar can still go on (stacks of
 // element indices, top last, each top a Char/NotChar element; an empty stack means the text
@@ -77,6 +103,11 @@ class GrammarState {
     bool advance(std::string_view bytes);
     // Would advance(bytes) succeed? (No change.)
     bool accepts(std::string_view bytes) const;
+    // Consumes one token: as its bytes (UTF-8 text, "" for a control token) and, between
+    // whole code points, as itself for the parses that want a token element. False, with
+    // nothing changed, when neither way goes on.
+    bool advance_token(int32_t id, std::string_view bytes);
+    bool accepts_token(int32_t id, std::string_view bytes) const;
     // The text so far is a whole sentence of the grammar (the end of generation may come).
     bool complete() const;
     // Nothing can follow: complete, and no parse wants more text.
@@ -98,6 +129,9 @@ class GrammarState {
     std::vector<Stack> step(const std::vector<Stack>& stacks, uint32_t cp) const;
     // Feeds one byte to (stacks, utf8); false when it cannot be taken.
     bool feed(std::vector<Stack>& stacks, Utf8& utf8, uint8_t byte) const;
+    // The stacks after token id (advance_token) and the partial code point they leave;
+    // empty when none goes on.
+    std::vector<Stack> after_token(int32_t id, std::string_view bytes, Utf8& utf8) const;
 
     std::shared_ptr<const Grammar> grammar_;
     std::vector<Stack> stacks_;
@@ -149,7 +183,8 @@ struct GrammarTriggers {
 
 // One sequence's grammar: which tokens may come next, and advancing by the chosen one.
 // End-of-generation tokens are allowed exactly when the text so far is complete; other
-// tokens when their bytes continue some parse (tokens with no bytes never are). Copies share
+// tokens when their bytes continue some parse (tokens with no bytes never do) or a token
+// element takes them. The grammar's tokens must be bound (grammar_bind_tokens). Copies share
 // a cache of recent masks (by matcher state: inside a JSON string every character leads back
 // to the same state), so they must stay on one thread.
 class GrammarConstraint final : public TokenConstraint {

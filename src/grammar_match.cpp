@@ -136,6 +136,47 @@ bool GrammarState::accepts(std::string_view bytes) const {
     return copy.advance(bytes);
 }
 
+std::vector<GrammarState::Stack> GrammarState::after_token(int32_t id, std::string_view bytes,
+                                                           Utf8& utf8) const {
+    std::vector<Stack> out;
+    utf8 = utf8_;
+    if (!bytes.empty()) {  // as text
+        std::vector<Stack> stacks = stacks_;
+        bool ok = true;
+        for (char c : bytes)
+            if (!(ok = feed(stacks, utf8, static_cast<uint8_t>(c)))) break;
+        // Text that leaves a code point open can only go on as text.
+        if (ok && utf8.remaining > 0) return stacks;
+        if (ok) out = std::move(stacks);
+        utf8 = {};
+    }
+    if (utf8_.remaining == 0 && grammar_->has_tokens()) {  // as itself
+        for (const Stack& s : stacks_) {
+            if (s.empty() || !Grammar::matches_token(grammar_->element(s.back()), id)) continue;
+            Stack next(s.begin(), s.end() - 1);
+            if (grammar_->element(s.back() + 1).kind != Kind::End) next.push_back(s.back() + 1);
+            expand(std::move(next), out);
+        }
+        std::sort(out.begin(), out.end());
+        out.erase(std::unique(out.begin(), out.end()), out.end());
+    }
+    return out;
+}
+
+bool GrammarState::advance_token(int32_t id, std::string_view bytes) {
+    Utf8 utf8;
+    std::vector<Stack> next = after_token(id, bytes, utf8);
+    if (next.empty()) return false;
+    stacks_ = std::move(next);
+    utf8_ = utf8;
+    return true;
+}
+
+bool GrammarState::accepts_token(int32_t id, std::string_view bytes) const {
+    Utf8 utf8;
+    return !after_token(id, bytes, utf8).empty();
+}
+
 bool GrammarState::complete() const {
     return utf8_.remaining == 0 &&
            std::any_of(stacks_.begin(), stacks_.end(), [](const Stack& s) { return s.empty(); });
@@ -214,6 +255,17 @@ GrammarConstraint::GrammarConstraint(std::shared_ptr<const Grammar> grammar,
                                      std::shared_ptr<const GrammarVocab> vocab)
     : state_(std::move(grammar)), vocab_(std::move(vocab)), cache_(std::make_shared<MaskCache>()) {
     if (!vocab_) fail("grammar: no vocabulary given");
+    const Grammar& g = state_.grammar();
+    if (!g.token_names().empty())
+        fail("grammar: token `{}` is not bound to the vocabulary", g.token_names()[0]);
+    if (g.has_tokens())
+        for (uint32_t i = 0; i < g.n_elements(); ++i) {
+            const Grammar::Element& e = g.element(i);
+            if ((e.kind == Kind::Token || e.kind == Kind::NotToken) &&
+                e.value >= static_cast<uint32_t>(vocab_->n_vocab_))
+                fail("grammar: token id {} is beyond the vocabulary of {} tokens", e.value,
+                     vocab_->n_vocab_);
+        }
 }
 
 void GrammarConstraint::set_end_tokens(std::vector<TokenId> tokens) {
@@ -230,8 +282,7 @@ bool GrammarConstraint::allows(TokenId token) const {
     if (token < 0 || token >= vocab_->n_vocab_) return false;
     if (!active_) return true;
     if (is_end(token)) return state_.complete();
-    const std::string& b = vocab_->bytes_[token];
-    return !b.empty() && state_.accepts(b);
+    return state_.accepts_token(token, vocab_->bytes_[token]);
 }
 
 struct GrammarConstraint::Walk {
@@ -293,6 +344,18 @@ void GrammarConstraint::allowed_mask(std::span<uint8_t> mask) const {
     std::fill(mask.begin(), mask.end(), 0);
     Walk w;
     walk(w, 0, w.intern({state_.stacks_, state_.utf8_}), mask);
+    if (state_.grammar().has_tokens() && state_.utf8_.remaining == 0)  // token elements
+        for (const GrammarState::Stack& s : state_.stacks_) {
+            if (s.empty()) continue;
+            const Grammar::Element& e = state_.grammar().element(s.back());
+            if (e.kind == Kind::Token && !is_end(static_cast<TokenId>(e.value))) {
+                mask[e.value] = 1;
+            } else if (e.kind == Kind::NotToken) {
+                for (TokenId t = 0; t < vocab_->n_vocab_; ++t)
+                    if (Grammar::matches_token(e, t) && !is_end(t))
+                        mask[static_cast<size_t>(t)] = 1;
+            }
+        }
     if (state_.complete()) {
         for (size_t t = 0; t < mask.size(); ++t)
             if (vocab_->eog_[t]) mask[t] = 1;
@@ -385,9 +448,8 @@ bool GrammarConstraint::try_accept(TokenId token) {
         trigger_text();
         return true;
     }
-    if (is_end(token)) return state_.complete();  // the end: the state stays
-    const std::string& b = vocab_->bytes_[token];
-    return !b.empty() && state_.advance(b);  // one match (advance leaves a refusal unchanged)
+    if (is_end(token)) return state_.complete();                // the end: the state stays
+    return state_.advance_token(token, vocab_->bytes_[token]);  // a refusal changes nothing
 }
 
 void GrammarConstraint::accept(TokenId token) {

@@ -202,6 +202,8 @@ TEST_CASE("grammar constraint: the trie's mask equals token-by-token checks on r
         R"(root ::= ("yes" | "no") " " [0-9]{1,3} "\n")",
         R"(root ::= [^a-z]* "é" .)",
         R"(root ::= " Once upon a time" [ a-z,.]*)",
+        // Tokens (control ones included) among text, and any token but one.
+        R"(root ::= ("a" | <[1]> | <[7]>) (!<[300]> | " x"){1,3} [0-9]+)",
     };
     for (const char* vocab_name :
          {"models/stories260K-F16.gguf", "vocab/ggml-vocab-llama-spm.gguf",
@@ -218,7 +220,7 @@ TEST_CASE("grammar constraint: the trie's mask equals token-by-token checks on r
         auto vocab = std::make_shared<GrammarVocab>(*tok);
         std::mt19937 rng(7);
         for (const char* text : grammars) {
-            GrammarConstraint c(Grammar::parse(text), vocab);
+            GrammarConstraint c(grammar_bind_tokens(Grammar::parse(text), *tok), vocab);
             GrammarConstraint prev = c;
             std::vector<uint8_t> prev_mask;
             // Walk a few random allowed tokens deep, comparing the mask with allows() each time.
@@ -291,6 +293,119 @@ TEST_CASE("grammar constraint: extra end tokens are allowed exactly where the te
     plain.accept(dot);
     CHECK(plain.finished());
     CHECK_FALSE(plain.allows(word));
+}
+
+TEST_CASE("grammar tokens: <[id]>, <text> and !<...> match whole tokens, control ones too") {
+    // Parsing: ids, names (bound later), negation, and the errors.
+    auto g = Grammar::parse(R"(root ::= <[12]> !<[3]> <think> ("x" | <think>))");
+    CHECK(g->has_tokens());
+    REQUIRE(g->token_names() == std::vector<std::string>{"<think>"});
+    CHECK_FALSE(Grammar::parse(R"(root ::= "<[12]>")")->has_tokens());           // a literal's text
+    CHECK_FALSE(grammar_accepts(*Grammar::parse("root ::= <[12]>"), "<[12]>"));  // never text
+    CHECK(parse_error("root ::= <>").find("empty token") != std::string::npos);
+    CHECK(parse_error("root ::= <[1x]>").find("bad token id") != std::string::npos);
+    CHECK(parse_error("root ::= <[99999999999]>").find("bad token id") != std::string::npos);
+    CHECK(parse_error("root ::= <abc\n").find("unterminated token") != std::string::npos);
+    CHECK(parse_error("root ::= ! \"a\"").find("unexpected character `!`") != std::string::npos);
+
+    auto path = test::shared_path("models/stories260K.gguf");
+    if (path.empty()) return;
+    GgufFile file = GgufFile::open(path.string());
+    auto tok = Tokenizer::from_gguf(file);
+    auto vocab = std::make_shared<GrammarVocab>(*tok);
+    const TokenId bos = tok->bos();  // a control token: no text, so only a token element
+    const TokenId the = tok->find_token("\u2581the");
+    const TokenId dot = tok->find_token(".");
+    REQUIRE(bos >= 0);
+    REQUIRE(the >= 0);
+    REQUIRE(dot >= 0);
+    const auto n = static_cast<size_t>(tok->n_vocab());
+    auto allowed = [&](const GrammarConstraint& c) {
+        std::vector<uint8_t> mask(n);
+        c.allowed_mask(mask);
+        std::vector<TokenId> out;
+        for (TokenId t = 0; t < tok->n_vocab(); ++t) {
+            CHECK((mask[t] == 1) == c.allows(t));
+            if (mask[t]) out.push_back(t);
+        }
+        return out;
+    };
+    // The tokens whose whole text is `text` (a word and its byte-fallback twin).
+    auto spelled = [&](const std::string& text) {
+        std::vector<TokenId> out;
+        for (TokenId t = 0; t < tok->n_vocab(); ++t)
+            if (!tok->is_control(t) && tok->token_to_piece(t) == text) out.push_back(t);
+        return out;
+    };
+
+    // Binding: texts become ids (the encoded special token, or the vocabulary's spelling),
+    // unknown names and ids past the vocabulary are refused, an unbound grammar too.
+    auto bound = grammar_bind_tokens(Grammar::parse("root ::= <s> <[5]>"), *tok);
+    CHECK(bound->token_names().empty());
+    CHECK(Grammar::matches_token(bound->element(bound->alternatives_of(bound->root())[0]), bos));
+    CHECK(Grammar::matches_token(bound->element(bound->alternatives_of(bound->root())[0] + 1), 5));
+    auto plain = Grammar::parse(R"(root ::= "a")");
+    CHECK(grammar_bind_tokens(plain, *tok) == plain);  // nothing to bind: the same grammar
+    CHECK_THROWS_WITH_AS(grammar_bind_tokens(Grammar::parse("root ::= <no such token>"), *tok),
+                         doctest::Contains("has no token `<no such token>`"), Error);
+    // A text that is a word of the vocabulary, not a special token: <0x0A>-style byte tokens.
+    CHECK(grammar_bind_tokens(Grammar::parse("root ::= <0x0A>"), *tok)->token_names().empty());
+    CHECK_THROWS_WITH_AS(grammar_bind_tokens(Grammar::parse("root ::= <[512]>"), *tok),
+                         doctest::Contains("beyond the vocabulary of 512"), Error);
+    CHECK_THROWS_WITH_AS(GrammarConstraint(Grammar::parse("root ::= <s>"), vocab),
+                         doctest::Contains("not bound"), Error);
+    CHECK_THROWS_WITH_AS(GrammarConstraint(Grammar::parse("root ::= <[600]>"), vocab),
+                         doctest::Contains("beyond the vocabulary"), Error);
+
+    // A control token between texts: exactly it is allowed, then the text goes on.
+    {
+        GrammarConstraint c(grammar_bind_tokens(Grammar::parse(R"(root ::= " the" <s> ".")"), *tok),
+                            vocab);
+        c.accept(the);
+        CHECK(allowed(c) == std::vector<TokenId>{bos});
+        c.accept(bos);
+        CHECK(allowed(c) == spelled("."));
+        c.accept(dot);
+        CHECK(c.finished());
+    }
+    // A token by id or its text: the token itself may come either way; the mask agrees.
+    {
+        GrammarConstraint c(
+            grammar_bind_tokens(
+                Grammar::parse(fmt::format(R"(root ::= (<[{}]> | " th") "e")", the)), *tok),
+            vocab);
+        const auto first = allowed(c);
+        CHECK(std::find(first.begin(), first.end(), the) != first.end());
+        CHECK(std::find(first.begin(), first.end(), tok->find_token("\u2581th")) != first.end());
+        GrammarConstraint as_token = c;
+        as_token.accept(the);  // both parses: the token, and " th" + "e" of its text
+        CHECK(as_token.complete());
+        CHECK(as_token.state().complete());
+    }
+    // !<[id]>: any one token but that one (and no end of generation), then the text.
+    {
+        GrammarConstraint c(Grammar::parse(fmt::format(R"(root ::= !<[{}]> ".")", dot)), vocab);
+        const auto first = allowed(c);
+        CHECK(std::find(first.begin(), first.end(), dot) == first.end());
+        CHECK(std::find(first.begin(), first.end(), bos) != first.end());
+        for (TokenId t : tok->eog_ids())
+            CHECK(std::find(first.begin(), first.end(), t) == first.end());
+        CHECK(first.size() == n - 1 - tok->eog_ids().size());
+        CHECK_FALSE(c.try_accept(dot));
+        c.accept(the);
+        CHECK(allowed(c) == spelled("."));
+    }
+    // Reasoning the way a tool grammar writes it: any tokens but the closing one, then it.
+    {
+        GrammarConstraint c(
+            Grammar::parse(fmt::format(R"(root ::= (!<[{0}]>)* <[{0}]> " the")", dot)), vocab);
+        for (int i = 0; i < 5; ++i) c.accept(the);
+        c.accept(dot);
+        for (TokenId t : allowed(c))  // " the" and its prefixes (" ", " t", ...)
+            CHECK(std::string(" the").rfind(tok->token_to_piece(t), 0) == 0);
+        c.accept(the);
+        CHECK(c.finished());
+    }
 }
 
 TEST_CASE("lazy grammar constraint: everything until a trigger word, pattern or token") {

@@ -358,3 +358,45 @@ TEST_CASE("lazy grammar from a JSON request: llama.cpp's grammar_lazy and gramma
         CHECK_THROWS_WITH_AS(parse(fields), doctest::Contains(reason.c_str()), Error);
     }
 }
+
+TEST_CASE("grammar tokens through the engine: a control token inside the reply, by its text") {
+    auto path = test::shared_path("models/stories260K.gguf");
+    if (path.empty()) return;
+    Model m = spec_test::load(path, 16, 256);
+    const TokenId bos = m.tok->bos();
+    const TokenId dot = m.tok->find_token(".");
+    REQUIRE(dot >= 0);
+    // Two words, the control token <s> (no text: only the token element reaches it), any
+    // 2-5 tokens but "." and then ".": the same greedy tokens alone, batched, with a draft.
+    auto g = Grammar::parse(R"(root ::= (" " [a-z]{1,4}){2} <s> (!<[)" + std::to_string(dot) +
+                            R"(]>){2,5} ".")");
+    auto reqs = requests(*m.tok, g, greedy(), 40);
+    auto alone = run(m, reqs, 1);
+    auto batched = run(m, reqs, 4);
+    auto drafted = run(m, reqs, 4, m.backend.get(), 3);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+        const Out& o = alone[i][0];
+        CAPTURE(i);
+        std::string shown;
+        for (TokenId t : o.tokens) shown += fmt::format("{}:{} ", t, m.tok->token_to_piece(t));
+        CAPTURE(shown);
+        CHECK(o.tokens == batched[i][0].tokens);
+        CHECK(o.tokens == drafted[i][0].tokens);
+        CHECK(o.stop == StopReason::Eos);
+        const auto at = std::find(o.tokens.begin(), o.tokens.end(), bos);
+        REQUIRE(at != o.tokens.end());
+        std::string words;
+        for (auto t = o.tokens.begin(); t != at; ++t) words += m.tok->token_to_piece(*t);
+        CHECK(grammar_accepts(*Grammar::parse(R"(root ::= (" " [a-z]{1,4}){2})"), words));
+        const auto rest = std::distance(at, o.tokens.end()) - 1;
+        CHECK(rest >= 3);
+        CHECK(rest <= 6);
+        CHECK(o.tokens.back() == dot);
+        CHECK(std::count(at + 1, o.tokens.end(), dot) == 1);
+    }
+    // A token the vocabulary lacks: the request is refused with its name.
+    GenerationRequest r = reqs[0];
+    r.grammar = Grammar::parse("root ::= <|im_end|>");
+    Engine engine(*m.backend, *m.tok, EngineOptions{});
+    CHECK_THROWS_WITH_AS(engine.submit(r), doctest::Contains("no token `<|im_end|>`"), Error);
+}
