@@ -66,12 +66,33 @@ class Converter {
         schema_check(root_);
         rules_.push_back({ref_rules_["#"], ""});
         rules_[0].second = visit(root_, "", "");
+        return text();
+    }
+
+    // Rule `name` for each (name, $ref into the root) in `named` (json_schema_to_grammar_rules).
+    std::string run(const std::vector<std::pair<std::string, std::string>>& named) {
+        schema_check(root_);
+        ref_rules_.erase("#");  // (no rule holds the root itself)
+        for (const auto& [name, ref] : named) {
+            if (ref_rules_.count(ref)) fail("json_schema_to_grammar_rules: '{}' twice", ref);
+            taken_.insert(name);
+            ref_rules_[ref] = name;
+        }
+        for (const auto& [name, ref] : named) {
+            const size_t slot = rules_.size();
+            rules_.push_back({name, ""});
+            rules_[slot].second = visit(schema_resolve(root_, ref, ""), ref.substr(1), name);
+        }
+        return text();
+    }
+
+  private:
+    std::string text() const {
         std::string out;
         for (const auto& [name, body] : rules_) out += name + " ::= " + body + "\n";
         return out;
     }
 
-  private:
     // The rule for a $ref target (created on first use, before its body, so recursive
     // references find it).
     std::string ref_rule(const std::string& ref, const std::string& ptr) {
@@ -459,6 +480,25 @@ std::string json_schema_to_grammar_rule(const nlohmann::ordered_json& schema,
         rule.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") != std::string::npos)
         fail("json_schema_to_grammar_rule: '{}' is no free rule name", rule);
     return Converter(schema, rule, reserved).run();
+}
+
+std::string json_schema_to_grammar_rules(
+    const nlohmann::ordered_json& root,
+    const std::vector<std::pair<std::string, std::string>>& rules,
+    const std::vector<std::string>& reserved) {
+    for (const std::string& name : reserved)
+        if (gbnf_is_primitive(name))
+            fail("json_schema_to_grammar_rules: '{}' is a fixed rule", name);
+    std::vector<std::string> names = reserved;
+    for (const auto& [rule, ref] : rules) {
+        if (rule.empty() || rule == "root" || gbnf_is_primitive(rule) ||
+            rule.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") != std::string::npos ||
+            std::find(names.begin(), names.end(), rule) != names.end())
+            fail("json_schema_to_grammar_rules: '{}' is no free rule name", rule);
+        if (ref.rfind("#/", 0) != 0) fail("json_schema_to_grammar_rules: '{}' is no $ref", ref);
+        names.push_back(rule);
+    }
+    return Converter(root, "root", names).run(rules);
 }
 
 std::string json_schema_to_grammar(const nlohmann::json& schema) {

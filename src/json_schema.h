@@ -28,4 +28,11 @@ std::string json_schema_to_grammar_rule(const nlohmann::ordered_json& schema,
                                         const std::string& rule,
                                         const std::vector<std::string>& reserved = {});
 
+// Several such rules from one schema: rule `name` for the subschema each $ref ("#/$defs/x")
+// points to, with the helper rules they share written once (refs between them allowed).
+std::string json_schema_to_grammar_rules(
+    const nlohmann::ordered_json& root,
+    const std::vector<std::pair<std::string, std::string>>& rules,
+    const std::vector<std::string>& reserved = {});
+
 }  // namespace kvrun

@@ -250,8 +250,14 @@ void Tokenizer::check_id(TokenId id) const {
         fail("token id {} is out of range (vocabulary of {} tokens)", id, n_vocab());
 }
 
+void StreamDecoder::show_tokens(std::vector<TokenId> ids) {
+    std::sort(ids.begin(), ids.end());
+    shown_ = std::move(ids);
+}
+
 std::string StreamDecoder::push(TokenId id) {
-    std::string piece = tok_.token_to_piece(id, render_special_);
+    std::string piece = tok_.token_to_piece(
+        id, render_special_ || std::binary_search(shown_.begin(), shown_.end(), id));
     if (strip_next_) {
         if (!piece.empty() && piece[0] == ' ') piece.erase(0, 1);
         strip_next_ = false;

@@ -129,6 +129,9 @@ class StreamDecoder {
     // render_special: control tokens show their text (Tokenizer::decode).
     explicit StreamDecoder(const Tokenizer& tok, bool render_special = false)
         : tok_(tok), render_special_(render_special) {}
+    // These control tokens show their text even without render_special (llama.cpp's
+    // preserved_tokens: a tool syntax's markers, so the reply can be read back).
+    void show_tokens(std::vector<TokenId> ids);
     // Returns the text that became complete with this token (possibly empty). Malformed
     // byte sequences come out as U+FFFD.
     std::string push(TokenId id);
@@ -138,6 +141,7 @@ class StreamDecoder {
   private:
     const Tokenizer& tok_;
     bool render_special_ = false;
+    std::vector<TokenId> shown_;  // sorted
     std::string pending_;
     bool first_ = true;
     bool strip_next_ = false;  // BOS came first: strip the next piece's leading space

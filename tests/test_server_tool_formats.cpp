@@ -11,6 +11,8 @@
 #include <set>
 
 #include "chat_template.h"
+#include "gguf.h"
+#include "gguf_writer.h"
 #include "grammar.h"
 #include "json_schema.h"
 #include "modes/server_tools.h"
@@ -24,8 +26,8 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-// Three templates written for these tests in the styles of Hermes/Qwen, Llama 3.1 and Mistral
-// Nemo (not those models' own texts).
+// Four templates written for these tests in the styles of Hermes/Qwen, Llama 3.1, Mistral
+// Nemo and Mistral Small 3.2 (not those models' own texts).
 const char* const kHermes = R"tmpl({%- if tools %}<|im_start|>system
 {% if messages[0].role == 'system' %}{{ messages[0].content }}
 
@@ -95,6 +97,48 @@ const char* const kMistral = R"tmpl({%- for message in messages %}
 {%- endfor %}
 )tmpl";
 
+const char* const kMistralV11 = R"tmpl({%- for message in messages %}
+{%- if message.role == 'system' %}[SYSTEM_PROMPT]{{ message.content }}[/SYSTEM_PROMPT]
+{%- elif message.role == 'user' %}{% if loop.last and tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]{{ message.content }}[/INST]
+{%- elif message.role == 'assistant' and message.tool_calls %}
+{%- for c in message.tool_calls %}[TOOL_CALLS]{{ c.function.name }}[ARGS]{{ c.function.arguments | tojson }}{% endfor %}{{ eos_token }}
+{%- elif message.role == 'assistant' %}{{ message.content }}{{ eos_token }}
+{%- elif message.role == 'tool' %}[TOOL_RESULTS]{{ message.content }}[/TOOL_RESULTS]
+{%- endif %}
+{%- endfor %}
+)tmpl";
+
+// A copy of the model with two byte tokens its stories never use (<0x00>, <0x01>) turned into
+// Mistral's control tokens [TOOL_CALLS] and [ARGS]: the native tool syntax through real
+// control tokens (no text of their own) on a model that runs here.
+std::string with_mistral_tokens(const std::string& path) {
+    GgufFile in = GgufFile::open(path);
+    GgufWriter w(static_cast<uint32_t>(in.alignment()));
+    for (const auto& [key, value] : in.metadata()) w.set_value(key, value);
+    std::vector<std::string> tokens;
+    for (const GgufValue& v : in.get_array("tokenizer.ggml.tokens"))
+        tokens.push_back(v.as_string());
+    std::vector<int32_t> types;
+    for (const GgufValue& v : in.get_array("tokenizer.ggml.token_type"))
+        types.push_back(static_cast<int32_t>(v.as_int()));
+    const std::pair<const char*, const char*> renamed[] = {{"<0x00>", "[TOOL_CALLS]"},
+                                                           {"<0x01>", "[ARGS]"}};
+    for (const auto& [from, to] : renamed) {
+        const auto it = std::find(tokens.begin(), tokens.end(), from);
+        REQUIRE(it != tokens.end());
+        *it = to;
+        types[static_cast<size_t>(it - tokens.begin())] = 3;  // control
+    }
+    w.set_array_str("tokenizer.ggml.tokens", tokens);
+    w.set_array_i32("tokenizer.ggml.token_type", types);
+    for (const GgufTensorInfo& t : in.tensors())
+        w.add_tensor(t.name, t.type, t.dims, t.data, t.n_bytes);
+    const std::string out =
+        (std::filesystem::temp_directory_path() / "kvrun-test-mistral-tokens.gguf").string();
+    w.write_file(out);
+    return out;
+}
+
 ChatTools tools_for(ToolFormat format, const std::string& choice = "auto", bool parallel = true) {
     ojson req = {
         {"tools", weather_and_add()}, {"tool_choice", choice}, {"parallel_tool_calls", parallel}};
@@ -118,6 +162,8 @@ TEST_CASE("tool formats: detected from the template's own syntax") {
     CHECK(tool_format_detect(kHermes) == ToolFormat::Hermes);
     CHECK(tool_format_detect(kLlama3) == ToolFormat::Llama3);
     CHECK(tool_format_detect(kMistral) == ToolFormat::MistralNemo);
+    CHECK(tool_format_detect(kMistralV11) == ToolFormat::MistralV11);
+    CHECK(std::string(tool_format_name(ToolFormat::MistralV11)) == "mistral-v11");
     CHECK(tool_format_detect("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}") ==
           ToolFormat::Generic);
     // Llama 3 headers alone (Llama 3.0, no tool role) are not the tool syntax.
@@ -173,6 +219,12 @@ TEST_CASE("tool formats: the template writes tools, calls and results as jinja2 
          "{\"name\": \"add\", \"description\": \"Adds.\", \"parameters\": {\"type\": \"object\", "
          "\"properties\": {\"a\": {\"type\": \"integer\"}}}}}][/AVAILABLE_TOOLS][INST]And "
          "4+4?[/INST]"},
+        {kMistralV11,
+         "[SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT][INST]2+3?[/INST][TOOL_CALLS]add[ARGS]{\"a\": 2, "
+         "\"b\": 3}</s>[TOOL_RESULTS]5[/TOOL_RESULTS][AVAILABLE_TOOLS][{\"type\": \"function\", "
+         "\"function\": {\"name\": \"add\", \"description\": \"Adds.\", \"parameters\": "
+         "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": "
+         "\"integer\"}}}}}][/AVAILABLE_TOOLS][INST]And 4+4?[/INST]"},
     };
     for (const auto& c : cases) {
         const JinjaTemplate t = JinjaTemplate::parse(c.source);
@@ -244,6 +296,42 @@ TEST_CASE("tool formats: each grammar admits exactly calls of listed tools in it
           "[TOOL_CALLS]");
     CHECK(chat_tools_prompt_suffix(tools_for(ToolFormat::MistralNemo)).empty());
     CHECK(chat_tools_prompt_suffix(tools_for(ToolFormat::Hermes, "required")).empty());
+
+    // Mistral v11: [TOOL_CALLS]name[ARGS]{...} per call (here the tags are text: the vocabulary
+    // has no such tokens); "auto" starts after the first tag, a required call writes it.
+    auto v11 = grammar(tools_for(ToolFormat::MistralV11, "required"));
+    const std::string v11_add = R"([TOOL_CALLS]add[ARGS]{"a": 2, "b": 3})";
+    const std::string v11_weather =
+        R"([TOOL_CALLS]get_weather[ARGS]{"city": "Oslo", "unit": "celsius"})";
+    CHECK(grammar_accepts(*v11, v11_add));
+    CHECK(grammar_accepts(*v11, v11_add + v11_weather + v11_add));
+    CHECK_FALSE(grammar_accepts(*v11, R"([TOOL_CALLS]rm[ARGS]{})"));
+    CHECK_FALSE(grammar_accepts(*v11, R"([TOOL_CALLS]add[ARGS]{"a": "two", "b": 3})"));
+    CHECK_FALSE(grammar_accepts(*v11, R"([TOOL_CALLS]get_weather[ARGS]{"a": 2, "b": 3})"));
+    CHECK_FALSE(grammar_accepts(*v11, R"(add[ARGS]{"a": 2, "b": 3})"));
+    auto v11_single = grammar(tools_for(ToolFormat::MistralV11, "required", false));
+    CHECK(grammar_accepts(*v11_single, v11_add));
+    CHECK_FALSE(grammar_accepts(*v11_single, v11_add + v11_add));
+    const ToolGrammar v11_auto = chat_tools_grammar(tools_for(ToolFormat::MistralV11), *tok);
+    CHECK(v11_auto.triggers ==
+          json::parse(R"j([{"type": "pattern", "value": "\\[TOOL_CALLS\\]()"}])j"));
+    CHECK(v11_auto.preserved.empty());  // (no control tokens to show)
+    CHECK(grammar_accepts(*Grammar::parse(v11_auto.gbnf), v11_add.substr(12) + v11_weather));
+    CHECK(chat_tools_prompt_suffix(tools_for(ToolFormat::MistralV11, "required")).empty());
+    // Tools whose parameters share $defs: each tool's own rule, the definitions once.
+    ojson defs_req = {{"tools", ojson::parse(R"([
+        {"type": "function", "function": {"name": "a", "parameters": {"type": "object",
+          "properties": {"p": {"$ref": "#/$defs/P"}}, "$defs": {"P": {"enum": ["x", "y"]}}}}},
+        {"type": "function", "function": {"name": "b", "parameters": {"type": "object",
+          "properties": {"q": {"$ref": "#/$defs/P"}}, "$defs": {"P": {"enum": ["x", "y"]}}}}}])")},
+                      {"tool_choice", "required"}};
+    ChatTools defs_tools = *chat_tools_from_json(defs_req);
+    defs_tools.format = ToolFormat::MistralV11;
+    auto v11_defs = grammar(defs_tools);
+    CHECK(grammar_accepts(*v11_defs,
+                          R"([TOOL_CALLS]a[ARGS]{"p": "x"}[TOOL_CALLS]b[ARGS]{"q": "y"})"));
+    CHECK_FALSE(grammar_accepts(*v11_defs, R"([TOOL_CALLS]a[ARGS]{"q": "x"})"));
+    CHECK_FALSE(grammar_accepts(*v11_defs, R"([TOOL_CALLS]b[ARGS]{"q": "z"})"));
 
     // The embedded schema's rules keep clear of the caller's names.
     const ojson schema = ojson::parse(R"({"type": "object", "properties": {
@@ -345,6 +433,24 @@ TEST_CASE("tool formats: replies read back; streams show only content the reply 
     CHECK(chat_tools_parse(ToolFormat::MistralNemo, "[1] is a footnote.", "c").content ==
           "[1] is a footnote.");
 
+    // Mistral v11: text before the calls is content; each [TOOL_CALLS]name[ARGS]{...}; an id
+    // the model writes ([CALL_ID]) is replaced by ours; nothing readable is all content.
+    r = chat_tools_parse(ToolFormat::MistralV11,
+                         "Checking. [TOOL_CALLS]get_weather[ARGS]{\"city\": \"Oslo\"}"
+                         "[TOOL_CALLS] add[CALL_ID]x1[ARGS] {\"a\": 1, \"s\": \"[ARGS]}\"}",
+                         "call_9");
+    CHECK(r.content == "Checking.");
+    REQUIRE(r.calls.size() == 2);
+    CHECK(r.calls[0].name == "get_weather");
+    CHECK(r.calls[0].arguments == R"({"city":"Oslo"})");
+    CHECK(r.calls[1].name == "add");
+    CHECK(r.calls[1].arguments == R"({"a":1,"s":"[ARGS]}"})");
+    CHECK(r.calls[0].id.size() == 9);
+    CHECK(r.calls[0].id != r.calls[1].id);
+    CHECK(chat_tools_parse(ToolFormat::MistralV11, "[TOOL_CALLS]add[ARGS]{broken", "c").content ==
+          "[TOOL_CALLS]add[ARGS]{broken");
+    CHECK(chat_tools_parse(ToolFormat::MistralV11, "It is 5.", "c").content == "It is 5.");
+
     // Streams: at every point the text shown is a prefix of the final content.
     const std::vector<std::pair<ToolFormat, std::string>> replies = {
         {ToolFormat::Hermes,
@@ -354,6 +460,8 @@ TEST_CASE("tool formats: replies read back; streams show only content the reply 
         {ToolFormat::Llama3, "  It is five."},
         {ToolFormat::MistralNemo, R"([{"name": "add", "arguments": {}}])"},
         {ToolFormat::MistralNemo, "Five."},
+        {ToolFormat::MistralV11, "Sure: [TOOL_CALLS]add[ARGS]{\"a\": 1, \"b\": 2}"},
+        {ToolFormat::MistralV11, "Arrays [TOOL are [1, 2] "},
     };
     for (const auto& [format, reply] : replies) {
         CAPTURE(reply);
@@ -366,13 +474,16 @@ TEST_CASE("tool formats: replies read back; streams show only content the reply 
             CHECK(a.text.size() >= shown);  // never takes back what it showed
             shown = a.text.size();
         }
-        if (format == ToolFormat::Hermes && reply.find("<tool_call>") == std::string::npos)
+        if ((format == ToolFormat::Hermes || format == ToolFormat::MistralV11) &&
+            reply.find("<tool_call>") == std::string::npos &&
+            reply.find("[TOOL_CALLS]") == std::string::npos)
             CHECK(shown ==
                   std::string(reply).find_last_not_of(" \n") + 1);  // all but the end's space
     }
     // "<tool" at the end of a Hermes stream waits: it may become a call.
     CHECK(tool_stream_content(ToolFormat::Hermes, "Hi <tool").text == "Hi");
     CHECK(tool_stream_content(ToolFormat::Hermes, "Hi <tooth").text == "Hi <tooth");
+    CHECK(tool_stream_content(ToolFormat::MistralV11, "Hi [TOOL_C").text == "Hi");
 }
 
 TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
@@ -387,7 +498,8 @@ TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
         ChatTemplateKind kind;  // its end-of-turn texts stop replies
     } templates[] = {{kHermes, ChatTemplateKind::ChatML},
                      {kLlama3, ChatTemplateKind::Llama3},
-                     {kMistral, ChatTemplateKind::MistralV3}};
+                     {kMistral, ChatTemplateKind::MistralV3},
+                     {kMistralV11, ChatTemplateKind::MistralV3}};
     for (const auto& tc : templates) {
         ServerConfig cfg = s.config();
         s.set_chat(cfg, tc.kind,
@@ -407,7 +519,8 @@ TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
         REQUIRE(choice["message"]["tool_calls"].size() == 1);
         const json call = choice["message"]["tool_calls"][0];
         check_call(call, both);
-        if (format == ToolFormat::MistralNemo) CHECK(call["id"].get<std::string>().size() == 9);
+        if (format == ToolFormat::MistralNemo || format == ToolFormat::MistralV11)
+            CHECK(call["id"].get<std::string>().size() == 9);
         body["stream"] = true;
         json streamed_calls;
         for (const std::string& e : sse_data(run.post("/v1/chat/completions", body).body)) {
@@ -464,4 +577,87 @@ TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
         }
         CHECK(streamed == content);
     }
+}
+
+TEST_CASE("server: Mistral's control tokens written by the grammar and shown in the reply") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(with_mistral_tokens(path), /*n_ctx=*/2048);
+    const Tokenizer& tok = *s.m.tokenizer;
+    const TokenId calls_tag = tok.find_token("[TOOL_CALLS]"), args_tag = tok.find_token("[ARGS]");
+    REQUIRE(calls_tag >= 0);
+    REQUIRE(args_tag >= 0);
+    REQUIRE(tok.is_control(calls_tag));
+    const std::vector<TokenId> parsed = tok.encode("x[TOOL_CALLS]y", false, true);
+    CHECK(std::count(parsed.begin(), parsed.end(), calls_tag) == 1);
+
+    // The grammars name the tokens; their texts are preserved in the reply.
+    const ToolGrammar v11 = chat_tools_grammar(tools_for(ToolFormat::MistralV11, "required"), tok);
+    CHECK(v11.gbnf.find(fmt::format("<[{}]>", calls_tag)) != std::string::npos);
+    CHECK(v11.gbnf.find(fmt::format("<[{}]>", args_tag)) != std::string::npos);
+    CHECK(v11.preserved == std::vector<std::string>{"[TOOL_CALLS]", "[ARGS]"});
+    const ToolGrammar v11_auto = chat_tools_grammar(tools_for(ToolFormat::MistralV11), tok);
+    CHECK(v11_auto.triggers ==
+          json::parse(fmt::format(R"([{{"type": "token", "token": {}}}])", calls_tag)));
+    CHECK(chat_tools_grammar(tools_for(ToolFormat::MistralNemo), tok).preserved ==
+          std::vector<std::string>{"[TOOL_CALLS]"});
+
+    const json tools = json::parse(weather_and_add().dump());
+    const json messages = {{{"role", "user"}, {"content", "What is 2 plus 3?"}}};
+    for (const char* source : {kMistralV11, kMistral}) {
+        ServerConfig cfg = s.config();
+        s.set_chat(cfg, ChatTemplateKind::MistralV3,
+                   std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(source)));
+        const std::string format = tool_format_name(tool_format_detect(source));
+        CAPTURE(format);
+        Running run(cfg, s);
+        // Required calls (v11: parallel allowed; Nemo's list would go on past max_tokens with
+        // this model): every one well formed, streamed alike.
+        json body = {{"messages", messages},      {"tools", tools},
+                     {"tool_choice", "required"}, {"parallel_tool_calls", format == "mistral-v11"},
+                     {"max_tokens", 300},         {"temperature", 0}};
+        const HttpReply r = run.post("/v1/chat/completions", body);
+        REQUIRE_MESSAGE(r.status == 200, r.body);
+        const json choice = json::parse(r.body)["choices"][0];
+        CHECK(choice["finish_reason"] == "tool_calls");
+        const json calls = choice["message"]["tool_calls"];
+        REQUIRE(calls.size() >= 1);
+        for (const json& c : calls) check_call(c, {"get_weather", "add"});
+        CHECK(choice["message"]["content"].is_null());
+        body["stream"] = true;
+        json streamed;
+        for (const std::string& e : sse_data(run.post("/v1/chat/completions", body).body)) {
+            if (e == "[DONE]") continue;
+            const json d = json::parse(e)["choices"][0]["delta"];
+            CHECK(!(d.contains("content") && d["content"].is_string()));
+            if (d.contains("tool_calls")) streamed = d["tool_calls"];
+        }
+        REQUIRE(streamed.size() == calls.size());
+        for (size_t k = 0; k < calls.size(); ++k)
+            CHECK(streamed[k]["function"] == calls[k]["function"]);
+        // The calls go back into the next prompt as the control tokens.
+        json history = messages;
+        history.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", calls}});
+        for (const json& c : calls)
+            history.push_back({{"role", "tool"}, {"tool_call_id", c["id"]}, {"content", "5"}});
+        const HttpReply applied =
+            run.post("/apply-template", {{"messages", history}, {"tools", tools}});
+        REQUIRE_MESSAGE(applied.status == 200, applied.body);
+        const std::string next = json::parse(applied.body)["prompt"];
+        const std::vector<TokenId> ids = tok.encode(next, false, true);
+        CHECK(std::count(ids.begin(), ids.end(), calls_tag) >= 1);
+    }
+
+    // llama.cpp's "preserved_tokens" on /completion: a control token shown as its text.
+    ServerConfig cfg = s.config();
+    Running run(cfg, s);
+    const std::string g = fmt::format(R"(root ::= " Once" <[{}]> " upon")", calls_tag);
+    json body = {{"prompt", "Hi"}, {"grammar", g}, {"n_predict", 10}, {"temperature", 0}};
+    CHECK(json::parse(run.post("/completion", body).body)["content"] == " Once upon");
+    body["preserved_tokens"] = {"[TOOL_CALLS]"};
+    CHECK(json::parse(run.post("/completion", body).body)["content"] == " Once[TOOL_CALLS] upon");
+    body["preserved_tokens"] = {"two words"};
+    const HttpReply bad = run.post("/completion", body);
+    CHECK(bad.status == 400);
+    CHECK(bad.body.find("is not one token") != std::string::npos);
 }

@@ -221,7 +221,7 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
 
     const int32_t n = ar.requests[0].n_samples;
     const size_t n_choices = jobs.size() * static_cast<size_t>(n);
-    std::vector<ApiTextStream> texts(n_choices, ApiTextStream(tok, ar.stop));
+    std::vector<ApiTextStream> texts(n_choices, ApiTextStream(tok, ar.stop, ar.preserved_tokens));
     std::vector<ApiChoiceResult> choices(n_choices);
     for (size_t i = 0; i < n_choices; ++i) choices[i].index = int32_t(i);
     std::vector<bool> started(n_choices, false);

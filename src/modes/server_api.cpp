@@ -425,10 +425,23 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
                                                      : ToolThinking::Optional;
                 const ToolGrammar g = chat_tools_grammar(*out.tools, tok, thinking);
                 j["grammar"] = g.gbnf;
+                for (const std::string& p : g.preserved) j["preserved_tokens"].push_back(p);
                 if (!g.triggers.empty()) {
                     j["grammar_lazy"] = true;
                     j["grammar_triggers"] = g.triggers;
                 }
+            }
+        }
+        if (j.contains("preserved_tokens") && !j["preserved_tokens"].is_null()) {
+            if (!j["preserved_tokens"].is_array())
+                fail("'preserved_tokens' must be a list of token texts");
+            for (const ojson& p : j["preserved_tokens"]) {
+                const std::vector<TokenId> ids = p.is_string()
+                                                     ? tok.encode(p.get<std::string>(), false, true)
+                                                     : std::vector<TokenId>{};
+                if (ids.size() != 1)
+                    fail("'preserved_tokens': {} is not one token of the model", p.dump());
+                out.preserved_tokens.push_back(ids[0]);
             }
         }
         if (api_native(format) && j.value("n_samples", 1) != 1)

@@ -78,6 +78,9 @@ struct ApiRequest {
     // reasoning block (the reply starts inside it).
     bool reasoning = false;
     bool reasoning_open = false;
+    // Control tokens the text shows (llama.cpp's "preserved_tokens": the request's, and a
+    // native tool syntax's markers).
+    std::vector<TokenId> preserved_tokens;
     bool prompt_list = false;  // "prompt" listed prompts (/completion then answers a list)
     bool truncated = false;    // infill: prefix, suffix or extra files cut to fit the context
 };
@@ -95,8 +98,11 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
 // One sample's text as it is generated: whole UTF-8 characters, cut before a stop string.
 class ApiTextStream {
   public:
-    ApiTextStream(const Tokenizer& tok, const std::vector<std::string>& stops)
-        : decoder_(tok), text_(stops) {}
+    ApiTextStream(const Tokenizer& tok, const std::vector<std::string>& stops,
+                  const std::vector<TokenId>& preserved = {})
+        : decoder_(tok), text_(stops) {
+        decoder_.show_tokens(preserved);
+    }
     std::string push(TokenId token) { return text_.push(decoder_.push(token)); }
     std::string finish() {
         std::string out = text_.push(decoder_.flush());

@@ -18,6 +18,7 @@ using ojson = nlohmann::ordered_json;
 
 constexpr std::string_view kHermesOpen = "<tool_call>", kHermesClose = "</tool_call>";
 constexpr std::string_view kMistralCalls = "[TOOL_CALLS]", kPythonTag = "<|python_tag|>";
+constexpr std::string_view kMistralArgs = "[ARGS]", kMistralCallId = "[CALL_ID]";
 constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
 
 // A call's arguments as the model would have written them: an object when the text parses.
@@ -131,6 +132,40 @@ ChatToolReply parse_mistral(const std::string& text) {
     return out;
 }
 
+// [TOOL_CALLS]name[ARGS]{...}, repeated; an id the model adds ([CALL_ID]id) is left out.
+ChatToolReply parse_mistral_v11(const std::string& text) {
+    ChatToolReply out;
+    const size_t first = text.find(kMistralCalls);
+    for (size_t at = first; at != std::string::npos; at = text.find(kMistralCalls, at)) {
+        at += kMistralCalls.size();
+        const size_t args = text.find(kMistralArgs, at);
+        if (args == std::string::npos) break;
+        std::string_view name = std::string_view(text).substr(at, args - at);
+        name = name.substr(0, name.find(kMistralCallId));
+        const std::string_view body =
+            object_at(std::string_view(text).substr(args + kMistralArgs.size()));
+        const ojson j = ojson::parse(body, nullptr, false);
+        if (!j.is_object()) break;
+        out.calls.push_back({"", std::string(trim_space_right(trim_space_left(name))), j.dump()});
+        at = static_cast<size_t>(body.data() + body.size() - text.data());
+    }
+    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, first)));
+    return out;
+}
+
+// What a stream may show of a reply whose calls start with `tag` after any text: the text
+// before it, without what may begin the tag and without trailing white space.
+ToolAnswerPrefix content_before(std::string_view reply, std::string_view tag) {
+    ToolAnswerPrefix out;
+    out.answer = true;
+    const size_t at = reply.find(tag);
+    std::string_view shown = reply.substr(0, at);
+    if (at == std::string_view::npos)
+        shown.remove_suffix(stop_string_holdback(shown, {std::string(tag)}));
+    out.text = trim_space_right(shown);
+    return out;
+}
+
 // GBNF rules `name` (with helpers name-0 .. name-(n-1)) for any text that does not contain
 // `word` (ASCII): a matcher of the word's prefixes, each state a rule that goes on with any
 // character except one that would complete the word.
@@ -188,7 +223,8 @@ std::string literal(std::string_view s) {
 ToolFormat tool_format_detect(std::string_view src) {
     auto has = [&](std::string_view s) { return src.find(s) != std::string_view::npos; };
     if (has(kHermesOpen)) return ToolFormat::Hermes;
-    if (has(kMistralCalls)) return ToolFormat::MistralNemo;
+    if (has(kMistralCalls))
+        return has(kMistralArgs) ? ToolFormat::MistralV11 : ToolFormat::MistralNemo;
     if (has("<|start_header_id|>") && (has("ipython") || has(kPythonTag)))
         return ToolFormat::Llama3;
     return ToolFormat::Generic;
@@ -202,6 +238,8 @@ const char* tool_format_name(ToolFormat f) {
             return "llama3";
         case ToolFormat::MistralNemo:
             return "mistral-nemo";
+        case ToolFormat::MistralV11:
+            return "mistral-v11";
         default:
             return "generic";
     }
@@ -295,10 +333,52 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
                                  : "tool-calls ::= \"[\" tool-call \"]\"\n";
             // A required call: the prompt ends with "[TOOL_CALLS]" (chat_tools_prompt_suffix).
             if (t.required) break;
-            if (const TokenId calls = one_token(kMistralCalls); calls >= 0)
+            if (const TokenId calls = one_token(kMistralCalls); calls >= 0) {
                 g.triggers.push_back({{"type", "token"}, {"token", calls}});
-            else  // a vocabulary without the token: its text, then the list
+                g.preserved.emplace_back(kMistralCalls);
+            } else {  // a vocabulary without the token: its text, then the list
                 g.triggers.push_back({{"type", "pattern"}, {"value", "\\[TOOL_CALLS\\]\\s*(\\[)"}});
+            }
+            break;
+        }
+        case ToolFormat::MistralV11: {
+            // One rule per tool for its arguments (the call schema's alternatives), named in
+            // text before them; the control tokens as tokens where the vocabulary has them.
+            const ojson schema = chat_tools_call_schema(t, "arguments", false);
+            const bool one = !schema.contains("anyOf");
+            const ojson calls = one ? ojson::array({schema}) : schema["anyOf"];
+            std::vector<std::pair<std::string, std::string>> rules;
+            std::string alternatives;
+            for (size_t k = 0; k < calls.size(); ++k) {
+                rules.emplace_back(fmt::format("tool-args-{}", k),
+                                   one ? std::string("#/properties/arguments")
+                                       : fmt::format("#/anyOf/{}/properties/arguments", k));
+                alternatives +=
+                    fmt::format("{}{} args-tag {}", k ? " | " : "",
+                                literal(calls[k]["properties"]["name"]["const"].get<std::string>()),
+                                rules.back().first);
+            }
+            own.insert(own.end(), {"tool-call", "calls-tag", "args-tag"});
+            g.gbnf = json_schema_to_grammar_rules(schema, rules, own);
+            auto tag = [&](std::string_view text) {
+                const TokenId id = one_token(text);
+                if (id < 0) return literal(text);
+                g.preserved.emplace_back(text);
+                return fmt::format("<[{}]>", id);
+            };
+            g.gbnf += "tool-call ::= " + alternatives + "\n";
+            g.gbnf += "calls-tag ::= " + tag(kMistralCalls) + "\n";
+            g.gbnf += "args-tag ::= " + tag(kMistralArgs) + "\n";
+            if (one_token(kMistralCallId) >= 0) g.preserved.emplace_back(kMistralCallId);
+            // A required call: the grammar writes the first [TOOL_CALLS] too; with "auto" it
+            // starts after it.
+            g.gbnf += fmt::format("tool-calls ::= {}tool-call{}\n", t.required ? "calls-tag " : "",
+                                  t.parallel ? " (calls-tag tool-call)*" : "");
+            if (t.required) break;
+            if (const TokenId calls_tag = one_token(kMistralCalls); calls_tag >= 0)
+                g.triggers.push_back({{"type", "token"}, {"token", calls_tag}});
+            else  // its text; the grammar from right after it (the empty group)
+                g.triggers.push_back({{"type", "pattern"}, {"value", "\\[TOOL_CALLS\\]()"}});
             break;
         }
         case ToolFormat::Generic:
@@ -306,7 +386,8 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
     }
     // A required call in a reply that may think first: the reasoning block, then the calls
     // (a lazy grammar leaves the text before the calls free anyway).
-    if (!t.required || thinking == ToolThinking::None || t.format == ToolFormat::MistralNemo) {
+    if (!t.required || thinking == ToolThinking::None || t.format == ToolFormat::MistralNemo ||
+        t.format == ToolFormat::MistralV11) {
         g.gbnf += "root ::= tool-calls\n";
         return g;
     }
@@ -337,10 +418,14 @@ ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
         case ToolFormat::MistralNemo:
             out = parse_mistral(text);
             break;
+        case ToolFormat::MistralV11:
+            out = parse_mistral_v11(text);
+            break;
     }
     for (size_t k = 0; k < out.calls.size(); ++k) {
         out.calls[k].id = fmt::format("{}_{}", id_prefix, k);
-        if (format == ToolFormat::MistralNemo) out.calls[k].id = mistral_id(out.calls[k].id);
+        if (format == ToolFormat::MistralNemo || format == ToolFormat::MistralV11)
+            out.calls[k].id = mistral_id(out.calls[k].id);
     }
     return out;
 }
@@ -350,15 +435,10 @@ ToolAnswerPrefix tool_stream_content(ToolFormat format, std::string_view reply) 
     switch (format) {
         case ToolFormat::Generic:
             return tool_answer_prefix(reply);
-        case ToolFormat::Hermes: {
-            out.answer = true;
-            const size_t at = reply.find(kHermesOpen);
-            std::string_view shown = reply.substr(0, at);
-            if (at == std::string_view::npos)  // hold back what may begin "<tool_call>"
-                shown.remove_suffix(stop_string_holdback(shown, {std::string(kHermesOpen)}));
-            out.text = trim_space_right(shown);
-            return out;
-        }
+        case ToolFormat::Hermes:
+            return content_before(reply, kHermesOpen);
+        case ToolFormat::MistralV11:
+            return content_before(reply, kMistralCalls);
         case ToolFormat::Llama3:
         case ToolFormat::MistralNemo: {
             const std::string_view s = trim_space_left(reply);

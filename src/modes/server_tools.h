@@ -41,14 +41,18 @@ class Tokenizer;
 //                (Hermes 2/3 Pro, Qwen 2.5 and 3, ...); several calls one after another;
 //   Llama3       the whole reply {"name": ..., "parameters": {...}} (Llama 3.1-3.3); one call;
 //   MistralNemo  [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}, ...] (Mistral Nemo
-//                and the models sharing its template), the list following the control token.
-enum class ToolFormat { Generic, Hermes, Llama3, MistralNemo };
+//                and the models sharing its template), the list following the control token;
+//   MistralV11   [TOOL_CALLS]name[ARGS]{...} after any text, repeated for more calls (Mistral's
+//                tokenizer v11 on: Mistral Small 3.2, Magistral, Devstral).
+// The Mistral control tokens are written by the grammar as tokens (`<[id]>`) and shown in
+// the reply's text (ToolGrammar::preserved) where the vocabulary has them, as text otherwise.
+enum class ToolFormat { Generic, Hermes, Llama3, MistralNemo, MistralV11 };
 
-// From a Jinja chat template's source: "<tool_call>" -> Hermes, "[TOOL_CALLS]" ->
-// MistralNemo, "<|start_header_id|>" with "ipython" or "<|python_tag|>" -> Llama3, else
-// Generic.
+// From a Jinja chat template's source: "<tool_call>" -> Hermes, "[TOOL_CALLS]" -> MistralV11
+// with "[ARGS]", else MistralNemo, "<|start_header_id|>" with "ipython" or "<|python_tag|>" ->
+// Llama3, else Generic.
 ToolFormat tool_format_detect(std::string_view jinja_source);
-// "generic", "hermes", "llama3", "mistral-nemo".
+// "generic", "hermes", "llama3", "mistral-nemo", "mistral-v11".
 const char* tool_format_name(ToolFormat format);
 
 struct ChatTools {
@@ -97,6 +101,8 @@ nlohmann::ordered_json chat_tools_native_list(const ChatTools& tools);
 struct ToolGrammar {
     std::string gbnf;
     nlohmann::json triggers = nlohmann::json::array();
+    // Control tokens the reply's text shows (llama.cpp's preserved_tokens), so it is read back.
+    std::vector<std::string> preserved;
 };
 // Whether a reply may start with reasoning (reasoning.h): None; Optional (the chat format
 // thinks: a <think>...</think> block may come first); Open (the prompt opened the block: the
@@ -124,7 +130,8 @@ struct ChatToolReply {
 // Ids are id_prefix + "_" + the call's position (MistralNemo: 9 letters and digits made from
 // them, as its template demands). Generic: an answer cut short ({"response": "It is with no
 // closing quote, max_tokens) gives the answer text so far. Native formats: the text before
-// the calls is the content (Hermes), and a reply that holds no readable call is all content.
+// the calls is the content (Hermes, MistralV11), and a reply that holds no readable call is
+// all content.
 ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
                                const std::string& id_prefix);
 
@@ -138,8 +145,8 @@ struct ToolAnswerPrefix {
 };
 ToolAnswerPrefix tool_answer_prefix(std::string_view reply);
 // The same for any format: the content a stream may show of the reply so far (a prefix of
-// what chat_tools_parse gives as content at the end). Hermes holds back text that may begin
-// "<tool_call>" and trailing white space; Llama3 and MistralNemo show nothing of a reply
+// what chat_tools_parse gives as content at the end). Hermes and MistralV11 hold back text that
+// may begin their call tag and trailing white space; Llama3 and MistralNemo show nothing of a reply
 // that begins with "{" or "[", and all of any other.
 ToolAnswerPrefix tool_stream_content(ToolFormat format, std::string_view reply);
 
