@@ -2,6 +2,8 @@
 // stops (see chat_format.h).
 #include "chat_format.h"
 
+#include "reasoning.h"
+
 namespace kvrun {
 
 ChatSpecialTexts chat_special_texts(const Tokenizer& tok) {
@@ -34,6 +36,8 @@ ChatFormat chat_format_make(const ChatTemplateChoice& choice, const Tokenizer& t
     f.jinja = choice.jinja;
     f.special = chat_special_texts(tok);
     f.stops = chat_stops(choice.kind, tok);
+    f.thinks = choice.thinks ||
+               chat_template_thinks(choice.kind, choice.jinja ? choice.jinja->source() : "");
     return f;
 }
 

@@ -31,7 +31,8 @@ struct ChatFormat {
     ChatTemplateKind kind = ChatTemplateKind::Plain;
     std::shared_ptr<const JinjaTemplate> jinja;  // set: conversations are rendered by it
     ChatSpecialTexts special;
-    ChatStops stops;  // the format's end-of-turn tokens and texts
+    ChatStops stops;      // the format's end-of-turn tokens and texts
+    bool thinks = false;  // replies may start with <think> reasoning (reasoning.h)
     // The conversation in this format (chat_template_render); add_generation_prompt appends
     // the reply header. `kwargs`: more variables for a Jinja template (an object or null).
     std::string render(const std::vector<ChatMessage>& msgs, bool add_generation_prompt,

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common.h"
+#include "reasoning.h"
 #include "stop_text.h"
 
 namespace kvrun {
@@ -203,6 +204,7 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
     } else {
         history_.push_back(msg);
     }
+    reply_opened_reasoning_ = format_.thinks && prompt_opens_reasoning(format(history_));
     const bool was_open = reply_open_;
     reply_open_ = false;
 

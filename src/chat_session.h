@@ -98,6 +98,11 @@ class ChatSession {
     const ChatConfig& config() const { return cfg_; }
     const std::vector<TokenId>& stop_tokens() const { return format_.stops.tokens; }
     const std::vector<std::string>& stop_strings() const { return stop_strings_; }
+    // The chat format's replies may start with <think> reasoning (ChatFormat::thinks), and
+    // the last reply's prompt opened the block (the reply starts inside it): what a caller
+    // needs to show the reasoning apart (reasoning.h).
+    bool thinks() const { return format_.thinks; }
+    bool reply_opened_reasoning() const { return reply_opened_reasoning_; }
 
   private:
     std::vector<TokenId> encode(const std::string& text, bool first) const;
@@ -118,6 +123,7 @@ class ChatSession {
     std::vector<ChatMessage> history_;  // system (if any), then user/assistant turns
     int32_t session_ = -1;
     bool reply_open_ = false;  // the last reply's closing text is not in the sequence yet
+    bool reply_opened_reasoning_ = false;
     ChatTurnStats last_;
     // Where each exchange since the last reset or overflow began (undo).
     struct TurnStart {

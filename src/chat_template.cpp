@@ -34,6 +34,7 @@
 #include <array>
 
 #include "common.h"
+#include "reasoning.h"
 #include "text_input.h"
 
 namespace kvrun {
@@ -453,8 +454,10 @@ std::string ChatTemplateChoice::name() const {
     return jinja ? "jinja" : chat_template_name(kind);
 }
 
-ChatTemplateChoice chat_template_choose(const GgufFile& file, const std::string& name,
-                                        const std::string& template_file, bool use_jinja) {
+namespace {
+
+ChatTemplateChoice choose(const GgufFile& file, const std::string& name,
+                          const std::string& template_file, bool use_jinja) {
     ChatTemplateChoice c;
     if (!name.empty() && !template_file.empty())
         fail("give --chat-template or --chat-template-file, not both");
@@ -493,6 +496,18 @@ ChatTemplateChoice chat_template_choose(const GgufFile& file, const std::string&
     } catch (const Error& e) {
         c.note = fmt::format("{}; using the plain format", e.what());
     }
+    return c;
+}
+
+}  // namespace
+
+ChatTemplateChoice chat_template_choose(const GgufFile& file, const std::string& name,
+                                        const std::string& template_file, bool use_jinja) {
+    ChatTemplateChoice c = choose(file, name, template_file, use_jinja);
+    // A built-in format standing in for the model's template thinks when that template does.
+    c.thinks = chat_template_thinks(c.kind, c.jinja        ? c.jinja->source()
+                                            : name.empty() ? chat_template_source(file)
+                                                           : std::string());
     return c;
 }
 

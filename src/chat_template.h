@@ -152,7 +152,10 @@ struct ChatTemplateChoice {
     ChatTemplateKind kind = ChatTemplateKind::Plain;
     std::shared_ptr<const JinjaTemplate> jinja;  // null: the built-in `kind`
     std::string note;                            // for stderr, or ""
-    std::string name() const;                    // "jinja" or chat_template_name(kind)
+    // Replies may start with <think> reasoning (chat_template_thinks: of the Jinja template,
+    // or of the model's own when a built-in format renders its chats).
+    bool thinks = false;
+    std::string name() const;  // "jinja" or chat_template_name(kind)
 };
 ChatTemplateChoice chat_template_choose(const GgufFile& file, const std::string& name,
                                         const std::string& template_file, bool use_jinja);

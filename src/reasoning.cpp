@@ -50,9 +50,8 @@ ReasoningSplit split(std::string_view reply, bool opened, bool streaming) {
 
 }  // namespace
 
-bool chat_template_thinks(ChatTemplateKind kind, const JinjaTemplate* jinja) {
-    if (jinja) return jinja->source().find(kOpen) != std::string::npos;
-    return kind == ChatTemplateKind::DeepSeek3;
+bool chat_template_thinks(ChatTemplateKind kind, std::string_view source) {
+    return kind == ChatTemplateKind::DeepSeek3 || source.find(kOpen) != std::string_view::npos;
 }
 
 bool prompt_opens_reasoning(std::string_view prompt) {
@@ -66,6 +65,36 @@ ReasoningSplit reasoning_split(std::string_view reply, bool opened) {
 
 ReasoningSplit reasoning_stream(std::string_view reply, bool opened) {
     return split(reply, opened, true);
+}
+
+std::string ReasoningStyler::add(std::string_view text) {
+    reply_ += text;
+    return show(reasoning_stream(reply_, opened_));
+}
+
+std::string ReasoningStyler::finish() {
+    std::string out = show(reasoning_split(reply_, opened_));
+    if (styled_) out += off_;
+    styled_ = false;
+    return out;
+}
+
+std::string ReasoningStyler::show(const ReasoningSplit& v) {
+    std::string out;
+    if (v.reasoning.size() > reasoning_shown_) {
+        if (!styled_) out += on_;
+        styled_ = true;
+        out += std::string_view(v.reasoning).substr(reasoning_shown_);
+        reasoning_shown_ = v.reasoning.size();
+    }
+    if (v.content.size() > content_shown_) {
+        if (styled_) out += off_;
+        styled_ = false;
+        if (content_shown_ == 0 && reasoning_shown_ > 0) out += "\n\n";
+        out += std::string_view(v.content).substr(content_shown_);
+        content_shown_ = v.content.size();
+    }
+    return out;
 }
 
 }  // namespace kvrun

@@ -13,9 +13,10 @@
 
 namespace kvrun {
 
-// Whether the chat format writes reasoning blocks: the built-in DeepSeek3 format, or a
-// Jinja template that mentions "<think>".
-bool chat_template_thinks(ChatTemplateKind kind, const JinjaTemplate* jinja);
+// Whether a chat format writes reasoning blocks: the built-in DeepSeek3 format, or a template
+// (`source`: the Jinja template that renders the chats, or the model's own template that a
+// built-in format stands in for, as ChatML does for Qwen 3) that mentions "<think>".
+bool chat_template_thinks(ChatTemplateKind kind, std::string_view source);
 
 // Whether a prompt leaves a reasoning block open (ends with "<think>" and white space).
 bool prompt_opens_reasoning(std::string_view prompt);
@@ -34,5 +35,24 @@ ReasoningSplit reasoning_split(std::string_view reply, bool opened);
 // a prefix of what reasoning_split gives once the reply is whole. Text that may yet become
 // a tag ("<thi", "</thin") and white space at the end wait.
 ReasoningSplit reasoning_stream(std::string_view reply, bool opened);
+
+// A reply shown with its reasoning apart as it streams (kvrun chat on a terminal): the
+// reasoning without its tags between `on` and `off` (e.g. ANSI dim and reset), then a blank
+// line and the answer. add() takes the next piece of the reply and returns what to show now;
+// finish() returns the rest once the reply is whole.
+class ReasoningStyler {
+  public:
+    ReasoningStyler(bool opened, std::string on, std::string off)
+        : opened_(opened), on_(std::move(on)), off_(std::move(off)) {}
+    std::string add(std::string_view text);
+    std::string finish();
+
+  private:
+    std::string show(const ReasoningSplit& v);
+    bool opened_;
+    std::string on_, off_, reply_;
+    size_t reasoning_shown_ = 0, content_shown_ = 0;
+    bool styled_ = false;  // `on` is in effect
+};
 
 }  // namespace kvrun

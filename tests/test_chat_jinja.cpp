@@ -110,6 +110,20 @@ TEST_CASE("jinja: which chat format a command uses") {
     CHECK(c.jinja);
     CHECK(c.kind == ChatTemplateKind::ChatML);
     CHECK(c.name() == "jinja");
+    CHECK_FALSE(c.thinks);
+    // Qwen 3's kind of template: built-in ChatML renders it, and its replies think.
+    const std::string qwen3 =
+        gguf_with_template("kvrun-test-tmpl-qwen3.gguf",
+                           std::string(kChatmlJinja) +
+                               "{% if enable_thinking is defined %}<think>\n\n</think>{% endif %}");
+    GgufFile q = GgufFile::open(qwen3);
+    c = chat_template_choose(q, "", "", false);
+    CHECK(c.kind == ChatTemplateKind::ChatML);
+    CHECK(!c.jinja);
+    CHECK(c.thinks);
+    CHECK(chat_template_choose(q, "", "", true).thinks);
+    CHECK_FALSE(chat_template_choose(q, "chatml", "", false).thinks);  // a name: the format's own
+    CHECK(chat_template_choose(q, "deepseek3", "", false).thinks);
     c = chat_template_choose(k, "llama2", "", true);  // a name wins
     CHECK(c.kind == ChatTemplateKind::Llama2);
     CHECK(!c.jinja);

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "reasoning.h"
 #include "server_test_util.h"
@@ -55,10 +56,37 @@ TEST_CASE("reasoning: replies split into reasoning and answer") {
 
     CHECK(prompt_opens_reasoning("<|im_start|>assistant\n<think>\n"));
     CHECK_FALSE(prompt_opens_reasoning("<|im_start|>assistant\n"));
-    CHECK(chat_template_thinks(ChatTemplateKind::DeepSeek3, nullptr));
-    CHECK_FALSE(chat_template_thinks(ChatTemplateKind::ChatML, nullptr));
-    const JinjaTemplate t = JinjaTemplate::parse("{{ '<think>' }}");
-    CHECK(chat_template_thinks(ChatTemplateKind::ChatML, &t));
+    CHECK(chat_template_thinks(ChatTemplateKind::DeepSeek3, ""));
+    CHECK_FALSE(chat_template_thinks(ChatTemplateKind::ChatML, ""));
+    CHECK(chat_template_thinks(ChatTemplateKind::ChatML, "{{ '<think>' }}"));
+}
+
+TEST_CASE("reasoning styler: the reasoning marked apart, then the answer, however it streams") {
+    const struct {
+        std::string reply;
+        bool opened;
+        std::string shown;
+    } cases[] = {
+        {"<think>\nAdd them.\n</think>\n\nIt is 5.", false, "[Add them.]\n\nIt is 5."},
+        {"Add them.</think>It is 5.", true, "[Add them.]\n\nIt is 5."},
+        {"It is 5.", false, "It is 5."},
+        {"<think>cut short", false, "[cut short]"},
+        {"<think></think>Only this.", false, "Only this."},
+    };
+    std::mt19937 rng(3);
+    for (const auto& c : cases)
+        for (int split = 0; split < 20; ++split) {
+            CAPTURE(c.reply);
+            ReasoningStyler st(c.opened, "[", "]");
+            std::string out;
+            for (size_t at = 0; at < c.reply.size();) {
+                const size_t n = split == 0 ? c.reply.size() : 1 + rng() % 4;
+                out += st.add(std::string_view(c.reply).substr(at, n));
+                at += n;
+            }
+            out += st.finish();
+            CHECK(out == c.shown);
+        }
 }
 
 namespace {
@@ -151,15 +179,39 @@ TEST_CASE("server: templates that do not think keep replies whole") {
     CHECK(m["content"].get<std::string>().rfind("<think>", 0) == 0);
 }
 
-TEST_CASE("server: chat_template_kwargs reach the template (enable_thinking)") {
+TEST_CASE("server: a built-in format standing in for a thinking template splits reasoning") {
+    // Qwen 3 without --jinja: ChatML renders its chats, but its template (and so the model)
+    // thinks — chat_template_choose says so, and replies come with their reasoning apart.
     const std::string path = model_path();
     if (path.empty()) return;
     Served s(path, /*n_ctx=*/1024);
     ServerConfig cfg = s.config();
     s.set_chat(cfg, ChatTemplateKind::ChatML);
+    cfg.api.chat.thinks = true;
+    Running run(cfg, s);
+    json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                 {"grammar", R"(root ::= "<think>" [a-z ]{3,10} "</think>" [a-z ]{3,10})"},
+                 {"max_tokens", 60},
+                 {"temperature", 0}};
+    const json m =
+        json::parse(run.post("/v1/chat/completions", body).body)["choices"][0]["message"];
+    REQUIRE(m.contains("reasoning_content"));
+    CHECK(!m["reasoning_content"].get<std::string>().empty());
+    CHECK(m["content"].get<std::string>().find("think") == std::string::npos);
+    const Streamed st = stream(run, body);
+    CHECK(st.reasoning == m["reasoning_content"]);
+    CHECK(st.content == m["content"]);
+}
+
+TEST_CASE("server: chat_template_kwargs reach the template (enable_thinking)") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, /*n_ctx=*/1024);
+    ServerConfig cfg = s.config();
     // Qwen 3's switch, in a template written for this test.
-    cfg.api.chat.jinja = std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(
-        R"({% for m in messages %}<|im_start|>{{ m.role }}
+    s.set_chat(cfg, ChatTemplateKind::ChatML,
+               std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(
+                   R"({% for m in messages %}<|im_start|>{{ m.role }}
 {{ m.content }}<|im_end|>
 {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
 {% if enable_thinking is defined and not enable_thinking %}<think>
@@ -167,7 +219,7 @@ TEST_CASE("server: chat_template_kwargs reach the template (enable_thinking)") {
 </think>
 
 {% else %}<think>
-{% endif %}{% endif %})"));
+{% endif %}{% endif %})")));
     cfg.api.template_kwargs = {{"style", "unused"}};
     Running run(cfg, s);
     const json messages = {{{"role", "user"}, {"content", "Tell me a story."}}};

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "chat_session.h"
 #include "common.h"
@@ -19,6 +20,7 @@
 #include "modes/model_options.h"
 #include "modes/modes.h"
 #include "modes/prompt_cache_options.h"
+#include "reasoning.h"
 #include "text_input.h"
 
 namespace kvrun {
@@ -34,7 +36,8 @@ struct ChatOptions {
     int32_t n_predict = -1;
     int32_t n_sink = 4;
     bool ignore_eos = false, stats = false;
-    std::vector<std::string> stop;  // -r/--reverse-prompt
+    std::string reasoning_format = "auto";  // none: replies exactly as generated
+    std::vector<std::string> stop;          // -r/--reverse-prompt
     PromptCacheOptions cache;
 };
 
@@ -119,8 +122,16 @@ int run_chat(const ChatOptions& o) {
                "Type /help for commands, Ctrl-D to exit.\n",
                o.model.model, m.device, choice.name(), engine.n_ctx(), o.overflow);
     install_interrupt_handler();
-    auto print_text = [](std::string_view s) {
-        fmt::print("{}", s);
+    // A thinking model's reasoning shows dimmed on a terminal (--reasoning-format none: as is).
+    const bool styled = tty && chat.thinks() && o.reasoning_format != "none";
+    std::optional<ReasoningStyler> styler;
+    auto print_text = [&](std::string_view s) {
+        if (styled) {
+            if (!styler) styler.emplace(chat.reply_opened_reasoning(), "\x1b[2m", "\x1b[0m");
+            fmt::print("{}", styler->add(s));
+        } else {
+            fmt::print("{}", s);
+        }
         std::fflush(stdout);
     };
     auto print_notice = [](std::string_view s) {
@@ -139,9 +150,13 @@ int run_chat(const ChatOptions& o) {
     // an Error is one line on stderr and the chat goes on.
     auto reply = [&](const std::function<bool()>& turn) {
         interrupt_flag() = false;
+        styler.reset();
         try {
-            if (!turn()) return;
+            const bool sent = turn();
+            if (styler) fmt::print("{}", styler->finish());
+            if (!sent) return;
         } catch (const Error& e) {
+            if (styler) fmt::print("{}", styler->finish());
             std::fflush(stdout);
             fmt::print(stderr, "error: {}{}\n", e.what(),
                        e.hint().empty() ? "" : " (hint: " + e.hint() + ")");
@@ -247,6 +262,11 @@ void add_chat_command(CLI::App& root, int& exit_code) {
                     "End a reply where it writes this text, cut before it (repeatable; "
                     "llama.cpp's -r)");
     cmd->add_flag("--stats", o->stats, "Print /stats after every reply");
+    cmd->add_option("--reasoning-format", o->reasoning_format,
+                    "A thinking model's <think> reasoning: auto or deepseek (shown dimmed, "
+                    "without the tags, on a terminal) or none (shown as generated)")
+        ->check(CLI::IsMember({"none", "deepseek", "auto"}))
+        ->capture_default_str();
     cmd->callback([o, &exit_code] { exit_code = run_chat(*o); });
 }
 

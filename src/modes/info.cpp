@@ -13,6 +13,7 @@
 #include "modes/server_tools.h"
 #include "quant.h"
 #include "quantize_model.h"
+#include "reasoning.h"
 
 namespace kvrun {
 namespace {
@@ -20,8 +21,7 @@ namespace {
 // Whether its chats write <think> reasoning (reasoning.h).
 bool template_thinks(const GgufFile& f) {
     const std::string src = chat_template_source(f);
-    return src.find("<think>") != std::string::npos ||
-           (!src.empty() && chat_template_detect(src) == ChatTemplateKind::DeepSeek3);
+    return !src.empty() && chat_template_thinks(chat_template_detect(src), src);
 }
 
 struct InfoOptions {

@@ -87,7 +87,7 @@ bool reasoning_wanted(const ojson& j, const ApiContext& ctx) {
             fail("'reasoning_format' must be \"none\", \"deepseek\" or \"auto\" (got \"{}\")", f);
         on = f != "none";
     }
-    return on && chat_template_thinks(ctx.chat.kind, ctx.chat.jinja.get());
+    return on && ctx.chat.thinks;
 }
 
 // response_format -> json_schema.
@@ -419,10 +419,10 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
             } else if (out.tools) {
                 // (The model thinks whether or not its reasoning is returned apart.)
                 const std::string& prompt = j["prompt"].get_ref<const std::string&>();
-                const ToolThinking thinking =
-                    !chat_template_thinks(ctx.chat.kind, ctx.chat.jinja.get()) ? ToolThinking::None
-                    : prompt_opens_reasoning(prompt)                           ? ToolThinking::Open
-                                                     : ToolThinking::Optional;
+                const ToolThinking thinking = !ctx.chat.thinks ? ToolThinking::None
+                                              : prompt_opens_reasoning(prompt)
+                                                  ? ToolThinking::Open
+                                                  : ToolThinking::Optional;
                 const ToolGrammar g = chat_tools_grammar(*out.tools, tok, thinking);
                 j["grammar"] = g.gbnf;
                 for (const std::string& p : g.preserved) j["preserved_tokens"].push_back(p);
