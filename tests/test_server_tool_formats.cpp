@@ -26,8 +26,8 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-// Four templates written for these tests in the styles of Hermes/Qwen, Llama 3.1, Mistral
-// Nemo and Mistral Small 3.2 (not those models' own texts).
+// Five templates written for these tests in the styles of Hermes/Qwen, Llama 3.1, Mistral
+// Nemo, Mistral Small 3.2 and Qwen3-Coder (not those models' own texts).
 const char* const kHermes = R"tmpl({%- if tools %}<|im_start|>system
 {% if messages[0].role == 'system' %}{{ messages[0].content }}
 
@@ -108,6 +108,57 @@ const char* const kMistralV11 = R"tmpl({%- for message in messages %}
 {%- endfor %}
 )tmpl";
 
+const char* const kQwen3Coder =
+    R"tmpl({%- if messages[0].role == 'system' %}{% set system = messages[0].content %}{% set rest = messages[1:] %}{% else %}{% set rest = messages %}{% endif %}
+{%- if system is defined or tools %}<|im_start|>system
+{% if system is defined %}{{ system }}{% endif %}
+{%- if tools %}
+
+Functions:
+<tools>
+{%- for tool in tools %}{% set f = tool.function %}
+<function><name>{{ f.name }}</name>
+{%- for pname, pfields in f.parameters.properties | items %}
+<parameter><name>{{ pname }}</name>{% if pfields.type is defined %}<type>{{ pfields.type | string }}</type>{% endif %}</parameter>
+{%- endfor %}
+</function>
+{%- endfor %}
+</tools>
+Call one as <tool_call>
+<function=NAME>
+<parameter=NAME>
+VALUE
+</parameter>
+</function>
+</tool_call>
+{%- endif %}<|im_end|>
+{% endif %}
+{%- for message in rest %}
+{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant
+{%- for call in message.tool_calls %}
+<tool_call>
+<function={{ call.function.name }}>
+{% for name, value in call.function.arguments | items %}<parameter={{ name }}>
+{{ value | tojson if value is mapping or (value is sequence and value is not string) else value | string }}
+</parameter>
+{% endfor %}</function>
+</tool_call>
+{%- endfor %}<|im_end|>
+{% elif message.role == 'tool' %}
+{%- if loop.previtem and loop.previtem.role != 'tool' %}<|im_start|>user
+{% endif %}<tool_response>
+{{ message.content }}
+</tool_response>
+{% if loop.last or loop.nextitem.role != 'tool' %}<|im_end|>
+{% endif %}
+{%- else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}
+)tmpl";
+
 // A copy of the model with two byte tokens its stories never use (<0x00>, <0x01>) turned into
 // Mistral's control tokens [TOOL_CALLS] and [ARGS]: the native tool syntax through real
 // control tokens (no text of their own) on a model that runs here.
@@ -164,6 +215,8 @@ TEST_CASE("tool formats: detected from the template's own syntax") {
     CHECK(tool_format_detect(kMistral) == ToolFormat::MistralNemo);
     CHECK(tool_format_detect(kMistralV11) == ToolFormat::MistralV11);
     CHECK(std::string(tool_format_name(ToolFormat::MistralV11)) == "mistral-v11");
+    CHECK(tool_format_detect(kQwen3Coder) == ToolFormat::Qwen3Coder);
+    CHECK(std::string(tool_format_name(ToolFormat::Qwen3Coder)) == "qwen3-coder");
     CHECK(tool_format_detect("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}") ==
           ToolFormat::Generic);
     // Llama 3 headers alone (Llama 3.0, no tool role) are not the tool syntax.
@@ -225,11 +278,37 @@ TEST_CASE("tool formats: the template writes tools, calls and results as jinja2 
          "\"function\": {\"name\": \"add\", \"description\": \"Adds.\", \"parameters\": "
          "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": "
          "\"integer\"}}}}}][/AVAILABLE_TOOLS][INST]And 4+4?[/INST]"},
+        {kQwen3Coder,
+         "<|im_start|>system\nBe "
+         "brief.\nFunctions:\n<tools><function><name>add</name><parameter><name>"
+         "a</name><type>integer</type></parameter></function></tools>\nCall one as <tool_call>\n"
+         "<function=NAME>\n<parameter=NAME>\nVALUE\n</parameter>\n</function>\n</"
+         "tool_call><|im_end|>"
+         "\n<|im_start|>user\n2+3?<|im_end|>\n<|im_start|>assistant<tool_call>\n<function=add>\n"
+         "<parameter=a>\n2\n</parameter>\n<parameter=b>\n3\n</parameter>\n</function>\n</tool_call>"
+         "<|im_end|>\n<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<|im_end|>\n"
+         "<|im_start|>user\nAnd 4+4?<|im_end|>\n<|im_start|>assistant\n"},
     };
     for (const auto& c : cases) {
         const JinjaTemplate t = JinjaTemplate::parse(c.source);
         CHECK(chat_template_apply_jinja(t, msgs, tools, true, {}) == c.expected);
     }
+    // Qwen3-Coder's values: a string as it is, lists and objects as JSON; results together.
+    const ojson coder_history = chat_messages_native(ojson::parse(R"([
+        {"role": "user", "content": "Oslo?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "x", "type": "function",
+          "function": {"name": "get_weather",
+            "arguments": "{\"city\": \"Oslo\", \"days\": [1, 2], \"opts\": {\"k\": \"v\"}, \"n\": 2.5}"}}]},
+        {"role": "tool", "tool_call_id": "x", "content": "Sunny"},
+        {"role": "tool", "tool_call_id": "y", "content": "Cold"}])"));
+    CHECK(chat_template_apply_jinja(JinjaTemplate::parse(kQwen3Coder), coder_history,
+                                    ojson::array(), false, {}) ==
+          "<|im_start|>user\nOslo?<|im_end|>\n<|im_start|>assistant<tool_call>\n<function=get_"
+          "weather>\n"
+          "<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n[1, 2]\n</parameter>\n"
+          "<parameter=opts>\n{\"k\": \"v\"}\n</parameter>\n<parameter=n>\n2.5\n</parameter>\n"
+          "</function>\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nSunny\n"
+          "</tool_response>\n<tool_response>\nCold\n</tool_response>\n<|im_end|>\n");
     // Mistral's template refuses an id that is not 9 characters: ours always are.
     ojson bad = ojson::parse(kHistory);
     bad[2]["tool_calls"][0]["id"] = "call_1";
@@ -332,6 +411,47 @@ TEST_CASE("tool formats: each grammar admits exactly calls of listed tools in it
                           R"([TOOL_CALLS]a[ARGS]{"p": "x"}[TOOL_CALLS]b[ARGS]{"q": "y"})"));
     CHECK_FALSE(grammar_accepts(*v11_defs, R"([TOOL_CALLS]a[ARGS]{"q": "x"})"));
     CHECK_FALSE(grammar_accepts(*v11_defs, R"([TOOL_CALLS]b[ARGS]{"q": "z"})"));
+
+    // Qwen3-Coder: parameters in XML, strings raw (bounded by maxLength here), enums as their
+    // words, integers as JSON within their bounds; the required ones always.
+    auto coder = grammar(tools_for(ToolFormat::Qwen3Coder, "required"));
+    auto xml = [](const std::string& fn, const std::string& params) {
+        return "<tool_call>\n<function=" + fn + ">\n" + params + "</function>\n</tool_call>";
+    };
+    auto param = [](const std::string& name, const std::string& value) {
+        return "<parameter=" + name + ">\n" + value + "\n</parameter>\n";
+    };
+    const std::string coder_add = xml("add", param("a", "2") + param("b", "3"));
+    const std::string coder_weather =
+        xml("get_weather", param("city", "New York") + param("unit", "celsius"));
+    CHECK(grammar_accepts(*coder, coder_add));
+    CHECK(grammar_accepts(*coder, coder_weather + "\n" + coder_add));
+    CHECK_FALSE(grammar_accepts(*coder, xml("add", param("a", "2"))));  // b is required
+    CHECK_FALSE(grammar_accepts(*coder, xml("add", param("a", "two") + param("b", "3"))));
+    CHECK_FALSE(grammar_accepts(*coder, xml("add", param("a", "1000") + param("b", "3"))));
+    CHECK_FALSE(grammar_accepts(
+        *coder, xml("get_weather", param("city", "\"Oslo\"") + param("unit", "kelvin"))));
+    CHECK_FALSE(grammar_accepts(*coder, xml("get_weather", param("city", "Llanfairpwllgwyngyll") +
+                                                               param("unit", "celsius"))));
+    CHECK_FALSE(grammar_accepts(*coder, xml("rm", "")));
+    CHECK(chat_tools_grammar(tools_for(ToolFormat::Qwen3Coder), *tok).triggers ==
+          json::parse(R"([{"type": "word", "value": "<tool_call>"}])"));
+    // Unbounded strings: any text that does not close the parameter; optional parameters.
+    ojson free_req = {{"tools", ojson::parse(R"([{"type": "function", "function": {"name": "note",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string"},
+          "tags": {"type": "array", "items": {"type": "string"}}, "pinned": {"type": "boolean"}},
+          "required": ["text"]}}}])")},
+                      {"tool_choice", "required"}};
+    ChatTools free_tools = *chat_tools_from_json(free_req);
+    free_tools.format = ToolFormat::Qwen3Coder;
+    auto coder_free = grammar(free_tools);
+    CHECK(grammar_accepts(*coder_free, xml("note", param("text", "a <b>\n</parameter no\nmore"))));
+    CHECK(grammar_accepts(*coder_free,
+                          xml("note", param("text", "x") + param("tags", R"(["a", "b"])") +
+                                          param("pinned", "true"))));
+    CHECK(grammar_accepts(*coder_free, xml("note", param("text", "x") + param("pinned", "false"))));
+    CHECK_FALSE(grammar_accepts(*coder_free, xml("note", param("text", "a\n</parameter>\nb"))));
+    CHECK_FALSE(grammar_accepts(*coder_free, xml("note", param("text", "x") + param("tags", "a"))));
 
     // The embedded schema's rules keep clear of the caller's names.
     const ojson schema = ojson::parse(R"({"type": "object", "properties": {
@@ -451,6 +571,31 @@ TEST_CASE("tool formats: replies read back; streams show only content the reply 
           "[TOOL_CALLS]add[ARGS]{broken");
     CHECK(chat_tools_parse(ToolFormat::MistralV11, "It is 5.", "c").content == "It is 5.");
 
+    // Qwen3-Coder: values of string parameters stay text ("5" too), others are JSON where
+    // they parse; a call cut short keeps the parameters it has.
+    const ChatTools coder_tools = tools_for(ToolFormat::Qwen3Coder);
+    r = chat_tools_parse(ToolFormat::Qwen3Coder,
+                         "Looking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\n5\n"
+                         "</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n</function>\n"
+                         "</tool_call>\n<tool_call>\n<function=add>\n<parameter=a>\n2\n</"
+                         "parameter>\n<parameter=b>\n3\n</param",
+                         "c", &coder_tools);
+    CHECK(r.content == "Looking.");
+    REQUIRE(r.calls.size() == 2);
+    CHECK(r.calls[0].name == "get_weather");
+    CHECK(r.calls[0].arguments == R"({"city":"5","unit":"celsius"})");
+    CHECK(r.calls[1].name == "add");
+    CHECK(r.calls[1].arguments == R"({"a":2,"b":3})");
+    r = chat_tools_parse(ToolFormat::Qwen3Coder,
+                         "<tool_call>\n<function=note>\n<parameter=text>\nline one\nline "
+                         "two\n</parameter>\n<parameter=tags>\n[\"a\"]\n</parameter>\n</"
+                         "function>\n</tool_call>",
+                         "c");
+    REQUIRE(r.calls.size() == 1);
+    CHECK(r.calls[0].arguments == R"({"text":"line one\nline two","tags":["a"]})");
+    CHECK(chat_tools_parse(ToolFormat::Qwen3Coder, "<tool_call>\n<funct", "c").content ==
+          "<tool_call>\n<funct");
+
     // Streams: at every point the text shown is a prefix of the final content.
     const std::vector<std::pair<ToolFormat, std::string>> replies = {
         {ToolFormat::Hermes,
@@ -462,6 +607,7 @@ TEST_CASE("tool formats: replies read back; streams show only content the reply 
         {ToolFormat::MistralNemo, "Five."},
         {ToolFormat::MistralV11, "Sure: [TOOL_CALLS]add[ARGS]{\"a\": 1, \"b\": 2}"},
         {ToolFormat::MistralV11, "Arrays [TOOL are [1, 2] "},
+        {ToolFormat::Qwen3Coder, "Sure.\n<tool_call>\n<function=add>\n</function>\n</tool_call>"},
     };
     for (const auto& [format, reply] : replies) {
         CAPTURE(reply);
@@ -474,7 +620,8 @@ TEST_CASE("tool formats: replies read back; streams show only content the reply 
             CHECK(a.text.size() >= shown);  // never takes back what it showed
             shown = a.text.size();
         }
-        if ((format == ToolFormat::Hermes || format == ToolFormat::MistralV11) &&
+        if ((format == ToolFormat::Hermes || format == ToolFormat::MistralV11 ||
+             format == ToolFormat::Qwen3Coder) &&
             reply.find("<tool_call>") == std::string::npos &&
             reply.find("[TOOL_CALLS]") == std::string::npos)
             CHECK(shown ==
@@ -499,7 +646,8 @@ TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
     } templates[] = {{kHermes, ChatTemplateKind::ChatML},
                      {kLlama3, ChatTemplateKind::Llama3},
                      {kMistral, ChatTemplateKind::MistralV3},
-                     {kMistralV11, ChatTemplateKind::MistralV3}};
+                     {kMistralV11, ChatTemplateKind::MistralV3},
+                     {kQwen3Coder, ChatTemplateKind::ChatML}};
     for (const auto& tc : templates) {
         ServerConfig cfg = s.config();
         s.set_chat(cfg, tc.kind,

@@ -306,7 +306,7 @@ std::string answer_text(const ApiRequest& req, const ApiChoiceResult& c) {
 ChatToolReply tool_reply(const ApiRequest& req, const ApiResponseMeta& meta,
                          const ApiChoiceResult& c) {
     return chat_tools_parse(req.tools->format, answer_text(req, c),
-                            fmt::format("call_{}_{}", meta.id, c.index));
+                            fmt::format("call_{}_{}", meta.id, c.index), &*req.tools);
 }
 
 nlohmann::json finish_reason(const ApiRequest& req, const ApiResponseMeta& meta,

@@ -20,6 +20,8 @@ constexpr std::string_view kHermesOpen = "<tool_call>", kHermesClose = "</tool_c
 constexpr std::string_view kMistralCalls = "[TOOL_CALLS]", kPythonTag = "<|python_tag|>";
 constexpr std::string_view kMistralArgs = "[ARGS]", kMistralCallId = "[CALL_ID]";
 constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
+constexpr std::string_view kXmlFunction = "<function=", kXmlParameter = "<parameter=";
+constexpr std::string_view kXmlParameterEnd = "</parameter>", kXmlFunctionEnd = "</function>";
 
 // A call's arguments as the model would have written them: an object when the text parses.
 ojson arguments_value(const ojson& f) {
@@ -153,6 +155,73 @@ ChatToolReply parse_mistral_v11(const std::string& text) {
     return out;
 }
 
+// A parameter's schema in the tools' call schema, or null.
+const ojson* parameter_schema(const ChatTools* tools, const std::string& fn, const std::string& p) {
+    if (!tools) return nullptr;
+    for (const ojson& f : tools->functions)
+        if (f["name"] == fn && f.contains("parameters") && f["parameters"].is_object() &&
+            f["parameters"].contains("properties") && f["parameters"]["properties"].contains(p))
+            return &f["parameters"]["properties"][p];
+    return nullptr;
+}
+
+// A string parameter's value is its text as written; others are JSON where they parse.
+bool string_typed(const ojson* schema) {
+    if (!schema || !schema->is_object()) return false;
+    if (schema->contains("type")) return (*schema)["type"] == "string";
+    if (schema->contains("enum")) {
+        const ojson& e = (*schema)["enum"];
+        return e.is_array() &&
+               std::all_of(e.begin(), e.end(), [](const ojson& v) { return v.is_string(); });
+    }
+    return false;
+}
+
+// <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...</function>\n</tool_call>
+ChatToolReply parse_qwen3_coder(const std::string& text, const ChatTools* tools) {
+    ChatToolReply out;
+    const size_t first = text.find(kHermesOpen);
+    for (size_t at = first; at != std::string::npos; at = text.find(kHermesOpen, at)) {
+        at += kHermesOpen.size();
+        const size_t fn = text.find(kXmlFunction, at);
+        const size_t fn_end = fn == std::string::npos ? fn : text.find('>', fn);
+        if (fn_end == std::string::npos) break;
+        ToolCall call;
+        call.name = trim_space_right(trim_space_left(std::string_view(text).substr(
+            fn + kXmlFunction.size(), fn_end - fn - kXmlFunction.size())));
+        ojson args = ojson::object();
+        const size_t body_end = std::min(text.find(kXmlFunctionEnd, fn_end), text.size());
+        for (size_t p = text.find(kXmlParameter, fn_end); p < body_end;
+             p = text.find(kXmlParameter, p)) {
+            const size_t name_end = text.find('>', p);
+            if (name_end == std::string::npos) break;
+            const std::string name(trim_space_right(trim_space_left(std::string_view(text).substr(
+                p + kXmlParameter.size(), name_end - p - kXmlParameter.size()))));
+            size_t value_end = text.find(kXmlParameterEnd, name_end);
+            const bool cut = value_end == std::string::npos;
+            if (cut) value_end = body_end;
+            std::string_view value =
+                std::string_view(text).substr(name_end + 1, value_end - name_end - 1);
+            if (cut)  // (cut short inside its closing tag)
+                value.remove_suffix(
+                    stop_string_holdback(value, {"\n" + std::string(kXmlParameterEnd)}));
+            if (value.starts_with('\n')) value.remove_prefix(1);
+            if (value.ends_with('\n')) value.remove_suffix(1);
+            const ojson parsed = ojson::parse(value, nullptr, false);
+            args[name] =
+                string_typed(parameter_schema(tools, call.name, name)) || parsed.is_discarded()
+                    ? ojson(std::string(value))
+                    : parsed;
+            p = value_end;
+        }
+        call.arguments = args.dump();
+        out.calls.push_back(std::move(call));
+        at = body_end;
+    }
+    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, first)));
+    return out;
+}
+
 // What a stream may show of a reply whose calls start with `tag` after any text: the text
 // before it, without what may begin the tag and without trailing white space.
 ToolAnswerPrefix content_before(std::string_view reply, std::string_view tag) {
@@ -164,6 +233,20 @@ ToolAnswerPrefix content_before(std::string_view reply, std::string_view tag) {
         shown.remove_suffix(stop_string_holdback(shown, {std::string(tag)}));
     out.text = trim_space_right(shown);
     return out;
+}
+
+// GBNF for a string literal.
+std::string literal(std::string_view s) {
+    std::string out = "\"";
+    for (char c : s) {
+        if (c == '"' || c == '\\') out += '\\';
+        if (c == '\n') {
+            out += "\\n";
+            continue;
+        }
+        out += c;
+    }
+    return out + "\"";
 }
 
 // GBNF rules `name` (with helpers name-0 .. name-(n-1)) for any text that does not contain
@@ -183,12 +266,13 @@ std::string gbnf_text_without(std::string_view word, const std::string& name) {
             if (text.compare(text.size() - j, j, word.substr(0, j)) == 0) return j;
         return size_t(0);
     };
-    auto char_literal = [](char c) {
-        return c == '"' || c == '\\' ? std::string("\"\\") + c + "\""
-                                     : "\"" + std::string(1, c) + "\"";
-    };
+    auto char_literal = [](char c) { return literal(std::string_view(&c, 1)); };
     std::string others = "[^";
     for (char c : alphabet) {
+        if (c == '\n') {
+            others += "\\n";
+            continue;
+        }
         if (c == ']' || c == '^' || c == '-' || c == '\\') others += '\\';
         others += c;
     }
@@ -204,24 +288,11 @@ std::string gbnf_text_without(std::string_view word, const std::string& name) {
     return out;
 }
 
-// GBNF for a string literal.
-std::string literal(std::string_view s) {
-    std::string out = "\"";
-    for (char c : s) {
-        if (c == '"' || c == '\\') out += '\\';
-        if (c == '\n') {
-            out += "\\n";
-            continue;
-        }
-        out += c;
-    }
-    return out + "\"";
-}
-
 }  // namespace
 
 ToolFormat tool_format_detect(std::string_view src) {
     auto has = [&](std::string_view s) { return src.find(s) != std::string_view::npos; };
+    if (has(kHermesOpen) && has(kXmlFunction) && has(kXmlParameter)) return ToolFormat::Qwen3Coder;
     if (has(kHermesOpen)) return ToolFormat::Hermes;
     if (has(kMistralCalls))
         return has(kMistralArgs) ? ToolFormat::MistralV11 : ToolFormat::MistralNemo;
@@ -240,6 +311,8 @@ const char* tool_format_name(ToolFormat f) {
             return "mistral-nemo";
         case ToolFormat::MistralV11:
             return "mistral-v11";
+        case ToolFormat::Qwen3Coder:
+            return "qwen3-coder";
         default:
             return "generic";
     }
@@ -381,6 +454,72 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
                 g.triggers.push_back({{"type", "pattern"}, {"value", "\\[TOOL_CALLS\\]()"}});
             break;
         }
+        case ToolFormat::Qwen3Coder: {
+            // Each tool: its parameters in the schema's order (the required ones always), a
+            // string's value as raw text up to "\n</parameter>", other values as JSON.
+            const ojson schema = chat_tools_call_schema(t, "arguments", false);
+            const bool one = !schema.contains("anyOf");
+            const ojson calls = one ? ojson::array({schema}) : schema["anyOf"];
+            std::vector<std::pair<std::string, std::string>> json_rules;
+            std::string rules, alternatives;
+            bool raw_text = false;
+            own.insert(own.end(), {"tool-call", "raw-text"});
+            for (size_t k = 0; k < calls.size(); ++k) {
+                const ojson& args = calls[k]["properties"]["arguments"];
+                const std::string base = one ? std::string("#/properties/arguments")
+                                             : fmt::format("#/anyOf/{}/properties/arguments", k);
+                std::string params;
+                if (args.is_object() && args.contains("properties") &&
+                    args["properties"].is_object()) {
+                    const ojson required = args.value("required", ojson::array());
+                    size_t i = 0;
+                    for (const auto& [name, prop] : args["properties"].items()) {
+                        const std::string value = fmt::format("tool-{}-value-{}", k, i++);
+                        std::string body;
+                        if (string_typed(&prop) && prop.contains("enum")) {
+                            for (const ojson& e : prop["enum"])
+                                body += (body.empty() ? "" : " | ") + literal(e.get<std::string>());
+                        } else if (string_typed(&prop) && prop.contains("maxLength")) {
+                            body = fmt::format("[^<]{{{},{}}}", prop.value("minLength", 0),
+                                               prop["maxLength"].get<int64_t>());
+                        } else if (string_typed(&prop)) {
+                            body = "raw-text";
+                            raw_text = true;
+                        } else {  // (a JSON pointer's name is escaped: ~0 ~1)
+                            std::string escaped;
+                            for (char c : name)
+                                escaped += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
+                            json_rules.emplace_back(value, base + "/properties/" + escaped);
+                        }
+                        if (!body.empty()) {
+                            rules += value + " ::= " + body + "\n";
+                            own.push_back(value);
+                        }
+                        const bool needed =
+                            std::find(required.begin(), required.end(), name) != required.end();
+                        params += fmt::format(" ({} {} \"\\n</parameter>\\n\"){}",
+                                              literal(std::string(kXmlParameter) + name + ">\n"),
+                                              value, needed ? "" : "?");
+                    }
+                }
+                alternatives += fmt::format(
+                    "{}{}{} \"</function>\"", k ? " | " : "",
+                    literal(std::string(kXmlFunction) +
+                            calls[k]["properties"]["name"]["const"].get<std::string>() + ">\n"),
+                    params);
+            }
+            g.gbnf =
+                json_rules.empty() ? "" : json_schema_to_grammar_rules(schema, json_rules, own);
+            g.gbnf += rules;
+            if (raw_text) g.gbnf += gbnf_text_without("\n</parameter>", "raw-text");
+            g.gbnf += "tool-call ::= " + alternatives + "\n";
+            g.gbnf += "tool-block ::= " + literal(kHermesOpen) + " \"\\n\" tool-call \"\\n\" " +
+                      literal(kHermesClose) + "\n";
+            g.gbnf += t.parallel ? "tool-calls ::= tool-block (\"\\n\" tool-block)*\n"
+                                 : "tool-calls ::= tool-block\n";
+            if (!t.required) g.triggers.push_back({{"type", "word"}, {"value", kHermesOpen}});
+            break;
+        }
         case ToolFormat::Generic:
             fail("chat_tools_grammar: the generic format uses chat_tools_schema");
     }
@@ -404,7 +543,7 @@ std::string chat_tools_prompt_suffix(const ChatTools& t) {
 }
 
 ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
-                               const std::string& id_prefix) {
+                               const std::string& id_prefix, const ChatTools* tools) {
     ChatToolReply out;
     switch (format) {
         case ToolFormat::Generic:
@@ -421,6 +560,9 @@ ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
         case ToolFormat::MistralV11:
             out = parse_mistral_v11(text);
             break;
+        case ToolFormat::Qwen3Coder:
+            out = parse_qwen3_coder(text, tools);
+            break;
     }
     for (size_t k = 0; k < out.calls.size(); ++k) {
         out.calls[k].id = fmt::format("{}_{}", id_prefix, k);
@@ -436,6 +578,7 @@ ToolAnswerPrefix tool_stream_content(ToolFormat format, std::string_view reply) 
         case ToolFormat::Generic:
             return tool_answer_prefix(reply);
         case ToolFormat::Hermes:
+        case ToolFormat::Qwen3Coder:
             return content_before(reply, kHermesOpen);
         case ToolFormat::MistralV11:
             return content_before(reply, kMistralCalls);

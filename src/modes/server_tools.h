@@ -46,13 +46,17 @@ class Tokenizer;
 //                tokenizer v11 on: Mistral Small 3.2, Magistral, Devstral).
 // The Mistral control tokens are written by the grammar as tokens (`<[id]>`) and shown in
 // the reply's text (ToolGrammar::preserved) where the vocabulary has them, as text otherwise.
-enum class ToolFormat { Generic, Hermes, Llama3, MistralNemo, MistralV11 };
+//   Qwen3Coder   <tool_call>\n<function=name>\n<parameter=p>\nvalue\n</parameter>\n...</function>
+//                \n</tool_call> (Qwen3-Coder): a string's value is its raw text, others JSON;
+//                several calls one after another.
+enum class ToolFormat { Generic, Hermes, Llama3, MistralNemo, MistralV11, Qwen3Coder };
 
-// From a Jinja chat template's source: "<tool_call>" -> Hermes, "[TOOL_CALLS]" -> MistralV11
+// From a Jinja chat template's source: "<tool_call>" -> Qwen3Coder with "<function=" and
+// "<parameter=", else Hermes; "[TOOL_CALLS]" -> MistralV11
 // with "[ARGS]", else MistralNemo, "<|start_header_id|>" with "ipython" or "<|python_tag|>" ->
 // Llama3, else Generic.
 ToolFormat tool_format_detect(std::string_view jinja_source);
-// "generic", "hermes", "llama3", "mistral-nemo", "mistral-v11".
+// "generic", "hermes", "llama3", "mistral-nemo", "mistral-v11", "qwen3-coder".
 const char* tool_format_name(ToolFormat format);
 
 struct ChatTools {
@@ -130,10 +134,11 @@ struct ChatToolReply {
 // Ids are id_prefix + "_" + the call's position (MistralNemo: 9 letters and digits made from
 // them, as its template demands). Generic: an answer cut short ({"response": "It is with no
 // closing quote, max_tokens) gives the answer text so far. Native formats: the text before
-// the calls is the content (Hermes, MistralV11), and a reply that holds no readable call is
-// all content.
+// the calls is the content (Hermes, MistralV11, Qwen3Coder), and a reply that holds no readable
+// call is all content. `tools`: the request's (Qwen3Coder reads a string parameter's value as text,
+// not JSON).
 ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
-                               const std::string& id_prefix);
+                               const std::string& id_prefix, const ChatTools* tools = nullptr);
 
 // A reply read while it is generated: whether it is (so far) an answer {"response": "...",
 // and the answer's text whose characters are already known (escapes decoded; an escape or
@@ -145,9 +150,9 @@ struct ToolAnswerPrefix {
 };
 ToolAnswerPrefix tool_answer_prefix(std::string_view reply);
 // The same for any format: the content a stream may show of the reply so far (a prefix of
-// what chat_tools_parse gives as content at the end). Hermes and MistralV11 hold back text that
-// may begin their call tag and trailing white space; Llama3 and MistralNemo show nothing of a reply
-// that begins with "{" or "[", and all of any other.
+// what chat_tools_parse gives as content at the end). Hermes, Qwen3Coder and MistralV11 hold back
+// text that may begin their call tag and trailing white space; Llama3 and MistralNemo show nothing
+// of a reply that begins with "{" or "[", and all of any other.
 ToolAnswerPrefix tool_stream_content(ToolFormat format, std::string_view reply);
 
 // ---- Shared by the formats ----
