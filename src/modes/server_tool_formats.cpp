@@ -235,6 +235,28 @@ ToolAnswerPrefix content_before(std::string_view reply, std::string_view tag) {
     return out;
 }
 
+// The call schema (chat_tools_call_schema) and, for each tool it allows, its name and a
+// $ref to its arguments' schema inside it: for grammars that write the name outside JSON.
+struct CallSchema {
+    ojson schema;
+    std::vector<std::pair<std::string, std::string>> tools;  // (name, "#/.../arguments")
+    const ojson& arguments(size_t k) const {
+        return schema.at(ojson::json_pointer(tools[k].second.substr(1)));
+    }
+};
+CallSchema call_schema(const ChatTools& t) {
+    CallSchema c{chat_tools_call_schema(t, "arguments", false), {}};
+    const bool one = !c.schema.contains("anyOf");
+    const size_t n = one ? 1 : c.schema["anyOf"].size();
+    for (size_t k = 0; k < n; ++k) {
+        const ojson& call = one ? c.schema : c.schema["anyOf"][k];
+        c.tools.emplace_back(call["properties"]["name"]["const"].get<std::string>(),
+                             one ? std::string("#/properties/arguments")
+                                 : fmt::format("#/anyOf/{}/properties/arguments", k));
+    }
+    return c;
+}
+
 // GBNF for a string literal.
 std::string literal(std::string_view s) {
     std::string out = "\"";
@@ -417,22 +439,16 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
         case ToolFormat::MistralV11: {
             // One rule per tool for its arguments (the call schema's alternatives), named in
             // text before them; the control tokens as tokens where the vocabulary has them.
-            const ojson schema = chat_tools_call_schema(t, "arguments", false);
-            const bool one = !schema.contains("anyOf");
-            const ojson calls = one ? ojson::array({schema}) : schema["anyOf"];
+            const CallSchema calls = call_schema(t);
             std::vector<std::pair<std::string, std::string>> rules;
             std::string alternatives;
-            for (size_t k = 0; k < calls.size(); ++k) {
-                rules.emplace_back(fmt::format("tool-args-{}", k),
-                                   one ? std::string("#/properties/arguments")
-                                       : fmt::format("#/anyOf/{}/properties/arguments", k));
-                alternatives +=
-                    fmt::format("{}{} args-tag {}", k ? " | " : "",
-                                literal(calls[k]["properties"]["name"]["const"].get<std::string>()),
-                                rules.back().first);
+            for (size_t k = 0; k < calls.tools.size(); ++k) {
+                rules.emplace_back(fmt::format("tool-args-{}", k), calls.tools[k].second);
+                alternatives += fmt::format("{}{} args-tag {}", k ? " | " : "",
+                                            literal(calls.tools[k].first), rules.back().first);
             }
             own.insert(own.end(), {"tool-call", "calls-tag", "args-tag"});
-            g.gbnf = json_schema_to_grammar_rules(schema, rules, own);
+            g.gbnf = json_schema_to_grammar_rules(calls.schema, rules, own);
             auto tag = [&](std::string_view text) {
                 const TokenId id = one_token(text);
                 if (id < 0) return literal(text);
@@ -457,17 +473,14 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
         case ToolFormat::Qwen3Coder: {
             // Each tool: its parameters in the schema's order (the required ones always), a
             // string's value as raw text up to "\n</parameter>", other values as JSON.
-            const ojson schema = chat_tools_call_schema(t, "arguments", false);
-            const bool one = !schema.contains("anyOf");
-            const ojson calls = one ? ojson::array({schema}) : schema["anyOf"];
+            const CallSchema calls = call_schema(t);
             std::vector<std::pair<std::string, std::string>> json_rules;
             std::string rules, alternatives;
             bool raw_text = false;
             own.insert(own.end(), {"tool-call", "raw-text"});
-            for (size_t k = 0; k < calls.size(); ++k) {
-                const ojson& args = calls[k]["properties"]["arguments"];
-                const std::string base = one ? std::string("#/properties/arguments")
-                                             : fmt::format("#/anyOf/{}/properties/arguments", k);
+            for (size_t k = 0; k < calls.tools.size(); ++k) {
+                const ojson& args = calls.arguments(k);
+                const std::string& base = calls.tools[k].second;
                 std::string params;
                 if (args.is_object() && args.contains("properties") &&
                     args["properties"].is_object()) {
@@ -504,12 +517,11 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
                 }
                 alternatives += fmt::format(
                     "{}{}{} \"</function>\"", k ? " | " : "",
-                    literal(std::string(kXmlFunction) +
-                            calls[k]["properties"]["name"]["const"].get<std::string>() + ">\n"),
-                    params);
+                    literal(std::string(kXmlFunction) + calls.tools[k].first + ">\n"), params);
             }
-            g.gbnf =
-                json_rules.empty() ? "" : json_schema_to_grammar_rules(schema, json_rules, own);
+            g.gbnf = json_rules.empty()
+                         ? ""
+                         : json_schema_to_grammar_rules(calls.schema, json_rules, own);
             g.gbnf += rules;
             if (raw_text) g.gbnf += gbnf_text_without("\n</parameter>", "raw-text");
             g.gbnf += "tool-call ::= " + alternatives + "\n";
