@@ -2,7 +2,8 @@
 // a NUL byte, then text to match. Parsing must either succeed or throw kvrun::Error (never
 // crash or hang), and a parsed grammar must read the text consistently: advancing by the
 // whole text succeeds exactly when advancing byte by byte does, a refused advance changes
-// nothing, and complete() agrees with grammar_accepts(). Run with KVRUN_FUZZ_WRITE_SEEDS=<dir>
+// nothing, complete() agrees with grammar_accepts(), and token elements (<[id]>, !<[id]>)
+// read tokens consistently. Run with KVRUN_FUZZ_WRITE_SEEDS=<dir>
 // to write a small seed corpus and exit.
 #include <cstdint>
 #include <cstdio>
@@ -34,6 +35,7 @@ void write_seeds(const char* dir) {
          "\xC3\xA9"
          "A\n\xF0\x9F\x98\x80"},
         {"root ::= item  # comment\nitem ::= \"(\" item* \")\" | \"x\"", "(x(x))"},
+        {"root ::= \"a\" <[98]> (!<[99]>)* <[99]> <think>?", "abxyc"},
     };
     int n = 0;
     for (const auto& s : seeds) {
@@ -75,6 +77,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const bool accepted = kvrun::grammar_accepts(*g, text);
         if (accepted != (ok_whole && whole.complete())) trap("grammar_accepts disagrees");
         if (whole.finished() && !whole.complete()) trap("finished but not complete");
+        // Tokens: each byte of the text as a token id (every third with that byte as its
+        // text, the others with none, like control tokens): accepts_token agrees with
+        // advance_token, and a refused token changes nothing.
+        kvrun::GrammarState tokens(g);
+        for (size_t i = 0; i < text.size() && i < 64; ++i) {
+            const int32_t id = static_cast<uint8_t>(text[i]);
+            const std::string_view piece = id % 3 == 0 ? text.substr(i, 1) : std::string_view();
+            const kvrun::GrammarState before = tokens;
+            const bool accepts = tokens.accepts_token(id, piece);
+            if (tokens.advance_token(id, piece) != accepts)
+                trap("accepts_token and advance_token disagree");
+            if (accepts) continue;
+            if (tokens.complete() != before.complete() || tokens.finished() != before.finished())
+                trap("a refused token changed the state");
+            break;
+        }
     } catch (const kvrun::Error&) {
         // "too ambiguous": a clear error is an allowed outcome
     }

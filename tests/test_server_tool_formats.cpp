@@ -26,8 +26,8 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-// Five templates written for these tests in the styles of Hermes/Qwen, Llama 3.1, Mistral
-// Nemo, Mistral Small 3.2 and Qwen3-Coder (not those models' own texts).
+// Six templates written for these tests in the styles of Hermes/Qwen, Llama 3.1, Mistral
+// Nemo, Mistral Small 3.2, Qwen3-Coder and DeepSeek R1 (not those models' own texts).
 const char* const kHermes = R"tmpl({%- if tools %}<|im_start|>system
 {% if messages[0].role == 'system' %}{{ messages[0].content }}
 
@@ -159,6 +159,25 @@ VALUE
 {% endif %}
 )tmpl";
 
+// Adds a call's arguments to a string, as DeepSeek R1's template does: they must be text.
+const char* const kDeepSeekR1 =
+    R"tmpl({%- if messages[0].role == 'system' %}{{ messages[0].content }}{% endif %}
+{%- if tools %}
+
+## Tools
+{% for t in tools %}{{ t.function | tojson }}
+{% endfor %}{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'user' %}<｜User｜>{{ m.content }}
+{%- elif m.role == 'assistant' and m.tool_calls %}<｜Assistant｜><｜tool▁calls▁begin｜>
+{%- for c in m.tool_calls %}{{ '<｜tool▁call▁begin｜>' + c.type + '<｜tool▁sep｜>' + c.function.name + '\n```json\n' + c.function.arguments + '\n```<｜tool▁call▁end｜>' }}{% endfor %}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>
+{%- elif m.role == 'assistant' %}<｜Assistant｜>{{ m.content }}<｜end▁of▁sentence｜>
+{%- elif m.role == 'tool' %}<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>{{ m.content }}<｜tool▁output▁end｜><｜tool▁outputs▁end｜>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<｜Assistant｜>{% endif %}
+)tmpl";
+
 // A copy of the model with two byte tokens its stories never use (<0x00>, <0x01>) turned into
 // Mistral's control tokens [TOOL_CALLS] and [ARGS]: the native tool syntax through real
 // control tokens (no text of their own) on a model that runs here.
@@ -217,6 +236,8 @@ TEST_CASE("tool formats: detected from the template's own syntax") {
     CHECK(std::string(tool_format_name(ToolFormat::MistralV11)) == "mistral-v11");
     CHECK(tool_format_detect(kQwen3Coder) == ToolFormat::Qwen3Coder);
     CHECK(std::string(tool_format_name(ToolFormat::Qwen3Coder)) == "qwen3-coder");
+    CHECK(tool_format_detect(kDeepSeekR1) == ToolFormat::DeepSeekR1);
+    CHECK(std::string(tool_format_name(ToolFormat::DeepSeekR1)) == "deepseek-r1");
     CHECK(tool_format_detect("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}") ==
           ToolFormat::Generic);
     // Llama 3 headers alone (Llama 3.0, no tool role) are not the tool syntax.
@@ -293,6 +314,24 @@ TEST_CASE("tool formats: the template writes tools, calls and results as jinja2 
         const JinjaTemplate t = JinjaTemplate::parse(c.source);
         CHECK(chat_template_apply_jinja(t, msgs, tools, true, {}) == c.expected);
     }
+    // DeepSeek R1's template adds the arguments to a string: objects fail as in jinja2, and
+    // the arguments as JSON text (what the server falls back to) render as jinja2 renders
+    // OpenAI's strings.
+    const JinjaTemplate r1 = JinjaTemplate::parse(kDeepSeekR1);
+    CHECK_THROWS_WITH_AS(chat_template_apply_jinja(r1, msgs, tools, true, {}),
+                         doctest::Contains("can only concatenate"), Error);
+    const ojson as_text = chat_messages_arguments_as_text(msgs);
+    CHECK(as_text[2]["tool_calls"][0]["function"]["arguments"] == R"({"a":2,"b":3})");
+    CHECK(
+        chat_template_apply_jinja(r1, as_text, tools, true, {}) ==
+        "Be brief.\n## Tools\n{\"name\": \"add\", \"description\": \"Adds.\", "
+        "\"parameters\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": "
+        "\"integer\"}}}}\n<｜User｜>2+3?<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"
+        "function<｜tool▁sep｜>add\n```json\n{\"a\":2,\"b\":3}\n```<｜tool▁call▁end｜><｜tool"
+        "▁calls▁end｜><｜end▁of▁sentence｜><｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>5<｜tool"
+        "▁output▁end｜><｜tool▁outputs▁end｜><｜User｜>And 4+4?<｜Assistant｜>");
+    CHECK(chat_messages_arguments_as_text(as_text) == as_text);
+
     // Qwen3-Coder's values: a string as it is, lists and objects as JSON; results together.
     const ojson coder_history = chat_messages_native(ojson::parse(R"([
         {"role": "user", "content": "Oslo?"},
@@ -453,6 +492,35 @@ TEST_CASE("tool formats: each grammar admits exactly calls of listed tools in it
     CHECK_FALSE(grammar_accepts(*coder_free, xml("note", param("text", "a\n</parameter>\nb"))));
     CHECK_FALSE(grammar_accepts(*coder_free, xml("note", param("text", "x") + param("tags", "a"))));
 
+    // DeepSeek R1: its tags (text in this vocabulary), each call a name and a JSON block;
+    // after reasoning the prompt opened when a call is required.
+    const std::string r1_add =
+        "<｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n{\"a\": "
+        "2, \"b\": 3}\n```<｜tool▁call▁end｜>";
+    const std::string r1_weather =
+        "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```"
+        "json\n{\"city\": \"Oslo\", \"unit\": \"celsius\"}\n```<"
+        "｜tool▁call▁end｜>";
+    const std::string r1_begin = "<｜tool▁calls▁begin｜>", r1_end = "<｜tool▁calls▁end｜>";
+    auto r1_required = grammar(tools_for(ToolFormat::DeepSeekR1, "required"));
+    CHECK(grammar_accepts(*r1_required, r1_begin + r1_add + r1_end));
+    CHECK(grammar_accepts(*r1_required, r1_begin + r1_weather + "\n" + r1_add + r1_end));
+    CHECK_FALSE(grammar_accepts(*r1_required, r1_add + r1_end));
+    CHECK_FALSE(grammar_accepts(*r1_required, r1_begin + r1_add));
+    CHECK_FALSE(grammar_accepts(*r1_required,
+                                r1_begin +
+                                    "<｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n{"
+                                    "\"a\": \"x\", \"b\": 3}\n```<｜tool▁call▁end｜>" +
+                                    r1_end));
+    const ToolGrammar r1_auto = chat_tools_grammar(tools_for(ToolFormat::DeepSeekR1), *tok);
+    CHECK(r1_auto.triggers[0]["type"] == "pattern");
+    CHECK(grammar_accepts(*Grammar::parse(r1_auto.gbnf), r1_add + r1_add + r1_end));
+    auto r1_open = Grammar::parse(
+        chat_tools_grammar(tools_for(ToolFormat::DeepSeekR1, "required"), *tok, ToolThinking::Open)
+            .gbnf);
+    CHECK(grammar_accepts(*r1_open, "Sum them.</think>\n\n" + r1_begin + r1_add + r1_end));
+    CHECK_FALSE(grammar_accepts(*r1_open, r1_begin + r1_add + r1_end));
+
     // The embedded schema's rules keep clear of the caller's names.
     const ojson schema = ojson::parse(R"({"type": "object", "properties": {
         "tool-block": {"type": "integer"}, "root": {"type": "string"}}})");
@@ -596,6 +664,22 @@ TEST_CASE("tool formats: replies read back; streams show only content the reply 
     CHECK(chat_tools_parse(ToolFormat::Qwen3Coder, "<tool_call>\n<funct", "c").content ==
           "<tool_call>\n<funct");
 
+    // DeepSeek R1: calls after the text, each its name then a ```json block.
+    r = chat_tools_parse(
+        ToolFormat::DeepSeekR1,
+        "Let me add.\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+        "add\n```json\n{\"a\": 1, \"b\": 2}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁"
+        "begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Oslo\"}\n```"
+        "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        "c");
+    CHECK(r.content == "Let me add.");
+    REQUIRE(r.calls.size() == 2);
+    CHECK(r.calls[0].name == "add");
+    CHECK(r.calls[0].arguments == R"({"a":1,"b":2})");
+    CHECK(r.calls[1].name == "get_weather");
+    CHECK(chat_tools_parse(ToolFormat::DeepSeekR1, "<｜tool▁calls▁begin｜>oops", "c").content ==
+          "<｜tool▁calls▁begin｜>oops");
+
     // Streams: at every point the text shown is a prefix of the final content.
     const std::vector<std::pair<ToolFormat, std::string>> replies = {
         {ToolFormat::Hermes,
@@ -608,6 +692,9 @@ TEST_CASE("tool formats: replies read back; streams show only content the reply 
         {ToolFormat::MistralV11, "Sure: [TOOL_CALLS]add[ARGS]{\"a\": 1, \"b\": 2}"},
         {ToolFormat::MistralV11, "Arrays [TOOL are [1, 2] "},
         {ToolFormat::Qwen3Coder, "Sure.\n<tool_call>\n<function=add>\n</function>\n</tool_call>"},
+        {ToolFormat::DeepSeekR1,
+         "Sure. <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁"
+         "sep｜>add\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"},
     };
     for (const auto& [format, reply] : replies) {
         CAPTURE(reply);
@@ -621,9 +708,10 @@ TEST_CASE("tool formats: replies read back; streams show only content the reply 
             shown = a.text.size();
         }
         if ((format == ToolFormat::Hermes || format == ToolFormat::MistralV11 ||
-             format == ToolFormat::Qwen3Coder) &&
+             format == ToolFormat::Qwen3Coder || format == ToolFormat::DeepSeekR1) &&
             reply.find("<tool_call>") == std::string::npos &&
-            reply.find("[TOOL_CALLS]") == std::string::npos)
+            reply.find("[TOOL_CALLS]") == std::string::npos &&
+            reply.find("<｜") == std::string::npos)
             CHECK(shown ==
                   std::string(reply).find_last_not_of(" \n") + 1);  // all but the end's space
     }
@@ -643,11 +731,14 @@ TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
     const struct {
         const char* source;
         ChatTemplateKind kind;  // its end-of-turn texts stop replies
-    } templates[] = {{kHermes, ChatTemplateKind::ChatML},
-                     {kLlama3, ChatTemplateKind::Llama3},
-                     {kMistral, ChatTemplateKind::MistralV3},
-                     {kMistralV11, ChatTemplateKind::MistralV3},
-                     {kQwen3Coder, ChatTemplateKind::ChatML}};
+    } templates[] = {
+        {kHermes, ChatTemplateKind::ChatML},
+        {kLlama3, ChatTemplateKind::Llama3},
+        {kMistral, ChatTemplateKind::MistralV3},
+        {kMistralV11, ChatTemplateKind::MistralV3},
+        {kQwen3Coder, ChatTemplateKind::ChatML},
+        // (ChatML's stops: with DeepSeek3's the chat would think, and this model never stops)
+        {kDeepSeekR1, ChatTemplateKind::ChatML}};
     for (const auto& tc : templates) {
         ServerConfig cfg = s.config();
         s.set_chat(cfg, tc.kind,
@@ -659,11 +750,11 @@ TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
         // A required call: well formed, whole and streamed alike.
         json body = {{"messages", messages},      {"tools", tools},
                      {"tool_choice", "required"}, {"parallel_tool_calls", false},
-                     {"max_tokens", 200},         {"temperature", 0}};
+                     {"max_tokens", 400},         {"temperature", 0}};
         HttpReply r = run.post("/v1/chat/completions", body);
         REQUIRE_MESSAGE(r.status == 200, r.body);
         const json choice = json::parse(r.body)["choices"][0];
-        CHECK(choice["finish_reason"] == "tool_calls");
+        CHECK_MESSAGE(choice["finish_reason"] == "tool_calls", choice.dump());
         REQUIRE(choice["message"]["tool_calls"].size() == 1);
         const json call = choice["message"]["tool_calls"][0];
         check_call(call, both);

@@ -50,9 +50,26 @@ std::string chat_prompt(const ojson& j, const ApiContext& ctx,
         const ojson msgs = chat_messages_native(j["messages"]);
         if (msgs.size() > 1 && msgs.back()["role"] == "assistant")
             fail("a conversation ending with the assistant's words cannot use 'tools'");
-        return chat_template_apply_jinja(*ctx.chat.jinja, msgs, chat_tools_native_list(*tools),
-                                         true, ctx.chat.special, kwargs) +
-               chat_tools_prompt_suffix(*tools);
+        const ojson list = chat_tools_native_list(*tools);
+        auto apply = [&](const ojson& m) {
+            return chat_template_apply_jinja(*ctx.chat.jinja, m, list, true, ctx.chat.special,
+                                             kwargs) +
+                   chat_tools_prompt_suffix(*tools);
+        };
+        try {
+            return apply(msgs);
+        } catch (const Error&) {
+            // A template that writes a call's arguments as text (DeepSeek R1's adds them to a
+            // string) gets them as OpenAI sends them, JSON text; failing that, the first error.
+            const ojson as_text = chat_messages_arguments_as_text(msgs);
+            if (as_text == msgs) throw;
+            const std::exception_ptr first = std::current_exception();
+            try {
+                return apply(as_text);
+            } catch (const Error&) {
+                std::rethrow_exception(first);
+            }
+        }
     }
     std::vector<ChatMessage> msgs = chat_messages_from_json(j["messages"]);
     if (tools) {

@@ -22,6 +22,11 @@ constexpr std::string_view kMistralArgs = "[ARGS]", kMistralCallId = "[CALL_ID]"
 constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
 constexpr std::string_view kXmlFunction = "<function=", kXmlParameter = "<parameter=";
 constexpr std::string_view kXmlParameterEnd = "</parameter>", kXmlFunctionEnd = "</function>";
+// DeepSeek R1's tool tokens.
+constexpr std::string_view kR1CallsBegin = "<｜tool▁calls▁begin｜>",
+                           kR1CallsEnd = "<｜tool▁calls▁end｜>",
+                           kR1CallBegin = "<｜tool▁call▁begin｜>",
+                           kR1CallEnd = "<｜tool▁call▁end｜>", kR1Sep = "<｜tool▁sep｜>";
 
 // A call's arguments as the model would have written them: an object when the text parses.
 ojson arguments_value(const ojson& f) {
@@ -222,6 +227,34 @@ ChatToolReply parse_qwen3_coder(const std::string& text, const ChatTools* tools)
     return out;
 }
 
+// <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```
+// <｜tool▁call▁end｜>..., the text before the first call the content.
+ChatToolReply parse_deepseek_r1(const std::string& text) {
+    ChatToolReply out;
+    size_t first = text.find(kR1CallsBegin);
+    if (first == std::string::npos) first = text.find(kR1CallBegin);
+    for (size_t at = first; at != std::string::npos; at = text.find(kR1CallBegin, at)) {
+        const size_t sep = text.find(kR1Sep, at);
+        if (sep == std::string::npos) break;
+        const size_t name_start = sep + kR1Sep.size();
+        const size_t name_end = text.find('\n', name_start);
+        if (name_end == std::string::npos) break;
+        std::string_view rest = std::string_view(text).substr(name_end + 1);
+        if (trim_space_left(rest).starts_with("```json")) rest = trim_space_left(rest).substr(7);
+        const std::string_view body = object_at(rest);
+        const ojson j = ojson::parse(body, nullptr, false);
+        if (!j.is_object()) break;
+        out.calls.push_back(
+            {"",
+             std::string(trim_space_right(trim_space_left(
+                 std::string_view(text).substr(name_start, name_end - name_start)))),
+             j.dump()});
+        at = static_cast<size_t>(body.data() + body.size() - text.data());
+    }
+    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, first)));
+    return out;
+}
+
 // What a stream may show of a reply whose calls start with `tag` after any text: the text
 // before it, without what may begin the tag and without trailing white space.
 ToolAnswerPrefix content_before(std::string_view reply, std::string_view tag) {
@@ -315,6 +348,7 @@ std::string gbnf_text_without(std::string_view word, const std::string& name) {
 ToolFormat tool_format_detect(std::string_view src) {
     auto has = [&](std::string_view s) { return src.find(s) != std::string_view::npos; };
     if (has(kHermesOpen) && has(kXmlFunction) && has(kXmlParameter)) return ToolFormat::Qwen3Coder;
+    if (has(kR1CallsBegin)) return ToolFormat::DeepSeekR1;
     if (has(kHermesOpen)) return ToolFormat::Hermes;
     if (has(kMistralCalls))
         return has(kMistralArgs) ? ToolFormat::MistralV11 : ToolFormat::MistralNemo;
@@ -335,6 +369,8 @@ const char* tool_format_name(ToolFormat f) {
             return "mistral-v11";
         case ToolFormat::Qwen3Coder:
             return "qwen3-coder";
+        case ToolFormat::DeepSeekR1:
+            return "deepseek-r1";
         default:
             return "generic";
     }
@@ -379,6 +415,15 @@ ojson chat_messages_native(const ojson& messages) {
         out.push_back(std::move(msg));
     }
     return out;
+}
+
+ojson chat_messages_arguments_as_text(ojson messages) {
+    for (ojson& m : messages)
+        if (m.contains("tool_calls") && m["tool_calls"].is_array())
+            for (ojson& c : m["tool_calls"])
+                if (c.contains("function") && !c["function"]["arguments"].is_string())
+                    c["function"]["arguments"] = c["function"]["arguments"].dump();
+    return messages;
 }
 
 ojson chat_tools_native_list(const ChatTools& t) {
@@ -532,6 +577,45 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
             if (!t.required) g.triggers.push_back({{"type", "word"}, {"value", kHermesOpen}});
             break;
         }
+        case ToolFormat::DeepSeekR1: {
+            // Each call names its tool in text, its arguments a JSON block; the tags are
+            // tokens where the vocabulary has them.
+            const CallSchema calls = call_schema(t);
+            std::vector<std::pair<std::string, std::string>> rules;
+            std::string alternatives;
+            for (size_t k = 0; k < calls.tools.size(); ++k) {
+                rules.emplace_back(fmt::format("tool-args-{}", k), calls.tools[k].second);
+                alternatives += fmt::format("{}{} \"\\n```json\\n\" {} \"\\n```\"", k ? " | " : "",
+                                            literal(calls.tools[k].first), rules.back().first);
+            }
+            own.insert(own.end(), {"tool-call", "calls-begin", "calls-end", "call-begin",
+                                   "call-end", "call-sep"});
+            g.gbnf = json_schema_to_grammar_rules(calls.schema, rules, own);
+            auto tag = [&](std::string_view text) {
+                const TokenId id = one_token(text);
+                if (id < 0) return literal(text);
+                g.preserved.emplace_back(text);
+                return fmt::format("<[{}]>", id);
+            };
+            g.gbnf += "calls-begin ::= " + tag(kR1CallsBegin) + "\n";
+            g.gbnf += "calls-end ::= " + tag(kR1CallsEnd) + "\n";
+            g.gbnf += "call-begin ::= " + tag(kR1CallBegin) + "\n";
+            g.gbnf += "call-end ::= " + tag(kR1CallEnd) + "\n";
+            g.gbnf += "call-sep ::= " + tag(kR1Sep) + "\n";
+            g.gbnf +=
+                "tool-call ::= call-begin \"function\" call-sep (" + alternatives + ") call-end\n";
+            // With "auto" the grammar starts after the first tag.
+            g.gbnf += fmt::format("tool-calls ::= {}tool-call{} calls-end\n",
+                                  t.required ? "calls-begin " : "",
+                                  t.parallel ? " (\"\\n\"? tool-call)*" : "");
+            if (t.required) break;
+            if (const TokenId begin = one_token(kR1CallsBegin); begin >= 0)
+                g.triggers.push_back({{"type", "token"}, {"token", begin}});
+            else
+                g.triggers.push_back(
+                    {{"type", "pattern"}, {"value", std::string(kR1CallsBegin) + "()"}});
+            break;
+        }
         case ToolFormat::Generic:
             fail("chat_tools_grammar: the generic format uses chat_tools_schema");
     }
@@ -575,6 +659,9 @@ ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
         case ToolFormat::Qwen3Coder:
             out = parse_qwen3_coder(text, tools);
             break;
+        case ToolFormat::DeepSeekR1:
+            out = parse_deepseek_r1(text);
+            break;
     }
     for (size_t k = 0; k < out.calls.size(); ++k) {
         out.calls[k].id = fmt::format("{}_{}", id_prefix, k);
@@ -594,6 +681,8 @@ ToolAnswerPrefix tool_stream_content(ToolFormat format, std::string_view reply) 
             return content_before(reply, kHermesOpen);
         case ToolFormat::MistralV11:
             return content_before(reply, kMistralCalls);
+        case ToolFormat::DeepSeekR1:
+            return content_before(reply, kR1CallsBegin);
         case ToolFormat::Llama3:
         case ToolFormat::MistralNemo: {
             const std::string_view s = trim_space_left(reply);

@@ -49,14 +49,18 @@ class Tokenizer;
 //   Qwen3Coder   <tool_call>\n<function=name>\n<parameter=p>\nvalue\n</parameter>\n...</function>
 //                \n</tool_call> (Qwen3-Coder): a string's value is its raw text, others JSON;
 //                several calls one after another.
-enum class ToolFormat { Generic, Hermes, Llama3, MistralNemo, MistralV11, Qwen3Coder };
+//   DeepSeekR1
+//   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name\n```json\n{...}
+//                \n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜> after any text (DeepSeek R1 and
+//                its distills' template).
+enum class ToolFormat { Generic, Hermes, Llama3, MistralNemo, MistralV11, Qwen3Coder, DeepSeekR1 };
 
 // From a Jinja chat template's source: "<tool_call>" -> Qwen3Coder with "<function=" and
-// "<parameter=", else Hermes; "[TOOL_CALLS]" -> MistralV11
+// "<parameter=", else Hermes; "<｜tool▁calls▁begin｜>" -> DeepSeekR1; "[TOOL_CALLS]" -> MistralV11
 // with "[ARGS]", else MistralNemo, "<|start_header_id|>" with "ipython" or "<|python_tag|>" ->
 // Llama3, else Generic.
 ToolFormat tool_format_detect(std::string_view jinja_source);
-// "generic", "hermes", "llama3", "mistral-nemo", "mistral-v11", "qwen3-coder".
+// "generic", "hermes", "llama3", "mistral-nemo", "mistral-v11", "qwen3-coder", "deepseek-r1".
 const char* tool_format_name(ToolFormat format);
 
 struct ChatTools {
@@ -96,6 +100,11 @@ std::vector<ChatMessage> chat_messages_from_json(const nlohmann::ordered_json& m
 // chat_messages_from_json.
 nlohmann::ordered_json chat_messages_native(const nlohmann::ordered_json& messages);
 
+// The same messages with each call's arguments as JSON text (as OpenAI sends them), for a
+// template that writes them as text (DeepSeek R1's concatenates them to a string); the
+// server renders with them when the objects make the template fail.
+nlohmann::ordered_json chat_messages_arguments_as_text(nlohmann::ordered_json messages);
+
 // The tools as the template's `tools`: [{"type": "function", "function": {...}}].
 nlohmann::ordered_json chat_tools_native_list(const ChatTools& tools);
 
@@ -134,9 +143,9 @@ struct ChatToolReply {
 // Ids are id_prefix + "_" + the call's position (MistralNemo: 9 letters and digits made from
 // them, as its template demands). Generic: an answer cut short ({"response": "It is with no
 // closing quote, max_tokens) gives the answer text so far. Native formats: the text before
-// the calls is the content (Hermes, MistralV11, Qwen3Coder), and a reply that holds no readable
-// call is all content. `tools`: the request's (Qwen3Coder reads a string parameter's value as text,
-// not JSON).
+// the calls is the content (Hermes, MistralV11, Qwen3Coder, DeepSeekR1), and a reply that holds no
+// readable call is all content. `tools`: the request's (Qwen3Coder reads a string parameter's value
+// as text, not JSON).
 ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
                                const std::string& id_prefix, const ChatTools* tools = nullptr);
 
