@@ -1,0 +1,239 @@
+// Tools in a model family's own syntax over HTTP: stories260K through each test template
+// (tool_templates.h) writes well-formed calls when one is required, whole and streamed alike,
+// gets its calls and their results back into the next prompt, and answers in plain content
+// (streamed the same) when it may; and on a copy of the model with Mistral's control tokens,
+// the grammar writes them as tokens and the reply shows them (preserved_tokens).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "chat_template.h"
+#include "gguf.h"
+#include "gguf_writer.h"
+#include "modes/server_tools.h"
+#include "server_test_util.h"
+#include "tool_templates.h"
+#include "tool_test_util.h"
+
+using namespace kvrun;
+using namespace kvrun::test;
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+// A copy of the model with two byte tokens its stories never use (<0x00>, <0x01>) turned into
+// Mistral's control tokens [TOOL_CALLS] and [ARGS]: the native tool syntax through real
+// control tokens (no text of their own) on a model that runs here.
+std::string with_mistral_tokens(const std::string& path) {
+    GgufFile in = GgufFile::open(path);
+    GgufWriter w(static_cast<uint32_t>(in.alignment()));
+    for (const auto& [key, value] : in.metadata()) w.set_value(key, value);
+    std::vector<std::string> tokens;
+    for (const GgufValue& v : in.get_array("tokenizer.ggml.tokens"))
+        tokens.push_back(v.as_string());
+    std::vector<int32_t> types;
+    for (const GgufValue& v : in.get_array("tokenizer.ggml.token_type"))
+        types.push_back(static_cast<int32_t>(v.as_int()));
+    const std::pair<const char*, const char*> renamed[] = {{"<0x00>", "[TOOL_CALLS]"},
+                                                           {"<0x01>", "[ARGS]"}};
+    for (const auto& [from, to] : renamed) {
+        const auto it = std::find(tokens.begin(), tokens.end(), from);
+        REQUIRE(it != tokens.end());
+        *it = to;
+        types[static_cast<size_t>(it - tokens.begin())] = 3;  // control
+    }
+    w.set_array_str("tokenizer.ggml.tokens", tokens);
+    w.set_array_i32("tokenizer.ggml.token_type", types);
+    for (const GgufTensorInfo& t : in.tensors())
+        w.add_tensor(t.name, t.type, t.dims, t.data, t.n_bytes);
+    const std::string out =
+        (std::filesystem::temp_directory_path() / "kvrun-test-mistral-tokens.gguf").string();
+    w.write_file(out);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, /*n_ctx=*/2048);
+    const json tools = json::parse(weather_and_add().dump());
+    const json messages = {{{"role", "user"}, {"content", "What is 2 plus 3?"}}};
+    const std::set<std::string> both = {"get_weather", "add"};
+    const struct {
+        const char* source;
+        ChatTemplateKind kind;  // its end-of-turn texts stop replies
+    } templates[] = {
+        {kHermes, ChatTemplateKind::ChatML},
+        {kLlama3, ChatTemplateKind::Llama3},
+        {kMistral, ChatTemplateKind::MistralV3},
+        {kMistralV11, ChatTemplateKind::MistralV3},
+        {kQwen3Coder, ChatTemplateKind::ChatML},
+        // (ChatML's stops: with DeepSeek3's the chat would think, and this model never stops)
+        {kDeepSeekR1, ChatTemplateKind::ChatML}};
+    for (const auto& tc : templates) {
+        ServerConfig cfg = s.config();
+        s.set_chat(cfg, tc.kind,
+                   std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(tc.source)));
+        const ToolFormat format = tool_format_detect(tc.source);
+        CAPTURE(tool_format_name(format));
+        Running run(cfg, s);
+
+        // A required call: well formed, whole and streamed alike.
+        json body = {{"messages", messages},      {"tools", tools},
+                     {"tool_choice", "required"}, {"parallel_tool_calls", false},
+                     {"max_tokens", 400},         {"temperature", 0}};
+        HttpReply r = run.post("/v1/chat/completions", body);
+        REQUIRE_MESSAGE(r.status == 200, r.body);
+        const json choice = json::parse(r.body)["choices"][0];
+        CHECK_MESSAGE(choice["finish_reason"] == "tool_calls", choice.dump());
+        REQUIRE(choice["message"]["tool_calls"].size() == 1);
+        const json call = choice["message"]["tool_calls"][0];
+        check_call(call, both);
+        if (format == ToolFormat::MistralNemo || format == ToolFormat::MistralV11)
+            CHECK(call["id"].get<std::string>().size() == 9);
+        body["stream"] = true;
+        json streamed_calls;
+        for (const std::string& e : sse_data(run.post("/v1/chat/completions", body).body)) {
+            if (e == "[DONE]") continue;
+            const json d = json::parse(e)["choices"][0]["delta"];
+            CHECK(!(d.contains("content") && d["content"].is_string()));  // no text
+            if (d.contains("tool_calls")) streamed_calls = d["tool_calls"];
+        }
+        REQUIRE(streamed_calls.size() == 1);
+        CHECK(streamed_calls[0]["function"] == call["function"]);
+
+        // The prompt the template wrote: its own tool list; with Mistral's required call the
+        // reply starts after [TOOL_CALLS].
+        const std::string prompt =
+            run.post("/apply-template",
+                     {{"messages", messages}, {"tools", tools}, {"tool_choice", "required"}})
+                .body;
+        CHECK(prompt.find("get_weather") != std::string::npos);
+        if (format == ToolFormat::MistralNemo) {
+            const std::string text = json::parse(prompt)["prompt"];
+            CHECK(text.size() >= 12);
+            CHECK(text.substr(text.size() - 12) == "[TOOL_CALLS]");
+        }
+
+        // The next turn: our call and its result, written back by the template (Mistral's
+        // demands the 9-character id it got).
+        json history = messages;
+        history.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", {call}}});
+        history.push_back({{"role", "tool"}, {"tool_call_id", call["id"]}, {"content", "5"}});
+        const HttpReply next =
+            run.post("/apply-template", {{"messages", history}, {"tools", tools}});
+        REQUIRE_MESSAGE(next.status == 200, next.body);
+        const std::string next_prompt = json::parse(next.body)["prompt"];
+        CHECK(next_prompt.find(call["function"]["name"].get<std::string>()) != std::string::npos);
+        if (format == ToolFormat::MistralNemo)
+            CHECK(next_prompt.find(call["id"].get<std::string>()) != std::string::npos);
+
+        // "auto": the story model answers in words (the grammar waits for a call that does not
+        // come); streamed, the deltas add up to the whole content.
+        json answer = {
+            {"messages", messages}, {"tools", tools}, {"max_tokens", 40}, {"temperature", 0}};
+        const json whole = json::parse(run.post("/v1/chat/completions", answer).body)["choices"][0];
+        CHECK(whole["finish_reason"] != "tool_calls");
+        const std::string content = whole["message"]["content"];
+        CHECK(!content.empty());
+        answer["stream"] = true;
+        std::string streamed;
+        for (const std::string& e : sse_data(run.post("/v1/chat/completions", answer).body)) {
+            if (e == "[DONE]") continue;
+            const json d = json::parse(e)["choices"][0]["delta"];
+            if (d.contains("content") && d["content"].is_string())
+                streamed += d["content"].get<std::string>();
+            CHECK(!d.contains("tool_calls"));
+        }
+        CHECK(streamed == content);
+    }
+}
+
+TEST_CASE("server: Mistral's control tokens written by the grammar and shown in the reply") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(with_mistral_tokens(path), /*n_ctx=*/2048);
+    const Tokenizer& tok = *s.m.tokenizer;
+    const TokenId calls_tag = tok.find_token("[TOOL_CALLS]"), args_tag = tok.find_token("[ARGS]");
+    REQUIRE(calls_tag >= 0);
+    REQUIRE(args_tag >= 0);
+    REQUIRE(tok.is_control(calls_tag));
+    const std::vector<TokenId> parsed = tok.encode("x[TOOL_CALLS]y", false, true);
+    CHECK(std::count(parsed.begin(), parsed.end(), calls_tag) == 1);
+
+    // The grammars name the tokens; their texts are preserved in the reply.
+    const ToolGrammar v11 = chat_tools_grammar(tools_for(ToolFormat::MistralV11, "required"), tok);
+    CHECK(v11.gbnf.find(fmt::format("<[{}]>", calls_tag)) != std::string::npos);
+    CHECK(v11.gbnf.find(fmt::format("<[{}]>", args_tag)) != std::string::npos);
+    CHECK(v11.preserved == std::vector<std::string>{"[TOOL_CALLS]", "[ARGS]"});
+    const ToolGrammar v11_auto = chat_tools_grammar(tools_for(ToolFormat::MistralV11), tok);
+    CHECK(v11_auto.triggers ==
+          json::parse(fmt::format(R"([{{"type": "token", "token": {}}}])", calls_tag)));
+    CHECK(chat_tools_grammar(tools_for(ToolFormat::MistralNemo), tok).preserved ==
+          std::vector<std::string>{"[TOOL_CALLS]"});
+
+    const json tools = json::parse(weather_and_add().dump());
+    const json messages = {{{"role", "user"}, {"content", "What is 2 plus 3?"}}};
+    for (const char* source : {kMistralV11, kMistral}) {
+        ServerConfig cfg = s.config();
+        s.set_chat(cfg, ChatTemplateKind::MistralV3,
+                   std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(source)));
+        const std::string format = tool_format_name(tool_format_detect(source));
+        CAPTURE(format);
+        Running run(cfg, s);
+        // Required calls (v11: parallel allowed; Nemo's list would go on past max_tokens with
+        // this model): every one well formed, streamed alike.
+        json body = {{"messages", messages},      {"tools", tools},
+                     {"tool_choice", "required"}, {"parallel_tool_calls", format == "mistral-v11"},
+                     {"max_tokens", 300},         {"temperature", 0}};
+        const HttpReply r = run.post("/v1/chat/completions", body);
+        REQUIRE_MESSAGE(r.status == 200, r.body);
+        const json choice = json::parse(r.body)["choices"][0];
+        CHECK(choice["finish_reason"] == "tool_calls");
+        const json calls = choice["message"]["tool_calls"];
+        REQUIRE(calls.size() >= 1);
+        for (const json& c : calls) check_call(c, {"get_weather", "add"});
+        CHECK(choice["message"]["content"].is_null());
+        body["stream"] = true;
+        json streamed;
+        for (const std::string& e : sse_data(run.post("/v1/chat/completions", body).body)) {
+            if (e == "[DONE]") continue;
+            const json d = json::parse(e)["choices"][0]["delta"];
+            CHECK(!(d.contains("content") && d["content"].is_string()));
+            if (d.contains("tool_calls")) streamed = d["tool_calls"];
+        }
+        REQUIRE(streamed.size() == calls.size());
+        for (size_t k = 0; k < calls.size(); ++k)
+            CHECK(streamed[k]["function"] == calls[k]["function"]);
+        // The calls go back into the next prompt as the control tokens.
+        json history = messages;
+        history.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", calls}});
+        for (const json& c : calls)
+            history.push_back({{"role", "tool"}, {"tool_call_id", c["id"]}, {"content", "5"}});
+        const HttpReply applied =
+            run.post("/apply-template", {{"messages", history}, {"tools", tools}});
+        REQUIRE_MESSAGE(applied.status == 200, applied.body);
+        const std::string next = json::parse(applied.body)["prompt"];
+        const std::vector<TokenId> ids = tok.encode(next, false, true);
+        CHECK(std::count(ids.begin(), ids.end(), calls_tag) >= 1);
+    }
+
+    // llama.cpp's "preserved_tokens" on /completion: a control token shown as its text.
+    ServerConfig cfg = s.config();
+    Running run(cfg, s);
+    const std::string g = fmt::format(R"(root ::= " Once" <[{}]> " upon")", calls_tag);
+    json body = {{"prompt", "Hi"}, {"grammar", g}, {"n_predict", 10}, {"temperature", 0}};
+    CHECK(json::parse(run.post("/completion", body).body)["content"] == " Once upon");
+    body["preserved_tokens"] = {"[TOOL_CALLS]"};
+    CHECK(json::parse(run.post("/completion", body).body)["content"] == " Once[TOOL_CALLS] upon");
+    body["preserved_tokens"] = {"two words"};
+    const HttpReply bad = run.post("/completion", body);
+    CHECK(bad.status == 400);
+    CHECK(bad.body.find("is not one token") != std::string::npos);
+}

@@ -1,0 +1,175 @@
+// Shared by the tool-format tests: chat templates written for them in the styles of six
+// model families' tool syntaxes (not those models' own texts), and ChatTools for the two
+// test tools (tool_test_util.h) in a given format.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "modes/server_tools.h"
+#include "tool_test_util.h"
+
+namespace kvrun::test {
+
+// The templates, in the styles of Hermes/Qwen, Llama 3.1, Mistral Nemo, Mistral Small 3.2,
+// Qwen3-Coder and DeepSeek R1.
+inline const char* const kHermes = R"tmpl({%- if tools %}<|im_start|>system
+{% if messages[0].role == 'system' %}{{ messages[0].content }}
+
+{% endif %}You may call functions. Their signatures:
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+Call one as <tool_call>
+{"name": <name>, "arguments": <arguments>}
+</tool_call><|im_end|>
+{% elif messages[0].role == 'system' %}<|im_start|>system
+{{ messages[0].content }}<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant
+{% if message.content %}{{ message.content }}
+{% endif %}
+{%- for call in message.tool_calls %}<tool_call>
+{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
+</tool_call>{% if not loop.last %}
+{% endif %}{% endfor %}<|im_end|>
+{% elif message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% elif message.role != 'system' %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}
+)tmpl";
+
+inline const char* const kLlama3 = R"tmpl(<|start_header_id|>system<|end_header_id|>
+
+{% if tools %}Environment: ipython
+To call a function, reply with {"name": <name>, "parameters": <arguments>} and nothing else. The functions:
+{% for t in tools %}{{ t | tojson }}
+{% endfor %}{% endif %}{% if messages[0].role == 'system' %}{{ messages[0].content }}{% endif %}<|eot_id|>
+{%- for message in messages %}
+{%- if message.role == 'assistant' and message.tool_calls %}<|start_header_id|>assistant<|end_header_id|>
+
+{% set call = message.tool_calls[0].function %}{"name": "{{ call.name }}", "parameters": {{ call.arguments | tojson }}}<|eot_id|>
+{%- elif message.role == 'tool' %}<|start_header_id|>ipython<|end_header_id|>
+
+{{ message.content }}<|eot_id|>
+{%- elif message.role != 'system' %}<|start_header_id|>{{ message.role }}<|end_header_id|>
+
+{{ message.content }}<|eot_id|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>
+
+{% endif %}
+)tmpl";
+
+inline const char* const kMistral = R"tmpl({%- for message in messages %}
+{%- if message.role == 'user' %}{% if loop.last and tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]{{ message.content }}[/INST]
+{%- elif message.role == 'assistant' and message.tool_calls %}[TOOL_CALLS][
+{%- for c in message.tool_calls %}
+{%- if c.id is not defined or c.id | length != 9 %}{{ raise_exception("tool call ids must be 9 letters or digits") }}{% endif %}
+{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}, "id": "{{ c.id }}"}{% if not loop.last %}, {% endif %}
+{%- endfor %}]{{ eos_token }}
+{%- elif message.role == 'assistant' %}{{ message.content }}{{ eos_token }}
+{%- elif message.role == 'tool' %}[TOOL_RESULTS]{"content": {{ message.content | tojson }}, "call_id": "{{ message.tool_call_id }}"}[/TOOL_RESULTS]
+{%- endif %}
+{%- endfor %}
+)tmpl";
+
+inline const char* const kMistralV11 = R"tmpl({%- for message in messages %}
+{%- if message.role == 'system' %}[SYSTEM_PROMPT]{{ message.content }}[/SYSTEM_PROMPT]
+{%- elif message.role == 'user' %}{% if loop.last and tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]{{ message.content }}[/INST]
+{%- elif message.role == 'assistant' and message.tool_calls %}
+{%- for c in message.tool_calls %}[TOOL_CALLS]{{ c.function.name }}[ARGS]{{ c.function.arguments | tojson }}{% endfor %}{{ eos_token }}
+{%- elif message.role == 'assistant' %}{{ message.content }}{{ eos_token }}
+{%- elif message.role == 'tool' %}[TOOL_RESULTS]{{ message.content }}[/TOOL_RESULTS]
+{%- endif %}
+{%- endfor %}
+)tmpl";
+
+inline const char* const kQwen3Coder =
+    R"tmpl({%- if messages[0].role == 'system' %}{% set system = messages[0].content %}{% set rest = messages[1:] %}{% else %}{% set rest = messages %}{% endif %}
+{%- if system is defined or tools %}<|im_start|>system
+{% if system is defined %}{{ system }}{% endif %}
+{%- if tools %}
+
+Functions:
+<tools>
+{%- for tool in tools %}{% set f = tool.function %}
+<function><name>{{ f.name }}</name>
+{%- for pname, pfields in f.parameters.properties | items %}
+<parameter><name>{{ pname }}</name>{% if pfields.type is defined %}<type>{{ pfields.type | string }}</type>{% endif %}</parameter>
+{%- endfor %}
+</function>
+{%- endfor %}
+</tools>
+Call one as <tool_call>
+<function=NAME>
+<parameter=NAME>
+VALUE
+</parameter>
+</function>
+</tool_call>
+{%- endif %}<|im_end|>
+{% endif %}
+{%- for message in rest %}
+{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant
+{%- for call in message.tool_calls %}
+<tool_call>
+<function={{ call.function.name }}>
+{% for name, value in call.function.arguments | items %}<parameter={{ name }}>
+{{ value | tojson if value is mapping or (value is sequence and value is not string) else value | string }}
+</parameter>
+{% endfor %}</function>
+</tool_call>
+{%- endfor %}<|im_end|>
+{% elif message.role == 'tool' %}
+{%- if loop.previtem and loop.previtem.role != 'tool' %}<|im_start|>user
+{% endif %}<tool_response>
+{{ message.content }}
+</tool_response>
+{% if loop.last or loop.nextitem.role != 'tool' %}<|im_end|>
+{% endif %}
+{%- else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}
+)tmpl";
+
+// Adds a call's arguments to a string, as DeepSeek R1's template does: they must be text.
+inline const char* const kDeepSeekR1 =
+    R"tmpl({%- if messages[0].role == 'system' %}{{ messages[0].content }}{% endif %}
+{%- if tools %}
+
+## Tools
+{% for t in tools %}{{ t.function | tojson }}
+{% endfor %}{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'user' %}<｜User｜>{{ m.content }}
+{%- elif m.role == 'assistant' and m.tool_calls %}<｜Assistant｜><｜tool▁calls▁begin｜>
+{%- for c in m.tool_calls %}{{ '<｜tool▁call▁begin｜>' + c.type + '<｜tool▁sep｜>' + c.function.name + '\n```json\n' + c.function.arguments + '\n```<｜tool▁call▁end｜>' }}{% endfor %}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>
+{%- elif m.role == 'assistant' %}<｜Assistant｜>{{ m.content }}<｜end▁of▁sentence｜>
+{%- elif m.role == 'tool' %}<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>{{ m.content }}<｜tool▁output▁end｜><｜tool▁outputs▁end｜>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<｜Assistant｜>{% endif %}
+)tmpl";
+
+inline ChatTools tools_for(ToolFormat format, const std::string& choice = "auto",
+                           bool parallel = true) {
+    nlohmann::ordered_json req = {
+        {"tools", weather_and_add()}, {"tool_choice", choice}, {"parallel_tool_calls", parallel}};
+    ChatTools t = *chat_tools_from_json(req);
+    t.format = format;
+    return t;
+}
+
+}  // namespace kvrun::test
