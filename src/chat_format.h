@@ -30,6 +30,11 @@ struct ChatFormat {
     // The built-in format; with a Jinja template it only names the end-of-turn texts.
     ChatTemplateKind kind = ChatTemplateKind::Plain;
     std::shared_ptr<const JinjaTemplate> jinja;  // set: conversations are rendered by it
+    // The server's requests with tools when a built-in format renders the rest: the model's
+    // own template, where it writes a tool syntax the model was trained on (server_tools.h).
+    std::shared_ptr<const JinjaTemplate> tools_jinja;
+    // The template requests with tools are rendered by (jinja, else tools_jinja), or null.
+    const JinjaTemplate* tools_template() const { return jinja ? jinja.get() : tools_jinja.get(); }
     ChatSpecialTexts special;
     ChatStops stops;      // the format's end-of-turn tokens and texts
     bool thinks = false;  // replies may start with <think> reasoning (reasoning.h)

@@ -237,3 +237,43 @@ TEST_CASE("server: Mistral's control tokens written by the grammar and shown in 
     CHECK(bad.status == 400);
     CHECK(bad.body.find("is not one token") != std::string::npos);
 }
+
+TEST_CASE("server: with a built-in format, requests with tools use the model's own syntax") {
+    // Which templates can serve: a native syntax that renders a call and shows the tools.
+    CHECK(native_tools_template(kHermes) != nullptr);
+    CHECK(native_tools_template(kDeepSeekR1) != nullptr);  // (with the arguments as text)
+    CHECK(native_tools_template("") == nullptr);
+    CHECK(native_tools_template("{% for m in messages %}{{ m.content }}{% endfor %}") == nullptr);
+    CHECK(native_tools_template("{# <tool_call> #}{% for m in messages %}{% endfor %}") ==
+          nullptr);                                                     // cannot show the tools
+    CHECK(native_tools_template("<tool_call>{% for %}") == nullptr);  // does not parse
+
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, /*n_ctx=*/2048);
+    ServerConfig cfg = s.config();
+    s.set_chat(cfg, ChatTemplateKind::ChatML);  // built in, as for Qwen without --jinja
+    cfg.api.chat.tools_jinja = native_tools_template(kHermes);
+    Running run(cfg, s);
+    const json tools = json::parse(weather_and_add().dump());
+    const json messages = {{{"role", "user"}, {"content", "What is 2 plus 3?"}}};
+    auto prompt = [&](const json& body) {
+        const HttpReply r = run.post("/apply-template", body);
+        REQUIRE_MESSAGE(r.status == 200, r.body);
+        return json::parse(r.body)["prompt"].get<std::string>();
+    };
+    // With tools: the template writes them; without: the built-in format as before.
+    CHECK(prompt({{"messages", messages}, {"tools", tools}}).find("Their signatures:\n<tools>") !=
+          std::string::npos);
+    CHECK(prompt({{"messages", messages}}) ==
+          "<|im_start|>user\nWhat is 2 plus 3?<|im_end|>\n<|im_start|>assistant\n");
+    const json body = {{"messages", messages},      {"tools", tools},
+                       {"tool_choice", "required"}, {"parallel_tool_calls", false},
+                       {"max_tokens", 200},         {"temperature", 0}};
+    const HttpReply r = run.post("/v1/chat/completions", body);
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    const json choice = json::parse(r.body)["choices"][0];
+    CHECK(choice["finish_reason"] == "tool_calls");
+    REQUIRE(choice["message"]["tool_calls"].size() == 1);
+    check_call(choice["message"]["tool_calls"][0], {"get_weather", "add"});
+}

@@ -308,13 +308,14 @@ int run_info(const InfoOptions& o) {
                    ? "does not parse (" + chat.note + ")"
                    : chat_template_name(chat.kind) + " (detected from tokenizer.chat_template)");
     if (f.has("tokenizer.chat_template")) {
-        // The server's tool calls use the template's own syntax when it renders through
-        // Jinja; replies of thinking models come with their reasoning apart.
-        const ToolFormat tools = tool_format_detect(chat_template_source(f));
+        // The server's tool calls use the template's own syntax where it renders one (with
+        // or without --jinja); replies of thinking models come with their reasoning apart.
+        const std::string src = chat_template_source(f);
+        const ToolFormat tools = tool_format_detect(src);
         fmt::print("chat features   tool calls {}{}; {}\n", tool_format_name(tools),
-                   tools == ToolFormat::Generic || chat.jinja
+                   tools == ToolFormat::Generic || native_tools_template(src)
                        ? ""
-                       : " with --jinja (the generic JSON format without)",
+                       : " (not rendered here: the generic JSON format instead)",
                    template_thinks(f) ? "thinks (<think> reasoning returned apart)"
                                       : "no reasoning blocks");
     }

@@ -596,6 +596,8 @@ int run_server(const ServerOptions& o) {
         chat_template_choose(*m.file, o.chat_template, o.chat_template_file, o.jinja);
     if (!chat.note.empty()) fmt::print(stderr, "kvrun server: {}\n", chat.note);
     cfg.api.chat = chat_format_make(chat, *m.tokenizer);
+    if (!chat.jinja && o.chat_template.empty())
+        cfg.api.chat.tools_jinja = native_tools_template(chat_template_source(*m.file));
     cfg.api.reasoning = o.reasoning_format != "none";
     if (!o.template_kwargs.empty()) {
         cfg.api.template_kwargs =
@@ -632,8 +634,9 @@ int run_server(const ServerOptions& o) {
                "kvrun server: {} on {}, {} sequences at once, context {} tokens, chat template "
                "{} (tool calls: {}){}\n",
                cfg.api.model_id, m.device, o.parallel, engine.n_ctx(), chat.name(),
-               tool_format_name(chat.jinja ? tool_format_detect(chat.jinja->source())
-                                           : ToolFormat::Generic),
+               tool_format_name(cfg.api.chat.tools_template()
+                                    ? tool_format_detect(cfg.api.chat.tools_template()->source())
+                                    : ToolFormat::Generic),
                engine.speculative() ? ", speculative decoding" : "");
     fmt::print(stderr, "kvrun server: listening on http://{}:{} (Ctrl-C stops)\n", host,
                server.port());

@@ -29,7 +29,8 @@ std::vector<ojson> prompt_list(const ojson& j) {
 // The request's tools, in the template's own syntax where it has one (server_tools.h).
 std::optional<ChatTools> request_tools(const ojson& j, const ApiContext& ctx) {
     std::optional<ChatTools> tools = chat_tools_from_json(j);
-    if (tools && ctx.chat.jinja) tools->format = tool_format_detect(ctx.chat.jinja->source());
+    if (tools && ctx.chat.tools_template())
+        tools->format = tool_format_detect(ctx.chat.tools_template()->source());
     return tools;
 }
 
@@ -52,8 +53,8 @@ std::string chat_prompt(const ojson& j, const ApiContext& ctx,
             fail("a conversation ending with the assistant's words cannot use 'tools'");
         const ojson list = chat_tools_native_list(*tools);
         auto apply = [&](const ojson& m) {
-            return chat_template_apply_jinja(*ctx.chat.jinja, m, list, true, ctx.chat.special,
-                                             kwargs) +
+            return chat_template_apply_jinja(*ctx.chat.tools_template(), m, list, true,
+                                             ctx.chat.special, kwargs) +
                    chat_tools_prompt_suffix(*tools);
         };
         try {

@@ -345,6 +345,36 @@ std::string gbnf_text_without(std::string_view word, const std::string& name) {
 
 }  // namespace
 
+std::shared_ptr<const JinjaTemplate> native_tools_template(const std::string& source) {
+    if (source.empty() || tool_format_detect(source) == ToolFormat::Generic) return nullptr;
+    try {
+        auto t = std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(source));
+        // A conversation with a call and its result must render (with the arguments as
+        // objects, or as text as the server retries) and show the tool.
+        const ojson tools = ojson::parse(R"([{"type": "function", "function": {
+            "name": "kvrun_probe_tool", "description": "d", "parameters": {"type": "object",
+            "properties": {"x": {"type": "string"}}, "required": ["x"]}}}])");
+        const ojson msgs = ojson::parse(R"([{"role": "user", "content": "q"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "abcDEF123",
+              "type": "function", "function": {"name": "kvrun_probe_tool",
+              "arguments": {"x": "y"}}}]},
+            {"role": "tool", "tool_call_id": "abcDEF123", "name": "kvrun_probe_tool",
+             "content": "r"},
+            {"role": "user", "content": "q"}])");
+        std::string text;
+        try {
+            text = chat_template_apply_jinja(*t, msgs, tools, true, {});
+        } catch (const Error&) {
+            text = chat_template_apply_jinja(*t, chat_messages_arguments_as_text(msgs), tools, true,
+                                             {});
+        }
+        if (text.find("kvrun_probe_tool") == std::string::npos) return nullptr;
+        return t;
+    } catch (const Error&) {
+        return nullptr;
+    }
+}
+
 ToolFormat tool_format_detect(std::string_view src) {
     auto has = [&](std::string_view s) { return src.find(s) != std::string_view::npos; };
     if (has(kHermesOpen) && has(kXmlFunction) && has(kXmlParameter)) return ToolFormat::Qwen3Coder;

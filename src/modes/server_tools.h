@@ -25,6 +25,7 @@
 // "name", "content"}]}.
 #pragma once
 
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -61,6 +62,10 @@ enum class ToolFormat { Generic, Hermes, Llama3, MistralNemo, MistralV11, Qwen3C
 // Llama3, else Generic.
 ToolFormat tool_format_detect(std::string_view jinja_source);
 // "generic", "hermes", "llama3", "mistral-nemo", "mistral-v11", "qwen3-coder", "deepseek-r1".
+// The model's template for requests with tools while a built-in format renders the rest
+// (ChatFormat::tools_jinja): parsed when it shows a native syntax and renders a conversation
+// with a call and its result that shows the tool; null otherwise (the generic format then).
+std::shared_ptr<const JinjaTemplate> native_tools_template(const std::string& source);
 const char* tool_format_name(ToolFormat format);
 
 struct ChatTools {
