@@ -13,6 +13,7 @@
 #include "chat_template.h"
 #include "gguf.h"
 #include "gguf_writer.h"
+#include "grammar.h"
 #include "modes/server_tools.h"
 #include "server_test_util.h"
 #include "tool_templates.h"
@@ -25,9 +26,9 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-// A copy of the model with two byte tokens its stories never use (<0x00>, <0x01>) turned into
-// Mistral's control tokens [TOOL_CALLS] and [ARGS]: the native tool syntax through real
-// control tokens (no text of their own) on a model that runs here.
+// A copy of the model with three byte tokens its stories never use (<0x00>, <0x01>, <0x02>)
+// turned into Mistral's control tokens [TOOL_CALLS], [ARGS] and [CALL_ID]: the native tool syntax
+// through real control tokens (no text of their own) on a model that runs here.
 std::string with_mistral_tokens(const std::string& path) {
     GgufFile in = GgufFile::open(path);
     GgufWriter w(static_cast<uint32_t>(in.alignment()));
@@ -38,8 +39,8 @@ std::string with_mistral_tokens(const std::string& path) {
     std::vector<int32_t> types;
     for (const GgufValue& v : in.get_array("tokenizer.ggml.token_type"))
         types.push_back(static_cast<int32_t>(v.as_int()));
-    const std::pair<const char*, const char*> renamed[] = {{"<0x00>", "[TOOL_CALLS]"},
-                                                           {"<0x01>", "[ARGS]"}};
+    const std::pair<const char*, const char*> renamed[] = {
+        {"<0x00>", "[TOOL_CALLS]"}, {"<0x01>", "[ARGS]"}, {"<0x02>", "[CALL_ID]"}};
     for (const auto& [from, to] : renamed) {
         const auto it = std::find(tokens.begin(), tokens.end(), from);
         REQUIRE(it != tokens.end());
@@ -171,7 +172,25 @@ TEST_CASE("server: Mistral's control tokens written by the grammar and shown in 
     const ToolGrammar v11 = chat_tools_grammar(tools_for(ToolFormat::MistralV11, "required"), tok);
     CHECK(v11.gbnf.find(fmt::format("<[{}]>", calls_tag)) != std::string::npos);
     CHECK(v11.gbnf.find(fmt::format("<[{}]>", args_tag)) != std::string::npos);
-    CHECK(v11.preserved == std::vector<std::string>{"[TOOL_CALLS]", "[ARGS]"});
+    CHECK(v11.preserved == std::vector<std::string>{"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"});
+    {  // A call with or without an id: the tags as tokens, the rest as text.
+        const TokenId id_tag = tok.find_token("[CALL_ID]");
+        auto g = Grammar::parse(v11.gbnf);
+        for (bool with_id : {false, true}) {
+            GrammarState st(g);
+            REQUIRE(st.advance_token(calls_tag, ""));
+            REQUIRE(st.advance("add"));
+            if (with_id) {
+                REQUIRE(st.advance_token(id_tag, ""));
+                CHECK_FALSE(st.accepts("abc!"));
+                REQUIRE(st.advance("abcDEF123"));
+            }
+            CHECK_FALSE(st.accepts("{"));  // the arguments come after [ARGS]
+            REQUIRE(st.advance_token(args_tag, ""));
+            REQUIRE(st.advance(R"({"a": 1, "b": 2})"));
+            CHECK(st.complete());
+        }
+    }
     const ToolGrammar v11_auto = chat_tools_grammar(tools_for(ToolFormat::MistralV11), tok);
     CHECK(v11_auto.triggers ==
           json::parse(fmt::format(R"([{{"type": "token", "token": {}}}])", calls_tag)));
@@ -245,7 +264,7 @@ TEST_CASE("server: with a built-in format, requests with tools use the model's o
     CHECK(native_tools_template("") == nullptr);
     CHECK(native_tools_template("{% for m in messages %}{{ m.content }}{% endfor %}") == nullptr);
     CHECK(native_tools_template("{# <tool_call> #}{% for m in messages %}{% endfor %}") ==
-          nullptr);                                                     // cannot show the tools
+          nullptr);                                                   // cannot show the tools
     CHECK(native_tools_template("<tool_call>{% for %}") == nullptr);  // does not parse
 
     const std::string path = model_path();

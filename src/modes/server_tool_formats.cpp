@@ -469,6 +469,14 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
         const std::vector<TokenId> ids = tok.encode(std::string(text), false, true);
         return ids.size() == 1 && tok.token_to_piece(ids[0], true) == text ? ids[0] : TokenId(-1);
     };
+    // A control token of the syntax: the token where the vocabulary has it (its text then
+    // shown in the reply), else its text.
+    auto tag = [&](std::string_view text) {
+        const TokenId id = one_token(text);
+        if (id < 0) return literal(text);
+        g.preserved.emplace_back(text);
+        return fmt::format("<[{}]>", id);
+    };
     // The grammar's own rules (the schema's keep clear of them).
     std::vector<std::string> own = {"tool-calls", "tool-block", "think-text"};
     for (size_t k = 0; k < kThinkClose.size(); ++k) own.push_back(fmt::format("think-text-{}", k));
@@ -514,26 +522,24 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
         case ToolFormat::MistralV11: {
             // One rule per tool for its arguments (the call schema's alternatives), named in
             // text before them; the control tokens as tokens where the vocabulary has them.
+            // Newer models may give a call an id ([CALL_ID] and 9 letters or digits) before
+            // its arguments; where the vocabulary has no such token, never.
+            const bool ids = one_token(kMistralCallId) >= 0;
             const CallSchema calls = call_schema(t);
             std::vector<std::pair<std::string, std::string>> rules;
             std::string alternatives;
             for (size_t k = 0; k < calls.tools.size(); ++k) {
                 rules.emplace_back(fmt::format("tool-args-{}", k), calls.tools[k].second);
-                alternatives += fmt::format("{}{} args-tag {}", k ? " | " : "",
-                                            literal(calls.tools[k].first), rules.back().first);
+                alternatives +=
+                    fmt::format("{}{}{} args-tag {}", k ? " | " : "", literal(calls.tools[k].first),
+                                ids ? " call-id?" : "", rules.back().first);
             }
-            own.insert(own.end(), {"tool-call", "calls-tag", "args-tag"});
+            own.insert(own.end(), {"tool-call", "calls-tag", "args-tag", "call-id"});
             g.gbnf = json_schema_to_grammar_rules(calls.schema, rules, own);
-            auto tag = [&](std::string_view text) {
-                const TokenId id = one_token(text);
-                if (id < 0) return literal(text);
-                g.preserved.emplace_back(text);
-                return fmt::format("<[{}]>", id);
-            };
             g.gbnf += "tool-call ::= " + alternatives + "\n";
             g.gbnf += "calls-tag ::= " + tag(kMistralCalls) + "\n";
             g.gbnf += "args-tag ::= " + tag(kMistralArgs) + "\n";
-            if (one_token(kMistralCallId) >= 0) g.preserved.emplace_back(kMistralCallId);
+            if (ids) g.gbnf += "call-id ::= " + tag(kMistralCallId) + " [a-zA-Z0-9]{9}\n";
             // A required call: the grammar writes the first [TOOL_CALLS] too; with "auto" it
             // starts after it.
             g.gbnf += fmt::format("tool-calls ::= {}tool-call{}\n", t.required ? "calls-tag " : "",
@@ -621,12 +627,6 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
             own.insert(own.end(), {"tool-call", "calls-begin", "calls-end", "call-begin",
                                    "call-end", "call-sep"});
             g.gbnf = json_schema_to_grammar_rules(calls.schema, rules, own);
-            auto tag = [&](std::string_view text) {
-                const TokenId id = one_token(text);
-                if (id < 0) return literal(text);
-                g.preserved.emplace_back(text);
-                return fmt::format("<[{}]>", id);
-            };
             g.gbnf += "calls-begin ::= " + tag(kR1CallsBegin) + "\n";
             g.gbnf += "calls-end ::= " + tag(kR1CallsEnd) + "\n";
             g.gbnf += "call-begin ::= " + tag(kR1CallBegin) + "\n";

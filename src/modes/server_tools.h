@@ -44,7 +44,8 @@ class Tokenizer;
 //   MistralNemo  [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}, ...] (Mistral Nemo
 //                and the models sharing its template), the list following the control token;
 //   MistralV11   [TOOL_CALLS]name[ARGS]{...} after any text, repeated for more calls (Mistral's
-//                tokenizer v11 on: Mistral Small 3.2, Magistral, Devstral).
+//                tokenizer v11 on: Mistral Small 3.2, Magistral, Devstral); where the
+//                vocabulary has [CALL_ID], a call may carry one: name[CALL_ID]abcDEF123[ARGS].
 // The Mistral control tokens are written by the grammar as tokens (`<[id]>`) and shown in
 // the reply's text (ToolGrammar::preserved) where the vocabulary has them, as text otherwise.
 //   Qwen3Coder   <tool_call>\n<function=name>\n<parameter=p>\nvalue\n</parameter>\n...</function>
