@@ -328,6 +328,35 @@ TEST_CASE("tool formats: each grammar admits exactly calls of listed tools in it
     CHECK(grammar_accepts(*r1_open, "Sum them.</think>\n\n" + r1_begin + r1_add + r1_end));
     CHECK_FALSE(grammar_accepts(*r1_open, r1_begin + r1_add + r1_end));
 
+    // A tool without parameters (and names that need escaping) in every native syntax: the
+    // grammar builds and admits a call with no arguments.
+    {
+        ojson req = {{"tools", ojson::parse(R"([{"type": "function", "function": {
+            "name": "now\"ish"}}])")},
+                     {"tool_choice", "required"}};
+        ChatTools bare = *chat_tools_from_json(req);
+        const std::pair<ToolFormat, std::string> calls[] = {
+            {ToolFormat::Hermes,
+             "<tool_call>\n{\"name\": \"now\\\"ish\", \"arguments\": {}}\n</tool_call>"},
+            {ToolFormat::Llama3, "{\"name\": \"now\\\"ish\", \"parameters\": {}}"},
+            {ToolFormat::MistralV11, "[TOOL_CALLS]now\"ish[ARGS]{}"},
+            {ToolFormat::Qwen3Coder, "<tool_call>\n<function=now\"ish>\n</function>\n</tool_call>"},
+            {ToolFormat::DeepSeekR1,
+             "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+             "now\"ish\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"},
+        };
+        for (const auto& [format, text] : calls) {
+            CAPTURE(tool_format_name(format));
+            bare.format = format;
+            auto g = Grammar::parse(chat_tools_grammar(bare, *tok).gbnf);
+            CHECK(grammar_accepts(*g, text));
+            const ChatToolReply back = chat_tools_parse(format, text, "c", &bare);
+            REQUIRE(back.calls.size() == 1);
+            CHECK(back.calls[0].name == "now\"ish");
+            CHECK(back.calls[0].arguments == "{}");
+        }
+    }
+
     // The embedded schema's rules keep clear of the caller's names.
     const ojson schema = ojson::parse(R"({"type": "object", "properties": {
         "tool-block": {"type": "integer"}, "root": {"type": "string"}}})");
