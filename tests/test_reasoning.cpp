@@ -158,6 +158,15 @@ TEST_CASE("server: reasoning_content apart from the answer, whole and streamed")
     const std::string all = whole["content"];
     CHECK(all.find(reasoning + "</think> " + content) != std::string::npos);
     CHECK(stream(run, body).content == whole["content"].get<std::string>());
+    // deepseek-legacy: the reasoning apart, and the content whole as with none.
+    body["reasoning_format"] = "deepseek-legacy";
+    const json legacy =
+        json::parse(run.post("/v1/chat/completions", body).body)["choices"][0]["message"];
+    CHECK(legacy["reasoning_content"] == reasoning);
+    CHECK(legacy["content"] == all);
+    const Streamed legacy_stream = stream(run, body);
+    CHECK(legacy_stream.reasoning == reasoning);
+    CHECK(legacy_stream.content == all);
     body["reasoning_format"] = "sideways";
     CHECK(run.post("/v1/chat/completions", body).status == 400);
 }

@@ -599,6 +599,7 @@ int run_server(const ServerOptions& o) {
     if (!chat.jinja && o.chat_template.empty())
         cfg.api.chat.tools_jinja = native_tools_template(chat_template_source(*m.file));
     cfg.api.reasoning = o.reasoning_format != "none";
+    cfg.api.reasoning_keep_content = o.reasoning_format == "deepseek-legacy";
     if (!o.template_kwargs.empty()) {
         cfg.api.template_kwargs =
             nlohmann::ordered_json::parse(o.template_kwargs, nullptr, /*allow_exceptions=*/false);
@@ -689,8 +690,8 @@ void add_server_command(CLI::App& root, int& exit_code) {
     cmd->add_option("--reasoning-format", o->reasoning_format,
                     "Chat replies of models that think (<think>...</think>): deepseek (or auto) "
                     "returns the reasoning apart as \"reasoning_content\"; none keeps it in "
-                    "the content")
-        ->check(CLI::IsMember({"none", "deepseek", "auto"}))
+                    "the content; deepseek-legacy does both (tool replies: as deepseek)")
+        ->check(CLI::IsMember({"none", "deepseek", "deepseek-legacy", "auto"}))
         ->capture_default_str();
     cmd->add_option("--reasoning-budget", o->reasoning_budget,
                     "-1: models think as they like; 0: thinking off (the template's "

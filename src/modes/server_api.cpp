@@ -94,18 +94,23 @@ std::string chat_prompt(const ojson& j, const ApiContext& ctx,
     return render(msgs);
 }
 
-// Whether a chat request's replies have their reasoning returned apart: the server's
-// --reasoning-format, or the request's "reasoning_format" (none, deepseek or auto), when the
-// chat format thinks.
-bool reasoning_wanted(const ojson& j, const ApiContext& ctx) {
-    bool on = ctx.reasoning;
+// Whether a chat request's replies have their reasoning returned apart, and whether their
+// content keeps it too: the server's --reasoning-format, or the request's "reasoning_format"
+// (none, deepseek, deepseek-legacy or auto), when the chat format thinks.
+void reasoning_wanted(const ojson& j, const ApiContext& ctx, ApiRequest& out) {
+    bool on = ctx.reasoning, keep = ctx.reasoning_keep_content;
     if (j.contains("reasoning_format")) {
         const std::string f = j["reasoning_format"].get<std::string>();
-        if (f != "none" && f != "deepseek" && f != "auto")
-            fail("'reasoning_format' must be \"none\", \"deepseek\" or \"auto\" (got \"{}\")", f);
+        if (f != "none" && f != "deepseek" && f != "deepseek-legacy" && f != "auto")
+            fail(
+                "'reasoning_format' must be \"none\", \"deepseek\", \"deepseek-legacy\" or "
+                "\"auto\" (got \"{}\")",
+                f);
         on = f != "none";
+        keep = f == "deepseek-legacy";
     }
-    return on && ctx.chat.thinks;
+    out.reasoning = on && ctx.chat.thinks;
+    out.reasoning_keep_content = out.reasoning && keep;
 }
 
 // response_format -> json_schema.
@@ -342,7 +347,7 @@ nlohmann::json chat_message(const ApiRequest& req, const ApiResponseMeta& meta,
         if (!r.reasoning.empty()) m["reasoning_content"] = r.reasoning;
     }
     if (!req.tools) {
-        m["content"] = answer_text(req, c);
+        m["content"] = req.reasoning_keep_content ? c.text : answer_text(req, c);
         return m;
     }
     const ChatToolReply r = tool_reply(req, meta, c);
@@ -429,7 +434,7 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
         if (format == ApiFormat::OpenAiChat) {
             j["prompt"] = chat_prompt(j, ctx, out.tools);
             d.parse_special = true;
-            out.reasoning = reasoning_wanted(j, ctx);
+            reasoning_wanted(j, ctx, out);
             out.reasoning_open =
                 out.reasoning && prompt_opens_reasoning(j["prompt"].get<std::string>());
             if (out.tools && out.tools->format == ToolFormat::Generic) {
@@ -525,7 +530,7 @@ ApiStreamView api_stream_view(const ApiRequest& req, std::string_view reply) {
         content = reply;
     }
     if (!req.tools) {
-        v.content = std::move(content);
+        v.content = req.reasoning_keep_content ? std::string(reply) : std::move(content);
     } else if (const ToolAnswerPrefix a = tool_stream_content(req.tools->format, content);
                a.answer) {
         v.content = a.text;

@@ -50,8 +50,10 @@ struct ApiContext {
     int64_t n_ctx_seq = 0;
     bool spm_infill = false;
     // --reasoning-format deepseek (the default): a chat format that thinks (reasoning.h) has
-    // its replies' reasoning returned apart; none: replies stay whole.
+    // its replies' reasoning returned apart; none: replies stay whole; deepseek-legacy: apart,
+    // and the content stays whole too.
     bool reasoning = true;
+    bool reasoning_keep_content = false;
     // --chat-template-kwargs: more variables for a Jinja template (an object, or null); a
     // request's "chat_template_kwargs" add to them.
     nlohmann::ordered_json template_kwargs;
@@ -78,6 +80,7 @@ struct ApiRequest {
     // reasoning block (the reply starts inside it).
     bool reasoning = false;
     bool reasoning_open = false;
+    bool reasoning_keep_content = false;  // deepseek-legacy: "content" keeps the reasoning
     // Control tokens the text shows (llama.cpp's "preserved_tokens": the request's, and a
     // native tool syntax's markers).
     std::vector<TokenId> preserved_tokens;
