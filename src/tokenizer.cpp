@@ -255,9 +255,13 @@ void StreamDecoder::show_tokens(std::vector<TokenId> ids) {
     shown_ = std::move(ids);
 }
 
+std::string token_piece_shown(const Tokenizer& tok, TokenId id, const std::vector<TokenId>& shown) {
+    return tok.token_to_piece(id, std::binary_search(shown.begin(), shown.end(), id));
+}
+
 std::string StreamDecoder::push(TokenId id) {
-    std::string piece = tok_.token_to_piece(
-        id, render_special_ || std::binary_search(shown_.begin(), shown_.end(), id));
+    std::string piece =
+        render_special_ ? tok_.token_to_piece(id, true) : token_piece_shown(tok_, id, shown_);
     if (strip_next_) {
         if (!piece.empty() && piece[0] == ' ') piece.erase(0, 1);
         strip_next_ = false;

@@ -120,6 +120,10 @@ class Tokenizer {
 // [n_vocab]. What DRY's breakers and the grammar's token trie look at.
 std::vector<std::string> token_text_pieces(const Tokenizer& tok);
 
+// A token's text as output shows it, control tokens in `shown` (sorted) with their text
+// (llama.cpp's preserved_tokens), other control tokens as "".
+std::string token_piece_shown(const Tokenizer& tok, TokenId id, const std::vector<TokenId>& shown);
+
 // Turns a stream of token ids into text chunks that are always whole UTF-8 characters.
 // When the first token pushed is BOS (a whole sequence from its start) and the vocabulary
 // adds a space prefix (SPM), the piece right after BOS loses its leading space, as decode()

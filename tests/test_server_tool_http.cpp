@@ -251,6 +251,23 @@ TEST_CASE("server: Mistral's control tokens written by the grammar and shown in 
     CHECK(json::parse(run.post("/completion", body).body)["content"] == " Once upon");
     body["preserved_tokens"] = {"[TOOL_CALLS]"};
     CHECK(json::parse(run.post("/completion", body).body)["content"] == " Once[TOOL_CALLS] upon");
+    // Logprobs show the token's text too, and text offsets count it.
+    body["n_probs"] = 2;
+    const json probs = json::parse(run.post("/completion", body).body);
+    bool seen = false;
+    for (const json& p : probs["completion_probabilities"]) seen |= p["token"] == "[TOOL_CALLS]";
+    CHECK(seen);
+    const json oa = {{"prompt", "Hi"},   {"grammar", g},  {"max_tokens", 10},
+                     {"temperature", 0}, {"logprobs", 1}, {"preserved_tokens", {"[TOOL_CALLS]"}}};
+    const json c = json::parse(run.post("/v1/completions", oa).body)["choices"][0];
+    const std::string text = c["text"];
+    CHECK(text == " Once[TOOL_CALLS] upon");
+    const json& pieces = c["logprobs"]["tokens"];
+    REQUIRE(pieces.size() == c["logprobs"]["text_offset"].size());
+    for (size_t k = 0; k < pieces.size(); ++k)
+        CHECK(text.substr(c["logprobs"]["text_offset"][k].get<size_t>(),
+                          pieces[k].get<std::string>().size()) == pieces[k].get<std::string>());
+    body.erase("n_probs");
     body["preserved_tokens"] = {"two words"};
     const HttpReply bad = run.post("/completion", body);
     CHECK(bad.status == 400);

@@ -232,11 +232,12 @@ nlohmann::json timings_to_json(const GenerationTimings& t) {
              t.has_decode_rate() ? nlohmann::json(t.decode_tokens_per_s()) : nlohmann::json()}};
 }
 
-nlohmann::json logprobs_to_json(const std::vector<TokenLogprobs>& lps, const Tokenizer& tok) {
+nlohmann::json logprobs_to_json(const std::vector<TokenLogprobs>& lps, const Tokenizer& tok,
+                                const std::vector<TokenId>& shown) {
     // The token's text may be part of a UTF-8 character (byte tokens): "bytes" is exact, and
     // "token" shows invalid UTF-8 as U+FFFD (json_line).
     auto one = [&](const TokenLogprob& t) {
-        const std::string piece = tok.token_to_piece(t.token);
+        const std::string piece = token_piece_shown(tok, t.token, shown);
         return nlohmann::json{{"id", t.token},
                               {"token", piece},
                               {"bytes", std::vector<uint8_t>(piece.begin(), piece.end())},

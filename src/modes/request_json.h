@@ -68,7 +68,9 @@ nlohmann::json timings_to_json(const GenerationTimings& t);
 
 // [{"id", "token", "bytes", "logprob", "top_logprobs": [{"id", "token", "bytes", "logprob"},
 // ...]}, ...]: one entry per generated token (llama.cpp server's layout).
-nlohmann::json logprobs_to_json(const std::vector<TokenLogprobs>& lps, const Tokenizer& tok);
+// `shown`: control tokens whose text the output shows (sorted; llama.cpp's preserved_tokens).
+nlohmann::json logprobs_to_json(const std::vector<TokenLogprobs>& lps, const Tokenizer& tok,
+                                const std::vector<TokenId>& shown = {});
 
 // One generation: {"tokens", "text", "stop", "preemptions", "timings"} (+ "error"), with
 // `speculative` {"speculative": {"drafted", "accepted", "rounds", "target_passes"}}, and when

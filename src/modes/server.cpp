@@ -267,7 +267,7 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
             client_gone = true;
         started[i] = true;
         for (const TokenLogprobs& lp : lp_pending[i])
-            lp_offset[i] += tok.token_to_piece(lp.chosen.token).size();
+            lp_offset[i] += token_piece_shown(tok, lp.chosen.token, ar.preserved_tokens).size();
         lp_sent[i] += lp_pending[i].size();
         lp_pending[i].clear();
     };
@@ -280,7 +280,8 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
         started[i] = true;
         if (c.echo_tokens.empty()) continue;
         lp_sent[i] = 1 + c.echo_logprobs.size();
-        for (TokenId t : c.echo_tokens) lp_offset[i] += tok.token_to_piece(t).size();
+        for (TokenId t : c.echo_tokens)
+            lp_offset[i] += token_piece_shown(tok, t, ar.preserved_tokens).size();
     }
     auto handle = [&](size_t job, EngineWorker::Event& e) {
         const size_t i = job * size_t(n) + size_t(e.sample);

@@ -137,11 +137,12 @@ void response_format(ojson& j) {
 // echo, the prompt's first token comes first with no logprob: null).
 nlohmann::json completion_logprobs(const std::vector<TokenId>& echo_first,
                                    const std::vector<const TokenLogprobs*>& lps, size_t offset,
-                                   int32_t k, const Tokenizer& tok) {
+                                   int32_t k, const Tokenizer& tok,
+                                   const std::vector<TokenId>& shown) {
     nlohmann::json tokens = nlohmann::json::array(), values = nlohmann::json::array(),
                    tops = nlohmann::json::array(), offsets = nlohmann::json::array();
     for (TokenId t : echo_first) {
-        const std::string piece = tok.token_to_piece(t);
+        const std::string piece = token_piece_shown(tok, t, shown);
         tokens.push_back(piece);
         values.push_back(nullptr);
         tops.push_back(nullptr);
@@ -150,12 +151,12 @@ nlohmann::json completion_logprobs(const std::vector<TokenId>& echo_first,
     }
     for (const TokenLogprobs* p : lps) {
         const TokenLogprobs& lp = *p;
-        const std::string piece = tok.token_to_piece(lp.chosen.token);
+        const std::string piece = token_piece_shown(tok, lp.chosen.token, shown);
         tokens.push_back(piece);
         values.push_back(lp.chosen.logprob);
         nlohmann::json top = nlohmann::json::object();
         for (size_t i = 0; i < lp.top.size() && i < size_t(k); ++i)
-            top[tok.token_to_piece(lp.top[i].token)] = lp.top[i].logprob;
+            top[token_piece_shown(tok, lp.top[i].token, shown)] = lp.top[i].logprob;
         tops.push_back(std::move(top));
         offsets.push_back(offset);
         offset += piece.size();
@@ -169,9 +170,9 @@ nlohmann::json completion_logprobs(const std::vector<TokenId>& echo_first,
 // OpenAI's logprobs of a chat completion: {"content": [{"token", "logprob", "bytes",
 // "top_logprobs"}]}.
 nlohmann::json chat_logprobs(const std::vector<const TokenLogprobs*>& lps, int32_t k,
-                             const Tokenizer& tok) {
+                             const Tokenizer& tok, const std::vector<TokenId>& shown) {
     auto one = [&](const TokenLogprob& t) {
-        const std::string piece = tok.token_to_piece(t.token);
+        const std::string piece = token_piece_shown(tok, t.token, shown);
         return nlohmann::json{{"token", piece},
                               {"logprob", t.logprob},
                               {"bytes", std::vector<uint8_t>(piece.begin(), piece.end())}};
@@ -194,8 +195,9 @@ nlohmann::json logprobs_of(const ApiRequest& req, const std::vector<TokenId>& ec
                            const Tokenizer& tok) {
     if (req.top_logprobs < 0) return nullptr;
     return req.format == ApiFormat::OpenAiChat
-               ? chat_logprobs(lps, req.top_logprobs, tok)
-               : completion_logprobs(echo_first, lps, offset, req.top_logprobs, tok);
+               ? chat_logprobs(lps, req.top_logprobs, tok, req.preserved_tokens)
+               : completion_logprobs(echo_first, lps, offset, req.top_logprobs, tok,
+                                     req.preserved_tokens);
 }
 
 // A choice's logprob entries [from, to): with echo the prompt's tokens come first (the first
@@ -208,7 +210,7 @@ nlohmann::json choice_logprobs(const ApiRequest& req, const ApiChoiceResult& c,
     size_t offset = 0, k = 0;  // text bytes of the entries before `from`; entries seen
     auto skip = [&](TokenId t) {
         if (k++ >= from) return false;
-        offset += tok.token_to_piece(t).size();
+        offset += token_piece_shown(tok, t, req.preserved_tokens).size();
         return true;
     };
     if (!c.echo_tokens.empty() && !skip(c.echo_tokens[0]) && k <= to)
@@ -260,7 +262,7 @@ nlohmann::json native_result(const ApiRequest& req, const ApiResponseMeta& meta,
         j["completion_probabilities"] = logprobs_to_json(
             std::vector<TokenLogprobs>(c.result.logprobs.begin() + std::ptrdiff_t(logprobs_sent),
                                        c.result.logprobs.end()),
-            tok);
+            tok, req.preserved_tokens);
     return j;
 }
 
@@ -466,6 +468,7 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
                     fail("'preserved_tokens': {} is not one token of the model", p.dump());
                 out.preserved_tokens.push_back(ids[0]);
             }
+            std::sort(out.preserved_tokens.begin(), out.preserved_tokens.end());
         }
         if (api_native(format) && j.value("n_samples", 1) != 1)
             fail("/completion returns one generation; use /v1/completions with \"n\" for more");
@@ -546,7 +549,8 @@ nlohmann::json api_stream_chunk(const ApiRequest& req, const ApiResponseMeta& me
     for (const TokenLogprobs& lp : logprobs) lps.push_back(&lp);
     if (api_native(req.format)) {
         nlohmann::json j = {{"index", index}, {"content", delta}, {"stop", false}};
-        if (!lps.empty()) j["completion_probabilities"] = logprobs_to_json(logprobs, tok);
+        if (!lps.empty())
+            j["completion_probabilities"] = logprobs_to_json(logprobs, tok, req.preserved_tokens);
         return j;
     }
     nlohmann::json j = envelope(req, meta, true);
