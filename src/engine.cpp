@@ -396,7 +396,7 @@ StopReason Engine::check_stop(Seq& s, TokenId tok) {
     if (std::find(req.stop_tokens.begin(), req.stop_tokens.end(), tok) != req.stop_tokens.end())
         return StopReason::Eos;
     if (!req.stop_strings.empty()) {
-        s.text += tok_.token_to_piece(tok);
+        s.text += token_piece_shown(tok_, tok, req.shown_tokens);
         for (const auto& stop : req.stop_strings)
             if (!stop.empty() && s.text.find(stop) != std::string::npos)
                 return StopReason::StopString;

@@ -47,6 +47,8 @@ struct GenerationRequest {
     // Text generated before this request that a stop string may begin in (the reply so far
     // when a context shift continues it); only its last bytes matter.
     std::string stop_text_before;
+    // Control tokens whose text the output shows (sorted; preserved_tokens): stop strings see it.
+    std::vector<TokenId> shown_tokens;
     std::vector<TokenId> stop_tokens;  // extra end-of-generation ids (like EOS: not output)
     // Constrained generation: every generated token continues a sentence of the grammar, the
     // end of generation comes only where a sentence is complete, and the request ends (stop

@@ -267,6 +267,17 @@ TEST_CASE("server: Mistral's control tokens written by the grammar and shown in 
     for (size_t k = 0; k < pieces.size(); ++k)
         CHECK(text.substr(c["logprobs"]["text_offset"][k].get<size_t>(),
                           pieces[k].get<std::string>().size()) == pieces[k].get<std::string>());
+    // A stop string sees the token's text: generation ends right after it.
+    json stop_body = body;
+    stop_body.erase("n_probs");
+    stop_body["grammar"] =
+        fmt::format(R"(root ::= " Once" <[{}]> (" upon" | " a" | " time"){{3,20}})", calls_tag);
+    stop_body["n_predict"] = 30;
+    stop_body["stop"] = {"[TOOL_CALLS]"};
+    const json stopped = json::parse(run.post("/completion", stop_body).body);
+    CHECK(stopped["content"] == " Once");
+    CHECK(stopped["stopping_word"] == "[TOOL_CALLS]");
+    CHECK(stopped["timings"]["predicted_n"].get<int>() <= 5);  // " Once" is 4 tokens here
     body.erase("n_probs");
     body["preserved_tokens"] = {"two words"};
     const HttpReply bad = run.post("/completion", body);

@@ -499,6 +499,7 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
         ParsedRequest parsed = request_from_json(j.dump(), d, tok);
         out.prompt_texts.push_back(std::move(parsed.prompt_text));
         GenerationRequest r = std::move(parsed.request);
+        r.shown_tokens = out.preserved_tokens;
         if (format == ApiFormat::OpenAiChat) {
             if (!r.ignore_eos) r.stop_tokens = ctx.chat.stops.tokens;
             for (const std::string& s : ctx.chat.stops.strings) r.stop_strings.push_back(s);
