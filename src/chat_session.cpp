@@ -150,10 +150,13 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
     const TurnStart start{n_tokens(), history_.size(), reply_open_};
     const bool first = engine_.session_tokens(session_).empty();
     std::vector<TokenId> add;
+    bool opens = false;  // the text fed ends by opening a reasoning block (each ends so)
     if (first) {
         std::vector<ChatMessage> msgs = history_;
         msgs.push_back(msg);
-        add = encode(format(msgs), true);
+        const std::string text = format(msgs);
+        opens = prompt_opens_reasoning(text);
+        add = encode(text, true);
     } else if (format_.jinja) {
         // The session holds the text of the last prompt plus the reply. When the whole
         // conversation's rendering continues that text, prefill the rest (as the built-in
@@ -166,6 +169,7 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
         std::vector<ChatMessage> msgs = history_;
         msgs.push_back(msg);
         const std::string full = format(msgs);
+        opens = prompt_opens_reasoning(full);
         if (!fed.empty() && full.size() > fed.size() && full.compare(0, fed.size(), fed) == 0) {
             add = encode(full.substr(fed.size()), false);
         } else {
@@ -176,6 +180,7 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
         std::string text =
             reply_open_ ? chat_template_assistant_suffix(format_.kind, format_.special) : "";
         text += chat_template_apply_delta(format_.kind, history_, msg, format_.special);
+        opens = prompt_opens_reasoning(text);
         add = encode(text, false);
     }
     turn.n_appended = static_cast<int32_t>(add.size());
@@ -204,7 +209,7 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
     } else {
         history_.push_back(msg);
     }
-    reply_opened_reasoning_ = format_.thinks && prompt_opens_reasoning(format(history_));
+    reply_opened_reasoning_ = format_.thinks && opens;
     const bool was_open = reply_open_;
     reply_open_ = false;
 

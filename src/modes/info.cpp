@@ -18,12 +18,6 @@
 namespace kvrun {
 namespace {
 
-// Whether its chats write <think> reasoning (reasoning.h).
-bool template_thinks(const GgufFile& f) {
-    const std::string src = chat_template_source(f);
-    return !src.empty() && chat_template_thinks(chat_template_detect(src), src);
-}
-
 struct InfoOptions {
     std::string model;
     bool json = false;
@@ -237,14 +231,15 @@ int run_info(const InfoOptions& o) {
                                 {"experts", h.experts},
                                 {"rms_norm_eps", h.norm_eps},
                                 {"n_ctx_train", h.n_ctx_train}};
+        const ChatTemplateChoice chat = chat_template_choose(f, "", "", false);
         j["vocab"] = {{"model", f.get_string_or("tokenizer.ggml.model", "")},
                       {"pre", f.get_string_or("tokenizer.ggml.pre", "")},
                       {"n_vocab", h.n_vocab},
                       {"bos", f.get_int_or("tokenizer.ggml.bos_token_id", -1)},
                       {"eos", f.get_int_or("tokenizer.ggml.eos_token_id", -1)},
-                      {"chat_template", chat_template_choose(f, "", "", false).name()},
+                      {"chat_template", chat.name()},
                       {"tool_calls", tool_format_name(tool_format_detect(chat_template_source(f)))},
-                      {"thinking", template_thinks(f)}};
+                      {"thinking", chat.thinks}};
         nlohmann::json types = nlohmann::json::object();
         for (auto& [name, e] : histogram) types[name] = {{"tensors", e.first}, {"bytes", e.second}};
         j["tensor_types"] = types;
@@ -312,12 +307,12 @@ int run_info(const InfoOptions& o) {
         // or without --jinja); replies of thinking models come with their reasoning apart.
         const std::string src = chat_template_source(f);
         const ToolFormat tools = tool_format_detect(src);
-        fmt::print("chat features   tool calls {}{}; {}\n", tool_format_name(tools),
-                   tools == ToolFormat::Generic || native_tools_template(src)
-                       ? ""
-                       : " (not rendered here: the generic JSON format instead)",
-                   template_thinks(f) ? "thinks (<think> reasoning returned apart)"
-                                      : "no reasoning blocks");
+        fmt::print(
+            "chat features   tool calls {}{}; {}\n", tool_format_name(tools),
+            tools == ToolFormat::Generic || native_tools_template(src)
+                ? ""
+                : " (not rendered here: the generic JSON format instead)",
+            chat.thinks ? "thinks (<think> reasoning returned apart)" : "no reasoning blocks");
     }
     fmt::print("\n");
     fmt::print("tensor types    {:<8} {:>8} {:>14}\n", "type", "tensors", "bytes");
