@@ -207,9 +207,11 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
         const KvBatchView& kbl = in_window_pool(l) ? kb_window : kb;
         cpu::kv_write(kv, kbl, k_.data(), v_.data());
         cpu::paged_attention(att_.data(), q_.data(), kv, kbl, c.n_head, c.attn_scale,
-                             c.attn_softcap, c.window(l));
+                             c.attn_softcap, c.window(l),
+                             w.sinks.empty() ? nullptr : w.sinks.data());
         matmul(xb_.data(), att_.data(), w.wo, T);
         add_lora(xb_.data(), att_.data(), w.lora_o, T, lora_user_);
+        if (!w.bo.empty()) cpu::add_bias(xb_.data(), w.bo.data(), T, c.n_embd);
         add_block_output(w.attn_post_norm, T);
         // Feed-forward block.
         cpu::rmsnorm(xb_.data(), x_.data(), w.ffn_norm.data(), T, c.n_embd, c.norm_eps);
@@ -261,8 +263,10 @@ void CpuBackend::moe_ffn(const LayerWeights& w, int64_t T) {
     const int64_t E = c.n_expert, K = c.n_expert_used, F = c.n_ff_exp, D = c.n_embd;
     router_.resize(size_t(T * E));
     matmul(router_.data(), xb_.data(), w.router, T);
+    if (!w.router_b.empty()) cpu::add_bias(router_.data(), w.router_b.data(), T, E);
     // Each token's experts: the K largest softmax probabilities (ties: the lower id), weighted
-    // by those probabilities over their sum. routed[e] lists (token, weight).
+    // by those probabilities over their sum (the same weights as gpt-oss's softmax over the
+    // chosen logits). routed[e] lists (token, weight).
     std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));
     std::vector<int64_t> order(static_cast<size_t>(E));
     for (int64_t t = 0; t < T; ++t) {
@@ -291,8 +295,18 @@ void CpuBackend::moe_ffn(const LayerWeights& w, int64_t T) {
                         size_t(D) * sizeof(float));
         matmul(moe_gate_.data(), moe_in_.data(), w.gate_exps[size_t(e)], n);
         matmul(moe_up_.data(), moe_in_.data(), w.up_exps[size_t(e)], n);
-        cpu::swiglu(moe_gate_.data(), moe_gate_.data(), moe_up_.data(), n * F);
+        const bool biased = !w.gate_exps_b.empty();
+        if (biased) {
+            cpu::add_bias(moe_gate_.data(), w.gate_exps_b.data() + e * F, n, F);
+            cpu::add_bias(moe_up_.data(), w.up_exps_b.data() + e * F, n, F);
+        }
+        if (c.swiglu_oai)
+            cpu::swiglu_oai(moe_gate_.data(), moe_gate_.data(), moe_up_.data(), n * F,
+                            c.swiglu_alpha, c.swiglu_limit);
+        else
+            cpu::swiglu(moe_gate_.data(), moe_gate_.data(), moe_up_.data(), n * F);
         matmul(moe_down_.data(), moe_gate_.data(), w.down_exps[size_t(e)], n);
+        if (biased) cpu::add_bias(moe_down_.data(), w.down_exps_b.data() + e * D, n, D);
         for (int64_t i = 0; i < n; ++i) {
             float* o = moe_out_.data() + rows[size_t(i)].first * D;
             const float* d = moe_down_.data() + i * D;

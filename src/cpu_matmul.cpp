@@ -13,7 +13,7 @@
 // - the eight lanes of one dot are one 8-float vector (GCC/Clang vector extensions, plain
 //   SSE on the portable build, AVX2 in the x86-64-v3 clone of KVRUN_SIMD_CLONES), and the
 //   four rows' vectors are independent chains that keep the adders busy;
-// - F16, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, Q2_K..Q6_K and IQ4_NL/IQ4_XS decode eight elements per
+// - F16, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, Q2_K..Q6_K, IQ4_NL/IQ4_XS and MXFP4 decode eight elements per
 //   vector operation; BF16 (whose generic decoder vectorizes as well) and F16 rows whose
 //   width is not a multiple of 8 go through dequantize_row.
 //
@@ -112,13 +112,15 @@ template <bool kHasMin, bool kHasHigh>
     }
 }
 
-// IQ4: 16 bytes of nibbles -> the 32 elements scale * codebook[nibble] (low nibbles first).
+// IQ4 / MXFP4: 16 bytes of nibbles -> the 32 elements scale * book[nibble] (low nibbles
+// first; book is kIq4Codebook or kMxfp4Values).
 // The lookup is one byte shuffle per 16 codes on GCC (pshufb in the AVX2 clone).
-[[gnu::always_inline]] inline void decode_iq4_32(const uint8_t* qs, float scale, float* w) {
+[[gnu::always_inline]] inline void decode_iq4_32(const uint8_t* qs, float scale, float* w,
+                                                 const int8_t* book = quant_detail::kIq4Codebook) {
     int8_t v[32];  // codebook values, element order
 #if defined(__GNUC__) && !defined(__clang__)
     i8x16 lut;
-    std::memcpy(&lut, quant_detail::kIq4Codebook, 16);
+    std::memcpy(&lut, book, 16);
     u8x16 q;
     std::memcpy(&q, qs, 16);
     const i8x16 lo = __builtin_shuffle(lut, q & 15), hi = __builtin_shuffle(lut, q >> 4);
@@ -126,8 +128,8 @@ template <bool kHasMin, bool kHasHigh>
     std::memcpy(v + 16, &hi, 16);
 #else
     for (int j = 0; j < 16; ++j) {
-        v[j] = quant_detail::kIq4Codebook[qs[j] & 15];
-        v[j + 16] = quant_detail::kIq4Codebook[qs[j] >> 4];
+        v[j] = book[qs[j] & 15];
+        v[j + 16] = book[qs[j] >> 4];
     }
 #endif
     for (int c = 0; c < 4; ++c)
@@ -138,6 +140,12 @@ template <bool kHasMin, bool kHasHigh>
 [[gnu::always_inline]] inline void decode_iq4_nl(const uint8_t* src, float* w, int64_t len) {
     const f32x8 d = block_scales(src, len / 32, 18);
     for (int64_t b = 0; b < len / 32; ++b) decode_iq4_32(src + 18 * b + 2, d[b], w + 32 * b);
+}
+
+// MXFP4 [u8 e][16 B], 32 elements: 2^(e - 128) * kMxfp4Values[nibble].
+[[gnu::always_inline]] inline void decode_mxfp4(const uint8_t* src, float* w, int64_t len) {
+    for (int64_t b = 0; b < len / 32; ++b, src += 17, w += 32)
+        decode_iq4_32(src + 1, quant_detail::mxfp4_scale(src[0]), w, quant_detail::kMxfp4Values);
 }
 
 // IQ4_XS [f16 d][u16 scales_h][4 B scales_l][128 B], 256 elements: sub-block j's 6-bit
@@ -266,6 +274,9 @@ template <bool kHigh>
             break;
         case GgmlType::IQ4_NL:
             decode_iq4_nl(src, w, len);
+            break;
+        case GgmlType::MXFP4:
+            decode_mxfp4(src, w, len);
             break;
         // The 256-element types: a span is one block.
         case GgmlType::IQ4_XS:

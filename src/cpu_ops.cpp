@@ -236,6 +236,14 @@ void swiglu(float* out, const float* gate, const float* up, int64_t n) {
     }
 }
 
+void swiglu_oai(float* out, const float* gate, const float* up, int64_t n, float alpha,
+                float limit) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float x = std::min(gate[i], limit), y = std::clamp(up[i], -limit, limit);
+        out[i] = x / (1.0f + std::exp(-alpha * x)) * (y + 1.0f);
+    }
+}
+
 void geglu(float* out, const float* gate, const float* up, int64_t n) {
     constexpr float kSqrt2OverPi = 0.7978845608028654f;
     for (int64_t i = 0; i < n; ++i) {
@@ -286,6 +294,18 @@ void softmax(float* x, int64_t n) {
         sum += x[i];
     }
     float inv = float(1.0 / sum);
+    for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void softmax_with_sink(float* x, int64_t n, float sink) {
+    float mx = sink;
+    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+    double sum = std::exp(double(sink - mx));
+    for (int64_t i = 0; i < n; ++i) {
+        x[i] = std::exp(x[i] - mx);
+        sum += x[i];
+    }
+    const float inv = float(1.0 / sum);
     for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
@@ -370,7 +390,8 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
 }
 
 void paged_attention(float* out, const float* q, const KvLayerView& kv, const KvBatchView& batch,
-                     int64_t n_head, float scale, float softcap, int64_t window) {
+                     int64_t n_head, float scale, float softcap, int64_t window,
+                     const float* sinks) {
     check_kv_view(kv);
     if (!(softcap >= 0) || window < 0)
         fail("paged_attention: soft cap {} and window {} must be >= 0", softcap, window);
@@ -400,7 +421,8 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
     }
 
     const bool emulate = t_llamacpp_rounding && kv.k_type == KvType::F16 &&
-                         kv.v_type == KvType::F16 && !staged && softcap == 0 && window == 0;
+                         kv.v_type == KvType::F16 && !staged && softcap == 0 && window == 0 &&
+                         !sinks;
     const bool round_q = t_llamacpp_rounding && kv.k_type == KvType::F16;
     const bool round_p = t_llamacpp_rounding && kv.v_type == KvType::F16;
     const KvPool kp = kv_pool(kv, KvRole::K), vp = kv_pool(kv, KvRole::V);
@@ -510,7 +532,10 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
                         for (int64_t s = lo; s < n_slots; ++s)
                             p[s] = softcap * std::tanh(p[s] / softcap);
                     std::fill(p, p + lo, -std::numeric_limits<float>::infinity());
-                    softmax(p, n_slots);
+                    if (sinks)
+                        softmax_with_sink(p, n_slots, sinks[h0 + h]);
+                    else
+                        softmax(p, n_slots);
                     if (round_p)
                         for (int64_t s = 0; s < n_slots; ++s) p[s] = round_to_f16(p[s]);
                 }

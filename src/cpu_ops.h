@@ -80,6 +80,11 @@ void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64
 // per call: ggml vectorizes SiLU per row.)
 void swiglu(float* out, const float* gate, const float* up, int64_t n);
 
+// OpenAI's clamped SwiGLU (gpt-oss's experts): x = min(gate, limit), y = clamp(up, -limit,
+// limit), out = x * sigmoid(alpha * x) * (y + 1), n elements.
+void swiglu_oai(float* out, const float* gate, const float* up, int64_t n, float alpha,
+                float limit);
+
 // out[i] = gelu(gate[i]) * up[i] with GELU's tanh approximation
 // 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), n elements (Gemma's FFN).
 void geglu(float* out, const float* gate, const float* up, int64_t n);
@@ -102,6 +107,9 @@ void embed(float* out, const WeightView& table, const int32_t* tokens, int64_t n
 
 // Numerically stable softmax in place over x[n].
 void softmax(float* x, int64_t n);
+// The softmax of x[n] and one more logit `sink` that takes its share of the mass and is then
+// dropped (gpt-oss's attention sinks): x[i] = exp(x[i]) / (sum exp(x) + exp(sink)).
+void softmax_with_sink(float* x, int64_t n, float sink);
 
 // Stores k, v: [n_tokens][n_kv_head][head_dim] at each token's slot. Without staging: into
 // the pools (f32/f16). With staging: into the token's stage (f16); then every block whose
@@ -116,9 +124,12 @@ void kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, c
 void paged_attention(float* out, const float* q, const KvLayerView& kv, const KvBatchView& batch,
                      int64_t n_head, float scale);
 // The same with Gemma's options: scores soft-capped, cap * tanh(score / cap), when
-// softcap > 0; a token at slot s sees slots s - window + 1 .. s only when window > 0.
+// softcap > 0; a token at slot s sees slots s - window + 1 .. s only when window > 0; and
+// gpt-oss's: with sinks ([n_head] logits, or null), head h's softmax is softmax_with_sink's
+// with sinks[h].
 void paged_attention(float* out, const float* q, const KvLayerView& kv, const KvBatchView& batch,
-                     int64_t n_head, float scale, float softcap, int64_t window);
+                     int64_t n_head, float scale, float softcap, int64_t window,
+                     const float* sinks = nullptr);
 
 // One queued block copy (kv_block_table.h BlockCopy) on one layer: src_stage and dst_stage
 // both -1: pool block src -> pool block dst (whole block); dst_stage >= 0: rows

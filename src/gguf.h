@@ -50,6 +50,7 @@ enum class GgmlType : uint32_t {
     BF16 = 30,
     TQ1_0 = 34,
     TQ2_0 = 35,
+    MXFP4 = 39,
 };
 
 enum class GgufValueType : uint32_t {

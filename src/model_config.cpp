@@ -23,23 +23,25 @@ struct ArchTraits {
     bool granite;   // Granite's four multipliers
     bool experts;   // a mixture of experts (expert_count required)
     int nope_step;  // every nope_step-th layer skips RoPE (0: none)
+    bool gpt_oss;   // OpenAI's gpt-oss (read_gpt_oss)
 };
 
 // name, NeoX RoPE, Q/K/V biases, Q/K norms, fused gate/up, Gemma generation, Granite, MoE,
 // NoPE step (SmolLM3: layers 3, 7, 11, ... have no RoPE; llama.cpp fixes the step at 4, there is
-// no GGUF key)
+// no GGUF key), gpt-oss
 constexpr ArchTraits kArchs[] = {
-    {"llama", false, false, false, false, 0, false, false, 0},
-    {"qwen2", true, true, false, false, 0, false, false, 0},
-    {"qwen3", true, false, true, false, 0, false, false, 0},
-    {"qwen3moe", true, false, true, false, 0, false, true, 0},
-    {"phi3", true, false, false, true, 0, false, false, 0},
-    {"gemma", true, false, false, false, 1, false, false, 0},
-    {"gemma2", true, false, false, false, 2, false, false, 0},
-    {"gemma3", true, false, true, false, 3, false, false, 0},
-    {"granite", false, false, false, false, 0, true, false, 0},
-    {"granitemoe", false, false, false, false, 0, true, true, 0},
-    {"smollm3", false, false, false, false, 0, false, false, 4},
+    {"llama", false, false, false, false, 0, false, false, 0, false},
+    {"qwen2", true, true, false, false, 0, false, false, 0, false},
+    {"qwen3", true, false, true, false, 0, false, false, 0, false},
+    {"qwen3moe", true, false, true, false, 0, false, true, 0, false},
+    {"phi3", true, false, false, true, 0, false, false, 0, false},
+    {"gemma", true, false, false, false, 1, false, false, 0, false},
+    {"gemma2", true, false, false, false, 2, false, false, 0, false},
+    {"gemma3", true, false, true, false, 3, false, false, 0, false},
+    {"granite", false, false, false, false, 0, true, false, 0, false},
+    {"granitemoe", false, false, false, false, 0, true, true, 0, false},
+    {"smollm3", false, false, false, false, 0, false, false, 4, false},
+    {"gpt-oss", true, true, false, false, 0, false, true, 0, true},
 };
 
 // A positive integer key, either a scalar or an array whose elements are all equal
@@ -180,6 +182,15 @@ void read_granite(const GgufFile& f, const std::string& a, ModelConfig& c) {
     c.logit_scale = 1.0f / positive("logit_scale");
 }
 
+// OpenAI's gpt-oss: every other layer (the even ones) attends to a sliding window; each head
+// has a learned attention sink; the experts use the clamped SwiGLU (llama.cpp's constants).
+void read_gpt_oss(const GgufFile& f, const std::string& a, ModelConfig& c) {
+    c.swa_pattern = 2;
+    c.n_swa = read_count(f, a + "attention.sliding_window", 0, true);
+    c.attn_sinks = true;
+    c.swiglu_oai = true;
+}
+
 }  // namespace
 
 ModelConfig model_config_from_gguf(const GgufFile& f) {
@@ -191,10 +202,11 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     if (!traits) {
         throw Error(
             fmt::format("{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, "
-                        "qwen3moe, phi3, gemma, gemma2, gemma3, granite, granitemoe, smollm3)",
+                        "qwen3moe, phi3, gemma, gemma2, gemma3, granite, granitemoe, smollm3, "
+                        "gpt-oss)",
                         f.path(), c.arch),
             "kvrun runs llama-family models (Llama, Mistral, TinyLlama, SmolLM, Qwen2, Qwen3, "
-            "Qwen3 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3, Granite 3, SmolLM3)");
+            "Qwen3 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3, Granite 3, SmolLM3, gpt-oss)");
     }
     c.rope_neox = traits->rope_neox;
     c.qkv_bias = traits->qkv_bias;
@@ -205,7 +217,8 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     const std::string a = c.arch + ".";
     c.n_layer = read_count(f, a + "block_count", 0, true);
     c.n_embd = read_count(f, a + "embedding_length", 0, true);
-    c.n_ff = read_count(f, a + "feed_forward_length", 0, true);
+    // A mixture of experts may give only the experts' width (gpt-oss).
+    c.n_ff = read_count(f, a + "feed_forward_length", 0, !traits->experts);
     c.n_head = read_count(f, a + "attention.head_count", 0, true);
     c.n_kv_head = read_count(f, a + "attention.head_count_kv", c.n_head, false);
     if (c.n_embd % c.n_head != 0 && !f.has(a + "attention.key_length"))
@@ -238,12 +251,14 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     c.attn_scale = 1.0f / std::sqrt(float(c.head_dim));
     if (traits->gemma) read_gemma(f, a, traits->gemma, c);
     if (traits->granite) read_granite(f, a, c);
+    if (traits->gpt_oss) read_gpt_oss(f, a, c);
     // Mixture of experts (some dense models say expert_count 0).
     const GgufValue* experts = f.find(a + "expert_count");
     if (experts && !(experts->is_int() && experts->as_int() == 0)) {
         c.n_expert = read_count(f, a + "expert_count", 0, true);
         c.n_expert_used = read_count(f, a + "expert_used_count", 0, true);
-        c.n_ff_exp = read_count(f, a + "expert_feed_forward_length", c.n_ff, false);
+        c.n_ff_exp = read_count(f, a + "expert_feed_forward_length", c.n_ff, c.n_ff == 0);
+        if (c.n_ff == 0) c.n_ff = c.n_ff_exp;
         if (c.n_expert_used > c.n_expert || c.n_expert > 4096)
             fail("{}: {}expert_used_count {} must be at most expert_count {} (<= 4096)", f.path(),
                  a, c.n_expert_used, c.n_expert);

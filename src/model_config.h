@@ -1,6 +1,6 @@
 // Typed model hyperparameters read from GGUF metadata (`<arch>.*` keys) for the supported
 // architectures (llama, qwen2, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3, granite,
-// granitemoe, smollm3), validated so the forward pass can trust them.
+// granitemoe, smollm3, gpt-oss), validated so the forward pass can trust them.
 #pragma once
 
 #include <cstdint>
@@ -77,6 +77,13 @@ struct ModelConfig {
     // weighted by those probabilities renormalized to sum 1. 0: a dense FFN.
     int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
     bool moe() const { return n_expert > 0; }
+    // gpt-oss: each head's softmax has a learned sink logit (attn_sinks.weight; the mass it
+    // takes goes to no token), and the experts use OpenAI's clamped SwiGLU
+    // (cpu::swiglu_oai with swiglu_alpha, swiglu_limit). Its biases (attention output, router,
+    // experts) are tensors the weights carry, not flags.
+    bool attn_sinks = false;
+    bool swiglu_oai = false;
+    float swiglu_alpha = 1.702f, swiglu_limit = 7.0f;
 
     // The context RoPE scaling was trained from: rope.scaling.original_context_length, else
     // context_length (0 when neither is known).
@@ -123,7 +130,7 @@ void apply_rope_overrides(ModelConfig& c, const RopeOverrides& o);
 
 // Reads and validates the hyperparameters. Throws Error naming the key for a missing or
 // invalid value, and "unsupported architecture 'x' (supported: llama, qwen2, qwen3, qwen3moe,
-// phi3, gemma, gemma2, gemma3, granite, granitemoe, smollm3)".
+// phi3, gemma, gemma2, gemma3, granite, granitemoe, smollm3, gpt-oss)".
 ModelConfig model_config_from_gguf(const GgufFile& file);
 
 }  // namespace kvrun

@@ -262,7 +262,7 @@ const std::array<TypeEntry, kMaxTypeId>& type_table() {
         set(GgmlType::I32, make("I32", 1, 4));
         set(GgmlType::I64, make("I64", 1, 8));
         set(GgmlType::F64, make("F64", 1, 8));
-        t[39] = make("MXFP4", 32, 17);  // newer ggml id, not in GgmlType
+        set(GgmlType::MXFP4, make("MXFP4", 32, 17, dequant_mxfp4, quant_mxfp4));
         return t;
     }();
     return table;

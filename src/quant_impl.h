@@ -19,6 +19,20 @@ constexpr int kQ32 = 32;
 inline constexpr int8_t kIq4Codebook[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                             1,    13,   25,  38,  53,  69,  89,  113};
 
+// MXFP4's FP4 (E2M1) values doubled, so that they are integers: code q means
+// kMxfp4Values[q] / 2 times the block's power of two (ggml's kvalues_mxfp4).
+inline constexpr int8_t kMxfp4Values[16] = {0, 1,  2,  3,  4,  6,  8,  12,
+                                            0, -1, -2, -3, -4, -6, -8, -12};
+
+// MXFP4's E8M0 block scale halved (for kMxfp4Values' doubled values): 2^(e - 128), exact
+// for every byte (the first two are float subnormals).
+inline float mxfp4_scale(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : uint32_t(e - 1) << 23;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
 // Q4_K/Q5_K: 8 (scale, min) pairs of 6 bits in 12 bytes. Pairs 0-3 sit in the low 6 bits
 // of bytes 0-3 (scale) and 4-7 (min); pairs 4-7 keep their low nibbles in bytes 8-11
 // (scale low, min high) and their top 2 bits in the top bits of bytes 0-3 / 4-7.
@@ -71,6 +85,8 @@ void dequant_iq4_nl(const uint8_t* src, float* dst, int64_t nb);
 void dequant_iq4_xs(const uint8_t* src, float* dst, int64_t nb);
 void quant_iq4_nl(const float* src, uint8_t* dst, int64_t nb, const float* w);
 void quant_iq4_xs(const float* src, uint8_t* dst, int64_t nb, const float* w);
+void dequant_mxfp4(const uint8_t* src, float* dst, int64_t nb);
+void quant_mxfp4(const float* src, uint8_t* dst, int64_t nb, const float* w);
 
 // Little-endian scalar loads/stores (blocks are byte-packed, so no aligned access).
 inline float load_f16(const uint8_t* p);  // defined below via quant.h's converters

@@ -5,6 +5,8 @@
 //          sub-blocks of 32 laid out like IQ4_NL; sub-block j has a 6-bit scale whose low
 //          nibble is nibble j%2 of scales_l[j/2] and whose top 2 bits are bits 2j of
 //          scales_h; x = d * (scale - 32) * kIq4Codebook[nibble].
+//   MXFP4  [u8 e][16 B nibbles]: 32 elements (OCP microscaling FP4, gpt-oss's experts),
+//          x = mxfp4_scale(e) * kMxfp4Values[nibble], nibbles laid out like IQ4_NL.
 #include <algorithm>
 #include <cmath>
 
@@ -127,6 +129,71 @@ void quant_iq4_xs(const float* src, uint8_t* dst, int64_t nb, const float* w) {
             pack_nibbles_32(idx, dst + 8 + 16 * j);
         }
         store_u16(dst + 2, scales_h);
+    }
+}
+
+}  // namespace kvrun::quant_detail
+
+namespace kvrun::quant_detail {
+
+KVRUN_SIMD_CLONES
+void dequant_mxfp4(const uint8_t* src, float* dst, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, src += 17, dst += kQ32) {
+        const float d = mxfp4_scale(src[0]);
+        for (int j = 0; j < 16; ++j) {
+            dst[j] = d * float(kMxfp4Values[src[1 + j] & 0xf]);
+            dst[j + 16] = d * float(kMxfp4Values[src[1 + j] >> 4]);
+        }
+    }
+}
+
+namespace {
+
+// The MXFP4 code nearest to v (in kMxfp4Values' units): the value's magnitude among
+// 0 1 2 3 4 6 8 12, then the sign bit (codes 8..15 are the negatives of 0..7).
+uint8_t mxfp4_code(float v) {
+    static constexpr float kMid[7] = {0.5f, 1.5f, 2.5f, 3.5f, 5.0f, 7.0f, 10.0f};
+    const float a = std::fabs(v);
+    uint8_t q = 0;
+    for (float m : kMid) q += a > m;
+    return uint8_t(q | (v < 0 && q != 0 ? 8 : 0));
+}
+
+// Weighted squared error of x[32] coded with E8M0 byte e; writes the codes to idx.
+float mxfp4_block_error(const float* x, const float* w, int e, uint8_t* idx) {
+    const float d = mxfp4_scale(uint8_t(e)), id = 1.0f / d;
+    float err = 0;
+    for (int i = 0; i < 32; ++i) {
+        idx[i] = mxfp4_code(x[i] * id);
+        const float diff = d * float(kMxfp4Values[idx[i]]) - x[i];
+        err += (w ? w[i] : 1.0f) * diff * diff;
+    }
+    return err;
+}
+
+}  // namespace
+
+// The smallest power of two at which the block's largest magnitude fits the largest code, or
+// the one below it (which clips that element but codes the rest finer) when its weighted
+// squared error is smaller.
+void quant_mxfp4(const float* src, uint8_t* dst, int64_t nb, const float* w) {
+    uint8_t idx[32], best_idx[32];
+    for (int64_t b = 0; b < nb; ++b, src += kQ32, dst += 17, w = w ? w + kQ32 : w) {
+        float amax = 0;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(src[i]));
+        int best_e = 0;
+        std::fill(best_idx, best_idx + 32, uint8_t(0));
+        if (amax > 0 && std::isfinite(amax)) {
+            // 2^(e - 128) * 12 >= amax  <=>  e >= 128 + log2(amax / 12)
+            const int e0 = std::clamp(128 + int(std::ceil(std::log2(amax / 12.0f))), 1, 254);
+            float best_err = INFINITY;
+            for (int e : {e0, e0 - 1}) {
+                const float err = mxfp4_block_error(src, w, e, idx);
+                if (err < best_err) best_err = err, best_e = e, std::copy(idx, idx + 32, best_idx);
+            }
+        }
+        dst[0] = uint8_t(best_e);
+        for (int j = 0; j < 16; ++j) dst[1 + j] = uint8_t(best_idx[j] | best_idx[j + 16] << 4);
     }
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "quant.h"
+#include "quant_impl.h"
 
 namespace kvrun {
 namespace {
@@ -50,16 +51,17 @@ CodeTable make_grid_table(double zero, double half, int lo, int hi, double k) {
     return t;
 }
 
-// Codes into the IQ4 grid: the index of the grid value nearest to z * 127 / k.
-CodeTable make_iq4_table(double k) {
+// Codes into a 16-value grid (IQ4's, whose largest magnitude is 127, or MXFP4's, 12): the
+// index of the grid value nearest to z * top / k.
+CodeTable make_book_table(const int8_t* book, double top, double k) {
     CodeTable t;
     for (int i = 0; i < 256; ++i) {
-        double v = normal_quantile((i + 0.5) / 256.0) * 127.0 / k;
+        double v = normal_quantile((i + 0.5) / 256.0) * top / k;
         int best = 0;
         for (int j = 1; j < 16; ++j)
-            if (std::fabs(kIq4Values[j] - v) < std::fabs(kIq4Values[best] - v)) best = j;
+            if (std::fabs(book[j] - v) < std::fabs(book[best] - v)) best = j;
         t.code[i] = static_cast<uint8_t>(best);
-        t.rms2 += double(kIq4Values[best]) * kIq4Values[best] / 256.0;
+        t.rms2 += double(book[best]) * book[best] / 256.0;
     }
     return t;
 }
@@ -140,7 +142,8 @@ struct Tables {
     CodeTable q6_sym = make_grid_table(32.0, 31.0, 0, 63, 2.7);  // Q6_K
     CodeTable q3_sym = make_grid_table(4.0, 3.0, 1, 7, 2.0);     // Q3_K: unit = code - 4
     CodeTable q2_min = make_grid_table(1.5, 1.5, 0, 3, 1.5);     // Q2_K
-    CodeTable iq4 = make_iq4_table(2.7);
+    CodeTable iq4 = make_book_table(kIq4Values, 127.0, 2.7);
+    CodeTable mxfp4 = make_book_table(quant_detail::kMxfp4Values, 12.0, 2.7);
 };
 
 const Tables& tables() {
@@ -170,6 +173,16 @@ void block_q4_0(uint8_t* dst, float sigma, Bits& b) {
 }
 void block_iq4_nl(uint8_t* dst, float sigma, Bits& b) {
     block_4bit(dst, sigma, b, tables().iq4);
+}
+
+// MXFP4: u8 e | qs[16]; x = 2^(e - 128) * value[q]: the power of two nearest the scale.
+void block_mxfp4(uint8_t* dst, float sigma, Bits& b) {
+    const CodeTable& t = tables().mxfp4;
+    uint8_t c[32];
+    b.codes(t, c, 32);
+    const double d = sigma / std::sqrt(t.rms2 * kBlockMul2) * b.block_mul();
+    dst[0] = uint8_t(std::clamp<long>(128 + std::lround(std::log2(std::max(d, 1e-30))), 1, 254));
+    for (int j = 0; j < 16; ++j) dst[1 + j] = uint8_t(c[j] | (c[j + 16] << 4));
 }
 
 // Q4_1: f16 d | f16 m | qs[16]; x = d * q + m with m = -7.5 d (zero mean).
@@ -397,6 +410,8 @@ BlockWriter block_writer(GgmlType t) {
             return block_iq4_nl;
         case GgmlType::IQ4_XS:
             return block_iq4_xs;
+        case GgmlType::MXFP4:
+            return block_mxfp4;
         default:
             return nullptr;
     }

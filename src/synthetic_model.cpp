@@ -70,7 +70,8 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
             p.push_back({nm("attn_k"), c.type, {c.n_embd, n_embd_kv}, s, 0});
             p.push_back({nm("attn_v"), more, {c.n_embd, n_embd_kv}, s, 0});
         }
-        if (c.arch == "qwen2") {  // biases of a few times the projections' typical output
+        const bool oai = c.arch == "gpt-oss";
+        if (c.arch == "qwen2" || oai) {  // biases of a few times the projections' typical output
             p.push_back({bias("attn_q"), GgmlType::F32, {n_embd_q}, kBiasStd, 0});
             p.push_back({bias("attn_k"), GgmlType::F32, {n_embd_kv}, kBiasStd, 0});
             p.push_back({bias("attn_v"), GgmlType::F32, {n_embd_kv}, kBiasStd, 0});
@@ -79,15 +80,30 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
             p.push_back({nm("attn_k_norm"), GgmlType::F32, {head_dim}, kNormStd, 1});
         }
         p.push_back({nm("attn_output"), c.type, {n_embd_q, c.n_embd}, s_out, 0});
+        if (oai) {  // output bias, and sink logits about as large as the scores
+            p.push_back({bias("attn_output"), GgmlType::F32, {c.n_embd}, s_out, 0});
+            p.push_back({nm("attn_sinks"), GgmlType::F32, {c.n_head}, 1.0f, 0});
+        }
         if (c.arch == "gemma2" || c.arch == "gemma3")
             p.push_back({nm("post_attention_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
-        p.push_back({nm("ffn_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
+        // gpt-oss calls the FFN's input norm post_attention_norm.
+        p.push_back(
+            {nm(oai ? "post_attention_norm" : "ffn_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
         if (c.n_expert > 0) {  // router and stacked experts
             const int64_t fe = c.n_ff_exp > 0 ? c.n_ff_exp : c.n_ff;
+            const GgmlType te = c.expert_type != GgmlType::F32 ? c.expert_type : c.type;
+            const GgmlType te_more = c.expert_type != GgmlType::F32 ? c.expert_type : more;
             p.push_back({nm("ffn_gate_inp"), GgmlType::F32, {c.n_embd, c.n_expert}, s, 0});
-            p.push_back({nm("ffn_gate_exps"), c.type, {c.n_embd, fe, c.n_expert}, s, 0});
-            p.push_back({nm("ffn_up_exps"), c.type, {c.n_embd, fe, c.n_expert}, s, 0});
-            p.push_back({nm("ffn_down_exps"), more, {fe, c.n_embd, c.n_expert}, s_out, 0});
+            p.push_back({nm("ffn_gate_exps"), te, {c.n_embd, fe, c.n_expert}, s, 0});
+            p.push_back({nm("ffn_up_exps"), te, {c.n_embd, fe, c.n_expert}, s, 0});
+            p.push_back({nm("ffn_down_exps"), te_more, {fe, c.n_embd, c.n_expert}, s_out, 0});
+            if (oai) {  // the router's and every expert's biases
+                p.push_back({bias("ffn_gate_inp"), GgmlType::F32, {c.n_expert}, s, 0});
+                p.push_back({bias("ffn_gate_exps"), GgmlType::F32, {fe, c.n_expert}, s, 0});
+                p.push_back({bias("ffn_up_exps"), GgmlType::F32, {fe, c.n_expert}, s, 0});
+                p.push_back(
+                    {bias("ffn_down_exps"), GgmlType::F32, {c.n_embd, c.n_expert}, s_out, 0});
+            }
         } else {
             if (c.arch == "phi3") {  // the gate's rows, then up's, in ffn_up
                 p.push_back({nm("ffn_up"), c.type, {c.n_embd, 2 * c.n_ff}, s, 0});
@@ -139,6 +155,8 @@ uint32_t file_type_of(const SyntheticModelConfig& c) {
             return 30;
         case GgmlType::BF16:
             return 32;
+        case GgmlType::MXFP4:
+            return 38;  // llama.cpp's MXFP4_MOE
         default:
             return 0;
     }
@@ -249,6 +267,9 @@ void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) 
     } else if (c.arch == "gemma3") {
         w.set_u32(a + "attention.sliding_window",
                   uint32_t(c.sliding_window > 0 ? c.sliding_window : 1024));
+    } else if (c.arch == "gpt-oss") {
+        w.set_u32(a + "attention.sliding_window",
+                  uint32_t(c.sliding_window > 0 ? c.sliding_window : 128));
     }
     // Provenance, so a benchmark report can say what it ran on.
     w.set_u64("kvrun.synthetic.seed", c.seed);
@@ -301,7 +322,8 @@ std::vector<std::string> synthetic_preset_names() {
             "qwen2.5-7b",        "qwen3-0.6b", "qwen3-8b",       "qwen3-30b-a3b",
             "mixtral-8x7b",      "phi3-mini",  "phi3-mini-128k", "phi4",
             "gemma2-2b",         "gemma3-1b",  "gemma3-4b",      "granite3-8b",
-            "granite3-3b-a800m", "smollm3-3b", "phi4-mini",      "tiny"};
+            "granite3-3b-a800m", "smollm3-3b", "phi4-mini",      "gpt-oss-20b",
+            "gpt-oss-120b",      "tiny"};
 }
 
 SyntheticModelConfig synthetic_preset(std::string_view name) {
@@ -385,6 +407,14 @@ SyntheticModelConfig synthetic_preset(std::string_view name) {
         c.arch = "smollm3", c.tied_output = true;
         c.n_layer = 36, c.n_embd = 2048, c.n_head = 16, c.n_head_kv = 4, c.n_ff = 11008;
         c.n_vocab = 128256, c.rope_base = 5000000, c.n_ctx = 65536, c.norm_eps = 1e-6;
+    } else if (name == "gpt-oss-20b" || name == "gpt-oss-120b") {  // MXFP4 experts, 4 per token
+        c.arch = "gpt-oss", c.head_dim = 64, c.sliding_window = 128;
+        c.n_layer = name == "gpt-oss-20b" ? 24 : 36, c.n_embd = 2880, c.n_head = 64;
+        c.n_head_kv = 8, c.n_ff = 2880;
+        c.n_expert = name == "gpt-oss-20b" ? 32 : 128, c.n_expert_used = 4, c.n_ff_exp = 2880;
+        c.expert_type = GgmlType::MXFP4;
+        c.n_vocab = 201088, c.rope_base = 150000, c.n_ctx = 131072, c.norm_eps = 1e-5;
+        c.rope_scaling = "yarn", c.rope_factor = 32, c.rope_orig_ctx = 4096;
     } else if (name == "tiny") {
         c.n_layer = 2, c.n_embd = 256, c.n_head = 4, c.n_head_kv = 2, c.n_ff = 512;
         c.n_vocab = 512, c.rope_base = 10000, c.n_ctx = 2048, c.norm_eps = 1e-5;
@@ -406,9 +436,10 @@ void synthetic_set_type(SyntheticModelConfig& cfg, std::string_view type_name) {
         up = up.substr(0, 4);
     }
     static const GgmlType kTypes[] = {
-        GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,   GgmlType::Q4_0,
-        GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K,   GgmlType::Q3_K,
-        GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
+        GgmlType::F32,  GgmlType::F16,    GgmlType::BF16,   GgmlType::Q8_0,
+        GgmlType::Q4_0, GgmlType::Q4_1,   GgmlType::Q5_0,   GgmlType::Q5_1,
+        GgmlType::Q2_K, GgmlType::Q3_K,   GgmlType::Q4_K,   GgmlType::Q5_K,
+        GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4};
     for (GgmlType t : kTypes) {
         if (up == ggml_type_name(t)) {
             cfg.type = t;
@@ -418,7 +449,7 @@ void synthetic_set_type(SyntheticModelConfig& cfg, std::string_view type_name) {
     }
     throw Error(fmt::format("unknown synthetic model type '{}'", type_name),
                 "use F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, "
-                "Q6_K, IQ4_NL, IQ4_XS, Q4_K_M or Q5_K_M");
+                "Q6_K, IQ4_NL, IQ4_XS, MXFP4, Q4_K_M or Q5_K_M");
 }
 
 void synthetic_validate(const SyntheticModelConfig& c) {
@@ -435,16 +466,16 @@ void synthetic_validate(const SyntheticModelConfig& c) {
     if (c.vocab_from.empty()) positive("n_vocab", c.n_vocab, int64_t(1) << 24);
     if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "qwen3moe" &&
         c.arch != "phi3" && !is_gemma(c) && c.arch != "granite" && c.arch != "granitemoe" &&
-        c.arch != "smollm3")
+        c.arch != "smollm3" && c.arch != "gpt-oss")
         fail(
             "synthetic model: architecture '{}' is not one of llama, qwen2, qwen3, qwen3moe, phi3, "
-            "gemma, gemma2, gemma3, granite, granitemoe, smollm3",
+            "gemma, gemma2, gemma3, granite, granitemoe, smollm3, gpt-oss",
             c.arch);
-    const bool moe_arch = c.arch == "qwen3moe" || c.arch == "granitemoe";
+    const bool moe_arch = c.arch == "qwen3moe" || c.arch == "granitemoe" || c.arch == "gpt-oss";
     if (moe_arch != (c.n_expert > 0) && c.arch != "llama")
         fail(
-            "synthetic model: experts need arch qwen3moe, granitemoe or llama (Mixtral), and "
-            "qwen3moe and granitemoe need experts");
+            "synthetic model: experts need arch qwen3moe, granitemoe, gpt-oss or llama (Mixtral), "
+            "and qwen3moe, granitemoe and gpt-oss need experts");
     if (!(c.granite_embedding_scale > 0) || !(c.granite_residual_scale > 0) ||
         !(c.granite_logit_scale > 0) || !(c.granite_attention_scale >= 0))
         fail("synthetic model: Granite's multipliers must be positive");
@@ -490,6 +521,10 @@ void synthetic_validate(const SyntheticModelConfig& c) {
     if (c.k_mix && !is_k_quant(c.type)) fail("synthetic model: K-quant mix needs a K-quant type");
     std::vector<GgmlType> types = {c.type, c.output_type};
     if (c.k_mix) types.push_back(GgmlType::Q6_K);
+    if (c.expert_type != GgmlType::F32) {
+        if (c.n_expert == 0) fail("synthetic model: an expert type needs experts");
+        types.push_back(c.expert_type);
+    }
     for (GgmlType t : types) {
         if (!synthetic_type_supported(t))
             fail("synthetic model: cannot generate tensors of type {}", ggml_type_name(t));

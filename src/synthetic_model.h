@@ -1,4 +1,5 @@
-// Synthetic llama-family models (llama, qwen2, qwen3, qwen3moe, phi3, gemma 1-3, granite): GGUF
+// Synthetic llama-family models (llama, qwen2, qwen3, qwen3moe, phi3, gemma 1-3, granite,
+// smollm3, gpt-oss): GGUF
 // files with real shapes (presets such as llama2-7b, llama3-8b) and random weights, generated
 // quickly and deterministically from a seed, for benchmarks and tests. Also cuts a model down to
 // its first L layers (a draft model for speculative decoding).
@@ -25,13 +26,18 @@ struct SyntheticModelConfig {
     // phi3 (Q/K/V fused in attn_qkv, gate and up fused in ffn_up); gemma, gemma2 (post norms,
     // soft caps, sliding window), gemma3 (post norms, Q/K norms, sliding window): always a
     // tied output; granite, granitemoe (llama / Mixtral-style experts with Granite's four
-    // multipliers below); smollm3 (no RoPE on layers 3, 7, 11, ...).
+    // multipliers below); smollm3 (no RoPE on layers 3, 7, 11, ...); gpt-oss (experts with
+    // biases, Q/K/V/output biases, attention sinks, a sliding window on even layers).
     std::string arch = "llama";
-    int64_t sliding_window = 0;  // gemma2 / gemma3: attention.sliding_window (0: 4096 / 1024)
+    // gemma2 / gemma3 / gpt-oss: attention.sliding_window (0: 4096 / 1024 / 128)
+    int64_t sliding_window = 0;
     double attn_softcap = 50.0, final_softcap = 30.0;  // gemma2's soft caps
     // Mixture of experts (qwen3moe, or llama = Mixtral): n_expert SwiGLU experts of width
     // n_ff_exp (0: n_ff) in ffn_*_exps tensors, an F32 router, n_expert_used per token.
     int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
+    // The experts' type (ffn_*_exps) when it differs from `type` (gpt-oss's GGUFs: MXFP4);
+    // F32 means `type`.
+    GgmlType expert_type = GgmlType::F32;
     // granite / granitemoe keys: embedding_scale, attention.scale, residual_scale, logit_scale
     // (Granite 3.x 8B's values; attention.scale 0: 1 / head_dim).
     double granite_embedding_scale = 12.0, granite_attention_scale = 0.0;
@@ -97,14 +103,15 @@ int64_t synthetic_head_dim(const SyntheticModelConfig& cfg);
 
 // Names accepted by synthetic_preset: llama2-7b, llama3-8b, llama3.1-8b, llama-1b, qwen2.5-7b,
 // qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, phi3-mini, phi3-mini-128k, phi4,
-// gemma2-2b, gemma3-1b, gemma3-4b, tiny.
+// gemma2-2b, gemma3-1b, gemma3-4b, granite3-8b, granite3-3b-a800m, smollm3-3b, phi4-mini,
+// gpt-oss-20b, gpt-oss-120b, tiny.
 std::vector<std::string> synthetic_preset_names();
 // The hyperparameters of a preset (type F32, other fields default). Throws Error for an
 // unknown name, listing the known ones.
 SyntheticModelConfig synthetic_preset(std::string_view name);
 
 // Sets cfg.type, cfg.output_type and cfg.k_mix from a type name: a GGUF type (F32, F16, BF16,
-// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; output in the
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4; output in the
 // same type, except Q6_K for K-quants) or a mix (Q4_K_M, Q5_K_M). Case-insensitive.
 void synthetic_set_type(SyntheticModelConfig& cfg, std::string_view type_name);
 

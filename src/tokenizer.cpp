@@ -129,7 +129,7 @@ void Tokenizer::load_vocab(const GgufFile& f, const VocabDefaults& d) {
     // End of generation: end-of-turn-looking texts, FIM pad/repo/sep, EOS, EOT, EOM.
     eog_ids_.clear();
     for (const char* t : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                          "<|eom_id|>", "<EOT>", "_<EOT>"}) {
+                          "<|eom_id|>", "<EOT>", "_<EOT>", "<|return|>", "<|call|>"}) {
         const TokenId id = find_token(t);
         if (id < 0) continue;
         eog_ids_.push_back(id);
@@ -137,6 +137,20 @@ void Tokenizer::load_vocab(const GgufFile& f, const VocabDefaults& d) {
     }
     for (TokenId id : {fim_.pad, fim_.rep, fim_.sep, eos_, eot_, eom})
         if (id >= 0) eog_ids_.push_back(id);
+    // gpt-oss's harmony format (llama.cpp's rule, keyed on "<|return|>" and "<|call|>"): a reply
+    // ends with <|return|> (the answer) or <|call|> (a tool call); <|end|> only closes one
+    // message, say the reasoning, before the next. The message structure shows in the output
+    // (<|end|>, <|start|>, <|channel|>, <|message|>, <|constrain|> are text there), so that a
+    // reply can be taken apart into reasoning, answer and calls.
+    if (find_token("<|return|>") >= 0 && find_token("<|call|>") >= 0) {
+        if (const TokenId end = find_token("<|end|>"); end >= 0 && end != eos_) {
+            eog_ids_.erase(std::remove(eog_ids_.begin(), eog_ids_.end(), end), eog_ids_.end());
+            if (eot_ == end) eot_ = -1;
+        }
+        for (const char* t :
+             {"<|end|>", "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"})
+            if (const TokenId id = find_token(t); id >= 0) token_types_[id] = kTokenUserDefined;
+    }
     std::sort(eog_ids_.begin(), eog_ids_.end());
     eog_ids_.erase(std::unique(eog_ids_.begin(), eog_ids_.end()), eog_ids_.end());
 

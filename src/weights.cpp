@@ -81,12 +81,18 @@ WeightView load_matrix(const GgufFile& f, const std::string& name, int64_t n_in,
     return w;
 }
 
-// A 1-D norm weight or bias of n elements, converted to float32.
-std::vector<float> load_vector(const GgufFile& f, const std::string& name, int64_t n) {
-    const GgufTensorInfo& t = find_checked(f, name, {n});
+// A 1-D norm weight or bias of n elements (or, n_stack > 1, n_stack of them in a 2-D tensor:
+// the experts' biases), converted to float32.
+std::vector<float> load_vector(const GgufFile& f, const std::string& name, int64_t n,
+                               int64_t n_stack = 1) {
+    const GgufTensorInfo& t =
+        find_checked(f, name, n_stack > 1 ? std::vector<int64_t>{n, n_stack} : std::vector{n});
     check_computable(f, t, n);
-    std::vector<float> out(n);
-    dequantize_row(t.type, t.data, out.data(), n);
+    std::vector<float> out(size_t(n * n_stack));
+    const size_t row = ggml_row_bytes(t.type, n);
+    for (int64_t i = 0; i < n_stack; ++i)
+        dequantize_row(t.type, static_cast<const uint8_t*>(t.data) + size_t(i) * row,
+                       out.data() + i * n, n);
     return out;
 }
 
@@ -136,10 +142,13 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
             l.q_norm = load_vector(f, name("attn_q_norm.weight"), c.head_dim);
             l.k_norm = load_vector(f, name("attn_k_norm.weight"), c.head_dim);
         }
-        if (f.find_tensor(name("attn_output.bias")))
-            fail("{}: tensor '{}' (attention output bias) is not supported", f.path(),
-                 name("attn_output.bias"));
-        l.ffn_norm = load_vector(f, name("ffn_norm.weight"), c.n_embd);
+        if (c.attn_sinks || f.find_tensor(name("attn_output.bias")))
+            l.bo = load_vector(f, name("attn_output.bias"), c.n_embd);
+        if (c.attn_sinks) l.sinks = load_vector(f, name("attn_sinks.weight"), c.n_head);
+        // gpt-oss names the FFN's input norm post_attention_norm (Gemma's is another norm).
+        l.ffn_norm = load_vector(
+            f, name(c.arch == "gpt-oss" ? "post_attention_norm.weight" : "ffn_norm.weight"),
+            c.n_embd);
         if (c.post_norms) {
             l.attn_post_norm = load_vector(f, name("post_attention_norm.weight"), c.n_embd);
             l.ffn_post_norm = load_vector(f, name("post_ffw_norm.weight"), c.n_embd);
@@ -156,6 +165,12 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
             l.gate_exps = experts("ffn_gate_exps.weight", c.n_embd, c.n_ff_exp);
             l.up_exps = experts("ffn_up_exps.weight", c.n_embd, c.n_ff_exp);
             l.down_exps = experts("ffn_down_exps.weight", c.n_ff_exp, c.n_embd);
+            if (c.swiglu_oai || f.find_tensor(name("ffn_gate_inp.bias"))) {  // gpt-oss
+                l.router_b = load_vector(f, name("ffn_gate_inp.bias"), c.n_expert);
+                l.gate_exps_b = load_vector(f, name("ffn_gate_exps.bias"), c.n_ff_exp, c.n_expert);
+                l.up_exps_b = load_vector(f, name("ffn_up_exps.bias"), c.n_ff_exp, c.n_expert);
+                l.down_exps_b = load_vector(f, name("ffn_down_exps.bias"), c.n_embd, c.n_expert);
+            }
             continue;
         }
         if (c.fused_gate_up) {  // phi3: ffn_up holds the gate's rows, then up's

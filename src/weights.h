@@ -32,6 +32,8 @@ struct LayerWeights {
     WeightView wq, wk, wv, wo;          // [q_dim][n_embd], [kv_dim][n_embd] x2,
                                         // [n_embd][q_dim]
     std::vector<float> bq, bk, bv;      // [q_dim], [kv_dim], [kv_dim]; empty if none
+    std::vector<float> bo;              // [n_embd] attention output bias (gpt-oss), or empty
+    std::vector<float> sinks;           // [n_head] attention sink logits (gpt-oss), or empty
     std::vector<float> q_norm, k_norm;  // [head_dim] each (qwen3's per-head RMSNorm); or empty
     std::vector<float> ffn_norm;        // [n_embd]
     // [n_embd] each: RMSNorm weights of the attention and FFN outputs (gemma2/3), or empty.
@@ -41,6 +43,9 @@ struct LayerWeights {
     // stacked ffn_*_exps tensors ([n_ff_exp][n_embd] x2, [n_embd][n_ff_exp]).
     WeightView router;
     std::vector<WeightView> gate_exps, up_exps, down_exps;
+    // Their biases (gpt-oss), or empty: router_b [n_expert]; gate_exps_b, up_exps_b
+    // [n_expert][n_ff_exp]; down_exps_b [n_expert][n_embd].
+    std::vector<float> router_b, gate_exps_b, up_exps_b, down_exps_b;
     // LoRA adapters' updates of wq .. w_down (lora.h), in adapter order; empty without.
     std::vector<LoraDelta> lora_q, lora_k, lora_v, lora_o, lora_gate, lora_up, lora_down;
 };

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "arch_test_util.h"
 #include "backend.h"
 #include "common.h"
 #include "gguf.h"
@@ -29,65 +30,9 @@
 
 using namespace kvrun;
 using kvrun::test::TempDir;
+using namespace kvrun::arch_test;
 
 namespace {
-
-// A float view of one F32 tensor: rows of dims[0] elements.
-struct Mat {
-    const float* data = nullptr;
-    int64_t n_in = 0, n_out = 0;
-    const float* row(int64_t r) const { return data + r * n_in; }
-};
-
-Mat tensor(const GgufFile& f, const std::string& name) {
-    const GgufTensorInfo* t = f.find_tensor(name);
-    REQUIRE_MESSAGE(t, "missing " << name);
-    REQUIRE(t->type == GgmlType::F32);
-    Mat m;
-    m.data = reinterpret_cast<const float*>(t->data);
-    m.n_in = t->dims[0];
-    m.n_out = 1;  // rows: the product of the other dims (experts stacked)
-    for (size_t i = 1; i < t->dims.size(); ++i) m.n_out *= t->dims[i];
-    return m;
-}
-
-std::vector<float> matvec(const Mat& w, const std::vector<float>& x) {
-    REQUIRE(int64_t(x.size()) == w.n_in);
-    std::vector<float> y(size_t(w.n_out));
-    for (int64_t r = 0; r < w.n_out; ++r) {
-        double s = 0;
-        for (int64_t i = 0; i < w.n_in; ++i) s += double(w.row(r)[i]) * x[size_t(i)];
-        y[size_t(r)] = float(s);
-    }
-    return y;
-}
-
-// x / rms(x) * w over `x`'s elements [off, off + n).
-void rms_normalize(std::vector<float>& x, int64_t off, int64_t n, const float* w, double eps) {
-    double ss = 0;
-    for (int64_t i = 0; i < n; ++i) ss += double(x[size_t(off + i)]) * x[size_t(off + i)];
-    const double inv = 1.0 / std::sqrt(ss / double(n) + eps);
-    for (int64_t i = 0; i < n; ++i) x[size_t(off + i)] = float(x[size_t(off + i)] * inv * w[i]);
-}
-
-// Rotates the first n_rot dims of each head of `x` (n_heads x head_dim) for position pos: pair
-// j turns by pos * base^(-2j/n_rot) / factors[j] (factors empty: 1) and is scaled by mscale;
-// the pair is (j, j + n_rot/2) for NeoX, (2j, 2j+1) otherwise; dims from n_rot on stay.
-void rotate(std::vector<float>& x, int64_t n_heads, int64_t head_dim, int64_t n_rot, int64_t pos,
-            double base, bool neox, const std::vector<float>& factors, double mscale,
-            double freq_scale = 1) {
-    for (int64_t h = 0; h < n_heads; ++h)
-        for (int64_t j = 0; j < n_rot / 2; ++j) {
-            double theta =
-                freq_scale * double(pos) * std::pow(base, -2.0 * double(j) / double(n_rot));
-            if (!factors.empty()) theta /= factors[size_t(j)];
-            const int64_t a = h * head_dim + (neox ? j : 2 * j);
-            const int64_t b = h * head_dim + (neox ? j + n_rot / 2 : 2 * j + 1);
-            const double x0 = x[size_t(a)], x1 = x[size_t(b)];
-            x[size_t(a)] = float(mscale * (x0 * std::cos(theta) - x1 * std::sin(theta)));
-            x[size_t(b)] = float(mscale * (x0 * std::sin(theta) + x1 * std::cos(theta)));
-        }
-}
 
 // The float values of a 1-D F32 tensor, or empty when absent.
 std::vector<float> vector_or_empty(const GgufFile& f, const char* name) {
@@ -308,61 +253,6 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
                 v = float(parts.final_softcap * std::tanh(v / parts.final_softcap));
     }
     return logits;
-}
-
-// The CPU backend's logits for every token of `tokens` (positions from pos0), fed as a
-// prefill of `first` tokens and then one token per step, in KV blocks of 4 tokens; n_ctx is
-// the run's context (BackendOptions::n_ctx).
-std::vector<std::vector<float>> backend_logits(const GgufFile& f,
-                                               const std::vector<int32_t>& tokens, size_t first,
-                                               int32_t pos0 = 0, int64_t n_ctx = 0,
-                                               const ControlVectorOptions& cvec = {}) {
-    BackendOptions o;
-    o.control_vectors = cvec;
-    o.n_ctx = n_ctx;
-    o.kv_block_size = 4;
-    o.n_kv_blocks = 16;
-    o.n_threads = 2;
-    o.kv_type_k = o.kv_type_v = KvType::F32;  // f16 K/V would round at 1e-3
-    auto be = make_cpu_backend(f, o);
-    const size_t n_vocab = size_t(be->config().n_vocab);
-    std::vector<int32_t> table(16);
-    for (int i = 0; i < 16; ++i) table[size_t(i)] = 15 - i;  // not in order, on purpose
-    std::vector<std::vector<float>> out;
-    for (size_t start = 0; start < tokens.size();) {
-        const size_t n = start == 0 ? first : 1;
-        ForwardBatch b;
-        for (size_t i = start; i < start + n; ++i) {
-            b.tokens.push_back(tokens[i]);
-            b.positions.push_back(pos0 + int32_t(i));
-            b.seq_index.push_back(0);
-            b.slots.push_back(int32_t(i));
-            b.logit_rows.push_back(int32_t(i - start));
-        }
-        b.block_tables = {table};
-        std::vector<float> logits(n * n_vocab);
-        be->forward(b, logits.data());
-        for (size_t r = 0; r < n; ++r)
-            out.emplace_back(logits.begin() + long(r * n_vocab),
-                             logits.begin() + long((r + 1) * n_vocab));
-        start += n;
-    }
-    return out;
-}
-
-// max |a - b| / max |b| over all rows.
-double rel_diff(const std::vector<std::vector<float>>& a,
-                const std::vector<std::vector<float>>& b) {
-    REQUIRE(a.size() == b.size());
-    double d = 0, m = 0;
-    for (size_t t = 0; t < a.size(); ++t) {
-        REQUIRE(a[t].size() == b[t].size());
-        for (size_t i = 0; i < a[t].size(); ++i) {
-            d = std::max(d, double(std::fabs(a[t][i] - b[t][i])));
-            m = std::max(m, double(std::fabs(b[t][i])));
-        }
-    }
-    return d / m;
 }
 
 SyntheticModelConfig small(const std::string& arch) {
@@ -887,8 +777,8 @@ TEST_CASE("control vectors join each steered layer's output, as the reference do
         w.set_string("controlvector.model_hint", "llama");
         w.set_i32("controlvector.layer_count", int32_t(dirs.size()));
         for (const auto& [layer, v] : dirs)
-            w.add_tensor(fmt::format("direction.{}", layer), GgmlType::F32, {int64_t(v.size())}, v.data(),
-                         v.size() * sizeof(float));
+            w.add_tensor(fmt::format("direction.{}", layer), GgmlType::F32, {int64_t(v.size())},
+                         v.data(), v.size() * sizeof(float));
         w.write_file(dir.file(name));
         return dir.file(name);
     };

@@ -108,10 +108,10 @@ TEST_CASE("matmul gives the reference order's bits for every type, shape and bat
     // Row counts around the 4-row groups, token counts around the 16-token tiles, rows of
     // one span, of several spans with a short last one, and (float types) not a multiple
     // of 8. The decoders written for some types must equal dequantize_row exactly.
-    const GgmlType types[] = {GgmlType::F32,  GgmlType::F16,    GgmlType::BF16,  GgmlType::Q4_0,
-                              GgmlType::Q4_1, GgmlType::Q5_0,   GgmlType::Q5_1,  GgmlType::Q8_0,
-                              GgmlType::Q2_K, GgmlType::Q3_K,   GgmlType::Q4_K,  GgmlType::Q5_K,
-                              GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
+    const GgmlType types[] = {GgmlType::F32,  GgmlType::F16,    GgmlType::BF16,   GgmlType::Q4_0,
+                              GgmlType::Q4_1, GgmlType::Q5_0,   GgmlType::Q5_1,   GgmlType::Q8_0,
+                              GgmlType::Q2_K, GgmlType::Q3_K,   GgmlType::Q4_K,   GgmlType::Q5_K,
+                              GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4};
     for (GgmlType type : types) {
         const int64_t block = ggml_type_traits(type).block_elems;
         std::vector<int64_t> widths = {256, 2304};
@@ -178,6 +178,31 @@ TEST_CASE("add_bias, add, swiglu and softmax") {
     CHECK(s[0] == doctest::Approx(0.25).epsilon(1e-5));
     CHECK(s[1] == doctest::Approx(0.75).epsilon(1e-5));
     CHECK(s[2] == 0.0f);
+}
+
+TEST_CASE("gpt-oss's clamped SwiGLU and the softmax with a sink") {
+    // x = min(gate, 7), y = clamp(up, -7, 7), out = x * sigmoid(1.702 x) * (y + 1).
+    const std::vector<float> g = {0.5f, 9.0f, -3.0f, 2.0f}, u = {1.0f, -20.0f, 8.0f, -1.0f};
+    std::vector<float> out(4);
+    cpu::swiglu_oai(out.data(), g.data(), u.data(), 4, 1.702f, 7.0f);
+    auto want = [](double x, double y) { return x / (1 + std::exp(-1.702 * x)) * (y + 1); };
+    CHECK(out[0] == doctest::Approx(want(0.5, 1.0)).epsilon(1e-6));
+    CHECK(out[1] == doctest::Approx(want(7.0, -7.0)).epsilon(1e-6));  // both clamped
+    CHECK(out[2] == doctest::Approx(want(-3.0, 7.0)).epsilon(1e-6));  // gate not clamped below
+    CHECK(out[3] == 0.0f);                                            // up = -1 zeroes it
+    // The sink takes its share and is dropped: logits ln 1, ln 2 and a sink of ln 5.
+    std::vector<float> s = {0.0f, std::log(2.0f)};
+    cpu::softmax_with_sink(s.data(), 2, std::log(5.0f));
+    CHECK(s[0] == doctest::Approx(0.125).epsilon(1e-6));
+    CHECK(s[1] == doctest::Approx(0.25).epsilon(1e-6));
+    // A sink far below the scores changes nothing; far above, it takes nearly everything.
+    std::vector<float> a = {1.0f, 2.0f}, b = a;
+    cpu::softmax_with_sink(a.data(), 2, -1e30f);
+    cpu::softmax(b.data(), 2);
+    CHECK(a == b);
+    std::vector<float> c = {1.0f, 2.0f};
+    cpu::softmax_with_sink(c.data(), 2, 100.0f);
+    CHECK(c[1] < 1e-40);
 }
 
 TEST_CASE("rope rotates the right pairs by the right angles") {

@@ -48,6 +48,7 @@ struct Scenario {
     // Gemma's options for every call: soft cap (0: none) and sliding window (0: none).
     float softcap = 0.0f;
     int64_t window = 0;
+    bool sinks = false;  // gpt-oss's attention sinks: one random logit per head
 };
 
 // Fraction of differing bytes (0 when equal).
@@ -147,10 +148,15 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
     const std::vector<float> q = random_floats(static_cast<size_t>(nt * n_head * hd), seed + 3);
     std::vector<float> ref(q.size());
     const float scale = 1.0f / std::sqrt(float(hd));
+    std::vector<float> sinks = random_floats(static_cast<size_t>(n_head), seed + 4);
+    for (float& x : sinks) x *= 4.0f;  // from well below the scores to well above
+    const float* hsinks = sc.sinks ? sinks.data() : nullptr;
+    DevBuf<float> dsinks_buf(sinks);
+    const float* dsinks = sc.sinks ? dsinks_buf.get() : nullptr;
     cpu::paged_attention(ref.data(), q.data(), hkv,
                          KvBatchView{t_seq.data(), t_slot.data(), table.data(), max_blocks, nt,
                                      staged ? t_stage.data() : nullptr},
-                         n_head, scale, sc.softcap, sc.window);
+                         n_head, scale, sc.softcap, sc.window, hsinks);
 
     DevBuf<int32_t> dtseq(t_seq), dtslot(t_slot), dtstage(t_stage);
     DevBuf<float> dq(q), dout(q.size());
@@ -158,7 +164,7 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
                          max_blocks,  nt,           staged ? dtstage.get() : nullptr};
     CudaScratch scratch;
     cuda_paged_attention_decode(dout.get(), dq.get(), dkv, db, n_head, scale, scratch, nullptr,
-                                sc.softcap, sc.window);
+                                sc.softcap, sc.window, dsinks);
     const std::vector<float> batched = dout.download();
     CHECK(nmse(batched, ref) < kAttnBound);
     if (nt <= 16) {
@@ -179,7 +185,8 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
             cuda_paged_attention_decode(d_out.get(), d_q.get(), dkv,
                                         KvBatchView{d_seq.get(), d_slot.get(), d_own.get(), width,
                                                     1, staged ? d_stage.get() : nullptr},
-                                        n_head, scale, scratch, nullptr, sc.softcap, sc.window);
+                                        n_head, scale, scratch, nullptr, sc.softcap, sc.window,
+                                        dsinks);
             const std::vector<float> alone = d_out.download();
             CHECK(std::memcmp(alone.data(), batched.data() + i * row,
                               alone.size() * sizeof(float)) == 0);
@@ -187,7 +194,7 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
     }
     dout.zero();
     cuda_paged_attention_prefill(dout.get(), dq.get(), dkv, db, n_head, scale, nullptr, sc.softcap,
-                                 sc.window);
+                                 sc.window, dsinks);
     const std::vector<float> tiled = dout.download();
     CHECK(nmse(tiled, ref) < kAttnBound);
     if (sc.window > 0) {
@@ -209,17 +216,17 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
                                   max_blocks,  nt,           staged ? dtstage.get() : nullptr};
             dout.zero();
             cuda_paged_attention_decode(dout.get(), dq.get(), dkv, dbd, n_head, scale, scratch,
-                                        nullptr, sc.softcap, sc.window);
+                                        nullptr, sc.softcap, sc.window, dsinks);
             CHECK(dout.download() == batched);
             dout.zero();
             cuda_paged_attention_prefill(dout.get(), dq.get(), dkv, dbd, n_head, scale, nullptr,
-                                         sc.softcap, sc.window);
+                                         sc.softcap, sc.window, dsinks);
             CHECK(dout.download() == tiled);
         }
     }
     dout.zero();
     cuda_paged_attention(dout.get(), dq.get(), dkv, db, n_head, scale, scratch, nullptr, sc.softcap,
-                         sc.window);
+                         sc.window, dsinks);
     CHECK(nmse(dout.download(), ref) < kAttnBound);
 }
 
@@ -381,6 +388,26 @@ TEST_CASE("cuda paged attention with Gemma's soft cap and sliding window matches
                     run_scenario(sh, sc, seed++);
                 }
             }
+}
+
+TEST_CASE("cuda paged attention with gpt-oss's attention sinks matches the CPU") {
+    // Both decode kernels (head_dim 64: the warp-per-key-group one, 36: the tiled one), split
+    // and unsplit contexts, prefill and verification batches, with and without a window.
+    const AttnShape shapes[] = {
+        {16, 2, 4, 64, KvType::F16, KvType::F16},
+        {16, 2, 2, 36, KvType::F16, KvType::F16},
+        {16, 1, 8, 64, KvType::Q8, KvType::Q8},
+    };
+    uint32_t seed = 1500;
+    for (const AttnShape& sh : shapes)
+        for (int64_t window : {int64_t(0), int64_t(7)}) {
+            CAPTURE(sh.head_dim);
+            CAPTURE(window);
+            for (Scenario sc : {decode_scenario(), prefill_scenario(), verify_scenario()}) {
+                sc.window = window, sc.sinks = true;
+                run_scenario(sh, sc, seed++);
+            }
+        }
 }
 
 TEST_CASE("cuda paged attention rejects shapes it cannot run") {

@@ -388,11 +388,12 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
     // post norms, soft caps, sliding windows, per-layer RoPE), qwen3moe (router top-k on the
     // device, expert-indexed GEMVs, weighted sum; the 24-token prompt takes the grouped
     // prefill), granite / granitemoe (embedding, q.k, residual and logit multipliers),
-    // smollm3 (a layer without RoPE: the unfused KV write) and llama with the same heads.
+    // smollm3 (a layer without RoPE: the unfused KV write), gpt-oss (sinks, biases, MXFP4
+    // experts with biases and the clamped SwiGLU) and llama with the same heads.
     // K-quant weights, f16 and q8 KV (q8 with rotation: the unfused RoPE path).
     const auto dir = std::filesystem::temp_directory_path();
     for (const char* arch : {"qwen3", "qwen3moe", "qwen2", "phi3", "gemma", "gemma2", "gemma3",
-                             "granite", "granitemoe", "smollm3", "llama"})
+                             "granite", "granitemoe", "smollm3", "gpt-oss", "llama"})
         for (KvType kv : {KvType::F16, KvType::Q8}) {
             CAPTURE(arch);
             CAPTURE(std::string(kv_type_name(kv)));
@@ -407,8 +408,10 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
             c.sliding_window = 8, c.attn_softcap = 2, c.final_softcap = 3;
             // qwen3moe: 4 experts of width 256, all of them used, so that no routing near-tie
             // can make the two backends pick different experts (top-k itself: test_cuda_ops).
-            if (std::string(arch) == "qwen3moe" || std::string(arch) == "granitemoe")
-                c.n_expert = 4, c.n_expert_used = 4, c.n_ff_exp = 256;
+            const bool moe = std::string(arch) == "qwen3moe" || std::string(arch) == "granitemoe" ||
+                             std::string(arch) == "gpt-oss";
+            if (moe) c.n_expert = 4, c.n_expert_used = 4, c.n_ff_exp = 256;
+            if (std::string(arch) == "gpt-oss") c.expert_type = GgmlType::MXFP4;
             // Granite's multipliers, away from 1 (attention.scale: 1 / head_dim).
             c.granite_embedding_scale = 2, c.granite_residual_scale = 0.5;
             c.granite_logit_scale = 3;

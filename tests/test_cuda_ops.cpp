@@ -487,6 +487,84 @@ TEST_CASE("cuda grouped mixture-of-experts prefill matches the expert-indexed GE
     }
 }
 
+TEST_CASE("cuda gpt-oss experts: biases by expert id, the clamped SwiGLU, grouped prefill") {
+    const int64_t E = 4, K = 2, D = 256, F = 128;
+    // The activation alone, on values past the clamp on both sides.
+    std::vector<float> g = random_floats(1000, 91, 12.0f), u = random_floats(1000, 92, 12.0f);
+    std::vector<float> want(g.size());
+    cpu::swiglu_oai(want.data(), g.data(), u.data(), int64_t(g.size()), 1.702f, 7.0f);
+    DevBuf<float> dg(g), du(u);
+    cuda_swiglu_oai(dg.get(), dg.get(), du.get(), int64_t(g.size()), 1.702f, 7.0f, nullptr);
+    CHECK(nmse(dg.download(), want) < kExact);
+    CudaScratch scratch;
+    for (GgmlType t : {GgmlType::MXFP4, GgmlType::Q8_0}) {
+        CAPTURE(std::string(ggml_type_name(t)));
+        TestWeights gate = make_weights(t, E * F, D, 93), up = make_weights(t, E * F, D, 94),
+                    down = make_weights(t, E * D, F, 95);
+        const std::vector<float> gb = random_floats(size_t(E * F), 96),
+                                 ub = random_floats(size_t(E * F), 97),
+                                 db = random_floats(size_t(E * D), 98);
+        DevBuf<float> dgb(gb), dub(ub), ddb(db);
+        MoeExperts ex;
+        ex.gate0 = gate.device, ex.up0 = up.device, ex.down0 = down.device;
+        ex.gate0.n_out = ex.up0.n_out = F, ex.down0.n_out = D;
+        ex.expert_bytes = size_t(F) * gate.device.row_bytes;
+        ex.down_bytes = size_t(D) * down.device.row_bytes;
+        ex.gate_b = dgb.get(), ex.up_b = dub.get(), ex.down_b = ddb.get(), ex.swiglu_oai = true;
+        for (int64_t T : {5, 40}) {
+            CAPTURE(T);
+            std::vector<int32_t> ids(static_cast<size_t>(T * K));
+            for (int64_t i = 0; i < T * K; ++i) ids[size_t(i)] = int32_t((i * 3 + i / K) % E);
+            for (int64_t i = 0; i < T; ++i)  // two different experts per token
+                if (ids[size_t(i * K)] == ids[size_t(i * K + 1)])
+                    ids[size_t(i * K + 1)] = (ids[size_t(i * K)] + 1) % E;
+            const std::vector<float> x = random_floats(static_cast<size_t>(T * D), 99, 0.05f);
+            // Host reference: each job's expert on its token, biases and activation, down.
+            std::vector<float> ref_rows(static_cast<size_t>(T * K * D));
+            auto host_expert = [&](const TestWeights& w, int64_t e, int64_t n_out) {
+                WeightView v = w.host;
+                v.n_out = n_out;
+                v.data = static_cast<const uint8_t*>(w.host.data) + e * n_out * w.host.row_bytes;
+                return v;
+            };
+            for (int64_t j = 0; j < T * K; ++j) {
+                const int64_t e = ids[size_t(j)];
+                std::vector<float> hg(static_cast<size_t>(F)), hu(static_cast<size_t>(F)),
+                    hd(static_cast<size_t>(D));
+                cpu::matmul(hg.data(), x.data() + (j / K) * D, host_expert(gate, e, F), 1);
+                cpu::matmul(hu.data(), x.data() + (j / K) * D, host_expert(up, e, F), 1);
+                cpu::add_bias(hg.data(), gb.data() + e * F, 1, F);
+                cpu::add_bias(hu.data(), ub.data() + e * F, 1, F);
+                cpu::swiglu_oai(hg.data(), hg.data(), hu.data(), F, 1.702f, 7.0f);
+                cpu::matmul(hd.data(), hg.data(), host_expert(down, e, D), 1);
+                cpu::add_bias(hd.data(), db.data() + e * D, 1, D);
+                std::copy(hd.begin(), hd.end(), ref_rows.begin() + j * D);
+            }
+            DevBuf<int32_t> dids(ids);
+            DevBuf<float> dx(x), h(static_cast<size_t>(T * K * F)), upb(h.size()),
+                rows(ref_rows.size());
+            cuda_moe_experts_biased(rows.get(), h.get(), upb.get(), dx.get(), dids.get(), T * K,
+                                    int(K), ex, nullptr);
+            CHECK(nmse(rows.download(), ref_rows) < kGemv);
+            // The grouped prefill path (GEMM for the groups past kCudaGemvMaxRows) against
+            // the weighted sum of those rows.
+            std::vector<float> wts = random_floats(static_cast<size_t>(T * K), 100);
+            for (float& w : wts) w = 0.5f + 0.5f * std::fabs(w);
+            std::vector<float> want_out(static_cast<size_t>(T * D), 0.0f);
+            for (int64_t j = 0; j < T * K; ++j)
+                for (int64_t d = 0; d < D; ++d)
+                    want_out[size_t((j / K) * D + d)] +=
+                        wts[size_t(j)] * ref_rows[size_t(j * D + d)];
+            DevBuf<float> dw(wts), xs(static_cast<size_t>(T * K * D)), hh(h.size()), uu(h.size());
+            DevBuf<int32_t> map(static_cast<size_t>(2 * T * K));
+            DevBuf<float> out(x);
+            cuda_moe_ffn_grouped(out.get(), out.get(), dids.get(), dw.get(), T, K, E, ex,
+                                 {xs.get(), hh.get(), uu.get(), map.get()}, scratch, nullptr);
+            CHECK(nmse(out.download(), want_out) < kGemmF16);
+        }
+    }
+}
+
 TEST_CASE("cuda gemm (f16 tensor cores) and cuda_matmul match cpu::matmul for every type") {
     CudaScratch scratch;
     for (GgmlType t : cuda_weight_types()) {

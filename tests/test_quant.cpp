@@ -81,7 +81,7 @@ TEST_CASE("type table: block layouts of every ggml type") {
         {GgmlType::TQ1_0, 256, 54, false},  {GgmlType::TQ2_0, 256, 66, false},
         {GgmlType::I8, 1, 1, false},        {GgmlType::I16, 1, 2, false},
         {GgmlType::I32, 1, 4, false},       {GgmlType::I64, 1, 8, false},
-        {GgmlType::F64, 1, 8, false},
+        {GgmlType::F64, 1, 8, false},       {GgmlType::MXFP4, 32, 17, true},
     };
     for (const Row& r : rows) {
         CAPTURE(uint32_t(r.t));
@@ -206,7 +206,7 @@ TEST_CASE("quantize -> dequantize round trip error per type") {
         {GgmlType::Q6_K, 0.025}, {GgmlType::Q5_0, 0.05},   {GgmlType::Q5_1, 0.05},
         {GgmlType::Q5_K, 0.045}, {GgmlType::Q4_0, 0.10},   {GgmlType::Q4_1, 0.10},
         {GgmlType::Q4_K, 0.09},  {GgmlType::IQ4_NL, 0.10}, {GgmlType::IQ4_XS, 0.10},
-        {GgmlType::Q3_K, 0.20},  {GgmlType::Q2_K, 0.40},
+        {GgmlType::Q3_K, 0.20},  {GgmlType::Q2_K, 0.40},   {GgmlType::MXFP4, 0.13},
     };
     const int64_t n = 256 * 64;
     std::vector<float> x = gaussian(size_t(n), 42), y(static_cast<size_t>(n));
@@ -231,6 +231,39 @@ TEST_CASE("quantize -> dequantize round trip error per type") {
     MESSAGE("round-trip rel rmse:" << summary);
 }
 
+TEST_CASE("MXFP4: OCP microscaling FP4 blocks decode as the format defines them") {
+    // One block: E8M0 exponent byte 127 is a scale of 2^0; E2M1 codes 0..7 are 0, 0.5, 1,
+    // 1.5, 2, 3, 4, 6 and bit 3 is the sign. Element j < 16 is byte j's low nibble.
+    uint8_t block[17] = {127};
+    for (int j = 0; j < 16; ++j) block[1 + j] = uint8_t(j | (15 - j) << 4);
+    const float e2m1[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+    float y[32];
+    dequantize_row(GgmlType::MXFP4, block, y, 32);
+    for (int j = 0; j < 16; ++j) {
+        CAPTURE(j);
+        const float lo = (j & 8 ? -1.0f : 1.0f) * e2m1[j & 7];
+        const float hi = ((15 - j) & 8 ? -1.0f : 1.0f) * e2m1[(15 - j) & 7];
+        CHECK(y[j] == lo);
+        CHECK(y[j + 16] == hi);
+    }
+    // The exponent scales by exact powers of two, the smallest byte included (2^-127).
+    block[0] = 130;
+    dequantize_row(GgmlType::MXFP4, block, y, 32);
+    CHECK(y[7] == 48.0f);
+    CHECK(y[31] == -0.0f);
+    block[0] = 0;
+    dequantize_row(GgmlType::MXFP4, block, y, 32);
+    CHECK(y[2] == std::ldexp(1.0f, -127));
+    // Quantizing values on the grid gives them back exactly.
+    std::vector<float> x(64);
+    for (int i = 0; i < 64; ++i) x[size_t(i)] = (i % 3 ? 1.0f : -1.0f) * e2m1[i % 8] * 0.25f;
+    std::vector<uint8_t> q(ggml_row_bytes(GgmlType::MXFP4, 64));
+    quantize_row(GgmlType::MXFP4, x.data(), q.data(), 64);
+    std::vector<float> back(64);
+    dequantize_row(GgmlType::MXFP4, q.data(), back.data(), 64);
+    for (int i = 0; i < 64; ++i) CHECK(back[size_t(i)] == x[size_t(i)]);
+}
+
 // Random, valid blocks: random bytes with every f16 scale field set to a sane value.
 std::vector<uint8_t> random_blocks(GgmlType t, int64_t n, uint32_t seed) {
     const GgmlTypeTraits& tr = ggml_type_traits(t);
@@ -250,6 +283,8 @@ std::vector<uint8_t> random_blocks(GgmlType t, int64_t n, uint32_t seed) {
     if (t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16) {
         std::vector<float> x = gaussian(size_t(n), seed);
         quantize_row(t, x.data(), b.data(), n);
+    } else if (t == GgmlType::MXFP4) {  // E8M0 exponent bytes near 2^0
+        for (int64_t i = 0; i < nb; ++i) b[size_t(i) * tr.block_bytes] = uint8_t(118 + rng() % 12);
     } else if (t == GgmlType::Q8_K) {
         for (int64_t i = 0; i < nb; ++i) {
             const float d = scale(rng);
@@ -286,7 +321,7 @@ TEST_CASE("vec_dot_row equals dequantize_row + dot for every dequantizable type"
         }
         ++checked;
     }
-    CHECK(checked == 17);
+    CHECK(checked == 18);
 }
 
 // The layout check: llama.cpp quantized these models from the same F32 weights, so each

@@ -21,7 +21,8 @@ int run(int argc, char** argv) {
         "Quantized tensors are random-but-valid blocks (codes from a discretized gaussian,\n"
         "per-block scales varying 0.5-1.5x, RMS = --weight-std), written directly without a\n"
         "quantizer; --exact quantizes float data with kvrun's quantizers instead (slower)."};
-    std::string preset = "tiny", type = "F32", output, vocab_from, draft_of, output_type;
+    std::string preset = "tiny", type = "F32", output, vocab_from, draft_of, output_type,
+                expert_type;
     kvrun::SyntheticModelConfig o;  // holds the override values
     std::optional<int64_t> n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab, n_ctx, head_dim;
     std::optional<std::string> arch;
@@ -35,23 +36,26 @@ int run(int argc, char** argv) {
                    "llama2-7b, llama3-8b, llama3.1-8b, llama-1b, qwen2.5-7b, qwen3-0.6b, "
                    "qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, phi3-mini, phi3-mini-128k, phi4, "
                    "gemma2-2b, gemma3-1b, gemma3-4b, granite3-8b, granite3-3b-a800m, smollm3-3b, "
-                   "phi4-mini or tiny")
+                   "phi4-mini, gpt-oss-20b, gpt-oss-120b or tiny")
         ->capture_default_str();
     app.add_option("--arch", arch,
                    "llama, qwen2 (Q/K/V biases), qwen3 (per-head Q/K norms), qwen3moe, phi3 "
                    "(fused QKV and gate/up), gemma, gemma2, gemma3, granite or granitemoe "
-                   "(Granite's multipliers), smollm3 (NoPE every 4th layer); default: the "
-                   "preset's");
+                   "(Granite's multipliers), smollm3 (NoPE every 4th layer), gpt-oss (biases, "
+                   "attention sinks, clamped SwiGLU experts); default: the preset's");
     app.add_option("--n-expert", n_expert,
                    "experts per layer (qwen3moe, granitemoe, llama = Mixtral)");
     app.add_option("--n-expert-used", n_expert_used, "experts per token");
     app.add_option("--n-ff-exp", n_ff_exp, "expert feed-forward width (default --n-ff)");
     app.add_option("--sliding-window", sliding_window,
-                   "gemma2/gemma3: attention.sliding_window (default 4096 / 1024)");
+                   "gemma2/gemma3/gpt-oss: attention.sliding_window (default 4096 / 1024 / 128)");
     app.add_option("-t,--type", type,
                    "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL "
-                   "IQ4_XS Q4_K_M Q5_K_M")
+                   "IQ4_XS MXFP4 Q4_K_M Q5_K_M")
         ->capture_default_str();
+    app.add_option("--expert-type", expert_type,
+                   "type of the experts' tensors (default: the preset's, else --type; "
+                   "gpt-oss presets: MXFP4)");
     app.add_option("--output-type", output_type,
                    "type of output.weight (default: the --type, "
                    "Q6_K for K-quants)");
@@ -107,6 +111,12 @@ int run(int argc, char** argv) {
         kvrun::synthetic_set_type(tmp, output_type);
         if (tmp.k_mix) throw kvrun::Error("--output-type must be a single tensor type");
         c.output_type = tmp.type;
+    }
+    if (!expert_type.empty()) {
+        kvrun::SyntheticModelConfig tmp;
+        kvrun::synthetic_set_type(tmp, expert_type);
+        if (tmp.k_mix) throw kvrun::Error("--expert-type must be a single tensor type");
+        c.expert_type = tmp.type;
     }
     if (n_layer) c.n_layer = *n_layer;
     if (n_embd) c.n_embd = *n_embd;

@@ -47,11 +47,12 @@ struct AttnParams {
     int n_head, n_kv_head, group, heads_per_cta, n_head_sub, tokens_per_cta, head_dim;
     int block_size;
     float scale;
-    float softcap;      // > 0: scores become softcap * tanh(score / softcap)
-    int64_t window;     // > 0: a token at slot s sees slots s - window + 1 .. s only
-    int64_t split_len;  // context slots per grid-z split
-    float* part_o;      // split-K partials [n_splits][n_tokens][n_head][head_dim], or null
-    float* part_ml;     // [n_splits][n_tokens][n_head][2]: running max, running sum
+    float softcap;       // > 0: scores become softcap * tanh(score / softcap)
+    int64_t window;      // > 0: a token at slot s sees slots s - window + 1 .. s only
+    const float* sinks;  // [n_head] attention sink logits (gpt-oss), or null
+    int64_t split_len;   // context slots per grid-z split
+    float* part_o;       // split-K partials [n_splits][n_tokens][n_head][head_dim], or null
+    float* part_ml;      // [n_splits][n_tokens][n_head][2]: running max, running sum
 };
 
 // Dynamic shared memory of the kernel for `rows` query rows.
@@ -59,6 +60,18 @@ inline size_t attn_smem_bytes(int rows, int head_dim) {
     return sizeof(int32_t) * 3 * kAttnTile +
            sizeof(float) * (size_t(rows) * head_dim + 2 * size_t(kAttnTile) * (head_dim + 1)) +
            sizeof(int32_t) * 2 * rows;
+}
+
+// The factor that turns a finished row's sum of exp(score - m) * v into its output, given the
+// row's largest score m and its sum l of exp(score - m): 1 / l, or 0 when the row saw no key.
+// With attention sinks (gpt-oss), head h's sink logit joins the softmax's denominator (its
+// share of the mass goes to no value): exp(m - M) / (l exp(m - M) + exp(sink - M)), M the
+// larger of m and the sink.
+__device__ __forceinline__ float attn_out_scale(float m, float l, const float* sinks, int64_t h) {
+    if (!sinks) return l > 0.0f ? 1.0f / l : 0.0f;
+    const float sink = sinks[h], mx = fmaxf(m, sink);
+    const float a = m == -INFINITY ? 0.0f : expf(m - mx);
+    return a / (l * a + expf(sink - mx));
 }
 
 // Where the 32 rows of a key tile come from: row j is row r[j] of physical block pb[j]
@@ -300,7 +313,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
                 p.part_ml[prow * 2 + 1] = l[i];
             }
         } else {
-            const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+            const float inv = attn_out_scale(m[i], l[i], p.sinks, h);
 #pragma unroll
             for (int k = 0; k < kAttnMaxDim / 32; ++k) {
                 const int d = lane + 32 * k;
@@ -318,7 +331,8 @@ namespace kvrun::cu {
 // `rows`; tokens_per_cta: 1 for decode, else as many tokens as the rows hold).
 inline AttnParams attn_params(float* out, const float* q, const KvLayerView& kv,
                               const KvBatchView& b, int64_t n_head, float scale, int rows,
-                              bool one_token_per_cta, float softcap, int64_t window) {
+                              bool one_token_per_cta, float softcap, int64_t window,
+                              const float* sinks) {
     CUDA_REQUIRE(softcap >= 0.0f && window >= 0,
                  "paged attention: soft cap and window must be >= 0");
     CUDA_REQUIRE(kv.n_kv_head > 0 && n_head > 0 && n_head % kv.n_kv_head == 0,
@@ -367,6 +381,7 @@ inline AttnParams attn_params(float* out, const float* q, const KvLayerView& kv,
     p.scale = scale;
     p.softcap = softcap;
     p.window = window;
+    p.sinks = sinks;
     p.split_len = b.max_blocks_per_seq * kv.block_size;  // whole context: no split
     p.part_o = nullptr;
     p.part_ml = nullptr;

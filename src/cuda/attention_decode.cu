@@ -72,7 +72,8 @@ int64_t split_len_for(const KvLayerView& kv) {
 __global__ void merge_splits_kernel(float* __restrict__ out, const float* __restrict__ part_o,
                                     const float* __restrict__ part_ml,
                                     const int32_t* __restrict__ token_slot, int64_t n_tokens,
-                                    int n_head, int D, int n_splits, int64_t split_len) {
+                                    int n_head, int D, int n_splits, int64_t split_len,
+                                    const float* __restrict__ sinks) {
     const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx >= n_tokens * n_head * D) return;
     const int64_t row = idx / D, t = row / n_head;
@@ -91,7 +92,7 @@ __global__ void merge_splits_kernel(float* __restrict__ out, const float* __rest
     }
     // num * (1 / den), as the unsplit kernel scales its sum: a token whose context lies in
     // one split (w = 1) then gets the same bits from either path.
-    out[idx] = den > 0.0f ? num * (1.0f / den) : 0.0f;
+    out[idx] = num * cu::attn_out_scale(mx, den, sinks, row % n_head);
 }
 
 // Where a tile's key is read from (computed by lane j for key j of the tile, shuffled to the
@@ -329,8 +330,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(cu::At
             if (d == 0) p.part_ml[prow * 2] = red_max[r], p.part_ml[prow * 2 + 1] = red_den[r];
         } else {
             // num * (1 / den), as merge_splits_kernel scales its sum.
-            const float den = red_den[r];
-            p.out[orow * D + d] = den > 0.0f ? num * (1.0f / den) : 0.0f;
+            p.out[orow * D + d] =
+                num * cu::attn_out_scale(red_max[r], red_den[r], p.sinks, head0 + r);
         }
     }
 }
@@ -395,9 +396,9 @@ void decode_dispatch(const cu::AttnParams& p, int n_splits, cudaStream_t s) {
 void cuda_paged_attention_decode(float* out, const float* q, const KvLayerView& kv,
                                  const KvBatchView& batch, int64_t n_head, float scale,
                                  CudaScratch& scratch, cudaStream_t s, float softcap,
-                                 int64_t window) {
-    cu::AttnParams p =
-        cu::attn_params(out, q, kv, batch, n_head, scale, kDecodeMaxRows, true, softcap, window);
+                                 int64_t window, const float* sinks) {
+    cu::AttnParams p = cu::attn_params(out, q, kv, batch, n_head, scale, kDecodeMaxRows, true,
+                                       softcap, window, sinks);
     if (p.n_tokens == 0) return;
     const int64_t ctx = batch.max_blocks_per_seq * kv.block_size;
     const int64_t split_len = split_len_for(kv);
@@ -416,17 +417,19 @@ void cuda_paged_attention_decode(float* out, const float* q, const KvLayerView& 
     const int64_t n_out = p.n_tokens * p.n_head * p.head_dim;
     merge_splits_kernel<<<unsigned(cu::ceil_div(n_out, 256)), 256, 0, s>>>(
         out, p.part_o, p.part_ml, batch.token_slot, p.n_tokens, p.n_head, p.head_dim, int(n_splits),
-        p.split_len);
+        p.split_len, sinks);
     CUDA_CHECK_LAUNCH();
 }
 
 void cuda_paged_attention(float* out, const float* q, const KvLayerView& kv,
                           const KvBatchView& batch, int64_t n_head, float scale,
-                          CudaScratch& scratch, cudaStream_t s, float softcap, int64_t window) {
+                          CudaScratch& scratch, cudaStream_t s, float softcap, int64_t window,
+                          const float* sinks) {
     if (batch.n_tokens <= kMaxDecodeTokens)
-        cuda_paged_attention_decode(out, q, kv, batch, n_head, scale, scratch, s, softcap, window);
+        cuda_paged_attention_decode(out, q, kv, batch, n_head, scale, scratch, s, softcap, window,
+                                    sinks);
     else
-        cuda_paged_attention_prefill(out, q, kv, batch, n_head, scale, s, softcap, window);
+        cuda_paged_attention_prefill(out, q, kv, batch, n_head, scale, s, softcap, window, sinks);
 }
 
 }  // namespace kvrun

@@ -157,10 +157,14 @@ void CudaBackend::enqueue_moe_ffn(const DeviceLayer& w, int64_t T) {
     const int64_t K = c.n_expert_used;
     const MoeExperts& ex = w.experts;
     cuda_matmul(moe_logits_, xb_, w.router, T, scratch_, s);
+    if (w.router_b) cuda_add_bias(moe_logits_, w.router_b, T, c.n_expert, s);
     cuda_moe_topk(moe_logits_, T, c.n_expert, K, moe_ids_, moe_w_, s);
     if (T > kGraphMaxTokens) {  // prefill: tokens grouped by expert (syncs the stream)
         cuda_moe_ffn_grouped(xb_, xb_, moe_ids_, moe_w_, T, K, c.n_expert, ex,
                              {moe_out_, moe_h_, moe_up_, moe_map_}, scratch_, s);
+    } else if (ex.gate_b) {  // decode, biased experts (gpt-oss)
+        cuda_moe_experts_biased(moe_out_, moe_h_, moe_up_, xb_, moe_ids_, T * K, int(K), ex, s);
+        cuda_moe_combine(xb_, moe_out_, moe_w_, T, K, c.n_embd, s);
     } else {  // decode: expert GEMVs by device-side ids (capturable)
         cuda_gemv_experts_swiglu(moe_h_, xb_, ex.gate0, ex.up0, ex.expert_bytes, moe_ids_, T * K,
                                  int(K), s);
@@ -242,10 +246,11 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
             cuda_rope_kv_write(q_, k_, v_, d_pos_, kv, kb, c.n_head, rope, s);
         }
         cuda_paged_attention(att_, q_, kv, kb, c.n_head, c.attn_scale, scratch_, s, c.attn_softcap,
-                             c.window(l));
+                             c.window(l), w.sinks);
         observe({&w.wo}, att_, T);
         cuda_matmul(xb_, att_, w.wo, T, scratch_, s);
         add_lora(xb_, att_, w.lora[kLoraO], T);
+        if (w.bo) cuda_add_bias(xb_, w.bo, T, c.n_embd, s);
         if (w.attn_post_norm)  // gemma2/3: the block's output normed before the residual add
             cuda_rmsnorm(xb_, xb_, w.attn_post_norm, T, c.n_embd, c.norm_eps, s);
         if (c.residual_scale != 1.0f) cuda_scale(xb_, T * c.n_embd, c.residual_scale, s);

@@ -100,7 +100,10 @@ struct DeviceLayer {
     const float *bq = nullptr, *bk = nullptr, *bv = nullptr;  // [q_dim], [kv_dim] x2 or null
     const float *q_norm = nullptr, *k_norm = nullptr;         // [head_dim] each (qwen3) or null
     const float *attn_post_norm = nullptr, *ffn_post_norm = nullptr;  // [n_embd] (gemma2/3)
-    WeightView wq, wk, wv, wo, w_gate, w_up, w_down;                  // data in device memory
+    const float* bo = nullptr;        // [n_embd] attention output bias (gpt-oss) or null
+    const float* sinks = nullptr;     // [n_head] attention sinks (gpt-oss) or null
+    const float* router_b = nullptr;  // [n_expert] router bias (gpt-oss) or null
+    WeightView wq, wk, wv, wo, w_gate, w_up, w_down;  // data in device memory
     // Mixture of experts: the router and the stacked experts.
     WeightView router;
     MoeExperts experts;

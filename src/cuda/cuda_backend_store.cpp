@@ -67,7 +67,7 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         config_.rope_freq_factors.empty() ? SIZE_MAX : add_vector(config_.rope_freq_factors);
     struct LayerItems {
         size_t attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm, attn_post, ffn_post, router, gate_e,
-            up_e, down_e, wq, wk, wv, wo, gate, up, down;
+            up_e, down_e, wq, wk, wv, wo, gate, up, down, bo, sinks, router_b, gate_b, up_b, down_b;
     };
     std::vector<LayerItems> li(hw.layers.size());
     for (size_t l = 0; l < hw.layers.size(); ++l) {
@@ -82,7 +82,14 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         it.q_norm = w.q_norm.empty() ? SIZE_MAX : add_vector(w.q_norm);
         it.k_norm = w.k_norm.empty() ? SIZE_MAX : add_vector(w.k_norm);
         it.attn_post = w.attn_post_norm.empty() ? SIZE_MAX : add_vector(w.attn_post_norm);
+
         it.ffn_post = w.ffn_post_norm.empty() ? SIZE_MAX : add_vector(w.ffn_post_norm);
+        auto optional = [&](const std::vector<float>& v) {
+            return v.empty() ? SIZE_MAX : add_vector(v);
+        };
+        it.bo = optional(w.bo), it.sinks = optional(w.sinks), it.router_b = optional(w.router_b);
+        it.gate_b = optional(w.gate_exps_b), it.up_b = optional(w.up_exps_b);
+        it.down_b = optional(w.down_exps_b);
         it.wq = add_matrix(w.wq, p + "attn_q.weight");
         it.wk = add_matrix(w.wk, p + "attn_k.weight");
         it.wv = add_matrix(w.wv, p + "attn_v.weight");
@@ -137,6 +144,8 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         d.k_norm = vec(it.k_norm);
         d.attn_post_norm = vec(it.attn_post);
         d.ffn_post_norm = vec(it.ffn_post);
+        d.bo = vec(it.bo);
+        d.sinks = vec(it.sinks);
         d.wq = on_device(w.wq, it.wq);
         d.wk = on_device(w.wk, it.wk);
         d.wv = on_device(w.wv, it.wv);
@@ -148,6 +157,12 @@ void CudaBackend::upload_weights(const GgufFile& file) {
             d.experts.down0 = on_device(w.down_exps[0], it.down_e);
             d.experts.expert_bytes = w.gate_exps[0].row_bytes * size_t(w.gate_exps[0].n_out);
             d.experts.down_bytes = w.down_exps[0].row_bytes * size_t(w.down_exps[0].n_out);
+            d.router_b = vec(it.router_b);
+            d.experts.gate_b = vec(it.gate_b);
+            d.experts.up_b = vec(it.up_b);
+            d.experts.down_b = vec(it.down_b);
+            d.experts.swiglu_oai = config_.swiglu_oai;
+            d.experts.alpha = config_.swiglu_alpha, d.experts.limit = config_.swiglu_limit;
             continue;
         }
         d.w_gate = on_device(w.w_gate, it.gate);

@@ -67,6 +67,14 @@ __device__ __forceinline__ float iq4_value(uint32_t q) {
     return float(int8_t(b & 0xffu));
 }
 
+// MXFP4's doubled E2M1 value of code q (quant_detail::kMxfp4Values), by byte selection like
+// iq4_value: 0 1 2 3 4 6 8 12 0 -1 -2 -3 -4 -6 -8 -12.
+__device__ __forceinline__ float mxfp4_value(uint32_t q) {
+    constexpr uint32_t k0 = 0x03020100u, k1 = 0x0c080604u, k2 = 0xfdfeff00u, k3 = 0xf4f8fafcu;
+    const uint32_t b = q < 8 ? __byte_perm(k0, k1, q) : __byte_perm(k2, k3, q - 8);
+    return float(int8_t(b & 0xffu));
+}
+
 // ---- float types ---------------------------------------------------------------------------
 
 struct LoadF32x8 {
@@ -386,6 +394,23 @@ struct LoadIQ4_XS {
 
 using LoadIQ4_NL = LoadQ4_0<true>;
 
+// MXFP4 [u8 e][16 B nibbles], 17 B (byte aligned): x = 2^(e - 128) * mxfp4_value(q), nibbles
+// laid out like Q4_0.
+struct LoadMXFP4 {
+    static constexpr int kItem = 32;
+    __device__ static void load(const uint8_t* row, int64_t it, float* v) {
+        const uint8_t* b = row + it * 17;
+        const uint32_t e = b[0];
+        const float d = __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const uint32_t q = b[1 + j];
+            v[j] = d * mxfp4_value(q & 0xf);
+            v[j + 16] = d * mxfp4_value(q >> 4);
+        }
+    }
+};
+
 template <class L>
 struct LoaderTag {
     using type = L;
@@ -442,6 +467,9 @@ bool with_loader(GgmlType t, bool vec, F&& f) {
         case GgmlType::IQ4_XS:
             f(LoaderTag<LoadIQ4_XS>{});
             return true;
+        case GgmlType::MXFP4:
+            f(LoaderTag<LoadMXFP4>{});
+            return true;
         default:
             return false;
     }
@@ -460,6 +488,7 @@ inline int64_t weight_block_elems(GgmlType t) {
         case GgmlType::Q5_1:
         case GgmlType::Q8_0:
         case GgmlType::IQ4_NL:
+        case GgmlType::MXFP4:
             return 32;
         case GgmlType::Q2_K:
         case GgmlType::Q3_K:

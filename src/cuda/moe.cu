@@ -88,6 +88,22 @@ void cuda_moe_combine(float* out, const float* rows, const float* weights, int64
     CUDA_CHECK_LAUNCH();
 }
 
+void cuda_moe_experts_biased(float* out, float* h, float* up, const float* x, const int32_t* ids,
+                             int64_t n_jobs, int x_div, const MoeExperts& ex, cudaStream_t s) {
+    CUDA_REQUIRE(ex.gate_b && ex.up_b && ex.down_b, "cuda_moe_experts_biased: missing biases");
+    const int64_t D = ex.gate0.n_in, F = ex.gate0.n_out;
+    cuda_gemv_experts(h, x, ex.gate0, ex.expert_bytes, ids, n_jobs, x_div, s);
+    cuda_gemv_experts(up, x, ex.up0, ex.expert_bytes, ids, n_jobs, x_div, s);
+    cuda_add_bias_rows(h, ex.gate_b, ids, n_jobs, F, s);
+    cuda_add_bias_rows(up, ex.up_b, ids, n_jobs, F, s);
+    if (ex.swiglu_oai)
+        cuda_swiglu_oai(h, h, up, n_jobs * F, ex.alpha, ex.limit, s);
+    else
+        cuda_swiglu(h, h, up, n_jobs * F, s);
+    cuda_gemv_experts(out, h, ex.down0, ex.down_bytes, ids, n_jobs, 1, s);
+    cuda_add_bias_rows(out, ex.down_b, ids, n_jobs, D, s);
+}
+
 void cuda_moe_ffn_grouped(float* out, const float* x, const int32_t* ids, const float* weights,
                           int64_t n_tokens, int64_t k, int64_t n_expert, const MoeExperts& ex,
                           const MoeGroupedBuffers& buf, CudaScratch& scratch, cudaStream_t s) {
@@ -131,11 +147,24 @@ void cuda_moe_ffn_grouped(float* out, const float* x, const int32_t* ids, const 
         };
         float* xs = buf.xs + i0 * D;
         float* h = buf.h + i0 * F;
-        cuda_matmul_swiglu(h, buf.up + i0 * F, xs, expert(ex.gate0, ex.expert_bytes),
-                           expert(ex.up0, ex.expert_bytes), n, scratch, s);
-        // The expert's outputs replace its inputs (their last reader, the line above, runs
+        float* up = buf.up + i0 * F;
+        if (ex.gate_b) {  // gpt-oss: biases between the products and the clamped activation
+            cuda_matmul(h, xs, expert(ex.gate0, ex.expert_bytes), n, scratch, s);
+            cuda_matmul(up, xs, expert(ex.up0, ex.expert_bytes), n, scratch, s);
+            cuda_add_bias(h, ex.gate_b + e * F, n, F, s);
+            cuda_add_bias(up, ex.up_b + e * F, n, F, s);
+            if (ex.swiglu_oai)
+                cuda_swiglu_oai(h, h, up, n * F, ex.alpha, ex.limit, s);
+            else
+                cuda_swiglu(h, h, up, n * F, s);
+        } else {
+            cuda_matmul_swiglu(h, up, xs, expert(ex.gate0, ex.expert_bytes),
+                               expert(ex.up0, ex.expert_bytes), n, scratch, s);
+        }
+        // The expert's outputs replace its inputs (their last reader, the lines above, run
         // first on the stream).
         cuda_matmul(xs, h, expert(ex.down0, ex.down_bytes), n, scratch, s);
+        if (ex.down_b) cuda_add_bias(xs, ex.down_b + e * D, n, D, s);
     }
     cuda_moe_combine(out, buf.xs, weights, n_tokens, k, D, s, buf.map + n_jobs);
 }

@@ -94,6 +94,16 @@ __global__ void swiglu_kernel(float* out, const float* gate, const float* up, in
     out[i] = cu::silu_mul(gate[i], up[i]);
 }
 
+// cpu::swiglu_oai's arithmetic: x = min(gate, limit), y = clamp(up, -limit, limit),
+// x / (1 + exp(-alpha x)) * (y + 1). out may alias gate or up.
+__global__ void swiglu_oai_kernel(float* out, const float* gate, const float* up, int64_t n,
+                                  float alpha, float limit) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float x = fminf(gate[i], limit), y = fminf(fmaxf(up[i], -limit), limit);
+    out[i] = x / (1.0f + expf(-alpha * x)) * (y + 1.0f);
+}
+
 __global__ void geglu_kernel(float* out, const float* gate, const float* up, int64_t n) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -129,6 +139,13 @@ __global__ void add_bias_kernel(float* __restrict__ x, const float* __restrict__
                                 int64_t n_rows, int64_t n) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n_rows * n) x[i] += bias[i % n];
+}
+
+// x: [n_rows][n] += bias[ids[r]][n] for row r (expert biases by the router's choice).
+__global__ void add_bias_rows_kernel(float* __restrict__ x, const float* __restrict__ bias,
+                                     const int32_t* __restrict__ ids, int64_t n_rows, int64_t n) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n_rows * n) x[i] += bias[int64_t(ids[i / n]) * n + i % n];
 }
 
 // out[r][:] = x[rows[r]][:]; out: [n_rows][dim], one thread per element.
@@ -220,6 +237,13 @@ void cuda_swiglu(float* out, const float* gate, const float* up, int64_t n, cuda
     CUDA_CHECK_LAUNCH();
 }
 
+void cuda_swiglu_oai(float* out, const float* gate, const float* up, int64_t n, float alpha,
+                     float limit, cudaStream_t s) {
+    if (n <= 0) return;
+    swiglu_oai_kernel<<<elt_blocks(n), kEltThreads, 0, s>>>(out, gate, up, n, alpha, limit);
+    CUDA_CHECK_LAUNCH();
+}
+
 void cuda_geglu(float* out, const float* gate, const float* up, int64_t n, cudaStream_t s) {
     if (n <= 0) return;
     geglu_kernel<<<elt_blocks(n), kEltThreads, 0, s>>>(out, gate, up, n);
@@ -256,6 +280,13 @@ void cuda_add(float* x, const float* y, int64_t n, cudaStream_t s) {
 void cuda_add_bias(float* x, const float* bias, int64_t n_rows, int64_t n, cudaStream_t s) {
     if (n_rows <= 0 || n <= 0) return;
     add_bias_kernel<<<elt_blocks(n_rows * n), kEltThreads, 0, s>>>(x, bias, n_rows, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_add_bias_rows(float* x, const float* bias, const int32_t* ids, int64_t n_rows, int64_t n,
+                        cudaStream_t s) {
+    if (n_rows <= 0 || n <= 0) return;
+    add_bias_rows_kernel<<<elt_blocks(n_rows * n), kEltThreads, 0, s>>>(x, bias, ids, n_rows, n);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -51,12 +51,18 @@ void cuda_add_rmsnorm(float* x, const float* y, float* out, const float* w, int6
                       int64_t dim, float eps, cudaStream_t s);
 // Adds bias[n] to every row of x: [n_rows][n]
 void cuda_add_bias(float* x, const float* bias, int64_t n_rows, int64_t n, cudaStream_t s);
+// Adds row ids[r] of bias ([*][n]) to row r of x ([n_rows][n]); ids: device (experts' biases).
+void cuda_add_bias_rows(float* x, const float* bias, const int32_t* ids, int64_t n_rows, int64_t n,
+                        cudaStream_t s);
 // RoPE in place on x: [n_tokens][n_heads][head_dim]; pos: [n_tokens] and p.freq_factors
 // (device). See cpu::rope.
 void cuda_rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                const RopeParams& p, cudaStream_t s);
 // out[i] = silu(gate[i]) * up[i], n elements.
 void cuda_swiglu(float* out, const float* gate, const float* up, int64_t n, cudaStream_t s);
+// cpu::swiglu_oai on the device (gpt-oss's clamped SwiGLU).
+void cuda_swiglu_oai(float* out, const float* gate, const float* up, int64_t n, float alpha,
+                     float limit, cudaStream_t s);
 // cpu::geglu, cpu::softcap (cap > 0) and cpu::scale on the device.
 void cuda_geglu(float* out, const float* gate, const float* up, int64_t n, cudaStream_t s);
 void cuda_softcap(float* x, int64_t n, float cap, cudaStream_t s);
@@ -131,7 +137,17 @@ void cuda_moe_combine(float* out, const float* rows, const float* weights, int64
 struct MoeExperts {
     WeightView gate0, up0, down0;  // [F][D], [F][D], [D][F]
     size_t expert_bytes = 0, down_bytes = 0;
+    // gpt-oss: every expert's biases (device: [n_expert][F], [n_expert][F], [n_expert][D], or
+    // all null) and the clamped SwiGLU (cuda_swiglu_oai with alpha, limit) instead of SiLU's.
+    const float *gate_b = nullptr, *up_b = nullptr, *down_b = nullptr;
+    bool swiglu_oai = false;
+    float alpha = 1.702f, limit = 7.0f;
 };
+// Decode-sized batches of biased experts (ex.gate_b set): out row j ([n_jobs][D]) = expert
+// ids[j]'s down(act(gate x + gate_b, up x + up_b)) + down_b for x row j / x_div, by
+// expert-indexed GEMVs and id-indexed bias adds (capturable). h and up: [n_jobs][F].
+void cuda_moe_experts_biased(float* out, float* h, float* up, const float* x, const int32_t* ids,
+                             int64_t n_jobs, int x_div, const MoeExperts& ex, cudaStream_t s);
 // Device working memory of cuda_moe_ffn_grouped for n_jobs = n_tokens * k.
 struct MoeGroupedBuffers {
     float* xs = nullptr;     // [n_jobs][D]
@@ -141,9 +157,10 @@ struct MoeGroupedBuffers {
 };
 // The experts' SwiGLU feed-forward for prefill-sized batches, with the router's choice ids /
 // weights from cuda_moe_topk: out[t] = sum over j of weights[t][j] * down_e(silu(gate_e x[t])
-// * up_e x[t]), e = ids[t][j]. The tokens are grouped by expert on the host, so each expert
-// runs one cuda_matmul_swiglu and one cuda_matmul over its tokens: its weights are read once
-// (fused GEMV, same bits as the expert-indexed GEMVs, up to kCudaGemvMaxRows tokens) or
+// * up_e x[t]), e = ids[t][j] (biased experts: cuda_moe_experts_biased's expert outputs, from
+// separate products, bias adds and activation). The tokens are grouped by expert on the host, so
+// each expert runs one cuda_matmul_swiglu and one cuda_matmul over its tokens: its weights are read
+// once (fused GEMV, same bits as the expert-indexed GEMVs, up to kCudaGemvMaxRows tokens) or
 // dequantized once for a tensor-core GEMM (more tokens) instead of once per token.
 // out may equal x. Synchronizes the stream (the ids are read on the host): not capturable.
 void cuda_moe_ffn_grouped(float* out, const float* x, const int32_t* ids, const float* weights,
@@ -185,18 +202,20 @@ void cuda_hadamard(float* x, int64_t n_rows, int64_t n, cudaStream_t s);
 // head_dim <= 256, any block_size >= 1. Few tokens: one thread block per (token, KV head,
 // context split) with split-K merge; many tokens: flash-style query tiles. softcap > 0 and
 // window > 0 as in cpu::paged_attention (Gemma); the kernels skip tiles before the window.
+// sinks (device, [n_head], or null): gpt-oss's attention sinks, as in cpu::paged_attention.
 void cuda_paged_attention(float* out, const float* q, const KvLayerView& kv,
                           const KvBatchView& batch, int64_t n_head, float scale,
                           CudaScratch& scratch, cudaStream_t s, float softcap = 0.0f,
-                          int64_t window = 0);
+                          int64_t window = 0, const float* sinks = nullptr);
 // The two kernels, callable directly (tests): both accept any batch.
 void cuda_paged_attention_decode(float* out, const float* q, const KvLayerView& kv,
                                  const KvBatchView& batch, int64_t n_head, float scale,
                                  CudaScratch& scratch, cudaStream_t s, float softcap = 0.0f,
-                                 int64_t window = 0);
+                                 int64_t window = 0, const float* sinks = nullptr);
 void cuda_paged_attention_prefill(float* out, const float* q, const KvLayerView& kv,
                                   const KvBatchView& batch, int64_t n_head, float scale,
-                                  cudaStream_t s, float softcap = 0.0f, int64_t window = 0);
+                                  cudaStream_t s, float softcap = 0.0f, int64_t window = 0,
+                                  const float* sinks = nullptr);
 
 // ---- sampling (sampling.cu) ---------------------------------------------------------------
 

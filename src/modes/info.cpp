@@ -32,7 +32,7 @@ struct Hyper {
     int64_t head_dim = 0, n_rot = 0, n_vocab = 0;
     double rope_base = 10000, norm_eps = 0;
     std::string rope_scaling;  // e.g. "none", "linear x4", "yarn x4 from 8192", "+ rope_freqs"
-    std::string attention;     // sliding window and soft caps (Gemma), or empty
+    std::string attention;     // sliding window, soft caps (Gemma), sinks (gpt-oss), or empty
     int64_t n_swa = 0, n_swa_layers = 0;  // the window and how many layers use it
     std::string multipliers;              // Granite's scales, or empty
     std::string experts;                  // mixture of experts, or empty
@@ -83,6 +83,13 @@ Hyper read_hyper(const GgufFile& f) {
             h.attention += fmt::format(", soft caps {:g} (scores) {:g} (logits)",
                                        f.get_float_or(a + "attn_logit_softcapping", 50.0),
                                        f.get_float_or(a + "final_logit_softcapping", 30.0));
+    }
+    if (h.arch == "gpt-oss") {
+        h.n_swa = f.get_int_or(a + "attention.sliding_window", 0);
+        h.n_swa_layers = (h.n_layer + 1) / 2;
+        h.attention = fmt::format(
+            "sliding window {} tokens on every other layer, a learned sink per head", h.n_swa);
+        h.experts += ", biases, clamped SwiGLU";
     }
     if (h.arch == "granite" || h.arch == "granitemoe")
         h.multipliers = fmt::format(
