@@ -320,7 +320,11 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
     turn.n_generated = static_cast<int32_t>(reply_tokens.size());
     turn.stop = result.stop;
     const size_t lead = reply.find_first_not_of(" \t\r\n");
-    history_.push_back({"assistant", lead == std::string::npos ? "" : reply.substr(lead)});
+    // A harmony reply (gpt-oss) goes into the conversation as its answer alone: its template
+    // writes earlier turns without their reasoning and refuses channel tags in a content.
+    history_.push_back({"assistant", harmony_reply(reply) ? reasoning_split(reply, false).content
+                                     : lead == std::string::npos ? ""
+                                                                 : reply.substr(lead)});
     reply_open_ = true;
     last_ = turn;
     if (turn.n_overflows > 0)

@@ -10,6 +10,39 @@ namespace kvrun {
 namespace {
 
 constexpr std::string_view kOpen = "<think>", kClose = "</think>";
+// Harmony's tags (gpt-oss).
+constexpr std::string_view kStart = "<|start|>", kChannel = "<|channel|>", kMessage = "<|message|>",
+                           kConstrain = "<|constrain|>";
+const std::vector<std::string> kHarmonyEnds = {"<|end|>", "<|start|>", "<|call|>", "<|return|>"};
+
+// The value after `key` in a message header ("to=functions.f <|constrain|>json"): up to white
+// space or a tag.
+std::string header_value(std::string_view header, std::string_view key) {
+    const size_t at = header.find(key);
+    if (at == std::string_view::npos) return {};
+    const std::string_view rest = header.substr(at + key.size());
+    return std::string(rest.substr(0, rest.find_first_of(" \t\n<")));
+}
+
+// Harmony's split of a reply (harmony_reply): the analysis text is the reasoning, the final
+// and the commentary text without a recipient the answer; while streaming, an open message's
+// text less what may become its end tag.
+ReasoningSplit harmony_split(std::string_view reply, bool streaming) {
+    ReasoningSplit out;
+    for (HarmonyMessage& m : harmony_messages(reply)) {
+        std::string_view text = m.text;
+        if (!m.closed && streaming)
+            text = text.substr(0, text.size() - stop_string_holdback(text, kHarmonyEnds));
+        text = trim_space_right(trim_space_left(text));
+        std::string* part = m.channel == "analysis" ? &out.reasoning
+                            : m.recipient.empty()   ? &out.content
+                                                    : nullptr;
+        if (!part || text.empty()) continue;
+        if (!part->empty()) *part += "\n\n";
+        *part += text;
+    }
+    return out;
+}
 
 // s without an end that may still grow into `tag` (stop_string_holdback).
 std::string_view hold_back(std::string_view s, std::string_view tag) {
@@ -28,7 +61,12 @@ size_t reasoning_start(std::string_view reply, bool opened, bool& undecided) {
 }
 
 ReasoningSplit split(std::string_view reply, bool opened, bool streaming) {
+    if (harmony_reply(reply)) return harmony_split(reply, streaming);
     ReasoningSplit out;
+    const std::string_view head = trim_space_left(reply);
+    if (streaming && !head.empty() && !opened &&
+        (kChannel.starts_with(head) || kStart.starts_with(head)))
+        return out;  // may yet become a harmony tag
     bool undecided = false;
     const size_t start = reasoning_start(reply, opened, undecided);
     if (undecided && streaming) return out;
@@ -51,7 +89,51 @@ ReasoningSplit split(std::string_view reply, bool opened, bool streaming) {
 }  // namespace
 
 bool chat_template_thinks(ChatTemplateKind kind, std::string_view source) {
-    return kind == ChatTemplateKind::DeepSeek3 || source.find(kOpen) != std::string_view::npos;
+    return kind == ChatTemplateKind::DeepSeek3 || source.find(kOpen) != std::string_view::npos ||
+           source.find("<|channel|>analysis") != std::string_view::npos;
+}
+
+bool harmony_reply(std::string_view reply) {
+    const std::string_view s = trim_space_left(reply);
+    // (After the prompt's "<|start|>assistant" a reply may begin with its recipient.)
+    return s.starts_with(kChannel) || s.starts_with(kStart) ||
+           (reply.starts_with(" to=") && s.find(kMessage) != std::string_view::npos);
+}
+
+std::vector<HarmonyMessage> harmony_messages(std::string_view reply) {
+    std::vector<HarmonyMessage> out;
+    size_t pos = 0;
+    while (pos < reply.size()) {
+        // The header runs to <|message|>: "<|start|>assistant to=X<|channel|>commentary json"
+        // or "<|channel|>commentary to=X <|constrain|>json" (the role part may be absent).
+        const size_t body = reply.find(kMessage, pos);
+        if (body == std::string_view::npos) break;  // a header still being written
+        const std::string_view header = reply.substr(pos, body - pos);
+        HarmonyMessage m;
+        m.channel = header_value(header, kChannel);
+        m.recipient = header_value(header, "to=");
+        m.content_type = header_value(header, kConstrain);
+        if (m.content_type.empty() && !m.channel.empty()) {  // "commentary json"
+            const std::string_view after = header.substr(header.find(kChannel) + kChannel.size());
+            const size_t sp = after.find_last_of(' ');
+            if (sp != std::string_view::npos &&
+                after.substr(sp + 1).find('=') == std::string_view::npos)
+                m.content_type = std::string(after.substr(sp + 1));
+        }
+        // The text runs to the first end tag (or the next message's start).
+        const size_t from = body + kMessage.size();
+        size_t end = std::string_view::npos, tag = 0;
+        for (const std::string& t : kHarmonyEnds)
+            if (const size_t at = reply.find(t, from); at < end) end = at, tag = t.size();
+        const bool closed = end != std::string_view::npos;
+        m.closed = closed;
+        m.text = std::string(reply.substr(from, closed ? end - from : std::string_view::npos));
+        out.push_back(std::move(m));
+        if (!closed) break;
+        // "<|start|>" begins the next message's header; the other tags end this one.
+        pos = reply.substr(end, kStart.size()) == kStart ? end : end + tag;
+    }
+    return out;
 }
 
 bool prompt_opens_reasoning(std::string_view prompt) {

@@ -4,10 +4,19 @@
 // holds the reasoning and "content" only the answer (streams send "reasoning_content" deltas
 // first). A chat template may open the block itself (its generation prompt ends with
 // "<think>\n"): the reply then starts inside it.
+//
+// gpt-oss writes OpenAI's harmony format instead: a reply is a sequence of messages, each
+// "<|channel|>NAME[ to=RECIPIENT][ <|constrain|>TYPE]<|message|>TEXT" ended by "<|end|>" (the
+// next one starting "<|start|>assistant"), and the last ended by the end of generation
+// (<|return|>, <|call|>). Channel "analysis" is the reasoning, "final" the answer, and
+// "commentary" either text for the user or, with a recipient "functions.NAME", a tool call
+// whose text is its arguments. reasoning_split and reasoning_stream read a reply that starts
+// with "<|channel|>" or "<|start|>" this way.
 #pragma once
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "chat_template.h"
 
@@ -15,11 +24,28 @@ namespace kvrun {
 
 // Whether a chat format writes reasoning blocks: the built-in DeepSeek3 format, or a template
 // (`source`: the Jinja template that renders the chats, or the model's own template that a
-// built-in format stands in for, as ChatML does for Qwen 3) that mentions "<think>".
+// built-in format stands in for, as ChatML does for Qwen 3) that mentions "<think>" or
+// harmony's "<|channel|>analysis".
 bool chat_template_thinks(ChatTemplateKind kind, std::string_view source);
 
 // Whether a prompt leaves a reasoning block open (ends with "<think>" and white space).
 bool prompt_opens_reasoning(std::string_view prompt);
+
+// One harmony message of a reply: its channel ("analysis", "final", "commentary"), recipient
+// ("functions.get_weather", or empty), content type ("json", or empty) and text; `closed`:
+// its end tag (or the next message) follows, so the text is whole.
+struct HarmonyMessage {
+    std::string channel, recipient, content_type, text;
+    bool closed = false;
+};
+// Whether a reply is in the harmony format: it starts with "<|channel|>" or "<|start|>" after
+// white space, or with " to=" (a recipient right after the prompt's "<|start|>assistant") and
+// holds "<|message|>".
+bool harmony_reply(std::string_view reply);
+// The reply's messages in order; a message whose header is not whole yet is left out.
+// Harmony's reasoning is the analysis messages' text, its answer the final and the
+// commentary messages' without a recipient (joined by blank lines).
+std::vector<HarmonyMessage> harmony_messages(std::string_view reply);
 
 // A reply split into its reasoning and its answer. `opened`: the prompt opened the block.
 // Without it, a reply whose first non-blank text is "<think>" starts one; any other reply

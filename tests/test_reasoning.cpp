@@ -61,6 +61,61 @@ TEST_CASE("reasoning: replies split into reasoning and answer") {
     CHECK(chat_template_thinks(ChatTemplateKind::ChatML, "{{ '<think>' }}"));
 }
 
+TEST_CASE("reasoning: gpt-oss's harmony replies, by channel") {
+    const struct {
+        const char* reply;
+        const char* reasoning;
+        const char* content;
+    } cases[] = {
+        {"<|channel|>analysis<|message|>Add 2 and 3.<|end|><|start|>assistant<|channel|>final"
+         "<|message|>It is 5.",
+         "Add 2 and 3.", "It is 5."},
+        {"<|channel|>final<|message|>Just this.", "", "Just this."},
+        {"<|channel|>analysis<|message|>Cut short", "Cut short", ""},
+        // A call is neither reasoning nor answer; a commentary preamble is for the user.
+        {"<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>"
+         "commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>commentary "
+         "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}",
+         "Need the weather.", "Checking."},
+        {"<|start|>assistant<|channel|>final<|message|>Hi", "", "Hi"},
+    };
+    for (const auto& c : cases) {
+        CAPTURE(c.reply);
+        const std::string reply = c.reply;
+        CHECK(harmony_reply(reply));
+        const ReasoningSplit r = reasoning_split(reply, false);
+        CHECK(r.reasoning == c.reasoning);
+        CHECK(r.content == c.content);
+        size_t shown_r = 0, shown_c = 0;  // streamed: prefixes that never take back
+        for (size_t n = 0; n <= reply.size(); ++n) {
+            const ReasoningSplit st = reasoning_stream(reply.substr(0, n), false);
+            CHECK(r.reasoning.compare(0, st.reasoning.size(), st.reasoning) == 0);
+            CHECK(r.content.compare(0, st.content.size(), st.content) == 0);
+            CHECK(st.reasoning.size() >= shown_r);
+            CHECK(st.content.size() >= shown_c);
+            shown_r = st.reasoning.size(), shown_c = st.content.size();
+        }
+    }
+    // Headers: channel, recipient (in the channel's part or the role's), content type.
+    const std::vector<HarmonyMessage> m = harmony_messages(
+        "<|channel|>commentary to=functions.add <|constrain|>json<|message|>{}<|end|>"
+        "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"a\""
+        ":1}");
+    REQUIRE(m.size() == 2);
+    CHECK(m[0].channel == "commentary");
+    CHECK(m[0].recipient == "functions.add");
+    CHECK(m[0].content_type == "json");
+    CHECK(m[0].closed);
+    CHECK(m[1].recipient == "functions.get_weather");
+    CHECK(m[1].content_type == "json");
+    CHECK(m[1].text == "{\"a\":1}");
+    CHECK_FALSE(m[1].closed);
+    CHECK(harmony_messages("<|channel|>analysis<|mess").empty());  // header not whole yet
+    CHECK_FALSE(harmony_reply("Plain <|channel|> text"));
+    CHECK(reasoning_split("Plain <|channel|> text", false).content == "Plain <|channel|> text");
+    CHECK(chat_template_thinks(ChatTemplateKind::Plain, "x<|channel|>analysis<|message|>y"));
+}
+
 TEST_CASE("reasoning styler: the reasoning marked apart, then the answer, however it streams") {
     const struct {
         std::string reply;

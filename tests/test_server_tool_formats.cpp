@@ -44,6 +44,8 @@ TEST_CASE("tool formats: detected from the template's own syntax") {
     CHECK(tool_format_detect(kQwen3Coder) == ToolFormat::Qwen3Coder);
     CHECK(std::string(tool_format_name(ToolFormat::Qwen3Coder)) == "qwen3-coder");
     CHECK(tool_format_detect(kDeepSeekR1) == ToolFormat::DeepSeekR1);
+    CHECK(tool_format_detect(kHarmony) == ToolFormat::Harmony);
+    CHECK(std::string(tool_format_name(ToolFormat::Harmony)) == "gpt-oss");
     CHECK(std::string(tool_format_name(ToolFormat::DeepSeekR1)) == "deepseek-r1");
     CHECK(tool_format_detect("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}") ==
           ToolFormat::Generic);
@@ -398,6 +400,58 @@ TEST_CASE("tool formats: each grammar admits exactly calls of listed tools in it
     auto g_add = grammar(t);
     CHECK(grammar_accepts(*g_add, block(add)));
     CHECK_FALSE(grammar_accepts(*g_add, block(weather)));
+}
+
+TEST_CASE("tool formats: gpt-oss's harmony calls, grammar and read back") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    GgufFile file = GgufFile::open(path);
+    auto tok = Tokenizer::from_gguf(file);
+    // Required: the reasoning may come first, then a commentary message to a listed function
+    // with arguments its schema admits; the recipient may sit in the role's part instead.
+    const ToolGrammar req = chat_tools_grammar(tools_for(ToolFormat::Harmony, "required"), *tok);
+    CHECK(req.triggers.empty());
+    auto g = Grammar::parse(req.gbnf);
+    auto admits = [&](const std::string& text) { return grammar_accepts(*g, text); };
+    CHECK(
+        admits("<|channel|>commentary to=functions.add <|constrain|>json<|message|>"
+               R"({"a": 1, "b": 2})"));
+    CHECK(admits(
+        "<|channel|>analysis<|message|>Sum <them>.<|end|><|start|>assistant"
+        R"(<|channel|>commentary to=functions.get_weather<|message|>{"city": "Oslo", "unit": "celsius"})"));
+    CHECK(admits(R"( to=functions.add<|channel|>commentary json<|message|>{"a": 1, "b": 2})"));
+    CHECK_FALSE(admits(R"(<|channel|>commentary to=functions.mul<|message|>{"a": 1, "b": 2})"));
+    CHECK_FALSE(admits(R"(<|channel|>commentary to=functions.add<|message|>{"a": "x"})"));
+    CHECK_FALSE(admits("<|channel|>final<|message|>No call."));
+    // Auto: the grammar from the recipient on, after either trigger.
+    const ToolGrammar lazy = chat_tools_grammar(tools_for(ToolFormat::Harmony), *tok);
+    CHECK(lazy.triggers.size() == 2);
+    CHECK(grammar_accepts(*Grammar::parse(lazy.gbnf),
+                          R"(functions.add <|constrain|>json<|message|>{"a": 1, "b": 2})"));
+    // Read back: the call from its message, the final text as content, ids as asked.
+    const ChatToolReply r = chat_tools_parse(
+        ToolFormat::Harmony,
+        "<|channel|>analysis<|message|>Use add.<|end|><|start|>assistant<|channel|>commentary "
+        R"(to=functions.add <|constrain|>json<|message|>{"a": 2, "b": 3})",
+        "call_x");
+    REQUIRE(r.calls.size() == 1);
+    CHECK(r.calls[0].name == "add");
+    CHECK(r.calls[0].arguments == R"({"a":2,"b":3})");
+    CHECK(r.calls[0].id == "call_x_0");
+    CHECK(r.content.empty());
+    const ChatToolReply answer = chat_tools_parse(
+        ToolFormat::Harmony,
+        "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>5",
+        "c");
+    CHECK(answer.calls.empty());
+    CHECK(answer.content == "5");
+    CHECK(chat_tools_parse(ToolFormat::Harmony, "not harmony", "c").content == "not harmony");
+    const ToolAnswerPrefix p =
+        tool_stream_content(ToolFormat::Harmony,
+                            "<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>"
+                            "final<|message|>The ans");
+    CHECK(p.answer);
+    CHECK(p.text == "The ans");
 }
 
 TEST_CASE("tool formats: replies read back; streams show only content the reply keeps") {

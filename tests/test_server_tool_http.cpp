@@ -30,31 +30,9 @@ namespace {
 // turned into Mistral's control tokens [TOOL_CALLS], [ARGS] and [CALL_ID]: the native tool syntax
 // through real control tokens (no text of their own) on a model that runs here.
 std::string with_mistral_tokens(const std::string& path) {
-    GgufFile in = GgufFile::open(path);
-    GgufWriter w(static_cast<uint32_t>(in.alignment()));
-    for (const auto& [key, value] : in.metadata()) w.set_value(key, value);
-    std::vector<std::string> tokens;
-    for (const GgufValue& v : in.get_array("tokenizer.ggml.tokens"))
-        tokens.push_back(v.as_string());
-    std::vector<int32_t> types;
-    for (const GgufValue& v : in.get_array("tokenizer.ggml.token_type"))
-        types.push_back(static_cast<int32_t>(v.as_int()));
-    const std::pair<const char*, const char*> renamed[] = {
-        {"<0x00>", "[TOOL_CALLS]"}, {"<0x01>", "[ARGS]"}, {"<0x02>", "[CALL_ID]"}};
-    for (const auto& [from, to] : renamed) {
-        const auto it = std::find(tokens.begin(), tokens.end(), from);
-        REQUIRE(it != tokens.end());
-        *it = to;
-        types[static_cast<size_t>(it - tokens.begin())] = 3;  // control
-    }
-    w.set_array_str("tokenizer.ggml.tokens", tokens);
-    w.set_array_i32("tokenizer.ggml.token_type", types);
-    for (const GgufTensorInfo& t : in.tensors())
-        w.add_tensor(t.name, t.type, t.dims, t.data, t.n_bytes);
-    const std::string out =
-        (std::filesystem::temp_directory_path() / "kvrun-test-mistral-tokens.gguf").string();
-    w.write_file(out);
-    return out;
+    return with_control_tokens(
+        path, {{"<0x00>", "[TOOL_CALLS]"}, {"<0x01>", "[ARGS]"}, {"<0x02>", "[CALL_ID]"}},
+        "kvrun-test-mistral-tokens.gguf");
 }
 
 }  // namespace

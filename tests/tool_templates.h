@@ -163,6 +163,24 @@ inline const char* const kDeepSeekR1 =
 {%- if add_generation_prompt %}<｜Assistant｜>{% endif %}
 )tmpl";
 
+// In the style of gpt-oss's harmony template: the tools in a developer message, a call as a
+// commentary message to its function, a result from the function; earlier replies without their
+// <|channel|>analysis text (as the real template drops it).
+inline const char* const kHarmony =
+    R"tmpl({#- earlier replies' <|channel|>analysis messages are not written back #}
+<|start|>system<|message|>Reasoning: medium<|end|>
+{%- if tools %}<|start|>developer<|message|># Tools
+{% for t in tools %}type {{ t.function.name }} = (_: {{ t.function.parameters | tojson }}) => any;
+{% endfor %}<|end|>{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'user' %}<|start|>user<|message|>{{ m.content }}<|end|>
+{%- elif m.role == 'assistant' and m.tool_calls %}{% set c = m.tool_calls[0].function %}<|start|>assistant to=functions.{{ c.name }}<|channel|>commentary json<|message|>{{ c.arguments | tojson }}<|call|>
+{%- elif m.role == 'assistant' %}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>
+{%- elif m.role == 'tool' %}<|start|>functions.{{ m.name }} to=assistant<|channel|>commentary<|message|>{{ m.content | tojson }}<|end|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start|>assistant{% endif %})tmpl";
+
 inline ChatTools tools_for(ToolFormat format, const std::string& choice = "auto",
                            bool parallel = true) {
     nlohmann::ordered_json req = {

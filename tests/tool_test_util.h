@@ -4,9 +4,16 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "gguf.h"
+#include "gguf_writer.h"
 
 namespace kvrun::test {
 
@@ -46,6 +53,36 @@ inline void check_call(const nlohmann::json& call, const std::set<std::string>& 
         CHECK(args["b"].is_number_integer());
         CHECK(args["a"].get<int>() <= 999);
     }
+}
+
+// A copy of the model at `path` (in the temp directory, as `name`) with some of its tokens
+// renamed (from, to) and made control tokens: tool syntaxes with real control tokens on a
+// model that runs here (byte tokens its stories never use).
+inline std::string with_control_tokens(
+    const std::string& path, const std::vector<std::pair<const char*, const char*>>& renamed,
+    const std::string& name) {
+    GgufFile in = GgufFile::open(path);
+    GgufWriter w(static_cast<uint32_t>(in.alignment()));
+    for (const auto& [key, value] : in.metadata()) w.set_value(key, value);
+    std::vector<std::string> tokens;
+    for (const GgufValue& v : in.get_array("tokenizer.ggml.tokens"))
+        tokens.push_back(v.as_string());
+    std::vector<int32_t> types;
+    for (const GgufValue& v : in.get_array("tokenizer.ggml.token_type"))
+        types.push_back(static_cast<int32_t>(v.as_int()));
+    for (const auto& [from, to] : renamed) {
+        const auto it = std::find(tokens.begin(), tokens.end(), from);
+        REQUIRE(it != tokens.end());
+        *it = to;
+        types[static_cast<size_t>(it - tokens.begin())] = 3;  // control
+    }
+    w.set_array_str("tokenizer.ggml.tokens", tokens);
+    w.set_array_i32("tokenizer.ggml.token_type", types);
+    for (const GgufTensorInfo& t : in.tensors())
+        w.add_tensor(t.name, t.type, t.dims, t.data, t.n_bytes);
+    const std::string out = (std::filesystem::temp_directory_path() / name).string();
+    w.write_file(out);
+    return out;
 }
 
 }  // namespace kvrun::test

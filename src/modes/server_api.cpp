@@ -57,20 +57,23 @@ std::string chat_prompt(const ojson& j, const ApiContext& ctx,
                                              ctx.chat.special, kwargs) +
                    chat_tools_prompt_suffix(*tools);
         };
-        try {
-            return apply(msgs);
-        } catch (const Error&) {
-            // A template that writes a call's arguments as text (DeepSeek R1's adds them to a
-            // string) gets them as OpenAI sends them, JSON text; failing that, the first error.
-            const ojson as_text = chat_messages_arguments_as_text(msgs);
-            if (as_text == msgs) throw;
-            const std::exception_ptr first = std::current_exception();
+        // A template that writes a call's arguments as text (DeepSeek R1's adds them to a
+        // string) gets them as OpenAI sends them, JSON text; one that needs every content to
+        // be a string (gpt-oss's tests "in" it) gets "" for a call's null content. Failing all,
+        // the first error.
+        std::vector<ojson> tries = {msgs, chat_messages_arguments_as_text(msgs)};
+        tries.push_back(chat_messages_content_as_text(msgs));
+        tries.push_back(chat_messages_content_as_text(tries[1]));
+        std::exception_ptr first;
+        for (size_t i = 0; i < tries.size(); ++i) {
+            if (i > 0 && tries[i] == msgs) continue;
             try {
-                return apply(as_text);
+                return apply(tries[i]);
             } catch (const Error&) {
-                std::rethrow_exception(first);
+                if (!first) first = std::current_exception();
             }
         }
+        std::rethrow_exception(first);
     }
     std::vector<ChatMessage> msgs = chat_messages_from_json(j["messages"]);
     if (tools) {
@@ -330,7 +333,9 @@ std::string answer_text(const ApiRequest& req, const ApiChoiceResult& c) {
 // A chat choice's reply as tools read it (ids unique per response and choice).
 ChatToolReply tool_reply(const ApiRequest& req, const ApiResponseMeta& meta,
                          const ApiChoiceResult& c) {
-    return chat_tools_parse(req.tools->format, answer_text(req, c),
+    // (Harmony's calls are messages of their own, which the reasoning split leaves out.)
+    return chat_tools_parse(req.tools->format,
+                            req.tools->format == ToolFormat::Harmony ? c.text : answer_text(req, c),
                             fmt::format("call_{}_{}", meta.id, c.index), &*req.tools);
 }
 

@@ -7,6 +7,7 @@
 #include "common.h"
 #include "json_schema.h"
 #include "modes/server_tools.h"
+#include "reasoning.h"
 #include "stop_text.h"
 #include "tokenizer.h"
 #include "unicode_text.h"
@@ -27,6 +28,9 @@ constexpr std::string_view kR1CallsBegin = "<｜tool▁calls▁begin｜>",
                            kR1CallsEnd = "<｜tool▁calls▁end｜>",
                            kR1CallBegin = "<｜tool▁call▁begin｜>",
                            kR1CallEnd = "<｜tool▁call▁end｜>", kR1Sep = "<｜tool▁sep｜>";
+// gpt-oss's harmony tags.
+constexpr std::string_view kHarmonyChannel = "<|channel|>", kHarmonyFunctions = "functions.";
+constexpr std::string_view kHarmonyEnd = "<|end|>";
 
 // A call's arguments as the model would have written them: an object when the text parses.
 ojson arguments_value(const ojson& f) {
@@ -255,6 +259,24 @@ ChatToolReply parse_deepseek_r1(const std::string& text) {
     return out;
 }
 
+// Harmony (gpt-oss): each message addressed to "functions.NAME" is a call whose text is its
+// arguments; the final and commentary text for the user is the content.
+ChatToolReply parse_harmony(const std::string& text) {
+    ChatToolReply out;
+    if (!harmony_reply(text)) {
+        out.content = text;
+        return out;
+    }
+    for (const HarmonyMessage& m : harmony_messages(text)) {
+        if (!m.recipient.starts_with(kHarmonyFunctions)) continue;
+        const ojson j = ojson::parse(trim_space_left(m.text), nullptr, false);
+        if (!j.is_object()) continue;
+        out.calls.push_back({"", m.recipient.substr(kHarmonyFunctions.size()), j.dump()});
+    }
+    out.content = reasoning_split(text, false).content;
+    return out;
+}
+
 // What a stream may show of a reply whose calls start with `tag` after any text: the text
 // before it, without what may begin the tag and without trailing white space.
 ToolAnswerPrefix content_before(std::string_view reply, std::string_view tag) {
@@ -288,6 +310,21 @@ CallSchema call_schema(const ChatTools& t) {
                                  : fmt::format("#/anyOf/{}/properties/arguments", k));
     }
     return c;
+}
+
+// For grammars that write each tool's name outside JSON: a rule "tool-args-k" per tool of
+// `calls` for its arguments (json_schema_to_grammar_rules' (rule, $ref) pairs), and the
+// alternatives "A | B | ..." where alternative(name, rule) writes one tool's call.
+template <class F>
+std::pair<std::vector<std::pair<std::string, std::string>>, std::string> named_alternatives(
+    const CallSchema& calls, F&& alternative) {
+    std::pair<std::vector<std::pair<std::string, std::string>>, std::string> out;
+    auto& [rules, alternatives] = out;
+    for (size_t k = 0; k < calls.tools.size(); ++k) {
+        rules.emplace_back(fmt::format("tool-args-{}", k), calls.tools[k].second);
+        alternatives += (k ? " | " : "") + alternative(calls.tools[k].first, rules.back().first);
+    }
+    return out;
 }
 
 // GBNF for a string literal.
@@ -377,6 +414,8 @@ std::shared_ptr<const JinjaTemplate> native_tools_template(const std::string& so
 
 ToolFormat tool_format_detect(std::string_view src) {
     auto has = [&](std::string_view s) { return src.find(s) != std::string_view::npos; };
+    if (has(kHarmonyChannel) && has("commentary") && has(kHarmonyFunctions))
+        return ToolFormat::Harmony;
     if (has(kHermesOpen) && has(kXmlFunction) && has(kXmlParameter)) return ToolFormat::Qwen3Coder;
     if (has(kR1CallsBegin)) return ToolFormat::DeepSeekR1;
     if (has(kHermesOpen)) return ToolFormat::Hermes;
@@ -401,6 +440,8 @@ const char* tool_format_name(ToolFormat f) {
             return "qwen3-coder";
         case ToolFormat::DeepSeekR1:
             return "deepseek-r1";
+        case ToolFormat::Harmony:
+            return "gpt-oss";
         default:
             return "generic";
     }
@@ -453,6 +494,12 @@ ojson chat_messages_arguments_as_text(ojson messages) {
             for (ojson& c : m["tool_calls"])
                 if (c.contains("function") && !c["function"]["arguments"].is_string())
                     c["function"]["arguments"] = c["function"]["arguments"].dump();
+    return messages;
+}
+
+ojson chat_messages_content_as_text(ojson messages) {
+    for (ojson& m : messages)
+        if (m.contains("content") && m["content"].is_null()) m["content"] = "";
     return messages;
 }
 
@@ -526,14 +573,11 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
             // its arguments; where the vocabulary has no such token, never.
             const bool ids = one_token(kMistralCallId) >= 0;
             const CallSchema calls = call_schema(t);
-            std::vector<std::pair<std::string, std::string>> rules;
-            std::string alternatives;
-            for (size_t k = 0; k < calls.tools.size(); ++k) {
-                rules.emplace_back(fmt::format("tool-args-{}", k), calls.tools[k].second);
-                alternatives +=
-                    fmt::format("{}{}{} args-tag {}", k ? " | " : "", literal(calls.tools[k].first),
-                                ids ? " call-id?" : "", rules.back().first);
-            }
+            const auto [rules, alternatives] =
+                named_alternatives(calls, [&](const std::string& name, const std::string& args) {
+                    return fmt::format("{}{} args-tag {}", literal(name), ids ? " call-id?" : "",
+                                       args);
+                });
             own.insert(own.end(), {"tool-call", "calls-tag", "args-tag", "call-id"});
             g.gbnf = json_schema_to_grammar_rules(calls.schema, rules, own);
             g.gbnf += "tool-call ::= " + alternatives + "\n";
@@ -617,13 +661,10 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
             // Each call names its tool in text, its arguments a JSON block; the tags are
             // tokens where the vocabulary has them.
             const CallSchema calls = call_schema(t);
-            std::vector<std::pair<std::string, std::string>> rules;
-            std::string alternatives;
-            for (size_t k = 0; k < calls.tools.size(); ++k) {
-                rules.emplace_back(fmt::format("tool-args-{}", k), calls.tools[k].second);
-                alternatives += fmt::format("{}{} \"\\n```json\\n\" {} \"\\n```\"", k ? " | " : "",
-                                            literal(calls.tools[k].first), rules.back().first);
-            }
+            const auto [rules, alternatives] =
+                named_alternatives(calls, [&](const std::string& name, const std::string& args) {
+                    return fmt::format("{} \"\\n```json\\n\" {} \"\\n```\"", literal(name), args);
+                });
             own.insert(own.end(), {"tool-call", "calls-begin", "calls-end", "call-begin",
                                    "call-end", "call-sep"});
             g.gbnf = json_schema_to_grammar_rules(calls.schema, rules, own);
@@ -645,6 +686,42 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
                 g.triggers.push_back(
                     {{"type", "pattern"}, {"value", std::string(kR1CallsBegin) + "()"}});
             break;
+        }
+        case ToolFormat::Harmony: {
+            // A call is a commentary message to "functions.NAME" whose text is the arguments:
+            // "<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}", or
+            // with the recipient in the role: "<|start|>assistant to=functions.NAME
+            // <|channel|>commentary json<|message|>{...}". Generation ends at <|call|>.
+            const CallSchema calls = call_schema(t);
+            const auto [rules, alternatives] =
+                named_alternatives(calls, [&](const std::string& name, const std::string& args) {
+                    return fmt::format("{} call-head {}",
+                                       literal(std::string(kHarmonyFunctions) + name), args);
+                });
+            own.insert(own.end(), {"tool-call", "call-head", "analysis"});
+            for (size_t k = 0; k < kHarmonyEnd.size(); ++k)
+                own.push_back(fmt::format("analysis-{}", k));
+            g.gbnf = json_schema_to_grammar_rules(calls.schema, rules, own);
+            g.gbnf +=
+                "call-head ::= \"<|channel|>commentary\"? (\" <|constrain|>json\" | \" json\")? "
+                "\"<|message|>\"\n";
+            g.gbnf += "tool-call ::= " + alternatives + "\n";
+            if (!t.required) {  // the grammar from the recipient on
+                g.gbnf += "tool-calls ::= tool-call\n";
+                g.triggers.push_back(
+                    {{"type", "pattern"}, {"value", "<\\|channel\\|>commentary to=()"}});
+                g.triggers.push_back(
+                    {{"type", "pattern"}, {"value", "<\\|start\\|>assistant to=()"}});
+                break;
+            }
+            // Required: the reasoning may come first (the prompt ends with the assistant's
+            // "<|start|>assistant"), then the call's message.
+            g.gbnf += gbnf_text_without(kHarmonyEnd, "analysis");
+            g.gbnf +=
+                "root ::= (\"<|channel|>analysis<|message|>\" analysis \"<|end|>\" "
+                "\"<|start|>assistant\")? (\"<|channel|>commentary to=\" tool-call | \" to=\" "
+                "tool-call)\n";
+            return g;
         }
         case ToolFormat::Generic:
             fail("chat_tools_grammar: the generic format uses chat_tools_schema");
@@ -692,6 +769,9 @@ ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
         case ToolFormat::DeepSeekR1:
             out = parse_deepseek_r1(text);
             break;
+        case ToolFormat::Harmony:
+            out = parse_harmony(text);
+            break;
     }
     for (size_t k = 0; k < out.calls.size(); ++k) {
         out.calls[k].id = fmt::format("{}_{}", id_prefix, k);
@@ -713,6 +793,11 @@ ToolAnswerPrefix tool_stream_content(ToolFormat format, std::string_view reply) 
             return content_before(reply, kMistralCalls);
         case ToolFormat::DeepSeekR1:
             return content_before(reply, kR1CallsBegin);
+        case ToolFormat::Harmony:  // the final and commentary text so far
+            out.answer = true;
+            out.text =
+                harmony_reply(reply) ? reasoning_stream(reply, false).content : std::string(reply);
+            return out;
         case ToolFormat::Llama3:
         case ToolFormat::MistralNemo: {
             const std::string_view s = trim_space_left(reply);

@@ -55,14 +55,28 @@ class Tokenizer;
 //   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name\n```json\n{...}
 //                \n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜> after any text (DeepSeek R1 and
 //                its distills' template).
-enum class ToolFormat { Generic, Hermes, Llama3, MistralNemo, MistralV11, Qwen3Coder, DeepSeekR1 };
+//   Harmony      a commentary message to "functions.NAME" whose text is the arguments, after
+//                any reasoning: <|channel|>commentary to=functions.NAME <|constrain|>json
+//                <|message|>{...} (gpt-oss; reasoning.h reads its messages); one call per
+//                reply (it ends with <|call|>).
+enum class ToolFormat {
+    Generic,
+    Hermes,
+    Llama3,
+    MistralNemo,
+    MistralV11,
+    Qwen3Coder,
+    DeepSeekR1,
+    Harmony
+};
 
 // From a Jinja chat template's source: "<tool_call>" -> Qwen3Coder with "<function=" and
 // "<parameter=", else Hermes; "<｜tool▁calls▁begin｜>" -> DeepSeekR1; "[TOOL_CALLS]" -> MistralV11
 // with "[ARGS]", else MistralNemo, "<|start_header_id|>" with "ipython" or "<|python_tag|>" ->
-// Llama3, else Generic.
+// Llama3, "<|channel|>" with "commentary" and "functions." -> Harmony, else Generic.
 ToolFormat tool_format_detect(std::string_view jinja_source);
-// "generic", "hermes", "llama3", "mistral-nemo", "mistral-v11", "qwen3-coder", "deepseek-r1".
+// "generic", "hermes", "llama3", "mistral-nemo", "mistral-v11", "qwen3-coder", "deepseek-r1",
+// "gpt-oss".
 // The model's template for requests with tools while a built-in format renders the rest
 // (ChatFormat::tools_jinja): parsed when it shows a native syntax and renders a conversation
 // with a call and its result that shows the tool; null otherwise (the generic format then).
@@ -110,6 +124,10 @@ nlohmann::ordered_json chat_messages_native(const nlohmann::ordered_json& messag
 // template that writes them as text (DeepSeek R1's concatenates them to a string); the
 // server renders with them when the objects make the template fail.
 nlohmann::ordered_json chat_messages_arguments_as_text(nlohmann::ordered_json messages);
+
+// The same messages with a null "content" (an assistant's with tool calls) as "", for a
+// template that needs every content to be a string (gpt-oss's).
+nlohmann::ordered_json chat_messages_content_as_text(nlohmann::ordered_json messages);
 
 // The tools as the template's `tools`: [{"type": "function", "function": {...}}].
 nlohmann::ordered_json chat_tools_native_list(const ChatTools& tools);
