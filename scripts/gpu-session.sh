@@ -98,11 +98,13 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
   done
   kill -INT $spid; wait $spid || true
   # The other architectures at full size: qwen3-8b (Q/K norms), gemma3-4b (sliding window,
-  # GeGLU), qwen3-30b-a3b (mixture of experts: bandwidth counts the used experts).
+  # GeGLU), qwen3-30b-a3b (mixture of experts: bandwidth counts the used experts), gpt-oss-20b
+  # (MXFP4 experts with biases, attention sinks; the other weights Q8_0).
   $S --preset qwen3-8b --type Q4_K_M -o /tmp/models/qwen3-8b-Q4_K_M.gguf > /dev/null
   $S --preset gemma3-4b --type Q4_K_M -o /tmp/models/gemma3-4b-Q4_K_M.gguf > /dev/null
   $S --preset qwen3-30b-a3b --type Q4_K_M -o /tmp/models/qwen3-30b-a3b-Q4_K_M.gguf > /dev/null
-  for m in qwen3-8b-Q4_K_M gemma3-4b-Q4_K_M qwen3-30b-a3b-Q4_K_M; do
+  $S --preset gpt-oss-20b --type Q8_0 -o /tmp/models/gpt-oss-20b-MXFP4.gguf > /dev/null
+  for m in qwen3-8b-Q4_K_M gemma3-4b-Q4_K_M qwen3-30b-a3b-Q4_K_M gpt-oss-20b-MXFP4; do
     echo "### $m" >> "$OUT/bench.md"
     $K bench -m /tmp/models/$m.gguf -p 512 -n 128 -r 3 --depth 0,4096 --kv-types f16 -o md \
       --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"

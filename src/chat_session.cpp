@@ -61,6 +61,7 @@ bool ChatSession::undo() {
     engine_.truncate_session(session_, t.n_tokens);
     history_.resize(t.n_messages);
     reply_open_ = t.reply_open;
+    reasoned_reply_at_ = t.reasoned_reply_at;
     last_ = {};
     return true;
 }
@@ -147,10 +148,11 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
                               const TextSink& on_notice, const std::atomic<bool>* cancel) {
     ChatMessage msg{"user", user};
     ChatTurnStats turn;  // becomes last_ once the message was sent
-    const TurnStart start{n_tokens(), history_.size(), reply_open_};
+    TurnStart start{n_tokens(), history_.size(), reply_open_, reasoned_reply_at_};
     const bool first = engine_.session_tokens(session_).empty();
     std::vector<TokenId> add;
-    bool opens = false;  // the text fed ends by opening a reasoning block (each ends so)
+    int32_t cut_to = -1;  // >= 0: the sequence is cut back to here before `add` goes in
+    bool opens = false;   // the text fed ends by opening a reasoning block (each ends so)
     if (first) {
         std::vector<ChatMessage> msgs = history_;
         msgs.push_back(msg);
@@ -177,14 +179,20 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
             add = encode(full, true);
         }
     } else {
-        std::string text =
-            reply_open_ ? chat_template_assistant_suffix(format_.kind, format_.special) : "";
+        std::string text;
+        if (reasoned_reply_at_ >= 0 && reply_open_ && !history_.empty()) {
+            // The last reply again without its reasoning (see reasoned_reply_at_): the
+            // sequence is cut back to its start below, once the message is sure to go.
+            cut_to = reasoned_reply_at_;
+            text = history_.back().content;
+        }
+        if (reply_open_) text += chat_template_assistant_suffix(format_.kind, format_.special);
         text += chat_template_apply_delta(format_.kind, history_, msg, format_.special);
         opens = prompt_opens_reasoning(text);
         add = encode(text, false);
     }
     turn.n_appended = static_cast<int32_t>(add.size());
-    if (!fits(n_tokens() + add.size())) {
+    if (!fits((cut_to >= 0 ? cut_to : n_tokens()) + add.size())) {
         if (cfg_.overflow == ContextOverflow::Stop)
             throw Error(
                 fmt::format("the message does not fit in the context ({} + {} tokens of {})",
@@ -198,6 +206,7 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
             on_notice(fmt::format("[context full: dropped the {} oldest messages]", dropped));
         } else {
             whole = engine_.session_tokens(session_);
+            if (cut_to >= 0) whole.resize(size_t(cut_to));
             whole.insert(whole.end(), add.begin(), add.end());
             whole = sinks_cut(whole);
             on_notice(fmt::format("[context full: kept {} sink tokens + the last {} tokens]",
@@ -208,7 +217,13 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
         turn.n_overflows++;
     } else {
         history_.push_back(msg);
+        if (cut_to >= 0) {
+            engine_.truncate_session(session_, cut_to);
+            start.n_tokens = cut_to;  // undo returns here (and writes the answer again)
+        }
     }
+    const int32_t was_reasoned_at = turn.n_overflows > 0 ? -1 : reasoned_reply_at_;
+    reasoned_reply_at_ = -1;
     reply_opened_reasoning_ = format_.thinks && opens;
     const bool was_open = reply_open_;
     reply_open_ = false;
@@ -259,6 +274,7 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
             if (first_request) {  // the message was not sent
                 history_.pop_back();
                 reply_open_ = was_open;
+                reasoned_reply_at_ = was_reasoned_at;  // (a cut sequence is cut again: no-op)
             }
             throw;
         }
@@ -321,10 +337,19 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
     turn.stop = result.stop;
     const size_t lead = reply.find_first_not_of(" \t\r\n");
     // A harmony reply (gpt-oss) goes into the conversation as its answer alone: its template
-    // writes earlier turns without their reasoning and refuses channel tags in a content.
-    history_.push_back({"assistant", harmony_reply(reply) ? reasoning_split(reply, false).content
-                                     : lead == std::string::npos ? ""
-                                                                 : reply.substr(lead)});
+    // writes earlier turns without their reasoning and refuses channel tags in a content. So
+    // does a reply that reasoned in a built-in thinking format (reasoned_reply_at_).
+    std::string kept = lead == std::string::npos ? "" : reply.substr(lead);
+    if (harmony_reply(reply)) {
+        kept = reasoning_split(reply, false).content;
+    } else if (format_.thinks && !format_.jinja && result.stop != StopReason::Error) {
+        const ReasoningSplit r = reasoning_split(reply, reply_opened_reasoning_);
+        if (!r.reasoning.empty() && !r.content.empty()) {
+            kept = r.content;
+            reasoned_reply_at_ = n_tokens() - static_cast<int32_t>(reply_tokens.size());
+        }
+    }
+    history_.push_back({"assistant", std::move(kept)});
     reply_open_ = true;
     last_ = turn;
     if (turn.n_overflows > 0)

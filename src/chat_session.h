@@ -124,12 +124,18 @@ class ChatSession {
     int32_t session_ = -1;
     bool reply_open_ = false;  // the last reply's closing text is not in the sequence yet
     bool reply_opened_reasoning_ = false;
+    // A built-in thinking format (Qwen 3 with ChatML, DeepSeek3): where the last reply's
+    // tokens begin when it reasoned (-1 otherwise). history_ holds its answer alone, and the
+    // next message first cuts the sequence back to here and writes the answer again, as the
+    // models' own templates write earlier turns without their reasoning.
+    int32_t reasoned_reply_at_ = -1;
     ChatTurnStats last_;
     // Where each exchange since the last reset or overflow began (undo).
     struct TurnStart {
         int32_t n_tokens = 0;
         size_t n_messages = 0;
         bool reply_open = false;
+        int32_t reasoned_reply_at = -1;
     };
     std::vector<TurnStart> turns_;
     uint64_t n_redraws_ = 0;  // regenerate() calls: each moves the sampler's seed on

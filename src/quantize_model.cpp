@@ -56,6 +56,7 @@ enum FileTypeId : uint32_t {
     kBF16 = 32,
     kTQ1_0 = 36,
     kTQ2_0 = 37,
+    kMXFP4_MOE = 38,
 };
 
 using T = GgmlType;
@@ -77,6 +78,8 @@ constexpr QuantFileType kFileTypes[] = {
     {"Q6_K", kQ6_K, T::Q6_K, "6.6 bpw K-quant", ""},
     {"IQ4_NL", kIQ4_NL, T::IQ4_NL, "4.5 bpw, non-linear levels per 32 weights", ""},
     {"IQ4_XS", kIQ4_XS, T::IQ4_XS, "4.25 bpw, non-linear levels per 256 weights", ""},
+    {"MXFP4_MOE", kMXFP4_MOE, T::MXFP4,
+     "experts MXFP4 (4.25 bpw FP4), other matrices Q8_0 (gpt-oss)", ""},
     {"F16", kF16, T::F16, "16-bit float", ""},
     {"BF16", kBF16, T::BF16, "bfloat16", ""},
     {"F32", kF32, T::F32, "32-bit float", ""},
@@ -171,6 +174,9 @@ GgmlType mix_type(const MixContext& m, const GgufTensorInfo& t, GgmlType type, i
     const std::string& n = t.name;
     const uint32_t f = m.ftype;
     const bool falcon = m.arch == "falcon";
+    // MXFP4_MOE (llama.cpp's): the experts' stacked tensors in MXFP4, every
+    // other matrix Q8_0.
+    if (f == kMXFP4_MOE) return t.dims.size() >= 3 && t.dims[2] > 1 ? T::MXFP4 : T::Q8_0;
     if (n == "output.weight" || (!m.has_output && n == "token_embd.weight")) {
         if (falcon || t.dims[0] % ggml_type_traits(type).block_elems != 0) return T::Q8_0;
         return type == T::Q8_0 ? type : T::Q6_K;

@@ -9,6 +9,7 @@
 // draft model (CLI) giving the same replies.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -629,4 +630,60 @@ TEST_CASE("ChatSession undo and regenerate: the conversation and its tokens go b
     CHECK_FALSE(g.regenerate(kIgnore, notes.sink()));
     chat.reset();
     CHECK_FALSE(chat.undo());
+}
+
+TEST_CASE("ChatSession with a built-in thinking format keeps earlier replies without reasoning") {
+    // Qwen 3 without --jinja (ChatML standing in for a template that thinks): a reply that
+    // reasoned goes into the conversation as its answer alone, and the next message cuts the
+    // sequence back to the reply's start and writes the answer again, so the tokens are the
+    // conversation as the model's own template renders it. Undo and regenerate still work.
+    using namespace kvrun;
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    ChatModel m(model.string(), 64);
+    Engine engine(*m.backend, *m.tok, EngineOptions{});
+    ChatConfig cfg;
+    cfg.chat_template.kind = ChatTemplateKind::ChatML;
+    cfg.chat_template.thinks = true;
+    cfg.n_predict = 120;
+    cfg.sampling.temperature = 0;
+    cfg.grammar = Grammar::parse(R"(root ::= "<think>" [a-z ]{4,12} "</think>" [a-z ]{4,12})");
+    ChatSession chat(engine, *m.tok, cfg);
+    Notices notes;
+    std::string shown;
+    chat.send("Once upon a time", [&](std::string_view t) { shown += t; }, notes.sink());
+    CHECK(shown.find("<think>") != std::string::npos);  // the reply as generated
+    const std::string answer = chat.messages().back().content;
+    CHECK(answer.find("think") == std::string::npos);
+    CHECK(!answer.empty());
+    const auto messages1 = chat.messages();
+    const std::vector<TokenId> after1 = chat.tokens();
+    chat.send("Then what?", kIgnore, notes.sink());
+    // The sequence up to the second reply is the answer-only conversation as rendered.
+    std::vector<ChatMessage> convo = messages1;
+    convo.push_back({"user", "Then what?"});
+    std::string prompt =
+        chat_template_apply(ChatTemplateKind::ChatML, convo, true, chat_special_texts(*m.tok));
+    // (Compared as text without spaces: each turn's text is tokenized on its own, and this
+    // SPM vocabulary puts a space before each piece of text it encodes.)
+    auto no_spaces = [](std::string t) {
+        t.erase(std::remove(t.begin(), t.end(), ' '), t.end());
+        return t;
+    };
+    auto text_of = [&](const std::vector<TokenId>& ids) {
+        std::string t;
+        for (TokenId id : ids) t += m.tok->token_to_piece(id, true);
+        return no_spaces(t);
+    };
+    prompt = no_spaces(prompt);
+    std::string got = text_of(chat.tokens());
+    CHECK_MESSAGE(got.find(prompt) != std::string::npos, got, "\n---\n", prompt);
+    CHECK(chat.messages()[messages1.size() - 1].content == answer);
+    // Undo: back to after the first exchange; the next message writes the answer again.
+    REQUIRE(chat.undo());
+    CHECK(chat.messages() == messages1);
+    CHECK(chat.n_tokens() <= int32_t(after1.size()));
+    chat.send("Then what?", kIgnore, notes.sink());
+    got = text_of(chat.tokens());
+    CHECK(got.find(prompt) != std::string::npos);
 }

@@ -522,6 +522,8 @@ inline size_t weight_block_bytes(GgmlType t) {
             return 34;
         case GgmlType::IQ4_NL:
             return 18;
+        case GgmlType::MXFP4:
+            return 17;
         case GgmlType::Q2_K:
             return 84;
         case GgmlType::Q3_K:
