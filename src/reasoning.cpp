@@ -12,7 +12,7 @@ namespace {
 constexpr std::string_view kOpen = "<think>", kClose = "</think>";
 // Harmony's tags (gpt-oss).
 constexpr std::string_view kStart = "<|start|>", kChannel = "<|channel|>", kMessage = "<|message|>",
-                           kConstrain = "<|constrain|>";
+                           kConstrain = "<|constrain|>", kRecipient = " to=";
 const std::vector<std::string> kHarmonyEnds = {"<|end|>", "<|start|>", "<|call|>", "<|return|>"};
 
 // The value after `key` in a message header ("to=functions.f <|constrain|>json"): up to white
@@ -64,9 +64,10 @@ ReasoningSplit split(std::string_view reply, bool opened, bool streaming) {
     if (harmony_reply(reply)) return harmony_split(reply, streaming);
     ReasoningSplit out;
     const std::string_view head = trim_space_left(reply);
-    if (streaming && !head.empty() && !opened &&
-        (kChannel.starts_with(head) || kStart.starts_with(head)))
-        return out;  // may yet become a harmony tag
+    if (streaming && !opened &&
+        ((!head.empty() && (kChannel.starts_with(head) || kStart.starts_with(head))) ||
+         kRecipient.starts_with(reply) || reply.starts_with(kRecipient)))
+        return out;  // may yet become a harmony tag, or a recipient's header
     bool undecided = false;
     const size_t start = reasoning_start(reply, opened, undecided);
     if (undecided && streaming) return out;
@@ -97,7 +98,7 @@ bool harmony_reply(std::string_view reply) {
     const std::string_view s = trim_space_left(reply);
     // (After the prompt's "<|start|>assistant" a reply may begin with its recipient.)
     return s.starts_with(kChannel) || s.starts_with(kStart) ||
-           (reply.starts_with(" to=") && s.find(kMessage) != std::string_view::npos);
+           (reply.starts_with(kRecipient) && s.find(kMessage) != std::string_view::npos);
 }
 
 std::vector<HarmonyMessage> harmony_messages(std::string_view reply) {

@@ -78,6 +78,8 @@ TEST_CASE("reasoning: gpt-oss's harmony replies, by channel") {
          "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}",
          "Need the weather.", "Checking."},
         {"<|start|>assistant<|channel|>final<|message|>Hi", "", "Hi"},
+        // The recipient right after the prompt's "<|start|>assistant": a call, no text.
+        {" to=functions.add<|channel|>commentary json<|message|>{\"a\": 1}", "", ""},
     };
     for (const auto& c : cases) {
         CAPTURE(c.reply);

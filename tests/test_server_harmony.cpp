@@ -95,6 +95,7 @@ TEST_CASE("server: gpt-oss's harmony replies: reasoning apart, calls as messages
     for (const std::string& e : sse_data(run.post("/v1/chat/completions", call_body).body)) {
         if (e == "[DONE]") continue;
         const json d = json::parse(e)["choices"][0]["delta"];
+        CHECK(!(d.contains("content") && d["content"].is_string()));  // no text
         if (d.contains("tool_calls")) streamed_calls = d["tool_calls"];
     }
     REQUIRE(streamed_calls.size() == 1);
