@@ -35,7 +35,11 @@ ChatFormat chat_format_make(const ChatTemplateChoice& choice, const Tokenizer& t
     f.kind = choice.kind;
     f.jinja = choice.jinja;
     f.special = chat_special_texts(tok);
-    f.stops = chat_stops(choice.kind, tok);
+    // A Jinja template no built-in format matches (kind Plain) ends replies with the model's
+    // end-of-generation tokens alone: the plain format's "\nUser:" is not its turn syntax
+    // (gpt-oss's harmony, say).
+    f.stops = choice.jinja && choice.kind == ChatTemplateKind::Plain ? ChatStops{}
+                                                                     : chat_stops(choice.kind, tok);
     f.thinks = choice.thinks ||
                chat_template_thinks(choice.kind, choice.jinja ? choice.jinja->source() : "");
     return f;

@@ -43,6 +43,9 @@ TEST_CASE("server: gpt-oss's harmony replies: reasoning apart, calls as messages
     s.set_chat(cfg, ChatTemplateKind::Plain,
                std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(kHarmony)));
     CHECK(cfg.api.chat.thinks);
+    // Not a built-in format: no "\nUser:" stop, only the end-of-generation tokens.
+    CHECK(cfg.api.chat.stops.strings.empty());
+    CHECK(cfg.api.chat.stops.tokens.empty());
     Running run(cfg, s);
     const json messages = {{{"role", "user"}, {"content", "What is 2 plus 3?"}}};
 
