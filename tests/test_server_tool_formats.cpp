@@ -45,6 +45,8 @@ TEST_CASE("tool formats: detected from the template's own syntax") {
     CHECK(std::string(tool_format_name(ToolFormat::Qwen3Coder)) == "qwen3-coder");
     CHECK(tool_format_detect(kDeepSeekR1) == ToolFormat::DeepSeekR1);
     CHECK(tool_format_detect(kHarmony) == ToolFormat::Harmony);
+    CHECK(tool_format_detect(kGranite) == ToolFormat::Granite);
+    CHECK(std::string(tool_format_name(ToolFormat::Granite)) == "granite");
     CHECK(std::string(tool_format_name(ToolFormat::Harmony)) == "gpt-oss");
     CHECK(std::string(tool_format_name(ToolFormat::DeepSeekR1)) == "deepseek-r1");
     CHECK(tool_format_detect("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}") ==
@@ -452,6 +454,46 @@ TEST_CASE("tool formats: gpt-oss's harmony calls, grammar and read back") {
                             "final<|message|>The ans");
     CHECK(p.answer);
     CHECK(p.text == "The ans");
+}
+
+TEST_CASE("tool formats: Granite's <|tool_call|> list") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    GgufFile file = GgufFile::open(path);
+    auto tok = Tokenizer::from_gguf(file);
+    const std::string add = R"({"name": "add", "arguments": {"a": 2, "b": 3}})";
+    const std::string weather =
+        R"({"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}})";
+    auto required = Grammar::parse(
+        chat_tools_grammar(tools_for(ToolFormat::Granite, "required"), *tok).gbnf);
+    CHECK(grammar_accepts(*required, "<|tool_call|>[" + add + "]"));
+    CHECK(grammar_accepts(*required, "<|tool_call|>[" + add + ", " + weather + "]"));
+    CHECK_FALSE(grammar_accepts(*required, "[" + add + "]"));  // the tag first
+    CHECK_FALSE(grammar_accepts(*required, R"(<|tool_call|>[{"name": "rm", "arguments": {}}])"));
+    auto single = Grammar::parse(
+        chat_tools_grammar(tools_for(ToolFormat::Granite, "required", false), *tok).gbnf);
+    CHECK_FALSE(grammar_accepts(*single, "<|tool_call|>[" + add + ", " + add + "]"));
+    const ToolGrammar lazy = chat_tools_grammar(tools_for(ToolFormat::Granite), *tok);
+    REQUIRE(lazy.triggers.size() == 1);  // (this vocabulary has no such token: its text)
+    CHECK(lazy.triggers[0]["type"] == "pattern");
+    CHECK(grammar_accepts(*Grammar::parse(lazy.gbnf), "[" + add + "]"));
+    // Read back: text before the tag is content; a reply without a list is all content.
+    const ChatToolReply r =
+        chat_tools_parse(ToolFormat::Granite, "Let me add.<|tool_call|>[" + add + "]", "c");
+    REQUIRE(r.calls.size() == 1);
+    CHECK(r.calls[0].name == "add");
+    CHECK(r.calls[0].arguments == R"({"a":2,"b":3})");
+    CHECK(r.content == "Let me add.");
+    CHECK(chat_tools_parse(ToolFormat::Granite, "<|tool_call|>oops", "c").content ==
+          "<|tool_call|>oops");
+    CHECK(tool_stream_content(ToolFormat::Granite, "Sure <|tool_").text == "Sure");
+    // Earlier calls go into the assistant's content, as the model wrote them.
+    const ojson msgs = chat_messages_for_format(
+        ToolFormat::Granite,
+        chat_messages_native(ojson::parse(R"([{"role": "user", "content": "2+3?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "x", "type": "function",
+             "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}}]}])")));
+    CHECK(msgs[1]["content"] == R"(<|tool_call|>[{"name":"add","arguments":{"a":2,"b":3}}])");
 }
 
 TEST_CASE("tool formats: replies read back; streams show only content the reply keeps") {

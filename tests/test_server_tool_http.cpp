@@ -54,7 +54,8 @@ TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
         {kMistralV11, ChatTemplateKind::MistralV3},
         {kQwen3Coder, ChatTemplateKind::ChatML},
         // (ChatML's stops: with DeepSeek3's the chat would think, and this model never stops)
-        {kDeepSeekR1, ChatTemplateKind::ChatML}};
+        {kDeepSeekR1, ChatTemplateKind::ChatML},
+        {kGranite, ChatTemplateKind::Granite}};
     for (const auto& tc : templates) {
         ServerConfig cfg = s.config();
         s.set_chat(cfg, tc.kind,

@@ -181,6 +181,16 @@ inline const char* const kHarmony =
 {%- endfor %}
 {%- if add_generation_prompt %}<|start|>assistant{% endif %})tmpl";
 
+// In the style of IBM Granite 3.x's template: the tools as JSON in their own role, every
+// message's content alone (the server writes a call there as <|tool_call|>[...]).
+inline const char* const kGranite =
+    R"tmpl({%- if tools %}<|start_of_role|>system<|end_of_role|>When a tool is needed, answer only with <|tool_call|> and a JSON list of the calls.<|end_of_text|>
+<|start_of_role|>available_tools<|end_of_role|>{{ tools | tojson(indent=4) }}<|end_of_text|>
+{% endif %}
+{%- for m in messages %}<|start_of_role|>{{ m.role }}<|end_of_role|>{{ m.content }}<|end_of_text|>
+{% endfor %}
+{%- if add_generation_prompt %}<|start_of_role|>assistant<|end_of_role|>{% endif %})tmpl";
+
 inline ChatTools tools_for(ToolFormat format, const std::string& choice = "auto",
                            bool parallel = true) {
     nlohmann::ordered_json req = {

@@ -51,29 +51,9 @@ std::string chat_prompt(const ojson& j, const ApiContext& ctx,
         const ojson msgs = chat_messages_native(j["messages"]);
         if (msgs.size() > 1 && msgs.back()["role"] == "assistant")
             fail("a conversation ending with the assistant's words cannot use 'tools'");
-        const ojson list = chat_tools_native_list(*tools);
-        auto apply = [&](const ojson& m) {
-            return chat_template_apply_jinja(*ctx.chat.tools_template(), m, list, true,
-                                             ctx.chat.special, kwargs) +
-                   chat_tools_prompt_suffix(*tools);
-        };
-        // A template that writes a call's arguments as text (DeepSeek R1's adds them to a
-        // string) gets them as OpenAI sends them, JSON text; one that needs every content to
-        // be a string (gpt-oss's tests "in" it) gets "" for a call's null content. Failing all,
-        // the first error.
-        std::vector<ojson> tries = {msgs, chat_messages_arguments_as_text(msgs)};
-        tries.push_back(chat_messages_content_as_text(msgs));
-        tries.push_back(chat_messages_content_as_text(tries[1]));
-        std::exception_ptr first;
-        for (size_t i = 0; i < tries.size(); ++i) {
-            if (i > 0 && tries[i] == msgs) continue;
-            try {
-                return apply(tries[i]);
-            } catch (const Error&) {
-                if (!first) first = std::current_exception();
-            }
-        }
-        std::rethrow_exception(first);
+        return chat_tools_render(*ctx.chat.tools_template(), tools->format, msgs,
+                                 chat_tools_native_list(*tools), ctx.chat.special, kwargs) +
+               chat_tools_prompt_suffix(*tools);
     }
     std::vector<ChatMessage> msgs = chat_messages_from_json(j["messages"]);
     if (tools) {

@@ -31,6 +31,8 @@ constexpr std::string_view kR1CallsBegin = "<｜tool▁calls▁begin｜>",
 // gpt-oss's harmony tags.
 constexpr std::string_view kHarmonyChannel = "<|channel|>", kHarmonyFunctions = "functions.";
 constexpr std::string_view kHarmonyEnd = "<|end|>";
+// IBM Granite 3.x's call tag.
+constexpr std::string_view kGraniteCall = "<|tool_call|>";
 
 // A call's arguments as the model would have written them: an object when the text parses.
 ojson arguments_value(const ojson& f) {
@@ -140,6 +142,24 @@ ChatToolReply parse_mistral(const std::string& text) {
             if (read_call(c, call)) out.calls.push_back(call);
         }
     if (out.calls.empty()) out.content = text;
+    return out;
+}
+
+// Granite: any text, then <|tool_call|> and a JSON list of {"name", "arguments"}.
+ChatToolReply parse_granite(const std::string& text) {
+    ChatToolReply out;
+    const size_t at = text.find(kGraniteCall);
+    if (at != std::string::npos) {
+        const std::string_view rest = trim_space_right(
+            trim_space_left(std::string_view(text).substr(at + kGraniteCall.size())));
+        const ojson j = ojson::parse(rest, nullptr, false);
+        if (j.is_array())
+            for (const ojson& c : j) {
+                ToolCall call;
+                if (read_call(c, call)) out.calls.push_back(call);
+            }
+    }
+    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, at)));
     return out;
 }
 
@@ -398,13 +418,7 @@ std::shared_ptr<const JinjaTemplate> native_tools_template(const std::string& so
             {"role": "tool", "tool_call_id": "abcDEF123", "name": "kvrun_probe_tool",
              "content": "r"},
             {"role": "user", "content": "q"}])");
-        std::string text;
-        try {
-            text = chat_template_apply_jinja(*t, msgs, tools, true, {});
-        } catch (const Error&) {
-            text = chat_template_apply_jinja(*t, chat_messages_arguments_as_text(msgs), tools, true,
-                                             {});
-        }
+        const std::string text = chat_tools_render(*t, tool_format_detect(source), msgs, tools, {});
         if (text.find("kvrun_probe_tool") == std::string::npos) return nullptr;
         return t;
     } catch (const Error&) {
@@ -423,6 +437,7 @@ ToolFormat tool_format_detect(std::string_view src) {
         return has(kMistralArgs) ? ToolFormat::MistralV11 : ToolFormat::MistralNemo;
     if (has("<|start_header_id|>") && (has("ipython") || has(kPythonTag)))
         return ToolFormat::Llama3;
+    if (has(kGraniteCall) && has("<|start_of_role|>")) return ToolFormat::Granite;
     return ToolFormat::Generic;
 }
 
@@ -442,6 +457,8 @@ const char* tool_format_name(ToolFormat f) {
             return "deepseek-r1";
         case ToolFormat::Harmony:
             return "gpt-oss";
+        case ToolFormat::Granite:
+            return "granite";
         default:
             return "generic";
     }
@@ -494,6 +511,46 @@ ojson chat_messages_arguments_as_text(ojson messages) {
             for (ojson& c : m["tool_calls"])
                 if (c.contains("function") && !c["function"]["arguments"].is_string())
                     c["function"]["arguments"] = c["function"]["arguments"].dump();
+    return messages;
+}
+
+std::string chat_tools_render(const JinjaTemplate& t, ToolFormat format, const ojson& messages,
+                              const ojson& tools, const ChatSpecialTexts& special,
+                              const ojson& kwargs) {
+    // A template that writes a call's arguments as text (DeepSeek R1's adds them to a string)
+    // gets them as OpenAI sends them, JSON text; one that needs every content to be a string
+    // (gpt-oss's tests "in" it) gets "" for a call's null content. Failing all, the first
+    // error.
+    const ojson msgs = chat_messages_for_format(format, messages);
+    std::vector<ojson> tries = {msgs, chat_messages_arguments_as_text(msgs)};
+    tries.push_back(chat_messages_content_as_text(msgs));
+    tries.push_back(chat_messages_content_as_text(tries[1]));
+    std::exception_ptr first;
+    for (size_t i = 0; i < tries.size(); ++i) {
+        if (i > 0 && tries[i] == msgs) continue;
+        try {
+            return chat_template_apply_jinja(t, tries[i], tools, true, special, kwargs);
+        } catch (const Error&) {
+            if (!first) first = std::current_exception();
+        }
+    }
+    std::rethrow_exception(first);
+}
+
+ojson chat_messages_for_format(ToolFormat format, ojson messages) {
+    if (format != ToolFormat::Granite) return messages;
+    // Granite's template writes an assistant's content only: its calls go there, as the
+    // model wrote them.
+    for (ojson& m : messages) {
+        if (m["role"] != "assistant" || !m.contains("tool_calls") || !m["tool_calls"].is_array())
+            continue;
+        ojson calls = ojson::array();
+        for (const ojson& c : m["tool_calls"])
+            calls.push_back(
+                {{"name", c["function"]["name"]}, {"arguments", c["function"]["arguments"]}});
+        std::string text = m["content"].is_string() ? m["content"].get<std::string>() : "";
+        m["content"] = text + std::string(kGraniteCall) + calls.dump();
+    }
     return messages;
 }
 
@@ -564,6 +621,23 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
             } else {  // a vocabulary without the token: its text, then the list
                 g.triggers.push_back({{"type", "pattern"}, {"value", "\\[TOOL_CALLS\\]\\s*(\\[)"}});
             }
+            break;
+        }
+        case ToolFormat::Granite: {
+            // <|tool_call|> (a token where the vocabulary has it) and the list of calls.
+            g.gbnf = json_schema_to_grammar_rule(chat_tools_call_schema(t, "arguments", false),
+                                                 "tool-call", own);
+            own.push_back("calls-tag");
+            g.gbnf += "calls-tag ::= " + tag(kGraniteCall) + "\n";
+            g.gbnf += fmt::format("tool-calls ::= {}\"[\" tool-call{} \"]\"\n",
+                                  t.required ? "calls-tag " : "",
+                                  t.parallel ? " (\", \" tool-call)*" : "");
+            if (t.required) break;
+            if (const TokenId calls_tag = one_token(kGraniteCall); calls_tag >= 0)
+                g.triggers.push_back({{"type", "token"}, {"token", calls_tag}});
+            else  // its text; the grammar from the list on
+                g.triggers.push_back(
+                    {{"type", "pattern"}, {"value", "<\\|tool_call\\|>\\s*(\\[)"}});
             break;
         }
         case ToolFormat::MistralV11: {
@@ -772,6 +846,9 @@ ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
         case ToolFormat::Harmony:
             out = parse_harmony(text);
             break;
+        case ToolFormat::Granite:
+            out = parse_granite(text);
+            break;
     }
     for (size_t k = 0; k < out.calls.size(); ++k) {
         out.calls[k].id = fmt::format("{}_{}", id_prefix, k);
@@ -793,6 +870,8 @@ ToolAnswerPrefix tool_stream_content(ToolFormat format, std::string_view reply) 
             return content_before(reply, kMistralCalls);
         case ToolFormat::DeepSeekR1:
             return content_before(reply, kR1CallsBegin);
+        case ToolFormat::Granite:
+            return content_before(reply, kGraniteCall);
         case ToolFormat::Harmony:  // the final and commentary text so far
             out.answer = true;
             out.text =

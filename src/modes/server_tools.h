@@ -59,6 +59,9 @@ class Tokenizer;
 //                any reasoning: <|channel|>commentary to=functions.NAME <|constrain|>json
 //                <|message|>{...} (gpt-oss; reasoning.h reads its messages); one call per
 //                reply (it ends with <|call|>).
+//   Granite      <|tool_call|>[{"name": ..., "arguments": {...}}, ...] after any text (IBM
+//                Granite 3.x), the tag a token where the vocabulary has it; the template
+//                writes an assistant's content only, so earlier calls go there in this form.
 enum class ToolFormat {
     Generic,
     Hermes,
@@ -67,16 +70,18 @@ enum class ToolFormat {
     MistralV11,
     Qwen3Coder,
     DeepSeekR1,
-    Harmony
+    Harmony,
+    Granite
 };
 
 // From a Jinja chat template's source: "<tool_call>" -> Qwen3Coder with "<function=" and
 // "<parameter=", else Hermes; "<｜tool▁calls▁begin｜>" -> DeepSeekR1; "[TOOL_CALLS]" -> MistralV11
 // with "[ARGS]", else MistralNemo, "<|start_header_id|>" with "ipython" or "<|python_tag|>" ->
-// Llama3, "<|channel|>" with "commentary" and "functions." -> Harmony, else Generic.
+// Llama3, "<|channel|>" with "commentary" and "functions." -> Harmony, "<|tool_call|>" with
+// "<|start_of_role|>" -> Granite, else Generic.
 ToolFormat tool_format_detect(std::string_view jinja_source);
 // "generic", "hermes", "llama3", "mistral-nemo", "mistral-v11", "qwen3-coder", "deepseek-r1",
-// "gpt-oss".
+// "gpt-oss", "granite".
 // The model's template for requests with tools while a built-in format renders the rest
 // (ChatFormat::tools_jinja): parsed when it shows a native syntax and renders a conversation
 // with a call and its result that shows the tool; null otherwise (the generic format then).
@@ -125,9 +130,22 @@ nlohmann::ordered_json chat_messages_native(const nlohmann::ordered_json& messag
 // server renders with them when the objects make the template fail.
 nlohmann::ordered_json chat_messages_arguments_as_text(nlohmann::ordered_json messages);
 
+// The messages as `format`'s template needs them: Granite's gets each assistant's calls in
+// its content (<|tool_call|>[...]); the others as they are.
+nlohmann::ordered_json chat_messages_for_format(ToolFormat format, nlohmann::ordered_json messages);
+
 // The same messages with a null "content" (an assistant's with tool calls) as "", for a
 // template that needs every content to be a string (gpt-oss's).
 nlohmann::ordered_json chat_messages_content_as_text(nlohmann::ordered_json messages);
+
+// A conversation (chat_messages_native's) with the tools (chat_tools_native_list's) through a
+// template in `format`, with the generation prompt: the messages as the format needs them,
+// then retried with the arguments as text, with null contents as "", and both; throws the
+// first error when every try fails.
+std::string chat_tools_render(const JinjaTemplate& t, ToolFormat format,
+                              const nlohmann::ordered_json& messages,
+                              const nlohmann::ordered_json& tools, const ChatSpecialTexts& special,
+                              const nlohmann::ordered_json& kwargs = nullptr);
 
 // The tools as the template's `tools`: [{"type": "function", "function": {...}}].
 nlohmann::ordered_json chat_tools_native_list(const ChatTools& tools);
