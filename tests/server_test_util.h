@@ -123,4 +123,18 @@ std::string model_path() {
     return kvrun::test::shared_model("stories260K.gguf").string();
 }
 
+// The tool calls a streamed chat completion of `body` ends with (its last "tool_calls" delta),
+// checking that no delta carries content text on the way.
+inline json streamed_tool_calls(Running& run, json body) {
+    body["stream"] = true;
+    json calls;
+    for (const std::string& e : sse_data(run.post("/v1/chat/completions", body).body)) {
+        if (e == "[DONE]") continue;
+        const json d = json::parse(e)["choices"][0]["delta"];
+        CHECK(!(d.contains("content") && d["content"].is_string()));  // no text
+        if (d.contains("tool_calls")) calls = d["tool_calls"];
+    }
+    return calls;
+}
+
 }  // namespace kvrun::test

@@ -93,14 +93,7 @@ TEST_CASE("server: gpt-oss's harmony replies: reasoning apart, calls as messages
     REQUIRE(choice["message"]["tool_calls"].size() == 1);
     const json call = choice["message"]["tool_calls"][0];
     check_call(call, {"get_weather", "add"});
-    call_body["stream"] = true;
-    json streamed_calls;
-    for (const std::string& e : sse_data(run.post("/v1/chat/completions", call_body).body)) {
-        if (e == "[DONE]") continue;
-        const json d = json::parse(e)["choices"][0]["delta"];
-        CHECK(!(d.contains("content") && d["content"].is_string()));  // no text
-        if (d.contains("tool_calls")) streamed_calls = d["tool_calls"];
-    }
+    const json streamed_calls = streamed_tool_calls(run, call_body);
     REQUIRE(streamed_calls.size() == 1);
     CHECK(streamed_calls[0]["function"] == call["function"]);
     // The call and its result go back into the next prompt in the template's syntax.

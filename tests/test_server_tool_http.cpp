@@ -77,14 +77,7 @@ TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
         check_call(call, both);
         if (format == ToolFormat::MistralNemo || format == ToolFormat::MistralV11)
             CHECK(call["id"].get<std::string>().size() == 9);
-        body["stream"] = true;
-        json streamed_calls;
-        for (const std::string& e : sse_data(run.post("/v1/chat/completions", body).body)) {
-            if (e == "[DONE]") continue;
-            const json d = json::parse(e)["choices"][0]["delta"];
-            CHECK(!(d.contains("content") && d["content"].is_string()));  // no text
-            if (d.contains("tool_calls")) streamed_calls = d["tool_calls"];
-        }
+        const json streamed_calls = streamed_tool_calls(run, body);
         REQUIRE(streamed_calls.size() == 1);
         CHECK(streamed_calls[0]["function"] == call["function"]);
 
@@ -198,14 +191,7 @@ TEST_CASE("server: Mistral's control tokens written by the grammar and shown in 
         REQUIRE(calls.size() >= 1);
         for (const json& c : calls) check_call(c, {"get_weather", "add"});
         CHECK(choice["message"]["content"].is_null());
-        body["stream"] = true;
-        json streamed;
-        for (const std::string& e : sse_data(run.post("/v1/chat/completions", body).body)) {
-            if (e == "[DONE]") continue;
-            const json d = json::parse(e)["choices"][0]["delta"];
-            CHECK(!(d.contains("content") && d["content"].is_string()));
-            if (d.contains("tool_calls")) streamed = d["tool_calls"];
-        }
+        const json streamed = streamed_tool_calls(run, body);
         REQUIRE(streamed.size() == calls.size());
         for (size_t k = 0; k < calls.size(); ++k)
             CHECK(streamed[k]["function"] == calls[k]["function"]);

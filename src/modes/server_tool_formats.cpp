@@ -581,6 +581,17 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
         g.preserved.emplace_back(text);
         return fmt::format("<[{}]>", id);
     };
+    // A lazy grammar's start: the tag's token where the vocabulary has it (the tag's text then
+    // shown in the reply), else `pattern` on its text.
+    auto trigger_at = [&](std::string_view tag_text, const std::string& pattern) {
+        if (const TokenId id = one_token(tag_text); id >= 0) {
+            g.triggers.push_back({{"type", "token"}, {"token", id}});
+            if (std::find(g.preserved.begin(), g.preserved.end(), tag_text) == g.preserved.end())
+                g.preserved.emplace_back(tag_text);
+        } else {
+            g.triggers.push_back({{"type", "pattern"}, {"value", pattern}});
+        }
+    };
     // The grammar's own rules (the schema's keep clear of them).
     std::vector<std::string> own = {"tool-calls", "tool-block", "think-text"};
     for (size_t k = 0; k < kThinkClose.size(); ++k) own.push_back(fmt::format("think-text-{}", k));
@@ -615,12 +626,7 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
                                  : "tool-calls ::= \"[\" tool-call \"]\"\n";
             // A required call: the prompt ends with "[TOOL_CALLS]" (chat_tools_prompt_suffix).
             if (t.required) break;
-            if (const TokenId calls = one_token(kMistralCalls); calls >= 0) {
-                g.triggers.push_back({{"type", "token"}, {"token", calls}});
-                g.preserved.emplace_back(kMistralCalls);
-            } else {  // a vocabulary without the token: its text, then the list
-                g.triggers.push_back({{"type", "pattern"}, {"value", "\\[TOOL_CALLS\\]\\s*(\\[)"}});
-            }
+            trigger_at(kMistralCalls, "\\[TOOL_CALLS\\]\\s*(\\[)");  // (text: from the list on)
             break;
         }
         case ToolFormat::Granite: {
@@ -633,11 +639,7 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
                                   t.required ? "calls-tag " : "",
                                   t.parallel ? " (\", \" tool-call)*" : "");
             if (t.required) break;
-            if (const TokenId calls_tag = one_token(kGraniteCall); calls_tag >= 0)
-                g.triggers.push_back({{"type", "token"}, {"token", calls_tag}});
-            else  // its text; the grammar from the list on
-                g.triggers.push_back(
-                    {{"type", "pattern"}, {"value", "<\\|tool_call\\|>\\s*(\\[)"}});
+            trigger_at(kGraniteCall, "<\\|tool_call\\|>\\s*(\\[)");  // (text: from the list on)
             break;
         }
         case ToolFormat::MistralV11: {
@@ -663,10 +665,7 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
             g.gbnf += fmt::format("tool-calls ::= {}tool-call{}\n", t.required ? "calls-tag " : "",
                                   t.parallel ? " (calls-tag tool-call)*" : "");
             if (t.required) break;
-            if (const TokenId calls_tag = one_token(kMistralCalls); calls_tag >= 0)
-                g.triggers.push_back({{"type", "token"}, {"token", calls_tag}});
-            else  // its text; the grammar from right after it (the empty group)
-                g.triggers.push_back({{"type", "pattern"}, {"value", "\\[TOOL_CALLS\\]()"}});
+            trigger_at(kMistralCalls, "\\[TOOL_CALLS\\]()");  // (text: right after it)
             break;
         }
         case ToolFormat::Qwen3Coder: {
@@ -754,11 +753,7 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
                                   t.required ? "calls-begin " : "",
                                   t.parallel ? " (\"\\n\"? tool-call)*" : "");
             if (t.required) break;
-            if (const TokenId begin = one_token(kR1CallsBegin); begin >= 0)
-                g.triggers.push_back({{"type", "token"}, {"token", begin}});
-            else
-                g.triggers.push_back(
-                    {{"type", "pattern"}, {"value", std::string(kR1CallsBegin) + "()"}});
+            trigger_at(kR1CallsBegin, std::string(kR1CallsBegin) + "()");
             break;
         }
         case ToolFormat::Harmony: {
