@@ -48,6 +48,22 @@ TEST_CASE("server: gpt-oss's harmony replies: reasoning apart, calls as messages
     CHECK(cfg.api.chat.stops.tokens.empty());
     Running run(cfg, s);
     const json messages = {{{"role", "user"}, {"content", "What is 2 plus 3?"}}};
+    // OpenAI's reasoning_effort reaches the template's variable (the request's
+    // chat_template_kwargs win); other values are refused.
+    auto applied = [&](const json& extra) {
+        json body = {{"messages", messages}};
+        if (!extra.is_null()) body.update(extra);
+        return run.post("/apply-template", body);
+    };
+    CHECK(applied(json()).body.find("Reasoning: medium") != std::string::npos);
+    CHECK(applied({{"reasoning_effort", "high"}}).body.find("Reasoning: high") !=
+          std::string::npos);
+    CHECK(applied({{"reasoning_effort", "high"},
+                   {"chat_template_kwargs", {{"reasoning_effort", "low"}}}})
+              .body.find("Reasoning: low") != std::string::npos);
+    const HttpReply bad = applied({{"reasoning_effort", "max"}});
+    CHECK(bad.status == 400);
+    CHECK(bad.body.find("reasoning_effort") != std::string::npos);
 
     // A reply in two channels (a grammar makes the story model write one): the analysis is the
     // reasoning, the final message the content, streamed alike.

@@ -168,7 +168,7 @@ inline const char* const kDeepSeekR1 =
 // <|channel|>analysis text (as the real template drops it).
 inline const char* const kHarmony =
     R"tmpl({#- earlier replies' <|channel|>analysis messages are not written back #}
-<|start|>system<|message|>Reasoning: medium<|end|>
+<|start|>system<|message|>Reasoning: {{ reasoning_effort | default('medium') }}<|end|>
 {%- if tools %}<|start|>developer<|message|># Tools
 {% for t in tools %}type {{ t.function.name }} = (_: {{ t.function.parameters | tojson }}) => any;
 {% endfor %}<|end|>{% endif %}

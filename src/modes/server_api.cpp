@@ -47,6 +47,16 @@ std::string chat_prompt(const ojson& j, const ApiContext& ctx,
         if (kwargs.is_null()) kwargs = ojson::object();
         for (const auto& [k, v] : j["chat_template_kwargs"].items()) kwargs[k] = v;
     }
+    // OpenAI's reasoning_effort reaches templates that read it (gpt-oss's), unless the
+    // request's template variables set it themselves.
+    if (j.contains("reasoning_effort") && !j["reasoning_effort"].is_null()) {
+        const ojson& e = j["reasoning_effort"];
+        if (!e.is_string() || (e != "minimal" && e != "low" && e != "medium" && e != "high"))
+            fail("'reasoning_effort' must be \"minimal\", \"low\", \"medium\" or \"high\" (got {})",
+                 e.dump());
+        if (kwargs.is_null()) kwargs = ojson::object();
+        if (!kwargs.contains("reasoning_effort")) kwargs["reasoning_effort"] = e;
+    }
     if (tools && tools->format != ToolFormat::Generic) {  // the template writes the tools
         const ojson msgs = chat_messages_native(j["messages"]);
         if (msgs.size() > 1 && msgs.back()["role"] == "assistant")
