@@ -27,9 +27,9 @@ std::string header_value(std::string_view header, std::string_view key) {
 // Harmony's split of a reply (harmony_reply): the analysis text is the reasoning, the final
 // and the commentary text without a recipient the answer; while streaming, an open message's
 // text less what may become its end tag.
-ReasoningSplit harmony_split(std::string_view reply, bool streaming) {
+ReasoningSplit harmony_split(const std::vector<HarmonyMessage>& messages, bool streaming) {
     ReasoningSplit out;
-    for (HarmonyMessage& m : harmony_messages(reply)) {
+    for (const HarmonyMessage& m : messages) {
         std::string_view text = m.text;
         if (!m.closed && streaming)
             text = text.substr(0, text.size() - stop_string_holdback(text, kHarmonyEnds));
@@ -61,7 +61,7 @@ size_t reasoning_start(std::string_view reply, bool opened, bool& undecided) {
 }
 
 ReasoningSplit split(std::string_view reply, bool opened, bool streaming) {
-    if (harmony_reply(reply)) return harmony_split(reply, streaming);
+    if (harmony_reply(reply)) return harmony_split(harmony_messages(reply), streaming);
     ReasoningSplit out;
     const std::string_view head = trim_space_left(reply);
     if (streaming && !opened &&
@@ -135,6 +135,10 @@ std::vector<HarmonyMessage> harmony_messages(std::string_view reply) {
         pos = reply.substr(end, kStart.size()) == kStart ? end : end + tag;
     }
     return out;
+}
+
+std::string harmony_content(const std::vector<HarmonyMessage>& messages) {
+    return harmony_split(messages, false).content;
 }
 
 bool prompt_opens_reasoning(std::string_view prompt) {

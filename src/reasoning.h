@@ -46,6 +46,8 @@ bool harmony_reply(std::string_view reply);
 // Harmony's reasoning is the analysis messages' text, its answer the final and the
 // commentary messages' without a recipient (joined by blank lines).
 std::vector<HarmonyMessage> harmony_messages(std::string_view reply);
+// The answer of those messages (reasoning_split's content for a harmony reply).
+std::string harmony_content(const std::vector<HarmonyMessage>& messages);
 
 // A reply split into its reasoning and its answer. `opened`: the prompt opened the block.
 // Without it, a reply whose first non-blank text is "<think>" starts one; any other reply

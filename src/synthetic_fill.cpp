@@ -13,10 +13,6 @@
 namespace kvrun {
 namespace {
 
-// Non-uniform 4-bit grid of IQ4_NL / IQ4_XS (format constant).
-constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                   1,    13,   25,  38,  53,  69,  89,  113};
-
 // Standard normal quantile by bisection on erfc (only used to build 256-entry tables).
 double normal_quantile(double p) {
     double lo = -10.0, hi = 10.0;
@@ -142,7 +138,7 @@ struct Tables {
     CodeTable q6_sym = make_grid_table(32.0, 31.0, 0, 63, 2.7);  // Q6_K
     CodeTable q3_sym = make_grid_table(4.0, 3.0, 1, 7, 2.0);     // Q3_K: unit = code - 4
     CodeTable q2_min = make_grid_table(1.5, 1.5, 0, 3, 1.5);     // Q2_K
-    CodeTable iq4 = make_book_table(kIq4Values, 127.0, 2.7);
+    CodeTable iq4 = make_book_table(quant_detail::kIq4Codebook, 127.0, 2.7);
     CodeTable mxfp4 = make_book_table(quant_detail::kMxfp4Values, 12.0, 2.7);
 };
 

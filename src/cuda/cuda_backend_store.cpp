@@ -76,17 +76,13 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         LayerItems& it = li[l];
         it.attn_norm = add_vector(w.attn_norm);
         it.ffn_norm = add_vector(w.ffn_norm);
-        it.bq = w.bq.empty() ? SIZE_MAX : add_vector(w.bq);
-        it.bk = w.bk.empty() ? SIZE_MAX : add_vector(w.bk);
-        it.bv = w.bv.empty() ? SIZE_MAX : add_vector(w.bv);
-        it.q_norm = w.q_norm.empty() ? SIZE_MAX : add_vector(w.q_norm);
-        it.k_norm = w.k_norm.empty() ? SIZE_MAX : add_vector(w.k_norm);
-        it.attn_post = w.attn_post_norm.empty() ? SIZE_MAX : add_vector(w.attn_post_norm);
-
-        it.ffn_post = w.ffn_post_norm.empty() ? SIZE_MAX : add_vector(w.ffn_post_norm);
+        // Vectors that only some architectures have: SIZE_MAX (a null device pointer) when absent.
         auto optional = [&](const std::vector<float>& v) {
             return v.empty() ? SIZE_MAX : add_vector(v);
         };
+        it.bq = optional(w.bq), it.bk = optional(w.bk), it.bv = optional(w.bv);
+        it.q_norm = optional(w.q_norm), it.k_norm = optional(w.k_norm);
+        it.attn_post = optional(w.attn_post_norm), it.ffn_post = optional(w.ffn_post_norm);
         it.bo = optional(w.bo), it.sinks = optional(w.sinks), it.router_b = optional(w.router_b);
         it.gate_b = optional(w.gate_exps_b), it.up_b = optional(w.up_exps_b);
         it.down_b = optional(w.down_exps_b);

@@ -287,13 +287,14 @@ ChatToolReply parse_harmony(const std::string& text) {
         out.content = text;
         return out;
     }
-    for (const HarmonyMessage& m : harmony_messages(text)) {
+    const std::vector<HarmonyMessage> messages = harmony_messages(text);
+    for (const HarmonyMessage& m : messages) {
         if (!m.recipient.starts_with(kHarmonyFunctions)) continue;
         const ojson j = ojson::parse(trim_space_left(m.text), nullptr, false);
         if (!j.is_object()) continue;
         out.calls.push_back({"", m.recipient.substr(kHarmonyFunctions.size()), j.dump()});
     }
-    out.content = reasoning_split(text, false).content;
+    out.content = harmony_content(messages);
     return out;
 }
 
