@@ -1,0 +1,360 @@
+// The grammars that keep a reply to a native tool format's syntax (chat_tools_grammar).
+#include <algorithm>
+#include <map>
+
+#include "common.h"
+#include "json_schema.h"
+#include "modes/server_tool_impl.h"
+#include "modes/server_tools.h"
+#include "reasoning.h"
+#include "stop_text.h"
+#include "tokenizer.h"
+#include "unicode_text.h"
+
+namespace kvrun {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+using namespace tool_detail;
+
+// The call schema (chat_tools_call_schema) and, for each tool it allows, its name and a
+// $ref to its arguments' schema inside it: for grammars that write the name outside JSON.
+struct CallSchema {
+    ojson schema;
+    std::vector<std::pair<std::string, std::string>> tools;  // (name, "#/.../arguments")
+    const ojson& arguments(size_t k) const {
+        return schema.at(ojson::json_pointer(tools[k].second.substr(1)));
+    }
+};
+CallSchema call_schema(const ChatTools& t) {
+    CallSchema c{chat_tools_call_schema(t, "arguments", false), {}};
+    const bool one = !c.schema.contains("anyOf");
+    const size_t n = one ? 1 : c.schema["anyOf"].size();
+    for (size_t k = 0; k < n; ++k) {
+        const ojson& call = one ? c.schema : c.schema["anyOf"][k];
+        c.tools.emplace_back(call["properties"]["name"]["const"].get<std::string>(),
+                             one ? std::string("#/properties/arguments")
+                                 : fmt::format("#/anyOf/{}/properties/arguments", k));
+    }
+    return c;
+}
+
+// For grammars that write each tool's name outside JSON: a rule "tool-args-k" per tool of
+// `calls` for its arguments (json_schema_to_grammar_rules' (rule, $ref) pairs), and the
+// alternatives "A | B | ..." where alternative(name, rule) writes one tool's call.
+template <class F>
+std::pair<std::vector<std::pair<std::string, std::string>>, std::string> named_alternatives(
+    const CallSchema& calls, F&& alternative) {
+    std::pair<std::vector<std::pair<std::string, std::string>>, std::string> out;
+    auto& [rules, alternatives] = out;
+    for (size_t k = 0; k < calls.tools.size(); ++k) {
+        rules.emplace_back(fmt::format("tool-args-{}", k), calls.tools[k].second);
+        alternatives += (k ? " | " : "") + alternative(calls.tools[k].first, rules.back().first);
+    }
+    return out;
+}
+
+// GBNF for a string literal.
+std::string literal(std::string_view s) {
+    std::string out = "\"";
+    for (char c : s) {
+        if (c == '"' || c == '\\') out += '\\';
+        if (c == '\n') {
+            out += "\\n";
+            continue;
+        }
+        out += c;
+    }
+    return out + "\"";
+}
+
+// GBNF rules `name` (with helpers name-0 .. name-(n-1)) for any text that does not contain
+// `word` (ASCII): a matcher of the word's prefixes, each state a rule that goes on with any
+// character except one that would complete the word.
+std::string gbnf_text_without(std::string_view word, const std::string& name) {
+    std::string alphabet;
+    for (char c : word) {
+        if (static_cast<unsigned char>(c) >= 0x80)
+            fail("gbnf_text_without: '{}' is not ASCII", word);
+        if (alphabet.find(c) == std::string::npos) alphabet += c;
+    }
+    // The longest prefix of `word` that ends the text word[0..k) + c.
+    auto next = [&](size_t k, char c) {
+        const std::string text = std::string(word.substr(0, k)) + c;
+        for (size_t j = std::min(text.size(), word.size()); j > 0; --j)
+            if (text.compare(text.size() - j, j, word.substr(0, j)) == 0) return j;
+        return size_t(0);
+    };
+    auto char_literal = [](char c) { return literal(std::string_view(&c, 1)); };
+    std::string others = "[^";
+    for (char c : alphabet) {
+        if (c == '\n') {
+            others += "\\n";
+            continue;
+        }
+        if (c == ']' || c == '^' || c == '-' || c == '\\') others += '\\';
+        others += c;
+    }
+    others += "]";
+    std::string out = name + " ::= " + name + "-0\n";
+    for (size_t k = 0; k < word.size(); ++k) {
+        out += fmt::format("{}-{} ::= (", name, k);
+        for (char c : alphabet)
+            if (const size_t j = next(k, c); j < word.size())
+                out += fmt::format("{} {}-{} | ", char_literal(c), name, j);
+        out += fmt::format("{} {}-0)?\n", others, name);
+    }
+    return out;
+}
+
+}  // namespace
+
+ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThinking thinking) {
+    ToolGrammar g;
+    // The vocabulary's one token for a text, or -1.
+    auto one_token = [&](std::string_view text) {
+        const std::vector<TokenId> ids = tok.encode(std::string(text), false, true);
+        return ids.size() == 1 && tok.token_to_piece(ids[0], true) == text ? ids[0] : TokenId(-1);
+    };
+    // A control token of the syntax: the token where the vocabulary has it (its text then
+    // shown in the reply), else its text.
+    auto tag = [&](std::string_view text) {
+        const TokenId id = one_token(text);
+        if (id < 0) return literal(text);
+        g.preserved.emplace_back(text);
+        return fmt::format("<[{}]>", id);
+    };
+    // A lazy grammar's start: the tag's token where the vocabulary has it (the tag's text then
+    // shown in the reply), else `pattern` on its text.
+    auto trigger_at = [&](std::string_view tag_text, const std::string& pattern) {
+        if (const TokenId id = one_token(tag_text); id >= 0) {
+            g.triggers.push_back({{"type", "token"}, {"token", id}});
+            if (std::find(g.preserved.begin(), g.preserved.end(), tag_text) == g.preserved.end())
+                g.preserved.emplace_back(tag_text);
+        } else {
+            g.triggers.push_back({{"type", "pattern"}, {"value", pattern}});
+        }
+    };
+    // The grammar's own rules (the schema's keep clear of them).
+    std::vector<std::string> own = {"tool-calls", "tool-block", "think-text"};
+    for (size_t k = 0; k < kThinkClose.size(); ++k) own.push_back(fmt::format("think-text-{}", k));
+    switch (t.format) {
+        case ToolFormat::Hermes: {
+            g.gbnf = json_schema_to_grammar_rule(chat_tools_call_schema(t, "arguments", false),
+                                                 "tool-call", own);
+            g.gbnf += "tool-block ::= " + literal(kHermesOpen) + " \"\\n\"? tool-call \"\\n\"? " +
+                      literal(kHermesClose) + "\n";
+            g.gbnf += t.parallel ? "tool-calls ::= tool-block (\"\\n\" tool-block)*\n"
+                                 : "tool-calls ::= tool-block\n";
+            if (!t.required) g.triggers.push_back({{"type", "word"}, {"value", kHermesOpen}});
+            break;
+        }
+        case ToolFormat::Llama3: {
+            g.gbnf = json_schema_to_grammar_rule(chat_tools_call_schema(t, "parameters", false),
+                                                 "tool-call", own);
+            g.gbnf += "tool-calls ::= tool-call\n";
+            if (!t.required) {
+                // A reply that begins with "{" is a call (from its "{"); so is what follows
+                // the python tag where the vocabulary has it.
+                g.triggers.push_back({{"type", "pattern_full"}, {"value", "\\s*(\\{[\\s\\S]*)"}});
+                if (one_token(kPythonTag) >= 0)
+                    g.triggers.push_back({{"type", "token"}, {"token", one_token(kPythonTag)}});
+            }
+            break;
+        }
+        case ToolFormat::MistralNemo: {
+            g.gbnf = json_schema_to_grammar_rule(chat_tools_call_schema(t, "arguments", true),
+                                                 "tool-call", own);
+            g.gbnf += t.parallel ? "tool-calls ::= \"[\" tool-call (\", \" tool-call)* \"]\"\n"
+                                 : "tool-calls ::= \"[\" tool-call \"]\"\n";
+            // A required call: the prompt ends with "[TOOL_CALLS]" (chat_tools_prompt_suffix).
+            if (t.required) break;
+            trigger_at(kMistralCalls, "\\[TOOL_CALLS\\]\\s*(\\[)");  // (text: from the list on)
+            break;
+        }
+        case ToolFormat::Granite: {
+            // <|tool_call|> (a token where the vocabulary has it) and the list of calls.
+            g.gbnf = json_schema_to_grammar_rule(chat_tools_call_schema(t, "arguments", false),
+                                                 "tool-call", own);
+            own.push_back("calls-tag");
+            g.gbnf += "calls-tag ::= " + tag(kGraniteCall) + "\n";
+            g.gbnf += fmt::format("tool-calls ::= {}\"[\" tool-call{} \"]\"\n",
+                                  t.required ? "calls-tag " : "",
+                                  t.parallel ? " (\", \" tool-call)*" : "");
+            if (t.required) break;
+            trigger_at(kGraniteCall, "<\\|tool_call\\|>\\s*(\\[)");  // (text: from the list on)
+            break;
+        }
+        case ToolFormat::MistralV11: {
+            // One rule per tool for its arguments (the call schema's alternatives), named in
+            // text before them; the control tokens as tokens where the vocabulary has them.
+            // Newer models may give a call an id ([CALL_ID] and 9 letters or digits) before
+            // its arguments; where the vocabulary has no such token, never.
+            const bool ids = one_token(kMistralCallId) >= 0;
+            const CallSchema calls = call_schema(t);
+            const auto [rules, alternatives] =
+                named_alternatives(calls, [&](const std::string& name, const std::string& args) {
+                    return fmt::format("{}{} args-tag {}", literal(name), ids ? " call-id?" : "",
+                                       args);
+                });
+            own.insert(own.end(), {"tool-call", "calls-tag", "args-tag", "call-id"});
+            g.gbnf = json_schema_to_grammar_rules(calls.schema, rules, own);
+            g.gbnf += "tool-call ::= " + alternatives + "\n";
+            g.gbnf += "calls-tag ::= " + tag(kMistralCalls) + "\n";
+            g.gbnf += "args-tag ::= " + tag(kMistralArgs) + "\n";
+            if (ids) g.gbnf += "call-id ::= " + tag(kMistralCallId) + " [a-zA-Z0-9]{9}\n";
+            // A required call: the grammar writes the first [TOOL_CALLS] too; with "auto" it
+            // starts after it.
+            g.gbnf += fmt::format("tool-calls ::= {}tool-call{}\n", t.required ? "calls-tag " : "",
+                                  t.parallel ? " (calls-tag tool-call)*" : "");
+            if (t.required) break;
+            trigger_at(kMistralCalls, "\\[TOOL_CALLS\\]()");  // (text: right after it)
+            break;
+        }
+        case ToolFormat::Qwen3Coder: {
+            // Each tool: its parameters in the schema's order (the required ones always), a
+            // string's value as raw text up to "\n</parameter>", other values as JSON.
+            const CallSchema calls = call_schema(t);
+            std::vector<std::pair<std::string, std::string>> json_rules;
+            std::string rules, alternatives;
+            bool raw_text = false;
+            own.insert(own.end(), {"tool-call", "raw-text"});
+            for (size_t k = 0; k < calls.tools.size(); ++k) {
+                const ojson& args = calls.arguments(k);
+                const std::string& base = calls.tools[k].second;
+                std::string params;
+                if (args.is_object() && args.contains("properties") &&
+                    args["properties"].is_object()) {
+                    const ojson required = args.value("required", ojson::array());
+                    size_t i = 0;
+                    for (const auto& [name, prop] : args["properties"].items()) {
+                        const std::string value = fmt::format("tool-{}-value-{}", k, i++);
+                        std::string body;
+                        if (string_typed(&prop) && prop.contains("enum")) {
+                            for (const ojson& e : prop["enum"])
+                                body += (body.empty() ? "" : " | ") + literal(e.get<std::string>());
+                        } else if (string_typed(&prop) && prop.contains("maxLength")) {
+                            body = fmt::format("[^<]{{{},{}}}", prop.value("minLength", 0),
+                                               prop["maxLength"].get<int64_t>());
+                        } else if (string_typed(&prop)) {
+                            body = "raw-text";
+                            raw_text = true;
+                        } else {  // (a JSON pointer's name is escaped: ~0 ~1)
+                            std::string escaped;
+                            for (char c : name)
+                                escaped += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
+                            json_rules.emplace_back(value, base + "/properties/" + escaped);
+                        }
+                        if (!body.empty()) {
+                            rules += value + " ::= " + body + "\n";
+                            own.push_back(value);
+                        }
+                        const bool needed =
+                            std::find(required.begin(), required.end(), name) != required.end();
+                        params += fmt::format(" ({} {} \"\\n</parameter>\\n\"){}",
+                                              literal(std::string(kXmlParameter) + name + ">\n"),
+                                              value, needed ? "" : "?");
+                    }
+                }
+                alternatives += fmt::format(
+                    "{}{}{} \"</function>\"", k ? " | " : "",
+                    literal(std::string(kXmlFunction) + calls.tools[k].first + ">\n"), params);
+            }
+            g.gbnf = json_rules.empty()
+                         ? ""
+                         : json_schema_to_grammar_rules(calls.schema, json_rules, own);
+            g.gbnf += rules;
+            if (raw_text) g.gbnf += gbnf_text_without("\n</parameter>", "raw-text");
+            g.gbnf += "tool-call ::= " + alternatives + "\n";
+            g.gbnf += "tool-block ::= " + literal(kHermesOpen) + " \"\\n\" tool-call \"\\n\" " +
+                      literal(kHermesClose) + "\n";
+            g.gbnf += t.parallel ? "tool-calls ::= tool-block (\"\\n\" tool-block)*\n"
+                                 : "tool-calls ::= tool-block\n";
+            if (!t.required) g.triggers.push_back({{"type", "word"}, {"value", kHermesOpen}});
+            break;
+        }
+        case ToolFormat::DeepSeekR1: {
+            // Each call names its tool in text, its arguments a JSON block; the tags are
+            // tokens where the vocabulary has them.
+            const CallSchema calls = call_schema(t);
+            const auto [rules, alternatives] =
+                named_alternatives(calls, [&](const std::string& name, const std::string& args) {
+                    return fmt::format("{} \"\\n```json\\n\" {} \"\\n```\"", literal(name), args);
+                });
+            own.insert(own.end(), {"tool-call", "calls-begin", "calls-end", "call-begin",
+                                   "call-end", "call-sep"});
+            g.gbnf = json_schema_to_grammar_rules(calls.schema, rules, own);
+            g.gbnf += "calls-begin ::= " + tag(kR1CallsBegin) + "\n";
+            g.gbnf += "calls-end ::= " + tag(kR1CallsEnd) + "\n";
+            g.gbnf += "call-begin ::= " + tag(kR1CallBegin) + "\n";
+            g.gbnf += "call-end ::= " + tag(kR1CallEnd) + "\n";
+            g.gbnf += "call-sep ::= " + tag(kR1Sep) + "\n";
+            g.gbnf +=
+                "tool-call ::= call-begin \"function\" call-sep (" + alternatives + ") call-end\n";
+            // With "auto" the grammar starts after the first tag.
+            g.gbnf += fmt::format("tool-calls ::= {}tool-call{} calls-end\n",
+                                  t.required ? "calls-begin " : "",
+                                  t.parallel ? " (\"\\n\"? tool-call)*" : "");
+            if (t.required) break;
+            trigger_at(kR1CallsBegin, std::string(kR1CallsBegin) + "()");
+            break;
+        }
+        case ToolFormat::Harmony: {
+            // A call is a commentary message to "functions.NAME" whose text is the arguments:
+            // "<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}", or
+            // with the recipient in the role: "<|start|>assistant to=functions.NAME
+            // <|channel|>commentary json<|message|>{...}". Generation ends at <|call|>.
+            const CallSchema calls = call_schema(t);
+            const auto [rules, alternatives] =
+                named_alternatives(calls, [&](const std::string& name, const std::string& args) {
+                    return fmt::format("{} call-head {}",
+                                       literal(std::string(kHarmonyFunctions) + name), args);
+                });
+            own.insert(own.end(), {"tool-call", "call-head", "analysis"});
+            for (size_t k = 0; k < kHarmonyEnd.size(); ++k)
+                own.push_back(fmt::format("analysis-{}", k));
+            g.gbnf = json_schema_to_grammar_rules(calls.schema, rules, own);
+            g.gbnf +=
+                "call-head ::= \"<|channel|>commentary\"? (\" <|constrain|>json\" | \" json\")? "
+                "\"<|message|>\"\n";
+            g.gbnf += "tool-call ::= " + alternatives + "\n";
+            if (!t.required) {  // the grammar from the recipient on
+                g.gbnf += "tool-calls ::= tool-call\n";
+                g.triggers.push_back(
+                    {{"type", "pattern"}, {"value", "<\\|channel\\|>commentary to=()"}});
+                g.triggers.push_back(
+                    {{"type", "pattern"}, {"value", "<\\|start\\|>assistant to=()"}});
+                break;
+            }
+            // Required: the reasoning may come first (the prompt ends with the assistant's
+            // "<|start|>assistant"), then the call's message.
+            g.gbnf += gbnf_text_without(kHarmonyEnd, "analysis");
+            g.gbnf +=
+                "root ::= (\"<|channel|>analysis<|message|>\" analysis \"<|end|>\" "
+                "\"<|start|>assistant\")? (\"<|channel|>commentary to=\" tool-call | \" to=\" "
+                "tool-call)\n";
+            return g;
+        }
+        case ToolFormat::Generic:
+            fail("chat_tools_grammar: the generic format uses chat_tools_schema");
+    }
+    // A required call in a reply that may think first: the reasoning block, then the calls
+    // (a lazy grammar leaves the text before the calls free anyway).
+    if (!t.required || thinking == ToolThinking::None || t.format == ToolFormat::MistralNemo ||
+        t.format == ToolFormat::MistralV11) {
+        g.gbnf += "root ::= tool-calls\n";
+        return g;
+    }
+    g.gbnf += gbnf_text_without(kThinkClose, "think-text");
+    const std::string close = literal(kThinkClose) + " [ \\t\\n]*";
+    g.gbnf += thinking == ToolThinking::Open
+                  ? "root ::= think-text " + close + " tool-calls\n"
+                  : "root ::= (" + literal(kThinkOpen) + " think-text " + close + ")? tool-calls\n";
+    return g;
+}
+
+std::string chat_tools_prompt_suffix(const ChatTools& t) {
+    return t.format == ToolFormat::MistralNemo && t.required ? std::string(kMistralCalls) : "";
+}
+
+}  // namespace kvrun

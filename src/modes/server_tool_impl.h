@@ -1,0 +1,36 @@
+// Shared by the native tool formats' files (server_tool_formats.cpp: detection, messages and
+// rendering; server_tool_grammar.cpp: the grammars; server_tool_parse.cpp: reading replies).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+#include "modes/server_tools.h"
+
+namespace kvrun::tool_detail {
+
+inline constexpr std::string_view kHermesOpen = "<tool_call>", kHermesClose = "</tool_call>";
+inline constexpr std::string_view kMistralCalls = "[TOOL_CALLS]", kPythonTag = "<|python_tag|>";
+inline constexpr std::string_view kMistralArgs = "[ARGS]", kMistralCallId = "[CALL_ID]";
+inline constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
+inline constexpr std::string_view kXmlFunction = "<function=", kXmlParameter = "<parameter=";
+inline constexpr std::string_view kXmlParameterEnd = "</parameter>", kXmlFunctionEnd = "</function>";
+// DeepSeek R1's tool tokens.
+inline constexpr std::string_view kR1CallsBegin = "<｜tool▁calls▁begin｜>",
+                           kR1CallsEnd = "<｜tool▁calls▁end｜>",
+                           kR1CallBegin = "<｜tool▁call▁begin｜>",
+                           kR1CallEnd = "<｜tool▁call▁end｜>", kR1Sep = "<｜tool▁sep｜>";
+// gpt-oss's harmony tags.
+inline constexpr std::string_view kHarmonyChannel = "<|channel|>", kHarmonyFunctions = "functions.";
+inline constexpr std::string_view kHarmonyEnd = "<|end|>";
+// IBM Granite 3.x's call tag.
+inline constexpr std::string_view kGraniteCall = "<|tool_call|>";
+
+// A parameter's schema in the tools' call schema, or null.
+const nlohmann::ordered_json* parameter_schema(const ChatTools* tools, const std::string& fn,
+                                               const std::string& p);
+// A string parameter's value is its text as written; others are JSON where they parse.
+bool string_typed(const nlohmann::ordered_json* schema);
+
+}  // namespace kvrun::tool_detail

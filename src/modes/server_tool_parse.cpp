@@ -1,0 +1,367 @@
+// Reading a reply back in a native tool format's syntax, whole (chat_tools_parse) or while it
+// is generated (tool_stream_content).
+#include <algorithm>
+#include <map>
+
+#include "common.h"
+#include "json_schema.h"
+#include "modes/server_tool_impl.h"
+#include "modes/server_tools.h"
+#include "reasoning.h"
+#include "stop_text.h"
+#include "tokenizer.h"
+#include "unicode_text.h"
+
+namespace kvrun {
+
+namespace tool_detail {
+using ojson = nlohmann::ordered_json;
+const ojson* parameter_schema(const ChatTools* tools, const std::string& fn, const std::string& p) {
+    if (!tools) return nullptr;
+    for (const ojson& f : tools->functions)
+        if (f["name"] == fn && f.contains("parameters") && f["parameters"].is_object() &&
+            f["parameters"].contains("properties") && f["parameters"]["properties"].contains(p))
+            return &f["parameters"]["properties"][p];
+    return nullptr;
+}
+
+bool string_typed(const ojson* schema) {
+    if (!schema || !schema->is_object()) return false;
+    if (schema->contains("type")) return (*schema)["type"] == "string";
+    if (schema->contains("enum")) {
+        const ojson& e = (*schema)["enum"];
+        return e.is_array() &&
+               std::all_of(e.begin(), e.end(), [](const ojson& v) { return v.is_string(); });
+    }
+    return false;
+}
+}  // namespace tool_detail
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+using namespace tool_detail;
+
+// One call read from the model's JSON: {"name", args_key or the other usual key}.
+bool read_call(const ojson& j, ToolCall& call) {
+    if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return false;
+    call.name = j["name"].get<std::string>();
+    const char* keys[] = {"arguments", "parameters"};
+    call.arguments = "{}";
+    for (const char* k : keys)
+        if (j.contains(k)) {
+            call.arguments = j[k].is_string() ? j[k].get<std::string>() : j[k].dump();
+            break;
+        }
+    return true;
+}
+
+// The JSON object that s begins with (after white space), without what follows it, or "".
+std::string_view object_at(std::string_view s) {
+    const size_t start = s.find_first_not_of(" \n\t\r");
+    if (start == std::string_view::npos || s[start] != '{') return {};
+    int depth = 0;
+    bool in_string = false;
+    for (size_t i = start; i < s.size(); ++i) {
+        const char c = s[i];
+        if (in_string) {
+            if (c == '\\')
+                ++i;
+            else if (c == '"')
+                in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '{' || c == '[') {
+            ++depth;
+        } else if ((c == '}' || c == ']') && --depth == 0) {
+            return s.substr(start, i + 1 - start);
+        }
+    }
+    return {};
+}
+
+// Mistral's templates demand ids of 9 letters and digits: made from the usual id.
+std::string mistral_id(const std::string& id) {
+    static constexpr char kAlnum[] =
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char c : id) h = (h ^ c) * 1099511628211ull;
+    std::string out;
+    for (int i = 0; i < 9; ++i) {
+        out += kAlnum[h % 62];
+        h = h / 62 + (h % 7919) * 2654435761ull;
+    }
+    return out;
+}
+
+ChatToolReply parse_hermes(const std::string& text) {
+    ChatToolReply out;
+    const size_t first = text.find(kHermesOpen);
+    if (first == std::string::npos) {
+        out.content = text;
+        return out;
+    }
+    for (size_t at = first; at != std::string::npos; at = text.find(kHermesOpen, at)) {
+        at += kHermesOpen.size();
+        const size_t end = text.find(kHermesClose, at);
+        // (A block cut short after its object, "</tool_c" say, still holds the call.)
+        const std::string_view body = object_at(std::string_view(text).substr(at));
+        ToolCall call;
+        if (read_call(ojson::parse(body, nullptr, false), call)) out.calls.push_back(call);
+        if (end == std::string::npos) break;
+        at = end + kHermesClose.size();
+    }
+    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, first)));
+    return out;
+}
+
+ChatToolReply parse_llama3(const std::string& text) {
+    ChatToolReply out;
+    std::string_view s = trim_space_left(text);
+    if (s.substr(0, kPythonTag.size()) == kPythonTag)
+        s = trim_space_left(s.substr(kPythonTag.size()));
+    ToolCall call;
+    const ojson j = ojson::parse(trim_space_right(s), nullptr, false);
+    if (read_call(j, call))
+        out.calls.push_back(call);
+    else
+        out.content = text;
+    return out;
+}
+
+ChatToolReply parse_mistral(const std::string& text) {
+    ChatToolReply out;
+    std::string_view s = trim_space_left(text);
+    if (s.substr(0, kMistralCalls.size()) == kMistralCalls)
+        s = trim_space_left(s.substr(kMistralCalls.size()));
+    const ojson j = ojson::parse(trim_space_right(s), nullptr, false);
+    if (j.is_array())
+        for (const ojson& c : j) {
+            ToolCall call;
+            if (read_call(c, call)) out.calls.push_back(call);
+        }
+    if (out.calls.empty()) out.content = text;
+    return out;
+}
+
+// Granite: any text, then <|tool_call|> and a JSON list of {"name", "arguments"}.
+ChatToolReply parse_granite(const std::string& text) {
+    ChatToolReply out;
+    const size_t at = text.find(kGraniteCall);
+    if (at != std::string::npos) {
+        const std::string_view rest = trim_space_right(
+            trim_space_left(std::string_view(text).substr(at + kGraniteCall.size())));
+        const ojson j = ojson::parse(rest, nullptr, false);
+        if (j.is_array())
+            for (const ojson& c : j) {
+                ToolCall call;
+                if (read_call(c, call)) out.calls.push_back(call);
+            }
+    }
+    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, at)));
+    return out;
+}
+
+// [TOOL_CALLS]name[ARGS]{...}, repeated; an id the model adds ([CALL_ID]id) is left out.
+ChatToolReply parse_mistral_v11(const std::string& text) {
+    ChatToolReply out;
+    const size_t first = text.find(kMistralCalls);
+    for (size_t at = first; at != std::string::npos; at = text.find(kMistralCalls, at)) {
+        at += kMistralCalls.size();
+        const size_t args = text.find(kMistralArgs, at);
+        if (args == std::string::npos) break;
+        std::string_view name = std::string_view(text).substr(at, args - at);
+        name = name.substr(0, name.find(kMistralCallId));
+        const std::string_view body =
+            object_at(std::string_view(text).substr(args + kMistralArgs.size()));
+        const ojson j = ojson::parse(body, nullptr, false);
+        if (!j.is_object()) break;
+        out.calls.push_back({"", std::string(trim_space_right(trim_space_left(name))), j.dump()});
+        at = static_cast<size_t>(body.data() + body.size() - text.data());
+    }
+    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, first)));
+    return out;
+}
+
+// <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...</function>\n</tool_call>
+ChatToolReply parse_qwen3_coder(const std::string& text, const ChatTools* tools) {
+    ChatToolReply out;
+    const size_t first = text.find(kHermesOpen);
+    for (size_t at = first; at != std::string::npos; at = text.find(kHermesOpen, at)) {
+        at += kHermesOpen.size();
+        const size_t fn = text.find(kXmlFunction, at);
+        const size_t fn_end = fn == std::string::npos ? fn : text.find('>', fn);
+        if (fn_end == std::string::npos) break;
+        ToolCall call;
+        call.name = trim_space_right(trim_space_left(std::string_view(text).substr(
+            fn + kXmlFunction.size(), fn_end - fn - kXmlFunction.size())));
+        ojson args = ojson::object();
+        const size_t body_end = std::min(text.find(kXmlFunctionEnd, fn_end), text.size());
+        for (size_t p = text.find(kXmlParameter, fn_end); p < body_end;
+             p = text.find(kXmlParameter, p)) {
+            const size_t name_end = text.find('>', p);
+            if (name_end == std::string::npos) break;
+            const std::string name(trim_space_right(trim_space_left(std::string_view(text).substr(
+                p + kXmlParameter.size(), name_end - p - kXmlParameter.size()))));
+            size_t value_end = text.find(kXmlParameterEnd, name_end);
+            const bool cut = value_end == std::string::npos;
+            if (cut) value_end = body_end;
+            std::string_view value =
+                std::string_view(text).substr(name_end + 1, value_end - name_end - 1);
+            if (cut)  // (cut short inside its closing tag)
+                value.remove_suffix(
+                    stop_string_holdback(value, {"\n" + std::string(kXmlParameterEnd)}));
+            if (value.starts_with('\n')) value.remove_prefix(1);
+            if (value.ends_with('\n')) value.remove_suffix(1);
+            const ojson parsed = ojson::parse(value, nullptr, false);
+            args[name] =
+                string_typed(parameter_schema(tools, call.name, name)) || parsed.is_discarded()
+                    ? ojson(std::string(value))
+                    : parsed;
+            p = value_end;
+        }
+        call.arguments = args.dump();
+        out.calls.push_back(std::move(call));
+        at = body_end;
+    }
+    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, first)));
+    return out;
+}
+
+// <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```
+// <｜tool▁call▁end｜>..., the text before the first call the content.
+ChatToolReply parse_deepseek_r1(const std::string& text) {
+    ChatToolReply out;
+    size_t first = text.find(kR1CallsBegin);
+    if (first == std::string::npos) first = text.find(kR1CallBegin);
+    for (size_t at = first; at != std::string::npos; at = text.find(kR1CallBegin, at)) {
+        const size_t sep = text.find(kR1Sep, at);
+        if (sep == std::string::npos) break;
+        const size_t name_start = sep + kR1Sep.size();
+        const size_t name_end = text.find('\n', name_start);
+        if (name_end == std::string::npos) break;
+        std::string_view rest = std::string_view(text).substr(name_end + 1);
+        if (trim_space_left(rest).starts_with("```json")) rest = trim_space_left(rest).substr(7);
+        const std::string_view body = object_at(rest);
+        const ojson j = ojson::parse(body, nullptr, false);
+        if (!j.is_object()) break;
+        out.calls.push_back(
+            {"",
+             std::string(trim_space_right(trim_space_left(
+                 std::string_view(text).substr(name_start, name_end - name_start)))),
+             j.dump()});
+        at = static_cast<size_t>(body.data() + body.size() - text.data());
+    }
+    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, first)));
+    return out;
+}
+
+// Harmony (gpt-oss): each message addressed to "functions.NAME" is a call whose text is its
+// arguments; the final and commentary text for the user is the content.
+ChatToolReply parse_harmony(const std::string& text) {
+    ChatToolReply out;
+    if (!harmony_reply(text)) {
+        out.content = text;
+        return out;
+    }
+    const std::vector<HarmonyMessage> messages = harmony_messages(text);
+    for (const HarmonyMessage& m : messages) {
+        if (!m.recipient.starts_with(kHarmonyFunctions)) continue;
+        const ojson j = ojson::parse(trim_space_left(m.text), nullptr, false);
+        if (!j.is_object()) continue;
+        out.calls.push_back({"", m.recipient.substr(kHarmonyFunctions.size()), j.dump()});
+    }
+    out.content = harmony_content(messages);
+    return out;
+}
+
+// What a stream may show of a reply whose calls start with `tag` after any text: the text
+// before it, without what may begin the tag and without trailing white space.
+ToolAnswerPrefix content_before(std::string_view reply, std::string_view tag) {
+    ToolAnswerPrefix out;
+    out.answer = true;
+    const size_t at = reply.find(tag);
+    std::string_view shown = reply.substr(0, at);
+    if (at == std::string_view::npos)
+        shown.remove_suffix(stop_string_holdback(shown, {std::string(tag)}));
+    out.text = trim_space_right(shown);
+    return out;
+}
+
+}  // namespace
+
+ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
+                               const std::string& id_prefix, const ChatTools* tools) {
+    ChatToolReply out;
+    switch (format) {
+        case ToolFormat::Generic:
+            return chat_tools_parse_generic(text, id_prefix);
+        case ToolFormat::Hermes:
+            out = parse_hermes(text);
+            break;
+        case ToolFormat::Llama3:
+            out = parse_llama3(text);
+            break;
+        case ToolFormat::MistralNemo:
+            out = parse_mistral(text);
+            break;
+        case ToolFormat::MistralV11:
+            out = parse_mistral_v11(text);
+            break;
+        case ToolFormat::Qwen3Coder:
+            out = parse_qwen3_coder(text, tools);
+            break;
+        case ToolFormat::DeepSeekR1:
+            out = parse_deepseek_r1(text);
+            break;
+        case ToolFormat::Harmony:
+            out = parse_harmony(text);
+            break;
+        case ToolFormat::Granite:
+            out = parse_granite(text);
+            break;
+    }
+    for (size_t k = 0; k < out.calls.size(); ++k) {
+        out.calls[k].id = fmt::format("{}_{}", id_prefix, k);
+        if (format == ToolFormat::MistralNemo || format == ToolFormat::MistralV11)
+            out.calls[k].id = mistral_id(out.calls[k].id);
+    }
+    return out;
+}
+
+ToolAnswerPrefix tool_stream_content(ToolFormat format, std::string_view reply) {
+    ToolAnswerPrefix out;
+    switch (format) {
+        case ToolFormat::Generic:
+            return tool_answer_prefix(reply);
+        case ToolFormat::Hermes:
+        case ToolFormat::Qwen3Coder:
+            return content_before(reply, kHermesOpen);
+        case ToolFormat::MistralV11:
+            return content_before(reply, kMistralCalls);
+        case ToolFormat::DeepSeekR1:
+            return content_before(reply, kR1CallsBegin);
+        case ToolFormat::Granite:
+            return content_before(reply, kGraniteCall);
+        case ToolFormat::Harmony:  // the final and commentary text so far
+            out.answer = true;
+            out.text =
+                harmony_reply(reply) ? reasoning_stream(reply, false).content : std::string(reply);
+            return out;
+        case ToolFormat::Llama3:
+        case ToolFormat::MistralNemo: {
+            const std::string_view s = trim_space_left(reply);
+            if (s.empty()) {
+                out.decided = false;
+                return out;
+            }
+            const char call_start = format == ToolFormat::Llama3 ? '{' : '[';
+            out.answer = s.front() != call_start && s.front() != '<';
+            if (out.answer) out.text = reply;
+            return out;
+        }
+    }
+    return out;
+}
+
+}  // namespace kvrun
