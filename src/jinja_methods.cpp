@@ -371,8 +371,51 @@ Value str_method(Interp& in, const Value& self, const std::string& name, Args& a
 
 Value list_method(Interp& in, const Value& self, const std::string& name, Args& args) {
     auto& items = self.list->items;
+    const bool mutates = name != "index" && name != "count" && name != "copy";
+    if (mutates && self.list->tuple) rt_fail("'tuple' object has no attribute '{}'", name);
+    // A Python index (negative from the end) into n items, or a failure naming `what`.
+    auto position = [&](const Value& v, size_t n, const char* what) {
+        int64_t k = as_int(v, what);
+        if (k < 0) k += static_cast<int64_t>(n);
+        if (k < 0 || k >= static_cast<int64_t>(n)) rt_fail("{} index out of range", what);
+        return static_cast<size_t>(k);
+    };
+    if (name == "pop") {
+        auto a = bind_args(args, name, {"index"});
+        if (items.empty()) rt_fail("pop from empty list");
+        const size_t k = a[0].is_undefined() ? items.size() - 1 : position(a[0], items.size(), "pop");
+        Value out = items[k];
+        items.erase(items.begin() + static_cast<std::ptrdiff_t>(k));
+        return out;
+    }
+    if (name == "insert") {  // (Python clamps the index)
+        auto a = bind_args(args, name, {"index", "object"});
+        const int64_t n = static_cast<int64_t>(items.size());
+        int64_t k = as_int(a[0], "insert");
+        k = std::clamp(k < 0 ? k + n : k, int64_t(0), n);
+        items.insert(items.begin() + static_cast<std::ptrdiff_t>(k), a[1]);
+        check_items(items.size());
+        return Value::none();
+    }
+    if (name == "remove") {
+        auto a = bind_args(args, name, {"value"});
+        for (auto it = items.begin(); it != items.end(); ++it)
+            if (py_eq(*it, a[0])) {
+                items.erase(it);
+                return Value::none();
+            }
+        rt_fail("list.remove(x): x not in list");
+    }
+    if (name == "reverse" || name == "clear" || name == "copy") {
+        bind_args(args, name, {});
+        if (name == "copy") return list_of(items);
+        if (name == "reverse")
+            std::reverse(items.begin(), items.end());
+        else
+            items.clear();
+        return Value::none();
+    }
     if (name == "append" || name == "extend") {
-        if (self.list->tuple) rt_fail("'tuple' object has no attribute '{}'", name);
         auto a = bind_args(args, name, {"object"});
         if (name == "append") {
             items.push_back(a[0]);
@@ -393,10 +436,46 @@ Value list_method(Interp& in, const Value& self, const std::string& name, Args& 
 }
 
 Value dict_method(Interp&, const Value& self, const std::string& name, Args& args) {
-    if (name == "get") {
+    auto& items = self.dict->items;
+    if (name == "get" || name == "setdefault") {
         auto a = bind_args(args, name, {"key", "default"});
         const Value* v = self.dict->find(a[0]);
-        return v ? *v : a[1].is_undefined() ? Value::none() : a[1];
+        if (v) return *v;
+        const Value out = a[1].is_undefined() ? Value::none() : a[1];
+        if (name == "setdefault") {
+            self.dict->set(a[0], out);
+            check_items(items.size());
+        }
+        return out;
+    }
+    if (name == "pop") {
+        auto a = bind_args(args, name, {"key", "default"});
+        for (auto it = items.begin(); it != items.end(); ++it)
+            if (py_eq(it->first, a[0])) {
+                Value out = it->second;
+                items.erase(it);
+                return out;
+            }
+        if (a[1].is_undefined()) rt_fail("KeyError: {}", py_repr(a[0]));
+        return a[1];
+    }
+    if (name == "update") {  // (another dict; keyword arguments)
+        Args positional{args.pos, {}};
+        auto a = bind_args(positional, name, {"other"});
+        if (!a[0].is_undefined()) {
+            if (!a[0].is_dict()) rt_fail("dict.update() takes a dict");
+            const auto other = a[0].dict->items;  // (a copy: it may be this dict)
+            for (const auto& [k, v] : other) self.dict->set(k, v);
+        }
+        for (auto& [k, v] : args.kw) self.dict->set(Value::string(k), v);
+        check_items(items.size());
+        return Value::none();
+    }
+    if (name == "copy") {
+        bind_args(args, name, {});
+        Value out = Value::new_dict();
+        out.dict->items = items;
+        return out;
     }
     bind_args(args, name, {});
     std::vector<Value> out;
@@ -420,8 +499,10 @@ Value get_method(const Value& obj, const std::string& name) {
         "endswith", "upper",   "lower",   "capitalize", "title",  "replace",    "find",
         "rfind",    "index",   "rindex",  "count",      "join",   "format",     "isdigit",
         "isalpha",  "isalnum", "isspace", "islower",    "isupper"};
-    static const char* const kList[] = {"append", "extend", "index", "count"};
-    static const char* const kDict[] = {"items", "keys", "values", "get"};
+    static const char* const kList[] = {"append", "extend", "index",   "count", "pop",
+                                        "insert", "remove", "reverse", "copy",  "clear"};
+    static const char* const kDict[] = {"items", "keys",   "values", "get",
+                                        "pop",   "update", "copy",   "setdefault"};
     auto has = [&](const auto& names) {
         return std::any_of(std::begin(names), std::end(names),
                            [&](const char* n) { return name == n; });

@@ -379,6 +379,21 @@ const Case kMethods[] = {
      "es() }}",
      "True True True True False True True ['a', 'b', 'c']"},
     {"{{ l.index(1) }} {{ l.count(3) }} {{ [1, 'a'].index('a') }}", "1 2 1"},
+    // Mutating methods (Kimi K2's template queues call ids with append and pop(0)).
+    {"{% set x = [1, 2, 3, 4] %}{{ x.pop() }}{{ x.pop(0) }}{{ x.pop(-1) }}{{ x }}", "413[2]"},
+    {"{% set x = [1, 2] %}{{ x.insert(0, 'a') }}{{ x.insert(-1, 'b') }}{{ x.insert(9, 'c') }}"
+     "{{ x }}",
+     "NoneNoneNone['a', 1, 'b', 2, 'c']"},
+    {"{% set x = [3, 1, 3] %}{{ x.remove(3) }}{{ x }}{% set y = x.copy() %}{{ y.reverse() }}"
+     "{{ y }}{{ x }}{{ x.clear() }}{{ x }}",
+     "None[1, 3]None[3, 1][1, 3]None[]"},
+    {"{% set ns = namespace(q=['a', 'b']) %}{% set first = ns.q.pop(0) %}{{ first }}{{ ns.q }}",
+     "a['b']"},
+    {"{% set d = {'a': 1} %}{{ d.setdefault('b', 2) }}{{ d.setdefault('a', 9) }}{{ d.pop('a') "
+     "}}{{ d.pop('z', 0) }}{{ d }}",
+     "2110{'b': 2}"},
+    {"{% set d = {'a': 1} %}{% set e = d.copy() %}{{ e.update({'b': 2}, c=3) }}{{ e }}{{ d }}",
+     "None{'a': 1, 'b': 2, 'c': 3}{'a': 1}"},
 };
 
 const char* const kCtxMacros = R"json({"s": "ctx"})json";
@@ -617,6 +632,11 @@ TEST_CASE("jinja: runtime errors") {
         {"{% macro m(a) %}{% endmacro %}{{ m(c=2) }}", "macro 'm' takes no keyword argument 'c'"},
         {"{{ 9223372036854775807 + 1 }}", "integer overflow"},
         {"{{ [1, 'a']|sort }}", "'<' not supported between instances of 'str' and 'int'"},
+        {"{{ [].pop() }}", "pop from empty list"},
+        {"{{ l.pop(3) }}", "pop index out of range"},
+        {"{{ l.remove(7) }}", "list.remove(x): x not in list"},
+        {"{{ {}.pop('k') }}", "KeyError: 'k'"},
+        {"{{ (1, 2).pop() }}", "'tuple' object has no attribute 'pop'"},
     };
     for (auto& c : cases) {
         std::string tmpl = c.tmpl;
