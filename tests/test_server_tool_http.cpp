@@ -55,7 +55,9 @@ TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
         {kQwen3Coder, ChatTemplateKind::ChatML},
         // (ChatML's stops: with DeepSeek3's the chat would think, and this model never stops)
         {kDeepSeekR1, ChatTemplateKind::ChatML},
-        {kGranite, ChatTemplateKind::Granite}};
+        {kGranite, ChatTemplateKind::Granite},
+        {kGlm45, ChatTemplateKind::ChatML},
+        {kKimiK2, ChatTemplateKind::ChatML}};
     for (const auto& tc : templates) {
         ServerConfig cfg = s.config();
         s.set_chat(cfg, tc.kind,
@@ -77,6 +79,9 @@ TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
         check_call(call, both);
         if (format == ToolFormat::MistralNemo || format == ToolFormat::MistralV11)
             CHECK(call["id"].get<std::string>().size() == 9);
+        if (format == ToolFormat::KimiK2)  // the model's own id
+            CHECK(call["id"].get<std::string>().starts_with("functions." +
+                                                            call["function"]["name"].get<std::string>() + ":"));
         const json streamed_calls = streamed_tool_calls(run, body);
         REQUIRE(streamed_calls.size() == 1);
         CHECK(streamed_calls[0]["function"] == call["function"]);
@@ -104,7 +109,7 @@ TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
         REQUIRE_MESSAGE(next.status == 200, next.body);
         const std::string next_prompt = json::parse(next.body)["prompt"];
         CHECK(next_prompt.find(call["function"]["name"].get<std::string>()) != std::string::npos);
-        if (format == ToolFormat::MistralNemo)
+        if (format == ToolFormat::MistralNemo || format == ToolFormat::KimiK2)
             CHECK(next_prompt.find(call["id"].get<std::string>()) != std::string::npos);
 
         // "auto": the story model answers in words (the grammar waits for a call that does not

@@ -191,6 +191,57 @@ inline const char* const kGranite =
 {% endfor %}
 {%- if add_generation_prompt %}<|start_of_role|>assistant<|end_of_role|>{% endif %})tmpl";
 
+// In the style of GLM 4.5's template: a call as <tool_call>name and its arguments as key and
+// value tags (a string as it is, other values as JSON), results in observation turns.
+inline const char* const kGlm45 =
+    R"tmpl([gMASK]<sop>{% if tools %}<|system|>
+Call a tool as <tool_call>NAME
+<arg_key>KEY</arg_key>
+<arg_value>VALUE</arg_value>
+</tool_call>
+<tools>
+{% for t in tools %}{{ t | tojson }}
+{% endfor %}</tools>{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'user' %}<|user|>
+{{ m.content }}
+{%- elif m.role == 'assistant' %}<|assistant|>
+{{ m.content }}
+{%- for c in m.tool_calls or [] %}
+<tool_call>{{ c.function.name }}
+{%- for k, v in c.function.arguments.items() %}
+<arg_key>{{ k }}</arg_key>
+<arg_value>{{ v if v is string else v | tojson }}</arg_value>
+{%- endfor %}
+</tool_call>
+{%- endfor %}
+{%- elif m.role == 'tool' %}<|observation|>
+<tool_response>
+{{ m.content }}
+</tool_response>
+{%- else %}<|system|>
+{{ m.content }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|assistant|>{% endif %})tmpl";
+
+// In the style of Kimi K2's template: the tools declared as JSON, a call under its id
+// (functions.NAME:N) between Kimi's section and call tags, a result under the same id.
+inline const char* const kKimiK2 =
+    R"tmpl({%- if tools %}<|im_system|>tool_declare<|im_middle|>{{ tools | tojson }}<|im_end|>{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'user' %}<|im_user|>user<|im_middle|>
+{%- elif m.role == 'assistant' %}<|im_assistant|>assistant<|im_middle|>
+{%- else %}<|im_system|>{{ m.role }}<|im_middle|>{% endif %}
+{%- if m.role == 'tool' %}## Return of {{ m.tool_call_id }}
+{% endif %}
+{{- m.content or '' }}
+{%- if m.tool_calls %}<|tool_calls_section_begin|>
+{%- for c in m.tool_calls %}<|tool_call_begin|>{{ c.id }}<|tool_call_argument_begin|>{{ c.function.arguments | tojson }}<|tool_call_end|>{% endfor %}<|tool_calls_section_end|>
+{%- endif %}<|im_end|>
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{% endif %})tmpl";
+
 inline ChatTools tools_for(ToolFormat format, const std::string& choice = "auto",
                            bool parallel = true) {
     nlohmann::ordered_json req = {

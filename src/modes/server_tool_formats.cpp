@@ -57,6 +57,8 @@ ToolFormat tool_format_detect(std::string_view src) {
     auto has = [&](std::string_view s) { return src.find(s) != std::string_view::npos; };
     if (has(kHarmonyChannel) && has("commentary") && has(kHarmonyFunctions))
         return ToolFormat::Harmony;
+    if (has(kHermesOpen) && has(kGlmKey)) return ToolFormat::Glm45;
+    if (has(kKimiSection)) return ToolFormat::KimiK2;
     if (has(kHermesOpen) && has(kXmlFunction) && has(kXmlParameter)) return ToolFormat::Qwen3Coder;
     if (has(kR1CallsBegin)) return ToolFormat::DeepSeekR1;
     if (has(kHermesOpen)) return ToolFormat::Hermes;
@@ -86,6 +88,10 @@ const char* tool_format_name(ToolFormat f) {
             return "gpt-oss";
         case ToolFormat::Granite:
             return "granite";
+        case ToolFormat::Glm45:
+            return "glm-4.5";
+        case ToolFormat::KimiK2:
+            return "kimi-k2";
         default:
             return "generic";
     }
@@ -165,6 +171,8 @@ std::string chat_tools_render(const JinjaTemplate& t, ToolFormat format, const o
 }
 
 ojson chat_messages_for_format(ToolFormat format, ojson messages) {
+    // GLM 4.5's template writes a null content as "None".
+    if (format == ToolFormat::Glm45) return chat_messages_content_as_text(std::move(messages));
     if (format != ToolFormat::Granite) return messages;
     // Granite's template writes an assistant's content only: its calls go there, as the
     // model wrote them.

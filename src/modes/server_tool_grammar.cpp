@@ -68,6 +68,60 @@ std::string literal(std::string_view s) {
     return out + "\"";
 }
 
+// The parameters of each tool of an XML-style call syntax (Qwen3-Coder's, GLM 4.5's), in the
+// schema's order: a rule per value (an enum's strings; a string of bounded length; raw-text, a
+// rule the format writes, for other strings; JSON for other types).
+struct XmlArguments {
+    struct Param {
+        std::string name, value_rule;
+        bool required = false;
+    };
+    std::vector<std::vector<Param>> tools;  // per tool of the call schema
+    std::string gbnf;                       // the value rules (not raw-text)
+    bool raw_text = false;                  // some value is raw-text
+};
+XmlArguments xml_arguments(const CallSchema& calls, std::vector<std::string>& own) {
+    XmlArguments out;
+    std::vector<std::pair<std::string, std::string>> json_rules;
+    std::string rules;
+    for (size_t k = 0; k < calls.tools.size(); ++k) {
+        const ojson& args = calls.arguments(k);
+        const std::string& base = calls.tools[k].second;
+        out.tools.emplace_back();
+        if (!args.is_object() || !args.contains("properties") || !args["properties"].is_object())
+            continue;
+        const ojson required = args.value("required", ojson::array());
+        size_t i = 0;
+        for (const auto& [name, prop] : args["properties"].items()) {
+            const std::string value = fmt::format("tool-{}-value-{}", k, i++);
+            std::string body;
+            if (string_typed(&prop) && prop.contains("enum")) {
+                for (const ojson& e : prop["enum"])
+                    body += (body.empty() ? "" : " | ") + literal(e.get<std::string>());
+            } else if (string_typed(&prop) && prop.contains("maxLength")) {
+                body = fmt::format("[^<]{{{},{}}}", prop.value("minLength", 0),
+                                   prop["maxLength"].get<int64_t>());
+            } else if (string_typed(&prop)) {
+                out.raw_text = true;
+            } else {  // (a JSON pointer's name is escaped: ~0 ~1)
+                std::string escaped;
+                for (char c : name) escaped += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
+                json_rules.emplace_back(value, base + "/properties/" + escaped);
+            }
+            if (!body.empty()) {
+                rules += value + " ::= " + body + "\n";
+                own.push_back(value);
+            }
+            const bool needed = std::find(required.begin(), required.end(), name) != required.end();
+            out.tools.back().push_back(
+                {name, string_typed(&prop) && body.empty() ? "raw-text" : value, needed});
+        }
+    }
+    out.gbnf = json_rules.empty() ? "" : json_schema_to_grammar_rules(calls.schema, json_rules, own);
+    out.gbnf += rules;
+    return out;
+}
+
 // GBNF rules `name` (with helpers name-0 .. name-(n-1)) for any text that does not contain
 // `word` (ASCII): a matcher of the word's prefixes, each state a rule that goes on with any
 // character except one that would complete the word.
@@ -215,62 +269,86 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
             // Each tool: its parameters in the schema's order (the required ones always), a
             // string's value as raw text up to "\n</parameter>", other values as JSON.
             const CallSchema calls = call_schema(t);
-            std::vector<std::pair<std::string, std::string>> json_rules;
-            std::string rules, alternatives;
-            bool raw_text = false;
             own.insert(own.end(), {"tool-call", "raw-text"});
+            const XmlArguments args = xml_arguments(calls, own);
+            std::string alternatives;
             for (size_t k = 0; k < calls.tools.size(); ++k) {
-                const ojson& args = calls.arguments(k);
-                const std::string& base = calls.tools[k].second;
                 std::string params;
-                if (args.is_object() && args.contains("properties") &&
-                    args["properties"].is_object()) {
-                    const ojson required = args.value("required", ojson::array());
-                    size_t i = 0;
-                    for (const auto& [name, prop] : args["properties"].items()) {
-                        const std::string value = fmt::format("tool-{}-value-{}", k, i++);
-                        std::string body;
-                        if (string_typed(&prop) && prop.contains("enum")) {
-                            for (const ojson& e : prop["enum"])
-                                body += (body.empty() ? "" : " | ") + literal(e.get<std::string>());
-                        } else if (string_typed(&prop) && prop.contains("maxLength")) {
-                            body = fmt::format("[^<]{{{},{}}}", prop.value("minLength", 0),
-                                               prop["maxLength"].get<int64_t>());
-                        } else if (string_typed(&prop)) {
-                            body = "raw-text";
-                            raw_text = true;
-                        } else {  // (a JSON pointer's name is escaped: ~0 ~1)
-                            std::string escaped;
-                            for (char c : name)
-                                escaped += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
-                            json_rules.emplace_back(value, base + "/properties/" + escaped);
-                        }
-                        if (!body.empty()) {
-                            rules += value + " ::= " + body + "\n";
-                            own.push_back(value);
-                        }
-                        const bool needed =
-                            std::find(required.begin(), required.end(), name) != required.end();
-                        params += fmt::format(" ({} {} \"\\n</parameter>\\n\"){}",
-                                              literal(std::string(kXmlParameter) + name + ">\n"),
-                                              value, needed ? "" : "?");
-                    }
-                }
+                for (const XmlArguments::Param& p : args.tools[k])
+                    params += fmt::format(" ({} {} \"\\n</parameter>\\n\"){}",
+                                          literal(std::string(kXmlParameter) + p.name + ">\n"),
+                                          p.value_rule, p.required ? "" : "?");
                 alternatives += fmt::format(
                     "{}{}{} \"</function>\"", k ? " | " : "",
                     literal(std::string(kXmlFunction) + calls.tools[k].first + ">\n"), params);
             }
-            g.gbnf = json_rules.empty()
-                         ? ""
-                         : json_schema_to_grammar_rules(calls.schema, json_rules, own);
-            g.gbnf += rules;
-            if (raw_text) g.gbnf += gbnf_text_without("\n</parameter>", "raw-text");
+            g.gbnf = args.gbnf;
+            if (args.raw_text) g.gbnf += gbnf_text_without("\n</parameter>", "raw-text");
             g.gbnf += "tool-call ::= " + alternatives + "\n";
             g.gbnf += "tool-block ::= " + literal(kHermesOpen) + " \"\\n\" tool-call \"\\n\" " +
                       literal(kHermesClose) + "\n";
             g.gbnf += t.parallel ? "tool-calls ::= tool-block (\"\\n\" tool-block)*\n"
                                  : "tool-calls ::= tool-block\n";
             if (!t.required) g.triggers.push_back({{"type", "word"}, {"value", kHermesOpen}});
+            break;
+        }
+        case ToolFormat::Glm45: {
+            // <tool_call>NAME, then each parameter (in the schema's order, the required ones
+            // always) as <arg_key>P</arg_key><arg_value>VALUE</arg_value> on lines of their
+            // own, a string's value raw text up to "</arg_value>", others JSON; </tool_call>.
+            // The tags are tokens where the vocabulary has them.
+            const CallSchema calls = call_schema(t);
+            own.insert(own.end(), {"tool-call", "raw-text", "call-open", "call-close", "key-open",
+                                   "key-close", "value-open", "value-close"});
+            const XmlArguments args = xml_arguments(calls, own);
+            std::string alternatives;
+            for (size_t k = 0; k < calls.tools.size(); ++k) {
+                std::string params;
+                for (const XmlArguments::Param& p : args.tools[k])
+                    params += fmt::format(
+                        " (\"\\n\"? key-open {} key-close \"\\n\"? value-open {} value-close){}",
+                        literal(p.name), p.value_rule, p.required ? "" : "?");
+                alternatives += fmt::format("{}{}{}", k ? " | " : "",
+                                            literal(calls.tools[k].first), params);
+            }
+            g.gbnf = args.gbnf;
+            if (args.raw_text) g.gbnf += gbnf_text_without(kGlmValueEnd, "raw-text");
+            g.gbnf += "call-open ::= " + tag(kHermesOpen) + "\n";
+            g.gbnf += "call-close ::= " + tag(kHermesClose) + "\n";
+            g.gbnf += "key-open ::= " + tag(kGlmKey) + "\n";
+            g.gbnf += "key-close ::= " + tag(kGlmKeyEnd) + "\n";
+            g.gbnf += "value-open ::= " + tag(kGlmValue) + "\n";
+            g.gbnf += "value-close ::= " + tag(kGlmValueEnd) + "\n";
+            g.gbnf += "tool-call ::= (" + alternatives + ") \"\\n\"? call-close\n";
+            // With "auto" the grammar starts after the first <tool_call>.
+            g.gbnf += fmt::format("tool-calls ::= {}tool-call{}\n", t.required ? "call-open " : "",
+                                  t.parallel ? " (\"\\n\"? call-open tool-call)*" : "");
+            if (!t.required) trigger_at(kHermesOpen, "<tool_call>()");
+            break;
+        }
+        case ToolFormat::KimiK2: {
+            // functions.NAME:N (the call's index), the arguments as JSON, between Kimi's tags
+            // (tokens where the vocabulary has them).
+            const CallSchema calls = call_schema(t);
+            const auto [rules, alternatives] =
+                named_alternatives(calls, [&](const std::string& name, const std::string& args) {
+                    return fmt::format("{} [0-9]{{1,4}} call-args {}",
+                                       literal(std::string(kHarmonyFunctions) + name + ":"), args);
+                });
+            own.insert(own.end(), {"tool-call", "section-begin", "section-end", "call-begin",
+                                   "call-args", "call-end"});
+            g.gbnf = json_schema_to_grammar_rules(calls.schema, rules, own);
+            g.gbnf += "section-begin ::= " + tag(kKimiSection) + "\n";
+            g.gbnf += "section-end ::= " + tag(kKimiSectionEnd) + "\n";
+            g.gbnf += "call-begin ::= " + tag(kKimiCall) + "\n";
+            g.gbnf += "call-args ::= " + tag(kKimiArgs) + "\n";
+            g.gbnf += "call-end ::= " + tag(kKimiCallEnd) + "\n";
+            g.gbnf += "tool-call ::= call-begin (" + alternatives + ") call-end\n";
+            // With "auto" the grammar starts after the section's tag.
+            g.gbnf += fmt::format("tool-calls ::= {}tool-call{} section-end\n",
+                                  t.required ? "section-begin " : "",
+                                  t.parallel ? " tool-call*" : "");
+            if (!t.required) trigger_at(kKimiSection, "<\\|tool_calls_section_begin\\|>()");
             break;
         }
         case ToolFormat::DeepSeekR1: {

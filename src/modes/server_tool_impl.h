@@ -26,6 +26,15 @@ inline constexpr std::string_view kHarmonyChannel = "<|channel|>", kHarmonyFunct
 inline constexpr std::string_view kHarmonyEnd = "<|end|>";
 // IBM Granite 3.x's call tag.
 inline constexpr std::string_view kGraniteCall = "<|tool_call|>";
+// GLM 4.5's argument tags (its calls are inside Hermes's <tool_call> tags).
+inline constexpr std::string_view kGlmKey = "<arg_key>", kGlmKeyEnd = "</arg_key>";
+inline constexpr std::string_view kGlmValue = "<arg_value>", kGlmValueEnd = "</arg_value>";
+// Kimi K2's tool tokens.
+inline constexpr std::string_view kKimiSection = "<|tool_calls_section_begin|>",
+                                  kKimiSectionEnd = "<|tool_calls_section_end|>",
+                                  kKimiCall = "<|tool_call_begin|>",
+                                  kKimiArgs = "<|tool_call_argument_begin|>",
+                                  kKimiCallEnd = "<|tool_call_end|>";
 
 // A parameter's schema in the tools' call schema, or null.
 const nlohmann::ordered_json* parameter_schema(const ChatTools* tools, const std::string& fn,

@@ -2,6 +2,7 @@
 // is generated (tool_stream_content).
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "common.h"
 #include "json_schema.h"
@@ -183,6 +184,16 @@ ChatToolReply parse_mistral_v11(const std::string& text) {
     return out;
 }
 
+// A parameter's value as written in an XML-style call: a string parameter's text as it is,
+// others JSON where it parses.
+ojson argument_value(const ChatTools* tools, const std::string& fn, const std::string& p,
+                     std::string_view value) {
+    const ojson parsed = ojson::parse(value, nullptr, false);
+    return string_typed(parameter_schema(tools, fn, p)) || parsed.is_discarded()
+               ? ojson(std::string(value))
+               : parsed;
+}
+
 // <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...</function>\n</tool_call>
 ChatToolReply parse_qwen3_coder(const std::string& text, const ChatTools* tools) {
     ChatToolReply out;
@@ -213,16 +224,86 @@ ChatToolReply parse_qwen3_coder(const std::string& text, const ChatTools* tools)
                     stop_string_holdback(value, {"\n" + std::string(kXmlParameterEnd)}));
             if (value.starts_with('\n')) value.remove_prefix(1);
             if (value.ends_with('\n')) value.remove_suffix(1);
-            const ojson parsed = ojson::parse(value, nullptr, false);
-            args[name] =
-                string_typed(parameter_schema(tools, call.name, name)) || parsed.is_discarded()
-                    ? ojson(std::string(value))
-                    : parsed;
+            args[name] = argument_value(tools, call.name, name, value);
             p = value_end;
         }
         call.arguments = args.dump();
         out.calls.push_back(std::move(call));
         at = body_end;
+    }
+    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, first)));
+    return out;
+}
+
+// <tool_call>NAME\n<arg_key>P</arg_key>\n<arg_value>VALUE</arg_value>\n...</tool_call>
+ChatToolReply parse_glm45(const std::string& text, const ChatTools* tools) {
+    ChatToolReply out;
+    const size_t first = text.find(kHermesOpen);
+    for (size_t at = first; at != std::string::npos; at = text.find(kHermesOpen, at)) {
+        at += kHermesOpen.size();
+        const size_t end = std::min(text.find(kHermesClose, at), text.size());
+        const std::string_view body = std::string_view(text).substr(at, end - at);
+        const size_t keys = body.find(kGlmKey);
+        ToolCall call;
+        call.name = trim_space_right(trim_space_left(body.substr(0, keys)));
+        if (call.name.empty()) break;
+        ojson args = ojson::object();
+        for (size_t k = keys; k != std::string_view::npos; k = body.find(kGlmKey, k)) {
+            const size_t key_end = body.find(kGlmKeyEnd, k);
+            const size_t v = key_end == std::string_view::npos ? key_end
+                                                               : body.find(kGlmValue, key_end);
+            if (v == std::string_view::npos) break;
+            const std::string name(trim_space_right(
+                trim_space_left(body.substr(k + kGlmKey.size(), key_end - k - kGlmKey.size()))));
+            const size_t v_end = body.find(kGlmValueEnd, v);
+            std::string_view value = body.substr(v + kGlmValue.size());
+            if (v_end == std::string_view::npos)  // (cut short, perhaps inside its closing tag)
+                value.remove_suffix(stop_string_holdback(value, {std::string(kGlmValueEnd)}));
+            else
+                value = value.substr(0, v_end - v - kGlmValue.size());
+            args[name] = argument_value(tools, call.name, name, value);
+            if (v_end == std::string_view::npos) break;
+            k = v_end;
+        }
+        call.arguments = args.dump();
+        out.calls.push_back(std::move(call));
+        at = end;
+    }
+    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, first)));
+    return out;
+}
+
+// Whether a call's id is Kimi K2's "functions.NAME:N".
+bool kimi_id(const ToolCall& call) {
+    const std::string head = std::string(kHarmonyFunctions) + call.name + ":";
+    return call.id.size() > head.size() && call.id.starts_with(head) &&
+           std::all_of(call.id.begin() + static_cast<std::ptrdiff_t>(head.size()), call.id.end(),
+                       [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:N<|tool_call_argument_begin|>
+// {...}<|tool_call_end|>...<|tool_calls_section_end|>; each call's id is the model's
+// "functions.NAME:N".
+ChatToolReply parse_kimi_k2(const std::string& text) {
+    ChatToolReply out;
+    size_t first = text.find(kKimiSection);
+    if (first == std::string::npos) first = text.find(kKimiCall);
+    for (size_t at = first == std::string::npos ? first : text.find(kKimiCall, first);
+         at != std::string::npos; at = text.find(kKimiCall, at)) {
+        const size_t id_start = at + kKimiCall.size();
+        const size_t args = text.find(kKimiArgs, id_start);
+        if (args == std::string::npos) break;
+        const std::string id(trim_space_right(
+            trim_space_left(std::string_view(text).substr(id_start, args - id_start))));
+        std::string_view name = id;
+        if (name.starts_with(kHarmonyFunctions)) name.remove_prefix(kHarmonyFunctions.size());
+        name = name.substr(0, name.rfind(':'));
+        const std::string_view body =
+            object_at(std::string_view(text).substr(args + kKimiArgs.size()));
+        const ojson j = ojson::parse(body, nullptr, false);
+        if (!j.is_object() || name.empty()) break;
+        out.calls.push_back({id, std::string(name), j.dump()});
+        at = static_cast<size_t>(body.data() + body.size() - text.data());
     }
     out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, first)));
     return out;
@@ -320,8 +401,18 @@ ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
         case ToolFormat::Granite:
             out = parse_granite(text);
             break;
+        case ToolFormat::Glm45:
+            out = parse_glm45(text, tools);
+            break;
+        case ToolFormat::KimiK2:
+            out = parse_kimi_k2(text);
+            break;
     }
+    std::set<std::string> ids;
     for (size_t k = 0; k < out.calls.size(); ++k) {
+        // Kimi K2's template writes the ids back, and the model was trained on its own.
+        if (format == ToolFormat::KimiK2 && kimi_id(out.calls[k]) && ids.insert(out.calls[k].id).second)
+            continue;
         out.calls[k].id = fmt::format("{}_{}", id_prefix, k);
         if (format == ToolFormat::MistralNemo || format == ToolFormat::MistralV11)
             out.calls[k].id = mistral_id(out.calls[k].id);
@@ -343,6 +434,10 @@ ToolAnswerPrefix tool_stream_content(ToolFormat format, std::string_view reply) 
             return content_before(reply, kR1CallsBegin);
         case ToolFormat::Granite:
             return content_before(reply, kGraniteCall);
+        case ToolFormat::Glm45:
+            return content_before(reply, kHermesOpen);
+        case ToolFormat::KimiK2:
+            return content_before(reply, kKimiSection);
         case ToolFormat::Harmony:  // the final and commentary text so far
             out.answer = true;
             out.text =

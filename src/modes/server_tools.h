@@ -62,6 +62,13 @@ class Tokenizer;
 //   Granite      <|tool_call|>[{"name": ..., "arguments": {...}}, ...] after any text (IBM
 //                Granite 3.x), the tag a token where the vocabulary has it; the template
 //                writes an assistant's content only, so earlier calls go there in this form.
+//   Glm45        <tool_call>name\n<arg_key>p</arg_key>\n<arg_value>value</arg_value>\n...
+//                </tool_call> after any text (GLM 4.5/4.6): a string's value is its raw text,
+//                others JSON; several calls one after another.
+//   KimiK2       <|tool_calls_section_begin|><|tool_call_begin|>functions.name:0
+//                <|tool_call_argument_begin|>{...}<|tool_call_end|>...<|tool_calls_section_end|>
+//                after any text (Kimi K2); the id the model writes (functions.name:N) is the
+//                call's id, as its template writes ids back.
 enum class ToolFormat {
     Generic,
     Hermes,
@@ -71,17 +78,20 @@ enum class ToolFormat {
     Qwen3Coder,
     DeepSeekR1,
     Harmony,
-    Granite
+    Granite,
+    Glm45,
+    KimiK2
 };
 
 // From a Jinja chat template's source: "<tool_call>" -> Qwen3Coder with "<function=" and
 // "<parameter=", else Hermes; "<｜tool▁calls▁begin｜>" -> DeepSeekR1; "[TOOL_CALLS]" -> MistralV11
 // with "[ARGS]", else MistralNemo, "<|start_header_id|>" with "ipython" or "<|python_tag|>" ->
 // Llama3, "<|channel|>" with "commentary" and "functions." -> Harmony, "<|tool_call|>" with
-// "<|start_of_role|>" -> Granite, else Generic.
+// "<|start_of_role|>" -> Granite, "<arg_key>" with "<tool_call>" -> Glm45 (before Hermes),
+// "<|tool_calls_section_begin|>" -> KimiK2, else Generic.
 ToolFormat tool_format_detect(std::string_view jinja_source);
 // "generic", "hermes", "llama3", "mistral-nemo", "mistral-v11", "qwen3-coder", "deepseek-r1",
-// "gpt-oss", "granite".
+// "gpt-oss", "granite", "glm-4.5", "kimi-k2".
 // The model's template for requests with tools while a built-in format renders the rest
 // (ChatFormat::tools_jinja): parsed when it shows a native syntax and renders a conversation
 // with a call and its result that shows the tool; null otherwise (the generic format then).
@@ -131,7 +141,8 @@ nlohmann::ordered_json chat_messages_native(const nlohmann::ordered_json& messag
 nlohmann::ordered_json chat_messages_arguments_as_text(nlohmann::ordered_json messages);
 
 // The messages as `format`'s template needs them: Granite's gets each assistant's calls in
-// its content (<|tool_call|>[...]); the others as they are.
+// its content (<|tool_call|>[...]); GLM 4.5's gets "" for a null content (which it would
+// write as "None"); the others as they are.
 nlohmann::ordered_json chat_messages_for_format(ToolFormat format, nlohmann::ordered_json messages);
 
 // The same messages with a null "content" (an assistant's with tool calls) as "", for a
@@ -185,9 +196,10 @@ struct ChatToolReply {
 // Ids are id_prefix + "_" + the call's position (MistralNemo: 9 letters and digits made from
 // them, as its template demands). Generic: an answer cut short ({"response": "It is with no
 // closing quote, max_tokens) gives the answer text so far. Native formats: the text before
-// the calls is the content (Hermes, MistralV11, Qwen3Coder, DeepSeekR1), and a reply that holds no
-// readable call is all content. `tools`: the request's (Qwen3Coder reads a string parameter's value
-// as text, not JSON).
+// the calls is the content (Hermes, MistralV11, Qwen3Coder, DeepSeekR1, Granite, Glm45,
+// KimiK2), and a reply that holds no readable call is all content; KimiK2 keeps the model's
+// ids where they are functions.NAME:N and unique. `tools`: the request's (Qwen3Coder and
+// Glm45 read a string parameter's value as text, not JSON).
 ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
                                const std::string& id_prefix, const ChatTools* tools = nullptr);
 

@@ -1,0 +1,203 @@
+// Tool syntaxes of GLM 4.5 (<tool_call>name with <arg_key>/<arg_value> pairs) and Kimi K2
+// (functions.NAME:N between its section and call tags): detection (GLM's template also holds
+// Hermes's <tool_call>), the template's rendering of a call and its result (expected texts
+// from jinja2 3.1.6 on the same templates), grammars that admit exactly calls of listed tools
+// (with the tags as control tokens too), replies read back and streamed. Over HTTP, both join
+// the sweep of test_server_tool_http.cpp.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "chat_template.h"
+#include "grammar.h"
+#include "modes/server_tools.h"
+#include "server_test_util.h"
+#include "tool_templates.h"
+#include "tool_test_util.h"
+
+using namespace kvrun;
+using namespace kvrun::test;
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+const char* kHistory = R"([
+  {"role": "system", "content": "Be brief."},
+  {"role": "user", "content": "2+3?"},
+  {"role": "assistant", "content": null, "tool_calls": [{"id": "abcDEF123", "type": "function",
+    "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}}]},
+  {"role": "tool", "tool_call_id": "abcDEF123", "content": "5"},
+  {"role": "user", "content": "And 4+4?"}])";
+
+std::string render(const char* source, ToolFormat format) {
+    const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "add",
+        "description": "Adds.", "parameters": {"type": "object",
+        "properties": {"a": {"type": "integer"}}}}}])");
+    return chat_tools_render(JinjaTemplate::parse(source), format,
+                             chat_messages_native(ojson::parse(kHistory)), tools, {});
+}
+
+}  // namespace
+
+TEST_CASE("tool families: detected, and the template writes calls and results as jinja2 does") {
+    CHECK(tool_format_detect(kGlm45) == ToolFormat::Glm45);
+    CHECK(tool_format_detect(kKimiK2) == ToolFormat::KimiK2);
+    CHECK(std::string(tool_format_name(ToolFormat::Glm45)) == "glm-4.5");
+    CHECK(std::string(tool_format_name(ToolFormat::KimiK2)) == "kimi-k2");
+    // Hermes's tag alone is still Hermes.
+    CHECK(tool_format_detect("<tool_call>{{ tools | tojson }}</tool_call>") == ToolFormat::Hermes);
+
+    // GLM: a null content would be written "None"; the server gives "".
+    CHECK(render(kGlm45, ToolFormat::Glm45) ==
+          "[gMASK]<sop><|system|>\nCall a tool as <tool_call>NAME\n<arg_key>KEY</arg_key>\n"
+          "<arg_value>VALUE</arg_value>\n</tool_call>\n<tools>\n{\"type\": \"function\", "
+          "\"function\": {\"name\": \"add\", \"description\": \"Adds.\", \"parameters\": "
+          "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}}}}\n</tools>"
+          "<|system|>\nBe brief.<|user|>\n2+3?<|assistant|>\n<tool_call>add<arg_key>a</arg_key>"
+          "\n<arg_value>2</arg_value><arg_key>b</arg_key>\n<arg_value>3</arg_value></tool_call>"
+          "<|observation|>\n<tool_response>\n5\n</tool_response><|user|>\nAnd 4+4?<|assistant|>");
+    CHECK(chat_messages_for_format(ToolFormat::Glm45,
+                                   chat_messages_native(ojson::parse(kHistory)))[2]["content"] ==
+          "");
+    CHECK(render(kKimiK2, ToolFormat::KimiK2) ==
+          "<|im_system|>tool_declare<|im_middle|>[{\"type\": \"function\", \"function\": "
+          "{\"name\": \"add\", \"description\": \"Adds.\", \"parameters\": {\"type\": "
+          "\"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}}}}]<|im_end|><|im_"
+          "system|>system<|im_middle|>Be brief.<|im_end|><|im_user|>user<|im_middle|>2+3?<|im_"
+          "end|><|im_assistant|>assistant<|im_middle|><|tool_calls_section_begin|><|tool_call_"
+          "begin|>abcDEF123<|tool_call_argument_begin|>{\"a\": 2, \"b\": 3}<|tool_call_end|><|"
+          "tool_calls_section_end|><|im_end|><|im_system|>tool<|im_middle|>## Return of "
+          "abcDEF123\n5<|im_end|><|im_user|>user<|im_middle|>And 4+4?<|im_end|><|im_assistant|>"
+          "assistant<|im_middle|>");
+}
+
+TEST_CASE("tool families: GLM 4.5's key and value tags") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    GgufFile file = GgufFile::open(path);
+    auto tok = Tokenizer::from_gguf(file);
+    const std::string weather =
+        "get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n"
+        "<arg_key>unit</arg_key>\n<arg_value>celsius</arg_value>\n</tool_call>";
+    const std::string add =
+        "add\n<arg_key>a</arg_key>\n<arg_value>2</arg_value>\n<arg_key>b</arg_key>\n"
+        "<arg_value>3</arg_value>\n</tool_call>";
+    auto required =
+        Grammar::parse(chat_tools_grammar(tools_for(ToolFormat::Glm45, "required"), *tok).gbnf);
+    CHECK(grammar_accepts(*required, "<tool_call>" + weather));
+    CHECK(grammar_accepts(*required, "<tool_call>" + weather + "\n<tool_call>" + add));
+    // (the template's own rendering: no new lines around the tags)
+    CHECK(grammar_accepts(*required,
+                          "<tool_call>add<arg_key>a</arg_key><arg_value>2</arg_value><arg_key>b"
+                          "</arg_key><arg_value>3</arg_value></tool_call>"));
+    CHECK_FALSE(grammar_accepts(*required, weather));  // the tag first
+    CHECK_FALSE(grammar_accepts(*required, "<tool_call>rm\n</tool_call>"));
+    CHECK_FALSE(grammar_accepts(*required,  // a required argument left out
+                                "<tool_call>add\n<arg_key>a</arg_key>\n<arg_value>2</arg_value>"
+                                "\n</tool_call>"));
+    CHECK_FALSE(grammar_accepts(*required,  // not an integer
+                                "<tool_call>add\n<arg_key>a</arg_key>\n<arg_value>two</arg_"
+                                "value>\n<arg_key>b</arg_key>\n<arg_value>3</arg_value>\n</tool_"
+                                "call>"));
+    auto single = Grammar::parse(
+        chat_tools_grammar(tools_for(ToolFormat::Glm45, "required", false), *tok).gbnf);
+    CHECK_FALSE(grammar_accepts(*single, "<tool_call>" + weather + "\n<tool_call>" + add));
+    const ToolGrammar lazy = chat_tools_grammar(tools_for(ToolFormat::Glm45), *tok);
+    REQUIRE(lazy.triggers.size() == 1);  // (this vocabulary has no such token: its text)
+    CHECK(lazy.triggers[0]["type"] == "pattern");
+    CHECK(grammar_accepts(*Grammar::parse(lazy.gbnf), add));
+
+    // Read back: a string as it is (even when it reads as JSON), other values as JSON.
+    ChatTools string_city = tools_for(ToolFormat::Glm45);
+    ChatToolReply r = chat_tools_parse(
+        ToolFormat::Glm45,
+        "<think>x</think>Checking.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>"
+        "42</arg_value>\n<arg_key>unit</arg_key>\n<arg_value>celsius</arg_value>\n</tool_call>\n"
+        "<tool_call>add\n<arg_key>a</arg_key>\n<arg_value>2</arg_value>\n<arg_key>b</arg_key>\n"
+        "<arg_value>3</arg_value>\n</tool_call>",
+        "c", &string_city);
+    REQUIRE(r.calls.size() == 2);
+    CHECK(r.calls[0].name == "get_weather");
+    CHECK(r.calls[0].arguments == R"({"city":"42","unit":"celsius"})");
+    CHECK(r.calls[1].arguments == R"({"a":2,"b":3})");
+    CHECK(r.calls[1].id == "c_1");
+    CHECK(r.content == "<think>x</think>Checking.");
+    // Cut short inside a value's closing tag: the value so far.
+    r = chat_tools_parse(ToolFormat::Glm45,
+                         "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_v",
+                         "c", &string_city);
+    REQUIRE(r.calls.size() == 1);
+    CHECK(r.calls[0].arguments == R"({"city":"Oslo"})");
+    CHECK(chat_tools_parse(ToolFormat::Glm45, "No call.", "c").content == "No call.");
+    CHECK(tool_stream_content(ToolFormat::Glm45, "Sure <tool_").text == "Sure");
+    CHECK(tool_stream_content(ToolFormat::Glm45, "Sure <tool_call>add").text == "Sure");
+}
+
+TEST_CASE("tool families: Kimi K2's sections, with the model's ids") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    GgufFile file = GgufFile::open(path);
+    auto tok = Tokenizer::from_gguf(file);
+    auto call = [](const std::string& id, const std::string& args) {
+        return "<|tool_call_begin|>" + id + "<|tool_call_argument_begin|>" + args +
+               "<|tool_call_end|>";
+    };
+    const std::string add = call("functions.add:0", R"({"a": 2, "b": 3})");
+    const std::string weather =
+        call("functions.get_weather:1", R"({"city": "Oslo", "unit": "celsius"})");
+    const std::string begin = "<|tool_calls_section_begin|>", end = "<|tool_calls_section_end|>";
+    auto required =
+        Grammar::parse(chat_tools_grammar(tools_for(ToolFormat::KimiK2, "required"), *tok).gbnf);
+    CHECK(grammar_accepts(*required, begin + add + end));
+    CHECK(grammar_accepts(*required, begin + add + weather + end));
+    CHECK_FALSE(grammar_accepts(*required, add + end));  // the section's tag first
+    CHECK_FALSE(grammar_accepts(*required, begin + call("functions.rm:0", "{}") + end));
+    CHECK_FALSE(grammar_accepts(*required, begin + call("functions.add:x", "{}") + end));
+    CHECK_FALSE(grammar_accepts(*required,
+                                begin + call("functions.add:0", R"({"a": "two", "b": 3})") + end));
+    auto single = Grammar::parse(
+        chat_tools_grammar(tools_for(ToolFormat::KimiK2, "required", false), *tok).gbnf);
+    CHECK_FALSE(grammar_accepts(*single, begin + add + weather + end));
+    const ToolGrammar lazy = chat_tools_grammar(tools_for(ToolFormat::KimiK2), *tok);
+    REQUIRE(lazy.triggers.size() == 1);
+    CHECK(lazy.triggers[0]["type"] == "pattern");
+    CHECK(grammar_accepts(*Grammar::parse(lazy.gbnf), add + end));
+
+    // Read back: the model's ids kept (unique, functions.NAME:N); others replaced.
+    ChatToolReply r = chat_tools_parse(ToolFormat::KimiK2, "Both." + begin + add + weather + end, "c");
+    REQUIRE(r.calls.size() == 2);
+    CHECK(r.content == "Both.");
+    CHECK(r.calls[0].id == "functions.add:0");
+    CHECK(r.calls[0].name == "add");
+    CHECK(r.calls[0].arguments == R"({"a":2,"b":3})");
+    CHECK(r.calls[1].id == "functions.get_weather:1");
+    CHECK(r.calls[1].name == "get_weather");
+    r = chat_tools_parse(ToolFormat::KimiK2, begin + add + add + call("add", "{}") + end, "c");
+    REQUIRE(r.calls.size() == 3);
+    CHECK(r.calls[0].id == "functions.add:0");
+    CHECK(r.calls[1].id == "c_1");  // (the same id again)
+    CHECK(r.calls[2].id == "c_2");  // (no functions. prefix)
+    CHECK(r.calls[2].name == "add");
+    CHECK(chat_tools_parse(ToolFormat::KimiK2, begin + "oops", "c").content == begin + "oops");
+    CHECK(tool_stream_content(ToolFormat::KimiK2, "Sure <|tool_calls_sec").text == "Sure");
+
+    // With Kimi's tags as control tokens: the grammar writes them as tokens and the reply
+    // shows them; the lazy grammar starts at the section's token.
+    Served s(with_control_tokens(path,
+                                 {{"<0x00>", "<|tool_calls_section_begin|>"},
+                                  {"<0x01>", "<|tool_calls_section_end|>"},
+                                  {"<0x02>", "<|tool_call_begin|>"},
+                                  {"<0x03>", "<|tool_call_argument_begin|>"},
+                                  {"<0x04>", "<|tool_call_end|>"}},
+                                 "kvrun-test-kimi-tokens.gguf"),
+             /*n_ctx=*/256);
+    const Tokenizer& ktok = *s.m.tokenizer;
+    const ToolGrammar tokens = chat_tools_grammar(tools_for(ToolFormat::KimiK2), ktok);
+    REQUIRE(tokens.triggers.size() == 1);
+    CHECK(tokens.triggers[0]["type"] == "token");
+    CHECK(tokens.triggers[0]["token"] == ktok.find_token("<|tool_calls_section_begin|>"));
+    CHECK(tokens.preserved.size() == 5);
+    CHECK(tokens.gbnf.find(fmt::format("<[{}]>", ktok.find_token("<|tool_call_end|>"))) !=
+          std::string::npos);
+}
