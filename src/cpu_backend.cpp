@@ -215,7 +215,7 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
         add_block_output(w.attn_post_norm, T);
         // Feed-forward block.
         cpu::rmsnorm(xb_.data(), x_.data(), w.ffn_norm.data(), T, c.n_embd, c.norm_eps);
-        if (c.moe()) {
+        if (c.moe_layer(l)) {
             moe_ffn(w, T);
         } else {
             matmul(gate_.data(), xb_.data(), w.w_gate, T);
@@ -266,20 +266,31 @@ void CpuBackend::moe_ffn(const LayerWeights& w, int64_t T) {
     if (!w.router_b.empty()) cpu::add_bias(router_.data(), w.router_b.data(), T, E);
     // Each token's experts: the K largest softmax probabilities (ties: the lower id), weighted
     // by those probabilities over their sum (the same weights as gpt-oss's softmax over the
-    // chosen logits). routed[e] lists (token, weight).
+    // chosen logits); or (GLM 4.5) the K largest sigmoid(logit) + exp_probs_b, weighted by
+    // their sigmoids, over their sum when moe_norm; times moe_scale. routed[e] lists (token,
+    // weight).
     std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));
     std::vector<int64_t> order(static_cast<size_t>(E));
+    std::vector<float> select(static_cast<size_t>(E));
     for (int64_t t = 0; t < T; ++t) {
         float* p = router_.data() + t * E;
-        cpu::softmax(p, E);
+        if (c.moe_sigmoid)
+            for (int64_t e = 0; e < E; ++e) p[e] = 1.0f / (1.0f + std::exp(-p[e]));
+        else
+            cpu::softmax(p, E);
+        for (int64_t e = 0; e < E; ++e)
+            select[size_t(e)] = w.exp_probs_b.empty() ? p[e] : p[e] + w.exp_probs_b[size_t(e)];
         for (int64_t e = 0; e < E; ++e) order[size_t(e)] = e;
         std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int64_t a, int64_t b) {
-            return p[a] > p[b] || (p[a] == p[b] && a < b);
+            return select[size_t(a)] > select[size_t(b)] ||
+                   (select[size_t(a)] == select[size_t(b)] && a < b);
         });
         double sum = 0;
         for (int64_t k = 0; k < K; ++k) sum += p[order[size_t(k)]];
+        const double div = c.moe_norm && sum > 0 ? sum : 1.0;
         for (int64_t k = 0; k < K; ++k)
-            routed[size_t(order[size_t(k)])].push_back({t, float(p[order[size_t(k)]] / sum)});
+            routed[size_t(order[size_t(k)])].push_back(
+                {t, float(p[order[size_t(k)]] / div * c.moe_scale)});
     }
     moe_out_.assign(size_t(T * D), 0.0f);
     for (int64_t e = 0; e < E; ++e) {
@@ -313,6 +324,17 @@ void CpuBackend::moe_ffn(const LayerWeights& w, int64_t T) {
             const float wt = rows[size_t(i)].second;
             for (int64_t j = 0; j < D; ++j) o[j] += wt * d[j];
         }
+    }
+    if (c.n_expert_shared > 0) {  // the shared experts: every token, weight 1
+        const int64_t Fs = c.n_ff_shexp();
+        moe_gate_.resize(size_t(T * Fs));
+        moe_up_.resize(size_t(T * Fs));
+        moe_down_.resize(size_t(T * D));
+        matmul(moe_gate_.data(), xb_.data(), w.gate_shexp, T);
+        matmul(moe_up_.data(), xb_.data(), w.up_shexp, T);
+        cpu::swiglu(moe_gate_.data(), moe_gate_.data(), moe_up_.data(), T * Fs);
+        matmul(moe_down_.data(), moe_gate_.data(), w.down_shexp, T);
+        for (int64_t i = 0; i < T * D; ++i) moe_out_[size_t(i)] += moe_down_[size_t(i)];
     }
     std::copy(moe_out_.begin(), moe_out_.end(), xb_.begin());
 }

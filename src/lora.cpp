@@ -59,16 +59,16 @@ void attach(ModelWeights& w, const ModelConfig& c, const std::string& path, cons
         l.lora_v.push_back(rows_of(d, c.q_dim() + c.kv_dim(), c.kv_dim()));
     } else if (what == "attn_output.weight") {
         l.lora_o.push_back(d);
-    } else if (what == "ffn_gate.weight" && !c.moe()) {
+    } else if (what == "ffn_gate.weight" && !c.moe_layer(layer)) {
         l.lora_gate.push_back(d);
-    } else if (what == "ffn_up.weight" && !c.moe()) {
+    } else if (what == "ffn_up.weight" && !c.moe_layer(layer)) {
         if (c.fused_gate_up) {  // phi3: the gate's rows, then up's
             l.lora_gate.push_back(rows_of(d, 0, c.n_ff));
             l.lora_up.push_back(rows_of(d, c.n_ff, c.n_ff));
         } else {
             l.lora_up.push_back(d);
         }
-    } else if (what == "ffn_down.weight" && !c.moe()) {
+    } else if (what == "ffn_down.weight" && !c.moe_layer(layer)) {
         l.lora_down.push_back(d);
     } else {
         unsupported();

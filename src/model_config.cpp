@@ -24,24 +24,26 @@ struct ArchTraits {
     bool experts;   // a mixture of experts (expert_count required)
     int nope_step;  // every nope_step-th layer skips RoPE (0: none)
     bool gpt_oss;   // OpenAI's gpt-oss (read_gpt_oss)
+    bool glm4moe;   // GLM 4.5 (read_glm4moe)
 };
 
 // name, NeoX RoPE, Q/K/V biases, Q/K norms, fused gate/up, Gemma generation, Granite, MoE,
 // NoPE step (SmolLM3: layers 3, 7, 11, ... have no RoPE; llama.cpp fixes the step at 4, there is
-// no GGUF key), gpt-oss
+// no GGUF key), gpt-oss, glm4moe
 constexpr ArchTraits kArchs[] = {
-    {"llama", false, false, false, false, 0, false, false, 0, false},
-    {"qwen2", true, true, false, false, 0, false, false, 0, false},
-    {"qwen3", true, false, true, false, 0, false, false, 0, false},
-    {"qwen3moe", true, false, true, false, 0, false, true, 0, false},
-    {"phi3", true, false, false, true, 0, false, false, 0, false},
-    {"gemma", true, false, false, false, 1, false, false, 0, false},
-    {"gemma2", true, false, false, false, 2, false, false, 0, false},
-    {"gemma3", true, false, true, false, 3, false, false, 0, false},
-    {"granite", false, false, false, false, 0, true, false, 0, false},
-    {"granitemoe", false, false, false, false, 0, true, true, 0, false},
-    {"smollm3", false, false, false, false, 0, false, false, 4, false},
-    {"gpt-oss", true, true, false, false, 0, false, true, 0, true},
+    {"llama", false, false, false, false, 0, false, false, 0, false, false},
+    {"qwen2", true, true, false, false, 0, false, false, 0, false, false},
+    {"qwen3", true, false, true, false, 0, false, false, 0, false, false},
+    {"qwen3moe", true, false, true, false, 0, false, true, 0, false, false},
+    {"phi3", true, false, false, true, 0, false, false, 0, false, false},
+    {"gemma", true, false, false, false, 1, false, false, 0, false, false},
+    {"gemma2", true, false, false, false, 2, false, false, 0, false, false},
+    {"gemma3", true, false, true, false, 3, false, false, 0, false, false},
+    {"granite", false, false, false, false, 0, true, false, 0, false, false},
+    {"granitemoe", false, false, false, false, 0, true, true, 0, false, false},
+    {"smollm3", false, false, false, false, 0, false, false, 4, false, false},
+    {"gpt-oss", true, true, false, false, 0, false, true, 0, true, false},
+    {"glm4moe", true, true, false, false, 0, false, true, 0, false, true},
 };
 
 // A positive integer key, either a scalar or an array whose elements are all equal
@@ -185,10 +187,53 @@ void read_granite(const GgufFile& f, const std::string& a, ModelConfig& c) {
 // OpenAI's gpt-oss: every other layer (the even ones) attends to a sliding window; each head
 // has a learned attention sink; the experts use the clamped SwiGLU (llama.cpp's constants).
 void read_gpt_oss(const GgufFile& f, const std::string& a, ModelConfig& c) {
+    c.ffn_norm_post_attention = true;
     c.swa_pattern = 2;
     c.n_swa = read_count(f, a + "attention.sliding_window", 0, true);
     c.attn_sinks = true;
     c.swiglu_oai = true;
+}
+
+// GLM 4.5 (glm4moe): leading dense layers, a sigmoid router with a selection bias, shared
+// experts, multi-token-prediction layers at the end that are not run. Read after the experts.
+void read_glm4moe(const GgufFile& f, const std::string& a, ModelConfig& c) {
+    // A count that may be 0.
+    auto count = [&](const std::string& key, bool required) -> int64_t {
+        const GgufValue* v = f.find(key);
+        if (!v) {
+            if (required) fail("{}: missing required key '{}'", f.path(), key);
+            return 0;
+        }
+        if (!v->is_int() || v->as_int() < 0 || v->as_int() > (int64_t(1) << 20))
+            fail("{}: key '{}' must be a count (an integer from 0)", f.path(), key);
+        return v->as_int();
+    };
+    c.ffn_norm_post_attention = true;
+    c.n_layer_dense = count(a + "leading_dense_block_count", true);
+    c.n_expert_shared = count(a + "expert_shared_count", true);
+    c.moe_norm = f.get_bool_or(a + "expert_weights_norm", false);
+    const double scale = f.get_float_or(a + "expert_weights_scale", -1.0);
+    if (!(scale > 0) || !std::isfinite(scale))
+        fail("{}: {}expert_weights_scale must be given and positive", f.path(), a);
+    c.moe_scale = float(scale);
+    const int64_t gating = f.has(a + "expert_gating_func")
+                               ? read_count(f, a + "expert_gating_func", 2, false)
+                               : 2;  // (llama.cpp's default for this architecture)
+    if (gating != 1 && gating != 2)
+        fail("{}: {}expert_gating_func {} is not 1 (softmax) or 2 (sigmoid)", f.path(), a, gating);
+    c.moe_sigmoid = gating == 2;
+    if (!c.moe_sigmoid) c.moe_norm = true;  // (the softmax router always renormalizes here)
+    c.n_nextn = count(a + "nextn_predict_layers", false);
+    if (c.n_nextn >= c.n_layer)
+        fail("{}: {}nextn_predict_layers {} leaves no layer of block_count {}", f.path(), a,
+             c.n_nextn, c.n_layer);
+    c.n_layer -= c.n_nextn;
+    if (c.n_layer_dense > c.n_layer)
+        fail("{}: {}leading_dense_block_count {} exceeds the {} layers", f.path(), a,
+             c.n_layer_dense, c.n_layer);
+    if (c.n_layer_dense > 0 && c.n_ff == c.n_ff_exp && !f.has(a + "feed_forward_length"))
+        fail("{}: missing required key '{}feed_forward_length' (the dense layers' width)",
+             f.path(), a);
 }
 
 }  // namespace
@@ -203,10 +248,10 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
         throw Error(
             fmt::format("{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, "
                         "qwen3moe, phi3, gemma, gemma2, gemma3, granite, granitemoe, smollm3, "
-                        "gpt-oss)",
+                        "gpt-oss, glm4moe)",
                         f.path(), c.arch),
             "kvrun runs llama-family models (Llama, Mistral, TinyLlama, SmolLM, Qwen2, Qwen3, "
-            "Qwen3 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3, Granite 3, SmolLM3, gpt-oss)");
+            "Qwen3 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3, Granite 3, SmolLM3, gpt-oss, GLM 4.5)");
     }
     c.rope_neox = traits->rope_neox;
     c.qkv_bias = traits->qkv_bias;
@@ -265,6 +310,7 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     } else if (traits->experts) {
         fail("{}: missing required key '{}expert_count'", f.path(), a);
     }
+    if (traits->glm4moe) read_glm4moe(f, a, c);
     return c;
 }
 

@@ -77,6 +77,24 @@ struct ModelConfig {
     // weighted by those probabilities renormalized to sum 1. 0: a dense FFN.
     int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
     bool moe() const { return n_expert > 0; }
+    // GLM 4.5 (glm4moe): the first n_layer_dense layers have a dense FFN of width n_ff
+    // (leading_dense_block_count); the router gates each expert with a sigmoid instead of the
+    // softmax (moe_sigmoid), chooses the top experts by sigmoid plus a per-expert selection
+    // bias (exp_probs_b) but weights them by the sigmoid alone, over their sum when moe_norm,
+    // times moe_scale (expert_weights_scale); n_expert_shared shared experts, one SwiGLU FFN
+    // of width n_ff_exp * n_expert_shared, add to every token's output. The softmax router
+    // always renormalizes (moe_norm true).
+    int64_t n_layer_dense = 0, n_expert_shared = 0;
+    bool moe_sigmoid = false, moe_norm = true;
+    float moe_scale = 1.0f;
+    bool moe_layer(int64_t l) const { return moe() && l >= n_layer_dense; }
+    int64_t n_ff_shexp() const { return n_ff_exp * n_expert_shared; }
+    // Trailing layers for multi-token prediction (nextn_predict_layers, GLM 4.5) are in the
+    // file but not run: block_count minus n_nextn is n_layer.
+    int64_t n_nextn = 0;
+    // The FFN's input norm is the tensor llama.cpp names post_attention_norm (gpt-oss, GLM 4.5:
+    // Hugging Face's post_attention_layernorm), not ffn_norm.
+    bool ffn_norm_post_attention = false;
     // gpt-oss: each head's softmax has a learned sink logit (attn_sinks.weight; the mass it
     // takes goes to no token), and the experts use OpenAI's clamped SwiGLU
     // (cpu::swiglu_oai with swiglu_alpha, swiglu_limit). Its biases (attention output, router,
@@ -130,7 +148,7 @@ void apply_rope_overrides(ModelConfig& c, const RopeOverrides& o);
 
 // Reads and validates the hyperparameters. Throws Error naming the key for a missing or
 // invalid value, and "unsupported architecture 'x' (supported: llama, qwen2, qwen3, qwen3moe,
-// phi3, gemma, gemma2, gemma3, granite, granitemoe, smollm3, gpt-oss)".
+// phi3, gemma, gemma2, gemma3, granite, granitemoe, smollm3, gpt-oss, glm4moe)".
 ModelConfig model_config_from_gguf(const GgufFile& file);
 
 }  // namespace kvrun

@@ -155,7 +155,7 @@ PreTokenizerSpec pretokenizer_spec(const std::string& pre) {
         s.regexes = {kQwen2};
     } else if (name_in(pre, {"poro-chat", "bloom", "gpt3-finnish"})) {
         s.regexes = {kPoro};
-    } else if (pre == "chatglm-bpe") {
+    } else if (name_in(pre, {"chatglm-bpe", "glm4"})) {  // (GLM 4.x: no BOS of its own)
         s.regexes = {kLlama3};
         s.no_bos = true;
     } else if (pre == "viking") {

@@ -56,7 +56,8 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
     const float s = c.weight_std;
     std::vector<TensorPlan> p;
     p.push_back({"token_embd.weight", c.type, {c.n_embd, n_vocab}, s, 0});
-    for (int64_t i = 0; i < c.n_layer; ++i) {
+    const bool glm = c.arch == "glm4moe";
+    for (int64_t i = 0; i < c.n_layer + (glm ? c.n_nextn : 0); ++i) {
         auto nm = [&](const char* what) { return fmt::format("blk.{}.{}.weight", i, what); };
         auto bias = [&](const char* what) { return fmt::format("blk.{}.{}.bias", i, what); };
         const GgmlType more =
@@ -71,11 +72,13 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
             p.push_back({nm("attn_v"), more, {c.n_embd, n_embd_kv}, s, 0});
         }
         const bool oai = c.arch == "gpt-oss";
-        if (c.arch == "qwen2" || oai) {  // biases of a few times the projections' typical output
+        if (c.arch == "qwen2" || oai || glm) {  // biases of a few times the projections' output
             p.push_back({bias("attn_q"), GgmlType::F32, {n_embd_q}, kBiasStd, 0});
             p.push_back({bias("attn_k"), GgmlType::F32, {n_embd_kv}, kBiasStd, 0});
             p.push_back({bias("attn_v"), GgmlType::F32, {n_embd_kv}, kBiasStd, 0});
-        } else if (c.arch == "qwen3" || c.arch == "qwen3moe" || c.arch == "gemma3") {
+        }
+        if (c.arch == "qwen3" || c.arch == "qwen3moe" || c.arch == "gemma3" ||
+            (glm && c.glm_qk_norm)) {
             p.push_back({nm("attn_q_norm"), GgmlType::F32, {head_dim}, kNormStd, 1});
             p.push_back({nm("attn_k_norm"), GgmlType::F32, {head_dim}, kNormStd, 1});
         }
@@ -86,10 +89,10 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
         }
         if (c.arch == "gemma2" || c.arch == "gemma3")
             p.push_back({nm("post_attention_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
-        // gpt-oss calls the FFN's input norm post_attention_norm.
-        p.push_back(
-            {nm(oai ? "post_attention_norm" : "ffn_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
-        if (c.n_expert > 0) {  // router and stacked experts
+        // gpt-oss and GLM 4.5 call the FFN's input norm post_attention_norm.
+        p.push_back({nm(oai || glm ? "post_attention_norm" : "ffn_norm"), GgmlType::F32,
+                     {c.n_embd}, kNormStd, 1});
+        if (c.n_expert > 0 && (!glm || i >= c.n_layer_dense)) {  // router and stacked experts
             const int64_t fe = c.n_ff_exp > 0 ? c.n_ff_exp : c.n_ff;
             const GgmlType te = c.expert_type != GgmlType::F32 ? c.expert_type : c.type;
             const GgmlType te_more = c.expert_type != GgmlType::F32 ? c.expert_type : more;
@@ -103,6 +106,15 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
                 p.push_back({bias("ffn_up_exps"), GgmlType::F32, {fe, c.n_expert}, s, 0});
                 p.push_back(
                     {bias("ffn_down_exps"), GgmlType::F32, {c.n_embd, c.n_expert}, s_out, 0});
+            }
+            if (glm) {  // the router's selection bias; the shared experts
+                p.push_back({bias("exp_probs_b"), GgmlType::F32, {c.n_expert}, kBiasStd, 0});
+                const int64_t fs = fe * c.n_expert_shared;
+                if (fs > 0) {
+                    p.push_back({nm("ffn_gate_shexp"), c.type, {c.n_embd, fs}, s, 0});
+                    p.push_back({nm("ffn_up_shexp"), c.type, {c.n_embd, fs}, s, 0});
+                    p.push_back({nm("ffn_down_shexp"), more, {fs, c.n_embd}, s_out, 0});
+                }
             }
         } else {
             if (c.arch == "phi3") {  // the gate's rows, then up's, in ffn_up
@@ -222,7 +234,7 @@ void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) 
     if (quantized) w.set_u32("general.quantization_version", 2);
     w.set_u32(a + "context_length", uint32_t(c.n_ctx));
     w.set_u32(a + "embedding_length", uint32_t(c.n_embd));
-    w.set_u32(a + "block_count", uint32_t(c.n_layer));
+    w.set_u32(a + "block_count", uint32_t(c.n_layer + (c.arch == "glm4moe" ? c.n_nextn : 0)));
     w.set_u32(a + "feed_forward_length", uint32_t(c.n_ff));
     w.set_u32(a + "rope.dimension_count", uint32_t(c.rope_dims > 0 ? c.rope_dims : head_dim));
     w.set_u32(a + "attention.head_count", uint32_t(c.n_head));
@@ -270,6 +282,14 @@ void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) 
     } else if (c.arch == "gpt-oss") {
         w.set_u32(a + "attention.sliding_window",
                   uint32_t(c.sliding_window > 0 ? c.sliding_window : 128));
+    }
+    if (c.arch == "glm4moe") {
+        w.set_u32(a + "leading_dense_block_count", uint32_t(c.n_layer_dense));
+        w.set_u32(a + "expert_shared_count", uint32_t(c.n_expert_shared));
+        w.set_f32(a + "expert_weights_scale", float(c.expert_weights_scale));
+        w.set_bool(a + "expert_weights_norm", c.expert_weights_norm);
+        w.set_u32(a + "expert_gating_func", 2);  // sigmoid
+        w.set_u32(a + "nextn_predict_layers", uint32_t(c.n_nextn));
     }
     // Provenance, so a benchmark report can say what it ran on.
     w.set_u64("kvrun.synthetic.seed", c.seed);
@@ -323,7 +343,7 @@ std::vector<std::string> synthetic_preset_names() {
             "mixtral-8x7b",      "phi3-mini",  "phi3-mini-128k", "phi4",
             "gemma2-2b",         "gemma3-1b",  "gemma3-4b",      "granite3-8b",
             "granite3-3b-a800m", "smollm3-3b", "phi4-mini",      "gpt-oss-20b",
-            "gpt-oss-120b",      "tiny"};
+            "gpt-oss-120b",      "glm4.5-air", "tiny"};
 }
 
 SyntheticModelConfig synthetic_preset(std::string_view name) {
@@ -415,6 +435,13 @@ SyntheticModelConfig synthetic_preset(std::string_view name) {
         c.expert_type = GgmlType::MXFP4;
         c.n_vocab = 201088, c.rope_base = 150000, c.n_ctx = 131072, c.norm_eps = 1e-5;
         c.rope_scaling = "yarn", c.rope_factor = 32, c.rope_orig_ctx = 4096;
+    } else if (name == "glm4.5-air") {  // 128 experts of width 1408, 8 per token, 1 shared
+        c.arch = "glm4moe", c.head_dim = 128, c.rope_dims = 64;
+        c.n_layer = 46, c.n_nextn = 1, c.n_layer_dense = 1, c.n_embd = 4096, c.n_head = 96;
+        c.n_head_kv = 8, c.n_ff = 10944;
+        c.n_expert = 128, c.n_expert_used = 8, c.n_ff_exp = 1408, c.n_expert_shared = 1;
+        c.expert_weights_scale = 1.0, c.expert_weights_norm = true;
+        c.n_vocab = 151552, c.rope_base = 1000000, c.n_ctx = 131072, c.norm_eps = 1e-5;
     } else if (name == "tiny") {
         c.n_layer = 2, c.n_embd = 256, c.n_head = 4, c.n_head_kv = 2, c.n_ff = 512;
         c.n_vocab = 512, c.rope_base = 10000, c.n_ctx = 2048, c.norm_eps = 1e-5;
@@ -466,16 +493,23 @@ void synthetic_validate(const SyntheticModelConfig& c) {
     if (c.vocab_from.empty()) positive("n_vocab", c.n_vocab, int64_t(1) << 24);
     if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "qwen3moe" &&
         c.arch != "phi3" && !is_gemma(c) && c.arch != "granite" && c.arch != "granitemoe" &&
-        c.arch != "smollm3" && c.arch != "gpt-oss")
+        c.arch != "smollm3" && c.arch != "gpt-oss" && c.arch != "glm4moe")
         fail(
             "synthetic model: architecture '{}' is not one of llama, qwen2, qwen3, qwen3moe, phi3, "
-            "gemma, gemma2, gemma3, granite, granitemoe, smollm3, gpt-oss",
+            "gemma, gemma2, gemma3, granite, granitemoe, smollm3, gpt-oss, glm4moe",
             c.arch);
-    const bool moe_arch = c.arch == "qwen3moe" || c.arch == "granitemoe" || c.arch == "gpt-oss";
+    const bool moe_arch = c.arch == "qwen3moe" || c.arch == "granitemoe" || c.arch == "gpt-oss" ||
+                          c.arch == "glm4moe";
     if (moe_arch != (c.n_expert > 0) && c.arch != "llama")
         fail(
-            "synthetic model: experts need arch qwen3moe, granitemoe, gpt-oss or llama (Mixtral), "
-            "and qwen3moe, granitemoe and gpt-oss need experts");
+            "synthetic model: experts need arch qwen3moe, granitemoe, gpt-oss, glm4moe or llama "
+            "(Mixtral), and those but llama need experts");
+    if (c.arch == "glm4moe" &&
+        (c.n_layer_dense < 0 || c.n_layer_dense > c.n_layer || c.n_expert_shared < 0 ||
+         c.n_nextn < 0 || c.n_nextn > 8 || !(c.expert_weights_scale > 0)))
+        fail(
+            "synthetic model: glm4moe needs 0 <= dense layers <= n_layer, shared experts >= 0, "
+            "0 <= nextn layers <= 8 and a positive expert weights scale");
     if (!(c.granite_embedding_scale > 0) || !(c.granite_residual_scale > 0) ||
         !(c.granite_logit_scale > 0) || !(c.granite_attention_scale >= 0))
         fail("synthetic model: Granite's multipliers must be positive");
@@ -615,6 +649,15 @@ SyntheticModelStats synthetic_draft_write(const std::string& src_path, int64_t n
     GgufWriter w(uint32_t(src.alignment()));
     for (const auto& [key, value] : src.metadata()) w.set_value(key, value);
     w.set_value(count_key, gguf_make_uint(GgufValueType::UINT32, uint64_t(n_layer)));
+    // GLM 4.5: the kept layers are all run (no multi-token-prediction layer at the end), and
+    // at most all of them are dense.
+    if (src.has(arch + ".nextn_predict_layers"))
+        w.set_value(arch + ".nextn_predict_layers", gguf_make_uint(GgufValueType::UINT32, 0));
+    if (src.has(arch + ".leading_dense_block_count"))
+        w.set_value(arch + ".leading_dense_block_count",
+                    gguf_make_uint(GgufValueType::UINT32,
+                                   uint64_t(std::min<int64_t>(
+                                       n_layer, src.get_int(arch + ".leading_dense_block_count")))));
     w.set_string("general.name",
                  fmt::format("{} (first {} of {} layers)",
                              src.get_string_or("general.name", "model"), n_layer, n_src));

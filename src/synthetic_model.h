@@ -27,7 +27,8 @@ struct SyntheticModelConfig {
     // soft caps, sliding window), gemma3 (post norms, Q/K norms, sliding window): always a
     // tied output; granite, granitemoe (llama / Mixtral-style experts with Granite's four
     // multipliers below); smollm3 (no RoPE on layers 3, 7, 11, ...); gpt-oss (experts with
-    // biases, Q/K/V/output biases, attention sinks, a sliding window on even layers).
+    // biases, Q/K/V/output biases, attention sinks, a sliding window on even layers); glm4moe
+    // (below).
     std::string arch = "llama";
     // gemma2 / gemma3 / gpt-oss: attention.sliding_window (0: 4096 / 1024 / 128)
     int64_t sliding_window = 0;
@@ -38,6 +39,14 @@ struct SyntheticModelConfig {
     // The experts' type (ffn_*_exps) when it differs from `type` (gpt-oss's GGUFs: MXFP4);
     // F32 means `type`.
     GgmlType expert_type = GgmlType::F32;
+    // glm4moe (GLM 4.5): Q/K/V biases; the first n_layer_dense layers dense (n_ff), the others
+    // experts with a sigmoid router and its selection bias (exp_probs_b), n_expert_shared shared
+    // experts (ffn_*_shexp), expert_weights_scale and expert_weights_norm; n_nextn more layers
+    // at the end (multi-token prediction: in the file, not run); glm_qk_norm: per-head Q/K
+    // norms (GLM 4.5 355B has them, Air not).
+    int64_t n_layer_dense = 1, n_expert_shared = 1, n_nextn = 0;
+    double expert_weights_scale = 1.0;
+    bool expert_weights_norm = true, glm_qk_norm = false;
     // granite / granitemoe keys: embedding_scale, attention.scale, residual_scale, logit_scale
     // (Granite 3.x 8B's values; attention.scale 0: 1 / head_dim).
     double granite_embedding_scale = 12.0, granite_attention_scale = 0.0;
@@ -104,7 +113,7 @@ int64_t synthetic_head_dim(const SyntheticModelConfig& cfg);
 // Names accepted by synthetic_preset: llama2-7b, llama3-8b, llama3.1-8b, llama-1b, qwen2.5-7b,
 // qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, phi3-mini, phi3-mini-128k, phi4,
 // gemma2-2b, gemma3-1b, gemma3-4b, granite3-8b, granite3-3b-a800m, smollm3-3b, phi4-mini,
-// gpt-oss-20b, gpt-oss-120b, tiny.
+// gpt-oss-20b, gpt-oss-120b, glm4.5-air, tiny.
 std::vector<std::string> synthetic_preset_names();
 // The hyperparameters of a preset (type F32, other fields default). Throws Error for an
 // unknown name, listing the known ones.

@@ -145,15 +145,16 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
         if (c.attn_sinks || f.find_tensor(name("attn_output.bias")))
             l.bo = load_vector(f, name("attn_output.bias"), c.n_embd);
         if (c.attn_sinks) l.sinks = load_vector(f, name("attn_sinks.weight"), c.n_head);
-        // gpt-oss names the FFN's input norm post_attention_norm (Gemma's is another norm).
+        // gpt-oss and GLM 4.5 name the FFN's input norm post_attention_norm (Gemma's is
+        // another norm).
         l.ffn_norm = load_vector(
-            f, name(c.arch == "gpt-oss" ? "post_attention_norm.weight" : "ffn_norm.weight"),
+            f, name(c.ffn_norm_post_attention ? "post_attention_norm.weight" : "ffn_norm.weight"),
             c.n_embd);
         if (c.post_norms) {
             l.attn_post_norm = load_vector(f, name("post_attention_norm.weight"), c.n_embd);
             l.ffn_post_norm = load_vector(f, name("post_ffw_norm.weight"), c.n_embd);
         }
-        if (c.moe()) {  // experts stacked in 3-D tensors: expert e is a contiguous slice
+        if (c.moe_layer(i)) {  // experts stacked in 3-D tensors: expert e is a contiguous slice
             l.router = load_matrix(f, name("ffn_gate_inp.weight"), c.n_embd, c.n_expert, bytes);
             auto experts = [&](const char* what, int64_t n_in, int64_t n_out) {
                 const WeightView all = load_matrix(f, name(what), n_in, n_out, bytes, c.n_expert);
@@ -170,6 +171,13 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
                 l.gate_exps_b = load_vector(f, name("ffn_gate_exps.bias"), c.n_ff_exp, c.n_expert);
                 l.up_exps_b = load_vector(f, name("ffn_up_exps.bias"), c.n_ff_exp, c.n_expert);
                 l.down_exps_b = load_vector(f, name("ffn_down_exps.bias"), c.n_embd, c.n_expert);
+            }
+            if (c.moe_sigmoid) l.exp_probs_b = load_vector(f, name("exp_probs_b.bias"), c.n_expert);
+            if (c.n_expert_shared > 0) {
+                const int64_t fs = c.n_ff_shexp();
+                l.gate_shexp = load_matrix(f, name("ffn_gate_shexp.weight"), c.n_embd, fs, bytes);
+                l.up_shexp = load_matrix(f, name("ffn_up_shexp.weight"), c.n_embd, fs, bytes);
+                l.down_shexp = load_matrix(f, name("ffn_down_shexp.weight"), fs, c.n_embd, bytes);
             }
             continue;
         }

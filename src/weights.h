@@ -38,7 +38,7 @@ struct LayerWeights {
     std::vector<float> ffn_norm;        // [n_embd]
     // [n_embd] each: RMSNorm weights of the attention and FFN outputs (gemma2/3), or empty.
     std::vector<float> attn_post_norm, ffn_post_norm;
-    WeightView w_gate, w_up, w_down;  // [n_ff][n_embd] x2, [n_embd][n_ff] (dense FFN)
+    WeightView w_gate, w_up, w_down;  // [n_ff][n_embd] x2, [n_embd][n_ff] (dense FFN layers)
     // Mixture of experts: the router [n_expert][n_embd] and each expert's views into the
     // stacked ffn_*_exps tensors ([n_ff_exp][n_embd] x2, [n_embd][n_ff_exp]).
     WeightView router;
@@ -46,6 +46,11 @@ struct LayerWeights {
     // Their biases (gpt-oss), or empty: router_b [n_expert]; gate_exps_b, up_exps_b
     // [n_expert][n_ff_exp]; down_exps_b [n_expert][n_embd].
     std::vector<float> router_b, gate_exps_b, up_exps_b, down_exps_b;
+    // GLM 4.5: the router's per-expert selection bias [n_expert] (exp_probs_b; it picks the
+    // experts, not their weights), and the shared experts as one SwiGLU FFN ([n_ff_shexp][n_embd]
+    // x2, [n_embd][n_ff_shexp]); empty without.
+    std::vector<float> exp_probs_b;
+    WeightView gate_shexp, up_shexp, down_shexp;
     // LoRA adapters' updates of wq .. w_down (lora.h), in adapter order; empty without.
     std::vector<LoraDelta> lora_q, lora_k, lora_v, lora_o, lora_gate, lora_up, lora_down;
 };

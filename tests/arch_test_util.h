@@ -11,7 +11,10 @@
 #include <vector>
 
 #include "backend.h"
+#include "common.h"
 #include "gguf.h"
+#include "gguf_writer.h"
+#include "model_config.h"
 
 namespace kvrun::arch_test {
 
@@ -127,6 +130,47 @@ inline double rel_diff(const std::vector<std::vector<float>>& a,
         }
     }
     return d / m;
+}
+
+// The bytes of `f` rewritten with metadata key `key` dropped (or, with `value`, set to it) and
+// tensor `tensor` dropped (or, with `dims`, replaced by F32 ones of that shape); "" keeps all.
+inline std::vector<uint8_t> gguf_rewritten(const GgufFile& f, const std::string& key,
+                                           const GgufValue* value, const std::string& tensor,
+                                           const std::vector<int64_t>& dims = {}) {
+    GgufWriter w(uint32_t(f.alignment()));
+    for (const auto& [k, v] : f.metadata())
+        if (k != key) w.set_value(k, v);
+    if (value) w.set_value(key, *value);
+    std::vector<float> ones;
+    for (const GgufTensorInfo& t : f.tensors()) {
+        if (t.name != tensor) {
+            w.add_tensor(t.name, t.type, t.dims, t.data, t.n_bytes);
+        } else if (!dims.empty()) {
+            int64_t n = 1;
+            for (int64_t d : dims) n *= d;
+            ones.assign(size_t(n), 1.0f);
+            w.add_tensor(t.name, GgmlType::F32, dims, ones.data(), ones.size() * sizeof(float));
+        }
+    }
+    return w.to_bytes();
+}
+
+// The error that reading the config (config_only) or making a CPU backend from a GGUF's bytes
+// raises, or "" when none does.
+inline std::string load_error(const std::vector<uint8_t>& bytes, bool config_only = false) {
+    try {
+        const GgufFile f = GgufFile::from_memory(bytes.data(), bytes.size(), "bad.gguf");
+        if (config_only) {
+            model_config_from_gguf(f);
+        } else {
+            BackendOptions o;
+            o.n_kv_blocks = 8;
+            make_cpu_backend(f, o);
+        }
+    } catch (const Error& e) {
+        return std::string(e.what());
+    }
+    return std::string();
 }
 
 }  // namespace kvrun::arch_test

@@ -556,28 +556,9 @@ TEST_CASE("qwen3 load errors name the missing or misshapen norm") {
     const std::string path = dir.file("q3.gguf");
     synthetic_model_write(small("qwen3"), path);
     GgufFile good = GgufFile::open(path);
+    // The model rewritten with one norm tensor dropped (dims empty) or reshaped.
     auto error_with = [&](const std::string& name, std::vector<int64_t> dims) {
-        // Rewrite the model with one norm tensor dropped (dims empty) or reshaped.
-        GgufWriter w(uint32_t(good.alignment()));
-        for (const auto& [key, value] : good.metadata()) w.set_value(key, value);
-        for (const GgufTensorInfo& t : good.tensors()) {
-            if (t.name != name) {
-                w.add_tensor(t.name, t.type, t.dims, t.data, t.n_bytes);
-            } else if (!dims.empty()) {
-                std::vector<float> ones(size_t(dims[0]), 1.0f);
-                w.add_tensor(t.name, t.type, dims, ones.data(), ones.size() * sizeof(float));
-            }
-        }
-        const std::vector<uint8_t> bytes = w.to_bytes();
-        GgufFile f = GgufFile::from_memory(bytes.data(), bytes.size(), "bad.gguf");
-        try {
-            BackendOptions o;
-            o.n_kv_blocks = 4;
-            make_cpu_backend(f, o);
-        } catch (const Error& e) {
-            return std::string(e.what());
-        }
-        return std::string();
+        return load_error(gguf_rewritten(good, "", nullptr, name, dims));
     };
     CHECK(error_with("blk.1.attn_k_norm.weight", {})
               .find("missing tensor 'blk.1.attn_k_norm.weight'") != std::string::npos);
@@ -630,23 +611,10 @@ TEST_CASE("config errors: gemma3 without its window, a negative soft cap, bad ex
     TempDir dir;
     synthetic_model_write(small("gemma3"), dir.file("g3.gguf"));
     synthetic_model_write(small("gemma2"), dir.file("g2.gguf"));
-    // Rewrites `src` with metadata key `key` dropped (value empty) or replaced.
+    // Rewrites `src` with metadata key `key` dropped (value null) or replaced.
     auto config_error = [&](const std::string& src, const std::string& key,
                             const GgufValue* value) {
-        GgufFile good = GgufFile::open(src);
-        GgufWriter w(uint32_t(good.alignment()));
-        for (const auto& [k, v] : good.metadata())
-            if (k != key) w.set_value(k, v);
-        if (value) w.set_value(key, *value);
-        for (const GgufTensorInfo& t : good.tensors())
-            w.add_tensor(t.name, t.type, t.dims, t.data, t.n_bytes);
-        const std::vector<uint8_t> bytes = w.to_bytes();
-        try {
-            model_config_from_gguf(GgufFile::from_memory(bytes.data(), bytes.size(), "bad.gguf"));
-        } catch (const Error& e) {
-            return std::string(e.what());
-        }
-        return std::string();
+        return load_error(gguf_rewritten(GgufFile::open(src), key, value, ""), true);
     };
     CHECK(config_error(dir.file("g3.gguf"), "gemma3.attention.sliding_window", nullptr)
               .find("missing required key 'gemma3.attention.sliding_window'") != std::string::npos);

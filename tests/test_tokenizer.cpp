@@ -432,6 +432,9 @@ TEST_CASE("pre-tokenizer regexes split like llama.cpp") {
     CHECK(gpt4o.split("I'M fine/ok\n") == Words{"I'M", " fine", "/ok", "\n"});
     RegexSplitter falcon(pretokenizer_spec("falcon").regexes);
     CHECK(falcon.split("x=12345") == Words{"x", "=", "123", "45"});
+    // GLM 4.5's "glm4" splits as ChatGLM 4's (Llama 3's rule) and adds no BOS.
+    CHECK(pretokenizer_spec("glm4").regexes == pretokenizer_spec("llama3").regexes);
+    CHECK(pretokenizer_spec("glm4").no_bos);
 }
 
 TEST_CASE("UTF-8 helpers") {

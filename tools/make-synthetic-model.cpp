@@ -1,4 +1,4 @@
-// make-synthetic-model: writes a llama / qwen2 / qwen3 / phi3 GGUF with real shapes and random
+// make-synthetic-model: writes a GGUF of any architecture kvrun runs, with real shapes and random
 // weights (presets such as llama2-7b / llama3-8b, any hyperparameter overridable) for
 // benchmarks, or cuts an existing model to its first L layers (--draft-of) for speculative
 // decoding.
@@ -16,7 +16,7 @@ namespace {
 
 int run(int argc, char** argv) {
     CLI::App app{
-        "make-synthetic-model: write a llama-family GGUF (llama, qwen2, qwen3, phi3) with real\n"
+        "make-synthetic-model: write a GGUF of any architecture kvrun runs with real\n"
         "shapes and random weights.\n"
         "Quantized tensors are random-but-valid blocks (codes from a discretized gaussian,\n"
         "per-block scales varying 0.5-1.5x, RMS = --weight-std), written directly without a\n"
@@ -36,15 +36,16 @@ int run(int argc, char** argv) {
                    "llama2-7b, llama3-8b, llama3.1-8b, llama-1b, qwen2.5-7b, qwen3-0.6b, "
                    "qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, phi3-mini, phi3-mini-128k, phi4, "
                    "gemma2-2b, gemma3-1b, gemma3-4b, granite3-8b, granite3-3b-a800m, smollm3-3b, "
-                   "phi4-mini, gpt-oss-20b, gpt-oss-120b or tiny")
+                   "phi4-mini, gpt-oss-20b, gpt-oss-120b, glm4.5-air or tiny")
         ->capture_default_str();
     app.add_option("--arch", arch,
                    "llama, qwen2 (Q/K/V biases), qwen3 (per-head Q/K norms), qwen3moe, phi3 "
                    "(fused QKV and gate/up), gemma, gemma2, gemma3, granite or granitemoe "
                    "(Granite's multipliers), smollm3 (NoPE every 4th layer), gpt-oss (biases, "
-                   "attention sinks, clamped SwiGLU experts); default: the preset's");
+                   "attention sinks, clamped SwiGLU experts), glm4moe (GLM 4.5: a dense first layer, "
+                   "sigmoid-routed and shared experts); default: the preset's");
     app.add_option("--n-expert", n_expert,
-                   "experts per layer (qwen3moe, granitemoe, llama = Mixtral)");
+                   "experts per layer (qwen3moe, granitemoe, gpt-oss, glm4moe, llama = Mixtral)");
     app.add_option("--n-expert-used", n_expert_used, "experts per token");
     app.add_option("--n-ff-exp", n_ff_exp, "expert feed-forward width (default --n-ff)");
     app.add_option("--sliding-window", sliding_window,

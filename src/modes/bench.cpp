@@ -7,6 +7,7 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -76,6 +77,8 @@ double host_copy_bandwidth() {
 double weight_bytes_per_token(const GgufFile& f, const ModelConfig& c) {
     double total = 0;
     for (const auto& t : f.tensors()) {
+        int layer = -1;  // (multi-token-prediction layers past n_layer do not run)
+        if (std::sscanf(t.name.c_str(), "blk.%d.", &layer) == 1 && layer >= c.n_layer) continue;
         if (t.name == "token_embd.weight" && f.find_tensor("output.weight") != nullptr) {
             total += double(t.n_bytes) / double(t.dims.size() > 1 ? t.dims[1] : 1);
             continue;

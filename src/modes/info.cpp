@@ -91,6 +91,20 @@ Hyper read_hyper(const GgufFile& f) {
             "sliding window {} tokens on every other layer, a learned sink per head", h.n_swa);
         h.experts += ", biases, clamped SwiGLU";
     }
+    if (h.arch == "glm4moe") {
+        h.experts += fmt::format(
+            ", {} shared; sigmoid router with a selection bias, weights{} x{:g}; first {} "
+            "layer(s) dense",
+            f.get_int_or(a + "expert_shared_count", 0),
+            f.get_bool_or(a + "expert_weights_norm", false) ? " normalized" : "",
+            f.get_float_or(a + "expert_weights_scale", 1.0),
+            f.get_int_or(a + "leading_dense_block_count", 0));
+        if (const int64_t nextn = f.get_int_or(a + "nextn_predict_layers", 0);
+            nextn > 0 && nextn < h.n_layer) {  // (in the file, not run: no KV cache either)
+            h.n_layer -= nextn;
+            h.experts += fmt::format("; {} multi-token-prediction layer(s) not run", nextn);
+        }
+    }
     if (h.arch == "granite" || h.arch == "granitemoe")
         h.multipliers = fmt::format(
             "embeddings x{:g}, q.k x{:g}, block outputs x{:g}, logits / {:g}",

@@ -1,0 +1,292 @@
+// GLM 4.5 (glm4moe), checked against an independent forward pass written here from the
+// model's definition (plain float loops, one sequence, no cache, nothing shared with the
+// backends): Q/K/V biases, optional per-head Q/K norms, NeoX RoPE on part of each head, the
+// FFN's input norm named post_attention_norm, a dense first layer, then experts chosen by
+// sigmoid(logit) + a selection bias but weighted by the sigmoid alone (normalized, scaled),
+// and a shared expert for every token; a multi-token-prediction layer at the end of the file
+// that does not run. Also: config and load errors, the preset's shapes, a cut draft.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "arch_test_util.h"
+#include "backend.h"
+#include "common.h"
+#include "gguf.h"
+#include "model_config.h"
+#include "synthetic_model.h"
+#include "test_util.h"
+
+using namespace kvrun;
+using namespace kvrun::arch_test;
+using kvrun::test::TempDir;
+
+namespace {
+
+struct Parts {
+    bool select_bias = true;  // exp_probs_b joins the choice of experts
+    bool sigmoid = true;      // false: a softmax router instead
+    bool norm = true;         // the chosen weights over their sum
+    double scale = 2.5;       // expert_weights_scale
+    bool shared = true;       // the shared expert
+    bool partial_rope = true; // false: every dim of each head rotates
+};
+
+std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelConfig& c,
+                                                 const Parts& parts,
+                                                 const std::vector<int32_t>& tokens) {
+    const int64_t T = int64_t(tokens.size()), hd = c.head_dim, group = c.n_head / c.n_kv_head;
+    const int64_t n_rot = parts.partial_rope ? c.n_rot : hd;
+    const Mat embd = tensor(f, "token_embd.weight"), out = tensor(f, "output.weight");
+    std::vector<std::vector<float>> x(tokens.size()), keys(tokens.size()), values(tokens.size());
+    for (int64_t t = 0; t < T; ++t) x[size_t(t)].assign(embd.row(tokens[size_t(t)]),
+                                                        embd.row(tokens[size_t(t)]) + c.n_embd);
+    auto add = [](std::vector<float>& v, const float* b) {
+        for (size_t i = 0; i < v.size(); ++i) v[i] += b[i];
+    };
+    auto swiglu_ffn = [](const Mat& gate, const Mat& up, const Mat& down,
+                         const std::vector<float>& h) {
+        std::vector<float> g = matvec(gate, h), u = matvec(up, h);
+        for (size_t i = 0; i < g.size(); ++i)
+            g[i] = float(double(g[i]) / (1 + std::exp(-double(g[i]))) * u[i]);
+        return matvec(down, g);
+    };
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+        auto t_ = [&](const char* what) { return tensor(f, fmt::format("blk.{}.{}", l, what)); };
+        const Mat wq = t_("attn_q.weight"), wk = t_("attn_k.weight"), wv = t_("attn_v.weight"),
+                  wo = t_("attn_output.weight");
+        const Mat bq = t_("attn_q.bias"), bk = t_("attn_k.bias"), bv = t_("attn_v.bias");
+        const Mat norm1 = t_("attn_norm.weight"), norm2 = t_("post_attention_norm.weight");
+        const bool qk_norm = f.find_tensor(fmt::format("blk.{}.attn_q_norm.weight", l));
+        std::vector<std::vector<float>> q(tokens.size());
+        for (int64_t t = 0; t < T; ++t) {
+            std::vector<float> h = x[size_t(t)];
+            rms_normalize(h, 0, c.n_embd, norm1.data, c.norm_eps);
+            q[size_t(t)] = matvec(wq, h), keys[size_t(t)] = matvec(wk, h);
+            values[size_t(t)] = matvec(wv, h);
+            add(q[size_t(t)], bq.data), add(keys[size_t(t)], bk.data);
+            add(values[size_t(t)], bv.data);
+            if (qk_norm) {
+                const Mat qn = t_("attn_q_norm.weight"), kn = t_("attn_k_norm.weight");
+                for (int64_t hh = 0; hh < c.n_head; ++hh)
+                    rms_normalize(q[size_t(t)], hh * hd, hd, qn.data, c.norm_eps);
+                for (int64_t hh = 0; hh < c.n_kv_head; ++hh)
+                    rms_normalize(keys[size_t(t)], hh * hd, hd, kn.data, c.norm_eps);
+            }
+            rotate(q[size_t(t)], c.n_head, hd, n_rot, t, c.rope_freq_base, true, {}, 1.0);
+            rotate(keys[size_t(t)], c.n_kv_head, hd, n_rot, t, c.rope_freq_base, true, {}, 1.0);
+        }
+        for (int64_t t = 0; t < T; ++t) {
+            std::vector<float> att(size_t(c.n_head * hd), 0.0f);
+            for (int64_t hh = 0; hh < c.n_head; ++hh) {
+                const int64_t kvh = hh / group;
+                std::vector<double> p(size_t(t + 1));
+                double mx = -INFINITY, z = 0;
+                for (int64_t u = 0; u <= t; ++u) {
+                    double s = 0;
+                    for (int64_t i = 0; i < hd; ++i)
+                        s += double(q[size_t(t)][size_t(hh * hd + i)]) *
+                             keys[size_t(u)][size_t(kvh * hd + i)];
+                    p[size_t(u)] = s / std::sqrt(double(hd));
+                    mx = std::max(mx, p[size_t(u)]);
+                }
+                for (int64_t u = 0; u <= t; ++u) z += (p[size_t(u)] = std::exp(p[size_t(u)] - mx));
+                for (int64_t u = 0; u <= t; ++u)
+                    for (int64_t i = 0; i < hd; ++i)
+                        att[size_t(hh * hd + i)] +=
+                            float(p[size_t(u)] / z * values[size_t(u)][size_t(kvh * hd + i)]);
+            }
+            const std::vector<float> o = matvec(wo, att);
+            for (int64_t i = 0; i < c.n_embd; ++i) x[size_t(t)][size_t(i)] += o[size_t(i)];
+        }
+        for (int64_t t = 0; t < T; ++t) {
+            std::vector<float> h = x[size_t(t)];
+            rms_normalize(h, 0, c.n_embd, norm2.data, c.norm_eps);
+            std::vector<float> y(size_t(c.n_embd), 0.0f);
+            if (l < c.n_layer_dense) {  // a dense FFN
+                y = swiglu_ffn(t_("ffn_gate.weight"), t_("ffn_up.weight"), t_("ffn_down.weight"), h);
+            } else {
+                const Mat router = t_("ffn_gate_inp.weight"), bias = t_("exp_probs_b.bias");
+                const Mat ge = t_("ffn_gate_exps.weight"), ue = t_("ffn_up_exps.weight"),
+                          de = t_("ffn_down_exps.weight");
+                const std::vector<float> logit = matvec(router, h);
+                std::vector<double> gate(logit.size()), choose(logit.size());
+                const double mx = *std::max_element(logit.begin(), logit.end());
+                double z = 0;
+                for (float v : logit) z += std::exp(double(v) - mx);
+                for (size_t e = 0; e < logit.size(); ++e) {
+                    gate[e] = parts.sigmoid ? 1 / (1 + std::exp(-double(logit[e])))
+                                            : std::exp(double(logit[e]) - mx) / z;
+                    choose[e] = gate[e] + (parts.select_bias ? bias.data[e] : 0.0);
+                }
+                std::vector<int64_t> ids(logit.size());
+                std::iota(ids.begin(), ids.end(), 0);
+                std::stable_sort(ids.begin(), ids.end(),
+                                 [&](int64_t a, int64_t b) { return choose[a] > choose[b]; });
+                ids.resize(size_t(c.n_expert_used));
+                double sum = 0;
+                for (int64_t e : ids) sum += gate[size_t(e)];
+                const int64_t fe = c.n_ff_exp;
+                for (int64_t e : ids) {
+                    const double wt = gate[size_t(e)] / (parts.norm ? sum : 1.0) * parts.scale;
+                    const std::vector<float> d =
+                        swiglu_ffn(Mat{ge.row(e * fe), ge.n_in, fe}, Mat{ue.row(e * fe), ue.n_in, fe},
+                                   Mat{de.row(e * c.n_embd), de.n_in, c.n_embd}, h);
+                    for (int64_t i = 0; i < c.n_embd; ++i) y[size_t(i)] += float(wt * d[size_t(i)]);
+                }
+                if (parts.shared) {
+                    const std::vector<float> d =
+                        swiglu_ffn(t_("ffn_gate_shexp.weight"), t_("ffn_up_shexp.weight"),
+                                   t_("ffn_down_shexp.weight"), h);
+                    for (int64_t i = 0; i < c.n_embd; ++i) y[size_t(i)] += d[size_t(i)];
+                }
+            }
+            for (int64_t i = 0; i < c.n_embd; ++i) x[size_t(t)][size_t(i)] += y[size_t(i)];
+        }
+    }
+    const Mat out_norm = tensor(f, "output_norm.weight");
+    std::vector<std::vector<float>> logits(tokens.size());
+    for (int64_t t = 0; t < T; ++t) {
+        std::vector<float> h = x[size_t(t)];
+        rms_normalize(h, 0, c.n_embd, out_norm.data, c.norm_eps);
+        logits[size_t(t)] = matvec(out, h);
+    }
+    return logits;
+}
+
+// A small GLM 4.5: 3 layers run (the first dense) and one more for multi-token prediction, 6
+// experts of which 2 run plus a shared one, a quarter of each head rotating.
+SyntheticModelConfig small_glm() {
+    SyntheticModelConfig c = synthetic_preset("tiny");
+    c.arch = "glm4moe";
+    c.n_layer = 3, c.n_nextn = 1, c.n_layer_dense = 1;
+    c.n_embd = 64, c.n_head = 4, c.n_head_kv = 2, c.head_dim = 32, c.rope_dims = 8, c.n_ff = 96;
+    c.n_expert = 6, c.n_expert_used = 2, c.n_ff_exp = 32, c.n_expert_shared = 1;
+    c.expert_weights_scale = 2.5, c.expert_weights_norm = true;
+    c.n_vocab = 300;
+    c.weight_std = 0.3f;
+    c.seed = 11;
+    return c;
+}
+
+const std::vector<int32_t> kTokens = {1, 17, 250, 4, 99, 31, 7, 123, 88, 5, 260, 42, 3, 77};
+
+}  // namespace
+
+TEST_CASE("GLM 4.5 matches the independent reference forward, with and without Q/K norms") {
+    TempDir dir;
+    for (bool qk_norm : {false, true}) {
+        CAPTURE(qk_norm);
+        SyntheticModelConfig cfg = small_glm();
+        cfg.glm_qk_norm = qk_norm;
+        const std::string path = dir.file(fmt::format("glm-{}.gguf", int(qk_norm)));
+        synthetic_model_write(cfg, path);
+        GgufFile f = GgufFile::open(path);
+        const ModelConfig c = model_config_from_gguf(f);
+        CHECK(c.n_layer == 3);  // block_count 4, one multi-token-prediction layer
+        CHECK(c.n_nextn == 1);
+        CHECK(c.n_layer_dense == 1);
+        CHECK_FALSE(c.moe_layer(0));
+        CHECK(c.moe_layer(1));
+        CHECK(c.moe_sigmoid);
+        CHECK(c.moe_norm);
+        CHECK(c.moe_scale == 2.5f);
+        CHECK(c.n_ff_shexp() == 32);
+        CHECK(c.n_rot == 8);
+        CHECK(c.rope_neox);
+        CHECK(c.ffn_norm_post_attention);
+        const auto want = reference_logits(f, c, Parts{}, kTokens);
+        const auto got = backend_logits(f, kTokens, 9);
+        CHECK(rel_diff(got, want) < 2e-5);
+        // Each part is visible to this check: without it the reference moves well past the
+        // bound.
+        for (int part = 0; part < 6; ++part) {
+            CAPTURE(part);
+            Parts p;
+            if (part == 0) p.select_bias = false;
+            if (part == 1) p.sigmoid = false;
+            if (part == 2) p.norm = false;
+            if (part == 3) p.scale = 1.0;
+            if (part == 4) p.shared = false;
+            if (part == 5) p.partial_rope = false;
+            CHECK(rel_diff(got, reference_logits(f, c, p, kTokens)) > 1e-3);
+        }
+    }
+}
+
+TEST_CASE("GLM 4.5: unnormalized weights, and a draft cut from the model") {
+    TempDir dir;
+    SyntheticModelConfig cfg = small_glm();
+    cfg.expert_weights_norm = false, cfg.expert_weights_scale = 1.0;
+    const std::string path = dir.file("glm.gguf");
+    synthetic_model_write(cfg, path);
+    GgufFile f = GgufFile::open(path);
+    const ModelConfig c = model_config_from_gguf(f);
+    CHECK_FALSE(c.moe_norm);
+    Parts p;
+    p.norm = false, p.scale = 1.0;
+    CHECK(rel_diff(backend_logits(f, kTokens, 5), reference_logits(f, c, p, kTokens)) < 2e-5);
+    // A two-layer draft runs both layers it keeps (none is for multi-token prediction).
+    synthetic_draft_write(path, 2, dir.file("draft.gguf"));
+    GgufFile d = GgufFile::open(dir.file("draft.gguf"));
+    const ModelConfig dc = model_config_from_gguf(d);
+    CHECK(dc.n_layer == 2);
+    CHECK(dc.n_nextn == 0);
+    CHECK(rel_diff(backend_logits(d, kTokens, 5), reference_logits(d, dc, p, kTokens)) < 2e-5);
+}
+
+TEST_CASE("GLM 4.5 config and load errors name what is wrong") {
+    TempDir dir;
+    const std::string path = dir.file("glm.gguf");
+    synthetic_model_write(small_glm(), path);
+    GgufFile f = GgufFile::open(path);
+    auto error_without = [&](const std::string& key, const std::string& tensor) {
+        return load_error(gguf_rewritten(f, key, nullptr, tensor));
+    };
+    for (const char* key : {"glm4moe.leading_dense_block_count", "glm4moe.expert_shared_count",
+                            "glm4moe.expert_weights_scale"}) {
+        CAPTURE(key);
+        CHECK(error_without(key, "").find(key) != std::string::npos);
+    }
+    for (const char* tensor : {"blk.1.exp_probs_b.bias", "blk.2.ffn_up_shexp.weight",
+                               "blk.0.ffn_gate.weight", "blk.1.post_attention_norm.weight",
+                               "blk.2.attn_v.bias"}) {
+        CAPTURE(tensor);
+        CHECK(error_without("", tensor).find(tensor) != std::string::npos);
+    }
+    // The multi-token-prediction layer's tensors are not needed.
+    CHECK(error_without("", "blk.3.ffn_gate_exps.weight").empty());
+    GgufValue v;
+    v.type = GgufValueType::UINT32;
+    v.data = uint64_t(3);  // gating function 3: neither softmax nor sigmoid
+    CHECK(load_error(gguf_rewritten(f, "glm4moe.expert_gating_func", &v, ""), true)
+              .find("expert_gating_func 3") != std::string::npos);
+    v.data = uint64_t(4);  // every layer for multi-token prediction
+    CHECK(load_error(gguf_rewritten(f, "glm4moe.nextn_predict_layers", &v, ""), true)
+              .find("nextn_predict_layers 4") != std::string::npos);
+    v.data = uint64_t(5);
+    CHECK(load_error(gguf_rewritten(f, "glm4moe.leading_dense_block_count", &v, ""), true)
+              .find("leading_dense_block_count 5") != std::string::npos);
+}
+
+TEST_CASE("the glm4.5-air preset has the published shapes") {
+    const SyntheticModelConfig c = synthetic_preset("glm4.5-air");
+    CHECK(c.arch == "glm4moe");
+    CHECK(c.n_layer == 46);
+    CHECK(c.n_nextn == 1);
+    CHECK(c.n_layer_dense == 1);
+    CHECK(c.n_embd == 4096);
+    CHECK(c.n_head == 96);
+    CHECK(c.n_head_kv == 8);
+    CHECK(c.head_dim == 128);
+    CHECK(c.rope_dims == 64);
+    CHECK(c.n_expert == 128);
+    CHECK(c.n_expert_used == 8);
+    CHECK(c.n_ff_exp == 1408);
+    CHECK(c.n_expert_shared == 1);
+    CHECK_NOTHROW(synthetic_validate(c));
+}
