@@ -1,6 +1,6 @@
 // Typed model hyperparameters read from GGUF metadata (`<arch>.*` keys) for the supported
 // architectures (llama, qwen2, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3, granite,
-// granitemoe, smollm3, gpt-oss), validated so the forward pass can trust them.
+// granitemoe, smollm3, gpt-oss, glm4moe), validated so the forward pass can trust them.
 #pragma once
 
 #include <cstdint>

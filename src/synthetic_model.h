@@ -1,5 +1,5 @@
 // Synthetic llama-family models (llama, qwen2, qwen3, qwen3moe, phi3, gemma 1-3, granite,
-// smollm3, gpt-oss): GGUF
+// smollm3, gpt-oss, glm4moe): GGUF
 // files with real shapes (presets such as llama2-7b, llama3-8b) and random weights, generated
 // quickly and deterministically from a seed, for benchmarks and tests. Also cuts a model down to
 // its first L layers (a draft model for speculative decoding).

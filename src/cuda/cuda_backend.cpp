@@ -67,15 +67,18 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
         // Mixture of experts: router logits [T][n_expert], ids and weights [T][k], the
         // experts' hidden rows [T * k][n_ff_exp] and outputs [T * k][n_embd], and for grouped
         // prefill the up rows [T * k][n_ff_exp] and the job map [2 * T * k] (else empty).
+        // The gate and up rows serve the dense layers and the shared experts (GLM 4.5), whose
+        // output has a buffer of its own.
         const size_t TK = T * size_t(c.n_expert_used);
+        const size_t ff = size_t(std::max(c.n_ff, c.n_ff_shexp()));
         const size_t sizes[] = {T * size_t(c.n_embd),
                                 T * size_t(c.n_embd),
                                 T * size_t(c.q_dim()),
                                 T * size_t(c.q_dim()),
                                 T * size_t(c.kv_dim()),
                                 T * size_t(c.kv_dim()),
-                                T * size_t(c.n_ff),
-                                T * size_t(c.n_ff),
+                                T * ff,
+                                T * ff,
                                 T * size_t(c.n_embd),
                                 T * size_t(c.n_expert),
                                 TK,
@@ -83,11 +86,12 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
                                 TK * size_t(c.n_ff_exp),
                                 TK * size_t(c.n_embd),
                                 TK * size_t(c.n_ff_exp),
-                                2 * TK};
+                                2 * TK,
+                                c.n_expert_shared > 0 ? T * size_t(c.n_embd) : 0};
         float *moe_ids = nullptr, *moe_map = nullptr;
         float** ptrs[] = {&x_,     &xb_,      &q_,      &att_,        &k_,      &v_,
                           &gate_,  &up_,      &xr_,     &moe_logits_, &moe_ids, &moe_w_,
-                          &moe_h_, &moe_out_, &moe_up_, &moe_map};
+                          &moe_h_, &moe_out_, &moe_up_, &moe_map,     &shexp_};
         size_t total = 0;
         for (size_t s : sizes) total += align_up(s * sizeof(float));
         act_mem_ = DeviceMem();  // free first: the old buffers are no longer needed
@@ -150,15 +154,22 @@ void CudaBackend::validate(const ForwardBatch& b) const {
 }
 
 // The mixture-of-experts FFN of layer w on xb_'s T normed rows, result in xb_: router,
-// top-k, the chosen experts, weighted sum.
+// top-k, the chosen experts, weighted sum; plus the shared experts (GLM 4.5), computed first
+// from the same rows.
 void CudaBackend::enqueue_moe_ffn(const DeviceLayer& w, int64_t T) {
     const ModelConfig& c = config_;
     const cudaStream_t s = stream_.get();
     const int64_t K = c.n_expert_used;
     const MoeExperts& ex = w.experts;
+    const bool shared = w.gate_shexp.data != nullptr;
+    if (shared) {
+        cuda_matmul_swiglu(gate_, up_, xb_, w.gate_shexp, w.up_shexp, T, scratch_, s);
+        cuda_matmul(shexp_, gate_, w.down_shexp, T, scratch_, s);
+    }
     cuda_matmul(moe_logits_, xb_, w.router, T, scratch_, s);
     if (w.router_b) cuda_add_bias(moe_logits_, w.router_b, T, c.n_expert, s);
-    cuda_moe_topk(moe_logits_, T, c.n_expert, K, moe_ids_, moe_w_, s);
+    cuda_moe_topk(moe_logits_, T, c.n_expert, K, moe_ids_, moe_w_, s,
+                  {c.moe_sigmoid, w.exp_probs_b, c.moe_norm, c.moe_scale});
     if (T > kGraphMaxTokens) {  // prefill: tokens grouped by expert (syncs the stream)
         cuda_moe_ffn_grouped(xb_, xb_, moe_ids_, moe_w_, T, K, c.n_expert, ex,
                              {moe_out_, moe_h_, moe_up_, moe_map_}, scratch_, s);
@@ -171,6 +182,7 @@ void CudaBackend::enqueue_moe_ffn(const DeviceLayer& w, int64_t T) {
         cuda_gemv_experts(moe_out_, moe_h_, ex.down0, ex.down_bytes, moe_ids_, T * K, 1, s);
         cuda_moe_combine(xb_, moe_out_, moe_w_, T, K, c.n_embd, s);
     }
+    if (shared) cuda_add(xb_, shexp_, T * c.n_embd, s);
 }
 
 // The dense gated FFN of layer w on xb_'s T normed rows (SwiGLU, or Gemma's GeGLU), result in
@@ -256,7 +268,7 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
         if (c.residual_scale != 1.0f) cuda_scale(xb_, T * c.n_embd, c.residual_scale, s);
         cuda_add_rmsnorm(x_, xb_, xb_, w.ffn_norm, T, c.n_embd, c.norm_eps, s);
         // Feed-forward block.
-        if (c.moe())
+        if (c.moe_layer(l))
             enqueue_moe_ffn(w, T);
         else
             enqueue_dense_ffn(w, T);

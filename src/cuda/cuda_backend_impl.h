@@ -104,9 +104,12 @@ struct DeviceLayer {
     const float* sinks = nullptr;     // [n_head] attention sinks (gpt-oss) or null
     const float* router_b = nullptr;  // [n_expert] router bias (gpt-oss) or null
     WeightView wq, wk, wv, wo, w_gate, w_up, w_down;  // data in device memory
-    // Mixture of experts: the router and the stacked experts.
+    // Mixture of experts: the router and the stacked experts; GLM 4.5's selection bias
+    // ([n_expert] or null) and shared experts (one SwiGLU FFN; null data without).
     WeightView router;
     MoeExperts experts;
+    const float* exp_probs_b = nullptr;
+    WeightView gate_shexp, up_shexp, down_shexp;
     // LoRA updates (device views) of wq, wk, wv, wo, w_gate, w_up, w_down (kLoraLists order).
     std::vector<LoraDelta> lora[7];
 };
@@ -220,6 +223,7 @@ class CudaBackend final : public Backend {
     // Mixture of experts (see ensure_capacity).
     float *moe_logits_ = nullptr, *moe_w_ = nullptr, *moe_h_ = nullptr, *moe_out_ = nullptr,
           *moe_up_ = nullptr;
+    float* shexp_ = nullptr;  // [T][n_embd]: the shared experts' output (GLM 4.5)
     int32_t *moe_ids_ = nullptr, *moe_map_ = nullptr;
     DeviceMem lora_buf_;  // LoRA: A x [T][lora_rank_], B (A x) [max(T, R)][lora_width_]
     size_t lora_buf_bytes_ = 0;

@@ -67,7 +67,8 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         config_.rope_freq_factors.empty() ? SIZE_MAX : add_vector(config_.rope_freq_factors);
     struct LayerItems {
         size_t attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm, attn_post, ffn_post, router, gate_e,
-            up_e, down_e, wq, wk, wv, wo, gate, up, down, bo, sinks, router_b, gate_b, up_b, down_b;
+            up_e, down_e, wq, wk, wv, wo, gate, up, down, bo, sinks, router_b, gate_b, up_b, down_b,
+            exp_probs_b, gate_sh, up_sh, down_sh;
     };
     std::vector<LayerItems> li(hw.layers.size());
     for (size_t l = 0; l < hw.layers.size(); ++l) {
@@ -85,12 +86,13 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         it.attn_post = optional(w.attn_post_norm), it.ffn_post = optional(w.ffn_post_norm);
         it.bo = optional(w.bo), it.sinks = optional(w.sinks), it.router_b = optional(w.router_b);
         it.gate_b = optional(w.gate_exps_b), it.up_b = optional(w.up_exps_b);
-        it.down_b = optional(w.down_exps_b);
+        it.down_b = optional(w.down_exps_b), it.exp_probs_b = optional(w.exp_probs_b);
         it.wq = add_matrix(w.wq, p + "attn_q.weight");
         it.wk = add_matrix(w.wk, p + "attn_k.weight");
         it.wv = add_matrix(w.wv, p + "attn_v.weight");
         it.wo = add_matrix(w.wo, p + "attn_output.weight");
-        if (config_.moe()) {  // each stacked expert tensor as one item: experts stay evenly spaced
+        if (config_.moe_layer(int64_t(l))) {  // each stacked expert tensor as one item: experts
+                                               // stay evenly spaced
             auto stacked = [&](const std::vector<WeightView>& e, const std::string& what) {
                 WeightView all = e[0];
                 all.n_out *= int64_t(e.size());
@@ -100,6 +102,11 @@ void CudaBackend::upload_weights(const GgufFile& file) {
             it.gate_e = stacked(w.gate_exps, p + "ffn_gate_exps.weight");
             it.up_e = stacked(w.up_exps, p + "ffn_up_exps.weight");
             it.down_e = stacked(w.down_exps, p + "ffn_down_exps.weight");
+            if (config_.n_expert_shared > 0) {
+                it.gate_sh = add_matrix(w.gate_shexp, p + "ffn_gate_shexp.weight");
+                it.up_sh = add_matrix(w.up_shexp, p + "ffn_up_shexp.weight");
+                it.down_sh = add_matrix(w.down_shexp, p + "ffn_down_shexp.weight");
+            }
             continue;
         }
         it.gate = add_matrix(w.w_gate, p + "ffn_gate.weight");
@@ -146,7 +153,7 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         d.wk = on_device(w.wk, it.wk);
         d.wv = on_device(w.wv, it.wv);
         d.wo = on_device(w.wo, it.wo);
-        if (config_.moe()) {
+        if (config_.moe_layer(int64_t(l))) {
             d.router = on_device(w.router, it.router);
             d.experts.gate0 = on_device(w.gate_exps[0], it.gate_e);
             d.experts.up0 = on_device(w.up_exps[0], it.up_e);
@@ -159,6 +166,12 @@ void CudaBackend::upload_weights(const GgufFile& file) {
             d.experts.down_b = vec(it.down_b);
             d.experts.swiglu_oai = config_.swiglu_oai;
             d.experts.alpha = config_.swiglu_alpha, d.experts.limit = config_.swiglu_limit;
+            d.exp_probs_b = vec(it.exp_probs_b);
+            if (config_.n_expert_shared > 0) {
+                d.gate_shexp = on_device(w.gate_shexp, it.gate_sh);
+                d.up_shexp = on_device(w.up_shexp, it.up_sh);
+                d.down_shexp = on_device(w.down_shexp, it.down_sh);
+            }
             continue;
         }
         d.w_gate = on_device(w.w_gate, it.gate);

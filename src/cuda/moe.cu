@@ -14,23 +14,28 @@ namespace {
 
 constexpr int kTopkThreads = 32;  // one warp per token
 
-// One warp per token: k rounds of a warp-wide argmax over the logits not yet taken (ties:
-// the lower id), then the weights exp(l - l_max) over their sum (the softmax denominator
-// cancels in the renormalization). taken: [n_expert] flags in dynamic shared memory.
+// One warp per token: k rounds of a warp-wide argmax over the experts not yet taken (ties:
+// the lower id), then the weights. Softmax: exp(l - l_max) over their sum (the softmax
+// denominator cancels in the renormalization). Sigmoid: the choice by sigmoid(l) + bias, the
+// weight sigmoid(l), over their sum when norm. Then times scale. taken: [n_expert] flags in
+// dynamic shared memory.
 __global__ void moe_topk_kernel(const float* __restrict__ logits, int n_expert, int k,
-                                int32_t* __restrict__ ids, float* __restrict__ weights) {
+                                int32_t* __restrict__ ids, float* __restrict__ weights,
+                                MoeRouting r) {
     extern __shared__ unsigned char taken[];
     const int lane = threadIdx.x;
     const int64_t t = blockIdx.x;
     const float* l = logits + t * n_expert;
     for (int e = lane; e < n_expert; e += kTopkThreads) taken[e] = 0;
     __syncwarp();
+    auto sigmoid = [](float x) { return 1.0f / (1.0f + expf(-x)); };
     float best_first = 0.0f, sum = 0.0f;
     for (int j = 0; j < k; ++j) {
         float bv = -INFINITY;
         int bi = n_expert;
         for (int e = lane; e < n_expert; e += kTopkThreads) {
-            const float v = l[e];
+            const float v = r.sigmoid ? sigmoid(l[e]) + (r.select_bias ? r.select_bias[e] : 0.0f)
+                                      : l[e];
             if (!taken[e] && (v > bv || (v == bv && e < bi))) bv = v, bi = e;
         }
         for (int o = 16; o > 0; o >>= 1) {
@@ -38,9 +43,9 @@ __global__ void moe_topk_kernel(const float* __restrict__ logits, int n_expert, 
             const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
             if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
         }
-        const bool found = bi < n_expert;  // false only when every logit left is NaN
+        const bool found = bi < n_expert;  // false only when every value left is NaN
         if (j == 0) best_first = bv;
-        const float p = found ? expf(bv - best_first) : 0.0f;
+        const float p = !found ? 0.0f : r.sigmoid ? sigmoid(l[bi]) : expf(bv - best_first);
         sum += p;
         if (lane == 0) {
             if (found) taken[bi] = 1;
@@ -49,7 +54,8 @@ __global__ void moe_topk_kernel(const float* __restrict__ logits, int n_expert, 
         }
         __syncwarp();
     }
-    for (int j = lane; j < k; j += kTopkThreads) weights[t * k + j] /= sum > 0.0f ? sum : 1.0f;
+    const float div = r.norm && sum > 0.0f ? sum : 1.0f;
+    for (int j = lane; j < k; j += kTopkThreads) weights[t * k + j] = weights[t * k + j] / div * r.scale;
 }
 
 __global__ void moe_combine_kernel(float* __restrict__ out, const float* __restrict__ rows,
@@ -70,12 +76,14 @@ __global__ void moe_combine_kernel(float* __restrict__ out, const float* __restr
 }  // namespace
 
 void cuda_moe_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k, int32_t* ids,
-                   float* weights, cudaStream_t s) {
+                   float* weights, cudaStream_t s, const MoeRouting& r) {
     CUDA_REQUIRE(n_expert >= 1 && n_expert <= 4096 && k >= 1 && k <= n_expert,
                  "cuda_moe_topk: need 1 <= k <= n_expert <= 4096");
+    CUDA_REQUIRE(r.sigmoid || (r.norm && !r.select_bias),
+                 "cuda_moe_topk: a softmax router always renormalizes and has no selection bias");
     if (n_tokens <= 0) return;
     moe_topk_kernel<<<unsigned(n_tokens), kTopkThreads, size_t(n_expert), s>>>(
-        logits, int(n_expert), int(k), ids, weights);
+        logits, int(n_expert), int(k), ids, weights, r);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -123,11 +123,21 @@ void cuda_gemv_experts(float* out, const float* x, const WeightView& expert0, si
 void cuda_gemv_experts_swiglu(float* out, const float* x, const WeightView& gate0,
                               const WeightView& up0, size_t expert_bytes, const int32_t* ids,
                               int64_t n_jobs, int x_div, cudaStream_t s);
+// How a router turns logits into choices and weights (ModelConfig's moe_*): a softmax (always
+// renormalized over the chosen), or (GLM 4.5) a sigmoid per expert, the choice by sigmoid +
+// select_bias[e] (device, [n_expert], or null), the weights the sigmoids over their sum when
+// norm; then times scale.
+struct MoeRouting {
+    bool sigmoid = false;
+    const float* select_bias = nullptr;
+    bool norm = true;
+    float scale = 1.0f;
+};
 // The router's choice per token (logits [n_tokens][n_expert]): the k largest (ties: the
 // lower id) into ids [n_tokens][k], in decreasing order, with weights [n_tokens][k] = their
-// softmax probabilities renormalized to sum 1.
+// softmax probabilities renormalized to sum 1 (or as `r` says).
 void cuda_moe_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k, int32_t* ids,
-                   float* weights, cudaStream_t s);
+                   float* weights, cudaStream_t s, const MoeRouting& r = {});
 // out[t][:] = sum over j < k of weights[t][j] * rows[t * k + j][:] ([n_tokens][dim]); with
 // row_of (device, [n_tokens * k]) the row is rows[row_of[t * k + j]] instead.
 void cuda_moe_combine(float* out, const float* rows, const float* weights, int64_t n_tokens,
