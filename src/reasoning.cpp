@@ -146,6 +146,13 @@ bool prompt_opens_reasoning(std::string_view prompt) {
     return s.size() >= kOpen.size() && s.substr(s.size() - kOpen.size()) == kOpen;
 }
 
+bool prompt_closes_reasoning(std::string_view prompt) {
+    std::string_view s = trim_space_right(prompt);
+    if (!s.ends_with(kClose)) return false;
+    s = trim_space_right(s.substr(0, s.size() - kClose.size()));
+    return s.ends_with(kOpen);
+}
+
 ReasoningSplit reasoning_split(std::string_view reply, bool opened) {
     return split(reply, opened, false);
 }

@@ -30,6 +30,10 @@ bool chat_template_thinks(ChatTemplateKind kind, std::string_view source);
 
 // Whether a prompt leaves a reasoning block open (ends with "<think>" and white space).
 bool prompt_opens_reasoning(std::string_view prompt);
+// Whether a prompt ends with an empty reasoning block the template wrote to switch thinking
+// off ("<think></think>" and white space, as GLM 4.5 and Qwen 3 do with enable_thinking
+// false): the reply then does not think.
+bool prompt_closes_reasoning(std::string_view prompt);
 
 // One harmony message of a reply: its channel ("analysis", "final", "commentary"), recipient
 // ("functions.get_weather", or empty), content type ("json", or empty) and text; `closed`:

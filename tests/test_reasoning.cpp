@@ -56,6 +56,11 @@ TEST_CASE("reasoning: replies split into reasoning and answer") {
 
     CHECK(prompt_opens_reasoning("<|im_start|>assistant\n<think>\n"));
     CHECK_FALSE(prompt_opens_reasoning("<|im_start|>assistant\n"));
+    // Thinking switched off by the template (GLM 4.5, Qwen 3 with enable_thinking false).
+    CHECK(prompt_closes_reasoning("<|assistant|>\n<think></think>"));
+    CHECK(prompt_closes_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+    CHECK_FALSE(prompt_closes_reasoning("<think>a plan</think>"));
+    CHECK_FALSE(prompt_closes_reasoning("<|im_start|>assistant\n<think>\n"));
     CHECK(chat_template_thinks(ChatTemplateKind::DeepSeek3, ""));
     CHECK_FALSE(chat_template_thinks(ChatTemplateKind::ChatML, ""));
     CHECK(chat_template_thinks(ChatTemplateKind::ChatML, "{{ '<think>' }}"));

@@ -331,7 +331,10 @@ ChatToolReply tool_reply(const ApiRequest& req, const ApiResponseMeta& meta,
 
 nlohmann::json finish_reason(const ApiRequest& req, const ApiResponseMeta& meta,
                              const ApiChoiceResult& c) {
-    if (req.tools && !tool_reply(req, meta, c).calls.empty()) return "tool_calls";
+    // A reply cut short by max_tokens or the context says "length" even when it holds calls
+    // (the last may be incomplete), as llama.cpp's server does.
+    const bool cut = c.result.stop == StopReason::Length || c.result.stop == StopReason::Context;
+    if (req.tools && !cut && !tool_reply(req, meta, c).calls.empty()) return "tool_calls";
     return api_finish_reason(c.result.stop);
 }
 
@@ -439,10 +442,10 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
             } else if (out.tools) {
                 // (The model thinks whether or not its reasoning is returned apart.)
                 const std::string& prompt = j["prompt"].get_ref<const std::string&>();
-                const ToolThinking thinking = !ctx.chat.thinks ? ToolThinking::None
-                                              : prompt_opens_reasoning(prompt)
-                                                  ? ToolThinking::Open
-                                                  : ToolThinking::Optional;
+                const ToolThinking thinking =
+                    !ctx.chat.thinks || prompt_closes_reasoning(prompt) ? ToolThinking::None
+                    : prompt_opens_reasoning(prompt)                    ? ToolThinking::Open
+                                                                        : ToolThinking::Optional;
                 const ToolGrammar g = chat_tools_grammar(*out.tools, tok, thinking);
                 j["grammar"] = g.gbnf;
                 for (const std::string& p : g.preserved) j["preserved_tokens"].push_back(p);
