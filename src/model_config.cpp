@@ -209,13 +209,14 @@ void read_glm4moe(const GgufFile& f, const std::string& a, ModelConfig& c) {
         return v->as_int();
     };
     c.ffn_norm_post_attention = true;
-    c.n_layer_dense = count(a + "leading_dense_block_count", true);
+    // (llama.cpp's defaults: no dense layer, weights unscaled and not normalized.)
+    c.n_layer_dense = count(a + "leading_dense_block_count", false);
     c.n_expert_shared = count(a + "expert_shared_count", true);
     c.moe_norm = f.get_bool_or(a + "expert_weights_norm", false);
-    const double scale = f.get_float_or(a + "expert_weights_scale", -1.0);
-    if (!(scale > 0) || !std::isfinite(scale))
-        fail("{}: {}expert_weights_scale must be given and positive", f.path(), a);
-    c.moe_scale = float(scale);
+    const double scale = f.get_float_or(a + "expert_weights_scale", 1.0);
+    if (!(scale >= 0) || !std::isfinite(scale))
+        fail("{}: {}expert_weights_scale {} must be a finite number >= 0", f.path(), a, scale);
+    c.moe_scale = scale == 0 ? 1.0f : float(scale);  // (0: unscaled, as in llama.cpp)
     const int64_t gating = f.has(a + "expert_gating_func")
                                ? read_count(f, a + "expert_gating_func", 2, false)
                                : 2;  // (llama.cpp's default for this architecture)

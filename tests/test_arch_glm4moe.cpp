@@ -247,11 +247,17 @@ TEST_CASE("GLM 4.5 config and load errors name what is wrong") {
     auto error_without = [&](const std::string& key, const std::string& tensor) {
         return load_error(gguf_rewritten(f, key, nullptr, tensor));
     };
-    for (const char* key : {"glm4moe.leading_dense_block_count", "glm4moe.expert_shared_count",
-                            "glm4moe.expert_weights_scale"}) {
-        CAPTURE(key);
-        CHECK(error_without(key, "").find(key) != std::string::npos);
-    }
+    CHECK(error_without("glm4moe.expert_shared_count", "").find("glm4moe.expert_shared_count") !=
+          std::string::npos);
+    // As in llama.cpp, no dense layer by default (then layer 0's router is missing) and weights
+    // unscaled.
+    CHECK(error_without("glm4moe.leading_dense_block_count", "")
+              .find("blk.0.ffn_gate_inp.weight") != std::string::npos);
+    const std::vector<uint8_t> unscaled =
+        gguf_rewritten(f, "glm4moe.expert_weights_scale", nullptr, "");
+    CHECK(model_config_from_gguf(
+              GgufFile::from_memory(unscaled.data(), unscaled.size(), "unscaled.gguf"))
+              .moe_scale == 1.0f);
     for (const char* tensor : {"blk.1.exp_probs_b.bias", "blk.2.ffn_up_shexp.weight",
                                "blk.0.ffn_gate.weight", "blk.1.post_attention_norm.weight",
                                "blk.2.attn_v.bias"}) {
