@@ -325,8 +325,8 @@ void CpuBackend::moe_ffn(const LayerWeights& w, int64_t T) {
             for (int64_t j = 0; j < D; ++j) o[j] += wt * d[j];
         }
     }
-    if (c.n_expert_shared > 0) {  // the shared experts: every token, weight 1
-        const int64_t Fs = c.n_ff_shexp();
+    if (c.n_ff_shexp > 0) {  // the shared experts: every token, weight 1
+        const int64_t Fs = c.n_ff_shexp;
         moe_gate_.resize(size_t(T * Fs));
         moe_up_.resize(size_t(T * Fs));
         moe_down_.resize(size_t(T * D));

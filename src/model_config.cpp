@@ -25,25 +25,28 @@ struct ArchTraits {
     int nope_step;  // every nope_step-th layer skips RoPE (0: none)
     bool gpt_oss;   // OpenAI's gpt-oss (read_gpt_oss)
     bool glm4moe;   // GLM 4.5 (read_glm4moe)
+    bool ernie_moe; // ERNIE 4.5 MoE (read_ernie_moe)
 };
 
 // name, NeoX RoPE, Q/K/V biases, Q/K norms, fused gate/up, Gemma generation, Granite, MoE,
 // NoPE step (SmolLM3: layers 3, 7, 11, ... have no RoPE; llama.cpp fixes the step at 4, there is
-// no GGUF key), gpt-oss, glm4moe
+// no GGUF key), gpt-oss, glm4moe, ernie4_5-moe
 constexpr ArchTraits kArchs[] = {
-    {"llama", false, false, false, false, 0, false, false, 0, false, false},
-    {"qwen2", true, true, false, false, 0, false, false, 0, false, false},
-    {"qwen3", true, false, true, false, 0, false, false, 0, false, false},
-    {"qwen3moe", true, false, true, false, 0, false, true, 0, false, false},
-    {"phi3", true, false, false, true, 0, false, false, 0, false, false},
-    {"gemma", true, false, false, false, 1, false, false, 0, false, false},
-    {"gemma2", true, false, false, false, 2, false, false, 0, false, false},
-    {"gemma3", true, false, true, false, 3, false, false, 0, false, false},
-    {"granite", false, false, false, false, 0, true, false, 0, false, false},
-    {"granitemoe", false, false, false, false, 0, true, true, 0, false, false},
-    {"smollm3", false, false, false, false, 0, false, false, 4, false, false},
-    {"gpt-oss", true, true, false, false, 0, false, true, 0, true, false},
-    {"glm4moe", true, true, false, false, 0, false, true, 0, false, true},
+    {"llama", false, false, false, false, 0, false, false, 0, false, false, false},
+    {"qwen2", true, true, false, false, 0, false, false, 0, false, false, false},
+    {"qwen3", true, false, true, false, 0, false, false, 0, false, false, false},
+    {"qwen3moe", true, false, true, false, 0, false, true, 0, false, false, false},
+    {"phi3", true, false, false, true, 0, false, false, 0, false, false, false},
+    {"gemma", true, false, false, false, 1, false, false, 0, false, false, false},
+    {"gemma2", true, false, false, false, 2, false, false, 0, false, false, false},
+    {"gemma3", true, false, true, false, 3, false, false, 0, false, false, false},
+    {"granite", false, false, false, false, 0, true, false, 0, false, false, false},
+    {"granitemoe", false, false, false, false, 0, true, true, 0, false, false, false},
+    {"smollm3", false, false, false, false, 0, false, false, 4, false, false, false},
+    {"gpt-oss", true, true, false, false, 0, false, true, 0, true, false, false},
+    {"glm4moe", true, true, false, false, 0, false, true, 0, false, true, false},
+    {"ernie4_5", false, false, false, false, 0, false, false, 0, false, false, false},
+    {"ernie4_5-moe", false, false, false, false, 0, false, true, 0, false, false, true},
 };
 
 // A positive integer key, either a scalar or an array whose elements are all equal
@@ -184,6 +187,18 @@ void read_granite(const GgufFile& f, const std::string& a, ModelConfig& c) {
     c.logit_scale = 1.0f / positive("logit_scale");
 }
 
+// A count that may be 0 (absent: 0).
+int64_t read_count0(const GgufFile& f, const std::string& key, bool required) {
+    const GgufValue* v = f.find(key);
+    if (!v) {
+        if (required) fail("{}: missing required key '{}'", f.path(), key);
+        return 0;
+    }
+    if (!v->is_int() || v->as_int() < 0 || v->as_int() > (int64_t(1) << 20))
+        fail("{}: key '{}' must be a count (an integer from 0)", f.path(), key);
+    return v->as_int();
+}
+
 // OpenAI's gpt-oss: every other layer (the even ones) attends to a sliding window; each head
 // has a learned attention sink; the experts use the clamped SwiGLU (llama.cpp's constants).
 void read_gpt_oss(const GgufFile& f, const std::string& a, ModelConfig& c) {
@@ -197,21 +212,12 @@ void read_gpt_oss(const GgufFile& f, const std::string& a, ModelConfig& c) {
 // GLM 4.5 (glm4moe): leading dense layers, a sigmoid router with a selection bias, shared
 // experts, multi-token-prediction layers at the end that are not run. Read after the experts.
 void read_glm4moe(const GgufFile& f, const std::string& a, ModelConfig& c) {
-    // A count that may be 0.
-    auto count = [&](const std::string& key, bool required) -> int64_t {
-        const GgufValue* v = f.find(key);
-        if (!v) {
-            if (required) fail("{}: missing required key '{}'", f.path(), key);
-            return 0;
-        }
-        if (!v->is_int() || v->as_int() < 0 || v->as_int() > (int64_t(1) << 20))
-            fail("{}: key '{}' must be a count (an integer from 0)", f.path(), key);
-        return v->as_int();
-    };
+    auto count = [&](const std::string& key, bool required) { return read_count0(f, key, required); };
     c.ffn_norm_post_attention = true;
     // (llama.cpp's defaults: no dense layer, weights unscaled and not normalized.)
     c.n_layer_dense = count(a + "leading_dense_block_count", false);
     c.n_expert_shared = count(a + "expert_shared_count", true);
+    c.n_ff_shexp = c.n_ff_exp * c.n_expert_shared;
     c.moe_norm = f.get_bool_or(a + "expert_weights_norm", false);
     const double scale = f.get_float_or(a + "expert_weights_scale", 1.0);
     if (!(scale >= 0) || !std::isfinite(scale))
@@ -237,6 +243,20 @@ void read_glm4moe(const GgufFile& f, const std::string& a, ModelConfig& c) {
              f.path(), a);
 }
 
+// ERNIE 4.5 MoE (ernie4_5-moe): leading dense layers, then experts on every
+// interleave_moe_layer_step-th layer; a softmax router whose selection bias (exp_probs_b, when
+// there) picks the experts; shared experts of width expert_shared_feed_forward_length (absent:
+// none, as in llama.cpp). Read after the experts.
+void read_ernie_moe(const GgufFile& f, const std::string& a, ModelConfig& c) {
+    c.n_layer_dense = read_count0(f, a + "leading_dense_block_count", true);
+    c.moe_step = read_count(f, a + "interleave_moe_layer_step", 1, true);
+    c.n_ff_shexp = read_count0(f, a + "expert_shared_feed_forward_length", false);
+    c.n_expert_shared = read_count0(f, a + "expert_shared_count", false);
+    if (c.n_layer_dense > c.n_layer)
+        fail("{}: {}leading_dense_block_count {} exceeds the {} layers", f.path(), a,
+             c.n_layer_dense, c.n_layer);
+}
+
 }  // namespace
 
 ModelConfig model_config_from_gguf(const GgufFile& f) {
@@ -249,10 +269,10 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
         throw Error(
             fmt::format("{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, "
                         "qwen3moe, phi3, gemma, gemma2, gemma3, granite, granitemoe, smollm3, "
-                        "gpt-oss, glm4moe)",
+                        "gpt-oss, glm4moe, ernie4_5, ernie4_5-moe)",
                         f.path(), c.arch),
             "kvrun runs llama-family models (Llama, Mistral, TinyLlama, SmolLM, Qwen2, Qwen3, "
-            "Qwen3 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3, Granite 3, SmolLM3, gpt-oss, GLM 4.5)");
+            "Qwen3 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3, Granite 3, SmolLM3, gpt-oss, GLM 4.5, ERNIE 4.5)");
     }
     c.rope_neox = traits->rope_neox;
     c.qkv_bias = traits->qkv_bias;
@@ -312,6 +332,7 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
         fail("{}: missing required key '{}expert_count'", f.path(), a);
     }
     if (traits->glm4moe) read_glm4moe(f, a, c);
+    if (traits->ernie_moe) read_ernie_moe(f, a, c);
     return c;
 }
 

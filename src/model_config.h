@@ -1,6 +1,7 @@
 // Typed model hyperparameters read from GGUF metadata (`<arch>.*` keys) for the supported
 // architectures (llama, qwen2, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3, granite,
-// granitemoe, smollm3, gpt-oss, glm4moe), validated so the forward pass can trust them.
+// granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe), validated so the forward
+// pass can trust them.
 #pragma once
 
 #include <cstdint>
@@ -77,18 +78,21 @@ struct ModelConfig {
     // weighted by those probabilities renormalized to sum 1. 0: a dense FFN.
     int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
     bool moe() const { return n_expert > 0; }
-    // GLM 4.5 (glm4moe): the first n_layer_dense layers have a dense FFN of width n_ff
-    // (leading_dense_block_count); the router gates each expert with a sigmoid instead of the
-    // softmax (moe_sigmoid), chooses the top experts by sigmoid plus a per-expert selection
-    // bias (exp_probs_b) but weights them by the sigmoid alone, over their sum when moe_norm,
-    // times moe_scale (expert_weights_scale); n_expert_shared shared experts, one SwiGLU FFN
-    // of width n_ff_exp * n_expert_shared, add to every token's output. The softmax router
-    // always renormalizes (moe_norm true).
-    int64_t n_layer_dense = 0, n_expert_shared = 0;
+    // GLM 4.5 (glm4moe) and ERNIE 4.5 (ernie4_5-moe): the first n_layer_dense layers have a
+    // dense FFN of width n_ff (leading_dense_block_count), and after them every moe_step-th
+    // (interleave_moe_layer_step: layers l with (l + 1) % moe_step == 0) has experts. GLM's
+    // router gates each expert with a sigmoid instead of the softmax (moe_sigmoid). A
+    // per-expert selection bias (exp_probs_b, when the layer has one) joins the gates to choose
+    // the top experts but not to weight them; the weights are the gates, over their sum when
+    // moe_norm, times moe_scale (expert_weights_scale). Shared experts (n_expert_shared of
+    // them), one SwiGLU FFN of width n_ff_shexp (0: none), add to every token's output. The
+    // softmax router always renormalizes (moe_norm true).
+    int64_t n_layer_dense = 0, moe_step = 1, n_expert_shared = 0, n_ff_shexp = 0;
     bool moe_sigmoid = false, moe_norm = true;
     float moe_scale = 1.0f;
-    bool moe_layer(int64_t l) const { return moe() && l >= n_layer_dense; }
-    int64_t n_ff_shexp() const { return n_ff_exp * n_expert_shared; }
+    bool moe_layer(int64_t l) const {
+        return moe() && l >= n_layer_dense && (l + 1) % moe_step == 0;
+    }
     // Trailing layers for multi-token prediction (nextn_predict_layers, GLM 4.5) are in the
     // file but not run: block_count minus n_nextn is n_layer.
     int64_t n_nextn = 0;

@@ -56,7 +56,13 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
     const float s = c.weight_std;
     std::vector<TensorPlan> p;
     p.push_back({"token_embd.weight", c.type, {c.n_embd, n_vocab}, s, 0});
-    const bool glm = c.arch == "glm4moe";
+    const bool glm = c.arch == "glm4moe", ernie = c.arch == "ernie4_5-moe";
+    // Whether layer i has experts (the others a dense FFN).
+    auto experts_at = [&](int64_t i) {
+        if (c.n_expert == 0) return false;
+        if (!glm && !ernie) return true;
+        return i >= c.n_layer_dense && (!ernie || (i + 1) % c.moe_step == 0);
+    };
     for (int64_t i = 0; i < c.n_layer + (glm ? c.n_nextn : 0); ++i) {
         auto nm = [&](const char* what) { return fmt::format("blk.{}.{}.weight", i, what); };
         auto bias = [&](const char* what) { return fmt::format("blk.{}.{}.bias", i, what); };
@@ -92,7 +98,7 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
         // gpt-oss and GLM 4.5 call the FFN's input norm post_attention_norm.
         p.push_back({nm(oai || glm ? "post_attention_norm" : "ffn_norm"), GgmlType::F32,
                      {c.n_embd}, kNormStd, 1});
-        if (c.n_expert > 0 && (!glm || i >= c.n_layer_dense)) {  // router and stacked experts
+        if (experts_at(i)) {  // router and stacked experts
             const int64_t fe = c.n_ff_exp > 0 ? c.n_ff_exp : c.n_ff;
             const GgmlType te = c.expert_type != GgmlType::F32 ? c.expert_type : c.type;
             const GgmlType te_more = c.expert_type != GgmlType::F32 ? c.expert_type : more;
@@ -107,9 +113,11 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
                 p.push_back(
                     {bias("ffn_down_exps"), GgmlType::F32, {c.n_embd, c.n_expert}, s_out, 0});
             }
-            if (glm) {  // the router's selection bias; the shared experts
-                p.push_back({bias("exp_probs_b"), GgmlType::F32, {c.n_expert}, kBiasStd, 0});
-                const int64_t fs = fe * c.n_expert_shared;
+            if (glm || ernie) {  // the router's selection bias; the shared experts
+                // (around the gates' own size: ERNIE's are probabilities, about 1 / n_expert)
+                p.push_back({bias("exp_probs_b"), GgmlType::F32, {c.n_expert},
+                             glm ? kBiasStd : 2.0f / float(c.n_expert), 0});
+                const int64_t fs = c.n_ff_shexp > 0 ? c.n_ff_shexp : fe * c.n_expert_shared;
                 if (fs > 0) {
                     p.push_back({nm("ffn_gate_shexp"), c.type, {c.n_embd, fs}, s, 0});
                     p.push_back({nm("ffn_up_shexp"), c.type, {c.n_embd, fs}, s, 0});
@@ -291,6 +299,14 @@ void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) 
         w.set_u32(a + "expert_gating_func", 2);  // sigmoid
         w.set_u32(a + "nextn_predict_layers", uint32_t(c.n_nextn));
     }
+    if (c.arch == "ernie4_5-moe") {
+        w.set_u32(a + "leading_dense_block_count", uint32_t(c.n_layer_dense));
+        w.set_u32(a + "interleave_moe_layer_step", uint32_t(c.moe_step));
+        w.set_u32(a + "expert_shared_count", uint32_t(c.n_expert_shared));
+        const int64_t fs =
+            c.n_ff_shexp > 0 ? c.n_ff_shexp : (c.n_ff_exp > 0 ? c.n_ff_exp : c.n_ff) * c.n_expert_shared;
+        if (fs > 0) w.set_u32(a + "expert_shared_feed_forward_length", uint32_t(fs));
+    }
     // Provenance, so a benchmark report can say what it ran on.
     w.set_u64("kvrun.synthetic.seed", c.seed);
     w.set_f32("kvrun.synthetic.weight_std", c.weight_std);
@@ -343,7 +359,8 @@ std::vector<std::string> synthetic_preset_names() {
             "mixtral-8x7b",      "phi3-mini",  "phi3-mini-128k", "phi4",
             "gemma2-2b",         "gemma3-1b",  "gemma3-4b",      "granite3-8b",
             "granite3-3b-a800m", "smollm3-3b", "phi4-mini",      "gpt-oss-20b",
-            "gpt-oss-120b",      "glm4.5-air", "tiny"};
+            "gpt-oss-120b",      "glm4.5-air", "ernie4.5-0.3b",  "ernie4.5-21b-a3b",
+            "tiny"};
 }
 
 SyntheticModelConfig synthetic_preset(std::string_view name) {
@@ -442,6 +459,17 @@ SyntheticModelConfig synthetic_preset(std::string_view name) {
         c.n_expert = 128, c.n_expert_used = 8, c.n_ff_exp = 1408, c.n_expert_shared = 1;
         c.expert_weights_scale = 1.0, c.expert_weights_norm = true;
         c.n_vocab = 151552, c.rope_base = 1000000, c.n_ctx = 131072, c.norm_eps = 1e-5;
+    } else if (name == "ernie4.5-0.3b") {  // dense, tied output
+        c.arch = "ernie4_5", c.tied_output = true, c.head_dim = 64;
+        c.n_layer = 18, c.n_embd = 1024, c.n_head = 16, c.n_head_kv = 2, c.n_ff = 3072;
+        c.n_vocab = 103424, c.rope_base = 500000, c.n_ctx = 131072, c.norm_eps = 1e-5;
+    } else if (name == "ernie4.5-21b-a3b") {  // 64 experts of width 1536, 6 per token, 2 shared
+        c.arch = "ernie4_5-moe", c.tied_output = true, c.head_dim = 128;
+        c.n_layer = 28, c.n_layer_dense = 1, c.moe_step = 1, c.n_embd = 2560, c.n_head = 20;
+        c.n_head_kv = 4, c.n_ff = 12288;
+        c.n_expert = 64, c.n_expert_used = 6, c.n_ff_exp = 1536, c.n_expert_shared = 2;
+        c.n_ff_shexp = 3072;
+        c.n_vocab = 103424, c.rope_base = 500000, c.n_ctx = 131072, c.norm_eps = 1e-5;
     } else if (name == "tiny") {
         c.n_layer = 2, c.n_embd = 256, c.n_head = 4, c.n_head_kv = 2, c.n_ff = 512;
         c.n_vocab = 512, c.rope_base = 10000, c.n_ctx = 2048, c.norm_eps = 1e-5;
@@ -493,17 +521,24 @@ void synthetic_validate(const SyntheticModelConfig& c) {
     if (c.vocab_from.empty()) positive("n_vocab", c.n_vocab, int64_t(1) << 24);
     if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "qwen3moe" &&
         c.arch != "phi3" && !is_gemma(c) && c.arch != "granite" && c.arch != "granitemoe" &&
-        c.arch != "smollm3" && c.arch != "gpt-oss" && c.arch != "glm4moe")
+        c.arch != "smollm3" && c.arch != "gpt-oss" && c.arch != "glm4moe" &&
+        c.arch != "ernie4_5" && c.arch != "ernie4_5-moe")
         fail(
             "synthetic model: architecture '{}' is not one of llama, qwen2, qwen3, qwen3moe, phi3, "
-            "gemma, gemma2, gemma3, granite, granitemoe, smollm3, gpt-oss, glm4moe",
+            "gemma, gemma2, gemma3, granite, granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, "
+            "ernie4_5-moe",
             c.arch);
     const bool moe_arch = c.arch == "qwen3moe" || c.arch == "granitemoe" || c.arch == "gpt-oss" ||
-                          c.arch == "glm4moe";
+                          c.arch == "glm4moe" || c.arch == "ernie4_5-moe";
     if (moe_arch != (c.n_expert > 0) && c.arch != "llama")
         fail(
-            "synthetic model: experts need arch qwen3moe, granitemoe, gpt-oss, glm4moe or llama "
-            "(Mixtral), and those but llama need experts");
+            "synthetic model: experts need arch qwen3moe, granitemoe, gpt-oss, glm4moe, "
+            "ernie4_5-moe or llama (Mixtral), and those but llama need experts");
+    if (c.arch == "ernie4_5-moe" && (c.n_layer_dense < 0 || c.n_layer_dense > c.n_layer ||
+                                     c.moe_step < 1 || c.n_expert_shared < 0 || c.n_ff_shexp < 0))
+        fail(
+            "synthetic model: ernie4_5-moe needs 0 <= dense layers <= n_layer, a MoE layer step "
+            ">= 1 and shared experts >= 0");
     if (c.arch == "glm4moe" &&
         (c.n_layer_dense < 0 || c.n_layer_dense > c.n_layer || c.n_expert_shared < 0 ||
          c.n_nextn < 0 || c.n_nextn > 8 || !(c.expert_weights_scale > 0)))

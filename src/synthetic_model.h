@@ -1,5 +1,5 @@
 // Synthetic llama-family models (llama, qwen2, qwen3, qwen3moe, phi3, gemma 1-3, granite,
-// smollm3, gpt-oss, glm4moe): GGUF
+// smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe): GGUF
 // files with real shapes (presets such as llama2-7b, llama3-8b) and random weights, generated
 // quickly and deterministically from a seed, for benchmarks and tests. Also cuts a model down to
 // its first L layers (a draft model for speculative decoding).
@@ -45,6 +45,10 @@ struct SyntheticModelConfig {
     // at the end (multi-token prediction: in the file, not run); glm_qk_norm: per-head Q/K
     // norms (GLM 4.5 355B has them, Air not).
     int64_t n_layer_dense = 1, n_expert_shared = 1, n_nextn = 0;
+    // ernie4_5-moe (ERNIE 4.5): the same dense layers first, then experts on every moe_step-th
+    // layer, a softmax router with a selection bias, shared experts of width n_ff_shexp (0:
+    // n_ff_exp * n_expert_shared). ernie4_5: a dense ERNIE 4.5 (llama's shape).
+    int64_t moe_step = 1, n_ff_shexp = 0;
     double expert_weights_scale = 1.0;
     bool expert_weights_norm = true, glm_qk_norm = false;
     // granite / granitemoe keys: embedding_scale, attention.scale, residual_scale, logit_scale
@@ -113,7 +117,7 @@ int64_t synthetic_head_dim(const SyntheticModelConfig& cfg);
 // Names accepted by synthetic_preset: llama2-7b, llama3-8b, llama3.1-8b, llama-1b, qwen2.5-7b,
 // qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, phi3-mini, phi3-mini-128k, phi4,
 // gemma2-2b, gemma3-1b, gemma3-4b, granite3-8b, granite3-3b-a800m, smollm3-3b, phi4-mini,
-// gpt-oss-20b, gpt-oss-120b, glm4.5-air, tiny.
+// gpt-oss-20b, gpt-oss-120b, glm4.5-air, ernie4.5-0.3b, ernie4.5-21b-a3b, tiny.
 std::vector<std::string> synthetic_preset_names();
 // The hyperparameters of a preset (type F32, other fields default). Throws Error for an
 // unknown name, listing the known ones.

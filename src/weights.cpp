@@ -172,9 +172,11 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
                 l.up_exps_b = load_vector(f, name("ffn_up_exps.bias"), c.n_ff_exp, c.n_expert);
                 l.down_exps_b = load_vector(f, name("ffn_down_exps.bias"), c.n_embd, c.n_expert);
             }
-            if (c.moe_sigmoid) l.exp_probs_b = load_vector(f, name("exp_probs_b.bias"), c.n_expert);
-            if (c.n_expert_shared > 0) {
-                const int64_t fs = c.n_ff_shexp();
+            // (GLM's selection bias is required, as in llama.cpp; ERNIE's is there when it is.)
+            if (c.moe_sigmoid || f.find_tensor(name("exp_probs_b.bias")))
+                l.exp_probs_b = load_vector(f, name("exp_probs_b.bias"), c.n_expert);
+            if (c.n_ff_shexp > 0) {
+                const int64_t fs = c.n_ff_shexp;
                 l.gate_shexp = load_matrix(f, name("ffn_gate_shexp.weight"), c.n_embd, fs, bytes);
                 l.up_shexp = load_matrix(f, name("ffn_up_shexp.weight"), c.n_embd, fs, bytes);
                 l.down_shexp = load_matrix(f, name("ffn_down_shexp.weight"), fs, c.n_embd, bytes);

@@ -76,6 +76,39 @@ inline void rotate(std::vector<float>& x, int64_t n_heads, int64_t head_dim, int
         }
 }
 
+// Causal attention of token t's queries q (n_head x head_dim) over the keys and values of
+// tokens u0..t (n_kv_head x head_dim each; query head h reads KV head h / (n_head / n_kv_head)),
+// scores scaled by 1/sqrt(head_dim); sinks (one logit per head, or null) join each softmax's
+// denominator and take their share of the mass to no value (gpt-oss).
+inline std::vector<float> attend(const std::vector<float>& q,
+                                 const std::vector<std::vector<float>>& keys,
+                                 const std::vector<std::vector<float>>& values, int64_t t,
+                                 int64_t u0, int64_t n_head, int64_t n_kv_head, int64_t hd,
+                                 const float* sinks = nullptr) {
+    const int64_t group = n_head / n_kv_head;
+    std::vector<float> att(size_t(n_head * hd), 0.0f);
+    for (int64_t h = 0; h < n_head; ++h) {
+        const int64_t kvh = h / group;
+        std::vector<double> p(size_t(t + 1), 0.0);
+        const double sink = sinks ? double(sinks[h]) : -INFINITY;
+        double mx = sink;
+        for (int64_t u = u0; u <= t; ++u) {
+            double s = 0;
+            for (int64_t i = 0; i < hd; ++i)
+                s += double(q[size_t(h * hd + i)]) * keys[size_t(u)][size_t(kvh * hd + i)];
+            p[size_t(u)] = s / std::sqrt(double(hd));
+            mx = std::max(mx, p[size_t(u)]);
+        }
+        double z = std::exp(sink - mx);
+        for (int64_t u = u0; u <= t; ++u) z += (p[size_t(u)] = std::exp(p[size_t(u)] - mx));
+        for (int64_t u = u0; u <= t; ++u)
+            for (int64_t i = 0; i < hd; ++i)
+                att[size_t(h * hd + i)] +=
+                    float(p[size_t(u)] / z * values[size_t(u)][size_t(kvh * hd + i)]);
+    }
+    return att;
+}
+
 // The CPU backend's logits for every token of `tokens` (positions from pos0), fed as a
 // prefill of `first` tokens and then one token per step, in KV blocks of 4 tokens; n_ctx is
 // the run's context (BackendOptions::n_ctx).

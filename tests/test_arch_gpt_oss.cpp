@@ -57,7 +57,7 @@ struct Parts {
 std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelConfig& c,
                                                  const Parts& parts,
                                                  const std::vector<int32_t>& tokens) {
-    const int64_t T = int64_t(tokens.size()), hd = c.head_dim, group = c.n_head / c.n_kv_head;
+    const int64_t T = int64_t(tokens.size()), hd = c.head_dim;
     const FloatTensor embd = floats(f, "token_embd.weight"), out = floats(f, "output.weight");
     std::vector<std::vector<float>> x(tokens.size()), keys(tokens.size()), values(tokens.size());
     for (int64_t t = 0; t < T; ++t) {
@@ -91,28 +91,10 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
             rotate(keys[size_t(t)], c.n_kv_head, hd, hd, t, c.rope_freq_base, true, {}, 1.0);
         }
         for (int64_t t = 0; t < T; ++t) {
-            std::vector<float> att(size_t(c.n_head * hd), 0.0f);
             const int64_t u0 = swa ? std::max<int64_t>(0, t - parts.window + 1) : 0;
-            for (int64_t hh = 0; hh < c.n_head; ++hh) {
-                const int64_t kvh = hh / group;
-                std::vector<double> p(size_t(t + 1), 0.0);
-                const double sink = parts.sinks ? sinks.v[size_t(hh)] : -INFINITY;
-                double mx = sink;
-                for (int64_t u = u0; u <= t; ++u) {
-                    double s = 0;
-                    for (int64_t i = 0; i < hd; ++i)
-                        s += double(q[size_t(t)][size_t(hh * hd + i)]) *
-                             keys[size_t(u)][size_t(kvh * hd + i)];
-                    p[size_t(u)] = s / std::sqrt(double(hd));
-                    mx = std::max(mx, p[size_t(u)]);
-                }
-                double z = std::exp(sink - mx);  // the sink's share goes to no value
-                for (int64_t u = u0; u <= t; ++u) z += (p[size_t(u)] = std::exp(p[size_t(u)] - mx));
-                for (int64_t u = u0; u <= t; ++u)
-                    for (int64_t i = 0; i < hd; ++i)
-                        att[size_t(hh * hd + i)] +=
-                            float(p[size_t(u)] / z * values[size_t(u)][size_t(kvh * hd + i)]);
-            }
+            const std::vector<float> att =
+                attend(q[size_t(t)], keys, values, t, u0, c.n_head, c.n_kv_head, hd,
+                       parts.sinks ? sinks.v.data() : nullptr);
             std::vector<float> o = matvec(mat(wo), att);
             add(o, bo.v.data());
             for (int64_t i = 0; i < c.n_embd; ++i) x[size_t(t)][size_t(i)] += o[size_t(i)];

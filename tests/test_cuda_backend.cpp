@@ -391,11 +391,14 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
     // smollm3 (a layer without RoPE: the unfused KV write), gpt-oss (sinks, biases, MXFP4
     // experts with biases and the clamped SwiGLU), glm4moe (a dense first layer, then the
     // sigmoid router with its selection bias, scaled weights and a shared expert; half of each
-    // head rotating; a multi-token-prediction layer left out) and llama with the same heads.
+    // head rotating; a multi-token-prediction layer left out), ernie4_5-moe (the softmax router
+    // with its selection bias, two shared experts, consecutive-pair RoPE) and llama with the
+    // same heads.
     // K-quant weights, f16 and q8 KV (q8 with rotation: the unfused RoPE path).
     const auto dir = std::filesystem::temp_directory_path();
     for (const char* arch : {"qwen3", "qwen3moe", "qwen2", "phi3", "gemma", "gemma2", "gemma3",
-                             "granite", "granitemoe", "smollm3", "gpt-oss", "glm4moe", "llama"})
+                             "granite", "granitemoe", "smollm3", "gpt-oss", "glm4moe",
+                             "ernie4_5-moe", "llama"})
         for (KvType kv : {KvType::F16, KvType::Q8}) {
             CAPTURE(arch);
             CAPTURE(std::string(kv_type_name(kv)));
@@ -411,7 +414,8 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
             // qwen3moe: 4 experts of width 256, all of them used, so that no routing near-tie
             // can make the two backends pick different experts (top-k itself: test_cuda_ops).
             const bool moe = std::string(arch) == "qwen3moe" || std::string(arch) == "granitemoe" ||
-                             std::string(arch) == "gpt-oss" || std::string(arch) == "glm4moe";
+                             std::string(arch) == "gpt-oss" || std::string(arch) == "glm4moe" ||
+                             std::string(arch) == "ernie4_5-moe";
             if (moe) c.n_expert = 4, c.n_expert_used = 4, c.n_ff_exp = 256;
             if (std::string(arch) == "glm4moe")
                 c.rope_dims = 64, c.n_nextn = 1, c.expert_weights_scale = 2.5;

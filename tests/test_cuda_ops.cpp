@@ -422,21 +422,30 @@ TEST_CASE("cuda mixture-of-experts ops: top-k, expert-indexed GEMVs, weighted su
     }
 
     // GLM 4.5's router: the choice by sigmoid + selection bias, the weights the sigmoids (over
-    // their sum, or not), times a scale.
+    // their sum, or not), times a scale; ERNIE 4.5's: by softmax probability + selection bias,
+    // the weights the probabilities over their sum.
     const std::vector<float> bias = random_floats(static_cast<size_t>(n_expert), 76, 0.3f);
     DevBuf<float> dbias(bias);
-    for (bool norm : {true, false}) {
-        CAPTURE(norm);
+    for (int variant = 0; variant < 3; ++variant) {
+        const bool sigmoid = variant < 2, norm = variant != 1;
+        const float scale = sigmoid ? 2.5f : 1.0f;
+        CAPTURE(variant);
         DevBuf<float> sw(static_cast<size_t>(n_tok * k));
         DevBuf<int32_t> ssel(std::vector<int32_t>(static_cast<size_t>(n_tok * k), -1));
         cuda_moe_topk(dl.get(), n_tok, n_expert, k, ssel.get(), sw.get(), nullptr,
-                      {true, dbias.get(), norm, 2.5f});
+                      {sigmoid, dbias.get(), norm, scale});
         const std::vector<int32_t> ids = ssel.download();
         const std::vector<float> w = sw.download();
         for (int64_t t = 0; t < n_tok; ++t) {
             CAPTURE(t);
             const float* l = logits.data() + t * n_expert;
-            auto sig = [&](int32_t e) { return 1.0 / (1.0 + std::exp(-double(l[e]))); };
+            double zt = 0, mx = l[0];
+            for (int64_t e = 0; e < n_expert; ++e) mx = std::max(mx, double(l[e]));
+            for (int64_t e = 0; e < n_expert; ++e) zt += std::exp(double(l[e]) - mx);
+            auto sig = [&](int32_t e) {
+                return sigmoid ? 1.0 / (1.0 + std::exp(-double(l[e])))
+                               : std::exp(double(l[e]) - mx) / zt;
+            };
             std::vector<int32_t> order(static_cast<size_t>(n_expert));
             std::iota(order.begin(), order.end(), 0);
             std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
@@ -447,7 +456,8 @@ TEST_CASE("cuda mixture-of-experts ops: top-k, expert-indexed GEMVs, weighted su
             for (int64_t j = 0; j < k; ++j) {
                 CHECK(ids[size_t(t * k + j)] == order[size_t(j)]);
                 CHECK(w[size_t(t * k + j)] ==
-                      doctest::Approx(sig(order[size_t(j)]) / (norm ? z : 1.0) * 2.5).epsilon(1e-5));
+                      doctest::Approx(sig(order[size_t(j)]) / (norm ? z : 1.0) * scale)
+                          .epsilon(1e-5));
             }
         }
     }

@@ -22,14 +22,6 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-const char* kHistory = R"([
-  {"role": "system", "content": "Be brief."},
-  {"role": "user", "content": "2+3?"},
-  {"role": "assistant", "content": null, "tool_calls": [{"id": "abcDEF123", "type": "function",
-    "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}}]},
-  {"role": "tool", "tool_call_id": "abcDEF123", "content": "5"},
-  {"role": "user", "content": "And 4+4?"}])";
-
 std::string render(const char* source, ToolFormat format) {
     const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "add",
         "description": "Adds.", "parameters": {"type": "object",

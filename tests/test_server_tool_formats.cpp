@@ -22,19 +22,6 @@ using namespace kvrun::test;
 using nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-namespace {
-
-// The conversation of the rendering test: a call with its id, its result, a new question.
-const char* kHistory = R"([
-  {"role": "system", "content": "Be brief."},
-  {"role": "user", "content": "2+3?"},
-  {"role": "assistant", "content": null, "tool_calls": [{"id": "abcDEF123", "type": "function",
-    "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}}]},
-  {"role": "tool", "tool_call_id": "abcDEF123", "content": "5"},
-  {"role": "user", "content": "And 4+4?"}])";
-
-}  // namespace
-
 TEST_CASE("tool formats: detected from the template's own syntax") {
     CHECK(tool_format_detect(kHermes) == ToolFormat::Hermes);
     CHECK(tool_format_detect(kLlama3) == ToolFormat::Llama3);

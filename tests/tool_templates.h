@@ -242,6 +242,15 @@ inline const char* const kKimiK2 =
 {%- endfor %}
 {%- if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{% endif %})tmpl";
 
+// The conversation of the rendering tests: a call with its id, its result, a new question.
+inline const char* const kHistory = R"([
+  {"role": "system", "content": "Be brief."},
+  {"role": "user", "content": "2+3?"},
+  {"role": "assistant", "content": null, "tool_calls": [{"id": "abcDEF123", "type": "function",
+    "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}}]},
+  {"role": "tool", "tool_call_id": "abcDEF123", "content": "5"},
+  {"role": "user", "content": "And 4+4?"}])";
+
 inline ChatTools tools_for(ToolFormat format, const std::string& choice = "auto",
                            bool parallel = true) {
     nlohmann::ordered_json req = {

@@ -36,14 +36,16 @@ int run(int argc, char** argv) {
                    "llama2-7b, llama3-8b, llama3.1-8b, llama-1b, qwen2.5-7b, qwen3-0.6b, "
                    "qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, phi3-mini, phi3-mini-128k, phi4, "
                    "gemma2-2b, gemma3-1b, gemma3-4b, granite3-8b, granite3-3b-a800m, smollm3-3b, "
-                   "phi4-mini, gpt-oss-20b, gpt-oss-120b, glm4.5-air or tiny")
+                   "phi4-mini, gpt-oss-20b, gpt-oss-120b, glm4.5-air, ernie4.5-0.3b, "
+                   "ernie4.5-21b-a3b or tiny")
         ->capture_default_str();
     app.add_option("--arch", arch,
                    "llama, qwen2 (Q/K/V biases), qwen3 (per-head Q/K norms), qwen3moe, phi3 "
                    "(fused QKV and gate/up), gemma, gemma2, gemma3, granite or granitemoe "
                    "(Granite's multipliers), smollm3 (NoPE every 4th layer), gpt-oss (biases, "
                    "attention sinks, clamped SwiGLU experts), glm4moe (GLM 4.5: a dense first layer, "
-                   "sigmoid-routed and shared experts); default: the preset's");
+                   "sigmoid-routed and shared experts), ernie4_5, ernie4_5-moe (ERNIE 4.5: softmax "
+                   "router with a selection bias, shared experts); default: the preset's");
     app.add_option("--n-expert", n_expert,
                    "experts per layer (qwen3moe, granitemoe, gpt-oss, glm4moe, llama = Mixtral)");
     app.add_option("--n-expert-used", n_expert_used, "experts per token");

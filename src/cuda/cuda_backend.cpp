@@ -70,7 +70,7 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
         // The gate and up rows serve the dense layers and the shared experts (GLM 4.5), whose
         // output has a buffer of its own.
         const size_t TK = T * size_t(c.n_expert_used);
-        const size_t ff = size_t(std::max(c.n_ff, c.n_ff_shexp()));
+        const size_t ff = size_t(std::max(c.n_ff, c.n_ff_shexp));
         const size_t sizes[] = {T * size_t(c.n_embd),
                                 T * size_t(c.n_embd),
                                 T * size_t(c.q_dim()),
@@ -87,7 +87,7 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
                                 TK * size_t(c.n_embd),
                                 TK * size_t(c.n_ff_exp),
                                 2 * TK,
-                                c.n_expert_shared > 0 ? T * size_t(c.n_embd) : 0};
+                                c.n_ff_shexp > 0 ? T * size_t(c.n_embd) : 0};
         float *moe_ids = nullptr, *moe_map = nullptr;
         float** ptrs[] = {&x_,     &xb_,      &q_,      &att_,        &k_,      &v_,
                           &gate_,  &up_,      &xr_,     &moe_logits_, &moe_ids, &moe_w_,

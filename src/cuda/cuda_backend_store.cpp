@@ -102,7 +102,7 @@ void CudaBackend::upload_weights(const GgufFile& file) {
             it.gate_e = stacked(w.gate_exps, p + "ffn_gate_exps.weight");
             it.up_e = stacked(w.up_exps, p + "ffn_up_exps.weight");
             it.down_e = stacked(w.down_exps, p + "ffn_down_exps.weight");
-            if (config_.n_expert_shared > 0) {
+            if (config_.n_ff_shexp > 0) {
                 it.gate_sh = add_matrix(w.gate_shexp, p + "ffn_gate_shexp.weight");
                 it.up_sh = add_matrix(w.up_shexp, p + "ffn_up_shexp.weight");
                 it.down_sh = add_matrix(w.down_shexp, p + "ffn_down_shexp.weight");
@@ -167,7 +167,7 @@ void CudaBackend::upload_weights(const GgufFile& file) {
             d.experts.swiglu_oai = config_.swiglu_oai;
             d.experts.alpha = config_.swiglu_alpha, d.experts.limit = config_.swiglu_limit;
             d.exp_probs_b = vec(it.exp_probs_b);
-            if (config_.n_expert_shared > 0) {
+            if (config_.n_ff_shexp > 0) {
                 d.gate_shexp = on_device(w.gate_shexp, it.gate_sh);
                 d.up_shexp = on_device(w.up_shexp, it.up_sh);
                 d.down_shexp = on_device(w.down_shexp, it.down_sh);

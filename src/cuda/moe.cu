@@ -16,9 +16,10 @@ constexpr int kTopkThreads = 32;  // one warp per token
 
 // One warp per token: k rounds of a warp-wide argmax over the experts not yet taken (ties:
 // the lower id), then the weights. Softmax: exp(l - l_max) over their sum (the softmax
-// denominator cancels in the renormalization). Sigmoid: the choice by sigmoid(l) + bias, the
-// weight sigmoid(l), over their sum when norm. Then times scale. taken: [n_expert] flags in
-// dynamic shared memory.
+// denominator cancels in the renormalization); with a selection bias the choice is by the
+// probability + bias, so the denominator is summed first. Sigmoid: the choice by sigmoid(l)
+// + bias, the weight sigmoid(l). Over their sum when norm, then times scale. taken:
+// [n_expert] flags in dynamic shared memory.
 __global__ void moe_topk_kernel(const float* __restrict__ logits, int n_expert, int k,
                                 int32_t* __restrict__ ids, float* __restrict__ weights,
                                 MoeRouting r) {
@@ -28,14 +29,24 @@ __global__ void moe_topk_kernel(const float* __restrict__ logits, int n_expert, 
     const float* l = logits + t * n_expert;
     for (int e = lane; e < n_expert; e += kTopkThreads) taken[e] = 0;
     __syncwarp();
-    auto sigmoid = [](float x) { return 1.0f / (1.0f + expf(-x)); };
+    // The gate of expert e: its sigmoid, or (softmax with a selection bias) its probability.
+    const bool gated = r.sigmoid || r.select_bias;
+    float mx = -INFINITY, z = 0.0f;
+    if (!r.sigmoid && r.select_bias) {
+        for (int e = lane; e < n_expert; e += kTopkThreads) mx = fmaxf(mx, l[e]);
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        for (int e = lane; e < n_expert; e += kTopkThreads) z += expf(l[e] - mx);
+        for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
+    }
+    auto gate = [&](int e) {
+        return r.sigmoid ? 1.0f / (1.0f + expf(-l[e])) : expf(l[e] - mx) / z;
+    };
     float best_first = 0.0f, sum = 0.0f;
     for (int j = 0; j < k; ++j) {
         float bv = -INFINITY;
         int bi = n_expert;
         for (int e = lane; e < n_expert; e += kTopkThreads) {
-            const float v = r.sigmoid ? sigmoid(l[e]) + (r.select_bias ? r.select_bias[e] : 0.0f)
-                                      : l[e];
+            const float v = gated ? gate(e) + (r.select_bias ? r.select_bias[e] : 0.0f) : l[e];
             if (!taken[e] && (v > bv || (v == bv && e < bi))) bv = v, bi = e;
         }
         for (int o = 16; o > 0; o >>= 1) {
@@ -45,7 +56,7 @@ __global__ void moe_topk_kernel(const float* __restrict__ logits, int n_expert, 
         }
         const bool found = bi < n_expert;  // false only when every value left is NaN
         if (j == 0) best_first = bv;
-        const float p = !found ? 0.0f : r.sigmoid ? sigmoid(l[bi]) : expf(bv - best_first);
+        const float p = !found ? 0.0f : gated ? gate(bi) : expf(bv - best_first);
         sum += p;
         if (lane == 0) {
             if (found) taken[bi] = 1;
@@ -79,8 +90,7 @@ void cuda_moe_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int6
                    float* weights, cudaStream_t s, const MoeRouting& r) {
     CUDA_REQUIRE(n_expert >= 1 && n_expert <= 4096 && k >= 1 && k <= n_expert,
                  "cuda_moe_topk: need 1 <= k <= n_expert <= 4096");
-    CUDA_REQUIRE(r.sigmoid || (r.norm && !r.select_bias),
-                 "cuda_moe_topk: a softmax router always renormalizes and has no selection bias");
+    CUDA_REQUIRE(r.sigmoid || r.norm, "cuda_moe_topk: a softmax router always renormalizes");
     if (n_tokens <= 0) return;
     moe_topk_kernel<<<unsigned(n_tokens), kTopkThreads, size_t(n_expert), s>>>(
         logits, int(n_expert), int(k), ids, weights, r);

@@ -123,10 +123,10 @@ void cuda_gemv_experts(float* out, const float* x, const WeightView& expert0, si
 void cuda_gemv_experts_swiglu(float* out, const float* x, const WeightView& gate0,
                               const WeightView& up0, size_t expert_bytes, const int32_t* ids,
                               int64_t n_jobs, int x_div, cudaStream_t s);
-// How a router turns logits into choices and weights (ModelConfig's moe_*): a softmax (always
-// renormalized over the chosen), or (GLM 4.5) a sigmoid per expert, the choice by sigmoid +
-// select_bias[e] (device, [n_expert], or null), the weights the sigmoids over their sum when
-// norm; then times scale.
+// How a router turns logits into choices and weights (ModelConfig's moe_*): a gate per expert,
+// its softmax probability (always renormalized over the chosen) or (GLM 4.5) its sigmoid; the
+// choice by gate + select_bias[e] (device, [n_expert], or null: ERNIE 4.5's and GLM's), the
+// weights the gates over their sum when norm; then times scale.
 struct MoeRouting {
     bool sigmoid = false;
     const float* select_bias = nullptr;

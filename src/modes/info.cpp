@@ -105,6 +105,14 @@ Hyper read_hyper(const GgufFile& f) {
             h.experts += fmt::format("; {} multi-token-prediction layer(s) not run", nextn);
         }
     }
+    if (h.arch == "ernie4_5-moe")
+        h.experts += fmt::format(
+            ", {} shared of width {}; softmax router with a selection bias; experts on every "
+            "{} layer(s) after the first {} dense",
+            f.get_int_or(a + "expert_shared_count", 0),
+            f.get_int_or(a + "expert_shared_feed_forward_length", 0),
+            f.get_int_or(a + "interleave_moe_layer_step", 1),
+            f.get_int_or(a + "leading_dense_block_count", 0));
     if (h.arch == "granite" || h.arch == "granitemoe")
         h.multipliers = fmt::format(
             "embeddings x{:g}, q.k x{:g}, block outputs x{:g}, logits / {:g}",

@@ -1,10 +1,13 @@
-// GLM 4.5 (glm4moe), checked against an independent forward pass written here from the
-// model's definition (plain float loops, one sequence, no cache, nothing shared with the
-// backends): Q/K/V biases, optional per-head Q/K norms, NeoX RoPE on part of each head, the
-// FFN's input norm named post_attention_norm, a dense first layer, then experts chosen by
-// sigmoid(logit) + a selection bias but weighted by the sigmoid alone (normalized, scaled),
-// and a shared expert for every token; a multi-token-prediction layer at the end of the file
-// that does not run. Also: config and load errors, the preset's shapes, a cut draft.
+// GLM 4.5 (glm4moe) and ERNIE 4.5 (ernie4_5, ernie4_5-moe), checked against an independent
+// forward pass written here from the models' definitions (plain float loops, one sequence, no
+// cache, nothing shared with the backends). GLM: Q/K/V biases, optional per-head Q/K norms,
+// NeoX RoPE on part of each head, the FFN's input norm named post_attention_norm, a dense
+// first layer, then experts chosen by sigmoid(logit) + a selection bias but weighted by the
+// sigmoid alone (normalized, scaled), and a shared expert for every token; a
+// multi-token-prediction layer at the end of the file that does not run. ERNIE: consecutive-
+// pair RoPE, experts on every other layer after the dense ones, a softmax router with a
+// selection bias, shared experts. Also: config and load errors, the presets' shapes, a cut
+// draft.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -27,21 +30,29 @@ using kvrun::test::TempDir;
 
 namespace {
 
+// The model's parts, as its config says (for_config), each of which a test may change.
 struct Parts {
-    bool select_bias = true;  // exp_probs_b joins the choice of experts
-    bool sigmoid = true;      // false: a softmax router instead
-    bool norm = true;         // the chosen weights over their sum
-    double scale = 2.5;       // expert_weights_scale
-    bool shared = true;       // the shared expert
-    bool partial_rope = true; // false: every dim of each head rotates
+    bool select_bias = true;   // exp_probs_b joins the choice of experts
+    bool sigmoid = true;       // false: a softmax router instead
+    bool norm = true;          // the chosen weights over their sum
+    double scale = 1;          // expert_weights_scale
+    bool shared = true;        // the shared expert
+    bool partial_rope = true;  // false: every dim of each head rotates
+    bool neox = true;          // pairs (j, j + n_rot/2); false: (2j, 2j+1)
 };
+Parts for_config(const ModelConfig& c) {
+    Parts p;
+    p.sigmoid = c.moe_sigmoid, p.norm = c.moe_norm, p.scale = c.moe_scale, p.neox = c.rope_neox;
+    return p;
+}
 
 std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelConfig& c,
                                                  const Parts& parts,
                                                  const std::vector<int32_t>& tokens) {
-    const int64_t T = int64_t(tokens.size()), hd = c.head_dim, group = c.n_head / c.n_kv_head;
+    const int64_t T = int64_t(tokens.size()), hd = c.head_dim;
     const int64_t n_rot = parts.partial_rope ? c.n_rot : hd;
-    const Mat embd = tensor(f, "token_embd.weight"), out = tensor(f, "output.weight");
+    const Mat embd = tensor(f, "token_embd.weight");
+    const Mat out = f.find_tensor("output.weight") ? tensor(f, "output.weight") : embd;  // (tied)
     std::vector<std::vector<float>> x(tokens.size()), keys(tokens.size()), values(tokens.size());
     for (int64_t t = 0; t < T; ++t) x[size_t(t)].assign(embd.row(tokens[size_t(t)]),
                                                         embd.row(tokens[size_t(t)]) + c.n_embd);
@@ -59,8 +70,10 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
         auto t_ = [&](const char* what) { return tensor(f, fmt::format("blk.{}.{}", l, what)); };
         const Mat wq = t_("attn_q.weight"), wk = t_("attn_k.weight"), wv = t_("attn_v.weight"),
                   wo = t_("attn_output.weight");
-        const Mat bq = t_("attn_q.bias"), bk = t_("attn_k.bias"), bv = t_("attn_v.bias");
-        const Mat norm1 = t_("attn_norm.weight"), norm2 = t_("post_attention_norm.weight");
+        const bool biased = f.find_tensor(fmt::format("blk.{}.attn_q.bias", l));
+        const Mat norm1 = t_("attn_norm.weight"),
+                  norm2 = t_(c.ffn_norm_post_attention ? "post_attention_norm.weight"
+                                                       : "ffn_norm.weight");
         const bool qk_norm = f.find_tensor(fmt::format("blk.{}.attn_q_norm.weight", l));
         std::vector<std::vector<float>> q(tokens.size());
         for (int64_t t = 0; t < T; ++t) {
@@ -68,8 +81,10 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
             rms_normalize(h, 0, c.n_embd, norm1.data, c.norm_eps);
             q[size_t(t)] = matvec(wq, h), keys[size_t(t)] = matvec(wk, h);
             values[size_t(t)] = matvec(wv, h);
-            add(q[size_t(t)], bq.data), add(keys[size_t(t)], bk.data);
-            add(values[size_t(t)], bv.data);
+            if (biased) {
+                add(q[size_t(t)], t_("attn_q.bias").data), add(keys[size_t(t)], t_("attn_k.bias").data);
+                add(values[size_t(t)], t_("attn_v.bias").data);
+            }
             if (qk_norm) {
                 const Mat qn = t_("attn_q_norm.weight"), kn = t_("attn_k_norm.weight");
                 for (int64_t hh = 0; hh < c.n_head; ++hh)
@@ -77,29 +92,13 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
                 for (int64_t hh = 0; hh < c.n_kv_head; ++hh)
                     rms_normalize(keys[size_t(t)], hh * hd, hd, kn.data, c.norm_eps);
             }
-            rotate(q[size_t(t)], c.n_head, hd, n_rot, t, c.rope_freq_base, true, {}, 1.0);
-            rotate(keys[size_t(t)], c.n_kv_head, hd, n_rot, t, c.rope_freq_base, true, {}, 1.0);
+            rotate(q[size_t(t)], c.n_head, hd, n_rot, t, c.rope_freq_base, parts.neox, {}, 1.0);
+            rotate(keys[size_t(t)], c.n_kv_head, hd, n_rot, t, c.rope_freq_base, parts.neox, {},
+                   1.0);
         }
         for (int64_t t = 0; t < T; ++t) {
-            std::vector<float> att(size_t(c.n_head * hd), 0.0f);
-            for (int64_t hh = 0; hh < c.n_head; ++hh) {
-                const int64_t kvh = hh / group;
-                std::vector<double> p(size_t(t + 1));
-                double mx = -INFINITY, z = 0;
-                for (int64_t u = 0; u <= t; ++u) {
-                    double s = 0;
-                    for (int64_t i = 0; i < hd; ++i)
-                        s += double(q[size_t(t)][size_t(hh * hd + i)]) *
-                             keys[size_t(u)][size_t(kvh * hd + i)];
-                    p[size_t(u)] = s / std::sqrt(double(hd));
-                    mx = std::max(mx, p[size_t(u)]);
-                }
-                for (int64_t u = 0; u <= t; ++u) z += (p[size_t(u)] = std::exp(p[size_t(u)] - mx));
-                for (int64_t u = 0; u <= t; ++u)
-                    for (int64_t i = 0; i < hd; ++i)
-                        att[size_t(hh * hd + i)] +=
-                            float(p[size_t(u)] / z * values[size_t(u)][size_t(kvh * hd + i)]);
-            }
+            const std::vector<float> att =
+                attend(q[size_t(t)], keys, values, t, 0, c.n_head, c.n_kv_head, hd);
             const std::vector<float> o = matvec(wo, att);
             for (int64_t i = 0; i < c.n_embd; ++i) x[size_t(t)][size_t(i)] += o[size_t(i)];
         }
@@ -107,10 +106,12 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
             std::vector<float> h = x[size_t(t)];
             rms_normalize(h, 0, c.n_embd, norm2.data, c.norm_eps);
             std::vector<float> y(size_t(c.n_embd), 0.0f);
-            if (l < c.n_layer_dense) {  // a dense FFN
+            if (!f.find_tensor(fmt::format("blk.{}.ffn_gate_inp.weight", l))) {  // a dense FFN
                 y = swiglu_ffn(t_("ffn_gate.weight"), t_("ffn_up.weight"), t_("ffn_down.weight"), h);
             } else {
-                const Mat router = t_("ffn_gate_inp.weight"), bias = t_("exp_probs_b.bias");
+                const Mat router = t_("ffn_gate_inp.weight");
+                const bool has_bias = f.find_tensor(fmt::format("blk.{}.exp_probs_b.bias", l));
+                const Mat bias = has_bias ? t_("exp_probs_b.bias") : Mat{};
                 const Mat ge = t_("ffn_gate_exps.weight"), ue = t_("ffn_up_exps.weight"),
                           de = t_("ffn_down_exps.weight");
                 const std::vector<float> logit = matvec(router, h);
@@ -121,7 +122,7 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
                 for (size_t e = 0; e < logit.size(); ++e) {
                     gate[e] = parts.sigmoid ? 1 / (1 + std::exp(-double(logit[e])))
                                             : std::exp(double(logit[e]) - mx) / z;
-                    choose[e] = gate[e] + (parts.select_bias ? bias.data[e] : 0.0);
+                    choose[e] = gate[e] + (parts.select_bias && has_bias ? bias.data[e] : 0.0);
                 }
                 std::vector<int64_t> ids(logit.size());
                 std::iota(ids.begin(), ids.end(), 0);
@@ -138,7 +139,7 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
                                    Mat{de.row(e * c.n_embd), de.n_in, c.n_embd}, h);
                     for (int64_t i = 0; i < c.n_embd; ++i) y[size_t(i)] += float(wt * d[size_t(i)]);
                 }
-                if (parts.shared) {
+                if (parts.shared && f.find_tensor(fmt::format("blk.{}.ffn_up_shexp.weight", l))) {
                     const std::vector<float> d =
                         swiglu_ffn(t_("ffn_gate_shexp.weight"), t_("ffn_up_shexp.weight"),
                                    t_("ffn_down_shexp.weight"), h);
@@ -195,22 +196,22 @@ TEST_CASE("GLM 4.5 matches the independent reference forward, with and without Q
         CHECK(c.moe_sigmoid);
         CHECK(c.moe_norm);
         CHECK(c.moe_scale == 2.5f);
-        CHECK(c.n_ff_shexp() == 32);
+        CHECK(c.n_ff_shexp == 32);
         CHECK(c.n_rot == 8);
         CHECK(c.rope_neox);
         CHECK(c.ffn_norm_post_attention);
-        const auto want = reference_logits(f, c, Parts{}, kTokens);
+        const auto want = reference_logits(f, c, for_config(c), kTokens);
         const auto got = backend_logits(f, kTokens, 9);
         CHECK(rel_diff(got, want) < 2e-5);
         // Each part is visible to this check: without it the reference moves well past the
         // bound.
         for (int part = 0; part < 6; ++part) {
             CAPTURE(part);
-            Parts p;
+            Parts p = for_config(c);
             if (part == 0) p.select_bias = false;
             if (part == 1) p.sigmoid = false;
             if (part == 2) p.norm = false;
-            if (part == 3) p.scale = 1.0;
+            if (part == 3) p.scale = 1.0;  // (the model's is 2.5)
             if (part == 4) p.shared = false;
             if (part == 5) p.partial_rope = false;
             CHECK(rel_diff(got, reference_logits(f, c, p, kTokens)) > 1e-3);
@@ -227,8 +228,8 @@ TEST_CASE("GLM 4.5: unnormalized weights, and a draft cut from the model") {
     GgufFile f = GgufFile::open(path);
     const ModelConfig c = model_config_from_gguf(f);
     CHECK_FALSE(c.moe_norm);
-    Parts p;
-    p.norm = false, p.scale = 1.0;
+    const Parts p = for_config(c);
+    CHECK(p.scale == 1.0);
     CHECK(rel_diff(backend_logits(f, kTokens, 5), reference_logits(f, c, p, kTokens)) < 2e-5);
     // A two-layer draft runs both layers it keeps (none is for multi-token prediction).
     synthetic_draft_write(path, 2, dir.file("draft.gguf"));
@@ -295,4 +296,92 @@ TEST_CASE("the glm4.5-air preset has the published shapes") {
     CHECK(c.n_ff_exp == 1408);
     CHECK(c.n_expert_shared == 1);
     CHECK_NOTHROW(synthetic_validate(c));
+}
+
+namespace {
+
+// A small ERNIE 4.5 MoE: 4 layers, the first dense, then experts on layers 1 and 3 (every
+// other layer) with 2 shared experts of width 48, and dense FFNs between.
+SyntheticModelConfig small_ernie() {
+    SyntheticModelConfig c = synthetic_preset("tiny");
+    c.arch = "ernie4_5-moe";
+    c.n_layer = 4, c.n_layer_dense = 1, c.moe_step = 2;
+    c.n_embd = 64, c.n_head = 4, c.n_head_kv = 2, c.n_ff = 96;
+    c.n_expert = 6, c.n_expert_used = 2, c.n_ff_exp = 32, c.n_expert_shared = 2, c.n_ff_shexp = 48;
+    c.n_vocab = 300;
+    c.weight_std = 0.3f;
+    c.seed = 13;
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE("ERNIE 4.5 MoE and dense match the independent reference forward") {
+    TempDir dir;
+    const std::string path = dir.file("ernie-moe.gguf");
+    synthetic_model_write(small_ernie(), path);
+    GgufFile f = GgufFile::open(path);
+    const ModelConfig c = model_config_from_gguf(f);
+    CHECK_FALSE(c.rope_neox);
+    CHECK_FALSE(c.moe_sigmoid);
+    CHECK_FALSE(c.ffn_norm_post_attention);
+    CHECK(c.moe_norm);
+    CHECK(c.n_ff_shexp == 48);
+    CHECK(c.n_expert_shared == 2);
+    for (int64_t l : {0, 2}) CHECK_FALSE(c.moe_layer(l));
+    for (int64_t l : {1, 3}) CHECK(c.moe_layer(l));
+    const auto got = backend_logits(f, kTokens, 9);
+    CHECK(rel_diff(got, reference_logits(f, c, for_config(c), kTokens)) < 2e-5);
+    for (int part = 0; part < 5; ++part) {
+        CAPTURE(part);
+        Parts p = for_config(c);
+        if (part == 0) p.select_bias = false;
+        if (part == 1) p.sigmoid = true;
+        if (part == 2) p.norm = false;
+        if (part == 3) p.shared = false;
+        if (part == 4) p.neox = true;
+        CHECK(rel_diff(got, reference_logits(f, c, p, kTokens)) > 1e-3);
+    }
+    // Without expert_shared_feed_forward_length there are no shared experts (as in llama.cpp).
+    const std::vector<uint8_t> bytes =
+        gguf_rewritten(f, "ernie4_5-moe.expert_shared_feed_forward_length", nullptr, "");
+    CHECK(model_config_from_gguf(GgufFile::from_memory(bytes.data(), bytes.size(), "n.gguf"))
+              .n_ff_shexp == 0);
+    CHECK(load_error(gguf_rewritten(f, "ernie4_5-moe.interleave_moe_layer_step", nullptr, ""),
+                     true)
+              .find("interleave_moe_layer_step") != std::string::npos);
+
+    // The dense ERNIE 4.5 is llama's shape with consecutive-pair RoPE and a tied output.
+    SyntheticModelConfig dense = synthetic_preset("tiny");
+    dense.arch = "ernie4_5", dense.tied_output = true;
+    dense.n_embd = 64, dense.n_head = 4, dense.n_head_kv = 2, dense.n_ff = 96, dense.n_vocab = 300;
+    dense.weight_std = 0.3f;
+    synthetic_model_write(dense, dir.file("ernie.gguf"));
+    GgufFile g = GgufFile::open(dir.file("ernie.gguf"));
+    const ModelConfig dc = model_config_from_gguf(g);
+    CHECK_FALSE(dc.moe());
+    const auto dgot = backend_logits(g, kTokens, 9);
+    Parts p = for_config(dc);
+    CHECK(rel_diff(dgot, reference_logits(g, dc, p, kTokens)) < 2e-5);
+    p.neox = true;
+    CHECK(rel_diff(dgot, reference_logits(g, dc, p, kTokens)) > 1e-3);
+}
+
+TEST_CASE("the ERNIE 4.5 presets have the published shapes") {
+    const SyntheticModelConfig moe = synthetic_preset("ernie4.5-21b-a3b");
+    CHECK(moe.arch == "ernie4_5-moe");
+    CHECK(moe.n_layer == 28);
+    CHECK(moe.n_embd == 2560);
+    CHECK(moe.n_head == 20);
+    CHECK(moe.n_head_kv == 4);
+    CHECK(moe.n_expert == 64);
+    CHECK(moe.n_expert_used == 6);
+    CHECK(moe.n_ff_exp == 1536);
+    CHECK(moe.n_expert_shared == 2);
+    CHECK_NOTHROW(synthetic_validate(moe));
+    const SyntheticModelConfig dense = synthetic_preset("ernie4.5-0.3b");
+    CHECK(dense.arch == "ernie4_5");
+    CHECK(dense.n_layer == 18);
+    CHECK(dense.n_embd == 1024);
+    CHECK_NOTHROW(synthetic_validate(dense));
 }
