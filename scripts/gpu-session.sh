@@ -100,15 +100,17 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
   # The other architectures at full size: qwen3-8b (Q/K norms), gemma3-4b (sliding window,
   # GeGLU), qwen3-30b-a3b (mixture of experts: bandwidth counts the used experts), gpt-oss-20b
   # (MXFP4 experts with biases, attention sinks; the other weights Q8_0), and GLM 4.5 Air cut
-  # to 12 of its 46 layers (sigmoid router, shared expert, partial RoPE; 16 GB instead of 60).
+  # to 12 of its 46 layers (sigmoid router, shared expert, partial RoPE; 16 GB instead of 60),
+  # and ERNIE 4.5 21B-A3B (softmax router with a selection bias, two shared experts).
   $S --preset qwen3-8b --type Q4_K_M -o /tmp/models/qwen3-8b-Q4_K_M.gguf > /dev/null
   $S --preset gemma3-4b --type Q4_K_M -o /tmp/models/gemma3-4b-Q4_K_M.gguf > /dev/null
   $S --preset qwen3-30b-a3b --type Q4_K_M -o /tmp/models/qwen3-30b-a3b-Q4_K_M.gguf > /dev/null
   $S --preset gpt-oss-20b --type Q8_0 -o /tmp/models/gpt-oss-20b-MXFP4.gguf > /dev/null
   $S --preset glm4.5-air --n-layer 12 --type Q4_K_M -o /tmp/models/glm4.5-air-L12-Q4_K_M.gguf \
     > /dev/null
+  $S --preset ernie4.5-21b-a3b --type Q4_K_M -o /tmp/models/ernie4.5-21b-a3b-Q4_K_M.gguf > /dev/null
   for m in qwen3-8b-Q4_K_M gemma3-4b-Q4_K_M qwen3-30b-a3b-Q4_K_M gpt-oss-20b-MXFP4 \
-    glm4.5-air-L12-Q4_K_M; do
+    glm4.5-air-L12-Q4_K_M ernie4.5-21b-a3b-Q4_K_M; do
     echo "### $m" >> "$OUT/bench.md"
     $K bench -m /tmp/models/$m.gguf -p 512 -n 128 -r 3 --depth 0,4096 --kv-types f16 -o md \
       --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
