@@ -212,11 +212,10 @@ void read_gpt_oss(const GgufFile& f, const std::string& a, ModelConfig& c) {
 // GLM 4.5 (glm4moe): leading dense layers, a sigmoid router with a selection bias, shared
 // experts, multi-token-prediction layers at the end that are not run. Read after the experts.
 void read_glm4moe(const GgufFile& f, const std::string& a, ModelConfig& c) {
-    auto count = [&](const std::string& key, bool required) { return read_count0(f, key, required); };
     c.ffn_norm_post_attention = true;
     // (llama.cpp's defaults: no dense layer, weights unscaled and not normalized.)
-    c.n_layer_dense = count(a + "leading_dense_block_count", false);
-    c.n_expert_shared = count(a + "expert_shared_count", true);
+    c.n_layer_dense = read_count0(f, a + "leading_dense_block_count", false);
+    c.n_expert_shared = read_count0(f, a + "expert_shared_count", true);
     c.n_ff_shexp = c.n_ff_exp * c.n_expert_shared;
     c.moe_norm = f.get_bool_or(a + "expert_weights_norm", false);
     const double scale = f.get_float_or(a + "expert_weights_scale", 1.0);
@@ -230,7 +229,7 @@ void read_glm4moe(const GgufFile& f, const std::string& a, ModelConfig& c) {
         fail("{}: {}expert_gating_func {} is not 1 (softmax) or 2 (sigmoid)", f.path(), a, gating);
     c.moe_sigmoid = gating == 2;
     if (!c.moe_sigmoid) c.moe_norm = true;  // (the softmax router always renormalizes here)
-    c.n_nextn = count(a + "nextn_predict_layers", false);
+    c.n_nextn = read_count0(f, a + "nextn_predict_layers", false);
     if (c.n_nextn >= c.n_layer)
         fail("{}: {}nextn_predict_layers {} leaves no layer of block_count {}", f.path(), a,
              c.n_nextn, c.n_layer);

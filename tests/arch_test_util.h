@@ -109,6 +109,18 @@ inline std::vector<float> attend(const std::vector<float>& q,
     return att;
 }
 
+// The logits of each row of x (the last layer's outputs): RMSNorm with out_norm, then out.
+inline std::vector<std::vector<float>> output_logits(const std::vector<std::vector<float>>& x,
+                                                     const float* out_norm, const Mat& out,
+                                                     double eps) {
+    std::vector<std::vector<float>> logits;
+    for (std::vector<float> h : x) {
+        rms_normalize(h, 0, int64_t(h.size()), out_norm, eps);
+        logits.push_back(matvec(out, h));
+    }
+    return logits;
+}
+
 // The CPU backend's logits for every token of `tokens` (positions from pos0), fed as a
 // prefill of `first` tokens and then one token per step, in KV blocks of 4 tokens; n_ctx is
 // the run's context (BackendOptions::n_ctx).

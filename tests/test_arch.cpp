@@ -242,11 +242,9 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
                 for (int64_t i = 0; i < c.n_embd; ++i)
                     x[size_t(t)][size_t(i)] += parts.steer[size_t(l)][size_t(i)];
     }
-    std::vector<std::vector<float>> logits(nt);
+    std::vector<std::vector<float>> logits =
+        output_logits(x, tensor(f, "output_norm.weight").data, out, c.norm_eps);
     for (int64_t t = 0; t < T; ++t) {
-        std::vector<float> h = x[size_t(t)];
-        rms_normalize(h, 0, c.n_embd, tensor(f, "output_norm.weight").data, c.norm_eps);
-        logits[size_t(t)] = matvec(out, h);
         for (float& v : logits[size_t(t)]) v = float(v * parts.logit_scale);
         if (parts.final_softcap > 0)
             for (float& v : logits[size_t(t)])

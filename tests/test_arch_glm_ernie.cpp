@@ -149,14 +149,7 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
             for (int64_t i = 0; i < c.n_embd; ++i) x[size_t(t)][size_t(i)] += y[size_t(i)];
         }
     }
-    const Mat out_norm = tensor(f, "output_norm.weight");
-    std::vector<std::vector<float>> logits(tokens.size());
-    for (int64_t t = 0; t < T; ++t) {
-        std::vector<float> h = x[size_t(t)];
-        rms_normalize(h, 0, c.n_embd, out_norm.data, c.norm_eps);
-        logits[size_t(t)] = matvec(out, h);
-    }
-    return logits;
+    return output_logits(x, tensor(f, "output_norm.weight").data, out, c.norm_eps);
 }
 
 // A small GLM 4.5: 3 layers run (the first dense) and one more for multi-token prediction, 6

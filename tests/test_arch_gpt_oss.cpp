@@ -135,14 +135,8 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
             }
         }
     }
-    const FloatTensor out_norm = floats(f, "output_norm.weight");
-    std::vector<std::vector<float>> logits(tokens.size());
-    for (int64_t t = 0; t < T; ++t) {
-        std::vector<float> h = x[size_t(t)];
-        rms_normalize(h, 0, c.n_embd, out_norm.v.data(), c.norm_eps);
-        logits[size_t(t)] = matvec(Mat{out.v.data(), out.n_in, c.n_vocab}, h);
-    }
-    return logits;
+    return output_logits(x, floats(f, "output_norm.weight").v.data(),
+                         Mat{out.v.data(), out.n_in, c.n_vocab}, c.norm_eps);
 }
 
 // A small gpt-oss: 4 layers (two with a 4-token window), 6 experts of which 2 run, weights

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "arch_test_util.h"
 #include "backend.h"
 #include "common.h"
 #include "cpu_backend.h"
@@ -20,6 +21,7 @@
 #include "quant.h"
 
 using namespace kvrun;
+using kvrun::arch_test::load_error;
 
 namespace {
 
@@ -71,18 +73,6 @@ std::vector<uint8_t> tiny_model(const std::string& arch, const std::string& skip
     add("blk.0.ffn_up.weight", {8, 16});
     add("blk.0.ffn_down.weight", {16, 8});
     return w.to_bytes();
-}
-
-std::string load_error(const std::vector<uint8_t>& bytes) {
-    GgufFile f = GgufFile::from_memory(bytes.data(), bytes.size(), "tiny.gguf");
-    try {
-        BackendOptions opt;
-        opt.n_kv_blocks = 4;
-        make_cpu_backend(f, opt);
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
 }
 
 bool contains(const std::string& s, const std::string& part) {
