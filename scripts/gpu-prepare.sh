@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Run HERE (no GPU) before a device session: puts the Debian build dependencies into
-# .device-deps/ and a subset of ../shared (models that fit the 64 MiB carry limit, the
-# references, the text) into .carry/shared/. Both folders are git-ignored; pass them in the
-# device tool's `carry` list: [".device-deps", ".carry"]. Then run scripts/gpu-session.sh there.
+# .device-deps/, a subset of ../shared (models that fit the 64 MiB carry limit, the
+# references, the text) into .carry/shared/, and kvrun, the tools and the cuda-labelled tests
+# built here for sm_90 (build-cuda/, stripped, one tar.xz of ~4 MB) into .carry/bin.tar.xz, so
+# that the short lease does not spend minutes compiling. Both folders are git-ignored; pass
+# them in the device tool's `carry` list: [".device-deps", ".carry"]. Then run
+# scripts/gpu-session.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${KVRUN_SHARED:-../shared}
@@ -13,15 +16,32 @@ rm -rf .carry && mkdir -p .carry/shared/models .carry/shared/reference .carry/sh
 cp -r "$SHARED/reference/." .carry/shared/reference/
 cp "$SHARED/text/wiki.test.raw" .carry/shared/text/
 # The stories260K family (every small variant, the w256 types the CUDA tests and the
-# speculative pairs use) and one model per synthetic shape family: ~56 MB, so that with
-# .device-deps it stays under the device tool's 64 MiB carry limit.
+# speculative pairs use; not w256-F32: 9 MB) and one model per synthetic shape family: ~47 MB,
+# so that with the binaries (~4 MB) and .device-deps it stays under the device tool's 64 MiB
+# carry limit.
 for m in "$SHARED"/models/stories260K.gguf "$SHARED"/models/stories260K-{F16,BF16,Q8_0,Q4_0,Q4_1,Q5_0,Q5_1,Q4_K_M,Q6_K}.gguf \
          "$SHARED"/models/stories260K-L{2,3,4}-F32.gguf "$SHARED"/models/llama-2-tiny-random.gguf \
-         "$SHARED"/models/stories260K-w256-{F32,BF16,Q2_K,Q4_K_M,Q5_K_M,Q6_K,IQ4_NL,IQ4_XS,pure-Q4_K_M}.gguf \
+         "$SHARED"/models/stories260K-w256-{BF16,Q2_K,Q4_K_M,Q5_K_M,Q6_K,IQ4_NL,IQ4_XS,pure-Q4_K_M}.gguf \
          "$SHARED"/models/synth-llama-hd64-gqa4-Q4_0.gguf \
          "$SHARED"/models/synth-llama-hd128-mqa-theta500k-Q8_0.gguf \
          "$SHARED"/models/synth-qwen2-hd64-gqa2-Q5_K_M.gguf; do
   cp "$m" .carry/shared/models/
 done
+B=build-cuda
+[ -f $B/build.ninja ] || cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVRUN_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 > /dev/null
+bins="kvrun make-synthetic-model server-load test_cuda_attention test_cuda_backend test_cuda_invariance
+      test_cuda_kv_quant test_cuda_ops test_cuda_sampling"
+ninja -C $B $bins > /dev/null
+rm -rf /tmp/kvrun-bin && mkdir -p /tmp/kvrun-bin/bin
+for f in $bins; do strip -o /tmp/kvrun-bin/bin/$f $B/$f; done
+# KVRUN_GEMV_VARIANTS="w4u1:4:1 w16u2:16:2 ...": kvrun-NAME builds for `gpu-session.sh gemv`
+# (~3 MB each once packed: carry only the three models that mode uses then).
+if [ -n "${KVRUN_GEMV_VARIANTS:-}" ]; then
+  bash scripts/gemv-variants.sh $B /tmp/kvrun-bin/variants $KVRUN_GEMV_VARIANTS
+  for f in /tmp/kvrun-bin/variants/*; do strip -o /tmp/kvrun-bin/bin/$(basename $f) $f; done
+  rm -rf /tmp/kvrun-bin/variants
+fi
+tar -C /tmp/kvrun-bin -cf - bin | xz -9e > .carry/bin.tar.xz
 grep -qx "/.carry/" .git/info/exclude 2>/dev/null || echo "/.carry/" >> .git/info/exclude
 du -sh .device-deps .carry

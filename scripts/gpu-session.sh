@@ -1,143 +1,129 @@
 #!/usr/bin/env bash
 # Run ON THE GPU MACHINE (device tool), after scripts/gpu-prepare.sh here, with carry
-# [".device-deps", ".carry"]: builds with CUDA for sm_90, runs the cuda-labelled tests,
-# compares GPU with CPU (greedy tokens on every carried model, perplexity), then benchmarks
-# synthetic 7B/8B models. Everything lands in $OUT (logs + bench tables).
-#   usage: bash scripts/gpu-session.sh [all|test|bench|spec]   (default all)
+# [".device-deps", ".carry"]: unpacks the binaries gpu-prepare.sh built here for sm_90 (or
+# builds them when they do not run), runs the cuda-labelled tests, compares GPU with CPU
+# (greedy tokens on every carried model, perplexity), then benchmarks synthetic 7B/8B models,
+# speculative decoding, and the other architectures while time is left. A lease is short
+# (15 minutes of device time, start included): every step has a timeout, the optional ones
+# run only while KVRUN_GPU_BUDGET seconds (default 420) are not spent, and everything lands
+# in $OUT/results.tgz as it is made (logs + tables), so a run cut short still returns what it did.
+#   usage: bash scripts/gpu-session.sh [all|test|bench|spec|extra|gemv]   (default all; gemv: the
+#   GEMV variants that gpu-prepare.sh built for KVRUN_GEMV_VARIANTS, not part of all)
 set -uo pipefail
 what=${1:-all}
-OUT=${OUT:-/tmp/kvrun-out}
-mkdir -p "$OUT"
+# The device tool returns at most 8 files from $OUT: the logs and tables are written to
+# $RES and packed into $OUT/results.tgz at every step (with steps.log beside it).
+RESULTS=${OUT:-/tmp/kvrun-out}
+OUT=/tmp/kvrun-res
+mkdir -p "$RESULTS" "$OUT"
+T0=$SECONDS
+BUDGET=${KVRUN_GPU_BUDGET:-420}
+left() { echo $(( BUDGET - (SECONDS - T0) )); }
+log() {
+  echo "[$(( SECONDS - T0 ))s] $*" | tee -a "$OUT/steps.log"
+  tar -C "$OUT" -czf "$RESULTS/results.tgz" . && cp "$OUT/steps.log" "$RESULTS/"
+}
+want() { [ "$what" = all ] || [ "$what" = "$1" ]; }
 if [ -d .device-deps ]; then
   bash .device-deps/unpack.sh >/dev/null
   export CMAKE_PREFIX_PATH=/tmp/deps/usr
   export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 fi
 export KVRUN_SHARED=$PWD/.carry/shared
-nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv | tee "$OUT/device.txt"
-B=build-gpu
-cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DKVRUN_CUDA=ON \
-  > "$OUT/build.log" 2>&1 && ninja -C $B -j16 >> "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+nvidia-smi --query-gpu=name,memory.total,clocks.max.memory,driver_version --format=csv | tee "$OUT/device.txt"
+# The test binaries name /work/main (source dir) and /work/main/build-cuda/kvrun, as built here.
+B=build-cuda
+[ "$PWD" = /work/main ] || [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+if [ -f .carry/bin.tar.xz ]; then
+  mkdir -p $B && tar -xJf .carry/bin.tar.xz -C $B --strip-components=1
+fi
+if ! $B/kvrun --version > /dev/null 2>&1; then
+  log "prebuilt binaries do not run here ($($B/kvrun --version 2>&1 | head -1)); building"
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DKVRUN_CUDA=ON \
+    > "$OUT/build.log" 2>&1 && ninja -C $B -j16 kvrun make-synthetic-model server-load \
+    test_cuda_attention test_cuda_backend test_cuda_invariance test_cuda_kv_quant test_cuda_ops \
+    test_cuda_sampling >> "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+fi
+log "binaries ready"
 K=$B/kvrun
+S=$B/make-synthetic-model
 M=$KVRUN_SHARED/models
+mkdir -p /tmp/models
 
-if [ "$what" = all ] || [ "$what" = test ]; then
-  ctest --test-dir $B -L cuda --output-on-failure 2>&1 | tee "$OUT/cuda-tests.log" | tail -15
-  # GPU vs CPU: greedy tokens on every carried model, the 4 reference prompts as one JSONL
-  # batch per model, device and KV type.
-  req=$OUT/prompts.jsonl
+if want test; then
+  # The cuda-labelled tests, run directly (ctest needs the build tree; the binaries may be
+  # prebuilt): one line each in cuda-tests.md, the full output in cuda-<name>.log.
+  echo "| test | exit | doctest summary |" > "$OUT/cuda-tests.md"; echo "|---|---:|---|" >> "$OUT/cuda-tests.md"
+  for t in test_cuda_ops test_cuda_attention test_cuda_kv_quant test_cuda_sampling \
+           test_cuda_invariance test_cuda_backend; do
+    timeout 120 $B/$t > "$OUT/cuda-$t.log" 2>&1; rc=$?
+    echo "| $t | $rc | $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/cuda-$t.log" | tr -s ' ' | tr '\n' ' ') |" \
+      >> "$OUT/cuda-tests.md"
+    log "$t exit $rc"
+  done
+  cat "$OUT/cuda-tests.md"
+  # GPU vs CPU: greedy tokens on every carried model (f16 KV; q8 KV on four), the 4 reference
+  # prompts as one JSONL batch per model and device.
+  req=/tmp/prompts.jsonl
   : > "$req"
   while IFS= read -r p; do
     p=${p//\"/\\\"}  # prompts.txt writes newlines as \n: a JSON escape already
     echo "{\"prompt\": \"$p\", \"n_predict\": 48, \"temperature\": 0}" >> "$req"
   done < $KVRUN_SHARED/reference/prompts.txt
-  {
-    echo "| model | KV | cpu == cuda (4 prompts x 48 greedy tokens) |"; echo "|---|---|---|"
-    for m in $M/*.gguf; do
-      for kv in f16 q8; do
-        c=$($K run -m "$m" --jsonl --kv-type $kv --device cpu < "$req" 2>/dev/null | grep -o '"tokens":\[[^]]*\]')
-        g=$($K run -m "$m" --jsonl --kv-type $kv --device cuda < "$req" 2>/dev/null | grep -o '"tokens":\[[^]]*\]')
-        echo "| $(basename $m) | $kv | $([ "$c" = "$g" ] && [ -n "$c" ] && echo yes || echo NO) |"
-      done
+  echo "| model | KV | cpu == cuda (4 prompts x 48 greedy tokens) |" > "$OUT/gpu-vs-cpu.md"
+  echo "|---|---|---|" >> "$OUT/gpu-vs-cpu.md"
+  for m in $M/*.gguf; do
+    kvs=f16
+    case $(basename $m) in stories260K.gguf|stories260K-Q4_0.gguf|stories260K-w256-Q4_K_M.gguf|synth-*) kvs="f16 q8 q4";; esac
+    for kv in $kvs; do
+      c=$(timeout 60 $K run -m "$m" --jsonl --kv-type $kv --device cpu < "$req" 2>/dev/null | grep -o '"tokens":\[[^]]*\]')
+      g=$(timeout 60 $K run -m "$m" --jsonl --kv-type $kv --device cuda < "$req" 2>"$OUT/last-cuda-run.err" | grep -o '"tokens":\[[^]]*\]')
+      r=NO; [ "$c" = "$g" ] && [ -n "$c" ] && r=yes
+      [ $r = NO ] && { echo "== $(basename $m) $kv"; echo "cpu:  $c"; echo "cuda: $g"; cat "$OUT/last-cuda-run.err"; } >> "$OUT/gpu-vs-cpu-diff.log"
+      echo "| $(basename $m) | $kv | $r |" >> "$OUT/gpu-vs-cpu.md"
     done
-  } > "$OUT/gpu-vs-cpu.md" 2>&1
-  grep -c "NO" "$OUT/gpu-vs-cpu.md" || true
-  {
-    echo "| model | KV | cpu PPL | cuda PPL | diff % |"; echo "|---|---|---:|---:|---:|"
-    for m in $M/stories260K.gguf $M/stories260K-Q4_0.gguf $M/stories260K-w256-Q4_K_M.gguf $M/synth-llama-hd64-gqa4-Q4_0.gguf; do
-      for kv in f16 q8 q4; do
-        a=$($K perplexity -m $m -f $KVRUN_SHARED/text/wiki.test.raw -c 256 -b 256 --chunks 10 --kv-type $kv --device cpu 2>/dev/null | tail -1 | awk '{print $5}')
-        b=$($K perplexity -m $m -f $KVRUN_SHARED/text/wiki.test.raw -c 256 -b 256 --chunks 10 --kv-type $kv --device cuda 2>/dev/null | tail -1 | awk '{print $5}')
-        echo "| $(basename $m) | $kv | $a | $b | $(python3 -c "print(f'{100*($b-$a)/$a:+.4f}')" 2>/dev/null) |"
-      done
+  done
+  log "gpu-vs-cpu: $(grep -c '| yes |' "$OUT/gpu-vs-cpu.md") same, $(grep -c '| NO |' "$OUT/gpu-vs-cpu.md") differ"
+  echo "| model | KV | cpu PPL | cuda PPL | diff % |" > "$OUT/ppl-gpu-vs-cpu.md"; echo "|---|---|---:|---:|---:|" >> "$OUT/ppl-gpu-vs-cpu.md"
+  for m in $M/stories260K.gguf $M/stories260K-Q4_0.gguf $M/stories260K-w256-Q4_K_M.gguf $M/synth-llama-hd64-gqa4-Q4_0.gguf; do
+    for kv in f16 q8; do
+      a=$(timeout 60 $K perplexity -m $m -f $KVRUN_SHARED/text/wiki.test.raw -c 256 -b 256 --chunks 10 --kv-type $kv --device cpu 2>/dev/null | tail -1 | awk '{print $5}')
+      b=$(timeout 60 $K perplexity -m $m -f $KVRUN_SHARED/text/wiki.test.raw -c 256 -b 256 --chunks 10 --kv-type $kv --device cuda 2>/dev/null | tail -1 | awk '{print $5}')
+      echo "| $(basename $m) | $kv | $a | $b | $(python3 -c "print(f'{100*($b-$a)/$a:+.4f}')" 2>/dev/null) |" >> "$OUT/ppl-gpu-vs-cpu.md"
     done
-  } > "$OUT/ppl-gpu-vs-cpu.md" 2>&1
+  done
+  cat "$OUT/ppl-gpu-vs-cpu.md"
+  log "test section done"
 fi
 
-if [ "$what" = all ] || [ "$what" = bench ]; then
-  mkdir -p /tmp/models
-  S=$B/make-synthetic-model
+# bench_model NAME KVTYPES: pp512 and tg128 at depth 0 and 4096 into bench.md.
+bench_model() {
+  echo "### $1" >> "$OUT/bench.md"
+  timeout 150 $K bench -m /tmp/models/$1.gguf -p 512 -n 128 -r 3 --depth 0,4096 --kv-types $2 -o md \
+    --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
+  echo >> "$OUT/bench.md"
+  log "bench $1 done"
+}
+
+if want bench; then
   $S --preset llama2-7b --type Q4_0 -o /tmp/models/llama2-7b-Q4_0.gguf > /dev/null
+  bench_model llama2-7b-Q4_0 f16,q8
   $S --preset llama2-7b --type Q8_0 -o /tmp/models/llama2-7b-Q8_0.gguf > /dev/null
+  bench_model llama2-7b-Q8_0 f16,q8
+  rm -f /tmp/models/llama2-7b-Q8_0.gguf
   $S --preset llama3-8b --type Q4_K -o /tmp/models/llama3-8b-Q4_K.gguf > /dev/null
-  for m in llama2-7b-Q4_0 llama2-7b-Q8_0 llama3-8b-Q4_K; do
-    echo "### $m" >> "$OUT/bench.md"
-    $K bench -m /tmp/models/$m.gguf -p 512 -n 128 -r 3 --depth 0,4096 --kv-types f16,q8,q4 -o md \
-      --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
-    echo >> "$OUT/bench.md"
-  done
-  # perplexity on the GPU: one 512-token chunk per forward pass (-b 512) against four
-  # (-b 2048); the PPL must be the same, the time should drop (docs/perplexity.md).
-  for b in 512 2048; do
-    t0=$(date +%s%N)
-    ppl=$($K perplexity -m /tmp/models/llama2-7b-Q4_0.gguf -f $KVRUN_SHARED/text/wiki.test.raw \
-          -c 512 -b $b --chunks 16 2>/dev/null | tail -1)
-    t1=$(date +%s%N)
-    echo "llama2-7b Q4_0, -c 512 -b $b, 16 chunks: $(( (t1 - t0) / 1000000 )) ms; $ppl" \
-      | tee -a "$OUT/ppl-batching.md"
-  done
-  # imatrix and embeddings on the GPU at 7B scale: 4 calibration chunks (each observed
-  # product's inputs copied to the host), and 64 texts embedded.
-  t0=$(date +%s%N)
-  $K imatrix -m /tmp/models/llama2-7b-Q4_0.gguf -f $KVRUN_SHARED/text/wiki.test.raw -c 512 \
-    --chunks 4 -o /tmp/models/im.gguf 2>&1 | tail -1 | tee -a "$OUT/imatrix-embedding.md"
-  t1=$(date +%s%N)
-  head -c 200000 $KVRUN_SHARED/text/wiki.test.raw | grep -v '^ *$' | head -64 > /tmp/models/texts.txt
-  $K embedding -m /tmp/models/llama2-7b-Q4_0.gguf -f /tmp/models/texts.txt --pooling mean \
-    --embd-output-format array 2>&1 >/dev/null | tail -1 | tee -a "$OUT/imatrix-embedding.md"
-  echo "imatrix 4 chunks: $(( (t1 - t0) / 1000000 )) ms" | tee -a "$OUT/imatrix-embedding.md"
-  # kvrun server under load at 7B: 1, 8 and 32 concurrent streamed clients (continuous
-  # batching: output tokens/s should grow with clients while TPOT stays near batch 1's).
-  $K server -m /tmp/models/llama2-7b-Q4_0.gguf --parallel 32 -c 2048 --port 8090 \
-    2> "$OUT/server.log" &
-  spid=$!
-  for i in $(seq 1 120); do grep -q 'listening on' "$OUT/server.log" && break; sleep 1; done
-  for c in 1 8 32; do
-    $B/server-load --port 8090 -c $c -r 2 -n 128 --prompt-tokens 256 2>&1 | tail -1 \
-      | tee -a "$OUT/server-load.md"
-  done
-  kill -INT $spid; wait $spid || true
-  # The other architectures at full size: qwen3-8b (Q/K norms), gemma3-4b (sliding window,
-  # GeGLU), qwen3-30b-a3b (mixture of experts: bandwidth counts the used experts), gpt-oss-20b
-  # (MXFP4 experts with biases, attention sinks; the other weights Q8_0), and GLM 4.5 Air cut
-  # to 12 of its 46 layers (sigmoid router, shared expert, partial RoPE; 16 GB instead of 60),
-  # and ERNIE 4.5 21B-A3B (softmax router with a selection bias, two shared experts).
-  $S --preset qwen3-8b --type Q4_K_M -o /tmp/models/qwen3-8b-Q4_K_M.gguf > /dev/null
-  $S --preset gemma3-4b --type Q4_K_M -o /tmp/models/gemma3-4b-Q4_K_M.gguf > /dev/null
-  $S --preset qwen3-30b-a3b --type Q4_K_M -o /tmp/models/qwen3-30b-a3b-Q4_K_M.gguf > /dev/null
-  $S --preset gpt-oss-20b --type Q8_0 -o /tmp/models/gpt-oss-20b-MXFP4.gguf > /dev/null
-  $S --preset glm4.5-air --n-layer 12 --type Q4_K_M -o /tmp/models/glm4.5-air-L12-Q4_K_M.gguf \
-    > /dev/null
-  $S --preset ernie4.5-21b-a3b --type Q4_K_M -o /tmp/models/ernie4.5-21b-a3b-Q4_K_M.gguf > /dev/null
-  for m in qwen3-8b-Q4_K_M gemma3-4b-Q4_K_M qwen3-30b-a3b-Q4_K_M gpt-oss-20b-MXFP4 \
-    glm4.5-air-L12-Q4_K_M ernie4.5-21b-a3b-Q4_K_M; do
-    echo "### $m" >> "$OUT/bench.md"
-    $K bench -m /tmp/models/$m.gguf -p 512 -n 128 -r 3 --depth 0,4096 --kv-types f16 -o md \
-      --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
-    echo >> "$OUT/bench.md"
-    rm -f /tmp/models/$m.gguf
-  done
-  # Decode attention A/B: tg128 at depth 4096 again with the old tiled kernel (the rows above
-  # use the register kernel, see src/cuda/attention_decode.cu).
-  for m in llama2-7b-Q4_0 llama3-8b-Q4_K; do
-    echo "### $m, KVRUN_DECODE_ATTN=tiled" >> "$OUT/bench.md"
-    KVRUN_DECODE_ATTN=tiled $K bench -m /tmp/models/$m.gguf -p 0 -n 128 -r 3 --depth 4096 \
-      --kv-types f16,q8,q4 -o md --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
-    echo >> "$OUT/bench.md"
-  done
+  bench_model llama3-8b-Q4_K f16,q8
 fi
 
-if [ "$what" = all ] || [ "$what" = spec ]; then
+if want spec; then
   # Speculative decoding speed-up vs acceptance: synthetic targets whose layers from 4 on
   # barely change the residual stream (--residual-scale dials the draft/target agreement) and
   # drafts made of their first 4 layers; then the real stories pair.
-  mkdir -p /tmp/models
-  S=$B/make-synthetic-model
   # spec_row LABEL LOG ARGS...: one greedy 256-token run with --spec-baseline, logged, as a row.
   spec_row() {
     local label=$1 log=$2 out tps up acc
     shift 2
-    out=$($K run "$@" --draft-n 8 -p "Once upon a time" -n 256 --temp 0 --ignore-eos --stats \
+    out=$(timeout 60 $K run "$@" --draft-n 8 -p "Once upon a time" -n 256 --temp 0 --ignore-eos --stats \
           --spec-baseline 2>&1 >/dev/null)
     echo "$out" > "$log"
     tps=$(echo "$out" | sed -n 's/^generation *\([0-9.]*\) tokens.*/\1/p' | head -1)
@@ -145,23 +131,116 @@ if [ "$what" = all ] || [ "$what" = spec ]; then
     acc=$(echo "$out" | sed -n 's/.*accepted (\([0-9.]*%\)).*/\1/p' | head -1)
     echo "| $label | $tps | $up | $acc |" >> "$OUT/spec.md"
   }
+  for d in stories260K-Q8_0 stories260K-Q4_0 stories260K-L4-F32; do
+    timeout 30 $K run -m $M/stories260K.gguf --draft-model $M/$d.gguf --draft-n 8 -p "Once upon a time" \
+      -n 128 --temp 0 --stats --spec-baseline 2>&1 >/dev/null | sed "s/^/$d: /" >> "$OUT/spec-stories.log"
+  done
   echo "| target | residual scale | draft | tokens/s | speed-up | acceptance |" > "$OUT/spec.md"
   echo "|---|---:|---|---:|---:|---:|" >> "$OUT/spec.md"
   for preset in llama-1b llama2-7b; do
     for rs in 0.0 0.05 0.2; do
+      [ "$(left)" -gt 40 ] || { log "spec: out of time before $preset $rs"; break 2; }
       t=/tmp/models/$preset-spec-$rs.gguf; d=/tmp/models/$preset-spec-$rs-draft.gguf
       $S --preset $preset --type Q4_0 --residual-scale $rs --scaled-from 4 -o $t > /dev/null
       $S --draft-of $t --n-layer 4 -o $d > /dev/null
-      spec_row "$preset Q4_0 | $rs | first 4 layers" "$OUT/spec-$preset-$rs.log" -m $t \
-        --draft-model $d
+      spec_row "$preset Q4_0 | $rs | first 4 layers" "$OUT/spec-$preset-$rs.log" -m $t --draft-model $d
+      [ $rs = 0.2 ] || rm -f $t $d
     done
     # Prompt lookup (no draft model) on the last target: pays where the text repeats itself.
-    spec_row "$preset Q4_0 | $rs | 3-gram lookup" "$OUT/spec-$preset-lookup.log" -m $t \
-      --draft-ngram 3
-  done
-  for d in stories260K-Q8_0 stories260K-Q4_0 stories260K-L4-F32; do
-    $K run -m $M/stories260K.gguf --draft-model $M/$d.gguf --draft-n 8 -p "Once upon a time" \
-      -n 128 --temp 0 --stats --spec-baseline 2>&1 >/dev/null | sed "s/^/$d: /" >> "$OUT/spec-stories.log"
+    spec_row "$preset Q4_0 | $rs | 3-gram lookup" "$OUT/spec-$preset-lookup.log" -m $t --draft-ngram 3
+    rm -f $t $d
+    log "spec $preset done"
   done
   cat "$OUT/spec.md"
 fi
+
+if want extra; then
+  # While time is left: q4 KV and the old tiled decode-attention kernel on llama2-7b Q4_0,
+  # perplexity batching, the server under load, then the other architectures at full size.
+  [ -f /tmp/models/llama2-7b-Q4_0.gguf ] || $S --preset llama2-7b --type Q4_0 -o /tmp/models/llama2-7b-Q4_0.gguf > /dev/null
+  if [ "$(left)" -gt 60 ]; then
+    echo "### llama2-7b-Q4_0, q4 KV; then KVRUN_DECODE_ATTN=tiled" >> "$OUT/bench-extra.md"
+    timeout 60 $K bench -m /tmp/models/llama2-7b-Q4_0.gguf -p 0 -n 128 -r 3 --depth 0,4096 --kv-types q4 -o md 2>&1 | tee -a "$OUT/bench-extra.md"
+    KVRUN_DECODE_ATTN=tiled timeout 60 $K bench -m /tmp/models/llama2-7b-Q4_0.gguf -p 0 -n 128 -r 3 --depth 4096 \
+      --kv-types f16,q8,q4 -o md 2>&1 | tee -a "$OUT/bench-extra.md"
+  fi
+  if [ "$(left)" -gt 60 ]; then
+    for b in 512 2048; do
+      t0=$(date +%s%N)
+      ppl=$(timeout 60 $K perplexity -m /tmp/models/llama2-7b-Q4_0.gguf -f $KVRUN_SHARED/text/wiki.test.raw \
+            -c 512 -b $b --chunks 16 2>/dev/null | tail -1)
+      t1=$(date +%s%N)
+      echo "llama2-7b Q4_0, -c 512 -b $b, 16 chunks: $(( (t1 - t0) / 1000000 )) ms; $ppl" | tee -a "$OUT/ppl-batching.md"
+    done
+  fi
+  if [ "$(left)" -gt 60 ]; then
+    timeout 90 $K server -m /tmp/models/llama2-7b-Q4_0.gguf --parallel 32 -c 2048 --port 8090 2> "$OUT/server.log" &
+    spid=$!
+    for i in $(seq 1 60); do grep -q 'listening on' "$OUT/server.log" && break; sleep 1; done
+    for c in 1 8 32; do
+      timeout 30 $B/server-load --port 8090 -c $c -r 2 -n 128 --prompt-tokens 256 2>&1 | tail -1 | tee -a "$OUT/server-load.md"
+    done
+    kill -INT $spid; wait $spid || true
+  fi
+  rm -f /tmp/models/llama2-7b-Q4_0.gguf
+  for spec in "qwen3-8b Q4_K_M" "gemma3-4b Q4_K_M" "qwen3-30b-a3b Q4_K_M" "gpt-oss-20b Q8_0" \
+              "glm4.5-air Q4_K_M --n-layer 12" "ernie4.5-21b-a3b Q4_K_M"; do
+    set -- $spec
+    [ "$(left)" -gt 60 ] || { log "extra: out of time before $1"; break; }
+    name=$1-$2; [ $# -gt 2 ] && name=$1-L12-$2
+    $S --preset $1 --type $2 "${@:3}" -o /tmp/models/$name.gguf > /dev/null
+    bench_model $name f16
+    rm -f /tmp/models/$name.gguf
+  done
+fi
+if [ "$what" = gemv ]; then
+  # Decode GEMV variants (scripts/gemv-variants.sh, built here by gpu-prepare.sh as
+  # $B/kvrun-NAME): same greedy tokens as the default build, then tg128 of three 7B/8B models
+  # and a speculative 9-token verification pass (7B, full agreement) per variant; ncu's
+  # per-kernel times of two decode steps of a 2-layer llama2-7b Q4_0, and register/stack use.
+  variants="base $(cd $B && ls kvrun-* 2>/dev/null | sed 's/^kvrun-//' | tr '\n' ' ')"
+  kv_of() { [ $1 = base ] && echo $K || echo $B/kvrun-$1; }
+  for m in stories260K-w256-Q4_K_M synth-llama-hd64-gqa4-Q4_0 stories260K-Q8_0; do
+    ref=$(timeout 30 $K run -m $M/$m.gguf -p "Once upon a time" -n 48 --temp 0 2>/dev/null)
+    for v in $variants; do
+      o=$(timeout 30 $(kv_of $v) run -m $M/$m.gguf -p "Once upon a time" -n 48 --temp 0 2>/dev/null)
+      echo "$m $v same-as-base: $([ "$o" = "$ref" ] && [ -n "$o" ] && echo yes || echo NO)" >> "$OUT/gemv-same.txt"
+    done
+  done
+  log "variants agree: $(grep -c yes "$OUT/gemv-same.txt") yes, $(grep -c NO "$OUT/gemv-same.txt") NO"
+  $S --preset llama2-7b --type Q4_0 -o /tmp/models/llama2-7b-Q4_0.gguf > /dev/null
+  $S --preset llama2-7b --type Q8_0 -o /tmp/models/llama2-7b-Q8_0.gguf > /dev/null
+  $S --preset llama3-8b --type Q4_K -o /tmp/models/llama3-8b-Q4_K.gguf > /dev/null
+  $S --preset llama2-7b --type Q4_0 --residual-scale 0 --scaled-from 4 -o /tmp/models/t7.gguf > /dev/null
+  $S --draft-of /tmp/models/t7.gguf --n-layer 4 -o /tmp/models/d7.gguf > /dev/null
+  $S --preset llama2-7b --n-layer 2 --type Q4_0 -o /tmp/models/l2.gguf > /dev/null
+  log "models made"
+  echo "| variant | model | tg128 t/s | % of copy bw |" > "$OUT/gemv.md"; echo "|---|---|---:|---:|" >> "$OUT/gemv.md"
+  for v in $variants; do
+    for m in llama2-7b-Q4_0 llama2-7b-Q8_0 llama3-8b-Q4_K; do
+      r=$(timeout 60 $(kv_of $v) bench -m /tmp/models/$m.gguf -p 0 -n 128 -r 3 -o md 2>/dev/null | grep '| tg128')
+      echo "| $v | $m | $(echo "$r" | awk -F'|' '{print $5}') | $(echo "$r" | awk -F'|' '{print $9}') |" >> "$OUT/gemv.md"
+    done
+    o=$(timeout 60 $(kv_of $v) run -m /tmp/models/t7.gguf --draft-model /tmp/models/d7.gguf --draft-n 8 \
+        -p "Once upon a time" -n 256 --temp 0 --ignore-eos --stats --spec-baseline 2>&1 >/dev/null)
+    echo "$o" > "$OUT/gemv-spec-$v.log"
+    echo "| $v | spec 7B: $(echo "$o" | grep -E '^time in models' | tr -s ' ') | $(echo "$o" | grep -io 'speed-up[^0-9]*[0-9.]*x' | tr -s ' ') |" >> "$OUT/gemv.md"
+    log "variant $v timed"
+  done
+  cat "$OUT/gemv.md"
+  for v in base w4u4; do
+    KVRUN_CUDA_GRAPHS=0 timeout 90 ncu --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__block_size,launch__registers_per_thread \
+      $(kv_of $v) run -m /tmp/models/l2.gguf -p "Hello" -n 3 --temp 0 > "$OUT/ncu-$v.csv" 2> "$OUT/ncu-$v.err"
+    log "ncu $v: $(wc -l < "$OUT/ncu-$v.csv") lines"
+  done
+  for v in $variants; do
+    echo "== $v" >> "$OUT/resource.txt"
+    cuobjdump --dump-resource-usage $(kv_of $v) 2>&1 | grep -A1 gemv_kernel | grep -o 'REG:[0-9]* STACK:[0-9]* SHARED:[0-9]* LOCAL:[0-9]*' \
+      | sort | uniq -c | sort -rn | head -8 >> "$OUT/resource.txt"
+  done
+  tail -40 "$OUT/resource.txt"
+fi
+log "done"
+for f in cuda-tests.md gpu-vs-cpu.md ppl-gpu-vs-cpu.md bench.md spec.md; do
+  [ -f "$OUT/$f" ] && { echo "== $f"; grep -v '| yes |' "$OUT/$f"; }
+done
