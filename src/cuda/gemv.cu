@@ -21,7 +21,20 @@
 namespace kvrun {
 namespace {
 
-constexpr int kWarpsPerBlock = 4;
+// Block shape and the item loop's unroll depth. The macros let scripts/gemv-variants.sh build
+// variants for scripts/gpu-session.sh gemv to time against each other; none changes a lane's
+// order of summation, so every variant gives the same bits. On an H100 (2026-11-27,
+// docs/performance.md) 8 warps with 4 items in flight per lane beat the first shape (4 warps,
+// no unroll) by 5% at one row (7B Q4_0 tg128) and took a third off a 9-row verification
+// pass, where a block's x staging is shared by twice the rows.
+#ifndef KVRUN_GEMV_WARPS
+#define KVRUN_GEMV_WARPS 8
+#endif
+#ifndef KVRUN_GEMV_UNROLL
+#define KVRUN_GEMV_UNROLL 4
+#endif
+constexpr int kWarpsPerBlock = KVRUN_GEMV_WARPS;
+constexpr int kItemUnroll = KVRUN_GEMV_UNROLL;
 constexpr int kRowsPerWarp = 2;
 constexpr int kRowsPerBlock = kWarpsPerBlock * kRowsPerWarp;
 constexpr int kMaxRows = 16;  // activation rows per pass (template R is 1, 2, 4, 8 or 16)
@@ -169,6 +182,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const GemvJob
             }
             __syncthreads();
             if (!active) continue;
+#pragma unroll kItemUnroll
             for (int it = lane; it < n_c; it += 32) {
                 float v0[kItem], v1[kItem];
                 L::load(row0, c0 + it, v0);
@@ -178,6 +192,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const GemvJob
             }
         }
     } else if (active) {
+#pragma unroll kItemUnroll
         for (int64_t it = lane; it < n_items; it += 32) {
             float v0[kItem], v1[kItem];
             L::load(row0, it, v0);
