@@ -84,22 +84,28 @@ if want test; then
     done
   done
   log "gpu-vs-cpu: $(grep -c '| yes |' "$OUT/gpu-vs-cpu.md") same, $(grep -c '| NO |' "$OUT/gpu-vs-cpu.md") differ"
-  echo "| model | KV | cpu PPL | cuda PPL | diff % |" > "$OUT/ppl-gpu-vs-cpu.md"; echo "|---|---|---:|---:|---:|" >> "$OUT/ppl-gpu-vs-cpu.md"
+  echo "| model | KV | cpu PPL | cuda PPL | diff % | cuda KVRUN_GEMV=q8 PPL | diff % |" > "$OUT/ppl-gpu-vs-cpu.md"
+  echo "|---|---|---:|---:|---:|---:|---:|" >> "$OUT/ppl-gpu-vs-cpu.md"
   for m in $M/stories260K.gguf $M/stories260K-Q4_0.gguf $M/stories260K-w256-Q4_K_M.gguf $M/synth-llama-hd64-gqa4-Q4_0.gguf; do
     for kv in f16 q8; do
       a=$(timeout 60 $K perplexity -m $m -f $KVRUN_SHARED/text/wiki.test.raw -c 256 -b 256 --chunks 10 --kv-type $kv --device cpu 2>/dev/null | tail -1 | awk '{print $5}')
       b=$(timeout 60 $K perplexity -m $m -f $KVRUN_SHARED/text/wiki.test.raw -c 256 -b 256 --chunks 10 --kv-type $kv --device cuda 2>/dev/null | tail -1 | awk '{print $5}')
-      echo "| $(basename $m) | $kv | $a | $b | $(python3 -c "print(f'{100*($b-$a)/$a:+.4f}')" 2>/dev/null) |" >> "$OUT/ppl-gpu-vs-cpu.md"
+      q=$(KVRUN_GEMV=q8 timeout 60 $K perplexity -m $m -f $KVRUN_SHARED/text/wiki.test.raw -c 256 -b 256 --chunks 10 --kv-type $kv --device cuda 2>/dev/null | tail -1 | awk '{print $5}')
+      echo "| $(basename $m) | $kv | $a | $b | $(python3 -c "print(f'{100*($b-$a)/$a:+.4f}')" 2>/dev/null) | $q | $(python3 -c "print(f'{100*($q-$a)/$a:+.4f}')" 2>/dev/null) |" >> "$OUT/ppl-gpu-vs-cpu.md"
     done
   done
   cat "$OUT/ppl-gpu-vs-cpu.md"
   log "test section done"
 fi
 
-# bench_model NAME KVTYPES: pp512 and tg128 at depth 0 and 4096 into bench.md.
+# bench_model NAME KVTYPES: pp512 and tg128 at depth 0 and 4096 into bench.md, then tg128 at
+# depth 0 with the opt-in 8-bit activation GEMV (KVRUN_GEMV=q8) for the A/B.
 bench_model() {
   echo "### $1" >> "$OUT/bench.md"
   timeout 150 $K bench -m /tmp/models/$1.gguf -p 512 -n 128 -r 3 --depth 0,4096 --kv-types $2 -o md \
+    --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
+  echo "#### $1, KVRUN_GEMV=q8" >> "$OUT/bench.md"
+  KVRUN_GEMV=q8 timeout 60 $K bench -m /tmp/models/$1.gguf -p 0 -n 128 -r 3 --kv-types f16 -o md \
     --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
   echo >> "$OUT/bench.md"
   log "bench $1 done"
@@ -195,11 +201,13 @@ if want extra; then
 fi
 if [ "$what" = gemv ]; then
   # Decode GEMV variants (scripts/gemv-variants.sh, built here by gpu-prepare.sh as
-  # $B/kvrun-NAME): same greedy tokens as the default build, then tg128 of three 7B/8B models
+  # $B/kvrun-NAME) and q8: greedy tokens against the default build (the same for the variants;
+  # q8 rounds x, so it may differ at near-ties), then tg128 of three 7B/8B models
   # and a speculative 9-token verification pass (7B, full agreement) per variant; ncu's
   # per-kernel times of two decode steps of a 2-layer llama2-7b Q4_0, and register/stack use.
-  variants="base $(cd $B && ls kvrun-* 2>/dev/null | sed 's/^kvrun-//' | tr '\n' ' ')"
-  kv_of() { [ $1 = base ] && echo $K || echo $B/kvrun-$1; }
+  # q8: the default binary with the 8-bit activation GEMV (KVRUN_GEMV=q8).
+  variants="base q8 $(cd $B && ls kvrun-* 2>/dev/null | sed 's/^kvrun-//' | tr '\n' ' ')"
+  kv_of() { case $1 in base) echo $K;; q8) echo "env KVRUN_GEMV=q8 $K";; *) echo $B/kvrun-$1;; esac; }
   for m in stories260K-w256-Q4_K_M synth-llama-hd64-gqa4-Q4_0 stories260K-Q8_0; do
     ref=$(timeout 30 $K run -m $M/$m.gguf -p "Once upon a time" -n 48 --temp 0 2>/dev/null)
     for v in $variants; do
@@ -228,7 +236,7 @@ if [ "$what" = gemv ]; then
     log "variant $v timed"
   done
   cat "$OUT/gemv.md"
-  for v in base w4u4; do
+  for v in base q8; do
     KVRUN_CUDA_GRAPHS=0 timeout 90 ncu --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__block_size,launch__registers_per_thread \
       $(kv_of $v) run -m /tmp/models/l2.gguf -p "Hello" -n 3 --temp 0 > "$OUT/ncu-$v.csv" 2> "$OUT/ncu-$v.err"
     log "ncu $v: $(wc -l < "$OUT/ncu-$v.csv") lines"

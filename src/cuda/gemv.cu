@@ -12,7 +12,10 @@
 // land on distinct banks; the block also loads x once instead of once per warp. Each lane
 // still sums its items in the same order, so the results are the same bits as before.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "cuda/common.cuh"
 #include "cuda/dequant.cuh"
@@ -119,7 +122,79 @@ struct GemvJob {
     const int32_t* expert_ids;
     size_t expert_bytes;
     int x_div;
+    // 8-bit activations (gemv_q8_kernel): x quantized per 32-element block, [n_rows][n_in]
+    // signed bytes and [n_rows][n_in / 32] scales.
+    const int8_t* xq;
+    const float* xd;
 };
+
+// What a warp of a GEMV launch works on: its two weight rows (o0 and o0 + 1 of its block's
+// matrix, or with swiglu row o0 of the gate and of the up projection), x and out shifted to
+// its grid row's job for expert launches.
+struct WarpRows {
+    GemvMatrix mat;
+    int64_t o0;
+    bool active;      // o0 is a row of the matrix (a warp past the end only helps stage x)
+    bool has_second;  // o0 + 1 too (or swiglu)
+    const uint8_t* row0;
+    const uint8_t* row1;
+    const float* x;
+    float* out;
+};
+
+__device__ __forceinline__ WarpRows warp_rows(const GemvJob& job, int warp) {
+    WarpRows w;
+    // This block's matrix (constant indices: a computed index into the parameter struct
+    // would copy it to local memory).
+    const int mi = blockIdx.x < job.m[0].blocks_end                          ? 0
+                   : job.n_matrices > 2 && blockIdx.x >= job.m[1].blocks_end ? 2
+                                                                             : 1;
+    w.mat = mi == 0 ? job.m[0] : mi == 1 ? job.m[1] : job.m[2];
+    const unsigned block = blockIdx.x - (mi == 0   ? 0u
+                                         : mi == 1 ? job.m[0].blocks_end
+                                                   : job.m[1].blocks_end);
+    w.o0 = job.swiglu ? int64_t(block) * kWarpsPerBlock + warp
+                      : (int64_t(block) * kWarpsPerBlock + warp) * kRowsPerWarp;
+    w.active = w.o0 < w.mat.n_out;
+    w.has_second = job.swiglu || w.o0 + 1 < w.mat.n_out;
+    const uint8_t* w_base = w.mat.w;
+    const uint8_t* up_base = job.m[1].w;
+    w.x = job.x;
+    w.out = w.mat.out;
+    if (job.expert_ids) {  // this grid row's job: its expert, activation row and output row
+        const size_t e_off = size_t(job.expert_ids[blockIdx.y]) * job.expert_bytes;
+        w_base += e_off;
+        up_base += e_off;
+        w.x += int64_t(blockIdx.y / unsigned(job.x_div)) * job.n_in;
+        w.out += int64_t(blockIdx.y) * w.mat.n_out;
+    }
+    w.row0 = w_base + (w.active ? w.o0 : 0) * w.mat.row_bytes;
+    w.row1 = job.swiglu     ? up_base + (w.active ? w.o0 : 0) * w.mat.row_bytes
+             : w.has_second ? w.row0 + w.mat.row_bytes
+                            : w.row0;  // duplicate, result unused
+    return w;
+}
+
+// Sums the lanes' partial dots and writes the warp's outputs (lane 0): rows o0 and o0 + 1,
+// or with swiglu act(gate) * up into row o0.
+template <int R>
+__device__ __forceinline__ void write_rows(const GemvJob& job, const WarpRows& w,
+                                           float (&acc)[kRowsPerWarp][R], int lane) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const float s0 = cu::warp_sum(acc[0][r]);
+        const float s1 = cu::warp_sum(acc[1][r]);
+        if (lane == 0 && r < job.n_rows) {
+            float* o = w.out + r * w.mat.n_out + w.o0;
+            if (job.swiglu) {
+                o[0] = job.gelu ? cu::gelu_mul(s0, s1) : cu::silu_mul(s0, s1);
+            } else {
+                o[0] = s0;
+                if (w.has_second) o[1] = s1;
+            }
+        }
+    }
+}
 
 // x: 16-byte aligned rows when kItem % 4 == 0; n_rows <= R. Dynamic shared memory:
 // XStage<L, R>::kBytes.
@@ -130,37 +205,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const GemvJob
     extern __shared__ __align__(16) unsigned char gemv_smem[];
     float* xs = reinterpret_cast<float*>(gemv_smem);  // [R][kChunk][kStride]
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    // This block's matrix (constant indices: a computed index into the parameter struct
-    // would copy it to local memory).
-    const int mi = blockIdx.x < job.m[0].blocks_end                          ? 0
-                   : job.n_matrices > 2 && blockIdx.x >= job.m[1].blocks_end ? 2
-                                                                             : 1;
-    const GemvMatrix mat = mi == 0 ? job.m[0] : mi == 1 ? job.m[1] : job.m[2];
-    const unsigned block = blockIdx.x - (mi == 0   ? 0u
-                                         : mi == 1 ? job.m[0].blocks_end
-                                                   : job.m[1].blocks_end);
-    // The warp's two weight rows: o0 and o0 + 1 of the matrix, or (swiglu) row o0 of the
-    // gate and of the up projection.
-    const int64_t o0 = job.swiglu ? int64_t(block) * kWarpsPerBlock + warp
-                                  : (int64_t(block) * kWarpsPerBlock + warp) * kRowsPerWarp;
-    // A warp past the last row still helps stage x (the barriers need every thread).
-    const bool active = o0 < mat.n_out;
-    const bool has_second = job.swiglu || o0 + 1 < mat.n_out;
-    const uint8_t* w_base = mat.w;
-    const uint8_t* up_base = job.m[1].w;
-    const float* x = job.x;
-    float* out = mat.out;
-    if (job.expert_ids) {  // this grid row's job: its expert, activation row and output row
-        const size_t e_off = size_t(job.expert_ids[blockIdx.y]) * job.expert_bytes;
-        w_base += e_off;
-        up_base += e_off;
-        x += int64_t(blockIdx.y / unsigned(job.x_div)) * job.n_in;
-        out += int64_t(blockIdx.y) * mat.n_out;
-    }
-    const uint8_t* row0 = w_base + (active ? o0 : 0) * mat.row_bytes;
-    const uint8_t* row1 = job.swiglu   ? up_base + (active ? o0 : 0) * mat.row_bytes
-                          : has_second ? row0 + mat.row_bytes
-                                       : row0;  // duplicate, result unused
+    const WarpRows wr = warp_rows(job, warp);
+    const bool active = wr.active;
+    const uint8_t* row0 = wr.row0;
+    const uint8_t* row1 = wr.row1;
+    const float* x = wr.x;
     const int64_t n_in = job.n_in, n_items = n_in / kItem;
     const int n_rows = job.n_rows;
     float acc[kRowsPerWarp][R];
@@ -201,19 +250,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const GemvJob
         }
     }
     if (!active) return;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const float s0 = cu::warp_sum(acc[0][r]);
-        const float s1 = cu::warp_sum(acc[1][r]);
-        if (lane == 0 && r < n_rows) {
-            if (job.swiglu) {
-                out[r * mat.n_out + o0] = job.gelu ? cu::gelu_mul(s0, s1) : cu::silu_mul(s0, s1);
-            } else {
-                out[r * mat.n_out + o0] = s0;
-                if (has_second) out[r * mat.n_out + o0 + 1] = s1;
-            }
-        }
-    }
+    write_rows<R>(job, wr, acc, lane);
 }
 
 template <class L, int R>
@@ -250,6 +287,223 @@ void launch_gemv(GemvJob job, int64_t n_rows, cudaStream_t s) {
     }
 }
 
+// ---- 8-bit activations (KVRUN_GEMV=q8, opt-in) ----------------------------------------------
+//
+// The f32 kernel above spends ~6 instructions per weight (unpack, convert, scale, FMA), as
+// many issue cycles as the H100's memory needs to deliver the weights (docs/performance.md).
+// Here x is quantized once per pass to signed bytes with one f32 scale per 32 elements
+// (d = max|x| / 127, q = round-to-nearest-even(x / d)) and each 32-element item is a sum of
+// 8 `dp4a` products of packed bytes: ~1 instruction per 4 weights. The result differs from
+// the f32 path by x's rounding (relative ~1e-3 per product, like llama.cpp's CUDA MMVQ); each
+// lane still sums its items in order, so rows stay independent of the pass's row count
+// (verification passes give decode steps' bits).
+
+// Integer decoders: load(row, it, q, a, b) sets q[8] to the item's 32 weights as packed
+// signed bytes (word k = elements 4k..4k+3) so that the item's dot with x's block is
+// dx * (a[0] * sum(q * xq over words 0-3) + a[1] * (over words 4-7) + b * sum(xq)); kMin says
+// whether b is used, kHalves whether a[1] differs from a[0] (Q6_K's 16-element scales).
+struct IntQ4_0 {
+    static constexpr bool kMin = false, kHalves = false;
+    __device__ static void load(const uint8_t* row, int64_t it, int (&q)[8], float (&a)[2],
+                                float& b) {
+        const uint8_t* p = row + it * 18;
+        a[0] = a[1] = cu::ld_f16(p);
+        b = 0.0f;
+        uint32_t w[4];
+        cu::load_words<2, 16>(p + 2, w);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {  // low nibbles: elements 0-15, high: 16-31; minus 8
+            q[k] = int(__vsub4(w[k] & 0x0f0f0f0fu, 0x08080808u));
+            q[k + 4] = int(__vsub4((w[k] >> 4) & 0x0f0f0f0fu, 0x08080808u));
+        }
+    }
+};
+
+struct IntQ8_0 {
+    static constexpr bool kMin = false, kHalves = false;
+    __device__ static void load(const uint8_t* row, int64_t it, int (&q)[8], float (&a)[2],
+                                float& b) {
+        const uint8_t* p = row + it * 34;
+        a[0] = a[1] = cu::ld_f16(p);
+        b = 0.0f;
+        cu::load_words<2, 32>(p + 2, reinterpret_cast<uint32_t*>(q));
+    }
+};
+
+// Q4_K / Q5_K sub-block s of super-block it / 8: x = d * sc_s * q - dmin * m_s, q in 0..15
+// (0..31 with Q5_K's fifth bit, bit s of qh[l]).
+template <bool kQ5>
+struct IntQ45_K {
+    static constexpr bool kMin = true, kHalves = false;
+    __device__ static void load(const uint8_t* row, int64_t it, int (&q)[8], float (&a)[2],
+                                float& b) {
+        const uint8_t* p = row + (it >> 3) * (kQ5 ? 176 : 144);
+        const int s = int(it & 7);
+        uint32_t sw[3];
+        cu::load_words<4, 12>(p + 4, sw);
+        float sc, mn;
+        cu::k4_scale_min(sw, s, &sc, &mn);
+        a[0] = a[1] = cu::ld_f16(p) * sc;
+        b = -(cu::ld_f16(p + 2) * mn);
+        uint32_t w[8];
+        cu::load_words<16, 32>(p + (kQ5 ? 48 : 16) + 32 * (s >> 1), w);
+        const int shift = 4 * (s & 1);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) q[k] = int((w[k] >> shift) & 0x0f0f0f0fu);
+        if constexpr (kQ5) {
+            uint32_t hw[8];
+            cu::load_words<16, 32>(p + 16, hw);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) q[k] |= int(((hw[k] >> s) & 0x01010101u) << 4);
+        }
+    }
+};
+
+// Q6_K sub-block s = 4h + k (layout at LoadQ6_K): q - 32 in -32..31, one scale per 16 elements.
+struct IntQ6_K {
+    static constexpr bool kMin = false, kHalves = true;
+    __device__ static void load(const uint8_t* row, int64_t it, int (&q)[8], float (&a)[2],
+                                float& b) {
+        const uint8_t* p = row + (it >> 3) * 210;
+        const int s = int(it & 7), h = s >> 2, k = s & 3;
+        const float d = cu::ld_f16(p + 208);
+        uint32_t lw[8], hw[8];
+        cu::load_words<2, 32>(p + 64 * h + 32 * (k & 1), lw);
+        cu::load_words<2, 32>(p + 128 + 32 * h, hw);
+        const uint32_t sc_w = cu::ld_u16(p + 192 + 8 * h + 2 * k);
+        a[0] = d * float(int8_t(sc_w & 0xff));
+        a[1] = d * float(int8_t((sc_w >> 8) & 0xff));
+        b = 0.0f;
+        const int lshift = 4 * (k >> 1);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            q[j] = int(__vsub4(((lw[j] >> lshift) & 0x0f0f0f0fu) |
+                                   (((hw[j] >> (2 * k)) & 0x03030303u) << 4),
+                               0x20202020u));
+    }
+};
+
+// Calls f(LoaderTag<IntT>) for the types with an integer decoder; false for the others.
+template <class F>
+bool with_int_loader(GgmlType t, F&& f) {
+    switch (t) {
+        case GgmlType::Q4_0: f(cu::LoaderTag<IntQ4_0>{}); return true;
+        case GgmlType::Q8_0: f(cu::LoaderTag<IntQ8_0>{}); return true;
+        case GgmlType::Q4_K: f(cu::LoaderTag<IntQ45_K<false>>{}); return true;
+        case GgmlType::Q5_K: f(cu::LoaderTag<IntQ45_K<true>>{}); return true;
+        case GgmlType::Q6_K: f(cu::LoaderTag<IntQ6_K>{}); return true;
+        default: return false;
+    }
+}
+
+// cuda_set_gemv_q8's switch: -1 until first asked, then from KVRUN_GEMV.
+std::atomic<int> g_gemv_q8{-1};
+
+// One warp per 32-element block of x ([n_rows][n_in], n_in % 32 == 0).
+__global__ void quantize_x_q8_kernel(const float* __restrict__ x, int8_t* __restrict__ xq,
+                                     float* __restrict__ xd, int64_t n_blocks) {
+    const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    if (blk >= n_blocks) return;  // whole warps
+    const int lane = threadIdx.x % 32;
+    const float v = x[blk * 32 + lane];
+    const float amax = cu::warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    xq[blk * 32 + lane] = int8_t(__float2int_rn(v * id));
+    if (lane == 0) xd[blk] = d;
+}
+
+template <class IL, int R>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_q8_kernel(const GemvJob job) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const WarpRows wr = warp_rows(job, warp);
+    if (!wr.active) return;  // no barriers in this kernel
+    const int64_t n_in = job.n_in, n_items = n_in / 32;
+    const int n_rows = job.n_rows;
+    float acc[kRowsPerWarp][R];
+#pragma unroll
+    for (int k = 0; k < kRowsPerWarp; ++k)
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[k][r] = 0.0f;
+#pragma unroll kItemUnroll
+    for (int64_t it = lane; it < n_items; it += 32) {
+        int q0[8], q1[8];
+        float a0[2], a1[2], b0, b1;
+        IL::load(wr.row0, it, q0, a0, b0);
+        IL::load(wr.row1, it, q1, a1, b1);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            if (r >= n_rows) break;
+            const int4* xp = reinterpret_cast<const int4*>(job.xq + r * n_in + it * 32);
+            const int4 xa = xp[0], xb = xp[1];
+            const int xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+            // Word sums of each row, the halves apart when their scales differ.
+            int s0[2] = {0, 0}, s1[2] = {0, 0};
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const int h = IL::kHalves ? k / 4 : 0;
+                s0[h] = __dp4a(q0[k], xv[k], s0[h]);
+                s1[h] = __dp4a(q1[k], xv[k], s1[h]);
+            }
+            const float dx = job.xd[r * n_items + it];
+            float d0 = a0[0] * float(s0[0]), d1 = a1[0] * float(s1[0]);
+            if constexpr (IL::kHalves) {
+                d0 += a0[1] * float(s0[1]);
+                d1 += a1[1] * float(s1[1]);
+            }
+            if constexpr (IL::kMin) {
+                int sx = 0;
+#pragma unroll
+                for (int k = 0; k < 8; ++k) sx = __dp4a(0x01010101, xv[k], sx);
+                d0 += b0 * float(sx);
+                d1 += b1 * float(sx);
+            }
+            acc[0][r] += dx * d0;
+            acc[1][r] += dx * d1;
+        }
+    }
+    write_rows<R>(job, wr, acc, lane);
+}
+
+template <class IL, int R>
+void launch_gemv_q8_rows(const GemvJob& job, cudaStream_t s) {
+    gemv_q8_kernel<IL, R><<<job.m[job.n_matrices - 1].blocks_end, kWarpsPerBlock * 32, 0, s>>>(job);
+    CUDA_CHECK_LAUNCH();
+}
+
+// Quantizes x ([n_rows][n_in]) into scratch and runs `job` in passes of up to kMaxRows rows.
+template <class IL>
+void launch_gemv_q8(GemvJob job, const float* x, int64_t n_rows, CudaScratch& scratch,
+                    cudaStream_t s) {
+    const int64_t n_in = job.n_in, n_blocks = n_rows * (n_in / 32);
+    const size_t q_bytes = (size_t(n_rows * n_in) + 255) / 256 * 256;
+    auto* base = static_cast<uint8_t*>(scratch.get(q_bytes + size_t(n_blocks) * sizeof(float), s));
+    auto* xq = reinterpret_cast<int8_t*>(base);
+    auto* xd = reinterpret_cast<float*>(base + q_bytes);
+    quantize_x_q8_kernel<<<unsigned(cu::ceil_div(n_blocks * 32, 256)), 256, 0, s>>>(x, xq, xd,
+                                                                                      n_blocks);
+    CUDA_CHECK_LAUNCH();
+    float* outs[kMaxMatrices];
+    for (int i = 0; i < job.n_matrices; ++i) outs[i] = job.m[i].out;
+    for (int64_t r0 = 0; r0 < n_rows; r0 += kMaxRows) {
+        const int nr = int(std::min<int64_t>(kMaxRows, n_rows - r0));
+        job.xq = xq + r0 * n_in;
+        job.xd = xd + r0 * (n_in / 32);
+        job.n_rows = nr;
+        for (int i = 0; i < job.n_matrices; ++i) job.m[i].out = outs[i] + r0 * job.m[i].n_out;
+        if (nr == 1)
+            launch_gemv_q8_rows<IL, 1>(job, s);
+        else if (nr == 2)
+            launch_gemv_q8_rows<IL, 2>(job, s);
+        else if (nr <= 4)
+            launch_gemv_q8_rows<IL, 4>(job, s);
+        else if (nr <= 8)
+            launch_gemv_q8_rows<IL, 8>(job, s);
+        else
+            launch_gemv_q8_rows<IL, 16>(job, s);
+    }
+}
+
 // Checks w against cuda_gemv's preconditions for input x.
 void check_gemv(const WeightView& w, const float* x, int64_t n_rows) {
     CUDA_REQUIRE(cuda_supports_weight_type(w.type), "cuda_gemv: unsupported weight type");
@@ -266,8 +520,10 @@ void check_gemv(const WeightView& w, const float* x, int64_t n_rows) {
 }
 
 // Runs the matrices ws[0..n) (same type and n_in, checked) on x in one launch per pass.
+// With `q8` (a scratch buffer) and a type with an integer decoder, the 8-bit activation path.
 void gemv_many(float* const* outs, const WeightView* const* ws, int n, const float* x,
-               int64_t n_rows, bool swiglu, cudaStream_t s, bool gelu = false) {
+               int64_t n_rows, bool swiglu, cudaStream_t s, bool gelu = false,
+               CudaScratch* q8 = nullptr) {
     GemvJob job{};
     job.x = x;
     job.n_in = ws[0]->n_in;
@@ -283,8 +539,17 @@ void gemv_many(float* const* outs, const WeightView* const* ws, int n, const flo
                     ws[i]->row_bytes, blocks};
     }
     if (n_rows == 0) return;
+    if (q8 && with_int_loader(ws[0]->type, [&](auto tag) {
+            launch_gemv_q8<typename decltype(tag)::type>(job, x, n_rows, *q8, s);
+        }))
+        return;
     cu::with_loader(ws[0]->type, gemv_vec(*ws[0]),
                     [&](auto tag) { launch_gemv<typename decltype(tag)::type>(job, n_rows, s); });
+}
+
+// The scratch for gemv_many's 8-bit path when it is on, else null.
+CudaScratch* q8_scratch(CudaScratch& scratch) {
+    return cuda_gemv_q8() ? &scratch : nullptr;
 }
 
 bool same_layout(const WeightView& a, const WeightView& b) {
@@ -346,7 +611,7 @@ void matmul_gated(float* out, float* up_buf, const float* x, const WeightView& g
     }
     float* outs[] = {out, up_buf};
     const WeightView* ws[] = {&gate, &up};
-    gemv_many(outs, ws, 2, x, n_rows, true, s, gelu);
+    gemv_many(outs, ws, 2, x, n_rows, true, s, gelu, q8_scratch(scratch));
 }
 
 }  // namespace
@@ -371,6 +636,26 @@ void cuda_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows, 
     gemv_many(&out, ws, 1, x, n_rows, false, s);
 }
 
+void cuda_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows,
+               CudaScratch& scratch, cudaStream_t s) {
+    const WeightView* ws[] = {&w};
+    gemv_many(&out, ws, 1, x, n_rows, false, s, false, q8_scratch(scratch));
+}
+
+void cuda_set_gemv_q8(bool on) {
+    g_gemv_q8 = on ? 1 : 0;
+}
+
+bool cuda_gemv_q8() {
+    int v = g_gemv_q8.load();
+    if (v < 0) {
+        const char* env = std::getenv("KVRUN_GEMV");
+        v = env && std::string(env) == "q8" ? 1 : 0;
+        g_gemv_q8 = v;
+    }
+    return v == 1;
+}
+
 void cuda_matmul_qkv(float* q, float* k, float* v, const float* x, const WeightView& wq,
                      const WeightView& wk, const WeightView& wv, int64_t n_rows,
                      CudaScratch& scratch, cudaStream_t s) {
@@ -387,7 +672,7 @@ void cuda_matmul_qkv(float* q, float* k, float* v, const float* x, const WeightV
     for (int i = 0; i < 3;) {
         int n = 1;
         while (i + n < 3 && same_layout(*ws[i], *ws[i + n])) ++n;
-        gemv_many(outs + i, ws + i, n, x, n_rows, false, s);
+        gemv_many(outs + i, ws + i, n, x, n_rows, false, s, false, q8_scratch(scratch));
         i += n;
     }
 }

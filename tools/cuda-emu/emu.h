@@ -257,6 +257,16 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
 inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift) {
     return unsigned(((uint64_t(hi) << 32) | lo) >> (shift & 31u));
 }
+// Four signed byte products added to c (the GPU's dp4a); byte-wise a - b mod 256.
+inline int __dp4a(int a, int b, int c) {
+    for (int k = 0; k < 4; ++k) c += int(int8_t(uint32_t(a) >> (8 * k))) * int(int8_t(uint32_t(b) >> (8 * k)));
+    return c;
+}
+inline unsigned __vsub4(unsigned a, unsigned b) {
+    unsigned r = 0;
+    for (int k = 0; k < 4; ++k) r |= ((((a >> (8 * k)) & 0xffu) - ((b >> (8 * k)) & 0xffu)) & 0xffu) << (8 * k);
+    return r;
+}
 inline int __float2int_rn(float x) {
     if (std::isnan(x)) return 0;
     if (x >= 2147483647.0f) return 2147483647;
