@@ -10,6 +10,8 @@ namespace kvrun {
 namespace {
 
 constexpr std::string_view kOpen = "<think>", kClose = "</think>";
+// Granite 3.3 with thinking on answers between these after its reasoning block.
+constexpr std::string_view kResponse = "<response>", kResponseEnd = "</response>";
 // Harmony's tags (gpt-oss).
 constexpr std::string_view kStart = "<|start|>", kChannel = "<|channel|>", kMessage = "<|message|>",
                            kConstrain = "<|constrain|>", kRecipient = " to=";
@@ -60,6 +62,19 @@ size_t reasoning_start(std::string_view reply, bool opened, bool& undecided) {
     return std::string_view::npos;
 }
 
+// The answer after a closed reasoning block. Granite 3.3 wraps it in <response> tags (its
+// template asks for them when thinking is on): they are dropped, with what follows
+// </response>. While streaming, text that may yet become either tag waits.
+std::string answer_after_reasoning(std::string_view after, bool streaming) {
+    std::string_view s = trim_space_left(after);
+    if (streaming && s.size() < kResponse.size() && kResponse.starts_with(s)) return {};
+    if (!s.starts_with(kResponse)) return std::string(s);
+    s = trim_space_left(s.substr(kResponse.size()));
+    if (const size_t end = s.find(kResponseEnd); end != std::string_view::npos)
+        return std::string(trim_space_right(s.substr(0, end)));
+    return std::string(trim_space_right(streaming ? hold_back(s, kResponseEnd) : s));
+}
+
 ReasoningSplit split(std::string_view reply, bool opened, bool streaming) {
     if (harmony_reply(reply)) return harmony_split(harmony_messages(reply), streaming);
     ReasoningSplit out;
@@ -83,7 +98,7 @@ ReasoningSplit split(std::string_view reply, bool opened, bool streaming) {
         return out;
     }
     out.reasoning = trim_space_right(trim_space_left(rest.substr(0, end)));
-    out.content = trim_space_left(rest.substr(end + kClose.size()));
+    out.content = answer_after_reasoning(rest.substr(end + kClose.size()), streaming);
     return out;
 }
 

@@ -56,7 +56,8 @@ std::string harmony_content(const std::vector<HarmonyMessage>& messages);
 // A reply split into its reasoning and its answer. `opened`: the prompt opened the block.
 // Without it, a reply whose first non-blank text is "<think>" starts one; any other reply
 // is all answer. The reasoning runs to "</think>" (all of the rest when the block is not
-// closed); white space around each part is dropped.
+// closed); white space around each part is dropped. An answer after the block that starts
+// with "<response>" (Granite 3.3 thinking) loses that tag and "</response>" with what follows.
 struct ReasoningSplit {
     std::string reasoning;
     std::string content;

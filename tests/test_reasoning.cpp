@@ -30,6 +30,13 @@ TEST_CASE("reasoning: replies split into reasoning and answer") {
         {"<think></think>Answer", false, "", "Answer"},
         {"I say <think> late", false, "", "I say <think> late"},  // not first: text
         {"It is 5.", true, "It is 5.", ""},                       // opened, never closed
+        // Granite 3.3 thinking: the answer between <response> tags.
+        {"<think>Add them.</think>\n<response>It is 5.</response>", false, "Add them.",
+         "It is 5."},
+        {"<think>Add</think><response>\nIt is", false, "Add", "It is"},  // cut short
+        {"<think>a</think><responses>b", false, "a", "<responses>b"},    // another word
+        {"<response>No block, so kept</response>", false, "",
+         "<response>No block, so kept</response>"},
     };
     for (const Case& c : cases) {
         CAPTURE(c.reply);
@@ -53,6 +60,8 @@ TEST_CASE("reasoning: replies split into reasoning and answer") {
     CHECK(reasoning_stream("<thi", false).content.empty());
     CHECK(reasoning_stream("Hmm </thi", true).reasoning == "Hmm");
     CHECK(reasoning_stream("<thumb", false).content == "<thumb");
+    CHECK(reasoning_stream("<think>a</think><resp", false).content.empty());
+    CHECK(reasoning_stream("<think>a</think><response>Yes</resp", false).content == "Yes");
 
     CHECK(prompt_opens_reasoning("<|im_start|>assistant\n<think>\n"));
     CHECK_FALSE(prompt_opens_reasoning("<|im_start|>assistant\n"));
