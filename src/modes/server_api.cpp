@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "common.h"
 #include "infill.h"
@@ -329,18 +330,25 @@ ChatToolReply tool_reply(const ApiRequest& req, const ApiResponseMeta& meta,
                             fmt::format("call_{}_{}", meta.id, c.index), &*req.tools);
 }
 
-nlohmann::json finish_reason(const ApiRequest& req, const ApiResponseMeta& meta,
-                             const ApiChoiceResult& c) {
+// A choice's tool reply, read once and shared by its message and finish_reason; empty when
+// the request has no tools.
+std::optional<ChatToolReply> choice_tools(const ApiRequest& req, const ApiResponseMeta& meta,
+                                          const ApiChoiceResult& c) {
+    if (!req.tools) return std::nullopt;
+    return tool_reply(req, meta, c);
+}
+
+nlohmann::json finish_reason(const ApiChoiceResult& c, const std::optional<ChatToolReply>& tools) {
     // A reply cut short by max_tokens or the context says "length" even when it holds calls
     // (the last may be incomplete), as llama.cpp's server does.
     const bool cut = c.result.stop == StopReason::Length || c.result.stop == StopReason::Context;
-    if (req.tools && !cut && !tool_reply(req, meta, c).calls.empty()) return "tool_calls";
+    if (tools && !cut && !tools->calls.empty()) return "tool_calls";
     return api_finish_reason(c.result.stop);
 }
 
-// A chat choice's message (or, streamed, its delta).
-nlohmann::json chat_message(const ApiRequest& req, const ApiResponseMeta& meta,
-                            const ApiChoiceResult& c, bool delta) {
+// A chat choice's message (or, streamed, its delta); `tools`: choice_tools of the choice.
+nlohmann::json chat_message(const ApiRequest& req, const ApiChoiceResult& c,
+                            const std::optional<ChatToolReply>& tools, bool delta) {
     nlohmann::json m = {{"role", "assistant"}};
     if (req.reasoning) {
         const ReasoningSplit r = reasoning_split(c.text, req.reasoning_open);
@@ -350,7 +358,7 @@ nlohmann::json chat_message(const ApiRequest& req, const ApiResponseMeta& meta,
         m["content"] = req.reasoning_keep_content ? c.text : answer_text(req, c);
         return m;
     }
-    const ChatToolReply r = tool_reply(req, meta, c);
+    const ChatToolReply& r = *tools;
     if (r.calls.empty()) {
         m["content"] = r.content;
     } else {  // (native formats may write some text before the calls)
@@ -585,7 +593,7 @@ nlohmann::json api_stream_echo_chunk(const ApiRequest& req, const ApiResponseMet
 nlohmann::json api_stream_reply_chunk(const ApiRequest& req, const ApiResponseMeta& meta,
                                       const ApiChoiceResult& c, size_t content_sent,
                                       size_t reasoning_sent, bool first) {
-    nlohmann::json delta = chat_message(req, meta, c, /*delta=*/true);
+    nlohmann::json delta = chat_message(req, c, choice_tools(req, meta, c), /*delta=*/true);
     // What was not streamed yet (api_stream_view showed prefixes of these).
     for (const char* key : {"content", "reasoning_content"}) {
         const size_t sent = std::string_view(key) == "content" ? content_sent : reasoning_sent;
@@ -619,7 +627,7 @@ nlohmann::json api_stream_final_chunk(const ApiRequest& req, const ApiResponseMe
     nlohmann::json choice = {
         {"index", c.index},
         {"logprobs", rest ? choice_logprobs(req, c, tok, logprobs_sent) : nlohmann::json()},
-        {"finish_reason", finish_reason(req, meta, c)}};
+        {"finish_reason", finish_reason(c, choice_tools(req, meta, c))}};
     if (req.format == ApiFormat::OpenAiChat)
         choice["delta"] = nlohmann::json::object();
     else
@@ -650,11 +658,12 @@ nlohmann::json api_response(const ApiRequest& req, const ApiResponseMeta& meta,
     nlohmann::json j = envelope(req, meta, false);
     j["choices"] = nlohmann::json::array();
     for (const ApiChoiceResult& c : choices) {
+        const std::optional<ChatToolReply> tools = choice_tools(req, meta, c);
         nlohmann::json choice = {{"index", c.index},
                                  {"logprobs", choice_logprobs(req, c, tok)},
-                                 {"finish_reason", finish_reason(req, meta, c)}};
+                                 {"finish_reason", finish_reason(c, tools)}};
         if (req.format == ApiFormat::OpenAiChat)
-            choice["message"] = chat_message(req, meta, c, /*delta=*/false);
+            choice["message"] = chat_message(req, c, tools, /*delta=*/false);
         else
             choice["text"] = c.echo_text + c.text;
         j["choices"].push_back(std::move(choice));
