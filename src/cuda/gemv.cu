@@ -29,7 +29,9 @@ namespace {
 // order of summation, so every variant gives the same bits. On an H100 (2026-11-27,
 // docs/performance.md) 8 warps with 4 items in flight per lane beat the first shape (4 warps,
 // no unroll) by 5% at one row (7B Q4_0 tg128) and took a third off a 9-row verification
-// pass, where a block's x staging is shared by twice the rows.
+// pass, where a block's x staging is shared by twice the rows. The unroll applies to the 16-row
+// instance only (kUnrollFrom): at one row it was worth 2% (241 -> 245 t/s) and unrolling
+// every instance took gemv.cu's compile from ~50 s to ~150 s for sm_80 + sm_90 (CI builds both).
 #ifndef KVRUN_GEMV_WARPS
 #define KVRUN_GEMV_WARPS 8
 #endif
@@ -37,7 +39,9 @@ namespace {
 #define KVRUN_GEMV_UNROLL 4
 #endif
 constexpr int kWarpsPerBlock = KVRUN_GEMV_WARPS;
-constexpr int kItemUnroll = KVRUN_GEMV_UNROLL;
+constexpr int kUnrollFrom = 16;  // the instance that 9 to 16 rows (verification passes) take
+template <int R>
+constexpr int kItemUnroll = R >= kUnrollFrom ? KVRUN_GEMV_UNROLL : 1;
 constexpr int kRowsPerWarp = 2;
 constexpr int kRowsPerBlock = kWarpsPerBlock * kRowsPerWarp;
 constexpr int kMaxRows = 16;  // activation rows per pass (template R is 1, 2, 4, 8 or 16)
@@ -231,7 +235,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const GemvJob
             }
             __syncthreads();
             if (!active) continue;
-#pragma unroll kItemUnroll
+#pragma unroll kItemUnroll<R>
             for (int it = lane; it < n_c; it += 32) {
                 float v0[kItem], v1[kItem];
                 L::load(row0, c0 + it, v0);
@@ -241,7 +245,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const GemvJob
             }
         }
     } else if (active) {
-#pragma unroll kItemUnroll
+#pragma unroll kItemUnroll<R>
         for (int64_t it = lane; it < n_items; it += 32) {
             float v0[kItem], v1[kItem];
             L::load(row0, it, v0);
@@ -425,7 +429,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_q8_kernel(const Gemv
     for (int k = 0; k < kRowsPerWarp; ++k)
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[k][r] = 0.0f;
-#pragma unroll kItemUnroll
+#pragma unroll kItemUnroll<R>
     for (int64_t it = lane; it < n_items; it += 32) {
         int q0[8], q1[8];
         float a0[2], a1[2], b0, b1;
