@@ -59,6 +59,16 @@ struct Side {
     }
 };
 
+// The logits of one decode step per token of `draft`, one after another.
+std::vector<float> decode_steps(Side& side, const std::vector<TokenId>& draft) {
+    std::vector<float> out;
+    for (TokenId t : draft) {
+        const std::vector<float> row = side.pass({t}, false);
+        out.insert(out.end(), row.begin(), row.end());
+    }
+    return out;
+}
+
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
     float m = 0;
     for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
@@ -92,11 +102,7 @@ TEST_CASE("cuda: a K+1-token pass gives the logits of K+1 decode steps, bit for 
                 // The same prefill on both sides leaves the same cache.
                 CHECK(steps.pass(prompt, false) == verify.pass(prompt, false));
 
-                std::vector<float> one_by_one;
-                for (TokenId t : draft) {
-                    const std::vector<float> row = steps.pass({t}, false);
-                    one_by_one.insert(one_by_one.end(), row.begin(), row.end());
-                }
+                const std::vector<float> one_by_one = decode_steps(steps, draft);
                 const std::vector<float> together = verify.pass(draft, true);
                 REQUIRE(together.size() == size_t(kVerifyRows) * size_t(n_vocab));
                 CHECK_MESSAGE(std::memcmp(together.data(), one_by_one.data(),
@@ -125,11 +131,7 @@ TEST_CASE("cuda: with the 8-bit activation GEMV too (KVRUN_GEMV=q8), and near th
         for (int32_t i = 0; i < 40; ++i) prompt.push_back(TokenId((i * 37 + 11) % n_vocab));
         for (int32_t i = 0; i < kVerifyRows; ++i) draft.push_back(TokenId((i * 91 + 3) % n_vocab));
         CHECK(steps.pass(prompt, false) == verify.pass(prompt, false));
-        std::vector<float> one_by_one;
-        for (TokenId t : draft) {
-            const std::vector<float> row = steps.pass({t}, false);
-            one_by_one.insert(one_by_one.end(), row.begin(), row.end());
-        }
+        const std::vector<float> one_by_one = decode_steps(steps, draft);
         const std::vector<float> together = verify.pass(draft, true);
         CHECK_MESSAGE(std::memcmp(together.data(), one_by_one.data(),
                                   together.size() * sizeof(float)) == 0,
@@ -137,11 +139,7 @@ TEST_CASE("cuda: with the 8-bit activation GEMV too (KVRUN_GEMV=q8), and near th
         cuda_set_gemv_q8(false);
         // The same steps on the f32 path: logits within x's 8-bit rounding.
         f32.pass(prompt, false);
-        std::vector<float> ref;
-        for (TokenId t : draft) {
-            const std::vector<float> row = f32.pass({t}, false);
-            ref.insert(ref.end(), row.begin(), row.end());
-        }
+        const std::vector<float> ref = decode_steps(f32, draft);
         CHECK(nmse(one_by_one, ref) < 1e-3);
         CHECK(nmse(one_by_one, ref) > 0.0);
     }

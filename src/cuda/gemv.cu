@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/dequant.cuh"
@@ -266,29 +267,38 @@ void launch_gemv_rows(const GemvJob& job, cudaStream_t s, unsigned n_jobs = 1) {
     CUDA_CHECK_LAUNCH();
 }
 
-// Runs `job` (x and n_rows of its first pass set by the caller) in passes of up to kMaxRows
-// activation rows.
-template <class L>
-void launch_gemv(GemvJob job, int64_t n_rows, cudaStream_t s) {
-    const float* x = job.x;
+// Runs `job` over n_rows activation rows in passes of up to kMaxRows: at_row(job, r0) points
+// the pass's x at row r0, then launch(job, rows) with rows an integral_constant of the kernel's
+// R (1, 2, 4, 8 or 16) and job.n_rows and the outputs set for the pass.
+template <class AtRow, class Launch>
+void gemv_passes(GemvJob job, int64_t n_rows, AtRow&& at_row, Launch&& launch) {
     float* outs[kMaxMatrices];
     for (int i = 0; i < job.n_matrices; ++i) outs[i] = job.m[i].out;
     for (int64_t r0 = 0; r0 < n_rows; r0 += kMaxRows) {
         const int nr = int(n_rows - r0 < kMaxRows ? n_rows - r0 : kMaxRows);
-        job.x = x + r0 * job.n_in;
+        at_row(job, r0);
         job.n_rows = nr;
         for (int i = 0; i < job.n_matrices; ++i) job.m[i].out = outs[i] + r0 * job.m[i].n_out;
         if (nr == 1)
-            launch_gemv_rows<L, 1>(job, s);
+            launch(job, std::integral_constant<int, 1>{});
         else if (nr == 2)
-            launch_gemv_rows<L, 2>(job, s);
+            launch(job, std::integral_constant<int, 2>{});
         else if (nr <= 4)
-            launch_gemv_rows<L, 4>(job, s);
+            launch(job, std::integral_constant<int, 4>{});
         else if (nr <= 8)
-            launch_gemv_rows<L, 8>(job, s);
+            launch(job, std::integral_constant<int, 8>{});
         else
-            launch_gemv_rows<L, 16>(job, s);
+            launch(job, std::integral_constant<int, 16>{});
     }
+}
+
+// The f32 kernel over `job` (its x the first row's) in passes.
+template <class L>
+void launch_gemv(const GemvJob& job, int64_t n_rows, cudaStream_t s) {
+    const float* x = job.x;
+    gemv_passes(
+        job, n_rows, [&](GemvJob& j, int64_t r0) { j.x = x + r0 * j.n_in; },
+        [&](const GemvJob& j, auto rows) { launch_gemv_rows<L, decltype(rows)::value>(j, s); });
 }
 
 // ---- 8-bit activations (KVRUN_GEMV=q8, opt-in) ----------------------------------------------
@@ -477,7 +487,7 @@ void launch_gemv_q8_rows(const GemvJob& job, cudaStream_t s) {
 
 // Quantizes x ([n_rows][n_in]) into scratch and runs `job` in passes of up to kMaxRows rows.
 template <class IL>
-void launch_gemv_q8(GemvJob job, const float* x, int64_t n_rows, CudaScratch& scratch,
+void launch_gemv_q8(const GemvJob& job, const float* x, int64_t n_rows, CudaScratch& scratch,
                     cudaStream_t s) {
     const int64_t n_in = job.n_in, n_blocks = n_rows * (n_in / 32);
     const size_t q_bytes = (size_t(n_rows * n_in) + 255) / 256 * 256;
@@ -487,25 +497,13 @@ void launch_gemv_q8(GemvJob job, const float* x, int64_t n_rows, CudaScratch& sc
     quantize_x_q8_kernel<<<unsigned(cu::ceil_div(n_blocks * 32, 256)), 256, 0, s>>>(x, xq, xd,
                                                                                       n_blocks);
     CUDA_CHECK_LAUNCH();
-    float* outs[kMaxMatrices];
-    for (int i = 0; i < job.n_matrices; ++i) outs[i] = job.m[i].out;
-    for (int64_t r0 = 0; r0 < n_rows; r0 += kMaxRows) {
-        const int nr = int(std::min<int64_t>(kMaxRows, n_rows - r0));
-        job.xq = xq + r0 * n_in;
-        job.xd = xd + r0 * (n_in / 32);
-        job.n_rows = nr;
-        for (int i = 0; i < job.n_matrices; ++i) job.m[i].out = outs[i] + r0 * job.m[i].n_out;
-        if (nr == 1)
-            launch_gemv_q8_rows<IL, 1>(job, s);
-        else if (nr == 2)
-            launch_gemv_q8_rows<IL, 2>(job, s);
-        else if (nr <= 4)
-            launch_gemv_q8_rows<IL, 4>(job, s);
-        else if (nr <= 8)
-            launch_gemv_q8_rows<IL, 8>(job, s);
-        else
-            launch_gemv_q8_rows<IL, 16>(job, s);
-    }
+    gemv_passes(
+        job, n_rows,
+        [&](GemvJob& j, int64_t r0) {
+            j.xq = xq + r0 * n_in;
+            j.xd = xd + r0 * (n_in / 32);
+        },
+        [&](const GemvJob& j, auto rows) { launch_gemv_q8_rows<IL, decltype(rows)::value>(j, s); });
 }
 
 // Checks w against cuda_gemv's preconditions for input x.
