@@ -298,8 +298,9 @@ TEST_CASE("cuda gemv with 8-bit activations: integer reference, near the f32 pat
         ~On() { cuda_set_gemv_q8(false); }
     };
     std::optional<On> on(std::in_place);
-    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
-                       GgmlType::Q6_K}) {
+    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                       GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::Q4_K, GgmlType::Q5_K,
+                       GgmlType::Q6_K, GgmlType::IQ4_XS}) {
         CAPTURE(ggml_type_name(t));
         for (int64_t n_in : {256, 2048}) {
             const int64_t n_out = 75;

@@ -60,11 +60,14 @@ __device__ __forceinline__ uint32_t byte_at(const uint32_t* w, int l) {
 
 // IQ4 non-linear codebook: value of 4-bit code q, via byte selection from packed constants
 // (no table memory, so divergent codes cost nothing extra).
-__device__ __forceinline__ float iq4_value(uint32_t q) {
+// The code's value as a signed byte (in the low byte).
+__device__ __forceinline__ uint32_t iq4_byte(uint32_t q) {
     // codes 0..15 -> -127 -104 -83 -65 -49 -35 -22 -10 1 13 25 38 53 69 89 113 (int8 bytes)
     constexpr uint32_t k0 = 0xbfad9881u, k1 = 0xf6eaddcfu, k2 = 0x26190d01u, k3 = 0x71594535u;
-    const uint32_t b = q < 8 ? __byte_perm(k0, k1, q) : __byte_perm(k2, k3, q - 8);
-    return float(int8_t(b & 0xffu));
+    return (q < 8 ? __byte_perm(k0, k1, q) : __byte_perm(k2, k3, q - 8)) & 0xffu;
+}
+__device__ __forceinline__ float iq4_value(uint32_t q) {
+    return float(int8_t(iq4_byte(q)));
 }
 
 // MXFP4's doubled E2M1 value of code q (quant_detail::kMxfp4Values), by byte selection like

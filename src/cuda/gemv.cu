@@ -316,23 +316,6 @@ void launch_gemv(const GemvJob& job, int64_t n_rows, cudaStream_t s) {
 // signed bytes (word k = elements 4k..4k+3) so that the item's dot with x's block is
 // dx * (a[0] * sum(q * xq over words 0-3) + a[1] * (over words 4-7) + b * sum(xq)); kMin says
 // whether b is used, kHalves whether a[1] differs from a[0] (Q6_K's 16-element scales).
-struct IntQ4_0 {
-    static constexpr bool kMin = false, kHalves = false;
-    __device__ static void load(const uint8_t* row, int64_t it, int (&q)[8], float (&a)[2],
-                                float& b) {
-        const uint8_t* p = row + it * 18;
-        a[0] = a[1] = cu::ld_f16(p);
-        b = 0.0f;
-        uint32_t w[4];
-        cu::load_words<2, 16>(p + 2, w);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {  // low nibbles: elements 0-15, high: 16-31; minus 8
-            q[k] = int(__vsub4(w[k] & 0x0f0f0f0fu, 0x08080808u));
-            q[k + 4] = int(__vsub4((w[k] >> 4) & 0x0f0f0f0fu, 0x08080808u));
-        }
-    }
-};
-
 struct IntQ8_0 {
     static constexpr bool kMin = false, kHalves = false;
     __device__ static void load(const uint8_t* row, int64_t it, int (&q)[8], float (&a)[2],
@@ -341,6 +324,91 @@ struct IntQ8_0 {
         a[0] = a[1] = cu::ld_f16(p);
         b = 0.0f;
         cu::load_words<2, 32>(p + 2, reinterpret_cast<uint32_t*>(q));
+    }
+};
+
+// Bits 0-3 of b as bit 4 of bytes 0-3 (Q5_0 / Q5_1's fifth bits of four elements).
+__device__ __forceinline__ uint32_t fifth_bits(uint32_t b) {
+    return ((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25);
+}
+
+// Four codes (bytes 0..15) of an IQ4 item as their codebook bytes.
+__device__ __forceinline__ uint32_t iq4_word(uint32_t codes) {
+    uint32_t r = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) r |= cu::iq4_byte((codes >> (8 * j)) & 0xfu) << (8 * j);
+    return r;
+}
+
+// Legacy 32-element blocks (layouts at their f32 loaders in dequant.cuh): Q4_0 (d * (q - 8)),
+// Q4_1 (d * q + m), Q5_0 (d * (q - 16), a fifth bit from qh), Q5_1 (d * q + m, fifth bit),
+// IQ4_NL (d * code).
+template <GgmlType T>
+struct IntLegacy {
+    static constexpr bool kMin = T == GgmlType::Q4_1 || T == GgmlType::Q5_1, kHalves = false;
+    __device__ static void load(const uint8_t* row, int64_t it, int (&q)[8], float (&a)[2],
+                                float& b) {
+        constexpr int kBytes = T == GgmlType::Q4_1 ? 20 : T == GgmlType::Q5_0 ? 22
+                               : T == GgmlType::Q5_1 ? 24 : 18;
+        const uint8_t* p = row + it * kBytes;
+        a[0] = a[1] = cu::ld_f16(p);
+        b = kMin ? cu::ld_f16(p + 2) : 0.0f;
+        uint32_t w[4], qh = 0;
+        if constexpr (T == GgmlType::Q4_1) {
+            cu::load_words<4, 16>(p + 4, w);
+        } else if constexpr (T == GgmlType::Q5_0) {
+            qh = cu::ld_u32_a2(p + 2);
+            cu::load_words<2, 16>(p + 6, w);
+        } else if constexpr (T == GgmlType::Q5_1) {
+            qh = *reinterpret_cast<const uint32_t*>(p + 4);
+            cu::load_words<8, 16>(p + 8, w);
+        } else {
+            cu::load_words<2, 16>(p + 2, w);
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {  // low nibbles: elements 0-15, high: 16-31
+            uint32_t lo = w[k] & 0x0f0f0f0fu, hi = (w[k] >> 4) & 0x0f0f0f0fu;
+            if constexpr (T == GgmlType::Q4_0) {
+                lo = __vsub4(lo, 0x08080808u);
+                hi = __vsub4(hi, 0x08080808u);
+            } else if constexpr (T == GgmlType::IQ4_NL) {
+                lo = iq4_word(lo);
+                hi = iq4_word(hi);
+            } else if constexpr (T != GgmlType::Q4_1) {
+                lo |= fifth_bits((qh >> (4 * k)) & 0xfu);
+                hi |= fifth_bits((qh >> (16 + 4 * k)) & 0xfu);
+                if constexpr (T == GgmlType::Q5_0) {
+                    lo = __vsub4(lo, 0x10101010u);
+                    hi = __vsub4(hi, 0x10101010u);
+                }
+            }
+            q[k] = int(lo);
+            q[k + 4] = int(hi);
+        }
+    }
+};
+
+// IQ4_XS sub-block s of super-block it / 8 (layout at LoadIQ4_XS): (d * (ls - 32)) * code.
+struct IntIQ4_XS {
+    static constexpr bool kMin = false, kHalves = false;
+    __device__ static void load(const uint8_t* row, int64_t it, int (&q)[8], float (&a)[2],
+                                float& b) {
+        const uint8_t* p = row + (it >> 3) * 136;
+        const int s = int(it & 7);
+        const uint32_t head = *reinterpret_cast<const uint32_t*>(p);  // d, scales_h
+        const uint32_t sl = *reinterpret_cast<const uint32_t*>(p + 4);
+        const float d = __half2float(__ushort_as_half(uint16_t(head & 0xffff)));
+        const int ls =
+            int(((sl >> (8 * (s >> 1) + 4 * (s & 1))) & 0xf) | (((head >> (16 + 2 * s)) & 3) << 4));
+        a[0] = a[1] = d * float(ls - 32);
+        b = 0.0f;
+        uint32_t w[4];
+        cu::load_words<8, 16>(p + 8 + 16 * s, w);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            q[k] = int(iq4_word(w[k] & 0x0f0f0f0fu));
+            q[k + 4] = int(iq4_word((w[k] >> 4) & 0x0f0f0f0fu));
+        }
     }
 };
 
@@ -401,8 +469,13 @@ struct IntQ6_K {
 template <class F>
 bool with_int_loader(GgmlType t, F&& f) {
     switch (t) {
-        case GgmlType::Q4_0: f(cu::LoaderTag<IntQ4_0>{}); return true;
+        case GgmlType::Q4_0: f(cu::LoaderTag<IntLegacy<GgmlType::Q4_0>>{}); return true;
         case GgmlType::Q8_0: f(cu::LoaderTag<IntQ8_0>{}); return true;
+        case GgmlType::Q4_1: f(cu::LoaderTag<IntLegacy<GgmlType::Q4_1>>{}); return true;
+        case GgmlType::Q5_0: f(cu::LoaderTag<IntLegacy<GgmlType::Q5_0>>{}); return true;
+        case GgmlType::Q5_1: f(cu::LoaderTag<IntLegacy<GgmlType::Q5_1>>{}); return true;
+        case GgmlType::IQ4_NL: f(cu::LoaderTag<IntLegacy<GgmlType::IQ4_NL>>{}); return true;
+        case GgmlType::IQ4_XS: f(cu::LoaderTag<IntIQ4_XS>{}); return true;
         case GgmlType::Q4_K: f(cu::LoaderTag<IntQ45_K<false>>{}); return true;
         case GgmlType::Q5_K: f(cu::LoaderTag<IntQ45_K<true>>{}); return true;
         case GgmlType::Q6_K: f(cu::LoaderTag<IntQ6_K>{}); return true;

@@ -109,8 +109,8 @@ void cuda_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows, 
 // cuda_gemv with the matmuls' scratch buffer, where the 8-bit activation path keeps x's bytes.
 void cuda_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows,
                CudaScratch& scratch, cudaStream_t s);
-// The 8-bit activation GEMV (gemv.cu; Q4_0, Q8_0, Q4_K, Q5_K and Q6_K weights, the others
-// keep the f32 kernel): x quantized per 32 elements, integer dot products. Opt-in while it awaits its
+// The 8-bit activation GEMV (gemv.cu; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K
+// and IQ4_XS weights; float types, Q2_K, Q3_K and MXFP4 keep the f32 kernel): x quantized per 32 elements, integer dot products. Opt-in while it awaits its
 // timing on a GPU: on with the environment variable KVRUN_GEMV=q8, or cuda_set_gemv_q8.
 // Only the matmuls given a scratch buffer (cuda_matmul, _qkv, _swiglu, _geglu) take it.
 void cuda_set_gemv_q8(bool on);
