@@ -180,11 +180,11 @@ if want extra; then
     done
   fi
   if [ "$(left)" -gt 60 ]; then
-    timeout 90 $K server -m /tmp/models/llama2-7b-Q4_0.gguf --parallel 32 -c 2048 --port 8090 2> "$OUT/server.log" &
+    timeout 150 $K server -m /tmp/models/llama2-7b-Q4_0.gguf --parallel 32 -c 2048 --port 8090 2> "$OUT/server.log" &
     spid=$!
     for i in $(seq 1 60); do grep -q 'listening on' "$OUT/server.log" && break; sleep 1; done
     for c in 1 8 32; do
-      timeout 30 $B/server-load --port 8090 -c $c -r 2 -n 128 --prompt-tokens 256 2>&1 | tail -1 | tee -a "$OUT/server-load.md"
+      timeout 60 $B/server-load --port 8090 -c $c -r 2 -n 128 --prompt-tokens 256 2>&1 | tail -1 | tee -a "$OUT/server-load.md"
     done
     kill -INT $spid; wait $spid || true
   fi
