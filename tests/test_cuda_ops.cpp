@@ -434,8 +434,14 @@ TEST_CASE("cuda mixture-of-experts ops: top-k, expert-indexed GEMVs, weighted su
     auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
         return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
     };
+    // Also with 8-bit activations (cuda_set_gemv_q8; F16 / F32 keep the f32 kernel): the
+    // expert-indexed launch against one-row launches of the same path.
+    CudaScratch scratch;
+    for (bool q8 : {false, true})
     for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16, GgmlType::F32}) {
+        CAPTURE(q8);
         CAPTURE(ggml_type_name(t));
+        cuda_set_gemv_q8(q8);
         TestWeights gate = make_weights(t, E * n_out, n_in, 72),
                     up = make_weights(t, E * n_out, n_in, 73);
         auto expert = [&](const TestWeights& w, int64_t e) {
@@ -450,22 +456,31 @@ TEST_CASE("cuda mixture-of-experts ops: top-k, expert-indexed GEMVs, weighted su
             DevBuf<float> xr(
                 std::vector<float>(x.begin() + (j / K) * n_in, x.begin() + (j / K + 1) * n_in));
             DevBuf<float> og(static_cast<size_t>(n_out)), ou(static_cast<size_t>(n_out));
-            cuda_gemv(og.get(), xr.get(), expert(gate, ids[size_t(j)]), 1, nullptr);
-            cuda_gemv(ou.get(), xr.get(), expert(up, ids[size_t(j)]), 1, nullptr);
+            cuda_gemv(og.get(), xr.get(), expert(gate, ids[size_t(j)]), 1, scratch, nullptr);
+            cuda_gemv(ou.get(), xr.get(), expert(up, ids[size_t(j)]), 1, scratch, nullptr);
             const auto g = og.download(), u = ou.download();
             want_g.insert(want_g.end(), g.begin(), g.end());
             want_u.insert(want_u.end(), u.begin(), u.end());
         }
         DevBuf<float> out(want_g.size());
         cuda_gemv_experts(out.get(), dx.get(), expert(gate, 0), expert_bytes, dids.get(), T * K,
-                          int(K), nullptr);
+                          int(K), nullptr, &scratch);
         CHECK(same_bits(out.download(), want_g));
         DevBuf<float> dg(want_g), du(want_u), dwant(want_g.size());
         cuda_swiglu(dwant.get(), dg.get(), du.get(), int64_t(want_g.size()), nullptr);
         cuda_gemv_experts_swiglu(out.get(), dx.get(), expert(gate, 0), expert(up, 0), expert_bytes,
-                                 dids.get(), T * K, int(K), nullptr);
+                                 dids.get(), T * K, int(K), nullptr, &scratch);
         CHECK(same_bits(out.download(), dwant.download()));
+        if (q8 && t == GgmlType::Q8_0) {  // and the 8-bit path did run: not the f32 bits
+            std::vector<float> f32(static_cast<size_t>(n_out));
+            cuda_set_gemv_q8(false);
+            DevBuf<float> xr(std::vector<float>(x.begin(), x.begin() + n_in)), o(f32.size());
+            cuda_gemv(o.get(), xr.get(), expert(gate, ids[0]), 1, nullptr);
+            f32 = o.download();
+            CHECK_FALSE(std::equal(f32.begin(), f32.end(), want_g.begin()));
+        }
     }
+    cuda_set_gemv_q8(false);
 
     const int64_t n_expert = 40, k = 6, n_tok = 9;
     const std::vector<float> logits =

@@ -144,6 +144,7 @@ struct WarpRows {
     const uint8_t* row0;
     const uint8_t* row1;
     const float* x;
+    int64_t x_row;  // x's row (from job.x) for expert launches, else 0 (the 8-bit x's too)
     float* out;
 };
 
@@ -165,12 +166,14 @@ __device__ __forceinline__ WarpRows warp_rows(const GemvJob& job, int warp) {
     const uint8_t* w_base = w.mat.w;
     const uint8_t* up_base = job.m[1].w;
     w.x = job.x;
+    w.x_row = 0;
     w.out = w.mat.out;
     if (job.expert_ids) {  // this grid row's job: its expert, activation row and output row
         const size_t e_off = size_t(job.expert_ids[blockIdx.y]) * job.expert_bytes;
         w_base += e_off;
         up_base += e_off;
-        w.x += int64_t(blockIdx.y / unsigned(job.x_div)) * job.n_in;
+        w.x_row = int64_t(blockIdx.y / unsigned(job.x_div));
+        if (w.x) w.x += w.x_row * job.n_in;
         w.out += int64_t(blockIdx.y) * w.mat.n_out;
     }
     w.row0 = w_base + (w.active ? w.o0 : 0) * w.mat.row_bytes;
@@ -521,7 +524,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_q8_kernel(const Gemv
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             if (r >= n_rows) break;
-            const int4* xp = reinterpret_cast<const int4*>(job.xq + r * n_in + it * 32);
+            const int64_t xr = wr.x_row + r;
+            const int4* xp = reinterpret_cast<const int4*>(job.xq + xr * n_in + it * 32);
             const int4 xa = xp[0], xb = xp[1];
             const int xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
             // Word sums of each row, the halves apart when their scales differ.
@@ -532,7 +536,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_q8_kernel(const Gemv
                 s0[h] = __dp4a(q0[k], xv[k], s0[h]);
                 s1[h] = __dp4a(q1[k], xv[k], s1[h]);
             }
-            const float dx = job.xd[r * n_items + it];
+            const float dx = job.xd[xr * n_items + it];
             float d0 = a0[0] * float(s0[0]), d1 = a1[0] * float(s1[0]);
             if constexpr (IL::kHalves) {
                 d0 += a0[1] * float(s0[1]);
@@ -553,28 +557,41 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_q8_kernel(const Gemv
 }
 
 template <class IL, int R>
-void launch_gemv_q8_rows(const GemvJob& job, cudaStream_t s) {
-    gemv_q8_kernel<IL, R><<<job.m[job.n_matrices - 1].blocks_end, kWarpsPerBlock * 32, 0, s>>>(job);
+void launch_gemv_q8_rows(const GemvJob& job, cudaStream_t s, unsigned n_jobs = 1) {
+    const dim3 grid(job.m[job.n_matrices - 1].blocks_end, n_jobs);
+    gemv_q8_kernel<IL, R><<<grid, kWarpsPerBlock * 32, 0, s>>>(job);
     CUDA_CHECK_LAUNCH();
+}
+
+// x ([n_rows][n_in]) quantized into scratch for the 8-bit kernel: its bytes and scales.
+struct XQ8 {
+    int8_t* q;
+    float* d;
+};
+
+XQ8 quantize_x_q8(const float* x, int64_t n_rows, int64_t n_in, CudaScratch& scratch,
+                  cudaStream_t s) {
+    const int64_t n_blocks = n_rows * (n_in / 32);
+    const size_t q_bytes = (size_t(n_rows * n_in) + 255) / 256 * 256;
+    auto* base = static_cast<uint8_t*>(scratch.get(q_bytes + size_t(n_blocks) * sizeof(float), s));
+    XQ8 xq{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + q_bytes)};
+    quantize_x_q8_kernel<<<unsigned(cu::ceil_div(n_blocks * 32, 256)), 256, 0, s>>>(x, xq.q, xq.d,
+                                                                                      n_blocks);
+    CUDA_CHECK_LAUNCH();
+    return xq;
 }
 
 // Quantizes x ([n_rows][n_in]) into scratch and runs `job` in passes of up to kMaxRows rows.
 template <class IL>
 void launch_gemv_q8(const GemvJob& job, const float* x, int64_t n_rows, CudaScratch& scratch,
                     cudaStream_t s) {
-    const int64_t n_in = job.n_in, n_blocks = n_rows * (n_in / 32);
-    const size_t q_bytes = (size_t(n_rows * n_in) + 255) / 256 * 256;
-    auto* base = static_cast<uint8_t*>(scratch.get(q_bytes + size_t(n_blocks) * sizeof(float), s));
-    auto* xq = reinterpret_cast<int8_t*>(base);
-    auto* xd = reinterpret_cast<float*>(base + q_bytes);
-    quantize_x_q8_kernel<<<unsigned(cu::ceil_div(n_blocks * 32, 256)), 256, 0, s>>>(x, xq, xd,
-                                                                                      n_blocks);
-    CUDA_CHECK_LAUNCH();
+    const int64_t n_in = job.n_in;
+    const XQ8 xq = quantize_x_q8(x, n_rows, n_in, scratch, s);
     gemv_passes(
         job, n_rows,
         [&](GemvJob& j, int64_t r0) {
-            j.xq = xq + r0 * n_in;
-            j.xd = xd + r0 * (n_in / 32);
+            j.xq = xq.q + r0 * n_in;
+            j.xd = xq.d + r0 * (n_in / 32);
         },
         [&](const GemvJob& j, auto rows) { launch_gemv_q8_rows<IL, decltype(rows)::value>(j, s); });
 }
@@ -635,7 +652,7 @@ bool same_layout(const WeightView& a, const WeightView& b) {
 // swiglu, in grid chunks of at most 65535 jobs (whole x_div groups).
 void gemv_experts(float* out, const float* x, const WeightView& w0, const WeightView* up0,
                   size_t expert_bytes, const int32_t* ids, int64_t n_jobs, int x_div,
-                  cudaStream_t s) {
+                  cudaStream_t s, CudaScratch* q8) {
     CUDA_REQUIRE(x_div >= 1 && n_jobs >= 0, "cuda_gemv_experts: bad job count");
     CUDA_REQUIRE(expert_bytes % 16 == 0, "cuda_gemv_experts: experts must lie 16 bytes apart");
     check_gemv(w0, x, 1);
@@ -659,11 +676,24 @@ void gemv_experts(float* out, const float* x, const WeightView& w0, const Weight
     job.expert_bytes = expert_bytes;
     job.x_div = x_div;
     const int64_t chunk = 65535 / x_div * x_div;
+    // The 8-bit path: x's rows (one per x_div jobs) quantized once for every chunk.
+    const bool int8 = q8 && with_int_loader(w0.type, [](auto) {});
+    const XQ8 xq = int8 ? quantize_x_q8(x, cu::ceil_div(n_jobs, int64_t(x_div)), w0.n_in, *q8, s)
+                        : XQ8{nullptr, nullptr};
     for (int64_t j0 = 0; j0 < n_jobs; j0 += chunk) {
         const int64_t n = std::min(chunk, n_jobs - j0);
         job.x = x + (j0 / x_div) * w0.n_in;
         job.expert_ids = ids + j0;
         job.m[0].out = out + j0 * w0.n_out;
+        if (int8) {
+            job.x = nullptr;  // (the kernel reads xq / xd)
+            job.xq = xq.q + (j0 / x_div) * w0.n_in;
+            job.xd = xq.d + (j0 / x_div) * (w0.n_in / 32);
+            with_int_loader(w0.type, [&](auto tag) {
+                launch_gemv_q8_rows<typename decltype(tag)::type, 1>(job, s, unsigned(n));
+            });
+            continue;
+        }
         cu::with_loader(w0.type, gemv_vec(w0), [&](auto tag) {
             launch_gemv_rows<typename decltype(tag)::type, 1>(job, s, unsigned(n));
         });
@@ -696,14 +726,17 @@ bool cuda_supports_weight_type(GgmlType t) {
 }
 
 void cuda_gemv_experts(float* out, const float* x, const WeightView& expert0, size_t expert_bytes,
-                       const int32_t* ids, int64_t n_jobs, int x_div, cudaStream_t s) {
-    gemv_experts(out, x, expert0, nullptr, expert_bytes, ids, n_jobs, x_div, s);
+                       const int32_t* ids, int64_t n_jobs, int x_div, cudaStream_t s,
+                       CudaScratch* scratch) {
+    gemv_experts(out, x, expert0, nullptr, expert_bytes, ids, n_jobs, x_div, s,
+                 scratch ? q8_scratch(*scratch) : nullptr);
 }
 
 void cuda_gemv_experts_swiglu(float* out, const float* x, const WeightView& gate0,
                               const WeightView& up0, size_t expert_bytes, const int32_t* ids,
-                              int64_t n_jobs, int x_div, cudaStream_t s) {
-    gemv_experts(out, x, gate0, &up0, expert_bytes, ids, n_jobs, x_div, s);
+                              int64_t n_jobs, int x_div, cudaStream_t s, CudaScratch* scratch) {
+    gemv_experts(out, x, gate0, &up0, expert_bytes, ids, n_jobs, x_div, s,
+                 scratch ? q8_scratch(*scratch) : nullptr);
 }
 
 void cuda_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows, cudaStream_t s) {

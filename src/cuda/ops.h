@@ -127,11 +127,14 @@ void cuda_matmul_qkv(float* q, float* k, float* v, const float* x, const WeightV
 // stacked expert_bytes apart from expert0 (expert 0's view, device memory) into out row j
 // ([n_jobs][expert0.n_out]); the _swiglu form writes silu(x G^T) * (x U^T) for the gate
 // and up experts (same shape and stacking). Capturable: the ids are read on the device.
+// With a scratch buffer the 8-bit activation path (cuda_set_gemv_q8) may run there.
 void cuda_gemv_experts(float* out, const float* x, const WeightView& expert0, size_t expert_bytes,
-                       const int32_t* ids, int64_t n_jobs, int x_div, cudaStream_t s);
+                       const int32_t* ids, int64_t n_jobs, int x_div, cudaStream_t s,
+                       CudaScratch* scratch = nullptr);
 void cuda_gemv_experts_swiglu(float* out, const float* x, const WeightView& gate0,
                               const WeightView& up0, size_t expert_bytes, const int32_t* ids,
-                              int64_t n_jobs, int x_div, cudaStream_t s);
+                              int64_t n_jobs, int x_div, cudaStream_t s,
+                              CudaScratch* scratch = nullptr);
 // How a router turns logits into choices and weights (ModelConfig's moe_*): a gate per expert,
 // its softmax probability (always renormalized over the chosen) or (GLM 4.5) its sigmoid; the
 // choice by gate + select_bias[e] (device, [n_expert], or null: ERNIE 4.5's and GLM's), the
