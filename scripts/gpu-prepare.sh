@@ -2,7 +2,7 @@
 # Run HERE (no GPU) before a device session: puts the Debian build dependencies into
 # .device-deps/, a subset of ../shared (models that fit the 64 MiB carry limit, the
 # references, the text) into .carry/shared/, and kvrun, the tools and the cuda-labelled tests
-# built here for sm_90 (build-cuda/, stripped, one tar.xz of ~4 MB) into .carry/bin.tar.xz, so
+# built here for sm_90 (build-cuda/, stripped, one tar.xz of ~5.5 MB) into .carry/bin.tar.xz, so
 # that the short lease does not spend minutes compiling. Both folders are git-ignored; pass
 # them in the device tool's `carry` list: [".device-deps", ".carry"]. Then run
 # scripts/gpu-session.sh there.
@@ -17,7 +17,7 @@ cp -r "$SHARED/reference/." .carry/shared/reference/
 cp "$SHARED/text/wiki.test.raw" .carry/shared/text/
 # The stories260K family (every small variant, the w256 types the CUDA tests and the
 # speculative pairs use; not w256-F32: 9 MB) and one model per synthetic shape family: ~47 MB,
-# so that with the binaries (~4 MB) and .device-deps it stays under the device tool's 64 MiB
+# so that with the binaries (~5.5 MB) and .device-deps it stays under (~62 MB) the device tool's 64 MiB
 # carry limit.
 for m in "$SHARED"/models/stories260K.gguf "$SHARED"/models/stories260K-{F16,BF16,Q8_0,Q4_0,Q4_1,Q5_0,Q5_1,Q4_K_M,Q6_K}.gguf \
          "$SHARED"/models/stories260K-L{2,3,4}-F32.gguf "$SHARED"/models/llama-2-tiny-random.gguf \
