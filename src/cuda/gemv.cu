@@ -220,11 +220,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const GemvJob
     const float* x = wr.x;
     const int64_t n_in = job.n_in, n_items = n_in / kItem;
     const int n_rows = job.n_rows;
-    float acc[kRowsPerWarp][R];
-#pragma unroll
-    for (int k = 0; k < kRowsPerWarp; ++k)
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[k][r] = 0.0f;
+    float acc[kRowsPerWarp][R] = {};
     if constexpr (Stage::kOn) {
         constexpr int kQuads = kItem / 4;
         for (int64_t c0 = 0; c0 < n_items; c0 += Stage::kChunk) {
@@ -510,11 +506,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_q8_kernel(const Gemv
     if (!wr.active) return;  // no barriers in this kernel
     const int64_t n_in = job.n_in, n_items = n_in / 32;
     const int n_rows = job.n_rows;
-    float acc[kRowsPerWarp][R];
-#pragma unroll
-    for (int k = 0; k < kRowsPerWarp; ++k)
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[k][r] = 0.0f;
+    float acc[kRowsPerWarp][R] = {};
 #pragma unroll kItemUnroll<R>
     for (int64_t it = lane; it < n_items; it += 32) {
         int q0[8], q1[8];
