@@ -373,17 +373,23 @@ struct LoadQ6_K {
 // IQ4_XS [f16 d][u16 scales_h][4 B scales_l][128 B qs], 136 B. Sub-block s: 6-bit scale
 // ls = (scales_l[s/2] >> 4(s&1)) & 15 | ((scales_h >> 2s) & 3) << 4; codes from qs[16s + j]
 // (low nibble element j, high nibble j + 16); x = d * (ls - 32) * codebook[q].
+// d * (ls - 32) of sub-block s of the IQ4_XS super-block at b (shared with gemv.cu's
+// integer decoder).
+__device__ __forceinline__ float iq4xs_scale(const uint8_t* b, int s) {
+    const uint32_t head = *reinterpret_cast<const uint32_t*>(b);  // d, scales_h
+    const uint32_t sl = *reinterpret_cast<const uint32_t*>(b + 4);
+    const float d = __half2float(__ushort_as_half(uint16_t(head & 0xffff)));
+    const int ls =
+        int(((sl >> (8 * (s >> 1) + 4 * (s & 1))) & 0xf) | (((head >> (16 + 2 * s)) & 3) << 4));
+    return d * float(ls - 32);
+}
+
 struct LoadIQ4_XS {
     static constexpr int kItem = 32;
     __device__ static void load(const uint8_t* row, int64_t it, float* v) {
         const uint8_t* b = row + (it >> 3) * 136;
         const int s = int(it & 7);
-        const uint32_t head = *reinterpret_cast<const uint32_t*>(b);  // d, scales_h
-        const uint32_t sl = *reinterpret_cast<const uint32_t*>(b + 4);
-        const float d = __half2float(__ushort_as_half(uint16_t(head & 0xffff)));
-        const int ls =
-            int(((sl >> (8 * (s >> 1) + 4 * (s & 1))) & 0xf) | (((head >> (16 + 2 * s)) & 3) << 4));
-        const float dl = d * float(ls - 32);
+        const float dl = iq4xs_scale(b, s);
         uint32_t w[4];
         load_words<8, 16>(b + 8 + 16 * s, w);
 #pragma unroll

@@ -394,12 +394,7 @@ struct IntIQ4_XS {
                                 float& b) {
         const uint8_t* p = row + (it >> 3) * 136;
         const int s = int(it & 7);
-        const uint32_t head = *reinterpret_cast<const uint32_t*>(p);  // d, scales_h
-        const uint32_t sl = *reinterpret_cast<const uint32_t*>(p + 4);
-        const float d = __half2float(__ushort_as_half(uint16_t(head & 0xffff)));
-        const int ls =
-            int(((sl >> (8 * (s >> 1) + 4 * (s & 1))) & 0xf) | (((head >> (16 + 2 * s)) & 3) << 4));
-        a[0] = a[1] = d * float(ls - 32);
+        a[0] = a[1] = cu::iq4xs_scale(p, s);
         b = 0.0f;
         uint32_t w[4];
         cu::load_words<8, 16>(p + 8 + 16 * s, w);
