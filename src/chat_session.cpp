@@ -266,6 +266,18 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
         req.stop_strings = stop_strings_;
         req.grammar = cfg_.grammar;
         if (req.grammar) req.grammar_prefix = reply_tokens;  // a continued reply
+        if (cfg_.reasoning_budget >= 0) {
+            int32_t budget = cfg_.reasoning_budget;
+            bool inside = reply_opened_reasoning_;
+            if (!first_request) {  // a reply continued after an overflow: what is left
+                budget = std::max<int32_t>(0, budget - static_cast<int32_t>(reply_tokens.size()));
+                const size_t open = reply.rfind("<think>"), close = reply.rfind("</think>");
+                inside = close == std::string::npos ? inside || open != std::string::npos
+                                                    : open != std::string::npos && open > close;
+            }
+            req.reasoning_budget =
+                reasoning_budget_for(budget, cfg_.reasoning_budget_message, inside, tok_);
+        }
         try {
             engine_.submit(std::move(req));
         } catch (const Error&) {

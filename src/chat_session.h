@@ -48,6 +48,9 @@ struct ChatConfig {
     // More texts that end a reply (llama.cpp's -r/--reverse-prompt), like the template's own
     // end-of-turn texts: the reply is cut before them.
     std::vector<std::string> stop;
+    // --reasoning-budget (-1: none) and --reasoning-budget-message (reasoning_budget_for).
+    int32_t reasoning_budget = -1;
+    std::string reasoning_budget_message;
 };
 
 // What the last turn did.

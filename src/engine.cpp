@@ -143,6 +143,16 @@ int32_t Engine::submit(GenerationRequest request) {
             if (!std::isfinite(x)) fail("LoRA scale {} is not finite", x);
         if (request.lora == loaded) request.lora.clear();  // the loaded scales: share the cache
     }
+    const ReasoningBudget& rb = request.reasoning_budget;
+    if (rb.tokens < -1)
+        fail("the reasoning budget must be -1 (none) or at least 0 (got {})", rb.tokens);
+    if (rb.tokens >= 0) {
+        if (rb.start.empty() || rb.end.empty() || rb.forced.empty())
+            fail("a reasoning budget needs its block's start and end text and the forced tokens");
+        for (TokenId t : rb.forced)
+            if (t < 0 || t >= n_vocab)
+                fail("forced token id {} is outside the vocabulary (0..{})", t, n_vocab - 1);
+    }
     auto req = std::make_shared<const GenerationRequest>(std::move(request));
     auto s = std::make_unique<Seq>();
     s->request = next_request_++;
@@ -162,6 +172,10 @@ int32_t Engine::submit(GenerationRequest request) {
                 fail("grammar_prefix: token {} (#{}) does not continue the grammar",
                      req->grammar_prefix[i], i);
         s->sampler->set_constraint(s->grammar.get());
+    }
+    if (req->reasoning_budget.tokens >= 0 && req->reasoning_budget.opened) {
+        s->thinking = true;
+        if (req->reasoning_budget.tokens == 0) s->forced = req->reasoning_budget.forced;
     }
     if (speculative() && req->sampling.mirostat == 0) {  // mirostat moves with every draw
         if (draft_) {
@@ -422,6 +436,11 @@ void Engine::fork_samples(Seq& s) {
         f->n_computed = s.n_computed;
         f->order = next_order_++;
         f->forked = true;
+        f->thinking = s.thinking;
+        f->think_tokens = s.think_tokens;
+        f->think_tail = s.think_tail;
+        f->forced = s.forced;
+        f->forced_next = s.forced_next;
         SamplingParams p = s.req->sampling;
         p.seed = p.seed + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
         f->sampler = make_sampler(p);
@@ -464,19 +483,78 @@ std::span<const TokenId> Engine::penalty_window(const Seq& s) const {
 
 void Engine::sample_and_advance(Seq& s, const float* logits) {
     const int n_vocab = static_cast<int>(backend_.config().n_vocab);
-    TokenId tok;
-    try {  // e.g. all logits NaN, or a grammar that allows no token: only this sequence ends
-        tok = s.sampler->sample(logits, n_vocab, penalty_window(s));
-    } catch (const Error& e) {
-        finish(s, StopReason::Error, e.what());
-        return;
+    TokenId tok = take_forced(s);
+    if (tok < 0) {
+        try {  // e.g. all logits NaN, or a grammar that allows no token: only this sequence ends
+            tok = s.sampler->sample(logits, n_vocab, penalty_window(s));
+        } catch (const Error& e) {
+            finish(s, StopReason::Error, e.what());
+            return;
+        }
     }
     advance(s, tok, logits);
+}
+
+TokenId Engine::take_forced(Seq& s) {
+    if (!s.forcing()) return -1;
+    const TokenId t = s.forced[s.forced_next];
+    if (s.grammar && !s.grammar->allows(t)) {  // the output must follow the grammar: no forcing
+        s.forced.clear();
+        s.forced_next = 0;
+        return -1;
+    }
+    s.forced_next++;
+    s.last_forced = true;
+    return t;
+}
+
+void Engine::track_reasoning(Seq& s, TokenId tok) {
+    const ReasoningBudget& b = s.req->reasoning_budget;
+    if (b.tokens < 0) return;
+    if (s.last_forced) {
+        s.last_forced = false;
+        if (!s.forcing()) {  // the forced end tag is out: the block is closed
+            s.thinking = false;
+            s.forced.clear();
+            s.forced_next = 0;
+            s.think_tail.clear();
+        }
+        return;
+    }
+    // Tags are found in the text, control tokens included: a tag may be one token, or split
+    // over several ("</", "think", ">").
+    s.think_tail += tok_.token_to_piece(tok, /*render_special=*/true);
+    if (s.thinking) {
+        s.think_tokens++;
+        if (const size_t at = s.think_tail.find(b.end); at != std::string::npos) {
+            s.thinking = false;
+            s.think_tail.erase(0, at + b.end.size());
+        }
+    }
+    if (!s.thinking) {
+        if (const size_t at = s.think_tail.find(b.start); at != std::string::npos) {
+            s.thinking = true;
+            s.think_tail.erase(0, at + b.start.size());
+        }
+    }
+    if (s.thinking && s.think_tokens >= b.tokens) {
+        s.forced = b.forced;
+        s.forced_next = 0;
+        s.think_tail.clear();
+        return;
+    }
+    const size_t keep = std::max(b.start.size(), b.end.size());
+    if (s.think_tail.size() > keep) s.think_tail.erase(0, s.think_tail.size() - keep);
 }
 
 RowSampling Engine::row_sampling(Seq& s) {
     RowSampling r;
     r.params = s.sampler->params();
+    if (s.forcing()) {  // the row's token is ignored: no draw (as on the host path)
+        r.params.temperature = 0.0f;
+        r.u = 0.0;
+        return r;
+    }
     r.u = s.sampler->greedy() ? 0.0 : s.sampler->uniform();  // the draw sample() would make
     const auto recent = penalty_window(s);
     r.recent.assign(recent.begin(), recent.end());
@@ -514,6 +592,7 @@ void Engine::advance(Seq& s, TokenId tok, const float* logits) {
         stats_.tokens_decoded++;
         stats_.spec.generated++;
         if (on_token_) on_token_(s.request, s.sample, tok, lp);
+        track_reasoning(s, tok);
     }
     // The grammar admits nothing more: the model could only end here, so end it now.
     if (stop == StopReason::None && s.grammar && s.grammar->finished()) stop = StopReason::Eos;
@@ -707,12 +786,22 @@ bool Engine::step() {
             const Part& p = parts[i];
             if (!p.logits) continue;
             if (p.k > 0) {  // the accepted drafts and the target's own token
-                for (size_t j = 0; j < p.s->drafts.size() && !p.s->finished; ++j)
-                    advance(*p.s, p.s->drafts[j], logits_.data() + (rows[i] + j) * n_vocab);
+                Seq& s = *p.s;
+                for (size_t j = 0; j < s.drafts.size() && !s.finished && !s.forcing(); ++j)
+                    advance(s, s.drafts[j], logits_.data() + (rows[i] + j) * n_vocab);
+                // A reasoning budget ran out before the last draft: forced tokens replace the
+                // rest, whose K/V go (the newest token is run again for the next step).
+                if (s.forcing() && !s.finished && s.n_computed >= s.n_tokens()) {
+                    const int32_t keep = s.n_tokens() - 1;
+                    s.n_computed = table_.rollback(s.kv, keep);
+                    if (s.draft_kv >= 0 && draft_table_->n_tokens(s.draft_kv) > keep)
+                        draft_table_->rollback(s.draft_kv, keep);
+                }
                 continue;
             }
             if (device_sampling) {  // rows[i] counts logit rows: one per plain part
-                advance(*p.s, sampled[rows[i]]);
+                const TokenId forced = take_forced(*p.s);
+                advance(*p.s, forced >= 0 ? forced : sampled[rows[i]]);
                 continue;
             }
             const float* lg = logits_.data() + rows[i] * n_vocab;

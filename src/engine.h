@@ -36,6 +36,19 @@ const char* stop_reason_name(StopReason r);  // "eos", "length", "context", "sto
 
 class GrammarVocab;
 
+// A reasoning budget (llama.cpp's --reasoning-budget): at most `tokens` generated tokens
+// inside reasoning blocks (the text between `start` and `end`; `opened`: the prompt opened
+// one, so the reply starts inside it), counted over the whole reply. When a block has spent
+// the budget and is still open, the next tokens are `forced` (a message, then the end tag)
+// instead of sampled, one per step; generation then goes on. Forced tokens count toward
+// n_predict like generated ones. tokens < 0: no budget.
+struct ReasoningBudget {
+    int32_t tokens = -1;
+    bool opened = false;
+    std::string start = "<think>", end = "</think>";
+    std::vector<TokenId> forced;
+};
+
 struct GenerationRequest {
     std::vector<TokenId> prompt;  // [n_prompt] already tokenized (BOS included if wanted)
     int32_t n_predict = 128;      // max new tokens; -1: until EOS or the context is full (0: none,
@@ -73,6 +86,8 @@ struct GenerationRequest {
     // false: the whole prompt is computed, adopting no K/V from the prefix cache (llama.cpp
     // server's cache_prompt); its full blocks still serve later requests.
     bool cache_prompt = true;
+    // Reasoning budget (llama.cpp's --reasoning-budget; reasoning_budget_for in reasoning.h).
+    ReasoningBudget reasoning_budget;
 };
 
 struct GenerationTimings {
@@ -259,6 +274,12 @@ class Engine {
     // logits: [n_vocab] the distribution tok was drawn from (for the request's logprobs; null
     // when the step sampled on the device, which a request with n_probs never does).
     void advance(Seq& s, TokenId tok, const float* logits = nullptr);
+    // The reasoning budget (GenerationRequest::reasoning_budget) after s's newest token tok:
+    // tracks the reasoning blocks and starts forcing when the budget runs out inside one.
+    void track_reasoning(Seq& s, TokenId tok);
+    // The token to output instead of sampling when s is forcing (-1: none, and forcing stops
+    // when the grammar refuses the forced token).
+    TokenId take_forced(Seq& s);
     void fork_samples(Seq& s);
     StopReason check_stop(Seq& s, TokenId tok);
     void requeue_preempted();

@@ -34,6 +34,15 @@ struct Engine::Seq {
     int32_t n_prompt_computed = 0;
     int32_t n_passes = 0;  // target forward passes it took part in
 
+    // Reasoning budget (GenerationRequest::reasoning_budget).
+    bool thinking = false;        // inside a reasoning block
+    int32_t think_tokens = 0;     // generated inside blocks so far
+    std::string think_tail;       // the reply's last bytes, where a tag may be split
+    std::vector<TokenId> forced;  // tokens output instead of sampled, from forced_next on
+    size_t forced_next = 0;
+    bool last_forced = false;  // the newest token was a forced one
+    bool forcing() const { return forced_next < forced.size(); }
+
     // Speculation (engine with a draft model).
     SeqId draft_kv = -1;  // the draft's KV sequence: a prefix of `tokens`
     int32_t k = 0;        // adaptive draft length for the next round

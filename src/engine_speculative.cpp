@@ -52,6 +52,7 @@ void Engine::draft_init(Seq& s, Session* session) {
 int32_t Engine::draft_length(const Seq& s) const {
     if (draft_ && (s.draft_kv < 0 || !s.draft_sampler)) return 0;
     if (s.req->n_samples > 1 && !s.forked) return 0;  // samples fork at the prompt's logits
+    if (s.forcing()) return 0;                        // the next tokens are known
     // The target writes positions n-1 .. n-1+k, all inside the context; drafting more than the
     // tokens still wanted (minus the target's own) is wasted.
     int32_t k = std::min(s.k, n_ctx_ - s.n_tokens());

@@ -207,3 +207,32 @@ std::string ReasoningStyler::show(const ReasoningSplit& v) {
 }
 
 }  // namespace kvrun
+
+namespace kvrun {
+
+ReasoningBudget reasoning_budget_for(int32_t tokens, std::string_view message, bool opened,
+                                     const Tokenizer& tok) {
+    ReasoningBudget b;
+    b.tokens = tokens;
+    if (tokens < 0) return b;
+    // An SPM vocabulary's encode starts the text with a space of its own: a message that
+    // starts with one gives it up, so the forced text is the message as written.
+    if (tok.add_space_prefix() && message.starts_with(' ')) message.remove_prefix(1);
+    const std::string msg(message);
+    if (tok.encode(kChannel, false, true).size() == 1) {
+        b.start = std::string(kChannel) + "analysis" + std::string(kMessage);
+        b.end = "<|end|>";
+        b.opened = false;  // harmony prompts end with the reply header "<|start|>assistant"
+        b.forced = tok.encode(msg + b.end + std::string(kStart) + "assistant" +
+                                  std::string(kChannel) + "final" + std::string(kMessage),
+                              false, true);
+    } else {
+        b.start = std::string(kOpen);
+        b.end = std::string(kClose);
+        b.opened = opened;
+        b.forced = tok.encode(msg + b.end, false, true);
+    }
+    return b;
+}
+
+}  // namespace kvrun

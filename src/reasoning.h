@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "chat_template.h"
+#include "engine.h"
+#include "tokenizer.h"
 
 namespace kvrun {
 
@@ -68,6 +70,15 @@ ReasoningSplit reasoning_split(std::string_view reply, bool opened);
 // a prefix of what reasoning_split gives once the reply is whole. Text that may yet become
 // a tag ("<thi", "</thin") and white space at the end wait.
 ReasoningSplit reasoning_stream(std::string_view reply, bool opened);
+
+// llama.cpp's --reasoning-budget N and --reasoning-budget-message for one reply (the
+// engine's ReasoningBudget): at most N tokens of reasoning (-1: no budget; 0: the block ends
+// as soon as it opens), then `message` and the block's end tag are forced. A <think> block
+// ends with "</think>" (`opened`: the prompt opened it); with harmony's vocabulary (gpt-oss:
+// "<|channel|>" is one token) the analysis message ends with "<|end|>" and the reply goes on
+// in the final channel.
+ReasoningBudget reasoning_budget_for(int32_t tokens, std::string_view message, bool opened,
+                                     const Tokenizer& tok);
 
 // A reply shown with its reasoning apart as it streams (kvrun chat on a terminal): the
 // reasoning without its tags between `on` and `off` (e.g. ANSI dim and reset), then a blank

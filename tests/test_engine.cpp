@@ -2,10 +2,11 @@
 // exactly its greedy tokens alone (parallelism 1 and 8, block sizes 16 and 64), a pool too
 // small for the batch preempts and recomputes without changing outputs, a shared system
 // prompt is stored once (prefix cache), KV waste stays below one block per sequence,
-// --n-samples forks share the prompt's blocks, sessions only compute new tokens, and
-// cancellation frees everything.
+// --n-samples forks share the prompt's blocks, sessions only compute new tokens,
+// cancellation frees everything, and a reasoning budget forces the block's end after N tokens.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <set>
@@ -16,7 +17,9 @@
 #include "common.h"
 #include "engine.h"
 #include "gguf.h"
+#include "grammar.h"
 #include "modes/context_shift.h"
+#include "reasoning.h"
 #include "test_model.h"
 #include "test_util.h"
 #include "tokenizer.h"
@@ -642,4 +645,153 @@ TEST_CASE("--context-shift: keep the head, drop the older half, go on like a fre
     CHECK(engine.kv_table().n_used_blocks() == 0);
     req.n_samples = 2;
     CHECK_THROWS_AS(run_with_context_shift(engine, req, o, *m->tok, nullptr, nullptr), Error);
+}
+
+namespace {
+
+// One request run alone on a fresh engine; fails the test on an error.
+GenerationResult run_one(const Model& m, GenerationRequest r, EngineOptions eo = {}) {
+    auto backend = make_backend(m, 16, 64);
+    Engine engine(*backend, *m.tok, eo);
+    GenerationResult out;
+    engine.on_finish([&](const GenerationResult& res) {
+        REQUIRE_MESSAGE(res.stop != StopReason::Error, res.error);
+        if (res.sample == 0) out = res;
+    });
+    engine.submit(std::move(r));
+    engine.run();
+    CHECK(engine.kv_table().n_used_blocks() == 0);
+    return out;
+}
+
+bool has_at(const std::vector<TokenId>& v, size_t at, const std::vector<TokenId>& part) {
+    return at + part.size() <= v.size() && std::equal(part.begin(), part.end(), v.begin() + at);
+}
+
+}  // namespace
+
+TEST_CASE("reasoning budget: N tokens of reasoning, then the forced message and end tag") {
+    auto m = load_stories();
+    if (!m) return;
+    const Tokenizer& tok = *m->tok;
+    GenerationRequest base;
+    base.prompt = tok.encode("Once upon a time", true);
+    base.n_predict = 40;
+    base.sampling.temperature = 0;
+    base.ignore_eos = true;
+    const std::vector<TokenId> ref = run_one(*m, base).tokens;
+    REQUIRE(ref.size() == 40);
+
+    // The prompt opened the block (a template's "<think>\n"): the reply starts inside it.
+    const ReasoningBudget rb = reasoning_budget_for(5, " Done.", /*opened=*/true, tok);
+    CHECK(rb.start == "<think>");
+    CHECK(rb.end == "</think>");
+    CHECK(rb.opened);
+    CHECK(tok.decode(rb.forced, /*strip_leading_space=*/false) == " Done.</think>");
+    const size_t nf = rb.forced.size();
+    for (int32_t budget : {0, 1, 5, 12}) {
+        CAPTURE(budget);
+        GenerationRequest r = base;
+        r.reasoning_budget = rb;
+        r.reasoning_budget.tokens = budget;
+        for (auto mode : {EngineOptions::DeviceSampling::Off, EngineOptions::DeviceSampling::On}) {
+            EngineOptions eo;
+            eo.device_sampling = mode;
+            const std::vector<TokenId> out = run_one(*m, r, eo).tokens;
+            REQUIRE(out.size() == 40);  // forced tokens count toward n_predict
+            // The model's own first `budget` tokens, then the forced ones...
+            CHECK(std::equal(ref.begin(), ref.begin() + budget, out.begin()));
+            CHECK(has_at(out, size_t(budget), rb.forced));
+            // ... then it goes on as from a prompt that holds them.
+            GenerationRequest cont = base;
+            cont.prompt.insert(cont.prompt.end(), out.begin(), out.begin() + budget + long(nf));
+            cont.n_predict = 40 - budget - int32_t(nf);
+            const std::vector<TokenId> rest = run_one(*m, cont).tokens;
+            CHECK(std::equal(rest.begin(), rest.end(), out.begin() + budget + long(nf)));
+        }
+    }
+    // Sampled: the forced steps draw nothing, on the host path as with device sampling.
+    GenerationRequest warm = base;
+    warm.reasoning_budget = rb;
+    warm.sampling.temperature = 0.9f;
+    warm.sampling.seed = 11;
+    EngineOptions on, off;
+    on.device_sampling = EngineOptions::DeviceSampling::On;
+    off.device_sampling = EngineOptions::DeviceSampling::Off;
+    const std::vector<TokenId> warm_host = run_one(*m, warm, off).tokens;
+    CHECK(has_at(warm_host, 5, rb.forced));
+    CHECK(run_one(*m, warm, on).tokens == warm_host);
+    // Both samples of a two-sample request are cut, each on its own.
+    GenerationRequest two = base;
+    two.reasoning_budget = rb;
+    two.n_samples = 2;
+    two.sampling.temperature = 0.8f;
+    two.sampling.seed = 7;
+    auto backend = make_backend(*m, 16, 64);
+    Engine engine(*backend, tok, {});
+    int n_done = 0;
+    engine.on_finish([&](const GenerationResult& res) {
+        CHECK(has_at(res.tokens, 5, rb.forced));
+        ++n_done;
+    });
+    engine.submit(two);
+    engine.run();
+    CHECK(n_done == 2);
+    // No budget, and a budget that the reply never reaches: nothing forced.
+    GenerationRequest big = base;
+    big.reasoning_budget = rb;
+    big.reasoning_budget.tokens = 100;
+    CHECK(run_one(*m, big).tokens == ref);
+}
+
+TEST_CASE("reasoning budget: a block the reply opens itself, tags split over tokens, grammar") {
+    auto m = load_stories();
+    if (!m) return;
+    const Tokenizer& tok = *m->tok;
+    // The grammar makes the model write "<think>" (several tokens of this vocabulary) and
+    // then words; the budget closes the block after 3 tokens (the forced end tag is allowed
+    // by the grammar), and the grammar goes on after it.
+    GenerationRequest r;
+    r.prompt = tok.encode("Once upon a time", true);
+    r.n_predict = 30;
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    r.grammar = Grammar::parse(R"(root ::= "<think>" [a-z ]+ "</think>" [a-z .]+)");
+    r.reasoning_budget = reasoning_budget_for(3, "", /*opened=*/false, tok);
+    CHECK_FALSE(r.reasoning_budget.opened);
+    const std::vector<TokenId> out = run_one(*m, r).tokens;
+    // The token that completes "<think>", 3 more, then the forced tokens.
+    std::string text;
+    size_t open_at = 0;
+    for (; open_at < out.size(); ++open_at) {
+        text += tok.token_to_piece(out[open_at]);
+        if (text.find("<think>") != std::string::npos) break;
+    }
+    REQUIRE(open_at < out.size());
+    CHECK(open_at >= 1);  // the tag took several tokens
+    CHECK(has_at(out, open_at + 4, r.reasoning_budget.forced));
+    const std::string whole = tok.decode(out);
+    CHECK(whole.find("</think>") != std::string::npos);
+    // A grammar that refuses the forced tokens wins: nothing is forced.
+    GenerationRequest strict = r;
+    strict.grammar = Grammar::parse(R"(root ::= "<think>" [a-z ]+)");
+    const std::vector<TokenId> free = run_one(*m, strict).tokens;
+    CHECK(tok.decode(free).find("</think>") == std::string::npos);
+}
+
+TEST_CASE("reasoning budget: bad budgets are refused") {
+    auto m = load_stories();
+    if (!m) return;
+    auto backend = make_backend(*m, 16, 64);
+    Engine engine(*backend, *m->tok, {});
+    GenerationRequest r;
+    r.prompt = m->tok->encode("Once", true);
+    r.reasoning_budget = reasoning_budget_for(4, "", true, *m->tok);
+    r.reasoning_budget.tokens = -2;
+    CHECK_THROWS_AS(engine.submit(r), Error);
+    r.reasoning_budget.tokens = 4;
+    r.reasoning_budget.forced.clear();
+    CHECK_THROWS_AS(engine.submit(r), Error);
+    r.reasoning_budget.forced = {m->tok->n_vocab()};
+    CHECK_THROWS_AS(engine.submit(r), Error);
 }

@@ -345,6 +345,33 @@ TEST_CASE("server: chat completions, llama.cpp endpoints, multiple samples and l
     CHECK(json::parse(pre.body)["usage"]["prompt_tokens"] ==
           s.m.tokenizer->encode(pre_prompt, s.m.tokenizer->add_bos(), true).size());
 
+    // A reasoning budget: a reply that starts inside "<think>" (here the assistant's words
+    // open it) thinks 4 tokens, then the message and the end tag are forced.
+    const json think_msgs = {{{"role", "user"}, {"content", "Tell me about a cat."}},
+                             {{"role", "assistant"}, {"content", "<think>"}}};
+    const std::vector<TokenId> think_prompt = s.m.tokenizer->encode(
+        chat_template_apply(ChatTemplateKind::ChatML, {{"user", "Tell me about a cat."}}, true) +
+            "<think>",
+        s.m.tokenizer->add_bos(), true);
+    const HttpReply own =
+        run.post("/completion", {{"prompt", think_prompt}, {"n_predict", 4}, {"temperature", 0}});
+    REQUIRE(own.status == 200);
+    const HttpReply cut =
+        run.post("/v1/chat/completions", {{"messages", think_msgs},
+                                          {"max_tokens", 16},
+                                          {"temperature", 0},
+                                          {"reasoning_budget_tokens", 4},
+                                          {"reasoning_budget_message", " Done."}});
+    REQUIRE(cut.status == 200);
+    const std::string cut_text = json::parse(cut.body)["choices"][0]["message"]["content"];
+    CHECK_MESSAGE(cut_text.starts_with(json::parse(own.body)["content"].get<std::string>() +
+                                       " Done.</think>"),
+                  cut_text);
+    const HttpReply bad_budget = run.post(
+        "/v1/chat/completions", {{"messages", think_msgs}, {"thinking_budget_tokens", -5}});
+    CHECK(bad_budget.status == 400);
+    CHECK(bad_budget.body.find("thinking_budget_tokens") != std::string::npos);
+
     // response_format json_schema: the reply is JSON of that schema.
     const HttpReply js = run.post(
         "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "How is the cat?"}}}},
@@ -642,7 +669,7 @@ TEST_CASE("kvrun server: serves on --port 0, refuses bad flags, Ctrl-C exits 0")
     auto bad = run_command(bin + " server -m " + path + " --port 70000");
     CHECK(bad.exit_code == 1);
     CHECK(bad.err.find("--port") != std::string::npos);
-    bad = run_command(bin + " server -m " + path + " --reasoning-budget 5");
+    bad = run_command(bin + " server -m " + path + " --reasoning-budget -2");
     CHECK(bad.exit_code == 1);
     CHECK(bad.err.find("--reasoning-budget") != std::string::npos);
     bad = run_command(bin + " server -m " + path + " --chat-template-kwargs nope");

@@ -7,6 +7,7 @@
 // n_samples > 1 speculate on their own.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -15,6 +16,7 @@
 #include "chat_session.h"
 #include "common.h"
 #include "engine.h"
+#include "reasoning.h"
 #include "spec_test_util.h"
 #include "test_util.h"
 
@@ -50,7 +52,8 @@ struct Run {
 
 // Submits every prompt (greedy unless `sampling` is given) and runs the engine to the end.
 Run run_all(Model& target, const std::vector<std::vector<TokenId>>& prompts, EngineOptions eo,
-            const std::vector<int32_t>& n_predict, bool check_empty = true) {
+            const std::vector<int32_t>& n_predict, bool check_empty = true,
+            const ReasoningBudget& budget = {}) {
     Engine engine(*target.backend, *target.tok, eo);
     Run out;
     out.tokens.resize(prompts.size());
@@ -62,6 +65,7 @@ Run run_all(Model& target, const std::vector<std::vector<TokenId>>& prompts, Eng
         r.n_predict = n_predict[i];
         r.sampling.temperature = 0;
         r.ignore_eos = true;
+        r.reasoning_budget = budget;
         index[engine.submit(r)] = i;
     }
     engine.on_finish([&](const GenerationResult& r) {
@@ -522,6 +526,41 @@ TEST_CASE("prompt lookup (--draft-ngram): greedy tokens unchanged, sampling loss
     CHECK(
         spec_test::lossless_z(ref, prompt, spec_test::full_softmax(), broken.draws, false).z_first >
         10);
+}
+
+TEST_CASE("a reasoning budget with speculation: the target's tokens, forced at the same place") {
+    // Drafts accepted past the token where the budget runs out are dropped (their K/V rolled
+    // back in both tables) and the forced tokens follow, as without speculation.
+    auto tpath = test::shared_path("models/stories260K.gguf");
+    if (tpath.empty()) return;
+    Model target = load(tpath, 16, 256);
+    auto prompts = prompts_for(*target.tok);
+    std::vector<int32_t> n_pred;
+    for (size_t i = 0; i < prompts.size(); ++i) n_pred.push_back(20 + n_predict_for(i));
+    for (int32_t tokens : {0, 3, 11}) {
+        CAPTURE(tokens);
+        ReasoningBudget rb = reasoning_budget_for(tokens, " Done.", /*opened=*/true, *target.tok);
+        const Run want = run_all(target, prompts, spec_options(nullptr, 4, 1, 1), n_pred, true, rb);
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            const auto& t = want.tokens[i];
+            REQUIRE(t.size() >= size_t(tokens) + rb.forced.size());
+            CHECK(std::equal(rb.forced.begin(), rb.forced.end(), t.begin() + tokens));
+        }
+        Model draft = load(test::shared_path("models/stories260K-Q8_0.gguf"), 16, 256 + 64);
+        for (int32_t k : {4, 8}) {
+            CAPTURE(k);
+            const Run got =
+                run_all(target, prompts, spec_options(&draft, 4, k, k), n_pred, true, rb);
+            for (size_t i = 0; i < prompts.size(); ++i)
+                CHECK_MESSAGE(got.tokens[i] == want.tokens[i], "prompt " << i);
+            CHECK(got.stats.spec.accepted > 0);
+            EngineOptions lookup = spec_options(nullptr, 4, 1, k);
+            lookup.draft_ngram = 3;
+            const Run got2 = run_all(target, prompts, lookup, n_pred, true, rb);
+            for (size_t i = 0; i < prompts.size(); ++i)
+                CHECK_MESSAGE(got2.tokens[i] == want.tokens[i], "prompt " << i);
+        }
+    }
 }
 
 TEST_CASE("--draft-p-min ends rounds at unsure drafts: fewer drafted, tokens unchanged") {

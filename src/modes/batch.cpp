@@ -41,6 +41,8 @@ struct BatchOptions {
     int32_t n_samples = 1;
     int32_t n_probs = 0;
     int32_t parallel = 16;
+    int32_t reasoning_budget = -1;  // chat ("messages") requests
+    std::string reasoning_budget_message;
     bool ignore_eos = false, no_bos = false, parse_special = false, no_progress = false;
     bool special = false;  // control tokens in the output show their text
     std::vector<std::string> stop;
@@ -109,6 +111,8 @@ std::vector<Item> read_items(const BatchOptions& o, const GgufFile& model, const
     d.n_predict = o.n_predict;
     d.n_samples = o.n_samples;
     d.n_probs = o.n_probs;
+    d.reasoning_budget = o.reasoning_budget;
+    d.reasoning_budget_message = o.reasoning_budget_message;
     d.ignore_eos = o.ignore_eos;
     d.stop = o.stop;
     d.add_bos = !o.no_bos;
@@ -405,6 +409,8 @@ void add_batch_command(CLI::App& root, int& exit_code) {
         ->check(n_predict_check())
         ->capture_default_str();
     add_sampling_options(cmd, o->sampling);
+    add_reasoning_budget_options(cmd, o->reasoning_budget, o->reasoning_budget_message,
+                                 " (JSONL requests with \"messages\")");
     add_grammar_options(cmd, o->grammar);
     add_draft_options(cmd, o->draft);
     add_prompt_cache_options(cmd, o->cache);

@@ -37,7 +37,9 @@ struct ChatOptions {
     int32_t n_sink = 4;
     bool ignore_eos = false, stats = false;
     std::string reasoning_format = "auto";  // none: replies exactly as generated
-    std::vector<std::string> stop;          // -r/--reverse-prompt
+    int32_t reasoning_budget = -1;
+    std::string reasoning_budget_message;
+    std::vector<std::string> stop;  // -r/--reverse-prompt
     PromptCacheOptions cache;
 };
 
@@ -102,6 +104,8 @@ int run_chat(const ChatOptions& o) {
     cfg.overflow = context_overflow_from_name(o.overflow);
     cfg.n_sink = o.n_sink;
     cfg.stop = o.stop;
+    cfg.reasoning_budget = o.reasoning_budget;
+    cfg.reasoning_budget_message = o.reasoning_budget_message;
     cfg.grammar = grammar_from_options(o.grammar);  // before the model: a bad grammar fails fast
     LoadedModel m = load_model(o.model, 1);
     LoadedModel draft;
@@ -244,6 +248,7 @@ void add_chat_command(CLI::App& root, int& exit_code) {
         ->check(n_predict_check())
         ->capture_default_str();
     add_sampling_options(cmd, o->sampling);
+    add_reasoning_budget_options(cmd, o->reasoning_budget, o->reasoning_budget_message);
     add_draft_options(cmd, o->draft);
     add_grammar_options(cmd, o->grammar);
     cmd->add_option("--context-overflow", o->overflow,

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <csignal>
+#include <cstdint>
 #include <functional>
 #include <random>
 
@@ -264,6 +265,21 @@ std::pair<TokenId, float> parse_logit_bias(const std::string& text) {
 uint64_t random_seed() {
     std::random_device rd;
     return (uint64_t(rd()) << 32) ^ rd();
+}
+
+void add_reasoning_budget_options(CLI::App* cmd, int32_t& budget, std::string& message,
+                                  const std::string& zero_note) {
+    cmd->add_option("--reasoning-budget", budget,
+                    "Tokens a chat reply may think (<think> reasoning; gpt-oss's analysis): -1 "
+                    "no limit; N: after N tokens of reasoning the block's end tag is forced, "
+                    "and the reply goes on to its answer; 0: the block ends as soon as it "
+                    "opens" +
+                        zero_note)
+        ->check(CLI::Range(-1, INT32_MAX))
+        ->capture_default_str();
+    cmd->add_option("--reasoning-budget-message", message,
+                    "Text forced before the end tag when the reasoning budget runs out (e.g. "
+                    "\" Time is up, let me answer.\")");
 }
 
 void add_sampling_options(CLI::App* cmd, SamplingParams& p) {

@@ -62,6 +62,11 @@ void add_model_options(CLI::App* cmd, ModelOptions& o);
 void add_rope_options(CLI::App* cmd, RopeOverrides& r);
 // -s/--seed takes -1 for a random seed (as llama.cpp), drawn from std::random_device.
 void add_sampling_options(CLI::App* cmd, SamplingParams& p);
+// llama.cpp's --reasoning-budget N (-1: no limit) and --reasoning-budget-message TEXT: a chat
+// reply thinks at most N tokens, then TEXT and the block's end tag are forced. `zero_note`
+// says what 0 does besides (the server also turns the template's thinking off).
+void add_reasoning_budget_options(CLI::App* cmd, int32_t& budget, std::string& message,
+                                  const std::string& zero_note = "");
 uint64_t random_seed();
 // "tokenizer.ggml.add_bos_token=bool:false" (TYPE int, float, bool or str) -> (key, value).
 // Throws Error with the expected form.

@@ -2,12 +2,14 @@
 #include "modes/request_json.h"
 
 #include <cmath>
+#include <cstdint>
 #include <optional>
 
 #include "common.h"
 #include "modes/grammar_options.h"
 #include "modes/model_options.h"
 #include "modes/server_tools.h"
+#include "reasoning.h"
 #include "text_input.h"
 
 namespace kvrun {
@@ -210,6 +212,26 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
     if (chat) {
         if (!req.ignore_eos) req.stop_tokens = d.chat->stops.tokens;
         for (const std::string& s : d.chat->stops.strings) req.stop_strings.push_back(s);
+    }
+    if (chat || d.chat_prompt) {
+        int32_t budget = d.reasoning_budget;
+        std::string message = d.reasoning_budget_message;
+        for (const char* key : {"reasoning_budget_tokens", "thinking_budget_tokens"}) {
+            if (!j.contains(key) || j[key].is_null()) continue;
+            if (!j[key].is_number_integer() || j[key].get<int64_t>() < -1 ||
+                j[key].get<int64_t>() > INT32_MAX)
+                fail("'{}' must be -1 (no budget) or a number of tokens (got {})", key,
+                     j[key].dump());
+            budget = j[key].get<int32_t>();
+        }
+        if (j.contains("reasoning_budget_message") && !j["reasoning_budget_message"].is_null()) {
+            if (!j["reasoning_budget_message"].is_string())
+                fail("'reasoning_budget_message' must be a string");
+            message = j["reasoning_budget_message"].get<std::string>();
+        }
+        if (budget >= 0)
+            req.reasoning_budget =
+                reasoning_budget_for(budget, message, prompt_opens_reasoning(out.prompt_text), tok);
     }
     return out;
 }

@@ -34,6 +34,11 @@ struct RequestDefaults {
     int32_t n_probs = 0;                     // --n-probs
     int32_t n_lora = 0;                      // LoRA adapters loaded (--lora, --lora-scaled)
     std::shared_ptr<const ChatFormat> chat;  // null: "messages" requests are refused
+    // The prompt is a rendered chat (the server's chat completions), as a "messages" request's.
+    bool chat_prompt = false;
+    // --reasoning-budget (-1: none) and --reasoning-budget-message for chat requests.
+    int32_t reasoning_budget = -1;
+    std::string reasoning_budget_message;
 };
 
 struct ParsedRequest {
@@ -53,7 +58,10 @@ struct ParsedRequest {
 // grammar_triggers (grammar_options.h), json_schema (a JSON
 // Schema object or its text), n_probs (0-100: report logprobs), id (any JSON value), lora
 // ([{"id": ADAPTER, "scale": S}, ...] as llama.cpp's server: the scale of each loaded
-// adapter, in --lora order; an adapter left out gets 0).
+// adapter, in --lora order; an adapter left out gets 0); chat requests ("messages", or
+// defaults.chat_prompt) also reasoning_budget_tokens (or thinking_budget_tokens: -1 for no
+// budget, else the most tokens the reply may think; reasoning_budget_for in reasoning.h) and
+// reasoning_budget_message.
 // Throws Error with the reason.
 ParsedRequest request_from_json(const std::string& line, const RequestDefaults& defaults,
                                 const Tokenizer& tok);

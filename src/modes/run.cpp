@@ -30,6 +30,8 @@ struct RunOptions {
     int32_t n_predict = 128;
     int32_t n_samples = 1;
     int32_t n_probs = 0;
+    int32_t reasoning_budget = -1;  // chat ("messages") requests of --jsonl
+    std::string reasoning_budget_message;
     bool stats = false, jsonl = false, truncate = false, ignore_eos = false;
     bool special = false;  // control tokens in the output show their text
     bool no_bos = false, parse_special = false, echo = false, escape = false;
@@ -256,6 +258,8 @@ void parse_request(const std::string& line, const RunOptions& o, const Tokenizer
     d.ignore_eos = o.ignore_eos;
     d.stop = o.stop;
     d.n_probs = o.n_probs;
+    d.reasoning_budget = o.reasoning_budget;
+    d.reasoning_budget_message = o.reasoning_budget_message;
     d.add_bos = !o.no_bos;
     d.parse_special = o.parse_special;
     d.n_lora = static_cast<int32_t>(lora_specs(o.model).size());
@@ -329,6 +333,8 @@ void add_run_command(CLI::App& root, int& exit_code) {
         ->check(n_predict_check())
         ->capture_default_str();
     add_sampling_options(cmd, o->sampling);
+    add_reasoning_budget_options(cmd, o->reasoning_budget, o->reasoning_budget_message,
+                                 " (--jsonl requests with \"messages\")");
     add_grammar_options(cmd, o->grammar);
     add_draft_options(cmd, o->draft, /*baseline=*/true);
     add_prompt_cache_options(cmd, o->cache);

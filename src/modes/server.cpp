@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdint>
 #include <ctime>
 #include <filesystem>
 
@@ -552,7 +553,8 @@ struct ServerOptions {
     std::string chat_template_file;
     std::string reasoning_format = "deepseek";
     std::string template_kwargs;    // JSON object text
-    int32_t reasoning_budget = -1;  // -1: unrestricted; 0: thinking off (enable_thinking false)
+    int32_t reasoning_budget = -1;  // -1: unrestricted; 0: thinking off; N: at most N tokens
+    std::string reasoning_budget_message;
 };
 
 int run_server(const ServerOptions& o) {
@@ -622,9 +624,12 @@ int run_server(const ServerOptions& o) {
         if (!chat.jinja || chat.jinja->source().find("enable_thinking") == std::string::npos)
             fmt::print(stderr,
                        "kvrun server: --reasoning-budget 0: the chat template ({}) has no "
-                       "enable_thinking switch; the model may still think\n",
+                       "enable_thinking switch; a reasoning block the model opens is closed "
+                       "at once\n",
                        chat.name());
     }
+    d.reasoning_budget = o.reasoning_budget;
+    d.reasoning_budget_message = o.reasoning_budget_message;
     cfg.api.n_ctx_seq = engine.n_ctx();
     cfg.api.spm_infill = o.spm_infill;
 
@@ -694,11 +699,10 @@ void add_server_command(CLI::App& root, int& exit_code) {
                     "the content; deepseek-legacy does both (tool replies: as deepseek)")
         ->check(CLI::IsMember({"none", "deepseek", "deepseek-legacy", "auto"}))
         ->capture_default_str();
-    cmd->add_option("--reasoning-budget", o->reasoning_budget,
-                    "-1: models think as they like; 0: thinking off (the template's "
-                    "enable_thinking set to false, as llama.cpp)")
-        ->check(CLI::IsMember({-1, 0}))
-        ->capture_default_str();
+    add_reasoning_budget_options(cmd, o->reasoning_budget, o->reasoning_budget_message,
+                                 " (and the template's enable_thinking is set to false, as "
+                                 "llama.cpp); a request's reasoning_budget_tokens and "
+                                 "reasoning_budget_message override them");
     cmd->add_option("--chat-template-kwargs", o->template_kwargs,
                     "More variables for the Jinja chat template, as a JSON object (e.g. "
                     "'{\"enable_thinking\": false}'); a request's chat_template_kwargs add to "

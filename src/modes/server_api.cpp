@@ -442,6 +442,7 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
         if (format == ApiFormat::OpenAiChat) {
             j["prompt"] = chat_prompt(j, ctx, out.tools);
             d.parse_special = true;
+            d.chat_prompt = true;  // (its reasoning budget)
             reasoning_wanted(j, ctx, out);
             out.reasoning_open =
                 out.reasoning && prompt_opens_reasoning(j["prompt"].get<std::string>());
