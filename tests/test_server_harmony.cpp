@@ -95,6 +95,28 @@ TEST_CASE("server: gpt-oss's harmony replies: reasoning apart, calls as messages
     CHECK(streamed_r == reasoning);
     CHECK(streamed_c == content);
 
+    // A reasoning budget ends the analysis message after 4 tokens: <|end|> and the final
+    // channel's header are forced (the grammar allows them), the answer follows.
+    json think = {{"messages", messages},
+                  {"grammar",
+                   "root ::= \"<|channel|>analysis<|message|>\" [a-z ]+ "
+                   "\"<|end|><|start|>assistant<|channel|>final<|message|>\" [a-z ]+"},
+                  {"max_tokens", 300},
+                  {"temperature", 0}};
+    const json long_msg =
+        json::parse(run.post("/v1/chat/completions", think).body)["choices"][0]["message"];
+    think["reasoning_budget_tokens"] = 4;
+    const HttpReply cut = run.post("/v1/chat/completions", think);
+    REQUIRE_MESSAGE(cut.status == 200, cut.body);
+    const json cut_msg = json::parse(cut.body)["choices"][0]["message"];
+    REQUIRE_MESSAGE(cut_msg.contains("reasoning_content"), cut.body);
+    const std::string cut_reasoning = cut_msg["reasoning_content"];
+    const std::string long_reasoning = long_msg.value("reasoning_content", "");
+    CHECK(!cut_reasoning.empty());
+    CHECK_MESSAGE(cut_reasoning.size() < long_reasoning.size(), cut.body);
+    CHECK(long_reasoning.starts_with(cut_reasoning));  // the same greedy tokens up to the cut
+    CHECK_MESSAGE(!cut_msg["content"].get<std::string>().empty(), cut.body);
+
     // A required call: a commentary message to a listed function, whole and streamed alike.
     const json tools = json::parse(weather_and_add().dump());
     json call_body = {{"messages", messages},
