@@ -2,7 +2,8 @@
 // system-prompt text and a grammar, so whatever the model writes is a call of a listed tool
 // with arguments matching its schema (or, with tool_choice "auto", an answer); the reply comes
 // back as OpenAI's tool_calls, streamed the same as whole; earlier calls and their results in
-// the conversation are written into the prompt; bad tool requests get one clear 400 each.
+// the conversation are written into the prompt; bad tool requests get one clear 400 each;
+// OpenAI's older functions / function_call work the same, their call as "function_call".
 #include <doctest/doctest.h>
 
 #include <nlohmann/json.hpp>
@@ -373,7 +374,25 @@ TEST_CASE("server: tool calls on /v1/chat/completions, whole and streamed") {
               "parameters": {"type": "object",
                              "properties": {"s": {"type": "string", "pattern": "^a$"}}}}}])")}},
          "pattern"},
-        {"/v1/chat/completions", {{"messages", messages}, {"functions", tools}}, "'tools'"},
+        {"/v1/chat/completions",
+         {{"messages", messages},
+          {"functions", json::array({tools[0]["function"]})},
+          {"tools", tools}},
+         "give one"},
+        {"/v1/chat/completions",
+         {{"messages", messages}, {"functions", tools}},
+         "needs a non-empty string 'name'"},
+        {"/v1/chat/completions",
+         {{"messages", messages},
+          {"functions", json::array({tools[0]["function"]})},
+          {"function_call", "maybe"}},
+         "'function_call'"},
+        {"/v1/chat/completions",
+         {{"messages", {{{"role", "function"}, {"content", "5"}}}}},
+         "needs the function's 'name'"},
+        {"/v1/completions",
+         {{"prompt", "x"}, {"functions", json::array({tools[0]["function"]})}},
+         "for /v1/chat/completions"},
     };
     for (const Bad& b : bad) {
         CAPTURE(b.body.dump());
@@ -381,4 +400,81 @@ TEST_CASE("server: tool calls on /v1/chat/completions, whole and streamed") {
         CHECK(e.status == 400);
         CHECK_MESSAGE(e.body.find(b.message) != std::string::npos, e.body);
     }
+}
+
+TEST_CASE("server: OpenAI's older functions and function_call, whole and streamed") {
+    // The older form, rewritten into the newer one.
+    const json tools = json::parse(weather_and_add().dump());
+    json fns = json::array();
+    for (const json& t : tools) fns.push_back(t["function"]);
+    ojson req = ojson::parse(json{{"functions", fns}, {"function_call", {{"name", "add"}}}}.dump());
+    CHECK(chat_functions_to_tools(req));
+    CHECK_FALSE(req.contains("functions"));
+    CHECK(req["tools"].size() == 2);
+    CHECK(req["tools"][1]["function"]["name"] == "add");
+    CHECK(req["tool_choice"]["function"]["name"] == "add");
+    CHECK(req["parallel_tool_calls"] == false);
+    ojson plain = ojson::parse(R"({"function_call": "none"})");
+    CHECK_FALSE(chat_functions_to_tools(plain));
+    CHECK(plain["tool_choice"] == "none");
+    // A conversation in the older form is the same prompt as in the newer one.
+    const json old_history = json::parse(R"([
+      {"role": "user", "content": "What is 2 plus 3?"},
+      {"role": "assistant", "content": null,
+       "function_call": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}},
+      {"role": "function", "name": "add", "content": "5"}])");
+    const json new_history = json::parse(R"([
+      {"role": "user", "content": "What is 2 plus 3?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+        "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "5"}])");
+
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, /*n_ctx=*/2048);
+    ServerConfig cfg = s.config();
+    s.set_chat(cfg, ChatTemplateKind::ChatML);
+    Running run(cfg, s);
+    const HttpReply a =
+        run.post("/apply-template", {{"messages", old_history}, {"functions", fns}});
+    const HttpReply b =
+        run.post("/apply-template",
+                 {{"messages", new_history}, {"tools", tools}, {"parallel_tool_calls", false}});
+    REQUIRE_MESSAGE(a.status == 200, a.body);
+    CHECK(json::parse(a.body)["prompt"] == json::parse(b.body)["prompt"]);
+
+    // A named function: the message's function_call, finish_reason "function_call".
+    json body = {{"messages", {{{"role", "user"}, {"content", "What is 2 plus 3?"}}}},
+                 {"functions", fns},
+                 {"function_call", {{"name", "add"}}},
+                 {"max_tokens", 200},
+                 {"temperature", 0}};
+    HttpReply r = run.post("/v1/chat/completions", body);
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    const json choice = json::parse(r.body)["choices"][0];
+    CHECK(choice["finish_reason"] == "function_call");
+    CHECK_FALSE(choice["message"].contains("tool_calls"));
+    CHECK(choice["message"]["content"].is_null());
+    const json fc = choice["message"]["function_call"];
+    check_call({{"type", "function"}, {"id", "x"}, {"function", fc}}, {"add"});
+    // Streamed: one delta with the same function_call, then the finish.
+    body["stream"] = true;
+    r = run.post("/v1/chat/completions", body);
+    REQUIRE(r.status == 200);
+    const auto events = sse_data(r.body);
+    REQUIRE(events.size() == 3);
+    CHECK(json::parse(events[0])["choices"][0]["delta"]["function_call"] == fc);
+    CHECK(json::parse(events[1])["choices"][0]["finish_reason"] == "function_call");
+    // "auto" after the older history: a call or an answer, in the older form.
+    body = {{"messages", old_history}, {"functions", fns}, {"max_tokens", 300}, {"temperature", 0}};
+    r = run.post("/v1/chat/completions", body);
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    const json after = json::parse(r.body)["choices"][0];
+    CHECK_FALSE(after["message"].contains("tool_calls"));
+    if (after["finish_reason"] == "function_call")
+        check_call(
+            {{"type", "function"}, {"id", "x"}, {"function", after["message"]["function_call"]}},
+            {"get_weather", "add"});
+    else
+        CHECK(after["message"]["content"].is_string());
 }

@@ -338,11 +338,13 @@ std::optional<ChatToolReply> choice_tools(const ApiRequest& req, const ApiRespon
     return tool_reply(req, meta, c);
 }
 
-nlohmann::json finish_reason(const ApiChoiceResult& c, const std::optional<ChatToolReply>& tools) {
+nlohmann::json finish_reason(const ApiRequest& req, const ApiChoiceResult& c,
+                             const std::optional<ChatToolReply>& tools) {
     // A reply cut short by max_tokens or the context says "length" even when it holds calls
     // (the last may be incomplete), as llama.cpp's server does.
     const bool cut = c.result.stop == StopReason::Length || c.result.stop == StopReason::Context;
-    if (tools && !cut && !tools->calls.empty()) return "tool_calls";
+    if (tools && !cut && !tools->calls.empty())
+        return req.legacy_functions ? "function_call" : "tool_calls";
     return api_finish_reason(c.result.stop);
 }
 
@@ -361,6 +363,9 @@ nlohmann::json chat_message(const ApiRequest& req, const ApiChoiceResult& c,
     const ChatToolReply& r = *tools;
     if (r.calls.empty()) {
         m["content"] = r.content;
+    } else if (req.legacy_functions) {  // one call (parallel_tool_calls is off)
+        m["content"] = r.content.empty() ? nlohmann::json() : nlohmann::json(r.content);
+        m["function_call"] = {{"name", r.calls[0].name}, {"arguments", r.calls[0].arguments}};
     } else {  // (native formats may write some text before the calls)
         m["content"] = r.content.empty() ? nlohmann::json() : nlohmann::json(r.content);
         m["tool_calls"] = tool_calls_json(r.calls, delta);
@@ -375,7 +380,9 @@ std::string api_chat_prompt(const std::string& body, const ApiContext& ctx) {
     if (j.is_discarded()) fail("malformed JSON");
     if (!j.is_object()) fail("the request body must be a JSON object");
     try {
-        return chat_prompt(j, ctx, request_tools(j, ctx));
+        ojson req = j;
+        chat_functions_to_tools(req);
+        return chat_prompt(req, ctx, request_tools(req, ctx));
     } catch (const nlohmann::json::exception& e) {
         fail("bad field type: {}", e.what());
     }
@@ -405,12 +412,13 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
         }
         if (j.contains("suffix") && format != ApiFormat::OpenAiCompletion)
             fail("'suffix' is for /v1/completions (use /infill's input_suffix)");
-        if (j.contains("functions") && !j["functions"].empty())
-            fail("'functions' (OpenAI's older form) is not supported: list them in 'tools'");
         if (format == ApiFormat::OpenAiChat) {
+            out.legacy_functions = chat_functions_to_tools(j);
             out.tools = request_tools(j, ctx);
         } else if (j.contains("tools") && !j["tools"].empty()) {
             fail("'tools' are for /v1/chat/completions");
+        } else if (j.contains("functions") && !j["functions"].empty()) {
+            fail("'functions' are for /v1/chat/completions");
         }
         if (out.tools && (j.contains("grammar") || j.contains("json_schema") ||
                           (j.contains("response_format") &&
@@ -606,7 +614,7 @@ nlohmann::json api_stream_reply_chunk(const ApiRequest& req, const ApiResponseMe
             delta.erase(key);
     }
     if (!delta.contains("content") && !delta.contains("reasoning_content") &&
-        !delta.contains("tool_calls"))
+        !delta.contains("tool_calls") && !delta.contains("function_call"))
         return nullptr;
     if (!first) delta.erase("role");
     nlohmann::json j = envelope(req, meta, true);
@@ -628,7 +636,7 @@ nlohmann::json api_stream_final_chunk(const ApiRequest& req, const ApiResponseMe
     nlohmann::json choice = {
         {"index", c.index},
         {"logprobs", rest ? choice_logprobs(req, c, tok, logprobs_sent) : nlohmann::json()},
-        {"finish_reason", finish_reason(c, choice_tools(req, meta, c))}};
+        {"finish_reason", finish_reason(req, c, choice_tools(req, meta, c))}};
     if (req.format == ApiFormat::OpenAiChat)
         choice["delta"] = nlohmann::json::object();
     else
@@ -662,7 +670,7 @@ nlohmann::json api_response(const ApiRequest& req, const ApiResponseMeta& meta,
         const std::optional<ChatToolReply> tools = choice_tools(req, meta, c);
         nlohmann::json choice = {{"index", c.index},
                                  {"logprobs", choice_logprobs(req, c, tok)},
-                                 {"finish_reason", finish_reason(c, tools)}};
+                                 {"finish_reason", finish_reason(req, c, tools)}};
         if (req.format == ApiFormat::OpenAiChat)
             choice["message"] = chat_message(req, c, tools, /*delta=*/false);
         else

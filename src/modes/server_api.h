@@ -86,6 +86,9 @@ struct ApiRequest {
     std::vector<TokenId> preserved_tokens;
     bool prompt_list = false;  // "prompt" listed prompts (/completion then answers a list)
     bool truncated = false;    // infill: prefix, suffix or extra files cut to fit the context
+    // OpenAI's older "functions" / "function_call" (chat_functions_to_tools): the reply's call
+    // comes back as the message's "function_call", finish_reason "function_call".
+    bool legacy_functions = false;
 };
 
 constexpr size_t kMaxApiPrompts = 256;

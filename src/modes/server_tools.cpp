@@ -204,6 +204,73 @@ std::optional<ChatTools> chat_tools_from_json(const ojson& j) {
     return out;
 }
 
+bool chat_functions_to_tools(ojson& j) {
+    bool legacy = false;
+    if (j.contains("functions")) {
+        const ojson fns = j["functions"];
+        j.erase("functions");
+        if (!fns.is_array())
+            fail("'functions' must be a list of {{\"name\", \"description\", \"parameters\"}}");
+        if (!fns.empty()) {
+            if (j.contains("tools"))
+                fail("'functions' (OpenAI's older form) and 'tools' list the same: give one");
+            ojson tools = ojson::array();
+            for (size_t i = 0; i < fns.size(); ++i) {
+                if (!fns[i].is_object())
+                    fail("'functions'[{}] must be an object with a 'name' and 'parameters'", i);
+                tools.push_back({{"type", "function"}, {"function", fns[i]}});
+            }
+            j["tools"] = std::move(tools);
+            j["parallel_tool_calls"] = false;  // the older API returns one call
+            legacy = true;
+        }
+    }
+    if (j.contains("function_call")) {
+        const ojson c = j["function_call"];
+        j.erase("function_call");
+        if (j.contains("tool_choice"))
+            fail("'function_call' (OpenAI's older form) and 'tool_choice' say the same: give one");
+        if (c.is_string() && (c == "none" || c == "auto"))
+            j["tool_choice"] = c;
+        else if (c.is_object() && c.contains("name") && c["name"].is_string())
+            j["tool_choice"] = {{"type", "function"}, {"function", {{"name", c["name"]}}}};
+        else
+            fail("'function_call' must be \"none\", \"auto\" or {{\"name\": ...}} (got {})",
+                 c.dump());
+    }
+    if (!j.contains("messages") || !j["messages"].is_array()) return legacy;
+    std::map<std::string, std::string> latest;  // function name -> id of its latest call
+    ojson& msgs = j["messages"];
+    for (size_t i = 0; i < msgs.size(); ++i) {
+        ojson& m = msgs[i];
+        if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) continue;
+        if (m["role"] == "assistant" && m.contains("function_call") &&
+            !m["function_call"].is_null()) {
+            const ojson fc = m["function_call"];
+            m.erase("function_call");
+            if (!fc.is_object() || !fc.contains("name") || !fc["name"].is_string())
+                fail("'messages'[{}].function_call needs a string 'name'", i);
+            if (m.contains("tool_calls") && !m["tool_calls"].is_null())
+                fail("'messages'[{}] has both 'function_call' and 'tool_calls'", i);
+            const std::string id = fmt::format("call_{}", i);
+            m["tool_calls"] = ojson::array(
+                {{{"id", id},
+                  {"type", "function"},
+                  {"function",
+                   {{"name", fc["name"]},
+                    {"arguments", fc.contains("arguments") ? fc["arguments"] : ojson("{}")}}}}});
+            latest[fc["name"].get<std::string>()] = id;
+        } else if (m["role"] == "function") {
+            if (!m.contains("name") || !m["name"].is_string())
+                fail("'messages'[{}]: a 'function' message needs the function's 'name'", i);
+            const std::string name = m["name"].get<std::string>();
+            m["role"] = "tool";
+            m["tool_call_id"] = latest.count(name) ? latest[name] : fmt::format("call_{}", i);
+        }
+    }
+    return legacy;
+}
+
 std::string chat_tools_instructions(const ChatTools& t) {
     std::string s =
         "You can call tools (functions). Here they are as JSON, each with its name, what it "

@@ -112,6 +112,14 @@ struct ChatTools {
 // the same name, or a tool_choice naming no listed tool.
 std::optional<ChatTools> chat_tools_from_json(const nlohmann::ordered_json& request);
 
+// OpenAI's older form of tools, rewritten in place into the newer one: "functions" ([{"name",
+// "description", "parameters"}]) become "tools" with parallel_tool_calls off (one call per
+// reply), "function_call" ("none", "auto" or {"name"}) becomes "tool_choice"; in "messages",
+// an assistant's "function_call" becomes its one tool call and a "function" message (its
+// "name" and "content") the result of that function's latest call. True when the request
+// listed "functions". Throws Error for a malformed list, or both forms of one field.
+bool chat_functions_to_tools(nlohmann::ordered_json& request);
+
 // The text added to the system prompt: the tools and the reply format.
 std::string chat_tools_instructions(const ChatTools& tools);
 
