@@ -98,8 +98,9 @@ if want test; then
   log "test section done"
 fi
 
-# bench_model NAME KVTYPES: pp512 and tg128 at depth 0 and 4096 into bench.md, then tg128 at
-# depth 0 with the opt-in 8-bit activation GEMV (KVRUN_GEMV=q8) for the A/B.
+# bench_model NAME KVTYPES [ab]: pp512 and tg128 at depth 0 and 4096 into bench.md, then tg128
+# at depth 0 with the opt-in 8-bit activation GEMV (KVRUN_GEMV=q8) for the A/B; with `ab`
+# also pp512 with the f32 prefill attention (KVRUN_PREFILL_ATTN=f32) against the flash kernel.
 bench_model() {
   echo "### $1" >> "$OUT/bench.md"
   timeout 150 $K bench -m /tmp/models/$1.gguf -p 512 -n 128 -r 3 --depth 0,4096 --kv-types $2 -o md \
@@ -107,13 +108,18 @@ bench_model() {
   echo "#### $1, KVRUN_GEMV=q8" >> "$OUT/bench.md"
   KVRUN_GEMV=q8 timeout 60 $K bench -m /tmp/models/$1.gguf -p 0 -n 128 -r 3 --kv-types f16 -o md \
     --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
+  if [ "${3:-}" = ab ]; then
+    echo "#### $1, KVRUN_PREFILL_ATTN=f32" >> "$OUT/bench.md"
+    KVRUN_PREFILL_ATTN=f32 timeout 90 $K bench -m /tmp/models/$1.gguf -p 512 -n 0 -r 3 --depth 0,4096 \
+      --kv-types f16 -o md --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
+  fi
   echo >> "$OUT/bench.md"
   log "bench $1 done"
 }
 
 if want bench; then
   $S --preset llama2-7b --type Q4_0 -o /tmp/models/llama2-7b-Q4_0.gguf > /dev/null
-  bench_model llama2-7b-Q4_0 f16,q8
+  bench_model llama2-7b-Q4_0 f16,q8 ab
   $S --preset llama2-7b --type Q8_0 -o /tmp/models/llama2-7b-Q8_0.gguf > /dev/null
   bench_model llama2-7b-Q8_0 f16,q8
   rm -f /tmp/models/llama2-7b-Q8_0.gguf

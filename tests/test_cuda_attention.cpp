@@ -3,7 +3,9 @@
 // sequences interleaved, cached prefixes, a decode token mixed in), speculative-style
 // verification; block sizes 1/16/64, GQA 1/4/8/12, head_dim 8..256, f16 and f32 pools, and
 // the same scenarios on quantized (q8/q4, staged) caches; every instantiation of the decode
-// kernel (query rows 1/2/4/8 x key-group lanes 4/8/16/32) and its long splits (large pools).
+// kernel (query rows 1/2/4/8 x key-group lanes 4/8/16/32) and its long splits (large pools);
+// the prefill batches through both prefill kernels (f32 tiles, and tensor-core flash tiles
+// for head_dim 64/96/128 on f16 and quantized caches, within a looser bound).
 // Decode tokens must give the same bits alone as in a batch of several sequences.
 // Exits 77 (skipped) without a GPU (see cuda_test_util.h).
 #include <doctest/doctest.h>
@@ -31,6 +33,9 @@ using namespace kvrun::test;
 namespace {
 
 constexpr double kAttnBound = 1e-8;  // both sides read identical K/V and compute in f32
+// The flash kernel rounds q and the softmax weights to f16 (and q8/q4 values decoded to f32
+// on the CPU are rounded to f16 on the GPU) for its tensor-core products.
+constexpr double kFlashBound = 1e-6;
 
 struct AttnShape {
     int64_t block_size, n_kv_head, group, head_dim;
@@ -193,10 +198,21 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
         }
     }
     dout.zero();
-    cuda_paged_attention_prefill(dout.get(), dq.get(), dkv, db, n_head, scale, nullptr, sc.softcap,
-                                 sc.window, dsinks);
+    cuda_paged_attention_tiled(dout.get(), dq.get(), dkv, db, n_head, scale, nullptr, sc.softcap,
+                               sc.window, dsinks);
     const std::vector<float> tiled = dout.download();
     CHECK(nmse(tiled, ref) < kAttnBound);
+    const bool flash = cuda_flash_attention_supports(dkv);
+    std::vector<float> flashed;
+    if (flash) {
+        dout.zero();
+        cuda_paged_attention_flash(dout.get(), dq.get(), dkv, db, n_head, scale, nullptr,
+                                   sc.softcap, sc.window, dsinks);
+        flashed = dout.download();
+        const double err = nmse(flashed, ref);
+        CAPTURE(err);
+        CHECK(err < kFlashBound);
+    }
     if (sc.window > 0) {
         // The blocks wholly before the window of every batch token of their sequence are
         // never read (a paged cache may drop them): -1 there changes no bit in either kernel.
@@ -219,15 +235,22 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
                                         nullptr, sc.softcap, sc.window, dsinks);
             CHECK(dout.download() == batched);
             dout.zero();
-            cuda_paged_attention_prefill(dout.get(), dq.get(), dkv, dbd, n_head, scale, nullptr,
-                                         sc.softcap, sc.window, dsinks);
+            cuda_paged_attention_tiled(dout.get(), dq.get(), dkv, dbd, n_head, scale, nullptr,
+                                       sc.softcap, sc.window, dsinks);
             CHECK(dout.download() == tiled);
+            if (flash) {
+                dout.zero();
+                cuda_paged_attention_flash(dout.get(), dq.get(), dkv, dbd, n_head, scale, nullptr,
+                                           sc.softcap, sc.window, dsinks);
+                CHECK(dout.download() == flashed);
+            }
         }
     }
     dout.zero();
     cuda_paged_attention(dout.get(), dq.get(), dkv, db, n_head, scale, scratch, nullptr, sc.softcap,
                          sc.window, dsinks);
-    CHECK(nmse(dout.download(), ref) < kAttnBound);
+    // More than 16 tokens take the prefill path: the flash kernel where it applies.
+    CHECK(nmse(dout.download(), ref) < (flash && nt > 16 ? kFlashBound : kAttnBound));
 }
 
 Scenario decode_scenario() {
@@ -267,7 +290,8 @@ TEST_CASE("cuda paged attention matches the CPU across block sizes, GQA ratios a
     for (int64_t bs : {1, 16, 64})
         for (int64_t group : {1, 4, 8})
             for (auto [hd, type] :
-                 {std::pair{int64_t(64), KvType::F16}, std::pair{int64_t(128), KvType::F32}}) {
+                 {std::pair{int64_t(64), KvType::F16}, std::pair{int64_t(128), KvType::F32},
+                  std::pair{int64_t(128), KvType::F16}}) {
                 CAPTURE(bs);
                 CAPTURE(group);
                 CAPTURE(hd);
@@ -282,6 +306,7 @@ TEST_CASE("cuda paged attention handles odd head sizes, big groups and mixed poo
     const AttnShape shapes[] = {
         {16, 4, 2, 8, KvType::F16, KvType::F16},      // stories260K: head_dim 8
         {16, 2, 4, 80, KvType::F16, KvType::F32},     // head_dim not a multiple of 32
+        {16, 2, 3, 96, KvType::F16, KvType::F16},     // flash kernel, 64 rows not all used
         {16, 2, 8, 256, KvType::F16, KvType::F16},    // largest head_dim (> 48 KiB smem)
         {7, 1, 12, 64, KvType::F32, KvType::F16},     // 12 heads per KV head, odd block size
         {256, 1, 32, 128, KvType::F16, KvType::F16},  // MQA, largest block size

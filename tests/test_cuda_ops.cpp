@@ -298,16 +298,17 @@ TEST_CASE("cuda gemv with 8-bit activations: integer reference, near the f32 pat
         ~On() { cuda_set_gemv_q8(false); }
     };
     std::optional<On> on(std::in_place);
-    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
-                       GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::Q4_K, GgmlType::Q5_K,
-                       GgmlType::Q6_K, GgmlType::IQ4_XS}) {
+    for (GgmlType t :
+         {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+          GgmlType::IQ4_NL, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS}) {
         CAPTURE(ggml_type_name(t));
         for (int64_t n_in : {256, 2048}) {
             const int64_t n_out = 75;
             TestWeights w = make_weights(t, n_out, n_in, 61 + uint32_t(n_in));
             std::vector<float> wf(size_t(n_out * n_in));
             for (int64_t o = 0; o < n_out; ++o)
-                dequantize_row(t, w.bytes.data() + o * w.host.row_bytes, wf.data() + o * n_in, n_in);
+                dequantize_row(t, w.bytes.data() + o * w.host.row_bytes, wf.data() + o * n_in,
+                               n_in);
             CudaScratch scratch;
             for (int64_t n_rows : {1, 3, 9, 16}) {
                 CAPTURE(n_in);
@@ -438,48 +439,49 @@ TEST_CASE("cuda mixture-of-experts ops: top-k, expert-indexed GEMVs, weighted su
     // expert-indexed launch against one-row launches of the same path.
     CudaScratch scratch;
     for (bool q8 : {false, true})
-    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16, GgmlType::F32}) {
-        CAPTURE(q8);
-        CAPTURE(ggml_type_name(t));
-        cuda_set_gemv_q8(q8);
-        TestWeights gate = make_weights(t, E * n_out, n_in, 72),
-                    up = make_weights(t, E * n_out, n_in, 73);
-        auto expert = [&](const TestWeights& w, int64_t e) {
-            WeightView v = w.device;
-            v.n_out = n_out;
-            v.data = static_cast<const uint8_t*>(w.device.data) + e * n_out * w.device.row_bytes;
-            return v;
-        };
-        const size_t expert_bytes = size_t(n_out) * gate.device.row_bytes;
-        std::vector<float> want_g, want_u;
-        for (int64_t j = 0; j < T * K; ++j) {
-            DevBuf<float> xr(
-                std::vector<float>(x.begin() + (j / K) * n_in, x.begin() + (j / K + 1) * n_in));
-            DevBuf<float> og(static_cast<size_t>(n_out)), ou(static_cast<size_t>(n_out));
-            cuda_gemv(og.get(), xr.get(), expert(gate, ids[size_t(j)]), 1, scratch, nullptr);
-            cuda_gemv(ou.get(), xr.get(), expert(up, ids[size_t(j)]), 1, scratch, nullptr);
-            const auto g = og.download(), u = ou.download();
-            want_g.insert(want_g.end(), g.begin(), g.end());
-            want_u.insert(want_u.end(), u.begin(), u.end());
+        for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16, GgmlType::F32}) {
+            CAPTURE(q8);
+            CAPTURE(ggml_type_name(t));
+            cuda_set_gemv_q8(q8);
+            TestWeights gate = make_weights(t, E * n_out, n_in, 72),
+                        up = make_weights(t, E * n_out, n_in, 73);
+            auto expert = [&](const TestWeights& w, int64_t e) {
+                WeightView v = w.device;
+                v.n_out = n_out;
+                v.data =
+                    static_cast<const uint8_t*>(w.device.data) + e * n_out * w.device.row_bytes;
+                return v;
+            };
+            const size_t expert_bytes = size_t(n_out) * gate.device.row_bytes;
+            std::vector<float> want_g, want_u;
+            for (int64_t j = 0; j < T * K; ++j) {
+                DevBuf<float> xr(
+                    std::vector<float>(x.begin() + (j / K) * n_in, x.begin() + (j / K + 1) * n_in));
+                DevBuf<float> og(static_cast<size_t>(n_out)), ou(static_cast<size_t>(n_out));
+                cuda_gemv(og.get(), xr.get(), expert(gate, ids[size_t(j)]), 1, scratch, nullptr);
+                cuda_gemv(ou.get(), xr.get(), expert(up, ids[size_t(j)]), 1, scratch, nullptr);
+                const auto g = og.download(), u = ou.download();
+                want_g.insert(want_g.end(), g.begin(), g.end());
+                want_u.insert(want_u.end(), u.begin(), u.end());
+            }
+            DevBuf<float> out(want_g.size());
+            cuda_gemv_experts(out.get(), dx.get(), expert(gate, 0), expert_bytes, dids.get(), T * K,
+                              int(K), nullptr, &scratch);
+            CHECK(same_bits(out.download(), want_g));
+            DevBuf<float> dg(want_g), du(want_u), dwant(want_g.size());
+            cuda_swiglu(dwant.get(), dg.get(), du.get(), int64_t(want_g.size()), nullptr);
+            cuda_gemv_experts_swiglu(out.get(), dx.get(), expert(gate, 0), expert(up, 0),
+                                     expert_bytes, dids.get(), T * K, int(K), nullptr, &scratch);
+            CHECK(same_bits(out.download(), dwant.download()));
+            if (q8 && t == GgmlType::Q8_0) {  // and the 8-bit path did run: not the f32 bits
+                std::vector<float> f32(static_cast<size_t>(n_out));
+                cuda_set_gemv_q8(false);
+                DevBuf<float> xr(std::vector<float>(x.begin(), x.begin() + n_in)), o(f32.size());
+                cuda_gemv(o.get(), xr.get(), expert(gate, ids[0]), 1, nullptr);
+                f32 = o.download();
+                CHECK_FALSE(std::equal(f32.begin(), f32.end(), want_g.begin()));
+            }
         }
-        DevBuf<float> out(want_g.size());
-        cuda_gemv_experts(out.get(), dx.get(), expert(gate, 0), expert_bytes, dids.get(), T * K,
-                          int(K), nullptr, &scratch);
-        CHECK(same_bits(out.download(), want_g));
-        DevBuf<float> dg(want_g), du(want_u), dwant(want_g.size());
-        cuda_swiglu(dwant.get(), dg.get(), du.get(), int64_t(want_g.size()), nullptr);
-        cuda_gemv_experts_swiglu(out.get(), dx.get(), expert(gate, 0), expert(up, 0), expert_bytes,
-                                 dids.get(), T * K, int(K), nullptr, &scratch);
-        CHECK(same_bits(out.download(), dwant.download()));
-        if (q8 && t == GgmlType::Q8_0) {  // and the 8-bit path did run: not the f32 bits
-            std::vector<float> f32(static_cast<size_t>(n_out));
-            cuda_set_gemv_q8(false);
-            DevBuf<float> xr(std::vector<float>(x.begin(), x.begin() + n_in)), o(f32.size());
-            cuda_gemv(o.get(), xr.get(), expert(gate, ids[0]), 1, nullptr);
-            f32 = o.download();
-            CHECK_FALSE(std::equal(f32.begin(), f32.end(), want_g.begin()));
-        }
-    }
     cuda_set_gemv_q8(false);
 
     const int64_t n_expert = 40, k = 6, n_tok = 9;
@@ -711,6 +713,25 @@ TEST_CASE("cuda gemm (f16 tensor cores) and cuda_matmul match cpu::matmul for ev
             CHECK(nmse(dout.download(), ref) < (n_rows <= kCudaGemvMaxRows ? kGemv : bound));
         }
     }
+}
+
+TEST_CASE("cuda tensor-core tile helper (flash attention) multiplies in the documented layout") {
+    // Small integers: every product and sum is exact in f16 x f16 -> f32, in any order, so the
+    // instruction (GPU) and the shuffle twin (emulator) must both give the host product.
+    std::vector<uint16_t> a(16 * 16), b(16 * 8);
+    std::vector<float> fa(a.size()), fb(b.size()), ref(16 * 8, 0.0f);
+    for (size_t i = 0; i < a.size(); ++i) fa[i] = float(int((i * 7 + 3) % 17) - 8);
+    for (size_t i = 0; i < b.size(); ++i) fb[i] = float(int((i * 5 + 1) % 13) - 6);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = fp32_to_fp16(fa[i]);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = fp32_to_fp16(fb[i]);
+    for (int r = 0; r < 16; ++r)
+        for (int c = 0; c < 8; ++c)
+            for (int k = 0; k < 16; ++k)
+                ref[size_t(r * 8 + c)] += fa[size_t(r * 16 + k)] * fb[size_t(k * 8 + c)];
+    DevBuf<uint16_t> da(a), db(b);
+    DevBuf<float> dd(ref.size());
+    cuda_mma_16816_tile(dd.get(), da.get(), db.get(), nullptr);
+    CHECK(dd.download() == ref);
 }
 
 TEST_CASE("cuda gemm splits a wide weight into several dequantized tiles") {

@@ -82,6 +82,63 @@ struct AttnTileRows {
     int32_t* st;
 };
 
+// A run of a query tile's tokens that walks the keys together: local tokens [begin, end)
+// of one sequence (and, with staging, of one own block), keys [key_begin, key_end).
+struct AttnSegment {
+    int end;
+    int32_t seq;
+    int32_t own_stage;  // stage of the tokens' own block (staging), else -1
+    int64_t own;        // the tokens' own block (logical index)
+    int64_t key_begin, key_end;
+};
+
+// The segment that starts at local token sb of the tile's tokens (tok_seq / tok_slot, in
+// shared memory; batch token t0 + i is local token i): it takes the following tokens of the
+// same sequence (and own block), and its keys run up to its largest slot, clipped to the
+// split. With a window the tiles (of `tile` keys) before its first visible key are skipped.
+__device__ __forceinline__ AttnSegment attn_segment(const AttnParams& p, const int32_t* tok_seq,
+                                                    const int32_t* tok_slot, int sb, int n_tok,
+                                                    int64_t t0, int64_t split_begin,
+                                                    int64_t split_end, int tile) {
+    const bool staged = p.token_stage != nullptr;
+    AttnSegment sg;
+    sg.seq = tok_seq[sb];
+    sg.own = int64_t(tok_slot[sb]) / p.block_size;
+    int se = sb + 1;
+    int64_t key_end = int64_t(tok_slot[sb]) + 1, lo = int64_t(tok_slot[sb]);
+    while (se < n_tok && tok_seq[se] == sg.seq &&
+           (!staged || int64_t(tok_slot[se]) / p.block_size == sg.own)) {
+        lo = min(lo, int64_t(tok_slot[se]));
+        key_end = max(key_end, int64_t(tok_slot[se++]) + 1);
+    }
+    sg.end = se;
+    sg.key_end = min(key_end, split_end);
+    sg.key_begin = split_begin;
+    if (p.window > 0 && lo - p.window + 1 > sg.key_begin)
+        sg.key_begin = (lo - p.window + 1) / tile * tile;
+    sg.own_stage = staged ? p.token_stage[t0 + sb] : -1;
+    return sg;
+}
+
+// Fills row j of the key tile that starts at slot k0 of segment sg: the key's physical
+// block (-1 past the segment's keys or outside the table: a zero row), its row in the block,
+// and the stage to read it from (its own block under staging) or -1.
+__device__ __forceinline__ void attn_tile_row(const AttnParams& p, const AttnTileRows& tile,
+                                              const AttnSegment& sg, int64_t k0, int j) {
+    const int64_t slot = k0 + j;
+    int32_t pb = -1;
+    if (slot < sg.key_end && sg.seq >= 0 && slot >= 0 &&
+        slot / p.block_size < p.max_blocks_per_seq) {
+        pb = p.block_table[sg.seq * p.max_blocks_per_seq + slot / p.block_size];
+        if (pb >= p.n_blocks) pb = -1;
+    }
+    const bool from_stage = pb >= 0 && p.token_stage != nullptr && slot / p.block_size == sg.own &&
+                            sg.own_stage >= 0 && sg.own_stage < p.n_stages;
+    tile.pb[j] = pb;
+    tile.r[j] = int32_t(slot % p.block_size);
+    tile.st[j] = from_stage ? sg.own_stage : -1;
+}
+
 // 8 f16 values at src (16-byte aligned) -> d[0..7] as f32.
 __device__ __forceinline__ void attn_load8_f16(float* d, const __half* src) {
     const uint4 u = *reinterpret_cast<const uint4*>(src);
@@ -205,41 +262,13 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
     }
     const int dpl = (D + 31) / 32;
 
-    const bool staged = p.token_stage != nullptr;
     for (int sb = 0; sb < n_tok;) {
-        // Segment [sb, se): consecutive tokens of one sequence (and, staged, of one own
-        // block); keys up to its largest slot.
-        const int seq = tok_seq[sb];
-        const int64_t own = int64_t(tok_slot[sb]) / p.block_size;
-        int se = sb + 1;
-        int64_t seg_end = int64_t(tok_slot[sb]) + 1, seg_lo = int64_t(tok_slot[sb]);
-        while (se < n_tok && tok_seq[se] == seq &&
-               (!staged || int64_t(tok_slot[se]) / p.block_size == own)) {
-            seg_lo = min(seg_lo, int64_t(tok_slot[se]));
-            seg_end = max(seg_end, int64_t(tok_slot[se++]) + 1);
-        }
-        seg_end = min(seg_end, split_end);
-        // With a window, the tiles before the segment's first visible key are skipped.
-        int64_t seg_begin = split_begin;
-        if (p.window > 0 && seg_lo - p.window + 1 > seg_begin)
-            seg_begin = (seg_lo - p.window + 1) / kAttnTile * kAttnTile;
-        const int32_t own_stage = staged ? p.token_stage[t0 + sb] : -1;
-        for (int64_t k0 = seg_begin; k0 < seg_end; k0 += kAttnTile) {
+        const AttnSegment sg =
+            attn_segment(p, tok_seq, tok_slot, sb, n_tok, t0, split_begin, split_end, kAttnTile);
+        const int se = sg.end;
+        for (int64_t k0 = sg.key_begin; k0 < sg.key_end; k0 += kAttnTile) {
             __syncthreads();  // the previous tile is fully consumed
-            if (tid < kAttnTile) {
-                const int64_t slot = k0 + tid;
-                int32_t pb = -1;
-                if (slot < seg_end && seq >= 0 && slot >= 0 &&
-                    slot / p.block_size < p.max_blocks_per_seq) {
-                    pb = p.block_table[seq * p.max_blocks_per_seq + slot / p.block_size];
-                    if (pb >= p.n_blocks) pb = -1;
-                }
-                const bool from_stage = pb >= 0 && staged && slot / p.block_size == own &&
-                                        own_stage >= 0 && own_stage < p.n_stages;
-                tile.pb[tid] = pb;
-                tile.r[tid] = int32_t(slot % p.block_size);
-                tile.st[tid] = from_stage ? own_stage : -1;
-            }
+            if (tid < kAttnTile) attn_tile_row(p, tile, sg, k0, tid);
             __syncthreads();
             attn_load_tile(k_s, p, p.k, p.k_stage, p.k_type, KvRole::K, p.k_layout, tile, kvh);
             attn_load_tile(v_s, p, p.v, p.v_stage, p.v_type, KvRole::V, p.v_layout, tile, kvh);

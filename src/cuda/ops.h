@@ -110,9 +110,10 @@ void cuda_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows, 
 void cuda_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows,
                CudaScratch& scratch, cudaStream_t s);
 // The 8-bit activation GEMV (gemv.cu; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K
-// and IQ4_XS weights; float types, Q2_K, Q3_K and MXFP4 keep the f32 kernel): x quantized per 32 elements, integer dot products. Opt-in while it awaits its
-// timing on a GPU: on with the environment variable KVRUN_GEMV=q8, or cuda_set_gemv_q8.
-// Only the matmuls given a scratch buffer (cuda_matmul, _qkv, _swiglu, _geglu) take it.
+// and IQ4_XS weights; float types, Q2_K, Q3_K and MXFP4 keep the f32 kernel): x quantized per 32
+// elements, integer dot products. Opt-in while it awaits its timing on a GPU: on with the
+// environment variable KVRUN_GEMV=q8, or cuda_set_gemv_q8. Only the matmuls given a scratch buffer
+// (cuda_matmul, _qkv, _swiglu, _geglu) take it.
 void cuda_set_gemv_q8(bool on);
 bool cuda_gemv_q8();
 void cuda_gemm(float* out, const float* x, const WeightView& w, int64_t n_rows,
@@ -229,7 +230,9 @@ void cuda_paged_attention(float* out, const float* q, const KvLayerView& kv,
                           const KvBatchView& batch, int64_t n_head, float scale,
                           CudaScratch& scratch, cudaStream_t s, float softcap = 0.0f,
                           int64_t window = 0, const float* sinks = nullptr);
-// The two kernels, callable directly (tests): both accept any batch.
+// The kernels, callable directly (tests): each accepts any batch. _prefill picks _flash
+// (tensor cores, f16 q and P: about 1e-7 NMSE from the f32 reference) where
+// cuda_flash_attention_supports(kv) and KVRUN_PREFILL_ATTN is not 'f32', else _tiled (f32).
 void cuda_paged_attention_decode(float* out, const float* q, const KvLayerView& kv,
                                  const KvBatchView& batch, int64_t n_head, float scale,
                                  CudaScratch& scratch, cudaStream_t s, float softcap = 0.0f,
@@ -238,6 +241,19 @@ void cuda_paged_attention_prefill(float* out, const float* q, const KvLayerView&
                                   const KvBatchView& batch, int64_t n_head, float scale,
                                   cudaStream_t s, float softcap = 0.0f, int64_t window = 0,
                                   const float* sinks = nullptr);
+void cuda_paged_attention_tiled(float* out, const float* q, const KvLayerView& kv,
+                                const KvBatchView& batch, int64_t n_head, float scale,
+                                cudaStream_t s, float softcap = 0.0f, int64_t window = 0,
+                                const float* sinks = nullptr);
+// head_dim 64, 96 or 128 and neither pool f32 (throws otherwise).
+void cuda_paged_attention_flash(float* out, const float* q, const KvLayerView& kv,
+                                const KvBatchView& batch, int64_t n_head, float scale,
+                                cudaStream_t s, float softcap = 0.0f, int64_t window = 0,
+                                const float* sinks = nullptr);
+bool cuda_flash_attention_supports(const KvLayerView& kv);
+// d: [16][8] f32 = a: [16][16] times b: [16][8] (row-major f16 bits) through the flash
+// kernel's tensor-core helper (cu::mma_16816, mma.cuh): checks its fragment layout (tests).
+void cuda_mma_16816_tile(float* d, const uint16_t* a, const uint16_t* b, cudaStream_t s);
 
 // ---- sampling (sampling.cu) ---------------------------------------------------------------
 
