@@ -15,16 +15,32 @@ bash "$SHARED/scripts/device-deps.sh" fetch libpcre2-dev libpcre2-8-0 libpcre2-1
 rm -rf .carry && mkdir -p .carry/shared/models .carry/shared/reference .carry/shared/text
 cp -r "$SHARED/reference/." .carry/shared/reference/
 cp "$SHARED/text/wiki.test.raw" .carry/shared/text/
-# The stories260K family (every small variant, the w256 types the CUDA tests and the
-# speculative pairs use; not w256-F32: 9 MB) and one model per synthetic shape family: ~47 MB,
-# so that with the binaries (~5.5 MB) and .device-deps it stays under (~62 MB) the device tool's 64 MiB
-# carry limit.
-for m in "$SHARED"/models/stories260K.gguf "$SHARED"/models/stories260K-{F16,BF16,Q8_0,Q4_0,Q4_1,Q5_0,Q5_1,Q4_K_M,Q6_K}.gguf \
-         "$SHARED"/models/stories260K-L{2,3,4}-F32.gguf "$SHARED"/models/llama-2-tiny-random.gguf \
-         "$SHARED"/models/stories260K-w256-{BF16,Q2_K,Q4_K_M,Q5_K_M,Q6_K,IQ4_NL,IQ4_XS,pure-Q4_K_M}.gguf \
-         "$SHARED"/models/synth-llama-hd64-gqa4-Q4_0.gguf \
-         "$SHARED"/models/synth-llama-hd128-mqa-theta500k-Q8_0.gguf \
-         "$SHARED"/models/synth-qwen2-hd64-gqa2-Q5_K_M.gguf; do
+# Models: all 44 of ../shared/models do not fit one carry (134 MB), so they come in three sets
+# (KVRUN_CARRY_SET, default a), each under the device tool's 64 MiB limit with the binaries
+# (~5.5 MB) and .device-deps:
+#   a (~47 MB): the stories260K family (every small variant, the w256 types the CUDA tests and
+#     the speculative pairs use) and one model per synthetic shape family: what every mode needs;
+#   b (~47 MB): the other w256 and w256-pure types, w256-F32, the other synthetic quantizations;
+#   c (~39 MB): the two F16 synthetic models.
+# Sets b and c are for `gpu-session.sh greedy` (the GPU-vs-CPU greedy sweep on what is carried),
+# so that the three sets together cover every shared model.
+case ${KVRUN_CARRY_SET:-a} in
+  a) set -- "$SHARED"/models/stories260K.gguf \
+       "$SHARED"/models/stories260K-{F16,BF16,Q8_0,Q4_0,Q4_1,Q5_0,Q5_1,Q4_K_M,Q6_K}.gguf \
+       "$SHARED"/models/stories260K-L{2,3,4}-F32.gguf "$SHARED"/models/llama-2-tiny-random.gguf \
+       "$SHARED"/models/stories260K-w256-{BF16,Q2_K,Q4_K_M,Q5_K_M,Q6_K,IQ4_NL,IQ4_XS,pure-Q4_K_M}.gguf \
+       "$SHARED"/models/synth-llama-hd64-gqa4-Q4_0.gguf \
+       "$SHARED"/models/synth-llama-hd128-mqa-theta500k-Q8_0.gguf \
+       "$SHARED"/models/synth-qwen2-hd64-gqa2-Q5_K_M.gguf ;;
+  b) set -- "$SHARED"/models/stories260K-w256-{F16,F32,Q3_K_M,Q4_0,Q4_1,Q5_0,Q5_1,Q8_0}.gguf \
+       "$SHARED"/models/stories260K-w256-pure-{Q2_K,Q3_K_M,Q4_0,Q4_1,Q5_0,Q5_1,Q5_K_M}.gguf \
+       "$SHARED"/models/synth-llama-hd128-mqa-theta500k-Q4_K_M.gguf \
+       "$SHARED"/models/synth-llama-hd64-gqa4-Q4_K_M.gguf ;;
+  c) set -- "$SHARED"/models/synth-llama-hd64-gqa4-F16.gguf \
+       "$SHARED"/models/synth-qwen2-hd64-gqa2-F16.gguf ;;
+  *) echo "KVRUN_CARRY_SET must be a, b or c" >&2; exit 2 ;;
+esac
+for m in "$@"; do
   cp "$m" .carry/shared/models/
 done
 B=build-cuda

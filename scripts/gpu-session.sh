@@ -7,8 +7,9 @@
 # (15 minutes of device time, start included): every step has a timeout, the optional ones
 # run only while KVRUN_GPU_BUDGET seconds (default 420) are not spent, and everything lands
 # in $OUT/results.tgz as it is made (logs + tables), so a run cut short still returns what it did.
-#   usage: bash scripts/gpu-session.sh [all|test|bench|spec|extra|gemv]   (default all; gemv: the
-#   GEMV variants that gpu-prepare.sh built for KVRUN_GEMV_VARIANTS, not part of all)
+#   usage: bash scripts/gpu-session.sh [all|test|bench|spec|extra|gemv|greedy]   (default all;
+#   gemv: the GEMV variants that gpu-prepare.sh built for KVRUN_GEMV_VARIANTS; greedy: the
+#   GPU-vs-CPU greedy sweep alone, for carry sets b and c; neither is part of all)
 set -uo pipefail
 what=${1:-all}
 # The device tool returns at most 8 files from $OUT: the logs and tables are written to
@@ -50,28 +51,20 @@ S=$B/make-synthetic-model
 M=$KVRUN_SHARED/models
 mkdir -p /tmp/models
 
-if want test; then
-  # The cuda-labelled tests, run directly (ctest needs the build tree; the binaries may be
-  # prebuilt): one line each in cuda-tests.md, the full output in cuda-<name>.log.
-  echo "| test | exit | doctest summary |" > "$OUT/cuda-tests.md"; echo "|---|---:|---|" >> "$OUT/cuda-tests.md"
-  for t in test_cuda_ops test_cuda_attention test_cuda_kv_quant test_cuda_sampling \
-           test_cuda_invariance test_cuda_backend; do
-    timeout 120 $B/$t > "$OUT/cuda-$t.log" 2>&1; rc=$?
-    echo "| $t | $rc | $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/cuda-$t.log" | tr -s ' ' | tr '\n' ' ') |" \
-      >> "$OUT/cuda-tests.md"
-    log "$t exit $rc"
-  done
-  cat "$OUT/cuda-tests.md"
-  # GPU vs CPU: greedy tokens on every carried model (f16 KV; q8 KV on four), the 4 reference
-  # prompts as one JSONL batch per model and device.
+# GPU vs CPU: greedy tokens on every carried model (f16 KV; q8 and q4 KV on some), the 4
+# reference prompts as one JSONL batch per model and device, into gpu-vs-cpu.md (appended: a
+# `greedy` run on another carry set adds its rows).
+greedy_sweep() {
   req=/tmp/prompts.jsonl
   : > "$req"
   while IFS= read -r p; do
     p=${p//\"/\\\"}  # prompts.txt writes newlines as \n: a JSON escape already
     echo "{\"prompt\": \"$p\", \"n_predict\": 48, \"temperature\": 0}" >> "$req"
   done < $KVRUN_SHARED/reference/prompts.txt
-  echo "| model | KV | cpu == cuda (4 prompts x 48 greedy tokens) |" > "$OUT/gpu-vs-cpu.md"
-  echo "|---|---|---|" >> "$OUT/gpu-vs-cpu.md"
+  if [ ! -f "$OUT/gpu-vs-cpu.md" ]; then
+    echo "| model | KV | cpu == cuda (4 prompts x 48 greedy tokens) |" > "$OUT/gpu-vs-cpu.md"
+    echo "|---|---|---|" >> "$OUT/gpu-vs-cpu.md"
+  fi
   for m in $M/*.gguf; do
     kvs=f16
     case $(basename $m) in stories260K.gguf|stories260K-Q4_0.gguf|stories260K-w256-Q4_K_M.gguf|synth-*) kvs="f16 q8 q4";; esac
@@ -84,6 +77,26 @@ if want test; then
     done
   done
   log "gpu-vs-cpu: $(grep -c '| yes |' "$OUT/gpu-vs-cpu.md") same, $(grep -c '| NO |' "$OUT/gpu-vs-cpu.md") differ"
+}
+
+if [ "$what" = greedy ]; then  # the sweep alone, on another carry set (gpu-prepare.sh)
+  greedy_sweep
+  cat "$OUT/gpu-vs-cpu.md"
+fi
+
+if want test; then
+  # The cuda-labelled tests, run directly (ctest needs the build tree; the binaries may be
+  # prebuilt): one line each in cuda-tests.md, the full output in cuda-<name>.log.
+  echo "| test | exit | doctest summary |" > "$OUT/cuda-tests.md"; echo "|---|---:|---|" >> "$OUT/cuda-tests.md"
+  for t in test_cuda_ops test_cuda_attention test_cuda_kv_quant test_cuda_sampling \
+           test_cuda_invariance test_cuda_backend; do
+    timeout 120 $B/$t > "$OUT/cuda-$t.log" 2>&1; rc=$?
+    echo "| $t | $rc | $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/cuda-$t.log" | tr -s ' ' | tr '\n' ' ') |" \
+      >> "$OUT/cuda-tests.md"
+    log "$t exit $rc"
+  done
+  cat "$OUT/cuda-tests.md"
+  greedy_sweep
   echo "| model | KV | cpu PPL | cuda PPL | diff % | cuda KVRUN_GEMV=q8 PPL | diff % |" > "$OUT/ppl-gpu-vs-cpu.md"
   echo "|---|---|---:|---:|---:|---:|---:|" >> "$OUT/ppl-gpu-vs-cpu.md"
   for m in $M/stories260K.gguf $M/stories260K-Q4_0.gguf $M/stories260K-w256-Q4_K_M.gguf $M/synth-llama-hd64-gqa4-Q4_0.gguf; do
