@@ -1,7 +1,8 @@
-// Tool syntaxes of GLM 4.5 (<tool_call>name with <arg_key>/<arg_value> pairs) and Kimi K2
-// (functions.NAME:N between its section and call tags): detection (GLM's template also holds
-// Hermes's <tool_call>), the template's rendering of a call and its result (expected texts
-// from jinja2 3.1.6 on the same templates), grammars that admit exactly calls of listed tools
+// Tool syntaxes of GLM 4.5 (<tool_call>name with <arg_key>/<arg_value> pairs), Kimi K2
+// (functions.NAME:N between its section and call tags) and Command R7B (a plan, then a JSON
+// list of {tool_call_id, tool_name, parameters} between its action tags): detection (GLM's template
+// also holds Hermes's <tool_call>), the template's rendering of a call and its result (expected
+// texts from jinja2 3.1.6 on the same templates), grammars that admit exactly calls of listed tools
 // (with the tags as control tokens too), replies read back and streamed. Over HTTP, both join
 // the sweep of test_server_tool_http.cpp.
 #include <doctest/doctest.h>
@@ -49,9 +50,8 @@ TEST_CASE("tool families: detected, and the template writes calls and results as
           "<|system|>\nBe brief.<|user|>\n2+3?<|assistant|>\n<tool_call>add<arg_key>a</arg_key>"
           "\n<arg_value>2</arg_value><arg_key>b</arg_key>\n<arg_value>3</arg_value></tool_call>"
           "<|observation|>\n<tool_response>\n5\n</tool_response><|user|>\nAnd 4+4?<|assistant|>");
-    CHECK(chat_messages_for_format(ToolFormat::Glm45,
-                                   chat_messages_native(ojson::parse(kHistory)))[2]["content"] ==
-          "");
+    CHECK(chat_messages_for_format(
+              ToolFormat::Glm45, chat_messages_native(ojson::parse(kHistory)))[2]["content"] == "");
     CHECK(render(kKimiK2, ToolFormat::KimiK2) ==
           "<|im_system|>tool_declare<|im_middle|>[{\"type\": \"function\", \"function\": "
           "{\"name\": \"add\", \"description\": \"Adds.\", \"parameters\": {\"type\": "
@@ -157,7 +157,8 @@ TEST_CASE("tool families: Kimi K2's sections, with the model's ids") {
     CHECK(grammar_accepts(*Grammar::parse(lazy.gbnf), add + end));
 
     // Read back: the model's ids kept (unique, functions.NAME:N); others replaced.
-    ChatToolReply r = chat_tools_parse(ToolFormat::KimiK2, "Both." + begin + add + weather + end, "c");
+    ChatToolReply r =
+        chat_tools_parse(ToolFormat::KimiK2, "Both." + begin + add + weather + end, "c");
     REQUIRE(r.calls.size() == 2);
     CHECK(r.content == "Both.");
     CHECK(r.calls[0].id == "functions.add:0");
@@ -192,4 +193,92 @@ TEST_CASE("tool families: Kimi K2's sections, with the model's ids") {
     CHECK(tokens.preserved.size() == 5);
     CHECK(tokens.gbnf.find(fmt::format("<[{}]>", ktok.find_token("<|tool_call_end|>"))) !=
           std::string::npos);
+}
+
+TEST_CASE("tool families: Command R7B's plan, action list and response tags") {
+    CHECK(tool_format_detect(kCommandR7B) == ToolFormat::CommandR7B);
+    CHECK(std::string(tool_format_name(ToolFormat::CommandR7B)) == "command-r7b");
+    // The template writes an earlier reply's plan from its reasoning_content (expected text
+    // from jinja2 3.1.6 on the same template).
+    ojson history = ojson::parse(kHistory);
+    history[2]["reasoning_content"] = "I will add.";
+    const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "add",
+        "description": "Adds.", "parameters": {"type": "object",
+        "properties": {"a": {"type": "integer"}}}}}])");
+    CHECK(chat_tools_render(JinjaTemplate::parse(kCommandR7B), ToolFormat::CommandR7B,
+                            chat_messages_native(history), tools, {}) ==
+          "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>Plan, then call tools as <|START_ACTION|>"
+          "[{\"tool_call_id\": \"0\", \"tool_name\": \"NAME\", \"parameters\": {}}]"
+          "<|END_ACTION|>, or answer as <|START_RESPONSE|>TEXT<|END_RESPONSE|>.Tools:"
+          "{\"name\": \"add\", \"description\": \"Adds.\", \"parameters\": {\"type\": "
+          "\"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}}}<|END_OF_TURN_"
+          "TOKEN|><|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>Be brief.<|END_OF_TURN_TOKEN|><|START_"
+          "OF_TURN_TOKEN|><|USER_TOKEN|>2+3?<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|"
+          "CHATBOT_TOKEN|><|START_THINKING|>I will add.<|END_THINKING|><|START_ACTION|>[{\"tool_"
+          "call_id\": \"0\", \"tool_name\": \"add\", \"parameters\": {\"a\": 2, \"b\": 3}}]"
+          "<|END_ACTION|><|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|><|START_"
+          "TOOL_RESULT|>5<|END_TOOL_RESULT|><|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|USER_"
+          "TOKEN|>And 4+4?<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>");
+
+    const std::string path = model_path();
+    if (path.empty()) return;
+    GgufFile file = GgufFile::open(path);
+    auto tok = Tokenizer::from_gguf(file);
+    const std::string add =
+        R"({"tool_call_id": "0", "tool_name": "add", "parameters": {"a": 2, "b": 3}})";
+    const std::string weather =
+        R"({"tool_call_id": "1", "tool_name": "get_weather", "parameters": {"city": "Oslo", "unit": "celsius"}})";
+    const std::string open = "<|START_ACTION|>", close = "<|END_ACTION|>";
+    auto required = Grammar::parse(
+        chat_tools_grammar(tools_for(ToolFormat::CommandR7B, "required"), *tok).gbnf);
+    CHECK(grammar_accepts(*required, open + "[" + add + "]" + close));
+    CHECK(grammar_accepts(*required, open + "[\n    " + add + ",\n    " + weather + "\n]" + close));
+    CHECK(grammar_accepts(*required, "<|START_THINKING|>I will add them.<|END_THINKING|>" + open +
+                                         "[" + add + "]" + close));
+    CHECK_FALSE(grammar_accepts(*required, "[" + add + "]" + close));  // the tag first
+    CHECK_FALSE(grammar_accepts(
+        *required,
+        open + R"([{"tool_call_id": "0", "tool_name": "rm", "parameters": {}}])" + close));
+    CHECK_FALSE(grammar_accepts(
+        *required,
+        open + R"([{"tool_call_id": "x", "tool_name": "add", "parameters": {"a": 2, "b": 3}}])" +
+            close));
+    CHECK_FALSE(grammar_accepts(
+        *required,
+        open +
+            R"([{"tool_call_id": "0", "tool_name": "add", "parameters": {"a": "two", "b": 3}}])" +
+            close));
+    auto single = Grammar::parse(
+        chat_tools_grammar(tools_for(ToolFormat::CommandR7B, "required", false), *tok).gbnf);
+    CHECK_FALSE(grammar_accepts(*single, open + "[" + add + ", " + weather + "]" + close));
+    const ToolGrammar lazy = chat_tools_grammar(tools_for(ToolFormat::CommandR7B), *tok);
+    REQUIRE(lazy.triggers.size() == 1);
+    CHECK(lazy.triggers[0]["type"] == "pattern");
+    CHECK(grammar_accepts(*Grammar::parse(lazy.gbnf), "[" + add + "]" + close));  // after the tag
+
+    // Read back: the calls (ids ours), the plan left out of the content, an answer's tags off.
+    ChatToolReply r = chat_tools_parse(
+        ToolFormat::CommandR7B,
+        "<|START_THINKING|>Both.<|END_THINKING|>" + open + "[" + add + ", " + weather + "]" + close,
+        "c");
+    REQUIRE(r.calls.size() == 2);
+    CHECK(r.content.empty());
+    CHECK(r.calls[0].name == "add");
+    CHECK(r.calls[0].arguments == R"({"a":2,"b":3})");
+    CHECK(r.calls[0].id == "c_0");
+    CHECK(r.calls[1].name == "get_weather");
+    r = chat_tools_parse(ToolFormat::CommandR7B,
+                         "<|START_THINKING|>No tool.<|END_THINKING|><|START_RESPONSE|>It is 5."
+                         "<|END_RESPONSE|>",
+                         "c");
+    CHECK(r.calls.empty());
+    CHECK(r.content == "It is 5.");
+    CHECK(chat_tools_parse(ToolFormat::CommandR7B, "Plain words.", "c").content == "Plain words.");
+    CHECK(chat_tools_parse(ToolFormat::CommandR7B, open + "[oops", "c").content == open + "[oops");
+    // Streamed: nothing of the plan, the answer without its tags, a tag's beginning held back.
+    CHECK(tool_stream_content(ToolFormat::CommandR7B, "<|START_THINKING|>Hm").text.empty());
+    CHECK(tool_stream_content(ToolFormat::CommandR7B,
+                              "<|START_THINKING|>Hm<|END_THINKING|><|START_RESPONSE|>It is <|END_")
+              .text == "It is");
+    CHECK(tool_stream_content(ToolFormat::CommandR7B, "Sure <|START_ACTION|>[").text == "Sure");
 }

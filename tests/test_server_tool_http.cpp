@@ -57,7 +57,8 @@ TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
         {kDeepSeekR1, ChatTemplateKind::ChatML},
         {kGranite, ChatTemplateKind::Granite},
         {kGlm45, ChatTemplateKind::ChatML},
-        {kKimiK2, ChatTemplateKind::ChatML}};
+        {kKimiK2, ChatTemplateKind::ChatML},
+        {kCommandR7B, ChatTemplateKind::ChatML}};
     for (const auto& tc : templates) {
         ServerConfig cfg = s.config();
         s.set_chat(cfg, tc.kind,
@@ -80,14 +81,15 @@ TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
         if (format == ToolFormat::MistralNemo || format == ToolFormat::MistralV11)
             CHECK(call["id"].get<std::string>().size() == 9);
         if (format == ToolFormat::KimiK2)  // the model's own id
-            CHECK(call["id"].get<std::string>().starts_with("functions." +
-                                                            call["function"]["name"].get<std::string>() + ":"));
+            CHECK(call["id"].get<std::string>().starts_with(
+                "functions." + call["function"]["name"].get<std::string>() + ":"));
         // Cut one token short, the reply says "length" (its call may be incomplete), as
         // llama.cpp's server does.
         json cut = body;
         cut["max_tokens"] = json::parse(r.body)["usage"]["completion_tokens"].get<int>() - 1;
-        CHECK(json::parse(run.post("/v1/chat/completions", cut).body)["choices"][0]
-                  ["finish_reason"] == "length");
+        CHECK(json::parse(
+                  run.post("/v1/chat/completions", cut).body)["choices"][0]["finish_reason"] ==
+              "length");
         const json streamed_calls = streamed_tool_calls(run, body);
         REQUIRE(streamed_calls.size() == 1);
         CHECK(streamed_calls[0]["function"] == call["function"]);

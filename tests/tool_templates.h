@@ -242,6 +242,26 @@ inline const char* const kKimiK2 =
 {%- endfor %}
 {%- if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{% endif %})tmpl";
 
+// In the style of Command R7B's template: the tools as JSON in the system turn, an earlier
+// reply's plan and calls between its thinking and action tags, results in a system turn.
+inline const char* const kCommandR7B =
+    R"tmpl(<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>Plan, then call tools as <|START_ACTION|>[{"tool_call_id": "0", "tool_name": "NAME", "parameters": {}}]<|END_ACTION|>, or answer as <|START_RESPONSE|>TEXT<|END_RESPONSE|>.
+{%- if tools %}
+Tools:
+{%- for t in tools %}
+{{ t.function | tojson }}
+{%- endfor %}{% endif %}<|END_OF_TURN_TOKEN|>
+{%- for m in messages %}
+{%- if m.role == 'assistant' %}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>
+{%- if m.tool_calls %}<|START_THINKING|>{{ m.tool_plan or '' }}<|END_THINKING|><|START_ACTION|>[
+{%- for c in m.tool_calls %}{"tool_call_id": "{{ loop.index0 }}", "tool_name": "{{ c.function.name }}", "parameters": {{ c.function.arguments | tojson }}}{% if not loop.last %}, {% endif %}{% endfor %}]<|END_ACTION|>
+{%- else %}<|START_RESPONSE|>{{ m.content }}<|END_RESPONSE|>{% endif %}<|END_OF_TURN_TOKEN|>
+{%- elif m.role == 'tool' %}<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|><|START_TOOL_RESULT|>{{ m.content }}<|END_TOOL_RESULT|><|END_OF_TURN_TOKEN|>
+{%- else %}<|START_OF_TURN_TOKEN|>{% if m.role == 'user' %}<|USER_TOKEN|>{% else %}<|SYSTEM_TOKEN|>{% endif %}{{ m.content }}<|END_OF_TURN_TOKEN|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>{% endif %})tmpl";
+
 // The conversation of the rendering tests: a call with its id, its result, a new question.
 inline const char* const kHistory = R"([
   {"role": "system", "content": "Be brief."},

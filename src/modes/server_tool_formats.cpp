@@ -59,6 +59,7 @@ ToolFormat tool_format_detect(std::string_view src) {
         return ToolFormat::Harmony;
     if (has(kHermesOpen) && has(kGlmKey)) return ToolFormat::Glm45;
     if (has(kKimiSection)) return ToolFormat::KimiK2;
+    if (has(kR7bAction)) return ToolFormat::CommandR7B;
     if (has(kHermesOpen) && has(kXmlFunction) && has(kXmlParameter)) return ToolFormat::Qwen3Coder;
     if (has(kR1CallsBegin)) return ToolFormat::DeepSeekR1;
     if (has(kHermesOpen)) return ToolFormat::Hermes;
@@ -92,6 +93,8 @@ const char* tool_format_name(ToolFormat f) {
             return "glm-4.5";
         case ToolFormat::KimiK2:
             return "kimi-k2";
+        case ToolFormat::CommandR7B:
+            return "command-r7b";
         default:
             return "generic";
     }
@@ -173,6 +176,14 @@ std::string chat_tools_render(const JinjaTemplate& t, ToolFormat format, const o
 ojson chat_messages_for_format(ToolFormat format, ojson messages) {
     // GLM 4.5's template writes a null content as "None".
     if (format == ToolFormat::Glm45) return chat_messages_content_as_text(std::move(messages));
+    // Command R7B's template writes an earlier reply's plan from "tool_plan".
+    if (format == ToolFormat::CommandR7B) {
+        for (ojson& m : messages)
+            if (m["role"] == "assistant" && m.contains("reasoning_content") &&
+                !m.contains("tool_plan"))
+                m["tool_plan"] = m["reasoning_content"];
+        return messages;
+    }
     if (format != ToolFormat::Granite) return messages;
     // Granite's template writes an assistant's content only: its calls go there, as the
     // model wrote them.

@@ -105,7 +105,8 @@ XmlArguments xml_arguments(const CallSchema& calls, std::vector<std::string>& ow
                 out.raw_text = true;
             } else {  // (a JSON pointer's name is escaped: ~0 ~1)
                 std::string escaped;
-                for (char c : name) escaped += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
+                for (char c : name)
+                    escaped += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
                 json_rules.emplace_back(value, base + "/properties/" + escaped);
             }
             if (!body.empty()) {
@@ -117,7 +118,8 @@ XmlArguments xml_arguments(const CallSchema& calls, std::vector<std::string>& ow
                 {name, string_typed(&prop) && body.empty() ? "raw-text" : value, needed});
         }
     }
-    out.gbnf = json_rules.empty() ? "" : json_schema_to_grammar_rules(calls.schema, json_rules, own);
+    out.gbnf =
+        json_rules.empty() ? "" : json_schema_to_grammar_rules(calls.schema, json_rules, own);
     out.gbnf += rules;
     return out;
 }
@@ -308,8 +310,8 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
                     params += fmt::format(
                         " (\"\\n\"? key-open {} key-close \"\\n\"? value-open {} value-close){}",
                         literal(p.name), p.value_rule, p.required ? "" : "?");
-                alternatives += fmt::format("{}{}{}", k ? " | " : "",
-                                            literal(calls.tools[k].first), params);
+                alternatives +=
+                    fmt::format("{}{}{}", k ? " | " : "", literal(calls.tools[k].first), params);
             }
             g.gbnf = args.gbnf;
             if (args.raw_text) g.gbnf += gbnf_text_without(kGlmValueEnd, "raw-text");
@@ -345,11 +347,46 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
             g.gbnf += "call-end ::= " + tag(kKimiCallEnd) + "\n";
             g.gbnf += "tool-call ::= call-begin (" + alternatives + ") call-end\n";
             // With "auto" the grammar starts after the section's tag.
-            g.gbnf += fmt::format("tool-calls ::= {}tool-call{} section-end\n",
-                                  t.required ? "section-begin " : "",
-                                  t.parallel ? " tool-call*" : "");
+            g.gbnf +=
+                fmt::format("tool-calls ::= {}tool-call{} section-end\n",
+                            t.required ? "section-begin " : "", t.parallel ? " tool-call*" : "");
             if (!t.required) trigger_at(kKimiSection, "<\\|tool_calls_section_begin\\|>()");
             break;
+        }
+        case ToolFormat::CommandR7B: {
+            // <|START_ACTION|>[{"tool_call_id": "0", "tool_name": "NAME", "parameters": {...}},
+            // ...]<|END_ACTION|> (the tags tokens where the vocabulary has them); a required call
+            // may come after the tool plan, <|START_THINKING|>...<|END_THINKING|>.
+            const CallSchema calls = call_schema(t);
+            const auto [rules, alternatives] =
+                named_alternatives(calls, [&](const std::string& name, const std::string& args) {
+                    return fmt::format(
+                        "{} [0-9]{{1,3}} {} {} {}", literal("{\"tool_call_id\": \""),
+                        literal("\", \"tool_name\": \"" + name + "\", \"parameters\": "), args,
+                        literal("}"));
+                });
+            own.insert(own.end(), {"tool-call", "calls-open", "calls-close", "plan-open",
+                                   "plan-close", "plan-text", "gap"});
+            for (size_t k = 0; k < kR7bPlanEnd.size(); ++k)
+                own.push_back(fmt::format("plan-text-{}", k));
+            g.gbnf = json_schema_to_grammar_rules(calls.schema, rules, own);
+            g.gbnf += "tool-call ::= " + alternatives + "\n";
+            g.gbnf += "gap ::= [ \\t\\n]{0,8}\n";  // (a weak model would write only white space)
+            g.gbnf += "calls-open ::= " + tag(kR7bAction) + "\n";
+            g.gbnf += "calls-close ::= " + tag(kR7bActionEnd) + "\n";
+            // With "auto" the grammar starts after the opening tag.
+            g.gbnf += fmt::format(
+                "tool-calls ::= {}gap \"[\" gap tool-call{} gap \"]\" calls-close\n",
+                t.required ? "calls-open " : "", t.parallel ? " (\",\" gap tool-call)*" : "");
+            if (!t.required) {
+                trigger_at(kR7bAction, "<\\|START_ACTION\\|>()");
+                break;
+            }
+            g.gbnf += "plan-open ::= " + tag(kR7bPlan) + "\n";
+            g.gbnf += "plan-close ::= " + tag(kR7bPlanEnd) + "\n";
+            g.gbnf += gbnf_text_without(kR7bPlanEnd, "plan-text");
+            g.gbnf += "root ::= (plan-open plan-text plan-close)? tool-calls\n";
+            return g;
         }
         case ToolFormat::DeepSeekR1: {
             // Each call names its tool in text, its arguments a JSON block; the tags are

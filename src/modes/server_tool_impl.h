@@ -15,12 +15,13 @@ inline constexpr std::string_view kMistralCalls = "[TOOL_CALLS]", kPythonTag = "
 inline constexpr std::string_view kMistralArgs = "[ARGS]", kMistralCallId = "[CALL_ID]";
 inline constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
 inline constexpr std::string_view kXmlFunction = "<function=", kXmlParameter = "<parameter=";
-inline constexpr std::string_view kXmlParameterEnd = "</parameter>", kXmlFunctionEnd = "</function>";
+inline constexpr std::string_view kXmlParameterEnd = "</parameter>",
+                                  kXmlFunctionEnd = "</function>";
 // DeepSeek R1's tool tokens.
 inline constexpr std::string_view kR1CallsBegin = "<｜tool▁calls▁begin｜>",
-                           kR1CallsEnd = "<｜tool▁calls▁end｜>",
-                           kR1CallBegin = "<｜tool▁call▁begin｜>",
-                           kR1CallEnd = "<｜tool▁call▁end｜>", kR1Sep = "<｜tool▁sep｜>";
+                                  kR1CallsEnd = "<｜tool▁calls▁end｜>",
+                                  kR1CallBegin = "<｜tool▁call▁begin｜>",
+                                  kR1CallEnd = "<｜tool▁call▁end｜>", kR1Sep = "<｜tool▁sep｜>";
 // gpt-oss's harmony tags.
 inline constexpr std::string_view kHarmonyChannel = "<|channel|>", kHarmonyFunctions = "functions.";
 inline constexpr std::string_view kHarmonyEnd = "<|end|>";
@@ -29,6 +30,11 @@ inline constexpr std::string_view kGraniteCall = "<|tool_call|>";
 // GLM 4.5's argument tags (its calls are inside Hermes's <tool_call> tags).
 inline constexpr std::string_view kGlmKey = "<arg_key>", kGlmKeyEnd = "</arg_key>";
 inline constexpr std::string_view kGlmValue = "<arg_value>", kGlmValueEnd = "</arg_value>";
+// Command R7B's tags: the tool plan (its reasoning), the calls, the answer.
+inline constexpr std::string_view kR7bPlan = "<|START_THINKING|>", kR7bPlanEnd = "<|END_THINKING|>",
+                                  kR7bAction = "<|START_ACTION|>", kR7bActionEnd = "<|END_ACTION|>",
+                                  kR7bResponse = "<|START_RESPONSE|>",
+                                  kR7bResponseEnd = "<|END_RESPONSE|>";
 // Kimi K2's tool tokens.
 inline constexpr std::string_view kKimiSection = "<|tool_calls_section_begin|>",
                                   kKimiSectionEnd = "<|tool_calls_section_end|>",

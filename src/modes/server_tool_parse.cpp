@@ -145,6 +145,50 @@ ChatToolReply parse_mistral(const std::string& text) {
     return out;
 }
 
+// Command R7B: the tool plan <|START_THINKING|>...<|END_THINKING|> (not content), then the
+// calls <|START_ACTION|>[{"tool_call_id", "tool_name", "parameters"}, ...]<|END_ACTION|>, or
+// the answer <|START_RESPONSE|>...<|END_RESPONSE|> (a reply without those tags is all
+// answer, less its plan).
+std::string r7b_answer(std::string_view text, bool whole) {
+    if (const size_t p = text.find(kR7bPlan); p != std::string_view::npos) {
+        const size_t e = text.find(kR7bPlanEnd, p);
+        if (e == std::string_view::npos) return {};  // still planning
+        text = text.substr(e + kR7bPlanEnd.size());
+    }
+    const size_t r = text.find(kR7bResponse);
+    if (r != std::string_view::npos) text = text.substr(r + kR7bResponse.size());
+    const size_t end = text.find(kR7bResponseEnd);
+    if (end != std::string_view::npos) {
+        text = text.substr(0, end);
+    } else if (!whole) {  // what may begin a tag waits
+        text.remove_suffix(stop_string_holdback(
+            text, {std::string(kR7bResponseEnd), std::string(kR7bAction), std::string(kR7bPlan)}));
+    }
+    return std::string(trim_space_right(trim_space_left(text)));
+}
+
+ChatToolReply parse_command_r7b(const std::string& text) {
+    ChatToolReply out;
+    const size_t at = text.find(kR7bAction);
+    if (at != std::string::npos) {
+        std::string_view rest =
+            trim_space_left(std::string_view(text).substr(at + kR7bAction.size()));
+        const size_t end = rest.find(kR7bActionEnd);
+        const ojson j = ojson::parse(trim_space_right(rest.substr(0, end)), nullptr, false);
+        if (j.is_array())
+            for (const ojson& c : j) {
+                if (!c.is_object() || !c.contains("tool_name") || !c["tool_name"].is_string())
+                    continue;
+                const ojson args = c.contains("parameters") ? c["parameters"] : ojson::object();
+                out.calls.push_back({"", c["tool_name"].get<std::string>(), args.dump()});
+            }
+    }
+    // (Text may come before the calls, as in the other formats.)
+    out.content = r7b_answer(
+        out.calls.empty() ? std::string_view(text) : std::string_view(text).substr(0, at), true);
+    return out;
+}
+
 // Granite: any text, then <|tool_call|> and a JSON list of {"name", "arguments"}.
 ChatToolReply parse_granite(const std::string& text) {
     ChatToolReply out;
@@ -250,8 +294,8 @@ ChatToolReply parse_glm45(const std::string& text, const ChatTools* tools) {
         ojson args = ojson::object();
         for (size_t k = keys; k != std::string_view::npos; k = body.find(kGlmKey, k)) {
             const size_t key_end = body.find(kGlmKeyEnd, k);
-            const size_t v = key_end == std::string_view::npos ? key_end
-                                                               : body.find(kGlmValue, key_end);
+            const size_t v =
+                key_end == std::string_view::npos ? key_end : body.find(kGlmValue, key_end);
             if (v == std::string_view::npos) break;
             const std::string name(trim_space_right(
                 trim_space_left(body.substr(k + kGlmKey.size(), key_end - k - kGlmKey.size()))));
@@ -407,11 +451,15 @@ ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
         case ToolFormat::KimiK2:
             out = parse_kimi_k2(text);
             break;
+        case ToolFormat::CommandR7B:
+            out = parse_command_r7b(text);
+            break;
     }
     std::set<std::string> ids;
     for (size_t k = 0; k < out.calls.size(); ++k) {
         // Kimi K2's template writes the ids back, and the model was trained on its own.
-        if (format == ToolFormat::KimiK2 && kimi_id(out.calls[k]) && ids.insert(out.calls[k].id).second)
+        if (format == ToolFormat::KimiK2 && kimi_id(out.calls[k]) &&
+            ids.insert(out.calls[k].id).second)
             continue;
         out.calls[k].id = fmt::format("{}_{}", id_prefix, k);
         if (format == ToolFormat::MistralNemo || format == ToolFormat::MistralV11)
@@ -438,6 +486,10 @@ ToolAnswerPrefix tool_stream_content(ToolFormat format, std::string_view reply) 
             return content_before(reply, kHermesOpen);
         case ToolFormat::KimiK2:
             return content_before(reply, kKimiSection);
+        case ToolFormat::CommandR7B:  // the answer's text, without the plan and the tags
+            out.answer = true;
+            out.text = r7b_answer(reply.substr(0, reply.find(kR7bAction)), false);
+            return out;
         case ToolFormat::Harmony:  // the final and commentary text so far
             out.answer = true;
             out.text =

@@ -80,7 +80,8 @@ enum class ToolFormat {
     Harmony,
     Granite,
     Glm45,
-    KimiK2
+    KimiK2,
+    CommandR7B
 };
 
 // From a Jinja chat template's source: "<tool_call>" -> Qwen3Coder with "<function=" and
@@ -88,10 +89,10 @@ enum class ToolFormat {
 // with "[ARGS]", else MistralNemo, "<|start_header_id|>" with "ipython" or "<|python_tag|>" ->
 // Llama3, "<|channel|>" with "commentary" and "functions." -> Harmony, "<|tool_call|>" with
 // "<|start_of_role|>" -> Granite, "<arg_key>" with "<tool_call>" -> Glm45 (before Hermes),
-// "<|tool_calls_section_begin|>" -> KimiK2, else Generic.
+// "<|tool_calls_section_begin|>" -> KimiK2, "<|START_ACTION|>" -> CommandR7B, else Generic.
 ToolFormat tool_format_detect(std::string_view jinja_source);
 // "generic", "hermes", "llama3", "mistral-nemo", "mistral-v11", "qwen3-coder", "deepseek-r1",
-// "gpt-oss", "granite", "glm-4.5", "kimi-k2".
+// "gpt-oss", "granite", "glm-4.5", "kimi-k2", "command-r7b".
 // The model's template for requests with tools while a built-in format renders the rest
 // (ChatFormat::tools_jinja): parsed when it shows a native syntax and renders a conversation
 // with a call and its result that shows the tool; null otherwise (the generic format then).
