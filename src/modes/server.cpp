@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <ctime>
 #include <filesystem>
+#include <optional>
 
 #include "common.h"
 #include "gguf.h"
@@ -28,6 +29,7 @@
 #include "modes/draft_options.h"
 #include "modes/model_options.h"
 #include "modes/modes.h"
+#include "modes/server_anthropic.h"
 #include "prompt_logprobs.h"
 #include "text_input.h"
 
@@ -46,7 +48,11 @@ struct ApiServer::Impl {
     Impl(ServerConfig c, Engine& e, const Tokenizer& t) : cfg(std::move(c)), engine(e), tok(t) {}
 
     void handle(const HttpRequest& req, HttpConnection& conn);
-    void generate(ApiFormat format, const HttpRequest& req, HttpConnection& conn);
+    // anthropic: the body is an Anthropic Messages request, the answer an Anthropic message
+    // or event stream (server_anthropic.h); `format` is then OpenAiChat.
+    void generate(ApiFormat format, const HttpRequest& req, HttpConnection& conn,
+                  bool anthropic = false);
+    nlohmann::json count_tokens(const std::string& body);
     // JSON in, JSON out (json_endpoint answers 400 for what they throw).
     nlohmann::json tokenize(const nlohmann::json& body);
     nlohmann::json detokenize(const nlohmann::json& body);
@@ -140,6 +146,16 @@ void ApiServer::Impl::handle(const HttpRequest& req, HttpConnection& conn) {
         {"POST", "/completions", [&] { generate(ApiFormat::OpenAiCompletion, req, conn); }},
         {"POST", "/v1/chat/completions", [&] { generate(ApiFormat::OpenAiChat, req, conn); }},
         {"POST", "/chat/completions", [&] { generate(ApiFormat::OpenAiChat, req, conn); }},
+        {"POST", "/v1/messages", [&] { generate(ApiFormat::OpenAiChat, req, conn, true); }},
+        {"POST", "/v1/messages/count_tokens",
+         [&] {
+             try {
+                 send_json(conn, 200, count_tokens(req.body));
+             } catch (const Error& e) {
+                 conn.send(400, "application/json; charset=utf-8",
+                           anthropic_error_body(400, error_text(e)));
+             }
+         }},
         {"POST", "/completion", [&] { generate(ApiFormat::Completion, req, conn); }},
         {"POST", "/infill", [&] { generate(ApiFormat::Infill, req, conn); }},
         {"POST", "/v1/embeddings",
@@ -189,7 +205,23 @@ void ApiServer::Impl::handle(const HttpRequest& req, HttpConnection& conn) {
         send_error(conn, 404, fmt::format("no endpoint {} (see `kvrun server --help`)", p));
 }
 
-void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpConnection& conn) {
+void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpConnection& conn,
+                               bool anthropic) {
+    // Errors and events in the client's API.
+    auto fail_with = [&](int status, std::string_view message) {
+        if (anthropic)
+            return conn.send(status, "application/json; charset=utf-8",
+                             anthropic_error_body(status, message));
+        return send_error(conn, status, message);
+    };
+    std::optional<AnthropicStream> astream;
+    auto send = [&](const nlohmann::json& chunk) {
+        if (!astream) return send_event(conn, chunk);
+        for (const auto& [name, data] : astream->feed(chunk))
+            if (!conn.send_chunk("event: " + name + "\ndata: " + json_line(data) + "\n\n"))
+                return false;
+        return true;
+    };
     ApiRequest ar;
     // One job per prompt (OpenAI's list of prompts); their samples are the choices, prompt
     // by prompt.
@@ -197,7 +229,17 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
     // echo with logprobs: each prompt's token log-probabilities, computed between steps.
     std::vector<std::vector<TokenLogprobs>> echo_lps;
     try {
-        ar = api_request_from_json(format, req.body, cfg.api, tok);
+        if (anthropic) {
+            const nlohmann::ordered_json body =
+                nlohmann::ordered_json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+            if (body.is_discarded()) fail("malformed JSON");
+            ar = api_request_from_json(format, anthropic_to_openai(body).dump(), cfg.api, tok);
+            if (ar.requests.size() != 1 || ar.requests[0].n_samples != 1)
+                fail("the Messages API gives one reply per request");
+            if (ar.stream) astream.emplace(int64_t(ar.requests[0].prompt.size()));
+        } else {
+            ar = api_request_from_json(format, req.body, cfg.api, tok);
+        }
         if (ar.echo && ar.top_logprobs >= 0)
             for (const GenerationRequest& r : ar.requests)
                 worker->call([&](Engine& e) {
@@ -207,7 +249,7 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
         for (const GenerationRequest& r : ar.requests) jobs.push_back(worker->submit(r));
     } catch (const Error& e) {
         for (const auto& job : jobs) worker->cancel(*job);
-        send_error(conn, stopping() ? 503 : 400, error_text(e));
+        fail_with(stopping() ? 503 : 400, error_text(e));
         return;
     }
     ++n_requests;
@@ -263,8 +305,8 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
             content_sent[i] += delta.size();
             reasoning_sent[i] += reasoning.size();
         }
-        if (!send_event(conn, api_stream_chunk(ar, meta, int32_t(i), delta, !started[i], tok,
-                                               lp_pending[i], lp_offset[i], reasoning)))
+        if (!send(api_stream_chunk(ar, meta, int32_t(i), delta, !started[i], tok, lp_pending[i],
+                                   lp_offset[i], reasoning)))
             client_gone = true;
         started[i] = true;
         for (const TokenLogprobs& lp : lp_pending[i])
@@ -277,7 +319,7 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
     for (size_t i = 0; i < n_choices && ar.echo && ar.stream && !client_gone; ++i) {
         const ApiChoiceResult& c = choices[i];
         if (c.echo_text.empty() && c.echo_tokens.empty()) continue;
-        if (!send_event(conn, api_stream_echo_chunk(ar, meta, c, tok))) client_gone = true;
+        if (!send(api_stream_echo_chunk(ar, meta, c, tok))) client_gone = true;
         started[i] = true;
         if (c.echo_tokens.empty()) continue;
         lp_sent[i] = 1 + c.echo_logprobs.size();
@@ -300,15 +342,20 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
         n_generated_tokens += c.result.timings.n_generated;
         if (!ar.stream || client_gone) return;
         if (c.result.stop == StopReason::Error) {
-            if (!send_event(conn, nlohmann::json::parse(http_error_body(500, c.result.error))))
-                client_gone = true;
+            const bool sent =
+                anthropic
+                    ? conn.send_chunk("event: error\ndata: " +
+                                      anthropic_error_body(500, c.result.error) + "\n\n")
+                    : send_event(conn, nlohmann::json::parse(http_error_body(500, c.result.error)));
+            if (!sent) client_gone = true;
         } else {
             const nlohmann::json reply =
                 views ? api_stream_reply_chunk(ar, meta, c, content_sent[i], reasoning_sent[i],
                                                !started[i])
                       : nlohmann::json();
-            if ((!reply.is_null() && !send_event(conn, reply)) ||
-                !send_event(conn, api_stream_final_chunk(ar, meta, c, tok, lp_sent[i])))
+            if (astream) astream->set_stop_word(c.stop_word);
+            if ((!reply.is_null() && !send(reply)) ||
+                !send(api_stream_final_chunk(ar, meta, c, tok, lp_sent[i])))
                 client_gone = true;
         }
     };
@@ -347,23 +394,33 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
     }
     if (ar.stream) {
         if (client_gone) return;
-        if (openai && ar.include_usage) send_event(conn, api_usage_chunk(ar, meta, choices));
-        if (openai) conn.send_chunk("data: [DONE]\n\n");
+        if (openai && ar.include_usage) send(api_usage_chunk(ar, meta, choices));
+        if (openai && !anthropic) conn.send_chunk("data: [DONE]\n\n");
         conn.end_chunked();
         return;
     }
     if (client_gone) return;
     for (const ApiChoiceResult& c : choices) {
         if (c.result.stop == StopReason::Error) {
-            send_error(conn, 500, c.result.error);
+            fail_with(500, c.result.error);
             return;
         }
         if (c.result.stop == StopReason::Cancelled) {
-            send_error(conn, 503, "the server is shutting down");
+            fail_with(503, "the server is shutting down");
             return;
         }
     }
-    send_json(conn, 200, api_response(ar, meta, choices, tok));
+    const nlohmann::json answer = api_response(ar, meta, choices, tok);
+    send_json(conn, 200, anthropic ? anthropic_response(answer, choices[0].stop_word) : answer);
+}
+
+// Anthropic's /v1/messages/count_tokens: the prompt's tokens as /v1/messages would give them.
+nlohmann::json ApiServer::Impl::count_tokens(const std::string& text) {
+    const nlohmann::ordered_json body =
+        nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (body.is_discarded()) fail("malformed JSON");
+    const std::string prompt = api_chat_prompt(anthropic_to_openai(body).dump(), cfg.api);
+    return {{"input_tokens", tok.encode(prompt, tok.add_bos(), /*parse_special=*/true).size()}};
 }
 
 nlohmann::json ApiServer::Impl::tokenize(const nlohmann::json& j) {
@@ -660,8 +717,8 @@ void add_server_command(CLI::App& root, int& exit_code) {
     CLI::App* cmd = root.add_subcommand(
         "server",
         "Serve the model over HTTP: OpenAI's /v1/completions and /v1/chat/completions (with "
-        "streaming), llama.cpp server's /completion, /infill, /tokenize, /detokenize, /health, "
-        "/metrics");
+        "streaming), Anthropic's /v1/messages, llama.cpp server's /completion, /infill, "
+        "/tokenize, /detokenize, /health, /metrics");
     cmd->alias("serve");
     add_model_options(cmd, o->model);
     cmd->add_option("--host", o->host, "Address to listen on (0.0.0.0: every interface)")
