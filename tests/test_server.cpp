@@ -539,7 +539,10 @@ TEST_CASE("server: bad requests get one clear error each") {
         {"/v1/chat/completions", json{{"messages", json::array()}}.dump(), 400, "'messages'"},
         {"/v1/chat/completions",
          json{{"messages", {{{"role", "function"}, {"content", "x"}}}}}.dump(), 400,
-         "role 'function' is not supported"},
+         "a 'function' message needs the function's 'name'"},
+        {"/v1/chat/completions",
+         json{{"messages", {{{"role", "critic"}, {"content", "x"}}}}}.dump(), 400,
+         "role 'critic' is not supported"},
         {"/v1/chat/completions",
          json{{"messages", {{{"role", "user"}, {"content", "x"}}}},
               {"response_format", {{"type", "yaml"}}}}
