@@ -162,6 +162,7 @@ TEST_CASE("anthropic: answers become messages and event streams") {
     CHECK(data[11]["usage"]["output_tokens"] == 9);
     CHECK(s.feed(json::parse(R"({"choices": [], "usage": {}})")).empty());  // done
     CHECK(json::parse(anthropic_error_body(400, "no"))["error"]["type"] == "invalid_request_error");
+    CHECK(json::parse(anthropic_error_body(500, "bad \xff byte"))["error"]["type"] == "api_error");
 }
 
 TEST_CASE("server: /v1/messages answers as the chat endpoint does, whole and streamed") {

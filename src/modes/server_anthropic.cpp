@@ -313,7 +313,8 @@ std::string anthropic_error_body(int status, std::string_view message) {
                        : status == 503 ? "overloaded_error"
                        : status >= 500 ? "api_error"
                                        : "invalid_request_error";
-    return json{{"type", "error"}, {"error", {{"type", type}, {"message", message}}}}.dump();
+    const json body = {{"type", "error"}, {"error", {{"type", type}, {"message", message}}}};
+    return body.dump(-1, ' ', false, json::error_handler_t::replace);  // (bad UTF-8 replaced)
 }
 
 }  // namespace kvrun
