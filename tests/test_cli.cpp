@@ -202,7 +202,11 @@ TEST_CASE("tokenize: stdin and -f give the same ids for the same bytes") {
     CHECK(with_nl.out.rfind("1 403 407 261 378 ", 0) == 0);
 }
 
-TEST_CASE("tokenize --ids reproduces every llama.cpp vocabulary case through the binary") {
+// test_tokenizer checks every case of these suites in process; here the binary's path (a
+// file's bytes, --ids, --no-bos) runs on every 6th case and the last of each suite: each
+// process start loads the CUDA libraries in a CUDA build (~0.4 s), and one per case (~400)
+// took five minutes of CI.
+TEST_CASE("tokenize --ids reproduces llama.cpp vocabulary cases through the binary") {
     const std::filesystem::path dir = shared_path("vocab");
     if (dir.empty()) return;
     const std::vector<std::string> suites = {"llama-spm", "phi-3",        "gpt-2",
@@ -220,6 +224,7 @@ TEST_CASE("tokenize --ids reproduces every llama.cpp vocabulary case through the
         REQUIRE(cases.size() > 30);
         int mismatches = 0;
         for (size_t i = 0; i < cases.size(); ++i) {
+            if (i % 6 != 0 && i + 1 != cases.size()) continue;
             const std::string file = temp_file(cases[i], name);
             auto r = run_command(
                 kvrun_cmd("tokenize --ids --no-bos -m " + gguf.string() + " -f " + file));
@@ -235,7 +240,7 @@ TEST_CASE("tokenize --ids reproduces every llama.cpp vocabulary case through the
         CHECK_MESSAGE(mismatches == 0,
                       name << ": " << mismatches << " of " << cases.size() << " cases differ");
     }
-    CHECK(total >= 9 * 40);
+    CHECK(total >= 9 * 7);
 }
 
 TEST_CASE("run streams the greedy continuation from stdin") {
