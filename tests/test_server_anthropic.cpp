@@ -5,10 +5,12 @@
 // required tool call as a tool_use block, stop reasons, count_tokens, Anthropic's errors.
 #include <doctest/doctest.h>
 
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "chat_template.h"
 #include "common.h"
 #include "modes/server_anthropic.h"
 #include "server_test_util.h"
@@ -286,4 +288,57 @@ TEST_CASE("server: /v1/messages answers as the chat endpoint does, whole and str
     CHECK(bad.status == 400);
     CHECK(json::parse(bad.body)["type"] == "error");
     CHECK(json::parse(bad.body)["error"]["type"] == "invalid_request_error");
+}
+
+TEST_CASE("server: /v1/messages with a thinking model: a thinking block, then the text") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, /*n_ctx=*/2048);
+    ServerConfig cfg = s.config();
+    // A template whose reply starts inside <think> (as Qwen 3's and DeepSeek R1's do).
+    s.set_chat(cfg, ChatTemplateKind::ChatML,
+               std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(
+                   "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                   "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n"
+                   "{% endif %}")));
+    REQUIRE(cfg.api.chat.thinks);
+    Running run(cfg, s);
+    json body = {{"messages", {{{"role", "user"}, {"content", "Tell me about a cat."}}}},
+                 {"max_tokens", 30},
+                 {"temperature", 0},
+                 {"thinking", {{"type", "enabled"}, {"budget_tokens", 4}}}};
+    const HttpReply r = run.post("/v1/messages", body);
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    const json m = json::parse(r.body);
+    REQUIRE_MESSAGE(m["content"].size() == 2, r.body);
+    CHECK(m["content"][0]["type"] == "thinking");
+    CHECK(m["content"][1]["type"] == "text");
+    const std::string thinking = m["content"][0]["thinking"];
+    CHECK(!thinking.empty());
+    // The budget: 4 tokens of thinking; without it the block runs on.
+    json free = body;
+    free.erase("thinking");
+    const json f = json::parse(run.post("/v1/messages", free).body);
+    const std::string long_thinking = f["content"][0].value("thinking", "");
+    CHECK(long_thinking.size() > thinking.size());
+    CHECK(long_thinking.starts_with(thinking));
+    // Streamed: the thinking block (index 0), then the text block (index 1), the same texts.
+    body["stream"] = true;
+    const auto events = events_of(run.post("/v1/messages", body).body);
+    std::string streamed_thinking, streamed_text;
+    std::vector<std::string> starts;
+    for (const auto& [name, d] : events) {
+        if (name == "content_block_start") {
+            starts.push_back(d["content_block"]["type"]);
+            CHECK(d["index"] == int(starts.size()) - 1);
+        }
+        if (name != "content_block_delta") continue;
+        if (d["delta"]["type"] == "thinking_delta")
+            streamed_thinking += d["delta"]["thinking"].get<std::string>();
+        else
+            streamed_text += d["delta"]["text"].get<std::string>();
+    }
+    CHECK(starts == std::vector<std::string>{"thinking", "text"});
+    CHECK(streamed_thinking == thinking);
+    CHECK(streamed_text == m["content"][1]["text"]);
 }
