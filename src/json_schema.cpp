@@ -13,8 +13,11 @@
 //   members come after the declared ones and never reuse a declared name.
 //   Arrays: items, prefixItems (draft-7: items as an array, additionalItems), minItems,
 //   maxItems. Strings: minLength, maxLength; format date, time, date-time, uuid (RFC 3339
-//   and RFC 4122 shapes; other formats annotate only). Integers: minimum, maximum and the
-//   exclusive forms (bounds up to 1e18 in magnitude), as digit patterns.
+//   and RFC 4122 shapes; other formats annotate only); pattern, a regular expression found
+//   anywhere in the string unless anchored with ^ / $ (literals, ., classes with ranges and
+//   negation, \d \w \s and their negations, groups, (?:...), |, * + ? {n} {n,} {n,m}; the
+//   characters it allows are matched as JSON writes them: a quote as \", a tab as \t). Integers:
+//   minimum, maximum and the exclusive forms (bounds up to 1e18 in magnitude), as digit patterns.
 // Stricter than JSON Schema
 //   No whitespace before or after the value; between tokens, none, one space, or a newline
 //   and up to 20 spaces/tabs. Numbers: up to 16 integer digits (unless a bound needs more),
@@ -24,7 +27,9 @@
 //   number ignores minimum/maximum; oneOf does not check "exactly one"; an extra member may
 //   use an escaped spelling of a declared name; \u escapes are not checked for surrogates.
 // Refused with an Error naming the JSON pointer
-//   pattern, patternProperties, propertyNames, min/maxProperties, uniqueItems: true,
+//   patterns with backreferences, lookarounds, \b or non-ASCII classes, and a pattern with
+//   minLength/maxLength or a format; patternProperties, propertyNames, min/maxProperties,
+//   uniqueItems: true,
 //   contains, not, if/then/else, dependent*, unevaluated*, multipleOf; remote and anchor
 //   $refs; allOf parts that disagree; malformed keywords. Unknown keywords are ignored.
 #include "json_schema.h"
@@ -32,6 +37,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -234,6 +240,16 @@ class Converter {
     std::string string_expr(const SchemaJson& s, const std::string& ptr) {
         bool has_length = s.contains("minLength") || s.contains("maxLength");
         std::string format = s.value("format", "");
+        if (s.contains("pattern")) {
+            const std::string at = schema_child(ptr, "pattern");
+            if (!s["pattern"].is_string()) schema_fail(at, "must be a string");
+            if (has_length || s.contains("format"))
+                schema_fail(at,
+                            "a pattern together with minLength/maxLength or a format is not "
+                            "supported");
+            return gbnf_seq(
+                {R"("\"")", pattern_expr(s["pattern"].get<std::string>(), at), R"("\"")"});
+        }
         if (format == "date" || format == "time" || format == "date-time" || format == "uuid") {
             if (has_length) {
                 schema_fail(ptr, fmt::format("minLength/maxLength together with format \"{}\" "
@@ -249,6 +265,209 @@ class Converter {
             schema_fail(ptr, fmt::format("minLength {} is larger than maxLength {}", lo, hi));
         }
         return gbnf_seq({R"("\"")", gbnf_repeat(primitive("char"), lo, hi), R"("\"")"});
+    }
+
+    // ---- pattern: a regular expression over the string's characters, as JSON text ----
+
+    // A GBNF class of the ASCII characters `set` holds (those JSON writes plainly), each as
+    // \xHH, or "" when none; with `negate`, [^...] of them and of what JSON must escape.
+    static std::string ascii_class(const std::vector<bool>& set, bool negate) {
+        std::string body;
+        for (int c = 0; c < 128; ++c) {
+            const bool plain = c >= 0x20 && c != '"' && c != '\\';
+            if (set[size_t(c)] && (plain || negate)) body += fmt::format("\\x{:02X}", c);
+        }
+        if (negate) return "[^" + body + "\"\\\\\\x00-\\x1F]";
+        return body.empty() ? "" : "[" + body + "]";
+    }
+
+    // The characters of `set` (ASCII; with `negate`, all but those), as JSON text: a class
+    // for the plain ones and the escaped spellings of a quote, a backslash and \t \n \r.
+    std::string ascii_set_expr(const std::vector<bool>& set, bool negate) {
+        std::vector<std::string> alts;
+        if (std::string cls = ascii_class(set, negate); !cls.empty()) alts.push_back(cls);
+        const std::pair<int, const char*> escaped[] = {
+            {'"', "\\\""}, {'\\', "\\\\"}, {'\t', "\\t"}, {'\n', "\\n"}, {'\r', "\\r"}};
+        for (const auto& [c, text] : escaped)
+            if (set[size_t(c)] != negate) alts.push_back(gbnf_literal(text));
+        if (alts.empty()) return "";
+        return gbnf_alternatives(alts);
+    }
+
+    // \d \w \s (and the upper-case negations) as a set; false for another letter.
+    static bool class_escape(char e, std::vector<bool>& set, bool& negate) {
+        negate = e == 'D' || e == 'W' || e == 'S';
+        const char lower = char(std::tolower(static_cast<unsigned char>(e)));
+        if (lower != 'd' && lower != 'w' && lower != 's') return false;
+        for (int c = 0; c < 128; ++c) {
+            const bool digit = c >= '0' && c <= '9';
+            const bool word = digit || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+            const bool space =
+                c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+            if (lower == 'd' ? digit : lower == 'w' ? word : space) set[size_t(c)] = true;
+        }
+        return true;
+    }
+
+    std::string pattern_expr(const std::string& pattern, const std::string& ptr) {
+        std::string_view p = pattern;
+        bool head = false, tail = false;
+        if (!p.empty() && p.front() == '^') head = true, p.remove_prefix(1);
+        if (!p.empty() && p.back() == '$' && (p.size() < 2 || p[p.size() - 2] != '\\'))
+            tail = true, p.remove_suffix(1);
+        size_t i = 0;
+        int depth = 0;
+        auto bad = [&](const std::string& what) {
+            schema_fail(ptr, fmt::format("{} (at offset {} of the pattern) is not supported", what,
+                                         i + (head ? 1 : 0)));
+        };
+        // The escape after a backslash (outside a class): a set, or a literal byte.
+        std::function<std::string()> alternation;
+        auto literal_char = [&](unsigned char c) -> std::string {
+            std::vector<bool> set(128, false);
+            if (c < 128) {
+                set[c] = true;
+                std::string e = ascii_set_expr(set, false);
+                if (e.empty()) bad("a control character");
+                return e;
+            }
+            return gbnf_literal(std::string(1, char(c)));  // (a UTF-8 byte, as JSON writes it)
+        };
+        auto atom = [&]() -> std::string {
+            const char c = p[i];
+            if (c == '(') {
+                if (++depth > 64) bad("groups nested more than 64 deep");
+                ++i;
+                if (p.substr(i, 2) == "?:") {
+                    i += 2;
+                } else if (i < p.size() && p[i] == '?') {
+                    bad("a lookaround or named group");
+                }
+                std::string inner = alternation();
+                if (i >= p.size() || p[i] != ')') bad("an unclosed group");
+                ++i;
+                --depth;
+                return "(" + (inner.empty() ? std::string("\"\"") : inner) + ")";
+            }
+            if (c == '.') {
+                ++i;
+                return primitive("char");
+            }
+            if (c == '[') {
+                ++i;
+                const bool negate = i < p.size() && p[i] == '^';
+                if (negate) ++i;
+                std::vector<bool> set(128, false);
+                bool first = true;
+                while (i < p.size() && (p[i] != ']' || first)) {
+                    first = false;
+                    unsigned char lo = static_cast<unsigned char>(p[i]);
+                    if (lo == '\\' && i + 1 < p.size()) {
+                        std::vector<bool> sub(128, false);
+                        bool neg = false;
+                        if (class_escape(p[i + 1], sub, neg)) {
+                            if (neg) bad("a negated class escape inside a class");
+                            for (size_t k = 0; k < 128; ++k) set[k] = set[k] || sub[k];
+                            i += 2;
+                            continue;
+                        }
+                        const char e = p[i + 1];
+                        lo = static_cast<unsigned char>(e == 'n'   ? '\n'
+                                                        : e == 't' ? '\t'
+                                                        : e == 'r' ? '\r'
+                                                                   : e);
+                        i += 2;
+                    } else {
+                        ++i;
+                    }
+                    unsigned char hi = lo;
+                    if (i + 1 < p.size() && p[i] == '-' && p[i + 1] != ']') {
+                        hi = static_cast<unsigned char>(p[i + 1]);
+                        if (hi == '\\' && i + 2 < p.size())
+                            hi = static_cast<unsigned char>(p[++i + 1]);
+                        i += 2;
+                    }
+                    if (lo >= 128 || hi >= 128) bad("a class with non-ASCII characters");
+                    if (hi < lo) bad("a class range that runs backwards");
+                    for (int k = lo; k <= hi; ++k) set[size_t(k)] = true;
+                }
+                if (i >= p.size()) bad("an unclosed class");
+                ++i;
+                const std::string e = ascii_set_expr(set, negate);
+                if (e.empty()) bad("an empty class");
+                return e;
+            }
+            if (c == '\\') {
+                if (i + 1 >= p.size()) bad("a trailing backslash");
+                const char e = p[i + 1];
+                i += 2;
+                std::vector<bool> set(128, false);
+                bool negate = false;
+                if (class_escape(e, set, negate)) return ascii_set_expr(set, negate);
+                if (std::isdigit(static_cast<unsigned char>(e))) bad("a backreference");
+                if (e == 'b' || e == 'B') bad("a word boundary");
+                if (e == 'n') return literal_char('\n');
+                if (e == 't') return literal_char('\t');
+                if (e == 'r') return literal_char('\r');
+                if (std::isalpha(static_cast<unsigned char>(e))) bad(std::string("\\") + e);
+                return literal_char(static_cast<unsigned char>(e));
+            }
+            if (c == '^' || c == '$') bad("an anchor inside the pattern");
+            if (c == '*' || c == '+' || c == '?' || c == '{')
+                bad("a quantifier with nothing before it");
+            ++i;
+            return literal_char(static_cast<unsigned char>(c));
+        };
+        auto sequence = [&]() {
+            std::string out;
+            while (i < p.size() && p[i] != '|' && p[i] != ')') {
+                std::string a = atom();
+                uint64_t lo = 1, hi = 1;
+                if (i < p.size() && (p[i] == '*' || p[i] == '+' || p[i] == '?')) {
+                    lo = p[i] == '+' ? 1 : 0;
+                    hi = p[i] == '?' ? 1 : kGbnfUnbounded;
+                    ++i;
+                } else if (i < p.size() && p[i] == '{') {
+                    const size_t close = p.find('}', i);
+                    if (close == std::string_view::npos) bad("an unclosed {m,n}");
+                    const std::string body(p.substr(i + 1, close - i - 1));
+                    const size_t comma = body.find(',');
+                    try {
+                        lo = std::stoull(body.substr(0, comma));
+                        hi = comma == std::string::npos ? lo
+                             : comma + 1 == body.size() ? kGbnfUnbounded
+                                                        : std::stoull(body.substr(comma + 1));
+                    } catch (const std::exception&) {
+                        bad("a malformed {m,n}");
+                    }
+                    if (hi < lo || lo > 10000 || (hi != kGbnfUnbounded && hi > 10000))
+                        bad("a {m,n} out of range (up to 10000)");
+                    i = close + 1;
+                }
+                if (lo != 1 || hi != 1) {
+                    if (i < p.size() && (p[i] == '?' || p[i] == '+')) ++i;  // lazy, possessive
+                    a = gbnf_repeat(gbnf_is_atom(a) ? a : "(" + a + ")", lo, hi);
+                    if (a.empty()) a = "\"\"";
+                }
+                out += (out.empty() ? "" : " ") + a;
+            }
+            return out;
+        };
+        alternation = [&]() {
+            std::vector<std::string> alts = {sequence()};
+            while (i < p.size() && p[i] == '|') {
+                ++i;
+                alts.push_back(sequence());
+            }
+            for (std::string& a : alts)
+                if (a.empty()) a = "\"\"";
+            return gbnf_alternatives(alts);
+        };
+        std::string body = alternation();
+        if (i < p.size()) bad("an unmatched )");
+        // JSON Schema's pattern is a search: unanchored sides take any characters.
+        const std::string any = primitive("char") + "*";
+        return gbnf_seq({head ? "" : any, "(" + body + ")", tail ? "" : any});
     }
 
     // Integers, with minimum/maximum (and their exclusive forms) enforced.

@@ -15,13 +15,13 @@ namespace {
 // no GBNF form here. Constraints: the keywords acted on; any other keyword only annotates (or
 // is unknown, which JSON Schema says to ignore).
 constexpr std::string_view kUnsupported =
-    "pattern patternProperties propertyNames minProperties maxProperties contains minContains "
+    "patternProperties propertyNames minProperties maxProperties contains minContains "
     "maxContains not if then else dependentRequired dependentSchemas dependencies "
     "unevaluatedProperties unevaluatedItems multipleOf $dynamicRef $recursiveRef";
 constexpr std::string_view kConstraints =
     "type enum const anyOf oneOf allOf $ref properties required additionalProperties items "
-    "prefixItems additionalItems minItems maxItems minLength maxLength format minimum maximum "
-    "exclusiveMinimum exclusiveMaximum";
+    "prefixItems additionalItems minItems maxItems minLength maxLength format pattern minimum "
+    "maximum exclusiveMinimum exclusiveMaximum";
 constexpr std::string_view kTypes = "null boolean object array number integer string";
 
 // Is `word` one of the space-separated words of `list`?
@@ -254,7 +254,7 @@ std::vector<std::string> schema_types(const SchemaJson& s) {
         if (uses({"items", "prefixItems", "additionalItems", "minItems", "maxItems"})) {
             types.push_back("array");
         }
-        if (uses({"minLength", "maxLength", "format"})) types.push_back("string");
+        if (uses({"minLength", "maxLength", "format", "pattern"})) types.push_back("string");
         if (uses({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})) {
             types.push_back("number");
         }

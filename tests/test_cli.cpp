@@ -623,7 +623,7 @@ TEST_CASE(
         schema + "}\n" +
         "{\"prompt\": \"Tom\", \"temperature\": 0, \"n_predict\": 150, \"json_schema\": " +
         nlohmann::json(schema).dump() + "}\n" +
-        "{\"prompt\": \"hi\", \"json_schema\": {\"type\": \"string\", \"pattern\": \"a+\"}}\n"
+        "{\"prompt\": \"hi\", \"json_schema\": {\"type\": \"string\", \"multipleOf\": 2}}\n"
         "{\"prompt\": \"hi\", \"json_schema\": {}, \"grammar\": \"root ::= \\\"a\\\"\"}\n"
         "{\"prompt\": \"hi\", \"json_schema\": 3}\n";
     auto j = run_command(kvrun_cmd("run --jsonl" + m), input);
@@ -638,7 +638,7 @@ TEST_CASE(
         check_record(res[i]["text"]);
     }
     CHECK(res[2]["error"] ==
-          "'json_schema': json schema #/pattern: the \"pattern\" keyword is not supported");
+          "'json_schema': json schema #/multipleOf: the \"multipleOf\" keyword is not supported");
     CHECK(res[3]["error"] == "give 'grammar' or 'json_schema', not both");
     CHECK(res[4]["error"].get<std::string>().find("'json_schema' must be a JSON Schema") == 0);
 

@@ -372,7 +372,7 @@ TEST_CASE("server: tool calls on /v1/chat/completions, whole and streamed") {
          {{"messages", messages},
           {"tools", json::parse(R"([{"type": "function", "function": {"name": "f",
               "parameters": {"type": "object",
-                             "properties": {"s": {"type": "string", "pattern": "^a$"}}}}}])")}},
+                             "properties": {"s": {"type": "string", "pattern": "^(a)\\1$"}}}}}])")}},
          "pattern"},
         {"/v1/chat/completions",
          {{"messages", messages},
