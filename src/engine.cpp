@@ -174,8 +174,8 @@ int32_t Engine::submit(GenerationRequest request) {
         s->sampler->set_constraint(s->grammar.get());
     }
     if (req->reasoning_budget.tokens >= 0 && req->reasoning_budget.opened) {
-        s->thinking = true;
-        if (req->reasoning_budget.tokens == 0) s->forced = req->reasoning_budget.forced;
+        s->think.inside = true;
+        if (req->reasoning_budget.tokens == 0) s->think.forced = req->reasoning_budget.forced;
     }
     if (speculative() && req->sampling.mirostat == 0) {  // mirostat moves with every draw
         if (draft_) {
@@ -436,11 +436,7 @@ void Engine::fork_samples(Seq& s) {
         f->n_computed = s.n_computed;
         f->order = next_order_++;
         f->forked = true;
-        f->thinking = s.thinking;
-        f->think_tokens = s.think_tokens;
-        f->think_tail = s.think_tail;
-        f->forced = s.forced;
-        f->forced_next = s.forced_next;
+        f->think = s.think;
         SamplingParams p = s.req->sampling;
         p.seed = p.seed + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
         f->sampler = make_sampler(p);
@@ -497,54 +493,54 @@ void Engine::sample_and_advance(Seq& s, const float* logits) {
 
 TokenId Engine::take_forced(Seq& s) {
     if (!s.forcing()) return -1;
-    const TokenId t = s.forced[s.forced_next];
+    const TokenId t = s.think.forced[s.think.next];
     if (s.grammar && !s.grammar->allows(t)) {  // the output must follow the grammar: no forcing
-        s.forced.clear();
-        s.forced_next = 0;
+        s.think.forced.clear();
+        s.think.next = 0;
         return -1;
     }
-    s.forced_next++;
-    s.last_forced = true;
+    s.think.next++;
+    s.think.last_forced = true;
     return t;
 }
 
 void Engine::track_reasoning(Seq& s, TokenId tok) {
     const ReasoningBudget& b = s.req->reasoning_budget;
     if (b.tokens < 0) return;
-    if (s.last_forced) {
-        s.last_forced = false;
+    if (s.think.last_forced) {
+        s.think.last_forced = false;
         if (!s.forcing()) {  // the forced end tag is out: the block is closed
-            s.thinking = false;
-            s.forced.clear();
-            s.forced_next = 0;
-            s.think_tail.clear();
+            s.think.inside = false;
+            s.think.forced.clear();
+            s.think.next = 0;
+            s.think.tail.clear();
         }
         return;
     }
     // Tags are found in the text, control tokens included: a tag may be one token, or split
     // over several ("</", "think", ">").
-    s.think_tail += tok_.token_to_piece(tok, /*render_special=*/true);
-    if (s.thinking) {
-        s.think_tokens++;
-        if (const size_t at = s.think_tail.find(b.end); at != std::string::npos) {
-            s.thinking = false;
-            s.think_tail.erase(0, at + b.end.size());
+    s.think.tail += tok_.token_to_piece(tok, /*render_special=*/true);
+    if (s.think.inside) {
+        s.think.tokens++;
+        if (const size_t at = s.think.tail.find(b.end); at != std::string::npos) {
+            s.think.inside = false;
+            s.think.tail.erase(0, at + b.end.size());
         }
     }
-    if (!s.thinking) {
-        if (const size_t at = s.think_tail.find(b.start); at != std::string::npos) {
-            s.thinking = true;
-            s.think_tail.erase(0, at + b.start.size());
+    if (!s.think.inside) {
+        if (const size_t at = s.think.tail.find(b.start); at != std::string::npos) {
+            s.think.inside = true;
+            s.think.tail.erase(0, at + b.start.size());
         }
     }
-    if (s.thinking && s.think_tokens >= b.tokens) {
-        s.forced = b.forced;
-        s.forced_next = 0;
-        s.think_tail.clear();
+    if (s.think.inside && s.think.tokens >= b.tokens) {
+        s.think.forced = b.forced;
+        s.think.next = 0;
+        s.think.tail.clear();
         return;
     }
     const size_t keep = std::max(b.start.size(), b.end.size());
-    if (s.think_tail.size() > keep) s.think_tail.erase(0, s.think_tail.size() - keep);
+    if (s.think.tail.size() > keep) s.think.tail.erase(0, s.think.tail.size() - keep);
 }
 
 RowSampling Engine::row_sampling(Seq& s) {

@@ -34,14 +34,17 @@ struct Engine::Seq {
     int32_t n_prompt_computed = 0;
     int32_t n_passes = 0;  // target forward passes it took part in
 
-    // Reasoning budget (GenerationRequest::reasoning_budget).
-    bool thinking = false;        // inside a reasoning block
-    int32_t think_tokens = 0;     // generated inside blocks so far
-    std::string think_tail;       // the reply's last bytes, where a tag may be split
-    std::vector<TokenId> forced;  // tokens output instead of sampled, from forced_next on
-    size_t forced_next = 0;
-    bool last_forced = false;  // the newest token was a forced one
-    bool forcing() const { return forced_next < forced.size(); }
+    // Reasoning budget (GenerationRequest::reasoning_budget): where the reply stands. Copied
+    // whole to the samples a request forks into.
+    struct Think {
+        bool inside = false;          // inside a reasoning block
+        int32_t tokens = 0;           // generated inside blocks so far
+        std::string tail;             // the reply's last bytes, where a tag may be split
+        std::vector<TokenId> forced;  // tokens output instead of sampled, from next on
+        size_t next = 0;
+        bool last_forced = false;  // the newest token was a forced one
+    } think;
+    bool forcing() const { return think.next < think.forced.size(); }
 
     // Speculation (engine with a draft model).
     SeqId draft_kv = -1;  // the draft's KV sequence: a prefix of `tokens`

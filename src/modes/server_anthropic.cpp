@@ -2,6 +2,7 @@
 #include "modes/server_anthropic.h"
 
 #include "common.h"
+#include "modes/server_tools.h"
 
 namespace kvrun {
 
@@ -9,21 +10,6 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 using nlohmann::json;
-
-// A "content" that is text or a list of text blocks, as one text.
-std::string block_text(const ojson& content, const std::string& where) {
-    if (content.is_string()) return content.get<std::string>();
-    if (!content.is_array()) fail("{} must be text or a list of blocks", where);
-    std::string text;
-    for (const ojson& b : content) {
-        if (!b.is_object() || b.value("type", "") != "text" || !b.contains("text") ||
-            !b["text"].is_string())
-            fail("{} may hold only text blocks here (got {})", where, b.dump());
-        if (!text.empty()) text += "\n";
-        text += b["text"].get<std::string>();
-    }
-    return text;
-}
 
 // One Anthropic message as OpenAI messages (a user's tool results first, as tool messages).
 void convert_message(const ojson& m, size_t i, ojson& out) {
@@ -67,8 +53,7 @@ void convert_message(const ojson& m, size_t i, ojson& out) {
         } else if (type == "tool_result" && role == "user") {
             if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string())
                 fail("{} (tool_result) needs a string 'tool_use_id'", where);
-            std::string result =
-                b.contains("content") ? block_text(b["content"], where + ".content") : "";
+            std::string result = b.contains("content") ? content_text(b["content"], where) : "";
             if (b.value("is_error", false)) result = "Error: " + result;
             out.push_back(
                 {{"role", "tool"}, {"tool_call_id", b["tool_use_id"]}, {"content", result}});
@@ -99,7 +84,7 @@ ojson anthropic_to_openai(const ojson& body) {
     ojson out = ojson::object();
     ojson msgs = ojson::array();
     if (body.contains("system") && !body["system"].is_null())
-        msgs.push_back({{"role", "system"}, {"content", block_text(body["system"], "'system'")}});
+        msgs.push_back({{"role", "system"}, {"content", content_text(body["system"], "'system'")}});
     for (size_t i = 0; i < body["messages"].size(); ++i)
         convert_message(body["messages"][i], i, msgs);
     out["messages"] = std::move(msgs);

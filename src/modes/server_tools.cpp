@@ -11,23 +11,27 @@ namespace kvrun {
 
 using ojson = nlohmann::ordered_json;
 
-std::string chat_message_text(const ojson& m, size_t index) {
-    if (!m.contains("content") || m["content"].is_null()) return {};
-    const ojson& c = m["content"];
+std::string content_text(const ojson& c, const std::string& owner) {
+    if (c.is_null()) return {};
     if (c.is_string()) return c.get<std::string>();
-    if (!c.is_array()) fail("'messages'[{}].content must be a string or a list of parts", index);
+    if (!c.is_array()) fail("{}.content must be a string or a list of parts", owner);
     std::string text;
     for (const ojson& part : c) {
         if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
             !part["text"].is_string())
             fail(
-                "'messages'[{}]: only text content parts ({{\"type\": \"text\", \"text\": ...}}) "
-                "are supported",
-                index);
+                "{}: only text content parts ({{\"type\": \"text\", \"text\": ...}}) are "
+                "supported",
+                owner);
         if (!text.empty()) text += "\n";
         text += part["text"].get<std::string>();
     }
     return text;
+}
+
+std::string chat_message_text(const ojson& m, size_t index) {
+    if (!m.contains("content")) return {};
+    return content_text(m["content"], fmt::format("'messages'[{}]", index));
 }
 
 namespace {

@@ -130,6 +130,8 @@ nlohmann::ordered_json chat_tools_schema(const ChatTools& tools);
 // A message's "content" as text: a string, or its {"type": "text", "text": ...} parts joined
 // by newlines ("" when absent or null). Throws Error naming messages[index] for other parts.
 std::string chat_message_text(const nlohmann::ordered_json& message, size_t index);
+// The same for any "content" value; errors name `owner` (the object holding it).
+std::string content_text(const nlohmann::ordered_json& content, const std::string& owner);
 
 // The request's "messages" as chat messages (tool calls and results written as described
 // above; "developer" is "system"). Throws Error naming the bad message.
