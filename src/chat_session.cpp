@@ -267,16 +267,11 @@ std::string ChatSession::send(const std::string& user, const TextSink& on_text,
         req.grammar = cfg_.grammar;
         if (req.grammar) req.grammar_prefix = reply_tokens;  // a continued reply
         if (cfg_.reasoning_budget >= 0) {
-            int32_t budget = cfg_.reasoning_budget;
-            bool inside = reply_opened_reasoning_;
-            if (!first_request) {  // a reply continued after an overflow: what is left
-                budget = std::max<int32_t>(0, budget - static_cast<int32_t>(reply_tokens.size()));
-                const size_t open = reply.rfind("<think>"), close = reply.rfind("</think>");
-                inside = close == std::string::npos ? inside || open != std::string::npos
-                                                    : open != std::string::npos && open > close;
-            }
             req.reasoning_budget =
-                reasoning_budget_for(budget, cfg_.reasoning_budget_message, inside, tok_);
+                reasoning_budget_for(cfg_.reasoning_budget, cfg_.reasoning_budget_message,
+                                     reply_opened_reasoning_, tok_);
+            // A reply continued after an overflow: the budget goes on where it stopped.
+            if (!first_request) req.reasoning_budget.state = result.reasoning;
         }
         try {
             engine_.submit(std::move(req));

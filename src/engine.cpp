@@ -152,6 +152,13 @@ int32_t Engine::submit(GenerationRequest request) {
         for (TokenId t : rb.forced)
             if (t < 0 || t >= n_vocab)
                 fail("forced token id {} is outside the vocabulary (0..{})", t, n_vocab - 1);
+        if (rb.state.spent < 0)
+            fail("reasoning tokens spent must be >= 0 (got {})", rb.state.spent);
+        if (rb.state.forced_next < -1 ||
+            rb.state.forced_next >= static_cast<int64_t>(rb.forced.size()) ||
+            (rb.state.forced_next >= 0 && !rb.state.inside))
+            fail("the forced tokens' next index {} does not fit {} forced tokens inside a block",
+                 rb.state.forced_next, rb.forced.size());
     }
     auto req = std::make_shared<const GenerationRequest>(std::move(request));
     auto s = std::make_unique<Seq>();
@@ -173,9 +180,15 @@ int32_t Engine::submit(GenerationRequest request) {
                      req->grammar_prefix[i], i);
         s->sampler->set_constraint(s->grammar.get());
     }
-    if (req->reasoning_budget.tokens >= 0 && req->reasoning_budget.opened) {
-        s->think.inside = true;
-        if (req->reasoning_budget.tokens == 0) s->think.forced = req->reasoning_budget.forced;
+    if (const ReasoningBudget& b = req->reasoning_budget; b.tokens >= 0) {
+        s->think.inside = b.state.inside;
+        s->think.tokens = b.state.spent;
+        s->think.tail = b.state.tail;
+        if (b.state.forced_next >= 0 || (b.state.inside && b.state.spent >= b.tokens)) {
+            s->think.forced = b.forced;
+            s->think.next = static_cast<size_t>(std::max(0, b.state.forced_next));
+            s->think.tail.clear();
+        }
     }
     if (speculative() && req->sampling.mirostat == 0) {  // mirostat moves with every draw
         if (draft_) {
@@ -378,6 +391,9 @@ void Engine::finish(Seq& s, StopReason reason, std::string error) {
     r.n_spec_rounds = s.n_spec_rounds;
     r.n_target_passes = s.n_passes;
     r.logprobs = std::move(s.logprobs);
+    if (s.req->reasoning_budget.tokens >= 0)
+        r.reasoning = {s.think.inside, s.think.tokens,
+                       s.forcing() ? static_cast<int32_t>(s.think.next) : -1, s.think.tail};
     auto now = Clock::now();
     GenerationTimings& t = r.timings;
     t.n_prompt = s.n_prompt;

@@ -36,17 +36,26 @@ const char* stop_reason_name(StopReason r);  // "eos", "length", "context", "sto
 
 class GrammarVocab;
 
+// Where a reply stands in its reasoning blocks (GenerationResult::reasoning): a request that
+// continues the reply (a context shift, a chat reply continued after an overflow) starts from
+// it (ReasoningBudget::state), so the budget counts over the whole reply.
+struct ReasoningState {
+    bool inside = false;       // inside a block (at the start: the prompt opened one)
+    int32_t spent = 0;         // tokens generated inside blocks (forced ones not counted)
+    int32_t forced_next = -1;  // the forced tokens were being output: the next one's index
+    std::string tail;          // the reply's last bytes, where a tag may be split
+};
+
 // A reasoning budget (llama.cpp's --reasoning-budget): at most `tokens` generated tokens
-// inside reasoning blocks (the text between `start` and `end`; `opened`: the prompt opened
-// one, so the reply starts inside it), counted over the whole reply. When a block has spent
-// the budget and is still open, the next tokens are `forced` (a message, then the end tag)
-// instead of sampled, one per step; generation then goes on. Forced tokens count toward
-// n_predict like generated ones. tokens < 0: no budget.
+// inside reasoning blocks (the text between `start` and `end`), counted over the whole reply
+// from `state`. When a block has spent the budget and is still open, the next tokens are
+// `forced` (a message, then the end tag) instead of sampled, one per step; generation then
+// goes on. Forced tokens count toward n_predict like generated ones. tokens < 0: no budget.
 struct ReasoningBudget {
     int32_t tokens = -1;
-    bool opened = false;
     std::string start = "<think>", end = "</think>";
     std::vector<TokenId> forced;
+    ReasoningState state;  // where the reply stands before this request's first token
 };
 
 struct GenerationRequest {
@@ -120,6 +129,7 @@ struct GenerationResult {
     int32_t n_drafted = 0, n_accepted = 0, n_spec_rounds = 0;
     int32_t n_target_passes = 0;          // target forward passes this sequence took part in
     std::vector<TokenLogprobs> logprobs;  // [tokens.size()] when the request asked (n_probs)
+    ReasoningState reasoning;  // after the last token, when the request had a reasoning budget
 };
 
 struct EngineOptions {

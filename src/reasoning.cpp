@@ -222,14 +222,14 @@ ReasoningBudget reasoning_budget_for(int32_t tokens, std::string_view message, b
     if (tok.encode(kChannel, false, true).size() == 1) {
         b.start = std::string(kChannel) + "analysis" + std::string(kMessage);
         b.end = "<|end|>";
-        b.opened = false;  // harmony prompts end with the reply header "<|start|>assistant"
+        b.state.inside = false;  // harmony prompts end with the reply header "<|start|>assistant"
         b.forced = tok.encode(msg + b.end + std::string(kStart) + "assistant" +
                                   std::string(kChannel) + "final" + std::string(kMessage),
                               false, true);
     } else {
         b.start = std::string(kOpen);
         b.end = std::string(kClose);
-        b.opened = opened;
+        b.state.inside = opened;
         b.forced = tok.encode(msg + b.end, false, true);
     }
     return b;

@@ -23,6 +23,7 @@
 #include "engine.h"
 #include "gguf.h"
 #include "grammar.h"
+#include "jinja.h"
 #include "test_util.h"
 #include "tokenizer.h"
 
@@ -651,7 +652,8 @@ TEST_CASE("ChatSession with a built-in thinking format keeps earlier replies wit
     ChatSession chat(engine, *m.tok, cfg);
     Notices notes;
     std::string shown;
-    chat.send("Once upon a time", [&](std::string_view t) { shown += t; }, notes.sink());
+    chat.send(
+        "Once upon a time", [&](std::string_view t) { shown += t; }, notes.sink());
     CHECK(shown.find("<think>") != std::string::npos);  // the reply as generated
     const std::string answer = chat.messages().back().content;
     CHECK(answer.find("think") == std::string::npos);
@@ -686,4 +688,61 @@ TEST_CASE("ChatSession with a built-in thinking format keeps earlier replies wit
     chat.send("Then what?", kIgnore, notes.sink());
     got = text_of(chat.tokens());
     CHECK(got.find(prompt) != std::string::npos);
+}
+
+TEST_CASE("ChatSession: a reasoning budget goes on over a context overflow") {
+    // A template that opens the reply's reasoning block (as DeepSeek R1's and Qwen 3's do).
+    // The budget cuts the block once, whether the reply outgrows the context before the cut,
+    // in the middle of the forced tokens or after them: the continued reply starts from
+    // where the engine said the first request stopped.
+    using namespace kvrun;
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    ChatModel m(model.string(), 64);
+    EngineOptions eo;
+    eo.n_ctx = 96;
+    Engine engine(*m.backend, *m.tok, eo);
+    ChatConfig cfg;
+    cfg.chat_template.kind = ChatTemplateKind::ChatML;
+    cfg.chat_template.jinja = std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(
+        "{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + "
+        "'<|im_end|>\\n' -}}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n<think>\\n' -}}{%- endif "
+        "-%}"));
+    cfg.chat_template.thinks = true;
+    cfg.n_predict = 130;
+    cfg.sampling.temperature = 0;
+    cfg.ignore_eos = true;
+    cfg.overflow = ContextOverflow::Sinks;
+    cfg.reasoning_budget_message = " Done.";
+    Notices notes;
+    ChatConfig probe = cfg;
+    probe.n_predict = 0;
+    ChatSession p(engine, *m.tok, probe);
+    p.send("Once upon a time", kIgnore, notes.sink());
+    // About the reply tokens before the first overflow (the template's text after the
+    // message, re-tokenized, makes it a few less): budgets around it cut before the overflow,
+    // across it (forced tokens on both sides) and after it.
+    const int32_t room = eo.n_ctx - p.n_tokens();
+    REQUIRE(room > 14);
+    auto count = [](const std::string& text, const std::string& what) {
+        size_t n = 0;
+        for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1))
+            ++n;
+        return n;
+    };
+    for (int32_t budget = room - 12; budget < room + 3; ++budget) {
+        CAPTURE(budget);
+        ChatConfig c = cfg;
+        c.reasoning_budget = budget;
+        ChatSession chat(engine, *m.tok, c);
+        std::string shown;
+        chat.send(
+            "Once upon a time", [&](std::string_view t) { shown += t; }, notes.sink());
+        CHECK(chat.last_turn().n_overflows >= 1);
+        CHECK(chat.last_turn().n_generated == 130);
+        CHECK(count(shown, "Done.</think>") == 1);
+        CHECK(count(shown, "</think>") == 1);
+        CHECK(count(shown, "Done") == 1);
+    }
 }

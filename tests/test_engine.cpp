@@ -686,7 +686,7 @@ TEST_CASE("reasoning budget: N tokens of reasoning, then the forced message and 
     const ReasoningBudget rb = reasoning_budget_for(5, " Done.", /*opened=*/true, tok);
     CHECK(rb.start == "<think>");
     CHECK(rb.end == "</think>");
-    CHECK(rb.opened);
+    CHECK(rb.state.inside);
     CHECK(tok.decode(rb.forced, /*strip_leading_space=*/false) == " Done.</think>");
     const size_t nf = rb.forced.size();
     for (int32_t budget : {0, 1, 5, 12}) {
@@ -744,6 +744,103 @@ TEST_CASE("reasoning budget: N tokens of reasoning, then the forced message and 
     CHECK(run_one(*m, big).tokens == ref);
 }
 
+TEST_CASE("reasoning budget: a reply split over requests goes on where it stopped") {
+    // A reply generated in two requests, the second starting from the first's
+    // GenerationResult::reasoning (what a context shift or a continued chat reply does), is
+    // the reply generated in one: split before the budget runs out, where it runs out, in the
+    // middle of the forced tokens and after them.
+    auto m = load_stories();
+    if (!m) return;
+    const Tokenizer& tok = *m->tok;
+    GenerationRequest base;
+    base.prompt = tok.encode("Once upon a time", true);
+    base.n_predict = 40;
+    base.sampling.temperature = 0;
+    base.ignore_eos = true;
+    base.reasoning_budget = reasoning_budget_for(12, " Done.", /*opened=*/true, tok);
+    const int32_t nf = static_cast<int32_t>(base.reasoning_budget.forced.size());
+    REQUIRE(nf >= 3);
+    const GenerationResult whole = run_one(*m, base);
+    REQUIRE(whole.tokens.size() == 40);
+    REQUIRE(has_at(whole.tokens, 12, base.reasoning_budget.forced));
+    CHECK_FALSE(whole.reasoning.inside);
+    CHECK(whole.reasoning.spent == 12);
+    CHECK(whole.reasoning.forced_next == -1);
+    for (int32_t k : {3, 11, 12, 13, 12 + nf - 1, 12 + nf, 30}) {
+        CAPTURE(k);
+        GenerationRequest first = base;
+        first.n_predict = k;
+        const GenerationResult a = run_one(*m, first);
+        REQUIRE(a.tokens.size() == size_t(k));
+        const bool forcing = k >= 12 && k < 12 + nf;
+        CHECK(a.reasoning.inside == (k < 12 + nf));
+        CHECK(a.reasoning.spent == std::min(k, 12));
+        CHECK(a.reasoning.forced_next == (forcing ? k - 12 : -1));
+        GenerationRequest rest = base;
+        rest.prompt.insert(rest.prompt.end(), a.tokens.begin(), a.tokens.end());
+        rest.n_predict = 40 - k;
+        rest.reasoning_budget.state = a.reasoning;
+        std::vector<TokenId> joined = a.tokens;
+        const std::vector<TokenId> b = run_one(*m, rest).tokens;
+        joined.insert(joined.end(), b.begin(), b.end());
+        CHECK(joined == whole.tokens);
+    }
+    // Without the state the second request would start a fresh budget inside a block.
+    GenerationRequest bad = base;
+    bad.reasoning_budget.state.forced_next = nf;
+    auto backend = make_backend(*m, 16, 64);
+    Engine engine(*backend, tok, {});
+    CHECK_THROWS_AS(engine.submit(bad), Error);
+    bad.reasoning_budget.state = {false, 0, 0, ""};  // forcing outside a block
+    CHECK_THROWS_AS(engine.submit(bad), Error);
+    bad.reasoning_budget.state = {true, -1, -1, ""};
+    CHECK_THROWS_AS(engine.submit(bad), Error);
+}
+
+TEST_CASE("reasoning budget: a context shift carries it over") {
+    // The budget closes the block in the first round; the rounds after a shift go on outside
+    // it (the forced tokens appear once), and the output is the same as with a larger context
+    // up to the first shift.
+    auto m = load_stories();
+    if (!m) return;
+    const Tokenizer& tok = *m->tok;
+    auto backend = make_backend(*m, 16, 64);
+    EngineOptions eo;
+    eo.n_ctx = 48;
+    Engine engine(*backend, tok, eo);
+    GenerationRequest req;
+    req.prompt = tok.encode("Once upon a time", true);
+    req.n_predict = 120;
+    req.ignore_eos = true;
+    req.sampling.temperature = 0;
+    req.reasoning_budget = reasoning_budget_for(6, " Done.", /*opened=*/true, tok);
+    const std::vector<TokenId>& forced = req.reasoning_budget.forced;
+    ContextShiftOptions o;
+    o.enabled = true;
+    o.n_keep = 2;
+    int32_t shifts = 0;
+    const GenerationResult r = run_with_context_shift(engine, req, o, tok, nullptr, &shifts);
+    REQUIRE(r.tokens.size() == 120);
+    CHECK(shifts >= 2);
+    CHECK(has_at(r.tokens, 6, forced));
+    size_t n_forced = 0;
+    for (size_t i = 0; i < r.tokens.size(); ++i) n_forced += has_at(r.tokens, i, forced);
+    CHECK(n_forced == 1);
+    CHECK_FALSE(r.reasoning.inside);
+    CHECK(r.reasoning.spent == 6);
+    // A shift in the middle of the forced tokens finishes them in the next round, once.
+    const int32_t n1 = 48 - static_cast<int32_t>(req.prompt.size());
+    GenerationRequest late = req;
+    late.reasoning_budget.tokens = n1 - 2;
+    const GenerationResult l = run_with_context_shift(engine, late, o, tok, nullptr, &shifts);
+    REQUIRE(l.tokens.size() == 120);
+    CHECK(has_at(l.tokens, size_t(n1 - 2), forced));
+    n_forced = 0;
+    for (size_t i = 0; i < l.tokens.size(); ++i) n_forced += has_at(l.tokens, i, forced);
+    CHECK(n_forced == 1);
+    CHECK(engine.kv_table().n_used_blocks() == 0);
+}
+
 TEST_CASE("reasoning budget: a block the reply opens itself, tags split over tokens, grammar") {
     auto m = load_stories();
     if (!m) return;
@@ -758,7 +855,7 @@ TEST_CASE("reasoning budget: a block the reply opens itself, tags split over tok
     r.ignore_eos = true;
     r.grammar = Grammar::parse(R"(root ::= "<think>" [a-z ]+ "</think>" [a-z .]+)");
     r.reasoning_budget = reasoning_budget_for(3, "", /*opened=*/false, tok);
-    CHECK_FALSE(r.reasoning_budget.opened);
+    CHECK_FALSE(r.reasoning_budget.state.inside);
     const std::vector<TokenId> out = run_one(*m, r).tokens;
     // The token that completes "<think>", 3 more, then the forced tokens.
     std::string text;

@@ -58,6 +58,7 @@ bool ContextShiftRun::add(const GenerationResult& round, bool cancelled) {
         total_.n_accepted += round.n_accepted;
         total_.n_spec_rounds += round.n_spec_rounds;
         total_.n_target_passes += round.n_target_passes;
+        total_.reasoning = round.reasoning;
         // A later round's queueing and re-prefill is time spent generating.
         total_.timings.decode_ms +=
             round.timings.queue_ms + round.timings.prefill_ms + round.timings.decode_ms;
@@ -82,6 +83,9 @@ bool ContextShiftRun::add(const GenerationResult& round, bool cancelled) {
         for (TokenId t : total_.tokens) text += tok_.token_to_piece(t);
         req_.stop_text_before = text.substr(text.size() - std::min(text.size(), longest - 1));
     }
+    // The reasoning budget counts over the whole reply: the next round starts where this
+    // one stopped (inside a block or not, tokens spent, forcing under way).
+    if (req_.reasoning_budget.tokens >= 0) req_.reasoning_budget.state = round.reasoning;
     all_ = next;
     req_.prompt = std::move(next);
     ++shifts_;
