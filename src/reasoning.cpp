@@ -10,6 +10,9 @@ namespace kvrun {
 namespace {
 
 constexpr std::string_view kOpen = "<think>", kClose = "</think>";
+// Magistral's tags (Mistral's reasoning models; control tokens of their vocabulary).
+constexpr std::string_view kOpenMistral = "[THINK]", kCloseMistral = "[/THINK]";
+constexpr ReasoningTags kTagPairs[] = {{kOpen, kClose}, {kOpenMistral, kCloseMistral}};
 // Granite 3.3 with thinking on answers between these after its reasoning block.
 constexpr std::string_view kResponse = "<response>", kResponseEnd = "</response>";
 // Harmony's tags (gpt-oss).
@@ -51,15 +54,35 @@ std::string_view hold_back(std::string_view s, std::string_view tag) {
     return s.substr(0, s.size() - stop_string_holdback(s, {std::string(tag)}));
 }
 
-// Where the reasoning begins in the reply (npos: there is none), and whether the reply is
-// still too short to tell.
-size_t reasoning_start(std::string_view reply, bool opened, bool& undecided) {
+// Where the reasoning begins in the reply (npos: there is none) and the tag that ends it, and
+// whether the reply is still too short to tell. A block the prompt opened ends with the first
+// end tag of either pair (the prompt's own tag is not seen here).
+size_t reasoning_start(std::string_view reply, bool opened, bool& undecided,
+                       std::string_view& close) {
     undecided = false;
-    if (opened) return 0;
+    if (opened) {
+        size_t first = std::string_view::npos;
+        close = kClose;
+        for (const ReasoningTags& t : kTagPairs)
+            if (const size_t at = reply.find(t.close); at < first) first = at, close = t.close;
+        return 0;
+    }
     const std::string_view s = trim_space_left(reply);
-    if (s.substr(0, kOpen.size()) == kOpen) return reply.size() - s.size() + kOpen.size();
-    undecided = s.size() < kOpen.size() && kOpen.substr(0, s.size()) == s;
+    for (const ReasoningTags& t : kTagPairs) {
+        if (s.starts_with(t.open)) {
+            close = t.close;
+            return reply.size() - s.size() + t.open.size();
+        }
+        undecided = undecided || (s.size() < t.open.size() && t.open.starts_with(s));
+    }
     return std::string_view::npos;
+}
+
+// s without an end that may still grow into either end tag (a block the prompt opened).
+std::string_view hold_back_closes(std::string_view s) {
+    std::vector<std::string> tags;
+    for (const ReasoningTags& t : kTagPairs) tags.emplace_back(t.close);
+    return s.substr(0, s.size() - stop_string_holdback(s, tags));
 }
 
 // The answer after a closed reasoning block. Granite 3.3 wraps it in <response> tags (its
@@ -84,21 +107,24 @@ ReasoningSplit split(std::string_view reply, bool opened, bool streaming) {
          kRecipient.starts_with(reply) || reply.starts_with(kRecipient)))
         return out;  // may yet become a harmony tag, or a recipient's header
     bool undecided = false;
-    const size_t start = reasoning_start(reply, opened, undecided);
+    std::string_view close;
+    const size_t start = reasoning_start(reply, opened, undecided, close);
     if (undecided && streaming) return out;
     if (start == std::string_view::npos) {
         out.content = reply;
         return out;
     }
     const std::string_view rest = reply.substr(start);
-    const size_t end = rest.find(kClose);
+    const size_t end = rest.find(close);
     if (end == std::string_view::npos) {
-        const std::string_view shown = streaming ? hold_back(rest, kClose) : rest;
+        const std::string_view shown = !streaming ? rest
+                                       : opened   ? hold_back_closes(rest)
+                                                  : hold_back(rest, close);
         out.reasoning = trim_space_right(trim_space_left(shown));
         return out;
     }
     out.reasoning = trim_space_right(trim_space_left(rest.substr(0, end)));
-    out.content = answer_after_reasoning(rest.substr(end + kClose.size()), streaming);
+    out.content = answer_after_reasoning(rest.substr(end + close.size()), streaming);
     return out;
 }
 
@@ -106,6 +132,7 @@ ReasoningSplit split(std::string_view reply, bool opened, bool streaming) {
 
 bool chat_template_thinks(ChatTemplateKind kind, std::string_view source) {
     return kind == ChatTemplateKind::DeepSeek3 || source.find(kOpen) != std::string_view::npos ||
+           source.find(kOpenMistral) != std::string_view::npos ||
            source.find("<|channel|>analysis") != std::string_view::npos;
 }
 
@@ -158,14 +185,25 @@ std::string harmony_content(const std::vector<HarmonyMessage>& messages) {
 
 bool prompt_opens_reasoning(std::string_view prompt) {
     const std::string_view s = trim_space_right(prompt);
-    return s.size() >= kOpen.size() && s.substr(s.size() - kOpen.size()) == kOpen;
+    return std::any_of(std::begin(kTagPairs), std::end(kTagPairs),
+                       [&](const ReasoningTags& t) { return s.ends_with(t.open); });
 }
 
 bool prompt_closes_reasoning(std::string_view prompt) {
-    std::string_view s = trim_space_right(prompt);
-    if (!s.ends_with(kClose)) return false;
-    s = trim_space_right(s.substr(0, s.size() - kClose.size()));
-    return s.ends_with(kOpen);
+    const std::string_view s = trim_space_right(prompt);
+    return std::any_of(std::begin(kTagPairs), std::end(kTagPairs), [&](const ReasoningTags& t) {
+        return s.ends_with(t.close) &&
+               trim_space_right(s.substr(0, s.size() - t.close.size())).ends_with(t.open);
+    });
+}
+
+ReasoningTags reasoning_tags(const Tokenizer& tok) {
+    auto one_token = [&](std::string_view text) {
+        return tok.encode(std::string(text), false, true).size() == 1;
+    };
+    if (one_token(kOpenMistral) && one_token(kCloseMistral) && !one_token(kOpen))
+        return {kOpenMistral, kCloseMistral};
+    return {kOpen, kClose};
 }
 
 ReasoningSplit reasoning_split(std::string_view reply, bool opened) {
@@ -227,8 +265,9 @@ ReasoningBudget reasoning_budget_for(int32_t tokens, std::string_view message, b
                                   std::string(kChannel) + "final" + std::string(kMessage),
                               false, true);
     } else {
-        b.start = std::string(kOpen);
-        b.end = std::string(kClose);
+        const ReasoningTags tags = reasoning_tags(tok);
+        b.start = std::string(tags.open);
+        b.end = std::string(tags.close);
         b.state.inside = opened;
         b.forced = tok.encode(msg + b.end, false, true);
     }

@@ -24,13 +24,23 @@
 
 namespace kvrun {
 
+// A reasoning block's tags: "<think>" and "</think>", or Magistral's "[THINK]" and "[/THINK]"
+// (Mistral's reasoning models, where they are control tokens). Replies are read with either.
+struct ReasoningTags {
+    std::string_view open, close;
+};
+// The tags a model of this vocabulary writes: Magistral's when "[THINK]" and "[/THINK]" are
+// tokens of it and "<think>" is not one.
+ReasoningTags reasoning_tags(const Tokenizer& tok);
+
 // Whether a chat format writes reasoning blocks: the built-in DeepSeek3 format, or a template
 // (`source`: the Jinja template that renders the chats, or the model's own template that a
-// built-in format stands in for, as ChatML does for Qwen 3) that mentions "<think>" or
-// harmony's "<|channel|>analysis".
+// built-in format stands in for, as ChatML does for Qwen 3) that mentions "<think>",
+// "[THINK]" or harmony's "<|channel|>analysis".
 bool chat_template_thinks(ChatTemplateKind kind, std::string_view source);
 
-// Whether a prompt leaves a reasoning block open (ends with "<think>" and white space).
+// Whether a prompt leaves a reasoning block open (ends with "<think>" or "[THINK]" and white
+// space).
 bool prompt_opens_reasoning(std::string_view prompt);
 // Whether a prompt ends with an empty reasoning block the template wrote to switch thinking
 // off ("<think></think>" and white space, as GLM 4.5 and Qwen 3 do with enable_thinking
@@ -56,10 +66,11 @@ std::vector<HarmonyMessage> harmony_messages(std::string_view reply);
 std::string harmony_content(const std::vector<HarmonyMessage>& messages);
 
 // A reply split into its reasoning and its answer. `opened`: the prompt opened the block.
-// Without it, a reply whose first non-blank text is "<think>" starts one; any other reply
-// is all answer. The reasoning runs to "</think>" (all of the rest when the block is not
-// closed); white space around each part is dropped. An answer after the block that starts
-// with "<response>" (Granite 3.3 thinking) loses that tag and "</response>" with what follows.
+// Without it, a reply whose first non-blank text is "<think>" (or "[THINK]") starts one; any
+// other reply is all answer. The reasoning runs to "</think>" (or "[/THINK]"; in a block the
+// prompt opened, the first of either), all of the rest when the block is not closed; white
+// space around each part is dropped. An answer after the block that starts with "<response>"
+// (Granite 3.3 thinking) loses that tag and "</response>" with what follows.
 struct ReasoningSplit {
     std::string reasoning;
     std::string content;
@@ -74,7 +85,8 @@ ReasoningSplit reasoning_stream(std::string_view reply, bool opened);
 // llama.cpp's --reasoning-budget N and --reasoning-budget-message for one reply (the
 // engine's ReasoningBudget): at most N tokens of reasoning (-1: no budget; 0: the block ends
 // as soon as it opens), then `message` and the block's end tag are forced. A <think> block
-// ends with "</think>" (`opened`: the prompt opened it); with harmony's vocabulary (gpt-oss:
+// ends with "</think>" (`opened`: the prompt opened it), a [THINK] block with "[/THINK]"
+// (reasoning_tags); with harmony's vocabulary (gpt-oss:
 // "<|channel|>" is one token) the analysis message ends with "<|end|>" and the reply goes on
 // in the final channel.
 ReasoningBudget reasoning_budget_for(int32_t tokens, std::string_view message, bool opened,

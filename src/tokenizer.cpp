@@ -151,6 +151,12 @@ void Tokenizer::load_vocab(const GgufFile& f, const VocabDefaults& d) {
              {"<|end|>", "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"})
             if (const TokenId id = find_token(t); id >= 0) token_types_[id] = kTokenUserDefined;
     }
+    // Magistral's reasoning tags are control tokens of Mistral's vocabulary; a reply shows
+    // them (llama.cpp keeps them as its chat format's preserved tokens), so that its
+    // reasoning can be told from its answer everywhere a reply is read.
+    for (const char* t : {"[THINK]", "[/THINK]"})
+        if (const TokenId id = find_token(t); id >= 0 && token_types_[id] == kTokenControl)
+            token_types_[id] = kTokenUserDefined;
     std::sort(eog_ids_.begin(), eog_ids_.end());
     eog_ids_.erase(std::unique(eog_ids_.begin(), eog_ids_.end()), eog_ids_.end());
 

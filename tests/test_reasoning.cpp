@@ -6,8 +6,12 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "grammar.h"
+#include "modes/server_tools.h"
 #include "reasoning.h"
 #include "server_test_util.h"
+#include "tool_templates.h"
+#include "tool_test_util.h"
 
 using namespace kvrun;
 using namespace kvrun::test;
@@ -31,12 +35,19 @@ TEST_CASE("reasoning: replies split into reasoning and answer") {
         {"I say <think> late", false, "", "I say <think> late"},  // not first: text
         {"It is 5.", true, "It is 5.", ""},                       // opened, never closed
         // Granite 3.3 thinking: the answer between <response> tags.
-        {"<think>Add them.</think>\n<response>It is 5.</response>", false, "Add them.",
-         "It is 5."},
+        {"<think>Add them.</think>\n<response>It is 5.</response>", false, "Add them.", "It is 5."},
         {"<think>Add</think><response>\nIt is", false, "Add", "It is"},  // cut short
         {"<think>a</think><responses>b", false, "a", "<responses>b"},    // another word
         {"<response>No block, so kept</response>", false, "",
          "<response>No block, so kept</response>"},
+        // Magistral's tags.
+        {"[THINK]Add 2 and 3.[/THINK]\n\nIt is 5.", false, "Add 2 and 3.", "It is 5."},
+        {" [THINK]Still adding", false, "Still adding", ""},
+        {"[THINK]a</think>b[/THINK]c", false, "a</think>b", "c"},  // its own end tag only
+        {"Weigh it.[/THINK]It is 5.", true, "Weigh it.", "It is 5."},
+        {"Weigh [/THINK] then </think>", true, "Weigh", "then </think>"},  // the first end
+        {"I say [THINK] late", false, "", "I say [THINK] late"},
+        {"[THINK][/THINK][TOOL_CALLS]add[ARGS]{}", false, "", "[TOOL_CALLS]add[ARGS]{}"},
     };
     for (const Case& c : cases) {
         CAPTURE(c.reply);
@@ -73,6 +84,17 @@ TEST_CASE("reasoning: replies split into reasoning and answer") {
     CHECK(chat_template_thinks(ChatTemplateKind::DeepSeek3, ""));
     CHECK_FALSE(chat_template_thinks(ChatTemplateKind::ChatML, ""));
     CHECK(chat_template_thinks(ChatTemplateKind::ChatML, "{{ '<think>' }}"));
+    // Magistral.
+    CHECK(reasoning_stream("[THI", false).content.empty());
+    CHECK(reasoning_stream("[TOOL_CALLS]", false).content == "[TOOL_CALLS]");
+    CHECK(reasoning_stream("Hmm [/THI", true).reasoning == "Hmm");
+    CHECK(reasoning_stream("Hmm </thi", true).reasoning == "Hmm");
+    CHECK(reasoning_stream("[THINK]Hmm [/TH", false).reasoning == "Hmm");
+    CHECK(reasoning_stream("[THINK]Hmm </th", false).reasoning == "Hmm </th");
+    CHECK(prompt_opens_reasoning("[INST]2+3?[/INST][THINK]"));
+    CHECK(prompt_closes_reasoning("[INST]2+3?[/INST][THINK]\n[/THINK]"));
+    CHECK_FALSE(prompt_closes_reasoning("[INST]2+3?[/INST][THINK]\n</think>"));
+    CHECK(chat_template_thinks(ChatTemplateKind::Plain, "Think first: [THINK]...[/THINK]"));
 }
 
 TEST_CASE("reasoning: gpt-oss's harmony replies, by channel") {
@@ -360,4 +382,100 @@ TEST_CASE("server: a required tool call may follow reasoning the prompt opened")
     const json m = json::parse(r.body)["choices"][0]["message"];
     CHECK(!m["reasoning_content"].get<std::string>().empty());
     CHECK(!m.contains("tool_calls"));
+}
+
+TEST_CASE("server: Magistral's [THINK] blocks: reasoning apart, budget, then tool calls") {
+    // Mistral's reasoning models write [THINK]...[/THINK] (control tokens of their vocabulary)
+    // before the answer or the [TOOL_CALLS]: stories260K with four byte tokens it never uses
+    // renamed to those tags, under a Mistral v11 template whose system prompt asks for them.
+    const std::string path = model_path();
+    if (path.empty()) return;
+    const std::string model = with_control_tokens(path,
+                                                  {{"<0x03>", "[THINK]"},
+                                                   {"<0x04>", "[/THINK]"},
+                                                   {"<0x05>", "[TOOL_CALLS]"},
+                                                   {"<0x06>", "[ARGS]"}},
+                                                  "kvrun-test-magistral-tokens.gguf");
+    Served s(model, /*n_ctx=*/1024);
+    const Tokenizer& tok = *s.m.tokenizer;
+    const TokenId open = tok.find_token("[THINK]");
+    CHECK_FALSE(tok.is_control(open));  // shown as its text
+    CHECK(tok.token_to_piece(open) == "[THINK]");
+    CHECK(tok.is_control(tok.find_token("[TOOL_CALLS]")));
+    CHECK(reasoning_tags(tok).open == "[THINK]");
+    CHECK(reasoning_tags(tok).close == "[/THINK]");
+    const std::string tmpl =
+        std::string(
+            "[SYSTEM_PROMPT]Draft your thinking between [THINK] and [/THINK], then "
+            "answer.[/SYSTEM_PROMPT]") +
+        kMistralV11;
+    ServerConfig cfg = s.config();
+    s.set_chat(cfg, ChatTemplateKind::Plain,
+               std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(tmpl)));
+    CHECK(cfg.api.chat.thinks);
+    CHECK(tool_format_detect(tmpl) == ToolFormat::MistralV11);
+    Running run(cfg, s);
+    json body = {{"messages", {{{"role", "user"}, {"content", "Tell me a story."}}}},
+                 {"grammar", R"(root ::= "[THINK]" [a-z ]{8,30} "[/THINK]" [a-z ]{4,20} ".")"},
+                 {"max_tokens", 120},
+                 {"temperature", 0}};
+    const json m =
+        json::parse(run.post("/v1/chat/completions", body).body)["choices"][0]["message"];
+    REQUIRE(m.contains("reasoning_content"));
+    const std::string reasoning = m["reasoning_content"], content = m["content"];
+    CAPTURE(reasoning);
+    CAPTURE(content);
+    CHECK(reasoning.size() >= 4);
+    CHECK(content.size() >= 5);
+    CHECK(content.back() == '.');
+    CHECK(content.find("THINK") == std::string::npos);
+    CHECK(reasoning.find("THINK") == std::string::npos);
+    const Streamed st = stream(run, body);
+    CHECK(st.reasoning == reasoning);
+    CHECK(st.content == content);
+
+    // A budget of 3 tokens: the forced end tag is [/THINK] (one token here), then the answer.
+    // (The reasoning is then a shorter prefix of the unbudgeted one.)
+    body["grammar"] = R"(root ::= "[THINK]" [a-z ]+ "[/THINK]" [a-z ]+ ".")";
+    body["max_tokens"] = 40;
+    const json free =
+        json::parse(run.post("/v1/chat/completions", body).body)["choices"][0]["message"];
+    body["reasoning_budget_tokens"] = 3;
+    const json b =
+        json::parse(run.post("/v1/chat/completions", body).body)["choices"][0]["message"];
+    CAPTURE(free.dump());
+    CAPTURE(b.dump());
+    REQUIRE(b.contains("reasoning_content"));
+    const std::string cut = b["reasoning_content"], whole = free.value("reasoning_content", "");
+    CHECK(!cut.empty());
+    CHECK(cut.size() < whole.size());
+    CHECK(whole.starts_with(cut));
+    CHECK(b["content"].get<std::string>().size() >= 2);
+
+    // A required call may come after a [THINK] block, not after a <think> one.
+    const json tools = json(weather_and_add());
+    const ChatTools ct = tools_for(ToolFormat::MistralV11, "required");
+    // (Here the tags are tokens: the grammar names them by id.)
+    const auto id = [&](const char* text) { return fmt::format("<[{}]>", tok.find_token(text)); };
+    const std::string optional = chat_tools_grammar(ct, tok, ToolThinking::Optional).gbnf;
+    CHECK(optional.find("root ::= (" + id("[THINK]") + " think-text " + id("[/THINK]")) !=
+          std::string::npos);
+    CHECK(optional.find("<think>") == std::string::npos);
+    const std::string opened = chat_tools_grammar(ct, tok, ToolThinking::Open).gbnf;
+    CHECK(opened.find("root ::= think-text " + id("[/THINK]")) != std::string::npos);
+    REQUIRE(Grammar::parse(optional));
+    REQUIRE(Grammar::parse(opened));
+    // Over HTTP: the reply's reasoning apart and its call.
+    const HttpReply r =
+        run.post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "Add 2."}}}},
+                                          {"tools", tools},
+                                          {"tool_choice", "required"},
+                                          {"max_tokens", 60},
+                                          {"temperature", 0},
+                                          {"reasoning_budget_tokens", 2}});
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    const json choice = json::parse(r.body)["choices"][0];
+    CAPTURE(choice.dump());
+    CHECK(choice["finish_reason"] == "tool_calls");
+    CHECK(choice["message"]["tool_calls"][0]["function"]["name"] == "add");
 }

@@ -455,16 +455,18 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
     }
     // A required call in a reply that may think first: the reasoning block, then the calls
     // (a lazy grammar leaves the text before the calls free anyway).
-    if (!t.required || thinking == ToolThinking::None || t.format == ToolFormat::MistralNemo ||
-        t.format == ToolFormat::MistralV11) {
+    // (Magistral thinks in [THINK] tags before Mistral v11's calls.)
+    if (!t.required || thinking == ToolThinking::None || t.format == ToolFormat::MistralNemo) {
         g.gbnf += "root ::= tool-calls\n";
         return g;
     }
-    g.gbnf += gbnf_text_without(kThinkClose, "think-text");
-    const std::string close = literal(kThinkClose) + " [ \\t\\n]*";
+    const ReasoningTags tags = reasoning_tags(tok);
+    g.gbnf += gbnf_text_without(tags.close, "think-text");
+    // (White space after the block is bounded: a model must not idle there.)
+    const std::string close = tag(tags.close) + " [ \\t\\n]{0,8}";
     g.gbnf += thinking == ToolThinking::Open
                   ? "root ::= think-text " + close + " tool-calls\n"
-                  : "root ::= (" + literal(kThinkOpen) + " think-text " + close + ")? tool-calls\n";
+                  : "root ::= (" + tag(tags.open) + " think-text " + close + ")? tool-calls\n";
     return g;
 }
 
