@@ -845,3 +845,65 @@ TEST_CASE("server: /completion with a list of prompts answers a list of results"
     CHECK(json::parse(run.post("/completion", {{"prompt", "Tom had a"}, {"n_predict", 4}}).body)
               .is_object());
 }
+
+TEST_CASE("server --context-shift: a reply longer than the context goes on, whole and streamed") {
+    // As `run --context-shift`: the same tokens as run_with_context_shift on an engine of the
+    // same context; each request shifts on its own while another runs beside it.
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, /*n_ctx=*/64, /*parallel=*/2);
+    const Tokenizer& tok = *s.m.tokenizer;
+    const std::vector<TokenId> prompt = tok.encode("Once upon a time", true);
+    GenerationRequest req;
+    req.prompt = prompt;
+    req.n_predict = 150;
+    req.ignore_eos = true;
+    req.sampling.temperature = 0;
+    ContextShiftOptions o;
+    o.enabled = true;
+    o.n_keep = 2;
+    int32_t n_shifts = 0;
+    const GenerationResult want =
+        run_with_context_shift(*s.engine, req, o, tok, nullptr, &n_shifts);
+    REQUIRE(want.tokens.size() == 150);
+    REQUIRE(n_shifts >= 2);
+    const std::string want_text = tok.decode(want.tokens, false);
+
+    const json body = {
+        {"prompt", prompt}, {"n_predict", 150}, {"temperature", 0}, {"ignore_eos", true}};
+    ServerConfig cfg = s.config();
+    {
+        Running off(cfg, s);  // without the flag: the context ends the reply
+        const json j = json::parse(off.post("/completion", body).body);
+        CHECK(j["tokens_predicted"] == 64 - int(prompt.size()));
+    }
+    cfg.context_shift = o;
+    Running run(cfg, s);
+    std::vector<std::thread> beside;
+    std::vector<json> answers(2);
+    for (int k = 0; k < 2; ++k)
+        beside.emplace_back(
+            [&, k] { answers[size_t(k)] = json::parse(run.post("/completion", body).body); });
+    for (std::thread& t : beside) t.join();
+    for (const json& j : answers) {
+        CHECK(j["content"] == want_text);
+        CHECK(j["tokens_predicted"] == 150);
+        CHECK(j["stop_type"] == "limit");
+    }
+    // Streamed: the same text; OpenAI's endpoint says "length".
+    json stream_body = body;
+    stream_body["stream"] = true;
+    std::string text;
+    for (const std::string& e : sse_data(run.post("/completion", stream_body).body))
+        text += json::parse(e)["content"].get<std::string>();
+    CHECK(text == want_text);
+    const json oa = json::parse(
+        run.post(
+               "/v1/completions",
+               {{"prompt", prompt}, {"max_tokens", 150}, {"temperature", 0}, {"ignore_eos", true}})
+            .body);
+    CHECK(oa["choices"][0]["text"] == want_text);
+    CHECK(oa["choices"][0]["finish_reason"] == "length");
+    CHECK(oa["usage"]["completion_tokens"] == 150);
+    CHECK(oa["usage"]["prompt_tokens"] == int(prompt.size()));
+}

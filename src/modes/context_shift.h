@@ -1,6 +1,6 @@
-// --context-shift and --keep N (llama.cpp's flags) for `run`: when a request's context fills
-// up before it has generated n_predict tokens, keep the first n_keep prompt tokens (BOS
-// always), drop the older half of the rest and go on generating, as often as it takes.
+// --context-shift and --keep N (llama.cpp's flags) for `run`, `batch` and `server`: when a
+// request's context fills up before it has generated n_predict tokens, keep the first n_keep prompt
+// tokens (BOS always), drop the older half of the rest and go on generating, as often as it takes.
 // llama.cpp re-rotates the cached keys of the tokens it keeps; kvrun re-prefills them (the
 // prefix cache still serves the kept head), so their K/V are exactly those of a run on the
 // shortened text.

@@ -264,6 +264,12 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
 
     const int32_t n = ar.requests[0].n_samples;
     const size_t n_choices = jobs.size() * static_cast<size_t>(n);
+    // --context-shift: each single-sample request whose context fills goes on in further
+    // rounds, its tokens streamed on as one reply.
+    std::vector<std::optional<ContextShiftRun>> shifts(jobs.size());
+    if (cfg.context_shift.enabled && n == 1)
+        for (size_t j = 0; j < jobs.size(); ++j)
+            shifts[j].emplace(ar.requests[j], cfg.context_shift, tok);
     std::vector<ApiTextStream> texts(n_choices, ApiTextStream(tok, ar.stop, ar.preserved_tokens));
     std::vector<ApiChoiceResult> choices(n_choices);
     for (size_t i = 0; i < n_choices; ++i) choices[i].index = int32_t(i);
@@ -332,6 +338,13 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
             if (e.logprobs) lp_pending[i].push_back(std::move(*e.logprobs));
             emit(i, texts[i].push(e.token));
             return;
+        }
+        if (shifts[job]) {
+            if (shifts[job]->add(e.result, cancelled)) {
+                jobs[job] = worker->submit(shifts[job]->request());  // the next round
+                return;
+            }
+            e.result = shifts[job]->result();  // every round's tokens
         }
         emit(i, texts[i].finish());
         ApiChoiceResult& c = choices[i];
@@ -612,6 +625,7 @@ struct ServerOptions {
     std::string template_kwargs;    // JSON object text
     int32_t reasoning_budget = -1;  // -1: unrestricted; 0: thinking off; N: at most N tokens
     std::string reasoning_budget_message;
+    ContextShiftOptions shift;
 };
 
 int run_server(const ServerOptions& o) {
@@ -639,6 +653,7 @@ int run_server(const ServerOptions& o) {
     cfg.web_ui = !o.no_webui;
     cfg.slots_endpoint = !o.no_slots;
     cfg.parallel = o.parallel;
+    cfg.context_shift = o.shift;
     cfg.model_path = mo.model;
     cfg.n_batch = mo.n_batch;
     // /v1/embeddings pools: --pooling, else the model's; a model without one (a generative
@@ -736,6 +751,7 @@ void add_server_command(CLI::App& root, int& exit_code) {
         ->capture_default_str();
     add_sampling_options(cmd, o->sampling);
     add_draft_options(cmd, o->draft);
+    add_context_shift_options(cmd, o->shift);
     cmd->add_option("--stop", o->stop, "Default stop text (repeatable)");
     cmd->add_option("--api-key", o->api_key,
                     "Require \"Authorization: Bearer KEY\" on every endpoint but /health");

@@ -11,6 +11,7 @@
 #include "engine.h"
 #include "engine_worker.h"
 #include "http_server.h"
+#include "modes/context_shift.h"
 #include "modes/server_api.h"
 #include "tokenizer.h"
 
@@ -26,6 +27,9 @@ struct ServerConfig {
     int32_t n_batch = 512;            // tokens per embedding pass
     bool web_ui = true;               // GET / answers with a chat page (server_ui_html)
     bool slots_endpoint = true;       // GET /slots answers (--no-slots: 501)
+    // --context-shift / --keep: a single-sample request whose context fills before its
+    // max_tokens goes on after dropping older tokens (ContextShiftRun), as llama-server's.
+    ContextShiftOptions context_shift;
 };
 
 // The chat page of GET / (server_ui.cpp).
