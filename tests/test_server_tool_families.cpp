@@ -282,3 +282,119 @@ TEST_CASE("tool families: Command R7B's plan, action list and response tags") {
               .text == "It is");
     CHECK(tool_stream_content(ToolFormat::CommandR7B, "Sure <|START_ACTION|>[").text == "Sure");
 }
+
+TEST_CASE("tool families: Llama 3.1's built-in tools") {
+    // brave_search / web_search / wolfram_alpha are called as
+    // <|python_tag|>NAME.call(ARG="VALUE"), python / code_interpreter with their code after
+    // the tag; the template is told their names (expected text from jinja2 3.1.6 with
+    // trim_blocks, lstrip_blocks and transformers' tojson, on the same template).
+    CHECK(tool_format_detect(kLlama31) == ToolFormat::Llama3);
+    const ojson tools = ojson::parse(R"([
+      {"type": "function", "function": {"name": "brave_search", "description": "Search the web",
+       "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
+                      "required": ["query"]}}},
+      {"type": "function", "function": {"name": "code_interpreter", "description": "Run Python",
+       "parameters": {"type": "object", "properties": {"code": {"type": "string"}},
+                      "required": ["code"]}}},
+      {"type": "function", "function": {"name": "add", "description": "Add",
+       "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                      "b": {"type": "integer"}}, "required": ["a", "b"]}}}])");
+    const ojson history = ojson::parse(R"([
+      {"role": "system", "content": "Be brief."},
+      {"role": "user", "content": "Weather in Oslo?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+       "function": {"name": "brave_search", "arguments": "{\"query\": \"weather in Oslo\"}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "Sunny, 20 C"},
+      {"role": "assistant", "content": "Sunny."},
+      {"role": "user", "content": "And 2+3?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c2", "type": "function",
+       "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}}]},
+      {"role": "tool", "tool_call_id": "c2", "content": "5"},
+      {"role": "user", "content": "Thanks"}])");
+    // (A leading BOS text is left to the tokenizer: here none.)
+    CHECK(chat_tools_render(JinjaTemplate::parse(kLlama31), ToolFormat::Llama3,
+                            chat_messages_native(history), tools, {}) ==
+          "<|start_header_id|>system<|end_header_id|>\n\nEnvironment: "
+          "ipython\nTools: brave_search\n\nTo call a function, reply with {\"name\": <name>, "
+          "\"parameters\": <arguments>}. The functions:\n{\"type\": \"function\", \"function\": "
+          "{\"name\": \"brave_search\", \"description\": \"Search the web\", \"parameters\": "
+          "{\"type\": \"object\", \"properties\": {\"query\": {\"type\": \"string\"}}, "
+          "\"required\": [\"query\"]}}}\n{\"type\": \"function\", \"function\": {\"name\": "
+          "\"code_interpreter\", \"description\": \"Run Python\", \"parameters\": {\"type\": "
+          "\"object\", \"properties\": {\"code\": {\"type\": \"string\"}}, \"required\": "
+          "[\"code\"]}}}\n{\"type\": \"function\", \"function\": {\"name\": \"add\", "
+          "\"description\": \"Add\", \"parameters\": {\"type\": \"object\", \"properties\": "
+          "{\"a\": {\"type\": \"integer\"}, \"b\": {\"type\": \"integer\"}}, \"required\": "
+          "[\"a\", \"b\"]}}}\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"
+          "Weather in Oslo?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n<|python_"
+          "tag|>brave_search.call(query=\"weather in Oslo\")<|eom_id|><|start_header_id|>"
+          "ipython<|end_header_id|>\n\nSunny, 20 C<|eot_id|><|start_header_id|>assistant<|end_"
+          "header_id|>\n\nSunny.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nAnd 2+3?"
+          "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"add\", "
+          "\"parameters\": {\"a\": 2, \"b\": 3}}<|eom_id|><|start_header_id|>ipython<|end_"
+          "header_id|>\n\n5<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nThanks<|eot_id|>"
+          "<|start_header_id|>assistant<|end_header_id|>\n\n");
+
+    // Replies: a built-in call's arguments (quoted strings with JSON escapes, other values as
+    // JSON), a code tool's code under the listed code tool's name, JSON calls as before.
+    ChatTools listed = *chat_tools_from_json({{"tools", tools}});
+    listed.format = ToolFormat::Llama3;
+    ChatToolReply r = chat_tools_parse(
+        ToolFormat::Llama3, "<|python_tag|>brave_search.call(query=\"weather in \\\"Oslo\\\"\")",
+        "c", &listed);
+    REQUIRE(r.calls.size() == 1);
+    CHECK(r.calls[0].name == "brave_search");
+    CHECK(r.calls[0].arguments == R"({"query":"weather in \"Oslo\""})");
+    CHECK(r.content.empty());
+    r = chat_tools_parse(ToolFormat::Llama3,
+                         "<|python_tag|> wolfram_alpha . call( query = \"2+2\" , n=3 ) ", "c");
+    REQUIRE(r.calls.size() == 1);
+    CHECK(r.calls[0].name == "wolfram_alpha");
+    CHECK(r.calls[0].arguments == R"({"query":"2+2","n":3})");
+    r = chat_tools_parse(ToolFormat::Llama3, "<|python_tag|>print(2 + 3)\n", "c", &listed);
+    REQUIRE(r.calls.size() == 1);
+    CHECK(r.calls[0].name == "code_interpreter");
+    CHECK(r.calls[0].arguments == R"j({"code":"print(2 + 3)"})j");
+    r = chat_tools_parse(ToolFormat::Llama3, "<|python_tag|>x = 1", "c");
+    REQUIRE(r.calls.size() == 1);
+    CHECK(r.calls[0].name == "python");  // no code tool listed: llama.cpp's name
+    r = chat_tools_parse(ToolFormat::Llama3, R"(<|python_tag|>{"name": "add", "parameters": {}})",
+                         "c", &listed);
+    REQUIRE(r.calls.size() == 1);
+    CHECK(r.calls[0].name == "add");
+    CHECK(
+        chat_tools_parse(ToolFormat::Llama3, "Call brave_search.call(query=\"x\")", "c").content ==
+        "Call brave_search.call(query=\"x\")");  // no tag: words
+
+    // Grammars (this vocabulary has no <|python_tag|> token: the tag is text).
+    const std::string path = model_path();
+    if (path.empty()) return;
+    GgufFile file = GgufFile::open(path);
+    auto tok = Tokenizer::from_gguf(file);
+    ChatTools required = listed;
+    required.required = true;
+    auto g = Grammar::parse(chat_tools_grammar(required, *tok).gbnf);
+    CHECK(grammar_accepts(*g, R"({"name": "add", "parameters": {"a": 2, "b": 3}})"));
+    CHECK(grammar_accepts(*g, "<|python_tag|>brave_search.call(query=\"weather in Oslo\")"));
+    CHECK(grammar_accepts(*g, "<|python_tag|>print(2 + 3)\nprint(4)"));
+    ojson no_code = tools;
+    no_code.erase(1);
+    ChatTools strict = *chat_tools_from_json({{"tools", no_code}, {"tool_choice", "required"}});
+    strict.format = ToolFormat::Llama3;
+    g = Grammar::parse(chat_tools_grammar(strict, *tok).gbnf);
+    CHECK(grammar_accepts(*g, "<|python_tag|>brave_search.call(query=\"x\")"));
+    CHECK(grammar_accepts(*g, "<|python_tag|>brave_search.call()"));
+    CHECK_FALSE(grammar_accepts(*g, "<|python_tag|>brave_search.call(q=\"x\")"));
+    CHECK_FALSE(grammar_accepts(*g, "<|python_tag|>wolfram_alpha.call(query=\"x\")"));
+    CHECK_FALSE(grammar_accepts(*g, "<|python_tag|>print(1)"));
+    // "auto": lazy, from "{" or after the tag (a pattern here, the token where there is one).
+    ChatTools lazy = strict;
+    lazy.required = false;
+    const ToolGrammar auto_g = chat_tools_grammar(lazy, *tok);
+    REQUIRE(auto_g.triggers.size() == 2);
+    CHECK(auto_g.triggers[1]["type"] == "pattern");
+    CHECK(grammar_accepts(*Grammar::parse(auto_g.gbnf), "brave_search.call(query=\"x\")"));
+    // Without built-in tools the grammar is as it was.
+    CHECK(chat_tools_grammar(tools_for(ToolFormat::Llama3), *tok).gbnf.find("builtin") ==
+          std::string::npos);
+}

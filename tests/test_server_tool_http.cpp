@@ -302,3 +302,50 @@ TEST_CASE("server: with a built-in format, requests with tools use the model's o
     REQUIRE(choice["message"]["tool_calls"].size() == 1);
     check_call(choice["message"]["tool_calls"][0], {"get_weather", "add"});
 }
+
+TEST_CASE("server: Llama 3.1's built-in tools, the python tag a control token") {
+    // A required call to the one listed built-in tool: <|python_tag|> (a control token here,
+    // shown in the reply) and brave_search.call(query="..."), read back as the tool's call
+    // with its arguments, whole and streamed; the next turn's prompt writes it the same way.
+    const std::string path = model_path();
+    if (path.empty()) return;
+    const std::string model = with_control_tokens(path, {{"<0x03>", "<|python_tag|>"}},
+                                                  "kvrun-test-python-tag-tokens.gguf");
+    Served s(model, /*n_ctx=*/2048);
+    REQUIRE(s.m.tokenizer->is_control(s.m.tokenizer->find_token("<|python_tag|>")));
+    ServerConfig cfg = s.config();
+    s.set_chat(cfg, ChatTemplateKind::Llama3,
+               std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(kLlama31)));
+    Running run(cfg, s);
+    const json tools = json::parse(R"([{"type": "function", "function": {"name": "brave_search",
+        "description": "Search the web", "parameters": {"type": "object",
+        "properties": {"query": {"type": "string"}}, "required": ["query"]}}}])");
+    const json messages = {{{"role", "user"}, {"content", "Weather in Oslo?"}}};
+    const json body = {{"messages", messages},
+                       {"tools", tools},
+                       {"tool_choice", "required"},
+                       {"max_tokens", 200},
+                       {"temperature", 0}};
+    const HttpReply r = run.post("/v1/chat/completions", body);
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    const json choice = json::parse(r.body)["choices"][0];
+    CAPTURE(choice.dump());
+    CHECK(choice["finish_reason"] == "tool_calls");
+    REQUIRE(choice["message"]["tool_calls"].size() == 1);
+    const json call = choice["message"]["tool_calls"][0];
+    CHECK(call["function"]["name"] == "brave_search");
+    const json args = json::parse(call["function"]["arguments"].get<std::string>());
+    REQUIRE(args.contains("query"));
+    CHECK(args["query"].is_string());
+    const json streamed = streamed_tool_calls(run, body);
+    REQUIRE(streamed.size() == 1);
+    CHECK(streamed[0]["function"] == call["function"]);
+    json history = messages;
+    history.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", {call}}});
+    history.push_back({{"role", "tool"}, {"tool_call_id", call["id"]}, {"content", "Sunny"}});
+    const std::string next = json::parse(
+        run.post("/apply-template", {{"messages", history}, {"tools", tools}}).body)["prompt"];
+    CHECK(next.find("Tools: brave_search") != std::string::npos);
+    CHECK(next.find("<|python_tag|>brave_search.call(query=\"" + args["query"].get<std::string>() +
+                    "\")<|eom_id|>") != std::string::npos);
+}

@@ -69,6 +69,39 @@ To call a function, reply with {"name": <name>, "parameters": <arguments>} and n
 {% endif %}
 )tmpl";
 
+// In the style of Llama 3.1's own template: built-in tools (builtin_tools) called as
+// <|python_tag|>NAME.call(ARG="VALUE"), code_interpreter left out of the "Tools:" line, other
+// calls as JSON; a reply in ipython mode ends with <|eom_id|>.
+inline const char* const kLlama31 = R"tmpl({{- bos_token }}
+{%- if messages[0].role == 'system' %}{% set system_message = messages[0].content | trim %}{% set messages = messages[1:] %}{% else %}{% set system_message = "" %}{% endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if builtin_tools is defined or tools %}{{- "Environment: ipython\n" }}{% endif %}
+{%- if builtin_tools is defined %}{{- "Tools: " + builtin_tools | reject('equalto', 'code_interpreter') | join(", ") + "\n\n" }}{% endif %}
+{%- if tools %}{{- "To call a function, reply with {\"name\": <name>, \"parameters\": <arguments>}. The functions:\n" }}{% for t in tools %}{{ t | tojson }}
+{% endfor %}{% endif %}
+{{- system_message }}<|eot_id|>
+{%- for message in messages %}
+{%- if message.role == 'assistant' and message.tool_calls %}
+{%- set tool_call = message.tool_calls[0].function %}<|start_header_id|>assistant<|end_header_id|>
+
+{% if builtin_tools is defined and tool_call.name in builtin_tools -%}
+<|python_tag|>{{ tool_call.name }}.call({% for name, value in tool_call.arguments | items %}{{ name }}="{{ value }}"{% if not loop.last %}, {% endif %}{% endfor %})
+{%- else -%}
+{"name": "{{ tool_call.name }}", "parameters": {{ tool_call.arguments | tojson }}}
+{%- endif %}{% if builtin_tools is defined %}<|eom_id|>{% else %}<|eot_id|>{% endif %}
+{%- elif message.role == 'tool' or message.role == 'ipython' %}<|start_header_id|>ipython<|end_header_id|>
+
+{{ message.content }}<|eot_id|>
+{%- else %}<|start_header_id|>{{ message.role }}<|end_header_id|>
+
+{{ message.content | trim }}<|eot_id|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>
+
+{% endif %}
+)tmpl";
+
 inline const char* const kMistral = R"tmpl({%- for message in messages %}
 {%- if message.role == 'user' %}{% if loop.last and tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]{{ message.content }}[/INST]
 {%- elif message.role == 'assistant' and message.tool_calls %}[TOOL_CALLS][

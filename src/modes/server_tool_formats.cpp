@@ -29,6 +29,19 @@ ojson arguments_value(const ojson& f) {
 
 }  // namespace
 
+namespace tool_detail {
+
+bool llama3_code_tool(std::string_view name) {
+    return name == "python" || name == "code_interpreter";
+}
+
+bool llama3_builtin(std::string_view name) {
+    return llama3_code_tool(name) || name == "wolfram_alpha" || name == "brave_search" ||
+           name == "web_search";
+}
+
+}  // namespace tool_detail
+
 std::shared_ptr<const JinjaTemplate> native_tools_template(const std::string& source) {
     if (source.empty() || tool_format_detect(source) == ToolFormat::Generic) return nullptr;
     try {
@@ -158,6 +171,21 @@ std::string chat_tools_render(const JinjaTemplate& t, ToolFormat format, const o
     // (gpt-oss's tests "in" it) gets "" for a call's null content. Failing all, the first
     // error.
     const ojson msgs = chat_messages_for_format(format, messages);
+    // Llama 3.1's template writes built-in tools' calls its own way, given their names.
+    ojson vars = kwargs;
+    if (format == ToolFormat::Llama3 && (!vars.is_object() || !vars.contains("builtin_tools"))) {
+        ojson names = ojson::array();
+        for (const ojson& tool : tools) {
+            const ojson& f = tool.contains("function") ? tool["function"] : tool;
+            if (f.contains("name") && f["name"].is_string() &&
+                llama3_builtin(f["name"].get<std::string>()))
+                names.push_back(f["name"]);
+        }
+        if (!names.empty()) {
+            if (!vars.is_object()) vars = ojson::object();
+            vars["builtin_tools"] = names;
+        }
+    }
     std::vector<ojson> tries = {msgs, chat_messages_arguments_as_text(msgs)};
     tries.push_back(chat_messages_content_as_text(msgs));
     tries.push_back(chat_messages_content_as_text(tries[1]));
@@ -165,7 +193,7 @@ std::string chat_tools_render(const JinjaTemplate& t, ToolFormat format, const o
     for (size_t i = 0; i < tries.size(); ++i) {
         if (i > 0 && tries[i] == msgs) continue;
         try {
-            return chat_template_apply_jinja(t, tries[i], tools, true, special, kwargs);
+            return chat_template_apply_jinja(t, tries[i], tools, true, special, vars);
         } catch (const Error&) {
             if (!first) first = std::current_exception();
         }

@@ -206,15 +206,45 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
             break;
         }
         case ToolFormat::Llama3: {
+            own.insert(own.end(), {"builtin-call", "code-text", "python-tag", "arg-value"});
             g.gbnf = json_schema_to_grammar_rule(chat_tools_call_schema(t, "parameters", false),
                                                  "tool-call", own);
-            g.gbnf += "tool-calls ::= tool-call\n";
+            // Built-in tools (Llama 3.1) after the python tag: NAME.call(ARG="VALUE", ...)
+            // with the names of the tool's parameters, or a code tool's code.
+            std::string builtin;
+            for (const auto& f : t.functions) {
+                const std::string name = f["name"].get<std::string>();
+                if (!llama3_builtin(name)) continue;
+                std::string alt = "code-text";
+                if (!llama3_code_tool(name)) {
+                    std::string keys;
+                    if (f.contains("parameters") && f["parameters"].contains("properties"))
+                        for (const auto& [key, value] : f["parameters"]["properties"].items())
+                            keys += (keys.empty() ? "" : " | ") + literal(key);
+                    const std::string arg = "(" + keys + ") \"=\" arg-value";
+                    alt = literal(name + ".call(") +
+                          (keys.empty() ? "" : " (" + arg + " (\", \" " + arg + ")*)?") + " " +
+                          literal(")");
+                }
+                builtin += (builtin.empty() ? "" : " | ") + alt;
+            }
+            if (builtin.empty()) {
+                g.gbnf += "tool-calls ::= tool-call\n";
+            } else {
+                g.gbnf += "builtin-call ::= " + builtin + "\n";
+                g.gbnf += "code-text ::= [^\\x00]+\n";
+                g.gbnf += "arg-value ::= \"\\\"\" [^\"\\n]* \"\\\"\"\n";
+                g.gbnf += "python-tag ::= " + tag(kPythonTag) + "\n";
+                // (With "auto" the grammar starts after the tag.)
+                g.gbnf += t.required ? "tool-calls ::= tool-call | python-tag builtin-call\n"
+                                     : "tool-calls ::= tool-call | builtin-call\n";
+            }
             if (!t.required) {
                 // A reply that begins with "{" is a call (from its "{"); so is what follows
-                // the python tag where the vocabulary has it.
+                // the python tag (a token where the vocabulary has it, shown in the reply).
                 g.triggers.push_back({{"type", "pattern_full"}, {"value", "\\s*(\\{[\\s\\S]*)"}});
-                if (one_token(kPythonTag) >= 0)
-                    g.triggers.push_back({{"type", "token"}, {"token", one_token(kPythonTag)}});
+                if (one_token(kPythonTag) >= 0 || !builtin.empty())
+                    trigger_at(kPythonTag, "<\\|python_tag\\|>()");
             }
             break;
         }

@@ -42,6 +42,13 @@ inline constexpr std::string_view kKimiSection = "<|tool_calls_section_begin|>",
                                   kKimiArgs = "<|tool_call_argument_begin|>",
                                   kKimiCallEnd = "<|tool_call_end|>";
 
+// Llama 3.1's built-in tools: a listed tool named wolfram_alpha, brave_search or web_search
+// is called as <|python_tag|>NAME.call(ARG="VALUE", ...), one named python or
+// code_interpreter (llama3_code_tool) as <|python_tag|> and the code; the template is told
+// their names in "builtin_tools".
+bool llama3_builtin(std::string_view name);
+bool llama3_code_tool(std::string_view name);
+
 // A parameter's schema in the tools' call schema, or null.
 const nlohmann::ordered_json* parameter_schema(const ChatTools* tools, const std::string& fn,
                                                const std::string& p);

@@ -1,6 +1,7 @@
 // Reading a reply back in a native tool format's syntax, whole (chat_tools_parse) or while it
 // is generated (tool_stream_content).
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <set>
 
@@ -116,17 +117,86 @@ ChatToolReply parse_hermes(const std::string& text) {
     return out;
 }
 
-ChatToolReply parse_llama3(const std::string& text) {
+// Llama 3.1's built-in call NAME.call(ARG="VALUE", ARG=2, ...) (white space allowed around
+// the parts; a quoted value is a string, JSON escapes read where they parse, others JSON
+// where they parse): false when s is not one.
+bool read_builtin_call(std::string_view s, ToolCall& call) {
+    auto ident = [&](size_t& i) {
+        const size_t from = i;
+        while (i < s.size() && (std::isalnum(static_cast<unsigned char>(s[i])) || s[i] == '_')) ++i;
+        return std::string(s.substr(from, i - from));
+    };
+    auto skip = [&](size_t& i) {
+        while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+    };
+    size_t i = 0;
+    const std::string name = ident(i);
+    auto expect = [&](std::string_view word) {
+        skip(i);
+        if (s.substr(i, word.size()) != word) return false;
+        i += word.size();
+        return true;
+    };
+    if (name.empty() || !expect(".") || !expect("call") || !expect("(")) return false;
+    ojson args = ojson::object();
+    for (skip(i); i < s.size() && s[i] != ')';) {
+        const std::string key = ident(i);
+        skip(i);
+        if (key.empty() || i >= s.size() || s[i] != '=') return false;
+        ++i;
+        skip(i);
+        if (i < s.size() && s[i] == '"') {
+            size_t end = i + 1;
+            while (end < s.size() && s[end] != '"') end += s[end] == '\\' ? 2 : 1;
+            if (end >= s.size()) return false;
+            const std::string_view quoted = s.substr(i, end + 1 - i);
+            const ojson v = ojson::parse(quoted, nullptr, false);
+            args[key] = v.is_string() ? v : ojson(std::string(quoted.substr(1, quoted.size() - 2)));
+            i = end + 1;
+        } else {
+            const size_t end = s.find_first_of(",)", i);
+            if (end == std::string_view::npos) return false;
+            const std::string raw(trim_space_right(s.substr(i, end - i)));
+            const ojson v = ojson::parse(raw, nullptr, false);
+            args[key] = v.is_discarded() ? ojson(raw) : v;
+            i = end;
+        }
+        skip(i);
+        if (i < s.size() && s[i] == ',') ++i;
+        skip(i);
+    }
+    if (i >= s.size() || !trim_space_left(s.substr(i + 1)).empty()) return false;
+    call.name = name;
+    call.arguments = args.dump();
+    return true;
+}
+
+// Llama 3: {"name", "parameters"} (after the python tag or not); after the python tag, a
+// built-in tool's call or a code tool's code (a listed python or code_interpreter tool, else
+// "python", as llama.cpp reads it).
+ChatToolReply parse_llama3(const std::string& text, const ChatTools* tools) {
     ChatToolReply out;
     std::string_view s = trim_space_left(text);
-    if (s.substr(0, kPythonTag.size()) == kPythonTag)
-        s = trim_space_left(s.substr(kPythonTag.size()));
+    const bool tagged = s.starts_with(kPythonTag);
+    if (tagged) s = trim_space_left(s.substr(kPythonTag.size()));
+    s = trim_space_right(s);
     ToolCall call;
-    const ojson j = ojson::parse(trim_space_right(s), nullptr, false);
-    if (read_call(j, call))
+    if (read_call(ojson::parse(s, nullptr, false), call) ||
+        (tagged && read_builtin_call(s, call))) {
         out.calls.push_back(call);
-    else
+    } else if (tagged && !s.empty()) {
+        call.name = "python";
+        if (tools)
+            for (const auto& f : tools->functions)
+                if (llama3_code_tool(f["name"].get<std::string>())) {
+                    call.name = f["name"].get<std::string>();
+                    break;
+                }
+        call.arguments = ojson({{"code", std::string(s)}}).dump();
+        out.calls.push_back(call);
+    } else {
         out.content = text;
+    }
     return out;
 }
 
@@ -425,7 +495,7 @@ ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
             out = parse_hermes(text);
             break;
         case ToolFormat::Llama3:
-            out = parse_llama3(text);
+            out = parse_llama3(text, tools);
             break;
         case ToolFormat::MistralNemo:
             out = parse_mistral(text);
