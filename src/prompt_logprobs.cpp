@@ -7,13 +7,15 @@
 
 namespace kvrun {
 
-std::vector<TokenLogprobs> prompt_logprobs(Backend& backend, KvBlockTable& table,
-                                           const std::vector<TokenId>& tokens, int32_t n_top,
-                                           int32_t n_batch) {
-    std::vector<TokenLogprobs> out;
-    if (tokens.size() < 2) return out;
+namespace {
+
+// Runs tokens [0, n) through the backend in passes of at most n_batch on a sequence of its
+// own (freed on return), calling rows(start, count, logits) after each pass with the logits
+// of the positions it asked for: every position when all_rows, else the last of the text.
+template <class Rows>
+void run_text(Backend& backend, KvBlockTable& table, const std::vector<TokenId>& tokens, int32_t n,
+              int32_t n_batch, bool all_rows, Rows rows) {
     const int64_t n_vocab = backend.config().n_vocab;
-    const auto n = static_cast<int32_t>(tokens.size());
     n_batch = std::max(n_batch, 1);
     const SeqId seq = table.create_sequence();
     struct FreeSeq {
@@ -22,24 +24,56 @@ std::vector<TokenLogprobs> prompt_logprobs(Backend& backend, KvBlockTable& table
         ~FreeSeq() { table.free_sequence(seq); }
     } free_seq{table, seq};
     std::vector<float> logits;
-    for (int32_t start = 0; start < n - 1; start += n_batch) {
-        // The last token needs no logits of its own (nothing follows it): stop before it.
-        const int32_t count = std::min(n_batch, n - 1 - start);
+    for (int32_t start = 0; start < n; start += n_batch) {
+        const int32_t count = std::min(n_batch, n - start);
         const KvAppendResult r = table.append(seq, count, tokens.data() + start);
         if (!r)
-            throw Error(
-                fmt::format("the KV pool cannot hold a text of {} tokens ({})", n, r.reason()),
-                "a shorter text, or a server with a larger -c / --kv-memory");
+            throw Error(fmt::format("the KV pool cannot hold a text of {} tokens ({})",
+                                    tokens.size(), r.reason()),
+                        "a shorter text, or a server with a larger -c / --kv-memory");
         kv_apply_pending(table, backend);
         ForwardBatch fb;
         const int32_t offset = fb.add_sequence(table, seq, start, count);
-        for (int32_t i = 0; i < count; ++i) fb.logit_rows.push_back(offset + i);
-        logits.resize(size_t(count) * size_t(n_vocab));
+        const bool last = start + count == n;
+        if (all_rows)
+            for (int32_t i = 0; i < count; ++i) fb.logit_rows.push_back(offset + i);
+        else if (last)
+            fb.logit_rows.push_back(offset + count - 1);
+        logits.resize(fb.logit_rows.size() * size_t(n_vocab));
         backend.forward(fb, logits.data());
-        for (int32_t i = 0; i < count; ++i)
-            out.push_back(token_logprobs(logits.data() + size_t(i) * size_t(n_vocab), int(n_vocab),
-                                         tokens[size_t(start + i + 1)], n_top));
+        rows(start, count, logits.data());
     }
+}
+
+}  // namespace
+
+std::vector<TokenLogprobs> prompt_logprobs(Backend& backend, KvBlockTable& table,
+                                           const std::vector<TokenId>& tokens, int32_t n_top,
+                                           int32_t n_batch) {
+    std::vector<TokenLogprobs> out;
+    if (tokens.size() < 2) return out;
+    const int64_t n_vocab = backend.config().n_vocab;
+    // The last token needs no logits of its own (nothing follows it): stop before it.
+    run_text(
+        backend, table, tokens, static_cast<int32_t>(tokens.size()) - 1, n_batch, true,
+        [&](int32_t start, int32_t count, const float* logits) {
+            for (int32_t i = 0; i < count; ++i)
+                out.push_back(token_logprobs(logits + size_t(i) * size_t(n_vocab), int(n_vocab),
+                                             tokens[size_t(start + i + 1)], n_top));
+        });
+    return out;
+}
+
+std::vector<float> prompt_last_logits(Backend& backend, KvBlockTable& table,
+                                      const std::vector<TokenId>& tokens, int32_t n_batch) {
+    if (tokens.empty()) fail("an empty text has no next-token logits");
+    const auto n_vocab = static_cast<size_t>(backend.config().n_vocab);
+    std::vector<float> out;
+    run_text(backend, table, tokens, static_cast<int32_t>(tokens.size()), n_batch, false,
+             [&](int32_t start, int32_t count, const float* logits) {
+                 if (start + count == static_cast<int32_t>(tokens.size()))
+                     out.assign(logits, logits + n_vocab);
+             });
     return out;
 }
 

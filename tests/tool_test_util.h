@@ -56,11 +56,11 @@ inline void check_call(const nlohmann::json& call, const std::set<std::string>& 
 }
 
 // A copy of the model at `path` (in the temp directory, as `name`) with some of its tokens
-// renamed (from, to) and made control tokens: tool syntaxes with real control tokens on a
-// model that runs here (byte tokens its stories never use).
+// renamed (from, to) and made control tokens (or of another `type`): tool syntaxes with real
+// control tokens on a model that runs here (byte tokens its stories never use).
 inline std::string with_control_tokens(
     const std::string& path, const std::vector<std::pair<const char*, const char*>>& renamed,
-    const std::string& name) {
+    const std::string& name, int32_t type = 3 /* control; 1: normal */) {
     GgufFile in = GgufFile::open(path);
     GgufWriter w(static_cast<uint32_t>(in.alignment()));
     for (const auto& [key, value] : in.metadata()) w.set_value(key, value);
@@ -74,7 +74,7 @@ inline std::string with_control_tokens(
         const auto it = std::find(tokens.begin(), tokens.end(), from);
         REQUIRE(it != tokens.end());
         *it = to;
-        types[static_cast<size_t>(it - tokens.begin())] = 3;  // control
+        types[static_cast<size_t>(it - tokens.begin())] = type;
     }
     w.set_array_str("tokenizer.ggml.tokens", tokens);
     w.set_array_i32("tokenizer.ggml.token_type", types);

@@ -57,6 +57,7 @@ struct ApiServer::Impl {
     nlohmann::json tokenize(const nlohmann::json& body);
     nlohmann::json detokenize(const nlohmann::json& body);
     nlohmann::json embeddings(const nlohmann::json& body);
+    nlohmann::json rerank(const nlohmann::json& body);
     std::string metrics();
     nlohmann::json props();
     void slots(const HttpRequest& req, HttpConnection& conn);
@@ -136,6 +137,15 @@ void ApiServer::Impl::handle(const HttpRequest& req, HttpConnection& conn) {
         send_error(conn, 401, "invalid or missing API key (send \"Authorization: Bearer KEY\")");
         return;
     }
+    auto rerank_endpoint = [&] {
+        if (!cfg.rerank) {
+            send_error(conn, 501,
+                       "reranking is off: start the server with --rerank (a Qwen3-Reranker "
+                       "style model)");
+            return;
+        }
+        json_endpoint(req, conn, [&](const auto& j) { return rerank(j); });
+    };
     struct Route {
         const char* method;
         const char* path;
@@ -162,6 +172,10 @@ void ApiServer::Impl::handle(const HttpRequest& req, HttpConnection& conn) {
          [&] { json_endpoint(req, conn, [&](const auto& j) { return embeddings(j); }); }},
         {"POST", "/embeddings",
          [&] { json_endpoint(req, conn, [&](const auto& j) { return embeddings(j); }); }},
+        {"POST", "/rerank", [&] { rerank_endpoint(); }},
+        {"POST", "/v1/rerank", [&] { rerank_endpoint(); }},
+        {"POST", "/reranking", [&] { rerank_endpoint(); }},
+        {"POST", "/v1/reranking", [&] { rerank_endpoint(); }},
         {"POST", "/tokenize",
          [&] { json_endpoint(req, conn, [&](const auto& j) { return tokenize(j); }); }},
         {"POST", "/detokenize",
@@ -484,6 +498,63 @@ nlohmann::json ApiServer::Impl::embeddings(const nlohmann::json& j) {
     return api_embedding_response(vectors, cfg.api.model_id, n_tokens, format == "base64");
 }
 
+// /rerank (llama-server's and Jina's / Cohere's shape): the documents' relevance to the
+// query (rerank.h), most relevant first, the first top_n of them.
+nlohmann::json ApiServer::Impl::rerank(const nlohmann::json& j) {
+    if (!j.contains("query") || !j["query"].is_string()) fail("'query' must be a string");
+    const char* key = j.contains("documents") ? "documents" : "texts";  // (TEI says "texts")
+    if (!j.contains(key) || !j[key].is_array() || j[key].empty())
+        fail("'documents' must be a non-empty list of texts");
+    constexpr size_t kMaxDocuments = 4096;
+    if (j[key].size() > kMaxDocuments)
+        fail("at most {} documents per request (got {})", kMaxDocuments, j[key].size());
+    std::vector<std::string> docs;
+    for (const nlohmann::json& d : j[key]) {
+        if (d.is_string())
+            docs.push_back(d.get<std::string>());
+        else if (d.is_object() && d.contains("text") && d["text"].is_string())
+            docs.push_back(d["text"].get<std::string>());
+        else
+            fail("document {} must be a text or an object with a \"text\"", docs.size());
+    }
+    const int64_t top_n = j.contains("top_n") && !j["top_n"].is_null()
+                              ? j["top_n"].get<int64_t>()
+                              : static_cast<int64_t>(docs.size());
+    if (top_n < 1) fail("'top_n' must be at least 1 (got {})", top_n);
+    const bool with_text = j.value("return_text", false) || j.value("return_documents", false);
+    const std::string instruction = j.value("instruction", std::string(kRerankInstruction));
+    const std::string query = j["query"].get<std::string>();
+    std::vector<std::vector<TokenId>> prompts;
+    int64_t n_tokens = 0;
+    for (const std::string& d : docs) {
+        prompts.push_back(rerank_tokens(tok, *cfg.rerank, instruction, query, d));
+        n_tokens += static_cast<int64_t>(prompts.back().size());
+    }
+    std::vector<double> scores;
+    worker->call([&](Engine& e) {
+        for (size_t i = 0; i < prompts.size(); ++i)
+            if (static_cast<int64_t>(prompts[i].size()) > e.n_ctx())
+                fail("document {} makes a prompt of {} tokens; the context holds {}", i,
+                     prompts[i].size(), e.n_ctx());
+        scores = rerank_scores(e.backend(), e.kv_table(), *cfg.rerank, prompts, cfg.n_batch);
+    });
+    std::vector<size_t> order(docs.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return scores[a] > scores[b]; });
+    order.resize(static_cast<size_t>(std::min<int64_t>(top_n, int64_t(order.size()))));
+    nlohmann::json results = nlohmann::json::array();
+    for (size_t i : order) {
+        nlohmann::json r = {{"index", i}, {"relevance_score", scores[i]}};
+        if (with_text) r["document"] = {{"text", docs[i]}};
+        results.push_back(std::move(r));
+    }
+    return {{"model", cfg.api.model_id},
+            {"object", "list"},
+            {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}},
+            {"results", std::move(results)}};
+}
+
 nlohmann::json ApiServer::Impl::props() {
     const SamplingParams& s = cfg.api.defaults.sampling;
     return {{"default_generation_settings",
@@ -626,6 +697,8 @@ struct ServerOptions {
     int32_t reasoning_budget = -1;  // -1: unrestricted; 0: thinking off; N: at most N tokens
     std::string reasoning_budget_message;
     ContextShiftOptions shift;
+    bool rerank = false;
+    std::string rerank_template;
 };
 
 int run_server(const ServerOptions& o) {
@@ -654,6 +727,9 @@ int run_server(const ServerOptions& o) {
     cfg.slots_endpoint = !o.no_slots;
     cfg.parallel = o.parallel;
     cfg.context_shift = o.shift;
+    if (o.rerank)
+        cfg.rerank = std::make_shared<const RerankJudge>(rerank_judge(
+            *m.tokenizer, o.rerank_template.empty() ? kRerankTemplate : o.rerank_template));
     cfg.model_path = mo.model;
     cfg.n_batch = mo.n_batch;
     // /v1/embeddings pools: --pooling, else the model's; a model without one (a generative
@@ -752,6 +828,13 @@ void add_server_command(CLI::App& root, int& exit_code) {
     add_sampling_options(cmd, o->sampling);
     add_draft_options(cmd, o->draft);
     add_context_shift_options(cmd, o->shift);
+    cmd->add_flag("--rerank,--reranking", o->rerank,
+                  "Answer /rerank and /v1/rerank: score documents against a query with a "
+                  "generative judge such as Qwen3-Reranker (P(\"yes\") against P(\"no\") "
+                  "after its prompt)");
+    cmd->add_option("--rerank-template", o->rerank_template,
+                    "The judge's prompt for --rerank, with {query}, {document} and optionally "
+                    "{instruction} (default: Qwen3-Reranker's)");
     cmd->add_option("--stop", o->stop, "Default stop text (repeatable)");
     cmd->add_option("--api-key", o->api_key,
                     "Require \"Authorization: Bearer KEY\" on every endpoint but /health");

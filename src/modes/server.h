@@ -13,6 +13,7 @@
 #include "http_server.h"
 #include "modes/context_shift.h"
 #include "modes/server_api.h"
+#include "rerank.h"
 #include "tokenizer.h"
 
 namespace kvrun {
@@ -30,6 +31,8 @@ struct ServerConfig {
     // --context-shift / --keep: a single-sample request whose context fills before its
     // max_tokens goes on after dropping older tokens (ContextShiftRun), as llama-server's.
     ContextShiftOptions context_shift;
+    // --rerank: /rerank and /v1/rerank score documents with this judge (null: they answer 501).
+    std::shared_ptr<const RerankJudge> rerank;
 };
 
 // The chat page of GET / (server_ui.cpp).
