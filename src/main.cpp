@@ -65,7 +65,8 @@ static std::vector<std::string> with_llamacpp_flags(int argc, char** argv) {
         {"-ngl", "--n-gpu-layers"},  {"-md", "--model-draft"}, {"-ctk", "--cache-type-k"},
         {"-ctv", "--cache-type-v"},  {"-np", "--parallel"},    {"-sp", "--special"},
         {"-tb", "--threads-batch"},  {"-ub", "--ubatch-size"}, {"-fa", "--flash-attn"},
-        {"-sys", "--system-prompt"}, {"-pg", "--pg"},
+        {"-sys", "--system-prompt"}, {"-pg", "--pg"},          {"-to", "--timeout"},
+        {"-cb", "--cont-batching"},
     };
     std::vector<std::string> args(argv, argv + argc);
     for (size_t i = 1; i < args.size(); ++i)

@@ -236,8 +236,9 @@ TEST_CASE("llama.cpp's spellings: -ngl, --ctx-size, -ctk/-ctv, -md/--draft-max, 
 
     // -tb, -ub, --no-mmap, --mlock, -fa: the same tokens (-ub 3 prefills in passes of 3 tokens,
     // -tb 2 uses two threads for them and -t 1 one for each decode step).
-    for (const char* flags : {" -t 1 -tb 2", " -ub 3", " -b 8 -ub 16", " --no-mmap", " --mlock",
-                              " --no-mmap --mlock", " -fa", " -fa on", " --flash-attn auto"}) {
+    for (const char* flags :
+         {" -t 1 -tb 2", " -ub 3", " -b 8 -ub 16", " --no-mmap", " --mlock", " --no-mmap --mlock",
+          " -fa", " -fa on", " --flash-attn auto", " --no-warmup"}) {
         CAPTURE(flags);
         auto x = run_command(kvrun_cmd(base + flags));
         CHECK_MESSAGE(x.exit_code == 0, x.err);

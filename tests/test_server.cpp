@@ -681,6 +681,9 @@ TEST_CASE("kvrun server: serves on --port 0, refuses bad flags, Ctrl-C exits 0")
     bad = run_command(bin + " server -m " + path + " --chat-template-kwargs nope");
     CHECK(bad.exit_code == 1);
     CHECK(bad.err.find("must be a JSON object") != std::string::npos);
+    bad = run_command(bin + " server -m " + path + " --rerank");  // no one-token yes/no
+    CHECK(bad.exit_code == 1);
+    CHECK(bad.err.find("\"yes\" or \"no\" in one token") != std::string::npos);
     // A Qwen 3 style switch, turned off by --reasoning-budget 0.
     kvrun::test::TempDir dir;
     const std::string tmpl = dir.file("thinking.jinja");
@@ -695,18 +698,11 @@ TEST_CASE("kvrun server: serves on --port 0, refuses bad flags, Ctrl-C exits 0")
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 2, err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    std::vector<std::string> args = {bin,
-                                     "server",
-                                     "-m",
-                                     path,
-                                     "--port",
-                                     "0",
-                                     "--device",
-                                     "cpu",
-                                     "--chat-template-file",
-                                     tmpl,
-                                     "--reasoning-budget",
-                                     "0"};
+    std::vector<std::string> args = {bin, "server", "-m", path, "--port", "0", "--device", "cpu",
+                                     "--chat-template-file", tmpl, "--reasoning-budget", "0",
+                                     // llama-server's switches for what kvrun always does
+                                     "--metrics", "--cont-batching", "-cb", "--embedding",
+                                     "--no-warmup", "-to", "30", "--context-shift", "--keep", "4"};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

@@ -96,6 +96,8 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
                     "llama.cpp's -ub: max tokens per forward pass (at most -b when both are given)")
         ->check(at_least(1));
     cmd->add_flag("!--no-mmap", o.mmap, "Read the model file into memory instead of mapping it");
+    cmd->add_flag("--no-warmup")
+        ->description("Accepted for llama.cpp's scripts: kvrun runs no warm-up pass");
     cmd->add_flag("--mlock", o.mlock,
                   "Keep the model's bytes in RAM (mlock; a warning when the system refuses)");
     cmd->add_option("--flash-attn", o.flash_attn,

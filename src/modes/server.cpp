@@ -867,6 +867,17 @@ void add_server_command(CLI::App& root, int& exit_code) {
                     "Pooling of /v1/embeddings: mean, cls or last (default: the model's, mean "
                     "when it has none)")
         ->check(CLI::IsMember({"mean", "cls", "last"}));
+    // llama-server's switches for what kvrun always does: accepted so its scripts run.
+    cmd->add_flag("--cont-batching")
+        ->description(
+            "Accepted for llama-server's scripts: batching is always "
+            "continuous");
+    cmd->add_flag("--metrics")
+        ->description("Accepted for llama-server's scripts: GET /metrics always answers");
+    cmd->add_flag("--embedding,--embeddings")
+        ->description(
+            "Accepted for llama-server's scripts: /v1/embeddings always "
+            "answers, beside generation");
     cmd->add_flag("--no-webui", o->no_webui, "No chat page at GET /");
     cmd->add_flag("--no-slots", o->no_slots, "No GET /slots (the running sequences' state)");
     cmd->add_flag("--spm-infill", o->spm_infill,
