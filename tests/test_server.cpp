@@ -946,6 +946,27 @@ TEST_CASE("server --rerank: documents scored by a yes/no judge, most relevant fi
         want.push_back(std::exp(ly) / (std::exp(ly) + std::exp(ln)));
     }
     CHECK(s.engine->kv_table().n_used_blocks() == 0);
+    // `kvrun embedding --pooling rank`: QUERY<tab>DOCUMENT per line, the same scores.
+    {
+        std::string lines;
+        for (size_t i = 0; i < 3; ++i) lines += query + "\t" + docs[i] + "\n";
+        const auto cli =
+            kvrun::test::run_command(kvrun::test::kvrun_binary() + " embedding -m " + model +
+                                         " --pooling rank --embd-output-format array",
+                                     lines);
+        REQUIRE_MESSAGE(cli.exit_code == 0, cli.err);
+        const json a = json::parse(cli.out);
+        REQUIRE(a.size() == 3);
+        for (size_t i = 0; i < 3; ++i)
+            CHECK(a[i].get<double>() == doctest::Approx(want[i]).epsilon(1e-5));
+        const auto text = kvrun::test::run_command(
+            kvrun::test::kvrun_binary() + " embedding -m " + model + " --pooling rank", lines);
+        CHECK(text.out.find("rerank score 2: ") != std::string::npos);
+        const auto no_tab = kvrun::test::run_command(
+            kvrun::test::kvrun_binary() + " embedding -m " + model + " --pooling rank -p 'q d'");
+        CHECK(no_tab.exit_code == 1);
+        CHECK(no_tab.err.find("no tab") != std::string::npos);
+    }
 
     ServerConfig cfg = s.config();
     {

@@ -9,6 +9,7 @@
 
 #include "modes/model_options.h"
 #include "modes/modes.h"
+#include "rerank.h"
 #include "text_input.h"
 
 namespace kvrun {
@@ -16,7 +17,7 @@ namespace {
 
 struct EmbeddingOptions {
     ModelOptions model;
-    std::string prompt, file, pooling, output_format, separator = "\n";
+    std::string prompt, file, pooling, output_format, separator = "\n", rerank_template;
     int normalize = 2;
     bool no_bos = false, parse_special = false;
 };
@@ -92,6 +93,47 @@ void print_json(const std::vector<std::vector<float>>& v, const std::string& for
     fmt::print("{}\n", out.dump());
 }
 
+// --pooling rank: each text is "QUERY<tab>DOCUMENT", scored by a generative judge
+// (rerank.h); llama-embedding's "rerank score i: x" lines, or JSON.
+int run_rerank(const EmbeddingOptions& o, const std::vector<std::string>& texts,
+               const LoadedModel& m) {
+    const RerankJudge judge =
+        rerank_judge(*m.tokenizer, o.rerank_template.empty() ? kRerankTemplate : o.rerank_template);
+    std::vector<std::vector<TokenId>> prompts;
+    for (size_t i = 0; i < texts.size(); ++i) {
+        const size_t tab = texts[i].find('\t');
+        if (tab == std::string::npos)
+            throw Error(fmt::format("text {} has no tab between its query and document", i + 1),
+                        "--pooling rank reads one \"QUERY<tab>DOCUMENT\" per text");
+        prompts.push_back(rerank_tokens(*m.tokenizer, judge, kRerankInstruction,
+                                        texts[i].substr(0, tab), texts[i].substr(tab + 1)));
+        if (int64_t(prompts.back().size()) > o.model.n_ctx)
+            throw Error(fmt::format("text {} makes a prompt of {} tokens, more than the context "
+                                    "of {}",
+                                    i + 1, prompts.back().size(), o.model.n_ctx),
+                        "a larger -c, or a shorter document");
+    }
+    const auto start = std::chrono::steady_clock::now();
+    KvBlockTable table = kv_table_for(*m.backend);
+    const std::vector<double> scores =
+        rerank_scores(*m.backend, table, judge, prompts, o.model.n_batch);
+    fmt::print(stderr, "rerank: {} pair(s) on {} ({}), {:.2f} s\n", texts.size(), o.model.model,
+               m.device,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (o.output_format.empty()) {
+        for (size_t i = 0; i < scores.size(); ++i)
+            fmt::print("rerank score {}: {:8.3f}\n", i, scores[i]);
+    } else if (o.output_format == "array") {
+        fmt::print("{}\n", nlohmann::json(scores).dump());
+    } else {
+        nlohmann::json data = nlohmann::json::array();
+        for (size_t i = 0; i < scores.size(); ++i)
+            data.push_back({{"object", "rerank"}, {"index", i}, {"relevance_score", scores[i]}});
+        fmt::print("{}\n", nlohmann::json({{"object", "list"}, {"data", data}}).dump());
+    }
+    return 0;
+}
+
 int run_embedding(EmbeddingOptions o) {
     TextInput in;
     if (!o.prompt.empty()) in.prompt = o.prompt;
@@ -105,6 +147,7 @@ int run_embedding(EmbeddingOptions o) {
     const ModelConfig& cfg = m.backend->config();
     const Pooling pooling =
         o.pooling.empty() ? model_pooling(*m.file) : *pooling_from_name(o.pooling);
+    if (pooling == Pooling::Rank) return run_rerank(o, texts, m);
     int32_t max_tokens = o.model.n_ctx;
     if (!user_ctx && cfg.n_ctx_train > 0)
         max_tokens = std::min<int32_t>(max_tokens, cfg.n_ctx_train);
@@ -146,7 +189,9 @@ void add_embedding_command(CLI::App& root, int& exit_code) {
     p->excludes(f);
     cmd->add_option("--pooling", o->pooling,
                     "none (a vector per token), mean, cls (first token) or last; default: the "
-                    "model's pooling_type, none when it has none (as llama.cpp)")
+                    "model's pooling_type, none when it has none (as llama.cpp); rank: each "
+                    "text is QUERY<tab>DOCUMENT, scored by a yes/no judge such as "
+                    "Qwen3-Reranker")
         ->check(CLI::IsMember({"none", "mean", "cls", "last", "rank"}));
     cmd->add_option("--embd-normalize", o->normalize,
                     "-1 none, 0 max-abs to int16 range, 1 taxicab, 2 euclidean, >2 p-norm")
@@ -158,6 +203,9 @@ void add_embedding_command(CLI::App& root, int& exit_code) {
         ->check(CLI::IsMember({"", "array", "json", "json+"}));
     cmd->add_option("--embd-separator", o->separator,
                     "Separator of the texts (default: newline; \\n \\t escapes)");
+    cmd->add_option("--rerank-template", o->rerank_template,
+                    "The judge's prompt for --pooling rank, with {query}, {document} and "
+                    "optionally {instruction} (default: Qwen3-Reranker's)");
     cmd->add_flag("--no-bos", o->no_bos, "Do not add the BOS token");
     cmd->add_flag("--parse-special", o->parse_special, "Recognize special token texts");
     cmd->footer(
