@@ -664,6 +664,16 @@ GenerationResult run_one(const Model& m, GenerationRequest r, EngineOptions eo =
     return out;
 }
 
+// "Once upon a time", n greedy tokens, past EOS.
+GenerationRequest greedy_story(const Tokenizer& tok, int32_t n) {
+    GenerationRequest r;
+    r.prompt = tok.encode("Once upon a time", true);
+    r.n_predict = n;
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    return r;
+}
+
 bool has_at(const std::vector<TokenId>& v, size_t at, const std::vector<TokenId>& part) {
     return at + part.size() <= v.size() && std::equal(part.begin(), part.end(), v.begin() + at);
 }
@@ -674,11 +684,7 @@ TEST_CASE("reasoning budget: N tokens of reasoning, then the forced message and 
     auto m = load_stories();
     if (!m) return;
     const Tokenizer& tok = *m->tok;
-    GenerationRequest base;
-    base.prompt = tok.encode("Once upon a time", true);
-    base.n_predict = 40;
-    base.sampling.temperature = 0;
-    base.ignore_eos = true;
+    GenerationRequest base = greedy_story(tok, 40);
     const std::vector<TokenId> ref = run_one(*m, base).tokens;
     REQUIRE(ref.size() == 40);
 
@@ -752,11 +758,7 @@ TEST_CASE("reasoning budget: a reply split over requests goes on where it stoppe
     auto m = load_stories();
     if (!m) return;
     const Tokenizer& tok = *m->tok;
-    GenerationRequest base;
-    base.prompt = tok.encode("Once upon a time", true);
-    base.n_predict = 40;
-    base.sampling.temperature = 0;
-    base.ignore_eos = true;
+    GenerationRequest base = greedy_story(tok, 40);
     base.reasoning_budget = reasoning_budget_for(12, " Done.", /*opened=*/true, tok);
     const int32_t nf = static_cast<int32_t>(base.reasoning_budget.forced.size());
     REQUIRE(nf >= 3);
@@ -785,7 +787,8 @@ TEST_CASE("reasoning budget: a reply split over requests goes on where it stoppe
         joined.insert(joined.end(), b.begin(), b.end());
         CHECK(joined == whole.tokens);
     }
-    // Without the state the second request would start a fresh budget inside a block.
+    // States that cannot be are refused: a forced index past the forced tokens, forcing
+    // outside a block, tokens spent below 0.
     GenerationRequest bad = base;
     bad.reasoning_budget.state.forced_next = nf;
     auto backend = make_backend(*m, 16, 64);
@@ -808,11 +811,7 @@ TEST_CASE("reasoning budget: a context shift carries it over") {
     EngineOptions eo;
     eo.n_ctx = 48;
     Engine engine(*backend, tok, eo);
-    GenerationRequest req;
-    req.prompt = tok.encode("Once upon a time", true);
-    req.n_predict = 120;
-    req.ignore_eos = true;
-    req.sampling.temperature = 0;
+    GenerationRequest req = greedy_story(tok, 120);
     req.reasoning_budget = reasoning_budget_for(6, " Done.", /*opened=*/true, tok);
     const std::vector<TokenId>& forced = req.reasoning_budget.forced;
     ContextShiftOptions o;

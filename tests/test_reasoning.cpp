@@ -212,6 +212,27 @@ Streamed stream(Running& run, json body) {
     return s;
 }
 
+// A reply the request's grammar makes think and then answer: its reasoning and its answer
+// come back apart, neither with the tag's `word`, the answer ending with ".", and a stream
+// gives the same two texts.
+std::pair<json, Streamed> check_apart(Running& run, const json& body, const std::string& word) {
+    const json m =
+        json::parse(run.post("/v1/chat/completions", body).body)["choices"][0]["message"];
+    REQUIRE(m.contains("reasoning_content"));
+    const std::string reasoning = m["reasoning_content"], content = m["content"];
+    CAPTURE(reasoning);
+    CAPTURE(content);
+    CHECK(reasoning.size() >= 4);
+    CHECK(content.size() >= 5);
+    CHECK(content.back() == '.');
+    CHECK(content.find(word) == std::string::npos);
+    CHECK(reasoning.find(word) == std::string::npos);
+    const Streamed st = stream(run, body);
+    CHECK(st.reasoning == reasoning);
+    CHECK(st.content == content);
+    return {m, st};
+}
+
 }  // namespace
 
 TEST_CASE("server: reasoning_content apart from the answer, whole and streamed") {
@@ -227,20 +248,8 @@ TEST_CASE("server: reasoning_content apart from the answer, whole and streamed")
                  {"grammar", R"(root ::= [a-z ]{8,30} "</think>" " " [a-z ]{4,20} ".")"},
                  {"max_tokens", 120},
                  {"temperature", 0}};
-    const json m =
-        json::parse(run.post("/v1/chat/completions", body).body)["choices"][0]["message"];
-    REQUIRE(m.contains("reasoning_content"));
+    const auto [m, st] = check_apart(run, body, "think");
     const std::string reasoning = m["reasoning_content"], content = m["content"];
-    CAPTURE(reasoning);
-    CAPTURE(content);
-    CHECK(reasoning.size() >= 4);
-    CHECK(content.size() >= 5);
-    CHECK(content.back() == '.');
-    CHECK(content.find("think") == std::string::npos);
-    CHECK(reasoning.find("think") == std::string::npos);
-    const Streamed st = stream(run, body);
-    CHECK(st.reasoning == reasoning);
-    CHECK(st.content == content);
     CHECK(st.reasoning_chunks > 1);  // reasoning streams as it comes
 
     // reasoning_format "none": one whole content, tag and all.
@@ -419,20 +428,7 @@ TEST_CASE("server: Magistral's [THINK] blocks: reasoning apart, budget, then too
                  {"grammar", R"(root ::= "[THINK]" [a-z ]{8,30} "[/THINK]" [a-z ]{4,20} ".")"},
                  {"max_tokens", 120},
                  {"temperature", 0}};
-    const json m =
-        json::parse(run.post("/v1/chat/completions", body).body)["choices"][0]["message"];
-    REQUIRE(m.contains("reasoning_content"));
-    const std::string reasoning = m["reasoning_content"], content = m["content"];
-    CAPTURE(reasoning);
-    CAPTURE(content);
-    CHECK(reasoning.size() >= 4);
-    CHECK(content.size() >= 5);
-    CHECK(content.back() == '.');
-    CHECK(content.find("THINK") == std::string::npos);
-    CHECK(reasoning.find("THINK") == std::string::npos);
-    const Streamed st = stream(run, body);
-    CHECK(st.reasoning == reasoning);
-    CHECK(st.content == content);
+    check_apart(run, body, "THINK");
 
     // A budget of 3 tokens: the forced end tag is [/THINK] (one token here), then the answer.
     // (The reasoning is then a shorter prefix of the unbudgeted one.)
