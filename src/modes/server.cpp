@@ -354,11 +354,20 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
             return;
         }
         if (shifts[job]) {
+            std::string refused;
             if (shifts[job]->add(e.result, cancelled)) {
-                jobs[job] = worker->submit(shifts[job]->request());  // the next round
-                return;
+                try {
+                    jobs[job] = worker->submit(shifts[job]->request());  // the next round
+                    return;
+                } catch (const Error& err) {  // (the server is stopping)
+                    refused = error_text(err);
+                }
             }
             e.result = shifts[job]->result();  // every round's tokens
+            if (!refused.empty()) {
+                e.result.stop = StopReason::Error;
+                e.result.error = refused;
+            }
         }
         emit(i, texts[i].finish());
         ApiChoiceResult& c = choices[i];
