@@ -30,6 +30,7 @@
 #include "modes/model_options.h"
 #include "modes/modes.h"
 #include "modes/server_anthropic.h"
+#include "modes/server_responses.h"
 #include "prompt_logprobs.h"
 #include "text_input.h"
 
@@ -48,10 +49,12 @@ struct ApiServer::Impl {
     Impl(ServerConfig c, Engine& e, const Tokenizer& t) : cfg(std::move(c)), engine(e), tok(t) {}
 
     void handle(const HttpRequest& req, HttpConnection& conn);
-    // anthropic: the body is an Anthropic Messages request, the answer an Anthropic message
-    // or event stream (server_anthropic.h); `format` is then OpenAiChat.
+    // The client's API: OpenAI's, or a body in Anthropic's Messages API
+    // (server_anthropic.h) or OpenAI's Responses API (server_responses.h), rewritten into a
+    // chat request (`format` is then OpenAiChat) and answered in that API.
+    enum class Dialect { OpenAi, Anthropic, Responses };
     void generate(ApiFormat format, const HttpRequest& req, HttpConnection& conn,
-                  bool anthropic = false);
+                  Dialect dialect = Dialect::OpenAi);
     nlohmann::json count_tokens(const std::string& body);
     // JSON in, JSON out (json_endpoint answers 400 for what they throw).
     nlohmann::json tokenize(const nlohmann::json& body);
@@ -156,7 +159,12 @@ void ApiServer::Impl::handle(const HttpRequest& req, HttpConnection& conn) {
         {"POST", "/completions", [&] { generate(ApiFormat::OpenAiCompletion, req, conn); }},
         {"POST", "/v1/chat/completions", [&] { generate(ApiFormat::OpenAiChat, req, conn); }},
         {"POST", "/chat/completions", [&] { generate(ApiFormat::OpenAiChat, req, conn); }},
-        {"POST", "/v1/messages", [&] { generate(ApiFormat::OpenAiChat, req, conn, true); }},
+        {"POST", "/v1/messages",
+         [&] { generate(ApiFormat::OpenAiChat, req, conn, Dialect::Anthropic); }},
+        {"POST", "/v1/responses",
+         [&] { generate(ApiFormat::OpenAiChat, req, conn, Dialect::Responses); }},
+        {"POST", "/responses",
+         [&] { generate(ApiFormat::OpenAiChat, req, conn, Dialect::Responses); }},
         {"POST", "/v1/messages/count_tokens",
          [&] {
              try {
@@ -220,7 +228,9 @@ void ApiServer::Impl::handle(const HttpRequest& req, HttpConnection& conn) {
 }
 
 void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpConnection& conn,
-                               bool anthropic) {
+                               Dialect dialect) {
+    const bool anthropic = dialect == Dialect::Anthropic;
+    const bool responses = dialect == Dialect::Responses;
     // Errors and events in the client's API.
     auto fail_with = [&](int status, std::string_view message) {
         if (anthropic)
@@ -229,13 +239,19 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
         return send_error(conn, status, message);
     };
     std::optional<AnthropicStream> astream;
-    auto send = [&](const nlohmann::json& chunk) {
-        if (!astream) return send_event(conn, chunk);
-        for (const auto& [name, data] : astream->feed(chunk))
+    std::optional<ResponsesStream> rstream;
+    auto send_named = [&](const auto& events) {
+        for (const auto& [name, data] : events)
             if (!conn.send_chunk("event: " + name + "\ndata: " + json_line(data) + "\n\n"))
                 return false;
         return true;
     };
+    auto send = [&](const nlohmann::json& chunk) {
+        if (astream) return send_named(astream->feed(chunk));
+        if (rstream) return send_named(rstream->feed(chunk));
+        return send_event(conn, chunk);
+    };
+    nlohmann::ordered_json responses_body;  // (its settings are echoed in the answer)
     ApiRequest ar;
     // One job per prompt (OpenAI's list of prompts); their samples are the choices, prompt
     // by prompt.
@@ -251,6 +267,15 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
             if (ar.requests.size() != 1 || ar.requests[0].n_samples != 1)
                 fail("the Messages API gives one reply per request");
             if (ar.stream) astream.emplace(int64_t(ar.requests[0].prompt.size()));
+        } else if (responses) {
+            responses_body =
+                nlohmann::ordered_json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+            if (responses_body.is_discarded()) fail("malformed JSON");
+            ar = api_request_from_json(format, responses_to_openai(responses_body).dump(), cfg.api,
+                                       tok);
+            if (ar.requests.size() != 1 || ar.requests[0].n_samples != 1)
+                fail("the Responses API gives one reply per request");
+            if (ar.stream) rstream.emplace(responses_body, int64_t(ar.requests[0].prompt.size()));
         } else {
             ar = api_request_from_json(format, req.body, cfg.api, tok);
         }
@@ -379,9 +404,14 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
         if (!ar.stream || client_gone) return;
         if (c.result.stop == StopReason::Error) {
             const bool sent =
-                anthropic
-                    ? conn.send_chunk("event: error\ndata: " +
-                                      anthropic_error_body(500, c.result.error) + "\n\n")
+                anthropic ? conn.send_chunk("event: error\ndata: " +
+                                            anthropic_error_body(500, c.result.error) + "\n\n")
+                : responses
+                    ? send_named(
+                          std::vector<ResponsesStream::Event>{{"error",
+                                                               {{"type", "error"},
+                                                                {"code", "server_error"},
+                                                                {"message", c.result.error}}}})
                     : send_event(conn, nlohmann::json::parse(http_error_body(500, c.result.error)));
             if (!sent) client_gone = true;
         } else {
@@ -431,7 +461,7 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
     if (ar.stream) {
         if (client_gone) return;
         if (openai && ar.include_usage) send(api_usage_chunk(ar, meta, choices));
-        if (openai && !anthropic) conn.send_chunk("data: [DONE]\n\n");
+        if (openai && dialect == Dialect::OpenAi) conn.send_chunk("data: [DONE]\n\n");
         conn.end_chunked();
         return;
     }
@@ -447,7 +477,10 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
         }
     }
     const nlohmann::json answer = api_response(ar, meta, choices, tok);
-    send_json(conn, 200, anthropic ? anthropic_response(answer, choices[0].stop_word) : answer);
+    send_json(conn, 200,
+              anthropic   ? anthropic_response(answer, choices[0].stop_word)
+              : responses ? responses_response(answer, responses_body)
+                          : answer);
 }
 
 // Anthropic's /v1/messages/count_tokens: the prompt's tokens as /v1/messages would give them.
@@ -817,8 +850,8 @@ void add_server_command(CLI::App& root, int& exit_code) {
     CLI::App* cmd = root.add_subcommand(
         "server",
         "Serve the model over HTTP: OpenAI's /v1/completions and /v1/chat/completions (with "
-        "streaming), Anthropic's /v1/messages, llama.cpp server's /completion, /infill, "
-        "/tokenize, /detokenize, /health, /metrics");
+        "streaming), /v1/responses, /v1/embeddings, /v1/rerank, Anthropic's /v1/messages, "
+        "llama.cpp server's /completion, /infill, /tokenize, /detokenize, /health, /metrics");
     cmd->alias("serve");
     add_model_options(cmd, o->model);
     cmd->add_option("--host", o->host, "Address to listen on (0.0.0.0: every interface)")

@@ -1,0 +1,61 @@
+// OpenAI's Responses API (POST /v1/responses), as vLLM's, Ollama's and llama.cpp's servers
+// offer it for clients such as the OpenAI Agents SDK and Codex: a request is rewritten into a
+// chat completions request, which runs as any other, and its answer (whole, or streamed as
+// chat completion chunks) is rewritten into a response object and its events. Nothing is
+// stored: each request carries its whole conversation (`previous_response_id` is refused).
+// JSON in, JSON out; no model here.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kvrun {
+
+// The chat completions request for a Responses one: "instructions" becomes a system message;
+// "input" (a text, or items: messages with text parts, an assistant's "reasoning",
+// "function_call" and text items merged into one assistant message, "function_call_output"
+// items as tool messages) the messages; function "tools" ({type, name, description,
+// parameters}), "tool_choice", "parallel_tool_calls", "max_output_tokens", "temperature",
+// "top_p", "stream" carry over; "reasoning.effort" becomes reasoning_effort ("none": no
+// thinking), "text.format" the response_format. Throws Error for what kvrun cannot do
+// (images, files, built-in tools, stored responses) or a malformed body.
+nlohmann::ordered_json responses_to_openai(const nlohmann::ordered_json& body);
+
+// The whole answer: a chat completion (one choice) as a response object whose output is a
+// reasoning item, a message with its output_text and a function_call item per call.
+// `request` is the Responses body (its settings are echoed).
+nlohmann::json responses_response(const nlohmann::json& chat_completion,
+                                  const nlohmann::ordered_json& request);
+
+// A streamed answer: fed the chat completion chunks in order (the last one the usage chunk),
+// gives the Responses events as (name, data) pairs: response.created and
+// response.in_progress, then per output item response.output_item.added, its parts' deltas
+// (reasoning_text, output_text, function_call_arguments) and their .done events,
+// response.output_item.done, and last response.completed (response.incomplete when
+// max_output_tokens cut the reply) with the whole response.
+class ResponsesStream {
+  public:
+    using Event = std::pair<std::string, nlohmann::json>;
+    ResponsesStream(nlohmann::ordered_json request, int64_t input_tokens)
+        : request_(std::move(request)), input_tokens_(input_tokens) {}
+    std::vector<Event> feed(const nlohmann::json& chunk);
+
+  private:
+    void emit(std::vector<Event>& out, const std::string& name, nlohmann::json data);
+    void open(std::vector<Event>& out, const std::string& type);
+    void close(std::vector<Event>& out);
+    nlohmann::ordered_json request_;
+    int64_t input_tokens_;
+    int64_t sequence_ = 0;
+    bool started_ = false, done_ = false;
+    std::string id_, model_;
+    int64_t created_ = 0;
+    std::string open_;  // the open item's type ("reasoning", "message"; "" when none)
+    std::string text_;  // its text so far
+    nlohmann::json output_ = nlohmann::json::array();  // the finished items
+    nlohmann::json finish_reason_;
+};
+
+}  // namespace kvrun

@@ -1,0 +1,287 @@
+// OpenAI's Responses API (server_responses.h): requests rewritten into chat completions
+// (instructions, input items merged into the conversation, tools, tool_choice, reasoning
+// effort, text format, what is refused), answers rewritten into response objects and event
+// streams, and over HTTP on stories260K: the same text as the chat endpoint, streamed as the
+// Responses events, a required call as a function_call item and its output sent back.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "chat_template.h"
+#include "common.h"
+#include "modes/server_responses.h"
+#include "server_test_util.h"
+#include "tool_test_util.h"
+
+using namespace kvrun;
+using namespace kvrun::test;
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+// (event name, data) pairs of a named event stream.
+std::vector<std::pair<std::string, json>> events_of(const std::string& body) {
+    std::vector<std::pair<std::string, json>> out;
+    size_t at = 0;
+    while ((at = body.find("event: ", at)) != std::string::npos) {
+        const size_t nl = body.find('\n', at);
+        const std::string name = body.substr(at + 7, nl - at - 7);
+        const size_t data = body.find("data: ", nl);
+        const size_t end = body.find("\n\n", data);
+        out.emplace_back(name, json::parse(body.substr(data + 6, end - data - 6)));
+        at = end;
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("responses: requests become chat completions requests") {
+    const ojson body = ojson::parse(R"({
+      "model": "any", "instructions": "Be brief.", "max_output_tokens": 64, "temperature": 0.5,
+      "input": [
+        {"role": "developer", "content": "Use tools."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "2+3?"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [],
+         "content": [{"type": "reasoning_text", "text": "Add them."}]},
+        {"type": "function_call", "call_id": "call_1", "name": "add",
+         "arguments": "{\"a\": 2, \"b\": 3}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "5"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "It is 5."}]},
+        {"role": "user", "content": "Thanks"}],
+      "tools": [{"type": "function", "name": "add", "description": "Adds.",
+                 "parameters": {"type": "object"}, "strict": true}],
+      "tool_choice": {"type": "function", "name": "add"}, "parallel_tool_calls": false,
+      "reasoning": {"effort": "high"},
+      "text": {"format": {"type": "json_schema", "name": "r", "schema": {"type": "object"},
+                          "strict": true}},
+      "store": true, "metadata": {"k": "v"}})");
+    const ojson o = responses_to_openai(body);
+    CHECK(o == ojson::parse(R"({
+      "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "2+3?"},
+        {"role": "assistant", "reasoning_content": "Add them.",
+         "tool_calls": [{"id": "call_1", "type": "function",
+                         "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}}],
+         "content": null},
+        {"role": "tool", "tool_call_id": "call_1", "content": "5"},
+        {"role": "assistant", "content": "It is 5."},
+        {"role": "user", "content": "Thanks"}],
+      "temperature": 0.5, "parallel_tool_calls": false, "max_tokens": 64,
+      "tools": [{"type": "function", "function": {"name": "add", "description": "Adds.",
+                                                  "parameters": {"type": "object"}}}],
+      "tool_choice": {"type": "function", "function": {"name": "add"}},
+      "reasoning_effort": "high",
+      "response_format": {"type": "json_schema",
+                          "json_schema": {"name": "r", "schema": {"type": "object"},
+                                          "strict": true}}})"));
+    // A text input; streamed with usage; effort "none" turns thinking off.
+    const ojson s = responses_to_openai(
+        ojson::parse(R"({"input": "Hi", "stream": true, "reasoning": {"effort": "none"}})"));
+    CHECK(s["messages"] == ojson::parse(R"([{"role": "user", "content": "Hi"}])"));
+    CHECK(s["stream_options"]["include_usage"] == true);
+    CHECK(s["reasoning_budget_tokens"] == 0);
+    CHECK(s["chat_template_kwargs"]["enable_thinking"] == false);
+    // What kvrun cannot do: one clear error each.
+    const std::pair<const char*, const char*> refused[] = {
+        {R"({"input": "Hi", "previous_response_id": "resp_1"})", "stores no responses"},
+        {R"({"model": "m"})", "missing field 'input'"},
+        {R"({"input": []})", "non-empty list"},
+        {R"({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]})",
+         "input_image parts are not supported"},
+        {R"({"input": "Hi", "tools": [{"type": "web_search"}]})", "built-in tools"},
+        {R"({"input": "Hi", "tool_choice": {"type": "mcp"}})", "'tool_choice' must be"},
+        {R"({"input": [{"type": "function_call", "name": "f"}]})", "needs a string 'call_id'"},
+        {R"({"input": [{"role": "robot", "content": "x"}]})", "role 'robot'"},
+        {R"({"input": [{"type": "item_reference", "id": "x"}]})", "'item_reference'"},
+        {R"({"input": "Hi", "text": {"format": {"type": "xml"}}})", "'text.format'"}};
+    for (const auto& [text, message] : refused) {
+        CAPTURE(text);
+        CHECK_THROWS_WITH_AS(responses_to_openai(ojson::parse(text)), doctest::Contains(message),
+                             Error);
+    }
+}
+
+TEST_CASE("responses: answers become response objects and event streams") {
+    const ojson request = ojson::parse(R"({"input": "2+3?", "max_output_tokens": 50,
+        "tools": [{"type": "function", "name": "add", "parameters": {}}]})");
+    const json completion = json::parse(R"({"id": "chatcmpl-7", "created": 100, "model": "m",
+      "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant",
+        "reasoning_content": "Add.", "content": "Calling.",
+        "tool_calls": [{"id": "call_9", "type": "function",
+                        "function": {"name": "add", "arguments": "{\"a\":2}"}}]}}],
+      "usage": {"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}})");
+    const json r = responses_response(completion, request);
+    CHECK(r["id"] == "resp_chatcmpl-7");
+    CHECK(r["object"] == "response");
+    CHECK(r["status"] == "completed");
+    CHECK(r["incomplete_details"].is_null());
+    CHECK(r["max_output_tokens"] == 50);
+    CHECK(r["tools"] == request["tools"]);
+    CHECK(r["usage"]["total_tokens"] == 17);
+    REQUIRE(r["output"].size() == 3);
+    CHECK(r["output"][0]["type"] == "reasoning");
+    CHECK(r["output"][0]["content"][0]["text"] == "Add.");
+    CHECK(r["output"][1]["type"] == "message");
+    CHECK(r["output"][1]["content"][0] ==
+          json::parse(R"({"type": "output_text", "text": "Calling.", "annotations": []})"));
+    CHECK(r["output"][2] == json::parse(R"({"type": "function_call", "id": "fc_chatcmpl-7_0",
+        "call_id": "call_9", "name": "add", "arguments": "{\"a\":2}", "status": "completed"})"));
+    json cut = completion;
+    cut["choices"][0]["finish_reason"] = "length";
+    const json c = responses_response(cut, request);
+    CHECK(c["status"] == "incomplete");
+    CHECK(c["incomplete_details"]["reason"] == "max_output_tokens");
+
+    // The same answer streamed: created, in_progress, the reasoning item, the message item,
+    // the call item, completed; sequence numbers count up; the final response holds the
+    // whole answer's output.
+    ResponsesStream st(request, 10);
+    std::vector<std::pair<std::string, json>> events;
+    auto feed = [&](const json& chunk) {
+        for (auto& e : st.feed(chunk)) events.push_back(std::move(e));
+    };
+    const json head = {{"id", "chatcmpl-7"}, {"created", 100}, {"model", "m"}};
+    auto delta = [&](const json& d, const json& finish = nullptr) {
+        json ch = head;
+        ch["choices"] = {{{"index", 0}, {"delta", d}, {"finish_reason", finish}}};
+        return ch;
+    };
+    feed(delta({{"role", "assistant"}}));
+    feed(delta({{"reasoning_content", "Ad"}}));
+    feed(delta({{"reasoning_content", "d."}}));
+    feed(delta({{"content", "Call"}}));
+    feed(delta({{"content", "ing."}}));
+    feed(delta({{"tool_calls", completion["choices"][0]["message"]["tool_calls"]}}));
+    feed(delta(json::object(), "tool_calls"));
+    json usage = head;
+    usage["choices"] = json::array();
+    usage["usage"] = completion["usage"];
+    feed(usage);
+    feed(usage);  // (nothing after the end)
+    std::vector<std::string> names;
+    for (size_t i = 0; i < events.size(); ++i) {
+        names.push_back(events[i].first);
+        CHECK(events[i].second["type"] == events[i].first);
+        CHECK(events[i].second["sequence_number"] == i);
+    }
+    CHECK(names == std::vector<std::string>{"response.created",
+                                            "response.in_progress",
+                                            "response.output_item.added",
+                                            "response.content_part.added",
+                                            "response.reasoning_text.delta",
+                                            "response.reasoning_text.delta",
+                                            "response.reasoning_text.done",
+                                            "response.content_part.done",
+                                            "response.output_item.done",
+                                            "response.output_item.added",
+                                            "response.content_part.added",
+                                            "response.output_text.delta",
+                                            "response.output_text.delta",
+                                            "response.output_text.done",
+                                            "response.content_part.done",
+                                            "response.output_item.done",
+                                            "response.output_item.added",
+                                            "response.function_call_arguments.delta",
+                                            "response.function_call_arguments.done",
+                                            "response.output_item.done",
+                                            "response.completed"});
+    CHECK(events[0].second["response"]["status"] == "in_progress");
+    CHECK(events.back().second["response"]["output"] == r["output"]);
+    CHECK(events.back().second["response"]["usage"] == r["usage"]);
+}
+
+TEST_CASE("server: /v1/responses answers as the chat endpoint does, whole and streamed") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, /*n_ctx=*/2048);
+    ServerConfig cfg = s.config();
+    s.set_chat(cfg, ChatTemplateKind::ChatML);
+    Running run(cfg, s);
+    const HttpReply chat = run.post("/v1/chat/completions",
+                                    {{"messages",
+                                      {{{"role", "system"}, {"content", "You tell stories."}},
+                                       {{"role", "user"}, {"content", "Tell me about a cat."}}}},
+                                     {"max_tokens", 24},
+                                     {"temperature", 0}});
+    REQUIRE(chat.status == 200);
+    const json want = json::parse(chat.body);
+    const json body = {{"model", "any"},
+                       {"instructions", "You tell stories."},
+                       {"input", "Tell me about a cat."},
+                       {"max_output_tokens", 24},
+                       {"temperature", 0}};
+    const HttpReply r = run.post("/v1/responses", body);
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    const json m = json::parse(r.body);
+    CHECK(m["object"] == "response");
+    CHECK(m["status"] == "incomplete");  // max_output_tokens ended it
+    REQUIRE(m["output"].size() == 1);
+    const std::string text = m["output"][0]["content"][0]["text"];
+    CHECK(text == want["choices"][0]["message"]["content"]);
+    CHECK(m["usage"]["input_tokens"] == want["usage"]["prompt_tokens"]);
+    CHECK(m["usage"]["output_tokens"] == 24);
+
+    // Streamed: the text deltas add up to the whole text; no [DONE].
+    json sb = body;
+    sb["stream"] = true;
+    const HttpReply st = run.post("/responses", sb);
+    REQUIRE(st.status == 200);
+    CHECK(st.body.find("[DONE]") == std::string::npos);
+    const auto events = events_of(st.body);
+    REQUIRE(events.size() >= 8);
+    CHECK(events.front().first == "response.created");
+    std::string streamed;
+    for (const auto& [name, data] : events)
+        if (name == "response.output_text.delta") streamed += data["delta"].get<std::string>();
+    CHECK(streamed == text);
+    CHECK(events.back().first == "response.incomplete");
+    CHECK(events.back().second["response"]["output"][0]["content"] == m["output"][0]["content"]);
+
+    // A required call: a function_call item; its output sent back gets an answer.
+    json tools = json::array();
+    for (const json& t : json::parse(weather_and_add().dump())) {
+        json fn = t["function"];
+        fn["type"] = "function";
+        tools.push_back(fn);
+    }
+    json tb = {{"input", "What is 2 plus 3?"}, {"tools", tools},
+               {"tool_choice", "required"},    {"parallel_tool_calls", false},
+               {"max_output_tokens", 200},     {"temperature", 0}};
+    const json tr = json::parse(run.post("/v1/responses", tb).body);
+    CAPTURE(tr.dump());
+    REQUIRE(tr["output"].size() == 1);
+    const json call = tr["output"][0];
+    CHECK(call["type"] == "function_call");
+    check_call({{"type", "function"},
+                {"id", call["call_id"]},
+                {"function", {{"name", call["name"]}, {"arguments", call["arguments"]}}}},
+               {"get_weather", "add"});
+    tb["stream"] = true;
+    bool saw = false;
+    for (const auto& [name, data] : events_of(run.post("/v1/responses", tb).body))
+        if (name == "response.function_call_arguments.done") {
+            saw = true;
+            CHECK(data["arguments"] == call["arguments"]);
+        }
+    CHECK(saw);
+    json next = tb;
+    next.erase("stream");
+    next["tool_choice"] = "auto";
+    next["input"] = json::array(
+        {{{"role", "user"}, {"content", "What is 2 plus 3?"}},
+         call,
+         {{"type", "function_call_output"}, {"call_id", call["call_id"]}, {"output", "5"}}});
+    const HttpReply nr = run.post("/v1/responses", next);
+    CHECK_MESSAGE(nr.status == 200, nr.body);
+    const HttpReply bad =
+        run.post("/v1/responses", {{"input", "Hi"}, {"previous_response_id", "x"}});
+    CHECK(bad.status == 400);
+    CHECK(json::parse(bad.body)["error"]["message"].get<std::string>().find("stores no") !=
+          std::string::npos);
+}
