@@ -89,7 +89,7 @@ TEST_CASE("responses: requests become chat completions requests") {
     CHECK(s["chat_template_kwargs"]["enable_thinking"] == false);
     // What kvrun cannot do: one clear error each.
     const std::pair<const char*, const char*> refused[] = {
-        {R"({"input": "Hi", "previous_response_id": "resp_1"})", "stores no responses"},
+        {R"({"input": "Hi", "previous_response_id": "resp_1"})", "no stored response"},
         {R"({"model": "m"})", "missing field 'input'"},
         {R"({"input": []})", "non-empty list"},
         {R"({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]})",
@@ -279,9 +279,66 @@ TEST_CASE("server: /v1/responses answers as the chat endpoint does, whole and st
          {{"type", "function_call_output"}, {"call_id", call["call_id"]}, {"output", "5"}}});
     const HttpReply nr = run.post("/v1/responses", next);
     CHECK_MESSAGE(nr.status == 200, nr.body);
-    const HttpReply bad =
-        run.post("/v1/responses", {{"input", "Hi"}, {"previous_response_id", "x"}});
-    CHECK(bad.status == 400);
-    CHECK(json::parse(bad.body)["error"]["message"].get<std::string>().find("stores no") !=
+}
+
+TEST_CASE("server: stored responses: previous_response_id, GET and DELETE /v1/responses/{id}") {
+    // A conversation continued by previous_response_id prefills what a request that sends
+    // the whole conversation prefills, and answers the same; "store": false keeps nothing.
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, /*n_ctx=*/2048);
+    ServerConfig cfg = s.config();
+    s.set_chat(cfg, ChatTemplateKind::ChatML);
+    Running run(cfg, s);
+    const json first = {{"instructions", "You tell stories."},
+                        {"input", "Tell me about a cat."},
+                        {"max_output_tokens", 12},
+                        {"temperature", 0}};
+    const json a = json::parse(run.post("/v1/responses", first).body);
+    const std::string id = a["id"];
+    CHECK(a["store"] == true);
+    const HttpReply got = run.get("/v1/responses/" + id);
+    REQUIRE(got.status == 200);
+    CHECK(json::parse(got.body) == a);
+    // The next turn: only the new input (and, as OpenAI's, the instructions again if wanted).
+    const json second = {{"previous_response_id", id},
+                         {"instructions", "You tell stories."},
+                         {"input", "And a dog?"},
+                         {"max_output_tokens", 12},
+                         {"temperature", 0}};
+    const json b = json::parse(run.post("/v1/responses", second).body);
+    CHECK(b["previous_response_id"] == id);
+    json whole_input = json::array({{{"role", "user"}, {"content", "Tell me about a cat."}}});
+    for (const json& item : a["output"]) whole_input.push_back(item);
+    whole_input.push_back({{"role", "user"}, {"content", "And a dog?"}});
+    json whole = second;
+    whole.erase("previous_response_id");
+    whole["input"] = whole_input;
+    const json c = json::parse(run.post("/v1/responses", whole).body);
+    CHECK(b["output"][0]["content"] == c["output"][0]["content"]);
+    CHECK(b["usage"]["input_tokens"] == c["usage"]["input_tokens"]);
+    // Streamed answers are kept too; "store": false is not.
+    json streamed = first;
+    streamed["stream"] = true;
+    const std::string body = run.post("/v1/responses", streamed).body;
+    const size_t at = body.find("\"id\":\"resp_");
+    REQUIRE(at != std::string::npos);
+    const std::string sid = body.substr(at + 6, body.find('"', at + 6) - at - 6);
+    CHECK(run.get("/v1/responses/" + sid).status == 200);
+    json unkept = first;
+    unkept["store"] = false;
+    const json u = json::parse(run.post("/v1/responses", unkept).body);
+    CHECK(u["store"] == false);
+    CHECK(run.get("/v1/responses/" + u["id"].get<std::string>()).status == 404);
+    // DELETE forgets; an unknown id is a 404 for GET, DELETE and previous_response_id.
+    const HttpReply del = HttpClient(run.server.port()).request("DELETE", "/v1/responses/" + id);
+    REQUIRE(del.status == 200);
+    CHECK(json::parse(del.body)["deleted"] == true);
+    CHECK(run.get("/v1/responses/" + id).status == 404);
+    CHECK(HttpClient(run.server.port()).request("DELETE", "/v1/responses/" + id).status == 404);
+    const HttpReply gone = run.post("/v1/responses", second);
+    CHECK(gone.status == 404);
+    CHECK(json::parse(gone.body)["error"]["message"].get<std::string>().find("no stored") !=
           std::string::npos);
+    CHECK(run.post("/v1/responses", {{"input", "Hi"}, {"previous_response_id", 5}}).status == 400);
 }

@@ -45,6 +45,7 @@ struct ApiServer::Impl {
     const std::atomic<bool>* stop = nullptr;
     std::atomic<int64_t> next_id{0};
     std::atomic<int64_t> n_requests{0}, n_prompt_tokens{0}, n_generated_tokens{0}, n_cancelled{0};
+    ResponsesStore responses_store;  // /v1/responses answers, for previous_response_id
 
     Impl(ServerConfig c, Engine& e, const Tokenizer& t) : cfg(std::move(c)), engine(e), tok(t) {}
 
@@ -124,7 +125,7 @@ void ApiServer::Impl::handle(const HttpRequest& req, HttpConnection& conn) {
     const std::string& p = req.path;
     if (req.method == "OPTIONS") {  // CORS preflight from browser clients
         conn.send(204, "text/plain", "",
-                  {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
+                  {{"Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS"},
                    {"Access-Control-Allow-Headers", "Content-Type, Authorization, X-Api-Key"}});
         return;
     }
@@ -138,6 +139,25 @@ void ApiServer::Impl::handle(const HttpRequest& req, HttpConnection& conn) {
     }
     if (!authorized(req, cfg.api_key)) {
         send_error(conn, 401, "invalid or missing API key (send \"Authorization: Bearer KEY\")");
+        return;
+    }
+    // A stored response: GET gives it, DELETE forgets it.
+    for (const std::string_view prefix : {"/v1/responses/", "/responses/"}) {
+        if (!p.starts_with(prefix) || p.size() == prefix.size()) continue;
+        const std::string id = p.substr(prefix.size());
+        if (req.method == "GET") {
+            if (const auto e = responses_store.get(id))
+                send_json(conn, 200, e->response);
+            else
+                send_error(conn, 404, fmt::format("no stored response '{}'", id));
+        } else if (req.method == "DELETE") {
+            if (responses_store.erase(id))
+                send_json(conn, 200, {{"id", id}, {"object", "response"}, {"deleted", true}});
+            else
+                send_error(conn, 404, fmt::format("no stored response '{}'", id));
+        } else {
+            send_error(conn, 405, fmt::format("{} is not allowed on {}", req.method, p));
+        }
         return;
     }
     auto rerank_endpoint = [&] {
@@ -251,7 +271,21 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
         if (rstream) return send_named(rstream->feed(chunk));
         return send_event(conn, chunk);
     };
-    nlohmann::ordered_json responses_body;  // (its settings are echoed in the answer)
+    // /v1/responses: the body (its settings are echoed in the answer) and its chat request.
+    nlohmann::ordered_json responses_body, responses_chat;
+    // A finished answer kept for previous_response_id and GET /v1/responses/{id}, unless
+    // the request said "store": false; returns the response object.
+    auto keep_response = [&](const nlohmann::json& answer) {
+        nlohmann::json response = responses_response(answer, responses_body);
+        const nlohmann::ordered_json& store = responses_body.contains("store")
+                                                  ? responses_body["store"]
+                                                  : nlohmann::ordered_json(true);
+        if (store != false)
+            responses_store.put(
+                response["id"].get<std::string>(),
+                {responses_conversation(responses_chat, responses_body, answer), response});
+        return response;
+    };
     ApiRequest ar;
     // One job per prompt (OpenAI's list of prompts); their samples are the choices, prompt
     // by prompt.
@@ -271,8 +305,22 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
             responses_body =
                 nlohmann::ordered_json::parse(req.body, nullptr, /*allow_exceptions=*/false);
             if (responses_body.is_discarded()) fail("malformed JSON");
-            ar = api_request_from_json(format, responses_to_openai(responses_body).dump(), cfg.api,
-                                       tok);
+            std::optional<ResponsesStore::Entry> previous;
+            if (responses_body.is_object() && responses_body.contains("previous_response_id") &&
+                !responses_body["previous_response_id"].is_null()) {
+                const auto& id = responses_body["previous_response_id"];
+                if (!id.is_string()) fail("'previous_response_id' must be a response id");
+                previous = responses_store.get(id.get<std::string>());
+                if (!previous) {
+                    fail_with(404, fmt::format("no stored response '{}' (kvrun keeps the newest "
+                                               "responses in memory until it stops)",
+                                               id.get<std::string>()));
+                    return;
+                }
+            }
+            responses_chat =
+                responses_to_openai(responses_body, previous ? &previous->conversation : nullptr);
+            ar = api_request_from_json(format, responses_chat.dump(), cfg.api, tok);
             if (ar.requests.size() != 1 || ar.requests[0].n_samples != 1)
                 fail("the Responses API gives one reply per request");
             if (ar.stream) rstream.emplace(responses_body, int64_t(ar.requests[0].prompt.size()));
@@ -462,6 +510,9 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
         if (client_gone) return;
         if (openai && ar.include_usage) send(api_usage_chunk(ar, meta, choices));
         if (openai && dialect == Dialect::OpenAi) conn.send_chunk("data: [DONE]\n\n");
+        if (responses && choices[0].result.stop != StopReason::Error &&
+            choices[0].result.stop != StopReason::Cancelled)
+            keep_response(api_response(ar, meta, choices, tok));
         conn.end_chunked();
         return;
     }
@@ -479,7 +530,7 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
     const nlohmann::json answer = api_response(ar, meta, choices, tok);
     send_json(conn, 200,
               anthropic   ? anthropic_response(answer, choices[0].stop_word)
-              : responses ? responses_response(answer, responses_body)
+              : responses ? keep_response(answer)
                           : answer);
 }
 

@@ -123,9 +123,9 @@ json echoed(const ojson& request) {
     return {{"instructions", get("instructions", nullptr)},
             {"max_output_tokens", get("max_output_tokens", nullptr)},
             {"parallel_tool_calls", get("parallel_tool_calls", true)},
-            {"previous_response_id", nullptr},
+            {"previous_response_id", get("previous_response_id", nullptr)},
             {"reasoning", get("reasoning", json{{"effort", nullptr}, {"summary", nullptr}})},
-            {"store", false},
+            {"store", get("store", true)},
             {"temperature", get("temperature", 1.0)},
             {"text", text},
             {"tool_choice", get("tool_choice", "auto")},
@@ -194,18 +194,19 @@ json response_object(const ojson& request, const std::string& id, int64_t create
 
 }  // namespace
 
-ojson responses_to_openai(const ojson& body) {
+ojson responses_to_openai(const ojson& body, const ojson* history) {
     if (!body.is_object()) fail("the request body must be a JSON object");
-    if (body.contains("previous_response_id") && !body["previous_response_id"].is_null())
-        fail(
-            "'previous_response_id': kvrun stores no responses; send the whole conversation "
-            "in 'input'");
+    if (body.contains("previous_response_id") && !body["previous_response_id"].is_null() &&
+        !history)
+        fail("'previous_response_id': no stored response {}", body["previous_response_id"].dump());
     if (!body.contains("input")) fail("missing field 'input' (a text or a list of items)");
     ojson msgs = ojson::array();
     if (body.contains("instructions") && !body["instructions"].is_null()) {
         if (!body["instructions"].is_string()) fail("'instructions' must be a text");
         msgs.push_back({{"role", "system"}, {"content", body["instructions"]}});
     }
+    if (history)
+        for (const ojson& m : *history) msgs.push_back(m);
     for (ojson& m : input_messages(body["input"])) msgs.push_back(std::move(m));
     ojson out = {{"messages", std::move(msgs)}};
     for (const char* key :
@@ -271,6 +272,44 @@ ojson responses_to_openai(const ojson& body) {
         }
     }
     return out;
+}
+
+ojson responses_conversation(const ojson& chat_request, const ojson& body, const json& c) {
+    ojson out = ojson::array();
+    const ojson& msgs = chat_request["messages"];
+    const bool instructed = body.contains("instructions") && !body["instructions"].is_null();
+    for (size_t i = instructed ? 1 : 0; i < msgs.size(); ++i) out.push_back(msgs[i]);
+    const json& m = c["choices"].at(0)["message"];
+    ojson answer = {
+        {"role", "assistant"},
+        {"content", m.contains("content") ? ojson::parse(m["content"].dump()) : ojson()}};
+    for (const char* key : {"reasoning_content", "tool_calls"})
+        if (m.contains(key) && !m[key].is_null()) answer[key] = ojson::parse(m[key].dump());
+    out.push_back(std::move(answer));
+    return out;
+}
+
+void ResponsesStore::put(const std::string& id, Entry entry) {
+    std::lock_guard lk(mu_);
+    if (entries_.insert_or_assign(id, std::move(entry)).second) order_.push_back(id);
+    while (order_.size() > capacity_) {
+        entries_.erase(order_.front());
+        order_.pop_front();
+    }
+}
+
+std::optional<ResponsesStore::Entry> ResponsesStore::get(const std::string& id) const {
+    std::lock_guard lk(mu_);
+    const auto it = entries_.find(id);
+    if (it == entries_.end()) return std::nullopt;
+    return it->second;
+}
+
+bool ResponsesStore::erase(const std::string& id) {
+    std::lock_guard lk(mu_);
+    if (entries_.erase(id) == 0) return false;
+    order_.remove(id);
+    return true;
 }
 
 json responses_response(const json& c, const ojson& request) {

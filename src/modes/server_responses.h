@@ -1,13 +1,17 @@
 // OpenAI's Responses API (POST /v1/responses), as vLLM's, Ollama's and llama.cpp's servers
 // offer it for clients such as the OpenAI Agents SDK and Codex: a request is rewritten into a
 // chat completions request, which runs as any other, and its answer (whole, or streamed as
-// chat completion chunks) is rewritten into a response object and its events. Nothing is
-// stored: each request carries its whole conversation (`previous_response_id` is refused).
-// JSON in, JSON out; no model here.
+// chat completion chunks) is rewritten into a response object and its events. Responses are
+// kept in memory (ResponsesStore) for `previous_response_id` and GET/DELETE
+// /v1/responses/{id}. JSON in, JSON out; no model here.
 #pragma once
 
+#include <list>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -19,9 +23,38 @@ namespace kvrun {
 // items as tool messages) the messages; function "tools" ({type, name, description,
 // parameters}), "tool_choice", "parallel_tool_calls", "max_output_tokens", "temperature",
 // "top_p", "stream" carry over; "reasoning.effort" becomes reasoning_effort ("none": no
-// thinking), "text.format" the response_format. Throws Error for what kvrun cannot do
-// (images, files, built-in tools, stored responses) or a malformed body.
-nlohmann::ordered_json responses_to_openai(const nlohmann::ordered_json& body);
+// thinking), "text.format" the response_format. `history`: the conversation of the response
+// named by previous_response_id (ResponsesStore), put between the instructions and the input
+// (a request naming one without it is refused). Throws Error for what kvrun cannot do
+// (images, files, built-in tools) or a malformed body.
+nlohmann::ordered_json responses_to_openai(const nlohmann::ordered_json& body,
+                                           const nlohmann::ordered_json* history = nullptr);
+
+// What a stored response keeps for the next turn: the chat request's messages without the
+// request's instructions (a later request gives its own), then the answer's message.
+nlohmann::ordered_json responses_conversation(const nlohmann::ordered_json& chat_request,
+                                              const nlohmann::ordered_json& body,
+                                              const nlohmann::json& chat_completion);
+
+// Responses kept for previous_response_id and GET / DELETE /v1/responses/{id}: the newest
+// `capacity` of them, in memory only (a restart forgets them). Thread-safe.
+class ResponsesStore {
+  public:
+    struct Entry {
+        nlohmann::ordered_json conversation;  // responses_conversation's
+        nlohmann::json response;              // the response object
+    };
+    explicit ResponsesStore(size_t capacity = 256) : capacity_(capacity) {}
+    void put(const std::string& id, Entry entry);
+    std::optional<Entry> get(const std::string& id) const;
+    bool erase(const std::string& id);
+
+  private:
+    mutable std::mutex mu_;
+    std::list<std::string> order_;  // oldest first
+    std::unordered_map<std::string, Entry> entries_;
+    size_t capacity_;
+};
 
 // The whole answer: a chat completion (one choice) as a response object whose output is a
 // reasoning item, a message with its output_text and a function_call item per call.
