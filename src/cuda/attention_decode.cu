@@ -372,13 +372,7 @@ void decode_attention_launch(const cu::AttnParams& p, int n_splits, cudaStream_t
 
 // KVRUN_DECODE_ATTN, read once: true when it asks for the tiled kernel.
 bool decode_forced_tiled() {
-    static const bool tiled = [] {
-        const char* env = std::getenv("KVRUN_DECODE_ATTN");
-        const std::string_view v = env ? env : "";
-        CUDA_REQUIRE(v.empty() || v == "auto" || v == "tiled",
-                     "KVRUN_DECODE_ATTN must be 'auto' or 'tiled'");
-        return v == "tiled";
-    }();
+    static const bool tiled = cuda_env_switch("KVRUN_DECODE_ATTN", "tiled");
     return tiled;
 }
 

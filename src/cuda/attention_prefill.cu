@@ -247,13 +247,7 @@ void flash_launch(const cu::AttnParams& p, cudaStream_t s) {
 
 // KVRUN_PREFILL_ATTN, read once: true when it asks for the f32 kernel.
 bool prefill_forced_f32() {
-    static const bool f32 = [] {
-        const char* env = std::getenv("KVRUN_PREFILL_ATTN");
-        const std::string_view v = env ? env : "";
-        CUDA_REQUIRE(v.empty() || v == "auto" || v == "f32",
-                     "KVRUN_PREFILL_ATTN must be 'auto' or 'f32'");
-        return v == "f32";
-    }();
+    static const bool f32 = cuda_env_switch("KVRUN_PREFILL_ATTN", "f32");
     return f32;
 }
 

@@ -17,6 +17,11 @@ namespace kvrun {
 // Same for a failed cuBLAS call (status is a cublasStatus_t).
 [[noreturn]] void cuda_throw_cublas(const char* file, int line, const char* call, int status);
 
+// A kernel choice from the environment: false when `name` is unset, empty or "auto", true
+// when it is `on`; any other value throws Error naming the variable and both values.
+// (Callers read it once.)
+bool cuda_env_switch(const char* name, const char* on);
+
 }  // namespace kvrun
 
 #define CUDA_CHECK(call)                                                     \

@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "common.h"
@@ -30,6 +32,14 @@ void cuda_throw_call(const char* file, int line, const char* call, cudaError_t e
 void cuda_throw_cublas(const char* file, int line, const char* call, int status) {
     throw Error(fmt::format("cuBLAS error at {}:{}: {} failed: {} ({})", file, line, call,
                             cublasGetStatusString(cublasStatus_t(status)), status));
+}
+
+bool cuda_env_switch(const char* name, const char* on) {
+    const char* env = std::getenv(name);
+    const std::string_view v = env ? env : "";
+    if (v.empty() || v == "auto") return false;
+    if (v == on) return true;
+    throw Error(fmt::format("{}={} is not a choice: '{}' or 'auto'", name, v, on));
 }
 
 int cuda_device_count() {

@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const GemvJob
             }
             __syncthreads();
             if (!active) continue;
-#pragma unroll kItemUnroll<R>
+#pragma unroll kItemUnroll < R>
             for (int it = lane; it < n_c; it += 32) {
                 float v0[kItem], v1[kItem];
                 L::load(row0, c0 + it, v0);
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const GemvJob
             }
         }
     } else if (active) {
-#pragma unroll kItemUnroll<R>
+#pragma unroll kItemUnroll < R>
         for (int64_t it = lane; it < n_items; it += 32) {
             float v0[kItem], v1[kItem];
             L::load(row0, it, v0);
@@ -347,8 +347,10 @@ struct IntLegacy {
     static constexpr bool kMin = T == GgmlType::Q4_1 || T == GgmlType::Q5_1, kHalves = false;
     __device__ static void load(const uint8_t* row, int64_t it, int (&q)[8], float (&a)[2],
                                 float& b) {
-        constexpr int kBytes = T == GgmlType::Q4_1 ? 20 : T == GgmlType::Q5_0 ? 22
-                               : T == GgmlType::Q5_1 ? 24 : 18;
+        constexpr int kBytes = T == GgmlType::Q4_1   ? 20
+                               : T == GgmlType::Q5_0 ? 22
+                               : T == GgmlType::Q5_1 ? 24
+                                                     : 18;
         const uint8_t* p = row + it * kBytes;
         a[0] = a[1] = cu::ld_f16(p);
         b = kMin ? cu::ld_f16(p + 2) : 0.0f;
@@ -453,9 +455,9 @@ struct IntQ6_K {
         const int lshift = 4 * (k >> 1);
 #pragma unroll
         for (int j = 0; j < 8; ++j)
-            q[j] = int(__vsub4(((lw[j] >> lshift) & 0x0f0f0f0fu) |
-                                   (((hw[j] >> (2 * k)) & 0x03030303u) << 4),
-                               0x20202020u));
+            q[j] = int(__vsub4(
+                ((lw[j] >> lshift) & 0x0f0f0f0fu) | (((hw[j] >> (2 * k)) & 0x03030303u) << 4),
+                0x20202020u));
     }
 };
 
@@ -463,17 +465,38 @@ struct IntQ6_K {
 template <class F>
 bool with_int_loader(GgmlType t, F&& f) {
     switch (t) {
-        case GgmlType::Q4_0: f(cu::LoaderTag<IntLegacy<GgmlType::Q4_0>>{}); return true;
-        case GgmlType::Q8_0: f(cu::LoaderTag<IntQ8_0>{}); return true;
-        case GgmlType::Q4_1: f(cu::LoaderTag<IntLegacy<GgmlType::Q4_1>>{}); return true;
-        case GgmlType::Q5_0: f(cu::LoaderTag<IntLegacy<GgmlType::Q5_0>>{}); return true;
-        case GgmlType::Q5_1: f(cu::LoaderTag<IntLegacy<GgmlType::Q5_1>>{}); return true;
-        case GgmlType::IQ4_NL: f(cu::LoaderTag<IntLegacy<GgmlType::IQ4_NL>>{}); return true;
-        case GgmlType::IQ4_XS: f(cu::LoaderTag<IntIQ4_XS>{}); return true;
-        case GgmlType::Q4_K: f(cu::LoaderTag<IntQ45_K<false>>{}); return true;
-        case GgmlType::Q5_K: f(cu::LoaderTag<IntQ45_K<true>>{}); return true;
-        case GgmlType::Q6_K: f(cu::LoaderTag<IntQ6_K>{}); return true;
-        default: return false;
+        case GgmlType::Q4_0:
+            f(cu::LoaderTag<IntLegacy<GgmlType::Q4_0>>{});
+            return true;
+        case GgmlType::Q8_0:
+            f(cu::LoaderTag<IntQ8_0>{});
+            return true;
+        case GgmlType::Q4_1:
+            f(cu::LoaderTag<IntLegacy<GgmlType::Q4_1>>{});
+            return true;
+        case GgmlType::Q5_0:
+            f(cu::LoaderTag<IntLegacy<GgmlType::Q5_0>>{});
+            return true;
+        case GgmlType::Q5_1:
+            f(cu::LoaderTag<IntLegacy<GgmlType::Q5_1>>{});
+            return true;
+        case GgmlType::IQ4_NL:
+            f(cu::LoaderTag<IntLegacy<GgmlType::IQ4_NL>>{});
+            return true;
+        case GgmlType::IQ4_XS:
+            f(cu::LoaderTag<IntIQ4_XS>{});
+            return true;
+        case GgmlType::Q4_K:
+            f(cu::LoaderTag<IntQ45_K<false>>{});
+            return true;
+        case GgmlType::Q5_K:
+            f(cu::LoaderTag<IntQ45_K<true>>{});
+            return true;
+        case GgmlType::Q6_K:
+            f(cu::LoaderTag<IntQ6_K>{});
+            return true;
+        default:
+            return false;
     }
 }
 
@@ -502,7 +525,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_q8_kernel(const Gemv
     const int64_t n_in = job.n_in, n_items = n_in / 32;
     const int n_rows = job.n_rows;
     float acc[kRowsPerWarp][R] = {};
-#pragma unroll kItemUnroll<R>
+#pragma unroll kItemUnroll < R>
     for (int64_t it = lane; it < n_items; it += 32) {
         int q0[8], q1[8];
         float a0[2], a1[2], b0, b1;
@@ -563,7 +586,7 @@ XQ8 quantize_x_q8(const float* x, int64_t n_rows, int64_t n_in, CudaScratch& scr
     auto* base = static_cast<uint8_t*>(scratch.get(q_bytes + size_t(n_blocks) * sizeof(float), s));
     XQ8 xq{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + q_bytes)};
     quantize_x_q8_kernel<<<unsigned(cu::ceil_div(n_blocks * 32, 256)), 256, 0, s>>>(x, xq.q, xq.d,
-                                                                                      n_blocks);
+                                                                                    n_blocks);
     CUDA_CHECK_LAUNCH();
     return xq;
 }
@@ -744,8 +767,7 @@ void cuda_set_gemv_q8(bool on) {
 bool cuda_gemv_q8() {
     int v = g_gemv_q8.load();
     if (v < 0) {
-        const char* env = std::getenv("KVRUN_GEMV");
-        v = env && std::string(env) == "q8" ? 1 : 0;
+        v = cuda_env_switch("KVRUN_GEMV", "q8") ? 1 : 0;
         g_gemv_q8 = v;
     }
     return v == 1;
