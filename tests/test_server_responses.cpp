@@ -341,4 +341,10 @@ TEST_CASE("server: stored responses: previous_response_id, GET and DELETE /v1/re
     CHECK(json::parse(gone.body)["error"]["message"].get<std::string>().find("no stored") !=
           std::string::npos);
     CHECK(run.post("/v1/responses", {{"input", "Hi"}, {"previous_response_id", 5}}).status == 400);
+    // A field of the wrong type is the client's error, here and in Anthropic's API.
+    CHECK(run.post("/v1/responses", {{"input", "Hi"}, {"stream", "yes"}}).status == 400);
+    CHECK(run.post("/v1/messages", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                                    {"max_tokens", 3},
+                                    {"stream", "yes"}})
+              .status == 400);
 }

@@ -338,6 +338,10 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
         for (const auto& job : jobs) worker->cancel(*job);
         fail_with(stopping() ? 503 : 400, error_text(e));
         return;
+    } catch (const nlohmann::json::exception& e) {  // (a field of the wrong type)
+        for (const auto& job : jobs) worker->cancel(*job);
+        fail_with(400, fmt::format("bad field type: {}", e.what()));
+        return;
     }
     ++n_requests;
     for (const GenerationRequest& r : ar.requests)
