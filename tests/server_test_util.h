@@ -10,6 +10,7 @@
 #include <regex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "chat_format.h"
@@ -121,6 +122,22 @@ struct Running {
 
 std::string model_path() {
     return kvrun::test::shared_model("stories260K.gguf").string();
+}
+
+// (event name, data) pairs of a stream of named server-sent events (Anthropic's, the
+// Responses API's).
+inline std::vector<std::pair<std::string, json>> named_events(const std::string& body) {
+    std::vector<std::pair<std::string, json>> out;
+    size_t at = 0;
+    while ((at = body.find("event: ", at)) != std::string::npos) {
+        const size_t nl = body.find('\n', at);
+        const std::string name = body.substr(at + 7, nl - at - 7);
+        const size_t data = body.find("data: ", nl);
+        const size_t end = body.find("\n\n", data);
+        out.emplace_back(name, json::parse(body.substr(data + 6, end - data - 6)));
+        at = end;
+    }
+    return out;
 }
 
 // The tool calls a streamed chat completion of `body` ends with (its last "tool_calls" delta),

@@ -21,25 +21,6 @@ using namespace kvrun::test;
 using nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-namespace {
-
-// (event name, data) pairs of an Anthropic event stream.
-std::vector<std::pair<std::string, json>> events_of(const std::string& body) {
-    std::vector<std::pair<std::string, json>> out;
-    size_t at = 0;
-    while ((at = body.find("event: ", at)) != std::string::npos) {
-        const size_t nl = body.find('\n', at);
-        const std::string name = body.substr(at + 7, nl - at - 7);
-        const size_t data = body.find("data: ", nl);
-        const size_t end = body.find("\n\n", data);
-        out.emplace_back(name, json::parse(body.substr(data + 6, end - data - 6)));
-        at = end;
-    }
-    return out;
-}
-
-}  // namespace
-
 TEST_CASE("anthropic: requests become chat completions requests") {
     const ojson body = ojson::parse(R"({
       "model": "x", "max_tokens": 64, "temperature": 0.5, "top_k": 7, "stream": true,
@@ -211,7 +192,7 @@ TEST_CASE("server: /v1/messages answers as the chat endpoint does, whole and str
     const HttpReply st = run.post("/v1/messages", sb);
     REQUIRE(st.status == 200);
     CHECK(st.body.find("[DONE]") == std::string::npos);
-    const auto events = events_of(st.body);
+    const auto events = named_events(st.body);
     REQUIRE(events.size() >= 5);
     CHECK(events.front().first == "message_start");
     CHECK(events.front().second["message"]["usage"]["input_tokens"] ==
@@ -263,7 +244,7 @@ TEST_CASE("server: /v1/messages answers as the chat endpoint does, whole and str
                 {"function", {{"name", use["name"]}, {"arguments", use["input"].dump()}}}},
                {"get_weather", "add"});
     tb["stream"] = true;
-    const auto tev = events_of(run.post("/v1/messages", tb).body);
+    const auto tev = named_events(run.post("/v1/messages", tb).body);
     bool saw = false;
     for (size_t i = 0; i < tev.size(); ++i)
         if (tev[i].first == "content_block_start" &&
@@ -324,7 +305,7 @@ TEST_CASE("server: /v1/messages with a thinking model: a thinking block, then th
     CHECK(long_thinking.starts_with(thinking));
     // Streamed: the thinking block (index 0), then the text block (index 1), the same texts.
     body["stream"] = true;
-    const auto events = events_of(run.post("/v1/messages", body).body);
+    const auto events = named_events(run.post("/v1/messages", body).body);
     std::string streamed_thinking, streamed_text;
     std::vector<std::string> starts;
     for (const auto& [name, d] : events) {

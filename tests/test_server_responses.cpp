@@ -20,25 +20,6 @@ using namespace kvrun::test;
 using nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-namespace {
-
-// (event name, data) pairs of a named event stream.
-std::vector<std::pair<std::string, json>> events_of(const std::string& body) {
-    std::vector<std::pair<std::string, json>> out;
-    size_t at = 0;
-    while ((at = body.find("event: ", at)) != std::string::npos) {
-        const size_t nl = body.find('\n', at);
-        const std::string name = body.substr(at + 7, nl - at - 7);
-        const size_t data = body.find("data: ", nl);
-        const size_t end = body.find("\n\n", data);
-        out.emplace_back(name, json::parse(body.substr(data + 6, end - data - 6)));
-        at = end;
-    }
-    return out;
-}
-
-}  // namespace
-
 TEST_CASE("responses: requests become chat completions requests") {
     const ojson body = ojson::parse(R"({
       "model": "any", "instructions": "Be brief.", "max_output_tokens": 64, "temperature": 0.5,
@@ -233,7 +214,7 @@ TEST_CASE("server: /v1/responses answers as the chat endpoint does, whole and st
     const HttpReply st = run.post("/responses", sb);
     REQUIRE(st.status == 200);
     CHECK(st.body.find("[DONE]") == std::string::npos);
-    const auto events = events_of(st.body);
+    const auto events = named_events(st.body);
     REQUIRE(events.size() >= 8);
     CHECK(events.front().first == "response.created");
     std::string streamed;
@@ -264,7 +245,7 @@ TEST_CASE("server: /v1/responses answers as the chat endpoint does, whole and st
                {"get_weather", "add"});
     tb["stream"] = true;
     bool saw = false;
-    for (const auto& [name, data] : events_of(run.post("/v1/responses", tb).body))
+    for (const auto& [name, data] : named_events(run.post("/v1/responses", tb).body))
         if (name == "response.function_call_arguments.done") {
             saw = true;
             CHECK(data["arguments"] == call["arguments"]);

@@ -96,23 +96,9 @@ ojson anthropic_to_openai(const ojson& body) {
         out["stop"] = body["stop_sequences"];
     }
     if (body.contains("tools") && !body["tools"].is_null()) {
-        if (!body["tools"].is_array())
-            fail("'tools' must be a list of {{\"name\", \"input_schema\"}}");
-        ojson tools = ojson::array();
-        for (size_t i = 0; i < body["tools"].size(); ++i) {
-            const ojson& t = body["tools"][i];
-            if (!t.is_object()) fail("'tools'[{}] must be an object", i);
-            const std::string type = t.value("type", "custom");
-            if (type != "custom")
-                fail(
-                    "'tools'[{}]: server tools ('{}') are not supported; give a name, a "
-                    "description and an input_schema",
-                    i, type);
-            ojson fn = {{"name", t.contains("name") ? t["name"] : ojson()}};
-            if (t.contains("description")) fn["description"] = t["description"];
-            if (t.contains("input_schema")) fn["parameters"] = t["input_schema"];
-            tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
-        }
+        ojson tools = flat_tools_to_openai(body["tools"], "custom", "custom", "input_schema",
+                                           "{\"name\", \"input_schema\"}",
+                                           "give a name, a description and an input_schema");
         if (!tools.empty()) out["tools"] = std::move(tools);
     }
     if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {

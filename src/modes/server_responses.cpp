@@ -216,21 +216,9 @@ ojson responses_to_openai(const ojson& body, const ojson* history) {
         out["max_tokens"] = body["max_output_tokens"];
     if (body.value("stream", false)) out["stream_options"] = {{"include_usage", true}};
     if (body.contains("tools") && !body["tools"].is_null()) {
-        if (!body["tools"].is_array())
-            fail("'tools' must be a list of {{\"type\": \"function\", \"name\", \"parameters\"}}");
-        ojson tools = ojson::array();
-        for (size_t i = 0; i < body["tools"].size(); ++i) {
-            const ojson& t = body["tools"][i];
-            if (!t.is_object()) fail("'tools'[{}] must be an object", i);
-            const std::string type = t.value("type", "");
-            if (type != "function")
-                fail("'tools'[{}]: built-in tools ('{}') are not supported; give functions", i,
-                     type);
-            ojson fn = {{"name", t.contains("name") ? t["name"] : ojson()}};
-            for (const char* key : {"description", "parameters"})
-                if (t.contains(key) && !t[key].is_null()) fn[key] = t[key];
-            tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
-        }
+        ojson tools = flat_tools_to_openai(body["tools"], "function", "", "parameters",
+                                           "{\"type\": \"function\", \"name\", \"parameters\"}",
+                                           "built-in tools are not; give functions");
         if (!tools.empty()) out["tools"] = std::move(tools);
     }
     if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {

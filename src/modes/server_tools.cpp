@@ -29,6 +29,24 @@ std::string content_text(const ojson& c, const std::string& owner) {
     return text;
 }
 
+ojson flat_tools_to_openai(const ojson& tools, const char* type, const char* default_type,
+                           const char* schema_key, const char* shape, const char* hint) {
+    if (!tools.is_array()) fail("'tools' must be a list of {}", shape);
+    ojson out = ojson::array();
+    for (size_t i = 0; i < tools.size(); ++i) {
+        const ojson& t = tools[i];
+        if (!t.is_object()) fail("'tools'[{}] must be an object", i);
+        const std::string kind = t.value("type", default_type);
+        if (kind != type) fail("'tools'[{}]: '{}' tools are not supported; {}", i, kind, hint);
+        ojson fn = {{"name", t.contains("name") ? t["name"] : ojson()}};
+        if (t.contains("description") && !t["description"].is_null())
+            fn["description"] = t["description"];
+        if (t.contains(schema_key) && !t[schema_key].is_null()) fn["parameters"] = t[schema_key];
+        out.push_back({{"type", "function"}, {"function", std::move(fn)}});
+    }
+    return out;
+}
+
 std::string chat_message_text(const ojson& m, size_t index) {
     if (!m.contains("content")) return {};
     return content_text(m["content"], fmt::format("'messages'[{}]", index));

@@ -127,6 +127,15 @@ std::string chat_tools_instructions(const ChatTools& tools);
 // The JSON schema every reply must match (the generation's grammar).
 nlohmann::ordered_json chat_tools_schema(const ChatTools& tools);
 
+// A tool list written flat, each {"type", "name", "description", <schema_key>} (a missing
+// "type" is `default_type`), as chat completions' [{"type": "function", "function": {"name",
+// "description", "parameters"}}]: Anthropic's custom tools, the Responses API's functions.
+// A tool of another type (a provider's built-in tool) is refused, the message ending with
+// `hint`; `shape` describes an entry for the error of a list that is not one.
+nlohmann::ordered_json flat_tools_to_openai(const nlohmann::ordered_json& tools, const char* type,
+                                            const char* default_type, const char* schema_key,
+                                            const char* shape, const char* hint);
+
 // A message's "content" as text: a string, or its {"type": "text", "text": ...} parts joined
 // by newlines ("" when absent or null). Throws Error naming messages[index] for other parts.
 std::string chat_message_text(const nlohmann::ordered_json& message, size_t index);
