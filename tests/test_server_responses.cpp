@@ -173,6 +173,19 @@ TEST_CASE("responses: answers become response objects and event streams") {
                                             "response.output_item.done",
                                             "response.completed"});
     CHECK(events[0].second["response"]["status"] == "in_progress");
+    // An error ends the stream with "error" and response.failed; nothing comes after.
+    ResponsesStream failing(request, 10);
+    CHECK(failing.feed(delta({{"content", "Par"}})).size() == 5);  // created ... delta
+    const auto f = failing.fail("out of memory");
+    REQUIRE(f.size() == 2);
+    CHECK(f[0].first == "error");
+    CHECK(f[0].second["message"] == "out of memory");
+    CHECK(f[1].first == "response.failed");
+    CHECK(f[1].second["response"]["status"] == "failed");
+    CHECK(f[1].second["response"]["error"]["message"] == "out of memory");
+    CHECK(f[1].second["sequence_number"] == 6);
+    CHECK(failing.feed(usage).empty());
+    CHECK(ResponsesStream(request, 1).fail("x").size() == 4);  // created, in_progress first
     CHECK(events.back().second["response"]["output"] == r["output"]);
     CHECK(events.back().second["response"]["usage"] == r["usage"]);
 }

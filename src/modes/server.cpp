@@ -459,11 +459,7 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
                 anthropic ? conn.send_chunk("event: error\ndata: " +
                                             anthropic_error_body(500, c.result.error) + "\n\n")
                 : responses
-                    ? send_named(
-                          std::vector<ResponsesStream::Event>{{"error",
-                                                               {{"type", "error"},
-                                                                {"code", "server_error"},
-                                                                {"message", c.result.error}}}})
+                    ? send_named(rstream->fail(c.result.error))
                     : send_event(conn, nlohmann::json::parse(http_error_body(500, c.result.error)));
             if (!sent) client_gone = true;
         } else {

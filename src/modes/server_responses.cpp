@@ -369,6 +369,20 @@ void ResponsesStream::close(std::vector<Event>& out) {
     text_.clear();
 }
 
+std::vector<ResponsesStream::Event> ResponsesStream::fail(const std::string& message) {
+    std::vector<Event> out;
+    if (done_) return out;
+    if (!started_) out = feed(json::object());  // (created and in_progress first)
+    emit(out, "error", {{"code", "server_error"}, {"message", message}, {"param", nullptr}});
+    json r =
+        response_object(request_, id_, created_, model_, output_, nullptr, input_tokens_, 0, true);
+    r["status"] = "failed";
+    r["error"] = {{"code", "server_error"}, {"message", message}};
+    emit(out, "response.failed", {{"response", r}});
+    done_ = true;
+    return out;
+}
+
 std::vector<ResponsesStream::Event> ResponsesStream::feed(const json& chunk) {
     std::vector<Event> out;
     if (done_) return out;

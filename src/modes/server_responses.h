@@ -67,13 +67,17 @@ nlohmann::json responses_response(const nlohmann::json& chat_completion,
 // response.in_progress, then per output item response.output_item.added, its parts' deltas
 // (reasoning_text, output_text, function_call_arguments) and their .done events,
 // response.output_item.done, and last response.completed (response.incomplete when
-// max_output_tokens cut the reply) with the whole response.
+// max_output_tokens cut the reply; response.failed after an error, fail()) with the whole
+// response.
 class ResponsesStream {
   public:
     using Event = std::pair<std::string, nlohmann::json>;
     ResponsesStream(nlohmann::ordered_json request, int64_t input_tokens)
         : request_(std::move(request)), input_tokens_(input_tokens) {}
     std::vector<Event> feed(const nlohmann::json& chunk);
+    // The reply failed (an error in the engine): an "error" event, then response.failed with
+    // the output so far; later chunks give nothing.
+    std::vector<Event> fail(const std::string& message);
 
   private:
     void emit(std::vector<Event>& out, const std::string& name, nlohmann::json data);
