@@ -67,6 +67,13 @@ TEST_CASE("responses: requests become chat completions requests") {
     CHECK(s["messages"] == ojson::parse(R"([{"role": "user", "content": "Hi"}])"));
     CHECK(s["stream_options"]["include_usage"] == true);
     CHECK(s["reasoning_budget_tokens"] == 0);
+    // Reasoning with nothing readable (encrypted) adds no empty assistant message.
+    const ojson e = responses_to_openai(ojson::parse(R"({"input": [
+        {"role": "user", "content": "Hi"},
+        {"type": "reasoning", "summary": [], "encrypted_content": "xyz"},
+        {"role": "assistant", "content": "Hello."}]})"));
+    CHECK(e["messages"] == ojson::parse(R"([{"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."}])"));
     CHECK(s["chat_template_kwargs"]["enable_thinking"] == false);
     // What kvrun cannot do: one clear error each.
     const std::pair<const char*, const char*> refused[] = {

@@ -82,9 +82,9 @@ ojson input_messages(const ojson& input) {
                 if (text.empty() && item.contains(key) && item[key].is_array() &&
                     !item[key].empty())
                     text = parts_text(item[key], where + "." + key);
+            if (text.empty()) continue;  // (encrypted reasoning only: nothing to give back)
             ojson& a = gather();
-            if (!text.empty())
-                a["reasoning_content"] = a.value("reasoning_content", std::string()) + text;
+            a["reasoning_content"] = a.value("reasoning_content", std::string()) + text;
         } else if (type == "function_call") {
             if (!item.contains("call_id") || !item["call_id"].is_string() ||
                 !item.contains("name") || !item["name"].is_string())
