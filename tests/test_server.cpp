@@ -867,6 +867,10 @@ TEST_CASE("server --context-shift: a reply longer than the context goes on, whol
     REQUIRE(want.tokens.size() == 150);
     REQUIRE(n_shifts >= 2);
     const std::string want_text = tok.decode(want.tokens, false);
+    ContextShiftOptions all = o;  // the whole prompt kept
+    all.n_keep = -1;
+    const std::string want_all_text = tok.decode(
+        run_with_context_shift(*s.engine, req, all, tok, nullptr, nullptr).tokens, false);
 
     const json body = {
         {"prompt", prompt}, {"n_predict", 150}, {"temperature", 0}, {"ignore_eos", true}};
@@ -905,6 +909,15 @@ TEST_CASE("server --context-shift: a reply longer than the context goes on, whol
     CHECK(oa["choices"][0]["finish_reason"] == "length");
     CHECK(oa["usage"]["completion_tokens"] == 150);
     CHECK(oa["usage"]["prompt_tokens"] == int(prompt.size()));
+    // A request's "n_keep" (llama-server's) replaces --keep for it; bad values are refused.
+    json keep_all = body;
+    keep_all["n_keep"] = -1;
+    const json k = json::parse(run.post("/completion", keep_all).body);
+    CHECK(k["tokens_predicted"] == 150);
+    CHECK(k["content"] == want_all_text);
+    CHECK(k["content"] != want_text);
+    CHECK(run.post("/completion", {{"prompt", prompt}, {"n_keep", -2}}).status == 400);
+    CHECK(run.post("/completion", {{"prompt", prompt}, {"n_keep", "all"}}).status == 400);
 }
 
 TEST_CASE("server --rerank: documents scored by a yes/no judge, most relevant first") {

@@ -358,9 +358,10 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
     // --context-shift: each single-sample request whose context fills goes on in further
     // rounds, its tokens streamed on as one reply.
     std::vector<std::optional<ContextShiftRun>> shifts(jobs.size());
-    if (cfg.context_shift.enabled && n == 1)
-        for (size_t j = 0; j < jobs.size(); ++j)
-            shifts[j].emplace(ar.requests[j], cfg.context_shift, tok);
+    ContextShiftOptions shift = cfg.context_shift;
+    if (ar.n_keep) shift.n_keep = *ar.n_keep;  // (the request's "n_keep")
+    if (shift.enabled && n == 1)
+        for (size_t j = 0; j < jobs.size(); ++j) shifts[j].emplace(ar.requests[j], shift, tok);
     std::vector<ApiTextStream> texts(n_choices, ApiTextStream(tok, ar.stop, ar.preserved_tokens));
     std::vector<ApiChoiceResult> choices(n_choices);
     for (size_t i = 0; i < n_choices; ++i) choices[i].index = int32_t(i);

@@ -405,6 +405,12 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
         out.stream = j.value("stream", false);
         if (j.contains("stream_options") && j["stream_options"].is_object())
             out.include_usage = j["stream_options"].value("include_usage", false);
+        if (j.contains("n_keep")) {
+            const int64_t keep = j["n_keep"].get<int64_t>();
+            if (keep < -1 || keep > INT32_MAX)
+                fail("'n_keep' must be -1 (the whole prompt) or a count >= 0 (got {})", keep);
+            out.n_keep = static_cast<int32_t>(keep);
+        }
         if (j.value("echo", false)) {
             if (format != ApiFormat::OpenAiCompletion)
                 fail("'echo' is for /v1/completions (text completions)");

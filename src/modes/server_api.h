@@ -70,6 +70,8 @@ struct ApiRequest {
     // logprobs the prompt's tokens get theirs (the first one null) — lm-evaluation-harness
     // scores continuations this way.
     bool echo = false;
+    // llama-server's "n_keep": --context-shift's --keep for this request (-1: the whole prompt).
+    std::optional<int32_t> n_keep;
     bool stream = false;
     bool include_usage = false;  // stream_options.include_usage: a last chunk with "usage"
     int32_t top_logprobs = -1;   // OpenAI logprobs: alternatives shown (-1: no logprobs)
