@@ -3,7 +3,6 @@
 // cuda_sample_rows (cuda_sample_row: header-only dependencies, so every CUDA test links).
 #include "cuda/device.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -15,6 +14,7 @@
 
 #include "common.h"
 #include "cuda/common.cuh"
+#include "cuda/cublas_lib.h"
 #include "cuda/ops.h"
 #include "sampler.h"
 
@@ -31,7 +31,7 @@ void cuda_throw_call(const char* file, int line, const char* call, cudaError_t e
 
 void cuda_throw_cublas(const char* file, int line, const char* call, int status) {
     throw Error(fmt::format("cuBLAS error at {}:{}: {} failed: {} ({})", file, line, call,
-                            cublasGetStatusString(cublasStatus_t(status)), status));
+                            cublas_lib().status_string(cublasStatus_t(status)), status));
 }
 
 bool cuda_env_switch(const char* name, const char* on) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda/common.cuh"
+#include "cuda/cublas_lib.h"
 #include "cuda/dequant.cuh"
 #include "cuda/ops.h"
 
@@ -39,12 +40,13 @@ void cuda_gemm(float* out, const float* x, const WeightView& w, int64_t n_rows,
                  "cuda_gemm: dimension too large for cuBLAS");
     if (n_rows == 0) return;
     auto handle = static_cast<cublasHandle_t>(scratch.cublas(s));
+    const CublasLib& blas = cublas_lib();
     const float alpha = 1.0f, beta = 0.0f;
     const int m_in = int(w.n_in), m_out = int(w.n_out), m_rows = int(n_rows);
     if (w.type == GgmlType::F32) {
         CUDA_REQUIRE(w.row_bytes == size_t(w.n_in) * 4, "cuda_gemm: F32 rows must be dense");
         // Column-major view: C[n_out x n_rows] = W^T[n_out x n_in] * X[n_in x n_rows].
-        CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, m_out, m_rows, m_in, &alpha,
+        CUBLAS_CHECK(blas.sgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, m_out, m_rows, m_in, &alpha,
                                  static_cast<const float*>(w.data), m_in, x, m_in, &beta, out,
                                  m_out));
         return;
@@ -66,7 +68,7 @@ void cuda_gemm(float* out, const float* x, const WeightView& w, int64_t n_rows,
         const int64_t rows = std::min(tile_rows, w.n_out - o0);
         cuda_dequantize_f16(reinterpret_cast<uint16_t*>(w16), w, o0, rows, s);
         // C[rows x n_rows] (column-major, ldc n_out) = W16^T * X16, f32 accumulate.
-        CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), m_rows, m_in, &alpha,
+        CUBLAS_CHECK(blas.gemm_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), m_rows, m_in, &alpha,
                                   w16, CUDA_R_16F, m_in, x16, CUDA_R_16F, m_in, &beta, out + o0,
                                   CUDA_R_32F, m_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }

@@ -1,12 +1,12 @@
 // CudaScratch: the growable per-stream device work buffer of the CUDA ops and the cuBLAS
 // handle (with its own workspace, so cuBLAS calls can be captured into CUDA graphs).
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 
 #include "common.h"
 #include "cuda/common.cuh"
+#include "cuda/cublas_lib.h"
 #include "cuda/device.h"
 #include "cuda/ops.h"
 
@@ -17,7 +17,7 @@ constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
 }
 
 CudaScratch::~CudaScratch() {
-    if (cublas_) (void)cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+    if (cublas_) (void)cublas_lib().destroy(static_cast<cublasHandle_t>(cublas_));
     cuda_free(cublas_ws_);
     cuda_free(buf_);
 }
@@ -49,8 +49,9 @@ void* CudaScratch::get(size_t bytes, cudaStream_t s) {
 
 void* CudaScratch::cublas(cudaStream_t s) {
     if (!cublas_) {
+        const CublasLib& blas = cublas_lib();
         cublasHandle_t h = nullptr;
-        const cublasStatus_t st = cublasCreate(&h);
+        const cublasStatus_t st = blas.create(&h);
         if (st == CUBLAS_STATUS_ALLOC_FAILED || st == CUBLAS_STATUS_NOT_INITIALIZED) {
             // Usually out of device memory: say so with the free / total numbers.
             size_t free_b = 0, total_b = 0;
@@ -58,7 +59,7 @@ void* CudaScratch::cublas(cudaStream_t s) {
             (void)cudaGetLastError();
             throw Error(fmt::format("cuBLAS could not initialize ({}): {:.1f} MiB of GPU memory "
                                     "free of {:.1f} MiB",
-                                    cublasGetStatusString(st), double(free_b) / (1 << 20),
+                                    blas.status_string(st), double(free_b) / (1 << 20),
                                     double(total_b) / (1 << 20)),
                         "use a smaller --kv-memory or --ctx, a smaller model, or --device cpu");
         }
@@ -67,9 +68,10 @@ void* CudaScratch::cublas(cudaStream_t s) {
         cublas_ws_ = cuda_alloc(kCublasWorkspaceBytes, "cuBLAS workspace");
     }
     auto h = static_cast<cublasHandle_t>(cublas_);
+    const CublasLib& blas = cublas_lib();
     // cublasSetStream resets the workspace to cuBLAS's own pool, so set ours after it.
-    CUBLAS_CHECK(cublasSetStream(h, s));
-    CUBLAS_CHECK(cublasSetWorkspace(h, cublas_ws_, kCublasWorkspaceBytes));
+    CUBLAS_CHECK(blas.set_stream(h, s));
+    CUBLAS_CHECK(blas.set_workspace(h, cublas_ws_, kCublasWorkspaceBytes));
     return h;
 }
 
