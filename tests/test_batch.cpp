@@ -446,3 +446,47 @@ TEST_CASE("batch --context-shift: each request goes past the context, like run d
         kvrun_cmd("batch -m " + model.string() + " -f " + in + flags + " --n-samples 2"));
     CHECK(parse_lines(samples.out)[0]["error"] == "--context-shift runs one sample per request");
 }
+
+TEST_CASE("a JSONL request's n_keep replaces --keep under --context-shift (batch and run)") {
+    // llama-server's per-request field, also in `batch` and `run --jsonl` files: each line
+    // gives the text of `run --keep N` with its own N (-1: the whole prompt).
+    auto model = kvrun::test::shared_path("models/stories260K.gguf");
+    if (model.empty()) return;
+    TempDir dir;
+    const std::string prompt = "Lily and Tom went to the park. They";
+    const std::string flags = " --temp 0 -n 70 -c 32 --ignore-eos --context-shift";
+    auto run_keep = [&](const std::string& keep) {
+        auto r = run_command(kvrun_cmd("run -m " + model.string() + flags + " --keep " + keep +
+                                       " -p " + shell_quote(prompt)));
+        REQUIRE(r.exit_code == 0);
+        return r.out;
+    };
+    const std::string keep2 = run_keep("2"), keep5 = run_keep("5"), keep_all = run_keep("-1");
+    REQUIRE(keep2 != keep5);  // the three keeps give three texts here
+    REQUIRE(keep5 != keep_all);
+    const std::string line = R"({"prompt": ")" + prompt + R"(", "n_keep": )";
+    const std::string jsonl = line + "5}\n" + line + "-1}\n" + R"({"prompt": ")" + prompt +
+                              "\"}\n" + line + "-2}\n" + line + "\"all\"}\n";
+    const std::string in = dir.write("requests.jsonl", jsonl);
+    auto check = [&](const kvrun::test::CommandResult& r) {
+        CHECK_MESSAGE(r.exit_code == 0, r.err);
+        auto lines = parse_lines(r.out);
+        REQUIRE(lines.size() == 5);
+        CHECK(lines[0]["text"].get<std::string>() + "\n" == keep5);
+        CHECK(lines[1]["text"].get<std::string>() + "\n" == keep_all);
+        CHECK(lines[2]["text"].get<std::string>() + "\n" == keep2);  // no n_keep: --keep
+        for (int i : {3, 4}) {
+            CAPTURE(i);
+            CHECK(lines[i]["error"].get<std::string>().find(
+                      "'n_keep' must be -1 (the whole prompt) or a count >= 0") == 0);
+        }
+    };
+    SUBCASE("batch") {
+        check(run_command(kvrun_cmd("batch -m " + model.string() + " -f " + in + " --parallel 3" +
+                                    flags + " --keep 2")));
+    }
+    SUBCASE("run --jsonl") {
+        check(run_command(kvrun_cmd("run -m " + model.string() + " --jsonl" + flags + " --keep 2"),
+                          jsonl));
+    }
+}

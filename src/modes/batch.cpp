@@ -58,6 +58,7 @@ struct Item {
     int32_t n_finished = 0;
     bool done = false;
     std::optional<ContextShiftRun> shift;  // --context-shift: the rounds so far
+    std::optional<int32_t> n_keep;         // the JSONL request's "n_keep" (replaces --keep)
 };
 
 bool reads_stdin(const BatchOptions& o) {
@@ -133,6 +134,7 @@ std::vector<Item> read_items(const BatchOptions& o, const GgufFile& model, const
                 ParsedRequest p = request_from_json(line, d, tok);
                 it.request = std::move(p.request);
                 it.id = std::move(p.id);
+                it.n_keep = p.n_keep;
             } else {
                 std::string text = unescape_text(line);
                 utf8_require_valid(text, fmt::format("line {}", line_no));
@@ -284,7 +286,11 @@ int run_batch(const BatchOptions& o) {
         Item& it = items[i];
         if (!it.error.empty()) continue;
         try {
-            if (o.shift.enabled) it.shift.emplace(it.request, o.shift, *m.tokenizer);
+            if (o.shift.enabled) {
+                ContextShiftOptions shift = o.shift;
+                if (it.n_keep) shift.n_keep = *it.n_keep;
+                it.shift.emplace(it.request, shift, *m.tokenizer);
+            }
             submit(i, it.request);
             it.samples.resize(it.request.n_samples);
         } catch (const Error& e) {

@@ -137,6 +137,13 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
             if (out.prompt_text.empty()) fail("'prompt' is empty");
         }
         if (j.contains("id")) out.id = j["id"];
+        if (j.contains("n_keep") && !j["n_keep"].is_null()) {
+            if (!j["n_keep"].is_number_integer() || j["n_keep"].get<int64_t>() < -1 ||
+                j["n_keep"].get<int64_t>() > INT32_MAX)
+                fail("'n_keep' must be -1 (the whole prompt) or a count >= 0 (got {})",
+                     j["n_keep"].dump());
+            out.n_keep = j["n_keep"].get<int32_t>();
+        }
         req.n_predict = j.value("n_predict", d.n_predict);
         req.sampling = d.sampling;
         req.sampling.temperature = j.value("temperature", d.sampling.temperature);

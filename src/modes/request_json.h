@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,9 @@ struct ParsedRequest {
     GenerationRequest request;
     std::string prompt_text;
     nlohmann::json id;  // the request's "id" field, echoed in its result (null when absent)
+    // "n_keep" (llama-server's field): --context-shift's --keep for this request (-1: the
+    // whole prompt); unset when absent. Without --context-shift it changes nothing.
+    std::optional<int32_t> n_keep;
 };
 
 // Parses one JSONL request. Fields: prompt (string, required, non-empty UTF-8; or an array of
@@ -56,7 +60,8 @@ struct ParsedRequest {
 // repeat_last_n, seed, n_samples (1-256),
 // ignore_eos, stop (array of strings), grammar (GBNF text; "" for none), grammar_lazy and
 // grammar_triggers (grammar_options.h), json_schema (a JSON
-// Schema object or its text), n_probs (0-100: report logprobs), id (any JSON value), lora
+// Schema object or its text), n_probs (0-100: report logprobs), n_keep (-1 or a count >= 0;
+// ParsedRequest::n_keep), id (any JSON value), lora
 // ([{"id": ADAPTER, "scale": S}, ...] as llama.cpp's server: the scale of each loaded
 // adapter, in --lora order; an adapter left out gets 0); chat requests ("messages", or
 // defaults.chat_prompt) also reasoning_budget_tokens (or thinking_budget_tokens: -1 for no

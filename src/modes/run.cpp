@@ -245,11 +245,11 @@ int run_single(const RunOptions& o) {
     return 0;
 }
 
-// Parses one JSONL request into `req` (throws Error with the reason on bad input); the
-// fields are those of modes/request_json.h, shared with `kvrun batch`.
-void parse_request(const std::string& line, const RunOptions& o, const Tokenizer& tok,
-                   std::shared_ptr<const Grammar> grammar, std::shared_ptr<const ChatFormat> chat,
-                   GenerationRequest& req, std::string& prompt_text) {
+// Parses one JSONL request (throws Error with the reason on bad input); the fields are
+// those of modes/request_json.h, shared with `kvrun batch`.
+ParsedRequest parse_request(const std::string& line, const RunOptions& o, const Tokenizer& tok,
+                            std::shared_ptr<const Grammar> grammar,
+                            std::shared_ptr<const ChatFormat> chat) {
     RequestDefaults d;
     d.chat = std::move(chat);
     d.grammar = std::move(grammar);
@@ -263,9 +263,7 @@ void parse_request(const std::string& line, const RunOptions& o, const Tokenizer
     d.add_bos = !o.no_bos;
     d.parse_special = o.parse_special;
     d.n_lora = static_cast<int32_t>(lora_specs(o.model).size());
-    ParsedRequest p = request_from_json(line, d, tok);
-    req = std::move(p.request);
-    prompt_text = std::move(p.prompt_text);
+    return request_from_json(line, d, tok);
 }
 
 int run_jsonl(const RunOptions& o) {
@@ -286,14 +284,15 @@ int run_jsonl(const RunOptions& o) {
         if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
         nlohmann::json out;
         try {
-            GenerationRequest req;
-            std::string prompt_text;
-            parse_request(line, o, *m.tokenizer, grammar, chat, req, prompt_text);
+            ParsedRequest parsed = parse_request(line, o, *m.tokenizer, grammar, chat);
+            GenerationRequest& req = parsed.request;
             if (o.truncate)
                 truncate_prompt(req.prompt, engine.n_ctx(), req.n_predict, m.tokenizer->bos());
             std::vector<GenerationResult> results(std::max(1, req.n_samples));
             if (o.shift.enabled) {
-                results[0] = run_with_context_shift(engine, req, o.shift, *m.tokenizer,
+                ContextShiftOptions shift = o.shift;
+                if (parsed.n_keep) shift.n_keep = *parsed.n_keep;
+                results[0] = run_with_context_shift(engine, req, shift, *m.tokenizer,
                                                     &interrupt_flag(), nullptr);
             } else {
                 engine.on_finish([&](const GenerationResult& r) { results[r.sample] = r; });

@@ -405,12 +405,6 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
         out.stream = j.value("stream", false);
         if (j.contains("stream_options") && j["stream_options"].is_object())
             out.include_usage = j["stream_options"].value("include_usage", false);
-        if (j.contains("n_keep")) {
-            const int64_t keep = j["n_keep"].get<int64_t>();
-            if (keep < -1 || keep > INT32_MAX)
-                fail("'n_keep' must be -1 (the whole prompt) or a count >= 0 (got {})", keep);
-            out.n_keep = static_cast<int32_t>(keep);
-        }
         if (j.value("echo", false)) {
             if (format != ApiFormat::OpenAiCompletion)
                 fail("'echo' is for /v1/completions (text completions)");
@@ -518,6 +512,7 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
             j["prompt"] = fill_in_the_middle(in, j, d, ctx, tok, out);
         }
         ParsedRequest parsed = request_from_json(j.dump(), d, tok);
+        out.n_keep = parsed.n_keep;
         out.prompt_texts.push_back(std::move(parsed.prompt_text));
         GenerationRequest r = std::move(parsed.request);
         r.shown_tokens = out.preserved_tokens;
