@@ -52,28 +52,21 @@ std::vector<std::vector<float>> compute_embeddings(Backend& backend,
     return compute_embeddings(backend, table, prompts, pooling, n_batch, max_tokens);
 }
 
-std::vector<std::vector<float>> compute_embeddings(Backend& backend, KvBlockTable& table,
-                                                   const std::vector<std::vector<TokenId>>& prompts,
-                                                   Pooling pooling, int32_t n_batch,
-                                                   int32_t max_tokens) {
-    if (pooling == Pooling::Rank)
-        throw Error(
-            "--pooling rank needs a reranker's classification head, which kvrun does not load",
-            "use mean, cls, last or none");
-    const int64_t n_embd = backend.config().n_embd;
-    std::vector<size_t> first_row(prompts.size() + 1, 0);  // output index of each prompt
+void run_prompt_passes(
+    Backend& backend, KvBlockTable& table, const std::vector<std::vector<TokenId>>& prompts,
+    int32_t n_batch, int32_t max_tokens, const std::function<bool(size_t, int32_t)>& wanted,
+    const std::function<void(const ForwardBatch&, const std::vector<std::pair<size_t, int32_t>>&)>&
+        run,
+    PromptNames names) {
     for (size_t p = 0; p < prompts.size(); ++p) {
         const size_t n = prompts[p].size();
-        if (n == 0) fail("prompt {} has no tokens: nothing to embed", p + 1);
+        if (n == 0) fail("{} {} has no tokens", names.what, p + size_t(names.first));
         if (int64_t(n) > max_tokens)
-            throw Error(fmt::format("prompt {} has {} tokens, more than the context of {}", p + 1,
-                                    n, max_tokens),
-                        "give a larger -c, or a shorter prompt");
-        first_row[p + 1] = first_row[p] + (pooling == Pooling::None ? n : 1);
+            throw Error(fmt::format("{} {} has {} tokens, more than the context of {}", names.what,
+                                    p + size_t(names.first), n, max_tokens),
+                        "give a larger -c, or a shorter text");
     }
-    std::vector<std::vector<float>> out(first_row.back(), std::vector<float>(size_t(n_embd), 0.0f));
     n_batch = std::max(n_batch, 1);
-
     std::vector<Active> active;
     // The table may be shared (a server's engine): sequences of a failed call go back too.
     struct FreeOnError {
@@ -83,7 +76,6 @@ std::vector<std::vector<float>> compute_embeddings(Backend& backend, KvBlockTabl
             for (const Active& a : active) table.free_sequence(a.seq);
         }
     } free_on_error{table, active};
-    std::vector<float> hidden;
     size_t next = 0;
     while (next < prompts.size() || !active.empty()) {
         // Fill a pass: the prompt left unfinished by the last pass, then new ones.
@@ -95,8 +87,8 @@ std::vector<std::vector<float>> compute_embeddings(Backend& backend, KvBlockTabl
             const KvAppendResult r = table.append(active[a].seq, n, toks.data() + active[a].done);
             if (!r) {
                 if (parts.empty())
-                    fail("KV pool exhausted while embedding prompt {} ({})", active[a].prompt + 1,
-                         r.reason());
+                    fail("KV pool exhausted at {} {} ({})", names.what,
+                         active[a].prompt + size_t(names.first), r.reason());
                 break;
             }
             parts.push_back({a, active[a].done, n});
@@ -110,9 +102,9 @@ std::vector<std::vector<float>> compute_embeddings(Backend& backend, KvBlockTabl
             if (!r) {
                 table.free_sequence(seq);
                 if (parts.empty())
-                    throw Error(
-                        fmt::format("the KV pool cannot hold prompt {} ({})", next + 1, r.reason()),
-                        "give a larger --kv-memory or -c");
+                    throw Error(fmt::format("the KV pool cannot hold {} {} ({})", names.what,
+                                            next + size_t(names.first), r.reason()),
+                                "give a larger --kv-memory or -c");
                 break;
             }
             active.push_back({next++, seq, 0});
@@ -122,38 +114,18 @@ std::vector<std::vector<float>> compute_embeddings(Backend& backend, KvBlockTabl
         kv_apply_pending(table, backend);
 
         ForwardBatch fb;
-        std::vector<std::pair<size_t, size_t>> targets;  // per output row: (prompt, token)
+        std::vector<std::pair<size_t, int32_t>> rows;  // per output row: (prompt, position)
         for (const Part& part : parts) {
             const Active& a = active[part.active];
-            const int32_t len = int32_t(prompts[a.prompt].size());
             const int32_t offset = fb.add_sequence(table, a.seq, part.start, part.n);
             for (int32_t i = 0; i < part.n; ++i) {
-                const int32_t pos = part.start + i;
-                const bool wanted = pooling == Pooling::None || pooling == Pooling::Mean ||
-                                    (pooling == Pooling::Cls && pos == 0) ||
-                                    (pooling == Pooling::Last && pos == len - 1);
-                if (!wanted) continue;
+                if (!wanted(a.prompt, part.start + i)) continue;
                 fb.logit_rows.push_back(offset + i);
-                targets.emplace_back(a.prompt, size_t(pos));
+                rows.emplace_back(a.prompt, part.start + i);
             }
         }
-        const bool filler = fb.logit_rows.empty();
-        if (filler) fb.logit_rows.push_back(0);  // the pass still fills the cache
-        hidden.resize(fb.logit_rows.size() * size_t(n_embd));
-        backend.forward_embeddings(fb, hidden.data());
-        for (size_t r = 0; r < targets.size() && !filler; ++r) {
-            const auto [p, pos] = targets[r];
-            const float* h = hidden.data() + r * size_t(n_embd);
-            if (pooling == Pooling::None) {
-                std::copy(h, h + n_embd, out[first_row[p] + pos].begin());
-            } else if (pooling == Pooling::Mean) {
-                std::vector<float>& v = out[first_row[p]];
-                const float w = 1.0f / float(prompts[p].size());
-                for (int64_t d = 0; d < n_embd; ++d) v[size_t(d)] += w * h[d];
-            } else {
-                std::copy(h, h + n_embd, out[first_row[p]].begin());
-            }
-        }
+        if (fb.logit_rows.empty()) fb.logit_rows.push_back(0);  // the pass still fills the cache
+        run(fb, rows);
         // Finished prompts give their blocks back.
         for (const Part& part : parts) active[part.active].done += part.n;
         std::vector<Active> still;
@@ -165,6 +137,45 @@ std::vector<std::vector<float>> compute_embeddings(Backend& backend, KvBlockTabl
         }
         active = std::move(still);
     }
+}
+
+std::vector<std::vector<float>> compute_embeddings(Backend& backend, KvBlockTable& table,
+                                                   const std::vector<std::vector<TokenId>>& prompts,
+                                                   Pooling pooling, int32_t n_batch,
+                                                   int32_t max_tokens) {
+    if (pooling == Pooling::Rank)
+        throw Error(
+            "--pooling rank needs a reranker's classification head, which kvrun does not load",
+            "use mean, cls, last or none");
+    const int64_t n_embd = backend.config().n_embd;
+    std::vector<size_t> first_row(prompts.size() + 1, 0);  // output index of each prompt
+    for (size_t p = 0; p < prompts.size(); ++p)
+        first_row[p + 1] = first_row[p] + (pooling == Pooling::None ? prompts[p].size() : 1);
+    std::vector<std::vector<float>> out(first_row.back(), std::vector<float>(size_t(n_embd), 0.0f));
+    std::vector<float> hidden;
+    auto wanted = [&](size_t p, int32_t pos) {
+        return pooling == Pooling::None || pooling == Pooling::Mean ||
+               (pooling == Pooling::Cls && pos == 0) ||
+               (pooling == Pooling::Last && pos == int32_t(prompts[p].size()) - 1);
+    };
+    auto run = [&](const ForwardBatch& fb, const std::vector<std::pair<size_t, int32_t>>& rows) {
+        hidden.resize(fb.logit_rows.size() * size_t(n_embd));
+        backend.forward_embeddings(fb, hidden.data());
+        for (size_t r = 0; r < rows.size(); ++r) {
+            const auto [p, pos] = rows[r];
+            const float* h = hidden.data() + r * size_t(n_embd);
+            if (pooling == Pooling::None) {
+                std::copy(h, h + n_embd, out[first_row[p] + size_t(pos)].begin());
+            } else if (pooling == Pooling::Mean) {
+                std::vector<float>& v = out[first_row[p]];
+                const float w = 1.0f / float(prompts[p].size());
+                for (int64_t d = 0; d < n_embd; ++d) v[size_t(d)] += w * h[d];
+            } else {
+                std::copy(h, h + n_embd, out[first_row[p]].begin());
+            }
+        }
+    };
+    run_prompt_passes(backend, table, prompts, n_batch, max_tokens, wanted, run);
     return out;
 }
 

@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "backend.h"
@@ -42,6 +44,28 @@ std::vector<std::vector<float>> compute_embeddings(Backend& backend, KvBlockTabl
                                                    const std::vector<std::vector<TokenId>>& prompts,
                                                    Pooling pooling, int32_t n_batch,
                                                    int32_t max_tokens);
+
+// What errors call the prompts of run_prompt_passes: "{what} {index}", index from `first`.
+struct PromptNames {
+    const char* what = "prompt";
+    int first = 1;
+};
+
+// Runs `prompts` through the backend on `table`, packed several to a forward pass of at most
+// n_batch tokens (a prompt longer than a pass continues in the next one; compute_embeddings'
+// and rerank_scores' engine). For each pass it builds the batch with the token rows
+// `wanted(prompt, pos)` asks for as its logit rows, in order, and calls `run(batch, rows)`,
+// rows[r] = (prompt, pos) of the batch's row r; the callback runs the batch (forward or
+// forward_embeddings) and reads the rows. A pass where no row is wanted still runs, with
+// `rows` empty and one filler row, to fill the cache. Prompts' sequences are freed as they
+// finish, and all of them when it throws: Error for an empty prompt, one longer than
+// max_tokens, or a KV pool that cannot hold one.
+void run_prompt_passes(
+    Backend& backend, KvBlockTable& table, const std::vector<std::vector<TokenId>>& prompts,
+    int32_t n_batch, int32_t max_tokens, const std::function<bool(size_t, int32_t)>& wanted,
+    const std::function<void(const ForwardBatch&, const std::vector<std::pair<size_t, int32_t>>&)>&
+        run,
+    PromptNames names = {});
 
 // llama.cpp's --embd-normalize: -1 none, 0 max-abs scaled to the int16 range (32760),
 // 1 taxicab, 2 euclidean (the default), p > 2 the p-norm. In place; a zero vector stays zero.

@@ -11,10 +11,10 @@ namespace {
 
 // Runs tokens [0, n) through the backend in passes of at most n_batch on a sequence of its
 // own (freed on return), calling rows(start, count, logits) after each pass with the logits
-// of the positions it asked for: every position when all_rows, else the last of the text.
+// of its positions.
 template <class Rows>
 void run_text(Backend& backend, KvBlockTable& table, const std::vector<TokenId>& tokens, int32_t n,
-              int32_t n_batch, bool all_rows, Rows rows) {
+              int32_t n_batch, Rows rows) {
     const int64_t n_vocab = backend.config().n_vocab;
     n_batch = std::max(n_batch, 1);
     const SeqId seq = table.create_sequence();
@@ -34,11 +34,7 @@ void run_text(Backend& backend, KvBlockTable& table, const std::vector<TokenId>&
         kv_apply_pending(table, backend);
         ForwardBatch fb;
         const int32_t offset = fb.add_sequence(table, seq, start, count);
-        const bool last = start + count == n;
-        if (all_rows)
-            for (int32_t i = 0; i < count; ++i) fb.logit_rows.push_back(offset + i);
-        else if (last)
-            fb.logit_rows.push_back(offset + count - 1);
+        for (int32_t i = 0; i < count; ++i) fb.logit_rows.push_back(offset + i);
         logits.resize(fb.logit_rows.size() * size_t(n_vocab));
         backend.forward(fb, logits.data());
         rows(start, count, logits.data());
@@ -55,25 +51,12 @@ std::vector<TokenLogprobs> prompt_logprobs(Backend& backend, KvBlockTable& table
     const int64_t n_vocab = backend.config().n_vocab;
     // The last token needs no logits of its own (nothing follows it): stop before it.
     run_text(
-        backend, table, tokens, static_cast<int32_t>(tokens.size()) - 1, n_batch, true,
+        backend, table, tokens, static_cast<int32_t>(tokens.size()) - 1, n_batch,
         [&](int32_t start, int32_t count, const float* logits) {
             for (int32_t i = 0; i < count; ++i)
                 out.push_back(token_logprobs(logits + size_t(i) * size_t(n_vocab), int(n_vocab),
                                              tokens[size_t(start + i + 1)], n_top));
         });
-    return out;
-}
-
-std::vector<float> prompt_last_logits(Backend& backend, KvBlockTable& table,
-                                      const std::vector<TokenId>& tokens, int32_t n_batch) {
-    if (tokens.empty()) fail("an empty text has no next-token logits");
-    const auto n_vocab = static_cast<size_t>(backend.config().n_vocab);
-    std::vector<float> out;
-    run_text(backend, table, tokens, static_cast<int32_t>(tokens.size()), n_batch, false,
-             [&](int32_t start, int32_t count, const float* logits) {
-                 if (start + count == static_cast<int32_t>(tokens.size()))
-                     out.assign(logits, logits + n_vocab);
-             });
     return out;
 }
 

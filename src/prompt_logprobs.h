@@ -19,10 +19,4 @@ std::vector<TokenLogprobs> prompt_logprobs(Backend& backend, KvBlockTable& table
                                            const std::vector<TokenId>& tokens, int32_t n_top,
                                            int32_t n_batch);
 
-// The logits after the whole text (what the model would say next): [n_vocab]. The same
-// passes, with only the last position's logits. Throws Error for an empty text or one the
-// KV pool cannot hold.
-std::vector<float> prompt_last_logits(Backend& backend, KvBlockTable& table,
-                                      const std::vector<TokenId>& tokens, int32_t n_batch);
-
 }  // namespace kvrun

@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "common.h"
-#include "prompt_logprobs.h"
 
 namespace kvrun {
 
@@ -71,15 +70,22 @@ std::vector<TokenId> rerank_tokens(const Tokenizer& tok, const RerankJudge& judg
 
 std::vector<double> rerank_scores(Backend& backend, KvBlockTable& table, const RerankJudge& judge,
                                   const std::vector<std::vector<TokenId>>& prompts,
-                                  int32_t n_batch) {
-    std::vector<double> out;
-    out.reserve(prompts.size());
-    for (const std::vector<TokenId>& p : prompts) {
-        const std::vector<float> logits = prompt_last_logits(backend, table, p, n_batch);
-        // P(yes) / (P(yes) + P(no)) = 1 / (1 + exp(no - yes)).
-        const double d = double(logits[size_t(judge.no)]) - double(logits[size_t(judge.yes)]);
-        out.push_back(1.0 / (1.0 + std::exp(d)));
-    }
+                                  int32_t n_batch, int32_t max_tokens, PromptNames names) {
+    std::vector<double> out(prompts.size(), 0.0);
+    const auto n_vocab = size_t(backend.config().n_vocab);
+    std::vector<float> logits;
+    auto last = [&](size_t p, int32_t pos) { return pos == int32_t(prompts[p].size()) - 1; };
+    auto run = [&](const ForwardBatch& fb, const std::vector<std::pair<size_t, int32_t>>& rows) {
+        logits.resize(fb.logit_rows.size() * n_vocab);
+        backend.forward(fb, logits.data());
+        for (size_t r = 0; r < rows.size(); ++r) {
+            const float* l = logits.data() + r * n_vocab;
+            // P(yes) / (P(yes) + P(no)) = 1 / (1 + exp(no - yes)).
+            const double d = double(l[size_t(judge.no)]) - double(l[size_t(judge.yes)]);
+            out[rows[r].first] = 1.0 / (1.0 + std::exp(d));
+        }
+    };
+    run_prompt_passes(backend, table, prompts, n_batch, max_tokens, last, run, names);
     return out;
 }
 

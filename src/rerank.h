@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "embedding.h"
 #include "kv_block_table.h"
 #include "tokenizer.h"
 
@@ -37,10 +38,13 @@ std::vector<TokenId> rerank_tokens(const Tokenizer& tok, const RerankJudge& judg
                                    std::string_view instruction, std::string_view query,
                                    std::string_view document);
 
-// P(yes) / (P(yes) + P(no)) for each prompt, each run on a sequence of its own (freed before
-// returning); throws Error when the KV pool cannot hold one.
+// P(yes) / (P(yes) + P(no)) for each prompt. The prompts are packed several to a forward
+// pass of up to n_batch tokens (run_prompt_passes, embedding.h), each on a sequence of its
+// own, freed before returning (also when it throws). Throws Error for a prompt longer than
+// max_tokens or one the KV pool cannot hold, naming it "{names.what} {index}".
 std::vector<double> rerank_scores(Backend& backend, KvBlockTable& table, const RerankJudge& judge,
                                   const std::vector<std::vector<TokenId>>& prompts,
-                                  int32_t n_batch);
+                                  int32_t n_batch, int32_t max_tokens,
+                                  PromptNames names = {"document", 0});
 
 }  // namespace kvrun

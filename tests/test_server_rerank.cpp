@@ -60,6 +60,24 @@ TEST_CASE("server --rerank: documents scored by a yes/no judge, most relevant fi
         want.push_back(std::exp(ly) / (std::exp(ly) + std::exp(ln)));
     }
     CHECK(s.engine->kv_table().n_used_blocks() == 0);
+    // rerank_scores packs the prompts several to a pass, or splits one over passes: the same
+    // scores whatever the pass size; a prompt over the bound is refused, nothing left held.
+    std::vector<std::vector<TokenId>> prompts;
+    for (const std::string& d : docs)
+        prompts.push_back(rerank_tokens(tok, judge, kRerankInstruction, query, d));
+    for (int32_t n_batch : {7, 64, 1024}) {
+        CAPTURE(n_batch);
+        const std::vector<double> got =
+            rerank_scores(s.engine->backend(), s.engine->kv_table(), judge, prompts, n_batch, 512);
+        REQUIRE(got.size() == docs.size());
+        for (size_t i = 0; i < docs.size(); ++i)
+            CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+        CHECK(s.engine->kv_table().n_used_blocks() == 0);
+    }
+    CHECK_THROWS_WITH_AS(
+        rerank_scores(s.engine->backend(), s.engine->kv_table(), judge, prompts, 64, 40),
+        doctest::Contains("document 0 has"), Error);
+    CHECK(s.engine->kv_table().n_used_blocks() == 0);
     // `kvrun embedding --pooling rank`: QUERY<tab>DOCUMENT per line, the same scores.
     {
         std::string lines;
@@ -80,6 +98,12 @@ TEST_CASE("server --rerank: documents scored by a yes/no judge, most relevant fi
             kvrun::test::kvrun_binary() + " embedding -m " + model + " --pooling rank -p 'q d'");
         CHECK(no_tab.exit_code == 1);
         CHECK(no_tab.err.find("no tab") != std::string::npos);
+        const auto too_long = kvrun::test::run_command(kvrun::test::kvrun_binary() +
+                                                       " embedding -m " + model +
+                                                       " --pooling rank -c 16",
+                                                       lines);
+        CHECK(too_long.exit_code == 1);
+        CHECK(too_long.err.find("text 1 has") != std::string::npos);
     }
 
     ServerConfig cfg = s.config();
@@ -130,5 +154,6 @@ TEST_CASE("server --rerank: documents scored by a yes/no judge, most relevant fi
     const HttpReply big =
         run.post("/v1/rerank", {{"query", query}, {"documents", {std::string(4000, 'a')}}});
     CHECK(big.status == 400);
-    CHECK(big.body.find("the context holds") != std::string::npos);
+    CHECK(big.body.find("document 0 has") != std::string::npos);
+    CHECK(big.body.find("more than the context of 512") != std::string::npos);
 }

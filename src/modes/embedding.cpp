@@ -107,16 +107,11 @@ int run_rerank(const EmbeddingOptions& o, const std::vector<std::string>& texts,
                         "--pooling rank reads one \"QUERY<tab>DOCUMENT\" per text");
         prompts.push_back(rerank_tokens(*m.tokenizer, judge, kRerankInstruction,
                                         texts[i].substr(0, tab), texts[i].substr(tab + 1)));
-        if (int64_t(prompts.back().size()) > o.model.n_ctx)
-            throw Error(fmt::format("text {} makes a prompt of {} tokens, more than the context "
-                                    "of {}",
-                                    i + 1, prompts.back().size(), o.model.n_ctx),
-                        "a larger -c, or a shorter document");
     }
     const auto start = std::chrono::steady_clock::now();
     KvBlockTable table = kv_table_for(*m.backend);
-    const std::vector<double> scores =
-        rerank_scores(*m.backend, table, judge, prompts, o.model.n_batch);
+    const std::vector<double> scores = rerank_scores(*m.backend, table, judge, prompts,
+                                                     o.model.n_batch, o.model.n_ctx, {"text", 1});
     fmt::print(stderr, "rerank: {} pair(s) on {} ({}), {:.2f} s\n", texts.size(), o.model.model,
                m.device,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

@@ -626,11 +626,8 @@ nlohmann::json ApiServer::Impl::rerank(const nlohmann::json& j) {
     }
     std::vector<double> scores;
     worker->call([&](Engine& e) {
-        for (size_t i = 0; i < prompts.size(); ++i)
-            if (static_cast<int64_t>(prompts[i].size()) > e.n_ctx())
-                fail("document {} makes a prompt of {} tokens; the context holds {}", i,
-                     prompts[i].size(), e.n_ctx());
-        scores = rerank_scores(e.backend(), e.kv_table(), *cfg.rerank, prompts, cfg.n_batch);
+        scores = rerank_scores(e.backend(), e.kv_table(), *cfg.rerank, prompts, cfg.n_batch,
+                               e.n_ctx());
     });
     std::vector<size_t> order(docs.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
