@@ -57,7 +57,7 @@ void run_prompt_passes(
     int32_t n_batch, int32_t max_tokens, const std::function<bool(size_t, int32_t)>& wanted,
     const std::function<void(const ForwardBatch&, const std::vector<std::pair<size_t, int32_t>>&)>&
         run,
-    PromptNames names) {
+    PromptNames names, const std::vector<float>& lora) {
     for (size_t p = 0; p < prompts.size(); ++p) {
         const size_t n = prompts[p].size();
         if (n == 0) fail("{} {} has no tokens", names.what, p + size_t(names.first));
@@ -118,6 +118,7 @@ void run_prompt_passes(
         for (const Part& part : parts) {
             const Active& a = active[part.active];
             const int32_t offset = fb.add_sequence(table, a.seq, part.start, part.n);
+            if (!lora.empty()) fb.set_lora_scales(int32_t(fb.block_tables.size()) - 1, lora);
             for (int32_t i = 0; i < part.n; ++i) {
                 if (!wanted(a.prompt, part.start + i)) continue;
                 fb.logit_rows.push_back(offset + i);
@@ -142,7 +143,8 @@ void run_prompt_passes(
 std::vector<std::vector<float>> compute_embeddings(Backend& backend, KvBlockTable& table,
                                                    const std::vector<std::vector<TokenId>>& prompts,
                                                    Pooling pooling, int32_t n_batch,
-                                                   int32_t max_tokens) {
+                                                   int32_t max_tokens,
+                                                   const std::vector<float>& lora) {
     if (pooling == Pooling::Rank)
         throw Error(
             "--pooling rank needs a reranker's classification head, which kvrun does not load",
@@ -175,7 +177,7 @@ std::vector<std::vector<float>> compute_embeddings(Backend& backend, KvBlockTabl
             }
         }
     };
-    run_prompt_passes(backend, table, prompts, n_batch, max_tokens, wanted, run);
+    run_prompt_passes(backend, table, prompts, n_batch, max_tokens, wanted, run, {}, lora);
     return out;
 }
 

@@ -39,11 +39,12 @@ std::vector<std::vector<float>> compute_embeddings(Backend& backend,
 
 // The same on `table`, a block table of the backend that other sequences may share (the
 // server's engine, between its steps): the prompts' sequences are freed before it returns,
-// also when it throws.
+// also when it throws. `lora`: the LoRA scales to embed with (empty: the loaded ones).
 std::vector<std::vector<float>> compute_embeddings(Backend& backend, KvBlockTable& table,
                                                    const std::vector<std::vector<TokenId>>& prompts,
                                                    Pooling pooling, int32_t n_batch,
-                                                   int32_t max_tokens);
+                                                   int32_t max_tokens,
+                                                   const std::vector<float>& lora = {});
 
 // What errors call the prompts of run_prompt_passes: "{what} {index}", index from `first`.
 struct PromptNames {
@@ -57,15 +58,16 @@ struct PromptNames {
 // `wanted(prompt, pos)` asks for as its logit rows, in order, and calls `run(batch, rows)`,
 // rows[r] = (prompt, pos) of the batch's row r; the callback runs the batch (forward or
 // forward_embeddings) and reads the rows. A pass where no row is wanted still runs, with
-// `rows` empty and one filler row, to fill the cache. Prompts' sequences are freed as they
-// finish, and all of them when it throws: Error for an empty prompt, one longer than
+// `rows` empty and one filler row, to fill the cache. `lora`: every sequence's LoRA scales
+// (ForwardBatch::set_lora_scales; empty: the loaded ones). Prompts' sequences are freed as
+// they finish, and all of them when it throws: Error for an empty prompt, one longer than
 // max_tokens, or a KV pool that cannot hold one.
 void run_prompt_passes(
     Backend& backend, KvBlockTable& table, const std::vector<std::vector<TokenId>>& prompts,
     int32_t n_batch, int32_t max_tokens, const std::function<bool(size_t, int32_t)>& wanted,
     const std::function<void(const ForwardBatch&, const std::vector<std::pair<size_t, int32_t>>&)>&
         run,
-    PromptNames names = {});
+    PromptNames names = {}, const std::vector<float>& lora = {});
 
 // llama.cpp's --embd-normalize: -1 none, 0 max-abs scaled to the int16 range (32760),
 // 1 taxicab, 2 euclidean (the default), p > 2 the p-norm. In place; a zero vector stays zero.

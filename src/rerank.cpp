@@ -69,8 +69,9 @@ std::vector<TokenId> rerank_tokens(const Tokenizer& tok, const RerankJudge& judg
 }
 
 std::vector<double> rerank_scores(Backend& backend, KvBlockTable& table, const RerankJudge& judge,
-                                  const std::vector<std::vector<TokenId>>& prompts,
-                                  int32_t n_batch, int32_t max_tokens, PromptNames names) {
+                                  const std::vector<std::vector<TokenId>>& prompts, int32_t n_batch,
+                                  int32_t max_tokens, PromptNames names,
+                                  const std::vector<float>& lora) {
     std::vector<double> out(prompts.size(), 0.0);
     const auto n_vocab = size_t(backend.config().n_vocab);
     std::vector<float> logits;
@@ -85,7 +86,7 @@ std::vector<double> rerank_scores(Backend& backend, KvBlockTable& table, const R
             out[rows[r].first] = 1.0 / (1.0 + std::exp(d));
         }
     };
-    run_prompt_passes(backend, table, prompts, n_batch, max_tokens, last, run, names);
+    run_prompt_passes(backend, table, prompts, n_batch, max_tokens, last, run, names, lora);
     return out;
 }
 

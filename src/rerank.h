@@ -41,10 +41,11 @@ std::vector<TokenId> rerank_tokens(const Tokenizer& tok, const RerankJudge& judg
 // P(yes) / (P(yes) + P(no)) for each prompt. The prompts are packed several to a forward
 // pass of up to n_batch tokens (run_prompt_passes, embedding.h), each on a sequence of its
 // own, freed before returning (also when it throws). Throws Error for a prompt longer than
-// max_tokens or one the KV pool cannot hold, naming it "{names.what} {index}".
+// max_tokens or one the KV pool cannot hold, naming it "{names.what} {index}". `lora`: the
+// LoRA scales to judge with (empty: the loaded ones).
 std::vector<double> rerank_scores(Backend& backend, KvBlockTable& table, const RerankJudge& judge,
-                                  const std::vector<std::vector<TokenId>>& prompts,
-                                  int32_t n_batch, int32_t max_tokens,
-                                  PromptNames names = {"document", 0});
+                                  const std::vector<std::vector<TokenId>>& prompts, int32_t n_batch,
+                                  int32_t max_tokens, PromptNames names = {"document", 0},
+                                  const std::vector<float>& lora = {});
 
 }  // namespace kvrun

@@ -31,12 +31,19 @@ struct Served {
     std::unique_ptr<Engine> engine;
     // kv_overrides: --override-kv texts ("KEY=TYPE:VALUE").
     explicit Served(const std::string& path, int32_t n_ctx = 512, int32_t parallel = 4,
-                    int32_t draft_ngram = 0, std::vector<std::string> kv_overrides = {}) {
+                    int32_t draft_ngram = 0, std::vector<std::string> kv_overrides = {})
+        : Served(options(path, n_ctx, std::move(kv_overrides)), parallel, draft_ngram) {}
+    // The CPU options of a model file (more to set before the other constructor).
+    static ModelOptions options(const std::string& path, int32_t n_ctx = 512,
+                                std::vector<std::string> kv_overrides = {}) {
         ModelOptions o;
         o.model = path;
         o.device = "cpu";
         o.n_ctx = n_ctx;
         o.kv_overrides = std::move(kv_overrides);
+        return o;
+    }
+    Served(const ModelOptions& o, int32_t parallel, int32_t draft_ngram = 0) {
         m = load_model(o, parallel);
         EngineOptions eo = engine_options(o, parallel);
         eo.draft_ngram = draft_ngram;

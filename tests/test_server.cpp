@@ -430,22 +430,9 @@ TEST_CASE("server: chat completions, llama.cpp endpoints, multiple samples and l
 namespace {
 
 std::vector<float> floats_of_base64(const std::string& b64) {
-    auto value = [](char c) -> uint32_t {
-        if (c >= 'A' && c <= 'Z') return uint32_t(c - 'A');
-        if (c >= 'a' && c <= 'z') return uint32_t(c - 'a' + 26);
-        if (c >= '0' && c <= '9') return uint32_t(c - '0' + 52);
-        return c == '+' ? 62u : 63u;
-    };
-    std::string bytes;
-    for (size_t i = 0; i + 3 < b64.size(); i += 4) {
-        uint32_t v = 0;
-        int n = 3;
-        for (int k = 0; k < 4; ++k) {
-            if (b64[i + k] == '=') --n;
-            v = (v << 6) | (b64[i + k] == '=' ? 0u : value(b64[i + k]));
-        }
-        for (int k = 0; k < n; ++k) bytes += char((v >> (16 - 8 * k)) & 0xff);
-    }
+    const std::optional<std::string> decoded = base64_decode(b64);
+    REQUIRE(decoded);
+    const std::string& bytes = *decoded;
     std::vector<float> out(bytes.size() / sizeof(float));
     std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
     return out;
@@ -465,6 +452,10 @@ TEST_CASE("server: /v1/embeddings gives compute_embeddings' unit vectors, betwee
     CHECK(base64_encode("Man") == "TWFu");
     CHECK(base64_encode("Ma") == "TWE=");
     CHECK(base64_encode("M") == "TQ==");
+    for (const std::string bytes : {"", "M", "Ma", "Man", "Many hands\n\xff"})
+        CHECK(base64_decode(base64_encode(bytes)) == bytes);
+    for (const char* bad : {"TQ=", "T===", "TQ==TWFu", "TW-u", "=QQQ"})
+        CHECK_MESSAGE(!base64_decode(bad), bad);
     Running run(s.config(), s);
     // A generation runs while the embeddings are computed.
     HttpReply gen;

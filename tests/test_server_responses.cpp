@@ -197,6 +197,58 @@ TEST_CASE("responses: answers become response objects and event streams") {
     CHECK(events.back().second["response"]["usage"] == r["usage"]);
 }
 
+TEST_CASE("responses: include reasoning.encrypted_content gives reasoning a client sends back") {
+    // A client that keeps no state on the server (Codex with "store": false) asks for the
+    // reasoning as encrypted_content and sends the items back with the next turn: the
+    // reasoning reaches the next conversation, from whole answers and from streams alike.
+    const json completion = json::parse(R"({"id": "chatcmpl-8", "created": 1, "model": "m",
+      "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant",
+        "reasoning_content": "Two and three make five.", "content": "5"}}],
+      "usage": {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10}})");
+    const ojson asks = ojson::parse(
+        R"({"input": "2+3?", "store": false, "include": ["reasoning.encrypted_content"]})");
+    const json plain = responses_response(completion, ojson::parse(R"({"input": "2+3?"})"));
+    CHECK_FALSE(plain["output"][0].contains("encrypted_content"));
+    const json r = responses_response(completion, asks);
+    REQUIRE(r["output"][0]["type"] == "reasoning");
+    const std::string opaque = r["output"][0]["encrypted_content"];
+    CHECK(opaque.find("five") == std::string::npos);  // (not the text as it is)
+
+    // The streamed answer's reasoning item carries the same.
+    ResponsesStream st(asks, 4);
+    json done_item;
+    auto feed = [&](const json& d, const json& finish = nullptr) {
+        json ch = {{"id", "chatcmpl-8"}, {"created", 1}, {"model", "m"}};
+        ch["choices"] = {{{"index", 0}, {"delta", d}, {"finish_reason", finish}}};
+        for (auto& [name, data] : st.feed(ch))
+            if (name == "response.output_item.done" && data["item"]["type"] == "reasoning")
+                done_item = data["item"];
+    };
+    feed({{"reasoning_content", "Two and three "}});
+    feed({{"reasoning_content", "make five."}});
+    feed({{"content", "5"}}, "stop");
+    CHECK(done_item["encrypted_content"] == opaque);
+
+    // Sent back with only its encrypted content (the client dropped the text): the next
+    // turn's assistant message has its reasoning again.
+    ojson item = ojson::parse(r["output"][0].dump());
+    item.erase("content");
+    ojson next = {{"input", ojson::array({{{"role", "user"}, {"content", "2+3?"}},
+                                          item,
+                                          {{"role", "assistant"}, {"content", "5"}},
+                                          {{"role", "user"}, {"content", "And 4+4?"}}})}};
+    const ojson m = responses_to_openai(next)["messages"];
+    REQUIRE(m.size() == 3);
+    CHECK(m[1] == ojson::parse(R"({"role": "assistant",
+        "reasoning_content": "Two and three make five.", "content": "5"})"));
+    // Another server's encrypted content (or a damaged one) is skipped, as before.
+    for (const char* other : {"xyz", "a3ZydW4tcmVhc29uaW5nLTE="}) {
+        next["input"][1]["encrypted_content"] = other;
+        CHECK(responses_to_openai(next)["messages"][1] ==
+              ojson::parse(R"({"role": "assistant", "content": "5"})"));
+    }
+}
+
 TEST_CASE("server: /v1/responses answers as the chat endpoint does, whole and streamed") {
     const std::string path = model_path();
     if (path.empty()) return;

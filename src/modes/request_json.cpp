@@ -18,32 +18,6 @@ namespace {
 
 // "logit_bias": {"15043": -1.5, ...} (OpenAI) or [[15043, -1.5], [15044, false], ...]
 // (llama.cpp's server; false bans the token). These replace the command line's biases.
-// "lora": [{"id": 0, "scale": 0.5}, ...] -> one scale per loaded adapter (0 when left out).
-std::vector<float> lora_scales_from_json(const nlohmann::json& j, int32_t n_lora) {
-    if (n_lora == 0)
-        throw Error("'lora': no LoRA adapter is loaded",
-                    "load the adapters with --lora or --lora-scaled; \"id\" is their position");
-    const char* shape = "'lora' must be an array of {\"id\": ADAPTER, \"scale\": SCALE}";
-    if (!j.is_array()) fail("{}", shape);
-    std::vector<float> out(size_t(n_lora), 0.0f);
-    std::vector<bool> seen(size_t(n_lora), false);
-    for (const auto& e : j) {
-        if (!e.is_object() || !e.contains("id") || !e["id"].is_number_integer() ||
-            !e.contains("scale") || !e["scale"].is_number())
-            fail("{}", shape);
-        const int64_t id = e["id"].get<int64_t>();
-        if (id < 0 || id >= n_lora)
-            fail("'lora': adapter id {} is not loaded (ids 0..{})", id, n_lora - 1);
-        if (seen[size_t(id)]) fail("'lora': adapter id {} is given twice", id);
-        seen[size_t(id)] = true;
-        const double scale = e["scale"].get<double>();
-        if (!std::isfinite(scale) || std::fabs(scale) > 1e6)
-            fail("'lora': scale {} of adapter {} is out of range", scale, id);
-        out[size_t(id)] = float(scale);
-    }
-    return out;
-}
-
 std::vector<std::pair<TokenId, float>> logit_bias_from_json(const nlohmann::json& j) {
     const char* usage =
         "'logit_bias' must be an object {\"TOKEN_ID\": BIAS, ...} or an array [[TOKEN_ID, "
@@ -80,6 +54,32 @@ std::vector<std::pair<TokenId, float>> logit_bias_from_json(const nlohmann::json
 }
 
 }  // namespace
+
+// "lora": [{"id": 0, "scale": 0.5}, ...] -> one scale per loaded adapter (0 when left out).
+std::vector<float> lora_scales_from_json(const nlohmann::json& j, int32_t n_lora) {
+    if (n_lora == 0)
+        throw Error("'lora': no LoRA adapter is loaded",
+                    "load the adapters with --lora or --lora-scaled; \"id\" is their position");
+    const char* shape = "'lora' must be an array of {\"id\": ADAPTER, \"scale\": SCALE}";
+    if (!j.is_array()) fail("{}", shape);
+    std::vector<float> out(size_t(n_lora), 0.0f);
+    std::vector<bool> seen(size_t(n_lora), false);
+    for (const auto& e : j) {
+        if (!e.is_object() || !e.contains("id") || !e["id"].is_number_integer() ||
+            !e.contains("scale") || !e["scale"].is_number())
+            fail("{}", shape);
+        const int64_t id = e["id"].get<int64_t>();
+        if (id < 0 || id >= n_lora)
+            fail("'lora': adapter id {} is not loaded (ids 0..{})", id, n_lora - 1);
+        if (seen[size_t(id)]) fail("'lora': adapter id {} is given twice", id);
+        seen[size_t(id)] = true;
+        const double scale = e["scale"].get<double>();
+        if (!std::isfinite(scale) || std::fabs(scale) > 1e6)
+            fail("'lora': scale {} of adapter {} is out of range", scale, id);
+        out[size_t(id)] = float(scale);
+    }
+    return out;
+}
 
 GenerationRequest request_from_text(const std::string& prompt_text, const RequestDefaults& d,
                                     const Tokenizer& tok) {

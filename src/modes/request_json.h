@@ -71,6 +71,11 @@ struct ParsedRequest {
 ParsedRequest request_from_json(const std::string& line, const RequestDefaults& defaults,
                                 const Tokenizer& tok);
 
+// A request's "lora": [{"id": ADAPTER, "scale": S}, ...] -> one scale per loaded adapter (0
+// for those left out). Throws Error for a malformed list, an id not loaded or given twice, a
+// scale out of range, or no adapters loaded.
+std::vector<float> lora_scales_from_json(const nlohmann::json& j, int32_t n_lora);
+
 // Builds a request from a plain prompt text with the defaults.
 GenerationRequest request_from_text(const std::string& prompt_text, const RequestDefaults& defaults,
                                     const Tokenizer& tok);

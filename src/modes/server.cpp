@@ -30,6 +30,7 @@
 #include "modes/model_options.h"
 #include "modes/modes.h"
 #include "modes/server_anthropic.h"
+#include "modes/server_lora.h"
 #include "modes/server_responses.h"
 #include "prompt_logprobs.h"
 #include "text_input.h"
@@ -46,8 +47,10 @@ struct ApiServer::Impl {
     std::atomic<int64_t> next_id{0};
     std::atomic<int64_t> n_requests{0}, n_prompt_tokens{0}, n_generated_tokens{0}, n_cancelled{0};
     ResponsesStore responses_store;  // /v1/responses answers, for previous_response_id
+    LoraAdapters lora;               // /lora-adapters: the scales of requests without "lora"
 
-    Impl(ServerConfig c, Engine& e, const Tokenizer& t) : cfg(std::move(c)), engine(e), tok(t) {}
+    Impl(ServerConfig c, Engine& e, const Tokenizer& t)
+        : cfg(std::move(c)), engine(e), tok(t), lora(cfg.lora_paths, e.backend().lora_scales()) {}
 
     void handle(const HttpRequest& req, HttpConnection& conn);
     // The client's API: OpenAI's, or a body in Anthropic's Messages API
@@ -220,6 +223,18 @@ void ApiServer::Impl::handle(const HttpRequest& req, HttpConnection& conn) {
                            {"meta", {{"n_vocab", tok.n_vocab()}, {"n_ctx", engine.n_ctx()}}}}}}});
          }},
         {"GET", "/props", [&] { send_json(conn, 200, props()); }},
+        {"GET", "/lora-adapters", [&] { send_json(conn, 200, lora.list()); }},
+        {"POST", "/lora-adapters",
+         [&] {
+             try {
+                 lora.set(nlohmann::json::parse(req.body));
+                 send_json(conn, 200, {{"success", true}});
+             } catch (const nlohmann::json::exception& e) {
+                 send_error(conn, 400, fmt::format("malformed JSON: {}", e.what()));
+             } catch (const Error& e) {
+                 send_error(conn, 400, error_text(e));
+             }
+         }},
         {"GET", "/slots", [&] { slots(req, conn); }},
         {"POST", "/apply-template",
          [&] {
@@ -333,6 +348,9 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
                     echo_lps.push_back(prompt_logprobs(e.backend(), e.kv_table(), r.prompt,
                                                        std::max(ar.top_logprobs, 1), cfg.n_batch));
                 });
+        if (const std::vector<float> scales = lora.scales(); !scales.empty())
+            for (GenerationRequest& r : ar.requests)
+                if (r.lora.empty()) r.lora = scales;  // POST /lora-adapters' scales
         for (const GenerationRequest& r : ar.requests) jobs.push_back(worker->submit(r));
     } catch (const Error& e) {
         for (const auto& job : jobs) worker->cancel(*job);
@@ -586,7 +604,7 @@ nlohmann::json ApiServer::Impl::embeddings(const nlohmann::json& j) {
     std::vector<std::vector<float>> vectors;
     worker->call([&](Engine& e) {
         vectors = compute_embeddings(e.backend(), e.kv_table(), prompts, cfg.pooling, cfg.n_batch,
-                                     e.n_ctx());
+                                     e.n_ctx(), lora.scales());
     });
     for (auto& v : vectors) normalize_embedding(v, 2);  // OpenAI's are unit vectors
     return api_embedding_response(vectors, cfg.api.model_id, n_tokens, format == "base64");
@@ -595,55 +613,19 @@ nlohmann::json ApiServer::Impl::embeddings(const nlohmann::json& j) {
 // /rerank (llama-server's and Jina's / Cohere's shape): the documents' relevance to the
 // query (rerank.h), most relevant first, the first top_n of them.
 nlohmann::json ApiServer::Impl::rerank(const nlohmann::json& j) {
-    if (!j.contains("query") || !j["query"].is_string()) fail("'query' must be a string");
-    const char* key = j.contains("documents") ? "documents" : "texts";  // (TEI says "texts")
-    if (!j.contains(key) || !j[key].is_array() || j[key].empty())
-        fail("'documents' must be a non-empty list of texts");
-    constexpr size_t kMaxDocuments = 4096;
-    if (j[key].size() > kMaxDocuments)
-        fail("at most {} documents per request (got {})", kMaxDocuments, j[key].size());
-    std::vector<std::string> docs;
-    for (const nlohmann::json& d : j[key]) {
-        if (d.is_string())
-            docs.push_back(d.get<std::string>());
-        else if (d.is_object() && d.contains("text") && d["text"].is_string())
-            docs.push_back(d["text"].get<std::string>());
-        else
-            fail("document {} must be a text or an object with a \"text\"", docs.size());
-    }
-    const int64_t top_n = j.contains("top_n") && !j["top_n"].is_null()
-                              ? j["top_n"].get<int64_t>()
-                              : static_cast<int64_t>(docs.size());
-    if (top_n < 1) fail("'top_n' must be at least 1 (got {})", top_n);
-    const bool with_text = j.value("return_text", false) || j.value("return_documents", false);
-    const std::string instruction = j.value("instruction", std::string(kRerankInstruction));
-    const std::string query = j["query"].get<std::string>();
+    const ApiRerankRequest in = api_rerank_request(j);
     std::vector<std::vector<TokenId>> prompts;
     int64_t n_tokens = 0;
-    for (const std::string& d : docs) {
-        prompts.push_back(rerank_tokens(tok, *cfg.rerank, instruction, query, d));
+    for (const std::string& d : in.documents) {
+        prompts.push_back(rerank_tokens(tok, *cfg.rerank, in.instruction, in.query, d));
         n_tokens += static_cast<int64_t>(prompts.back().size());
     }
     std::vector<double> scores;
     worker->call([&](Engine& e) {
         scores = rerank_scores(e.backend(), e.kv_table(), *cfg.rerank, prompts, cfg.n_batch,
-                               e.n_ctx());
+                               e.n_ctx(), {"document", 0}, lora.scales());
     });
-    std::vector<size_t> order(docs.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(),
-                     [&](size_t a, size_t b) { return scores[a] > scores[b]; });
-    order.resize(static_cast<size_t>(std::min<int64_t>(top_n, int64_t(order.size()))));
-    nlohmann::json results = nlohmann::json::array();
-    for (size_t i : order) {
-        nlohmann::json r = {{"index", i}, {"relevance_score", scores[i]}};
-        if (with_text) r["document"] = {{"text", docs[i]}};
-        results.push_back(std::move(r));
-    }
-    return {{"model", cfg.api.model_id},
-            {"object", "list"},
-            {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}},
-            {"results", std::move(results)}};
+    return api_rerank_response(in, scores, cfg.api.model_id, n_tokens);
 }
 
 nlohmann::json ApiServer::Impl::props() {
@@ -831,7 +813,8 @@ int run_server(const ServerOptions& o) {
     d.sampling = o.sampling;
     d.n_predict = o.n_predict;
     d.stop = o.stop;
-    d.n_lora = static_cast<int32_t>(lora_specs(mo).size());
+    for (const LoraSpec& l : lora_specs(mo)) cfg.lora_paths.push_back(l.path);
+    d.n_lora = static_cast<int32_t>(cfg.lora_paths.size());
     cfg.api.model_id =
         o.alias.empty() ? std::filesystem::path(o.model.model).filename().string() : o.alias;
     const ChatTemplateChoice chat =

@@ -33,6 +33,8 @@ struct ServerConfig {
     ContextShiftOptions context_shift;
     // --rerank: /rerank and /v1/rerank score documents with this judge (null: they answer 501).
     std::shared_ptr<const RerankJudge> rerank;
+    // The loaded LoRA adapters' files in id order, for GET /lora-adapters.
+    std::vector<std::string> lora_paths;
 };
 
 // The chat page of GET / (server_ui.cpp).

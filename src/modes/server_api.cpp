@@ -8,6 +8,7 @@
 #include "common.h"
 #include "infill.h"
 #include "reasoning.h"
+#include "rerank.h"
 #include "text_input.h"
 
 namespace kvrun {
@@ -730,21 +731,6 @@ std::vector<std::vector<TokenId>> api_embedding_inputs(const nlohmann::json& bod
     return out;
 }
 
-std::string base64_encode(std::string_view bytes) {
-    static const char* kAlphabet =
-        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    std::string out;
-    out.reserve((bytes.size() + 2) / 3 * 4);
-    for (size_t i = 0; i < bytes.size(); i += 3) {
-        const size_t n = std::min<size_t>(3, bytes.size() - i);
-        uint32_t v = 0;
-        for (size_t k = 0; k < 3; ++k)
-            v = (v << 8) | (k < n ? static_cast<uint8_t>(bytes[i + k]) : 0u);
-        for (size_t k = 0; k < 4; ++k) out += k <= n ? kAlphabet[(v >> (18 - 6 * k)) & 63] : '=';
-    }
-    return out;
-}
-
 nlohmann::json api_embedding_response(const std::vector<std::vector<float>>& vectors,
                                       const std::string& model, int64_t n_prompt_tokens,
                                       bool base64) {
@@ -764,6 +750,52 @@ nlohmann::json api_embedding_response(const std::vector<std::vector<float>>& vec
             {"data", data},
             {"model", model},
             {"usage", {{"prompt_tokens", n_prompt_tokens}, {"total_tokens", n_prompt_tokens}}}};
+}
+
+ApiRerankRequest api_rerank_request(const nlohmann::json& j) {
+    ApiRerankRequest out;
+    if (!j.contains("query") || !j["query"].is_string()) fail("'query' must be a string");
+    const char* key = j.contains("documents") ? "documents" : "texts";  // (TEI says "texts")
+    if (!j.contains(key) || !j[key].is_array() || j[key].empty())
+        fail("'documents' must be a non-empty list of texts");
+    constexpr size_t kMaxDocuments = 4096;
+    if (j[key].size() > kMaxDocuments)
+        fail("at most {} documents per request (got {})", kMaxDocuments, j[key].size());
+    for (const nlohmann::json& d : j[key]) {
+        if (d.is_string())
+            out.documents.push_back(d.get<std::string>());
+        else if (d.is_object() && d.contains("text") && d["text"].is_string())
+            out.documents.push_back(d["text"].get<std::string>());
+        else
+            fail("document {} must be a text or an object with a \"text\"", out.documents.size());
+    }
+    out.top_n = j.contains("top_n") && !j["top_n"].is_null()
+                    ? j["top_n"].get<int64_t>()
+                    : static_cast<int64_t>(out.documents.size());
+    if (out.top_n < 1) fail("'top_n' must be at least 1 (got {})", out.top_n);
+    out.with_text = j.value("return_text", false) || j.value("return_documents", false);
+    out.instruction = j.value("instruction", std::string(kRerankInstruction));
+    out.query = j["query"].get<std::string>();
+    return out;
+}
+
+nlohmann::json api_rerank_response(const ApiRerankRequest& req, const std::vector<double>& scores,
+                                   const std::string& model_id, int64_t n_tokens) {
+    std::vector<size_t> order(req.documents.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return scores[a] > scores[b]; });
+    order.resize(static_cast<size_t>(std::min<int64_t>(req.top_n, int64_t(order.size()))));
+    nlohmann::json results = nlohmann::json::array();
+    for (size_t i : order) {
+        nlohmann::json r = {{"index", i}, {"relevance_score", scores[i]}};
+        if (req.with_text) r["document"] = {{"text", req.documents[i]}};
+        results.push_back(std::move(r));
+    }
+    return {{"model", model_id},
+            {"object", "list"},
+            {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}},
+            {"results", std::move(results)}};
 }
 
 }  // namespace kvrun

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "base64.h"
 #include "chat_format.h"
 #include "chat_template.h"
 #include "modes/request_json.h"
@@ -196,12 +197,26 @@ nlohmann::json api_response(const ApiRequest& req, const ApiResponseMeta& meta,
 // wants it). Throws Error for anything else, an empty input, or an id outside the vocabulary.
 std::vector<std::vector<TokenId>> api_embedding_inputs(const nlohmann::json& body,
                                                        const Tokenizer& tok);
+// /rerank's body (llama-server's, Jina's and Cohere's fields): "query", "documents" (or TEI's
+// "texts": texts or {"text"} objects, at most 4096), "top_n", "return_text" /
+// "return_documents", "instruction" (default kRerankInstruction). Throws Error for a missing
+// or malformed field.
+struct ApiRerankRequest {
+    std::string query, instruction;
+    std::vector<std::string> documents;
+    int64_t top_n = 0;
+    bool with_text = false;
+};
+ApiRerankRequest api_rerank_request(const nlohmann::json& body);
+// The answer: "results" of {"index", "relevance_score", "document"?}, the most relevant
+// first, top_n of them; "usage" counts n_tokens.
+nlohmann::json api_rerank_response(const ApiRerankRequest& req, const std::vector<double>& scores,
+                                   const std::string& model_id, int64_t n_tokens);
+
 // OpenAI's embeddings list; base64: each vector as the base64 of its little-endian float32
 // bytes ("encoding_format": "base64").
 nlohmann::json api_embedding_response(const std::vector<std::vector<float>>& vectors,
                                       const std::string& model, int64_t n_prompt_tokens,
                                       bool base64);
-// Standard base64 (RFC 4648, with padding).
-std::string base64_encode(std::string_view bytes);
 
 }  // namespace kvrun

@@ -1,6 +1,7 @@
 // OpenAI's Responses API rewritten to and from chat completions (see server_responses.h).
 #include "modes/server_responses.h"
 
+#include "base64.h"
 #include "common.h"
 #include "modes/server_tools.h"
 
@@ -10,6 +11,28 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 using nlohmann::json;
+
+// A reasoning item's "encrypted_content" (with "include": ["reasoning.encrypted_content"], as
+// clients that keep no state on the server ask, Codex with "store": false): the reasoning
+// text behind this marker, in base64. Not encrypted, only opaque: the client sends it back
+// and the next turn's template gets the reasoning again.
+constexpr std::string_view kOpaqueReasoning = "kvrun-reasoning-1\n";
+
+bool wants_opaque_reasoning(const ojson& request) {
+    if (!request.contains("include") || !request["include"].is_array()) return false;
+    for (const ojson& v : request["include"])
+        if (v == "reasoning.encrypted_content") return true;
+    return false;
+}
+
+// The reasoning text of an encrypted_content this server wrote; "" for anything else
+// (another server's, which only it can read).
+std::string opaque_reasoning_text(const ojson& item) {
+    if (!item.contains("encrypted_content") || !item["encrypted_content"].is_string()) return {};
+    const auto bytes = base64_decode(item["encrypted_content"].get<std::string>());
+    if (!bytes || !bytes->starts_with(kOpaqueReasoning)) return {};
+    return bytes->substr(kOpaqueReasoning.size());
+}
 
 // An input item's text parts (input_text, output_text, text, refusal) joined by newlines.
 std::string parts_text(const ojson& content, const std::string& where) {
@@ -82,7 +105,8 @@ ojson input_messages(const ojson& input) {
                 if (text.empty() && item.contains(key) && item[key].is_array() &&
                     !item[key].empty())
                     text = parts_text(item[key], where + "." + key);
-            if (text.empty()) continue;  // (encrypted reasoning only: nothing to give back)
+            if (text.empty()) text = opaque_reasoning_text(item);
+            if (text.empty()) continue;  // (another server's encrypted reasoning)
             ojson& a = gather();
             a["reasoning_content"] = a.value("reasoning_content", std::string()) + text;
         } else if (type == "function_call") {
@@ -135,11 +159,14 @@ json echoed(const ojson& request) {
             {"metadata", get("metadata", json::object())}};
 }
 
-json reasoning_item(const std::string& id, const std::string& text) {
-    return {{"type", "reasoning"},
-            {"id", "rs_" + id},
-            {"summary", json::array()},
-            {"content", json::array({{{"type", "reasoning_text"}, {"text", text}}})}};
+// `opaque`: with its encrypted_content (wants_opaque_reasoning).
+json reasoning_item(const std::string& id, const std::string& text, bool opaque = false) {
+    json item = {{"type", "reasoning"},
+                 {"id", "rs_" + id},
+                 {"summary", json::array()},
+                 {"content", json::array({{{"type", "reasoning_text"}, {"text", text}}})}};
+    if (opaque) item["encrypted_content"] = base64_encode(std::string(kOpaqueReasoning) + text);
+    return item;
 }
 
 json text_part(const std::string& text) {
@@ -306,7 +333,8 @@ json responses_response(const json& c, const ojson& request) {
     const std::string id = c.value("id", "");
     json output = json::array();
     if (m.contains("reasoning_content") && m["reasoning_content"].is_string())
-        output.push_back(reasoning_item(id, m["reasoning_content"]));
+        output.push_back(
+            reasoning_item(id, m["reasoning_content"], wants_opaque_reasoning(request)));
     if (m.contains("content") && m["content"].is_string() &&
         !m["content"].get<std::string>().empty())
         output.push_back(message_item(id, m["content"], "completed"));
@@ -362,7 +390,8 @@ void ResponsesStream::close(std::vector<Event>& out) {
         reasoning ? json{{"type", "reasoning_text"}, {"text", text_}} : text_part(text_);
     emit(out, "response.content_part.done",
          {{"item_id", item_id}, {"output_index", index}, {"content_index", 0}, {"part", part}});
-    json item = reasoning ? reasoning_item(id_, text_) : message_item(id_, text_, "completed");
+    json item = reasoning ? reasoning_item(id_, text_, wants_opaque_reasoning(request_))
+                          : message_item(id_, text_, "completed");
     emit(out, "response.output_item.done", {{"output_index", index}, {"item", item}});
     output_.push_back(std::move(item));
     open_.clear();

@@ -57,7 +57,10 @@ class ResponsesStore {
 };
 
 // The whole answer: a chat completion (one choice) as a response object whose output is a
-// reasoning item, a message with its output_text and a function_call item per call.
+// reasoning item, a message with its output_text and a function_call item per call. With
+// "include": ["reasoning.encrypted_content"] the reasoning item also carries its text as
+// encrypted_content (opaque, not encrypted), which an input reasoning item may send back
+// alone: responses_to_openai reads it (and skips another server's).
 // `request` is the Responses body (its settings are echoed).
 nlohmann::json responses_response(const nlohmann::json& chat_completion,
                                   const nlohmann::ordered_json& request);
