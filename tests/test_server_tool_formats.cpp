@@ -443,6 +443,72 @@ TEST_CASE("tool formats: gpt-oss's harmony calls, grammar and read back") {
     CHECK(p.text == "The ans");
 }
 
+TEST_CASE("tool formats: Phi-4-mini's <|tool_call|> list and its tools in the system message") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    CHECK(tool_format_detect(kPhi4Mini) == ToolFormat::Phi4Mini);
+    CHECK(std::string(tool_format_name(ToolFormat::Phi4Mini)) == "phi-4-mini");
+    GgufFile file = GgufFile::open(path);
+    auto tok = Tokenizer::from_gguf(file);
+    const std::string add = R"({"name": "add", "arguments": {"a": 2, "b": 3}})";
+    const std::string weather =
+        R"({"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}})";
+    const std::string open = "<|tool_call|>[", close = "]<|/tool_call|>";
+    auto required =
+        Grammar::parse(chat_tools_grammar(tools_for(ToolFormat::Phi4Mini, "required"), *tok).gbnf);
+    CHECK(grammar_accepts(*required, open + add + close));
+    CHECK(grammar_accepts(*required, open + add + ", " + weather + close));
+    CHECK_FALSE(grammar_accepts(*required, open + add + "]"));   // closed by its tag
+    CHECK_FALSE(grammar_accepts(*required, "[" + add + close));  // the tag first
+    CHECK_FALSE(grammar_accepts(*required, open + R"({"name": "rm", "arguments": {}})" + close));
+    auto single = Grammar::parse(
+        chat_tools_grammar(tools_for(ToolFormat::Phi4Mini, "required", false), *tok).gbnf);
+    CHECK_FALSE(grammar_accepts(*single, open + add + ", " + add + close));
+    const ToolGrammar lazy = chat_tools_grammar(tools_for(ToolFormat::Phi4Mini), *tok);
+    REQUIRE(lazy.triggers.size() == 1);  // (this vocabulary has no such token: its text)
+    CHECK(lazy.triggers[0]["type"] == "pattern");
+    CHECK(grammar_accepts(*Grammar::parse(lazy.gbnf), "[" + add + close));
+
+    // Read back: text before the tag is content; several blocks; the end tag may be missing.
+    const ChatToolReply r = chat_tools_parse(
+        ToolFormat::Phi4Mini,
+        "Let me add.<|tool_call|>[" + add + close + "\n" + open + weather + "]", "c");
+    REQUIRE(r.calls.size() == 2);
+    CHECK(r.calls[0].name == "add");
+    CHECK(r.calls[0].arguments == R"({"a":2,"b":3})");
+    CHECK(r.calls[1].name == "get_weather");
+    CHECK(r.calls[1].id == "c_1");
+    CHECK(r.content == "Let me add.");
+    CHECK(chat_tools_parse(ToolFormat::Phi4Mini, "<|tool_call|>oops", "c").content ==
+          "<|tool_call|>oops");
+    CHECK(chat_tools_parse(ToolFormat::Phi4Mini, "No tools needed.", "c").content ==
+          "No tools needed.");
+    CHECK(tool_stream_content(ToolFormat::Phi4Mini, "Sure <|tool_").text == "Sure");
+
+    // Rendered as jinja2 3.1.6 renders the template (trim_blocks, lstrip_blocks) on the
+    // messages the server makes: the functions as JSON text in the system message's "tools",
+    // the earlier call in the assistant's content, as Python writes JSON.
+    const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "add",
+        "description": "Adds.", "parameters": {"type": "object",
+        "properties": {"a": {"type": "integer"}}}}}])");
+    const JinjaTemplate t = JinjaTemplate::parse(kPhi4Mini);
+    const std::string fn =
+        R"([{"name": "add", "description": "Adds.", "parameters": {"type": "object", )"
+        R"("properties": {"a": {"type": "integer"}}}}])";
+    CHECK(chat_tools_render(t, ToolFormat::Phi4Mini, chat_messages_native(ojson::parse(kHistory)),
+                            tools, {}) ==
+          "<|system|>Be brief.<|tool|>" + fn +
+              "<|/tool|><|end|><|user|>2+3?<|end|><|assistant|><|tool_call|>[{\"name\": \"add\", "
+              "\"arguments\": {\"a\": 2, \"b\": 3}}]<|/tool_call|><|end|><|tool|>5<|end|><|user|>"
+              "And 4+4?<|end|><|assistant|>");
+    // Without a system message, one saying the model has tools (Microsoft's examples).
+    CHECK(chat_tools_render(
+              t, ToolFormat::Phi4Mini,
+              chat_messages_native(ojson::parse(R"([{"role": "user", "content": "2+3?"}])")), tools,
+              {}) == "<|system|>You are a helpful assistant with some tools.<|tool|>" + fn +
+                         "<|/tool|><|end|><|user|>2+3?<|end|><|assistant|>");
+}
+
 TEST_CASE("tool formats: Granite's <|tool_call|> list") {
     const std::string path = model_path();
     if (path.empty()) return;
@@ -451,8 +517,8 @@ TEST_CASE("tool formats: Granite's <|tool_call|> list") {
     const std::string add = R"({"name": "add", "arguments": {"a": 2, "b": 3}})";
     const std::string weather =
         R"({"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}})";
-    auto required = Grammar::parse(
-        chat_tools_grammar(tools_for(ToolFormat::Granite, "required"), *tok).gbnf);
+    auto required =
+        Grammar::parse(chat_tools_grammar(tools_for(ToolFormat::Granite, "required"), *tok).gbnf);
     CHECK(grammar_accepts(*required, "<|tool_call|>[" + add + "]"));
     CHECK(grammar_accepts(*required, "<|tool_call|>[" + add + ", " + weather + "]"));
     CHECK_FALSE(grammar_accepts(*required, "[" + add + "]"));  // the tag first

@@ -58,7 +58,8 @@ TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
         {kGranite, ChatTemplateKind::Granite},
         {kGlm45, ChatTemplateKind::ChatML},
         {kKimiK2, ChatTemplateKind::ChatML},
-        {kCommandR7B, ChatTemplateKind::ChatML}};
+        {kCommandR7B, ChatTemplateKind::ChatML},
+        {kPhi4Mini, ChatTemplateKind::Phi3}};
     for (const auto& tc : templates) {
         ServerConfig cfg = s.config();
         s.set_chat(cfg, tc.kind,

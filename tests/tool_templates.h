@@ -295,6 +295,14 @@ Tools:
 {%- endfor %}
 {%- if add_generation_prompt %}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>{% endif %})tmpl";
 
+// In the style of Phi-4-mini's template: the tools only from a system message's "tools" text,
+// between <|tool|> and <|/tool|>; every message's content alone (the server writes a call
+// there as <|tool_call|>[...]<|/tool_call|>), each turn tagged with its role.
+inline const char* const kPhi4Mini =
+    R"tmpl({% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}
+{%- if m['role'] == 'system' and 'tools' in m and m['tools'] is not none %}<|tool|>{{ m['tools'] }}<|/tool|>{% endif %}<|end|>
+{%- endfor %}{% if add_generation_prompt %}<|assistant|>{% else %}{{ eos_token }}{% endif %})tmpl";
+
 // The conversation of the rendering tests: a call with its id, its result, a new question.
 inline const char* const kHistory = R"([
   {"role": "system", "content": "Be brief."},

@@ -27,6 +27,30 @@ ojson arguments_value(const ojson& f) {
     return v.is_discarded() ? ojson(text) : v;
 }
 
+// JSON text as Python's json.dumps writes it (HF's tojson: ", " and ": " separators).
+std::string python_json(const ojson& v) {
+    static const JinjaTemplate dump = JinjaTemplate::parse("{{ v | tojson }}");
+    return dump.render({{"v", v}});
+}
+
+// Phi-4-mini's template reads the tools from the system message: its "tools", the functions
+// as JSON text (as Python writes it, as Microsoft's examples show them). A conversation
+// without a system message gets one saying the model has tools.
+ojson phi4_system_tools(ojson messages, const ojson& tools) {
+    if (tools.empty()) return messages;
+    ojson functions = ojson::array();
+    for (const ojson& t : tools) functions.push_back(t.contains("function") ? t["function"] : t);
+    const std::string text = python_json(functions);
+    if (messages.empty() || messages[0]["role"] != "system")
+        messages.insert(messages.begin(), ojson{{"role", "system"},
+                                                {"content",
+                                                 "You are a helpful assistant with "
+                                                 "some tools."}});
+    if (messages[0]["content"].is_null()) messages[0]["content"] = "";
+    messages[0]["tools"] = text;
+    return messages;
+}
+
 }  // namespace
 
 namespace tool_detail {
@@ -81,6 +105,7 @@ ToolFormat tool_format_detect(std::string_view src) {
     if (has("<|start_header_id|>") && (has("ipython") || has(kPythonTag)))
         return ToolFormat::Llama3;
     if (has(kGraniteCall) && has("<|start_of_role|>")) return ToolFormat::Granite;
+    if (has(kPhi4Tools) && has(kPhi4ToolsEnd)) return ToolFormat::Phi4Mini;
     return ToolFormat::Generic;
 }
 
@@ -108,6 +133,8 @@ const char* tool_format_name(ToolFormat f) {
             return "kimi-k2";
         case ToolFormat::CommandR7B:
             return "command-r7b";
+        case ToolFormat::Phi4Mini:
+            return "phi-4-mini";
         default:
             return "generic";
     }
@@ -170,7 +197,8 @@ std::string chat_tools_render(const JinjaTemplate& t, ToolFormat format, const o
     // gets them as OpenAI sends them, JSON text; one that needs every content to be a string
     // (gpt-oss's tests "in" it) gets "" for a call's null content. Failing all, the first
     // error.
-    const ojson msgs = chat_messages_for_format(format, messages);
+    ojson msgs = chat_messages_for_format(format, messages);
+    if (format == ToolFormat::Phi4Mini) msgs = phi4_system_tools(std::move(msgs), tools);
     // Llama 3.1's template writes built-in tools' calls its own way, given their names.
     ojson vars = kwargs;
     if (format == ToolFormat::Llama3 && (!vars.is_object() || !vars.contains("builtin_tools"))) {
@@ -212,9 +240,10 @@ ojson chat_messages_for_format(ToolFormat format, ojson messages) {
                 m["tool_plan"] = m["reasoning_content"];
         return messages;
     }
-    if (format != ToolFormat::Granite) return messages;
-    // Granite's template writes an assistant's content only: its calls go there, as the
-    // model wrote them.
+    if (format != ToolFormat::Granite && format != ToolFormat::Phi4Mini) return messages;
+    // Granite's and Phi-4-mini's templates write an assistant's content only: its calls go
+    // there, as the model wrote them.
+    const std::string_view end = format == ToolFormat::Phi4Mini ? kPhi4CallEnd : "";
     for (ojson& m : messages) {
         if (m["role"] != "assistant" || !m.contains("tool_calls") || !m["tool_calls"].is_array())
             continue;
@@ -223,7 +252,9 @@ ojson chat_messages_for_format(ToolFormat format, ojson messages) {
             calls.push_back(
                 {{"name", c["function"]["name"]}, {"arguments", c["function"]["arguments"]}});
         std::string text = m["content"].is_string() ? m["content"].get<std::string>() : "";
-        m["content"] = text + std::string(kGraniteCall) + calls.dump();
+        m["content"] = text + std::string(kGraniteCall) +
+                       (format == ToolFormat::Phi4Mini ? python_json(calls) : calls.dump()) +
+                       std::string(end);
     }
     return messages;
 }

@@ -271,6 +271,21 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
             trigger_at(kGraniteCall, "<\\|tool_call\\|>\\s*(\\[)");  // (text: from the list on)
             break;
         }
+        case ToolFormat::Phi4Mini: {
+            // <|tool_call|>, the list of calls, <|/tool_call|> (tokens where the vocabulary
+            // has them).
+            g.gbnf = json_schema_to_grammar_rule(chat_tools_call_schema(t, "arguments", false),
+                                                 "tool-call", own);
+            own.insert(own.end(), {"calls-tag", "calls-end"});
+            g.gbnf += "calls-tag ::= " + tag(kGraniteCall) + "\n";
+            g.gbnf += "calls-end ::= " + tag(kPhi4CallEnd) + "\n";
+            g.gbnf += fmt::format("tool-calls ::= {}\"[\" tool-call{} \"]\" calls-end\n",
+                                  t.required ? "calls-tag " : "",
+                                  t.parallel ? " (\", \" tool-call)*" : "");
+            if (t.required) break;
+            trigger_at(kGraniteCall, "<\\|tool_call\\|>\\s*(\\[)");  // (text: from the list on)
+            break;
+        }
         case ToolFormat::MistralV11: {
             // One rule per tool for its arguments (the call schema's alternatives), named in
             // text before them; the control tokens as tokens where the vocabulary has them.

@@ -25,8 +25,11 @@ inline constexpr std::string_view kR1CallsBegin = "<｜tool▁calls▁begin｜>"
 // gpt-oss's harmony tags.
 inline constexpr std::string_view kHarmonyChannel = "<|channel|>", kHarmonyFunctions = "functions.";
 inline constexpr std::string_view kHarmonyEnd = "<|end|>";
-// IBM Granite 3.x's call tag.
+// IBM Granite 3.x's call tag (also Phi-4-mini's, which closes its calls).
 inline constexpr std::string_view kGraniteCall = "<|tool_call|>";
+// Phi-4-mini's tags: the end of its calls, and the tool list in the system message.
+inline constexpr std::string_view kPhi4CallEnd = "<|/tool_call|>", kPhi4Tools = "<|tool|>",
+                                  kPhi4ToolsEnd = "<|/tool|>";
 // GLM 4.5's argument tags (its calls are inside Hermes's <tool_call> tags).
 inline constexpr std::string_view kGlmKey = "<arg_key>", kGlmKeyEnd = "</arg_key>";
 inline constexpr std::string_view kGlmValue = "<arg_value>", kGlmValueEnd = "</arg_value>";

@@ -58,10 +58,11 @@ bool read_call(const ojson& j, ToolCall& call) {
     return true;
 }
 
-// The JSON object that s begins with (after white space), without what follows it, or "".
-std::string_view object_at(std::string_view s) {
+// The JSON object or list that s begins with (after white space), without what follows it, or
+// "" (also for one not closed).
+std::string_view value_at(std::string_view s) {
     const size_t start = s.find_first_not_of(" \n\t\r");
-    if (start == std::string_view::npos || s[start] != '{') return {};
+    if (start == std::string_view::npos || (s[start] != '{' && s[start] != '[')) return {};
     int depth = 0;
     bool in_string = false;
     for (size_t i = start; i < s.size(); ++i) {
@@ -80,6 +81,12 @@ std::string_view object_at(std::string_view s) {
         }
     }
     return {};
+}
+
+// The JSON object that s begins with (after white space), without what follows it, or "".
+std::string_view object_at(std::string_view s) {
+    const std::string_view v = value_at(s);
+    return !v.empty() && v.front() == '{' ? v : std::string_view();
 }
 
 // Mistral's templates demand ids of 9 letters and digits: made from the usual id.
@@ -260,6 +267,26 @@ ChatToolReply parse_command_r7b(const std::string& text) {
 }
 
 // Granite: any text, then <|tool_call|> and a JSON list of {"name", "arguments"}.
+// Phi-4-mini: <|tool_call|>[calls]<|/tool_call|> blocks after any text (the end tag may be
+// missing, as the model sometimes leaves it out); calls as Granite's.
+ChatToolReply parse_phi4_mini(const std::string& text) {
+    ChatToolReply out;
+    const size_t first = text.find(kGraniteCall);
+    for (size_t at = first; at != std::string::npos; at = text.find(kGraniteCall, at)) {
+        at += kGraniteCall.size();
+        const std::string_view list = value_at(std::string_view(text).substr(at));
+        const ojson j = ojson::parse(list, nullptr, false);
+        if (!j.is_array()) break;
+        for (const ojson& c : j) {
+            ToolCall call;
+            if (read_call(c, call)) out.calls.push_back(call);
+        }
+        at = size_t(list.data() + list.size() - text.data());
+    }
+    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, first)));
+    return out;
+}
+
 ChatToolReply parse_granite(const std::string& text) {
     ChatToolReply out;
     const size_t at = text.find(kGraniteCall);
@@ -524,6 +551,9 @@ ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
         case ToolFormat::CommandR7B:
             out = parse_command_r7b(text);
             break;
+        case ToolFormat::Phi4Mini:
+            out = parse_phi4_mini(text);
+            break;
     }
     std::set<std::string> ids;
     for (size_t k = 0; k < out.calls.size(); ++k) {
@@ -551,6 +581,7 @@ ToolAnswerPrefix tool_stream_content(ToolFormat format, std::string_view reply) 
         case ToolFormat::DeepSeekR1:
             return content_before(reply, kR1CallsBegin);
         case ToolFormat::Granite:
+        case ToolFormat::Phi4Mini:
             return content_before(reply, kGraniteCall);
         case ToolFormat::Glm45:
             return content_before(reply, kHermesOpen);

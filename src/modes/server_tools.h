@@ -69,6 +69,10 @@ class Tokenizer;
 //                <|tool_call_argument_begin|>{...}<|tool_call_end|>...<|tool_calls_section_end|>
 //                after any text (Kimi K2); the id the model writes (functions.name:N) is the
 //                call's id, as its template writes ids back.
+//   Phi4Mini     <|tool_call|>[{"name": ..., "arguments": {...}}, ...]<|/tool_call|> after any
+//                text (Phi-4-mini): the template reads the tools from the system message's
+//                "tools" (JSON text, shown between <|tool|> and <|/tool|>) and writes an
+//                assistant's content only, so earlier calls go there in this form.
 enum class ToolFormat {
     Generic,
     Hermes,
@@ -81,7 +85,8 @@ enum class ToolFormat {
     Granite,
     Glm45,
     KimiK2,
-    CommandR7B
+    CommandR7B,
+    Phi4Mini
 };
 
 // From a Jinja chat template's source: "<tool_call>" -> Qwen3Coder with "<function=" and
@@ -89,10 +94,11 @@ enum class ToolFormat {
 // with "[ARGS]", else MistralNemo, "<|start_header_id|>" with "ipython" or "<|python_tag|>" ->
 // Llama3, "<|channel|>" with "commentary" and "functions." -> Harmony, "<|tool_call|>" with
 // "<|start_of_role|>" -> Granite, "<arg_key>" with "<tool_call>" -> Glm45 (before Hermes),
-// "<|tool_calls_section_begin|>" -> KimiK2, "<|START_ACTION|>" -> CommandR7B, else Generic.
+// "<|tool_calls_section_begin|>" -> KimiK2, "<|START_ACTION|>" -> CommandR7B, "<|tool|>" with
+// "<|/tool|>" -> Phi4Mini, else Generic.
 ToolFormat tool_format_detect(std::string_view jinja_source);
 // "generic", "hermes", "llama3", "mistral-nemo", "mistral-v11", "qwen3-coder", "deepseek-r1",
-// "gpt-oss", "granite", "glm-4.5", "kimi-k2", "command-r7b".
+// "gpt-oss", "granite", "glm-4.5", "kimi-k2", "command-r7b", "phi-4-mini".
 // The model's template for requests with tools while a built-in format renders the rest
 // (ChatFormat::tools_jinja): parsed when it shows a native syntax and renders a conversation
 // with a call and its result that shows the tool; null otherwise (the generic format then).
@@ -161,8 +167,8 @@ nlohmann::ordered_json chat_messages_native(const nlohmann::ordered_json& messag
 nlohmann::ordered_json chat_messages_arguments_as_text(nlohmann::ordered_json messages);
 
 // The messages as `format`'s template needs them: Granite's gets each assistant's calls in
-// its content (<|tool_call|>[...]); GLM 4.5's gets "" for a null content (which it would
-// write as "None"); the others as they are.
+// its content (<|tool_call|>[...]), Phi-4-mini's too (closed by <|/tool_call|>); GLM 4.5's gets ""
+// for a null content (which it would write as "None"); the others as they are.
 nlohmann::ordered_json chat_messages_for_format(ToolFormat format, nlohmann::ordered_json messages);
 
 // The same messages with a null "content" (an assistant's with tool calls) as "", for a
