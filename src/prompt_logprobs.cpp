@@ -10,11 +10,11 @@ namespace kvrun {
 namespace {
 
 // Runs tokens [0, n) through the backend in passes of at most n_batch on a sequence of its
-// own (freed on return), calling rows(start, count, logits) after each pass with the logits
-// of its positions.
+// own (freed on return) with the LoRA scales `lora` (empty: the loaded ones), calling
+// rows(start, count, logits) after each pass with the logits of its positions.
 template <class Rows>
 void run_text(Backend& backend, KvBlockTable& table, const std::vector<TokenId>& tokens, int32_t n,
-              int32_t n_batch, Rows rows) {
+              int32_t n_batch, const std::vector<float>& lora, Rows rows) {
     const int64_t n_vocab = backend.config().n_vocab;
     n_batch = std::max(n_batch, 1);
     const SeqId seq = table.create_sequence();
@@ -34,6 +34,7 @@ void run_text(Backend& backend, KvBlockTable& table, const std::vector<TokenId>&
         kv_apply_pending(table, backend);
         ForwardBatch fb;
         const int32_t offset = fb.add_sequence(table, seq, start, count);
+        if (!lora.empty()) fb.set_lora_scales(0, lora);
         for (int32_t i = 0; i < count; ++i) fb.logit_rows.push_back(offset + i);
         logits.resize(fb.logit_rows.size() * size_t(n_vocab));
         backend.forward(fb, logits.data());
@@ -45,13 +46,13 @@ void run_text(Backend& backend, KvBlockTable& table, const std::vector<TokenId>&
 
 std::vector<TokenLogprobs> prompt_logprobs(Backend& backend, KvBlockTable& table,
                                            const std::vector<TokenId>& tokens, int32_t n_top,
-                                           int32_t n_batch) {
+                                           int32_t n_batch, const std::vector<float>& lora) {
     std::vector<TokenLogprobs> out;
     if (tokens.size() < 2) return out;
     const int64_t n_vocab = backend.config().n_vocab;
     // The last token needs no logits of its own (nothing follows it): stop before it.
     run_text(
-        backend, table, tokens, static_cast<int32_t>(tokens.size()) - 1, n_batch,
+        backend, table, tokens, static_cast<int32_t>(tokens.size()) - 1, n_batch, lora,
         [&](int32_t start, int32_t count, const float* logits) {
             for (int32_t i = 0; i < count; ++i)
                 out.push_back(token_logprobs(logits + size_t(i) * size_t(n_vocab), int(n_vocab),

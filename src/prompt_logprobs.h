@@ -14,9 +14,10 @@
 namespace kvrun {
 
 // [tokens.size() - 1]: entry i is token i + 1's log-probability after tokens 0..i, with the
-// n_top most likely tokens there. Throws Error when the KV pool cannot hold the text.
+// n_top most likely tokens there, under the LoRA scales `lora` (empty: the loaded ones).
+// Throws Error when the KV pool cannot hold the text.
 std::vector<TokenLogprobs> prompt_logprobs(Backend& backend, KvBlockTable& table,
                                            const std::vector<TokenId>& tokens, int32_t n_top,
-                                           int32_t n_batch);
+                                           int32_t n_batch, const std::vector<float>& lora = {});
 
 }  // namespace kvrun

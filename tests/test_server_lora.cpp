@@ -86,6 +86,17 @@ TEST_CASE("server /lora-adapters: the scales of requests without \"lora\", liste
     CHECK(embed() != embedding_full);
     // A request's own "lora" still wins.
     CHECK(complete({{"lora", json::array({{{"id", 0}, {"scale", 1}}})}}) == full);
+    // The prompt's echoed log-probabilities follow the scales too (here, a request's own).
+    auto echoed = [&](json extra) {
+        json body = {{"prompt", prompt}, {"max_tokens", 1}, {"echo", true}, {"logprobs", 1}};
+        body.update(extra);
+        const HttpReply r = run.post("/v1/completions", body);
+        REQUIRE_MESSAGE(r.status == 200, r.body);
+        return json::parse(r.body)["choices"][0]["logprobs"]["token_logprobs"];
+    };
+    const json echo_half = echoed(json::object());
+    CHECK(echo_half == echoed({{"lora", json::array({{{"id", 0}, {"scale", 0.5}}})}}));
+    CHECK(echo_half != echoed({{"lora", json::array({{{"id", 0}, {"scale", 1}}})}}));
 
     // An empty list sets every adapter to 0: the base model.
     CHECK(run.post("/lora-adapters", json::array()).status == 200);

@@ -342,15 +342,16 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
         } else {
             ar = api_request_from_json(format, req.body, cfg.api, tok);
         }
+        if (const std::vector<float> scales = lora.scales(); !scales.empty())
+            for (GenerationRequest& r : ar.requests)
+                if (r.lora.empty()) r.lora = scales;  // POST /lora-adapters' scales
         if (ar.echo && ar.top_logprobs >= 0)
             for (const GenerationRequest& r : ar.requests)
                 worker->call([&](Engine& e) {
                     echo_lps.push_back(prompt_logprobs(e.backend(), e.kv_table(), r.prompt,
-                                                       std::max(ar.top_logprobs, 1), cfg.n_batch));
+                                                       std::max(ar.top_logprobs, 1), cfg.n_batch,
+                                                       r.lora));
                 });
-        if (const std::vector<float> scales = lora.scales(); !scales.empty())
-            for (GenerationRequest& r : ar.requests)
-                if (r.lora.empty()) r.lora = scales;  // POST /lora-adapters' scales
         for (const GenerationRequest& r : ar.requests) jobs.push_back(worker->submit(r));
     } catch (const Error& e) {
         for (const auto& job : jobs) worker->cancel(*job);

@@ -258,30 +258,19 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
             trigger_at(kMistralCalls, "\\[TOOL_CALLS\\]\\s*(\\[)");  // (text: from the list on)
             break;
         }
-        case ToolFormat::Granite: {
-            // <|tool_call|> (a token where the vocabulary has it) and the list of calls.
-            g.gbnf = json_schema_to_grammar_rule(chat_tools_call_schema(t, "arguments", false),
-                                                 "tool-call", own);
-            own.push_back("calls-tag");
-            g.gbnf += "calls-tag ::= " + tag(kGraniteCall) + "\n";
-            g.gbnf += fmt::format("tool-calls ::= {}\"[\" tool-call{} \"]\"\n",
-                                  t.required ? "calls-tag " : "",
-                                  t.parallel ? " (\", \" tool-call)*" : "");
-            if (t.required) break;
-            trigger_at(kGraniteCall, "<\\|tool_call\\|>\\s*(\\[)");  // (text: from the list on)
-            break;
-        }
+        case ToolFormat::Granite:
         case ToolFormat::Phi4Mini: {
-            // <|tool_call|>, the list of calls, <|/tool_call|> (tokens where the vocabulary
-            // has them).
+            // <|tool_call|> (a token where the vocabulary has it) and the list of calls;
+            // Phi-4-mini closes it with <|/tool_call|>.
+            const bool closed = t.format == ToolFormat::Phi4Mini;
             g.gbnf = json_schema_to_grammar_rule(chat_tools_call_schema(t, "arguments", false),
                                                  "tool-call", own);
             own.insert(own.end(), {"calls-tag", "calls-end"});
             g.gbnf += "calls-tag ::= " + tag(kGraniteCall) + "\n";
-            g.gbnf += "calls-end ::= " + tag(kPhi4CallEnd) + "\n";
-            g.gbnf += fmt::format("tool-calls ::= {}\"[\" tool-call{} \"]\" calls-end\n",
-                                  t.required ? "calls-tag " : "",
-                                  t.parallel ? " (\", \" tool-call)*" : "");
+            if (closed) g.gbnf += "calls-end ::= " + tag(kPhi4CallEnd) + "\n";
+            g.gbnf += fmt::format(
+                "tool-calls ::= {}\"[\" tool-call{} \"]\"{}\n", t.required ? "calls-tag " : "",
+                t.parallel ? " (\", \" tool-call)*" : "", closed ? " calls-end" : "");
             if (t.required) break;
             trigger_at(kGraniteCall, "<\\|tool_call\\|>\\s*(\\[)");  // (text: from the list on)
             break;
