@@ -509,6 +509,78 @@ TEST_CASE("tool formats: Phi-4-mini's <|tool_call|> list and its tools in the sy
                          "<|/tool|><|end|><|user|>2+3?<|end|><|assistant|>");
 }
 
+TEST_CASE("tool formats: Functionary v3.1's <function=NAME> calls and python tag") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    // Llama 3.1's headers and ipython turns, but its own call syntax: not Llama3's.
+    CHECK(tool_format_detect(kFunctionaryV31) == ToolFormat::FunctionaryV31);
+    CHECK(tool_format_detect(kLlama3) == ToolFormat::Llama3);
+    CHECK(std::string(tool_format_name(ToolFormat::FunctionaryV31)) == "functionary-v3.1");
+    GgufFile file = GgufFile::open(path);
+    auto tok = Tokenizer::from_gguf(file);
+    const std::string add = R"(<function=add>{"a": 2, "b": 3}</function>)";
+    const std::string weather =
+        R"(<function=get_weather>{"city": "Oslo", "unit": "celsius"}</function>)";
+    auto required = Grammar::parse(
+        chat_tools_grammar(tools_for(ToolFormat::FunctionaryV31, "required"), *tok).gbnf);
+    CHECK(grammar_accepts(*required, add));
+    CHECK(grammar_accepts(*required, add + "\n" + weather));
+    CHECK_FALSE(grammar_accepts(*required, R"(<function=add>{"a": 2, "b": 3})"));  // closed
+    CHECK_FALSE(grammar_accepts(*required, R"(<function=rm>{}</function>)"));
+    CHECK_FALSE(grammar_accepts(*required, R"(<function=add>{"city": "Oslo"}</function>)"));
+    auto single = Grammar::parse(
+        chat_tools_grammar(tools_for(ToolFormat::FunctionaryV31, "required", false), *tok).gbnf);
+    CHECK_FALSE(grammar_accepts(*single, add + add));
+    const ToolGrammar lazy = chat_tools_grammar(tools_for(ToolFormat::FunctionaryV31), *tok);
+    REQUIRE(lazy.triggers.size() == 1);  // (no "python" tool listed)
+    CHECK(lazy.triggers[0] == json({{"type", "word"}, {"value", "<function="}}));
+    // A listed "python" tool: its code after <|python_tag|>.
+    ojson with_python = {{"tools", weather_and_add()}, {"tool_choice", "required"}};
+    with_python["tools"].push_back(ojson::parse(R"({"type": "function", "function": {
+        "name": "python", "parameters": {"type": "object",
+        "properties": {"code": {"type": "string"}}, "required": ["code"]}}})"));
+    ChatTools python_tools = *chat_tools_from_json(with_python);
+    python_tools.format = ToolFormat::FunctionaryV31;
+    auto python = Grammar::parse(chat_tools_grammar(python_tools, *tok).gbnf);
+    CHECK(grammar_accepts(*python, "<|python_tag|>print(2 + 3)"));
+    CHECK(grammar_accepts(*python, add));
+
+    // Read back: text before the calls is content; several calls; the python tag's code.
+    const ChatToolReply r =
+        chat_tools_parse(ToolFormat::FunctionaryV31, "Adding.\n" + add + weather, "c");
+    REQUIRE(r.calls.size() == 2);
+    CHECK(r.calls[0].name == "add");
+    CHECK(r.calls[0].arguments == R"({"a":2,"b":3})");
+    CHECK(r.calls[1].name == "get_weather");
+    CHECK(r.content == "Adding.");
+    const ChatToolReply code =
+        chat_tools_parse(ToolFormat::FunctionaryV31, "<|python_tag|>print(2 + 3)\n", "c");
+    REQUIRE(code.calls.size() == 1);
+    CHECK(code.calls[0].name == "python");
+    CHECK(code.calls[0].arguments == R"x({"code":"print(2 + 3)"})x");
+    CHECK(chat_tools_parse(ToolFormat::FunctionaryV31, "<function=add>oops", "c").content ==
+          "<function=add>oops");
+    CHECK(tool_stream_content(ToolFormat::FunctionaryV31, "Sure <funct").text == "Sure");
+    CHECK(tool_stream_content(ToolFormat::FunctionaryV31, "Sure <|python_").text == "Sure");
+
+    // Rendered as jinja2 3.1.6 renders it: the call's arguments added as text (objects fail
+    // there, so the server's retry with OpenAI's JSON text is what renders).
+    const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "add",
+        "description": "Adds.", "parameters": {"type": "object",
+        "properties": {"a": {"type": "integer"}}}}}])");
+    CHECK(chat_tools_render(JinjaTemplate::parse(kFunctionaryV31), ToolFormat::FunctionaryV31,
+                            chat_messages_native(ojson::parse(kHistory)), tools, {}) ==
+          "<|start_header_id|>system<|end_header_id|>\n\nFunctions:\n{\"name\": \"add\", "
+          "\"description\": \"Adds.\", \"parameters\": {\"type\": \"object\", \"properties\": "
+          "{\"a\": {\"type\": \"integer\"}}}}\nCall one as <function=NAME>{\"ARG\": "
+          "VALUE}</function>.\n<|eot_id|><|start_header_id|>system<|end_header_id|>\n\nBe "
+          "brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n2+3?<|eot_id|><|start_"
+          "header_id|>assistant<|end_header_id|>\n\n<function=add>{\"a\":2,\"b\":3}</"
+          "function><|eom_id|><|start_header_id|>ipython<|end_header_id|>\n\n5<|eot_id|><|start_"
+          "header_id|>user<|end_header_id|>\n\nAnd 4+4?<|eot_id|><|start_header_id|>assistant<|"
+          "end_header_id|>\n\n");
+}
+
 TEST_CASE("tool formats: Granite's <|tool_call|> list") {
     const std::string path = model_path();
     if (path.empty()) return;

@@ -303,6 +303,28 @@ inline const char* const kPhi4Mini =
 {%- if m['role'] == 'system' and 'tools' in m and m['tools'] is not none %}<|tool|>{{ m['tools'] }}<|/tool|>{% endif %}<|end|>
 {%- endfor %}{% if add_generation_prompt %}<|assistant|>{% else %}{{ eos_token }}{% endif %})tmpl";
 
+// In the style of MeetKai Functionary v3.1's template (Llama 3.1's headers): the functions as
+// JSON in the system turn, a call as <function=NAME> and its arguments added as text (objects
+// fail, as there), a "python" call after <|python_tag|>, results in ipython turns.
+inline const char* const kFunctionaryV31 =
+    R"tmpl(<|start_header_id|>system<|end_header_id|>
+
+{% if tools %}Functions:
+{% for t in tools %}{{ t.function | tojson }}
+{% endfor %}Call one as <function=NAME>{"ARG": VALUE}</function>.
+{% endif %}<|eot_id|>
+{%- for m in messages %}
+{%- if m.role == 'tool' %}{{ '<|start_header_id|>ipython<|end_header_id|>\n\n' + m.content + '<|eot_id|>' }}
+{%- elif m.role == 'assistant' %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' + (m.content or '') }}
+{%- for c in m.tool_calls or [] %}
+{%- if c.function.name == 'python' %}{{ '<|python_tag|>' + c.function.arguments }}
+{%- else %}{{ '<function=' + c.function.name + '>' + c.function.arguments + '</function>' }}{% endif %}
+{%- endfor %}{{ '<|eom_id|>' if m.tool_calls else '<|eot_id|>' }}
+{%- else %}{{ '<|start_header_id|>' + m.role + '<|end_header_id|>\n\n' + m.content + '<|eot_id|>' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %})tmpl";
+
 // The conversation of the rendering tests: a call with its id, its result, a new question.
 inline const char* const kHistory = R"([
   {"role": "system", "content": "Be brief."},

@@ -102,6 +102,8 @@ ToolFormat tool_format_detect(std::string_view src) {
     if (has(kHermesOpen)) return ToolFormat::Hermes;
     if (has(kMistralCalls))
         return has(kMistralArgs) ? ToolFormat::MistralV11 : ToolFormat::MistralNemo;
+    if (has(kXmlFunction) && has(kXmlFunctionEnd) && has("<|start_header_id|>"))
+        return ToolFormat::FunctionaryV31;
     if (has("<|start_header_id|>") && (has("ipython") || has(kPythonTag)))
         return ToolFormat::Llama3;
     if (has(kGraniteCall) && has("<|start_of_role|>")) return ToolFormat::Granite;
@@ -135,6 +137,8 @@ const char* tool_format_name(ToolFormat f) {
             return "command-r7b";
         case ToolFormat::Phi4Mini:
             return "phi-4-mini";
+        case ToolFormat::FunctionaryV31:
+            return "functionary-v3.1";
         default:
             return "generic";
     }

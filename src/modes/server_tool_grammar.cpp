@@ -301,6 +301,32 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
             trigger_at(kMistralCalls, "\\[TOOL_CALLS\\]()");  // (text: right after it)
             break;
         }
+        case ToolFormat::FunctionaryV31: {
+            // <function=NAME>{arguments}</function>, one rule per tool for its arguments; a
+            // listed "python" tool as <|python_tag|> and its code.
+            const CallSchema calls = call_schema(t);
+            const auto [rules, alternatives] =
+                named_alternatives(calls, [&](const std::string& name, const std::string& args) {
+                    return fmt::format("{} {} {}", literal(std::string(kXmlFunction) + name + ">"),
+                                       args, literal(kXmlFunctionEnd));
+                });
+            own.insert(own.end(), {"tool-call", "python-call", "code-text"});
+            g.gbnf = json_schema_to_grammar_rules(calls.schema, rules, own);
+            bool python = false;
+            for (const auto& [name, ref] : calls.tools) python = python || name == "python";
+            g.gbnf += "tool-call ::= " + alternatives + "\n";
+            if (python) {
+                g.gbnf += "python-call ::= " + tag(kPythonTag) + " code-text\n";
+                g.gbnf += "code-text ::= [^\\x00]+\n";
+            }
+            const std::string calls_rule =
+                t.parallel ? "tool-call (\"\\n\"? tool-call)*" : "tool-call";
+            g.gbnf += "tool-calls ::= " + calls_rule + (python ? " | python-call" : "") + "\n";
+            if (t.required) break;
+            g.triggers.push_back({{"type", "word"}, {"value", kXmlFunction}});
+            if (python) trigger_at(kPythonTag, "<\\|python_tag\\|>()");
+            break;
+        }
         case ToolFormat::Qwen3Coder: {
             // Each tool: its parameters in the schema's order (the required ones always), a
             // string's value as raw text up to "\n</parameter>", other values as JSON.

@@ -287,6 +287,32 @@ ChatToolReply parse_phi4_mini(const std::string& text) {
     return out;
 }
 
+// Functionary v3.1: <function=NAME>{...}</function> calls after any text (the end tag may be
+// missing at the very end); or the text after <|python_tag|>, a "python" call's code.
+ChatToolReply parse_functionary_v31(const std::string& text) {
+    ChatToolReply out;
+    const size_t python = text.find(kPythonTag);
+    const size_t first = std::min(text.find(kXmlFunction), python);
+    for (size_t at = text.find(kXmlFunction); at < python; at = text.find(kXmlFunction, at)) {
+        at += kXmlFunction.size();
+        const size_t name_end = text.find('>', at);
+        if (name_end == std::string::npos) break;
+        const std::string_view args = object_at(std::string_view(text).substr(name_end + 1));
+        const ojson j = ojson::parse(args, nullptr, false);
+        if (!j.is_object()) break;
+        out.calls.push_back({"", text.substr(at, name_end - at), j.dump()});
+        at = size_t(args.data() + args.size() - text.data());
+    }
+    if (python != std::string::npos && out.calls.empty()) {
+        const std::string_view code =
+            trim_space_right(std::string_view(text).substr(python + kPythonTag.size()));
+        if (!code.empty())
+            out.calls.push_back({"", "python", ojson({{"code", std::string(code)}}).dump()});
+    }
+    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, first)));
+    return out;
+}
+
 ChatToolReply parse_granite(const std::string& text) {
     ChatToolReply out;
     const size_t at = text.find(kGraniteCall);
@@ -554,6 +580,9 @@ ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
         case ToolFormat::Phi4Mini:
             out = parse_phi4_mini(text);
             break;
+        case ToolFormat::FunctionaryV31:
+            out = parse_functionary_v31(text);
+            break;
     }
     std::set<std::string> ids;
     for (size_t k = 0; k < out.calls.size(); ++k) {
@@ -583,6 +612,11 @@ ToolAnswerPrefix tool_stream_content(ToolFormat format, std::string_view reply) 
         case ToolFormat::Granite:
         case ToolFormat::Phi4Mini:
             return content_before(reply, kGraniteCall);
+        case ToolFormat::FunctionaryV31: {  // before a call or the python tag
+            ToolAnswerPrefix a = content_before(reply, kXmlFunction);
+            ToolAnswerPrefix b = content_before(reply, kPythonTag);
+            return a.text.size() <= b.text.size() ? a : b;
+        }
         case ToolFormat::Glm45:
             return content_before(reply, kHermesOpen);
         case ToolFormat::KimiK2:

@@ -69,6 +69,9 @@ class Tokenizer;
 //                <|tool_call_argument_begin|>{...}<|tool_call_end|>...<|tool_calls_section_end|>
 //                after any text (Kimi K2); the id the model writes (functions.name:N) is the
 //                call's id, as its template writes ids back.
+//   FunctionaryV31  <function=name>{...}</function> after any text, one or more (MeetKai's
+//                Functionary v3.1, on Llama 3.1's headers); a listed tool named "python" is
+//                called as <|python_tag|> and the code.
 //   Phi4Mini     <|tool_call|>[{"name": ..., "arguments": {...}}, ...]<|/tool_call|> after any
 //                text (Phi-4-mini): the template reads the tools from the system message's
 //                "tools" (JSON text, shown between <|tool|> and <|/tool|>) and writes an
@@ -86,7 +89,8 @@ enum class ToolFormat {
     Glm45,
     KimiK2,
     CommandR7B,
-    Phi4Mini
+    Phi4Mini,
+    FunctionaryV31
 };
 
 // From a Jinja chat template's source: "<tool_call>" -> Qwen3Coder with "<function=" and
@@ -95,10 +99,12 @@ enum class ToolFormat {
 // Llama3, "<|channel|>" with "commentary" and "functions." -> Harmony, "<|tool_call|>" with
 // "<|start_of_role|>" -> Granite, "<arg_key>" with "<tool_call>" -> Glm45 (before Hermes),
 // "<|tool_calls_section_begin|>" -> KimiK2, "<|START_ACTION|>" -> CommandR7B, "<|tool|>" with
-// "<|/tool|>" -> Phi4Mini, else Generic.
+// "<|/tool|>" -> Phi4Mini, "<function=" with "</function>" and "<|start_header_id|>" ->
+// FunctionaryV31 (before Llama3), else Generic.
 ToolFormat tool_format_detect(std::string_view jinja_source);
 // "generic", "hermes", "llama3", "mistral-nemo", "mistral-v11", "qwen3-coder", "deepseek-r1",
-// "gpt-oss", "granite", "glm-4.5", "kimi-k2", "command-r7b", "phi-4-mini".
+// "gpt-oss", "granite", "glm-4.5", "kimi-k2", "command-r7b", "phi-4-mini",
+// "functionary-v3.1".
 // The model's template for requests with tools while a built-in format renders the rest
 // (ChatFormat::tools_jinja): parsed when it shows a native syntax and renders a conversation
 // with a call and its result that shows the tool; null otherwise (the generic format then).
