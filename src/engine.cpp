@@ -167,6 +167,7 @@ int32_t Engine::submit(GenerationRequest request) {
     s->tokens = std::move(tokens);
     s->n_prompt = static_cast<int32_t>(s->tokens.size());
     if (!req->stop_strings.empty()) s->text = req->stop_text_before;
+    s->text_start = s->text.size();
     s->sampler = make_sampler(req->sampling);
     if (req->grammar) {
         if (!grammar_vocab_) grammar_vocab_ = std::make_shared<GrammarVocab>(tok_);
@@ -420,16 +421,41 @@ void Engine::finish(Seq& s, StopReason reason, std::string error) {
     }
 }
 
+// n_indent: whether a line of `text` after its first (the generated text starts at `start`)
+// that the newest token (from `from` on) completes or reaches shows its first non-blank
+// character after fewer than n_indent spaces or tabs.
+static bool under_indented(std::string_view text, size_t start, size_t from, int32_t n_indent) {
+    // Lines to look at: the one the token continues (if it began after a newline of the
+    // generated text), then each one the token starts.
+    size_t nl = from > start ? text.rfind('\n', from - 1) : std::string_view::npos;
+    if (nl == std::string_view::npos || nl < start) nl = text.find('\n', from);
+    for (; nl != std::string_view::npos; nl = text.find('\n', nl + 1)) {
+        size_t i = nl + 1;
+        while (i < text.size() && (text[i] == ' ' || text[i] == '\t')) ++i;
+        if (i < text.size() && text[i] != '\n' && text[i] != '\r' && int64_t(i - nl - 1) < n_indent)
+            return true;
+    }
+    return false;
+}
+
 StopReason Engine::check_stop(Seq& s, TokenId tok) {
     const GenerationRequest& req = *s.req;
     if (!req.ignore_eos && tok_.is_eog(tok)) return StopReason::Eos;
     if (std::find(req.stop_tokens.begin(), req.stop_tokens.end(), tok) != req.stop_tokens.end())
         return StopReason::Eos;
-    if (!req.stop_strings.empty()) {
+    if (!req.stop_strings.empty() || req.n_indent > 0 || req.max_predict_ms > 0) {
+        const size_t from = s.text.size();
         s.text += token_piece_shown(tok_, tok, req.shown_tokens);
         for (const auto& stop : req.stop_strings)
             if (!stop.empty() && s.text.find(stop) != std::string::npos)
                 return StopReason::StopString;
+        if (req.n_indent > 0 && under_indented(s.text, s.text_start, from, req.n_indent)) {
+            s.drop_newest = true;  // (the line's first character is not output)
+            return StopReason::Length;
+        }
+        if (req.max_predict_ms > 0 && ms_between(s.t_first, s.t_last) > req.max_predict_ms &&
+            s.text.find('\n', s.text_start) != std::string::npos)
+            return StopReason::Length;
     }
     if (req.n_predict >= 0 && s.n_generated() >= req.n_predict) return StopReason::Length;
     if (static_cast<int32_t>(s.tokens.size()) >= n_ctx_) return StopReason::Context;
@@ -592,8 +618,9 @@ void Engine::advance(Seq& s, TokenId tok, const float* logits) {
         }
     }
     StopReason stop = check_stop(s, tok);
-    if (stop == StopReason::Eos) {
-        s.tokens.pop_back();  // the end-of-generation token is not part of the output
+    if (stop == StopReason::Eos || s.drop_newest) {
+        // The end-of-generation token is not part of the output, nor one n_indent ends at.
+        s.tokens.pop_back();
     } else {
         const TokenLogprobs* lp = nullptr;
         if (s.req->n_probs > 0 && logits) {

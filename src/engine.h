@@ -97,6 +97,13 @@ struct GenerationRequest {
     bool cache_prompt = true;
     // Reasoning budget (llama.cpp's --reasoning-budget; reasoning_budget_for in reasoning.h).
     ReasoningBudget reasoning_budget;
+    // Code completion limits (llama-server's t_max_predict_ms and n_indent; 0: none), both
+    // ending the reply with stop "length": max_predict_ms once that long has passed since
+    // its first token and its text holds a newline; n_indent at a line after the first whose
+    // first non-blank character comes after fewer than n_indent spaces or tabs (the token
+    // that shows it is not output).
+    double max_predict_ms = 0;
+    int32_t n_indent = 0;
 };
 
 struct GenerationTimings {

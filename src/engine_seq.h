@@ -26,7 +26,11 @@ struct Engine::Seq {
     bool preempted = false, finished = false;
     std::unique_ptr<Sampler> sampler;
     std::unique_ptr<GrammarConstraint> grammar;  // the request's grammar (sampler's constraint)
-    std::string text;                     // generated text so far (only kept for stop strings)
+    // Generated text so far (only kept for stop strings, n_indent and max_predict_ms), after
+    // the request's stop_text_before; text_start: where the generated text starts in it.
+    std::string text;
+    size_t text_start = 0;
+    bool drop_newest = false;  // n_indent ended the reply at the newest token: not output
     std::vector<TokenLogprobs> logprobs;  // [n_generated] when the request asks for them
     int32_t preemptions = 0;
     bool admitted_once = false, has_first = false;

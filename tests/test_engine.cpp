@@ -891,3 +891,51 @@ TEST_CASE("reasoning budget: bad budgets are refused") {
     r.reasoning_budget.forced = {m->tok->n_vocab()};
     CHECK_THROWS_AS(engine.submit(r), Error);
 }
+
+TEST_CASE(
+    "code completion limits: n_indent ends at a line indented less, max_predict_ms after a "
+    "newline") {
+    // llama-server's n_indent and t_max_predict_ms (llama.vim / llama.vscode send them): a
+    // grammar makes the model write lines of known indentation.
+    auto m = load_stories();
+    if (!m) return;
+    const Tokenizer& tok = *m->tok;
+    GenerationRequest r;
+    r.prompt = tok.encode("Once upon a time", true);
+    r.n_predict = 60;
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    r.grammar = Grammar::parse(R"(root ::= "if x\n    a\n  b\nc" [a-z ]+)");
+    auto text = [&](const GenerationResult& g) { return tok.decode(g.tokens); };
+    const GenerationResult plain = run_one(*m, r);
+    REQUIRE(text(plain).starts_with("if x\n    a\n  b\nc"));
+    // n_indent 2: "  b" has two blanks, "c" none: the reply ends before "c" (stop length).
+    r.n_indent = 2;
+    GenerationResult g = run_one(*m, r);
+    CHECK(g.stop == StopReason::Length);
+    CHECK(text(g).starts_with("if x\n    a\n  b"));
+    CHECK(text(g).find('c') == std::string::npos);
+    // n_indent 4: "  b" already ends it; the first line never does (no indentation there).
+    r.n_indent = 4;
+    g = run_one(*m, r);
+    CHECK(g.stop == StopReason::Length);
+    CHECK(text(g).starts_with("if x\n    a"));
+    CHECK(text(g).find('b') == std::string::npos);
+    // A line indented enough, then one that is not, in the tokens after it.
+    r.grammar = Grammar::parse(R"(root ::= "if x\n    ab\n  cd\ne" [a-z ]+)");
+    r.n_indent = 4;
+    g = run_one(*m, r);
+    CHECK(text(g).starts_with("if x\n    ab\n"));
+    CHECK(text(g).find('d') == std::string::npos);
+    r.grammar = Grammar::parse(R"(root ::= "if x\n    a\n  b\nc" [a-z ]+)");
+    r.n_indent = 0;
+    // max_predict_ms: once it has passed, the reply ends at its first newline; without one,
+    // it goes on.
+    r.max_predict_ms = 1e-6;
+    g = run_one(*m, r);
+    CHECK(g.stop == StopReason::Length);
+    CHECK(text(g) == "if x\n");
+    r.grammar = Grammar::parse(R"(root ::= [a-z ]+)");
+    g = run_one(*m, r);
+    CHECK(g.tokens.size() == 60);
+}

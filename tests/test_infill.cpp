@@ -208,6 +208,54 @@ TEST_CASE("server: /infill and OpenAI's suffix generate what the engine does for
     }
 }
 
+TEST_CASE(
+    "server: what llama.vim and llama.vscode send: response_fields, n_indent, t_max_predict_ms") {
+    // Code-completion clients ask for a few fields back and bound the reply by time and by
+    // indentation; a grammar makes the model write lines of known indentation.
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, 512, 2, 0, fim_overrides(false));
+    Running run(s.config(), s);
+    const json base = {{"input_prefix", "def f(x):\n"},
+                       {"input_suffix", "\n"},
+                       {"n_predict", 40},
+                       {"temperature", 0},
+                       {"ignore_eos", true},
+                       {"grammar", R"(root ::= "    a\n  b\nc" [a-z]+)"}};
+    auto infill = [&](json extra) {
+        json body = base;
+        body.update(extra);
+        const HttpReply r = run.post("/infill", body);
+        REQUIRE_MESSAGE(r.status == 200, r.body);
+        return json::parse(r.body);
+    };
+    const json whole = infill(json::object());
+    REQUIRE(whole["content"].get<std::string>().starts_with("    a\n  b\nc"));
+    // response_fields: only those, a path's value under the path's name; unknown ones left out.
+    const json picked =
+        infill({{"response_fields", {"content", "timings/predicted_n", "truncated", "no/such"}}});
+    CHECK(picked == json{{"content", whole["content"]},
+                         {"timings/predicted_n", whole["timings"]["predicted_n"]},
+                         {"truncated", false}});
+    // n_indent 4: the line "  b" is indented less: the reply ends at its "b" (stop "limit"),
+    // keeping the blanks before it, as llama-server does.
+    const json indent = infill({{"n_indent", 4}});
+    CHECK(indent["content"] == "    a\n  ");
+    CHECK(indent["stop_type"] == "limit");
+    // t_max_predict_ms: past it, the reply ends at its first newline.
+    const json timed = infill({{"t_max_predict_ms", 0.000001}});
+    CHECK(timed["content"] == "    a\n");
+    CHECK(infill({{"t_max_predict_ms", 60000}})["content"] == whole["content"]);
+    for (const json& bad : {json{{"n_indent", -1}}, json{{"t_max_predict_ms", "soon"}},
+                            json{{"response_fields", "content"}}}) {
+        json body = base;
+        body.update(bad);
+        CHECK_MESSAGE(run.post("/infill", body).status == 400, bad.dump());
+    }
+    CHECK(run.post("/v1/completions", {{"prompt", "x"}, {"response_fields", {"content"}}}).status ==
+          400);
+}
+
 TEST_CASE("server: /infill on a model without FIM tokens is one clear 400") {
     const std::string path = model_path();
     if (path.empty()) return;

@@ -184,6 +184,19 @@ ParsedRequest request_from_json(const std::string& line, const RequestDefaults& 
         req.stop_strings = j.value("stop", d.stop);
         req.n_probs = j.value("n_probs", d.n_probs);
         req.cache_prompt = j.value("cache_prompt", true);
+        // Code completion limits (llama-server's; llama.vim and llama.vscode send them).
+        if (j.contains("t_max_predict_ms") && !j["t_max_predict_ms"].is_null()) {
+            if (!j["t_max_predict_ms"].is_number() || j["t_max_predict_ms"].get<double>() < 0)
+                fail("'t_max_predict_ms' must be a number of milliseconds >= 0 (got {})",
+                     j["t_max_predict_ms"].dump());
+            req.max_predict_ms = j["t_max_predict_ms"].get<double>();
+        }
+        if (j.contains("n_indent") && !j["n_indent"].is_null()) {
+            if (!j["n_indent"].is_number_integer() || j["n_indent"].get<int64_t>() < 0 ||
+                j["n_indent"].get<int64_t>() > INT32_MAX)
+                fail("'n_indent' must be a count of spaces >= 0 (got {})", j["n_indent"].dump());
+            req.n_indent = j["n_indent"].get<int32_t>();
+        }
         if (j.contains("logit_bias") && !j["logit_bias"].is_null())
             req.sampling.logit_bias = logit_bias_from_json(j["logit_bias"]);
         if (j.contains("lora") && !j["lora"].is_null())

@@ -61,7 +61,8 @@ struct ParsedRequest {
 // ignore_eos, stop (array of strings), grammar (GBNF text; "" for none), grammar_lazy and
 // grammar_triggers (grammar_options.h), json_schema (a JSON
 // Schema object or its text), n_probs (0-100: report logprobs), n_keep (-1 or a count >= 0;
-// ParsedRequest::n_keep), id (any JSON value), lora
+// ParsedRequest::n_keep), t_max_predict_ms and n_indent (GenerationRequest::max_predict_ms,
+// n_indent), id (any JSON value), lora
 // ([{"id": ADAPTER, "scale": S}, ...] as llama.cpp's server: the scale of each loaded
 // adapter, in --lora order; an adapter left out gets 0); chat requests ("messages", or
 // defaults.chat_prompt) also reasoning_budget_tokens (or thinking_budget_tokens: -1 for no

@@ -549,9 +549,10 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
     }
     const nlohmann::json answer = api_response(ar, meta, choices, tok);
     send_json(conn, 200,
-              anthropic   ? anthropic_response(answer, choices[0].stop_word)
-              : responses ? keep_response(answer)
-                          : answer);
+              anthropic                    ? anthropic_response(answer, choices[0].stop_word)
+              : responses                  ? keep_response(answer)
+              : ar.response_fields.empty() ? answer
+                                           : api_pick_fields(answer, ar.response_fields));
 }
 
 // Anthropic's /v1/messages/count_tokens: the prompt's tokens as /v1/messages would give them.

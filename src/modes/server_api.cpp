@@ -406,6 +406,15 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
         out.stream = j.value("stream", false);
         if (j.contains("stream_options") && j["stream_options"].is_object())
             out.include_usage = j["stream_options"].value("include_usage", false);
+        if (j.contains("response_fields") && !j["response_fields"].is_null()) {
+            if (!api_native(format)) fail("'response_fields' is for /completion and /infill");
+            const ojson& f = j["response_fields"];
+            if (!f.is_array()) fail("'response_fields' must be a list of field paths");
+            for (const ojson& p : f) {
+                if (!p.is_string()) fail("'response_fields' must be a list of field paths");
+                out.response_fields.push_back(p.get<std::string>());
+            }
+        }
         if (j.value("echo", false)) {
             if (format != ApiFormat::OpenAiCompletion)
                 fail("'echo' is for /v1/completions (text completions)");
@@ -796,6 +805,27 @@ nlohmann::json api_rerank_response(const ApiRerankRequest& req, const std::vecto
             {"object", "list"},
             {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}},
             {"results", std::move(results)}};
+}
+
+nlohmann::json api_pick_fields(const nlohmann::json& answer,
+                               const std::vector<std::string>& paths) {
+    if (answer.is_array()) {
+        nlohmann::json out = nlohmann::json::array();
+        for (const nlohmann::json& a : answer) out.push_back(api_pick_fields(a, paths));
+        return out;
+    }
+    nlohmann::json out = nlohmann::json::object();
+    for (const std::string& path : paths) {
+        const nlohmann::json* v = &answer;
+        for (size_t at = 0; v && at <= path.size();) {
+            const size_t slash = std::min(path.find('/', at), path.size());
+            const std::string key = path.substr(at, slash - at);
+            v = v->is_object() && v->contains(key) ? &(*v)[key] : nullptr;
+            at = slash + 1;
+        }
+        if (v) out[path] = *v;
+    }
+    return out;
 }
 
 }  // namespace kvrun

@@ -92,7 +92,14 @@ struct ApiRequest {
     // OpenAI's older "functions" / "function_call" (chat_functions_to_tools): the reply's call
     // comes back as the message's "function_call", finish_reason "function_call".
     bool legacy_functions = false;
+    // llama-server's "response_fields" (/completion, /infill): the answer holds only these,
+    // each "a/b" path under its own name at the root (api_pick_fields).
+    std::vector<std::string> response_fields;
 };
+
+// The fields `paths` of a whole answer (a list: of each element): each "a/b/c" path found
+// becomes a key of that name at the root; paths not found are left out.
+nlohmann::json api_pick_fields(const nlohmann::json& answer, const std::vector<std::string>& paths);
 
 constexpr size_t kMaxApiPrompts = 256;
 
