@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <array>
+#include <ctime>
 
 #include "common.h"
 #include "reasoning.h"
@@ -430,6 +431,20 @@ std::string chat_template_apply_jinja(const JinjaTemplate& tmpl,
             if (key == "messages" || key == "tools" || key == "add_generation_prompt")
                 fail("chat template kwargs cannot set '{}'", key);
             context[key] = value;
+        }
+    }
+    // FireFunction v2's template writes its caller's "functions" (the tools as JSON text, ""
+    // without) and "datetime" into every system prompt, as llama.cpp gives them.
+    if (tmpl.source().find("functools[") != std::string::npos) {
+        if (!context.contains("functions"))
+            context["functions"] = tools.is_null() || tools.empty() ? "" : jinja_tojson(tools, 2);
+        if (!context.contains("datetime")) {
+            const std::time_t now = std::time(nullptr);
+            std::tm utc{};
+            gmtime_r(&now, &utc);
+            char buf[64];
+            std::strftime(buf, sizeof buf, "%b %d %Y %H:%M:%S GMT", &utc);
+            context["datetime"] = buf;
         }
     }
     // A chat template takes a few steps per message; a model file's template that runs

@@ -46,6 +46,13 @@ const std::string& JinjaTemplate::source() const {
     return program_ ? program_->source : empty;
 }
 
+std::string jinja_tojson(const nlohmann::ordered_json& value, int indent) {
+    static const JinjaTemplate plain = JinjaTemplate::parse("{{ v | tojson }}");
+    static const JinjaTemplate indented = JinjaTemplate::parse("{{ v | tojson(indent=n) }}");
+    return indent > 0 ? indented.render({{"v", value}, {"n", indent}})
+                      : plain.render({{"v", value}});
+}
+
 }  // namespace kvrun
 
 namespace kvrun::jinja {

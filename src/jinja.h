@@ -54,4 +54,8 @@ class JinjaTemplate {
     std::shared_ptr<const jinja::Program> program_;
 };
 
+// JSON text as a template's tojson writes it (Python's json.dumps: ", " and ": " separators;
+// with indent > 0, one item a line): what a model's templates saw in training.
+std::string jinja_tojson(const nlohmann::ordered_json& value, int indent = 0);
+
 }  // namespace kvrun

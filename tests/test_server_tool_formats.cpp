@@ -581,6 +581,69 @@ TEST_CASE("tool formats: Functionary v3.1's <function=NAME> calls and python tag
           "end_header_id|>\n\n");
 }
 
+TEST_CASE("tool formats: FireFunction v2's functools[...] list and its template variables") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    CHECK(tool_format_detect(kFireFunctionV2) == ToolFormat::FireFunctionV2);
+    CHECK(std::string(tool_format_name(ToolFormat::FireFunctionV2)) == "firefunction-v2");
+    GgufFile file = GgufFile::open(path);
+    auto tok = Tokenizer::from_gguf(file);
+    const std::string add = R"({"name": "add", "arguments": {"a": 2, "b": 3}})";
+    const std::string weather =
+        R"({"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}})";
+    auto required = Grammar::parse(
+        chat_tools_grammar(tools_for(ToolFormat::FireFunctionV2, "required"), *tok).gbnf);
+    CHECK(grammar_accepts(*required, " functools[" + add + "]"));  // (the template's space)
+    CHECK(grammar_accepts(*required, "functools[" + add + ", " + weather + "]"));
+    CHECK_FALSE(grammar_accepts(*required, "[" + add + "]"));
+    CHECK_FALSE(grammar_accepts(*required, R"(functools[{"name": "rm", "arguments": {}}])"));
+    auto single = Grammar::parse(
+        chat_tools_grammar(tools_for(ToolFormat::FireFunctionV2, "required", false), *tok).gbnf);
+    CHECK_FALSE(grammar_accepts(*single, "functools[" + add + ", " + add + "]"));
+    const ToolGrammar lazy = chat_tools_grammar(tools_for(ToolFormat::FireFunctionV2), *tok);
+    REQUIRE(lazy.triggers.size() == 1);
+    CHECK(lazy.triggers[0] == json({{"type", "word"}, {"value", "functools["}}));
+    CHECK(grammar_accepts(*Grammar::parse(lazy.gbnf), "functools[" + add + "]"));
+    // Read back.
+    const ChatToolReply r = chat_tools_parse(
+        ToolFormat::FireFunctionV2, "Adding. functools[" + add + ", " + weather + "]", "c");
+    REQUIRE(r.calls.size() == 2);
+    CHECK(r.calls[0].arguments == R"({"a":2,"b":3})");
+    CHECK(r.calls[1].name == "get_weather");
+    CHECK(r.content == "Adding.");
+    CHECK(chat_tools_parse(ToolFormat::FireFunctionV2, "functools[oops", "c").content ==
+          "functools[oops");
+    CHECK(tool_stream_content(ToolFormat::FireFunctionV2, "Sure functo").text == "Sure");
+
+    // Rendered as jinja2 3.1.6 renders it with the variables the server gives: "functions"
+    // (the tools as Python's json.dumps(indent=2) writes them) and "datetime" (here given as a
+    // kwarg; by default the time now, "%b %d %Y %H:%M:%S GMT").
+    const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "add",
+        "description": "Adds.", "parameters": {"type": "object",
+        "properties": {"a": {"type": "integer"}}}}}])");
+    const JinjaTemplate t = JinjaTemplate::parse(kFireFunctionV2);
+    const ojson msgs = chat_messages_native(ojson::parse(kHistory));
+    CHECK(chat_tools_render(t, ToolFormat::FireFunctionV2, msgs, tools, {},
+                            {{"datetime", "Jan 01 2026 00:00:00 GMT"}}) ==
+          "<|start_header_id|>system<|end_header_id|>\n\nBe brief.\nCall functions as "
+          "functools[{\"name\": NAME, \"arguments\": ARGS}, ...].\nFunctions:\n[\n  {\n    "
+          "\"type\": \"function\",\n    \"function\": {\n      \"name\": \"add\",\n      "
+          "\"description\": \"Adds.\",\n      \"parameters\": {\n        \"type\": "
+          "\"object\",\n        \"properties\": {\n          \"a\": {\n            \"type\": "
+          "\"integer\"\n          }\n        }\n      }\n    }\n  }\n]\nToday is Jan 01 2026 "
+          "00:00:00 GMT.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n2+3?<|eot_id|><|"
+          "start_header_id|>assistant<|end_header_id|>\n\n functools[{\"name\": \"add\", "
+          "\"arguments\": {\"a\":2,\"b\":3}}]<|eot_id|><|start_header_id|>tool<|end_header_id|>"
+          "\n\n5<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nAnd 4+4?<|eot_id|><|start_"
+          "header_id|>assistant<|end_header_id|>\n\n");
+    const std::string now = chat_tools_render(t, ToolFormat::FireFunctionV2, msgs, tools, {});
+    CHECK(now.find(" GMT.<|eot_id|>") != std::string::npos);
+    // A chat without tools renders too (functions "", as llama.cpp gives them).
+    const std::string plain = chat_template_apply_jinja(
+        t, ojson::parse(R"([{"role": "user", "content": "Hi"}])"), nullptr, true, {});
+    CHECK(plain.find("Functions:\n\nToday is ") != std::string::npos);
+}
+
 TEST_CASE("tool formats: Granite's <|tool_call|> list") {
     const std::string path = model_path();
     if (path.empty()) return;

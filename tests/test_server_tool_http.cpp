@@ -60,7 +60,8 @@ TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
         {kKimiK2, ChatTemplateKind::ChatML},
         {kCommandR7B, ChatTemplateKind::ChatML},
         {kPhi4Mini, ChatTemplateKind::Phi3},
-        {kFunctionaryV31, ChatTemplateKind::Llama3}};
+        {kFunctionaryV31, ChatTemplateKind::Llama3},
+        {kFireFunctionV2, ChatTemplateKind::Llama3}};
     for (const auto& tc : templates) {
         ServerConfig cfg = s.config();
         s.set_chat(cfg, tc.kind,

@@ -325,6 +325,29 @@ inline const char* const kFunctionaryV31 =
 {%- endfor %}
 {%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %})tmpl";
 
+// In the style of FireFunction v2's template (Llama 3's headers): the system prompt ends with
+// the "functions" and "datetime" the caller gives, calls follow the content as
+// functools[...] with their arguments added as text (objects fail, as there).
+inline const char* const kFireFunctionV2 =
+    R"tmpl({%- set suffix = 'Call functions as functools[{"name": NAME, "arguments": ARGS}, ...].\nFunctions:\n' + functions + '\nToday is ' + datetime + '.' -%}
+{%- for m in messages -%}
+{%- if loop.first -%}
+{{ '<|start_header_id|>system<|end_header_id|>\n\n' + (m.content + '\n' if m.role == 'system' else 'You can call functions.\n') + suffix + '<|eot_id|>' }}
+{%- endif -%}
+{%- if not (loop.first and m.role == 'system') -%}
+{{ '<|start_header_id|>' + m.role + '<|end_header_id|>\n\n' + (m.content or '') }}
+{%- if m.tool_calls -%}
+{%- set ns = namespace(calls=[]) -%}
+{%- for c in m.tool_calls -%}
+{%- set ns.calls = ns.calls + ['{"name": "' + c.function.name + '", "arguments": ' + c.function.arguments + '}'] -%}
+{%- endfor -%}
+{{ ' functools[' + ns.calls | join(', ') + ']' }}
+{%- endif -%}
+{{ '<|eot_id|>' }}
+{%- endif -%}
+{%- endfor -%}
+{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }})tmpl";
+
 // The conversation of the rendering tests: a call with its id, its result, a new question.
 inline const char* const kHistory = R"([
   {"role": "system", "content": "Be brief."},

@@ -27,12 +27,6 @@ ojson arguments_value(const ojson& f) {
     return v.is_discarded() ? ojson(text) : v;
 }
 
-// JSON text as Python's json.dumps writes it (HF's tojson: ", " and ": " separators).
-std::string python_json(const ojson& v) {
-    static const JinjaTemplate dump = JinjaTemplate::parse("{{ v | tojson }}");
-    return dump.render({{"v", v}});
-}
-
 // Phi-4-mini's template reads the tools from the system message: its "tools", the functions
 // as JSON text (as Python writes it, as Microsoft's examples show them). A conversation
 // without a system message gets one saying the model has tools.
@@ -40,7 +34,7 @@ ojson phi4_system_tools(ojson messages, const ojson& tools) {
     if (tools.empty()) return messages;
     ojson functions = ojson::array();
     for (const ojson& t : tools) functions.push_back(t.contains("function") ? t["function"] : t);
-    const std::string text = python_json(functions);
+    const std::string text = jinja_tojson(functions);
     if (messages.empty() || messages[0]["role"] != "system")
         messages.insert(messages.begin(), ojson{{"role", "system"},
                                                 {"content",
@@ -104,6 +98,7 @@ ToolFormat tool_format_detect(std::string_view src) {
         return has(kMistralArgs) ? ToolFormat::MistralV11 : ToolFormat::MistralNemo;
     if (has(kXmlFunction) && has(kXmlFunctionEnd) && has("<|start_header_id|>"))
         return ToolFormat::FunctionaryV31;
+    if (has(kFunctools)) return ToolFormat::FireFunctionV2;
     if (has("<|start_header_id|>") && (has("ipython") || has(kPythonTag)))
         return ToolFormat::Llama3;
     if (has(kGraniteCall) && has("<|start_of_role|>")) return ToolFormat::Granite;
@@ -139,6 +134,8 @@ const char* tool_format_name(ToolFormat f) {
             return "phi-4-mini";
         case ToolFormat::FunctionaryV31:
             return "functionary-v3.1";
+        case ToolFormat::FireFunctionV2:
+            return "firefunction-v2";
         default:
             return "generic";
     }
@@ -257,7 +254,7 @@ ojson chat_messages_for_format(ToolFormat format, ojson messages) {
                 {{"name", c["function"]["name"]}, {"arguments", c["function"]["arguments"]}});
         std::string text = m["content"].is_string() ? m["content"].get<std::string>() : "";
         m["content"] = text + std::string(kGraniteCall) +
-                       (format == ToolFormat::Phi4Mini ? python_json(calls) : calls.dump()) +
+                       (format == ToolFormat::Phi4Mini ? jinja_tojson(calls) : calls.dump()) +
                        std::string(end);
     }
     return messages;

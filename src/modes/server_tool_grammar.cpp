@@ -301,6 +301,17 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
             trigger_at(kMistralCalls, "\\[TOOL_CALLS\\]()");  // (text: right after it)
             break;
         }
+        case ToolFormat::FireFunctionV2: {
+            // functools[ and the list of calls (with "auto" the grammar starts at the marker;
+            // a required call's reply may start with the space the template writes).
+            g.gbnf = json_schema_to_grammar_rule(chat_tools_call_schema(t, "arguments", false),
+                                                 "tool-call", own);
+            g.gbnf +=
+                fmt::format("tool-calls ::= {}{} tool-call{} \"]\"\n", t.required ? "\" \"? " : "",
+                            literal(kFunctools), t.parallel ? " (\", \" tool-call)*" : "");
+            if (!t.required) g.triggers.push_back({{"type", "word"}, {"value", kFunctools}});
+            break;
+        }
         case ToolFormat::FunctionaryV31: {
             // <function=NAME>{arguments}</function>, one rule per tool for its arguments; a
             // listed "python" tool as <|python_tag|> and its code.

@@ -27,6 +27,8 @@ inline constexpr std::string_view kHarmonyChannel = "<|channel|>", kHarmonyFunct
 inline constexpr std::string_view kHarmonyEnd = "<|end|>";
 // IBM Granite 3.x's call tag (also Phi-4-mini's, which closes its calls).
 inline constexpr std::string_view kGraniteCall = "<|tool_call|>";
+// FireFunction v2's marker before its list of calls.
+inline constexpr std::string_view kFunctools = "functools[";
 // Phi-4-mini's tags: the end of its calls, and the tool list in the system message.
 inline constexpr std::string_view kPhi4CallEnd = "<|/tool_call|>", kPhi4Tools = "<|tool|>",
                                   kPhi4ToolsEnd = "<|/tool|>";

@@ -287,6 +287,24 @@ ChatToolReply parse_phi4_mini(const std::string& text) {
     return out;
 }
 
+// FireFunction v2: functools[calls] after any text.
+ChatToolReply parse_firefunction_v2(const std::string& text) {
+    ChatToolReply out;
+    const size_t at = text.find(kFunctools);
+    if (at != std::string::npos) {
+        const std::string_view list =
+            value_at(std::string_view(text).substr(at + kFunctools.size() - 1));
+        const ojson j = ojson::parse(list, nullptr, false);
+        if (j.is_array())
+            for (const ojson& c : j) {
+                ToolCall call;
+                if (read_call(c, call)) out.calls.push_back(call);
+            }
+    }
+    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, at)));
+    return out;
+}
+
 // Functionary v3.1: <function=NAME>{...}</function> calls after any text (the end tag may be
 // missing at the very end); or the text after <|python_tag|>, a "python" call's code.
 ChatToolReply parse_functionary_v31(const std::string& text) {
@@ -583,6 +601,9 @@ ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
         case ToolFormat::FunctionaryV31:
             out = parse_functionary_v31(text);
             break;
+        case ToolFormat::FireFunctionV2:
+            out = parse_firefunction_v2(text);
+            break;
     }
     std::set<std::string> ids;
     for (size_t k = 0; k < out.calls.size(); ++k) {
@@ -612,6 +633,8 @@ ToolAnswerPrefix tool_stream_content(ToolFormat format, std::string_view reply) 
         case ToolFormat::Granite:
         case ToolFormat::Phi4Mini:
             return content_before(reply, kGraniteCall);
+        case ToolFormat::FireFunctionV2:
+            return content_before(reply, kFunctools);
         case ToolFormat::FunctionaryV31: {  // before a call or the python tag
             ToolAnswerPrefix a = content_before(reply, kXmlFunction);
             ToolAnswerPrefix b = content_before(reply, kPythonTag);
