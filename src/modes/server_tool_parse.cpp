@@ -266,45 +266,6 @@ ChatToolReply parse_command_r7b(const std::string& text) {
     return out;
 }
 
-// Granite: any text, then <|tool_call|> and a JSON list of {"name", "arguments"}.
-// Phi-4-mini: <|tool_call|>[calls]<|/tool_call|> blocks after any text (the end tag may be
-// missing, as the model sometimes leaves it out); calls as Granite's.
-ChatToolReply parse_phi4_mini(const std::string& text) {
-    ChatToolReply out;
-    const size_t first = text.find(kGraniteCall);
-    for (size_t at = first; at != std::string::npos; at = text.find(kGraniteCall, at)) {
-        at += kGraniteCall.size();
-        const std::string_view list = value_at(std::string_view(text).substr(at));
-        const ojson j = ojson::parse(list, nullptr, false);
-        if (!j.is_array()) break;
-        for (const ojson& c : j) {
-            ToolCall call;
-            if (read_call(c, call)) out.calls.push_back(call);
-        }
-        at = size_t(list.data() + list.size() - text.data());
-    }
-    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, first)));
-    return out;
-}
-
-// FireFunction v2: functools[calls] after any text.
-ChatToolReply parse_firefunction_v2(const std::string& text) {
-    ChatToolReply out;
-    const size_t at = text.find(kFunctools);
-    if (at != std::string::npos) {
-        const std::string_view list =
-            value_at(std::string_view(text).substr(at + kFunctools.size() - 1));
-        const ojson j = ojson::parse(list, nullptr, false);
-        if (j.is_array())
-            for (const ojson& c : j) {
-                ToolCall call;
-                if (read_call(c, call)) out.calls.push_back(call);
-            }
-    }
-    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, at)));
-    return out;
-}
-
 // Functionary v3.1: <function=NAME>{...}</function> calls after any text (the end tag may be
 // missing at the very end); or the text after <|python_tag|>, a "python" call's code.
 ChatToolReply parse_functionary_v31(const std::string& text) {
@@ -331,20 +292,25 @@ ChatToolReply parse_functionary_v31(const std::string& text) {
     return out;
 }
 
-ChatToolReply parse_granite(const std::string& text) {
+// Calls as JSON lists [{"name", "arguments"}, ...], each after `tag` (Granite's and
+// Phi-4-mini's <|tool_call|>, whose end tag may be missing; FireFunction's functools[, which
+// ends with the list's bracket), after any text (the content). A reply without a readable
+// list is all content.
+ChatToolReply parse_call_lists(const std::string& text, std::string_view tag) {
     ChatToolReply out;
-    const size_t at = text.find(kGraniteCall);
-    if (at != std::string::npos) {
-        const std::string_view rest = trim_space_right(
-            trim_space_left(std::string_view(text).substr(at + kGraniteCall.size())));
-        const ojson j = ojson::parse(rest, nullptr, false);
-        if (j.is_array())
-            for (const ojson& c : j) {
-                ToolCall call;
-                if (read_call(c, call)) out.calls.push_back(call);
-            }
+    const size_t first = text.find(tag);
+    for (size_t at = first; at != std::string::npos; at = text.find(tag, at)) {
+        at += tag.size() - (tag.back() == '[' ? 1 : 0);
+        const std::string_view list = value_at(std::string_view(text).substr(at));
+        const ojson j = ojson::parse(list, nullptr, false);
+        if (!j.is_array()) break;
+        for (const ojson& c : j) {
+            ToolCall call;
+            if (read_call(c, call)) out.calls.push_back(call);
+        }
+        at = size_t(list.data() + list.size() - text.data());
     }
-    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, at)));
+    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, first)));
     return out;
 }
 
@@ -584,7 +550,8 @@ ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
             out = parse_harmony(text);
             break;
         case ToolFormat::Granite:
-            out = parse_granite(text);
+        case ToolFormat::Phi4Mini:
+            out = parse_call_lists(text, kGraniteCall);
             break;
         case ToolFormat::Glm45:
             out = parse_glm45(text, tools);
@@ -595,14 +562,11 @@ ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
         case ToolFormat::CommandR7B:
             out = parse_command_r7b(text);
             break;
-        case ToolFormat::Phi4Mini:
-            out = parse_phi4_mini(text);
-            break;
         case ToolFormat::FunctionaryV31:
             out = parse_functionary_v31(text);
             break;
         case ToolFormat::FireFunctionV2:
-            out = parse_firefunction_v2(text);
+            out = parse_call_lists(text, kFunctools);
             break;
     }
     std::set<std::string> ids;
