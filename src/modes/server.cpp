@@ -86,10 +86,11 @@ bool send_event(HttpConnection& conn, const nlohmann::json& j) {
     return conn.send_chunk("data: " + json_line(j) + "\n\n");
 }
 
-nlohmann::json parse_body(const HttpRequest& req) {
+// The body as JSON: an object unless `any` (a list, say).
+nlohmann::json parse_body(const HttpRequest& req, bool any = false) {
     try {
         nlohmann::json j = nlohmann::json::parse(req.body);
-        if (!j.is_object()) fail("the request body must be a JSON object");
+        if (!any && !j.is_object()) fail("the request body must be a JSON object");
         return j;
     } catch (const nlohmann::json::exception& e) {
         fail("malformed JSON: {}", e.what());
@@ -109,12 +110,13 @@ bool authorized(const HttpRequest& req, const std::string& key) {
     return req.header("authorization") == "Bearer " + key;
 }
 
-// A JSON endpoint: the body parsed, `answer` run on it; 200 with what it returns, 400 with
-// the reason for a bad body or what it throws.
+// A JSON endpoint: the body parsed (an object unless `any_body`), `answer` run on it; 200
+// with what it returns, 400 with the reason for a bad body or what it throws.
 template <class Answer>
-void json_endpoint(const HttpRequest& req, HttpConnection& conn, Answer answer) {
+void json_endpoint(const HttpRequest& req, HttpConnection& conn, Answer answer,
+                   bool any_body = false) {
     try {
-        send_json(conn, 200, answer(parse_body(req)));
+        send_json(conn, 200, answer(parse_body(req, any_body)));
     } catch (const nlohmann::json::exception& e) {
         send_error(conn, 400, fmt::format("bad field type: {}", e.what()));
     } catch (const Error& e) {
@@ -226,14 +228,13 @@ void ApiServer::Impl::handle(const HttpRequest& req, HttpConnection& conn) {
         {"GET", "/lora-adapters", [&] { send_json(conn, 200, lora.list()); }},
         {"POST", "/lora-adapters",
          [&] {
-             try {
-                 lora.set(nlohmann::json::parse(req.body));
-                 send_json(conn, 200, {{"success", true}});
-             } catch (const nlohmann::json::exception& e) {
-                 send_error(conn, 400, fmt::format("malformed JSON: {}", e.what()));
-             } catch (const Error& e) {
-                 send_error(conn, 400, error_text(e));
-             }
+             json_endpoint(
+                 req, conn,
+                 [&](const auto& j) {
+                     lora.set(j);
+                     return nlohmann::json{{"success", true}};
+                 },
+                 /*any_body=*/true);
          }},
         {"GET", "/slots", [&] { slots(req, conn); }},
         {"POST", "/apply-template",
