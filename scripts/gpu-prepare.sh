@@ -10,39 +10,26 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${KVRUN_SHARED:-../shared}
 mkdir -p .git/info  # device-deps.sh records its folder in .git/info/exclude
-bash "$SHARED/scripts/device-deps.sh" fetch libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 \
-  libpcre2-posix3 libedit-dev libedit2 libbsd0 libmd0 >/dev/null
-rm -rf .carry && mkdir -p .carry/shared/models .carry/shared/reference .carry/shared/text
+if [ -n "${KVRUN_DEVICE_DEPS:-}" ]; then  # only to build on the device machine
+  bash "$SHARED/scripts/device-deps.sh" fetch libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 \
+    libpcre2-posix3 libedit-dev libedit2 libbsd0 libmd0 >/dev/null
+fi
+rm -rf .carry && mkdir -p .carry/shared/models .carry/shared/reference .carry/shared/text .carry/lib
 cp -r "$SHARED/reference/." .carry/shared/reference/
 cp "$SHARED/text/wiki.test.raw" .carry/shared/text/
-# Models: all 44 of ../shared/models do not fit one carry (134 MB), so they come in three sets
-# (KVRUN_CARRY_SET, default a), each under the device tool's 64 MiB limit with the binaries
-# (~5.5 MB) and .device-deps:
-#   a (~47 MB): the stories260K family (every small variant, the w256 types the CUDA tests and
-#     the speculative pairs use) and one model per synthetic shape family: what every mode needs;
-#   b (~47 MB): the other w256 and w256-pure types, w256-F32, the other synthetic quantizations;
-#   c (~39 MB): the two F16 synthetic models.
-# Sets b and c are for `gpu-session.sh greedy` (the GPU-vs-CPU greedy sweep on what is carried),
-# so that the three sets together cover every shared model.
-case ${KVRUN_CARRY_SET:-a} in
-  a) set -- "$SHARED"/models/stories260K.gguf \
-       "$SHARED"/models/stories260K-{F16,BF16,Q8_0,Q4_0,Q4_1,Q5_0,Q5_1,Q4_K_M,Q6_K}.gguf \
-       "$SHARED"/models/stories260K-L{2,3,4}-F32.gguf "$SHARED"/models/llama-2-tiny-random.gguf \
-       "$SHARED"/models/stories260K-w256-{BF16,Q2_K,Q4_K_M,Q5_K_M,Q6_K,IQ4_NL,IQ4_XS,pure-Q4_K_M}.gguf \
-       "$SHARED"/models/synth-llama-hd64-gqa4-Q4_0.gguf \
-       "$SHARED"/models/synth-llama-hd128-mqa-theta500k-Q8_0.gguf \
-       "$SHARED"/models/synth-qwen2-hd64-gqa2-Q5_K_M.gguf ;;
-  b) set -- "$SHARED"/models/stories260K-w256-{F16,F32,Q3_K_M,Q4_0,Q4_1,Q5_0,Q5_1,Q8_0}.gguf \
-       "$SHARED"/models/stories260K-w256-pure-{Q2_K,Q3_K_M,Q4_0,Q4_1,Q5_0,Q5_1,Q5_K_M}.gguf \
-       "$SHARED"/models/synth-llama-hd128-mqa-theta500k-Q4_K_M.gguf \
-       "$SHARED"/models/synth-llama-hd64-gqa4-Q4_K_M.gguf ;;
-  c) set -- "$SHARED"/models/synth-llama-hd64-gqa4-F16.gguf \
-       "$SHARED"/models/synth-qwen2-hd64-gqa2-F16.gguf ;;
-  *) echo "KVRUN_CARRY_SET must be a, b or c" >&2; exit 2 ;;
+# Models: all 44 of ../shared/models (134 MB) do not fit one carry, but packed with xz they take
+# 86 MB, most of it the random-weight synthetic models (the padded w256 ones pack 8:1). So two
+# sets (KVRUN_CARRY_SET, default 1), each as .carry/models.tar.xz that gpu-session.sh unpacks:
+#   1 (~51 MB packed): every shared model but the two F16 synthetic ones: what every mode needs;
+#   2 (~35 MB packed): those two, for `gpu-session.sh greedy` (the GPU-vs-CPU greedy sweep).
+# The shared libraries kvrun needs beyond a CUDA image's go into .carry/lib (a few MB, instead
+# of the Debian packages of .device-deps, which are only needed to build there).
+case ${KVRUN_CARRY_SET:-1} in
+  1) models=$(cd "$SHARED/models" && ls *.gguf | grep -v -E '^synth-.*-F16\.gguf$') ;;
+  2) models=$(cd "$SHARED/models" && ls synth-*-F16.gguf) ;;
+  *) echo "KVRUN_CARRY_SET must be 1 or 2" >&2; exit 2 ;;
 esac
-for m in "$@"; do
-  cp "$m" .carry/shared/models/
-done
+tar -C "$SHARED/models" -cf - $models | xz -T0 -6 > .carry/models.tar.xz
 B=build-cuda
 [ -f $B/build.ninja ] || cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVRUN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 > /dev/null
@@ -59,5 +46,8 @@ if [ -n "${KVRUN_GEMV_VARIANTS:-}" ]; then
   rm -rf /tmp/kvrun-bin/variants
 fi
 tar -C /tmp/kvrun-bin -cf - bin | xz -9e > .carry/bin.tar.xz
+for l in libpcre2-8.so.0 libedit.so.2 libfmt.so.9 libbsd.so.0 libmd.so.0; do
+  cp -L "$(ldd $B/kvrun | awk -v l=$l '$1 == l {print $3}')" .carry/lib/$l
+done
 grep -qx "/.carry/" .git/info/exclude 2>/dev/null || echo "/.carry/" >> .git/info/exclude
-du -sh .device-deps .carry
+du -sh .carry $( [ -d .device-deps ] && echo .device-deps)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run ON THE GPU MACHINE (device tool), after scripts/gpu-prepare.sh here, with carry
-# [".device-deps", ".carry"]: unpacks the binaries gpu-prepare.sh built here for sm_90 (or
+# [".carry"] (and ".device-deps" to build there): unpacks the binaries gpu-prepare.sh built here for sm_90 (or
 # builds them when they do not run), runs the cuda-labelled tests, compares GPU with CPU
 # (greedy tokens on every carried model, perplexity), then benchmarks synthetic 7B/8B models,
 # speculative decoding, and the other architectures while time is left. A lease is short
@@ -9,7 +9,7 @@
 # in $OUT/results.tgz as it is made (logs + tables), so a run cut short still returns what it did.
 #   usage: bash scripts/gpu-session.sh [all|test|bench|spec|extra|gemv|greedy]   (default all;
 #   gemv: the GEMV variants that gpu-prepare.sh built for KVRUN_GEMV_VARIANTS; greedy: the
-#   GPU-vs-CPU greedy sweep alone, for carry sets b and c; neither is part of all)
+#   GPU-vs-CPU greedy sweep alone, for carry set 2; neither is part of all)
 set -uo pipefail
 what=${1:-all}
 # The device tool returns at most 8 files from $OUT: the logs and tables are written to
@@ -31,6 +31,8 @@ if [ -d .device-deps ]; then
   export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 fi
 export KVRUN_SHARED=$PWD/.carry/shared
+[ -d .carry/lib ] && export LD_LIBRARY_PATH=$PWD/.carry/lib:${LD_LIBRARY_PATH:-}
+[ -f .carry/models.tar.xz ] && mkdir -p $KVRUN_SHARED/models && tar -xJf .carry/models.tar.xz -C $KVRUN_SHARED/models
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory,driver_version --format=csv | tee "$OUT/device.txt"
 # The test binaries name /work/main (source dir) and /work/main/build-cuda/kvrun, as built here.
 B=build-cuda
