@@ -63,9 +63,10 @@ greedy_sweep() {
     p=${p//\"/\\\"}  # prompts.txt writes newlines as \n: a JSON escape already
     echo "{\"prompt\": \"$p\", \"n_predict\": 48, \"temperature\": 0}" >> "$req"
   done < $KVRUN_SHARED/reference/prompts.txt
-  if [ ! -f "$OUT/gpu-vs-cpu.md" ]; then
-    echo "| model | KV | cpu == cuda (4 prompts x 48 greedy tokens) |" > "$OUT/gpu-vs-cpu.md"
-    echo "|---|---|---|" >> "$OUT/gpu-vs-cpu.md"
+  local tab=$OUT/gpu-vs-cpu${SWEEP_TAG:-}.md diffs=$OUT/gpu-vs-cpu${SWEEP_TAG:-}-diff.log
+  if [ ! -f "$tab" ]; then
+    echo "| model | KV | cpu == cuda (4 prompts x 48 greedy tokens) |" > "$tab"
+    echo "|---|---|---|" >> "$tab"
   fi
   for m in $M/*.gguf; do
     kvs=f16
@@ -74,16 +75,39 @@ greedy_sweep() {
       c=$(timeout 60 $K run -m "$m" --jsonl --kv-type $kv --device cpu < "$req" 2>/dev/null | grep -o '"tokens":\[[^]]*\]')
       g=$(timeout 60 $K run -m "$m" --jsonl --kv-type $kv --device cuda < "$req" 2>"$OUT/last-cuda-run.err" | grep -o '"tokens":\[[^]]*\]')
       r=NO; [ "$c" = "$g" ] && [ -n "$c" ] && r=yes
-      [ $r = NO ] && { echo "== $(basename $m) $kv"; echo "cpu:  $c"; echo "cuda: $g"; cat "$OUT/last-cuda-run.err"; } >> "$OUT/gpu-vs-cpu-diff.log"
-      echo "| $(basename $m) | $kv | $r |" >> "$OUT/gpu-vs-cpu.md"
+      [ $r = NO ] && { echo "== $(basename $m) $kv"; echo "cpu:  $c"; echo "cuda: $g"; cat "$OUT/last-cuda-run.err"; } >> "$diffs"
+      echo "| $(basename $m) | $kv | $r |" >> "$tab"
     done
   done
-  log "gpu-vs-cpu: $(grep -c '| yes |' "$OUT/gpu-vs-cpu.md") same, $(grep -c '| NO |' "$OUT/gpu-vs-cpu.md") differ"
+  log "gpu-vs-cpu${SWEEP_TAG:-}: $(grep -c '| yes |' "$tab") same, $(grep -c '| NO |' "$tab") differ"
 }
 
 if [ "$what" = greedy ]; then  # the sweep alone, on another carry set (gpu-prepare.sh)
   greedy_sweep
   cat "$OUT/gpu-vs-cpu.md"
+fi
+
+if [ "$what" = profile ]; then
+  # After a change to the GEMV default or a test: the named tests (KVRUN_TESTS), the greedy
+  # sweep with the 8-bit activation GEMV (gpu-vs-cpu-q8.md), and Nsight Compute's per-kernel
+  # times and DRAM bytes of a prompt and two decode steps of 2-layer 7B Q4_0 / 8B Q4_K models,
+  # with the f32 and the 8-bit GEMV (clocks and caches as found: --clock-control none
+  # --cache-control none).
+  for t in ${KVRUN_TESTS:-}; do
+    timeout 120 $B/$t > "$OUT/cuda-$t.log" 2>&1
+    log "$t exit $? $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/cuda-$t.log" | tr -s ' ' | tr '\n' ' ')"
+  done
+  SWEEP_TAG=-q8 KVRUN_GEMV=q8 greedy_sweep
+  $S --preset llama2-7b --n-layer 2 --type Q4_0 -o /tmp/models/l2.gguf > /dev/null
+  $S --preset llama3-8b --n-layer 2 --type Q4_K -o /tmp/models/l2k.gguf > /dev/null
+  for m in l2 l2k; do
+    for v in f32 q8; do
+      KVRUN_GEMV=$v KVRUN_CUDA_GRAPHS=0 timeout 90 ncu --clock-control none --cache-control none --csv \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__registers_per_thread \
+        $K run -m /tmp/models/$m.gguf -p "Hello" -n 3 --temp 0 > "$OUT/ncu-$m-$v.csv" 2> "$OUT/ncu-$m-$v.err"
+      log "ncu $m $v: $(wc -l < "$OUT/ncu-$m-$v.csv") lines"
+    done
+  done
 fi
 
 if want test; then
