@@ -21,15 +21,17 @@ cp "$SHARED/text/wiki.test.raw" .carry/shared/text/
 # 86 MB, most of it the random-weight synthetic models (the padded w256 ones pack 8:1). So two
 # sets (KVRUN_CARRY_SET, default 1), each as .carry/models.tar.xz that gpu-session.sh unpacks:
 #   1 (~51 MB packed): every shared model but the two F16 synthetic ones: what every mode needs;
-#   2 (~35 MB packed): those two, for `gpu-session.sh greedy` (the GPU-vs-CPU greedy sweep).
+#   2 (~35 MB packed): those two, for `gpu-session.sh greedy` (the GPU-vs-CPU greedy sweep);
+#   0: none (`gpu-session.sh variants` makes its own models).
 # The shared libraries kvrun needs beyond a CUDA image's go into .carry/lib (a few MB, instead
 # of the Debian packages of .device-deps, which are only needed to build there).
 case ${KVRUN_CARRY_SET:-1} in
   1) models=$(cd "$SHARED/models" && ls *.gguf | grep -v -E '^synth-.*-F16\.gguf$') ;;
   2) models=$(cd "$SHARED/models" && ls synth-*-F16.gguf) ;;
-  *) echo "KVRUN_CARRY_SET must be 1 or 2" >&2; exit 2 ;;
+  0) models= ;;
+  *) echo "KVRUN_CARRY_SET must be 0, 1 or 2" >&2; exit 2 ;;
 esac
-tar -C "$SHARED/models" -cf - $models | xz -T0 -6 > .carry/models.tar.xz
+[ -z "$models" ] || tar -C "$SHARED/models" -cf - $models | xz -T0 -6 > .carry/models.tar.xz
 B=build-cuda
 [ -f $B/build.ninja ] || cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVRUN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 > /dev/null

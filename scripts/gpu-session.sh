@@ -7,9 +7,11 @@
 # (15 minutes of device time, start included): every step has a timeout, the optional ones
 # run only while KVRUN_GPU_BUDGET seconds (default 420) are not spent, and everything lands
 # in $OUT/results.tgz as it is made (logs + tables), so a run cut short still returns what it did.
-#   usage: bash scripts/gpu-session.sh [all|test|bench|spec|extra|gemv|greedy]   (default all;
+#   usage: bash scripts/gpu-session.sh [all|test|bench|spec|extra|gemv|greedy|variants|profile]
+#   (default all; variants: tg128 of the GEMV builds of KVRUN_GEMV_VARIANTS, f32 and q8;
+#   profile: KVRUN_TESTS, the q8 greedy sweep and ncu per kernel;
 #   gemv: the GEMV variants that gpu-prepare.sh built for KVRUN_GEMV_VARIANTS; greedy: the
-#   GPU-vs-CPU greedy sweep alone, for carry set 2; neither is part of all)
+#   GPU-vs-CPU greedy sweep alone, for carry set 2; none of these is part of all)
 set -uo pipefail
 what=${1:-all}
 # The device tool returns at most 8 files from $OUT: the logs and tables are written to
@@ -85,6 +87,38 @@ greedy_sweep() {
 if [ "$what" = greedy ]; then  # the sweep alone, on another carry set (gpu-prepare.sh)
   greedy_sweep
   cat "$OUT/gpu-vs-cpu.md"
+fi
+
+if [ "$what" = variants ]; then
+  # tg128 of each GEMV build (gpu-prepare.sh with KVRUN_GEMV_VARIANTS) beside the default
+  # build, with the f32 GEMV (auto) and the 8-bit one (q8), on 7B Q4_0 and 8B Q4_K;
+  # first their greedy tokens on a 2-layer 7B Q4_0 against the default build's (same bits).
+  vs="base $(cd $B && ls kvrun-* 2>/dev/null | sed 's/^kvrun-//' | tr '\n' ' ')"
+  bin_of() { [ $1 = base ] && echo $K || echo $B/kvrun-$1; }
+  $S --preset llama2-7b --n-layer 2 --type Q4_0 -o /tmp/models/l2.gguf > /dev/null
+  for g in auto q8; do
+    ref=$(KVRUN_GEMV=$g timeout 30 $K run -m /tmp/models/l2.gguf -p "Hello" -n 24 --temp 0 2>/dev/null)
+    for v in $vs; do
+      o=$(KVRUN_GEMV=$g timeout 30 $(bin_of $v) run -m /tmp/models/l2.gguf -p "Hello" -n 24 --temp 0 2>/dev/null)
+      echo "$v KVRUN_GEMV=$g same-as-base: $([ "$o" = "$ref" ] && [ -n "$o" ] && echo yes || echo NO)" >> "$OUT/variants-same.txt"
+    done
+  done
+  log "variants agree: $(grep -c yes "$OUT/variants-same.txt") yes, $(grep -c NO "$OUT/variants-same.txt") NO"
+  $S --preset llama2-7b --type Q4_0 -o /tmp/models/llama2-7b-Q4_0.gguf > /dev/null
+  $S --preset llama3-8b --type Q4_K -o /tmp/models/llama3-8b-Q4_K.gguf > /dev/null
+  log "models made"
+  echo "| build | KVRUN_GEMV | model | tg128 t/s | ± | % of copy bw |" > "$OUT/variants.md"
+  echo "|---|---|---|---:|---:|---:|" >> "$OUT/variants.md"
+  for v in $vs; do
+    for g in auto q8; do
+      for m in llama2-7b-Q4_0 llama3-8b-Q4_K; do
+        r=$(KVRUN_GEMV=$g timeout 60 $(bin_of $v) bench -m /tmp/models/$m.gguf -p 0 -n 128 -r 3 -o md 2>/dev/null | grep '| tg128')
+        echo "| $v | $g | $m | $(echo "$r" | awk -F'|' '{print $5 "|" $6 "|" $8}') |" >> "$OUT/variants.md"
+      done
+    done
+    log "variant $v timed"
+  done
+  cat "$OUT/variants.md"
 fi
 
 if [ "$what" = profile ]; then
@@ -272,7 +306,7 @@ if [ "$what" = gemv ]; then
   for v in $variants; do
     for m in llama2-7b-Q4_0 llama2-7b-Q8_0 llama3-8b-Q4_K; do
       r=$(timeout 60 $(kv_of $v) bench -m /tmp/models/$m.gguf -p 0 -n 128 -r 3 -o md 2>/dev/null | grep '| tg128')
-      echo "| $v | $m | $(echo "$r" | awk -F'|' '{print $5}') | $(echo "$r" | awk -F'|' '{print $9}') |" >> "$OUT/gemv.md"
+      echo "| $v | $m | $(echo "$r" | awk -F'|' '{print $5}') | $(echo "$r" | awk -F'|' '{print $8}') |" >> "$OUT/gemv.md"
     done
     o=$(timeout 60 $(kv_of $v) run -m /tmp/models/t7.gguf --draft-model /tmp/models/d7.gguf --draft-n 8 \
         -p "Once upon a time" -n 256 --temp 0 --ignore-eos --stats --spec-baseline 2>&1 >/dev/null)

@@ -40,7 +40,10 @@ namespace {
 #define KVRUN_GEMV_UNROLL 4
 #endif
 constexpr int kWarpsPerBlock = KVRUN_GEMV_WARPS;
-constexpr int kUnrollFrom = 16;  // the instance that 9 to 16 rows (verification passes) take
+#ifndef KVRUN_GEMV_UNROLL_FROM
+#define KVRUN_GEMV_UNROLL_FROM 16  // the instance that 9 to 16 rows (verification passes) take
+#endif
+constexpr int kUnrollFrom = KVRUN_GEMV_UNROLL_FROM;
 template <int R>
 constexpr int kItemUnroll = R >= kUnrollFrom ? KVRUN_GEMV_UNROLL : 1;
 constexpr int kRowsPerWarp = 2;
