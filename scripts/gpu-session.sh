@@ -135,7 +135,7 @@ if [ "$what" = profile ]; then
   $S --preset llama2-7b --n-layer 2 --type Q4_0 -o /tmp/models/l2.gguf > /dev/null
   $S --preset llama3-8b --n-layer 2 --type Q4_K -o /tmp/models/l2k.gguf > /dev/null
   for m in l2 l2k; do
-    for v in f32 q8; do
+    for v in auto q8; do
       KVRUN_GEMV=$v KVRUN_CUDA_GRAPHS=0 timeout 90 ncu --clock-control none --cache-control none --csv \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__registers_per_thread \
         $K run -m /tmp/models/$m.gguf -p "Hello" -n 3 --temp 0 > "$OUT/ncu-$m-$v.csv" 2> "$OUT/ncu-$m-$v.err"
