@@ -188,9 +188,16 @@ PromptCacheLoad prompt_cache_load(const std::string& path, const PromptCacheKey&
     std::vector<TokenId> tokens(size_t(key.block_size));
     std::vector<uint8_t> bytes(size_t(key.block_bytes));
     std::vector<uint8_t> wbytes(size_t(key.window_block_bytes));
+    std::vector<bool> in_chain(n_blocks, false);
+    uint64_t chain_end = 0;
     for (uint32_t i = 0; i < n_blocks; ++i) {
-        read_value<uint64_t>(f.get(), sum, path);
+        const auto parent = read_value<uint64_t>(f.get(), sum, path);
         read_exact(f.get(), tokens.data(), tokens.size() * sizeof(TokenId), sum, path);
+        if (i == 0 || parent == chain_end) {
+            in_chain[i] = true;
+            r.chain.insert(r.chain.end(), tokens.begin(), tokens.end());
+            chain_end = KvBlockTable::hash_block(parent, tokens);
+        }
         for (TokenId t : tokens)
             if (t < 0 || t >= n_vocab)
                 throw Error(fmt::format("{}: prompt cache holds token id {} outside the "
@@ -218,7 +225,8 @@ PromptCacheLoad prompt_cache_load(const std::string& path, const PromptCacheKey&
         const bool has_window = read_value<uint8_t>(f.get(), ignore, path) != 0;
         if (has_window) read_exact(f.get(), wbytes.data(), wbytes.size(), ignore, path);
         const BlockId id = table.import_cached_block(parent, tokens, has_window);
-        if (id < 0) continue;  // cached already
+        if (in_chain[i]) ++r.chain_blocks_present;  // (the loop reaches blocks in file order)
+        if (id < 0) continue;                       // cached already
         backend.write_kv_block(KvPool::Main, id, bytes.data());
         ++r.blocks_loaded;
         if (has_window && table.window_of(id) >= 0) {

@@ -56,6 +56,11 @@ struct PromptCacheLoad {
     int64_t blocks_in_file = 0;  // blocks the file holds
     int64_t blocks_loaded = 0;   // blocks put into the table (not already cached, room left)
     int64_t windows_loaded = 0;  // of those, blocks given their windowed layers' K/V
+    // The file's first chain: the tokens of its first block and of each later block that
+    // continues the chain (a file saved from one sequence holds just that chain), and how many
+    // of its blocks, from the start, are in the table afterwards (loaded or cached already).
+    std::vector<TokenId> chain;
+    int64_t chain_blocks_present = 0;
 };
 
 // Loads `path` into free blocks of `table` and the backend's pool. A missing file is not an

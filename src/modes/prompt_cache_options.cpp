@@ -18,6 +18,13 @@ void add_prompt_cache_options(CLI::App* cmd, PromptCacheOptions& o) {
         ->needs(path);
 }
 
+PromptCacheKey prompt_cache_key_for(const ModelOptions& mo, const LoadedModel& m) {
+    const KvType k = kv_type_parse(mo.kv_type_k.empty() ? mo.kv_type : mo.kv_type_k);
+    const KvType v = kv_type_parse(mo.kv_type_v.empty() ? mo.kv_type : mo.kv_type_v);
+    return prompt_cache_key(*m.file, *m.backend, k, v, mo.kv_rotate == "on", lora_specs(mo),
+                            control_vector_options(mo));
+}
+
 namespace {
 
 // Host bytes for kept window parts: as much as the backend's window pool holds.
@@ -30,10 +37,7 @@ int64_t window_keep_bytes(const Backend& b) {
 PromptCacheUse::PromptCacheUse(const PromptCacheOptions& o, const ModelOptions& mo,
                                const LoadedModel& m, Engine& engine)
     : o_(o), m_(m), engine_(engine), windows_(window_keep_bytes(*m.backend)) {
-    const KvType k = kv_type_parse(mo.kv_type_k.empty() ? mo.kv_type : mo.kv_type_k);
-    const KvType v = kv_type_parse(mo.kv_type_v.empty() ? mo.kv_type : mo.kv_type_v);
-    key_ = prompt_cache_key(*m.file, *m.backend, k, v, mo.kv_rotate == "on", lora_specs(mo),
-                            control_vector_options(mo));
+    key_ = prompt_cache_key_for(mo, m);
     load_ =
         prompt_cache_load(o.path, key_, engine.kv_table(), *m.backend, m.backend->config().n_vocab);
     if (!load_.ignored.empty())

@@ -22,6 +22,10 @@ struct PromptCacheOptions {
 
 void add_prompt_cache_options(CLI::App* cmd, PromptCacheOptions& o);
 
+// The key of the model `m` loaded with options `mo` (KV types, rotation, LoRA, control
+// vectors): what a prompt cache or slot file must have been saved with.
+PromptCacheKey prompt_cache_key_for(const ModelOptions& mo, const LoadedModel& m);
+
 // One run's use of the file: the constructor loads it (a note on stderr when it is made for
 // another model or KV format: it is then rewritten, unless read-only); remember() records a
 // request's tokens; save() writes their cached blocks. With a window pool it also keeps the

@@ -29,9 +29,11 @@
 #include "modes/draft_options.h"
 #include "modes/model_options.h"
 #include "modes/modes.h"
+#include "modes/prompt_cache_options.h"
 #include "modes/server_anthropic.h"
 #include "modes/server_lora.h"
 #include "modes/server_responses.h"
+#include "modes/server_slots.h"
 #include "prompt_logprobs.h"
 #include "text_input.h"
 
@@ -48,9 +50,14 @@ struct ApiServer::Impl {
     std::atomic<int64_t> n_requests{0}, n_prompt_tokens{0}, n_generated_tokens{0}, n_cancelled{0};
     ResponsesStore responses_store;  // /v1/responses answers, for previous_response_id
     LoraAdapters lora;               // /lora-adapters: the scales of requests without "lora"
+    ServerSlots slot_store;          // id_slot and POST /slots/{id}?action=...
 
     Impl(ServerConfig c, Engine& e, const Tokenizer& t)
-        : cfg(std::move(c)), engine(e), tok(t), lora(cfg.lora_paths, e.backend().lora_scales()) {}
+        : cfg(std::move(c)),
+          engine(e),
+          tok(t),
+          lora(cfg.lora_paths, e.backend().lora_scales()),
+          slot_store(cfg.parallel, cfg.slot_save_path, cfg.slot_key) {}
 
     void handle(const HttpRequest& req, HttpConnection& conn);
     // The client's API: OpenAI's, or a body in Anthropic's Messages API
@@ -163,6 +170,14 @@ void ApiServer::Impl::handle(const HttpRequest& req, HttpConnection& conn) {
         } else {
             send_error(conn, 405, fmt::format("{} is not allowed on {}", req.method, p));
         }
+        return;
+    }
+    if (p.starts_with("/slots/")) {
+        const SlotAnswer a =
+            req.method != "POST"
+                ? SlotAnswer{405, nullptr, fmt::format("{} is not allowed on {}", req.method, p)}
+                : slot_store.action(p.substr(7), req.query, req.body, *worker, tok.n_vocab());
+        a.status == 200 ? send_json(conn, 200, a.body) : send_error(conn, a.status, a.error);
         return;
     }
     auto rerank_endpoint = [&] {
@@ -306,6 +321,7 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
     // One job per prompt (OpenAI's list of prompts); their samples are the choices, prompt
     // by prompt.
     std::vector<std::shared_ptr<EngineWorker::Job>> jobs;
+    int32_t slot = 0;  // where the first choice's tokens are remembered (server_slots.h)
     // echo with logprobs: each prompt's token log-probabilities, computed between steps.
     std::vector<std::vector<TokenLogprobs>> echo_lps;
     try {
@@ -353,6 +369,7 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
                                                        std::max(ar.top_logprobs, 1), cfg.n_batch,
                                                        r.lora));
                 });
+        slot = slot_store.take(ar.id_slot);
         for (const GenerationRequest& r : ar.requests) jobs.push_back(worker->submit(r));
     } catch (const Error& e) {
         for (const auto& job : jobs) worker->cancel(*job);
@@ -474,6 +491,11 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
         c.result = std::move(e.result);
         c.stop_word = texts[i].stops().stopped() ? texts[i].stops().stop_word() : "";
         n_generated_tokens += c.result.timings.n_generated;
+        if (i == 0 && c.result.stop != StopReason::Error) {
+            std::vector<TokenId> all = ar.requests[0].prompt;
+            all.insert(all.end(), c.result.tokens.begin(), c.result.tokens.end());
+            slot_store.finish(slot, std::move(all));
+        }
         if (!ar.stream || client_gone) return;
         if (c.result.stop == StopReason::Error) {
             const bool sent =
@@ -775,6 +797,7 @@ struct ServerOptions {
     ContextShiftOptions shift;
     bool rerank = false;
     std::string rerank_template;
+    std::string slot_save_path;
 };
 
 int run_server(const ServerOptions& o) {
@@ -817,6 +840,8 @@ int run_server(const ServerOptions& o) {
     d.n_predict = o.n_predict;
     d.stop = o.stop;
     for (const LoraSpec& l : lora_specs(mo)) cfg.lora_paths.push_back(l.path);
+    cfg.slot_save_path = o.slot_save_path;  // (ServerSlots checks it)
+    if (!o.slot_save_path.empty()) cfg.slot_key = prompt_cache_key_for(mo, m);
     d.n_lora = static_cast<int32_t>(cfg.lora_paths.size());
     cfg.api.model_id =
         o.alias.empty() ? std::filesystem::path(o.model.model).filename().string() : o.alias;
@@ -957,6 +982,9 @@ void add_server_command(CLI::App& root, int& exit_code) {
             "answers, beside generation");
     cmd->add_flag("--no-webui", o->no_webui, "No chat page at GET /");
     cmd->add_flag("--no-slots", o->no_slots, "No GET /slots (the running sequences' state)");
+    cmd->add_option("--slot-save-path", o->slot_save_path,
+                    "Directory for POST /slots/{id}?action=save|restore (a slot's K/V in a "
+                    "file, as llama-server's)");
     cmd->add_flag("--spm-infill", o->spm_infill,
                   "Fill in the middle (/infill, suffix) in suffix-prefix-middle order, for "
                   "models trained that way (default: prefix-suffix-middle)");

@@ -13,6 +13,7 @@
 #include "http_server.h"
 #include "modes/context_shift.h"
 #include "modes/server_api.h"
+#include "prompt_cache.h"
 #include "rerank.h"
 #include "tokenizer.h"
 
@@ -35,6 +36,10 @@ struct ServerConfig {
     std::shared_ptr<const RerankJudge> rerank;
     // The loaded LoRA adapters' files in id order, for GET /lora-adapters.
     std::vector<std::string> lora_paths;
+    // --slot-save-path: POST /slots/{id}?action=save|restore|erase files go there (empty:
+    // those answer 501); slot_key says which model and KV format the files hold.
+    std::string slot_save_path;
+    PromptCacheKey slot_key;
 };
 
 // The chat page of GET / (server_ui.cpp).

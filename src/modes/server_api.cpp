@@ -404,6 +404,11 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
     RequestDefaults d = ctx.defaults;
     try {
         out.stream = j.value("stream", false);
+        if (j.contains("id_slot")) {
+            if (!j["id_slot"].is_number_integer() || j["id_slot"].get<int64_t>() < -1)
+                fail("'id_slot' must be a slot number (-1: any)");
+            out.id_slot = j["id_slot"].get<int32_t>();
+        }
         if (j.contains("stream_options") && j["stream_options"].is_object())
             out.include_usage = j["stream_options"].value("include_usage", false);
         if (j.contains("response_fields") && !j["response_fields"].is_null()) {

@@ -73,6 +73,9 @@ struct ApiRequest {
     bool echo = false;
     // llama-server's "n_keep": --context-shift's --keep for this request (-1: the whole prompt).
     std::optional<int32_t> n_keep;
+    // llama-server's "id_slot": the slot whose remembered tokens (server_slots.h) this
+    // request's become; -1: the least recently used.
+    int32_t id_slot = -1;
     bool stream = false;
     bool include_usage = false;  // stream_options.include_usage: a last chunk with "usage"
     int32_t top_logprobs = -1;   // OpenAI logprobs: alternatives shown (-1: no logprobs)
