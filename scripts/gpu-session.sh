@@ -27,6 +27,14 @@ log() {
   tar -C "$OUT" -czf "$RESULTS/results.tgz" . && cp "$OUT/steps.log" "$RESULTS/"
 }
 want() { [ "$what" = all ] || [ "$what" = "$1" ]; }
+# same_tokens FILE LABEL MODEL PROMPT N REF_CMD CMD: a line of FILE saying whether CMD's greedy
+# text (N tokens) equals REF_CMD's (GEMV builds and modes must give the same bits).
+same_tokens() {
+  local ref o
+  ref=$(timeout 30 $6 run -m "$3" -p "$4" -n "$5" --temp 0 2>/dev/null)
+  o=$(timeout 30 $7 run -m "$3" -p "$4" -n "$5" --temp 0 2>/dev/null)
+  echo "$2 same-as-base: $([ "$o" = "$ref" ] && [ -n "$o" ] && echo yes || echo NO)" >> "$1"
+}
 if [ -d .device-deps ]; then
   bash .device-deps/unpack.sh >/dev/null
   export CMAKE_PREFIX_PATH=/tmp/deps/usr
@@ -97,10 +105,8 @@ if [ "$what" = variants ]; then
   bin_of() { [ $1 = base ] && echo $K || echo $B/kvrun-$1; }
   $S --preset llama2-7b --n-layer 2 --type Q4_0 -o /tmp/models/l2.gguf > /dev/null
   for g in auto q8; do
-    ref=$(KVRUN_GEMV=$g timeout 30 $K run -m /tmp/models/l2.gguf -p "Hello" -n 24 --temp 0 2>/dev/null)
     for v in $vs; do
-      o=$(KVRUN_GEMV=$g timeout 30 $(bin_of $v) run -m /tmp/models/l2.gguf -p "Hello" -n 24 --temp 0 2>/dev/null)
-      echo "$v KVRUN_GEMV=$g same-as-base: $([ "$o" = "$ref" ] && [ -n "$o" ] && echo yes || echo NO)" >> "$OUT/variants-same.txt"
+      KVRUN_GEMV=$g same_tokens "$OUT/variants-same.txt" "$v KVRUN_GEMV=$g" /tmp/models/l2.gguf Hello 24 $K "$(bin_of $v)"
     done
   done
   log "variants agree: $(grep -c yes "$OUT/variants-same.txt") yes, $(grep -c NO "$OUT/variants-same.txt") NO"
@@ -288,10 +294,8 @@ if [ "$what" = gemv ]; then
   variants="base q8 $(cd $B && ls kvrun-* 2>/dev/null | sed 's/^kvrun-//' | tr '\n' ' ')"
   kv_of() { case $1 in base) echo $K;; q8) echo "env KVRUN_GEMV=q8 $K";; *) echo $B/kvrun-$1;; esac; }
   for m in stories260K-w256-Q4_K_M synth-llama-hd64-gqa4-Q4_0 stories260K-Q8_0; do
-    ref=$(timeout 30 $K run -m $M/$m.gguf -p "Once upon a time" -n 48 --temp 0 2>/dev/null)
     for v in $variants; do
-      o=$(timeout 30 $(kv_of $v) run -m $M/$m.gguf -p "Once upon a time" -n 48 --temp 0 2>/dev/null)
-      echo "$m $v same-as-base: $([ "$o" = "$ref" ] && [ -n "$o" ] && echo yes || echo NO)" >> "$OUT/gemv-same.txt"
+      same_tokens "$OUT/gemv-same.txt" "$m $v" $M/$m.gguf "Once upon a time" 48 $K "$(kv_of $v)"
     done
   done
   log "variants agree: $(grep -c yes "$OUT/gemv-same.txt") yes, $(grep -c NO "$OUT/gemv-same.txt") NO"
