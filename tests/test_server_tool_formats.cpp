@@ -644,6 +644,95 @@ TEST_CASE("tool formats: FireFunction v2's functools[...] list and its template 
     CHECK(plain.find("Functions:\n\nToday is ") != std::string::npos);
 }
 
+TEST_CASE("tool formats: Functionary v3.2's >>>NAME parts") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    // Llama 3's headers, but ">>>all": neither Llama3 nor v3.1.
+    CHECK(tool_format_detect(kFunctionaryV32) == ToolFormat::FunctionaryV32);
+    CHECK(tool_format_detect(kFunctionaryV31) == ToolFormat::FunctionaryV31);
+    CHECK(std::string(tool_format_name(ToolFormat::FunctionaryV32)) == "functionary-v3.2");
+    GgufFile file = GgufFile::open(path);
+    auto tok = Tokenizer::from_gguf(file);
+    const std::string add = "add\n{\"a\": 2, \"b\": 3}";
+    const std::string weather = "get_weather\n{\"city\": \"Oslo\", \"unit\": \"celsius\"}";
+    // Required: the first call right after the prompt's ">>>" (or after one of its own), the
+    // others each after ">>>".
+    auto required = Grammar::parse(
+        chat_tools_grammar(tools_for(ToolFormat::FunctionaryV32, "required"), *tok).gbnf);
+    CHECK(grammar_accepts(*required, add));
+    CHECK(grammar_accepts(*required, ">>>" + add));
+    CHECK(grammar_accepts(*required, add + ">>>" + weather));
+    CHECK_FALSE(grammar_accepts(*required, add + weather));
+    CHECK_FALSE(grammar_accepts(*required, "all\nHello"));
+    CHECK_FALSE(grammar_accepts(*required, "rm\n{}"));
+    CHECK_FALSE(grammar_accepts(*required, "add\n{\"city\": \"Oslo\"}"));
+    auto single = Grammar::parse(
+        chat_tools_grammar(tools_for(ToolFormat::FunctionaryV32, "required", false), *tok).gbnf);
+    CHECK_FALSE(grammar_accepts(*single, add + ">>>" + add));
+    // Auto: a reply that starts with a tool's name, or ">>>" and a name after the text.
+    const ToolGrammar lazy = chat_tools_grammar(tools_for(ToolFormat::FunctionaryV32), *tok);
+    REQUIRE(lazy.triggers.size() == 3);
+    CHECK(lazy.triggers[0] ==
+          json({{"type", "pattern_full"}, {"value", "((?:get_weather|add)\\n[\\s\\S]*)"}}));
+    CHECK(lazy.triggers[1] == json({{"type", "word"}, {"value", ">>>get_weather"}}));
+    CHECK(lazy.triggers[2] == json({{"type", "word"}, {"value", ">>>add"}}));
+    // A listed "python" tool: its code after "python\n".
+    ojson with_python = {{"tools", weather_and_add()}, {"tool_choice", "required"}};
+    with_python["tools"].push_back(ojson::parse(R"({"type": "function", "function": {
+        "name": "python", "parameters": {"type": "object",
+        "properties": {"code": {"type": "string"}}, "required": ["code"]}}})"));
+    ChatTools python_tools = *chat_tools_from_json(with_python);
+    python_tools.format = ToolFormat::FunctionaryV32;
+    auto python = Grammar::parse(chat_tools_grammar(python_tools, *tok).gbnf);
+    CHECK(grammar_accepts(*python, "python\nprint(2 + 3)"));
+    CHECK(grammar_accepts(*python, add));
+
+    // Read back: the "all" part is the content; several calls; python's code.
+    const ChatToolReply r = chat_tools_parse(ToolFormat::FunctionaryV32,
+                                             "all\nAdding.\n>>>" + add + ">>>" + weather, "c");
+    REQUIRE(r.calls.size() == 2);
+    CHECK(r.calls[0].name == "add");
+    CHECK(r.calls[0].arguments == R"({"a":2,"b":3})");
+    CHECK(r.calls[1].name == "get_weather");
+    CHECK(r.content == "Adding.");
+    const ChatToolReply first = chat_tools_parse(ToolFormat::FunctionaryV32, add, "c");
+    REQUIRE(first.calls.size() == 1);
+    CHECK(first.content.empty());
+    const ChatToolReply text =
+        chat_tools_parse(ToolFormat::FunctionaryV32, "all\nPrompt: >>> is Python's.", "c");
+    CHECK(text.calls.empty());
+    CHECK(text.content == "Prompt: >>> is Python's.");
+    const ChatToolReply code =
+        chat_tools_parse(ToolFormat::FunctionaryV32, "python\nprint(2 + 3)\n", "c");
+    REQUIRE(code.calls.size() == 1);
+    CHECK(code.calls[0].name == "python");
+    CHECK(code.calls[0].arguments == R"x({"code":"print(2 + 3)"})x");
+    for (const char* raw : {"Hello there", "add\noops", "all"})
+        CHECK(chat_tools_parse(ToolFormat::FunctionaryV32, raw, "c").content == raw);
+    // Streamed: the "all" part's text, never the name of a part.
+    CHECK(tool_stream_content(ToolFormat::FunctionaryV32, "all\nSure >>").text == "Sure");
+    CHECK(tool_stream_content(ToolFormat::FunctionaryV32, "all\nSure\n>>>add\n{").text == "Sure");
+    CHECK_FALSE(tool_stream_content(ToolFormat::FunctionaryV32, "al").decided);
+    CHECK(tool_stream_content(ToolFormat::FunctionaryV32, "add\n{").text.empty());
+    CHECK(tool_stream_content(ToolFormat::FunctionaryV32, "add\n{").decided);
+
+    // Rendered as jinja2 3.1.6 renders it (the call's arguments added as text).
+    const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "add",
+        "description": "Adds.", "parameters": {"type": "object",
+        "properties": {"a": {"type": "integer"}}}}}])");
+    CHECK(
+        chat_tools_render(JinjaTemplate::parse(kFunctionaryV32), ToolFormat::FunctionaryV32,
+                          chat_messages_native(ojson::parse(kHistory)), tools, {}) ==
+        "<|start_header_id|>system<|end_header_id|>\n\n// Supported function definitions that "
+        "should be called when necessary.\nnamespace functions {\n// Adds.\ntype add = (_: "
+        "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}}) => "
+        "any;\n} // namespace functions<|eot_id|><|start_header_id|>system<|end_header_id|>\n\nBe "
+        "brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n2+3?<|eot_id|><|start_"
+        "header_id|>assistant<|end_header_id|>\n\n>>>add\n{\"a\":2,\"b\":3}<|eot_id|><|"
+        "start_header_id|>tool<|end_header_id|>\n\n5<|eot_id|><|start_header_id|>user<|end_"
+        "header_id|>\n\nAnd 4+4?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n>>>");
+}
+
 TEST_CASE("tool formats: Granite's <|tool_call|> list") {
     const std::string path = model_path();
     if (path.empty()) return;

@@ -61,6 +61,7 @@ TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
         {kCommandR7B, ChatTemplateKind::ChatML},
         {kPhi4Mini, ChatTemplateKind::Phi3},
         {kFunctionaryV31, ChatTemplateKind::Llama3},
+        {kFunctionaryV32, ChatTemplateKind::Llama3},
         {kFireFunctionV2, ChatTemplateKind::Llama3}};
     for (const auto& tc : templates) {
         ServerConfig cfg = s.config();

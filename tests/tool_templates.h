@@ -348,6 +348,30 @@ inline const char* const kFireFunctionV2 =
 {%- endfor -%}
 {{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }})tmpl";
 
+// In the style of MeetKai Functionary v3.2's template (Llama 3's headers): the functions as
+// TypeScript types in a system turn, every assistant part after ">>>" ("all" for the text, a
+// call as NAME and its arguments added as text), results in tool turns, and the prompt ending
+// with ">>>".
+inline const char* const kFunctionaryV32 =
+    R"tmpl({% if tools %}<|start_header_id|>system<|end_header_id|>
+
+// Supported function definitions that should be called when necessary.
+namespace functions {
+{% for t in tools %}// {{ t.function.description }}
+type {{ t.function.name }} = (_: {{ t.function.parameters | tojson }}) => any;
+{% endfor %}} // namespace functions<|eot_id|>
+{%- endif %}
+{%- for m in messages %}
+{%- if m.role == 'tool' %}{{ '<|start_header_id|>tool<|end_header_id|>\n\n' + m.content + '<|eot_id|>' }}
+{%- elif m.role == 'assistant' %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- if m.content %}{{ '>>>all\n' + m.content }}{% endif %}
+{%- for c in m.tool_calls or [] %}{{ '>>>' + c.function.name + '\n' + c.function.arguments }}{% endfor %}
+{{- '<|eot_id|>' }}
+{%- else %}{{ '<|start_header_id|>' + m.role + '<|end_header_id|>\n\n' + m.content + '<|eot_id|>' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n>>>' }}{% endif %})tmpl";
+
 // The conversation of the rendering tests: a call with its id, its result, a new question.
 inline const char* const kHistory = R"([
   {"role": "system", "content": "Be brief."},

@@ -96,6 +96,7 @@ ToolFormat tool_format_detect(std::string_view src) {
     if (has(kHermesOpen)) return ToolFormat::Hermes;
     if (has(kMistralCalls))
         return has(kMistralArgs) ? ToolFormat::MistralV11 : ToolFormat::MistralNemo;
+    if (has(std::string(kV32Next) + "all")) return ToolFormat::FunctionaryV32;
     if (has(kXmlFunction) && has(kXmlFunctionEnd) && has("<|start_header_id|>"))
         return ToolFormat::FunctionaryV31;
     if (has(kFunctools)) return ToolFormat::FireFunctionV2;
@@ -134,6 +135,8 @@ const char* tool_format_name(ToolFormat f) {
             return "phi-4-mini";
         case ToolFormat::FunctionaryV31:
             return "functionary-v3.1";
+        case ToolFormat::FunctionaryV32:
+            return "functionary-v3.2";
         case ToolFormat::FireFunctionV2:
             return "firefunction-v2";
         default:

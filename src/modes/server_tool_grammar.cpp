@@ -338,6 +338,48 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
             if (python) trigger_at(kPythonTag, "<\\|python_tag\\|>()");
             break;
         }
+        case ToolFormat::FunctionaryV32: {
+            // NAME\n{arguments}, one rule per tool for its arguments; the prompt ends with
+            // ">>>", so the first call may start without one; a listed "python" tool as
+            // "python\n" and its code (alone: the code runs to the end).
+            const CallSchema calls = call_schema(t);
+            const auto [rules, alternatives] =
+                named_alternatives(calls, [&](const std::string& name, const std::string& args) {
+                    return fmt::format("{} {}", literal(name + "\n"), args);
+                });
+            own.insert(own.end(), {"tool-call", "python-call", "code-text"});
+            g.gbnf = json_schema_to_grammar_rules(calls.schema, rules, own);
+            bool python = false;
+            std::string names;  // (the names as a regular expression's alternatives)
+            for (const auto& [name, ref] : calls.tools) {
+                python = python || name == "python";
+                std::string escaped;
+                for (const char c : name) {
+                    if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos)
+                        escaped += '\\';
+                    escaped += c;
+                }
+                names += (names.empty() ? "" : "|") + escaped;
+            }
+            g.gbnf += "tool-call ::= " + alternatives + "\n";
+            const std::string next = literal(kV32Next);
+            std::string calls_rule = "tool-call";
+            if (t.parallel) calls_rule += " (" + next + " tool-call)*";
+            if (python) {
+                g.gbnf += "python-call ::= " + literal("python\n") + " code-text\n";
+                g.gbnf += "code-text ::= [^\\x00]+\n";
+                calls_rule = "(" + calls_rule + " | python-call)";
+            }
+            g.gbnf += "tool-calls ::= " + next + "? " + calls_rule + "\n";
+            if (t.required) break;
+            // A reply that begins with a tool's name and a newline is a call; so is ">>>" and
+            // a name after the text.
+            g.triggers.push_back(
+                {{"type", "pattern_full"}, {"value", "((?:" + names + ")\\n[\\s\\S]*)"}});
+            for (const auto& [name, ref] : calls.tools)
+                g.triggers.push_back({{"type", "word"}, {"value", std::string(kV32Next) + name}});
+            break;
+        }
         case ToolFormat::Qwen3Coder: {
             // Each tool: its parameters in the schema's order (the required ones always), a
             // string's value as raw text up to "\n</parameter>", other values as JSON.

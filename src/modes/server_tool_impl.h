@@ -29,6 +29,8 @@ inline constexpr std::string_view kHarmonyEnd = "<|end|>";
 inline constexpr std::string_view kGraniteCall = "<|tool_call|>";
 // FireFunction v2's marker before its list of calls.
 inline constexpr std::string_view kFunctools = "functools[";
+// Functionary v3.2: each call (and the text) follows ">>>"; the text's part is named "all".
+inline constexpr std::string_view kV32Next = ">>>", kV32All = "all\n";
 // Phi-4-mini's tags: the end of its calls, and the tool list in the system message.
 inline constexpr std::string_view kPhi4CallEnd = "<|/tool_call|>", kPhi4Tools = "<|tool|>",
                                   kPhi4ToolsEnd = "<|/tool|>";

@@ -292,6 +292,59 @@ ChatToolReply parse_functionary_v31(const std::string& text) {
     return out;
 }
 
+// Where a Functionary v3.2 part starts at or after `from`: ">>>" followed by a name (letters,
+// digits, '_', '-', '.') and a newline; npos if none.
+size_t v32_next_part(std::string_view text, size_t from) {
+    for (size_t at = text.find(kV32Next, from); at != std::string_view::npos;
+         at = text.find(kV32Next, at + 1)) {
+        size_t e = at + kV32Next.size();
+        while (e < text.size() && (std::isalnum(static_cast<unsigned char>(text[e])) ||
+                                   text[e] == '_' || text[e] == '-' || text[e] == '.'))
+            ++e;
+        if (e > at + kV32Next.size() && e < text.size() && text[e] == '\n') return at;
+    }
+    return std::string_view::npos;
+}
+
+// Functionary v3.2: parts after the prompt's ">>>" and each later ">>>": "all\nTEXT" is the
+// reply's text, "NAME\n{...}" a call, "python\nCODE" (not JSON) a python call's code. A reply
+// that does not read so is all text.
+ChatToolReply parse_functionary_v32(const std::string& text) {
+    ChatToolReply out;
+    std::string content;
+    size_t at = text.starts_with(kV32Next) ? kV32Next.size() : 0;
+    while (at < text.size()) {
+        const std::string_view rest = std::string_view(text).substr(at);
+        size_t next = v32_next_part(text, at);
+        if (rest.starts_with(kV32All)) {
+            const size_t from = at + kV32All.size();
+            content += text.substr(from, next == std::string::npos ? next : next - from);
+        } else {
+            const size_t nl = rest.find('\n');
+            const std::string name(rest.substr(0, nl == std::string_view::npos ? 0 : nl));
+            const std::string_view body = nl == std::string_view::npos ? "" : rest.substr(nl + 1);
+            const std::string_view args = object_at(body);
+            const ojson j = args.empty() ? ojson() : ojson::parse(args, nullptr, false);
+            if (!name.empty() && j.is_object()) {
+                out.calls.push_back({"", name, j.dump()});
+                next = v32_next_part(text, size_t(args.data() + args.size() - text.data()));
+            } else if (name == "python") {
+                const size_t end = next == std::string::npos ? text.size() : next;
+                const std::string_view code = trim_space_right(body.substr(0, end - at - nl - 1));
+                out.calls.push_back({"", "python", ojson({{"code", std::string(code)}}).dump()});
+            } else {  // not a part: the text as the model wrote it
+                out.calls.clear();
+                out.content = text;
+                return out;
+            }
+        }
+        if (next == std::string::npos) break;
+        at = next + kV32Next.size();
+    }
+    out.content = std::string(trim_space_right(content));
+    return out;
+}
+
 // Calls as JSON lists [{"name", "arguments"}, ...], each after `tag` (Granite's and
 // Phi-4-mini's <|tool_call|>, whose end tag may be missing; FireFunction's functools[, which
 // ends with the list's bracket), after any text (the content). A reply without a readable
@@ -565,6 +618,9 @@ ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
         case ToolFormat::FunctionaryV31:
             out = parse_functionary_v31(text);
             break;
+        case ToolFormat::FunctionaryV32:
+            out = parse_functionary_v32(text);
+            break;
         case ToolFormat::FireFunctionV2:
             out = parse_call_lists(text, kFunctools);
             break;
@@ -603,6 +659,17 @@ ToolAnswerPrefix tool_stream_content(ToolFormat format, std::string_view reply) 
             ToolAnswerPrefix a = content_before(reply, kXmlFunction);
             ToolAnswerPrefix b = content_before(reply, kPythonTag);
             return a.text.size() <= b.text.size() ? a : b;
+        }
+        case ToolFormat::FunctionaryV32: {  // the "all" part's text, before the next part
+            std::string_view r =
+                reply.starts_with(kV32Next) ? reply.substr(kV32Next.size()) : reply;
+            if (!r.starts_with(kV32All)) {
+                ToolAnswerPrefix none;
+                none.decided = !kV32All.starts_with(r);
+                return none;
+            }
+            r.remove_prefix(kV32All.size());
+            return content_before(r.substr(0, v32_next_part(r, 0)), kV32Next);
         }
         case ToolFormat::Glm45:
             return content_before(reply, kHermesOpen);

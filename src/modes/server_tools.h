@@ -75,6 +75,9 @@ class Tokenizer;
 //   FireFunctionV2  functools[{"name": ..., "arguments": {...}}, ...] after any text
 //                (Fireworks' FireFunction v2); its template takes the tools as JSON text in
 //                "functions" and the date in "datetime".
+//   FunctionaryV32  NAME\n{...} right after the prompt's ">>>", more calls each after
+//                ">>>" (MeetKai's Functionary v3.2); a reply's text is the part named "all"
+//                ("all\nTEXT", before the calls); a listed "python" tool's call is its code.
 //   Phi4Mini     <|tool_call|>[{"name": ..., "arguments": {...}}, ...]<|/tool_call|> after any
 //                text (Phi-4-mini): the template reads the tools from the system message's
 //                "tools" (JSON text, shown between <|tool|> and <|/tool|>) and writes an
@@ -94,6 +97,7 @@ enum class ToolFormat {
     CommandR7B,
     Phi4Mini,
     FunctionaryV31,
+    FunctionaryV32,
     FireFunctionV2
 };
 
@@ -104,11 +108,12 @@ enum class ToolFormat {
 // "<|start_of_role|>" -> Granite, "<arg_key>" with "<tool_call>" -> Glm45 (before Hermes),
 // "<|tool_calls_section_begin|>" -> KimiK2, "<|START_ACTION|>" -> CommandR7B, "<|tool|>" with
 // "<|/tool|>" -> Phi4Mini, "<function=" with "</function>" and "<|start_header_id|>" ->
-// FunctionaryV31 (before Llama3), "functools[" -> FireFunctionV2, else Generic.
+// FunctionaryV31 (before Llama3), ">>>all" -> FunctionaryV32 (before both), "functools[" ->
+// FireFunctionV2, else Generic.
 ToolFormat tool_format_detect(std::string_view jinja_source);
 // "generic", "hermes", "llama3", "mistral-nemo", "mistral-v11", "qwen3-coder", "deepseek-r1",
 // "gpt-oss", "granite", "glm-4.5", "kimi-k2", "command-r7b", "phi-4-mini",
-// "functionary-v3.1", "firefunction-v2".
+// "functionary-v3.1", "functionary-v3.2", "firefunction-v2".
 // The model's template for requests with tools while a built-in format renders the rest
 // (ChatFormat::tools_jinja): parsed when it shows a native syntax and renders a conversation
 // with a call and its result that shows the tool; null otherwise (the generic format then).
