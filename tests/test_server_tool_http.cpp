@@ -145,6 +145,43 @@ TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
     }
 }
 
+TEST_CASE("server: Functionary v3.2 without tools, the reply's text is its \"all\" part") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, /*n_ctx=*/2048);
+    ServerConfig cfg = s.config();
+    s.set_chat(cfg, ChatTemplateKind::Llama3,
+               std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(kFunctionaryV32)));
+    Running run(cfg, s);
+    const json messages = {{{"role", "user"}, {"content", "Say hello."}}};
+    // (A grammar makes the story model write the part as Functionary does.)
+    for (const char* reply : {"all\nHello there!", ">>>all\nHello there!"}) {
+        CAPTURE(reply);
+        json body = {{"messages", messages},
+                     {"grammar", "root ::= " + json(std::string(reply)).dump()},
+                     {"max_tokens", 40},
+                     {"temperature", 0}};
+        const json whole = json::parse(run.post("/v1/chat/completions", body).body);
+        CHECK(whole["choices"][0]["message"]["content"] == "Hello there!");
+        body["stream"] = true;
+        std::string streamed;
+        for (const std::string& e : sse_data(run.post("/v1/chat/completions", body).body)) {
+            if (e == "[DONE]") continue;
+            const json d = json::parse(e)["choices"][0]["delta"];
+            if (d.contains("content") && d["content"].is_string())
+                streamed += d["content"].get<std::string>();
+        }
+        CHECK(streamed == "Hello there!");
+    }
+    // A reply that is not a part stays as written.
+    const json free =
+        json::parse(run.post("/v1/chat/completions", {{"messages", messages},
+                                                      {"grammar", "root ::= \"Hi\\nthere\""},
+                                                      {"max_tokens", 8}})
+                        .body);
+    CHECK(free["choices"][0]["message"]["content"] == "Hi\nthere");
+}
+
 TEST_CASE("server: Mistral's control tokens written by the grammar and shown in the reply") {
     const std::string path = model_path();
     if (path.empty()) return;

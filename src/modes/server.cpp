@@ -424,7 +424,7 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
     // With tools or reasoning: the reply's text so far, and the bytes of its content and
     // reasoning already streamed (each streams as it comes, api_stream_view; tool calls show
     // once whole, api_stream_reply_chunk).
-    const bool views = ar.tools || ar.reasoning;
+    const bool views = ar.tools || ar.reasoning || ar.v32_text;
     std::vector<std::string> reply_text(n_choices);
     std::vector<size_t> content_sent(n_choices, 0), reasoning_sent(n_choices, 0);
     auto emit = [&](size_t i, const std::string& piece) {

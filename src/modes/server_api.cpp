@@ -317,9 +317,11 @@ ojson fill_in_the_middle(const InfillInput& in, const ojson& j, const RequestDef
     return p.tokens;
 }
 
-// A chat choice's text less its reasoning (all of it without reasoning).
+// A chat choice's text less its reasoning (all of it without reasoning), and for
+// Functionary v3.2 its "all" part.
 std::string answer_text(const ApiRequest& req, const ApiChoiceResult& c) {
-    return req.reasoning ? reasoning_split(c.text, req.reasoning_open).content : c.text;
+    std::string text = req.reasoning ? reasoning_split(c.text, req.reasoning_open).content : c.text;
+    return req.v32_text ? chat_tools_parse(ToolFormat::FunctionaryV32, text, "").content : text;
 }
 
 // A chat choice's reply as tools read it (ids unique per response and choice).
@@ -430,6 +432,9 @@ ApiRequest api_request_from_json(ApiFormat format, const std::string& body, cons
         if (format == ApiFormat::OpenAiChat) {
             out.legacy_functions = chat_functions_to_tools(j);
             out.tools = request_tools(j, ctx);
+            out.v32_text = !out.tools && ctx.chat.tools_template() &&
+                           tool_format_detect(ctx.chat.tools_template()->source()) ==
+                               ToolFormat::FunctionaryV32;
         } else if (j.contains("tools") && !j["tools"].empty()) {
             fail("'tools' are for /v1/chat/completions");
         } else if (j.contains("functions") && !j["functions"].empty()) {
@@ -564,7 +569,9 @@ ApiStreamView api_stream_view(const ApiRequest& req, std::string_view reply) {
     } else {
         content = reply;
     }
-    if (!req.tools) {
+    if (!req.tools && req.v32_text) {
+        v.content = tool_stream_content(ToolFormat::FunctionaryV32, content).text;
+    } else if (!req.tools) {
         v.content = req.reasoning_keep_content ? std::string(reply) : std::move(content);
     } else if (const ToolAnswerPrefix a = tool_stream_content(req.tools->format, content);
                a.answer) {

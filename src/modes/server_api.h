@@ -76,6 +76,9 @@ struct ApiRequest {
     // llama-server's "id_slot": the slot whose remembered tokens (server_slots.h) this
     // request's become; -1: the least recently used.
     int32_t id_slot = -1;
+    // A chat without tools on Functionary v3.2's template: the reply's text is its "all" part
+    // (the model writes "all\n" first, after the prompt's ">>>"), read as that format does.
+    bool v32_text = false;
     bool stream = false;
     bool include_usage = false;  // stream_options.include_usage: a last chunk with "usage"
     int32_t top_logprobs = -1;   // OpenAI logprobs: alternatives shown (-1: no logprobs)
