@@ -249,6 +249,38 @@ TEST_CASE("responses: include reasoning.encrypted_content gives reasoning a clie
     }
 }
 
+TEST_CASE("responses: truncation auto drops the oldest messages, a call with its results") {
+    const ojson sys = {{"role", "system"}, {"content", "Be brief."}};
+    const ojson u1 = {{"role", "user"}, {"content", "one"}};
+    const ojson call = {{"role", "assistant"},
+                        {"content", nullptr},
+                        {"tool_calls", ojson::array({{{"id", "a"}}, {{"id", "b"}}})}};
+    const ojson r1 = {{"role", "tool"}, {"tool_call_id", "a"}, {"content", "1"}};
+    const ojson r2 = {{"role", "tool"}, {"tool_call_id", "b"}, {"content", "2"}};
+    const ojson u2 = {{"role", "user"}, {"content", "two"}};
+    const ojson a2 = {{"role", "assistant"}, {"content", "ok"}};
+    const ojson u3 = {{"role", "user"}, {"content", "three"}};
+    const ojson chat = {{"messages", {sys, u1, call, r1, r2, u2, a2, u3}}, {"max_tokens", 5}};
+    auto longer_than = [](size_t n) {
+        return [n](const ojson& c) { return c["messages"].size() > n; };
+    };
+    // Off (absent or "disabled"): as it is, however long.
+    CHECK(responses_truncate({{"input", "x"}}, chat, longer_than(1)) == chat);
+    CHECK(responses_truncate({{"truncation", "disabled"}}, chat, longer_than(1)) == chat);
+    // "auto": the oldest first, after the system message; the call goes with both results.
+    const ojson t = responses_truncate({{"truncation", "auto"}}, chat, longer_than(5));
+    CHECK(t["messages"] == ojson::array({sys, u2, a2, u3}));
+    CHECK(t["max_tokens"] == 5);
+    CHECK(responses_truncate({{"truncation", "auto"}}, chat, longer_than(7))["messages"] ==
+          ojson::array({sys, call, r1, r2, u2, a2, u3}));
+    // Never past the last message (the engine then says what does not fit).
+    CHECK(responses_truncate({{"truncation", "auto"}}, chat, longer_than(0))["messages"] ==
+          ojson::array({sys, u3}));
+    CHECK_THROWS_WITH_AS(responses_truncate({{"truncation", "middle"}}, chat, longer_than(1)),
+                         doctest::Contains("'truncation' must be \"auto\" or \"disabled\""),
+                         Error);
+}
+
 TEST_CASE("server: /v1/responses answers as the chat endpoint does, whole and streamed") {
     const std::string path = model_path();
     if (path.empty()) return;
@@ -400,4 +432,33 @@ TEST_CASE("server: stored responses: previous_response_id, GET and DELETE /v1/re
                                     {"max_tokens", 3},
                                     {"stream", "yes"}})
               .status == 400);
+}
+
+TEST_CASE("server: /v1/responses truncation auto fits a long conversation into the context") {
+    const std::string path = model_path();
+    if (path.empty()) return;
+    Served s(path, /*n_ctx=*/64);
+    ServerConfig cfg = s.config();
+    s.set_chat(cfg, ChatTemplateKind::ChatML);
+    Running run(cfg, s);
+    const std::string story = "Once upon a time there was a little cat who liked to play.";
+    json input = json::array();
+    for (int i = 0; i < 4; ++i) {
+        input.push_back({{"role", "user"}, {"content", story}});
+        input.push_back({{"role", "assistant"}, {"content", "The cat played."}});
+    }
+    input.push_back({{"role", "user"}, {"content", "And then?"}});
+    json body = {{"input", input}, {"max_output_tokens", 4}, {"temperature", 0}};
+    const HttpReply off = run.post("/v1/responses", body);
+    CHECK(off.status == 400);
+    CHECK(off.body.find("the context holds 64 tokens") != std::string::npos);
+    body["truncation"] = "auto";
+    const HttpReply r = run.post("/v1/responses", body);
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    const json m = json::parse(r.body);
+    CHECK(m["truncation"] == "auto");
+    CHECK(m["usage"]["input_tokens"].get<int>() < 64);
+    CHECK(m["usage"]["input_tokens"].get<int>() > 10);  // (the latest items stayed)
+    body["truncation"] = "middle";
+    CHECK(run.post("/v1/responses", body).status == 400);
 }

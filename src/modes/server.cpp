@@ -174,9 +174,7 @@ void ApiServer::Impl::handle(const HttpRequest& req, HttpConnection& conn) {
     }
     if (p.starts_with("/slots/")) {
         const SlotAnswer a =
-            req.method != "POST"
-                ? SlotAnswer{405, nullptr, fmt::format("{} is not allowed on {}", req.method, p)}
-                : slot_store.action(p.substr(7), req.query, req.body, *worker, tok.n_vocab());
+            slot_store.action(req.method, p.substr(7), req.query, req.body, *worker, tok.n_vocab());
         a.status == 200 ? send_json(conn, 200, a.body) : send_error(conn, a.status, a.error);
         return;
     }
@@ -350,8 +348,14 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
                     return;
                 }
             }
-            responses_chat =
-                responses_to_openai(responses_body, previous ? &previous->conversation : nullptr);
+            responses_chat = responses_truncate(
+                responses_body,
+                responses_to_openai(responses_body, previous ? &previous->conversation : nullptr),
+                [&](const auto& c) {  // (the engine needs one token's room after the prompt)
+                    return api_request_from_json(format, c.dump(), cfg.api, tok)
+                               .requests[0]
+                               .prompt.size() >= size_t(engine.n_ctx());
+                });
             ar = api_request_from_json(format, responses_chat.dump(), cfg.api, tok);
             if (ar.requests.size() != 1 || ar.requests[0].n_samples != 1)
                 fail("the Responses API gives one reply per request");
@@ -491,11 +495,8 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
         c.result = std::move(e.result);
         c.stop_word = texts[i].stops().stopped() ? texts[i].stops().stop_word() : "";
         n_generated_tokens += c.result.timings.n_generated;
-        if (i == 0 && c.result.stop != StopReason::Error) {
-            std::vector<TokenId> all = ar.requests[0].prompt;
-            all.insert(all.end(), c.result.tokens.begin(), c.result.tokens.end());
-            slot_store.finish(slot, std::move(all));
-        }
+        if (i == 0 && c.result.stop != StopReason::Error)
+            slot_store.finish(slot, ar.requests[0].prompt, c.result.tokens);
         if (!ar.stream || client_gone) return;
         if (c.result.stop == StopReason::Error) {
             const bool sent =
@@ -796,8 +797,7 @@ struct ServerOptions {
     std::string reasoning_budget_message;
     ContextShiftOptions shift;
     bool rerank = false;
-    std::string rerank_template;
-    std::string slot_save_path;
+    std::string rerank_template, slot_save_path;
 };
 
 int run_server(const ServerOptions& o) {

@@ -155,7 +155,7 @@ json echoed(const ojson& request) {
             {"tool_choice", get("tool_choice", "auto")},
             {"tools", get("tools", json::array())},
             {"top_p", get("top_p", 1.0)},
-            {"truncation", "disabled"},
+            {"truncation", get("truncation", "disabled")},
             {"metadata", get("metadata", json::object())}};
 }
 
@@ -220,6 +220,24 @@ json response_object(const ojson& request, const std::string& id, int64_t create
 }
 
 }  // namespace
+
+ojson responses_truncate(const ojson& body, ojson chat,
+                         const std::function<bool(const ojson&)>& too_long) {
+    const ojson mode = body.contains("truncation") ? body["truncation"] : ojson();
+    if (!mode.is_null() && mode != "auto" && mode != "disabled")
+        fail("'truncation' must be \"auto\" or \"disabled\" (got {})", mode.dump());
+    if (mode != "auto") return chat;
+    ojson& msgs = chat["messages"];
+    size_t first = 0;  // the first message that may go
+    while (first < msgs.size() && msgs[first]["role"] == "system") ++first;
+    while (msgs.size() > first + 1 && too_long(chat)) {
+        // The oldest message, and with an assistant's calls the tool results after it.
+        size_t end = first + 1;
+        while (end < msgs.size() - 1 && msgs[end]["role"] == "tool") ++end;
+        msgs.erase(msgs.begin() + std::ptrdiff_t(first), msgs.begin() + std::ptrdiff_t(end));
+    }
+    return chat;
+}
 
 ojson responses_to_openai(const ojson& body, const ojson* history) {
     if (!body.is_object()) fail("the request body must be a JSON object");

@@ -6,6 +6,7 @@
 // /v1/responses/{id}. JSON in, JSON out; no model here.
 #pragma once
 
+#include <functional>
 #include <list>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -29,6 +30,14 @@ namespace kvrun {
 // (images, files, built-in tools) or a malformed body.
 nlohmann::ordered_json responses_to_openai(const nlohmann::ordered_json& body,
                                            const nlohmann::ordered_json* history = nullptr);
+
+// OpenAI's "truncation": with "auto", `chat` (responses_to_openai's request) with its oldest
+// conversation messages dropped, after the system ones (the instructions), while
+// `too_long(chat)` and more than one is left (an assistant's tool calls go with their
+// results); with "disabled" or none, `chat` as it is. Throws Error for another value.
+nlohmann::ordered_json responses_truncate(
+    const nlohmann::ordered_json& body, nlohmann::ordered_json chat,
+    const std::function<bool(const nlohmann::ordered_json&)>& too_long);
 
 // What a stored response keeps for the next turn: the chat request's messages without the
 // request's instructions (a later request gives its own), then the answer's message.

@@ -46,7 +46,9 @@ int32_t ServerSlots::take(int32_t asked) {
     return s;
 }
 
-void ServerSlots::finish(int32_t slot, std::vector<TokenId> tokens) {
+void ServerSlots::finish(int32_t slot, std::vector<TokenId> tokens,
+                         std::span<const TokenId> reply) {
+    tokens.insert(tokens.end(), reply.begin(), reply.end());
     std::lock_guard lock(mu_);
     slots_.at(size_t(slot)).tokens = std::move(tokens);
 }
@@ -56,11 +58,13 @@ std::vector<TokenId> ServerSlots::tokens(int32_t slot) const {
     return slots_.at(size_t(slot)).tokens;
 }
 
-SlotAnswer ServerSlots::action(std::string_view id, std::string_view query, const std::string& body,
-                               EngineWorker& worker, int64_t n_vocab) {
+SlotAnswer ServerSlots::action(std::string_view method, std::string_view id, std::string_view query,
+                               const std::string& body, EngineWorker& worker, int64_t n_vocab) {
     auto fail = [](int status, std::string message) {
         return SlotAnswer{status, nullptr, std::move(message)};
     };
+    if (method != "POST")
+        return fail(405, fmt::format("{} is not allowed on /slots/{}", method, id));
     if (dir_.empty())
         return fail(501, "slot actions are off: start the server with --slot-save-path DIR");
     int32_t slot = -1;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,12 +39,13 @@ class ServerSlots {
     // The slot a request runs in: `asked` when >= 0 (Error when it is not a slot), else the
     // least recently used one.
     int32_t take(int32_t asked);
-    // The request in `slot` ended with these tokens (prompt, then reply).
-    void finish(int32_t slot, std::vector<TokenId> tokens);
+    // The request in `slot` ended: its prompt's tokens, then its reply's.
+    void finish(int32_t slot, std::vector<TokenId> tokens, std::span<const TokenId> reply = {});
     std::vector<TokenId> tokens(int32_t slot) const;
-    // POST /slots/{id}: `id` the path's last part, `query` the URL's query, `body` the JSON.
-    SlotAnswer action(std::string_view id, std::string_view query, const std::string& body,
-                      EngineWorker& worker, int64_t n_vocab);
+    // METHOD /slots/{id} (POST, else 405): `id` the path's last part, `query` the URL's
+    // query, `body` the JSON.
+    SlotAnswer action(std::string_view method, std::string_view id, std::string_view query,
+                      const std::string& body, EngineWorker& worker, int64_t n_vocab);
 
   private:
     struct Slot {
