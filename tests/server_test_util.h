@@ -147,6 +147,21 @@ inline std::vector<std::pair<std::string, json>> named_events(const std::string&
     return out;
 }
 
+// The content text a streamed chat completion of `body` adds up to, checking that no delta
+// carries tool calls.
+inline std::string streamed_content(Running& run, json body) {
+    body["stream"] = true;
+    std::string text;
+    for (const std::string& e : sse_data(run.post("/v1/chat/completions", body).body)) {
+        if (e == "[DONE]") continue;
+        const json d = json::parse(e)["choices"][0]["delta"];
+        if (d.contains("content") && d["content"].is_string())
+            text += d["content"].get<std::string>();
+        CHECK(!d.contains("tool_calls"));
+    }
+    return text;
+}
+
 // The tool calls a streamed chat completion of `body` ends with (its last "tool_calls" delta),
 // checking that no delta carries content text on the way.
 inline json streamed_tool_calls(Running& run, json body) {

@@ -132,16 +132,7 @@ TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
         CHECK(whole["finish_reason"] != "tool_calls");
         const std::string content = whole["message"]["content"];
         CHECK(!content.empty());
-        answer["stream"] = true;
-        std::string streamed;
-        for (const std::string& e : sse_data(run.post("/v1/chat/completions", answer).body)) {
-            if (e == "[DONE]") continue;
-            const json d = json::parse(e)["choices"][0]["delta"];
-            if (d.contains("content") && d["content"].is_string())
-                streamed += d["content"].get<std::string>();
-            CHECK(!d.contains("tool_calls"));
-        }
-        CHECK(streamed == content);
+        CHECK(streamed_content(run, answer) == content);
     }
 }
 
@@ -163,15 +154,7 @@ TEST_CASE("server: Functionary v3.2 without tools, the reply's text is its \"all
                      {"temperature", 0}};
         const json whole = json::parse(run.post("/v1/chat/completions", body).body);
         CHECK(whole["choices"][0]["message"]["content"] == "Hello there!");
-        body["stream"] = true;
-        std::string streamed;
-        for (const std::string& e : sse_data(run.post("/v1/chat/completions", body).body)) {
-            if (e == "[DONE]") continue;
-            const json d = json::parse(e)["choices"][0]["delta"];
-            if (d.contains("content") && d["content"].is_string())
-                streamed += d["content"].get<std::string>();
-        }
-        CHECK(streamed == "Hello there!");
+        CHECK(streamed_content(run, body) == "Hello there!");
     }
     // A reply that is not a part stays as written.
     const json free =

@@ -198,9 +198,7 @@ void add_embedding_command(CLI::App& root, int& exit_code) {
         ->check(CLI::IsMember({"", "array", "json", "json+"}));
     cmd->add_option("--embd-separator", o->separator,
                     "Separator of the texts (default: newline; \\n \\t escapes)");
-    cmd->add_option("--rerank-template", o->rerank_template,
-                    "The judge's prompt for --pooling rank, with {query}, {document} and "
-                    "optionally {instruction} (default: Qwen3-Reranker's)");
+    add_rerank_template_option(cmd, o->rerank_template, "--pooling rank");
     cmd->add_flag("--no-bos", o->no_bos, "Do not add the BOS token");
     cmd->add_flag("--parse-special", o->parse_special, "Recognize special token texts");
     cmd->footer(

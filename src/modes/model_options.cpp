@@ -284,6 +284,13 @@ void add_reasoning_budget_options(CLI::App* cmd, int32_t& budget, std::string& m
                     "\" Time is up, let me answer.\")");
 }
 
+void add_rerank_template_option(CLI::App* cmd, std::string& prompt, const std::string& used_with) {
+    cmd->add_option("--rerank-template", prompt,
+                    "The judge's prompt for " + used_with +
+                        ", with {query}, {document} and optionally {instruction} (default: "
+                        "Qwen3-Reranker's)");
+}
+
 void add_sampling_options(CLI::App* cmd, SamplingParams& p) {
     // Each flag's value is put into otherwise default parameters and checked with
     // sampling_validate, so flags and JSON requests share one rule and one message. A value

@@ -67,6 +67,10 @@ void add_sampling_options(CLI::App* cmd, SamplingParams& p);
 // says what 0 does besides (the server also turns the template's thinking off).
 void add_reasoning_budget_options(CLI::App* cmd, int32_t& budget, std::string& message,
                                   const std::string& zero_note = "");
+// --rerank-template TEXT: a reranking judge's prompt, with {query}, {document} and
+// optionally {instruction} (default: Qwen3-Reranker's); `used_with` names the flag that turns
+// reranking on in that command.
+void add_rerank_template_option(CLI::App* cmd, std::string& prompt, const std::string& used_with);
 uint64_t random_seed();
 // "tokenizer.ggml.add_bos_token=bool:false" (TYPE int, float, bool or str) -> (key, value).
 // Throws Error with the expected form.

@@ -934,9 +934,7 @@ void add_server_command(CLI::App& root, int& exit_code) {
                   "Answer /rerank and /v1/rerank: score documents against a query with a "
                   "generative judge such as Qwen3-Reranker (P(\"yes\") against P(\"no\") "
                   "after its prompt)");
-    cmd->add_option("--rerank-template", o->rerank_template,
-                    "The judge's prompt for --rerank, with {query}, {document} and optionally "
-                    "{instruction} (default: Qwen3-Reranker's)");
+    add_rerank_template_option(cmd, o->rerank_template, "--rerank");
     cmd->add_option("--stop", o->stop, "Default stop text (repeatable)");
     cmd->add_option("--api-key", o->api_key,
                     "Require \"Authorization: Bearer KEY\" on every endpoint but /health");
