@@ -104,12 +104,6 @@ nlohmann::json parse_body(const HttpRequest& req, bool any = false) {
     }
 }
 
-// An Error as one line: the message and its hint.
-std::string error_text(const Error& e) {
-    return e.hint().empty() ? std::string(e.what())
-                            : fmt::format("{} (hint: {})", e.what(), e.hint());
-}
-
 // "Authorization: Bearer KEY" (or llama.cpp's "X-Api-Key: KEY").
 bool authorized(const HttpRequest& req, const std::string& key) {
     if (key.empty()) return true;
@@ -348,15 +342,17 @@ void ApiServer::Impl::generate(ApiFormat format, const HttpRequest& req, HttpCon
                     return;
                 }
             }
+            std::optional<ApiRequest> checked;
             responses_chat = responses_truncate(
                 responses_body,
                 responses_to_openai(responses_body, previous ? &previous->conversation : nullptr),
                 [&](const auto& c) {  // (the engine needs one token's room after the prompt)
-                    return api_request_from_json(format, c.dump(), cfg.api, tok)
-                               .requests[0]
-                               .prompt.size() >= size_t(engine.n_ctx());
+                    checked = api_request_from_json(format, c.dump(), cfg.api, tok);
+                    return checked->requests[0].prompt.size() >= size_t(engine.n_ctx());
                 });
-            ar = api_request_from_json(format, responses_chat.dump(), cfg.api, tok);
+            // (The truncation's last check read the request it returns.)
+            ar = checked ? std::move(*checked)
+                         : api_request_from_json(format, responses_chat.dump(), cfg.api, tok);
             if (ar.requests.size() != 1 || ar.requests[0].n_samples != 1)
                 fail("the Responses API gives one reply per request");
             if (ar.stream) rstream.emplace(responses_body, int64_t(ar.requests[0].prompt.size()));

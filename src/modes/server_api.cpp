@@ -378,6 +378,11 @@ nlohmann::json chat_message(const ApiRequest& req, const ApiChoiceResult& c,
 
 }  // namespace
 
+std::string error_text(const Error& e) {
+    return e.hint().empty() ? std::string(e.what())
+                            : fmt::format("{} (hint: {})", e.what(), e.hint());
+}
+
 std::string api_chat_prompt(const std::string& body, const ApiContext& ctx) {
     const ojson j = ojson::parse(body, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) fail("malformed JSON");

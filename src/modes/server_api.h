@@ -60,6 +60,9 @@ struct ApiContext {
     nlohmann::ordered_json template_kwargs;
 };
 
+// An Error as one line for an HTTP answer: the message and its hint.
+std::string error_text(const Error& e);
+
 struct ApiRequest {
     ApiFormat format = ApiFormat::OpenAiCompletion;
     // One per prompt: OpenAI's "prompt" may list several (their choices come prompt by

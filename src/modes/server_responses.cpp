@@ -230,7 +230,7 @@ ojson responses_truncate(const ojson& body, ojson chat,
     ojson& msgs = chat["messages"];
     size_t first = 0;  // the first message that may go
     while (first < msgs.size() && msgs[first]["role"] == "system") ++first;
-    while (msgs.size() > first + 1 && too_long(chat)) {
+    while (too_long(chat) && msgs.size() > first + 1) {  // (its last call sees the result)
         // The oldest message, and with an assistant's calls the tool results after it.
         size_t end = first + 1;
         while (end < msgs.size() - 1 && msgs[end]["role"] == "tool") ++end;

@@ -34,7 +34,8 @@ nlohmann::ordered_json responses_to_openai(const nlohmann::ordered_json& body,
 // OpenAI's "truncation": with "auto", `chat` (responses_to_openai's request) with its oldest
 // conversation messages dropped, after the system ones (the instructions), while
 // `too_long(chat)` and more than one is left (an assistant's tool calls go with their
-// results); with "disabled" or none, `chat` as it is. Throws Error for another value.
+// results); the last call of `too_long` is on the request returned. With "disabled" or none,
+// `chat` as it is (`too_long` is not called). Throws Error for another value.
 nlohmann::ordered_json responses_truncate(
     const nlohmann::ordered_json& body, nlohmann::ordered_json chat,
     const std::function<bool(const nlohmann::ordered_json&)>& too_long);

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "common.h"
+#include "modes/server_api.h"
 #include "text_input.h"
 
 namespace kvrun {
@@ -140,9 +141,7 @@ SlotAnswer ServerSlots::action(std::string_view method, std::string_view id, std
                 ""};
     } catch (const Error& e) {
         // A file that is not a slot file, or a corrupt one, is the caller's; a failed write ours.
-        return fail(action == "restore" ? 400 : 500,
-                    e.hint().empty() ? std::string(e.what())
-                                     : fmt::format("{} (hint: {})", e.what(), e.hint()));
+        return fail(action == "restore" ? 400 : 500, error_text(e));
     }
 }
 
