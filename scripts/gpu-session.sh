@@ -7,8 +7,8 @@
 # (15 minutes of device time, start included): every step has a timeout, the optional ones
 # run only while KVRUN_GPU_BUDGET seconds (default 420) are not spent, and everything lands
 # in $OUT/results.tgz as it is made (logs + tables), so a run cut short still returns what it did.
-#   usage: bash scripts/gpu-session.sh [all|test|bench|spec|extra|gemv|greedy|variants|profile]
-#   (default all; variants: tg128 of the GEMV builds of KVRUN_GEMV_VARIANTS, f32 and q8;
+#   usage: bash scripts/gpu-session.sh [all|test|bench|spec|extra|gemv|greedy|variants|profile|switches]
+#   (default all; switches: tg128 under the opt-in launch switches (switch_ab); variants: tg128 of the GEMV builds of KVRUN_GEMV_VARIANTS, f32 and q8;
 #   profile: KVRUN_TESTS, the q8 greedy sweep and ncu per kernel;
 #   gemv: the GEMV variants that gpu-prepare.sh built for KVRUN_GEMV_VARIANTS; greedy: the
 #   GPU-vs-CPU greedy sweep alone, for carry set 2; none of these is part of all)
@@ -177,6 +177,22 @@ if want test; then
   log "test section done"
 fi
 
+# switch_ab NAME: tg128 at depth 0 (f16 KV) of /tmp/models/NAME.gguf under each combination of
+# the opt-in launch switches (programmatic dependent launch KVRUN_PDL, the GEMV weight prefetch
+# KVRUN_GEMV_PREFETCH, the 8-bit GEMV KVRUN_GEMV), one row each in switch-ab.md.
+switch_ab() {
+  [ -f "$OUT/switch-ab.md" ] || printf '%s\n' "| model | switches | tg128 t/s | ± | % of copy bw |" \
+    "|---|---|---:|---:|---:|" > "$OUT/switch-ab.md"
+  local sw r
+  for sw in "" "KVRUN_PDL=on" "KVRUN_GEMV_PREFETCH=on" "KVRUN_PDL=on KVRUN_GEMV_PREFETCH=on" \
+            "KVRUN_GEMV=q8" "KVRUN_GEMV=q8 KVRUN_PDL=on KVRUN_GEMV_PREFETCH=on"; do
+    r=$(env $sw timeout 60 $K bench -m /tmp/models/$1.gguf -p 0 -n 128 -r 3 --kv-types f16 -o md \
+      --kv-block-size 16 2>/dev/null | grep '| tg128')
+    echo "| $1 | ${sw:-(defaults)} | $(echo "$r" | awk -F'|' '{print $5 "|" $6 "|" $8}') |" >> "$OUT/switch-ab.md"
+  done
+  log "switch A/B $1 done"
+}
+
 # bench_model NAME KVTYPES [ab]: pp512 and tg128 at depth 0 and 4096 into bench.md, then tg128
 # at depth 0 with the opt-in 8-bit activation GEMV (KVRUN_GEMV=q8) for the A/B; with `ab`
 # also pp512 with the f32 prefill attention (KVRUN_PREFILL_ATTN=f32) against the flash kernel.
@@ -187,6 +203,7 @@ bench_model() {
   echo "#### $1, KVRUN_GEMV=q8" >> "$OUT/bench.md"
   KVRUN_GEMV=q8 timeout 60 $K bench -m /tmp/models/$1.gguf -p 0 -n 128 -r 3 --kv-types f16 -o md \
     --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
+  switch_ab "$1"
   if [ "${3:-}" = ab ]; then
     echo "#### $1, KVRUN_PREFILL_ATTN=f32" >> "$OUT/bench.md"
     KVRUN_PREFILL_ATTN=f32 timeout 90 $K bench -m /tmp/models/$1.gguf -p 512 -n 0 -r 3 --depth 0,4096 \
@@ -195,6 +212,17 @@ bench_model() {
   echo >> "$OUT/bench.md"
   log "bench $1 done"
 }
+
+if [ "$what" = switches ]; then
+  # The switch A/B alone (after a full session's bench, or for a new switch): 7B Q4_0 and
+  # Q8_0, 8B Q4_K.
+  for m in llama2-7b:Q4_0 llama2-7b:Q8_0 llama3-8b:Q4_K; do
+    $S --preset ${m%%:*} --type ${m##*:} -o /tmp/models/${m%%:*}-${m##*:}.gguf > /dev/null
+    switch_ab ${m%%:*}-${m##*:}
+    rm -f /tmp/models/${m%%:*}-${m##*:}.gguf
+  done
+  cat "$OUT/switch-ab.md"
+fi
 
 if want bench; then
   $S --preset llama2-7b --type Q4_0 -o /tmp/models/llama2-7b-Q4_0.gguf > /dev/null

@@ -133,9 +133,9 @@ TEST_CASE("cuda: with the 8-bit activation GEMV too (KVRUN_GEMV=q8), and near th
         CHECK(steps.pass(prompt, false) == verify.pass(prompt, false));
         const std::vector<float> one_by_one = decode_steps(steps, draft);
         const std::vector<float> together = verify.pass(draft, true);
-        CHECK_MESSAGE(std::memcmp(together.data(), one_by_one.data(),
-                                  together.size() * sizeof(float)) == 0,
-                      "max |diff| " << max_abs_diff(together, one_by_one));
+        CHECK_MESSAGE(
+            std::memcmp(together.data(), one_by_one.data(), together.size() * sizeof(float)) == 0,
+            "max |diff| " << max_abs_diff(together, one_by_one));
         cuda_set_gemv_q8(false);
         // The same steps on the f32 path: logits within x's 8-bit rounding.
         f32.pass(prompt, false);
@@ -143,6 +143,55 @@ TEST_CASE("cuda: with the 8-bit activation GEMV too (KVRUN_GEMV=q8), and near th
         CHECK(nmse(one_by_one, ref) < 1e-3);
         CHECK(nmse(one_by_one, ref) > 0.0);
     }
+}
+
+TEST_CASE("cuda: programmatic dependent launch and the GEMV prefetch keep every bit") {
+    // KVRUN_PDL=on lets a kernel start before its predecessor ends (each waits in
+    // cu::pdl_wait before touching activations); a kernel that read or wrote too early would
+    // change the logits. The same prompt pass and decode steps with the switches off and on
+    // must agree bit for bit, with f16 and q8 KV (q8 adds the sealing kernels) and with the
+    // 8-bit GEMV (its x quantization kernel). On a GPU below sm_90 the switch stays off.
+    for (const char* name : {"synth-llama-hd64-gqa4-Q4_0.gguf", "stories260K-w256-Q4_K_M.gguf",
+                             "synth-qwen2-hd64-gqa2-Q5_K_M.gguf"}) {
+        const auto path = shared_model(name);
+        if (path.empty()) continue;
+        GgufFile file = GgufFile::open(path.string());
+        for (KvType kv : {KvType::F16, KvType::Q8})
+            for (bool q8 : {false, true}) {
+                CAPTURE(name);
+                CAPTURE(kv_type_name(kv));
+                CAPTURE(q8);
+                BackendOptions o;
+                o.kv_block_size = kBlockSize;
+                o.n_kv_blocks = kBlocks;
+                o.kv_type_k = o.kv_type_v = kv;
+                cuda_set_gemv_q8(q8);
+                auto run = [&](bool on) {
+                    cuda_set_pdl(on);
+                    cuda_set_gemv_prefetch(on);
+                    Side side(file, o);
+                    const int64_t n_vocab = side.backend->config().n_vocab;
+                    std::vector<TokenId> prompt, draft;
+                    for (int32_t i = 0; i < 40; ++i)
+                        prompt.push_back(TokenId((i * 37 + 11) % n_vocab));
+                    for (int32_t i = 0; i < 6; ++i)
+                        draft.push_back(TokenId((i * 91 + 3) % n_vocab));
+                    std::vector<float> out = side.pass(prompt, true);
+                    const std::vector<float> steps = decode_steps(side, draft);
+                    out.insert(out.end(), steps.begin(), steps.end());
+                    const std::vector<float> verify = side.pass(draft, true);
+                    out.insert(out.end(), verify.begin(), verify.end());
+                    return out;
+                };
+                const std::vector<float> off = run(false), on = run(true);
+                REQUIRE(off.size() == on.size());
+                CHECK_MESSAGE(std::memcmp(off.data(), on.data(), off.size() * sizeof(float)) == 0,
+                              "max |diff| " << max_abs_diff(off, on));
+            }
+    }
+    cuda_set_gemv_q8(false);
+    cuda_set_pdl(false);
+    cuda_set_gemv_prefetch(false);
 }
 
 #endif  // KVRUN_HAS_CUDA

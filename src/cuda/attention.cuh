@@ -210,6 +210,7 @@ __device__ __forceinline__ void attn_load_tile(float* __restrict__ dst, const At
 
 template <int RPW>
 __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnParams p) {
+    pdl_begin();
     constexpr int R = kAttnWarps * RPW;
     constexpr unsigned kFull = 0xffffffffu;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -436,8 +437,7 @@ void attn_launch(const AttnParams& p, int n_splits, cudaStream_t s) {
     }
     const dim3 grid(unsigned(ceil_div(p.n_tokens, p.tokens_per_cta)),
                     unsigned(p.n_kv_head * p.n_head_sub), unsigned(n_splits));
-    paged_attention_kernel<RPW><<<grid, kAttnWarps * 32, smem, s>>>(p);
-    CUDA_CHECK_LAUNCH();
+    launch_pdl(paged_attention_kernel<RPW>, grid, kAttnWarps * 32, smem, s, p);
 }
 
 }  // namespace kvrun::cu

@@ -74,6 +74,7 @@ __global__ void merge_splits_kernel(float* __restrict__ out, const float* __rest
                                     const int32_t* __restrict__ token_slot, int64_t n_tokens,
                                     int n_head, int D, int n_splits, int64_t split_len,
                                     const float* __restrict__ sinks) {
+    cu::pdl_begin();
     const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx >= n_tokens * n_head * D) return;
     const int64_t row = idx / D, t = row / n_head;
@@ -142,6 +143,7 @@ __device__ __forceinline__ void decode_unpack(float* __restrict__ out, const Dec
 // Writes out (unsplit) or the split's partials in merge_splits_kernel's format.
 template <int R, int L>
 __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(cu::AttnParams p) {
+    cu::pdl_begin();
     constexpr int W = cu::kAttnWarps;
     constexpr int G = cu::kWarp / L;  // key groups per warp = keys per step
     // Steps in flight: a step's K (V) loads are issued P steps before its values are needed,
@@ -339,8 +341,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(cu::At
 template <int R, int L>
 void decode_launch(const cu::AttnParams& p, int n_splits, cudaStream_t s) {
     const dim3 grid(unsigned(p.n_tokens), unsigned(p.n_kv_head * p.n_head_sub), unsigned(n_splits));
-    decode_attention_kernel<R, L><<<grid, kDecodeThreads, 0, s>>>(p);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(decode_attention_kernel<R, L>, grid, kDecodeThreads, 0, s, p);
 }
 
 // L: the power of two >= head_dim / 8 (head_dim % 8 == 0, <= 256).
@@ -409,10 +410,9 @@ void cuda_paged_attention_decode(float* out, const float* q, const KvLayerView& 
     p.part_ml = reinterpret_cast<float*>(base + o_bytes);
     decode_dispatch(p, int(n_splits), s);
     const int64_t n_out = p.n_tokens * p.n_head * p.head_dim;
-    merge_splits_kernel<<<unsigned(cu::ceil_div(n_out, 256)), 256, 0, s>>>(
-        out, p.part_o, p.part_ml, batch.token_slot, p.n_tokens, p.n_head, p.head_dim, int(n_splits),
-        p.split_len, sinks);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(merge_splits_kernel, unsigned(cu::ceil_div(n_out, 256)), 256, 0, s, out,
+                   p.part_o, p.part_ml, batch.token_slot, p.n_tokens, p.n_head, p.head_dim,
+                   int(n_splits), p.split_len, sinks);
 }
 
 void cuda_paged_attention(float* out, const float* q, const KvLayerView& kv,

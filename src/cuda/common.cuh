@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "cuda/device.h"
+
 namespace kvrun {
 
 // Throws kvrun::Error("what (at file:line)"). Defined in device.cpp so CUDA
@@ -110,6 +112,63 @@ inline void allow_dynamic_smem(Kernel kernel, size_t bytes, cudaStream_t s) {
     if (status == cudaStreamCaptureStatusNone)
         CUDA_CHECK(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+// Programmatic dependent launch. A kernel started by launch_pdl may begin while the kernel
+// before it in the stream is still running, so a short kernel's launch and drain, or a GEMV's
+// first weight loads, overlap its predecessor. Its contract: every thread calls pdl_wait()
+// before it touches memory that an earlier kernel writes or reads (activations, caches,
+// outputs; constant weights may be read or prefetched before), and before any early return,
+// so that the kernel ends only after its predecessor has (the next kernel's pdl_wait() then
+// covers every kernel before). pdl_launch_dependents() lets the next kernel start; without
+// it, that waits for this kernel's blocks to exit. Both are no-ops below sm_90, in a normal
+// launch and in the emulator.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// The usual start of a launch_pdl kernel: wait for the predecessor, then let the successor's
+// blocks be scheduled (they wait in turn).
+__device__ __forceinline__ void pdl_begin() {
+    pdl_wait();
+    pdl_launch_dependents();
+}
+// Asks L2 to fetch the 128-byte line at p (a hint: no result, no fault on valid memory).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+
+// kernel<<<grid, block, smem, s>>>(args), with programmatic stream serialization when
+// cuda_pdl_enabled(): the kernel must keep pdl_wait()'s contract above.
+template <class... P, class... A>
+inline void launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                       A&&... args) {
+#if defined(__NVCC__)
+    if (cuda_pdl_enabled()) {
+        cudaLaunchAttribute attr{};
+        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr.val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg{};
+        cfg.gridDim = grid;
+        cfg.blockDim = block;
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = s;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
+        return;
+    }
+#endif
+    kernel<<<grid, block, smem, s>>>(static_cast<P>(args)...);
+    CUDA_CHECK_LAUNCH();
 }
 
 // Byte-packed little-endian loads (GGUF blocks are not naturally aligned).

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -40,6 +41,32 @@ bool cuda_env_switch(const char* name, const char* on) {
     if (v.empty() || v == "auto") return false;
     if (v == on) return true;
     throw Error(fmt::format("{}={} is not a choice: '{}' or 'auto'", name, v, on));
+}
+
+namespace {
+// cuda_pdl_enabled's answer: -1 until first asked.
+std::atomic<int> g_pdl{-1};
+}  // namespace
+
+bool cuda_pdl_enabled() {
+    int v = g_pdl.load();
+    if (v < 0) {
+        v = 0;
+        if (cuda_env_switch("KVRUN_PDL", "on")) {
+            int dev = 0, major = 0;
+            if (cudaGetDevice(&dev) == cudaSuccess &&
+                cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
+                    cudaSuccess)
+                v = major >= 9 ? 1 : 0;
+            (void)cudaGetLastError();
+        }
+        g_pdl = v;
+    }
+    return v == 1;
+}
+
+void cuda_set_pdl(bool on) {
+    g_pdl = on ? 1 : 0;
 }
 
 int cuda_device_count() {

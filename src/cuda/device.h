@@ -36,6 +36,11 @@ void cuda_mem_info(size_t* free_bytes, size_t* total_bytes);
 void* cuda_alloc(size_t bytes, const char* what);
 // cudaFree (null is fine); errors are ignored because this runs in destructors.
 void cuda_free(void* p) noexcept;
+// Programmatic dependent launch (cu::launch_pdl in common.cuh): on with KVRUN_PDL=on on a
+// GPU of compute capability 9.0 or newer, read once like the other kernel switches. Opt-in
+// until timed on a GPU. cuda_set_pdl sets it for this process (tests).
+bool cuda_pdl_enabled();
+void cuda_set_pdl(bool on);
 // The message cuda_alloc throws, exposed for tests and for callers planning memory.
 std::string cuda_oom_message(const char* what, size_t requested, size_t free_bytes,
                              size_t total_bytes);

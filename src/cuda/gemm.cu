@@ -47,8 +47,8 @@ void cuda_gemm(float* out, const float* x, const WeightView& w, int64_t n_rows,
         CUDA_REQUIRE(w.row_bytes == size_t(w.n_in) * 4, "cuda_gemm: F32 rows must be dense");
         // Column-major view: C[n_out x n_rows] = W^T[n_out x n_in] * X[n_in x n_rows].
         CUBLAS_CHECK(blas.sgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, m_out, m_rows, m_in, &alpha,
-                                 static_cast<const float*>(w.data), m_in, x, m_in, &beta, out,
-                                 m_out));
+                                static_cast<const float*>(w.data), m_in, x, m_in, &beta, out,
+                                m_out));
         return;
     }
     // Scratch: x as f16 [n_rows][n_in], then one weight tile [tile_rows][n_in] of f16.

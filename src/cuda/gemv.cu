@@ -134,6 +134,9 @@ struct GemvJob {
     // signed bytes and [n_rows][n_in / 32] scales.
     const int8_t* xq;
     const float* xd;
+    // Each warp asks L2 for its whole weight rows before it waits for the previous kernel
+    // (cu::launch_pdl) and walks them (KVRUN_GEMV_PREFETCH=on; plain launches only).
+    bool prefetch;
 };
 
 // What a warp of a GEMV launch works on: its two weight rows (o0 and o0 + 1 of its block's
@@ -186,6 +189,21 @@ __device__ __forceinline__ WarpRows warp_rows(const GemvJob& job, int warp) {
     return w;
 }
 
+// A GEMV kernel's start: the prefetch of the warp's rows (GemvJob::prefetch; not for expert
+// launches, whose rows depend on the router's output), then cu::pdl_begin().
+__device__ __forceinline__ void gemv_begin(const GemvJob& job, int warp, int lane) {
+    if (job.prefetch && !job.expert_ids) {
+        const WarpRows w = warp_rows(job, warp);
+        if (w.active) {
+            for (size_t off = size_t(lane) * 128; off < w.mat.row_bytes; off += 32 * 128) {
+                cu::prefetch_l2(w.row0 + off);
+                if (w.has_second) cu::prefetch_l2(w.row1 + off);
+            }
+        }
+    }
+    cu::pdl_begin();
+}
+
 // Sums the lanes' partial dots and writes the warp's outputs (lane 0): rows o0 and o0 + 1,
 // or with swiglu act(gate) * up into row o0.
 template <int R>
@@ -216,6 +234,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const GemvJob
     extern __shared__ __align__(16) unsigned char gemv_smem[];
     float* xs = reinterpret_cast<float*>(gemv_smem);  // [R][kChunk][kStride]
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    gemv_begin(job, warp, lane);
     const WarpRows wr = warp_rows(job, warp);
     const bool active = wr.active;
     const uint8_t* row0 = wr.row0;
@@ -265,8 +284,7 @@ void launch_gemv_rows(const GemvJob& job, cudaStream_t s, unsigned n_jobs = 1) {
     constexpr size_t smem = XStage<L, R>::kBytes;
     if constexpr (smem > 48 * 1024) cu::allow_dynamic_smem(gemv_kernel<L, R>, smem, s);
     const dim3 grid(job.m[job.n_matrices - 1].blocks_end, n_jobs);
-    gemv_kernel<L, R><<<grid, kWarpsPerBlock * 32, smem, s>>>(job);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(gemv_kernel<L, R>, grid, kWarpsPerBlock * 32, smem, s, job);
 }
 
 // Runs `job` over n_rows activation rows in passes of up to kMaxRows: at_row(job, r0) points
@@ -503,12 +521,15 @@ bool with_int_loader(GgmlType t, F&& f) {
     }
 }
 
-// cuda_set_gemv_q8's switch: -1 until first asked, then from KVRUN_GEMV.
+// cuda_set_gemv_q8's and cuda_set_gemv_prefetch's switches: -1 until first asked, then from
+// KVRUN_GEMV and KVRUN_GEMV_PREFETCH.
 std::atomic<int> g_gemv_q8{-1};
+std::atomic<int> g_gemv_prefetch{-1};
 
 // One warp per 32-element block of x ([n_rows][n_in], n_in % 32 == 0).
 __global__ void quantize_x_q8_kernel(const float* __restrict__ x, int8_t* __restrict__ xq,
                                      float* __restrict__ xd, int64_t n_blocks) {
+    cu::pdl_begin();
     const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     if (blk >= n_blocks) return;  // whole warps
     const int lane = threadIdx.x % 32;
@@ -523,6 +544,7 @@ __global__ void quantize_x_q8_kernel(const float* __restrict__ x, int8_t* __rest
 template <class IL, int R>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_q8_kernel(const GemvJob job) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    gemv_begin(job, warp, lane);
     const WarpRows wr = warp_rows(job, warp);
     if (!wr.active) return;  // no barriers in this kernel
     const int64_t n_in = job.n_in, n_items = n_in / 32;
@@ -572,8 +594,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_q8_kernel(const Gemv
 template <class IL, int R>
 void launch_gemv_q8_rows(const GemvJob& job, cudaStream_t s, unsigned n_jobs = 1) {
     const dim3 grid(job.m[job.n_matrices - 1].blocks_end, n_jobs);
-    gemv_q8_kernel<IL, R><<<grid, kWarpsPerBlock * 32, 0, s>>>(job);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(gemv_q8_kernel<IL, R>, grid, kWarpsPerBlock * 32, 0, s, job);
 }
 
 // x ([n_rows][n_in]) quantized into scratch for the 8-bit kernel: its bytes and scales.
@@ -588,9 +609,8 @@ XQ8 quantize_x_q8(const float* x, int64_t n_rows, int64_t n_in, CudaScratch& scr
     const size_t q_bytes = (size_t(n_rows * n_in) + 255) / 256 * 256;
     auto* base = static_cast<uint8_t*>(scratch.get(q_bytes + size_t(n_blocks) * sizeof(float), s));
     XQ8 xq{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + q_bytes)};
-    quantize_x_q8_kernel<<<unsigned(cu::ceil_div(n_blocks * 32, 256)), 256, 0, s>>>(x, xq.q, xq.d,
-                                                                                    n_blocks);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(quantize_x_q8_kernel, unsigned(cu::ceil_div(n_blocks * 32, 256)), 256, 0, s, x,
+                   xq.q, xq.d, n_blocks);
     return xq;
 }
 
@@ -635,6 +655,7 @@ void gemv_many(float* const* outs, const WeightView* const* ws, int n, const flo
     job.swiglu = swiglu;
     job.gelu = gelu;
     job.n_matrices = swiglu ? 1 : n;
+    job.prefetch = cuda_gemv_prefetch();
     const int64_t rows_per_block = swiglu ? kWarpsPerBlock : kRowsPerBlock;
     unsigned blocks = 0;
     for (int i = 0; i < n; ++i) {
@@ -772,6 +793,19 @@ bool cuda_gemv_q8() {
     if (v < 0) {
         v = cuda_env_switch("KVRUN_GEMV", "q8") ? 1 : 0;
         g_gemv_q8 = v;
+    }
+    return v == 1;
+}
+
+void cuda_set_gemv_prefetch(bool on) {
+    g_gemv_prefetch = on ? 1 : 0;
+}
+
+bool cuda_gemv_prefetch() {
+    int v = g_gemv_prefetch.load();
+    if (v < 0) {
+        v = cuda_env_switch("KVRUN_GEMV_PREFETCH", "on") ? 1 : 0;
+        g_gemv_prefetch = v;
     }
     return v == 1;
 }

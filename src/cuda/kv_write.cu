@@ -54,6 +54,7 @@ __global__ void kv_write_kernel(T* __restrict__ pool, const float* __restrict__ 
                                 const int32_t* __restrict__ block_table, int64_t max_blocks_per_seq,
                                 int64_t n_tokens, int64_t n_blocks, int64_t n_kv_head,
                                 int64_t block_size, int64_t head_dim) {
+    cu::pdl_begin();
     const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx >= n_tokens * n_kv_head * head_dim) return;
     const int64_t d = idx % head_dim, th = idx / head_dim;
@@ -69,16 +70,14 @@ void write_pool(KvType type, void* pool, const float* src, const KvLayerView& kv
     const unsigned blocks = unsigned(cu::ceil_div(n, 256));
     switch (type) {
         case KvType::F32:
-            kv_write_kernel<float>
-                <<<blocks, 256, 0, s>>>(static_cast<float*>(pool), src, b.token_seq, b.token_slot,
-                                        b.block_table, b.max_blocks_per_seq, b.n_tokens,
-                                        kv.n_blocks, kv.n_kv_head, kv.block_size, kv.head_dim);
+            cu::launch_pdl(kv_write_kernel<float>, blocks, 256, 0, s, static_cast<float*>(pool),
+                           src, b.token_seq, b.token_slot, b.block_table, b.max_blocks_per_seq,
+                           b.n_tokens, kv.n_blocks, kv.n_kv_head, kv.block_size, kv.head_dim);
             break;
         case KvType::F16:
-            kv_write_kernel<__half>
-                <<<blocks, 256, 0, s>>>(static_cast<__half*>(pool), src, b.token_seq, b.token_slot,
-                                        b.block_table, b.max_blocks_per_seq, b.n_tokens,
-                                        kv.n_blocks, kv.n_kv_head, kv.block_size, kv.head_dim);
+            cu::launch_pdl(kv_write_kernel<__half>, blocks, 256, 0, s, static_cast<__half*>(pool),
+                           src, b.token_seq, b.token_slot, b.block_table, b.max_blocks_per_seq,
+                           b.n_tokens, kv.n_blocks, kv.n_kv_head, kv.block_size, kv.head_dim);
             break;
         default:
             CUDA_REQUIRE(false, "cuda_kv_write: quantized KV pools are written through stages");
@@ -92,6 +91,7 @@ __global__ void stage_write_kernel(__half* __restrict__ stage, const float* __re
                                    const int32_t* __restrict__ token_stage, int64_t n_tokens,
                                    int64_t n_stages, int64_t n_kv_head, int64_t block_size,
                                    int64_t head_dim) {
+    cu::pdl_begin();
     const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx >= n_tokens * n_kv_head * head_dim) return;
     const int64_t d = idx % head_dim, th = idx / head_dim;
@@ -201,11 +201,13 @@ __device__ __forceinline__ void seal_head_block(const SealParams& p, int64_t t, 
 
 // Grid (n_tokens, n_kv_head): one pool.
 __global__ void seal_kernel(SealParams p) {
+    cu::pdl_begin();
     seal_head_block(p, blockIdx.x, int(blockIdx.y));
 }
 
 // Grid (n_tokens, n_kv_head, 2): K (z = 0) and V (z = 1) in one launch.
 __global__ void seal_kv_kernel(SealParams k, SealParams v) {
+    cu::pdl_begin();
     if (blockIdx.z == 0)
         seal_head_block(k, blockIdx.x, int(blockIdx.y));
     else
@@ -236,16 +238,15 @@ SealParams seal_params(KvType type, KvRole role, void* pool, const void* stage,
 void seal_pool(KvType type, KvRole role, void* pool, const void* stage, const KvLayerView& kv,
                const KvBatchView& b, cudaStream_t s) {
     const SealParams p = seal_params(type, role, pool, stage, kv, b);
-    seal_kernel<<<dim3(unsigned(b.n_tokens), unsigned(kv.n_kv_head)), 128, 0, s>>>(p);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(seal_kernel, dim3(unsigned(b.n_tokens), unsigned(kv.n_kv_head)), 128, 0, s, p);
 }
 
 // Seals the K and V blocks the batch's tokens completed, in one launch.
 void seal_pools(const KvLayerView& kv, const KvBatchView& b, cudaStream_t s) {
     const SealParams k = seal_params(kv.k_type, KvRole::K, kv.k, kv.k_stage, kv, b);
     const SealParams v = seal_params(kv.v_type, KvRole::V, kv.v, kv.v_stage, kv, b);
-    seal_kv_kernel<<<dim3(unsigned(b.n_tokens), unsigned(kv.n_kv_head), 2), 128, 0, s>>>(k, v);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(seal_kv_kernel, dim3(unsigned(b.n_tokens), unsigned(kv.n_kv_head), 2), 128, 0, s,
+                   k, v);
 }
 
 // RoPE fused with the KV write (cuda_rope on q and k, then cuda_kv_write's stores). One
@@ -308,6 +309,7 @@ __device__ __forceinline__ void load_q_pairs(const float* qh, int g0, int group,
 }
 
 __global__ void rope_kv_write_kernel(RopeKvParams p) {
+    cu::pdl_begin();
     const int D = p.head_dim, pairs = (D + 1) / 2, half = p.rope.n_rot / 2;
     const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx >= p.n_tokens * p.n_kv_head * pairs) return;
@@ -367,6 +369,7 @@ struct CopyParams {
 };
 
 __global__ void stage_copy_kernel(CopyParams p) {
+    cu::pdl_begin();
     const int h = blockIdx.x, which = blockIdx.y;
     const KvRole role = which == 0 ? KvRole::K : KvRole::V;
     const int D = p.head_dim;
@@ -421,8 +424,7 @@ void cuda_kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_s
     p.block_size = int(kv.block_size);
     p.head_dim = int(kv.head_dim);
     p.n_rows = int(n_rows);
-    stage_copy_kernel<<<dim3(unsigned(kv.n_kv_head), 2), 256, 0, s>>>(p);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(stage_copy_kernel, dim3(unsigned(kv.n_kv_head), 2), 256, 0, s, p);
 }
 
 void cuda_kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, const float* v,
@@ -447,10 +449,9 @@ void cuda_kv_write(const KvLayerView& kv, const KvBatchView& batch, const float*
     const int64_t n = batch.n_tokens * kv.n_kv_head * kv.head_dim;
     const unsigned blocks = unsigned(cu::ceil_div(n, 256));
     for (auto [stage, src] : {std::pair{kv.k_stage, k}, std::pair{kv.v_stage, v}}) {
-        stage_write_kernel<<<blocks, 256, 0, s>>>(
-            static_cast<__half*>(stage), src, batch.token_slot, batch.token_stage, batch.n_tokens,
-            kv.n_stages, kv.n_kv_head, kv.block_size, kv.head_dim);
-        CUDA_CHECK_LAUNCH();
+        cu::launch_pdl(stage_write_kernel, blocks, 256, 0, s, static_cast<__half*>(stage), src,
+                       batch.token_slot, batch.token_stage, batch.n_tokens, kv.n_stages,
+                       kv.n_kv_head, kv.block_size, kv.head_dim);
     }
     seal_pool(kv.k_type, KvRole::K, kv.k, kv.k_stage, kv, batch, s);
     seal_pool(kv.v_type, KvRole::V, kv.v, kv.v_stage, kv, batch, s);
@@ -506,8 +507,8 @@ void cuda_rope_kv_write(float* q, float* k, const float* v, const int32_t* pos,
     const int64_t n = batch.n_tokens * kv.n_kv_head * ((kv.head_dim + 1) / 2);
     CUDA_REQUIRE(cu::ceil_div(n, kRopeKvThreads) <= INT32_MAX,
                  "cuda_rope_kv_write: too many tokens");
-    rope_kv_write_kernel<<<unsigned(cu::ceil_div(n, kRopeKvThreads)), kRopeKvThreads, 0, s>>>(p);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(rope_kv_write_kernel, unsigned(cu::ceil_div(n, kRopeKvThreads)), kRopeKvThreads,
+                   0, s, p);
     if (staged) seal_pools(kv, batch, s);
 }
 

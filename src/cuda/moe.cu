@@ -23,6 +23,7 @@ constexpr int kTopkThreads = 32;  // one warp per token
 __global__ void moe_topk_kernel(const float* __restrict__ logits, int n_expert, int k,
                                 int32_t* __restrict__ ids, float* __restrict__ weights,
                                 MoeRouting r) {
+    cu::pdl_begin();
     extern __shared__ unsigned char taken[];
     const int lane = threadIdx.x;
     const int64_t t = blockIdx.x;
@@ -66,13 +67,15 @@ __global__ void moe_topk_kernel(const float* __restrict__ logits, int n_expert, 
         __syncwarp();
     }
     const float div = r.norm && sum > 0.0f ? sum : 1.0f;
-    for (int j = lane; j < k; j += kTopkThreads) weights[t * k + j] = weights[t * k + j] / div * r.scale;
+    for (int j = lane; j < k; j += kTopkThreads)
+        weights[t * k + j] = weights[t * k + j] / div * r.scale;
 }
 
 __global__ void moe_combine_kernel(float* __restrict__ out, const float* __restrict__ rows,
                                    const float* __restrict__ weights,
                                    const int32_t* __restrict__ row_of, int64_t n, int k,
                                    int64_t dim) {
+    cu::pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const int64_t t = i / dim, d = i % dim;
@@ -92,18 +95,16 @@ void cuda_moe_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int6
                  "cuda_moe_topk: need 1 <= k <= n_expert <= 4096");
     CUDA_REQUIRE(r.sigmoid || r.norm, "cuda_moe_topk: a softmax router always renormalizes");
     if (n_tokens <= 0) return;
-    moe_topk_kernel<<<unsigned(n_tokens), kTopkThreads, size_t(n_expert), s>>>(
-        logits, int(n_expert), int(k), ids, weights, r);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(moe_topk_kernel, unsigned(n_tokens), kTopkThreads, size_t(n_expert), s, logits,
+                   int(n_expert), int(k), ids, weights, r);
 }
 
 void cuda_moe_combine(float* out, const float* rows, const float* weights, int64_t n_tokens,
                       int64_t k, int64_t dim, cudaStream_t s, const int32_t* row_of) {
     const int64_t n = n_tokens * dim;
     if (n <= 0) return;
-    moe_combine_kernel<<<unsigned(cu::ceil_div(n, 256)), 256, 0, s>>>(out, rows, weights, row_of, n,
-                                                                      int(k), dim);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(moe_combine_kernel, unsigned(cu::ceil_div(n, 256)), 256, 0, s, out, rows,
+                   weights, row_of, n, int(k), dim);
 }
 
 void cuda_moe_experts_biased(float* out, float* h, float* up, const float* x, const int32_t* ids,

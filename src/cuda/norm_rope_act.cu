@@ -49,6 +49,7 @@ __device__ __forceinline__ void scale_row(float* outr, const float* xr, const fl
 // its elements before writing them).
 __global__ void rmsnorm_kernel(float* out, const float* x, const float* __restrict__ w, int64_t dim,
                                float eps) {
+    cu::pdl_begin();
     __shared__ float scratch[32];
     const float* xr = x + int64_t(blockIdx.x) * dim;
     float* outr = out + int64_t(blockIdx.x) * dim;
@@ -76,6 +77,7 @@ __global__ void rmsnorm_kernel(float* out, const float* x, const float* __restri
 // elements whose y it has read, before the block_sum barrier), not x.
 __global__ void add_rmsnorm_kernel(float* x, const float* y, float* out,
                                    const float* __restrict__ w, int64_t dim, float eps) {
+    cu::pdl_begin();
     __shared__ float scratch[32];
     float* xr = x + int64_t(blockIdx.x) * dim;
     const float* yr = y + int64_t(blockIdx.x) * dim;
@@ -106,6 +108,7 @@ __global__ void add_rmsnorm_kernel(float* x, const float* y, float* out,
 
 // x: [n_rows][n] softmax in place; one block per row.
 __global__ void softmax_kernel(float* __restrict__ x, int64_t n) {
+    cu::pdl_begin();
     __shared__ float scratch[32];
     float* xr = x + int64_t(blockIdx.x) * n;
     float mx = -INFINITY;
@@ -126,6 +129,7 @@ __global__ void softmax_kernel(float* __restrict__ x, int64_t n) {
 // The math is rope.cuh's (shared with the fused RoPE + KV write of kv_write.cu).
 __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ pos,
                             int64_t n_tokens, int64_t n_heads, int64_t head_dim, RopeParams p) {
+    cu::pdl_begin();
     const int64_t half = p.n_rot / 2;
     const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx >= n_tokens * n_heads * half) return;
@@ -140,6 +144,7 @@ __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ p
 
 // out may alias gate or up (elementwise).
 __global__ void swiglu_kernel(float* out, const float* gate, const float* up, int64_t n) {
+    cu::pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n) return;
     out[i] = cu::silu_mul(gate[i], up[i]);
@@ -149,6 +154,7 @@ __global__ void swiglu_kernel(float* out, const float* gate, const float* up, in
 // x / (1 + exp(-alpha x)) * (y + 1). out may alias gate or up.
 __global__ void swiglu_oai_kernel(float* out, const float* gate, const float* up, int64_t n,
                                   float alpha, float limit) {
+    cu::pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float x = fminf(gate[i], limit), y = fminf(fmaxf(up[i], -limit), limit);
@@ -156,17 +162,20 @@ __global__ void swiglu_oai_kernel(float* out, const float* gate, const float* up
 }
 
 __global__ void geglu_kernel(float* out, const float* gate, const float* up, int64_t n) {
+    cu::pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n) return;
     out[i] = cu::gelu_mul(gate[i], up[i]);
 }
 
 __global__ void softcap_kernel(float* x, int64_t n, float cap) {
+    cu::pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }
 
 __global__ void scale_kernel(float* x, int64_t n, float f) {
+    cu::pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= f;
 }
@@ -174,6 +183,7 @@ __global__ void scale_kernel(float* x, int64_t n, float f) {
 __global__ void add_scaled_rows_kernel(float* __restrict__ out, const float* __restrict__ y,
                                        const float* __restrict__ user, int64_t n_rows, int64_t n,
                                        double per_unit) {
+    cu::pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n_rows * n) return;
     const float s = static_cast<float>(double(user[i / n]) * per_unit);  // lora_row_scale
@@ -181,6 +191,7 @@ __global__ void add_scaled_rows_kernel(float* __restrict__ out, const float* __r
 }
 
 __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t n) {
+    cu::pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
@@ -188,6 +199,7 @@ __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, i
 // x: [n_rows][n] += bias[n]
 __global__ void add_bias_kernel(float* __restrict__ x, const float* __restrict__ bias,
                                 int64_t n_rows, int64_t n) {
+    cu::pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n_rows * n) x[i] += bias[i % n];
 }
@@ -195,6 +207,7 @@ __global__ void add_bias_kernel(float* __restrict__ x, const float* __restrict__
 // x: [n_rows][n] += bias[ids[r]][n] for row r (expert biases by the router's choice).
 __global__ void add_bias_rows_kernel(float* __restrict__ x, const float* __restrict__ bias,
                                      const int32_t* __restrict__ ids, int64_t n_rows, int64_t n) {
+    cu::pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n_rows * n) x[i] += bias[int64_t(ids[i / n]) * n + i % n];
 }
@@ -202,6 +215,7 @@ __global__ void add_bias_rows_kernel(float* __restrict__ x, const float* __restr
 // out[r][:] = x[rows[r]][:]; out: [n_rows][dim], one thread per element.
 __global__ void gather_rows_kernel(float* __restrict__ out, const float* __restrict__ x,
                                    const int32_t* __restrict__ rows, int64_t n_rows, int64_t dim) {
+    cu::pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n_rows * dim) out[i] = x[int64_t(rows[i / dim]) * dim + i % dim];
 }
@@ -209,6 +223,7 @@ __global__ void gather_rows_kernel(float* __restrict__ out, const float* __restr
 // One block per row of x: [n_rows][n], n a power of two <= 1024: the butterflies of a fast
 // Walsh-Hadamard transform in shared memory (in hadamard_rows' order), then 1 / sqrt(n).
 __global__ void hadamard_kernel(float* __restrict__ x, int64_t n) {
+    cu::pdl_begin();
     extern __shared__ float buf[];  // [n]
     float* row = x + int64_t(blockIdx.x) * n;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) buf[i] = row[i];
@@ -233,15 +248,14 @@ void cuda_hadamard(float* x, int64_t n_rows, int64_t n, cudaStream_t s) {
                  "cuda_hadamard: n must be a power of two <= 1024");
     CUDA_REQUIRE(n_rows >= 0 && n_rows <= INT32_MAX, "cuda_hadamard: bad row count");
     if (n_rows == 0) return;
-    hadamard_kernel<<<unsigned(n_rows), 128, size_t(n) * sizeof(float), s>>>(x, n);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(hadamard_kernel, unsigned(n_rows), 128, size_t(n) * sizeof(float), s, x, n);
 }
 
 void cuda_gather_rows(float* out, const float* x, const int32_t* rows, int64_t n_rows, int64_t dim,
                       cudaStream_t s) {
     if (n_rows <= 0 || dim <= 0) return;
-    gather_rows_kernel<<<elt_blocks(n_rows * dim), kEltThreads, 0, s>>>(out, x, rows, n_rows, dim);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(gather_rows_kernel, elt_blocks(n_rows * dim), kEltThreads, 0, s, out, x, rows,
+                   n_rows, dim);
 }
 
 void cuda_rmsnorm(float* out, const float* x, const float* w, int64_t n_rows, int64_t dim,
@@ -249,8 +263,7 @@ void cuda_rmsnorm(float* out, const float* x, const float* w, int64_t n_rows, in
     CUDA_REQUIRE(n_rows >= 0 && dim > 0, "cuda_rmsnorm: bad shape");
     if (n_rows == 0) return;
     CUDA_REQUIRE(n_rows <= INT32_MAX, "cuda_rmsnorm: too many rows");
-    rmsnorm_kernel<<<unsigned(n_rows), kRowThreads, 0, s>>>(out, x, w, dim, eps);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(rmsnorm_kernel, unsigned(n_rows), kRowThreads, 0, s, out, x, w, dim, eps);
 }
 
 void cuda_add_rmsnorm(float* x, const float* y, float* out, const float* w, int64_t n_rows,
@@ -259,16 +272,14 @@ void cuda_add_rmsnorm(float* x, const float* y, float* out, const float* w, int6
     CUDA_REQUIRE(out != x && y != x, "cuda_add_rmsnorm: out and y must not alias x");
     if (n_rows == 0) return;
     CUDA_REQUIRE(n_rows <= INT32_MAX, "cuda_add_rmsnorm: too many rows");
-    add_rmsnorm_kernel<<<unsigned(n_rows), kRowThreads, 0, s>>>(x, y, out, w, dim, eps);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(add_rmsnorm_kernel, unsigned(n_rows), kRowThreads, 0, s, x, y, out, w, dim, eps);
 }
 
 void cuda_softmax(float* x, int64_t n_rows, int64_t n, cudaStream_t s) {
     CUDA_REQUIRE(n_rows >= 0 && n > 0, "cuda_softmax: bad shape");
     if (n_rows == 0) return;
     CUDA_REQUIRE(n_rows <= INT32_MAX, "cuda_softmax: too many rows");
-    softmax_kernel<<<unsigned(n_rows), kRowThreads, 0, s>>>(x, n);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(softmax_kernel, unsigned(n_rows), kRowThreads, 0, s, x, n);
 }
 
 void cuda_rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
@@ -278,67 +289,60 @@ void cuda_rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, 
                  "cuda_rope: n_rot must be even and at most head_dim");
     const int64_t n = n_tokens * n_heads * (p.n_rot / 2);
     if (n == 0) return;
-    rope_kernel<<<elt_blocks(n), kEltThreads, 0, s>>>(x, pos, n_tokens, n_heads, head_dim, p);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(rope_kernel, elt_blocks(n), kEltThreads, 0, s, x, pos, n_tokens, n_heads,
+                   head_dim, p);
 }
 
 void cuda_swiglu(float* out, const float* gate, const float* up, int64_t n, cudaStream_t s) {
     if (n <= 0) return;
-    swiglu_kernel<<<elt_blocks(n), kEltThreads, 0, s>>>(out, gate, up, n);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(swiglu_kernel, elt_blocks(n), kEltThreads, 0, s, out, gate, up, n);
 }
 
 void cuda_swiglu_oai(float* out, const float* gate, const float* up, int64_t n, float alpha,
                      float limit, cudaStream_t s) {
     if (n <= 0) return;
-    swiglu_oai_kernel<<<elt_blocks(n), kEltThreads, 0, s>>>(out, gate, up, n, alpha, limit);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(swiglu_oai_kernel, elt_blocks(n), kEltThreads, 0, s, out, gate, up, n, alpha,
+                   limit);
 }
 
 void cuda_geglu(float* out, const float* gate, const float* up, int64_t n, cudaStream_t s) {
     if (n <= 0) return;
-    geglu_kernel<<<elt_blocks(n), kEltThreads, 0, s>>>(out, gate, up, n);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(geglu_kernel, elt_blocks(n), kEltThreads, 0, s, out, gate, up, n);
 }
 
 void cuda_softcap(float* x, int64_t n, float cap, cudaStream_t s) {
     CUDA_REQUIRE(cap > 0, "cuda_softcap: the cap must be positive");
     if (n <= 0) return;
-    softcap_kernel<<<elt_blocks(n), kEltThreads, 0, s>>>(x, n, cap);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(softcap_kernel, elt_blocks(n), kEltThreads, 0, s, x, n, cap);
 }
 
 void cuda_scale(float* x, int64_t n, float f, cudaStream_t s) {
     if (n <= 0) return;
-    scale_kernel<<<elt_blocks(n), kEltThreads, 0, s>>>(x, n, f);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(scale_kernel, elt_blocks(n), kEltThreads, 0, s, x, n, f);
 }
 
 void cuda_add_scaled_rows(float* out, const float* y, const float* user, int64_t n_rows, int64_t n,
                           double per_unit, cudaStream_t s) {
     if (n_rows <= 0 || n <= 0) return;
-    add_scaled_rows_kernel<<<elt_blocks(n_rows * n), kEltThreads, 0, s>>>(out, y, user, n_rows, n,
-                                                                          per_unit);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(add_scaled_rows_kernel, elt_blocks(n_rows * n), kEltThreads, 0, s, out, y, user,
+                   n_rows, n, per_unit);
 }
 
 void cuda_add(float* x, const float* y, int64_t n, cudaStream_t s) {
     if (n <= 0) return;
-    add_kernel<<<elt_blocks(n), kEltThreads, 0, s>>>(x, y, n);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(add_kernel, elt_blocks(n), kEltThreads, 0, s, x, y, n);
 }
 
 void cuda_add_bias(float* x, const float* bias, int64_t n_rows, int64_t n, cudaStream_t s) {
     if (n_rows <= 0 || n <= 0) return;
-    add_bias_kernel<<<elt_blocks(n_rows * n), kEltThreads, 0, s>>>(x, bias, n_rows, n);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(add_bias_kernel, elt_blocks(n_rows * n), kEltThreads, 0, s, x, bias, n_rows, n);
 }
 
 void cuda_add_bias_rows(float* x, const float* bias, const int32_t* ids, int64_t n_rows, int64_t n,
                         cudaStream_t s) {
     if (n_rows <= 0 || n <= 0) return;
-    add_bias_rows_kernel<<<elt_blocks(n_rows * n), kEltThreads, 0, s>>>(x, bias, ids, n_rows, n);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(add_bias_rows_kernel, elt_blocks(n_rows * n), kEltThreads, 0, s, x, bias, ids,
+                   n_rows, n);
 }
 
 }  // namespace kvrun

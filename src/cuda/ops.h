@@ -116,6 +116,12 @@ void cuda_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows,
 // (cuda_matmul, _qkv, _swiglu, _geglu) take it.
 void cuda_set_gemv_q8(bool on);
 bool cuda_gemv_q8();
+// GEMV weight prefetch (gemv.cu): each warp asks L2 for its whole weight rows before the
+// kernel waits for its predecessor (with KVRUN_PDL=on, while that one still runs) and walks
+// them. Opt-in until timed on a GPU: KVRUN_GEMV_PREFETCH=on, or cuda_set_gemv_prefetch. Same
+// bits either way.
+void cuda_set_gemv_prefetch(bool on);
+bool cuda_gemv_prefetch();
 void cuda_gemm(float* out, const float* x, const WeightView& w, int64_t n_rows,
                CudaScratch& scratch, cudaStream_t s);
 // cuda_matmul of x with wq, wk and wv into q, k and v. Up to kCudaGemvMaxRows rows,

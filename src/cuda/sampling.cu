@@ -320,6 +320,7 @@ struct SampleArgs {
 
 // One block per row; see cuda_sample_rows.
 __global__ void __launch_bounds__(kSampleThreads) sample_rows_kernel(SampleArgs a) {
+    cu::pdl_begin();
     __shared__ RadixShared radix;
     __shared__ double red[32];
     __shared__ double bound[kSampleThreads];  // inclusive prefix of the threads' masses
@@ -499,6 +500,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_kernel(SampleArgs 
 
 __global__ void argmax_kernel(int32_t* __restrict__ out, const float* __restrict__ logits,
                               int64_t n_vocab) {
+    cu::pdl_begin();
     float mx;
     const int64_t idx = row_argmax(logits + int64_t(blockIdx.x) * n_vocab, n_vocab, &mx);
     if (threadIdx.x == 0) out[blockIdx.x] = int32_t(idx);
@@ -508,6 +510,7 @@ __global__ void argmax_kernel(int32_t* __restrict__ out, const float* __restrict
 __global__ void repeat_penalty_kernel(float* __restrict__ logits, int64_t n_vocab,
                                       const int32_t* __restrict__ tokens, int64_t n_tokens,
                                       float penalty) {
+    cu::pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n_tokens) return;
     const int32_t tok = tokens[i];
@@ -522,8 +525,7 @@ void launch_sample_rows(const SampleArgs& a, int64_t n_rows, cudaStream_t s) {
     CUDA_REQUIRE(a.n_vocab > 0 && a.n_vocab <= INT32_MAX && n_rows >= 0 && n_rows <= INT32_MAX,
                  "cuda_sample: bad shape");
     if (n_rows == 0) return;
-    sample_rows_kernel<<<unsigned(n_rows), kSampleThreads, 0, s>>>(a);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(sample_rows_kernel, unsigned(n_rows), kSampleThreads, 0, s, a);
 }
 
 }  // namespace
@@ -533,8 +535,7 @@ void cuda_argmax(int32_t* out, const float* logits, int64_t n_rows, int64_t n_vo
     CUDA_REQUIRE(n_vocab > 0 && n_vocab <= INT32_MAX && n_rows >= 0 && n_rows <= INT32_MAX,
                  "cuda_argmax: bad shape");
     if (n_rows == 0) return;
-    argmax_kernel<<<unsigned(n_rows), 256, 0, s>>>(out, logits, n_vocab);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(argmax_kernel, unsigned(n_rows), 256, 0, s, out, logits, n_vocab);
 }
 
 void cuda_sample(int32_t* out, const float* logits, int64_t n_rows, int64_t n_vocab,
@@ -570,9 +571,8 @@ void cuda_repeat_penalty(float* logits, int64_t n_vocab, const int32_t* tokens, 
                          float penalty, cudaStream_t s) {
     CUDA_REQUIRE(penalty > 0.0f, "cuda_repeat_penalty: penalty must be positive");
     if (n_tokens <= 0 || penalty == 1.0f) return;
-    repeat_penalty_kernel<<<unsigned(cu::ceil_div(n_tokens, 256)), 256, 0, s>>>(
-        logits, n_vocab, tokens, n_tokens, penalty);
-    CUDA_CHECK_LAUNCH();
+    cu::launch_pdl(repeat_penalty_kernel, unsigned(cu::ceil_div(n_tokens, 256)), 256, 0, s, logits,
+                   n_vocab, tokens, n_tokens, penalty);
 }
 
 }  // namespace kvrun
