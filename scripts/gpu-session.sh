@@ -179,13 +179,15 @@ fi
 
 # switch_ab NAME: tg128 at depth 0 (f16 KV) of /tmp/models/NAME.gguf under each combination of
 # the opt-in launch switches (programmatic dependent launch KVRUN_PDL, the GEMV weight prefetch
-# KVRUN_GEMV_PREFETCH, the 8-bit GEMV KVRUN_GEMV), one row each in switch-ab.md.
+# KVRUN_GEMV_PREFETCH, GEMV split-K KVRUN_GEMV_SPLIT, the 8-bit GEMV KVRUN_GEMV), one row each
+# in switch-ab.md.
 switch_ab() {
   [ -f "$OUT/switch-ab.md" ] || printf '%s\n' "| model | switches | tg128 t/s | ± | % of copy bw |" \
     "|---|---|---:|---:|---:|" > "$OUT/switch-ab.md"
   local sw r
+  local all="KVRUN_PDL=on KVRUN_GEMV_PREFETCH=on KVRUN_GEMV_SPLIT=auto"
   for sw in "" "KVRUN_PDL=on" "KVRUN_GEMV_PREFETCH=on" "KVRUN_PDL=on KVRUN_GEMV_PREFETCH=on" \
-            "KVRUN_GEMV=q8" "KVRUN_GEMV=q8 KVRUN_PDL=on KVRUN_GEMV_PREFETCH=on"; do
+            "KVRUN_GEMV_SPLIT=auto" "KVRUN_GEMV_SPLIT=8" "$all" "KVRUN_GEMV=q8" "KVRUN_GEMV=q8 $all"; do
     r=$(env $sw timeout 60 $K bench -m /tmp/models/$1.gguf -p 0 -n 128 -r 3 --kv-types f16 -o md \
       --kv-block-size 16 2>/dev/null | grep '| tg128')
     echo "| $1 | ${sw:-(defaults)} | $(echo "$r" | awk -F'|' '{print $5 "|" $6 "|" $8}') |" >> "$OUT/switch-ab.md"
@@ -215,7 +217,9 @@ bench_model() {
 
 if [ "$what" = switches ]; then
   # The switch A/B alone (after a full session's bench, or for a new switch): 7B Q4_0 and
-  # Q8_0, 8B Q4_K.
+  # Q8_0, 8B Q4_K; first the GPU-vs-CPU greedy sweep with every switch that changes the
+  # order of summation on (split-K; the others keep the bits, test_cuda_invariance).
+  SWEEP_TAG=-split KVRUN_GEMV_SPLIT=auto KVRUN_PDL=on KVRUN_GEMV_PREFETCH=on greedy_sweep
   for m in llama2-7b:Q4_0 llama2-7b:Q8_0 llama3-8b:Q4_K; do
     $S --preset ${m%%:*} --type ${m##*:} -o /tmp/models/${m%%:*}-${m##*:}.gguf > /dev/null
     switch_ab ${m%%:*}-${m##*:}

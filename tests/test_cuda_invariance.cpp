@@ -145,6 +145,34 @@ TEST_CASE("cuda: with the 8-bit activation GEMV too (KVRUN_GEMV=q8), and near th
     }
 }
 
+TEST_CASE("cuda: with GEMV split-K too (KVRUN_GEMV_SPLIT), a K+1 pass gives the steps' bits") {
+    for (const char* name : {"synth-llama-hd64-gqa4-Q4_0.gguf", "stories260K-w256-Q4_K_M.gguf"})
+        for (int split : {0, 4}) {
+            CAPTURE(name);
+            CAPTURE(split);
+            const auto path = shared_model(name);
+            if (path.empty()) continue;
+            GgufFile file = GgufFile::open(path.string());
+            BackendOptions o;
+            o.kv_block_size = kBlockSize;
+            o.n_kv_blocks = kBlocks;
+            cuda_set_gemv_split(split);
+            Side steps(file, o), verify(file, o);
+            const int64_t n_vocab = steps.backend->config().n_vocab;
+            std::vector<TokenId> prompt, draft;
+            for (int32_t i = 0; i < 40; ++i) prompt.push_back(TokenId((i * 37 + 11) % n_vocab));
+            for (int32_t i = 0; i < kVerifyRows; ++i)
+                draft.push_back(TokenId((i * 91 + 3) % n_vocab));
+            CHECK(steps.pass(prompt, false) == verify.pass(prompt, false));
+            const std::vector<float> one_by_one = decode_steps(steps, draft);
+            const std::vector<float> together = verify.pass(draft, true);
+            CHECK_MESSAGE(std::memcmp(together.data(), one_by_one.data(),
+                                      together.size() * sizeof(float)) == 0,
+                          "max |diff| " << max_abs_diff(together, one_by_one));
+        }
+    cuda_set_gemv_split(1);
+}
+
 TEST_CASE("cuda: programmatic dependent launch and the GEMV prefetch keep every bit") {
     // KVRUN_PDL=on lets a kernel start before its predecessor ends (each waits in
     // cu::pdl_wait before touching activations); a kernel that read or wrote too early would

@@ -290,6 +290,71 @@ TEST_CASE("cuda gemv gives each row the same bits whatever the number of rows") 
     }
 }
 
+TEST_CASE("cuda gemv split-K (KVRUN_GEMV_SPLIT): near the CPU, row bits, swiglu, 8-bit x") {
+    // Every launch here has few blocks, so each split applies: 2, 4 or 8 warps per row pair
+    // (and 0, auto: the fewest parts that reach 1024 blocks, here 8).
+    struct Reset {
+        ~Reset() {
+            cuda_set_gemv_split(1);
+            cuda_set_gemv_q8(false);
+        }
+    } reset;
+    for (int split : {2, 4, 8, 0})
+        for (bool q8 : {false, true})
+            for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q8_0,
+                               GgmlType::Q4_K, GgmlType::Q6_K}) {
+                if (q8 && (t == GgmlType::F32 || t == GgmlType::F16)) continue;
+                CAPTURE(split);
+                CAPTURE(q8);
+                CAPTURE(ggml_type_name(t));
+                cuda_set_gemv_split(split);
+                cuda_set_gemv_q8(q8);
+                // 75 rows: a part-filled last block and a last row pair of one row; 8192
+                // inputs: two x chunks for one row (odd chunk boundaries for the parts).
+                for (int64_t n_in : {256, 8192}) {
+                    CAPTURE(n_in);
+                    const int64_t n_out = 75;
+                    TestWeights w = make_weights(t, n_out, n_in, 5 + uint32_t(n_in));
+                    CudaScratch scratch;
+                    const int64_t n_rows = 11;
+                    const std::vector<float> x = random_floats(size_t(n_rows * n_in), 6);
+                    std::vector<float> ref(size_t(n_rows * n_out));
+                    cpu::matmul(ref.data(), x.data(), w.host, n_rows);
+                    DevBuf<float> dx(x), dall(ref.size());
+                    cuda_matmul(dall.get(), dx.get(), w.device, n_rows, scratch, nullptr);
+                    const std::vector<float> all = dall.download();
+                    CHECK(nmse(all, ref) < (q8 ? 1e-4 : kGemv));
+                    if (n_in == 8192) {  // the parts' sums really were added in another order
+                        cuda_set_gemv_split(1);
+                        DevBuf<float> d1(ref.size());
+                        cuda_matmul(d1.get(), dx.get(), w.device, n_rows, scratch, nullptr);
+                        CHECK(d1.download() != all);
+                        cuda_set_gemv_split(split);
+                    }
+                    for (int64_t r = 0; r < n_rows; r += 5) {
+                        CAPTURE(r);
+                        const std::vector<float> xr(x.begin() + r * n_in,
+                                                    x.begin() + (r + 1) * n_in);
+                        DevBuf<float> dxr(xr), dout(static_cast<size_t>(n_out));
+                        cuda_matmul(dout.get(), dxr.get(), w.device, 1, scratch, nullptr);
+                        const std::vector<float> one = dout.download();
+                        CHECK(std::equal(one.begin(), one.end(), all.begin() + r * n_out));
+                    }
+                    DevBuf<float> dg(ref.size()), du(ref.size());
+                    cuda_matmul_swiglu(dg.get(), du.get(), dx.get(), w.device, w.device, n_rows,
+                                       scratch, nullptr);
+                    std::vector<float> want(all.size());
+                    for (size_t i = 0; i < all.size(); ++i)
+                        want[i] = all[i] / (1.0f + std::exp(-all[i])) * all[i];
+                    CHECK(nmse(dg.download(), want) < kGemv);
+                }
+            }
+    cuda_set_gemv_split(1);
+    CHECK(cuda_gemv_split() == 1);
+    CHECK_THROWS_WITH_AS(cuda_set_gemv_split(3), doctest::Contains("0 (auto), 1, 2, 4 or 8"),
+                         Error);
+}
+
 TEST_CASE("cuda gemv with 8-bit activations: integer reference, near the f32 path, row bits") {
     // KVRUN_GEMV=q8 (cuda_set_gemv_q8): x rounded to signed bytes per 32 elements
     // (d = max|x| / 127, round to nearest even), integer dot products per item.

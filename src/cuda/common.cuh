@@ -6,6 +6,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <initializer_list>
+#include <string>
 
 #include "cuda/device.h"
 
@@ -23,6 +25,9 @@ namespace kvrun {
 // when it is `on`; any other value throws Error naming the variable and both values.
 // (Callers read it once.)
 bool cuda_env_switch(const char* name, const char* on);
+// The value of `name` when it is one of `choices`, "" when unset or empty; any other value
+// throws Error naming the variable, its value and the choices.
+std::string cuda_env_choice(const char* name, std::initializer_list<const char*> choices);
 
 }  // namespace kvrun
 

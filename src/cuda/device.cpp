@@ -69,6 +69,18 @@ void cuda_set_pdl(bool on) {
     g_pdl = on ? 1 : 0;
 }
 
+std::string cuda_env_choice(const char* name, std::initializer_list<const char*> choices) {
+    const char* env = std::getenv(name);
+    const std::string v = env ? env : "";
+    if (v.empty()) return v;
+    std::string list;
+    for (const char* c : choices) {
+        if (v == c) return v;
+        list += (list.empty() ? "" : ", ") + std::string(c);
+    }
+    throw Error(fmt::format("{}={} is not a choice: {}", name, v, list));
+}
+
 int cuda_device_count() {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {

@@ -137,6 +137,11 @@ struct GemvJob {
     // Each warp asks L2 for its whole weight rows before it waits for the previous kernel
     // (cu::launch_pdl) and walks them (KVRUN_GEMV_PREFETCH=on; plain launches only).
     bool prefetch;
+    // Split-K (gemv_split): `split` consecutive warps of a block (1, 2, 4 or 8) share each
+    // row pair, warp part k taking the 32-item groups g with g % split == k; their sums
+    // are added in part order at the end. A function of the launch's shape only, so a row's
+    // bits do not depend on the pass's row count.
+    int split;
 };
 
 // What a warp of a GEMV launch works on: its two weight rows (o0 and o0 + 1 of its block's
@@ -152,6 +157,7 @@ struct WarpRows {
     const float* x;
     int64_t x_row;  // x's row (from job.x) for expert launches, else 0 (the 8-bit x's too)
     float* out;
+    int part;  // which of the job.split warps of the row pair this one is
 };
 
 __device__ __forceinline__ WarpRows warp_rows(const GemvJob& job, int warp) {
@@ -165,8 +171,10 @@ __device__ __forceinline__ WarpRows warp_rows(const GemvJob& job, int warp) {
     const unsigned block = blockIdx.x - (mi == 0   ? 0u
                                          : mi == 1 ? job.m[0].blocks_end
                                                    : job.m[1].blocks_end);
-    w.o0 = job.swiglu ? int64_t(block) * kWarpsPerBlock + warp
-                      : (int64_t(block) * kWarpsPerBlock + warp) * kRowsPerWarp;
+    const int groups = kWarpsPerBlock / job.split;  // row pairs (swiglu: rows) per block
+    const int64_t group = int64_t(block) * groups + warp / job.split;
+    w.part = warp % job.split;
+    w.o0 = job.swiglu ? group : group * kRowsPerWarp;
     w.active = w.o0 < w.mat.n_out;
     w.has_second = job.swiglu || w.o0 + 1 < w.mat.n_out;
     const uint8_t* w_base = w.mat.w;
@@ -205,14 +213,40 @@ __device__ __forceinline__ void gemv_begin(const GemvJob& job, int warp, int lan
 }
 
 // Sums the lanes' partial dots and writes the warp's outputs (lane 0): rows o0 and o0 + 1,
-// or with swiglu act(gate) * up into row o0.
+// or with swiglu act(gate) * up into row o0. With job.split > 1 the warps of a row pair
+// first leave their sums in shared memory and part 0 adds them in part order; every warp of
+// the block calls it then (a barrier), active or not.
 template <int R>
 __device__ __forceinline__ void write_rows(const GemvJob& job, const WarpRows& w,
                                            float (&acc)[kRowsPerWarp][R], int lane) {
+    __shared__ float parts[kWarpsPerBlock][kRowsPerWarp][R];
+    const int warp = threadIdx.x / 32;
+    if (job.split > 1) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float s0 = cu::warp_sum(acc[0][r]);
+            const float s1 = cu::warp_sum(acc[1][r]);
+            if (lane == 0) {
+                parts[warp][0][r] = s0;
+                parts[warp][1][r] = s1;
+            }
+        }
+        __syncthreads();
+        if (!w.active || w.part != 0) return;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            acc[0][r] = parts[warp][0][r];
+            acc[1][r] = parts[warp][1][r];
+            for (int k = 1; k < job.split; ++k) {
+                acc[0][r] += parts[warp + k][0][r];
+                acc[1][r] += parts[warp + k][1][r];
+            }
+        }
+    }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        const float s0 = cu::warp_sum(acc[0][r]);
-        const float s1 = cu::warp_sum(acc[1][r]);
+        const float s0 = job.split > 1 ? acc[0][r] : cu::warp_sum(acc[0][r]);
+        const float s1 = job.split > 1 ? acc[1][r] : cu::warp_sum(acc[1][r]);
         if (lane == 0 && r < job.n_rows) {
             float* o = w.out + r * w.mat.n_out + w.o0;
             if (job.swiglu) {
@@ -257,8 +291,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const GemvJob
             }
             __syncthreads();
             if (!active) continue;
+            // This part's first 32-item group of the chunk (c0 is a multiple of 32).
+            const int g0 = int((wr.part - (c0 >> 5) % job.split + job.split) % job.split);
 #pragma unroll kItemUnroll < R>
-            for (int it = lane; it < n_c; it += 32) {
+            for (int it = lane + 32 * g0; it < n_c; it += 32 * job.split) {
                 float v0[kItem], v1[kItem];
                 L::load(row0, c0 + it, v0);
                 L::load(row1, c0 + it, v1);
@@ -268,14 +304,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const GemvJob
         }
     } else if (active) {
 #pragma unroll kItemUnroll < R>
-        for (int64_t it = lane; it < n_items; it += 32) {
+        for (int64_t it = lane + 32 * wr.part; it < n_items; it += 32 * job.split) {
             float v0[kItem], v1[kItem];
             L::load(row0, it, v0);
             L::load(row1, it, v1);
             gemv_item<kItem, R>(acc, v0, v1, x + it * kItem, n_in, n_rows);
         }
     }
-    if (!active) return;
+    if (!active && job.split == 1) return;
     write_rows<R>(job, wr, acc, lane);
 }
 
@@ -525,6 +561,7 @@ bool with_int_loader(GgmlType t, F&& f) {
 // KVRUN_GEMV and KVRUN_GEMV_PREFETCH.
 std::atomic<int> g_gemv_q8{-1};
 std::atomic<int> g_gemv_prefetch{-1};
+std::atomic<int> g_gemv_split{-1};
 
 // One warp per 32-element block of x ([n_rows][n_in], n_in % 32 == 0).
 __global__ void quantize_x_q8_kernel(const float* __restrict__ x, int8_t* __restrict__ xq,
@@ -546,12 +583,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_q8_kernel(const Gemv
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     gemv_begin(job, warp, lane);
     const WarpRows wr = warp_rows(job, warp);
-    if (!wr.active) return;  // no barriers in this kernel
+    if (!wr.active && job.split == 1) return;  // the only barrier: write_rows' with split
     const int64_t n_in = job.n_in, n_items = n_in / 32;
     const int n_rows = job.n_rows;
     float acc[kRowsPerWarp][R] = {};
 #pragma unroll kItemUnroll < R>
-    for (int64_t it = lane; it < n_items; it += 32) {
+    for (int64_t it = lane + 32 * wr.part; wr.active && it < n_items; it += 32 * job.split) {
         int q0[8], q1[8];
         float a0[2], a1[2], b0, b1;
         IL::load(wr.row0, it, q0, a0, b0);
@@ -629,6 +666,21 @@ void launch_gemv_q8(const GemvJob& job, const float* x, int64_t n_rows, CudaScra
         [&](const GemvJob& j, auto rows) { launch_gemv_q8_rows<IL, decltype(rows)::value>(j, s); });
 }
 
+// The split-K factor (GemvJob::split) of a launch of n_out output rows in all (the gate's
+// alone with swiglu), from cuda_gemv_split(): 0 (auto) splits launches that would have fewer
+// than kSplitBlocks blocks into the fewest parts that reach it (llama2-7b: the output
+// projection's and the down projection's 256 blocks run as 1024), N > 1 splits those into N.
+constexpr int64_t kSplitBlocks = 1024;
+int gemv_split(int64_t n_out, bool swiglu) {
+    const int want = cuda_gemv_split();
+    const int64_t blocks = cu::ceil_div(n_out, swiglu ? kWarpsPerBlock : kRowsPerBlock);
+    if (want == 1 || blocks >= kSplitBlocks) return 1;
+    if (want > 1) return want;
+    int split = 1;
+    while (split < kWarpsPerBlock && blocks * split < kSplitBlocks) split *= 2;
+    return split;
+}
+
 // Checks w against cuda_gemv's preconditions for input x.
 void check_gemv(const WeightView& w, const float* x, int64_t n_rows) {
     CUDA_REQUIRE(cuda_supports_weight_type(w.type), "cuda_gemv: unsupported weight type");
@@ -656,7 +708,10 @@ void gemv_many(float* const* outs, const WeightView* const* ws, int n, const flo
     job.gelu = gelu;
     job.n_matrices = swiglu ? 1 : n;
     job.prefetch = cuda_gemv_prefetch();
-    const int64_t rows_per_block = swiglu ? kWarpsPerBlock : kRowsPerBlock;
+    int64_t n_out = 0;  // the launch's rows (with swiglu, the gate's)
+    for (int i = 0; i < job.n_matrices; ++i) n_out += ws[i]->n_out;
+    job.split = gemv_split(n_out, swiglu);
+    const int64_t rows_per_block = (swiglu ? kWarpsPerBlock : kRowsPerBlock) / job.split;
     unsigned blocks = 0;
     for (int i = 0; i < n; ++i) {
         check_gemv(*ws[i], x, n_rows);
@@ -701,7 +756,8 @@ void gemv_experts(float* out, const float* x, const WeightView& w0, const Weight
     job.n_rows = 1;
     job.swiglu = up0 != nullptr;
     job.n_matrices = 1;
-    const int64_t rows_per_block = job.swiglu ? kWarpsPerBlock : kRowsPerBlock;
+    job.split = gemv_split(w0.n_out, job.swiglu);
+    const int64_t rows_per_block = (job.swiglu ? kWarpsPerBlock : kRowsPerBlock) / job.split;
     const unsigned blocks = unsigned(cu::ceil_div(w0.n_out, rows_per_block));
     job.m[0] = {static_cast<const uint8_t*>(w0.data), out, w0.n_out, w0.row_bytes, blocks};
     if (up0)
@@ -808,6 +864,23 @@ bool cuda_gemv_prefetch() {
         g_gemv_prefetch = v;
     }
     return v == 1;
+}
+
+void cuda_set_gemv_split(int split) {
+    CUDA_REQUIRE(split == 0 || split == 1 || split == 2 || split == 4 || split == 8,
+                 "cuda_set_gemv_split: 0 (auto), 1, 2, 4 or 8");
+    CUDA_REQUIRE(split <= kWarpsPerBlock, "cuda_set_gemv_split: more parts than warps");
+    g_gemv_split = split;
+}
+
+int cuda_gemv_split() {
+    int v = g_gemv_split.load();
+    if (v < 0) {
+        const std::string e = cuda_env_choice("KVRUN_GEMV_SPLIT", {"1", "2", "4", "8", "auto"});
+        v = e.empty() ? 1 : e == "auto" ? 0 : std::stoi(e);
+        g_gemv_split = v;
+    }
+    return v;
 }
 
 void cuda_matmul_qkv(float* q, float* k, float* v, const float* x, const WeightView& wq,

@@ -122,6 +122,13 @@ bool cuda_gemv_q8();
 // bits either way.
 void cuda_set_gemv_prefetch(bool on);
 bool cuda_gemv_prefetch();
+// GEMV split-K (gemv.cu): launches of few blocks (llama2-7b's output and down projections:
+// 256) give each row pair to 2, 4 or 8 warps, each summing a share of the items, for more
+// loads in flight. 1 (default, until timed on a GPU): off; 0: auto (up to 1024 blocks);
+// 2/4/8: that split. KVRUN_GEMV_SPLIT=1|2|4|8|auto, or cuda_set_gemv_split. Changes the
+// order of summation (not the row-count independence).
+void cuda_set_gemv_split(int split);
+int cuda_gemv_split();
 void cuda_gemm(float* out, const float* x, const WeightView& w, int64_t n_rows,
                CudaScratch& scratch, cudaStream_t s);
 // cuda_matmul of x with wq, wk and wv into q, k and v. Up to kCudaGemvMaxRows rows,
