@@ -187,7 +187,8 @@ switch_ab() {
   local sw r
   local all="KVRUN_PDL=on KVRUN_GEMV_PREFETCH=on KVRUN_GEMV_SPLIT=auto"
   for sw in "" "KVRUN_PDL=on" "KVRUN_GEMV_PREFETCH=on" "KVRUN_PDL=on KVRUN_GEMV_PREFETCH=on" \
-            "KVRUN_GEMV_SPLIT=auto" "KVRUN_GEMV_SPLIT=8" "$all" "KVRUN_GEMV=q8" "KVRUN_GEMV=q8 $all"; do
+            "KVRUN_GEMV_SPLIT=auto" "KVRUN_GEMV_SPLIT=8" "$all" "KVRUN_GEMV=q8" "KVRUN_GEMV=q8 $all" \
+            "KVRUN_GEMV=q16" "KVRUN_GEMV=q16 $all"; do
     r=$(env $sw timeout 60 $K bench -m /tmp/models/$1.gguf -p 0 -n 128 -r 3 --kv-types f16 -o md \
       --kv-block-size 16 2>/dev/null | grep '| tg128')
     echo "| $1 | ${sw:-(defaults)} | $(echo "$r" | awk -F'|' '{print $5 "|" $6 "|" $8}') |" >> "$OUT/switch-ab.md"
@@ -220,6 +221,7 @@ if [ "$what" = switches ]; then
   # Q8_0, 8B Q4_K; first the GPU-vs-CPU greedy sweep with every switch that changes the
   # order of summation on (split-K; the others keep the bits, test_cuda_invariance).
   SWEEP_TAG=-split KVRUN_GEMV_SPLIT=auto KVRUN_PDL=on KVRUN_GEMV_PREFETCH=on greedy_sweep
+  SWEEP_TAG=-q16 KVRUN_GEMV=q16 greedy_sweep
   for m in llama2-7b:Q4_0 llama2-7b:Q8_0 llama3-8b:Q4_K; do
     $S --preset ${m%%:*} --type ${m##*:} -o /tmp/models/${m%%:*}-${m##*:}.gguf > /dev/null
     switch_ab ${m%%:*}-${m##*:}

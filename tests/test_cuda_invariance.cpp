@@ -113,36 +113,44 @@ TEST_CASE("cuda: a K+1-token pass gives the logits of K+1 decode steps, bit for 
             }
 }
 
-TEST_CASE("cuda: with the 8-bit activation GEMV too (KVRUN_GEMV=q8), and near the f32 path") {
-    for (const char* name : {"stories260K-w256-Q4_K_M.gguf", "synth-llama-hd64-gqa4-Q4_0.gguf",
-                             "synth-llama-hd128-mqa-theta500k-Q8_0.gguf"}) {
-        CAPTURE(name);
-        const auto path = shared_model(name);
-        if (path.empty()) continue;
-        GgufFile file = GgufFile::open(path.string());
-        BackendOptions o;
-        o.kv_block_size = kBlockSize;
-        o.n_kv_blocks = kBlocks;
-        Side f32(file, o);  // the default path, for the distance
-        cuda_set_gemv_q8(true);
-        Side steps(file, o), verify(file, o);
-        const int64_t n_vocab = steps.backend->config().n_vocab;
-        std::vector<TokenId> prompt, draft;
-        for (int32_t i = 0; i < 40; ++i) prompt.push_back(TokenId((i * 37 + 11) % n_vocab));
-        for (int32_t i = 0; i < kVerifyRows; ++i) draft.push_back(TokenId((i * 91 + 3) % n_vocab));
-        CHECK(steps.pass(prompt, false) == verify.pass(prompt, false));
-        const std::vector<float> one_by_one = decode_steps(steps, draft);
-        const std::vector<float> together = verify.pass(draft, true);
-        CHECK_MESSAGE(
-            std::memcmp(together.data(), one_by_one.data(), together.size() * sizeof(float)) == 0,
-            "max |diff| " << max_abs_diff(together, one_by_one));
-        cuda_set_gemv_q8(false);
-        // The same steps on the f32 path: logits within x's 8-bit rounding.
-        f32.pass(prompt, false);
-        const std::vector<float> ref = decode_steps(f32, draft);
-        CHECK(nmse(one_by_one, ref) < 1e-3);
-        CHECK(nmse(one_by_one, ref) > 0.0);
-    }
+TEST_CASE("cuda: with the 8- and 16-bit activation GEMVs too (KVRUN_GEMV=q8|q16), near f32") {
+    for (const int bits : {8, 16})
+        for (const char* name : {"stories260K-w256-Q4_K_M.gguf", "synth-llama-hd64-gqa4-Q4_0.gguf",
+                                 "synth-llama-hd128-mqa-theta500k-Q8_0.gguf"}) {
+            CAPTURE(bits);
+            CAPTURE(name);
+            const auto path = shared_model(name);
+            if (path.empty()) continue;
+            GgufFile file = GgufFile::open(path.string());
+            BackendOptions o;
+            o.kv_block_size = kBlockSize;
+            o.n_kv_blocks = kBlocks;
+            Side f32(file, o);  // the default path, for the distance
+            if (bits == 8)
+                cuda_set_gemv_q8(true);
+            else
+                cuda_set_gemv_q16(true);
+            Side steps(file, o), verify(file, o);
+            const int64_t n_vocab = steps.backend->config().n_vocab;
+            std::vector<TokenId> prompt, draft;
+            for (int32_t i = 0; i < 40; ++i) prompt.push_back(TokenId((i * 37 + 11) % n_vocab));
+            for (int32_t i = 0; i < kVerifyRows; ++i)
+                draft.push_back(TokenId((i * 91 + 3) % n_vocab));
+            CHECK(steps.pass(prompt, false) == verify.pass(prompt, false));
+            const std::vector<float> one_by_one = decode_steps(steps, draft);
+            const std::vector<float> together = verify.pass(draft, true);
+            CHECK_MESSAGE(std::memcmp(together.data(), one_by_one.data(),
+                                      together.size() * sizeof(float)) == 0,
+                          "max |diff| " << max_abs_diff(together, one_by_one));
+            cuda_set_gemv_q8(false);
+            // The same steps on the f32 path: logits within x's rounding.
+            f32.pass(prompt, false);
+            const std::vector<float> ref = decode_steps(f32, draft);
+            const double d = nmse(one_by_one, ref);
+            MESSAGE(bits << "-bit x: logits NMSE " << d << " against the f32 GEMV");
+            CHECK(d < (bits == 8 ? 1e-3 : 1e-6));
+            CHECK(d > 0.0);
+        }
 }
 
 TEST_CASE("cuda: with GEMV split-K too (KVRUN_GEMV_SPLIT), a K+1 pass gives the steps' bits") {

@@ -355,74 +355,86 @@ TEST_CASE("cuda gemv split-K (KVRUN_GEMV_SPLIT): near the CPU, row bits, swiglu,
                          Error);
 }
 
-TEST_CASE("cuda gemv with 8-bit activations: integer reference, near the f32 path, row bits") {
+TEST_CASE("cuda gemv with 8- and 16-bit activations: integer reference, near f32, row bits") {
     // KVRUN_GEMV=q8 (cuda_set_gemv_q8): x rounded to signed bytes per 32 elements
-    // (d = max|x| / 127, round to nearest even), integer dot products per item.
-    struct On {
-        On() { cuda_set_gemv_q8(true); }
-        ~On() { cuda_set_gemv_q8(false); }
-    };
-    std::optional<On> on(std::in_place);
-    for (GgmlType t :
-         {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-          GgmlType::IQ4_NL, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS}) {
-        CAPTURE(ggml_type_name(t));
-        for (int64_t n_in : {256, 2048}) {
-            const int64_t n_out = 75;
-            TestWeights w = make_weights(t, n_out, n_in, 61 + uint32_t(n_in));
-            std::vector<float> wf(size_t(n_out * n_in));
-            for (int64_t o = 0; o < n_out; ++o)
-                dequantize_row(t, w.bytes.data() + o * w.host.row_bytes, wf.data() + o * n_in,
-                               n_in);
-            CudaScratch scratch;
-            for (int64_t n_rows : {1, 3, 9, 16}) {
-                CAPTURE(n_in);
-                CAPTURE(n_rows);
-                const std::vector<float> x = random_floats(size_t(n_rows * n_in), 62 + n_rows);
-                // x as the kernel rounds it, then the exact product in double.
-                std::vector<float> xr(x.size());
-                for (size_t b = 0; b < x.size(); b += 32) {
-                    float amax = 0.0f;
-                    for (size_t i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
-                    const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-                    for (size_t i = b; i < b + 32; ++i) xr[i] = std::nearbyint(x[i] * id) * d;
-                }
-                std::vector<float> ref(size_t(n_rows * n_out)), f32(ref.size());
-                for (int64_t r = 0; r < n_rows; ++r)
-                    for (int64_t o = 0; o < n_out; ++o) {
-                        double acc = 0.0;
-                        for (int64_t i = 0; i < n_in; ++i)
-                            acc += double(wf[size_t(o * n_in + i)]) * xr[size_t(r * n_in + i)];
-                        ref[size_t(r * n_out + o)] = float(acc);
+    // (d = max|x| / 127, round to nearest even), integer dot products per item; KVRUN_GEMV=q16
+    // (cuda_set_gemv_q16): int16s (d = max|x| / 32767), dp2a products.
+    struct Off {
+        ~Off() { cuda_set_gemv_q8(false); }
+    } off;
+    for (const int bits : {8, 16}) {
+        CAPTURE(bits);
+        const float qmax = bits == 8 ? 127.0f : 32767.0f;
+        if (bits == 8)
+            cuda_set_gemv_q8(true);
+        else
+            cuda_set_gemv_q16(true);
+        CHECK(cuda_gemv_q8());
+        CHECK(cuda_gemv_q16() == (bits == 16));
+        for (GgmlType t :
+             {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+              GgmlType::IQ4_NL, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS}) {
+            CAPTURE(ggml_type_name(t));
+            for (int64_t n_in : {256, 2048}) {
+                const int64_t n_out = 75;
+                TestWeights w = make_weights(t, n_out, n_in, 61 + uint32_t(n_in));
+                std::vector<float> wf(size_t(n_out * n_in));
+                for (int64_t o = 0; o < n_out; ++o)
+                    dequantize_row(t, w.bytes.data() + o * w.host.row_bytes, wf.data() + o * n_in,
+                                   n_in);
+                CudaScratch scratch;
+                for (int64_t n_rows : {1, 3, 9, 16}) {
+                    CAPTURE(n_in);
+                    CAPTURE(n_rows);
+                    const std::vector<float> x = random_floats(size_t(n_rows * n_in), 62 + n_rows);
+                    // x as the kernel rounds it, then the exact product in double.
+                    std::vector<float> xr(x.size());
+                    for (size_t b = 0; b < x.size(); b += 32) {
+                        float amax = 0.0f;
+                        for (size_t i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+                        const float d = amax / qmax, id = d > 0.0f ? 1.0f / d : 0.0f;
+                        for (size_t i = b; i < b + 32; ++i) xr[i] = std::nearbyint(x[i] * id) * d;
                     }
-                cpu::matmul(f32.data(), x.data(), w.host, n_rows);
-                DevBuf<float> dx(x), dout(ref.size());
-                cuda_matmul(dout.get(), dx.get(), w.device, n_rows, scratch, nullptr);
-                const std::vector<float> got = dout.download();
-                CHECK(nmse(got, ref) < kGemv);
-                CHECK(nmse(got, f32) < 1e-4);  // x's rounding: ~1e-5 on random data
-                CHECK(nmse(got, f32) > 1e-9);  // and the path really was the 8-bit one
-                // Each row's bits do not depend on the pass's row count.
-                for (int64_t r = 0; r < n_rows; r += 4) {
-                    const std::vector<float> x1(x.begin() + r * n_in, x.begin() + (r + 1) * n_in);
-                    DevBuf<float> dx1(x1), d1(static_cast<size_t>(n_out));
-                    cuda_matmul(d1.get(), dx1.get(), w.device, 1, scratch, nullptr);
-                    const std::vector<float> one = d1.download();
-                    CHECK(std::equal(one.begin(), one.end(), got.begin() + r * n_out));
+                    std::vector<float> ref(size_t(n_rows * n_out)), f32(ref.size());
+                    for (int64_t r = 0; r < n_rows; ++r)
+                        for (int64_t o = 0; o < n_out; ++o) {
+                            double acc = 0.0;
+                            for (int64_t i = 0; i < n_in; ++i)
+                                acc += double(wf[size_t(o * n_in + i)]) * xr[size_t(r * n_in + i)];
+                            ref[size_t(r * n_out + o)] = float(acc);
+                        }
+                    cpu::matmul(f32.data(), x.data(), w.host, n_rows);
+                    DevBuf<float> dx(x), dout(ref.size());
+                    cuda_matmul(dout.get(), dx.get(), w.device, n_rows, scratch, nullptr);
+                    const std::vector<float> got = dout.download();
+                    CHECK(nmse(got, ref) < kGemv);
+                    // x's rounding: ~1e-5 on random data with bytes, ~256^2 times less with int16s
+                    CHECK(nmse(got, f32) < (bits == 8 ? 1e-4 : 1e-8));
+                    CHECK(nmse(got, f32) > (bits == 8 ? 1e-9 : 1e-14));  // the integer path ran
+                    // Each row's bits do not depend on the pass's row count.
+                    for (int64_t r = 0; r < n_rows; r += 4) {
+                        const std::vector<float> x1(x.begin() + r * n_in,
+                                                    x.begin() + (r + 1) * n_in);
+                        DevBuf<float> dx1(x1), d1(static_cast<size_t>(n_out));
+                        cuda_matmul(d1.get(), dx1.get(), w.device, 1, scratch, nullptr);
+                        const std::vector<float> one = d1.download();
+                        CHECK(std::equal(one.begin(), one.end(), got.begin() + r * n_out));
+                    }
+                    // The fused gate/up launch: silu(gate) * up of the two products.
+                    DevBuf<float> dg(ref.size()), du(ref.size());
+                    cuda_matmul_swiglu(dg.get(), du.get(), dx.get(), w.device, w.device, n_rows,
+                                       scratch, nullptr);
+                    std::vector<float> want(got.size());
+                    for (size_t i = 0; i < got.size(); ++i)
+                        want[i] = got[i] / (1.0f + std::exp(-got[i])) * got[i];
+                    CHECK(nmse(dg.download(), want) < kGemv);
                 }
-                // The fused gate/up launch: silu(gate) * up of the two products.
-                DevBuf<float> dg(ref.size()), du(ref.size());
-                cuda_matmul_swiglu(dg.get(), du.get(), dx.get(), w.device, w.device, n_rows,
-                                   scratch, nullptr);
-                std::vector<float> want(got.size());
-                for (size_t i = 0; i < got.size(); ++i)
-                    want[i] = got[i] / (1.0f + std::exp(-got[i])) * got[i];
-                CHECK(nmse(dg.download(), want) < kGemv);
             }
         }
     }
-    on.reset();
+    cuda_set_gemv_q8(false);
     CHECK_FALSE(cuda_gemv_q8());
+    CHECK_FALSE(cuda_gemv_q16());
 }
 
 TEST_CASE("cuda matmul_qkv, matmul_swiglu and matmul_geglu give the bits of separate launches") {

@@ -130,8 +130,9 @@ struct GemvJob {
     const int32_t* expert_ids;
     size_t expert_bytes;
     int x_div;
-    // 8-bit activations (gemv_q8_kernel): x quantized per 32-element block, [n_rows][n_in]
-    // signed bytes and [n_rows][n_in / 32] scales.
+    // 8- or 16-bit activations (gemv_q8_kernel): x quantized per 32-element block,
+    // [n_rows][n_in] signed bytes (or int16s, at twice the byte offsets) and
+    // [n_rows][n_in / 32] scales.
     const int8_t* xq;
     const float* xd;
     // Each warp asks L2 for its whole weight rows before it waits for the previous kernel
@@ -557,28 +558,43 @@ bool with_int_loader(GgmlType t, F&& f) {
     }
 }
 
-// cuda_set_gemv_q8's and cuda_set_gemv_prefetch's switches: -1 until first asked, then from
-// KVRUN_GEMV and KVRUN_GEMV_PREFETCH.
+// The GEMV switches (cuda_set_gemv_q8 / _q16, _prefetch, _split): -1 until first asked, then
+// from KVRUN_GEMV, KVRUN_GEMV_PREFETCH and KVRUN_GEMV_SPLIT.
 std::atomic<int> g_gemv_q8{-1};
 std::atomic<int> g_gemv_prefetch{-1};
 std::atomic<int> g_gemv_split{-1};
 
-// One warp per 32-element block of x ([n_rows][n_in], n_in % 32 == 0).
-__global__ void quantize_x_q8_kernel(const float* __restrict__ x, int8_t* __restrict__ xq,
-                                     float* __restrict__ xd, int64_t n_blocks) {
+// The activation path, from g_gemv_q8: 0 f32, 1 8-bit, 2 16-bit activations.
+int gemv_x_mode() {
+    int v = g_gemv_q8.load();
+    if (v < 0) {
+        const std::string e = cuda_env_choice("KVRUN_GEMV", {"auto", "q8", "q16"});
+        v = e == "q8" ? 1 : e == "q16" ? 2 : 0;
+        g_gemv_q8 = v;
+    }
+    return v;
+}
+
+// One warp per 32-element block of x ([n_rows][n_in], n_in % 32 == 0): signed bytes
+// (XT = int8_t, d = max|x| / 127) or int16s (d = max|x| / 32767).
+template <class XT>
+__global__ void quantize_x_kernel(const float* __restrict__ x, XT* __restrict__ xq,
+                                  float* __restrict__ xd, int64_t n_blocks) {
     cu::pdl_begin();
     const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     if (blk >= n_blocks) return;  // whole warps
     const int lane = threadIdx.x % 32;
     const float v = x[blk * 32 + lane];
     const float amax = cu::warp_max(fabsf(v));
-    const float d = amax / 127.0f;
+    const float d = amax / (sizeof(XT) == 1 ? 127.0f : 32767.0f);
     const float id = d > 0.0f ? 1.0f / d : 0.0f;
-    xq[blk * 32 + lane] = int8_t(__float2int_rn(v * id));
+    xq[blk * 32 + lane] = XT(__float2int_rn(v * id));
     if (lane == 0) xd[blk] = d;
 }
 
-template <class IL, int R>
+// kX16: x as int16s, each word of 4 weight bytes against two words of x (dp2a lo and hi
+// halves): twice the dot instructions of dp4a, x rounded ~256x finer.
+template <class IL, int R, bool kX16>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_q8_kernel(const GemvJob job) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     gemv_begin(job, warp, lane);
@@ -597,16 +613,30 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_q8_kernel(const Gemv
         for (int r = 0; r < R; ++r) {
             if (r >= n_rows) break;
             const int64_t xr = wr.x_row + r;
-            const int4* xp = reinterpret_cast<const int4*>(job.xq + xr * n_in + it * 32);
-            const int4 xa = xp[0], xb = xp[1];
-            const int xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+            constexpr int kWords = kX16 ? 16 : 8;  // x's words per item
+            const int4* xp =
+                reinterpret_cast<const int4*>(job.xq + (xr * n_in + it * 32) * (kX16 ? 2 : 1));
+            int xv[kWords];
+#pragma unroll
+            for (int k = 0; k < kWords / 4; ++k) {
+                const int4 v = xp[k];
+                xv[4 * k] = v.x;
+                xv[4 * k + 1] = v.y;
+                xv[4 * k + 2] = v.z;
+                xv[4 * k + 3] = v.w;
+            }
             // Word sums of each row, the halves apart when their scales differ.
             int s0[2] = {0, 0}, s1[2] = {0, 0};
 #pragma unroll
             for (int k = 0; k < 8; ++k) {
                 const int h = IL::kHalves ? k / 4 : 0;
-                s0[h] = __dp4a(q0[k], xv[k], s0[h]);
-                s1[h] = __dp4a(q1[k], xv[k], s1[h]);
+                if constexpr (kX16) {
+                    s0[h] = __dp2a_hi(xv[2 * k + 1], q0[k], __dp2a_lo(xv[2 * k], q0[k], s0[h]));
+                    s1[h] = __dp2a_hi(xv[2 * k + 1], q1[k], __dp2a_lo(xv[2 * k], q1[k], s1[h]));
+                } else {
+                    s0[h] = __dp4a(q0[k], xv[k], s0[h]);
+                    s1[h] = __dp4a(q1[k], xv[k], s1[h]);
+                }
             }
             const float dx = job.xd[xr * n_items + it];
             float d0 = a0[0] * float(s0[0]), d1 = a1[0] * float(s1[0]);
@@ -617,7 +647,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_q8_kernel(const Gemv
             if constexpr (IL::kMin) {
                 int sx = 0;
 #pragma unroll
-                for (int k = 0; k < 8; ++k) sx = __dp4a(0x01010101, xv[k], sx);
+                for (int k = 0; k < kWords; ++k)
+                    sx = kX16 ? __dp2a_lo(xv[k], 0x01010101, sx) : __dp4a(0x01010101, xv[k], sx);
                 d0 += b0 * float(sx);
                 d1 += b1 * float(sx);
             }
@@ -631,23 +662,33 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_q8_kernel(const Gemv
 template <class IL, int R>
 void launch_gemv_q8_rows(const GemvJob& job, cudaStream_t s, unsigned n_jobs = 1) {
     const dim3 grid(job.m[job.n_matrices - 1].blocks_end, n_jobs);
-    cu::launch_pdl(gemv_q8_kernel<IL, R>, grid, kWarpsPerBlock * 32, 0, s, job);
+    if (cuda_gemv_q16())
+        cu::launch_pdl(gemv_q8_kernel<IL, R, true>, grid, kWarpsPerBlock * 32, 0, s, job);
+    else
+        cu::launch_pdl(gemv_q8_kernel<IL, R, false>, grid, kWarpsPerBlock * 32, 0, s, job);
 }
 
-// x ([n_rows][n_in]) quantized into scratch for the 8-bit kernel: its bytes and scales.
+// x ([n_rows][n_in]) quantized into scratch for the 8-bit kernel: its bytes (int16s with
+// cuda_gemv_q16) and scales.
 struct XQ8 {
     int8_t* q;
     float* d;
+    int64_t elt_bytes;  // 1, or 2 for int16s
 };
 
 XQ8 quantize_x_q8(const float* x, int64_t n_rows, int64_t n_in, CudaScratch& scratch,
                   cudaStream_t s) {
     const int64_t n_blocks = n_rows * (n_in / 32);
-    const size_t q_bytes = (size_t(n_rows * n_in) + 255) / 256 * 256;
+    const int64_t elt = cuda_gemv_q16() ? 2 : 1;
+    const size_t q_bytes = (size_t(n_rows * n_in * elt) + 255) / 256 * 256;
     auto* base = static_cast<uint8_t*>(scratch.get(q_bytes + size_t(n_blocks) * sizeof(float), s));
-    XQ8 xq{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + q_bytes)};
-    cu::launch_pdl(quantize_x_q8_kernel, unsigned(cu::ceil_div(n_blocks * 32, 256)), 256, 0, s, x,
-                   xq.q, xq.d, n_blocks);
+    XQ8 xq{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + q_bytes), elt};
+    const unsigned blocks = unsigned(cu::ceil_div(n_blocks * 32, 256));
+    if (elt == 2)
+        cu::launch_pdl(quantize_x_kernel<int16_t>, blocks, 256, 0, s, x,
+                       reinterpret_cast<int16_t*>(xq.q), xq.d, n_blocks);
+    else
+        cu::launch_pdl(quantize_x_kernel<int8_t>, blocks, 256, 0, s, x, xq.q, xq.d, n_blocks);
     return xq;
 }
 
@@ -660,7 +701,7 @@ void launch_gemv_q8(const GemvJob& job, const float* x, int64_t n_rows, CudaScra
     gemv_passes(
         job, n_rows,
         [&](GemvJob& j, int64_t r0) {
-            j.xq = xq.q + r0 * n_in;
+            j.xq = xq.q + r0 * n_in * xq.elt_bytes;
             j.xd = xq.d + r0 * (n_in / 32);
         },
         [&](const GemvJob& j, auto rows) { launch_gemv_q8_rows<IL, decltype(rows)::value>(j, s); });
@@ -769,7 +810,7 @@ void gemv_experts(float* out, const float* x, const WeightView& w0, const Weight
     // The 8-bit path: x's rows (one per x_div jobs) quantized once for every chunk.
     const bool int8 = q8 && with_int_loader(w0.type, [](auto) {});
     const XQ8 xq = int8 ? quantize_x_q8(x, cu::ceil_div(n_jobs, int64_t(x_div)), w0.n_in, *q8, s)
-                        : XQ8{nullptr, nullptr};
+                        : XQ8{nullptr, nullptr, 1};
     for (int64_t j0 = 0; j0 < n_jobs; j0 += chunk) {
         const int64_t n = std::min(chunk, n_jobs - j0);
         job.x = x + (j0 / x_div) * w0.n_in;
@@ -777,7 +818,7 @@ void gemv_experts(float* out, const float* x, const WeightView& w0, const Weight
         job.m[0].out = out + j0 * w0.n_out;
         if (int8) {
             job.x = nullptr;  // (the kernel reads xq / xd)
-            job.xq = xq.q + (j0 / x_div) * w0.n_in;
+            job.xq = xq.q + (j0 / x_div) * w0.n_in * xq.elt_bytes;
             job.xd = xq.d + (j0 / x_div) * (w0.n_in / 32);
             with_int_loader(w0.type, [&](auto tag) {
                 launch_gemv_q8_rows<typename decltype(tag)::type, 1>(job, s, unsigned(n));
@@ -844,13 +885,16 @@ void cuda_set_gemv_q8(bool on) {
     g_gemv_q8 = on ? 1 : 0;
 }
 
+void cuda_set_gemv_q16(bool on) {
+    g_gemv_q8 = on ? 2 : 0;
+}
+
 bool cuda_gemv_q8() {
-    int v = g_gemv_q8.load();
-    if (v < 0) {
-        v = cuda_env_switch("KVRUN_GEMV", "q8") ? 1 : 0;
-        g_gemv_q8 = v;
-    }
-    return v == 1;
+    return gemv_x_mode() != 0;  // the integer kernel, with 8- or 16-bit x
+}
+
+bool cuda_gemv_q16() {
+    return gemv_x_mode() == 2;
 }
 
 void cuda_set_gemv_prefetch(bool on) {

@@ -115,7 +115,13 @@ void cuda_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows,
 // environment variable KVRUN_GEMV=q8, or cuda_set_gemv_q8. Only the matmuls given a scratch buffer
 // (cuda_matmul, _qkv, _swiglu, _geglu) take it.
 void cuda_set_gemv_q8(bool on);
-bool cuda_gemv_q8();
+bool cuda_gemv_q8();  // the integer kernel (8- or 16-bit x) is on
+// The same integer kernel with x as int16s per 32 elements (d = max|x| / 32767; dp2a, two
+// instructions per 4 weights): x's rounding ~256x finer than the 8-bit path's, for a GEMV
+// as close to the f32 path as its greedy tokens need. Opt-in until timed on a GPU:
+// KVRUN_GEMV=q16, or cuda_set_gemv_q16 (which turns the 8-bit choice off, and back).
+void cuda_set_gemv_q16(bool on);
+bool cuda_gemv_q16();
 // GEMV weight prefetch (gemv.cu): each warp asks L2 for its whole weight rows before the
 // kernel waits for its predecessor (with KVRUN_PDL=on, while that one still runs) and walks
 // them. Opt-in until timed on a GPU: KVRUN_GEMV_PREFETCH=on, or cuda_set_gemv_prefetch. Same

@@ -262,6 +262,15 @@ inline int __dp4a(int a, int b, int c) {
     for (int k = 0; k < 4; ++k) c += int(int8_t(uint32_t(a) >> (8 * k))) * int(int8_t(uint32_t(b) >> (8 * k)));
     return c;
 }
+// Two signed 16-bit halves of a times signed bytes 0-1 (lo) or 2-3 (hi) of b, added to c.
+inline int __dp2a_lo(int a, int b, int c) {
+    for (int k = 0; k < 2; ++k) c += int(int16_t(uint32_t(a) >> (16 * k))) * int(int8_t(uint32_t(b) >> (8 * k)));
+    return c;
+}
+inline int __dp2a_hi(int a, int b, int c) {
+    for (int k = 0; k < 2; ++k) c += int(int16_t(uint32_t(a) >> (16 * k))) * int(int8_t(uint32_t(b) >> (8 * (k + 2))));
+    return c;
+}
 inline unsigned __vsub4(unsigned a, unsigned b) {
     unsigned r = 0;
     for (int k = 0; k < 4; ++k) r |= ((((a >> (8 * k)) & 0xffu) - ((b >> (8 * k)) & 0xffu)) & 0xffu) << (8 * k);
