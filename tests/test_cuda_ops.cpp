@@ -36,7 +36,8 @@ constexpr double kGemmF16 = 1e-5;  // activations and weights rounded to f16
 TEST_CASE(
     "cuda rmsnorm, softmax, swiglu, add, add_bias, geglu, softcap, scale, add_scaled_rows "
     "match the CPU") {
-    for (int64_t dim : {64, 172, 4096}) {
+    // 4096 and 8192: the register kernel (4 and 8 elements per thread); 8200: the loops.
+    for (int64_t dim : {64, 172, 4096, 8192, 8200}) {
         CAPTURE(dim);
         const int64_t rows = 5, n = rows * dim;
         const std::vector<float> x = random_floats(static_cast<size_t>(n), 1, 2.0f);
@@ -48,6 +49,9 @@ TEST_CASE(
         cpu::rmsnorm(ref.data(), x.data(), w.data(), rows, dim, 1e-5f);
         cuda_rmsnorm(dout.get(), dx.get(), dw.get(), rows, dim, 1e-5f, nullptr);
         CHECK(nmse(dout.download(), ref) < kExact);
+        DevBuf<float> in_place(x);  // out == x (qwen3's q / k norms)
+        cuda_rmsnorm(in_place.get(), in_place.get(), dw.get(), rows, dim, 1e-5f, nullptr);
+        CHECK(same_bits(in_place.download(), dout.download()));
 
         ref = x;
         for (int64_t r = 0; r < rows; ++r) cpu::softmax(ref.data() + r * dim, dim);
@@ -99,7 +103,7 @@ TEST_CASE(
 }
 
 TEST_CASE("cuda add_rmsnorm gives the bits of cuda_add then cuda_rmsnorm") {
-    for (int64_t dim : {1, 64, 255, 4096, 4097})
+    for (int64_t dim : {1, 64, 255, 4096, 4097, 8192, 8200})
         for (int64_t rows : {1, 3, 17}) {
             CAPTURE(dim);
             CAPTURE(rows);
