@@ -75,6 +75,47 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
     return m;
 }
 
+// The options of every backend here: kBlocks blocks of kBlockSize tokens.
+BackendOptions test_options() {
+    BackendOptions o;
+    o.kv_block_size = kBlockSize;
+    o.n_kv_blocks = kBlocks;
+    return o;
+}
+
+// The tests' token streams: a prompt of `depth` tokens and a draft of kVerifyRows.
+std::vector<TokenId> test_prompt(int64_t n_vocab, int32_t depth) {
+    std::vector<TokenId> t;
+    for (int32_t i = 0; i < depth; ++i) t.push_back(TokenId((i * 37 + 11) % n_vocab));
+    return t;
+}
+std::vector<TokenId> test_draft(int64_t n_vocab) {
+    std::vector<TokenId> t;
+    for (int32_t i = 0; i < kVerifyRows; ++i) t.push_back(TokenId((i * 91 + 3) % n_vocab));
+    return t;
+}
+
+// Prefills test_prompt(depth) on two backends (the same cache on both), then runs the draft
+// as kVerifyRows decode steps on one and as one verification pass on the other, and checks
+// that the pass gives the steps' logits bit for bit; with `then_decode`, also one more step
+// on each. Returns the steps' logits.
+std::vector<float> check_pass_equals_steps(const GgufFile& file, const BackendOptions& o,
+                                           int32_t depth, bool then_decode = false) {
+    Side steps(file, o), verify(file, o);
+    const int64_t n_vocab = steps.backend->config().n_vocab;
+    const std::vector<TokenId> prompt = test_prompt(n_vocab, depth), draft = test_draft(n_vocab);
+    CHECK(steps.pass(prompt, false) == verify.pass(prompt, false));
+    const std::vector<float> one_by_one = decode_steps(steps, draft);
+    const std::vector<float> together = verify.pass(draft, true);
+    REQUIRE(together.size() == size_t(kVerifyRows) * size_t(n_vocab));
+    CHECK_MESSAGE(
+        std::memcmp(together.data(), one_by_one.data(), together.size() * sizeof(float)) == 0,
+        "max |diff| " << max_abs_diff(together, one_by_one));
+    if (then_decode)  // decoding on after the verification pass stays identical too
+        CHECK(steps.pass({draft[0]}, false) == verify.pass({draft[0]}, false));
+    return one_by_one;
+}
+
 }  // namespace
 
 TEST_CASE("cuda: a K+1-token pass gives the logits of K+1 decode steps, bit for bit") {
@@ -88,28 +129,9 @@ TEST_CASE("cuda: a K+1-token pass gives the logits of K+1 decode steps, bit for 
                 const auto path = shared_model(name);
                 if (path.empty()) continue;
                 GgufFile file = GgufFile::open(path.string());
-                BackendOptions o;
-                o.kv_block_size = kBlockSize;
-                o.n_kv_blocks = kBlocks;
+                BackendOptions o = test_options();
                 o.kv_type_k = o.kv_type_v = kv;
-                Side steps(file, o), verify(file, o);
-                const int64_t n_vocab = steps.backend->config().n_vocab;
-                std::vector<TokenId> prompt, draft;
-                for (int32_t i = 0; i < depth; ++i)
-                    prompt.push_back(TokenId((i * 37 + 11) % n_vocab));
-                for (int32_t i = 0; i < kVerifyRows; ++i)
-                    draft.push_back(TokenId((i * 91 + 3) % n_vocab));
-                // The same prefill on both sides leaves the same cache.
-                CHECK(steps.pass(prompt, false) == verify.pass(prompt, false));
-
-                const std::vector<float> one_by_one = decode_steps(steps, draft);
-                const std::vector<float> together = verify.pass(draft, true);
-                REQUIRE(together.size() == size_t(kVerifyRows) * size_t(n_vocab));
-                CHECK_MESSAGE(std::memcmp(together.data(), one_by_one.data(),
-                                          together.size() * sizeof(float)) == 0,
-                              "max |diff| " << max_abs_diff(together, one_by_one));
-                // And decoding on after the verification pass stays identical too.
-                CHECK(steps.pass({draft[0]}, false) == verify.pass({draft[0]}, false));
+                check_pass_equals_steps(file, o, depth, /*then_decode=*/true);
             }
 }
 
@@ -122,30 +144,18 @@ TEST_CASE("cuda: with the 8- and 16-bit activation GEMVs too (KVRUN_GEMV=q8|q16)
             const auto path = shared_model(name);
             if (path.empty()) continue;
             GgufFile file = GgufFile::open(path.string());
-            BackendOptions o;
-            o.kv_block_size = kBlockSize;
-            o.n_kv_blocks = kBlocks;
+            const BackendOptions o = test_options();
             Side f32(file, o);  // the default path, for the distance
             if (bits == 8)
                 cuda_set_gemv_q8(true);
             else
                 cuda_set_gemv_q16(true);
-            Side steps(file, o), verify(file, o);
-            const int64_t n_vocab = steps.backend->config().n_vocab;
-            std::vector<TokenId> prompt, draft;
-            for (int32_t i = 0; i < 40; ++i) prompt.push_back(TokenId((i * 37 + 11) % n_vocab));
-            for (int32_t i = 0; i < kVerifyRows; ++i)
-                draft.push_back(TokenId((i * 91 + 3) % n_vocab));
-            CHECK(steps.pass(prompt, false) == verify.pass(prompt, false));
-            const std::vector<float> one_by_one = decode_steps(steps, draft);
-            const std::vector<float> together = verify.pass(draft, true);
-            CHECK_MESSAGE(std::memcmp(together.data(), one_by_one.data(),
-                                      together.size() * sizeof(float)) == 0,
-                          "max |diff| " << max_abs_diff(together, one_by_one));
+            const std::vector<float> one_by_one = check_pass_equals_steps(file, o, 40);
             cuda_set_gemv_q8(false);
             // The same steps on the f32 path: logits within x's rounding.
-            f32.pass(prompt, false);
-            const std::vector<float> ref = decode_steps(f32, draft);
+            const int64_t n_vocab = f32.backend->config().n_vocab;
+            f32.pass(test_prompt(n_vocab, 40), false);
+            const std::vector<float> ref = decode_steps(f32, test_draft(n_vocab));
             const double d = nmse(one_by_one, ref);
             MESSAGE(bits << "-bit x: logits NMSE " << d << " against the f32 GEMV");
             CHECK(d < (bits == 8 ? 1e-3 : 1e-6));
@@ -161,22 +171,9 @@ TEST_CASE("cuda: with GEMV split-K too (KVRUN_GEMV_SPLIT), a K+1 pass gives the 
             const auto path = shared_model(name);
             if (path.empty()) continue;
             GgufFile file = GgufFile::open(path.string());
-            BackendOptions o;
-            o.kv_block_size = kBlockSize;
-            o.n_kv_blocks = kBlocks;
+            const BackendOptions o = test_options();
             cuda_set_gemv_split(split);
-            Side steps(file, o), verify(file, o);
-            const int64_t n_vocab = steps.backend->config().n_vocab;
-            std::vector<TokenId> prompt, draft;
-            for (int32_t i = 0; i < 40; ++i) prompt.push_back(TokenId((i * 37 + 11) % n_vocab));
-            for (int32_t i = 0; i < kVerifyRows; ++i)
-                draft.push_back(TokenId((i * 91 + 3) % n_vocab));
-            CHECK(steps.pass(prompt, false) == verify.pass(prompt, false));
-            const std::vector<float> one_by_one = decode_steps(steps, draft);
-            const std::vector<float> together = verify.pass(draft, true);
-            CHECK_MESSAGE(std::memcmp(together.data(), one_by_one.data(),
-                                      together.size() * sizeof(float)) == 0,
-                          "max |diff| " << max_abs_diff(together, one_by_one));
+            check_pass_equals_steps(file, o, 40);
         }
     cuda_set_gemv_split(1);
 }
@@ -197,9 +194,7 @@ TEST_CASE("cuda: programmatic dependent launch and the GEMV prefetch keep every 
                 CAPTURE(name);
                 CAPTURE(kv_type_name(kv));
                 CAPTURE(q8);
-                BackendOptions o;
-                o.kv_block_size = kBlockSize;
-                o.n_kv_blocks = kBlocks;
+                BackendOptions o = test_options();
                 o.kv_type_k = o.kv_type_v = kv;
                 cuda_set_gemv_q8(q8);
                 auto run = [&](bool on) {
@@ -207,11 +202,8 @@ TEST_CASE("cuda: programmatic dependent launch and the GEMV prefetch keep every 
                     cuda_set_gemv_prefetch(on);
                     Side side(file, o);
                     const int64_t n_vocab = side.backend->config().n_vocab;
-                    std::vector<TokenId> prompt, draft;
-                    for (int32_t i = 0; i < 40; ++i)
-                        prompt.push_back(TokenId((i * 37 + 11) % n_vocab));
-                    for (int32_t i = 0; i < 6; ++i)
-                        draft.push_back(TokenId((i * 91 + 3) % n_vocab));
+                    const std::vector<TokenId> prompt = test_prompt(n_vocab, 40),
+                                               draft = test_draft(n_vocab);
                     std::vector<float> out = side.pass(prompt, true);
                     const std::vector<float> steps = decode_steps(side, draft);
                     out.insert(out.end(), steps.begin(), steps.end());

@@ -270,6 +270,39 @@ TEST_CASE("cuda gemv (fused dequantize x vector) matches cpu::matmul for every w
     }
 }
 
+namespace {
+
+// Given `all`, cuda_matmul's product of x's n_rows rows with w: each row (every `step`-th)
+// alone gives its bits (a row's bits do not depend on the pass's row count).
+void check_rows_alone(const TestWeights& w, const std::vector<float>& x,
+                      const std::vector<float>& all, int64_t n_rows, int64_t step,
+                      CudaScratch& scratch) {
+    const int64_t n_in = w.host.n_in, n_out = w.host.n_out;
+    for (int64_t r = 0; r < n_rows; r += step) {
+        CAPTURE(r);
+        const std::vector<float> xr(x.begin() + r * n_in, x.begin() + (r + 1) * n_in);
+        DevBuf<float> dxr(xr), dout(static_cast<size_t>(n_out));
+        cuda_matmul(dout.get(), dxr.get(), w.device, 1, scratch, nullptr);
+        const std::vector<float> one = dout.download();
+        CHECK(std::equal(one.begin(), one.end(), all.begin() + r * n_out));
+    }
+}
+
+// What every GEMV path must keep: check_rows_alone, and the fused gate/up launch with w as
+// both matrices gives silu(all) * all.
+void check_gemv_rows(const TestWeights& w, const std::vector<float>& x,
+                     const std::vector<float>& all, int64_t n_rows, int64_t step,
+                     CudaScratch& scratch) {
+    check_rows_alone(w, x, all, n_rows, step, scratch);
+    DevBuf<float> dx(x), dg(all.size()), du(all.size());
+    cuda_matmul_swiglu(dg.get(), du.get(), dx.get(), w.device, w.device, n_rows, scratch, nullptr);
+    std::vector<float> want(all.size());
+    for (size_t i = 0; i < all.size(); ++i) want[i] = all[i] / (1.0f + std::exp(-all[i])) * all[i];
+    CHECK(nmse(dg.download(), want) < kGemv);
+}
+
+}  // namespace
+
 TEST_CASE("cuda gemv gives each row the same bits whatever the number of rows") {
     // What keeps a speculative verification pass (up to kCudaGemvMaxRows rows) identical to
     // single-token decode steps: cuda_matmul must take the GEMV for every such row count.
@@ -282,15 +315,7 @@ TEST_CASE("cuda gemv gives each row the same bits whatever the number of rows") 
         const std::vector<float> x = random_floats(static_cast<size_t>(n_rows * n_in), 42);
         DevBuf<float> dx(x), dall(static_cast<size_t>(n_rows * n_out));
         cuda_matmul(dall.get(), dx.get(), w.device, n_rows, scratch, nullptr);
-        const std::vector<float> all = dall.download();
-        for (int64_t r = 0; r < n_rows; ++r) {
-            CAPTURE(r);
-            const std::vector<float> xr(x.begin() + r * n_in, x.begin() + (r + 1) * n_in);
-            DevBuf<float> dxr(xr), dout(static_cast<size_t>(n_out));
-            cuda_matmul(dout.get(), dxr.get(), w.device, 1, scratch, nullptr);
-            const std::vector<float> one = dout.download();
-            CHECK(std::equal(one.begin(), one.end(), all.begin() + r * n_out));
-        }
+        check_rows_alone(w, x, dall.download(), n_rows, 1, scratch);
     }
 }
 
@@ -335,22 +360,7 @@ TEST_CASE("cuda gemv split-K (KVRUN_GEMV_SPLIT): near the CPU, row bits, swiglu,
                         CHECK(d1.download() != all);
                         cuda_set_gemv_split(split);
                     }
-                    for (int64_t r = 0; r < n_rows; r += 5) {
-                        CAPTURE(r);
-                        const std::vector<float> xr(x.begin() + r * n_in,
-                                                    x.begin() + (r + 1) * n_in);
-                        DevBuf<float> dxr(xr), dout(static_cast<size_t>(n_out));
-                        cuda_matmul(dout.get(), dxr.get(), w.device, 1, scratch, nullptr);
-                        const std::vector<float> one = dout.download();
-                        CHECK(std::equal(one.begin(), one.end(), all.begin() + r * n_out));
-                    }
-                    DevBuf<float> dg(ref.size()), du(ref.size());
-                    cuda_matmul_swiglu(dg.get(), du.get(), dx.get(), w.device, w.device, n_rows,
-                                       scratch, nullptr);
-                    std::vector<float> want(all.size());
-                    for (size_t i = 0; i < all.size(); ++i)
-                        want[i] = all[i] / (1.0f + std::exp(-all[i])) * all[i];
-                    CHECK(nmse(dg.download(), want) < kGemv);
+                    check_gemv_rows(w, x, all, n_rows, 5, scratch);
                 }
             }
     cuda_set_gemv_split(1);
@@ -415,23 +425,7 @@ TEST_CASE("cuda gemv with 8- and 16-bit activations: integer reference, near f32
                     // x's rounding: ~1e-5 on random data with bytes, ~256^2 times less with int16s
                     CHECK(nmse(got, f32) < (bits == 8 ? 1e-4 : 1e-8));
                     CHECK(nmse(got, f32) > (bits == 8 ? 1e-9 : 1e-14));  // the integer path ran
-                    // Each row's bits do not depend on the pass's row count.
-                    for (int64_t r = 0; r < n_rows; r += 4) {
-                        const std::vector<float> x1(x.begin() + r * n_in,
-                                                    x.begin() + (r + 1) * n_in);
-                        DevBuf<float> dx1(x1), d1(static_cast<size_t>(n_out));
-                        cuda_matmul(d1.get(), dx1.get(), w.device, 1, scratch, nullptr);
-                        const std::vector<float> one = d1.download();
-                        CHECK(std::equal(one.begin(), one.end(), got.begin() + r * n_out));
-                    }
-                    // The fused gate/up launch: silu(gate) * up of the two products.
-                    DevBuf<float> dg(ref.size()), du(ref.size());
-                    cuda_matmul_swiglu(dg.get(), du.get(), dx.get(), w.device, w.device, n_rows,
-                                       scratch, nullptr);
-                    std::vector<float> want(got.size());
-                    for (size_t i = 0; i < got.size(); ++i)
-                        want[i] = got[i] / (1.0f + std::exp(-got[i])) * got[i];
-                    CHECK(nmse(dg.download(), want) < kGemv);
+                    check_gemv_rows(w, x, got, n_rows, 4, scratch);
                 }
             }
         }
@@ -439,6 +433,72 @@ TEST_CASE("cuda gemv with 8- and 16-bit activations: integer reference, near f32
     cuda_set_gemv_q8(false);
     CHECK_FALSE(cuda_gemv_q8());
     CHECK_FALSE(cuda_gemv_q16());
+}
+
+TEST_CASE("cuda rmsnorm_xq / add_rmsnorm_xq: the norms' bits, x quantized as the GEMV does") {
+    // The decode step's norms quantize their output for the integer GEMV in the same launch
+    // (CudaBackend::norm_xb); the matmul given those rows must see what it would have made.
+    struct Off {
+        ~Off() { cuda_set_gemv_q8(false); }
+    } off;
+    for (const int elt : {1, 2})
+        for (int64_t dim : {64, 4096, 8192, 8224})  // 8224: past the register kernel
+            for (int64_t rows : {1, 3}) {
+                CAPTURE(elt);
+                CAPTURE(dim);
+                CAPTURE(rows);
+                if (elt == 1)
+                    cuda_set_gemv_q8(true);
+                else
+                    cuda_set_gemv_q16(true);
+                const size_t n = size_t(rows * dim), nb = n / 32;
+                const uint32_t seed = uint32_t(dim + rows + elt);
+                const std::vector<float> x = random_floats(n, seed, 3.0f);
+                const std::vector<float> y = random_floats(n, seed + 1);
+                const std::vector<float> w = random_floats(size_t(dim), seed + 2);
+                DevBuf<float> dy(y), dw(w);
+                for (const bool add : {false, true}) {
+                    CAPTURE(add);
+                    DevBuf<float> px(x), pout(n);  // the plain op and cuda_quantize_x
+                    DevBuf<int8_t> pq(n * size_t(elt));
+                    DevBuf<float> pd(nb);
+                    if (add)
+                        cuda_add_rmsnorm(px.get(), dy.get(), pout.get(), dw.get(), rows, dim, 1e-5f,
+                                         nullptr);
+                    else
+                        cuda_rmsnorm(pout.get(), px.get(), dw.get(), rows, dim, 1e-5f, nullptr);
+                    cuda_quantize_x(pout.get(), rows, dim,
+                                    CudaXq{pout.get(), pq.get(), pd.get(), elt}, nullptr);
+                    DevBuf<float> fx(x), fout(n);
+                    DevBuf<int8_t> fq(n * size_t(elt));
+                    DevBuf<float> fd(nb);
+                    const CudaXq xq{fout.get(), fq.get(), fd.get(), elt};
+                    if (add)
+                        cuda_add_rmsnorm_xq(fx.get(), dy.get(), fout.get(), dw.get(), rows, dim,
+                                            1e-5f, xq, nullptr);
+                    else
+                        cuda_rmsnorm_xq(fout.get(), fx.get(), dw.get(), rows, dim, 1e-5f, xq,
+                                        nullptr);
+                    CHECK(same_bits(fx.download(), px.download()));
+                    CHECK(same_bits(fout.download(), pout.download()));
+                    CHECK(fq.download() == pq.download());
+                    CHECK(same_bits(fd.download(), pd.download()));
+                    // A gate/up GEMV given the rows: the bits of the one that quantizes them.
+                    if (dim != 64 || rows != 3) continue;
+                    TestWeights wg = make_weights(GgmlType::Q4_0, 40, dim, 78);
+                    CudaScratch scratch;
+                    DevBuf<float> g1(size_t(rows * 40)), u1(g1.size()), g2(g1.size()),
+                        u2(g1.size());
+                    cuda_matmul_swiglu(g1.get(), u1.get(), fout.get(), wg.device, wg.device, rows,
+                                       scratch, nullptr, &xq);
+                    cuda_matmul_swiglu(g2.get(), u2.get(), fout.get(), wg.device, wg.device, rows,
+                                       scratch, nullptr);
+                    CHECK(same_bits(g1.download(), g2.download()));
+                }
+            }
+    CudaXq bad{nullptr, nullptr, nullptr, 1};
+    DevBuf<float> a(64), b(64);
+    CHECK_THROWS_AS(cuda_rmsnorm_xq(a.get(), a.get(), b.get(), 1, 64, 1e-5f, bad, nullptr), Error);
 }
 
 TEST_CASE("cuda matmul_qkv, matmul_swiglu and matmul_geglu give the bits of separate launches") {

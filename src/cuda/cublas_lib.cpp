@@ -85,6 +85,8 @@ const CublasLib& cublas_lib() {
     return lib;
 }
 
-bool cublas_lib_loaded() { return g_loaded; }
+bool cublas_lib_loaded() {
+    return g_loaded;
+}
 
 }  // namespace kvrun

@@ -131,6 +131,12 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
         d_wtable_ = d_table_ + table_cap_;
         grown = true;
     }
+    if (!xq_mem_.get() && c.n_embd % 32 == 0) {
+        const size_t n = size_t(kCudaGemvMaxRows * c.n_embd);
+        xq_mem_ = DeviceMem(align_up(2 * n) + n / 32 * sizeof(float), "quantized activations");
+        xq_.q = reinterpret_cast<int8_t*>(xq_mem_.get());
+        xq_.d = reinterpret_cast<float*>(xq_mem_.get() + align_up(2 * n));
+    }
     if (lora_rank_ > 0) {
         const size_t ax = align_up(size_t(token_cap_ * lora_rank_) * sizeof(float));
         const size_t bax =
@@ -187,8 +193,9 @@ void CudaBackend::enqueue_moe_ffn(const DeviceLayer& w, int64_t T) {
 }
 
 // The dense gated FFN of layer w on xb_'s T normed rows (SwiGLU, or Gemma's GeGLU), result in
-// xb_. Gate and up share one GEMV launch unless a LoRA adapts one of them.
-void CudaBackend::enqueue_dense_ffn(const DeviceLayer& w, int64_t T) {
+// xb_. Gate and up share one GEMV launch unless a LoRA adapts one of them. xq: xb_ quantized
+// by the norm (CudaBackend::norm_xb), or null.
+void CudaBackend::enqueue_dense_ffn(const DeviceLayer& w, int64_t T, const CudaXq* xq) {
     const ModelConfig& c = config_;
     const cudaStream_t s = stream_.get();
     observe({&w.w_gate, &w.w_up}, xb_, T);
@@ -202,13 +209,33 @@ void CudaBackend::enqueue_dense_ffn(const DeviceLayer& w, int64_t T) {
         else
             cuda_swiglu(gate_, gate_, up_, T * c.n_ff, s);
     } else if (c.ffn_gelu) {
-        cuda_matmul_geglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s);
+        cuda_matmul_geglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s, xq);
     } else {
-        cuda_matmul_swiglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s);
+        cuda_matmul_swiglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s, xq);
     }
     observe({&w.w_down}, gate_, T);
     cuda_matmul(xb_, gate_, w.w_down, T, scratch_, s);
     add_lora(xb_, gate_, w.lora[kLoraDown], T);
+}
+
+const CudaXq* CudaBackend::norm_xb(const float* w, bool add, bool fuse, int64_t T) {
+    const ModelConfig& c = config_;
+    const cudaStream_t s = stream_.get();
+    fuse = fuse && xq_.q && T <= kCudaGemvMaxRows && cuda_gemv_q8();
+    if (!fuse) {
+        if (add)
+            cuda_add_rmsnorm(x_, xb_, xb_, w, T, c.n_embd, c.norm_eps, s);
+        else
+            cuda_rmsnorm(xb_, x_, w, T, c.n_embd, c.norm_eps, s);
+        return nullptr;
+    }
+    xq_.x = xb_;
+    xq_.elt_bytes = cuda_gemv_q16() ? 2 : 1;
+    if (add)
+        cuda_add_rmsnorm_xq(x_, xb_, xb_, w, T, c.n_embd, c.norm_eps, xq_, s);
+    else
+        cuda_rmsnorm_xq(xb_, x_, w, T, c.n_embd, c.norm_eps, xq_, s);
+    return &xq_;
 }
 
 // Enqueues the whole forward pass on the stream: no host synchronization (capturable) up to
@@ -222,14 +249,16 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
     kb_window.block_table = d_wtable_;
     cuda_embed(x_, token_embd_, d_tokens_, T, s);
     if (c.embd_scale != 1.0f) cuda_scale(x_, T * c.n_embd, c.embd_scale, s);
-    // Each residual add is fused with the RMSNorm that follows it; the first layer's
-    // attention norm has no add before it.
-    cuda_rmsnorm(xb_, x_, layers_[0].attn_norm, T, c.n_embd, c.norm_eps, s);
+    // Each residual add is fused with the RMSNorm that follows it (the first layer's attention
+    // norm has no add before it), and each norm before a matmul that takes the integer GEMV
+    // quantizes its rows for it (norm_xb).
+    const auto int_qkv = [&](int64_t l) { return cuda_gemv_int_type(layers_[size_t(l)].wq.type); };
+    const CudaXq* xq = norm_xb(layers_[0].attn_norm, false, int_qkv(0), T);
     for (int64_t l = 0; l < c.n_layer; ++l) {
         const DeviceLayer& w = layers_[size_t(l)];
         // Attention block (xb_ holds the normed input).
         observe({&w.wq, &w.wk, &w.wv}, xb_, T);
-        cuda_matmul_qkv(q_, k_, v_, xb_, w.wq, w.wk, w.wv, T, scratch_, s);
+        cuda_matmul_qkv(q_, k_, v_, xb_, w.wq, w.wk, w.wv, T, scratch_, s, xq);
         add_lora(q_, xb_, w.lora[kLoraQ], T);
         add_lora(k_, xb_, w.lora[kLoraK], T);
         add_lora(v_, xb_, w.lora[kLoraV], T);
@@ -267,19 +296,19 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
         if (w.attn_post_norm)  // gemma2/3: the block's output normed before the residual add
             cuda_rmsnorm(xb_, xb_, w.attn_post_norm, T, c.n_embd, c.norm_eps, s);
         if (c.residual_scale != 1.0f) cuda_scale(xb_, T * c.n_embd, c.residual_scale, s);
-        cuda_add_rmsnorm(x_, xb_, xb_, w.ffn_norm, T, c.n_embd, c.norm_eps, s);
+        const bool moe = c.moe_layer(l);
+        xq = norm_xb(w.ffn_norm, true, !moe && cuda_gemv_int_type(w.w_gate.type), T);
         // Feed-forward block.
-        if (c.moe_layer(l))
+        if (moe)
             enqueue_moe_ffn(w, T);
         else
-            enqueue_dense_ffn(w, T);
+            enqueue_dense_ffn(w, T, xq);
         if (w.ffn_post_norm) cuda_rmsnorm(xb_, xb_, w.ffn_post_norm, T, c.n_embd, c.norm_eps, s);
         if (c.residual_scale != 1.0f) cuda_scale(xb_, T * c.n_embd, c.residual_scale, s);
         if (!cvec_layer_.empty() && cvec_layer_[size_t(l)])  // a control vector joins the output
             cuda_add_bias(xb_, cvec_layer_[size_t(l)], T, c.n_embd, s);
         if (l + 1 < c.n_layer)
-            cuda_add_rmsnorm(x_, xb_, xb_, layers_[size_t(l + 1)].attn_norm, T, c.n_embd,
-                             c.norm_eps, s);
+            xq = norm_xb(layers_[size_t(l + 1)].attn_norm, true, int_qkv(l + 1), T);
         else
             cuda_add(x_, xb_, T * c.n_embd, s);
         if (layer_observer_) {  // x_ now holds the layer's output

@@ -171,7 +171,7 @@ class CudaBackend final : public Backend {
     void observe(std::initializer_list<const WeightView*> ws, const float* x, int64_t T);
     void enqueue_forward(int64_t n_tokens, int64_t n_rows, int64_t max_blocks);
     void enqueue_moe_ffn(const DeviceLayer& w, int64_t T);
-    void enqueue_dense_ffn(const DeviceLayer& w, int64_t T);
+    void enqueue_dense_ffn(const DeviceLayer& w, int64_t T, const CudaXq* xq);
     void run_step(int64_t n_tokens, int64_t n_rows, int64_t max_blocks);
     int64_t launch(const ForwardBatch& b);  // validates, uploads and enqueues; returns rows
     KvLayerView kv_layer(int64_t l) const;
@@ -225,6 +225,14 @@ class CudaBackend final : public Backend {
           *moe_up_ = nullptr;
     float* shexp_ = nullptr;  // [T][n_embd]: the shared experts' output (GLM 4.5)
     int32_t *moe_ids_ = nullptr, *moe_map_ = nullptr;
+    // xb_'s rows quantized by the norm before the q/k/v and gate/up matmuls when the integer
+    // GEMV is on (decode-size steps; n_embd % 32 == 0): [kCudaGemvMaxRows][n_embd] int16s,
+    // then the scales.
+    DeviceMem xq_mem_;
+    // The norm before layer l's q/k/v (attn) or gate/up (ffn) GEMV: cuda_rmsnorm(_xq) /
+    // cuda_add_rmsnorm(_xq) of xb_; returns the quantized rows for the matmul, or null.
+    const CudaXq* norm_xb(const float* w, bool add, bool fuse, int64_t T);
+    CudaXq xq_{};
     DeviceMem lora_buf_;  // LoRA: A x [T][lora_rank_], B (A x) [max(T, R)][lora_width_]
     size_t lora_buf_bytes_ = 0;
     float *lora_ax_ = nullptr, *lora_bax_ = nullptr;

@@ -92,7 +92,7 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         it.wv = add_matrix(w.wv, p + "attn_v.weight");
         it.wo = add_matrix(w.wo, p + "attn_output.weight");
         if (config_.moe_layer(int64_t(l))) {  // each stacked expert tensor as one item: experts
-                                               // stay evenly spaced
+                                              // stay evenly spaced
             auto stacked = [&](const std::vector<WeightView>& e, const std::string& what) {
                 WeightView all = e[0];
                 all.n_out *= int64_t(e.size());

@@ -683,21 +683,20 @@ XQ8 quantize_x_q8(const float* x, int64_t n_rows, int64_t n_in, CudaScratch& scr
     const size_t q_bytes = (size_t(n_rows * n_in * elt) + 255) / 256 * 256;
     auto* base = static_cast<uint8_t*>(scratch.get(q_bytes + size_t(n_blocks) * sizeof(float), s));
     XQ8 xq{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + q_bytes), elt};
-    const unsigned blocks = unsigned(cu::ceil_div(n_blocks * 32, 256));
-    if (elt == 2)
-        cu::launch_pdl(quantize_x_kernel<int16_t>, blocks, 256, 0, s, x,
-                       reinterpret_cast<int16_t*>(xq.q), xq.d, n_blocks);
-    else
-        cu::launch_pdl(quantize_x_kernel<int8_t>, blocks, 256, 0, s, x, xq.q, xq.d, n_blocks);
+    cuda_quantize_x(x, n_rows, n_in, CudaXq{x, xq.q, xq.d, int(elt)}, s);
     return xq;
 }
 
-// Quantizes x ([n_rows][n_in]) into scratch and runs `job` in passes of up to kMaxRows rows.
+// Quantizes x ([n_rows][n_in]) into scratch, unless `pre` holds it already, and runs `job` in
+// passes of up to kMaxRows rows.
 template <class IL>
 void launch_gemv_q8(const GemvJob& job, const float* x, int64_t n_rows, CudaScratch& scratch,
-                    cudaStream_t s) {
+                    cudaStream_t s, const CudaXq* pre) {
     const int64_t n_in = job.n_in;
-    const XQ8 xq = quantize_x_q8(x, n_rows, n_in, scratch, s);
+    const int elt = cuda_gemv_q16() ? 2 : 1;
+    const XQ8 xq = pre && pre->x == x && pre->elt_bytes == elt
+                       ? XQ8{pre->q, pre->d, elt}
+                       : quantize_x_q8(x, n_rows, n_in, scratch, s);
     gemv_passes(
         job, n_rows,
         [&](GemvJob& j, int64_t r0) {
@@ -741,7 +740,7 @@ void check_gemv(const WeightView& w, const float* x, int64_t n_rows) {
 // With `q8` (a scratch buffer) and a type with an integer decoder, the 8-bit activation path.
 void gemv_many(float* const* outs, const WeightView* const* ws, int n, const float* x,
                int64_t n_rows, bool swiglu, cudaStream_t s, bool gelu = false,
-               CudaScratch* q8 = nullptr) {
+               CudaScratch* q8 = nullptr, const CudaXq* pre = nullptr) {
     GemvJob job{};
     job.x = x;
     job.n_in = ws[0]->n_in;
@@ -762,7 +761,7 @@ void gemv_many(float* const* outs, const WeightView* const* ws, int n, const flo
     }
     if (n_rows == 0) return;
     if (q8 && with_int_loader(ws[0]->type, [&](auto tag) {
-            launch_gemv_q8<typename decltype(tag)::type>(job, x, n_rows, *q8, s);
+            launch_gemv_q8<typename decltype(tag)::type>(job, x, n_rows, *q8, s, pre);
         }))
         return;
     cu::with_loader(ws[0]->type, gemv_vec(*ws[0]),
@@ -835,7 +834,7 @@ void gemv_experts(float* out, const float* x, const WeightView& w0, const Weight
 // to kCudaGemvMaxRows rows of one layout, else two cuda_matmul and the elementwise op.
 void matmul_gated(float* out, float* up_buf, const float* x, const WeightView& gate,
                   const WeightView& up, int64_t n_rows, CudaScratch& scratch, cudaStream_t s,
-                  bool gelu) {
+                  bool gelu, const CudaXq* xq) {
     if (n_rows > kCudaGemvMaxRows || !same_layout(gate, up) || gate.n_out != up.n_out) {
         cuda_matmul(out, x, gate, n_rows, scratch, s);
         cuda_matmul(up_buf, x, up, n_rows, scratch, s);
@@ -847,7 +846,7 @@ void matmul_gated(float* out, float* up_buf, const float* x, const WeightView& g
     }
     float* outs[] = {out, up_buf};
     const WeightView* ws[] = {&gate, &up};
-    gemv_many(outs, ws, 2, x, n_rows, true, s, gelu, q8_scratch(scratch));
+    gemv_many(outs, ws, 2, x, n_rows, true, s, gelu, q8_scratch(scratch), xq);
 }
 
 }  // namespace
@@ -929,7 +928,7 @@ int cuda_gemv_split() {
 
 void cuda_matmul_qkv(float* q, float* k, float* v, const float* x, const WeightView& wq,
                      const WeightView& wk, const WeightView& wv, int64_t n_rows,
-                     CudaScratch& scratch, cudaStream_t s) {
+                     CudaScratch& scratch, cudaStream_t s, const CudaXq* xq) {
     if (n_rows > kCudaGemvMaxRows) {
         cuda_matmul(q, x, wq, n_rows, scratch, s);
         cuda_matmul(k, x, wk, n_rows, scratch, s);
@@ -943,20 +942,39 @@ void cuda_matmul_qkv(float* q, float* k, float* v, const float* x, const WeightV
     for (int i = 0; i < 3;) {
         int n = 1;
         while (i + n < 3 && same_layout(*ws[i], *ws[i + n])) ++n;
-        gemv_many(outs + i, ws + i, n, x, n_rows, false, s, false, q8_scratch(scratch));
+        gemv_many(outs + i, ws + i, n, x, n_rows, false, s, false, q8_scratch(scratch), xq);
         i += n;
     }
 }
 
 void cuda_matmul_swiglu(float* out, float* up_buf, const float* x, const WeightView& gate,
-                        const WeightView& up, int64_t n_rows, CudaScratch& scratch,
-                        cudaStream_t s) {
-    matmul_gated(out, up_buf, x, gate, up, n_rows, scratch, s, false);
+                        const WeightView& up, int64_t n_rows, CudaScratch& scratch, cudaStream_t s,
+                        const CudaXq* xq) {
+    matmul_gated(out, up_buf, x, gate, up, n_rows, scratch, s, false, xq);
 }
 
 void cuda_matmul_geglu(float* out, float* up_buf, const float* x, const WeightView& gate,
-                       const WeightView& up, int64_t n_rows, CudaScratch& scratch, cudaStream_t s) {
-    matmul_gated(out, up_buf, x, gate, up, n_rows, scratch, s, true);
+                       const WeightView& up, int64_t n_rows, CudaScratch& scratch, cudaStream_t s,
+                       const CudaXq* xq) {
+    matmul_gated(out, up_buf, x, gate, up, n_rows, scratch, s, true, xq);
+}
+
+bool cuda_gemv_int_type(GgmlType t) {
+    return with_int_loader(t, [](auto) {});
+}
+
+void cuda_quantize_x(const float* x, int64_t n_rows, int64_t n_in, const CudaXq& xq,
+                     cudaStream_t s) {
+    CUDA_REQUIRE(n_in % 32 == 0 && n_rows >= 0, "cuda_quantize_x: bad shape");
+    CUDA_REQUIRE(xq.elt_bytes == 1 || xq.elt_bytes == 2, "cuda_quantize_x: bad element size");
+    const int64_t n_blocks = n_rows * (n_in / 32);
+    if (n_blocks == 0) return;
+    const unsigned blocks = unsigned(cu::ceil_div(n_blocks * 32, 256));
+    if (xq.elt_bytes == 2)
+        cu::launch_pdl(quantize_x_kernel<int16_t>, blocks, 256, 0, s, x,
+                       reinterpret_cast<int16_t*>(xq.q), xq.d, n_blocks);
+    else
+        cu::launch_pdl(quantize_x_kernel<int8_t>, blocks, 256, 0, s, x, xq.q, xq.d, n_blocks);
 }
 
 }  // namespace kvrun

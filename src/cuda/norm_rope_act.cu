@@ -114,11 +114,15 @@ __global__ void add_rmsnorm_kernel(float* x, const float* y, float* out,
 // above (two or more for a 4096-wide row). The block size is a function of dim alone
 // (reg_row_threads), so a row's bits do not depend on the number of rows. With kAdd: x += y
 // first (stored), then out = rmsnorm(x) * w, as add_rmsnorm_kernel. out may alias x (no add)
-// or y (add).
+// or y (add). With kQBytes (1 or 2; dim % 32 == 0) out is also quantized for the integer GEMV
+// into xq / xd: for each k a warp holds 32 consecutive elements of one 32-element block (the
+// block size is a multiple of 32), the block quantize_x_kernel (gemv.cu) gives a warp, with
+// its arithmetic.
 constexpr int kRegPer = 8;
-template <bool kAdd>
+template <bool kAdd, int kQBytes>
 __global__ void rmsnorm_reg_kernel(float* x, const float* y, float* out,
-                                   const float* __restrict__ w, int64_t dim, float eps, int per) {
+                                   const float* __restrict__ w, int64_t dim, float eps, int per,
+                                   int8_t* __restrict__ xq, float* __restrict__ xd) {
     __shared__ float scratch[32];
     float v[kRegPer], g[kRegPer];
     const int64_t step = blockDim.x;
@@ -152,7 +156,21 @@ __global__ void rmsnorm_reg_kernel(float* x, const float* y, float* out,
 #pragma unroll
     for (int k = 0; k < kRegPer; ++k) {
         const int64_t i = threadIdx.x + k * step;
-        if (k < per && i < dim) outr[i] = v[k] * inv * g[k];
+        const float o = v[k] * inv * g[k];
+        if (k < per && i < dim) outr[i] = o;
+        if constexpr (kQBytes > 0) {
+            if (k < per && i - threadIdx.x % 32 < dim) {  // whole warps (dim % 32 == 0)
+                const float amax = cu::warp_max(fabsf(o));
+                const float d = amax / (kQBytes == 1 ? 127.0f : 32767.0f);
+                const float id = d > 0.0f ? 1.0f / d : 0.0f;
+                const int64_t e = int64_t(blockIdx.x) * dim + i;
+                if constexpr (kQBytes == 1)
+                    xq[e] = int8_t(__float2int_rn(o * id));
+                else
+                    reinterpret_cast<int16_t*>(xq)[e] = int16_t(__float2int_rn(o * id));
+                if (threadIdx.x % 32 == 0) xd[e / 32] = d;
+            }
+        }
     }
 }
 
@@ -321,9 +339,10 @@ void cuda_rmsnorm(float* out, const float* x, const float* w, int64_t n_rows, in
     if (n_rows == 0) return;
     CUDA_REQUIRE(n_rows <= INT32_MAX, "cuda_rmsnorm: too many rows");
     if (const int t = reg_row_threads(dim)) {
-        cu::launch_pdl(rmsnorm_reg_kernel<false>, unsigned(n_rows), t, 0, s, const_cast<float*>(x),
-                       static_cast<const float*>(nullptr), out, w, dim, eps,
-                       int(cu::ceil_div(dim, t)));
+        cu::launch_pdl(rmsnorm_reg_kernel<false, 0>, unsigned(n_rows), t, 0, s,
+                       const_cast<float*>(x), static_cast<const float*>(nullptr), out, w, dim, eps,
+                       int(cu::ceil_div(dim, t)), static_cast<int8_t*>(nullptr),
+                       static_cast<float*>(nullptr));
         return;
     }
     cu::launch_pdl(rmsnorm_kernel, unsigned(n_rows), kRowThreads, 0, s, out, x, w, dim, eps);
@@ -336,11 +355,61 @@ void cuda_add_rmsnorm(float* x, const float* y, float* out, const float* w, int6
     if (n_rows == 0) return;
     CUDA_REQUIRE(n_rows <= INT32_MAX, "cuda_add_rmsnorm: too many rows");
     if (const int t = reg_row_threads(dim)) {
-        cu::launch_pdl(rmsnorm_reg_kernel<true>, unsigned(n_rows), t, 0, s, x, y, out, w, dim, eps,
-                       int(cu::ceil_div(dim, t)));
+        cu::launch_pdl(rmsnorm_reg_kernel<true, 0>, unsigned(n_rows), t, 0, s, x, y, out, w, dim,
+                       eps, int(cu::ceil_div(dim, t)), static_cast<int8_t*>(nullptr),
+                       static_cast<float*>(nullptr));
         return;
     }
     cu::launch_pdl(add_rmsnorm_kernel, unsigned(n_rows), kRowThreads, 0, s, x, y, out, w, dim, eps);
+}
+
+namespace {
+
+// The _xq forms: the register kernel with the quantization when the row fits it, else the
+// plain op and cuda_quantize_x. x is null for cuda_rmsnorm_xq (no add).
+void norm_xq(float* x, const float* y, float* out, const float* in, const float* w, int64_t n_rows,
+             int64_t dim, float eps, const CudaXq& xq, cudaStream_t s) {
+    CUDA_REQUIRE(xq.x == out && xq.q && xq.d && (xq.elt_bytes == 1 || xq.elt_bytes == 2),
+                 "cuda_rmsnorm_xq: xq must be made from out");
+    CUDA_REQUIRE(dim % 32 == 0, "cuda_rmsnorm_xq: dim must be a multiple of 32");
+    CUDA_REQUIRE(n_rows >= 0 && n_rows <= INT32_MAX, "cuda_rmsnorm_xq: bad row count");
+    if (n_rows == 0) return;
+    const int t = reg_row_threads(dim);
+    if (t == 0) {
+        if (x)
+            cuda_add_rmsnorm(x, y, out, w, n_rows, dim, eps, s);
+        else
+            cuda_rmsnorm(out, in, w, n_rows, dim, eps, s);
+        cuda_quantize_x(out, n_rows, dim, xq, s);
+        return;
+    }
+    float* xr = x ? x : const_cast<float*>(in);
+    const int per = int(cu::ceil_div(dim, t));
+    if (x && xq.elt_bytes == 1)
+        cu::launch_pdl(rmsnorm_reg_kernel<true, 1>, unsigned(n_rows), t, 0, s, xr, y, out, w, dim,
+                       eps, per, xq.q, xq.d);
+    else if (x)
+        cu::launch_pdl(rmsnorm_reg_kernel<true, 2>, unsigned(n_rows), t, 0, s, xr, y, out, w, dim,
+                       eps, per, xq.q, xq.d);
+    else if (xq.elt_bytes == 1)
+        cu::launch_pdl(rmsnorm_reg_kernel<false, 1>, unsigned(n_rows), t, 0, s, xr, y, out, w, dim,
+                       eps, per, xq.q, xq.d);
+    else
+        cu::launch_pdl(rmsnorm_reg_kernel<false, 2>, unsigned(n_rows), t, 0, s, xr, y, out, w, dim,
+                       eps, per, xq.q, xq.d);
+}
+
+}  // namespace
+
+void cuda_rmsnorm_xq(float* out, const float* x, const float* w, int64_t n_rows, int64_t dim,
+                     float eps, const CudaXq& xq, cudaStream_t s) {
+    norm_xq(nullptr, nullptr, out, x, w, n_rows, dim, eps, xq, s);
+}
+
+void cuda_add_rmsnorm_xq(float* x, const float* y, float* out, const float* w, int64_t n_rows,
+                         int64_t dim, float eps, const CudaXq& xq, cudaStream_t s) {
+    CUDA_REQUIRE(out != x && y != x, "cuda_add_rmsnorm: out and y must not alias x");
+    norm_xq(x, y, out, nullptr, w, n_rows, dim, eps, xq, s);
 }
 
 void cuda_softmax(float* x, int64_t n_rows, int64_t n, cudaStream_t s) {

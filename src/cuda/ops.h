@@ -49,6 +49,22 @@ void cuda_rmsnorm(float* out, const float* x, const float* w, int64_t n_rows, in
 // n_rows * dim) followed by cuda_rmsnorm(out, x, w, ...). out may equal y (not x).
 void cuda_add_rmsnorm(float* x, const float* y, float* out, const float* w, int64_t n_rows,
                       int64_t dim, float eps, cudaStream_t s);
+// Rows of x as the integer GEMV (cuda_gemv_q8) reads them: elements of elt_bytes (1, or 2
+// with cuda_gemv_q16) per 32 with one scale each, made from the f32 rows at x. A matmul given
+// one for other rows, or for another element width, quantizes its x itself.
+struct CudaXq {
+    const float* x = nullptr;  // [n_rows][dim], the rows they were made from
+    int8_t* q = nullptr;       // [n_rows][dim] elements
+    float* d = nullptr;        // [n_rows][dim / 32] scales
+    int elt_bytes = 1;
+};
+// cuda_rmsnorm / cuda_add_rmsnorm that also write out's rows quantized into xq (xq.x must be
+// out; dim % 32 == 0), with the bits the GEMV's own quantization gives, in the same launch for
+// rows up to 8192 wide: the decode step's x quantization without launches of its own.
+void cuda_rmsnorm_xq(float* out, const float* x, const float* w, int64_t n_rows, int64_t dim,
+                     float eps, const CudaXq& xq, cudaStream_t s);
+void cuda_add_rmsnorm_xq(float* x, const float* y, float* out, const float* w, int64_t n_rows,
+                         int64_t dim, float eps, const CudaXq& xq, cudaStream_t s);
 // Adds bias[n] to every row of x: [n_rows][n]
 void cuda_add_bias(float* x, const float* bias, int64_t n_rows, int64_t n, cudaStream_t s);
 // Adds row ids[r] of bias ([*][n]) to row r of x ([n_rows][n]); ids: device (experts' biases).
@@ -135,13 +151,19 @@ bool cuda_gemv_prefetch();
 // order of summation (not the row-count independence).
 void cuda_set_gemv_split(int split);
 int cuda_gemv_split();
+// Whether the integer GEMV decodes weights of type t (else the f32 kernel runs for them).
+bool cuda_gemv_int_type(GgmlType t);
+// x ([n_rows][n_in], n_in % 32 == 0) quantized into xq as the integer GEMV does it.
+void cuda_quantize_x(const float* x, int64_t n_rows, int64_t n_in, const CudaXq& xq,
+                     cudaStream_t s);
 void cuda_gemm(float* out, const float* x, const WeightView& w, int64_t n_rows,
                CudaScratch& scratch, cudaStream_t s);
 // cuda_matmul of x with wq, wk and wv into q, k and v. Up to kCudaGemvMaxRows rows,
 // matrices of one weight type and width share one GEMV launch (same bits as three calls).
+// xq: x already quantized (cuda_add_rmsnorm_xq) for the integer GEMV, when it runs.
 void cuda_matmul_qkv(float* q, float* k, float* v, const float* x, const WeightView& wq,
                      const WeightView& wk, const WeightView& wv, int64_t n_rows,
-                     CudaScratch& scratch, cudaStream_t s);
+                     CudaScratch& scratch, cudaStream_t s, const CudaXq* xq = nullptr);
 // Mixture of experts: n_jobs GEMVs of one activation row each. Job j multiplies x row
 // j / x_div ([*][n_in]) by expert ids[j] (device memory, in [0, n_expert)) of the experts
 // stacked expert_bytes apart from expert0 (expert 0's view, device memory) into out row j
@@ -212,11 +234,14 @@ void cuda_moe_ffn_grouped(float* out, const float* x, const int32_t* ids, const 
 // gate and up of one type and shape: one GEMV launch whose warps compute a gate row and the
 // matching up row and write the product (same bits as two cuda_matmul calls and
 // cuda_swiglu); otherwise exactly those, with up_buf ([n_rows][up.n_out]) for the up rows.
+// xq as for cuda_matmul_qkv.
 void cuda_matmul_swiglu(float* out, float* up_buf, const float* x, const WeightView& gate,
-                        const WeightView& up, int64_t n_rows, CudaScratch& scratch, cudaStream_t s);
+                        const WeightView& up, int64_t n_rows, CudaScratch& scratch, cudaStream_t s,
+                        const CudaXq* xq = nullptr);
 // The same with gelu(x W_gate^T) * (x W_up^T) (Gemma's GeGLU; cuda_geglu's bits).
 void cuda_matmul_geglu(float* out, float* up_buf, const float* x, const WeightView& gate,
-                       const WeightView& up, int64_t n_rows, CudaScratch& scratch, cudaStream_t s);
+                       const WeightView& up, int64_t n_rows, CudaScratch& scratch, cudaStream_t s,
+                       const CudaXq* xq = nullptr);
 
 // ---- paged KV cache (kv_write.cu, attention_*.cu) ----------------------------------------
 
