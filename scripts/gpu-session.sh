@@ -206,7 +206,6 @@ bench_model() {
   echo "#### $1, KVRUN_GEMV=q8" >> "$OUT/bench.md"
   KVRUN_GEMV=q8 timeout 60 $K bench -m /tmp/models/$1.gguf -p 0 -n 128 -r 3 --kv-types f16 -o md \
     --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
-  switch_ab "$1"
   if [ "${3:-}" = ab ]; then
     echo "#### $1, KVRUN_PREFILL_ATTN=f32" >> "$OUT/bench.md"
     KVRUN_PREFILL_ATTN=f32 timeout 90 $K bench -m /tmp/models/$1.gguf -p 512 -n 0 -r 3 --depth 0,4096 \
