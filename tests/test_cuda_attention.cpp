@@ -250,7 +250,26 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
     cuda_paged_attention(dout.get(), dq.get(), dkv, db, n_head, scale, scratch, nullptr, sc.softcap,
                          sc.window, dsinks);
     // More than 16 tokens take the prefill path: the flash kernel where it applies.
-    CHECK(nmse(dout.download(), ref) < (flash && nt > 16 ? kFlashBound : kAttnBound));
+    const std::vector<float> plain = dout.download();
+    CHECK(nmse(plain, ref) < (flash && nt > 16 ? kFlashBound : kAttnBound));
+    // With xq (the decode step's output projection on the integer GEMV), the same output and
+    // its rows quantized as cuda_quantize_x does: in the decode kernel or its merge (head_dim
+    // % 32 == 0), else by a launch after.
+    if ((n_head * hd) % 32 == 0) {
+        const int elt = seed % 2 ? 2 : 1;
+        const size_t n = q.size();
+        DevBuf<int8_t> fq(n * size_t(elt)), pq(n * size_t(elt));
+        DevBuf<float> fd(n / 32), pd(n / 32);
+        dout.zero();
+        const CudaXq xq{dout.get(), fq.get(), fd.get(), elt};
+        cuda_paged_attention(dout.get(), dq.get(), dkv, db, n_head, scale, scratch, nullptr,
+                             sc.softcap, sc.window, dsinks, &xq);
+        CHECK(same_bits(dout.download(), plain));
+        cuda_quantize_x(dout.get(), nt, n_head * hd, CudaXq{dout.get(), pq.get(), pd.get(), elt},
+                        nullptr);
+        CHECK(fq.download() == pq.download());
+        CHECK(same_bits(fd.download(), pd.download()));
+    }
 }
 
 Scenario decode_scenario() {

@@ -53,6 +53,11 @@ struct AttnParams {
     int64_t split_len;   // context slots per grid-z split
     float* part_o;       // split-K partials [n_splits][n_tokens][n_head][head_dim], or null
     float* part_ml;      // [n_splits][n_tokens][n_head][2]: running max, running sum
+    // When set (decode kernel, head_dim % 32 == 0): out is also quantized here for the
+    // integer GEMV (cu::quantize_x_store; elements of xq_bytes).
+    int8_t* xq;
+    float* xd;
+    int xq_bytes;
 };
 
 // Dynamic shared memory of the kernel for `rows` query rows.

@@ -68,12 +68,14 @@ int64_t split_len_for(const KvLayerView& kv) {
 
 // part_o: [n_splits][n_tokens][n_head][D], part_ml: [n_splits][n_tokens][n_head][2];
 // out: [n_tokens][n_head][D]. Token t uses splits 0 .. slot / split_len (the others are
-// empty for it). One thread per output element.
+// empty for it). One thread per output element. With xq (D % 32 == 0), out is also quantized
+// for the integer GEMV.
 __global__ void merge_splits_kernel(float* __restrict__ out, const float* __restrict__ part_o,
                                     const float* __restrict__ part_ml,
                                     const int32_t* __restrict__ token_slot, int64_t n_tokens,
                                     int n_head, int D, int n_splits, int64_t split_len,
-                                    const float* __restrict__ sinks) {
+                                    const float* __restrict__ sinks, int8_t* __restrict__ xq,
+                                    float* __restrict__ xd, int xq_bytes) {
     cu::pdl_begin();
     const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx >= n_tokens * n_head * D) return;
@@ -93,7 +95,9 @@ __global__ void merge_splits_kernel(float* __restrict__ out, const float* __rest
     }
     // num * (1 / den), as the unsplit kernel scales its sum: a token whose context lies in
     // one split (w = 1) then gets the same bits from either path.
-    out[idx] = num * cu::attn_out_scale(mx, den, sinks, row % n_head);
+    const float o = num * cu::attn_out_scale(mx, den, sinks, row % n_head);
+    out[idx] = o;
+    if (xq) cu::quantize_x_store(o, idx, xq, xd, xq_bytes);  // whole warps: n_out % 32 == 0
 }
 
 // Where a tile's key is read from (computed by lane j for key j of the tile, shuffled to the
@@ -332,8 +336,10 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(cu::At
             if (d == 0) p.part_ml[prow * 2] = red_max[r], p.part_ml[prow * 2 + 1] = red_den[r];
         } else {
             // num * (1 / den), as merge_splits_kernel scales its sum.
-            p.out[orow * D + d] =
-                num * cu::attn_out_scale(red_max[r], red_den[r], p.sinks, head0 + r);
+            const float o = num * cu::attn_out_scale(red_max[r], red_den[r], p.sinks, head0 + r);
+            p.out[orow * D + d] = o;
+            // Whole warps (n_rows * D % 32 == 0), e % 32 == lane (D % 32 == 0).
+            if (p.xq) cu::quantize_x_store(o, orow * D + d, p.xq, p.xd, p.xq_bytes);
         }
     }
 }
@@ -391,15 +397,34 @@ void decode_dispatch(const cu::AttnParams& p, int n_splits, cudaStream_t s) {
 void cuda_paged_attention_decode(float* out, const float* q, const KvLayerView& kv,
                                  const KvBatchView& batch, int64_t n_head, float scale,
                                  CudaScratch& scratch, cudaStream_t s, float softcap,
-                                 int64_t window, const float* sinks) {
+                                 int64_t window, const float* sinks, const CudaXq* xq) {
     cu::AttnParams p = cu::attn_params(out, q, kv, batch, n_head, scale, kDecodeMaxRows, true,
                                        softcap, window, sinks);
     if (p.n_tokens == 0) return;
+    // The quantization for the output projection's integer GEMV: in the decode kernel (or its
+    // merge) where a warp writes whole 32-element blocks, else one launch after.
+    bool quantize_after = false;
+    if (xq) {
+        CUDA_REQUIRE(xq->x == out && (xq->elt_bytes == 1 || xq->elt_bytes == 2),
+                     "cuda_paged_attention: xq must be made from out");
+        if (p.head_dim % 32 == 0 && !decode_forced_tiled()) {
+            p.xq = xq->q;
+            p.xd = xq->d;
+            p.xq_bytes = xq->elt_bytes;
+        } else {
+            quantize_after = true;
+        }
+    }
+    const auto finish = [&] {
+        if (quantize_after)
+            cuda_quantize_x(out, p.n_tokens, int64_t(p.n_head) * p.head_dim, *xq, s);
+    };
     const int64_t ctx = batch.max_blocks_per_seq * kv.block_size;
     const int64_t split_len = split_len_for(kv);
     const int64_t n_splits = cu::ceil_div(ctx, split_len);
     if (n_splits <= 1) {  // every token lies in the first split: one pass, no merge
         decode_dispatch(p, 1, s);
+        finish();
         return;
     }
     p.split_len = split_len;
@@ -412,18 +437,21 @@ void cuda_paged_attention_decode(float* out, const float* q, const KvLayerView& 
     const int64_t n_out = p.n_tokens * p.n_head * p.head_dim;
     cu::launch_pdl(merge_splits_kernel, unsigned(cu::ceil_div(n_out, 256)), 256, 0, s, out,
                    p.part_o, p.part_ml, batch.token_slot, p.n_tokens, p.n_head, p.head_dim,
-                   int(n_splits), p.split_len, sinks);
+                   int(n_splits), p.split_len, sinks, p.xq, p.xd, p.xq_bytes);
+    finish();
 }
 
 void cuda_paged_attention(float* out, const float* q, const KvLayerView& kv,
                           const KvBatchView& batch, int64_t n_head, float scale,
                           CudaScratch& scratch, cudaStream_t s, float softcap, int64_t window,
-                          const float* sinks) {
-    if (batch.n_tokens <= kMaxDecodeTokens)
+                          const float* sinks, const CudaXq* xq) {
+    if (batch.n_tokens <= kMaxDecodeTokens) {
         cuda_paged_attention_decode(out, q, kv, batch, n_head, scale, scratch, s, softcap, window,
-                                    sinks);
-    else
-        cuda_paged_attention_prefill(out, q, kv, batch, n_head, scale, s, softcap, window, sinks);
+                                    sinks, xq);
+        return;
+    }
+    cuda_paged_attention_prefill(out, q, kv, batch, n_head, scale, s, softcap, window, sinks);
+    if (xq) cuda_quantize_x(out, batch.n_tokens, n_head * kv.head_dim, *xq, s);
 }
 
 }  // namespace kvrun

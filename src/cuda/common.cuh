@@ -176,6 +176,23 @@ inline void launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
     CUDA_CHECK_LAUNCH();
 }
 
+// Element e of x ([rows][n], n % 32 == 0) quantized for the integer GEMV (gemv.cu): every
+// lane of the calling warp holds one element of the same 32-element block, in lane order
+// (e % 32 == lane). The block's scale d = max|x| / 127 (bytes, elt_bytes 1) or / 32767
+// (int16s, 2) goes to xd[e / 32]; the element, round-to-nearest-even of x / d, to xq. The
+// one definition of that arithmetic, so each producer writes the same bits.
+__device__ __forceinline__ void quantize_x_store(float v, int64_t e, int8_t* __restrict__ xq,
+                                                 float* __restrict__ xd, int elt_bytes) {
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / (elt_bytes == 1 ? 127.0f : 32767.0f);
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    if (elt_bytes == 1)
+        xq[e] = int8_t(__float2int_rn(v * id));
+    else
+        reinterpret_cast<int16_t*>(xq)[e] = int16_t(__float2int_rn(v * id));
+    if (e % 32 == 0) xd[e / 32] = d;
+}
+
 // Byte-packed little-endian loads (GGUF blocks are not naturally aligned).
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) {
     return *reinterpret_cast<const uint16_t*>(p);  // callers guarantee 2-byte alignment

@@ -132,10 +132,10 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
         grown = true;
     }
     if (!xq_mem_.get() && c.n_embd % 32 == 0) {
-        const size_t n = size_t(kCudaGemvMaxRows * c.n_embd);
+        const size_t n = size_t(kCudaGemvMaxRows * std::max(c.n_embd, c.q_dim()));
         xq_mem_ = DeviceMem(align_up(2 * n) + n / 32 * sizeof(float), "quantized activations");
-        xq_.q = reinterpret_cast<int8_t*>(xq_mem_.get());
-        xq_.d = reinterpret_cast<float*>(xq_mem_.get() + align_up(2 * n));
+        xq_.q = xq_att_.q = reinterpret_cast<int8_t*>(xq_mem_.get());
+        xq_.d = xq_att_.d = reinterpret_cast<float*>(xq_mem_.get() + align_up(2 * n));
     }
     if (lora_rank_ > 0) {
         const size_t ax = align_up(size_t(token_cap_ * lora_rank_) * sizeof(float));
@@ -287,10 +287,18 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
         } else {
             cuda_rope_kv_write(q_, k_, v_, d_pos_, kv, kb, c.n_head, rope, s);
         }
+        // The attention quantizes its output for the output projection's integer GEMV.
+        const CudaXq* att_xq = nullptr;
+        if (xq_att_.q && T <= kCudaGemvMaxRows && cuda_gemv_q8() && c.q_dim() % 32 == 0 &&
+            cuda_gemv_int_type(w.wo.type)) {
+            xq_att_.x = att_;
+            xq_att_.elt_bytes = cuda_gemv_q16() ? 2 : 1;
+            att_xq = &xq_att_;
+        }
         cuda_paged_attention(att_, q_, kv, kb, c.n_head, c.attn_scale, scratch_, s, c.attn_softcap,
-                             c.window(l), w.sinks);
+                             c.window(l), w.sinks, att_xq);
         observe({&w.wo}, att_, T);
-        cuda_matmul(xb_, att_, w.wo, T, scratch_, s);
+        cuda_matmul(xb_, att_, w.wo, T, scratch_, s, att_xq);
         add_lora(xb_, att_, w.lora[kLoraO], T);
         if (w.bo) cuda_add_bias(xb_, w.bo, T, c.n_embd, s);
         if (w.attn_post_norm)  // gemma2/3: the block's output normed before the residual add

@@ -225,14 +225,15 @@ class CudaBackend final : public Backend {
           *moe_up_ = nullptr;
     float* shexp_ = nullptr;  // [T][n_embd]: the shared experts' output (GLM 4.5)
     int32_t *moe_ids_ = nullptr, *moe_map_ = nullptr;
-    // xb_'s rows quantized by the norm before the q/k/v and gate/up matmuls when the integer
-    // GEMV is on (decode-size steps; n_embd % 32 == 0): [kCudaGemvMaxRows][n_embd] int16s,
-    // then the scales.
+    // xb_'s rows quantized by the norm before the q/k/v and gate/up matmuls, and att_'s by the
+    // attention before the output projection, when the integer GEMV is on (decode-size steps;
+    // widths % 32 == 0): [kCudaGemvMaxRows][max(n_embd, q_dim)] int16s, then the scales; one
+    // buffer, each use read by the matmul right after it.
     DeviceMem xq_mem_;
     // The norm before layer l's q/k/v (attn) or gate/up (ffn) GEMV: cuda_rmsnorm(_xq) /
     // cuda_add_rmsnorm(_xq) of xb_; returns the quantized rows for the matmul, or null.
     const CudaXq* norm_xb(const float* w, bool add, bool fuse, int64_t T);
-    CudaXq xq_{};
+    CudaXq xq_{}, xq_att_{};
     DeviceMem lora_buf_;  // LoRA: A x [T][lora_rank_], B (A x) [max(T, R)][lora_width_]
     size_t lora_buf_bytes_ = 0;
     float *lora_ax_ = nullptr, *lora_bax_ = nullptr;

@@ -75,9 +75,9 @@ void cuda_gemm(float* out, const float* x, const WeightView& w, int64_t n_rows,
 }
 
 void cuda_matmul(float* out, const float* x, const WeightView& w, int64_t n_rows,
-                 CudaScratch& scratch, cudaStream_t s) {
+                 CudaScratch& scratch, cudaStream_t s, const CudaXq* xq) {
     if (n_rows <= kCudaGemvMaxRows)
-        cuda_gemv(out, x, w, n_rows, scratch, s);
+        cuda_gemv(out, x, w, n_rows, scratch, s, xq);
     else
         cuda_gemm(out, x, w, n_rows, scratch, s);
 }

@@ -576,20 +576,15 @@ int gemv_x_mode() {
 }
 
 // One warp per 32-element block of x ([n_rows][n_in], n_in % 32 == 0): signed bytes
-// (XT = int8_t, d = max|x| / 127) or int16s (d = max|x| / 32767).
+// (XT = int8_t) or int16s (cu::quantize_x_store).
 template <class XT>
 __global__ void quantize_x_kernel(const float* __restrict__ x, XT* __restrict__ xq,
                                   float* __restrict__ xd, int64_t n_blocks) {
     cu::pdl_begin();
     const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     if (blk >= n_blocks) return;  // whole warps
-    const int lane = threadIdx.x % 32;
-    const float v = x[blk * 32 + lane];
-    const float amax = cu::warp_max(fabsf(v));
-    const float d = amax / (sizeof(XT) == 1 ? 127.0f : 32767.0f);
-    const float id = d > 0.0f ? 1.0f / d : 0.0f;
-    xq[blk * 32 + lane] = XT(__float2int_rn(v * id));
-    if (lane == 0) xd[blk] = d;
+    const int64_t e = blk * 32 + threadIdx.x % 32;
+    cu::quantize_x_store(x[e], e, reinterpret_cast<int8_t*>(xq), xd, int(sizeof(XT)));
 }
 
 // kX16: x as int16s, each word of 4 weight bytes against two words of x (dp2a lo and hi
@@ -875,9 +870,9 @@ void cuda_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows, 
 }
 
 void cuda_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows,
-               CudaScratch& scratch, cudaStream_t s) {
+               CudaScratch& scratch, cudaStream_t s, const CudaXq* xq) {
     const WeightView* ws[] = {&w};
-    gemv_many(&out, ws, 1, x, n_rows, false, s, false, q8_scratch(scratch));
+    gemv_many(&out, ws, 1, x, n_rows, false, s, false, q8_scratch(scratch), xq);
 }
 
 void cuda_set_gemv_q8(bool on) {

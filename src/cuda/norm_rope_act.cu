@@ -116,8 +116,7 @@ __global__ void add_rmsnorm_kernel(float* x, const float* y, float* out,
 // first (stored), then out = rmsnorm(x) * w, as add_rmsnorm_kernel. out may alias x (no add)
 // or y (add). With kQBytes (1 or 2; dim % 32 == 0) out is also quantized for the integer GEMV
 // into xq / xd: for each k a warp holds 32 consecutive elements of one 32-element block (the
-// block size is a multiple of 32), the block quantize_x_kernel (gemv.cu) gives a warp, with
-// its arithmetic.
+// block size is a multiple of 32): cu::quantize_x_store.
 constexpr int kRegPer = 8;
 template <bool kAdd, int kQBytes>
 __global__ void rmsnorm_reg_kernel(float* x, const float* y, float* out,
@@ -159,17 +158,8 @@ __global__ void rmsnorm_reg_kernel(float* x, const float* y, float* out,
         const float o = v[k] * inv * g[k];
         if (k < per && i < dim) outr[i] = o;
         if constexpr (kQBytes > 0) {
-            if (k < per && i - threadIdx.x % 32 < dim) {  // whole warps (dim % 32 == 0)
-                const float amax = cu::warp_max(fabsf(o));
-                const float d = amax / (kQBytes == 1 ? 127.0f : 32767.0f);
-                const float id = d > 0.0f ? 1.0f / d : 0.0f;
-                const int64_t e = int64_t(blockIdx.x) * dim + i;
-                if constexpr (kQBytes == 1)
-                    xq[e] = int8_t(__float2int_rn(o * id));
-                else
-                    reinterpret_cast<int16_t*>(xq)[e] = int16_t(__float2int_rn(o * id));
-                if (threadIdx.x % 32 == 0) xd[e / 32] = d;
-            }
+            if (k < per && i - threadIdx.x % 32 < dim)  // whole warps (dim % 32 == 0)
+                cu::quantize_x_store(o, int64_t(blockIdx.x) * dim + i, xq, xd, kQBytes);
         }
     }
 }

@@ -118,13 +118,14 @@ constexpr int64_t kCudaGemvMaxRows = 16;
 // n_rows <= kCudaGemvMaxRows: fused GEMV (f32 accumulate, weights read once); larger:
 // weights dequantized tile-wise to f16 and multiplied with cuBLAS on tensor cores (f32
 // accumulate; F32 weights use f32 SGEMM).
+// xq: x already quantized for the integer GEMV (CudaXq), when it runs.
 void cuda_matmul(float* out, const float* x, const WeightView& w, int64_t n_rows,
-                 CudaScratch& scratch, cudaStream_t s);
+                 CudaScratch& scratch, cudaStream_t s, const CudaXq* xq = nullptr);
 // The two paths, callable directly (tests, benchmarks). cuda_gemv takes any n_rows.
 void cuda_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows, cudaStream_t s);
 // cuda_gemv with the matmuls' scratch buffer, where the 8-bit activation path keeps x's bytes.
 void cuda_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows,
-               CudaScratch& scratch, cudaStream_t s);
+               CudaScratch& scratch, cudaStream_t s, const CudaXq* xq = nullptr);
 // The 8-bit activation GEMV (gemv.cu; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K
 // and IQ4_XS weights; float types, Q2_K, Q3_K and MXFP4 keep the f32 kernel): x quantized per 32
 // elements, integer dot products. Opt-in while it awaits its timing on a GPU: on with the
@@ -270,17 +271,22 @@ void cuda_hadamard(float* x, int64_t n_rows, int64_t n, cudaStream_t s);
 // context split) with split-K merge; many tokens: flash-style query tiles. softcap > 0 and
 // window > 0 as in cpu::paged_attention (Gemma); the kernels skip tiles before the window.
 // sinks (device, [n_head], or null): gpt-oss's attention sinks, as in cpu::paged_attention.
+// With xq (its x must be out), out is also quantized there for the integer GEMV of the
+// output projection: by the decode kernel or its merge in the same launch (head_dim % 32 ==
+// 0), else by cuda_quantize_x after.
 void cuda_paged_attention(float* out, const float* q, const KvLayerView& kv,
                           const KvBatchView& batch, int64_t n_head, float scale,
                           CudaScratch& scratch, cudaStream_t s, float softcap = 0.0f,
-                          int64_t window = 0, const float* sinks = nullptr);
+                          int64_t window = 0, const float* sinks = nullptr,
+                          const CudaXq* xq = nullptr);
 // The kernels, callable directly (tests): each accepts any batch. _prefill picks _flash
 // (tensor cores, f16 q and P: about 1e-7 NMSE from the f32 reference) where
 // cuda_flash_attention_supports(kv) and KVRUN_PREFILL_ATTN is not 'f32', else _tiled (f32).
 void cuda_paged_attention_decode(float* out, const float* q, const KvLayerView& kv,
                                  const KvBatchView& batch, int64_t n_head, float scale,
                                  CudaScratch& scratch, cudaStream_t s, float softcap = 0.0f,
-                                 int64_t window = 0, const float* sinks = nullptr);
+                                 int64_t window = 0, const float* sinks = nullptr,
+                                 const CudaXq* xq = nullptr);
 void cuda_paged_attention_prefill(float* out, const float* q, const KvLayerView& kv,
                                   const KvBatchView& batch, int64_t n_head, float scale,
                                   cudaStream_t s, float softcap = 0.0f, int64_t window = 0,
