@@ -5,7 +5,7 @@
 #   scripts/cuda-emu.sh [ORDER] [TEST...]
 #     ORDER  fwd (default) | rev | rand: order in which a CTA's threads run between
 #            synchronization points (rand: EMU_SEED=N picks the shuffle)
-#     TEST   test_cuda_kv_quant test_cuda_attention test_cuda_sampling test_cuda_ops
+#     TEST   test_cuda_kv_quant test_cuda_attention test_cuda_sampling test_cuda_ops test_cuda_moe
 #            test_cuda_invariance test_cuda_backend (default: all). Slow cases and one known
 #            tolerance failure are excluded with doctest filters (FILTERS below).
 #   Environment: EMU_ASAN=1 builds with ASan+UBSan (into build-emu/asan),
@@ -15,7 +15,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-ALL_TESTS=(test_cuda_kv_quant test_cuda_attention test_cuda_sampling test_cuda_ops
+ALL_TESTS=(test_cuda_kv_quant test_cuda_attention test_cuda_sampling test_cuda_ops test_cuda_moe
     test_cuda_invariance test_cuda_backend)
 
 order=fwd
@@ -36,6 +36,7 @@ done
 declare -A FILTERS=(
     # Everything runs (cuBLAS is a host GEMM, graphs are recorded and replayed).
     [test_cuda_ops]=''
+    [test_cuda_moe]=''
     # Everything runs (about 2-4 minutes, vocabularies up to 151936 included).
     [test_cuda_sampling]=''
     # One case: 3 models x 3 KV types x 2 depths (about 5-6 minutes).
