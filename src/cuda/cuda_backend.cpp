@@ -131,7 +131,7 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
         d_wtable_ = d_table_ + table_cap_;
         grown = true;
     }
-    if (!xq_mem_.get() && c.n_embd % 32 == 0) {
+    if (!xq_mem_.get() && c.n_embd % 32 == 0 && cuda_gemv_q8()) {  // only the integer GEMV's
         const size_t n = size_t(kCudaGemvMaxRows * std::max(c.n_embd, c.q_dim()));
         xq_mem_ = DeviceMem(align_up(2 * n) + n / 32 * sizeof(float), "quantized activations");
         xq_.q = xq_att_.q = reinterpret_cast<int8_t*>(xq_mem_.get());
