@@ -155,6 +155,21 @@ __device__ __forceinline__ void attn_load8_f16(float* d, const __half* src) {
     }
 }
 
+// Where tile row j of KV head kvh lies: its f16 row in the stage pool (rows.st[j] >= 0), or
+// its head block in the pool (rows.pb[j] >= 0; the row is rows.r[j] within it). Every tile
+// loader (this file's and the flash kernel's) finds rows through these two.
+__device__ __forceinline__ const __half* attn_stage_row(const AttnParams& p, const __half* stage,
+                                                        const AttnTileRows& rows, int kvh, int j) {
+    return stage + ((int64_t(rows.st[j]) * p.n_kv_head + kvh) * p.block_size + rows.r[j]) *
+                       int64_t(p.head_dim);
+}
+__device__ __forceinline__ const uint8_t* attn_head_block(const AttnParams& p, const void* pool,
+                                                          const KvHeadLayout& L,
+                                                          const AttnTileRows& rows, int kvh,
+                                                          int j) {
+    return static_cast<const uint8_t*>(pool) + (int64_t(rows.pb[j]) * p.n_kv_head + kvh) * L.bytes;
+}
+
 // Gathers the 32 rows of KV head kvh described by `rows` into dst[32][D + 1] as f32, from
 // `pool` (head blocks of `type`, layout L) or `stage` (f16 rows). This is the one place that
 // knows the storage formats.
@@ -162,14 +177,9 @@ __device__ __forceinline__ void attn_load_tile(float* __restrict__ dst, const At
                                                const void* pool, const __half* stage, KvType type,
                                                KvRole role, const KvHeadLayout& L,
                                                const AttnTileRows& rows, int kvh) {
-    const int D = p.head_dim, Dp = D + 1, bs = p.block_size;
-    const auto* base = static_cast<const uint8_t*>(pool);
-    auto stage_row = [&](int j) {  // f16 row of tile row j in the stage pool
-        return stage + ((int64_t(rows.st[j]) * p.n_kv_head + kvh) * bs + rows.r[j]) * int64_t(D);
-    };
-    auto head_block = [&](int j) {  // head block of tile row j in the pool
-        return base + (int64_t(rows.pb[j]) * p.n_kv_head + kvh) * L.bytes;
-    };
+    const int D = p.head_dim, Dp = D + 1;
+    auto stage_row = [&](int j) { return attn_stage_row(p, stage, rows, kvh, j); };
+    auto head_block = [&](int j) { return attn_head_block(p, pool, L, rows, kvh, j); };
     if (type == KvType::F32 && D % 4 == 0 && p.n_stages == 0) {
         const int chunks = D / 4;
         for (int c = threadIdx.x; c < kAttnTile * chunks; c += blockDim.x) {

@@ -46,12 +46,9 @@ __device__ __forceinline__ uint4 flash_fetch8(const cu::AttnParams& p, const voi
                                               int kvh, int j, int c0) {
     const int D = p.head_dim;
     if (rows.st[j] >= 0)
-        return *reinterpret_cast<const uint4*>(
-            stage + ((int64_t(rows.st[j]) * p.n_kv_head + kvh) * p.block_size + rows.r[j]) * D +
-            c0);
+        return *reinterpret_cast<const uint4*>(cu::attn_stage_row(p, stage, rows, kvh, j) + c0);
     if (rows.pb[j] < 0) return make_uint4(0u, 0u, 0u, 0u);
-    const uint8_t* blk =
-        static_cast<const uint8_t*>(pool) + (int64_t(rows.pb[j]) * p.n_kv_head + kvh) * L.bytes;
+    const uint8_t* blk = cu::attn_head_block(p, pool, L, rows, kvh, j);
     if (type == KvType::F16)
         return *reinterpret_cast<const uint4*>(blk + 2 * (int64_t(rows.r[j]) * D + c0));
     float f[8];

@@ -199,8 +199,9 @@ __device__ __forceinline__ WarpRows warp_rows(const GemvJob& job, int warp) {
 }
 
 // A GEMV kernel's start: the prefetch of the warp's rows (GemvJob::prefetch; not for expert
-// launches, whose rows depend on the router's output), then cu::pdl_begin().
-__device__ __forceinline__ void gemv_begin(const GemvJob& job, int warp, int lane) {
+// launches, whose rows depend on the router's output), then cu::pdl_begin(). Returns the
+// warp's rows (an expert launch's only after the wait: they read the router's output).
+__device__ __forceinline__ WarpRows gemv_begin(const GemvJob& job, int warp, int lane) {
     if (job.prefetch && !job.expert_ids) {
         const WarpRows w = warp_rows(job, warp);
         if (w.active) {
@@ -209,8 +210,11 @@ __device__ __forceinline__ void gemv_begin(const GemvJob& job, int warp, int lan
                 if (w.has_second) cu::prefetch_l2(w.row1 + off);
             }
         }
+        cu::pdl_begin();
+        return w;
     }
     cu::pdl_begin();
+    return warp_rows(job, warp);
 }
 
 // Sums the lanes' partial dots and writes the warp's outputs (lane 0): rows o0 and o0 + 1,
@@ -269,8 +273,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const GemvJob
     extern __shared__ __align__(16) unsigned char gemv_smem[];
     float* xs = reinterpret_cast<float*>(gemv_smem);  // [R][kChunk][kStride]
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    gemv_begin(job, warp, lane);
-    const WarpRows wr = warp_rows(job, warp);
+    const WarpRows wr = gemv_begin(job, warp, lane);
     const bool active = wr.active;
     const uint8_t* row0 = wr.row0;
     const uint8_t* row1 = wr.row1;
@@ -592,8 +595,7 @@ __global__ void quantize_x_kernel(const float* __restrict__ x, XT* __restrict__ 
 template <class IL, int R, bool kX16>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_q8_kernel(const GemvJob job) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    gemv_begin(job, warp, lane);
-    const WarpRows wr = warp_rows(job, warp);
+    const WarpRows wr = gemv_begin(job, warp, lane);
     if (!wr.active && job.split == 1) return;  // the only barrier: write_rows' with split
     const int64_t n_in = job.n_in, n_items = n_in / 32;
     const int n_rows = job.n_rows;
