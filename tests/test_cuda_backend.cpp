@@ -396,9 +396,9 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
     // same heads.
     // K-quant weights, f16 and q8 KV (q8 with rotation: the unfused RoPE path).
     const auto dir = std::filesystem::temp_directory_path();
-    for (const char* arch : {"qwen3", "qwen3moe", "qwen2", "phi3", "gemma", "gemma2", "gemma3",
-                             "granite", "granitemoe", "smollm3", "gpt-oss", "glm4moe",
-                             "ernie4_5-moe", "llama"})
+    for (const char* arch :
+         {"qwen3", "qwen3moe", "qwen2", "phi3", "gemma", "gemma2", "gemma3", "granite",
+          "granitemoe", "smollm3", "gpt-oss", "glm4moe", "ernie4_5-moe", "llama"})
         for (KvType kv : {KvType::F16, KvType::Q8}) {
             CAPTURE(arch);
             CAPTURE(std::string(kv_type_name(kv)));
@@ -677,9 +677,11 @@ TEST_CASE("cuda forward_sample returns the tokens the host sampler picks from th
 TEST_CASE("cuda graph replay equals eager steps across block seals and scratch growth") {
     // One block table drives a CPU backend, a CUDA backend with graphs and one without: a
     // 40-token prompt, 30 decode steps (blocks sealed at slots 47 and 63 while the decode
-    // graph replays), a fork (stage copy) with two-sequence steps, a 120-token prompt of a
-    // third sequence (grows the scratch the captured graphs point at), then more two-sequence
-    // steps. Graph and eager logits must agree to rounding noise, and both match the CPU.
+    // graph replays; a quantized cache's steps that seal nothing leave the seal launch out,
+    // in graphs of their own, so a missed seal would show in the steps after 47), a fork (stage
+    // copy) with two-sequence steps, a 120-token prompt of a third sequence (grows the scratch the
+    // captured graphs point at), then more two-sequence steps. Graph and eager logits must agree to
+    // rounding noise, and both match the CPU.
     for (const char* name : {"stories260K.gguf", "synth-llama-hd64-gqa4-Q4_0.gguf"})
         for (KvType kv : {KvType::F16, KvType::Q8, KvType::Q4})
             for (bool rotate : {false, true}) {

@@ -283,9 +283,9 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
                 cuda_hadamard(q_, T * c.n_head, c.head_dim, s);
                 cuda_hadamard(k_, T * c.n_kv_head, c.head_dim, s);
             }
-            cuda_kv_write(kv, kb, k_, v_, s);
+            cuda_kv_write(kv, kb, k_, v_, s, seals_);
         } else {
-            cuda_rope_kv_write(q_, k_, v_, d_pos_, kv, kb, c.n_head, rope, s);
+            cuda_rope_kv_write(q_, k_, v_, d_pos_, kv, kb, c.n_head, rope, s, seals_);
         }
         // The attention quantizes its output for the output projection's integer GEMV.
         const CudaXq* att_xq = nullptr;
@@ -347,7 +347,7 @@ void CudaBackend::run_step(int64_t T, int64_t R, int64_t max_blocks) {
         enqueue_forward(T, R, max_blocks);
         return;
     }
-    GraphEntry& g = graphs_[{T, R, max_blocks}];
+    GraphEntry& g = graphs_[{T, R, max_blocks, seals_}];
     if (!g.exec && g.eager_runs == 0) {
         enqueue_forward(T, R, max_blocks);
         ++g.eager_runs;
@@ -402,6 +402,11 @@ int64_t CudaBackend::launch(const ForwardBatch& b) {
     std::memcpy(h + 2 * token_cap_, b.seq_index.data(), size_t(T) * 4);
     std::memcpy(h + 3 * token_cap_, b.slots.data(), size_t(T) * 4);
     if (n_stages_ > 0) std::memcpy(h + 4 * token_cap_, b.stages.data(), size_t(T) * 4);
+    // A staged token seals its block when it writes the block's last row (seal_head_block).
+    const int64_t bs = options_.kv_block_size;
+    seals_ = n_stages_ > 0 && std::any_of(b.slots.begin(), b.slots.end(), [&](int32_t slot) {
+                 return slot >= 0 && slot % bs == bs - 1;
+             });
     std::memcpy(h + 5 * token_cap_, b.logit_rows.data(), size_t(R) * 4);
     int32_t* ht = h + 5 * token_cap_ + row_cap_;
     std::fill(ht, ht + n_seqs * max_blocks, -1);

@@ -266,11 +266,15 @@ class CudaBackend final : public Backend {
     bool use_graphs_ = true;
     size_t scratch_seen_ = 0;  // scratch size the captured graphs were recorded with
     const void* scratch_ptr_seen_ = nullptr;
+    // Whether a token of the step being enqueued completes a block of a staged (quantized)
+    // cache: without one, the step leaves out the seal launches (cuda_rope_kv_write's seal).
+    bool seals_ = true;
     struct GraphEntry {
         cudaGraphExec_t exec = nullptr;
         int eager_runs = 0;
     };
-    std::map<std::tuple<int64_t, int64_t, int64_t>, GraphEntry> graphs_;
+    // Captured steps by (tokens, logit rows, block-table width, seals_).
+    std::map<std::tuple<int64_t, int64_t, int64_t, bool>, GraphEntry> graphs_;
 };
 
 }  // namespace kvrun::cuda_detail

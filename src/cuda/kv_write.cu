@@ -428,7 +428,7 @@ void cuda_kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_s
 }
 
 void cuda_kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, const float* v,
-                   cudaStream_t s) {
+                   cudaStream_t s, bool seal) {
     CUDA_REQUIRE(kv.n_blocks > 0 && kv.n_kv_head > 0 && kv.block_size > 0 && kv.head_dim > 0,
                  "cuda_kv_write: bad KV layer shape");
     CUDA_REQUIRE(batch.n_tokens >= 0 && batch.max_blocks_per_seq > 0,
@@ -453,13 +453,14 @@ void cuda_kv_write(const KvLayerView& kv, const KvBatchView& batch, const float*
                        batch.token_slot, batch.token_stage, batch.n_tokens, kv.n_stages,
                        kv.n_kv_head, kv.block_size, kv.head_dim);
     }
+    if (!seal) return;
     seal_pool(kv.k_type, KvRole::K, kv.k, kv.k_stage, kv, batch, s);
     seal_pool(kv.v_type, KvRole::V, kv.v, kv.v_stage, kv, batch, s);
 }
 
 void cuda_rope_kv_write(float* q, float* k, const float* v, const int32_t* pos,
                         const KvLayerView& kv, const KvBatchView& batch, int64_t n_head,
-                        const RopeParams& rope, cudaStream_t s) {
+                        const RopeParams& rope, cudaStream_t s, bool seal) {
     CUDA_REQUIRE(kv.n_blocks > 0 && kv.n_kv_head > 0 && kv.block_size > 0 && kv.head_dim > 0,
                  "cuda_rope_kv_write: bad KV layer shape");
     CUDA_REQUIRE(batch.n_tokens >= 0 && batch.max_blocks_per_seq > 0,
@@ -509,7 +510,7 @@ void cuda_rope_kv_write(float* q, float* k, const float* v, const int32_t* pos,
                  "cuda_rope_kv_write: too many tokens");
     cu::launch_pdl(rope_kv_write_kernel, unsigned(cu::ceil_div(n, kRopeKvThreads)), kRopeKvThreads,
                    0, s, p);
-    if (staged) seal_pools(kv, batch, s);
+    if (staged && seal) seal_pools(kv, batch, s);
 }
 
 }  // namespace kvrun

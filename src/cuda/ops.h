@@ -249,17 +249,21 @@ void cuda_matmul_geglu(float* out, float* up_buf, const float* x, const WeightVi
 // cpu::kv_write's contract: unstaged f32/f16 pools get the rows directly; a staged
 // (quantized) cache gets them in the tokens' f16 stages, and every block whose last row is
 // written is sealed into the pool (same bytes as kv_encode_head_block). block_size <= 256.
+// seal = false: the caller knows that no token of the batch writes the last row of its block
+// (the CUDA backend checks its batch), and the seal launch is left out: a decode step of one
+// sequence needs it once in block_size steps.
 void cuda_kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, const float* v,
-                   cudaStream_t s);
+                   cudaStream_t s, bool seal = true);
 // cuda_rope on q: [n_tokens][n_head][head_dim] and on k: [n_tokens][n_kv_head][head_dim]
 // (in place, pos: [n_tokens]), then cuda_kv_write(kv, batch, k, v), fused: one launch for
 // f32/f16 caches, two for staged ones (the rotated K and V rows into the stages, then the
 // completed K and V blocks sealed together). q, k and the cache get the same bits as the
 // three unfused calls. n_head a multiple of kv.n_kv_head. A Hadamard rotation of q and k
 // between RoPE and the write (kv_rotation_enabled) needs the unfused calls.
+// seal as for cuda_kv_write.
 void cuda_rope_kv_write(float* q, float* k, const float* v, const int32_t* pos,
                         const KvLayerView& kv, const KvBatchView& batch, int64_t n_head,
-                        const RopeParams& rope, cudaStream_t s);
+                        const RopeParams& rope, cudaStream_t s, bool seal = true);
 // cpu::kv_copy's contract (one queued BlockCopy on one layer).
 void cuda_kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_stage,
                   int64_t dst_stage, int64_t n_rows, cudaStream_t s);
