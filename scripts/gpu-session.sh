@@ -82,7 +82,11 @@ greedy_sweep() {
     kvs=f16
     case $(basename $m) in stories260K.gguf|stories260K-Q4_0.gguf|stories260K-w256-Q4_K_M.gguf|synth-*) kvs="f16 q8 q4";; esac
     for kv in $kvs; do
-      c=$(timeout 60 $K run -m "$m" --jsonl --kv-type $kv --device cpu < "$req" 2>/dev/null | grep -o '"tokens":\[[^]]*\]')
+      # The CPU's tokens do not depend on the GPU switches: computed once per model and KV type.
+      cc=/tmp/cpu-greedy/$(basename $m)-$kv
+      [ -s "$cc" ] || { mkdir -p /tmp/cpu-greedy; timeout 60 $K run -m "$m" --jsonl --kv-type $kv --device cpu < "$req" \
+        2>/dev/null | grep -o '"tokens":\[[^]]*\]' > "$cc"; }
+      c=$(cat "$cc")
       g=$(timeout 60 $K run -m "$m" --jsonl --kv-type $kv --device cuda < "$req" 2>"$OUT/last-cuda-run.err" | grep -o '"tokens":\[[^]]*\]')
       r=NO; [ "$c" = "$g" ] && [ -n "$c" ] && r=yes
       [ $r = NO ] && { echo "== $(basename $m) $kv"; echo "cpu:  $c"; echo "cuda: $g"; cat "$OUT/last-cuda-run.err"; } >> "$diffs"
@@ -196,13 +200,20 @@ switch_ab() {
   log "switch A/B $1 done"
 }
 
-# bench_model NAME KVTYPES [ab]: pp512 and tg128 at depth 0 and 4096 into bench.md, then tg128
+# bench_model NAME KVTYPES [ab]: pp512 and tg128 at depth 0 and 4096 into bench.md (again
+# under the switches of KVRUN_CANDIDATE, e.g. "KVRUN_GEMV=q16 KVRUN_PDL=on", when set: the
+# table a change of defaults would commit), then tg128
 # at depth 0 with the opt-in 8-bit activation GEMV (KVRUN_GEMV=q8) for the A/B; with `ab`
 # also pp512 with the f32 prefill attention (KVRUN_PREFILL_ATTN=f32) against the flash kernel.
 bench_model() {
   echo "### $1" >> "$OUT/bench.md"
   timeout 150 $K bench -m /tmp/models/$1.gguf -p 512 -n 128 -r 3 --depth 0,4096 --kv-types $2 -o md \
     --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
+  if [ -n "${KVRUN_CANDIDATE:-}" ]; then  # the whole table again under the candidate defaults
+    echo "#### $1, $KVRUN_CANDIDATE" >> "$OUT/bench.md"
+    env $KVRUN_CANDIDATE timeout 150 $K bench -m /tmp/models/$1.gguf -p 512 -n 128 -r 3 --depth 0,4096 \
+      --kv-types $2 -o md --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
+  fi
   echo "#### $1, KVRUN_GEMV=q8" >> "$OUT/bench.md"
   KVRUN_GEMV=q8 timeout 60 $K bench -m /tmp/models/$1.gguf -p 0 -n 128 -r 3 --kv-types f16 -o md \
     --kv-block-size 16 2>&1 | tee -a "$OUT/bench.md"
@@ -218,9 +229,11 @@ bench_model() {
 if [ "$what" = switches ]; then
   # The switch A/B alone (after a full session's bench, or for a new switch): 7B Q4_0 and
   # Q8_0, 8B Q4_K; first the GPU-vs-CPU greedy sweep with every switch that changes the
-  # order of summation on (split-K; the others keep the bits, test_cuda_invariance).
+  # order of summation on (split-K; the others keep the bits, test_cuda_invariance), with
+  # q16, and with the switches of KVRUN_CANDIDATE when set (the CPU's tokens computed once).
   SWEEP_TAG=-split KVRUN_GEMV_SPLIT=auto KVRUN_PDL=on KVRUN_GEMV_PREFETCH=on greedy_sweep
   SWEEP_TAG=-q16 KVRUN_GEMV=q16 greedy_sweep
+  [ -z "${KVRUN_CANDIDATE:-}" ] || ( export $KVRUN_CANDIDATE; SWEEP_TAG=-candidate greedy_sweep )
   for m in llama2-7b:Q4_0 llama2-7b:Q8_0 llama3-8b:Q4_K; do
     $S --preset ${m%%:*} --type ${m##*:} -o /tmp/models/${m%%:*}-${m##*:}.gguf > /dev/null
     switch_ab ${m%%:*}-${m##*:}
