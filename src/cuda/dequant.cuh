@@ -67,7 +67,7 @@ __device__ __forceinline__ uint32_t iq4_byte(uint32_t q) {
     return (q < 8 ? __byte_perm(k0, k1, q) : __byte_perm(k2, k3, q - 8)) & 0xffu;
 }
 __device__ __forceinline__ float iq4_value(uint32_t q) {
-    return float(int8_t(iq4_byte(q)));
+    return sbyte_float(iq4_byte(q));
 }
 
 // MXFP4's doubled E2M1 value of code q (quant_detail::kMxfp4Values), by byte selection like
@@ -75,7 +75,7 @@ __device__ __forceinline__ float iq4_value(uint32_t q) {
 __device__ __forceinline__ float mxfp4_value(uint32_t q) {
     constexpr uint32_t k0 = 0x03020100u, k1 = 0x0c080604u, k2 = 0xfdfeff00u, k3 = 0xf4f8fafcu;
     const uint32_t b = q < 8 ? __byte_perm(k0, k1, q) : __byte_perm(k2, k3, q - 8);
-    return float(int8_t(b & 0xffu));
+    return sbyte_float(b & 0xffu);
 }
 
 // ---- float types ---------------------------------------------------------------------------
@@ -151,8 +151,8 @@ struct LoadQ4_0 {
                 v[j] = d * iq4_value(q & 0xf);
                 v[j + 16] = d * iq4_value(q >> 4);
             } else {
-                v[j] = d * float(int(q & 0xf) - 8);
-                v[j + 16] = d * float(int(q >> 4) - 8);
+                v[j] = d * code_float<8>(q & 0xf);
+                v[j + 16] = d * code_float<8>(q >> 4);
             }
         }
     }
@@ -169,8 +169,8 @@ struct LoadQ4_1 {
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
             const uint32_t q = byte_at(w, j);
-            v[j] = d * float(q & 0xf) + m;
-            v[j + 16] = d * float(q >> 4) + m;
+            v[j] = d * code_float(q & 0xf) + m;
+            v[j + 16] = d * code_float(q >> 4) + m;
         }
     }
 };
@@ -187,10 +187,10 @@ struct LoadQ5_0 {
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
             const uint32_t q = byte_at(w, j);
-            const int lo = int((q & 0xf) | (((qh >> j) & 1) << 4));
-            const int hi = int((q >> 4) | (((qh >> (j + 16)) & 1) << 4));
-            v[j] = d * float(lo - 16);
-            v[j + 16] = d * float(hi - 16);
+            const uint32_t lo = (q & 0xf) | (((qh >> j) & 1) << 4);
+            const uint32_t hi = (q >> 4) | (((qh >> (j + 16)) & 1) << 4);
+            v[j] = d * code_float<16>(lo);
+            v[j + 16] = d * code_float<16>(hi);
         }
     }
 };
@@ -209,8 +209,8 @@ struct LoadQ5_1 {
             const uint32_t q = byte_at(w, j);
             const uint32_t lo = (q & 0xf) | (((qh >> j) & 1) << 4);
             const uint32_t hi = (q >> 4) | (((qh >> (j + 16)) & 1) << 4);
-            v[j] = d * float(lo) + m;
-            v[j + 16] = d * float(hi) + m;
+            v[j] = d * code_float(lo) + m;
+            v[j + 16] = d * code_float(hi) + m;
         }
     }
 };
@@ -224,7 +224,7 @@ struct LoadQ8_0 {
         uint32_t w[8];
         load_words<2, 32>(b + 2, w);
 #pragma unroll
-        for (int j = 0; j < 32; ++j) v[j] = d * float(int8_t(byte_at(w, j)));
+        for (int j = 0; j < 32; ++j) v[j] = d * sbyte_float(byte_at(w, j));
     }
 };
 
@@ -260,7 +260,7 @@ struct LoadQ2_K {
 #pragma unroll
             for (int l = 0; l < 16; ++l) {
                 const uint32_t q = (byte_at(w, 16 * half + l) >> (2 * j)) & 3;
-                v[16 * half + l] = dl * float(q) - ml;
+                v[16 * half + l] = dl * code_float(q) - ml;
             }
         }
     }
@@ -289,9 +289,10 @@ struct LoadQ3_K {
 #pragma unroll
             for (int l = 0; l < 16; ++l) {
                 const int idx = 16 * half + l;
-                const int q = int((byte_at(qw, idx) >> (2 * j)) & 3) -
-                              (((byte_at(hw, idx) >> s) & 1) ? 0 : 4);
-                v[idx] = dl * float(q);
+                // q = low bits - 4 unless the high bit is set: (low + 4 * bit) - 4.
+                const uint32_t u =
+                    ((byte_at(qw, idx) >> (2 * j)) & 3) | (((byte_at(hw, idx) >> s) & 1) << 2);
+                v[idx] = dl * code_float<4>(u);
             }
         }
     }
@@ -313,7 +314,7 @@ struct LoadQ4_K {
         load_words<16, 32>(b + 16 + 32 * (s >> 1), w);
         const int shift = 4 * (s & 1);
 #pragma unroll
-        for (int l = 0; l < 32; ++l) v[l] = d * float((byte_at(w, l) >> shift) & 0xf) - m;
+        for (int l = 0; l < 32; ++l) v[l] = d * code_float((byte_at(w, l) >> shift) & 0xf) - m;
     }
 };
 
@@ -337,7 +338,7 @@ struct LoadQ5_K {
         for (int l = 0; l < 32; ++l) {
             const uint32_t q =
                 ((byte_at(w, l) >> shift) & 0xf) | (((byte_at(hw, l) >> s) & 1) << 4);
-            v[l] = d * float(q) - m;
+            v[l] = d * code_float(q) - m;
         }
     }
 };
@@ -362,9 +363,9 @@ struct LoadQ6_K {
 #pragma unroll
             for (int l = 0; l < 16; ++l) {
                 const int idx = 16 * half + l;
-                const int q = int(((byte_at(lw, idx) >> lshift) & 0xf) |
-                                  (((byte_at(hw, idx) >> (2 * k)) & 3) << 4));
-                v[idx] = dl * float(q - 32);
+                const uint32_t q = ((byte_at(lw, idx) >> lshift) & 0xf) |
+                                   (((byte_at(hw, idx) >> (2 * k)) & 3) << 4);
+                v[idx] = dl * code_float<32>(q);
             }
         }
     }

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cpu_ops.h"
+#include "cuda/common.cuh"
 #include "kv_format.h"
 
 namespace kvrun::cu {
@@ -112,13 +113,13 @@ __device__ __forceinline__ void kv_unpack8(float* __restrict__ out, const KvRaw8
     if (t == KvType::Q8) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            out[e] = d[e] * float(int(int8_t(uint8_t(raw.b.x >> (8 * e)))));
-            out[e + 4] = d[e + 4] * float(int(int8_t(uint8_t(raw.b.y >> (8 * e)))));
+            out[e] = d[e] * sbyte_float((raw.b.x >> (8 * e)) & 0xffu);
+            out[e + 4] = d[e + 4] * sbyte_float((raw.b.y >> (8 * e)) & 0xffu);
         }
     } else {
         // Nibble e of the little-endian word is channel c0 + e (byte e / 2, low nibble first).
 #pragma unroll
-        for (int e = 0; e < 8; ++e) out[e] = d[e] * float(int((raw.b.x >> (4 * e)) & 0xFu) - 8);
+        for (int e = 0; e < 8; ++e) out[e] = d[e] * code_float<8>((raw.b.x >> (4 * e)) & 0xFu);
     }
 }
 
