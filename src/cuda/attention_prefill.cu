@@ -38,23 +38,65 @@ constexpr size_t flash_smem_bytes(int D) {
            sizeof(int32_t) * (3 * kFlashKeys + 2 * kFlashRows);
 }
 
+// Bytes 0, 1 (lo) and 2, 3 (hi) of w as half2s of (byte - bias), with no conversion
+// instruction: byte u under the exponent bits 0x64 is the f16 1024 + u, and 1024 + bias is
+// subtracted exactly.
+__device__ __forceinline__ void flash_bytes_to_half2(uint32_t w, float bias, __half2& lo,
+                                                     __half2& hi) {
+    const uint32_t l = __byte_perm(w, 0x64646464u, 0x4140u);  // [b0, 0x64, b1, 0x64]
+    const uint32_t h = __byte_perm(w, 0x64646464u, 0x4342u);  // [b2, 0x64, b3, 0x64]
+    const __half2 off = __float2half2_rn(1024.0f + bias);
+    lo = __hsub2(*reinterpret_cast<const __half2*>(&l), off);
+    hi = __hsub2(*reinterpret_cast<const __half2*>(&h), off);
+}
+
+// 8 values of a q8 / q4 row as f16 in 4 registers (channel pairs, low half first), from
+// kv_fetch8's bytes. Codes are scaled in f16 arithmetic: the code and the f16 scale are exact
+// in f16, so __hmul2 rounds their exact product once, to the f16 that kv_decode8's f32 value
+// rounds to (the same bits, fewer instructions).
+__device__ __forceinline__ uint4 flash_codes8(const cu::KvRaw8& raw, KvType type, KvRole role) {
+    __half2 d[4];
+    if (role == KvRole::K) {  // per-channel scales c0 .. c0 + 7
+        const __half2* h = reinterpret_cast<const __half2*>(&raw.a);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) d[k] = h[k];
+    } else {  // one scale for the row's 8 channels
+        const __half2 dv = __half2half2(__ushort_as_half(static_cast<unsigned short>(raw.b.z)));
+#pragma unroll
+        for (int k = 0; k < 4; ++k) d[k] = dv;
+    }
+    __half2 q[4];
+    if (type == KvType::Q8) {  // signed bytes: flipping the sign bit adds 128
+        flash_bytes_to_half2(raw.b.x ^ 0x80808080u, 128.0f, q[0], q[1]);
+        flash_bytes_to_half2(raw.b.y ^ 0x80808080u, 128.0f, q[2], q[3]);
+    } else {  // nibble e of the word is channel e; code = nibble - 8
+        const uint32_t lo = raw.b.x & 0x0f0f0f0fu, hi = (raw.b.x >> 4) & 0x0f0f0f0fu;
+        flash_bytes_to_half2(__byte_perm(lo, hi, 0x5140u), 8.0f, q[0], q[1]);  // channels 0-3
+        flash_bytes_to_half2(__byte_perm(lo, hi, 0x7362u), 8.0f, q[2], q[3]);  // channels 4-7
+    }
+    uint4 out;
+    uint32_t* o = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const __half2 v = __hmul2(q[k], d[k]);
+        o[k] = *reinterpret_cast<const uint32_t*>(&v);
+    }
+    return out;
+}
+
 // 8 values of tile row j (channels c0 .. c0 + 7) as f16 in 4 registers: copied from an f16
-// stage or pool row, decoded and rounded from a q8 / q4 one, zeros for a missing row.
+// stage or pool row, decoded from a q8 / q4 one, zeros for a missing row.
 __device__ __forceinline__ uint4 flash_fetch8(const cu::AttnParams& p, const void* pool,
                                               const __half* stage, KvType type, KvRole role,
                                               const KvHeadLayout& L, const cu::AttnTileRows& rows,
                                               int kvh, int j, int c0) {
-    const int D = p.head_dim;
     if (rows.st[j] >= 0)
         return *reinterpret_cast<const uint4*>(cu::attn_stage_row(p, stage, rows, kvh, j) + c0);
     if (rows.pb[j] < 0) return make_uint4(0u, 0u, 0u, 0u);
     const uint8_t* blk = cu::attn_head_block(p, pool, L, rows, kvh, j);
     if (type == KvType::F16)
-        return *reinterpret_cast<const uint4*>(blk + 2 * (int64_t(rows.r[j]) * D + c0));
-    float f[8];
-    cu::kv_decode8(f, blk, type, role, L, D, rows.r[j], c0);
-    return make_uint4(cu::pack_half2(f[0], f[1]), cu::pack_half2(f[2], f[3]),
-                      cu::pack_half2(f[4], f[5]), cu::pack_half2(f[6], f[7]));
+        return *reinterpret_cast<const uint4*>(blk + 2 * (int64_t(rows.r[j]) * p.head_dim + c0));
+    return flash_codes8(cu::kv_fetch8(blk, type, role, L, p.head_dim, rows.r[j], c0), type, role);
 }
 
 // Gathers the 64 key rows described by `rows` of KV head kvh: K into k_s[64][D + 8]
