@@ -229,11 +229,15 @@ bench_model() {
 if [ "$what" = switches ]; then
   # The switch A/B alone (after a full session's bench, or for a new switch): 7B Q4_0 and
   # Q8_0, 8B Q4_K; first the GPU-vs-CPU greedy sweep with every switch that changes the
-  # order of summation on (split-K; the others keep the bits, test_cuda_invariance), with
-  # q16, and with the switches of KVRUN_CANDIDATE when set (the CPU's tokens computed once).
-  SWEEP_TAG=-split KVRUN_GEMV_SPLIT=auto KVRUN_PDL=on KVRUN_GEMV_PREFETCH=on greedy_sweep
-  SWEEP_TAG=-q16 KVRUN_GEMV=q16 greedy_sweep
-  [ -z "${KVRUN_CANDIDATE:-}" ] || ( export $KVRUN_CANDIDATE; SWEEP_TAG=-candidate greedy_sweep )
+  # order of summation on (split-K; the others keep the bits, test_cuda_invariance) and with
+  # q16, or, when KVRUN_CANDIDATE is set, one sweep under all of its switches instead (a
+  # 15-minute lease has no time for three; the CPU's tokens are computed once).
+  if [ -n "${KVRUN_CANDIDATE:-}" ]; then  # one sweep with every candidate switch on
+    ( export $KVRUN_CANDIDATE; SWEEP_TAG=-candidate greedy_sweep )
+  else
+    SWEEP_TAG=-split KVRUN_GEMV_SPLIT=auto KVRUN_PDL=on KVRUN_GEMV_PREFETCH=on greedy_sweep
+    SWEEP_TAG=-q16 KVRUN_GEMV=q16 greedy_sweep
+  fi
   for m in llama2-7b:Q4_0 llama2-7b:Q8_0 llama3-8b:Q4_K; do
     $S --preset ${m%%:*} --type ${m##*:} -o /tmp/models/${m%%:*}-${m##*:}.gguf > /dev/null
     switch_ab ${m%%:*}-${m##*:}
