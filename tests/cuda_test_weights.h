@@ -14,6 +14,11 @@
 
 namespace kvrun::test {
 
+// NMSE bounds of the CUDA op tests against their CPU twins.
+constexpr double kExact = 1e-10;   // same math in f32 (different order / FMA at most)
+constexpr double kGemv = 1e-9;     // f32 dot products of up to 4096 terms
+constexpr double kGemmF16 = 1e-5;  // activations and weights rounded to f16
+
 inline const std::vector<GgmlType>& cuda_weight_types() {
     static const std::vector<GgmlType> types = {
         GgmlType::F32,  GgmlType::F16,    GgmlType::BF16,   GgmlType::Q4_0,

@@ -22,14 +22,6 @@
 using namespace kvrun;
 using namespace kvrun::test;
 
-namespace {
-
-constexpr double kExact = 1e-10;   // same math in f32 (different order / FMA at most)
-constexpr double kGemv = 1e-9;     // f32 dot products of up to 4096 terms
-constexpr double kGemmF16 = 1e-5;  // activations and weights rounded to f16
-
-}  // namespace
-
 TEST_CASE("cuda mixture-of-experts ops: top-k, expert-indexed GEMVs, weighted sum") {
     // Expert-indexed GEMVs give each job the bits of a one-row cuda_gemv on its expert's
     // slice (and the fused SwiGLU form those of cuda_swiglu on the two); top-k picks what a

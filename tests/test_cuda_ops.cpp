@@ -25,14 +25,6 @@
 using namespace kvrun;
 using namespace kvrun::test;
 
-namespace {
-
-constexpr double kExact = 1e-10;   // same math in f32 (different order / FMA at most)
-constexpr double kGemv = 1e-9;     // f32 dot products of up to 4096 terms
-constexpr double kGemmF16 = 1e-5;  // activations and weights rounded to f16
-
-}  // namespace
-
 TEST_CASE(
     "cuda rmsnorm, softmax, swiglu, add, add_bias, geglu, softcap, scale, add_scaled_rows "
     "match the CPU") {

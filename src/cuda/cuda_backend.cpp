@@ -218,24 +218,30 @@ void CudaBackend::enqueue_dense_ffn(const DeviceLayer& w, int64_t T, const CudaX
     add_lora(xb_, gate_, w.lora[kLoraDown], T);
 }
 
+// xq pointed at x's rows for the integer GEMV when it takes this step (T decode-size rows,
+// `fuse`: the consuming matmul's type and width allow it), else null.
+CudaXq* CudaBackend::xq_for(CudaXq& xq, const float* x, bool fuse, int64_t T) {
+    if (!fuse || !xq.q || T > kCudaGemvMaxRows || !cuda_gemv_q8()) return nullptr;
+    xq.x = x;
+    xq.elt_bytes = cuda_gemv_q16() ? 2 : 1;
+    return &xq;
+}
+
 const CudaXq* CudaBackend::norm_xb(const float* w, bool add, bool fuse, int64_t T) {
     const ModelConfig& c = config_;
     const cudaStream_t s = stream_.get();
-    fuse = fuse && xq_.q && T <= kCudaGemvMaxRows && cuda_gemv_q8();
-    if (!fuse) {
+    const CudaXq* xq = xq_for(xq_, xb_, fuse, T);
+    if (!xq) {
         if (add)
             cuda_add_rmsnorm(x_, xb_, xb_, w, T, c.n_embd, c.norm_eps, s);
         else
             cuda_rmsnorm(xb_, x_, w, T, c.n_embd, c.norm_eps, s);
-        return nullptr;
+    } else if (add) {
+        cuda_add_rmsnorm_xq(x_, xb_, xb_, w, T, c.n_embd, c.norm_eps, *xq, s);
+    } else {
+        cuda_rmsnorm_xq(xb_, x_, w, T, c.n_embd, c.norm_eps, *xq, s);
     }
-    xq_.x = xb_;
-    xq_.elt_bytes = cuda_gemv_q16() ? 2 : 1;
-    if (add)
-        cuda_add_rmsnorm_xq(x_, xb_, xb_, w, T, c.n_embd, c.norm_eps, xq_, s);
-    else
-        cuda_rmsnorm_xq(xb_, x_, w, T, c.n_embd, c.norm_eps, xq_, s);
-    return &xq_;
+    return xq;
 }
 
 // Enqueues the whole forward pass on the stream: no host synchronization (capturable) up to
@@ -288,13 +294,8 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
             cuda_rope_kv_write(q_, k_, v_, d_pos_, kv, kb, c.n_head, rope, s, seals_);
         }
         // The attention quantizes its output for the output projection's integer GEMV.
-        const CudaXq* att_xq = nullptr;
-        if (xq_att_.q && T <= kCudaGemvMaxRows && cuda_gemv_q8() && c.q_dim() % 32 == 0 &&
-            cuda_gemv_int_type(w.wo.type)) {
-            xq_att_.x = att_;
-            xq_att_.elt_bytes = cuda_gemv_q16() ? 2 : 1;
-            att_xq = &xq_att_;
-        }
+        const CudaXq* att_xq =
+            xq_for(xq_att_, att_, c.q_dim() % 32 == 0 && cuda_gemv_int_type(w.wo.type), T);
         cuda_paged_attention(att_, q_, kv, kb, c.n_head, c.attn_scale, scratch_, s, c.attn_softcap,
                              c.window(l), w.sinks, att_xq);
         observe({&w.wo}, att_, T);

@@ -233,6 +233,7 @@ class CudaBackend final : public Backend {
     // The norm before layer l's q/k/v (attn) or gate/up (ffn) GEMV: cuda_rmsnorm(_xq) /
     // cuda_add_rmsnorm(_xq) of xb_; returns the quantized rows for the matmul, or null.
     const CudaXq* norm_xb(const float* w, bool add, bool fuse, int64_t T);
+    static CudaXq* xq_for(CudaXq& xq, const float* x, bool fuse, int64_t T);
     CudaXq xq_{}, xq_att_{};
     DeviceMem lora_buf_;  // LoRA: A x [T][lora_rank_], B (A x) [max(T, R)][lora_width_]
     size_t lora_buf_bytes_ = 0;

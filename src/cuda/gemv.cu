@@ -665,22 +665,17 @@ void launch_gemv_q8_rows(const GemvJob& job, cudaStream_t s, unsigned n_jobs = 1
         cu::launch_pdl(gemv_q8_kernel<IL, R, false>, grid, kWarpsPerBlock * 32, 0, s, job);
 }
 
-// x ([n_rows][n_in]) quantized into scratch for the 8-bit kernel: its bytes (int16s with
+// x ([n_rows][n_in]) quantized into scratch for the integer kernel: its bytes (int16s with
 // cuda_gemv_q16) and scales.
-struct XQ8 {
-    int8_t* q;
-    float* d;
-    int64_t elt_bytes;  // 1, or 2 for int16s
-};
-
-XQ8 quantize_x_q8(const float* x, int64_t n_rows, int64_t n_in, CudaScratch& scratch,
-                  cudaStream_t s) {
+CudaXq quantize_x_q8(const float* x, int64_t n_rows, int64_t n_in, CudaScratch& scratch,
+                     cudaStream_t s) {
     const int64_t n_blocks = n_rows * (n_in / 32);
-    const int64_t elt = cuda_gemv_q16() ? 2 : 1;
+    const int elt = cuda_gemv_q16() ? 2 : 1;
     const size_t q_bytes = (size_t(n_rows * n_in * elt) + 255) / 256 * 256;
     auto* base = static_cast<uint8_t*>(scratch.get(q_bytes + size_t(n_blocks) * sizeof(float), s));
-    XQ8 xq{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + q_bytes), elt};
-    cuda_quantize_x(x, n_rows, n_in, CudaXq{x, xq.q, xq.d, int(elt)}, s);
+    const CudaXq xq{x, reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + q_bytes),
+                    elt};
+    cuda_quantize_x(x, n_rows, n_in, xq, s);
     return xq;
 }
 
@@ -690,10 +685,9 @@ template <class IL>
 void launch_gemv_q8(const GemvJob& job, const float* x, int64_t n_rows, CudaScratch& scratch,
                     cudaStream_t s, const CudaXq* pre) {
     const int64_t n_in = job.n_in;
-    const int elt = cuda_gemv_q16() ? 2 : 1;
-    const XQ8 xq = pre && pre->x == x && pre->elt_bytes == elt
-                       ? XQ8{pre->q, pre->d, elt}
-                       : quantize_x_q8(x, n_rows, n_in, scratch, s);
+    const CudaXq xq = pre && pre->x == x && pre->elt_bytes == (cuda_gemv_q16() ? 2 : 1)
+                          ? *pre
+                          : quantize_x_q8(x, n_rows, n_in, scratch, s);
     gemv_passes(
         job, n_rows,
         [&](GemvJob& j, int64_t r0) {
@@ -805,8 +799,8 @@ void gemv_experts(float* out, const float* x, const WeightView& w0, const Weight
     const int64_t chunk = 65535 / x_div * x_div;
     // The 8-bit path: x's rows (one per x_div jobs) quantized once for every chunk.
     const bool int8 = q8 && with_int_loader(w0.type, [](auto) {});
-    const XQ8 xq = int8 ? quantize_x_q8(x, cu::ceil_div(n_jobs, int64_t(x_div)), w0.n_in, *q8, s)
-                        : XQ8{nullptr, nullptr, 1};
+    const CudaXq xq =
+        int8 ? quantize_x_q8(x, cu::ceil_div(n_jobs, int64_t(x_div)), w0.n_in, *q8, s) : CudaXq{};
     for (int64_t j0 = 0; j0 < n_jobs; j0 += chunk) {
         const int64_t n = std::min(chunk, n_jobs - j0);
         job.x = x + (j0 / x_div) * w0.n_in;
