@@ -176,7 +176,7 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
     for (int64_t l = 0; l < c.n_layer; ++l) {
         const LayerWeights& w = weights_.layers[l];
         // Attention block.
-        cpu::rmsnorm(xb_.data(), x_.data(), w.attn_norm.data(), T, c.n_embd, c.norm_eps);
+        pre_norm(w.attn_norm, T);
         matmul(q_.data(), xb_.data(), w.wq, T);
         matmul(k_.data(), xb_.data(), w.wk, T);
         matmul(v_.data(), xb_.data(), w.wv, T);
@@ -189,9 +189,11 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
             cpu::add_bias(v_.data(), w.bv.data(), T, c.kv_dim());
         }
         if (!w.q_norm.empty()) {  // qwen3: each head's Q and K RMS-normalized before RoPE
-            cpu::rmsnorm(q_.data(), q_.data(), w.q_norm.data(), T * c.n_head, c.head_dim,
-                         c.norm_eps);
-            cpu::rmsnorm(k_.data(), k_.data(), w.k_norm.data(), T * c.n_kv_head, c.head_dim,
+            // (olmo2: each token's whole Q and K)
+            const int64_t qw = c.qk_norm_full ? c.q_dim() : c.head_dim;
+            const int64_t kw = c.qk_norm_full ? c.kv_dim() : c.head_dim;
+            cpu::rmsnorm(q_.data(), q_.data(), w.q_norm.data(), T * c.q_dim() / qw, qw, c.norm_eps);
+            cpu::rmsnorm(k_.data(), k_.data(), w.k_norm.data(), T * c.kv_dim() / kw, kw,
                          c.norm_eps);
         }
         const RopeParams& rope = c.is_swa(l) ? rope_swa_ : rope_;
@@ -214,7 +216,7 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
         if (!w.bo.empty()) cpu::add_bias(xb_.data(), w.bo.data(), T, c.n_embd);
         add_block_output(w.attn_post_norm, T);
         // Feed-forward block.
-        cpu::rmsnorm(xb_.data(), x_.data(), w.ffn_norm.data(), T, c.n_embd, c.norm_eps);
+        pre_norm(w.ffn_norm, T);
         if (c.moe_layer(l)) {
             moe_ffn(w, T);
         } else {
@@ -337,6 +339,14 @@ void CpuBackend::moe_ffn(const LayerWeights& w, int64_t T) {
         for (int64_t i = 0; i < T * D; ++i) moe_out_[size_t(i)] += moe_down_[size_t(i)];
     }
     std::copy(moe_out_.begin(), moe_out_.end(), xb_.begin());
+}
+
+void CpuBackend::pre_norm(const std::vector<float>& norm, int64_t T) {
+    const ModelConfig& c = config_;
+    if (norm.empty())  // olmo2: the block reads the residual stream as it is
+        std::copy(x_.begin(), x_.begin() + T * c.n_embd, xb_.begin());
+    else
+        cpu::rmsnorm(xb_.data(), x_.data(), norm.data(), T, c.n_embd, c.norm_eps);
 }
 
 void CpuBackend::add_block_output(const std::vector<float>& post_norm, int64_t T,

@@ -54,10 +54,10 @@ class CpuBackend final : public Backend {
     }
     // The mixture-of-experts FFN of layer w on xb_'s T normed rows, result in xb_.
     void moe_ffn(const LayerWeights& w, int64_t T);
+    // xb_ = the block's input: RMSNorm(x_) with `norm`, or x_ itself when empty (olmo2).
+    void pre_norm(const std::vector<float>& norm, int64_t T);
     // x_ += a block's output xb_[T][n_embd], after its post norm (when not empty) and
-    // Granite's residual scale.
-    // x += the block's output in xb_ (post-normed, residual-scaled; plus steer[n_embd], a
-    // control vector, when not null).
+    // Granite's residual scale (plus steer[n_embd], a control vector, when not null).
     void add_block_output(const std::vector<float>& post_norm, int64_t T,
                           const float* steer = nullptr);
     // out[T][n_out] += each LoRA update of x[T][n_in] (LoraDelta), row t scaled for the user

@@ -12,41 +12,44 @@
 namespace kvrun {
 namespace {
 
-// Per-architecture facts that are not in the metadata.
+// Per-architecture facts that are not in the metadata (unnamed fields: false / 0).
 struct ArchTraits {
     const char* name;
-    bool rope_neox;
-    bool qkv_bias;
-    bool qk_norm;
-    bool fused_gate_up;
-    int gemma;      // 0: not Gemma; 1, 2, 3: Gemma generation
-    bool granite;   // Granite's four multipliers
-    bool experts;   // a mixture of experts (expert_count required)
-    int nope_step;  // every nope_step-th layer skips RoPE (0: none)
-    bool gpt_oss;   // OpenAI's gpt-oss (read_gpt_oss)
-    bool glm4moe;   // GLM 4.5 (read_glm4moe)
-    bool ernie_moe; // ERNIE 4.5 MoE (read_ernie_moe)
+    bool rope_neox = false;      // NeoX RoPE pairs (i, i + n_rot/2)
+    bool qkv_bias = false;       // Q/K/V biases required
+    bool qk_norm = false;        // per-head Q/K norms required
+    bool fused_gate_up = false;  // ffn_up holds the gate's rows, then up's
+    int gemma = 0;               // 0: not Gemma; 1, 2, 3: Gemma generation
+    bool granite = false;        // Granite's four multipliers
+    bool experts = false;        // a mixture of experts (expert_count required)
+    // Every nope_step-th layer skips RoPE (0: none; SmolLM3: layers 3, 7, 11, ...; llama.cpp
+    // fixes the step at 4, there is no GGUF key).
+    int nope_step = 0;
+    bool gpt_oss = false;    // OpenAI's gpt-oss (read_gpt_oss)
+    bool glm4moe = false;    // GLM 4.5 (read_glm4moe)
+    bool ernie_moe = false;  // ERNIE 4.5 MoE (read_ernie_moe)
+    bool olmo2 = false;      // OLMo 2 / OLMo 3 (read_olmo2)
+    bool exaone4 = false;    // EXAONE 4.0 (read_exaone4)
 };
 
-// name, NeoX RoPE, Q/K/V biases, Q/K norms, fused gate/up, Gemma generation, Granite, MoE,
-// NoPE step (SmolLM3: layers 3, 7, 11, ... have no RoPE; llama.cpp fixes the step at 4, there is
-// no GGUF key), gpt-oss, glm4moe, ernie4_5-moe
 constexpr ArchTraits kArchs[] = {
-    {"llama", false, false, false, false, 0, false, false, 0, false, false, false},
-    {"qwen2", true, true, false, false, 0, false, false, 0, false, false, false},
-    {"qwen3", true, false, true, false, 0, false, false, 0, false, false, false},
-    {"qwen3moe", true, false, true, false, 0, false, true, 0, false, false, false},
-    {"phi3", true, false, false, true, 0, false, false, 0, false, false, false},
-    {"gemma", true, false, false, false, 1, false, false, 0, false, false, false},
-    {"gemma2", true, false, false, false, 2, false, false, 0, false, false, false},
-    {"gemma3", true, false, true, false, 3, false, false, 0, false, false, false},
-    {"granite", false, false, false, false, 0, true, false, 0, false, false, false},
-    {"granitemoe", false, false, false, false, 0, true, true, 0, false, false, false},
-    {"smollm3", false, false, false, false, 0, false, false, 4, false, false, false},
-    {"gpt-oss", true, true, false, false, 0, false, true, 0, true, false, false},
-    {"glm4moe", true, true, false, false, 0, false, true, 0, false, true, false},
-    {"ernie4_5", false, false, false, false, 0, false, false, 0, false, false, false},
-    {"ernie4_5-moe", false, false, false, false, 0, false, true, 0, false, false, true},
+    {.name = "llama"},
+    {.name = "qwen2", .rope_neox = true, .qkv_bias = true},
+    {.name = "qwen3", .rope_neox = true, .qk_norm = true},
+    {.name = "qwen3moe", .rope_neox = true, .qk_norm = true, .experts = true},
+    {.name = "phi3", .rope_neox = true, .fused_gate_up = true},
+    {.name = "gemma", .rope_neox = true, .gemma = 1},
+    {.name = "gemma2", .rope_neox = true, .gemma = 2},
+    {.name = "gemma3", .rope_neox = true, .qk_norm = true, .gemma = 3},
+    {.name = "granite", .granite = true},
+    {.name = "granitemoe", .granite = true, .experts = true},
+    {.name = "smollm3", .nope_step = 4},
+    {.name = "gpt-oss", .rope_neox = true, .qkv_bias = true, .experts = true, .gpt_oss = true},
+    {.name = "glm4moe", .rope_neox = true, .qkv_bias = true, .experts = true, .glm4moe = true},
+    {.name = "ernie4_5"},
+    {.name = "ernie4_5-moe", .experts = true, .ernie_moe = true},
+    {.name = "olmo2", .rope_neox = true, .olmo2 = true},
+    {.name = "exaone4", .rope_neox = true, .qk_norm = true, .exaone4 = true},
 };
 
 // A positive integer key, either a scalar or an array whose elements are all equal
@@ -256,6 +259,36 @@ void read_ernie_moe(const GgufFile& f, const std::string& a, ModelConfig& c) {
              c.n_layer_dense, c.n_layer);
 }
 
+// OLMo 2 and OLMo 3 (olmo2): post norms only, Q/K norms over the whole width. OLMo 3 has a
+// sliding window (attention.sliding_window) on three layers of four
+// (attention.sliding_window_pattern, 4 when absent, as in llama.cpp), which rotate with base
+// rope.freq_base_swa (the model's base when absent) and no RoPE scaling.
+void read_olmo2(const GgufFile& f, const std::string& a, ModelConfig& c) {
+    c.pre_norms = false;
+    c.post_norms = true;
+    c.qk_norm_full = true;
+    if (!f.has(a + "attention.sliding_window")) return;
+    c.n_swa = read_count(f, a + "attention.sliding_window", 0, true);
+    c.swa_pattern = read_count(f, a + "attention.sliding_window_pattern", 4, false);
+    const double base = f.get_float_or(a + "rope.freq_base_swa", c.rope_freq_base);
+    if (!(base > 0) || !std::isfinite(base))
+        fail("{}: {}rope.freq_base_swa = {} must be positive", f.path(), a, base);
+    c.rope_freq_base_swa = float(base);
+}
+
+// EXAONE 4.0 (exaone4): post norms only, per-head Q/K norms. As in llama.cpp, the 64-layer
+// model (32B) has a sliding window (attention.sliding_window, 4096 when absent) on three layers
+// of four, and then only those layers rotate: the global ones use no RoPE. Other sizes (1.2B)
+// attend globally with RoPE on every layer.
+void read_exaone4(const GgufFile& f, const std::string& a, ModelConfig& c) {
+    c.pre_norms = false;
+    c.post_norms = true;
+    if (c.n_layer != 64) return;
+    c.n_swa = read_count(f, a + "attention.sliding_window", 4096, false);
+    c.swa_pattern = 4;
+    c.rope_swa_only = true;
+}
+
 }  // namespace
 
 ModelConfig model_config_from_gguf(const GgufFile& f) {
@@ -268,10 +301,11 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
         throw Error(
             fmt::format("{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, "
                         "qwen3moe, phi3, gemma, gemma2, gemma3, granite, granitemoe, smollm3, "
-                        "gpt-oss, glm4moe, ernie4_5, ernie4_5-moe)",
+                        "gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, exaone4)",
                         f.path(), c.arch),
             "kvrun runs llama-family models (Llama, Mistral, TinyLlama, SmolLM, Qwen2, Qwen3, "
-            "Qwen3 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3, Granite 3, SmolLM3, gpt-oss, GLM 4.5, ERNIE 4.5)");
+            "Qwen3 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3, Granite 3, SmolLM3, gpt-oss, GLM 4.5, "
+            "ERNIE 4.5, OLMo 2, OLMo 3, EXAONE 4.0)");
     }
     c.rope_neox = traits->rope_neox;
     c.qkv_bias = traits->qkv_bias;
@@ -317,6 +351,8 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     if (traits->gemma) read_gemma(f, a, traits->gemma, c);
     if (traits->granite) read_granite(f, a, c);
     if (traits->gpt_oss) read_gpt_oss(f, a, c);
+    if (traits->olmo2) read_olmo2(f, a, c);
+    if (traits->exaone4) read_exaone4(f, a, c);
     // Mixture of experts (some dense models say expert_count 0).
     const GgufValue* experts = f.find(a + "expert_count");
     if (experts && !(experts->is_int() && experts->as_int() == 0)) {

@@ -1,7 +1,7 @@
 // Typed model hyperparameters read from GGUF metadata (`<arch>.*` keys) for the supported
 // architectures (llama, qwen2, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3, granite,
-// granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe), validated so the forward
-// pass can trust them.
+// granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, exaone4), validated so
+// the forward pass can trust them.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +44,12 @@ struct ModelConfig {
     float yarn_beta_fast = 32.0f, yarn_beta_slow = 1.0f;
     bool qkv_bias = false;  // the architecture requires Q/K/V biases (qwen2)
     bool qk_norm = false;   // per-head RMSNorm of Q and K before RoPE (qwen3)
+    // OLMo 2 and 3 (olmo2): Q and K are RMS-normalized over their whole width (all heads at
+    // once: attn_q_norm [q_dim], attn_k_norm [kv_dim]) before RoPE; and no norm comes before
+    // the attention or the FFN (pre_norms false): each block reads the residual stream as it
+    // is, and only its output is normed (post_norms) before the residual add (also exaone4).
+    bool qk_norm_full = false;
+    bool pre_norms = true;
     // ffn_up holds the gate's rows then the up projection's, [2 n_ff][n_embd], and there is
     // no ffn_gate (phi3).
     bool fused_gate_up = false;
@@ -65,7 +71,12 @@ struct ModelConfig {
     // SmolLM3's NoPE layers: layer l applies no RoPE to Q and K when nope_step > 0 and
     // (l + 1) % nope_step == 0 (0: every layer rotates).
     int64_t nope_step = 0;
-    bool uses_rope(int64_t l) const { return nope_step <= 0 || (l + 1) % nope_step != 0; }
+    // EXAONE 4.0 32B: with a sliding window, only the windowed layers rotate.
+    bool rope_swa_only = false;
+    bool uses_rope(int64_t l) const {
+        if (rope_swa_only && n_swa > 0 && !is_swa(l)) return false;
+        return nope_step <= 0 || (l + 1) % nope_step != 0;
+    }
     // Sliding-window attention: layer l attends to its last n_swa tokens (itself included)
     // when swa_pattern > 0 and l % swa_pattern < swa_pattern - 1 (gemma2: every other layer,
     // gemma3: five of six). Such layers rotate with rope_swa().
@@ -151,8 +162,8 @@ void select_rope_factors(ModelConfig& c, int64_t n_ctx);
 void apply_rope_overrides(ModelConfig& c, const RopeOverrides& o);
 
 // Reads and validates the hyperparameters. Throws Error naming the key for a missing or
-// invalid value, and "unsupported architecture 'x' (supported: llama, qwen2, qwen3, qwen3moe,
-// phi3, gemma, gemma2, gemma3, granite, granitemoe, smollm3, gpt-oss, glm4moe)".
+// invalid value, and "unsupported architecture 'x' (supported: llama, qwen2, ...)" listing
+// them all.
 ModelConfig model_config_from_gguf(const GgufFile& file);
 
 }  // namespace kvrun

@@ -148,7 +148,7 @@ PreTokenizerSpec pretokenizer_spec(const std::string& pre) {
         s.regexes = {R"(\p{N})", kGpt2};
     } else if (name_in(pre, {"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v1-en",
                              "jina-v2-es", "jina-v2-de", "jina-v2-code", "roberta-bpe", "mpt",
-                             "olmo", "jais"})) {
+                             "olmo", "jais", "exaone4"})) {
         s.regexes = {kGpt2};
     } else if (name_in(pre, {"qwen2", "qwen2.5", "qwen-2.5", "deepseek-r1-qwen", "megrez",
                              "stablelm2"})) {

@@ -69,7 +69,9 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
         const GgmlType more =
             c.k_mix && quant_use_more_bits(i, c.n_layer) ? GgmlType::Q6_K : c.type;
         const float s_out = i >= c.scaled_from ? s * c.residual_scale : s;
-        p.push_back({nm("attn_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
+        const bool olmo2 = c.arch == "olmo2";  // post norms only, Q/K norms over all heads
+        const bool post_only = olmo2 || c.arch == "exaone4";  // (EXAONE's Q/K norms per head)
+        if (!post_only) p.push_back({nm("attn_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
         if (c.arch == "phi3") {  // Q, K and V rows in one tensor
             p.push_back({nm("attn_qkv"), c.type, {c.n_embd, n_embd_q + 2 * n_embd_kv}, s, 0});
         } else {
@@ -84,20 +86,25 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
             p.push_back({bias("attn_v"), GgmlType::F32, {n_embd_kv}, kBiasStd, 0});
         }
         if (c.arch == "qwen3" || c.arch == "qwen3moe" || c.arch == "gemma3" ||
-            (glm && c.glm_qk_norm)) {
+            c.arch == "exaone4" || (glm && c.glm_qk_norm)) {
             p.push_back({nm("attn_q_norm"), GgmlType::F32, {head_dim}, kNormStd, 1});
             p.push_back({nm("attn_k_norm"), GgmlType::F32, {head_dim}, kNormStd, 1});
+        }
+        if (olmo2) {
+            p.push_back({nm("attn_q_norm"), GgmlType::F32, {n_embd_q}, kNormStd, 1});
+            p.push_back({nm("attn_k_norm"), GgmlType::F32, {n_embd_kv}, kNormStd, 1});
         }
         p.push_back({nm("attn_output"), c.type, {n_embd_q, c.n_embd}, s_out, 0});
         if (oai) {  // output bias, and sink logits about as large as the scores
             p.push_back({bias("attn_output"), GgmlType::F32, {c.n_embd}, s_out, 0});
             p.push_back({nm("attn_sinks"), GgmlType::F32, {c.n_head}, 1.0f, 0});
         }
-        if (c.arch == "gemma2" || c.arch == "gemma3")
+        if (c.arch == "gemma2" || c.arch == "gemma3" || post_only)
             p.push_back({nm("post_attention_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
         // gpt-oss and GLM 4.5 call the FFN's input norm post_attention_norm.
-        p.push_back({nm(oai || glm ? "post_attention_norm" : "ffn_norm"), GgmlType::F32,
-                     {c.n_embd}, kNormStd, 1});
+        if (!post_only)
+            p.push_back({nm(oai || glm ? "post_attention_norm" : "ffn_norm"), GgmlType::F32,
+                         {c.n_embd}, kNormStd, 1});
         if (experts_at(i)) {  // router and stacked experts
             const int64_t fe = c.n_ff_exp > 0 ? c.n_ff_exp : c.n_ff;
             const GgmlType te = c.expert_type != GgmlType::F32 ? c.expert_type : c.type;
@@ -133,7 +140,7 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
             }
             p.push_back({nm("ffn_down"), more, {c.n_ff, c.n_embd}, s_out, 0});
         }
-        if (c.arch == "gemma2" || c.arch == "gemma3")
+        if (c.arch == "gemma2" || c.arch == "gemma3" || post_only)
             p.push_back({nm("post_ffw_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
     }
     p.push_back({"output_norm.weight", GgmlType::F32, {c.n_embd}, kNormStd, 1});
@@ -290,6 +297,9 @@ void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) 
     } else if (c.arch == "gpt-oss") {
         w.set_u32(a + "attention.sliding_window",
                   uint32_t(c.sliding_window > 0 ? c.sliding_window : 128));
+    } else if ((c.arch == "olmo2" || c.arch == "exaone4") && c.sliding_window > 0) {
+        // OLMo 3 (3 layers of 4); EXAONE 4.0 (read at 64 layers only)
+        w.set_u32(a + "attention.sliding_window", uint32_t(c.sliding_window));
     }
     if (c.arch == "glm4moe") {
         w.set_u32(a + "leading_dense_block_count", uint32_t(c.n_layer_dense));
@@ -360,7 +370,7 @@ std::vector<std::string> synthetic_preset_names() {
             "gemma2-2b",         "gemma3-1b",  "gemma3-4b",      "granite3-8b",
             "granite3-3b-a800m", "smollm3-3b", "phi4-mini",      "gpt-oss-20b",
             "gpt-oss-120b",      "glm4.5-air", "ernie4.5-0.3b",  "ernie4.5-21b-a3b",
-            "tiny"};
+            "olmo2-7b",          "olmo3-7b",   "exaone4-32b",    "tiny"};
 }
 
 SyntheticModelConfig synthetic_preset(std::string_view name) {
@@ -459,6 +469,17 @@ SyntheticModelConfig synthetic_preset(std::string_view name) {
         c.n_expert = 128, c.n_expert_used = 8, c.n_ff_exp = 1408, c.n_expert_shared = 1;
         c.expert_weights_scale = 1.0, c.expert_weights_norm = true;
         c.n_vocab = 151552, c.rope_base = 1000000, c.n_ctx = 131072, c.norm_eps = 1e-5;
+    } else if (name == "olmo2-7b" || name == "olmo3-7b") {  // MHA; OLMo 3: 4096-token windows
+        c.arch = "olmo2";
+        c.n_layer = 32, c.n_embd = 4096, c.n_head = 32, c.n_head_kv = 32, c.n_ff = 11008;
+        c.n_vocab = 100352, c.rope_base = 500000, c.n_ctx = 4096, c.norm_eps = 1e-6;
+        if (name == "olmo3-7b")  // on 3 layers of 4; YaRN x8 on the others
+            c.sliding_window = 4096, c.n_ctx = 65536, c.rope_scaling = "yarn", c.rope_factor = 8,
+            c.rope_orig_ctx = 8192;
+    } else if (name == "exaone4-32b") {  // windows on 3 layers of 4, the others without RoPE
+        c.arch = "exaone4", c.head_dim = 128, c.sliding_window = 4096;
+        c.n_layer = 64, c.n_embd = 5120, c.n_head = 40, c.n_head_kv = 8, c.n_ff = 27392;
+        c.n_vocab = 102400, c.rope_base = 1000000, c.n_ctx = 131072, c.norm_eps = 1e-5;
     } else if (name == "ernie4.5-0.3b") {  // dense, tied output
         c.arch = "ernie4_5", c.tied_output = true, c.head_dim = 64;
         c.n_layer = 18, c.n_embd = 1024, c.n_head = 16, c.n_head_kv = 2, c.n_ff = 3072;
@@ -521,12 +542,12 @@ void synthetic_validate(const SyntheticModelConfig& c) {
     if (c.vocab_from.empty()) positive("n_vocab", c.n_vocab, int64_t(1) << 24);
     if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "qwen3moe" &&
         c.arch != "phi3" && !is_gemma(c) && c.arch != "granite" && c.arch != "granitemoe" &&
-        c.arch != "smollm3" && c.arch != "gpt-oss" && c.arch != "glm4moe" &&
-        c.arch != "ernie4_5" && c.arch != "ernie4_5-moe")
+        c.arch != "smollm3" && c.arch != "gpt-oss" && c.arch != "glm4moe" && c.arch != "ernie4_5" &&
+        c.arch != "ernie4_5-moe" && c.arch != "olmo2" && c.arch != "exaone4")
         fail(
             "synthetic model: architecture '{}' is not one of llama, qwen2, qwen3, qwen3moe, phi3, "
             "gemma, gemma2, gemma3, granite, granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, "
-            "ernie4_5-moe",
+            "ernie4_5-moe, olmo2, exaone4",
             c.arch);
     const bool moe_arch = c.arch == "qwen3moe" || c.arch == "granitemoe" || c.arch == "gpt-oss" ||
                           c.arch == "glm4moe" || c.arch == "ernie4_5-moe";

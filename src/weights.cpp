@@ -113,7 +113,7 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
         LayerWeights& l = w.layers[i];
         auto name = [i](const char* what) { return fmt::format("blk.{}.{}", i, what); };
         uint64_t& bytes = w.matrix_bytes;
-        l.attn_norm = load_vector(f, name("attn_norm.weight"), c.n_embd);
+        if (c.pre_norms) l.attn_norm = load_vector(f, name("attn_norm.weight"), c.n_embd);
         if (f.find_tensor(name("attn_qkv.weight"))) {  // Q, K and V rows in one tensor (phi3)
             const WeightView qkv = load_matrix(f, name("attn_qkv.weight"), c.n_embd,
                                                c.q_dim() + 2 * c.kv_dim(), bytes);
@@ -138,7 +138,10 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
         }
         // Per-head Q/K norms: required by qwen3; any other architecture that has them gets them
         // applied rather than silently ignored.
-        if (c.qk_norm || f.find_tensor(name("attn_q_norm.weight"))) {
+        if (c.qk_norm_full) {  // olmo2: over all heads at once
+            l.q_norm = load_vector(f, name("attn_q_norm.weight"), c.q_dim());
+            l.k_norm = load_vector(f, name("attn_k_norm.weight"), c.kv_dim());
+        } else if (c.qk_norm || f.find_tensor(name("attn_q_norm.weight"))) {
             l.q_norm = load_vector(f, name("attn_q_norm.weight"), c.head_dim);
             l.k_norm = load_vector(f, name("attn_k_norm.weight"), c.head_dim);
         }
@@ -147,9 +150,11 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
         if (c.attn_sinks) l.sinks = load_vector(f, name("attn_sinks.weight"), c.n_head);
         // gpt-oss and GLM 4.5 name the FFN's input norm post_attention_norm (Gemma's is
         // another norm).
-        l.ffn_norm = load_vector(
-            f, name(c.ffn_norm_post_attention ? "post_attention_norm.weight" : "ffn_norm.weight"),
-            c.n_embd);
+        if (c.pre_norms)
+            l.ffn_norm = load_vector(
+                f,
+                name(c.ffn_norm_post_attention ? "post_attention_norm.weight" : "ffn_norm.weight"),
+                c.n_embd);
         if (c.post_norms) {
             l.attn_post_norm = load_vector(f, name("post_attention_norm.weight"), c.n_embd);
             l.ffn_post_norm = load_vector(f, name("post_ffw_norm.weight"), c.n_embd);

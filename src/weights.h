@@ -28,14 +28,16 @@ struct LoraDelta {
 };
 
 struct LayerWeights {
-    std::vector<float> attn_norm;       // [n_embd]
-    WeightView wq, wk, wv, wo;          // [q_dim][n_embd], [kv_dim][n_embd] x2,
-                                        // [n_embd][q_dim]
-    std::vector<float> bq, bk, bv;      // [q_dim], [kv_dim], [kv_dim]; empty if none
-    std::vector<float> bo;              // [n_embd] attention output bias (gpt-oss), or empty
-    std::vector<float> sinks;           // [n_head] attention sink logits (gpt-oss), or empty
-    std::vector<float> q_norm, k_norm;  // [head_dim] each (qwen3's per-head RMSNorm); or empty
-    std::vector<float> ffn_norm;        // [n_embd]
+    std::vector<float> attn_norm;   // [n_embd]; empty without pre norms (olmo2)
+    WeightView wq, wk, wv, wo;      // [q_dim][n_embd], [kv_dim][n_embd] x2,
+                                    // [n_embd][q_dim]
+    std::vector<float> bq, bk, bv;  // [q_dim], [kv_dim], [kv_dim]; empty if none
+    std::vector<float> bo;          // [n_embd] attention output bias (gpt-oss), or empty
+    std::vector<float> sinks;       // [n_head] attention sink logits (gpt-oss), or empty
+    // [head_dim] each (qwen3's per-head RMSNorm), [q_dim] and [kv_dim] (olmo2's over all
+    // heads), or empty.
+    std::vector<float> q_norm, k_norm;
+    std::vector<float> ffn_norm;  // [n_embd]; empty without pre norms (olmo2)
     // [n_embd] each: RMSNorm weights of the attention and FFN outputs (gemma2/3), or empty.
     std::vector<float> attn_post_norm, ffn_post_norm;
     WeightView w_gate, w_up, w_down;  // [n_ff][n_embd] x2, [n_embd][n_ff] (dense FFN layers)

@@ -392,13 +392,14 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
     // experts with biases and the clamped SwiGLU), glm4moe (a dense first layer, then the
     // sigmoid router with its selection bias, scaled weights and a shared expert; half of each
     // head rotating; a multi-token-prediction layer left out), ernie4_5-moe (the softmax router
-    // with its selection bias, two shared experts, consecutive-pair RoPE) and llama with the
-    // same heads.
+    // with its selection bias, two shared experts, consecutive-pair RoPE), olmo2 (no pre
+    // norms, Q/K norms over all heads, OLMo 3's window on layers 0-2 of 4), exaone4 (no pre
+    // norms, per-head Q/K norms) and llama with the same heads.
     // K-quant weights, f16 and q8 KV (q8 with rotation: the unfused RoPE path).
     const auto dir = std::filesystem::temp_directory_path();
-    for (const char* arch :
-         {"qwen3", "qwen3moe", "qwen2", "phi3", "gemma", "gemma2", "gemma3", "granite",
-          "granitemoe", "smollm3", "gpt-oss", "glm4moe", "ernie4_5-moe", "llama"})
+    for (const char* arch : {"qwen3", "qwen3moe", "qwen2", "phi3", "gemma", "gemma2", "gemma3",
+                             "granite", "granitemoe", "smollm3", "gpt-oss", "glm4moe",
+                             "ernie4_5-moe", "olmo2", "exaone4", "llama"})
         for (KvType kv : {KvType::F16, KvType::Q8}) {
             CAPTURE(arch);
             CAPTURE(std::string(kv_type_name(kv)));
@@ -423,7 +424,8 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
             // Granite's multipliers, away from 1 (attention.scale: 1 / head_dim).
             c.granite_embedding_scale = 2, c.granite_residual_scale = 0.5;
             c.granite_logit_scale = 3;
-            if (std::string(arch) == "smollm3") c.n_layer = 4;  // layer 3 without RoPE
+            // smollm3: layer 3 without RoPE; olmo2: layer 3 global
+            if (std::string(arch) == "smollm3" || std::string(arch) == "olmo2") c.n_layer = 4;
             synthetic_set_type(c, "Q4_K_M");
             const auto path = dir / fmt::format("kvrun-test-cuda-arch-{}.gguf", arch);
             synthetic_model_write(c, path.string());
@@ -437,7 +439,7 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
             auto gpu = make_cuda_backend(file, o, 0);
             CHECK(gpu->config().qk_norm ==
                   (std::string(arch) == "qwen3" || std::string(arch) == "qwen3moe" ||
-                   std::string(arch) == "gemma3"));
+                   std::string(arch) == "gemma3" || std::string(arch) == "exaone4"));
             // A 24-token prompt, then decode steps (staged q8 blocks seal at 32 tokens).
             KvBlockTable table(8, 16, cpu->n_kv_stages());
             const SeqId a = table.create_sequence();

@@ -37,21 +37,27 @@ int run(int argc, char** argv) {
                    "qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, phi3-mini, phi3-mini-128k, phi4, "
                    "gemma2-2b, gemma3-1b, gemma3-4b, granite3-8b, granite3-3b-a800m, smollm3-3b, "
                    "phi4-mini, gpt-oss-20b, gpt-oss-120b, glm4.5-air, ernie4.5-0.3b, "
-                   "ernie4.5-21b-a3b or tiny")
+                   "ernie4.5-21b-a3b, olmo2-7b, olmo3-7b, exaone4-32b or tiny")
         ->capture_default_str();
-    app.add_option("--arch", arch,
-                   "llama, qwen2 (Q/K/V biases), qwen3 (per-head Q/K norms), qwen3moe, phi3 "
-                   "(fused QKV and gate/up), gemma, gemma2, gemma3, granite or granitemoe "
-                   "(Granite's multipliers), smollm3 (NoPE every 4th layer), gpt-oss (biases, "
-                   "attention sinks, clamped SwiGLU experts), glm4moe (GLM 4.5: a dense first layer, "
-                   "sigmoid-routed and shared experts), ernie4_5, ernie4_5-moe (ERNIE 4.5: softmax "
-                   "router with a selection bias, shared experts); default: the preset's");
+    app.add_option(
+        "--arch", arch,
+        "llama, qwen2 (Q/K/V biases), qwen3 (per-head Q/K norms), qwen3moe, phi3 "
+        "(fused QKV and gate/up), gemma, gemma2, gemma3, granite or granitemoe "
+        "(Granite's multipliers), smollm3 (NoPE every 4th layer), gpt-oss (biases, "
+        "attention sinks, clamped SwiGLU experts), glm4moe (GLM 4.5: a dense first layer, "
+        "sigmoid-routed and shared experts), ernie4_5, ernie4_5-moe (ERNIE 4.5: softmax "
+        "router with a selection bias, shared experts), olmo2 (OLMo 2 / 3: post "
+        "norms only, Q/K norms over all heads), exaone4 (EXAONE 4.0: post norms, per-"
+        "head Q/K norms, at 64 layers windows and global layers without RoPE); "
+        "default: the preset's");
     app.add_option("--n-expert", n_expert,
                    "experts per layer (qwen3moe, granitemoe, gpt-oss, glm4moe, llama = Mixtral)");
     app.add_option("--n-expert-used", n_expert_used, "experts per token");
     app.add_option("--n-ff-exp", n_ff_exp, "expert feed-forward width (default --n-ff)");
     app.add_option("--sliding-window", sliding_window,
-                   "gemma2/gemma3/gpt-oss: attention.sliding_window (default 4096 / 1024 / 128)");
+                   "gemma2/gemma3/gpt-oss: attention.sliding_window (default 4096 / 1024 / "
+                   "128); olmo2: a window on three layers of four (OLMo 3; default none); "
+                   "exaone4: a 64-layer model's window (default 4096)");
     app.add_option("-t,--type", type,
                    "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL "
                    "IQ4_XS MXFP4 Q4_K_M Q5_K_M")

@@ -95,10 +95,11 @@ class Stream {
 };
 
 struct DeviceLayer {
-    const float* attn_norm = nullptr;                         // [n_embd]
-    const float* ffn_norm = nullptr;                          // [n_embd]
+    const float* attn_norm = nullptr;                         // [n_embd]; null: none (olmo2)
+    const float* ffn_norm = nullptr;                          // [n_embd]; null: none (olmo2)
     const float *bq = nullptr, *bk = nullptr, *bv = nullptr;  // [q_dim], [kv_dim] x2 or null
-    const float *q_norm = nullptr, *k_norm = nullptr;         // [head_dim] each (qwen3) or null
+    // [head_dim] each (qwen3), [q_dim] and [kv_dim] (olmo2: all heads at once), or null
+    const float *q_norm = nullptr, *k_norm = nullptr;
     const float *attn_post_norm = nullptr, *ffn_post_norm = nullptr;  // [n_embd] (gemma2/3)
     const float* bo = nullptr;        // [n_embd] attention output bias (gpt-oss) or null
     const float* sinks = nullptr;     // [n_head] attention sinks (gpt-oss) or null
@@ -231,7 +232,8 @@ class CudaBackend final : public Backend {
     // buffer, each use read by the matmul right after it.
     DeviceMem xq_mem_;
     // The norm before layer l's q/k/v (attn) or gate/up (ffn) GEMV: cuda_rmsnorm(_xq) /
-    // cuda_add_rmsnorm(_xq) of xb_; returns the quantized rows for the matmul, or null.
+    // cuda_add_rmsnorm(_xq) of xb_; returns the quantized rows for the matmul, or null. A null
+    // w (olmo2) adds and copies x_ into xb_ unnormed.
     const CudaXq* norm_xb(const float* w, bool add, bool fuse, int64_t T);
     static CudaXq* xq_for(CudaXq& xq, const float* x, bool fuse, int64_t T);
     CudaXq xq_{}, xq_att_{};

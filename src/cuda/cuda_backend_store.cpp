@@ -75,12 +75,11 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         const LayerWeights& w = hw.layers[l];
         const std::string p = fmt::format("blk.{}.", l);
         LayerItems& it = li[l];
-        it.attn_norm = add_vector(w.attn_norm);
-        it.ffn_norm = add_vector(w.ffn_norm);
         // Vectors that only some architectures have: SIZE_MAX (a null device pointer) when absent.
         auto optional = [&](const std::vector<float>& v) {
             return v.empty() ? SIZE_MAX : add_vector(v);
         };
+        it.attn_norm = optional(w.attn_norm), it.ffn_norm = optional(w.ffn_norm);  // (olmo2: none)
         it.bq = optional(w.bq), it.bk = optional(w.bk), it.bv = optional(w.bv);
         it.q_norm = optional(w.q_norm), it.k_norm = optional(w.k_norm);
         it.attn_post = optional(w.attn_post_norm), it.ffn_post = optional(w.ffn_post_norm);

@@ -84,6 +84,19 @@ Hyper read_hyper(const GgufFile& f) {
                                        f.get_float_or(a + "attn_logit_softcapping", 50.0),
                                        f.get_float_or(a + "final_logit_softcapping", 30.0));
     }
+    if (h.arch == "olmo2" && f.get_int_or(a + "attention.sliding_window", 0) > 0) {  // OLMo 3
+        const int64_t p = f.get_int_or(a + "attention.sliding_window_pattern", 4);
+        h.n_swa = f.get_int_or(a + "attention.sliding_window", 0);
+        for (int64_t l = 0; l < h.n_layer; ++l) h.n_swa_layers += p > 0 && l % p < p - 1;
+        h.attention = fmt::format("sliding window {} tokens on {} of {} layers (RoPE unscaled)",
+                                  h.n_swa, p - 1, p);
+    }
+    if (h.arch == "exaone4" && h.n_layer == 64) {  // EXAONE 4.0 32B (llama.cpp's rule)
+        h.n_swa = f.get_int_or(a + "attention.sliding_window", 4096);
+        h.n_swa_layers = 48;
+        h.attention = fmt::format(
+            "sliding window {} tokens on 3 of 4 layers (the others without RoPE)", h.n_swa);
+    }
     if (h.arch == "gpt-oss") {
         h.n_swa = f.get_int_or(a + "attention.sliding_window", 0);
         h.n_swa_layers = (h.n_layer + 1) / 2;
