@@ -17,6 +17,7 @@
 #include "backend.h"
 #include "common.h"
 #include "gguf.h"
+#include "gguf_writer.h"
 #include "model_config.h"
 #include "synthetic_model.h"
 #include "test_util.h"
@@ -136,20 +137,6 @@ SyntheticModelConfig small_olmo() {
 
 const std::vector<int32_t> kTokens = {1, 17, 250, 4, 99, 31, 7, 123, 88, 5, 260, 42, 3, 77};
 
-GgufValue u32(uint64_t v) {
-    GgufValue g;
-    g.type = GgufValueType::UINT32;
-    g.data = v;
-    return g;
-}
-
-GgufValue f32(double v) {
-    GgufValue g;
-    g.type = GgufValueType::FLOAT32;
-    g.data = v;
-    return g;
-}
-
 }  // namespace
 
 TEST_CASE("OLMo 2 matches the independent reference forward") {
@@ -210,7 +197,8 @@ TEST_CASE("OLMo 3: a window on three layers of four, rotating with their own bas
     }
 
     // The pattern and the windowed layers' base come from their keys when present.
-    const GgufValue pattern = u32(2), base = f32(2500.0);
+    const GgufValue pattern = gguf_make_uint(GgufValueType::UINT32, 2),
+                    base = gguf_make_float(GgufValueType::FLOAT32, 2500.0);
     const std::vector<uint8_t> step1 =
         gguf_rewritten(f, "olmo2.attention.sliding_window_pattern", &pattern, "");
     const GgufFile f1 = GgufFile::from_memory(step1.data(), step1.size(), "p.gguf");
@@ -241,7 +229,7 @@ TEST_CASE("OLMo 2 load errors name what is wrong") {
         load_error(gguf_rewritten(f, "", nullptr, "blk.0.attn_q_norm.weight", {16}));
     CHECK(e.find("blk.0.attn_q_norm.weight") != std::string::npos);
     CHECK(e.find("expected [64]") != std::string::npos);
-    const GgufValue zero = u32(0);
+    const GgufValue zero = gguf_make_uint(GgufValueType::UINT32, 0);
     CHECK(load_error(gguf_rewritten(f, "olmo2.attention.sliding_window", &zero, ""), true)
               .find("olmo2.attention.sliding_window") != std::string::npos);
 }
