@@ -29,6 +29,7 @@ struct ArchTraits {
     bool glm4moe = false;    // GLM 4.5 (read_glm4moe)
     bool ernie_moe = false;  // ERNIE 4.5 MoE (read_ernie_moe)
     bool olmo2 = false;      // OLMo 2 / OLMo 3 (read_olmo2)
+    bool olmoe = false;      // OLMoE (read_olmoe)
     bool exaone4 = false;    // EXAONE 4.0 (read_exaone4)
 };
 
@@ -49,6 +50,7 @@ constexpr ArchTraits kArchs[] = {
     {.name = "ernie4_5"},
     {.name = "ernie4_5-moe", .experts = true, .ernie_moe = true},
     {.name = "olmo2", .rope_neox = true, .olmo2 = true},
+    {.name = "olmoe", .rope_neox = true, .experts = true, .olmoe = true},
     {.name = "exaone4", .rope_neox = true, .qk_norm = true, .exaone4 = true},
 };
 
@@ -276,6 +278,14 @@ void read_olmo2(const GgufFile& f, const std::string& a, ModelConfig& c) {
     c.rope_freq_base_swa = float(base);
 }
 
+// OLMoE (olmoe): llama's pre norms with OLMo's Q/K norms over the whole width, and a softmax
+// router whose chosen probabilities weight the experts as they are (not renormalized), as in
+// llama.cpp.
+void read_olmoe(ModelConfig& c) {
+    c.qk_norm_full = true;
+    c.moe_norm = false;
+}
+
 // EXAONE 4.0 (exaone4): post norms only, per-head Q/K norms. As in llama.cpp, the 64-layer
 // model (32B) has a sliding window (attention.sliding_window, 4096 when absent) on three layers
 // of four, and then only those layers rotate: the global ones use no RoPE. Other sizes (1.2B)
@@ -301,11 +311,11 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
         throw Error(
             fmt::format("{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, "
                         "qwen3moe, phi3, gemma, gemma2, gemma3, granite, granitemoe, smollm3, "
-                        "gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, exaone4)",
+                        "gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe, exaone4)",
                         f.path(), c.arch),
             "kvrun runs llama-family models (Llama, Mistral, TinyLlama, SmolLM, Qwen2, Qwen3, "
             "Qwen3 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3, Granite 3, SmolLM3, gpt-oss, GLM 4.5, "
-            "ERNIE 4.5, OLMo 2, OLMo 3, EXAONE 4.0)");
+            "ERNIE 4.5, OLMo 2, OLMo 3, OLMoE, EXAONE 4.0)");
     }
     c.rope_neox = traits->rope_neox;
     c.qkv_bias = traits->qkv_bias;
@@ -353,6 +363,7 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     if (traits->gpt_oss) read_gpt_oss(f, a, c);
     if (traits->olmo2) read_olmo2(f, a, c);
     if (traits->exaone4) read_exaone4(f, a, c);
+    if (traits->olmoe) read_olmoe(c);
     // Mixture of experts (some dense models say expert_count 0).
     const GgufValue* experts = f.find(a + "expert_count");
     if (experts && !(experts->is_int() && experts->as_int() == 0)) {

@@ -90,7 +90,7 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
             p.push_back({nm("attn_q_norm"), GgmlType::F32, {head_dim}, kNormStd, 1});
             p.push_back({nm("attn_k_norm"), GgmlType::F32, {head_dim}, kNormStd, 1});
         }
-        if (olmo2) {
+        if (olmo2 || c.arch == "olmoe") {
             p.push_back({nm("attn_q_norm"), GgmlType::F32, {n_embd_q}, kNormStd, 1});
             p.push_back({nm("attn_k_norm"), GgmlType::F32, {n_embd_kv}, kNormStd, 1});
         }
@@ -370,7 +370,8 @@ std::vector<std::string> synthetic_preset_names() {
             "gemma2-2b",         "gemma3-1b",  "gemma3-4b",      "granite3-8b",
             "granite3-3b-a800m", "smollm3-3b", "phi4-mini",      "gpt-oss-20b",
             "gpt-oss-120b",      "glm4.5-air", "ernie4.5-0.3b",  "ernie4.5-21b-a3b",
-            "olmo2-7b",          "olmo3-7b",   "exaone4-32b",    "tiny"};
+            "olmo2-7b",          "olmo3-7b",   "olmoe-1b-7b",    "exaone4-32b",
+            "tiny"};
 }
 
 SyntheticModelConfig synthetic_preset(std::string_view name) {
@@ -476,6 +477,11 @@ SyntheticModelConfig synthetic_preset(std::string_view name) {
         if (name == "olmo3-7b")  // on 3 layers of 4; YaRN x8 on the others
             c.sliding_window = 4096, c.n_ctx = 65536, c.rope_scaling = "yarn", c.rope_factor = 8,
             c.rope_orig_ctx = 8192;
+    } else if (name == "olmoe-1b-7b") {  // 64 experts of width 1024, 8 per token, MHA
+        c.arch = "olmoe";
+        c.n_layer = 16, c.n_embd = 2048, c.n_head = 16, c.n_head_kv = 16, c.n_ff = 1024;
+        c.n_expert = 64, c.n_expert_used = 8;
+        c.n_vocab = 50304, c.rope_base = 10000, c.n_ctx = 4096, c.norm_eps = 1e-5;
     } else if (name == "exaone4-32b") {  // windows on 3 layers of 4, the others without RoPE
         c.arch = "exaone4", c.head_dim = 128, c.sliding_window = 4096;
         c.n_layer = 64, c.n_embd = 5120, c.n_head = 40, c.n_head_kv = 8, c.n_ff = 27392;
@@ -543,18 +549,18 @@ void synthetic_validate(const SyntheticModelConfig& c) {
     if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "qwen3moe" &&
         c.arch != "phi3" && !is_gemma(c) && c.arch != "granite" && c.arch != "granitemoe" &&
         c.arch != "smollm3" && c.arch != "gpt-oss" && c.arch != "glm4moe" && c.arch != "ernie4_5" &&
-        c.arch != "ernie4_5-moe" && c.arch != "olmo2" && c.arch != "exaone4")
+        c.arch != "ernie4_5-moe" && c.arch != "olmo2" && c.arch != "olmoe" && c.arch != "exaone4")
         fail(
             "synthetic model: architecture '{}' is not one of llama, qwen2, qwen3, qwen3moe, phi3, "
             "gemma, gemma2, gemma3, granite, granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, "
-            "ernie4_5-moe, olmo2, exaone4",
+            "ernie4_5-moe, olmo2, olmoe, exaone4",
             c.arch);
     const bool moe_arch = c.arch == "qwen3moe" || c.arch == "granitemoe" || c.arch == "gpt-oss" ||
-                          c.arch == "glm4moe" || c.arch == "ernie4_5-moe";
+                          c.arch == "glm4moe" || c.arch == "ernie4_5-moe" || c.arch == "olmoe";
     if (moe_arch != (c.n_expert > 0) && c.arch != "llama")
         fail(
             "synthetic model: experts need arch qwen3moe, granitemoe, gpt-oss, glm4moe, "
-            "ernie4_5-moe or llama (Mixtral), and those but llama need experts");
+            "ernie4_5-moe, olmoe or llama (Mixtral), and those but llama need experts");
     if (c.arch == "ernie4_5-moe" && (c.n_layer_dense < 0 || c.n_layer_dense > c.n_layer ||
                                      c.moe_step < 1 || c.n_expert_shared < 0 || c.n_ff_shexp < 0))
         fail(

@@ -38,6 +38,7 @@ struct Parts {
     bool swa_rope_plain = true;  // false: the windowed layers rotate like the global ones
     bool rope_swa_only = true;   // false: EXAONE's global layers rotate too
     bool per_head = true;        // false: EXAONE's Q/K norms over all heads at once
+    bool renorm = false;         // true: OLMoE's expert weights over their sum
 };
 
 // EXAONE 4.0 with a window: layer l is global and therefore not rotated.
@@ -55,17 +56,29 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
     for (int64_t t = 0; t < T; ++t)
         x[size_t(t)].assign(embd.row(tokens[size_t(t)]), embd.row(tokens[size_t(t)]) + c.n_embd);
     const std::vector<float> ones(size_t(c.n_embd), 1.0f);
-    auto block_input = [&](const std::vector<float>& xt) {
-        std::vector<float> h = xt;
-        if (!parts.no_pre_norms) rms_normalize(h, 0, c.n_embd, ones.data(), c.norm_eps);
-        return h;
-    };
-    auto add_output = [&](std::vector<float>& xt, std::vector<float> o, const Mat& norm) {
-        if (parts.post_norms) rms_normalize(o, 0, c.n_embd, norm.data, c.norm_eps);
-        for (int64_t i = 0; i < c.n_embd; ++i) xt[size_t(i)] += o[size_t(i)];
+    auto swiglu_ffn = [](const Mat& gate, const Mat& up, const Mat& down,
+                         const std::vector<float>& h) {
+        std::vector<float> g = matvec(gate, h), u = matvec(up, h);
+        for (size_t i = 0; i < g.size(); ++i)
+            g[i] = float(double(g[i]) / (1 + std::exp(-double(g[i]))) * u[i]);
+        return matvec(down, g);
     };
     for (int64_t l = 0; l < c.n_layer; ++l) {
         auto t_ = [&](const char* what) { return tensor(f, fmt::format("blk.{}.{}", l, what)); };
+        // A block's input: OLMoE's pre norm, or (OLMo 2, EXAONE) the residual stream itself.
+        auto block_input = [&](const std::vector<float>& xt, const char* norm) {
+            std::vector<float> h = xt;
+            if (c.pre_norms)
+                rms_normalize(h, 0, c.n_embd, t_(norm).data, c.norm_eps);
+            else if (!parts.no_pre_norms)
+                rms_normalize(h, 0, c.n_embd, ones.data(), c.norm_eps);
+            return h;
+        };
+        auto add_output = [&](std::vector<float>& xt, std::vector<float> o, const char* norm) {
+            if (c.post_norms && parts.post_norms)
+                rms_normalize(o, 0, c.n_embd, t_(norm).data, c.norm_eps);
+            for (int64_t i = 0; i < c.n_embd; ++i) xt[size_t(i)] += o[size_t(i)];
+        };
         const Mat wq = t_("attn_q.weight"), wk = t_("attn_k.weight"), wv = t_("attn_v.weight"),
                   wo = t_("attn_output.weight"), qn = t_("attn_q_norm.weight"),
                   kn = t_("attn_k_norm.weight");
@@ -77,7 +90,7 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
         const double freq_scale = plain ? 1.0 : c.rope_freq_scale;
         std::vector<std::vector<float>> q(tokens.size());
         for (int64_t t = 0; t < T; ++t) {
-            const std::vector<float> h = block_input(x[size_t(t)]);
+            const std::vector<float> h = block_input(x[size_t(t)], "attn_norm.weight");
             q[size_t(t)] = matvec(wq, h), keys[size_t(t)] = matvec(wk, h);
             values[size_t(t)] = matvec(wv, h);
             if (parts.qk_norm && c.qk_norm_full) {
@@ -108,16 +121,44 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
             const int64_t u0 = swa && parts.window ? std::max<int64_t>(0, t - c.n_swa + 1) : 0;
             const std::vector<float> att =
                 attend(q[size_t(t)], keys, values, t, u0, c.n_head, c.n_kv_head, hd);
-            add_output(x[size_t(t)], matvec(wo, att), t_("post_attention_norm.weight"));
+            add_output(x[size_t(t)], matvec(wo, att), "post_attention_norm.weight");
         }
-        const Mat gate = t_("ffn_gate.weight"), up = t_("ffn_up.weight"),
-                  down = t_("ffn_down.weight");
         for (int64_t t = 0; t < T; ++t) {
-            const std::vector<float> h = block_input(x[size_t(t)]);
-            std::vector<float> g = matvec(gate, h), u = matvec(up, h);
-            for (size_t i = 0; i < g.size(); ++i)
-                g[i] = float(double(g[i]) / (1 + std::exp(-double(g[i]))) * u[i]);
-            add_output(x[size_t(t)], matvec(down, g), t_("post_ffw_norm.weight"));
+            const std::vector<float> h = block_input(x[size_t(t)], "ffn_norm.weight");
+            if (!c.moe()) {
+                add_output(x[size_t(t)],
+                           swiglu_ffn(t_("ffn_gate.weight"), t_("ffn_up.weight"),
+                                      t_("ffn_down.weight"), h),
+                           "post_ffw_norm.weight");
+                continue;
+            }
+            // OLMoE: the experts with the k largest softmax probabilities (ties: the lower
+            // id), each weighted by its probability.
+            const std::vector<float> logit = matvec(t_("ffn_gate_inp.weight"), h);
+            const double mx = *std::max_element(logit.begin(), logit.end());
+            std::vector<double> p(logit.size());
+            double z = 0;
+            for (size_t e = 0; e < p.size(); ++e) z += (p[e] = std::exp(double(logit[e]) - mx));
+            std::vector<int64_t> ids(p.size());
+            for (size_t e = 0; e < ids.size(); ++e) ids[e] = int64_t(e);
+            std::stable_sort(ids.begin(), ids.end(), [&](int64_t a, int64_t b) {
+                return p[size_t(a)] > p[size_t(b)];
+            });
+            ids.resize(size_t(c.n_expert_used));
+            double sum = 0;
+            for (int64_t e : ids) sum += p[size_t(e)] / z;
+            const Mat ge = t_("ffn_gate_exps.weight"), ue = t_("ffn_up_exps.weight"),
+                      de = t_("ffn_down_exps.weight");
+            const int64_t fe = c.n_ff_exp;
+            std::vector<float> y(size_t(c.n_embd), 0.0f);
+            for (int64_t e : ids) {
+                const double wt = p[size_t(e)] / z / (parts.renorm ? sum : 1.0);
+                const std::vector<float> d =
+                    swiglu_ffn(Mat{ge.row(e * fe), ge.n_in, fe}, Mat{ue.row(e * fe), ue.n_in, fe},
+                               Mat{de.row(e * c.n_embd), de.n_in, c.n_embd}, h);
+                for (int64_t i = 0; i < c.n_embd; ++i) y[size_t(i)] += float(wt * d[size_t(i)]);
+            }
+            add_output(x[size_t(t)], y, "");
         }
     }
     return output_logits(x, tensor(f, "output_norm.weight").data, out, c.norm_eps);
@@ -349,4 +390,39 @@ TEST_CASE("the EXAONE 4.0 32B preset has the published shape") {
     CHECK(c.head_dim == 128);
     CHECK(c.sliding_window == 4096);
     CHECK_NOTHROW(synthetic_validate(c));
+}
+
+TEST_CASE("OLMoE matches the independent reference forward") {
+    TempDir dir;
+    SyntheticModelConfig cfg = small_olmo();
+    cfg.arch = "olmoe";
+    cfg.n_expert = 6, cfg.n_expert_used = 2, cfg.n_ff_exp = 32;
+    const std::string path = dir.file("olmoe.gguf");
+    synthetic_model_write(cfg, path);
+    GgufFile f = GgufFile::open(path);
+    const ModelConfig c = model_config_from_gguf(f);
+    CHECK(c.rope_neox);
+    CHECK(c.qk_norm_full);
+    CHECK(c.pre_norms);
+    CHECK_FALSE(c.post_norms);
+    CHECK(c.moe_layer(0));
+    CHECK_FALSE(c.moe_sigmoid);
+    CHECK_FALSE(c.moe_norm);
+    const auto got = backend_logits(f, kTokens, 9);
+    CHECK(rel_diff(got, reference_logits(f, c, Parts{}, kTokens)) < 2e-5);
+    for (int part = 0; part < 3; ++part) {
+        CAPTURE(part);
+        Parts p;
+        if (part == 0) p.qk_norm = false;
+        if (part == 1) p.renorm = true;
+        if (part == 2) p.neox = false;
+        CHECK(rel_diff(got, reference_logits(f, c, p, kTokens)) > 1e-3);
+    }
+    CHECK(load_error(gguf_rewritten(f, "", nullptr, "blk.1.attn_k_norm.weight"))
+              .find("blk.1.attn_k_norm.weight") != std::string::npos);
+    const SyntheticModelConfig preset = synthetic_preset("olmoe-1b-7b");
+    CHECK(preset.arch == "olmoe");
+    CHECK(preset.n_expert == 64);
+    CHECK(preset.n_expert_used == 8);
+    CHECK_NOTHROW(synthetic_validate(preset));
 }

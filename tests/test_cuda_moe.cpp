@@ -110,17 +110,19 @@ TEST_CASE("cuda mixture-of-experts ops: top-k, expert-indexed GEMVs, weighted su
 
     // GLM 4.5's router: the choice by sigmoid + selection bias, the weights the sigmoids (over
     // their sum, or not), times a scale; ERNIE 4.5's: by softmax probability + selection bias,
-    // the weights the probabilities over their sum.
+    // the weights the probabilities over their sum; OLMoE's: by softmax probability, the weights
+    // the probabilities as they are.
     const std::vector<float> bias = random_floats(static_cast<size_t>(n_expert), 76, 0.3f);
     DevBuf<float> dbias(bias);
-    for (int variant = 0; variant < 3; ++variant) {
-        const bool sigmoid = variant < 2, norm = variant != 1;
+    for (int variant = 0; variant < 4; ++variant) {
+        const bool sigmoid = variant < 2, norm = variant == 0 || variant == 2;
+        const bool biased = variant < 3;
         const float scale = sigmoid ? 2.5f : 1.0f;
         CAPTURE(variant);
         DevBuf<float> sw(static_cast<size_t>(n_tok * k));
         DevBuf<int32_t> ssel(std::vector<int32_t>(static_cast<size_t>(n_tok * k), -1));
         cuda_moe_topk(dl.get(), n_tok, n_expert, k, ssel.get(), sw.get(), nullptr,
-                      {sigmoid, dbias.get(), norm, scale});
+                      {sigmoid, biased ? dbias.get() : nullptr, norm, scale});
         const std::vector<int32_t> ids = ssel.download();
         const std::vector<float> w = sw.download();
         for (int64_t t = 0; t < n_tok; ++t) {
@@ -136,7 +138,8 @@ TEST_CASE("cuda mixture-of-experts ops: top-k, expert-indexed GEMVs, weighted su
             std::vector<int32_t> order(static_cast<size_t>(n_expert));
             std::iota(order.begin(), order.end(), 0);
             std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-                return sig(a) + bias[size_t(a)] > sig(b) + bias[size_t(b)];
+                const double ba = biased ? bias[size_t(a)] : 0.0, bb = biased ? bias[size_t(b)] : 0.0;
+                return sig(a) + ba > sig(b) + bb;
             });
             double z = 0;
             for (int64_t j = 0; j < k; ++j) z += sig(order[size_t(j)]);

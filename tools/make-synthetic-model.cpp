@@ -37,7 +37,7 @@ int run(int argc, char** argv) {
                    "qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, phi3-mini, phi3-mini-128k, phi4, "
                    "gemma2-2b, gemma3-1b, gemma3-4b, granite3-8b, granite3-3b-a800m, smollm3-3b, "
                    "phi4-mini, gpt-oss-20b, gpt-oss-120b, glm4.5-air, ernie4.5-0.3b, "
-                   "ernie4.5-21b-a3b, olmo2-7b, olmo3-7b, exaone4-32b or tiny")
+                   "ernie4.5-21b-a3b, olmo2-7b, olmo3-7b, olmoe-1b-7b, exaone4-32b or tiny")
         ->capture_default_str();
     app.add_option(
         "--arch", arch,
@@ -47,11 +47,13 @@ int run(int argc, char** argv) {
         "attention sinks, clamped SwiGLU experts), glm4moe (GLM 4.5: a dense first layer, "
         "sigmoid-routed and shared experts), ernie4_5, ernie4_5-moe (ERNIE 4.5: softmax "
         "router with a selection bias, shared experts), olmo2 (OLMo 2 / 3: post "
-        "norms only, Q/K norms over all heads), exaone4 (EXAONE 4.0: post norms, per-"
+        "norms only, Q/K norms over all heads), olmoe (OLMo's Q/K norms, unnormalized "
+        "softmax expert weights), exaone4 (EXAONE 4.0: post norms, per-"
         "head Q/K norms, at 64 layers windows and global layers without RoPE); "
         "default: the preset's");
     app.add_option("--n-expert", n_expert,
-                   "experts per layer (qwen3moe, granitemoe, gpt-oss, glm4moe, llama = Mixtral)");
+                   "experts per layer (qwen3moe, granitemoe, gpt-oss, glm4moe, ernie4_5-moe, "
+                   "olmoe, llama = Mixtral)");
     app.add_option("--n-expert-used", n_expert_used, "experts per token");
     app.add_option("--n-ff-exp", n_ff_exp, "expert feed-forward width (default --n-ff)");
     app.add_option("--sliding-window", sliding_window,

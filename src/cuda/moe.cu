@@ -16,10 +16,11 @@ constexpr int kTopkThreads = 32;  // one warp per token
 
 // One warp per token: k rounds of a warp-wide argmax over the experts not yet taken (ties:
 // the lower id), then the weights. Softmax: exp(l - l_max) over their sum (the softmax
-// denominator cancels in the renormalization); with a selection bias the choice is by the
-// probability + bias, so the denominator is summed first. Sigmoid: the choice by sigmoid(l)
-// + bias, the weight sigmoid(l). Over their sum when norm, then times scale. taken:
-// [n_expert] flags in dynamic shared memory.
+// denominator cancels in the renormalization); with a selection bias, or without the
+// renormalization (OLMoE), the weight is the probability itself (the choice by the probability
+// + bias), so the denominator is summed first. Sigmoid: the choice by sigmoid(l) + bias, the
+// weight sigmoid(l). Over their sum when norm, then times scale. taken: [n_expert] flags in
+// dynamic shared memory.
 __global__ void moe_topk_kernel(const float* __restrict__ logits, int n_expert, int k,
                                 int32_t* __restrict__ ids, float* __restrict__ weights,
                                 MoeRouting r) {
@@ -30,10 +31,11 @@ __global__ void moe_topk_kernel(const float* __restrict__ logits, int n_expert, 
     const float* l = logits + t * n_expert;
     for (int e = lane; e < n_expert; e += kTopkThreads) taken[e] = 0;
     __syncwarp();
-    // The gate of expert e: its sigmoid, or (softmax with a selection bias) its probability.
-    const bool gated = r.sigmoid || r.select_bias;
+    // The gate of expert e: its sigmoid, or (softmax with a selection bias or unnormalized) its
+    // probability.
+    const bool gated = r.sigmoid || r.select_bias || !r.norm;
     float mx = -INFINITY, z = 0.0f;
-    if (!r.sigmoid && r.select_bias) {
+    if (!r.sigmoid && gated) {
         for (int e = lane; e < n_expert; e += kTopkThreads) mx = fmaxf(mx, l[e]);
         for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
         for (int e = lane; e < n_expert; e += kTopkThreads) z += expf(l[e] - mx);
@@ -93,7 +95,6 @@ void cuda_moe_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int6
                    float* weights, cudaStream_t s, const MoeRouting& r) {
     CUDA_REQUIRE(n_expert >= 1 && n_expert <= 4096 && k >= 1 && k <= n_expert,
                  "cuda_moe_topk: need 1 <= k <= n_expert <= 4096");
-    CUDA_REQUIRE(r.sigmoid || r.norm, "cuda_moe_topk: a softmax router always renormalizes");
     if (n_tokens <= 0) return;
     cu::launch_pdl(moe_topk_kernel, unsigned(n_tokens), kTopkThreads, size_t(n_expert), s, logits,
                    int(n_expert), int(k), ids, weights, r);

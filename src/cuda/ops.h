@@ -179,7 +179,7 @@ void cuda_gemv_experts_swiglu(float* out, const float* x, const WeightView& gate
                               int64_t n_jobs, int x_div, cudaStream_t s,
                               CudaScratch* scratch = nullptr);
 // How a router turns logits into choices and weights (ModelConfig's moe_*): a gate per expert,
-// its softmax probability (always renormalized over the chosen) or (GLM 4.5) its sigmoid; the
+// its softmax probability or (GLM 4.5) its sigmoid; the
 // choice by gate + select_bias[e] (device, [n_expert], or null: ERNIE 4.5's and GLM's), the
 // weights the gates over their sum when norm; then times scale.
 struct MoeRouting {
