@@ -189,7 +189,7 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
             cpu::add_bias(v_.data(), w.bv.data(), T, c.kv_dim());
         }
         if (!w.q_norm.empty()) {  // qwen3: each head's Q and K RMS-normalized before RoPE
-            // (olmo2: each token's whole Q and K)
+            // (olmo2, olmoe: each token's whole Q and K)
             const int64_t qw = c.qk_norm_full ? c.q_dim() : c.head_dim;
             const int64_t kw = c.qk_norm_full ? c.kv_dim() : c.head_dim;
             cpu::rmsnorm(q_.data(), q_.data(), w.q_norm.data(), T * c.q_dim() / qw, qw, c.norm_eps);

@@ -1,7 +1,7 @@
 // Typed model hyperparameters read from GGUF metadata (`<arch>.*` keys) for the supported
 // architectures (llama, qwen2, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3, granite,
-// granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, exaone4), validated so
-// the forward pass can trust them.
+// granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe, exaone4),
+// validated so the forward pass can trust them.
 #pragma once
 
 #include <cstdint>
@@ -44,10 +44,11 @@ struct ModelConfig {
     float yarn_beta_fast = 32.0f, yarn_beta_slow = 1.0f;
     bool qkv_bias = false;  // the architecture requires Q/K/V biases (qwen2)
     bool qk_norm = false;   // per-head RMSNorm of Q and K before RoPE (qwen3)
-    // OLMo 2 and 3 (olmo2): Q and K are RMS-normalized over their whole width (all heads at
-    // once: attn_q_norm [q_dim], attn_k_norm [kv_dim]) before RoPE; and no norm comes before
-    // the attention or the FFN (pre_norms false): each block reads the residual stream as it
-    // is, and only its output is normed (post_norms) before the residual add (also exaone4).
+    // OLMo 2 and 3 (olmo2), OLMoE: Q and K are RMS-normalized over their whole width (all
+    // heads at once: attn_q_norm [q_dim], attn_k_norm [kv_dim]) before RoPE. olmo2 and exaone4:
+    // no norm comes before the attention or the FFN (pre_norms false): each block reads the
+    // residual stream as it is, and only its output is normed (post_norms) before the residual
+    // add.
     bool qk_norm_full = false;
     bool pre_norms = true;
     // ffn_up holds the gate's rows then the up projection's, [2 n_ff][n_embd], and there is

@@ -138,7 +138,7 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
         }
         // Per-head Q/K norms: required by qwen3; any other architecture that has them gets them
         // applied rather than silently ignored.
-        if (c.qk_norm_full) {  // olmo2: over all heads at once
+        if (c.qk_norm_full) {  // olmo2, olmoe: over all heads at once
             l.q_norm = load_vector(f, name("attn_q_norm.weight"), c.q_dim());
             l.k_norm = load_vector(f, name("attn_k_norm.weight"), c.kv_dim());
         } else if (c.qk_norm || f.find_tensor(name("attn_q_norm.weight"))) {

@@ -230,7 +230,7 @@ CudaXq* CudaBackend::xq_for(CudaXq& xq, const float* x, bool fuse, int64_t T) {
 const CudaXq* CudaBackend::norm_xb(const float* w, bool add, bool fuse, int64_t T) {
     const ModelConfig& c = config_;
     const cudaStream_t s = stream_.get();
-    if (!w) {  // olmo2: no norm; the block reads the residual stream as it is
+    if (!w) {  // olmo2, exaone4: no norm; the block reads the residual stream as it is
         if (add) cuda_add(x_, xb_, T * c.n_embd, s);
         CUDA_CHECK(cudaMemcpyAsync(xb_, x_, size_t(T * c.n_embd) * sizeof(float),
                                    cudaMemcpyDeviceToDevice, s));
@@ -279,7 +279,7 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
             cuda_add_bias(k_, w.bk, T, c.kv_dim(), s);
             cuda_add_bias(v_, w.bv, T, c.kv_dim(), s);
         }
-        if (w.q_norm && c.qk_norm_full) {  // olmo2: each token's whole Q and K (in place)
+        if (w.q_norm && c.qk_norm_full) {  // olmo2, olmoe: each token's whole Q and K
             cuda_rmsnorm(q_, q_, w.q_norm, T, c.q_dim(), c.norm_eps, s);
             cuda_rmsnorm(k_, k_, w.k_norm, T, c.kv_dim(), c.norm_eps, s);
         } else if (w.q_norm) {  // qwen3: per-head RMSNorm of Q and K before RoPE (in place)
