@@ -18,6 +18,9 @@
 
 namespace kvrun::arch_test {
 
+// The token ids the architecture tests feed their small models (vocabularies of 300 and more).
+inline const std::vector<int32_t> kTokens = {1, 17, 250, 4, 99, 31, 7, 123, 88, 5, 260, 42, 3, 77};
+
 // A float view of one F32 tensor: rows of dims[0] elements.
 struct Mat {
     const float* data = nullptr;

@@ -272,8 +272,6 @@ std::vector<uint8_t> read_file_bytes(const std::string& path) {
     return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-const std::vector<int32_t> kTokens = {1, 17, 250, 4, 99, 31, 7, 123, 88, 5, 260, 42, 3, 77};
-
 }  // namespace
 
 TEST_CASE("each architecture matches the independent reference forward") {

@@ -167,8 +167,6 @@ SyntheticModelConfig small_glm() {
     return c;
 }
 
-const std::vector<int32_t> kTokens = {1, 17, 250, 4, 99, 31, 7, 123, 88, 5, 260, 42, 3, 77};
-
 }  // namespace
 
 TEST_CASE("GLM 4.5 matches the independent reference forward, with and without Q/K norms") {

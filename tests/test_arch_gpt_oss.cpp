@@ -153,8 +153,6 @@ SyntheticModelConfig small_gpt_oss() {
     return c;
 }
 
-const std::vector<int32_t> kTokens = {1, 17, 250, 4, 99, 31, 7, 123, 88, 5, 260, 42, 3, 77};
-
 }  // namespace
 
 TEST_CASE("gpt-oss matches the independent reference forward, F32 and MXFP4 experts") {

@@ -176,8 +176,6 @@ SyntheticModelConfig small_olmo() {
     return c;
 }
 
-const std::vector<int32_t> kTokens = {1, 17, 250, 4, 99, 31, 7, 123, 88, 5, 260, 42, 3, 77};
-
 }  // namespace
 
 TEST_CASE("OLMo 2 matches the independent reference forward") {
