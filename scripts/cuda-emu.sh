@@ -2,14 +2,16 @@
 # Runs CUDA tests on the host CUDA emulator (tools/cuda-emu, see its README.md): no GPU
 # needed, one fiber per CUDA thread, slow. A developer tool, not part of ctest / CI.
 #
-#   scripts/cuda-emu.sh [ORDER] [TEST...]
+#   scripts/cuda-emu.sh [ORDER] [TEST...] [-- DOCTEST-ARG...]
 #     ORDER  fwd (default) | rev | rand: order in which a CTA's threads run between
 #            synchronization points (rand: EMU_SEED=N picks the shuffle)
 #     TEST   test_cuda_kv_quant test_cuda_attention test_cuda_sampling test_cuda_ops test_cuda_moe
 #            test_cuda_invariance test_cuda_backend (default: all). Slow cases and one known
 #            tolerance failure are excluded with doctest filters (FILTERS below).
+#     DOCTEST-ARG  passed to each test as is, e.g. -- "-tc=cuda backend matches*"
 #   Environment: EMU_ASAN=1 builds with ASan+UBSan (into build-emu/asan),
-#                EMU_ARGS="..." extra doctest arguments, EMU_FILTERS=0 drops FILTERS,
+#                EMU_ARGS="..." extra doctest arguments (split like a shell line: quote
+#                an argument with spaces), EMU_FILTERS=0 drops FILTERS,
 #                JOBS=N build jobs (default 2).
 # Builds into build-emu/ (git-ignored) from the current sources.
 set -euo pipefail
@@ -23,7 +25,22 @@ if [[ $# -gt 0 && ($1 == fwd || $1 == rev || $1 == rand) ]]; then
     order=$1
     shift
 fi
-tests=("$@")
+tests=()
+doctest_args=()
+while [[ $# -gt 0 ]]; do
+    if [[ $1 == -- ]]; then
+        shift
+        doctest_args=("$@")
+        break
+    fi
+    tests+=("$1")
+    shift
+done
+# EMU_ARGS is split as xargs splits a line (quotes group words), so "-tc=a b*" stays whole.
+if [[ -n ${EMU_ARGS:-} ]]; then
+    mapfile -t emu_args < <(xargs -n1 printf '%s\n' <<< "$EMU_ARGS")
+    doctest_args+=("${emu_args[@]}")
+fi
 [[ ${#tests[@]} -eq 0 ]] && tests=("${ALL_TESTS[@]}")
 for t in "${tests[@]}"; do
     [[ " ${ALL_TESTS[*]} " == *" $t "* ]] || {
@@ -66,8 +83,7 @@ fail=0
 for t in "${tests[@]}"; do
     args=()
     [[ ${EMU_FILTERS:-1} != 0 && -n ${FILTERS[$t]:-} ]] && args+=("${FILTERS[$t]}")
-    # shellcheck disable=SC2206
-    [[ -n ${EMU_ARGS:-} ]] && args+=(${EMU_ARGS})
+    args+=("${doctest_args[@]}")
     echo "== $t (EMU_ORDER=$order${EMU_ASAN:+, asan}) ${args[*]}"
     start=$(date +%s)
     if "$build/$t" "${args[@]}"; then

@@ -4,6 +4,7 @@
 // or stdout. A progress bar and a final summary (throughput, KV use, prefix-cache hits,
 // preemptions, speculation) go to stderr. Ctrl-C stops, writes the results that finished, and
 // exits 130. With --draft-model every sequence speculates on its own (engine_speculative.cpp).
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 #include <unistd.h>
 

@@ -2,6 +2,7 @@
 // for KV cache types, with mean ± stddev over repetitions, and for decode the achieved
 // memory bandwidth (weight + KV bytes read per token ÷ time per token) as a fraction of the
 // device's measured copy bandwidth.
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <charconv>

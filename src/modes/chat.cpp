@@ -4,6 +4,7 @@
 // Ctrl-C (stops a reply / clears the line) and Ctrl-D (exits 0). With --draft-model the
 // engine speculates for every reply (same replies with --temp 0; /stats shows the acceptance).
 // --grammar / --json-schema constrain every reply.
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 #include <unistd.h>
 

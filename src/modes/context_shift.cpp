@@ -1,6 +1,7 @@
 // --context-shift: see context_shift.h.
 #include "modes/context_shift.h"
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 
 #include "common.h"

@@ -6,7 +6,7 @@
 // shortened text.
 #pragma once
 
-#include <CLI/CLI.hpp>
+#include "modes/cli_fwd.h"
 #include <atomic>
 #include <cstdint>
 #include <vector>

@@ -2,6 +2,7 @@
 // positive file with line i of the negative file), takes the difference of their last tokens'
 // layer outputs (CPU or CUDA backend), and writes the per-layer directions as a control vector for
 // --control-vector / --control-vector-scaled (cvector_generator.h).
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <sstream>

@@ -2,6 +2,7 @@
 // warning and the speculative --stats lines (see draft_options.h).
 #include "modes/draft_options.h"
 
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <algorithm>

@@ -5,7 +5,7 @@
 // one-time warning when the KV pool caps the context, and the speculative --stats lines.
 #pragma once
 
-#include <CLI/CLI.hpp>
+#include "modes/cli_fwd.h"
 #include <cstdint>
 #include <string>
 

@@ -1,6 +1,7 @@
 // `kvrun embedding`: llama-embedding's command line over compute_embeddings.
 #include "embedding.h"
 
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <chrono>

@@ -6,6 +6,7 @@
 // was quantized (requantizing would round it twice; `kvrun quantize` can do that next), so
 // the output's default name is llama.cpp's ggml-lora-merged-f16.gguf. Written through
 // OUTPUT.part (quantize_model), so a failure or Ctrl-C leaves no half file.
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <chrono>

@@ -4,6 +4,7 @@
 // one file. Tensors are copied byte for byte (quantize_model with COPY), in llama.cpp's
 // write order, through .part files, so a failure or Ctrl-C leaves nothing behind. kvrun
 // itself opens a split model by its first file.
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <charconv>

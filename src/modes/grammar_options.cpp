@@ -1,6 +1,7 @@
 // --grammar / --grammar-file and the JSON "grammar" field (see grammar_options.h).
 #include "modes/grammar_options.h"
 
+#include <CLI/CLI.hpp>
 #include <regex>
 
 #include "common.h"

@@ -4,7 +4,7 @@
 // request follows.
 #pragma once
 
-#include <CLI/CLI.hpp>
+#include "modes/cli_fwd.h"
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>

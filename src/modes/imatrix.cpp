@@ -4,6 +4,7 @@
 // the host; its experts cannot be observed), and writes them for `quantize --imatrix`.
 #include "imatrix.h"
 
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <chrono>

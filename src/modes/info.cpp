@@ -1,5 +1,6 @@
 // `kvrun info`: what a GGUF file holds — architecture, hyperparameters, vocabulary,
 // tensor types, weight bytes and the KV cache cost per token — as a table or JSON.
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <map>

@@ -1,6 +1,7 @@
 // Shared model/sampling flags, model loading with backend selection, and Ctrl-C handling.
 #include "modes/model_options.h"
 
+#include <CLI/CLI.hpp>
 #include <unistd.h>
 
 #include <cmath>

@@ -2,7 +2,7 @@
 // and loading a model with them: GGUF file, tokenizer and backend (cpu or cuda).
 #pragma once
 
-#include <CLI/CLI.hpp>
+#include "modes/cli_fwd.h"
 #include <atomic>
 #include <functional>
 #include <memory>

@@ -2,7 +2,7 @@
 // A mode's callback stores its exit code in `exit_code`; errors are thrown as kvrun::Error.
 #pragma once
 
-#include <CLI/CLI.hpp>
+#include "modes/cli_fwd.h"
 
 namespace kvrun {
 

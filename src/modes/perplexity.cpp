@@ -2,6 +2,7 @@
 // divergence against a saved run (to judge a quantized KV cache or weights against f16).
 #include "perplexity.h"
 
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include "choice_eval.h"

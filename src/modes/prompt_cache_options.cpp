@@ -1,6 +1,7 @@
 // --prompt-cache flags and their use around an engine run (see prompt_cache_options.h).
 #include "modes/prompt_cache_options.h"
 
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include "kv_format.h"

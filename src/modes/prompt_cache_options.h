@@ -3,7 +3,7 @@
 // requests run, and save the blocks of what ran afterwards (src/prompt_cache.h).
 #pragma once
 
-#include <CLI/CLI.hpp>
+#include "modes/cli_fwd.h"
 #include <string>
 #include <vector>
 

@@ -1,4 +1,5 @@
 // `kvrun quantize`: llama-quantize's command line over quantize_model.
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <cctype>

@@ -1,6 +1,7 @@
 // `kvrun run`: one completion streamed to stdout (prompt from -p, -f or stdin), or with
 // --jsonl one JSON request per stdin line -> one JSON result per stdout line. Both run on the
 // engine; with --draft-model it speculates (same output distribution; greedy: same tokens).
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <iostream>

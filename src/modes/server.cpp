@@ -14,6 +14,7 @@
 // (Prometheus text).
 #include "modes/server.h"
 
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <chrono>

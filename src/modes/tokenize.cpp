@@ -1,4 +1,5 @@
 // `kvrun tokenize`: the token ids (and pieces) a model's tokenizer makes of a text.
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include "gguf.h"
