@@ -327,7 +327,7 @@ void CpuBackend::moe_ffn(const LayerWeights& w, int64_t T) {
             for (int64_t j = 0; j < D; ++j) o[j] += wt * d[j];
         }
     }
-    if (c.n_ff_shexp > 0) {  // the shared experts: every token, weight 1
+    if (c.n_ff_shexp > 0) {  // the shared experts: every token, weight 1 (or Qwen2-MoE's gate)
         const int64_t Fs = c.n_ff_shexp;
         moe_gate_.resize(size_t(T * Fs));
         moe_up_.resize(size_t(T * Fs));
@@ -336,7 +336,13 @@ void CpuBackend::moe_ffn(const LayerWeights& w, int64_t T) {
         matmul(moe_up_.data(), xb_.data(), w.up_shexp, T);
         cpu::swiglu(moe_gate_.data(), moe_gate_.data(), moe_up_.data(), T * Fs);
         matmul(moe_down_.data(), moe_gate_.data(), w.down_shexp, T);
-        for (int64_t i = 0; i < T * D; ++i) moe_out_[size_t(i)] += moe_down_[size_t(i)];
+        if (w.gate_inp_shexp.data) {  // Qwen2-MoE: scaled by the shared expert's own gate
+            moe_gate_.resize(size_t(T));
+            matmul(moe_gate_.data(), xb_.data(), w.gate_inp_shexp, T);
+            cpu::add_sigmoid_gated(moe_out_.data(), moe_down_.data(), moe_gate_.data(), T, D);
+        } else {
+            cpu::add(moe_out_.data(), moe_down_.data(), T * D);
+        }
     }
     std::copy(moe_out_.begin(), moe_out_.end(), xb_.begin());
 }

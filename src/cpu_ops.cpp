@@ -272,6 +272,13 @@ void add(float* x, const float* y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
+void add_sigmoid_gated(float* x, const float* y, const float* g, int64_t n_rows, int64_t n) {
+    for (int64_t t = 0; t < n_rows; ++t) {
+        const float s = 1.0f / (1.0f + std::exp(-g[t]));
+        for (int64_t j = 0; j < n; ++j) x[t * n + j] += s * y[t * n + j];
+    }
+}
+
 void embed(float* out, const WeightView& table, const int32_t* tokens, int64_t n_tokens) {
     const auto* base = static_cast<const uint8_t*>(table.data);
     for (int64_t t = 0; t < n_tokens; ++t) {

@@ -102,6 +102,10 @@ void add_scaled_rows(float* out, const float* y, const float* user, int64_t n_ro
 // x[i] += y[i], n elements.
 void add(float* x, const float* y, int64_t n);
 
+// x[t][j] += sigmoid(g[t]) * y[t][j] for [n_rows][n] (g: [n_rows] gate logits; Qwen2-MoE's
+// gated shared expert). The gate is computed in float, then multiplied and added.
+void add_sigmoid_gated(float* x, const float* y, const float* g, int64_t n_rows, int64_t n);
+
 // out[t][:] = dequantized row tokens[t] of the embedding table; out: [n_tokens][n_embd]
 void embed(float* out, const WeightView& table, const int32_t* tokens, int64_t n_tokens);
 

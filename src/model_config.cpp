@@ -31,6 +31,7 @@ struct ArchTraits {
     bool olmo2 = false;      // OLMo 2 / OLMo 3 (read_olmo2)
     bool olmoe = false;      // OLMoE (read_olmoe)
     bool exaone4 = false;    // EXAONE 4.0 (read_exaone4)
+    bool qwen2moe = false;   // Qwen1.5-MoE / Qwen2-MoE (read_qwen2moe)
 };
 
 constexpr ArchTraits kArchs[] = {
@@ -38,6 +39,7 @@ constexpr ArchTraits kArchs[] = {
     {.name = "qwen2", .rope_neox = true, .qkv_bias = true},
     {.name = "qwen3", .rope_neox = true, .qk_norm = true},
     {.name = "qwen3moe", .rope_neox = true, .qk_norm = true, .experts = true},
+    {.name = "qwen2moe", .rope_neox = true, .qkv_bias = true, .experts = true, .qwen2moe = true},
     {.name = "phi3", .rope_neox = true, .fused_gate_up = true},
     {.name = "gemma", .rope_neox = true, .gemma = 1},
     {.name = "gemma2", .rope_neox = true, .gemma = 2},
@@ -299,6 +301,19 @@ void read_exaone4(const GgufFile& f, const std::string& a, ModelConfig& c) {
     c.rope_swa_only = true;
 }
 
+// Qwen1.5-MoE and Qwen2-MoE (qwen2moe): Qwen2's attention (Q/K/V biases, NeoX RoPE); every
+// layer has a softmax router whose chosen probabilities weight the experts as they are (not
+// renormalized), and one shared expert of width expert_shared_feed_forward_length (absent:
+// feed_forward_length, as in llama.cpp) whose output is scaled by a sigmoid gate of its own.
+// Read after the experts.
+void read_qwen2moe(const GgufFile& f, const std::string& a, ModelConfig& c) {
+    c.moe_norm = false;
+    c.n_expert_shared = 1;
+    c.n_ff_shexp = read_count0(f, a + "expert_shared_feed_forward_length", false);
+    if (c.n_ff_shexp == 0) c.n_ff_shexp = c.n_ff;
+    c.shexp_gate = true;
+}
+
 }  // namespace
 
 ModelConfig model_config_from_gguf(const GgufFile& f) {
@@ -310,12 +325,13 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     if (!traits) {
         throw Error(
             fmt::format("{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, "
-                        "qwen3moe, phi3, gemma, gemma2, gemma3, granite, granitemoe, smollm3, "
-                        "gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe, exaone4)",
+                        "qwen3moe, qwen2moe, phi3, gemma, gemma2, gemma3, granite, granitemoe, "
+                        "smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe, "
+                        "exaone4)",
                         f.path(), c.arch),
             "kvrun runs llama-family models (Llama, Mistral, TinyLlama, SmolLM, Qwen2, Qwen3, "
-            "Qwen3 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3, Granite 3, SmolLM3, gpt-oss, GLM 4.5, "
-            "ERNIE 4.5, OLMo 2, OLMo 3, OLMoE, EXAONE 4.0)");
+            "Qwen3 MoE, Qwen2 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3, Granite 3, SmolLM3, "
+            "gpt-oss, GLM 4.5, ERNIE 4.5, OLMo 2, OLMo 3, OLMoE, EXAONE 4.0)");
     }
     c.rope_neox = traits->rope_neox;
     c.qkv_bias = traits->qkv_bias;
@@ -379,6 +395,7 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     }
     if (traits->glm4moe) read_glm4moe(f, a, c);
     if (traits->ernie_moe) read_ernie_moe(f, a, c);
+    if (traits->qwen2moe) read_qwen2moe(f, a, c);
     return c;
 }
 

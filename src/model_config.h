@@ -1,7 +1,7 @@
 // Typed model hyperparameters read from GGUF metadata (`<arch>.*` keys) for the supported
-// architectures (llama, qwen2, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3, granite,
-// granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe, exaone4),
-// validated so the forward pass can trust them.
+// architectures (llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gemma, gemma2, gemma3,
+// granite, granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe,
+// exaone4), validated so the forward pass can trust them.
 #pragma once
 
 #include <cstdint>
@@ -101,6 +101,9 @@ struct ModelConfig {
     // softmax router always renormalizes (moe_norm true).
     int64_t n_layer_dense = 0, moe_step = 1, n_expert_shared = 0, n_ff_shexp = 0;
     bool moe_sigmoid = false, moe_norm = true;
+    // Qwen2-MoE: the shared expert's output is scaled, token by token, by
+    // sigmoid(ffn_gate_inp_shexp · x) (x: the FFN's normed input) before it joins the experts'.
+    bool shexp_gate = false;
     float moe_scale = 1.0f;
     bool moe_layer(int64_t l) const {
         return moe() && l >= n_layer_dense && (l + 1) % moe_step == 0;

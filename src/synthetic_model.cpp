@@ -80,7 +80,9 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
             p.push_back({nm("attn_v"), more, {c.n_embd, n_embd_kv}, s, 0});
         }
         const bool oai = c.arch == "gpt-oss";
-        if (c.arch == "qwen2" || oai || glm) {  // biases of a few times the projections' output
+        const bool qwen2moe = c.arch == "qwen2moe";
+        // Biases of a few times the projections' output.
+        if (c.arch == "qwen2" || qwen2moe || oai || glm) {
             p.push_back({bias("attn_q"), GgmlType::F32, {n_embd_q}, kBiasStd, 0});
             p.push_back({bias("attn_k"), GgmlType::F32, {n_embd_kv}, kBiasStd, 0});
             p.push_back({bias("attn_v"), GgmlType::F32, {n_embd_kv}, kBiasStd, 0});
@@ -130,6 +132,13 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
                     p.push_back({nm("ffn_up_shexp"), c.type, {c.n_embd, fs}, s, 0});
                     p.push_back({nm("ffn_down_shexp"), more, {fs, c.n_embd}, s_out, 0});
                 }
+            }
+            if (qwen2moe) {  // one shared expert, scaled by a sigmoid gate of its own
+                const int64_t fs = c.n_ff_shexp > 0 ? c.n_ff_shexp : c.n_ff;
+                p.push_back({nm("ffn_gate_inp_shexp"), GgmlType::F32, {c.n_embd}, s, 0});
+                p.push_back({nm("ffn_gate_shexp"), c.type, {c.n_embd, fs}, s, 0});
+                p.push_back({nm("ffn_up_shexp"), c.type, {c.n_embd, fs}, s, 0});
+                p.push_back({nm("ffn_down_shexp"), more, {fs, c.n_embd}, s_out, 0});
             }
         } else {
             if (c.arch == "phi3") {  // the gate's rows, then up's, in ffn_up
@@ -317,6 +326,9 @@ void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) 
             c.n_ff_shexp > 0 ? c.n_ff_shexp : (c.n_ff_exp > 0 ? c.n_ff_exp : c.n_ff) * c.n_expert_shared;
         if (fs > 0) w.set_u32(a + "expert_shared_feed_forward_length", uint32_t(fs));
     }
+    if (c.arch == "qwen2moe")
+        w.set_u32(a + "expert_shared_feed_forward_length",
+                  uint32_t(c.n_ff_shexp > 0 ? c.n_ff_shexp : c.n_ff));
     // Provenance, so a benchmark report can say what it ran on.
     w.set_u64("kvrun.synthetic.seed", c.seed);
     w.set_f32("kvrun.synthetic.weight_std", c.weight_std);
@@ -364,13 +376,16 @@ int64_t synthetic_head_dim(const SyntheticModelConfig& cfg) {
 }
 
 std::vector<std::string> synthetic_preset_names() {
-    return {"llama2-7b",         "llama3-8b",  "llama3.1-8b",    "llama-1b",
-            "qwen2.5-7b",        "qwen3-0.6b", "qwen3-8b",       "qwen3-30b-a3b",
-            "mixtral-8x7b",      "phi3-mini",  "phi3-mini-128k", "phi4",
-            "gemma2-2b",         "gemma3-1b",  "gemma3-4b",      "granite3-8b",
-            "granite3-3b-a800m", "smollm3-3b", "phi4-mini",      "gpt-oss-20b",
-            "gpt-oss-120b",      "glm4.5-air", "ernie4.5-0.3b",  "ernie4.5-21b-a3b",
-            "olmo2-7b",          "olmo3-7b",   "olmoe-1b-7b",    "exaone4-32b",
+    return {"llama2-7b",   "llama3-8b",         "llama3.1-8b",
+            "llama-1b",    "qwen2.5-7b",        "qwen3-0.6b",
+            "qwen3-8b",    "qwen3-30b-a3b",     "mixtral-8x7b",
+            "phi3-mini",   "phi3-mini-128k",    "phi4",
+            "gemma2-2b",   "gemma3-1b",         "gemma3-4b",
+            "granite3-8b", "granite3-3b-a800m", "smollm3-3b",
+            "phi4-mini",   "gpt-oss-20b",       "gpt-oss-120b",
+            "glm4.5-air",  "ernie4.5-0.3b",     "ernie4.5-21b-a3b",
+            "olmo2-7b",    "olmo3-7b",          "olmoe-1b-7b",
+            "exaone4-32b", "qwen1.5-moe-a2.7b", "qwen2-57b-a14b",
             "tiny"};
 }
 
@@ -407,6 +422,16 @@ SyntheticModelConfig synthetic_preset(std::string_view name) {
         c.n_layer = 48, c.n_embd = 2048, c.n_head = 32, c.n_head_kv = 4, c.n_ff = 6144;
         c.n_expert = 128, c.n_expert_used = 8, c.n_ff_exp = 768;
         c.n_vocab = 151936, c.rope_base = 1000000, c.n_ctx = 40960, c.norm_eps = 1e-6;
+    } else if (name == "qwen1.5-moe-a2.7b") {  // 60 experts of width 1408, 4 per token, MHA
+        c.arch = "qwen2moe";
+        c.n_layer = 24, c.n_embd = 2048, c.n_head = 16, c.n_head_kv = 16, c.n_ff = 5632;
+        c.n_expert = 60, c.n_expert_used = 4, c.n_ff_exp = 1408, c.n_ff_shexp = 5632;
+        c.n_vocab = 151936, c.rope_base = 1000000, c.n_ctx = 8192, c.norm_eps = 1e-6;
+    } else if (name == "qwen2-57b-a14b") {  // 64 experts of width 2560, 8 per token, GQA 7:1
+        c.arch = "qwen2moe";
+        c.n_layer = 28, c.n_embd = 3584, c.n_head = 28, c.n_head_kv = 4, c.n_ff = 18944;
+        c.n_expert = 64, c.n_expert_used = 8, c.n_ff_exp = 2560, c.n_ff_shexp = 20480;
+        c.n_vocab = 151936, c.rope_base = 1000000, c.n_ctx = 32768, c.norm_eps = 1e-6;
     } else if (name == "mixtral-8x7b") {  // llama with 8 experts, 2 per token
         c.n_layer = 32, c.n_embd = 4096, c.n_head = 32, c.n_head_kv = 8, c.n_ff = 14336;
         c.n_expert = 8, c.n_expert_used = 2;
@@ -547,19 +572,22 @@ void synthetic_validate(const SyntheticModelConfig& c) {
     positive("n_ctx", c.n_ctx, int64_t(1) << 31);
     if (c.vocab_from.empty()) positive("n_vocab", c.n_vocab, int64_t(1) << 24);
     if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "qwen3moe" &&
-        c.arch != "phi3" && !is_gemma(c) && c.arch != "granite" && c.arch != "granitemoe" &&
-        c.arch != "smollm3" && c.arch != "gpt-oss" && c.arch != "glm4moe" && c.arch != "ernie4_5" &&
-        c.arch != "ernie4_5-moe" && c.arch != "olmo2" && c.arch != "olmoe" && c.arch != "exaone4")
+        c.arch != "qwen2moe" && c.arch != "phi3" && !is_gemma(c) && c.arch != "granite" &&
+        c.arch != "granitemoe" && c.arch != "smollm3" && c.arch != "gpt-oss" &&
+        c.arch != "glm4moe" && c.arch != "ernie4_5" && c.arch != "ernie4_5-moe" &&
+        c.arch != "olmo2" && c.arch != "olmoe" && c.arch != "exaone4")
         fail(
-            "synthetic model: architecture '{}' is not one of llama, qwen2, qwen3, qwen3moe, phi3, "
+            "synthetic model: architecture '{}' is not one of llama, qwen2, qwen3, qwen3moe, "
+            "qwen2moe, phi3, "
             "gemma, gemma2, gemma3, granite, granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, "
             "ernie4_5-moe, olmo2, olmoe, exaone4",
             c.arch);
-    const bool moe_arch = c.arch == "qwen3moe" || c.arch == "granitemoe" || c.arch == "gpt-oss" ||
-                          c.arch == "glm4moe" || c.arch == "ernie4_5-moe" || c.arch == "olmoe";
+    const bool moe_arch = c.arch == "qwen3moe" || c.arch == "qwen2moe" || c.arch == "granitemoe" ||
+                          c.arch == "gpt-oss" || c.arch == "glm4moe" || c.arch == "ernie4_5-moe" ||
+                          c.arch == "olmoe";
     if (moe_arch != (c.n_expert > 0) && c.arch != "llama")
         fail(
-            "synthetic model: experts need arch qwen3moe, granitemoe, gpt-oss, glm4moe, "
+            "synthetic model: experts need arch qwen3moe, qwen2moe, granitemoe, gpt-oss, glm4moe, "
             "ernie4_5-moe, olmoe or llama (Mixtral), and those but llama need experts");
     if (c.arch == "ernie4_5-moe" && (c.n_layer_dense < 0 || c.n_layer_dense > c.n_layer ||
                                      c.moe_step < 1 || c.n_expert_shared < 0 || c.n_ff_shexp < 0))

@@ -1,5 +1,5 @@
-// Synthetic llama-family models (llama, qwen2, qwen3, qwen3moe, phi3, gemma 1-3, granite,
-// smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe, exaone4): GGUF
+// Synthetic llama-family models (llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gemma 1-3,
+// granite, smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe, exaone4): GGUF
 // files with real shapes (presets such as llama2-7b, llama3-8b) and random weights, generated
 // quickly and deterministically from a seed, for benchmarks and tests. Also cuts a model down to
 // its first L layers (a draft model for speculative decoding).
@@ -31,7 +31,9 @@ struct SyntheticModelConfig {
     // (below); olmo2 (post norms only, Q/K norms over all heads; with sliding_window > 0, OLMo
     // 3's window on three layers of four); olmoe (OLMo's Q/K norms, experts weighted by their
     // softmax probabilities unnormalized); exaone4 (post norms only, per-head Q/K norms; at 64
-    // layers a window on three layers of four, the others without RoPE).
+    // layers a window on three layers of four, the others without RoPE); qwen2moe (Qwen2's
+    // biases, experts weighted by their softmax probabilities unnormalized, one shared expert
+    // of width n_ff_shexp (0: n_ff) scaled by a sigmoid gate, ffn_gate_inp_shexp).
     std::string arch = "llama";
     // gemma2 / gemma3 / gpt-oss: attention.sliding_window (0: 4096 / 1024 / 128); olmo2: the
     // window when > 0 (0: none); exaone4: the window of a 64-layer model (0: 4096)
@@ -51,7 +53,8 @@ struct SyntheticModelConfig {
     int64_t n_layer_dense = 1, n_expert_shared = 1, n_nextn = 0;
     // ernie4_5-moe (ERNIE 4.5): the same dense layers first, then experts on every moe_step-th
     // layer, a softmax router with a selection bias, shared experts of width n_ff_shexp (0:
-    // n_ff_exp * n_expert_shared). ernie4_5: a dense ERNIE 4.5 (llama's shape).
+    // n_ff_exp * n_expert_shared; qwen2moe: its shared expert's width, 0: n_ff). ernie4_5: a dense
+    // ERNIE 4.5 (llama's shape).
     int64_t moe_step = 1, n_ff_shexp = 0;
     double expert_weights_scale = 1.0;
     bool expert_weights_norm = true, glm_qk_norm = false;
@@ -122,7 +125,7 @@ int64_t synthetic_head_dim(const SyntheticModelConfig& cfg);
 // qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, phi3-mini, phi3-mini-128k, phi4,
 // gemma2-2b, gemma3-1b, gemma3-4b, granite3-8b, granite3-3b-a800m, smollm3-3b, phi4-mini,
 // gpt-oss-20b, gpt-oss-120b, glm4.5-air, ernie4.5-0.3b, ernie4.5-21b-a3b, olmo2-7b, olmo3-7b,
-// olmoe-1b-7b, exaone4-32b, tiny.
+// olmoe-1b-7b, exaone4-32b, qwen1.5-moe-a2.7b, qwen2-57b-a14b, tiny.
 std::vector<std::string> synthetic_preset_names();
 // The hyperparameters of a preset (type F32, other fields default). Throws Error for an
 // unknown name, listing the known ones.

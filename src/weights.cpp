@@ -73,9 +73,11 @@ namespace {
 // one 3-D tensor {n_in, n_out, n_stack} (experts), viewed as n_out * n_stack rows.
 WeightView load_matrix(const GgufFile& f, const std::string& name, int64_t n_in, int64_t n_out,
                        uint64_t& total_bytes, int64_t n_stack = 1) {
-    const GgufTensorInfo& t = find_checked(f, name,
-                                           n_stack > 1 ? std::vector<int64_t>{n_in, n_out, n_stack}
-                                                       : std::vector<int64_t>{n_in, n_out});
+    // (One row, [n_in, 1], is 1-D once squeezed.)
+    const std::vector<int64_t> dims = n_stack > 1  ? std::vector<int64_t>{n_in, n_out, n_stack}
+                                      : n_out == 1 ? std::vector<int64_t>{n_in}
+                                                   : std::vector<int64_t>{n_in, n_out};
+    const GgufTensorInfo& t = find_checked(f, name, dims);
     const WeightView w = matrix_view(f, t, n_in, n_out * n_stack);
     total_bytes += w.row_bytes * uint64_t(w.n_out);
     return w;
@@ -185,6 +187,9 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
                 l.gate_shexp = load_matrix(f, name("ffn_gate_shexp.weight"), c.n_embd, fs, bytes);
                 l.up_shexp = load_matrix(f, name("ffn_up_shexp.weight"), c.n_embd, fs, bytes);
                 l.down_shexp = load_matrix(f, name("ffn_down_shexp.weight"), fs, c.n_embd, bytes);
+                if (c.shexp_gate)
+                    l.gate_inp_shexp =
+                        load_matrix(f, name("ffn_gate_inp_shexp.weight"), c.n_embd, 1, bytes);
             }
             continue;
         }

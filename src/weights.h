@@ -53,6 +53,9 @@ struct LayerWeights {
     // x2, [n_embd][n_ff_shexp]); empty without.
     std::vector<float> exp_probs_b;
     WeightView gate_shexp, up_shexp, down_shexp;
+    // Qwen2-MoE: the shared expert's gate, one row [1][n_embd] (ffn_gate_inp_shexp); empty
+    // without.
+    WeightView gate_inp_shexp;
     // LoRA adapters' updates of wq .. w_down (lora.h), in adapter order; empty without.
     std::vector<LoraDelta> lora_q, lora_k, lora_v, lora_o, lora_gate, lora_up, lora_down;
 };

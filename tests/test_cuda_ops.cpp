@@ -26,8 +26,8 @@ using namespace kvrun;
 using namespace kvrun::test;
 
 TEST_CASE(
-    "cuda rmsnorm, softmax, swiglu, add, add_bias, geglu, softcap, scale, add_scaled_rows "
-    "match the CPU") {
+    "cuda rmsnorm, softmax, swiglu, add, add_bias, geglu, softcap, scale, add_scaled_rows, "
+    "add_sigmoid_gated match the CPU") {
     // 4096 and 8192: the register kernel (4 and 8 elements per thread); 8200: the loops.
     for (int64_t dim : {64, 172, 4096, 8192, 8200}) {
         CAPTURE(dim);
@@ -91,6 +91,17 @@ TEST_CASE(
         CHECK(acc.download() == ref);
         CHECK(std::vector<float>(ref.begin() + 2 * dim, ref.begin() + 3 * dim) ==
               std::vector<float>(x.begin() + 2 * dim, x.begin() + 3 * dim));
+        // Qwen2-MoE's shared expert, added with a sigmoid gate per row (large logits included:
+        // the gate saturates at 0 and 1 without a NaN).
+        const std::vector<float> g = {0.5f, -2.0f, 0.0f, 90.0f, -90.0f};
+        DevBuf<float> dg(g);
+        ref = x;
+        cpu::add_sigmoid_gated(ref.data(), y.data(), g.data(), rows, dim);
+        acc.upload(x);
+        cuda_add_sigmoid_gated(acc.get(), dy.get(), dg.get(), rows, dim, nullptr);
+        CHECK(nmse(acc.download(), ref) < kExact);
+        CHECK(std::vector<float>(ref.begin() + 4 * dim, ref.end()) ==
+              std::vector<float>(x.begin() + 4 * dim, x.end()));
     }
 }
 

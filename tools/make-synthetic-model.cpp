@@ -37,11 +37,14 @@ int run(int argc, char** argv) {
                    "qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, phi3-mini, phi3-mini-128k, phi4, "
                    "gemma2-2b, gemma3-1b, gemma3-4b, granite3-8b, granite3-3b-a800m, smollm3-3b, "
                    "phi4-mini, gpt-oss-20b, gpt-oss-120b, glm4.5-air, ernie4.5-0.3b, "
-                   "ernie4.5-21b-a3b, olmo2-7b, olmo3-7b, olmoe-1b-7b, exaone4-32b or tiny")
+                   "ernie4.5-21b-a3b, olmo2-7b, olmo3-7b, olmoe-1b-7b, exaone4-32b, "
+                   "qwen1.5-moe-a2.7b, qwen2-57b-a14b or tiny")
         ->capture_default_str();
     app.add_option(
         "--arch", arch,
-        "llama, qwen2 (Q/K/V biases), qwen3 (per-head Q/K norms), qwen3moe, phi3 "
+        "llama, qwen2 (Q/K/V biases), qwen3 (per-head Q/K norms), qwen3moe, qwen2moe "
+        "(Qwen2's biases, unnormalized softmax expert weights, a sigmoid-gated shared "
+        "expert), phi3 "
         "(fused QKV and gate/up), gemma, gemma2, gemma3, granite or granitemoe "
         "(Granite's multipliers), smollm3 (NoPE every 4th layer), gpt-oss (biases, "
         "attention sinks, clamped SwiGLU experts), glm4moe (GLM 4.5: a dense first layer, "
@@ -52,8 +55,8 @@ int run(int argc, char** argv) {
         "head Q/K norms, at 64 layers windows and global layers without RoPE); "
         "default: the preset's");
     app.add_option("--n-expert", n_expert,
-                   "experts per layer (qwen3moe, granitemoe, gpt-oss, glm4moe, ernie4_5-moe, "
-                   "olmoe, llama = Mixtral)");
+                   "experts per layer (qwen3moe, qwen2moe, granitemoe, gpt-oss, glm4moe, "
+                   "ernie4_5-moe, olmoe, llama = Mixtral)");
     app.add_option("--n-expert-used", n_expert_used, "experts per token");
     app.add_option("--n-ff-exp", n_ff_exp, "expert feed-forward width (default --n-ff)");
     app.add_option("--sliding-window", sliding_window,

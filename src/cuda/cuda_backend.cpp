@@ -68,7 +68,7 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
         // experts' hidden rows [T * k][n_ff_exp] and outputs [T * k][n_embd], and for grouped
         // prefill the up rows [T * k][n_ff_exp] and the job map [2 * T * k] (else empty).
         // The gate and up rows serve the dense layers and the shared experts (GLM 4.5), whose
-        // output has a buffer of its own.
+        // output has a buffer of its own, as have their gate logits (Qwen2-MoE, [T]).
         const size_t TK = T * size_t(c.n_expert_used);
         const size_t ff = size_t(std::max(c.n_ff, c.n_ff_shexp));
         const size_t sizes[] = {T * size_t(c.n_embd),
@@ -87,11 +87,12 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
                                 TK * size_t(c.n_embd),
                                 TK * size_t(c.n_ff_exp),
                                 2 * TK,
-                                c.n_ff_shexp > 0 ? T * size_t(c.n_embd) : 0};
+                                c.n_ff_shexp > 0 ? T * size_t(c.n_embd) : 0,
+                                c.shexp_gate ? T : 0};
         float *moe_ids = nullptr, *moe_map = nullptr;
         float** ptrs[] = {&x_,     &xb_,      &q_,      &att_,        &k_,      &v_,
                           &gate_,  &up_,      &xr_,     &moe_logits_, &moe_ids, &moe_w_,
-                          &moe_h_, &moe_out_, &moe_up_, &moe_map,     &shexp_};
+                          &moe_h_, &moe_out_, &moe_up_, &moe_map,     &shexp_,  &shexp_gate_};
         size_t total = 0;
         for (size_t s : sizes) total += align_up(s * sizeof(float));
         act_mem_ = DeviceMem();  // free first: the old buffers are no longer needed
@@ -160,8 +161,8 @@ void CudaBackend::validate(const ForwardBatch& b) const {
 }
 
 // The mixture-of-experts FFN of layer w on xb_'s T normed rows, result in xb_: router,
-// top-k, the chosen experts, weighted sum; plus the shared experts (GLM 4.5), computed first
-// from the same rows.
+// top-k, the chosen experts, weighted sum; plus the shared experts (GLM 4.5; Qwen2-MoE's
+// gated by a sigmoid), computed first from the same rows.
 void CudaBackend::enqueue_moe_ffn(const DeviceLayer& w, int64_t T) {
     const ModelConfig& c = config_;
     const cudaStream_t s = stream_.get();
@@ -171,6 +172,8 @@ void CudaBackend::enqueue_moe_ffn(const DeviceLayer& w, int64_t T) {
     if (shared) {
         cuda_matmul_swiglu(gate_, up_, xb_, w.gate_shexp, w.up_shexp, T, scratch_, s);
         cuda_matmul(shexp_, gate_, w.down_shexp, T, scratch_, s);
+        if (w.gate_inp_shexp.data)  // (Qwen2-MoE; xb_ is overwritten by the experts' sum)
+            cuda_matmul(shexp_gate_, xb_, w.gate_inp_shexp, T, scratch_, s);
     }
     cuda_matmul(moe_logits_, xb_, w.router, T, scratch_, s);
     if (w.router_b) cuda_add_bias(moe_logits_, w.router_b, T, c.n_expert, s);
@@ -189,7 +192,10 @@ void CudaBackend::enqueue_moe_ffn(const DeviceLayer& w, int64_t T) {
                           &scratch_);
         cuda_moe_combine(xb_, moe_out_, moe_w_, T, K, c.n_embd, s);
     }
-    if (shared) cuda_add(xb_, shexp_, T * c.n_embd, s);
+    if (shared && w.gate_inp_shexp.data)
+        cuda_add_sigmoid_gated(xb_, shexp_, shexp_gate_, T, c.n_embd, s);
+    else if (shared)
+        cuda_add(xb_, shexp_, T * c.n_embd, s);
 }
 
 // The dense gated FFN of layer w on xb_'s T normed rows (SwiGLU, or Gemma's GeGLU), result in

@@ -106,11 +106,12 @@ struct DeviceLayer {
     const float* router_b = nullptr;  // [n_expert] router bias (gpt-oss) or null
     WeightView wq, wk, wv, wo, w_gate, w_up, w_down;  // data in device memory
     // Mixture of experts: the router and the stacked experts; GLM 4.5's selection bias
-    // ([n_expert] or null) and shared experts (one SwiGLU FFN; null data without).
+    // ([n_expert] or null) and shared experts (one SwiGLU FFN; null data without), and
+    // Qwen2-MoE's gate of the shared expert (one row; null data without).
     WeightView router;
     MoeExperts experts;
     const float* exp_probs_b = nullptr;
-    WeightView gate_shexp, up_shexp, down_shexp;
+    WeightView gate_shexp, up_shexp, down_shexp, gate_inp_shexp;
     // LoRA updates (device views) of wq, wk, wv, wo, w_gate, w_up, w_down (kLoraLists order).
     std::vector<LoraDelta> lora[7];
 };
@@ -224,7 +225,8 @@ class CudaBackend final : public Backend {
     // Mixture of experts (see ensure_capacity).
     float *moe_logits_ = nullptr, *moe_w_ = nullptr, *moe_h_ = nullptr, *moe_out_ = nullptr,
           *moe_up_ = nullptr;
-    float* shexp_ = nullptr;  // [T][n_embd]: the shared experts' output (GLM 4.5)
+    float* shexp_ = nullptr;       // [T][n_embd]: the shared experts' output (GLM 4.5)
+    float* shexp_gate_ = nullptr;  // [T]: their gate logits (Qwen2-MoE), else null
     int32_t *moe_ids_ = nullptr, *moe_map_ = nullptr;
     // xb_'s rows quantized by the norm before the q/k/v and gate/up matmuls, and att_'s by the
     // attention before the output projection, when the integer GEMV is on (decode-size steps;

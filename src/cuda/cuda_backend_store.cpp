@@ -68,7 +68,7 @@ void CudaBackend::upload_weights(const GgufFile& file) {
     struct LayerItems {
         size_t attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm, attn_post, ffn_post, router, gate_e,
             up_e, down_e, wq, wk, wv, wo, gate, up, down, bo, sinks, router_b, gate_b, up_b, down_b,
-            exp_probs_b, gate_sh, up_sh, down_sh;
+            exp_probs_b, gate_sh, up_sh, down_sh, gate_inp_sh;
     };
     std::vector<LayerItems> li(hw.layers.size());
     for (size_t l = 0; l < hw.layers.size(); ++l) {
@@ -105,6 +105,8 @@ void CudaBackend::upload_weights(const GgufFile& file) {
                 it.gate_sh = add_matrix(w.gate_shexp, p + "ffn_gate_shexp.weight");
                 it.up_sh = add_matrix(w.up_shexp, p + "ffn_up_shexp.weight");
                 it.down_sh = add_matrix(w.down_shexp, p + "ffn_down_shexp.weight");
+                if (w.gate_inp_shexp.data)  // Qwen2-MoE
+                    it.gate_inp_sh = add_matrix(w.gate_inp_shexp, p + "ffn_gate_inp_shexp.weight");
             }
             continue;
         }
@@ -170,6 +172,8 @@ void CudaBackend::upload_weights(const GgufFile& file) {
                 d.gate_shexp = on_device(w.gate_shexp, it.gate_sh);
                 d.up_shexp = on_device(w.up_shexp, it.up_sh);
                 d.down_shexp = on_device(w.down_shexp, it.down_sh);
+                if (w.gate_inp_shexp.data)
+                    d.gate_inp_shexp = on_device(w.gate_inp_shexp, it.gate_inp_sh);
             }
             continue;
         }

@@ -261,6 +261,17 @@ __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, i
     if (i < n) x[i] += y[i];
 }
 
+// x: [n_rows][n] += sigmoid(g[row]) * y (cpu::add_sigmoid_gated; expf, rounded like std::exp
+// to within an ulp or two)
+__global__ void add_sigmoid_gated_kernel(float* __restrict__ x, const float* __restrict__ y,
+                                         const float* __restrict__ g, int64_t n_rows, int64_t n) {
+    cu::pdl_begin();
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_rows * n) return;
+    const float s = 1.0f / (1.0f + expf(-g[i / n]));
+    x[i] += __fmul_rn(s, y[i]);
+}
+
 // x: [n_rows][n] += bias[n]
 __global__ void add_bias_kernel(float* __restrict__ x, const float* __restrict__ bias,
                                 int64_t n_rows, int64_t n) {
@@ -458,6 +469,13 @@ void cuda_add_scaled_rows(float* out, const float* y, const float* user, int64_t
 void cuda_add(float* x, const float* y, int64_t n, cudaStream_t s) {
     if (n <= 0) return;
     cu::launch_pdl(add_kernel, elt_blocks(n), kEltThreads, 0, s, x, y, n);
+}
+
+void cuda_add_sigmoid_gated(float* x, const float* y, const float* g, int64_t n_rows, int64_t n,
+                            cudaStream_t s) {
+    if (n_rows <= 0 || n <= 0) return;
+    cu::launch_pdl(add_sigmoid_gated_kernel, elt_blocks(n_rows * n), kEltThreads, 0, s, x, y, g,
+                   n_rows, n);
 }
 
 void cuda_add_bias(float* x, const float* bias, int64_t n_rows, int64_t n, cudaStream_t s) {

@@ -88,6 +88,9 @@ void cuda_add_scaled_rows(float* out, const float* y, const float* user, int64_t
                           double per_unit, cudaStream_t s);
 // x[i] += y[i], n elements.
 void cuda_add(float* x, const float* y, int64_t n, cudaStream_t s);
+// cpu::add_sigmoid_gated on the device (g: [n_rows] device gate logits).
+void cuda_add_sigmoid_gated(float* x, const float* y, const float* g, int64_t n_rows, int64_t n,
+                            cudaStream_t s);
 // Numerically stable softmax in place over each row of x: [n_rows][n]
 void cuda_softmax(float* x, int64_t n_rows, int64_t n, cudaStream_t s);
 // out[r][:] = x[rows[r]][:]; out: [n_rows][dim], rows: [n_rows] valid row ids (device).

@@ -127,6 +127,10 @@ Hyper read_hyper(const GgufFile& f) {
             f.get_int_or(a + "expert_shared_feed_forward_length", 0),
             f.get_int_or(a + "interleave_moe_layer_step", 1),
             f.get_int_or(a + "leading_dense_block_count", 0));
+    if (h.arch == "qwen2moe")
+        h.experts += fmt::format(
+            ", 1 shared of width {} gated by a sigmoid; softmax weights not renormalized",
+            f.get_int_or(a + "expert_shared_feed_forward_length", h.n_ff));
     if (h.arch == "granite" || h.arch == "granitemoe")
         h.multipliers = fmt::format(
             "embeddings x{:g}, q.k x{:g}, block outputs x{:g}, logits / {:g}",

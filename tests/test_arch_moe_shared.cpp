@@ -1,4 +1,5 @@
-// GLM 4.5 (glm4moe) and ERNIE 4.5 (ernie4_5, ernie4_5-moe), checked against an independent
+// The mixtures of experts with shared experts, GLM 4.5 (glm4moe), ERNIE 4.5 (ernie4_5,
+// ernie4_5-moe) and Qwen2-MoE (qwen2moe), checked against an independent
 // forward pass written here from the models' definitions (plain float loops, one sequence, no
 // cache, nothing shared with the backends). GLM: Q/K/V biases, optional per-head Q/K norms,
 // NeoX RoPE on part of each head, the FFN's input norm named post_attention_norm, a dense
@@ -6,7 +7,9 @@
 // sigmoid alone (normalized, scaled), and a shared expert for every token; a
 // multi-token-prediction layer at the end of the file that does not run. ERNIE: consecutive-
 // pair RoPE, experts on every other layer after the dense ones, a softmax router with a
-// selection bias, shared experts. Also: config and load errors, the presets' shapes, a cut
+// selection bias, shared experts. Qwen2-MoE: Qwen2's biases, a softmax router whose
+// probabilities weight the experts unnormalized, one shared expert scaled by
+// sigmoid(ffn_gate_inp_shexp · x). Also: config and load errors, the presets' shapes, a cut
 // draft.
 #include <doctest/doctest.h>
 
@@ -37,6 +40,7 @@ struct Parts {
     bool norm = true;          // the chosen weights over their sum
     double scale = 1;          // expert_weights_scale
     bool shared = true;        // the shared expert
+    bool shexp_gate = true;    // its sigmoid gate, when the layer has one (Qwen2-MoE)
     bool partial_rope = true;  // false: every dim of each head rotates
     bool neox = true;          // pairs (j, j + n_rot/2); false: (2j, 2j+1)
 };
@@ -54,8 +58,8 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
     const Mat embd = tensor(f, "token_embd.weight");
     const Mat out = f.find_tensor("output.weight") ? tensor(f, "output.weight") : embd;  // (tied)
     std::vector<std::vector<float>> x(tokens.size()), keys(tokens.size()), values(tokens.size());
-    for (int64_t t = 0; t < T; ++t) x[size_t(t)].assign(embd.row(tokens[size_t(t)]),
-                                                        embd.row(tokens[size_t(t)]) + c.n_embd);
+    for (int64_t t = 0; t < T; ++t)
+        x[size_t(t)].assign(embd.row(tokens[size_t(t)]), embd.row(tokens[size_t(t)]) + c.n_embd);
     auto add = [](std::vector<float>& v, const float* b) {
         for (size_t i = 0; i < v.size(); ++i) v[i] += b[i];
     };
@@ -82,7 +86,8 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
             q[size_t(t)] = matvec(wq, h), keys[size_t(t)] = matvec(wk, h);
             values[size_t(t)] = matvec(wv, h);
             if (biased) {
-                add(q[size_t(t)], t_("attn_q.bias").data), add(keys[size_t(t)], t_("attn_k.bias").data);
+                add(q[size_t(t)], t_("attn_q.bias").data),
+                    add(keys[size_t(t)], t_("attn_k.bias").data);
                 add(values[size_t(t)], t_("attn_v.bias").data);
             }
             if (qk_norm) {
@@ -107,7 +112,8 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
             rms_normalize(h, 0, c.n_embd, norm2.data, c.norm_eps);
             std::vector<float> y(size_t(c.n_embd), 0.0f);
             if (!f.find_tensor(fmt::format("blk.{}.ffn_gate_inp.weight", l))) {  // a dense FFN
-                y = swiglu_ffn(t_("ffn_gate.weight"), t_("ffn_up.weight"), t_("ffn_down.weight"), h);
+                y = swiglu_ffn(t_("ffn_gate.weight"), t_("ffn_up.weight"), t_("ffn_down.weight"),
+                               h);
             } else {
                 const Mat router = t_("ffn_gate_inp.weight");
                 const bool has_bias = f.find_tensor(fmt::format("blk.{}.exp_probs_b.bias", l));
@@ -134,16 +140,26 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
                 const int64_t fe = c.n_ff_exp;
                 for (int64_t e : ids) {
                     const double wt = gate[size_t(e)] / (parts.norm ? sum : 1.0) * parts.scale;
-                    const std::vector<float> d =
-                        swiglu_ffn(Mat{ge.row(e * fe), ge.n_in, fe}, Mat{ue.row(e * fe), ue.n_in, fe},
-                                   Mat{de.row(e * c.n_embd), de.n_in, c.n_embd}, h);
+                    const std::vector<float> d = swiglu_ffn(
+                        Mat{ge.row(e * fe), ge.n_in, fe}, Mat{ue.row(e * fe), ue.n_in, fe},
+                        Mat{de.row(e * c.n_embd), de.n_in, c.n_embd}, h);
                     for (int64_t i = 0; i < c.n_embd; ++i) y[size_t(i)] += float(wt * d[size_t(i)]);
                 }
                 if (parts.shared && f.find_tensor(fmt::format("blk.{}.ffn_up_shexp.weight", l))) {
                     const std::vector<float> d =
                         swiglu_ffn(t_("ffn_gate_shexp.weight"), t_("ffn_up_shexp.weight"),
                                    t_("ffn_down_shexp.weight"), h);
-                    for (int64_t i = 0; i < c.n_embd; ++i) y[size_t(i)] += d[size_t(i)];
+                    double gate = 1;
+                    if (parts.shexp_gate &&
+                        f.find_tensor(fmt::format("blk.{}.ffn_gate_inp_shexp.weight", l))) {
+                        const Mat g = t_("ffn_gate_inp_shexp.weight");
+                        double dot = 0;
+                        for (int64_t i = 0; i < c.n_embd; ++i)
+                            dot += double(g.data[i]) * h[size_t(i)];
+                        gate = 1 / (1 + std::exp(-dot));
+                    }
+                    for (int64_t i = 0; i < c.n_embd; ++i)
+                        y[size_t(i)] += float(gate * d[size_t(i)]);
                 }
             }
             for (int64_t i = 0; i < c.n_embd; ++i) x[size_t(t)][size_t(i)] += y[size_t(i)];
@@ -243,16 +259,17 @@ TEST_CASE("GLM 4.5 config and load errors name what is wrong") {
           std::string::npos);
     // As in llama.cpp, no dense layer by default (then layer 0's router is missing) and weights
     // unscaled.
-    CHECK(error_without("glm4moe.leading_dense_block_count", "")
-              .find("blk.0.ffn_gate_inp.weight") != std::string::npos);
+    CHECK(
+        error_without("glm4moe.leading_dense_block_count", "").find("blk.0.ffn_gate_inp.weight") !=
+        std::string::npos);
     const std::vector<uint8_t> unscaled =
         gguf_rewritten(f, "glm4moe.expert_weights_scale", nullptr, "");
     CHECK(model_config_from_gguf(
               GgufFile::from_memory(unscaled.data(), unscaled.size(), "unscaled.gguf"))
               .moe_scale == 1.0f);
-    for (const char* tensor : {"blk.1.exp_probs_b.bias", "blk.2.ffn_up_shexp.weight",
-                               "blk.0.ffn_gate.weight", "blk.1.post_attention_norm.weight",
-                               "blk.2.attn_v.bias"}) {
+    for (const char* tensor :
+         {"blk.1.exp_probs_b.bias", "blk.2.ffn_up_shexp.weight", "blk.0.ffn_gate.weight",
+          "blk.1.post_attention_norm.weight", "blk.2.attn_v.bias"}) {
         CAPTURE(tensor);
         CHECK(error_without("", tensor).find(tensor) != std::string::npos);
     }
@@ -338,8 +355,7 @@ TEST_CASE("ERNIE 4.5 MoE and dense match the independent reference forward") {
         gguf_rewritten(f, "ernie4_5-moe.expert_shared_feed_forward_length", nullptr, "");
     CHECK(model_config_from_gguf(GgufFile::from_memory(bytes.data(), bytes.size(), "n.gguf"))
               .n_ff_shexp == 0);
-    CHECK(load_error(gguf_rewritten(f, "ernie4_5-moe.interleave_moe_layer_step", nullptr, ""),
-                     true)
+    CHECK(load_error(gguf_rewritten(f, "ernie4_5-moe.interleave_moe_layer_step", nullptr, ""), true)
               .find("interleave_moe_layer_step") != std::string::npos);
 
     // The dense ERNIE 4.5 is llama's shape with consecutive-pair RoPE and a tied output.
@@ -375,4 +391,125 @@ TEST_CASE("the ERNIE 4.5 presets have the published shapes") {
     CHECK(dense.n_layer == 18);
     CHECK(dense.n_embd == 1024);
     CHECK_NOTHROW(synthetic_validate(dense));
+}
+
+namespace {
+
+// A small Qwen2-MoE: 3 layers, GQA 2:1, 6 experts of which 2 run, a shared expert of its own
+// width.
+SyntheticModelConfig small_qwen2moe() {
+    SyntheticModelConfig c = synthetic_preset("tiny");
+    c.arch = "qwen2moe";
+    c.n_layer = 3, c.n_embd = 64, c.n_head = 4, c.n_head_kv = 2, c.n_ff = 96;
+    c.n_expert = 6, c.n_expert_used = 2, c.n_ff_exp = 32, c.n_ff_shexp = 40;
+    c.n_vocab = 300;
+    c.weight_std = 0.3f;
+    c.seed = 23;
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE("Qwen2-MoE matches the independent reference forward") {
+    TempDir dir;
+    const std::string path = dir.file("qwen2moe.gguf");
+    synthetic_model_write(small_qwen2moe(), path);
+    GgufFile f = GgufFile::open(path);
+    const ModelConfig c = model_config_from_gguf(f);
+    CHECK(c.rope_neox);
+    CHECK(c.qkv_bias);
+    CHECK_FALSE(c.qk_norm);
+    for (int64_t l : {0, 1, 2}) CHECK(c.moe_layer(l));
+    CHECK_FALSE(c.moe_sigmoid);
+    CHECK_FALSE(c.moe_norm);  // (llama.cpp: the chosen probabilities as they are)
+    CHECK(c.shexp_gate);
+    CHECK(c.n_ff_shexp == 40);
+    CHECK(c.n_ff_exp == 32);
+    const auto got = backend_logits(f, kTokens, 9);
+    CHECK(rel_diff(got, reference_logits(f, c, for_config(c), kTokens)) < 2e-5);
+    // Each part is visible to this check: without it the reference moves well past the bound.
+    for (int part = 0; part < 4; ++part) {
+        CAPTURE(part);
+        Parts p = for_config(c);
+        if (part == 0) p.shexp_gate = false;  // the shared expert added as it is
+        if (part == 1) p.shared = false;
+        if (part == 2) p.norm = true;
+        if (part == 3) p.neox = false;
+        CHECK(rel_diff(got, reference_logits(f, c, p, kTokens)) > 1e-3);
+    }
+    // A two-layer draft cut from it runs as the first two layers of the same definition.
+    synthetic_draft_write(path, 2, dir.file("draft.gguf"));
+    GgufFile d = GgufFile::open(dir.file("draft.gguf"));
+    const ModelConfig dc = model_config_from_gguf(d);
+    CHECK(dc.n_layer == 2);
+    CHECK(rel_diff(backend_logits(d, kTokens, 5),
+                   reference_logits(d, dc, for_config(dc), kTokens)) < 2e-5);
+}
+
+TEST_CASE("Qwen2-MoE's shared expert: its width, its gate's shape, load errors") {
+    TempDir dir;
+    const std::string path = dir.file("qwen2moe.gguf");
+    synthetic_model_write(small_qwen2moe(), path);
+    GgufFile f = GgufFile::open(path);
+    // The gate as converters may write it, one row [64, 1], is the same vector.
+    CHECK(load_error(gguf_rewritten(f, "", nullptr, "blk.0.ffn_gate_inp_shexp.weight", {64, 1}))
+              .empty());
+    const std::string wrong =
+        load_error(gguf_rewritten(f, "", nullptr, "blk.1.ffn_gate_inp_shexp.weight", {32}));
+    CHECK(wrong.find("blk.1.ffn_gate_inp_shexp.weight") != std::string::npos);
+    CHECK(wrong.find("expected [64]") != std::string::npos);
+    for (const char* tensor : {"blk.2.ffn_gate_inp_shexp.weight", "blk.0.ffn_up_shexp.weight",
+                               "blk.1.attn_k.bias", "blk.2.ffn_gate_inp.weight"}) {
+        CAPTURE(tensor);
+        CHECK(load_error(gguf_rewritten(f, "", nullptr, tensor)).find(tensor) != std::string::npos);
+    }
+    // Without expert_shared_feed_forward_length the shared expert is feed_forward_length wide,
+    // as in llama.cpp: here that does not match the tensors, and the error says so.
+    const std::vector<uint8_t> bytes =
+        gguf_rewritten(f, "qwen2moe.expert_shared_feed_forward_length", nullptr, "");
+    CHECK(model_config_from_gguf(GgufFile::from_memory(bytes.data(), bytes.size(), "n.gguf"))
+              .n_ff_shexp == 96);
+    const std::string e = load_error(bytes);
+    CHECK(e.find("ffn_gate_shexp.weight") != std::string::npos);
+    CHECK(e.find("expected [64, 96]") != std::string::npos);
+}
+
+TEST_CASE("the Qwen2-MoE presets have the published shapes") {
+    const SyntheticModelConfig a = synthetic_preset("qwen1.5-moe-a2.7b");
+    CHECK(a.arch == "qwen2moe");
+    CHECK(a.n_layer == 24);
+    CHECK(a.n_embd == 2048);
+    CHECK(a.n_head == 16);
+    CHECK(a.n_head_kv == 16);
+    CHECK(a.n_expert == 60);
+    CHECK(a.n_expert_used == 4);
+    CHECK(a.n_ff_exp == 1408);
+    CHECK(a.n_ff_shexp == 5632);
+    CHECK_NOTHROW(synthetic_validate(a));
+    const SyntheticModelConfig b = synthetic_preset("qwen2-57b-a14b");
+    CHECK(b.arch == "qwen2moe");
+    CHECK(b.n_layer == 28);
+    CHECK(b.n_embd == 3584);
+    CHECK(b.n_head_kv == 4);
+    CHECK(b.n_expert == 64);
+    CHECK(b.n_expert_used == 8);
+    CHECK(b.n_ff_exp == 2560);
+    CHECK(b.n_ff_shexp == 20480);
+    CHECK_NOTHROW(synthetic_validate(b));
+}
+
+TEST_CASE("kvrun info and run on a Qwen2-MoE model") {
+    TempDir dir;
+    const std::string path = dir.file("qwen2moe.gguf");
+    synthetic_model_write(small_qwen2moe(), path);
+    const std::string bin = kvrun::test::kvrun_binary();
+    auto r = kvrun::test::run_command(bin + " info -m " + path);
+    CHECK(r.exit_code == 0);
+    CHECK(r.out.find("qwen2moe") != std::string::npos);
+    CHECK(r.out.find("6 per layer, 2 per token, width 32, 1 shared of width 40 gated by a "
+                     "sigmoid; softmax weights not renormalized") != std::string::npos);
+    r = kvrun::test::run_command(bin + " run -m " + path +
+                                 " -p 'a b c d e f g' -n 12 --temp 0 --device cpu");
+    CHECK(r.exit_code == 0);
+    CHECK_FALSE(r.out.empty());
 }
