@@ -71,10 +71,6 @@ constexpr std::array<NamedKind, 19> kNames = {{
 }};
 constexpr size_t kCanonicalNames = 15;
 
-bool contains(std::string_view haystack, std::string_view needle) {
-    return haystack.find(needle) != std::string_view::npos;
-}
-
 std::string_view trim(std::string_view s) {
     constexpr std::string_view ws = " \t\n\r\v\f";
     size_t b = s.find_first_not_of(ws);

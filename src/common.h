@@ -3,9 +3,11 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 // Hot CPU loops get an AVX2+FMA clone picked at load time on x86-64 (GCC ifunc), so the
 // portable build still runs fast on modern CPUs. The build turns FP contraction off
@@ -35,6 +37,16 @@ class Error : public std::runtime_error {
 template <typename... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> f, Args&&... args) {
     throw Error(fmt::format(f, std::forward<Args>(args)...));
+}
+
+// Whether `part` occurs in `s`.
+inline bool contains(std::string_view s, std::string_view part) {
+    return s.find(part) != std::string_view::npos;
+}
+
+// Seconds of the steady clock since t0.
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace kvrun

@@ -26,8 +26,7 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
-constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" read as a little-endian u32
-constexpr int kMaxArrayDepth = 16;           // nested arrays deeper than this are rejected
+constexpr int kMaxArrayDepth = 16;  // nested arrays deeper than this are rejected
 // Cap on array elements summed over all metadata: each costs ~50 bytes in memory, so this
 // bounds a hostile file's metadata to about 1 GiB (real vocabularies use ~1M).
 constexpr uint64_t kMaxTotalArrayElements = uint64_t{1} << 24;

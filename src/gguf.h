@@ -17,6 +17,9 @@
 
 namespace kvrun {
 
+// A GGUF file's first four bytes, "GGUF", read as a little-endian u32.
+inline constexpr uint32_t kGgufMagic = 0x46554747;
+
 // Tensor element types as numbered in the GGUF/ggml format.
 enum class GgmlType : uint32_t {
     F32 = 0,

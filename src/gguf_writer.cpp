@@ -13,8 +13,6 @@ namespace kvrun {
 
 namespace {
 
-constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF"
-
 bool is_unsigned_type(GgufValueType t) {
     return t == GgufValueType::UINT8 || t == GgufValueType::UINT16 || t == GgufValueType::UINT32 ||
            t == GgufValueType::UINT64;

@@ -17,7 +17,8 @@ bool iequals(std::string_view a, std::string_view b) {
     return a.size() == b.size() && ::strncasecmp(a.data(), b.data(), a.size()) == 0;
 }
 
-std::string_view trim(std::string_view s) {
+// s without the optional whitespace (SP, HTAB) around it (RFC 9110's OWS).
+std::string_view trim_ows(std::string_view s) {
     while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
     while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
     return s;
@@ -35,7 +36,7 @@ bool is_token(std::string_view s) {
 bool list_has(std::string_view value, std::string_view token) {
     for (size_t comma = 0; comma != std::string_view::npos; value.remove_prefix(comma + 1)) {
         comma = value.find(',');
-        if (iequals(trim(value.substr(0, comma)), token)) return true;
+        if (iequals(trim_ows(value.substr(0, comma)), token)) return true;
     }
     return false;
 }
@@ -217,7 +218,7 @@ bool HttpRequestParser::parse_header_line(std::string_view line) {
     // rejecting: proxies disagree about what such a name means.
     std::string_view name = line.substr(0, colon);
     if (!is_token(name)) return reject(400, fmt::format("invalid header name '{}'", name));
-    std::string_view value = trim(line.substr(colon + 1));
+    std::string_view value = trim_ows(line.substr(colon + 1));
     for (char c : value)
         if ((static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f)
             return reject(400, fmt::format("the '{}' header holds a control character", name));
@@ -269,7 +270,7 @@ bool HttpRequestParser::parse_chunk_size() {
     if (!complete) return false;
     size_t size = 0;
     auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), size, 16);
-    std::string_view rest = trim(line.substr(size_t(end - line.data())));
+    std::string_view rest = trim_ows(line.substr(size_t(end - line.data())));
     if (end == line.data() || (!rest.empty() && rest[0] != ';'))
         return reject(400, "a chunk size is not a hexadecimal number");
     // Out of range for size_t is also past the limit; the subtraction cannot wrap.

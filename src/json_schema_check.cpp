@@ -25,7 +25,7 @@ constexpr std::string_view kConstraints =
 constexpr std::string_view kTypes = "null boolean object array number integer string";
 
 // Is `word` one of the space-separated words of `list`?
-bool contains(std::string_view list, std::string_view word) {
+bool has_word(std::string_view list, std::string_view word) {
     while (!list.empty()) {
         size_t end = std::min(list.find(' '), list.size());
         if (list.substr(0, end) == word) return true;
@@ -149,7 +149,7 @@ void check(const SchemaJson& root, const SchemaJson& s, const std::string& ptr) 
         const std::string& key = item.key();
         const SchemaJson& v = item.value();
         std::string at = schema_child(ptr, key);
-        if (contains(kUnsupported, key) || (key == "uniqueItems" && v == true)) {
+        if (has_word(kUnsupported, key) || (key == "uniqueItems" && v == true)) {
             schema_fail(at, fmt::format("the \"{}\" keyword is not supported", key));
         }
         auto expect = [&](bool ok, const char* what) {
@@ -161,7 +161,7 @@ void check(const SchemaJson& root, const SchemaJson& s, const std::string& ptr) 
         };
         if (key == "type") {
             auto known = [](const SchemaJson& t) {
-                return t.is_string() && contains(kTypes, t.get<std::string>());
+                return t.is_string() && has_word(kTypes, t.get<std::string>());
             };
             const char* what =
                 "a type name (null, boolean, object, array, number, integer, "
@@ -233,7 +233,7 @@ std::string schema_dump(const SchemaJson& v) {
 }
 
 bool schema_is_constraint(std::string_view keyword) {
-    return contains(kConstraints, keyword);
+    return has_word(kConstraints, keyword);
 }
 
 std::vector<std::string> schema_types(const SchemaJson& s) {

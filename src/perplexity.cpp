@@ -20,20 +20,13 @@
 
 #include "common.h"
 #include "kv_block_table.h"
+#include "stdio_file.h"
 
 namespace kvrun {
 namespace {
 
 constexpr char kKldMagic[8] = {'K', 'V', 'R', 'K', 'L', 'D', '0', '2'};
 
-struct FileCloser {
-    void operator()(FILE* f) const { std::fclose(f); }
-};
-using FilePtr = std::unique_ptr<FILE, FileCloser>;
-
-void write_all(FILE* f, const void* p, size_t n, const std::string& path) {
-    if (std::fwrite(p, 1, n, f) != n) fail("cannot write '{}' (disk full?)", path);
-}
 void read_all(FILE* f, void* p, size_t n, const std::string& path) {
     if (std::fread(p, 1, n, f) != n) fail("'{}' is truncated or not a kvrun KLD file", path);
 }

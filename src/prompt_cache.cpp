@@ -9,6 +9,7 @@
 
 #include "common.h"
 #include "kv_format.h"
+#include "stdio_file.h"
 
 namespace kvrun {
 namespace {
@@ -32,13 +33,6 @@ struct Fnv {
         bytes(s.data(), s.size());
     }
 };
-
-struct FileCloser {
-    void operator()(FILE* f) const {
-        if (f) std::fclose(f);
-    }
-};
-using File = std::unique_ptr<FILE, FileCloser>;
 
 // Reads exactly n bytes (hashing them), or throws the truncation error.
 void read_exact(FILE* f, void* dst, size_t n, Fnv& sum, const std::string& path) {
@@ -132,7 +126,7 @@ PromptCacheLoad prompt_cache_load(const std::string& path, const PromptCacheKey&
     std::error_code ec;
     if (!std::filesystem::exists(path, ec)) return r;
     r.found = true;
-    File f(std::fopen(path.c_str(), "rb"));
+    FilePtr f(std::fopen(path.c_str(), "rb"));
     if (!f) throw Error(fmt::format("{}: cannot open the prompt cache", path));
     const uint64_t size = std::filesystem::file_size(path, ec);
     Fnv sum;
@@ -286,7 +280,7 @@ int64_t prompt_cache_save(const std::string& path, const PromptCacheKey& key,
     const std::string tmp = path + ".tmp";
     std::error_code ec;
     try {
-        File f(std::fopen(tmp.c_str(), "wb"));
+        FilePtr f(std::fopen(tmp.c_str(), "wb"));
         if (!f)
             throw Error(fmt::format("{}: cannot write the prompt cache", path),
                         "check that the directory exists and is writable");

@@ -15,6 +15,7 @@
 #include "common.h"
 #include "gguf_writer.h"
 #include "quant.h"
+#include "stdio_file.h"
 #include "thread_pool.h"
 
 namespace kvrun {
@@ -105,10 +106,6 @@ std::string upper(std::string_view s) {
 
 bool is_quantized(GgmlType t) {
     return t != T::F32 && t != T::F16 && t != T::BF16;
-}
-
-bool contains(std::string_view s, std::string_view part) {
-    return s.find(part) != std::string_view::npos;
 }
 
 // The block index in "blk.N.…" (-1 for tensors outside the blocks).
@@ -278,11 +275,6 @@ std::vector<const GgufTensorInfo*> write_order(const GgufFile& in) {
         return la != lb ? la < lb : a->name < b->name;
     });
     return order;
-}
-
-void write_all(FILE* f, const void* data, size_t bytes, const std::string& path) {
-    if (bytes && std::fwrite(data, 1, bytes, f) != bytes)
-        fail("{}: write failed: {}", path, std::strerror(errno));
 }
 
 // Tensor c converted to c.to in `out` (rows fitted with the imatrix entry when c.weighted).

@@ -343,10 +343,6 @@ uint64_t file_size_of(const std::string& path) {
     return ec ? 0 : uint64_t(n);
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 }  // namespace
 
 std::vector<float> llama3_rope_factors(int64_t n_rot, double base, double factor,

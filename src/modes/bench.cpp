@@ -53,10 +53,6 @@ std::vector<std::string> split_list(const std::string& s) {
     return out;
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 // Host memcpy bandwidth (bytes read + written per second) over a buffer much larger than
 // the caches: the practical ceiling for a memory-bound CPU decode.
 double host_copy_bandwidth() {
