@@ -127,7 +127,7 @@ struct Running {
     }
 };
 
-std::string model_path() {
+inline std::string model_path() {
     return kvrun::test::shared_model("stories260K.gguf").string();
 }
 
