@@ -216,8 +216,7 @@ PerplexityResult perplexity_run(Backend& backend, const Tokenizer& tok, const st
         const double running = std::exp(nll_sum / count);
         res.chunk_ppl.push_back(running);
         if (progress) {
-            double secs =
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            double secs = seconds_since(t0);
             progress(c + 1, n_chunks, running, secs);
         }
     };

@@ -75,10 +75,6 @@ std::vector<uint8_t> tiny_model(const std::string& arch, const std::string& skip
     return w.to_bytes();
 }
 
-bool contains(const std::string& s, const std::string& part) {
-    return s.find(part) != std::string::npos;
-}
-
 }  // namespace
 
 TEST_CASE("model config reads hyperparameters and defaults") {

@@ -349,9 +349,6 @@ int run_batch(const BatchOptions& o) {
     install_interrupt_handler();
     Progress progress(items.size(), !o.no_progress);
     const auto t0 = std::chrono::steady_clock::now();
-    auto seconds = [&] {
-        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    };
     bool interrupted = false;
     while (!engine.idle()) {
         if (interrupt_flag()) {
@@ -363,10 +360,11 @@ int run_batch(const BatchOptions& o) {
         engine.step();
         submit_continued();
         flush_ready(false);
-        progress.update(next, engine.stats().tokens_decoded, engine.n_running(), seconds(), false);
+        progress.update(next, engine.stats().tokens_decoded, engine.n_running(), seconds_since(t0),
+                        false);
     }
     flush_ready(true);
-    const double elapsed = seconds();
+    const double elapsed = seconds_since(t0);
     progress.update(next, engine.stats().tokens_decoded, 0, elapsed, true);
     progress.clear();
     print_summary(items, n_written, engine, m, elapsed, interrupted);

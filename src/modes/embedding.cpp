@@ -1,13 +1,14 @@
 // `kvrun embedding`: llama-embedding's command line over compute_embeddings.
 #include "embedding.h"
 
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "common.h"
 #include "modes/model_options.h"
 #include "modes/modes.h"
 #include "rerank.h"
@@ -114,8 +115,7 @@ int run_rerank(const EmbeddingOptions& o, const std::vector<std::string>& texts,
     const std::vector<double> scores = rerank_scores(*m.backend, table, judge, prompts,
                                                      o.model.n_batch, o.model.n_ctx, {"text", 1});
     fmt::print(stderr, "rerank: {} pair(s) on {} ({}), {:.2f} s\n", texts.size(), o.model.model,
-               m.device,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+               m.device, seconds_since(start));
     if (o.output_format.empty()) {
         for (size_t i = 0; i < scores.size(); ++i)
             fmt::print("rerank score {}: {:8.3f}\n", i, scores[i]);
@@ -159,7 +159,7 @@ int run_embedding(EmbeddingOptions o) {
     fmt::print(stderr,
                "embedding: {} prompt(s), {} tokens on {} ({}), pooling {}, n_embd {}, {:.2f} s\n",
                texts.size(), n_tokens, o.model.model, m.device, pooling_name(pooling), cfg.n_embd,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+               seconds_since(start));
     for (std::vector<float>& e : v) normalize_embedding(e, o.normalize);
     if (o.output_format.empty())
         print_text(v, texts, pooling, o.normalize);

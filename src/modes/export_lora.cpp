@@ -104,8 +104,7 @@ int run_export_lora(const ExportLoraOptions& c) {
                    deltas[ch.tensor->name].size() > 1 ? "s" : "", ggml_type_name(ch.to));
     };
     const QuantizeResult r = quantize_model(base, c.output, o, progress, &interrupt_flag());
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double secs = seconds_since(start);
     fmt::print(stderr,
                "export-lora: {} + {} adapter{} -> {}: {} matrices merged, {} tensors copied, "
                "{:.2f} MiB, {:.1f} s\n",

@@ -79,8 +79,7 @@ int run_split(const SplitOptions& c) {
     fmt::print(stderr,
                "gguf-split: {} ({} file{}) -> {} file{}, {} tensors, {:.2f} MiB, {:.1f} s\n",
                c.input, in.n_splits(), in.n_splits() > 1 ? "s" : "", n_files,
-               n_files > 1 ? "s" : "", plan.size(), r.bytes_out / 1048576.0,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+               n_files > 1 ? "s" : "", plan.size(), r.bytes_out / 1048576.0, seconds_since(start));
     return 0;
 }
 

@@ -4,12 +4,13 @@
 // the host; its experts cannot be observed), and writes them for `quantize --imatrix`.
 #include "imatrix.h"
 
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
 
+#include "common.h"
 #include "kv_block_table.h"
 #include "modes/model_options.h"
 #include "modes/modes.h"
@@ -127,8 +128,7 @@ int run_imatrix(ImatrixOptions o) {
         }
     }
     backend.set_matmul_observer({});
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double secs = seconds_since(start);
     if (done < n_chunks) {  // Ctrl-C
         if (done > 0) save(done);
         fmt::print(stderr, "\nkvrun: interrupted after {} of {} chunks{}\n", done, n_chunks,

@@ -1,11 +1,12 @@
 // `kvrun quantize`: llama-quantize's command line over quantize_model.
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <CLI/CLI.hpp>
 #include <cctype>
 #include <chrono>
 #include <filesystem>
 
+#include "common.h"
 #include "gguf.h"
 #include "modes/model_options.h"
 #include "modes/modes.h"
@@ -138,8 +139,7 @@ int run_quantize(const QuantizeCliOptions& c) {
     if (o.imatrix)
         fmt::print(stderr, "quantize: importance matrix {} ({} entries, {} chunks)\n", c.imatrix,
                    imatrix.entries.size(), imatrix.chunks);
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double secs = seconds_since(start);
     int64_t params = 0;
     for (const GgufTensorInfo& t : in.tensors()) params += t.n_elements;
     fmt::print(stderr,
