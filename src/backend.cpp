@@ -207,7 +207,7 @@ int64_t kv_layer_pair_bytes(const ModelConfig& c, const BackendOptions& o) {
         kv_layer_block_bytes(o.kv_type_k, KvRole::K, c.n_kv_head, o.kv_block_size, c.head_dim);
     int64_t v =
         kv_layer_block_bytes(o.kv_type_v, KvRole::V, c.n_kv_head, o.kv_block_size, c.head_dim);
-    return k + v;
+    return kv_v_shares_k(c, o.kv_type_k, o.kv_type_v) ? k : k + v;
 }
 
 int64_t n_windowed_layers(const ModelConfig& c) {
@@ -243,7 +243,12 @@ int64_t kv_block_bytes(const ModelConfig& c, const BackendOptions& o, bool windo
 double kv_bytes_per_token(const ModelConfig& c, KvType k, KvType v, int64_t block_size) {
     return double(c.n_layer) * double(c.n_kv_head) * double(c.head_dim) *
            (kv_bytes_per_element(k, KvRole::K, c.head_dim, block_size) +
-            kv_bytes_per_element(v, KvRole::V, c.head_dim, block_size));
+            (kv_v_shares_k(c, k, v) ? 0.0
+                                    : kv_bytes_per_element(v, KvRole::V, c.head_dim, block_size)));
+}
+
+bool kv_v_shares_k(const ModelConfig& c, KvType k, KvType v) {
+    return c.mla() && k == v && !kv_type_quantized(k);
 }
 
 int64_t kv_stages_for(const BackendOptions& o) {

@@ -31,6 +31,9 @@ CpuBackend::CpuBackend(const GgufFile& file, const BackendOptions& options)
                                           options_.kv_block_size, config_.head_dim);
     v_block_bytes_ = kv_layer_block_bytes(options_.kv_type_v, KvRole::V, config_.n_kv_head,
                                           options_.kv_block_size, config_.head_dim);
+    // (DeepSeek: V reads K's latent rows, which kv_write then writes twice, the same bytes.)
+    v_shares_k_ = kv_v_shares_k(config_, options_.kv_type_k, options_.kv_type_v);
+    if (v_shares_k_) v_block_bytes_ = 0;
     const size_t stage_bytes =
         size_t(n_stages_ * config_.n_kv_head * options_.kv_block_size * config_.head_dim * 2);
     try {
@@ -38,7 +41,7 @@ CpuBackend::CpuBackend(const GgufFile& file, const BackendOptions& options)
             // Uninitialized: a slot is always written before attention reads it.
             const int64_t n = pool_blocks(l);
             k_pool_.emplace_back(new uint8_t[size_t(n * k_block_bytes_)]);
-            v_pool_.emplace_back(new uint8_t[size_t(n * v_block_bytes_)]);
+            v_pool_.emplace_back(v_shares_k_ ? nullptr : new uint8_t[size_t(n * v_block_bytes_)]);
             if (n_stages_ > 0) {
                 k_stage_.emplace_back(new uint8_t[stage_bytes]);
                 v_stage_.emplace_back(new uint8_t[stage_bytes]);
@@ -72,6 +75,7 @@ void CpuBackend::read_kv_block(KvPool pool, int64_t block, uint8_t* dst) {
         if (!kv_layer_in_pool(config_, window_, l, pool)) continue;
         std::memcpy(dst, k_pool_[l].get() + block * k_block_bytes_, size_t(k_block_bytes_));
         dst += k_block_bytes_;
+        if (v_shares_k_) continue;
         std::memcpy(dst, v_pool_[l].get() + block * v_block_bytes_, size_t(v_block_bytes_));
         dst += v_block_bytes_;
     }
@@ -83,6 +87,7 @@ void CpuBackend::write_kv_block(KvPool pool, int64_t block, const uint8_t* src) 
         if (!kv_layer_in_pool(config_, window_, l, pool)) continue;
         std::memcpy(k_pool_[l].get() + block * k_block_bytes_, src, size_t(k_block_bytes_));
         src += k_block_bytes_;
+        if (v_shares_k_) continue;
         std::memcpy(v_pool_[l].get() + block * v_block_bytes_, src, size_t(v_block_bytes_));
         src += v_block_bytes_;
     }
@@ -93,7 +98,7 @@ KvLayerView CpuBackend::kv_layer(int64_t layer) const {
     kv.k_type = options_.kv_type_k;
     kv.v_type = options_.kv_type_v;
     kv.k = k_pool_.at(layer).get();
-    kv.v = v_pool_.at(layer).get();
+    kv.v = v_shares_k_ ? kv.k : v_pool_.at(layer).get();
     kv.n_blocks = pool_blocks(layer);
     kv.n_kv_head = config_.n_kv_head;
     kv.block_size = options_.kv_block_size;
@@ -177,43 +182,48 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
         const LayerWeights& w = weights_.layers[l];
         // Attention block.
         pre_norm(w.attn_norm, T);
-        matmul(q_.data(), xb_.data(), w.wq, T);
-        matmul(k_.data(), xb_.data(), w.wk, T);
-        matmul(v_.data(), xb_.data(), w.wv, T);
-        add_lora(q_.data(), xb_.data(), w.lora_q, T, lora_user_);
-        add_lora(k_.data(), xb_.data(), w.lora_k, T, lora_user_);
-        add_lora(v_.data(), xb_.data(), w.lora_v, T, lora_user_);
-        if (!w.bq.empty()) {
-            cpu::add_bias(q_.data(), w.bq.data(), T, c.q_dim());
-            cpu::add_bias(k_.data(), w.bk.data(), T, c.kv_dim());
-            cpu::add_bias(v_.data(), w.bv.data(), T, c.kv_dim());
+        if (c.mla()) {
+            mla_attention(w, l, T, b.positions.data(), kv_layer(l), kb);
+        } else {
+            matmul(q_.data(), xb_.data(), w.wq, T);
+            matmul(k_.data(), xb_.data(), w.wk, T);
+            matmul(v_.data(), xb_.data(), w.wv, T);
+            add_lora(q_.data(), xb_.data(), w.lora_q, T, lora_user_);
+            add_lora(k_.data(), xb_.data(), w.lora_k, T, lora_user_);
+            add_lora(v_.data(), xb_.data(), w.lora_v, T, lora_user_);
+            if (!w.bq.empty()) {
+                cpu::add_bias(q_.data(), w.bq.data(), T, c.q_dim());
+                cpu::add_bias(k_.data(), w.bk.data(), T, c.kv_dim());
+                cpu::add_bias(v_.data(), w.bv.data(), T, c.kv_dim());
+            }
+            if (!w.q_norm.empty()) {  // qwen3: each head's Q and K RMS-normalized before RoPE
+                // (olmo2, olmoe: each token's whole Q and K)
+                const int64_t qw = c.qk_norm_full ? c.q_dim() : c.head_dim;
+                const int64_t kw = c.qk_norm_full ? c.kv_dim() : c.head_dim;
+                cpu::rmsnorm(q_.data(), q_.data(), w.q_norm.data(), T * c.q_dim() / qw, qw,
+                             c.norm_eps);
+                cpu::rmsnorm(k_.data(), k_.data(), w.k_norm.data(), T * c.kv_dim() / kw, kw,
+                             c.norm_eps);
+            }
+            const RopeParams& rope = c.is_swa(l) ? rope_swa_ : rope_;
+            if (c.uses_rope(l)) {  // SmolLM3's NoPE layers skip it
+                cpu::rope(q_.data(), b.positions.data(), T, c.n_head, c.head_dim, rope);
+                cpu::rope(k_.data(), b.positions.data(), T, c.n_kv_head, c.head_dim, rope);
+            }
+            if (rotate_) {  // q.k is unchanged; K's outlier channels spread over all channels
+                hadamard_rows(q_.data(), T * c.n_head, c.head_dim);
+                hadamard_rows(k_.data(), T * c.n_kv_head, c.head_dim);
+            }
+            KvLayerView kv = kv_layer(l);
+            const KvBatchView& kbl = in_window_pool(l) ? kb_window : kb;
+            cpu::kv_write(kv, kbl, k_.data(), v_.data());
+            cpu::paged_attention(att_.data(), q_.data(), kv, kbl, c.n_head, c.attn_scale,
+                                 c.attn_softcap, c.window(l),
+                                 w.sinks.empty() ? nullptr : w.sinks.data());
+            matmul(xb_.data(), att_.data(), w.wo, T);
+            add_lora(xb_.data(), att_.data(), w.lora_o, T, lora_user_);
+            if (!w.bo.empty()) cpu::add_bias(xb_.data(), w.bo.data(), T, c.n_embd);
         }
-        if (!w.q_norm.empty()) {  // qwen3: each head's Q and K RMS-normalized before RoPE
-            // (olmo2, olmoe: each token's whole Q and K)
-            const int64_t qw = c.qk_norm_full ? c.q_dim() : c.head_dim;
-            const int64_t kw = c.qk_norm_full ? c.kv_dim() : c.head_dim;
-            cpu::rmsnorm(q_.data(), q_.data(), w.q_norm.data(), T * c.q_dim() / qw, qw, c.norm_eps);
-            cpu::rmsnorm(k_.data(), k_.data(), w.k_norm.data(), T * c.kv_dim() / kw, kw,
-                         c.norm_eps);
-        }
-        const RopeParams& rope = c.is_swa(l) ? rope_swa_ : rope_;
-        if (c.uses_rope(l)) {  // SmolLM3's NoPE layers skip it
-            cpu::rope(q_.data(), b.positions.data(), T, c.n_head, c.head_dim, rope);
-            cpu::rope(k_.data(), b.positions.data(), T, c.n_kv_head, c.head_dim, rope);
-        }
-        if (rotate_) {  // q.k is unchanged; K's outlier channels spread over all channels
-            hadamard_rows(q_.data(), T * c.n_head, c.head_dim);
-            hadamard_rows(k_.data(), T * c.n_kv_head, c.head_dim);
-        }
-        KvLayerView kv = kv_layer(l);
-        const KvBatchView& kbl = in_window_pool(l) ? kb_window : kb;
-        cpu::kv_write(kv, kbl, k_.data(), v_.data());
-        cpu::paged_attention(att_.data(), q_.data(), kv, kbl, c.n_head, c.attn_scale,
-                             c.attn_softcap, c.window(l),
-                             w.sinks.empty() ? nullptr : w.sinks.data());
-        matmul(xb_.data(), att_.data(), w.wo, T);
-        add_lora(xb_.data(), att_.data(), w.lora_o, T, lora_user_);
-        if (!w.bo.empty()) cpu::add_bias(xb_.data(), w.bo.data(), T, c.n_embd);
         add_block_output(w.attn_post_norm, T);
         // Feed-forward block.
         pre_norm(w.ffn_norm, T);
@@ -260,6 +270,70 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
     if (c.final_softcap > 0) cpu::softcap(logits, R * c.n_vocab, c.final_softcap);
 }
 
+void CpuBackend::mla_attention(const LayerWeights& w, int64_t l, int64_t T, const int32_t* pos,
+                               const KvLayerView& kv, const KvBatchView& kb) {
+    const ModelConfig& c = config_;
+    const int64_t H = c.n_head, R = c.mla_rank, N = c.mla_nope, P = c.n_rot, V = c.mla_v;
+    const int64_t D = c.head_dim;  // P + R: the latent row every head attends over
+    const int64_t QW = N + P;      // one head's query before absorption
+    mla_q_.resize(size_t(T * H * QW));
+    if (w.wq_a.data) {  // Q through its low rank and an RMSNorm
+        mla_qa_.resize(size_t(T * c.mla_q_rank));
+        matmul(mla_qa_.data(), xb_.data(), w.wq_a, T);
+        cpu::rmsnorm(mla_qa_.data(), mla_qa_.data(), w.q_a_norm.data(), T, c.mla_q_rank,
+                     c.norm_eps);
+        matmul(mla_q_.data(), mla_qa_.data(), w.wq_b, T);
+    } else {
+        matmul(mla_q_.data(), xb_.data(), w.wq, T);
+        add_lora(mla_q_.data(), xb_.data(), w.lora_q, T, lora_user_);
+    }
+    // K = V = [k_pe | RMSNorm(compressed KV)] per token.
+    mla_kv_.resize(size_t(T * (R + P)));
+    matmul(mla_kv_.data(), xb_.data(), w.wkv_a, T);
+    for (int64_t t = 0; t < T; ++t) {
+        const float* src = mla_kv_.data() + t * (R + P);
+        float* k = k_.data() + t * D;
+        std::copy(src + R, src + R + P, k);
+        cpu::rmsnorm(k + P, src, w.kv_a_norm.data(), 1, R, c.norm_eps);
+    }
+    // Each head's query: [q_pe | wk_b q_nope], so q.k = q_pe.k_pe + q_nope.(W_UK c).
+    mla_in_.resize(size_t(T * N));
+    mla_res_.resize(size_t(T * std::max(R, V)));
+    for (int64_t h = 0; h < H; ++h) {
+        for (int64_t t = 0; t < T; ++t) {
+            const float* qh = mla_q_.data() + (t * H + h) * QW;
+            std::copy(qh, qh + N, mla_in_.data() + t * N);
+            std::copy(qh + N, qh + QW, q_.data() + (t * H + h) * D);
+        }
+        cpu::matmul(mla_res_.data(), mla_in_.data(), w.wk_b[size_t(h)], T);
+        for (int64_t t = 0; t < T; ++t)
+            std::copy(mla_res_.data() + t * R, mla_res_.data() + (t + 1) * R,
+                      q_.data() + (t * H + h) * D + P);
+    }
+    if (c.uses_rope(l)) {
+        cpu::rope(q_.data(), pos, T, H, D, rope_);
+        cpu::rope(k_.data(), pos, T, 1, D, rope_);
+    }
+    std::copy(k_.begin(), k_.begin() + T * D, v_.begin());  // (V reads the latent part)
+    cpu::kv_write(kv, kb, k_.data(), v_.data());
+    cpu::paged_attention(att_.data(), q_.data(), kv, kb, H, c.attn_scale, 0.0f, 0, nullptr);
+    // Each head's latent output decompressed by its wv_b, then the output projection.
+    mla_out_.resize(size_t(T * H * V));
+    mla_in_.resize(size_t(T * R));
+    for (int64_t h = 0; h < H; ++h) {
+        for (int64_t t = 0; t < T; ++t) {
+            const float* a = att_.data() + (t * H + h) * D + P;
+            std::copy(a, a + R, mla_in_.data() + t * R);
+        }
+        cpu::matmul(mla_res_.data(), mla_in_.data(), w.wv_b[size_t(h)], T);
+        for (int64_t t = 0; t < T; ++t)
+            std::copy(mla_res_.data() + t * V, mla_res_.data() + (t + 1) * V,
+                      mla_out_.data() + (t * H + h) * V);
+    }
+    matmul(xb_.data(), mla_out_.data(), w.wo, T);
+    add_lora(xb_.data(), mla_out_.data(), w.lora_o, T, lora_user_);
+}
+
 void CpuBackend::moe_ffn(const LayerWeights& w, int64_t T) {
     const ModelConfig& c = config_;
     const int64_t E = c.n_expert, K = c.n_expert_used, F = c.n_ff_exp, D = c.n_embd;
@@ -282,6 +356,7 @@ void CpuBackend::moe_ffn(const LayerWeights& w, int64_t T) {
             cpu::softmax(p, E);
         for (int64_t e = 0; e < E; ++e)
             select[size_t(e)] = w.exp_probs_b.empty() ? p[e] : p[e] + w.exp_probs_b[size_t(e)];
+        cpu::limit_expert_groups(select.data(), E, c.n_group, c.n_group_used);
         for (int64_t e = 0; e < E; ++e) order[size_t(e)] = e;
         std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int64_t a, int64_t b) {
             return select[size_t(a)] > select[size_t(b)] ||

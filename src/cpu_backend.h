@@ -54,6 +54,10 @@ class CpuBackend final : public Backend {
     }
     // The mixture-of-experts FFN of layer w on xb_'s T normed rows, result in xb_.
     void moe_ffn(const LayerWeights& w, int64_t T);
+    // DeepSeek's latent attention, absorbed (ModelConfig::mla_rank): Q, the latent K/V rows
+    // (written to the cache), attention over them and the per-head decompression into xb_.
+    void mla_attention(const LayerWeights& w, int64_t l, int64_t T, const int32_t* pos,
+                       const KvLayerView& kv, const KvBatchView& kb);
     // xb_ = the block's input: RMSNorm(x_) with `norm`, or x_ itself when empty (olmo2).
     void pre_norm(const std::vector<float>& norm, int64_t T);
     // x_ += a block's output xb_[T][n_embd], after its post norm (when not empty) and
@@ -85,6 +89,7 @@ class CpuBackend final : public Backend {
     bool rotate_ = false;  // Hadamard rotation of Q and K (kv_rotation_enabled)
 
     // Scratch activations, grown to the largest batch seen.
+    bool v_shares_k_ = false;       // kv_v_shares_k: V reads K's pool (no V pool)
     std::vector<float> x_;          // [n_tokens][n_embd] residual stream
     std::vector<float> xb_;         // [n_tokens][n_embd] normed input / projection output
     std::vector<float> q_;          // [n_tokens][n_head][head_dim]
@@ -94,6 +99,10 @@ class CpuBackend final : public Backend {
     // Mixture of experts: router logits [n_tokens][n_expert]; an expert's rows gathered
     // [n][n_embd], their gate/up [n][n_ff_exp] and down output [n][n_embd]; the sum.
     std::vector<float> router_, moe_in_, moe_gate_, moe_up_, moe_down_, moe_out_;
+    // MLA: Q before absorption [T][n_head][mla_nope + n_rot], the Q low-rank [T][mla_q_rank],
+    // wkv_a's output [T][mla_rank + n_rot], the decompressed heads [T][n_head][mla_v], one head's
+    // gathered input and output.
+    std::vector<float> mla_q_, mla_qa_, mla_kv_, mla_out_, mla_in_, mla_res_;
     std::vector<float> lora_tmp_, lora_out_;  // LoRA: A x [T][rank], B (A x) [T][n_out]
     // LoRA user scales [n_adapters][n_tokens] and [n_adapters][n_logit_rows] of the batch.
     std::vector<std::vector<float>> lora_user_, lora_user_rows_;

@@ -279,6 +279,31 @@ void add_sigmoid_gated(float* x, const float* y, const float* g, int64_t n_rows,
     }
 }
 
+void limit_expert_groups(float* select, int64_t n_expert, int64_t n_group, int64_t n_used) {
+    if (n_group <= 1 || n_used >= n_group) return;
+    const int64_t per = n_expert / n_group;
+    std::vector<std::pair<float, int64_t>> score(static_cast<size_t>(n_group));
+    for (int64_t g = 0; g < n_group; ++g) {
+        float best = -std::numeric_limits<float>::infinity(), second = best;
+        for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+            if (select[e] > best) {
+                second = best;
+                best = select[e];
+            } else if (select[e] > second) {
+                second = select[e];
+            }
+        }
+        score[size_t(g)] = {per > 1 ? best + second : best, g};
+    }
+    std::stable_sort(score.begin(), score.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (int64_t i = n_used; i < n_group; ++i) {
+        const int64_t g = score[size_t(i)].second;
+        std::fill(select + g * per, select + (g + 1) * per,
+                  -std::numeric_limits<float>::infinity());
+    }
+}
+
 void embed(float* out, const WeightView& table, const int32_t* tokens, int64_t n_tokens) {
     const auto* base = static_cast<const uint8_t*>(table.data);
     for (int64_t t = 0; t < n_tokens; ++t) {

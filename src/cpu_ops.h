@@ -106,6 +106,12 @@ void add(float* x, const float* y, int64_t n);
 // gated shared expert). The gate is computed in float, then multiplied and added.
 void add_sigmoid_gated(float* x, const float* y, const float* g, int64_t n_rows, int64_t n);
 
+// Expert groups (DeepSeek V3's router): select[n_expert] holds one token's selection scores;
+// the experts are n_group consecutive groups, each scored by the sum of its two best scores
+// (its only one when a group has one expert), and all but the n_used best groups (ties: the
+// lower group) get -infinity, so the top experts are chosen from those groups alone.
+void limit_expert_groups(float* select, int64_t n_expert, int64_t n_group, int64_t n_used);
+
 // out[t][:] = dequantized row tokens[t] of the embedding table; out: [n_tokens][n_embd]
 void embed(float* out, const WeightView& table, const int32_t* tokens, int64_t n_tokens);
 

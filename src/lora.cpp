@@ -47,6 +47,10 @@ void attach(ModelWeights& w, const ModelConfig& c, const std::string& path, cons
         unsupported();
     LayerWeights& l = w.layers[size_t(layer)];
     const std::string what = name.substr(size_t(end));
+    // (DeepSeek: of its attention matrices, only attn_q, when Q is one matrix, and attn_output)
+    if (c.mla() && !(what == "attn_q.weight" && c.mla_q_rank == 0) &&
+        what != "attn_output.weight" && what.rfind("ffn_", 0) != 0)
+        unsupported();
     if (what == "attn_q.weight") {
         l.lora_q.push_back(d);
     } else if (what == "attn_k.weight") {

@@ -32,6 +32,7 @@ struct ArchTraits {
     bool olmoe = false;      // OLMoE (read_olmoe)
     bool exaone4 = false;    // EXAONE 4.0 (read_exaone4)
     bool qwen2moe = false;   // Qwen1.5-MoE / Qwen2-MoE (read_qwen2moe)
+    bool deepseek2 = false;  // DeepSeek V2 / V3: latent attention (read_mla, read_deepseek2)
 };
 
 constexpr ArchTraits kArchs[] = {
@@ -54,6 +55,7 @@ constexpr ArchTraits kArchs[] = {
     {.name = "olmo2", .rope_neox = true, .olmo2 = true},
     {.name = "olmoe", .rope_neox = true, .experts = true, .olmoe = true},
     {.name = "exaone4", .rope_neox = true, .qk_norm = true, .exaone4 = true},
+    {.name = "deepseek2", .experts = true, .deepseek2 = true},
 };
 
 // A positive integer key, either a scalar or an array whose elements are all equal
@@ -216,26 +218,24 @@ void read_gpt_oss(const GgufFile& f, const std::string& a, ModelConfig& c) {
     c.swiglu_oai = true;
 }
 
-// GLM 4.5 (glm4moe): leading dense layers, a sigmoid router with a selection bias, shared
-// experts, multi-token-prediction layers at the end that are not run. Read after the experts.
-void read_glm4moe(const GgufFile& f, const std::string& a, ModelConfig& c) {
-    c.ffn_norm_post_attention = true;
-    // (llama.cpp's defaults: no dense layer, weights unscaled and not normalized.)
-    c.n_layer_dense = read_count0(f, a + "leading_dense_block_count", false);
-    c.n_expert_shared = read_count0(f, a + "expert_shared_count", true);
-    c.n_ff_shexp = c.n_ff_exp * c.n_expert_shared;
+// The router's weighting (GLM 4.5, DeepSeek V2 / V3): expert_weights_norm (absent: false),
+// expert_weights_scale (absent or 0: 1, as in llama.cpp), expert_gating_func 1 (softmax) or 2
+// (sigmoid; absent: `gating`).
+void read_routing(const GgufFile& f, const std::string& a, int64_t gating, ModelConfig& c) {
     c.moe_norm = f.get_bool_or(a + "expert_weights_norm", false);
     const double scale = f.get_float_or(a + "expert_weights_scale", 1.0);
     if (!(scale >= 0) || !std::isfinite(scale))
         fail("{}: {}expert_weights_scale {} must be a finite number >= 0", f.path(), a, scale);
     c.moe_scale = scale == 0 ? 1.0f : float(scale);  // (0: unscaled, as in llama.cpp)
-    const int64_t gating = f.has(a + "expert_gating_func")
-                               ? read_count(f, a + "expert_gating_func", 2, false)
-                               : 2;  // (llama.cpp's default for this architecture)
+    if (f.has(a + "expert_gating_func")) gating = read_count(f, a + "expert_gating_func", 0, false);
     if (gating != 1 && gating != 2)
         fail("{}: {}expert_gating_func {} is not 1 (softmax) or 2 (sigmoid)", f.path(), a, gating);
     c.moe_sigmoid = gating == 2;
-    if (!c.moe_sigmoid) c.moe_norm = true;  // (the softmax router always renormalizes here)
+}
+
+// The trailing multi-token-prediction layers (nextn_predict_layers: in the file, not run) and
+// the leading dense layers' count (read before) checked against what is left.
+void read_dense_lead(const GgufFile& f, const std::string& a, ModelConfig& c) {
     c.n_nextn = read_count0(f, a + "nextn_predict_layers", false);
     if (c.n_nextn >= c.n_layer)
         fail("{}: {}nextn_predict_layers {} leaves no layer of block_count {}", f.path(), a,
@@ -247,6 +247,19 @@ void read_glm4moe(const GgufFile& f, const std::string& a, ModelConfig& c) {
     if (c.n_layer_dense > 0 && c.n_ff == c.n_ff_exp && !f.has(a + "feed_forward_length"))
         fail("{}: missing required key '{}feed_forward_length' (the dense layers' width)",
              f.path(), a);
+}
+
+// GLM 4.5 (glm4moe): leading dense layers, a sigmoid router with a selection bias, shared
+// experts, multi-token-prediction layers at the end that are not run. Read after the experts.
+void read_glm4moe(const GgufFile& f, const std::string& a, ModelConfig& c) {
+    c.ffn_norm_post_attention = true;
+    // (llama.cpp's defaults: no dense layer, weights unscaled and not normalized.)
+    c.n_layer_dense = read_count0(f, a + "leading_dense_block_count", false);
+    c.n_expert_shared = read_count0(f, a + "expert_shared_count", true);
+    c.n_ff_shexp = c.n_ff_exp * c.n_expert_shared;
+    read_routing(f, a, 2, c);               // (llama.cpp's default for this architecture: sigmoid)
+    if (!c.moe_sigmoid) c.moe_norm = true;  // (the softmax router always renormalizes here)
+    read_dense_lead(f, a, c);
 }
 
 // ERNIE 4.5 MoE (ernie4_5-moe): leading dense layers, then experts on every
@@ -314,6 +327,73 @@ void read_qwen2moe(const GgufFile& f, const std::string& a, ModelConfig& c) {
     c.shexp_gate = true;
 }
 
+// DeepSeek V2 / V3's latent attention (deepseek2): `k_len` and `v_len` are the file's
+// attention.key_length / value_length. Files converted for absorbed MLA (llama.cpp since April
+// 2025: attn_k_b / attn_v_b) say key_length = kv_lora_rank + rope dims, value_length =
+// kv_lora_rank, and give the per-head sizes as key_length_mla / value_length_mla; older ones
+// (attn_kv_b) give the per-head sizes as key_length / value_length. The cache row is
+// n_rot + kv_lora_rank wide and shared by all heads.
+void read_mla(const GgufFile& f, const std::string& a, int64_t k_len, int64_t v_len,
+              ModelConfig& c) {
+    c.mla_rank = read_count(f, a + "attention.kv_lora_rank", 0, true);
+    c.mla_q_rank = read_count0(f, a + "attention.q_lora_rank", false);
+    const int64_t n_rot = read_count(f, a + "rope.dimension_count", 0, true);
+    int64_t k_mla = k_len, v_mla = v_len;
+    if (f.has(a + "attention.key_length_mla") || f.has(a + "attention.value_length_mla")) {
+        k_mla = read_count(f, a + "attention.key_length_mla", 0, true);
+        v_mla = read_count(f, a + "attention.value_length_mla", 0, true);
+        if (k_len != c.mla_rank + n_rot || v_len != c.mla_rank)
+            fail(
+                "{}: {}attention.key_length {} / value_length {} must be kv_lora_rank + "
+                "rope.dimension_count ({}) / kv_lora_rank ({}) in a file with key_length_mla",
+                f.path(), a, k_len, v_len, c.mla_rank + n_rot, c.mla_rank);
+    }
+    if (k_mla <= n_rot || n_rot % 2 != 0)
+        fail("{}: {}rope.dimension_count {} must be even and below the key length {}", f.path(), a,
+             n_rot, k_mla);
+    c.mla_nope = k_mla - n_rot;
+    c.mla_v = v_mla;
+    c.head_dim = c.mla_rank + n_rot;
+    c.n_kv_head = 1;
+    // (llama.cpp divides the converter's 0.1 back out.)
+    c.mla_log_mul = float(f.get_float_or(a + "rope.scaling.yarn_log_multiplier", 0.0) / 0.1);
+    if (!std::isfinite(c.mla_log_mul))
+        fail("{}: {}rope.scaling.yarn_log_multiplier must be finite", f.path(), a);
+}
+
+// DeepSeek V2 / V3 (deepseek2) experts, read after them: leading dense layers
+// (leading_dense_block_count), expert_shared_count shared experts of the experts' width, a
+// softmax (V2) or sigmoid (V3, with the selection bias exp_probs_b) router whose weights are
+// normalized only when expert_weights_norm says so.
+void read_deepseek2(const GgufFile& f, const std::string& a, ModelConfig& c) {
+    c.n_layer_dense = read_count0(f, a + "leading_dense_block_count", false);
+    c.n_expert_shared = read_count0(f, a + "expert_shared_count", true);
+    c.n_ff_shexp = c.n_ff_exp * c.n_expert_shared;
+    read_routing(f, a, 1, c);
+    read_dense_lead(f, a, c);
+}
+
+// Expert groups (any architecture with experts, as in llama.cpp).
+void read_expert_groups(const GgufFile& f, const std::string& a, ModelConfig& c) {
+    c.n_group = read_count0(f, a + "expert_group_count", false);
+    c.n_group_used = read_count0(f, a + "expert_group_used_count", false);
+    if (c.n_group <= 1) return;
+    const int64_t per = c.n_expert / c.n_group;
+    if (c.n_expert % c.n_group != 0 || c.n_group_used < 1 || c.n_group_used > c.n_group ||
+        c.n_expert_used > c.n_group_used * per)
+        fail(
+            "{}: {}expert_group_count {} / expert_group_used_count {} do not fit {} experts, "
+            "{} per token",
+            f.path(), a, c.n_group, c.n_group_used, c.n_expert, c.n_expert_used);
+}
+
+// DeepSeek's q.k scale (see ModelConfig::mla_rank), with the RoPE as it stands.
+void set_mla_attn_scale(ModelConfig& c) {
+    const double m = double(c.rope(nullptr).mscale) *
+                     (1.0 + 0.1 * double(c.mla_log_mul) * std::log(1.0 / c.rope_freq_scale));
+    c.attn_scale = float(m * m / std::sqrt(double(c.mla_nope + c.n_rot)));
+}
+
 }  // namespace
 
 ModelConfig model_config_from_gguf(const GgufFile& f) {
@@ -327,11 +407,11 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
             fmt::format("{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, "
                         "qwen3moe, qwen2moe, phi3, gemma, gemma2, gemma3, granite, granitemoe, "
                         "smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe, "
-                        "exaone4)",
+                        "exaone4, deepseek2)",
                         f.path(), c.arch),
             "kvrun runs llama-family models (Llama, Mistral, TinyLlama, SmolLM, Qwen2, Qwen3, "
             "Qwen3 MoE, Qwen2 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3, Granite 3, SmolLM3, "
-            "gpt-oss, GLM 4.5, ERNIE 4.5, OLMo 2, OLMo 3, OLMoE, EXAONE 4.0)");
+            "gpt-oss, GLM 4.5, ERNIE 4.5, OLMo 2, OLMo 3, OLMoE, EXAONE 4.0, DeepSeek V2 / V3)");
     }
     c.rope_neox = traits->rope_neox;
     c.qkv_bias = traits->qkv_bias;
@@ -351,7 +431,9 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
              c.n_embd, c.n_head);
     c.head_dim = read_count(f, a + "attention.key_length", c.n_embd / c.n_head, false);
     int64_t v_dim = read_count(f, a + "attention.value_length", c.head_dim, false);
-    if (v_dim != c.head_dim)
+    if (traits->deepseek2)
+        read_mla(f, a, c.head_dim, v_dim, c);
+    else if (v_dim != c.head_dim)
         fail("{}: attention.value_length {} differs from key_length {} (not supported)", f.path(),
              v_dim, c.head_dim);
     c.n_rot = read_count(f, a + "rope.dimension_count", c.head_dim, false);
@@ -396,6 +478,9 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     if (traits->glm4moe) read_glm4moe(f, a, c);
     if (traits->ernie_moe) read_ernie_moe(f, a, c);
     if (traits->qwen2moe) read_qwen2moe(f, a, c);
+    if (traits->deepseek2) read_deepseek2(f, a, c);
+    if (c.moe()) read_expert_groups(f, a, c);
+    if (c.mla()) set_mla_attn_scale(c);
     return c;
 }
 
@@ -419,7 +504,10 @@ RopeParams ModelConfig::rope(const float* factors) const {
         p.corr_high = float(
             std::min(double(n_rot - 1),
                      std::ceil(rope_yarn_corr_dim(n_rot, orig, yarn_beta_slow, rope_freq_base))));
-        p.mscale = yarn_attn_factor * (1.0f + 0.1f * std::log(1.0f / rope_freq_scale));
+        // (DeepSeek with its log multiplier: YaRN's magnitude goes into the q.k scale instead.)
+        p.mscale = mla() && mla_log_mul != 0.0f
+                       ? yarn_attn_factor
+                       : yarn_attn_factor * (1.0f + 0.1f * std::log(1.0f / rope_freq_scale));
     } else {
         p.mscale = yarn_attn_factor;  // as llama.cpp: the attention factor applies to any RoPE
     }
@@ -460,6 +548,7 @@ void apply_rope_overrides(ModelConfig& c, const RopeOverrides& o) {
     if (o.yarn_attn_factor > 0) c.yarn_attn_factor = o.yarn_attn_factor;
     if (o.yarn_beta_fast > 0) c.yarn_beta_fast = o.yarn_beta_fast;
     if (o.yarn_beta_slow > 0) c.yarn_beta_slow = o.yarn_beta_slow;
+    if (c.mla()) set_mla_attn_scale(c);
 }
 
 }  // namespace kvrun

@@ -1,7 +1,7 @@
 // Typed model hyperparameters read from GGUF metadata (`<arch>.*` keys) for the supported
 // architectures (llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gemma, gemma2, gemma3,
 // granite, granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe,
-// exaone4), validated so the forward pass can trust them.
+// exaone4, deepseek2), validated so the forward pass can trust them.
 #pragma once
 
 #include <cstdint>
@@ -121,6 +121,25 @@ struct ModelConfig {
     bool attn_sinks = false;
     bool swiglu_oai = false;
     float swiglu_alpha = 1.702f, swiglu_limit = 7.0f;
+    // Expert groups (expert_group_count, expert_group_used_count; DeepSeek V3): a token's
+    // experts come from its n_group_used best groups of n_expert / n_group, a group scored by
+    // the sum of its two best selection scores (0 or 1 group: no limit).
+    int64_t n_group = 0, n_group_used = 0;
+    // DeepSeek V2 / V3 (deepseek2): multi-head latent attention, computed absorbed (as llama.cpp
+    // and vLLM do). A token's K and V are one latent row of head_dim = n_rot + mla_rank values,
+    // shared by every head (n_kv_head 1): its RoPE'd n_rot dims (k_pe) first, then the
+    // RMS-normed compressed KV (mla_rank, attention.kv_lora_rank); the heads' values are that
+    // latent part. Each head's query is [q_pe (rotated), wk_b · q_nope] (q_nope: mla_nope dims,
+    // wk_b: [mla_rank][mla_nope]); its attention output's latent part is decompressed by
+    // wv_b ([mla_v][mla_rank]) before attn_output ([n_embd][n_head * mla_v]). Q comes from one
+    // matrix (attn_q) or, with mla_q_rank > 0 (attention.q_lora_rank), from attn_q_a, an RMSNorm
+    // and attn_q_b. q.k is scaled by mscale^2 / sqrt(mla_nope + n_rot) with YaRN's
+    // mscale = 1 + 0.1 mla_log_mul ln(1 / rope_freq_scale) (mla_log_mul:
+    // rope.scaling.yarn_log_multiplier / 0.1, as llama.cpp reads it), and RoPE then leaves the
+    // magnitudes alone.
+    int64_t mla_rank = 0, mla_q_rank = 0, mla_nope = 0, mla_v = 0;
+    float mla_log_mul = 0.0f;
+    bool mla() const { return mla_rank > 0; }
 
     // The context RoPE scaling was trained from: rope.scaling.original_context_length, else
     // context_length (0 when neither is known).

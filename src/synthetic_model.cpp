@@ -57,10 +57,17 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
     std::vector<TensorPlan> p;
     p.push_back({"token_embd.weight", c.type, {c.n_embd, n_vocab}, s, 0});
     const bool glm = c.arch == "glm4moe", ernie = c.arch == "ernie4_5-moe";
+    const bool ds2 = c.arch == "deepseek2";
+    // A type whose blocks fit rows of n elements: `type`, else Q8_0, else F16.
+    auto fit = [](GgmlType t, int64_t n) {
+        for (GgmlType u : {t, GgmlType::Q8_0, GgmlType::F16})
+            if (n % ggml_type_traits(u).block_elems == 0) return u;
+        return GgmlType::F32;
+    };
     // Whether layer i has experts (the others a dense FFN).
     auto experts_at = [&](int64_t i) {
         if (c.n_expert == 0) return false;
-        if (!glm && !ernie) return true;
+        if (!glm && !ernie && !ds2) return true;
         return i >= c.n_layer_dense && (!ernie || (i + 1) % c.moe_step == 0);
     };
     for (int64_t i = 0; i < c.n_layer + (glm ? c.n_nextn : 0); ++i) {
@@ -72,7 +79,25 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
         const bool olmo2 = c.arch == "olmo2";  // post norms only, Q/K norms over all heads
         const bool post_only = olmo2 || c.arch == "exaone4";  // (EXAONE's Q/K norms per head)
         if (!post_only) p.push_back({nm("attn_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
-        if (c.arch == "phi3") {  // Q, K and V rows in one tensor
+        const int64_t H = c.n_head, R = c.mla_rank, N = c.mla_nope, P = c.rope_dims;
+        if (ds2) {  // latent attention
+            const int64_t qw = H * (N + P);
+            if (c.mla_q_rank > 0) {
+                p.push_back({nm("attn_q_a"), c.type, {c.n_embd, c.mla_q_rank}, s, 0});
+                p.push_back({nm("attn_q_a_norm"), GgmlType::F32, {c.mla_q_rank}, kNormStd, 1});
+                p.push_back({nm("attn_q_b"), fit(c.type, c.mla_q_rank), {c.mla_q_rank, qw}, s, 0});
+            } else {
+                p.push_back({nm("attn_q"), c.type, {c.n_embd, qw}, s, 0});
+            }
+            p.push_back({nm("attn_kv_a_mqa"), c.type, {c.n_embd, R + P}, s, 0});
+            p.push_back({nm("attn_kv_a_norm"), GgmlType::F32, {R}, kNormStd, 1});
+            if (c.mla_legacy) {
+                p.push_back({nm("attn_kv_b"), fit(c.type, R), {R, H * (N + c.mla_v)}, s, 0});
+            } else {
+                p.push_back({nm("attn_k_b"), fit(c.type, N), {N, R, H}, s, 0});
+                p.push_back({nm("attn_v_b"), fit(c.type, R), {R, c.mla_v, H}, s, 0});
+            }
+        } else if (c.arch == "phi3") {  // Q, K and V rows in one tensor
             p.push_back({nm("attn_qkv"), c.type, {c.n_embd, n_embd_q + 2 * n_embd_kv}, s, 0});
         } else {
             p.push_back({nm("attn_q"), c.type, {c.n_embd, n_embd_q}, s, 0});
@@ -96,7 +121,8 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
             p.push_back({nm("attn_q_norm"), GgmlType::F32, {n_embd_q}, kNormStd, 1});
             p.push_back({nm("attn_k_norm"), GgmlType::F32, {n_embd_kv}, kNormStd, 1});
         }
-        p.push_back({nm("attn_output"), c.type, {n_embd_q, c.n_embd}, s_out, 0});
+        const int64_t n_attn_out = ds2 ? H * c.mla_v : n_embd_q;
+        p.push_back({nm("attn_output"), fit(c.type, n_attn_out), {n_attn_out, c.n_embd}, s_out, 0});
         if (oai) {  // output bias, and sink logits about as large as the scores
             p.push_back({bias("attn_output"), GgmlType::F32, {c.n_embd}, s_out, 0});
             p.push_back({nm("attn_sinks"), GgmlType::F32, {c.n_head}, 1.0f, 0});
@@ -122,10 +148,14 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
                 p.push_back(
                     {bias("ffn_down_exps"), GgmlType::F32, {c.n_embd, c.n_expert}, s_out, 0});
             }
-            if (glm || ernie) {  // the router's selection bias; the shared experts
+            if (glm || ernie || ds2) {  // the router's selection bias; the shared experts
                 // (around the gates' own size: ERNIE's are probabilities, about 1 / n_expert)
-                p.push_back({bias("exp_probs_b"), GgmlType::F32, {c.n_expert},
-                             glm ? kBiasStd : 2.0f / float(c.n_expert), 0});
+                if (!ds2 || c.expert_gating == 2)
+                    p.push_back({bias("exp_probs_b"),
+                                 GgmlType::F32,
+                                 {c.n_expert},
+                                 ernie ? 2.0f / float(c.n_expert) : kBiasStd,
+                                 0});
                 const int64_t fs = c.n_ff_shexp > 0 ? c.n_ff_shexp : fe * c.n_expert_shared;
                 if (fs > 0) {
                     p.push_back({nm("ffn_gate_shexp"), c.type, {c.n_embd, fs}, s, 0});
@@ -262,8 +292,28 @@ void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) 
     w.set_u32(a + "feed_forward_length", uint32_t(c.n_ff));
     w.set_u32(a + "rope.dimension_count", uint32_t(c.rope_dims > 0 ? c.rope_dims : head_dim));
     w.set_u32(a + "attention.head_count", uint32_t(c.n_head));
-    w.set_u32(a + "attention.head_count_kv", uint32_t(c.n_head_kv));
-    if (c.head_dim > 0) {
+    const bool ds2 = c.arch == "deepseek2";
+    w.set_u32(a + "attention.head_count_kv",
+              uint32_t(ds2 ? (c.mla_legacy ? c.n_head : 1) : c.n_head_kv));
+    if (ds2) {
+        const int64_t k_mla = c.mla_nope + c.rope_dims;
+        w.set_u32(a + "attention.kv_lora_rank", uint32_t(c.mla_rank));
+        if (c.mla_q_rank > 0) w.set_u32(a + "attention.q_lora_rank", uint32_t(c.mla_q_rank));
+        w.set_u32(a + "attention.key_length",
+                  uint32_t(c.mla_legacy ? k_mla : c.mla_rank + c.rope_dims));
+        w.set_u32(a + "attention.value_length", uint32_t(c.mla_legacy ? c.mla_v : c.mla_rank));
+        if (!c.mla_legacy) {
+            w.set_u32(a + "attention.key_length_mla", uint32_t(k_mla));
+            w.set_u32(a + "attention.value_length_mla", uint32_t(c.mla_v));
+        }
+        w.set_u32(a + "leading_dense_block_count", uint32_t(c.n_layer_dense));
+        w.set_u32(a + "expert_shared_count", uint32_t(c.n_expert_shared));
+        w.set_f32(a + "expert_weights_scale", float(c.expert_weights_scale));
+        w.set_bool(a + "expert_weights_norm", c.expert_weights_norm);
+        w.set_u32(a + "expert_gating_func", uint32_t(c.expert_gating));
+        if (c.yarn_log_mul != 0)
+            w.set_f32(a + "rope.scaling.yarn_log_multiplier", float(0.1 * c.yarn_log_mul));
+    } else if (c.head_dim > 0) {
         w.set_u32(a + "attention.key_length", uint32_t(head_dim));
         w.set_u32(a + "attention.value_length", uint32_t(head_dim));
     }
@@ -326,6 +376,10 @@ void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) 
             c.n_ff_shexp > 0 ? c.n_ff_shexp : (c.n_ff_exp > 0 ? c.n_ff_exp : c.n_ff) * c.n_expert_shared;
         if (fs > 0) w.set_u32(a + "expert_shared_feed_forward_length", uint32_t(fs));
     }
+    if (c.n_group > 0) {
+        w.set_u32(a + "expert_group_count", uint32_t(c.n_group));
+        w.set_u32(a + "expert_group_used_count", uint32_t(c.n_group_used));
+    }
     if (c.arch == "qwen2moe")
         w.set_u32(a + "expert_shared_feed_forward_length",
                   uint32_t(c.n_ff_shexp > 0 ? c.n_ff_shexp : c.n_ff));
@@ -372,17 +426,17 @@ int64_t synthetic_head_dim(const SyntheticModelConfig& cfg) {
 }
 
 std::vector<std::string> synthetic_preset_names() {
-    return {"llama2-7b",   "llama3-8b",         "llama3.1-8b",
-            "llama-1b",    "qwen2.5-7b",        "qwen3-0.6b",
-            "qwen3-8b",    "qwen3-30b-a3b",     "mixtral-8x7b",
-            "phi3-mini",   "phi3-mini-128k",    "phi4",
-            "gemma2-2b",   "gemma3-1b",         "gemma3-4b",
-            "granite3-8b", "granite3-3b-a800m", "smollm3-3b",
-            "phi4-mini",   "gpt-oss-20b",       "gpt-oss-120b",
-            "glm4.5-air",  "ernie4.5-0.3b",     "ernie4.5-21b-a3b",
-            "olmo2-7b",    "olmo3-7b",          "olmoe-1b-7b",
-            "exaone4-32b", "qwen1.5-moe-a2.7b", "qwen2-57b-a14b",
-            "tiny"};
+    return {"llama2-7b",        "llama3-8b",         "llama3.1-8b",
+            "llama-1b",         "qwen2.5-7b",        "qwen3-0.6b",
+            "qwen3-8b",         "qwen3-30b-a3b",     "mixtral-8x7b",
+            "phi3-mini",        "phi3-mini-128k",    "phi4",
+            "gemma2-2b",        "gemma3-1b",         "gemma3-4b",
+            "granite3-8b",      "granite3-3b-a800m", "smollm3-3b",
+            "phi4-mini",        "gpt-oss-20b",       "gpt-oss-120b",
+            "glm4.5-air",       "ernie4.5-0.3b",     "ernie4.5-21b-a3b",
+            "olmo2-7b",         "olmo3-7b",          "olmoe-1b-7b",
+            "exaone4-32b",      "qwen1.5-moe-a2.7b", "qwen2-57b-a14b",
+            "deepseek-v2-lite", "deepseek-v3",       "tiny"};
 }
 
 SyntheticModelConfig synthetic_preset(std::string_view name) {
@@ -428,6 +482,26 @@ SyntheticModelConfig synthetic_preset(std::string_view name) {
         c.n_layer = 28, c.n_embd = 3584, c.n_head = 28, c.n_head_kv = 4, c.n_ff = 18944;
         c.n_expert = 64, c.n_expert_used = 8, c.n_ff_exp = 2560, c.n_ff_shexp = 20480;
         c.n_vocab = 151936, c.rope_base = 1000000, c.n_ctx = 32768, c.norm_eps = 1e-6;
+    } else if (name == "deepseek-v2-lite" || name == "deepseek-v3") {  // latent attention
+        // (shapes from the published configs; V2-Lite: 64 experts of width 1408, 6 per token,
+        // 2 shared, softmax weights unnormalized; V3: 256 of width 2048, 8 per token from 4 of
+        // 8 groups, 1 shared, a sigmoid router with selection bias, weights normalized x 2.5)
+        c.arch = "deepseek2";
+        c.mla_rank = 512, c.mla_nope = 128, c.mla_v = 128, c.rope_dims = 64;
+        c.rope_base = 10000, c.n_ctx = 163840, c.norm_eps = 1e-6;
+        c.rope_scaling = "yarn", c.rope_factor = 40, c.rope_orig_ctx = 4096;
+        if (name == "deepseek-v2-lite") {
+            c.n_layer = 27, c.n_embd = 2048, c.n_head = 16, c.n_head_kv = 16, c.n_ff = 10944;
+            c.n_expert = 64, c.n_expert_used = 6, c.n_ff_exp = 1408, c.n_expert_shared = 2;
+            c.n_layer_dense = 1, c.expert_weights_norm = false, c.expert_weights_scale = 1.0;
+            c.n_vocab = 102400, c.yarn_log_mul = 0.707;
+        } else {
+            c.n_layer = 61, c.n_embd = 7168, c.n_head = 128, c.n_head_kv = 128, c.n_ff = 18432;
+            c.n_expert = 256, c.n_expert_used = 8, c.n_ff_exp = 2048, c.n_expert_shared = 1;
+            c.n_layer_dense = 3, c.expert_weights_norm = true, c.expert_weights_scale = 2.5;
+            c.expert_gating = 2, c.n_group = 8, c.n_group_used = 4, c.mla_q_rank = 1536;
+            c.n_vocab = 129280, c.yarn_log_mul = 1.0;
+        }
     } else if (name == "mixtral-8x7b") {  // llama with 8 experts, 2 per token
         c.n_layer = 32, c.n_embd = 4096, c.n_head = 32, c.n_head_kv = 8, c.n_ff = 14336;
         c.n_expert = 8, c.n_expert_used = 2;
@@ -571,20 +645,34 @@ void synthetic_validate(const SyntheticModelConfig& c) {
         c.arch != "qwen2moe" && c.arch != "phi3" && !is_gemma(c) && c.arch != "granite" &&
         c.arch != "granitemoe" && c.arch != "smollm3" && c.arch != "gpt-oss" &&
         c.arch != "glm4moe" && c.arch != "ernie4_5" && c.arch != "ernie4_5-moe" &&
-        c.arch != "olmo2" && c.arch != "olmoe" && c.arch != "exaone4")
+        c.arch != "olmo2" && c.arch != "olmoe" && c.arch != "exaone4" && c.arch != "deepseek2")
         fail(
             "synthetic model: architecture '{}' is not one of llama, qwen2, qwen3, qwen3moe, "
             "qwen2moe, phi3, "
             "gemma, gemma2, gemma3, granite, granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, "
-            "ernie4_5-moe, olmo2, olmoe, exaone4",
+            "ernie4_5-moe, olmo2, olmoe, exaone4, deepseek2",
             c.arch);
     const bool moe_arch = c.arch == "qwen3moe" || c.arch == "qwen2moe" || c.arch == "granitemoe" ||
                           c.arch == "gpt-oss" || c.arch == "glm4moe" || c.arch == "ernie4_5-moe" ||
-                          c.arch == "olmoe";
+                          c.arch == "olmoe" || c.arch == "deepseek2";
     if (moe_arch != (c.n_expert > 0) && c.arch != "llama")
         fail(
             "synthetic model: experts need arch qwen3moe, qwen2moe, granitemoe, gpt-oss, glm4moe, "
-            "ernie4_5-moe, olmoe or llama (Mixtral), and those but llama need experts");
+            "ernie4_5-moe, olmoe, deepseek2 or llama (Mixtral), and those but llama need experts");
+    if (c.arch == "deepseek2" &&
+        (c.mla_rank < 1 || c.mla_nope < 1 || c.mla_v < 1 || c.mla_q_rank < 0 || c.rope_dims < 2 ||
+         c.rope_dims % 2 != 0 || c.n_layer_dense < 0 || c.n_layer_dense > c.n_layer ||
+         c.n_expert_shared < 0 || (c.expert_gating != 1 && c.expert_gating != 2) ||
+         !(c.expert_weights_scale > 0)))
+        fail(
+            "synthetic model: deepseek2 needs a latent rank, nope, value and (even) rope dims, "
+            "0 <= dense layers <= n_layer, shared experts >= 0, expert gating 1 or 2 and a "
+            "positive expert weights scale");
+    if (c.n_group > 0 &&
+        (c.n_expert % c.n_group != 0 || c.n_group_used < 1 || c.n_group_used > c.n_group ||
+         c.n_expert_used > c.n_group_used * (c.n_expert / c.n_group)))
+        fail("synthetic model: {} expert groups ({} used) do not fit {} experts, {} per token",
+             c.n_group, c.n_group_used, c.n_expert, c.n_expert_used);
     if (c.arch == "ernie4_5-moe" && (c.n_layer_dense < 0 || c.n_layer_dense > c.n_layer ||
                                      c.moe_step < 1 || c.n_expert_shared < 0 || c.n_ff_shexp < 0))
         fail(
@@ -632,7 +720,7 @@ void synthetic_validate(const SyntheticModelConfig& c) {
         fail("synthetic model: rope factor {} and original context {} must be positive",
              c.rope_factor, c.rope_orig_ctx);
     const int64_t n_rot = c.rope_dims > 0 ? c.rope_dims : head_dim;
-    if (c.rope_dims < 0 || c.rope_dims > head_dim || n_rot % 2 != 0)
+    if (c.rope_dims < 0 || (c.rope_dims > head_dim && c.arch != "deepseek2") || n_rot % 2 != 0)
         fail("synthetic model: rope_dims {} must be even and at most head_dim {}", c.rope_dims,
              head_dim);
     if (!c.rope_freqs.empty() && int64_t(c.rope_freqs.size()) != n_rot / 2)

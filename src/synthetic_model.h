@@ -1,5 +1,6 @@
 // Synthetic llama-family models (llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gemma 1-3,
-// granite, smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe, exaone4): GGUF
+// granite, smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe, exaone4, deepseek2):
+// GGUF
 // files with real shapes (presets such as llama2-7b, llama3-8b) and random weights, generated
 // quickly and deterministically from a seed, for benchmarks and tests. Also cuts a model down to
 // its first L layers (a draft model for speculative decoding).
@@ -58,6 +59,22 @@ struct SyntheticModelConfig {
     int64_t moe_step = 1, n_ff_shexp = 0;
     double expert_weights_scale = 1.0;
     bool expert_weights_norm = true, glm_qk_norm = false;
+    // deepseek2 (DeepSeek V2 / V3): latent attention of rank mla_rank (attn_kv_a_mqa [n_embd,
+    // mla_rank + rope_dims], attn_kv_a_norm; attn_k_b [mla_nope, mla_rank, n_head] and attn_v_b
+    // [mla_rank, mla_v, n_head], or with mla_legacy one attn_kv_b [mla_rank, n_head * (mla_nope
+    // + mla_v)] and the older key_length / value_length keys); Q from attn_q or, with
+    // mla_q_rank > 0, attn_q_a, attn_q_a_norm and attn_q_b; rope_dims (required) rotated dims
+    // per head; glm4moe's dense layers, shared experts (of the experts' width) and weights;
+    // expert_gating 1 (softmax) or 2 (sigmoid, with exp_probs_b); yarn_log_mul: the
+    // mscale_all_dim written times 0.1 as rope.scaling.yarn_log_multiplier, as llama.cpp's
+    // converter does (0: none). Tensors whose rows are not whole blocks of `type` are Q8_0 (or
+    // F16).
+    int64_t mla_rank = 0, mla_q_rank = 0, mla_nope = 0, mla_v = 0;
+    bool mla_legacy = false;
+    int expert_gating = 1;
+    double yarn_log_mul = 0;
+    // expert_group_count / expert_group_used_count when n_group > 0 (DeepSeek V3: 8 / 4).
+    int64_t n_group = 0, n_group_used = 0;
     // granite / granitemoe keys: embedding_scale, attention.scale, residual_scale, logit_scale
     // (Granite 3.x 8B's values; attention.scale 0: 1 / head_dim).
     double granite_embedding_scale = 12.0, granite_attention_scale = 0.0;
@@ -125,7 +142,8 @@ int64_t synthetic_head_dim(const SyntheticModelConfig& cfg);
 // qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, phi3-mini, phi3-mini-128k, phi4,
 // gemma2-2b, gemma3-1b, gemma3-4b, granite3-8b, granite3-3b-a800m, smollm3-3b, phi4-mini,
 // gpt-oss-20b, gpt-oss-120b, glm4.5-air, ernie4.5-0.3b, ernie4.5-21b-a3b, olmo2-7b, olmo3-7b,
-// olmoe-1b-7b, exaone4-32b, qwen1.5-moe-a2.7b, qwen2-57b-a14b, tiny.
+// olmoe-1b-7b, exaone4-32b, qwen1.5-moe-a2.7b, qwen2-57b-a14b, deepseek-v2-lite, deepseek-v3,
+// tiny.
 std::vector<std::string> synthetic_preset_names();
 // The hyperparameters of a preset (type F32, other fields default). Throws Error for an
 // unknown name, listing the known ones.

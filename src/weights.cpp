@@ -98,6 +98,60 @@ std::vector<float> load_vector(const GgufFile& f, const std::string& name, int64
     return out;
 }
 
+// DeepSeek's latent attention tensors (see LayerWeights::wk_b). The per-head wk_b / wv_b come
+// from attn_k_b ({mla_nope, mla_rank, n_head}) and attn_v_b ({mla_rank, mla_v, n_head}), or,
+// in files converted before those existed, from attn_kv_b ({mla_rank, n_head * (mla_nope +
+// mla_v)}: each head's K rows, then its V rows): its V rows are viewed in place, its K rows
+// transposed into F32 copies that `w` owns.
+void load_mla(const GgufFile& f, const ModelConfig& c, int64_t i, ModelWeights& w,
+              LayerWeights& l) {
+    auto name = [i](const char* what) { return fmt::format("blk.{}.{}", i, what); };
+    uint64_t& bytes = w.matrix_bytes;
+    const int64_t H = c.n_head, R = c.mla_rank, N = c.mla_nope, V = c.mla_v;
+    const int64_t q_width = H * (N + c.n_rot);
+    if (c.mla_q_rank > 0) {
+        l.wq_a = load_matrix(f, name("attn_q_a.weight"), c.n_embd, c.mla_q_rank, bytes);
+        l.q_a_norm = load_vector(f, name("attn_q_a_norm.weight"), c.mla_q_rank);
+        l.wq_b = load_matrix(f, name("attn_q_b.weight"), c.mla_q_rank, q_width, bytes);
+    } else {
+        l.wq = load_matrix(f, name("attn_q.weight"), c.n_embd, q_width, bytes);
+    }
+    l.wkv_a = load_matrix(f, name("attn_kv_a_mqa.weight"), c.n_embd, R + c.n_rot, bytes);
+    l.kv_a_norm = load_vector(f, name("attn_kv_a_norm.weight"), R);
+    if (!f.find_tensor(name("attn_k_b.weight")) && f.find_tensor(name("attn_kv_b.weight"))) {
+        const WeightView kv = load_matrix(f, name("attn_kv_b.weight"), R, H * (N + V), bytes);
+        auto t = std::make_shared<std::vector<float>>(size_t(H * R * N));
+        std::vector<float> row(static_cast<size_t>(R));
+        for (int64_t h = 0; h < H; ++h) {
+            for (int64_t n = 0; n < N; ++n) {  // K row n of head h -> column n of its wk_b
+                dequantize_row(
+                    kv.type,
+                    static_cast<const uint8_t*>(kv.data) + size_t(h * (N + V) + n) * kv.row_bytes,
+                    row.data(), R);
+                for (int64_t r = 0; r < R; ++r) (*t)[size_t((h * R + r) * N + n)] = row[size_t(r)];
+            }
+            l.wv_b.push_back(row_slice(kv, h * (N + V) + N, V));
+        }
+        for (int64_t h = 0; h < H; ++h) {
+            WeightView k;
+            k.type = GgmlType::F32;
+            k.n_in = N;
+            k.n_out = R;
+            k.row_bytes = size_t(N) * sizeof(float);
+            k.data = t->data() + h * R * N;
+            l.wk_b.push_back(k);
+        }
+        w.owned.push_back(std::move(t));
+        return;
+    }
+    const WeightView kb = load_matrix(f, name("attn_k_b.weight"), N, R, bytes, H);
+    const WeightView vb = load_matrix(f, name("attn_v_b.weight"), R, V, bytes, H);
+    for (int64_t h = 0; h < H; ++h) {
+        l.wk_b.push_back(row_slice(kb, h * R, R));
+        l.wv_b.push_back(row_slice(vb, h * V, V));
+    }
+}
+
 }  // namespace
 
 ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
@@ -116,7 +170,10 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
         auto name = [i](const char* what) { return fmt::format("blk.{}.{}", i, what); };
         uint64_t& bytes = w.matrix_bytes;
         if (c.pre_norms) l.attn_norm = load_vector(f, name("attn_norm.weight"), c.n_embd);
-        if (f.find_tensor(name("attn_qkv.weight"))) {  // Q, K and V rows in one tensor (phi3)
+        if (c.mla()) {
+            load_mla(f, c, i, w, l);
+        } else if (f.find_tensor(
+                       name("attn_qkv.weight"))) {  // Q, K and V rows in one tensor (phi3)
             const WeightView qkv = load_matrix(f, name("attn_qkv.weight"), c.n_embd,
                                                c.q_dim() + 2 * c.kv_dim(), bytes);
             l.wq = row_slice(qkv, 0, c.q_dim());
@@ -130,7 +187,8 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
             l.wk = load_matrix(f, name("attn_k.weight"), c.n_embd, c.kv_dim(), bytes);
             l.wv = load_matrix(f, name("attn_v.weight"), c.n_embd, c.kv_dim(), bytes);
         }
-        l.wo = load_matrix(f, name("attn_output.weight"), c.q_dim(), c.n_embd, bytes);
+        l.wo = load_matrix(f, name("attn_output.weight"), c.mla() ? c.n_head * c.mla_v : c.q_dim(),
+                           c.n_embd, bytes);
         // Biases: required by qwen2, optional for llama (a few llama conversions have them).
         const bool has_bias = f.find_tensor(name("attn_q.bias")) != nullptr;
         if (c.qkv_bias || has_bias) {

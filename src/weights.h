@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "cpu_ops.h"
@@ -56,6 +57,14 @@ struct LayerWeights {
     // Qwen2-MoE: the shared expert's gate, one row [1][n_embd] (ffn_gate_inp_shexp); empty
     // without.
     WeightView gate_inp_shexp;
+    // DeepSeek's latent attention (ModelConfig::mla_rank): wq ([n_head * (mla_nope + n_rot)]
+    // [n_embd]) or wq_a ([mla_q_rank][n_embd]), q_a_norm ([mla_q_rank]) and wq_b
+    // ([n_head * (mla_nope + n_rot)][mla_q_rank]); wkv_a ([mla_rank + n_rot][n_embd]: the
+    // compressed KV, then k_pe) and kv_a_norm ([mla_rank]); per head wk_b [mla_rank][mla_nope]
+    // and wv_b [mla_v][mla_rank]; wo is [n_embd][n_head * mla_v]. Empty otherwise.
+    WeightView wq_a, wq_b, wkv_a;
+    std::vector<float> q_a_norm, kv_a_norm;
+    std::vector<WeightView> wk_b, wv_b;
     // LoRA adapters' updates of wq .. w_down (lora.h), in adapter order; empty without.
     std::vector<LoraDelta> lora_q, lora_k, lora_v, lora_o, lora_gate, lora_up, lora_down;
 };
@@ -68,6 +77,9 @@ struct ModelWeights {
     std::vector<LayerWeights> layers;    // [n_layer]
     uint64_t matrix_bytes = 0;           // bytes of all 2-D weights (tied counted once)
     std::vector<LoraDelta> lora_output;  // LoRA updates of output (lora.h)
+    // Weights made at load time rather than viewed in the file (the F32 wk_b that an older
+    // DeepSeek file's attn_kv_b holds transposed); views above point into them.
+    std::vector<std::shared_ptr<const std::vector<float>>> owned;
 };
 
 // A view of tensor t as n_out rows of n_in elements, checked: a type kvrun computes with, rows

@@ -73,6 +73,37 @@ Hyper read_hyper(const GgufFile& f) {
         h.experts = fmt::format("{} per layer, {} per token, width {}", experts,
                                 f.get_int_or(a + "expert_used_count", 0),
                                 f.get_int_or(a + "expert_feed_forward_length", h.n_ff));
+    if (h.arch == "deepseek2") {  // latent attention: one cached row per token for all heads
+        const int64_t rank = f.get_int_or(a + "attention.kv_lora_rank", 0);
+        const bool split = f.has(a + "attention.key_length_mla");
+        const int64_t k = split ? f.get_int_or(a + "attention.key_length_mla", 0) : h.head_dim;
+        const int64_t v = split ? f.get_int_or(a + "attention.value_length_mla", 0)
+                                : f.get_int_or(a + "attention.value_length", h.head_dim);
+        h.attention = fmt::format(
+            "latent (MLA) of rank {}, absorbed: per head {} key dims ({} with RoPE), {} value "
+            "dims; Q {}; {} cached per token and layer, shared by all heads",
+            rank, k, h.n_rot, v,
+            f.has(a + "attention.q_lora_rank")
+                ? fmt::format("through rank {}", f.get_int_or(a + "attention.q_lora_rank", 0))
+                : std::string("one matrix"),
+            rank + h.n_rot);
+        h.n_head_kv = 1;
+        h.head_dim = rank + h.n_rot;
+        if (f.get_int_or(a + "expert_count", 0) > 0)
+            h.experts += fmt::format(
+                ", {} shared; {} router{}, weights{} x{:g}; first {} layer(s) dense",
+                f.get_int_or(a + "expert_shared_count", 0),
+                f.get_int_or(a + "expert_gating_func", 1) == 2 ? "sigmoid" : "softmax",
+                f.find_tensor("blk." + std::to_string(h.n_layer - 1) + ".exp_probs_b.bias")
+                    ? " with a selection bias"
+                    : "",
+                f.get_bool_or(a + "expert_weights_norm", false) ? " normalized" : "",
+                f.get_float_or(a + "expert_weights_scale", 1.0),
+                f.get_int_or(a + "leading_dense_block_count", 0));
+    }
+    if (const int64_t g = f.get_int_or(a + "expert_group_count", 0); g > 1)
+        h.experts += fmt::format("; from the best {} of {} expert groups",
+                                 f.get_int_or(a + "expert_group_used_count", 0), g);
     if (h.arch == "gemma2" || h.arch == "gemma3") {
         const int64_t window =
             f.get_int_or(a + "attention.sliding_window", h.arch == "gemma2" ? 4096 : 0);
@@ -248,8 +279,11 @@ int run_info(const InfoOptions& o) {
             continue;
         }
         // K and V: quantized K pays one scale per channel and block, V one per 32 values.
-        const double per_elem = kv_bytes_per_element(t, KvRole::K, h.head_dim, o.kv_block_size) +
-                                kv_bytes_per_element(t, KvRole::V, h.head_dim, o.kv_block_size);
+        // (DeepSeek's unquantized V reads K's latent rows: kv_v_shares_k.)
+        const bool v_shared = h.arch == "deepseek2" && !kv_type_quantized(t);
+        const double per_elem =
+            kv_bytes_per_element(t, KvRole::K, h.head_dim, o.kv_block_size) +
+            (v_shared ? 0.0 : kv_bytes_per_element(t, KvRole::V, h.head_dim, o.kv_block_size));
         kv_rows.push_back(
             {kv_type_name(t), double(h.n_layer * h.n_head_kv * h.head_dim) * per_elem});
     }

@@ -517,7 +517,16 @@ LoadedModel load_model(const ModelOptions& o, int32_t n_sequences) {
             std::max(cpu_resolve_threads(o.n_threads), cpu_resolve_threads(o.n_threads_batch)));
 
     std::string dev = o.device;
-    if (dev == "auto") dev = cuda_available() && o.n_gpu_layers != 0 ? "cuda" : "cpu";
+    if (dev == "auto") {
+        dev = cuda_available() && o.n_gpu_layers != 0 ? "cuda" : "cpu";
+        if (dev == "cuda" && (cfg.mla() || cfg.n_group > 1)) {  // (no CUDA kernels for them yet)
+            fmt::print(stderr,
+                       "kvrun: note: {} runs on the CPU: the CUDA backend has no {} kernels "
+                       "yet\n",
+                       cfg.arch, cfg.mla() ? "latent-attention (MLA)" : "expert-group routing");
+            dev = "cpu";
+        }
+    }
     if (dev != "cpu" && o.n_gpu_layers > 0 && o.n_gpu_layers < cfg.n_layer)
         fmt::print(stderr,
                    "kvrun: warning: -ngl {}: all {} layers run on the GPU (there is no partial "
