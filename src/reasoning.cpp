@@ -192,8 +192,20 @@ bool prompt_opens_reasoning(std::string_view prompt) {
 bool prompt_closes_reasoning(std::string_view prompt) {
     const std::string_view s = trim_space_right(prompt);
     return std::any_of(std::begin(kTagPairs), std::end(kTagPairs), [&](const ReasoningTags& t) {
-        return s.ends_with(t.close) &&
-               trim_space_right(s.substr(0, s.size() - t.close.size())).ends_with(t.open);
+        if (!s.ends_with(t.close)) return false;
+        const std::string_view before = s.substr(0, s.size() - t.close.size());
+        if (trim_space_right(before).ends_with(t.open)) return true;  // an empty block
+        // A close tag that closes no block (DeepSeek V3.1's "<｜Assistant｜></think>"): no
+        // open tag of either pair since the last close.
+        size_t open = std::string_view::npos, close = std::string_view::npos;
+        for (const ReasoningTags& u : kTagPairs) {
+            const size_t o = before.rfind(u.open), c = before.rfind(u.close);
+            if (o != std::string_view::npos && (open == std::string_view::npos || o > open))
+                open = o;
+            if (c != std::string_view::npos && (close == std::string_view::npos || c > close))
+                close = c;
+        }
+        return open == std::string_view::npos || (close != std::string_view::npos && close > open);
     });
 }
 

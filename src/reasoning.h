@@ -44,7 +44,8 @@ bool chat_template_thinks(ChatTemplateKind kind, std::string_view source);
 bool prompt_opens_reasoning(std::string_view prompt);
 // Whether a prompt ends with an empty reasoning block the template wrote to switch thinking
 // off ("<think></think>" and white space, as GLM 4.5 and Qwen 3 do with enable_thinking
-// false): the reply then does not think.
+// false), or with an end tag that closes no block (DeepSeek V3.1's "<｜Assistant｜></think>"):
+// the reply then does not think.
 bool prompt_closes_reasoning(std::string_view prompt);
 
 // One harmony message of a reply: its channel ("analysis", "final", "commentary"), recipient

@@ -80,6 +80,12 @@ TEST_CASE("reasoning: replies split into reasoning and answer") {
     CHECK(prompt_closes_reasoning("<|assistant|>\n<think></think>"));
     CHECK(prompt_closes_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
     CHECK_FALSE(prompt_closes_reasoning("<think>a plan</think>"));
+    // DeepSeek V3.1 without thinking: a bare end tag after the assistant's marker.
+    CHECK(prompt_closes_reasoning("<｜User｜>2+3?<｜Assistant｜></think>"));
+    CHECK(
+        prompt_closes_reasoning("<｜Assistant｜></think>4<｜end▁of▁sentence｜><｜User｜>And "
+                                "5?<｜Assistant｜></think>"));
+    CHECK_FALSE(prompt_closes_reasoning("<｜User｜>2+3?<｜Assistant｜><think>"));
     CHECK_FALSE(prompt_closes_reasoning("<|im_start|>assistant\n<think>\n"));
     CHECK(chat_template_thinks(ChatTemplateKind::DeepSeek3, ""));
     CHECK_FALSE(chat_template_thinks(ChatTemplateKind::ChatML, ""));

@@ -1,5 +1,6 @@
 // Tool syntaxes of GLM 4.5 (<tool_call>name with <arg_key>/<arg_value> pairs), Kimi K2
-// (functions.NAME:N between its section and call tags) and Command R7B (a plan, then a JSON
+// (functions.NAME:N between its section and call tags), DeepSeek V3.1 (name, separator,
+// arguments between its call tags) and Command R7B (a plan, then a JSON
 // list of {tool_call_id, tool_name, parameters} between its action tags): detection (GLM's template
 // also holds Hermes's <tool_call>), the template's rendering of a call and its result (expected
 // texts from jinja2 3.1.6 on the same templates), grammars that admit exactly calls of listed tools
@@ -193,6 +194,74 @@ TEST_CASE("tool families: Kimi K2's sections, with the model's ids") {
     CHECK(tokens.preserved.size() == 5);
     CHECK(tokens.gbnf.find(fmt::format("<[{}]>", ktok.find_token("<|tool_call_end|>"))) !=
           std::string::npos);
+}
+
+TEST_CASE("tool families: DeepSeek V3.1's calls, told from R1's") {
+    CHECK(tool_format_detect(kDeepSeekV31) == ToolFormat::DeepSeekV31);
+    CHECK(tool_format_detect(kDeepSeekR1) == ToolFormat::DeepSeekR1);  // (its ```json block)
+    CHECK(std::string(tool_format_name(ToolFormat::DeepSeekV31)) == "deepseek-v3.1");
+    // The arguments are added to a string, so the call's object goes to the template as JSON
+    // text; the expected text is jinja2 3.1.6's (trim_blocks, lstrip_blocks, as Hugging Face
+    // renders) on the same template and conversation, but for tojson's key order (jinja2 sorts).
+    CHECK(
+        render(kDeepSeekV31, ToolFormat::DeepSeekV31) ==
+        "Be brief.\n## Tools\n### add\nDescription: Adds.\nParameters: {\"type\": "
+        "\"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}}\nCall tools as "
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGUMENTS<｜tool▁call▁end｜>"
+        "<｜tool▁calls▁end｜>\n<｜User｜>2+3?<｜Assistant｜></think><｜tool▁calls▁begin｜><｜tool"
+        "▁call▁begin｜>add<｜tool▁sep｜>{\"a\":2,\"b\":3}<｜tool▁call▁end｜><｜tool▁calls▁"
+        "end｜><｜end▁of▁sentence｜><｜tool▁output▁begin｜>5<｜tool▁output▁end｜><｜User｜>And "
+        "4+4?<｜Assistant｜></think>");
+
+    const std::string path = model_path();
+    if (path.empty()) return;
+    GgufFile file = GgufFile::open(path);
+    auto tok = Tokenizer::from_gguf(file);
+    auto call = [](const std::string& name, const std::string& args) {
+        return "<｜tool▁call▁begin｜>" + name + "<｜tool▁sep｜>" + args + "<｜tool▁call▁end｜>";
+    };
+    const std::string add = call("add", R"({"a": 2, "b": 3})");
+    const std::string weather = call("get_weather", R"({"city": "Oslo", "unit": "celsius"})");
+    const std::string begin = "<｜tool▁calls▁begin｜>", end = "<｜tool▁calls▁end｜>";
+    auto required = Grammar::parse(
+        chat_tools_grammar(tools_for(ToolFormat::DeepSeekV31, "required"), *tok).gbnf);
+    CHECK(grammar_accepts(*required, begin + add + end));
+    CHECK(grammar_accepts(*required, begin + weather + add + end));
+    CHECK_FALSE(grammar_accepts(*required, add + end));    // the calls' tag first
+    CHECK_FALSE(grammar_accepts(*required, begin + add));  // and last
+    CHECK_FALSE(grammar_accepts(*required, begin + call("rm", "{}") + end));
+    CHECK_FALSE(grammar_accepts(*required, begin + call("add", R"({"a": "two", "b": 3})") + end));
+    CHECK_FALSE(grammar_accepts(  // R1's form is not V3.1's
+        *required, begin +
+                       "<｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n{\"a\": 2, "
+                       "\"b\": 3}\n```<｜tool▁call▁end｜>" +
+                       end));
+    auto single = Grammar::parse(
+        chat_tools_grammar(tools_for(ToolFormat::DeepSeekV31, "required", false), *tok).gbnf);
+    CHECK_FALSE(grammar_accepts(*single, begin + add + weather + end));
+    const ToolGrammar lazy = chat_tools_grammar(tools_for(ToolFormat::DeepSeekV31), *tok);
+    REQUIRE(lazy.triggers.size() == 1);
+    CHECK(lazy.triggers[0]["type"] == "pattern");
+    CHECK(grammar_accepts(*Grammar::parse(lazy.gbnf), add + end));
+    auto open = Grammar::parse(
+        chat_tools_grammar(tools_for(ToolFormat::DeepSeekV31, "required"), *tok, ToolThinking::Open)
+            .gbnf);
+    CHECK(grammar_accepts(*open, "Sum them.</think>\n\n" + begin + add + end));
+
+    // Read back: text before the calls is the content; a cut call is text.
+    ChatToolReply r =
+        chat_tools_parse(ToolFormat::DeepSeekV31, "Both.\n" + begin + add + weather + end, "c");
+    REQUIRE(r.calls.size() == 2);
+    CHECK(r.content == "Both.");
+    CHECK(r.calls[0].name == "add");
+    CHECK(r.calls[0].arguments == R"({"a":2,"b":3})");
+    CHECK(r.calls[1].name == "get_weather");
+    CHECK(r.calls[1].arguments == R"({"city":"Oslo","unit":"celsius"})");
+    CHECK(chat_tools_parse(ToolFormat::DeepSeekV31, begin + "oops", "c").content == begin + "oops");
+    CHECK(chat_tools_parse(ToolFormat::DeepSeekV31, begin + call("add", "{\"a\": 2"), "c")
+              .calls.empty());
+    CHECK(tool_stream_content(ToolFormat::DeepSeekV31, "Sure <｜tool▁ca").text == "Sure");
+    CHECK(tool_stream_content(ToolFormat::DeepSeekV31, "Sure " + begin + add).text == "Sure");
 }
 
 TEST_CASE("tool families: Command R7B's plan, action list and response tags") {

@@ -55,6 +55,7 @@ TEST_CASE("server: tools in each template's own syntax, whole and streamed") {
         {kQwen3Coder, ChatTemplateKind::ChatML},
         // (ChatML's stops: with DeepSeek3's the chat would think, and this model never stops)
         {kDeepSeekR1, ChatTemplateKind::ChatML},
+        {kDeepSeekV31, ChatTemplateKind::ChatML},
         {kGranite, ChatTemplateKind::Granite},
         {kGlm45, ChatTemplateKind::ChatML},
         {kKimiK2, ChatTemplateKind::ChatML},

@@ -196,6 +196,32 @@ inline const char* const kDeepSeekR1 =
 {%- if add_generation_prompt %}<｜Assistant｜>{% endif %}
 )tmpl";
 
+// In the style of DeepSeek V3.1's template: the name, the separator and the arguments as
+// text, no type and no ```json block; the prompt ends in </think> unless `thinking`.
+inline const char* const kDeepSeekV31 =
+    R"tmpl({%- if thinking is not defined %}{% set thinking = false %}{% endif %}
+{%- if messages[0].role == 'system' %}{{ messages[0].content }}{% endif %}
+{%- if tools %}
+
+## Tools
+{% for t in tools %}
+### {{ t.function.name }}
+Description: {{ t.function.description }}
+Parameters: {{ t.function.parameters | tojson }}
+{% endfor %}
+Call tools as <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGUMENTS<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'user' %}<｜User｜>{{ m.content }}
+{%- elif m.role == 'assistant' and m.tool_calls %}<｜Assistant｜></think><｜tool▁calls▁begin｜>
+{%- for c in m.tool_calls %}{{ '<｜tool▁call▁begin｜>' + c.function.name + '<｜tool▁sep｜>' + c.function.arguments + '<｜tool▁call▁end｜>' }}{% endfor %}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>
+{%- elif m.role == 'assistant' %}<｜Assistant｜></think>{{ m.content }}<｜end▁of▁sentence｜>
+{%- elif m.role == 'tool' %}<｜tool▁output▁begin｜>{{ m.content }}<｜tool▁output▁end｜>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<｜Assistant｜>{% if thinking %}<think>{% else %}</think>{% endif %}{% endif %}
+)tmpl";
+
 // In the style of gpt-oss's harmony template: the tools in a developer message, a call as a
 // commentary message to its function, a result from the function; earlier replies without their
 // <|channel|>analysis text (as the real template drops it).

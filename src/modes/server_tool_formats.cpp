@@ -92,7 +92,8 @@ ToolFormat tool_format_detect(std::string_view src) {
     if (has(kKimiSection)) return ToolFormat::KimiK2;
     if (has(kR7bAction)) return ToolFormat::CommandR7B;
     if (has(kHermesOpen) && has(kXmlFunction) && has(kXmlParameter)) return ToolFormat::Qwen3Coder;
-    if (has(kR1CallsBegin)) return ToolFormat::DeepSeekR1;
+    if (has(kR1CallsBegin))
+        return has("```json") ? ToolFormat::DeepSeekR1 : ToolFormat::DeepSeekV31;
     if (has(kHermesOpen)) return ToolFormat::Hermes;
     if (has(kMistralCalls))
         return has(kMistralArgs) ? ToolFormat::MistralV11 : ToolFormat::MistralNemo;
@@ -121,6 +122,8 @@ const char* tool_format_name(ToolFormat f) {
             return "qwen3-coder";
         case ToolFormat::DeepSeekR1:
             return "deepseek-r1";
+        case ToolFormat::DeepSeekV31:
+            return "deepseek-v3.1";
         case ToolFormat::Harmony:
             return "gpt-oss";
         case ToolFormat::Granite:

@@ -501,13 +501,18 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
             g.gbnf += "root ::= (plan-open plan-text plan-close)? tool-calls\n";
             return g;
         }
-        case ToolFormat::DeepSeekR1: {
-            // Each call names its tool in text, its arguments a JSON block; the tags are
-            // tokens where the vocabulary has them.
+        case ToolFormat::DeepSeekR1:
+        case ToolFormat::DeepSeekV31: {
+            // Each call names its tool in text, its arguments a JSON block (R1: after
+            // "function" and the separator) or the JSON itself after the separator (V3.1);
+            // the tags are tokens where the vocabulary has them.
+            const bool r1 = t.format == ToolFormat::DeepSeekR1;
             const CallSchema calls = call_schema(t);
             const auto [rules, alternatives] =
                 named_alternatives(calls, [&](const std::string& name, const std::string& args) {
-                    return fmt::format("{} \"\\n```json\\n\" {} \"\\n```\"", literal(name), args);
+                    return r1 ? fmt::format("{} \"\\n```json\\n\" {} \"\\n```\"", literal(name),
+                                            args)
+                              : fmt::format("{} call-sep {}", literal(name), args);
                 });
             own.insert(own.end(), {"tool-call", "calls-begin", "calls-end", "call-begin",
                                    "call-end", "call-sep"});
@@ -517,8 +522,9 @@ ToolGrammar chat_tools_grammar(const ChatTools& t, const Tokenizer& tok, ToolThi
             g.gbnf += "call-begin ::= " + tag(kR1CallBegin) + "\n";
             g.gbnf += "call-end ::= " + tag(kR1CallEnd) + "\n";
             g.gbnf += "call-sep ::= " + tag(kR1Sep) + "\n";
-            g.gbnf +=
-                "tool-call ::= call-begin \"function\" call-sep (" + alternatives + ") call-end\n";
+            g.gbnf += "tool-call ::= call-begin " +
+                      std::string(r1 ? "\"function\" call-sep " : "") + "(" + alternatives +
+                      ") call-end\n";
             // With "auto" the grammar starts after the first tag.
             g.gbnf += fmt::format("tool-calls ::= {}tool-call{} calls-end\n",
                                   t.required ? "calls-begin " : "",

@@ -541,6 +541,29 @@ ChatToolReply parse_deepseek_r1(const std::string& text) {
     return out;
 }
 
+// <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...
+// (DeepSeek V3.1), the text before the first call the content.
+ChatToolReply parse_deepseek_v31(const std::string& text) {
+    ChatToolReply out;
+    size_t first = text.find(kR1CallsBegin);
+    if (first == std::string::npos) first = text.find(kR1CallBegin);
+    for (size_t at = first; at != std::string::npos; at = text.find(kR1CallBegin, at)) {
+        const size_t name_start = text.find(kR1CallBegin, at) + kR1CallBegin.size();
+        const size_t sep = text.find(kR1Sep, at);
+        if (sep == std::string::npos || name_start > sep) break;
+        const std::string_view body = object_at(std::string_view(text).substr(sep + kR1Sep.size()));
+        const ojson j = ojson::parse(body, nullptr, false);
+        if (!j.is_object()) break;
+        out.calls.push_back({"",
+                             std::string(trim_space_right(trim_space_left(
+                                 std::string_view(text).substr(name_start, sep - name_start)))),
+                             j.dump()});
+        at = static_cast<size_t>(body.data() + body.size() - text.data());
+    }
+    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, first)));
+    return out;
+}
+
 // Harmony (gpt-oss): each message addressed to "functions.NAME" is a call whose text is its
 // arguments; the final and commentary text for the user is the content.
 ChatToolReply parse_harmony(const std::string& text) {
@@ -599,6 +622,9 @@ ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
         case ToolFormat::DeepSeekR1:
             out = parse_deepseek_r1(text);
             break;
+        case ToolFormat::DeepSeekV31:
+            out = parse_deepseek_v31(text);
+            break;
         case ToolFormat::Harmony:
             out = parse_harmony(text);
             break;
@@ -649,6 +675,7 @@ ToolAnswerPrefix tool_stream_content(ToolFormat format, std::string_view reply) 
         case ToolFormat::MistralV11:
             return content_before(reply, kMistralCalls);
         case ToolFormat::DeepSeekR1:
+        case ToolFormat::DeepSeekV31:
             return content_before(reply, kR1CallsBegin);
         case ToolFormat::Granite:
         case ToolFormat::Phi4Mini:

@@ -55,6 +55,10 @@ class Tokenizer;
 //   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name\n```json\n{...}
 //                \n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜> after any text (DeepSeek R1 and
 //                its distills' template).
+//   DeepSeekV31
+//   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>name<｜tool▁sep｜>{...}<｜tool▁call▁end｜>
+//                ...<｜tool▁calls▁end｜> after any text (DeepSeek V3.1: the name, then the
+//                arguments as they are, no type and no ```json block).
 //   Harmony      a commentary message to "functions.NAME" whose text is the arguments, after
 //                any reasoning: <|channel|>commentary to=functions.NAME <|constrain|>json
 //                <|message|>{...} (gpt-oss; reasoning.h reads its messages); one call per
@@ -90,6 +94,7 @@ enum class ToolFormat {
     MistralV11,
     Qwen3Coder,
     DeepSeekR1,
+    DeepSeekV31,
     Harmony,
     Granite,
     Glm45,
@@ -102,7 +107,8 @@ enum class ToolFormat {
 };
 
 // From a Jinja chat template's source: "<tool_call>" -> Qwen3Coder with "<function=" and
-// "<parameter=", else Hermes; "<｜tool▁calls▁begin｜>" -> DeepSeekR1; "[TOOL_CALLS]" -> MistralV11
+// "<parameter=", else Hermes; "<｜tool▁calls▁begin｜>" -> DeepSeekR1 with "```json" (R1 writes
+// the arguments in a JSON block), else DeepSeekV31; "[TOOL_CALLS]" -> MistralV11
 // with "[ARGS]", else MistralNemo, "<|start_header_id|>" with "ipython" or "<|python_tag|>" ->
 // Llama3, "<|channel|>" with "commentary" and "functions." -> Harmony, "<|tool_call|>" with
 // "<|start_of_role|>" -> Granite, "<arg_key>" with "<tool_call>" -> Glm45 (before Hermes),
@@ -112,7 +118,7 @@ enum class ToolFormat {
 // FireFunctionV2, else Generic.
 ToolFormat tool_format_detect(std::string_view jinja_source);
 // "generic", "hermes", "llama3", "mistral-nemo", "mistral-v11", "qwen3-coder", "deepseek-r1",
-// "gpt-oss", "granite", "glm-4.5", "kimi-k2", "command-r7b", "phi-4-mini",
+// "deepseek-v3.1", "gpt-oss", "granite", "glm-4.5", "kimi-k2", "command-r7b", "phi-4-mini",
 // "functionary-v3.1", "functionary-v3.2", "firefunction-v2".
 // The model's template for requests with tools while a built-in format renders the rest
 // (ChatFormat::tools_jinja): parsed when it shows a native syntax and renders a conversation
