@@ -369,7 +369,10 @@ void read_deepseek2(const GgufFile& f, const std::string& a, ModelConfig& c) {
     c.n_layer_dense = read_count0(f, a + "leading_dense_block_count", false);
     c.n_expert_shared = read_count0(f, a + "expert_shared_count", true);
     c.n_ff_shexp = c.n_ff_exp * c.n_expert_shared;
-    read_routing(f, a, 1, c);
+    // (Without expert_gating_func: softmax, as DeepSeek V2 / V2.5 files; llama.cpp takes GLM
+    // 4.7 Flash, 47 or 48 layers and a vocabulary of 154880, for sigmoid.)
+    const bool glm47_flash = (c.n_layer == 47 || c.n_layer == 48) && c.n_vocab == 154880;
+    read_routing(f, a, glm47_flash ? 2 : 1, c);
     read_dense_lead(f, a, c);
 }
 

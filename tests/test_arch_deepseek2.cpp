@@ -484,6 +484,28 @@ TEST_CASE("DeepSeek's shared K/V rows survive f16, q8 and a block copied through
     CHECK(rel_diff(run(KvType::Q8, true), ref) < 3e-2);
 }
 
+TEST_CASE("DeepSeek's router without expert_gating_func: softmax, but sigmoid for GLM 4.7 Flash") {
+    TempDir dir;
+    const std::string path = dir.file("v2.gguf");
+    synthetic_model_write(small_v2(), path);
+    GgufFile f = GgufFile::open(path);
+    const std::vector<uint8_t> no_key =
+        gguf_rewritten(f, "deepseek2.expert_gating_func", nullptr, "");
+    const GgufFile g = GgufFile::from_memory(no_key.data(), no_key.size(), "v2.gguf");
+    CHECK_FALSE(model_config_from_gguf(g).moe_sigmoid);
+    // llama.cpp's rule: 47 or 48 layers and a vocabulary of 154880 (config only: the layers'
+    // tensors are not read).
+    const std::vector<uint8_t> wide = gguf_rewritten(g, "", nullptr, "output.weight", {64, 154880});
+    const GgufFile h = GgufFile::from_memory(wide.data(), wide.size(), "wide.gguf");
+    const GgufValue layers = gguf_make_uint(GgufValueType::UINT32, 47);
+    const std::vector<uint8_t> flash = gguf_rewritten(h, "deepseek2.block_count", &layers, "");
+    const ModelConfig c =
+        model_config_from_gguf(GgufFile::from_memory(flash.data(), flash.size(), "flash.gguf"));
+    CHECK(c.n_layer == 47);
+    CHECK(c.n_vocab == 154880);
+    CHECK(c.moe_sigmoid);
+}
+
 TEST_CASE("DeepSeek files with inconsistent keys or missing tensors are refused by name") {
     TempDir dir;
     const std::string path = dir.file("v3.gguf");
