@@ -51,6 +51,15 @@ inline std::vector<float> matvec(const Mat& w, const std::vector<float>& x) {
     return y;
 }
 
+// A SwiGLU FFN: down (silu(gate h) * (up h)).
+inline std::vector<float> swiglu_ffn(const Mat& gate, const Mat& up, const Mat& down,
+                                     const std::vector<float>& h) {
+    std::vector<float> g = matvec(gate, h), u = matvec(up, h);
+    for (size_t i = 0; i < g.size(); ++i)
+        g[i] = float(double(g[i]) / (1 + std::exp(-double(g[i]))) * u[i]);
+    return matvec(down, g);
+}
+
 // x / rms(x) * w over `x`'s elements [off, off + n).
 inline void rms_normalize(std::vector<float>& x, int64_t off, int64_t n, const float* w,
                           double eps) {

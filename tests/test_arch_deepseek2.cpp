@@ -127,13 +127,6 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
     std::vector<std::vector<float>> x(tokens.size());
     for (int64_t t = 0; t < T; ++t)
         x[size_t(t)].assign(embd.row(tokens[size_t(t)]), embd.row(tokens[size_t(t)]) + c.n_embd);
-    auto swiglu_ffn = [](const Mat& gate, const Mat& up, const Mat& down,
-                         const std::vector<float>& h) {
-        std::vector<float> g = matvec(gate, h), u = matvec(up, h);
-        for (size_t i = 0; i < g.size(); ++i)
-            g[i] = float(double(g[i]) / (1 + std::exp(-double(g[i]))) * u[i]);
-        return matvec(down, g);
-    };
     for (int64_t l = 0; l < c.n_layer; ++l) {
         auto t_ = [&](const char* what) { return tensor(f, fmt::format("blk.{}.{}", l, what)); };
         auto has = [&](const char* what) {

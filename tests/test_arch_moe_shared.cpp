@@ -63,13 +63,6 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
     auto add = [](std::vector<float>& v, const float* b) {
         for (size_t i = 0; i < v.size(); ++i) v[i] += b[i];
     };
-    auto swiglu_ffn = [](const Mat& gate, const Mat& up, const Mat& down,
-                         const std::vector<float>& h) {
-        std::vector<float> g = matvec(gate, h), u = matvec(up, h);
-        for (size_t i = 0; i < g.size(); ++i)
-            g[i] = float(double(g[i]) / (1 + std::exp(-double(g[i]))) * u[i]);
-        return matvec(down, g);
-    };
     for (int64_t l = 0; l < c.n_layer; ++l) {
         auto t_ = [&](const char* what) { return tensor(f, fmt::format("blk.{}.{}", l, what)); };
         const Mat wq = t_("attn_q.weight"), wk = t_("attn_k.weight"), wv = t_("attn_v.weight"),

@@ -513,20 +513,26 @@ ChatToolReply parse_kimi_k2(const std::string& text) {
     return out;
 }
 
+// DeepSeek's calls, the text before the first call the content: R1's
 // <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```
-// <｜tool▁call▁end｜>..., the text before the first call the content.
-ChatToolReply parse_deepseek_r1(const std::string& text) {
+// <｜tool▁call▁end｜>..., or (r1 false) V3.1's
+// <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...
+ChatToolReply parse_deepseek(const std::string& text, bool r1) {
     ChatToolReply out;
     size_t first = text.find(kR1CallsBegin);
     if (first == std::string::npos) first = text.find(kR1CallBegin);
     for (size_t at = first; at != std::string::npos; at = text.find(kR1CallBegin, at)) {
+        const size_t begin = text.find(kR1CallBegin, at) + kR1CallBegin.size();
         const size_t sep = text.find(kR1Sep, at);
-        if (sep == std::string::npos) break;
-        const size_t name_start = sep + kR1Sep.size();
-        const size_t name_end = text.find('\n', name_start);
+        if (sep == std::string::npos || begin > sep) break;
+        // The name: after the separator up to a newline (R1), or between the tags (V3.1).
+        const size_t name_start = r1 ? sep + kR1Sep.size() : begin;
+        const size_t name_end = r1 ? text.find('\n', name_start) : sep;
         if (name_end == std::string::npos) break;
-        std::string_view rest = std::string_view(text).substr(name_end + 1);
-        if (trim_space_left(rest).starts_with("```json")) rest = trim_space_left(rest).substr(7);
+        std::string_view rest =
+            std::string_view(text).substr(r1 ? name_end + 1 : sep + kR1Sep.size());
+        if (r1 && trim_space_left(rest).starts_with("```json"))
+            rest = trim_space_left(rest).substr(7);
         const std::string_view body = object_at(rest);
         const ojson j = ojson::parse(body, nullptr, false);
         if (!j.is_object()) break;
@@ -535,29 +541,6 @@ ChatToolReply parse_deepseek_r1(const std::string& text) {
              std::string(trim_space_right(trim_space_left(
                  std::string_view(text).substr(name_start, name_end - name_start)))),
              j.dump()});
-        at = static_cast<size_t>(body.data() + body.size() - text.data());
-    }
-    out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, first)));
-    return out;
-}
-
-// <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...
-// (DeepSeek V3.1), the text before the first call the content.
-ChatToolReply parse_deepseek_v31(const std::string& text) {
-    ChatToolReply out;
-    size_t first = text.find(kR1CallsBegin);
-    if (first == std::string::npos) first = text.find(kR1CallBegin);
-    for (size_t at = first; at != std::string::npos; at = text.find(kR1CallBegin, at)) {
-        const size_t name_start = text.find(kR1CallBegin, at) + kR1CallBegin.size();
-        const size_t sep = text.find(kR1Sep, at);
-        if (sep == std::string::npos || name_start > sep) break;
-        const std::string_view body = object_at(std::string_view(text).substr(sep + kR1Sep.size()));
-        const ojson j = ojson::parse(body, nullptr, false);
-        if (!j.is_object()) break;
-        out.calls.push_back({"",
-                             std::string(trim_space_right(trim_space_left(
-                                 std::string_view(text).substr(name_start, sep - name_start)))),
-                             j.dump()});
         at = static_cast<size_t>(body.data() + body.size() - text.data());
     }
     out.content = out.calls.empty() ? text : std::string(trim_space_right(text.substr(0, first)));
@@ -620,10 +603,10 @@ ChatToolReply chat_tools_parse(ToolFormat format, const std::string& text,
             out = parse_qwen3_coder(text, tools);
             break;
         case ToolFormat::DeepSeekR1:
-            out = parse_deepseek_r1(text);
+            out = parse_deepseek(text, true);
             break;
         case ToolFormat::DeepSeekV31:
-            out = parse_deepseek_v31(text);
+            out = parse_deepseek(text, false);
             break;
         case ToolFormat::Harmony:
             out = parse_harmony(text);
