@@ -248,7 +248,7 @@ double kv_bytes_per_token(const ModelConfig& c, KvType k, KvType v, int64_t bloc
 }
 
 bool kv_v_shares_k(const ModelConfig& c, KvType k, KvType v) {
-    return c.mla() && k == v && !kv_type_quantized(k);
+    return c.mla() && k == v;
 }
 
 int64_t kv_stages_for(const BackendOptions& o) {
@@ -262,7 +262,8 @@ int64_t kv_stages_for(const BackendOptions& o) {
 }
 
 int64_t kv_stage_bytes(const ModelConfig& c, const BackendOptions& o, int64_t n_stages) {
-    return n_stages * c.n_layer * c.n_kv_head * int64_t(o.kv_block_size) * c.head_dim * 2 * 2;
+    const int64_t pools = kv_v_shares_k(c, o.kv_type_k, o.kv_type_v) ? 1 : 2;  // K (and V)
+    return n_stages * c.n_layer * c.n_kv_head * int64_t(o.kv_block_size) * c.head_dim * 2 * pools;
 }
 
 KvLayout kv_layout_for(const ModelConfig& c, const BackendOptions& o) {

@@ -180,9 +180,9 @@ ModelConfig backend_model_config(const GgufFile& file, const BackendOptions& o);
 // Bytes of one layer's K (role K) or V pool block of `block_size` tokens in format t.
 int64_t kv_layer_block_bytes(KvType t, KvRole role, int64_t n_kv_head, int64_t block_size,
                              int64_t head_dim);
-// Whether V has no pool of its own and reads K's rows (DeepSeek's latent attention with the
-// same unquantized type for K and V: the latent row serves as both, so it is stored once;
-// quantized K and V pools have different layouts, so V keeps its copy there).
+// Whether V has no pool of its own and reads K's rows, in K's layout (DeepSeek's latent
+// attention with the same type for K and V: the latent row serves as both, so it is stored
+// once).
 bool kv_v_shares_k(const ModelConfig& c, KvType k, KvType v);
 // Bytes of one block across all layers, K and V.
 int64_t kv_block_bytes(const ModelConfig& c, const BackendOptions& o);

@@ -18,6 +18,9 @@
 //           prompt <|start_of_role|>assistant<|end_of_role|>   (IBM Granite 3)
 //   deepseek3          S\n\n<｜User｜>U1<｜Assistant｜>A1<｜end▁of▁sentence｜><｜User｜>U2
 //                      <｜Assistant｜>   (DeepSeek V3/R1 and the R1 distills of Qwen/Llama)
+//   deepseek2          S\n\nUser: U1\n\nAssistant: A1<｜end▁of▁sentence｜>User: U2\n\nAssistant:
+//                      (DeepSeek V2 / V2-Lite chat; the reply follows "Assistant:" with its
+//                      own leading space)
 //   mistral-v3         [INST] S\n\nU1[/INST] A1</s>[INST] U2[/INST]   (A trimmed)
 //   mistral-v3-tekken  [INST]S\n\nU1[/INST]A1</s>[INST]U2[/INST]   (Mistral Nemo)
 //   mistral-v7         [SYSTEM_PROMPT] S[/SYSTEM_PROMPT][INST] U1[/INST] A1</s>[INST] U2[/INST]
@@ -48,7 +51,7 @@ struct NamedKind {
 };
 
 // Canonical names first (chat_template_name reads this table), then aliases.
-constexpr std::array<NamedKind, 19> kNames = {{
+constexpr std::array<NamedKind, 20> kNames = {{
     {"llama2", ChatTemplateKind::Llama2},
     {"llama3", ChatTemplateKind::Llama3},
     {"chatml", ChatTemplateKind::ChatML},
@@ -59,6 +62,7 @@ constexpr std::array<NamedKind, 19> kNames = {{
     {"gemma", ChatTemplateKind::Gemma},
     {"granite", ChatTemplateKind::Granite},
     {"deepseek3", ChatTemplateKind::DeepSeek3},
+    {"deepseek2", ChatTemplateKind::DeepSeek2},
     {"mistral-v3", ChatTemplateKind::MistralV3},
     {"mistral-v3-tekken", ChatTemplateKind::MistralV3Tekken},
     {"mistral-v7", ChatTemplateKind::MistralV7},
@@ -69,7 +73,7 @@ constexpr std::array<NamedKind, 19> kNames = {{
     {"phi-3", ChatTemplateKind::Phi3},
     {"phi-4", ChatTemplateKind::Phi4},
 }};
-constexpr size_t kCanonicalNames = 15;
+constexpr size_t kCanonicalNames = 16;
 
 std::string_view trim(std::string_view s) {
     constexpr std::string_view ws = " \t\n\r\v\f";
@@ -167,6 +171,11 @@ void append_uniform(ChatTemplateKind kind, std::string& out, Role role, const Ch
             if (role == Role::User) (out += kDeepSeekUser) += m.content;
             if (role == Role::Assistant) ((out += kDeepSeekAssistant) += m.content) += kDeepSeekEnd;
             break;
+        case ChatTemplateKind::DeepSeek2:
+            if (role == Role::System) out += m.content + "\n\n";
+            if (role == Role::User) out += "User: " + m.content + "\n\n";
+            if (role == Role::Assistant) ((out += "Assistant: ") += m.content) += kDeepSeekEnd;
+            break;
         case ChatTemplateKind::MistralV7:
         case ChatTemplateKind::MistralV7Tekken: {
             const std::string_view space = kind == ChatTemplateKind::MistralV7 ? " " : "";
@@ -210,6 +219,7 @@ std::string_view generation_prompt(ChatTemplateKind kind) {
         case ChatTemplateKind::Granite:
             return "<|start_of_role|>assistant<|end_of_role|>";
         case ChatTemplateKind::Plain:
+        case ChatTemplateKind::DeepSeek2:
             return "Assistant:";
     }
     return "";
@@ -225,6 +235,8 @@ ChatTemplateKind chat_template_detect(std::string_view src) {
     if (contains(src, "<|start_of_role|>")) return ChatTemplateKind::Granite;
     if (contains(src, kDeepSeekUser) && contains(src, kDeepSeekAssistant))
         return ChatTemplateKind::DeepSeek3;
+    if (contains(src, "'Assistant: ' + message['content'] + eos_token"))
+        return ChatTemplateKind::DeepSeek2;
     // Mistral's tokenizer versions: v7 has a system prompt block, v3 tool calls; the
     // Tekken ones (Nemo, Small 3) write their markers without spaces.
     if (contains(src, "[SYSTEM_PROMPT]"))
@@ -346,6 +358,7 @@ std::string chat_template_assistant_suffix(ChatTemplateKind kind, const ChatSpec
         case ChatTemplateKind::MistralV7Tekken:
             return special.eos;
         case ChatTemplateKind::DeepSeek3:
+        case ChatTemplateKind::DeepSeek2:
             return std::string(kDeepSeekEnd);
         case ChatTemplateKind::Llama3:
             return "<|eot_id|>";
@@ -378,6 +391,8 @@ std::vector<std::string> chat_template_stop_strings(ChatTemplateKind kind) {
             return {"</s>"};
         case ChatTemplateKind::DeepSeek3:
             return {std::string(kDeepSeekEnd)};
+        case ChatTemplateKind::DeepSeek2:  // (its EOS, and a turn the model writes itself)
+            return {std::string(kDeepSeekEnd), "\n\nUser:"};
         case ChatTemplateKind::Llama3:
             return {"<|eot_id|>", "<|end_of_text|>"};
         case ChatTemplateKind::ChatML:

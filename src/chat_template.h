@@ -43,6 +43,7 @@ enum class ChatTemplateKind {
     Gemma,
     Granite,
     DeepSeek3,
+    DeepSeek2,
     MistralV3,
     MistralV3Tekken,
     MistralV7,
@@ -61,6 +62,7 @@ struct ChatSpecialTexts {
 // Guesses the format from a Jinja chat template: "<|im_sep|>" → Phi4, "<|im_start|>" → ChatML,
 // "<|start_header_id|>" → Llama3, "<start_of_turn>" → Gemma, "<|start_of_role|>" → Granite,
 // "<｜User｜>" with "<｜Assistant｜>" → DeepSeek3 (DeepSeek V3/R1 and the R1 distills),
+// "'Assistant: ' + message['content'] + eos_token" → DeepSeek2 (DeepSeek V2 / V2-Lite chat),
 // "<|user|>" or "<|assistant|>" with "<|end|>" → Phi3, without → Zephyr; "[SYSTEM_PROMPT]" →
 // MistralV7 ("[SYSTEM_PROMPT] " with its space) or MistralV7Tekken; "[AVAILABLE_TOOLS]" →
 // MistralV3Tekken (a "\"[INST]\"" literal: Mistral Nemo) or MistralV3; "[INST]" with
@@ -72,7 +74,7 @@ std::string chat_template_source(const GgufFile& file);
 ChatTemplateKind chat_template_of(const GgufFile& file);
 
 // "llama2" (or "llama-2"), "llama3" ("llama-3"), "chatml", "mistral", "zephyr", "phi3"
-// ("phi-3"), "phi4" ("phi-4"), "gemma", "granite", "deepseek3", "mistral-v3",
+// ("phi-3"), "phi4" ("phi-4"), "gemma", "granite", "deepseek3", "deepseek2", "mistral-v3",
 // "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken", "plain" (llama.cpp's names);
 // case-insensitive. Throws Error listing the valid names.
 ChatTemplateKind chat_template_from_name(std::string_view name);

@@ -31,7 +31,7 @@ CpuBackend::CpuBackend(const GgufFile& file, const BackendOptions& options)
                                           options_.kv_block_size, config_.head_dim);
     v_block_bytes_ = kv_layer_block_bytes(options_.kv_type_v, KvRole::V, config_.n_kv_head,
                                           options_.kv_block_size, config_.head_dim);
-    // (DeepSeek: V reads K's latent rows, which kv_write then writes twice, the same bytes.)
+    // (DeepSeek: V reads K's latent rows; kv_write stores K alone.)
     v_shares_k_ = kv_v_shares_k(config_, options_.kv_type_k, options_.kv_type_v);
     if (v_shares_k_) v_block_bytes_ = 0;
     const size_t stage_bytes =
@@ -44,7 +44,7 @@ CpuBackend::CpuBackend(const GgufFile& file, const BackendOptions& options)
             v_pool_.emplace_back(v_shares_k_ ? nullptr : new uint8_t[size_t(n * v_block_bytes_)]);
             if (n_stages_ > 0) {
                 k_stage_.emplace_back(new uint8_t[stage_bytes]);
-                v_stage_.emplace_back(new uint8_t[stage_bytes]);
+                v_stage_.emplace_back(v_shares_k_ ? nullptr : new uint8_t[stage_bytes]);
             }
         }
     } catch (const std::bad_alloc&) {
@@ -99,13 +99,14 @@ KvLayerView CpuBackend::kv_layer(int64_t layer) const {
     kv.v_type = options_.kv_type_v;
     kv.k = k_pool_.at(layer).get();
     kv.v = v_shares_k_ ? kv.k : v_pool_.at(layer).get();
+    kv.v_is_k = v_shares_k_;
     kv.n_blocks = pool_blocks(layer);
     kv.n_kv_head = config_.n_kv_head;
     kv.block_size = options_.kv_block_size;
     kv.head_dim = config_.head_dim;
     if (n_stages_ > 0) {
         kv.k_stage = k_stage_.at(layer).get();
-        kv.v_stage = v_stage_.at(layer).get();
+        kv.v_stage = v_shares_k_ ? kv.k_stage : v_stage_.at(layer).get();
         kv.n_stages = n_stages_;
     }
     return kv;

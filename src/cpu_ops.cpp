@@ -101,6 +101,7 @@ struct KvPool {
 };
 
 KvPool kv_pool(const KvLayerView& kv, KvRole role) {
+    if (kv.v_is_k) role = KvRole::K;
     const KvType t = role == KvRole::K ? kv.k_type : kv.v_type;
     return {static_cast<uint8_t*>(role == KvRole::K ? kv.k : kv.v), t, role,
             kv_head_block_bytes(t, role, kv.block_size, kv.head_dim), kv.n_kv_head};
@@ -356,14 +357,16 @@ void kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, c
             if (staged) {
                 const int64_t st = kv_stage_of(kv, batch, t);
                 quantize_row(GgmlType::F16, kr, kv_stage_row(kv.k_stage, kv, st, h, r), hd);
-                quantize_row(GgmlType::F16, vr, kv_stage_row(kv.v_stage, kv, st, h, r), hd);
+                if (!kv.v_is_k)
+                    quantize_row(GgmlType::F16, vr, kv_stage_row(kv.v_stage, kv, st, h, r), hd);
                 continue;
             }
             // f32 / f16 pools: row r of a head block is stored like a one-row head block.
             kv_encode_head_block(kp.type, KvRole::K, kr, 1, hd,
                                  kp.at(block, h) + r * (kp.head_block_bytes / bs));
-            kv_encode_head_block(vp.type, KvRole::V, vr, 1, hd,
-                                 vp.at(block, h) + r * (vp.head_block_bytes / bs));
+            if (!kv.v_is_k)
+                kv_encode_head_block(vp.type, KvRole::V, vr, 1, hd,
+                                     vp.at(block, h) + r * (vp.head_block_bytes / bs));
         }
     }
     if (!staged) return;
@@ -377,6 +380,7 @@ void kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, c
             dequantize_row(GgmlType::F16, kv_stage_row(kv.k_stage, kv, st, h, 0), rows.data(),
                            bs * hd);
             kv_encode_head_block(kp.type, KvRole::K, rows.data(), bs, hd, kp.at(block, h));
+            if (kv.v_is_k) continue;
             dequantize_row(GgmlType::F16, kv_stage_row(kv.v_stage, kv, st, h, 0), rows.data(),
                            bs * hd);
             kv_encode_head_block(vp.type, KvRole::V, rows.data(), bs, hd, vp.at(block, h));
@@ -528,7 +532,7 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
                 }
                 const KvPool& p = role == KvRole::K ? kp : vp;
                 const uint8_t* blk = p.at(kv_block_of(kv, batch, t0, j * bs), kvh);
-                kv_decode_head_rows(p.type, role, blk, bs, hd, 0, n, rows.data());
+                kv_decode_head_rows(p.type, p.role, blk, bs, hd, 0, n, rows.data());
             };
             // Token t's query heads [nh][head_dim], and its scores [nh][n_max].
             auto q_of = [&](int64_t t) {

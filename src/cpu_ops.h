@@ -42,6 +42,9 @@ struct KvLayerView {
     void* k_stage = nullptr;  // f16, or null without staging
     void* v_stage = nullptr;
     int64_t n_stages = 0;
+    // V reads K's rows (kv_v_shares_k: DeepSeek's latent rows): v, v_type and v_stage are K's,
+    // V is decoded in K's layout, and kv_write stores K alone.
+    bool v_is_k = false;
 };
 
 // Which cache slots a batch of tokens touches: token t belongs to sequence token_seq[t]

@@ -140,7 +140,11 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
             p.push_back({nm("ffn_gate_inp"), GgmlType::F32, {c.n_embd, c.n_expert}, s, 0});
             p.push_back({nm("ffn_gate_exps"), te, {c.n_embd, fe, c.n_expert}, s, 0});
             p.push_back({nm("ffn_up_exps"), te, {c.n_embd, fe, c.n_expert}, s, 0});
-            p.push_back({nm("ffn_down_exps"), te_more, {fe, c.n_embd, c.n_expert}, s_out, 0});
+            p.push_back({nm("ffn_down_exps"),
+                         ds2 ? fit(te_more, fe) : te_more,
+                         {fe, c.n_embd, c.n_expert},
+                         s_out,
+                         0});
             if (oai) {  // the router's and every expert's biases
                 p.push_back({bias("ffn_gate_inp"), GgmlType::F32, {c.n_expert}, s, 0});
                 p.push_back({bias("ffn_gate_exps"), GgmlType::F32, {fe, c.n_expert}, s, 0});
@@ -160,7 +164,11 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
                 if (fs > 0) {
                     p.push_back({nm("ffn_gate_shexp"), c.type, {c.n_embd, fs}, s, 0});
                     p.push_back({nm("ffn_up_shexp"), c.type, {c.n_embd, fs}, s, 0});
-                    p.push_back({nm("ffn_down_shexp"), more, {fs, c.n_embd}, s_out, 0});
+                    p.push_back({nm("ffn_down_shexp"),
+                                 ds2 ? fit(more, fs) : more,
+                                 {fs, c.n_embd},
+                                 s_out,
+                                 0});
                 }
             }
             if (qwen2moe) {  // one shared expert, scaled by a sigmoid gate of its own
@@ -177,7 +185,9 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
                 p.push_back({nm("ffn_gate"), c.type, {c.n_embd, c.n_ff}, s, 0});
                 p.push_back({nm("ffn_up"), c.type, {c.n_embd, c.n_ff}, s, 0});
             }
-            p.push_back({nm("ffn_down"), more, {c.n_ff, c.n_embd}, s_out, 0});
+            // (DeepSeek V2-Lite's dense width, 10944, is no whole number of K-quant blocks.)
+            p.push_back(
+                {nm("ffn_down"), ds2 ? fit(more, c.n_ff) : more, {c.n_ff, c.n_embd}, s_out, 0});
         }
         if (c.arch == "gemma2" || c.arch == "gemma3" || post_only)
             p.push_back({nm("post_ffw_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
@@ -737,9 +747,13 @@ void synthetic_validate(const SyntheticModelConfig& c) {
         if (!synthetic_type_supported(t))
             fail("synthetic model: cannot generate tensors of type {}", ggml_type_name(t));
         const GgmlTypeTraits& tr = ggml_type_traits(t);
-        for (auto [what, n] : {std::pair{"n_embd", c.n_embd}, std::pair{"n_ff", c.n_ff},
-                               std::pair{"n_head * head_dim", c.n_head * head_dim},
-                               std::pair{"n_ff_exp", c.n_ff_exp > 0 ? c.n_ff_exp : c.n_ff}})
+        const bool ds2 = c.arch == "deepseek2";  // (its ffn_down falls back, as in llama.cpp)
+        for (auto [what, n] :
+             {std::pair{"n_embd", c.n_embd}, std::pair{"n_ff", ds2 ? int64_t(0) : c.n_ff},
+              std::pair{"n_head * head_dim", c.n_head * head_dim},
+              std::pair{"n_ff_exp", ds2              ? int64_t(0)
+                                    : c.n_ff_exp > 0 ? c.n_ff_exp
+                                                     : c.n_ff}})
             if (n % tr.block_elems != 0)
                 throw Error(fmt::format("synthetic model: {} = {} is not a multiple of the {} "
                                         "block size {}",

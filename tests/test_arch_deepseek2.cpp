@@ -414,12 +414,14 @@ TEST_CASE("DeepSeek presets have the published shapes and a small latent cache")
     CHECK(kv_v_shares_k(c, KvType::F16, KvType::F16));
     CHECK(kv_block_bytes(c, o) == 2 * 16 * 576 * 2);
     CHECK(kv_bytes_per_token(c, KvType::F16, KvType::F16, 16) == 2 * 576 * 2);
-    // q8 pools have their own layouts for K and V, so V keeps its copy.
+    // q8: V reads K's rows in K's layout too; different K and V types keep two pools.
     o.kv_type_k = o.kv_type_v = KvType::Q8;
-    CHECK_FALSE(kv_v_shares_k(c, KvType::Q8, KvType::Q8));
-    CHECK(kv_block_bytes(c, o) == 2 * (kv_layer_block_bytes(KvType::Q8, KvRole::K, 1, 16, 576) +
-                                       kv_layer_block_bytes(KvType::Q8, KvRole::V, 1, 16, 576)));
+    CHECK(kv_v_shares_k(c, KvType::Q8, KvType::Q8));
+    CHECK(kv_block_bytes(c, o) == 2 * kv_layer_block_bytes(KvType::Q8, KvRole::K, 1, 16, 576));
     CHECK_FALSE(kv_v_shares_k(c, KvType::F16, KvType::F32));
+    o.kv_type_v = KvType::F16;
+    CHECK(kv_block_bytes(c, o) == 2 * (kv_layer_block_bytes(KvType::Q8, KvRole::K, 1, 16, 576) +
+                                       kv_layer_block_bytes(KvType::F16, KvRole::V, 1, 16, 576)));
     const std::vector<std::vector<float>> got = backend_logits(f, {1, 2, 3, 4, 5}, 3);
     CHECK(got.size() == 5);
 }
@@ -434,12 +436,13 @@ TEST_CASE("DeepSeek's shared K/V rows survive f16, q8 and a block copied through
     // The prompt's first 8 tokens fill blocks 0 and 1 (4 tokens each); the other 6 run as a
     // second pass. Between the two, block 0 is written out and read into block 9, which the
     // second pass's table uses instead: its logits must not change.
-    auto run = [&](KvType t, bool move_block) {
+    auto run = [&](KvType t, bool move_block, KvType tv = KvType::F32) {
         BackendOptions o;
         o.kv_block_size = 4;
         o.n_kv_blocks = 16;
         o.n_threads = 2;
-        o.kv_type_k = o.kv_type_v = t;
+        o.kv_type_k = t;
+        o.kv_type_v = tv == KvType::F32 ? t : tv;
         auto be = make_cpu_backend(f, o);
         const size_t V = size_t(c.n_vocab);
         std::vector<int32_t> table = {0, 1, 2, 3};
@@ -475,6 +478,11 @@ TEST_CASE("DeepSeek's shared K/V rows survive f16, q8 and a block copied through
     CHECK(rel_diff(run(KvType::F16, true), ref) < 5e-3);
     CHECK(rel_diff(run(KvType::Q8, false), ref) < 3e-2);
     CHECK(rel_diff(run(KvType::Q8, true), ref) < 3e-2);
+    // q4 (this model's weights are large, so q4 is rough): sharing costs no more than
+    // quantizing K and V apart, each alone.
+    const double shared_q4 = rel_diff(run(KvType::Q4, true), ref);
+    CHECK(shared_q4 < rel_diff(run(KvType::Q4, true, KvType::F16), ref) +
+                          rel_diff(run(KvType::F16, true, KvType::Q4), ref));
 }
 
 TEST_CASE("DeepSeek's router without expert_gating_func: softmax, but sigmoid for GLM 4.7 Flash") {

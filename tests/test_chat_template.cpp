@@ -6,21 +6,29 @@
 
 #include "chat_template.h"
 #include "common.h"
+#include "jinja.h"
 #include "test_util.h"
 
 using namespace kvrun;
 
 namespace {
 
-const std::vector<ChatTemplateKind> kAllKinds = {
-    ChatTemplateKind::Llama2,    ChatTemplateKind::Llama3,
-    ChatTemplateKind::ChatML,    ChatTemplateKind::Mistral,
-    ChatTemplateKind::Zephyr,    ChatTemplateKind::Phi3,
-    ChatTemplateKind::Phi4,      ChatTemplateKind::Gemma,
-    ChatTemplateKind::Granite,   ChatTemplateKind::DeepSeek3,
-    ChatTemplateKind::MistralV3, ChatTemplateKind::MistralV3Tekken,
-    ChatTemplateKind::MistralV7, ChatTemplateKind::MistralV7Tekken,
-    ChatTemplateKind::Plain};
+const std::vector<ChatTemplateKind> kAllKinds = {ChatTemplateKind::Llama2,
+                                                 ChatTemplateKind::Llama3,
+                                                 ChatTemplateKind::ChatML,
+                                                 ChatTemplateKind::Mistral,
+                                                 ChatTemplateKind::Zephyr,
+                                                 ChatTemplateKind::Phi3,
+                                                 ChatTemplateKind::Phi4,
+                                                 ChatTemplateKind::Gemma,
+                                                 ChatTemplateKind::Granite,
+                                                 ChatTemplateKind::DeepSeek3,
+                                                 ChatTemplateKind::DeepSeek2,
+                                                 ChatTemplateKind::MistralV3,
+                                                 ChatTemplateKind::MistralV3Tekken,
+                                                 ChatTemplateKind::MistralV7,
+                                                 ChatTemplateKind::MistralV7Tekken,
+                                                 ChatTemplateKind::Plain};
 
 // system + user + assistant + user, the conversation every format is checked on.
 std::vector<ChatMessage> four_turns() {
@@ -81,6 +89,10 @@ std::string expected_four_turns(ChatTemplateKind kind) {
             return "You are terse.\n\n<\uFF5CUser\uFF5C>Hi there<\uFF5CAssistant\uFF5C>Hello! How "
                    "can I help?<\uFF5Cend\u2581of\u2581sentence\uFF5C><\uFF5CUser\uFF5C>Tell me a "
                    "joke.<\uFF5CAssistant\uFF5C>";
+        case ChatTemplateKind::DeepSeek2:
+            return "You are terse.\n\nUser: Hi there\n\nAssistant: Hello! How can I "
+                   "help?<\uFF5Cend\u2581of\u2581sentence\uFF5C>User: Tell me a "
+                   "joke.\n\nAssistant:";
         case ChatTemplateKind::MistralV3:
             return "[INST] You are terse.\n\nHi there[/INST] Hello! How can I help?</s>"
                    "[INST] Tell me a joke.[/INST]";
@@ -372,6 +384,18 @@ TEST_CASE("detection from real-world Jinja templates") {
         "{%- if tools is not none %}{{- '[AVAILABLE_TOOLS] [' }}{%- endif %}{{- '[INST] ' + "
         "message['content'] + '[/INST]' }}{%- endif %}{%- endfor %}";
     CHECK(chat_template_detect(deepseek_r1) == ChatTemplateKind::DeepSeek3);
+    // DeepSeek V2 (-Lite) Chat's template; its text for the four turns is the built-in's.
+    const std::string deepseek_v2 =
+        "{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}"
+        "{% endif %}{{ bos_token }}{% for message in messages %}{% if message['role'] == "
+        "'user' %}{{ 'User: ' + message['content'] + '\\n\\n' }}{% elif message['role'] == "
+        "'assistant' %}{{ 'Assistant: ' + message['content'] + eos_token }}{% elif "
+        "message['role'] == 'system' %}{{ message['content'] + '\\n\\n' }}{% endif %}{% endfor "
+        "%}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}";
+    CHECK(chat_template_detect(deepseek_v2) == ChatTemplateKind::DeepSeek2);
+    const ChatSpecialTexts ds{"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"};
+    CHECK(chat_template_apply_jinja(JinjaTemplate::parse(deepseek_v2), four_turns(), true, ds) ==
+          chat_template_apply(ChatTemplateKind::DeepSeek2, four_turns(), true, ds));
     CHECK(chat_template_detect(mistral_small3) == ChatTemplateKind::MistralV7Tekken);
     CHECK(chat_template_detect(mistral_large2411) == ChatTemplateKind::MistralV7);
     CHECK(chat_template_detect(mistral_nemo) == ChatTemplateKind::MistralV3Tekken);
@@ -405,7 +429,7 @@ TEST_CASE("names: canonical, aliases, case, round trip, and the unknown-name err
         std::string msg = e.what();
         CHECK(msg.find("'vicuna'") != std::string::npos);
         CHECK(msg.find("llama2, llama3, chatml, mistral, zephyr, phi3, phi4, gemma, granite, "
-                       "deepseek3, mistral-v3, mistral-v3-tekken, mistral-v7, "
+                       "deepseek3, deepseek2, mistral-v3, mistral-v3-tekken, mistral-v7, "
                        "mistral-v7-tekken, plain") != std::string::npos);
     }
     CHECK_THROWS_AS(chat_template_from_name(""), Error);

@@ -237,7 +237,8 @@ void add_chat_command(CLI::App& root, int& exit_code) {
     cmd->add_option(
         "--chat-template", o->chat_template,
         "Chat format: llama2, llama3, chatml, mistral, zephyr, phi3, phi4, gemma, granite, "
-        "deepseek3, mistral-v3, mistral-v3-tekken, mistral-v7, mistral-v7-tekken or plain "
+        "deepseek3, deepseek2, mistral-v3, mistral-v3-tekken, mistral-v7, mistral-v7-tekken or "
+        "plain "
         "(default: detected from the model's tokenizer.chat_template)");
     cmd->add_option("--chat-template-file", o->chat_template_file,
                     "A Jinja chat template to format the conversation with");

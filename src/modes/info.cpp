@@ -279,8 +279,8 @@ int run_info(const InfoOptions& o) {
             continue;
         }
         // K and V: quantized K pays one scale per channel and block, V one per 32 values.
-        // (DeepSeek's unquantized V reads K's latent rows: kv_v_shares_k.)
-        const bool v_shared = h.arch == "deepseek2" && !kv_type_quantized(t);
+        // (DeepSeek's V reads K's latent rows: kv_v_shares_k.)
+        const bool v_shared = h.arch == "deepseek2";
         const double per_elem =
             kv_bytes_per_element(t, KvRole::K, h.head_dim, o.kv_block_size) +
             (v_shared ? 0.0 : kv_bytes_per_element(t, KvRole::V, h.head_dim, o.kv_block_size));

@@ -937,7 +937,7 @@ void add_server_command(CLI::App& root, int& exit_code) {
                     "Require \"Authorization: Bearer KEY\" on every endpoint but /health");
     cmd->add_option("--chat-template", o->chat_template,
                     "Chat format of /v1/chat/completions: llama2, llama3, chatml, mistral, "
-                    "zephyr, phi3, phi4, gemma, granite, deepseek3, mistral-v3, "
+                    "zephyr, phi3, phi4, gemma, granite, deepseek3, deepseek2, mistral-v3, "
                     "mistral-v3-tekken, mistral-v7, mistral-v7-tekken, plain (default: detected "
                     "from the model)")
         ->check(parses_with([](const std::string& s) { chat_template_from_name(s); }, "TEMPLATE"));
