@@ -315,6 +315,12 @@ int64_t one_pool_blocks(const ModelConfig& c, const BackendOptions& o) {
 
 }  // namespace
 
+std::string cuda_unsupported(const ModelConfig& c) {
+    if (c.mla()) return "DeepSeek's latent attention (MLA)";
+    if (c.n_group > 1) return "expert-group routing (expert_group_count)";
+    return "";
+}
+
 bool kv_rotation_enabled(const ModelConfig& c, const BackendOptions& o) {
     if (!o.kv_rotate) return false;
     if (!is_power_of_two(c.head_dim))

@@ -315,8 +315,8 @@ void CpuBackend::mla_attention(const LayerWeights& w, int64_t l, int64_t T, cons
         cpu::rope(q_.data(), pos, T, H, D, rope_);
         cpu::rope(k_.data(), pos, T, 1, D, rope_);
     }
-    std::copy(k_.begin(), k_.begin() + T * D, v_.begin());  // (V reads the latent part)
-    cpu::kv_write(kv, kb, k_.data(), v_.data());
+    // V is the same row (its latent part is what the heads read): K's rows serve as V's too.
+    cpu::kv_write(kv, kb, k_.data(), k_.data());
     cpu::paged_attention(att_.data(), q_.data(), kv, kb, H, c.attn_scale, 0.0f, 0, nullptr);
     // Each head's latent output decompressed by its wv_b, then the output projection.
     mla_out_.resize(size_t(T * H * V));

@@ -283,7 +283,8 @@ void add_sigmoid_gated(float* x, const float* y, const float* g, int64_t n_rows,
 void limit_expert_groups(float* select, int64_t n_expert, int64_t n_group, int64_t n_used) {
     if (n_group <= 1 || n_used >= n_group) return;
     const int64_t per = n_expert / n_group;
-    std::vector<std::pair<float, int64_t>> score(static_cast<size_t>(n_group));
+    thread_local std::vector<std::pair<float, int64_t>> score;  // (once per token and layer)
+    score.resize(static_cast<size_t>(n_group));
     for (int64_t g = 0; g < n_group; ++g) {
         float best = -std::numeric_limits<float>::infinity(), second = best;
         for (int64_t e = g * per; e < (g + 1) * per; ++e) {

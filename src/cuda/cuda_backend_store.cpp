@@ -15,10 +15,8 @@ CudaBackend::CudaBackend(const GgufFile& file, const BackendOptions& options, in
     : device_((cuda_set_device(device), device)),
       config_(backend_model_config(file, options)),
       options_(options) {
-    if (config_.mla() || config_.n_group > 1)
-        throw Error(fmt::format("{}: the CUDA backend does not run {} yet", file.path(),
-                                config_.mla() ? "DeepSeek's latent attention (MLA)"
-                                              : "expert-group routing (expert_group_count)"),
+    if (const std::string what = cuda_unsupported(config_); !what.empty())
+        throw Error(fmt::format("{}: the CUDA backend does not run {} yet", file.path(), what),
                     "use --device cpu");
     if (config_.head_dim > 256)
         throw Error(fmt::format("{}: head_dim {} is larger than the CUDA attention kernels "

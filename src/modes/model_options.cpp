@@ -519,11 +519,11 @@ LoadedModel load_model(const ModelOptions& o, int32_t n_sequences) {
     std::string dev = o.device;
     if (dev == "auto") {
         dev = cuda_available() && o.n_gpu_layers != 0 ? "cuda" : "cpu";
-        if (dev == "cuda" && (cfg.mla() || cfg.n_group > 1)) {  // (no CUDA kernels for them yet)
+        if (const std::string what = cuda_unsupported(cfg); dev == "cuda" && !what.empty()) {
             fmt::print(stderr,
-                       "kvrun: note: {} runs on the CPU: the CUDA backend has no {} kernels "
-                       "yet\n",
-                       cfg.arch, cfg.mla() ? "latent-attention (MLA)" : "expert-group routing");
+                       "kvrun: note: {} runs on the CPU: the CUDA backend has no kernels "
+                       "for {} yet\n",
+                       cfg.arch, what);
             dev = "cpu";
         }
     }
