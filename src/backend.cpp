@@ -316,8 +316,10 @@ int64_t one_pool_blocks(const ModelConfig& c, const BackendOptions& o) {
 }  // namespace
 
 std::string cuda_unsupported(const ModelConfig& c) {
-    if (c.mla()) return "DeepSeek's latent attention (MLA)";
-    if (c.n_group > 1) return "expert-group routing (expert_group_count)";
+    // (The limits of cuda_moe_topk, kCudaMoeMaxGroups, and of the attention kernels,
+    // cu::kAttnMaxDimWide.)
+    if (c.n_group > 32) return fmt::format("{} expert groups (at most 32)", c.n_group);
+    if (c.head_dim > 576) return fmt::format("heads of {} dims (at most 576)", c.head_dim);
     return "";
 }
 

@@ -211,8 +211,8 @@ int64_t kv_blocks_for(const ModelConfig& c, const BackendOptions& o);
 // Whether Q and K are Hadamard-rotated; throws Error when rotation is asked for a head_dim
 // that is not a power of two.
 bool kv_rotation_enabled(const ModelConfig& c, const BackendOptions& o);
-// What of the model the CUDA backend has no kernels for yet ("DeepSeek's latent attention
-// (MLA)", "expert-group routing (expert_group_count)"), or "" when it runs the whole model.
+// What of the model the CUDA backend has no kernels for yet ("40 expert groups (at most 32)",
+// "heads of 640 dims (at most 576)"), or "" when it runs the whole model.
 // The CUDA backend refuses such a model with it; --device auto runs it on the CPU.
 std::string cuda_unsupported(const ModelConfig& c);
 

@@ -1,7 +1,8 @@
 // CUDA paged attention vs cpu::paged_attention on random caches: decode batches (one token
 // per sequence, contexts up to 2100 so split-K engages), prefill batches (several
 // sequences interleaved, cached prefixes, a decode token mixed in), speculative-style
-// verification; block sizes 1/16/64, GQA 1/4/8/12, head_dim 8..256, f16 and f32 pools, and
+// verification; block sizes 1/16/64, GQA 1/4/8/12, head_dim 8..256 and DeepSeek's 576 (V
+// reading K's rows), f16 and f32 pools, and
 // the same scenarios on quantized (q8/q4, staged) caches; every instantiation of the decode
 // kernel (query rows 1/2/4/8 x key-group lanes 4/8/16/32) and its long splits (large pools);
 // the prefill batches through both prefill kernels (f32 tiles, and tensor-core flash tiles
@@ -40,6 +41,7 @@ constexpr double kFlashBound = 1e-6;
 struct AttnShape {
     int64_t block_size, n_kv_head, group, head_dim;
     KvType k_type, v_type;
+    bool v_is_k = false;  // V reads K's rows (DeepSeek's latent cache): one pool, K's format
 };
 
 // A batch: sequence s holds history[s] cached slots; `tokens` are (seq, slot) pairs whose
@@ -116,8 +118,12 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
     std::vector<uint8_t> hv(
         size_t(n_blocks * sh.n_kv_head * kv_head_block_bytes(sh.v_type, KvRole::V, bs, hd)), 0);
     std::vector<uint8_t> hks(size_t(n_stages * sh.n_kv_head * bs * hd * 2), 0), hvs(hks.size(), 0);
-    const KvLayerView hkv{sh.k_type, sh.v_type, hk.data(),  hv.data(),  n_blocks, sh.n_kv_head,
-                          bs,        hd,        hks.data(), hvs.data(), n_stages};
+    KvLayerView hkv{sh.k_type, sh.v_type, hk.data(),  hv.data(),  n_blocks, sh.n_kv_head,
+                    bs,        hd,        hks.data(), hvs.data(), n_stages};
+    if (sh.v_is_k) {
+        REQUIRE(sh.k_type == sh.v_type);
+        hkv.v = hkv.k, hkv.v_stage = hkv.k_stage, hkv.v_is_k = true;
+    }
     cpu::kv_write(hkv,
                   KvBatchView{w_seq.data(), w_slot.data(), table.data(), max_blocks, nw,
                               staged ? w_stage.data() : nullptr},
@@ -130,16 +136,16 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
     DevBuf<float> dkin(k), dvin(v);
     KvLayerView dkv = hkv;
     dkv.k = dk.get();
-    dkv.v = dv.get();
+    dkv.v = sh.v_is_k ? dk.get() : dv.get();
     dkv.k_stage = staged ? dks.get() : nullptr;
-    dkv.v_stage = staged ? dvs.get() : nullptr;
+    dkv.v_stage = !staged ? nullptr : sh.v_is_k ? dks.get() : dvs.get();
     cuda_kv_write(dkv,
                   KvBatchView{dwseq.get(), dwslot.get(), dtable.get(), max_blocks, nw,
                               staged ? dwstage.get() : nullptr},
                   dkin.get(), dvin.get(), nullptr);
     // The same bytes in the pools (sealed blocks included) and stages.
     CHECK(byte_mismatch(dk.download(), hk) == 0.0);
-    CHECK(byte_mismatch(dv.download(), hv) == 0.0);
+    CHECK(byte_mismatch(dv.download(), hv) == 0.0);  // (untouched when V reads K's rows)
     if (staged) {
         CHECK(byte_mismatch(dks.download(), hks) == 0.0);
         CHECK(byte_mismatch(dvs.download(), hvs) == 0.0);
@@ -411,6 +417,34 @@ TEST_CASE("cuda paged attention matches the CPU on quantized caches (q8/q4, stag
     }
 }
 
+TEST_CASE("cuda paged attention on DeepSeek's latent rows: 576 wide, V reading K's rows") {
+    // The cached row [k_pe | latent] is K, and V is the same row (one pool, K's per-channel
+    // format when quantized): every query head of the one KV head reads it. 576-wide heads
+    // take the wide instantiation of the tiled kernel for decode and prefill; narrow heads
+    // with V reading K's rows the narrow one; a 576-wide V of its own (K and V types differ)
+    // two tiles.
+    const AttnShape shapes[] = {
+        {16, 1, 16, 576, KvType::F16, KvType::F16, true},  // DeepSeek V2-Lite: 16 heads
+        {16, 1, 5, 576, KvType::Q8, KvType::Q8, true},
+        {64, 1, 4, 576, KvType::Q4, KvType::Q4, true},
+        {16, 1, 3, 576, KvType::Q8, KvType::F16},        // K q8, V f16: a V pool of its own
+        {16, 1, 4, 40, KvType::F16, KvType::F16, true},  // the tests' small MLA models
+        {5, 1, 6, 40, KvType::Q8, KvType::Q8, true},
+    };
+    uint32_t seed = 1700;
+    for (const AttnShape& sh : shapes) {
+        CAPTURE(sh.block_size);
+        CAPTURE(sh.group);
+        CAPTURE(sh.head_dim);
+        CAPTURE(sh.v_is_k);
+        const std::string k_name = kv_type_name(sh.k_type);
+        CAPTURE(k_name);
+        run_scenario(sh, decode_scenario(), seed++);
+        run_scenario(sh, prefill_scenario(), seed++);
+        run_scenario(sh, verify_scenario(), seed++);
+    }
+}
+
 TEST_CASE("cuda paged attention with Gemma's soft cap and sliding window matches the CPU") {
     // Windows shorter than a tile, than a block, than a decode split and longer than every
     // context (no effect), with and without a soft cap; decode (both kernels: head_dim 36
@@ -459,10 +493,17 @@ TEST_CASE("cuda paged attention rejects shapes it cannot run") {
     DevBuf<int32_t> ids(std::vector<int32_t>{0});
     DevBuf<float> q(1024), out(1024);
     CudaScratch scratch;
-    KvLayerView kv{KvType::F16, KvType::F16, pool.get(), pool.get(), 1, 1, 16, 512};
+    KvLayerView kv{KvType::F16, KvType::F16, pool.get(), pool.get(), 1, 1, 16, 640};
     const KvBatchView b{ids.get(), ids.get(), ids.get(), 1, 1};
     CHECK_THROWS_AS(cuda_paged_attention(out.get(), q.get(), kv, b, 1, 1.0f, scratch, nullptr),
-                    Error);  // head_dim 512
+                    Error);  // head_dim 640
+    kv.head_dim = 64;
+    kv.v_is_k = true;
+    kv.v_type = KvType::F32;
+    CHECK_THROWS_AS(cuda_paged_attention(out.get(), q.get(), kv, b, 1, 1.0f, scratch, nullptr),
+                    Error);  // V reading K's rows in another format
+    kv.v_is_k = false;
+    kv.v_type = KvType::F16;
     kv.head_dim = 64;
     kv.n_kv_head = 2;
     CHECK_THROWS_AS(cuda_paged_attention(out.get(), q.get(), kv, b, 3, 1.0f, scratch, nullptr),

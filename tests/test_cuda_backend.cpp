@@ -449,6 +449,74 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
         }
 }
 
+TEST_CASE("cuda backend matches the cpu backend on DeepSeek's latent attention and expert groups") {
+    // deepseek2: the latent rows (64 RoPE'd dims + rank 512: the wide attention kernel; rank
+    // 32 + 8: the narrow one) as K, V reading them (f16 and q8, one pool) or a V pool of its
+    // own (K q8, V f16); Q direct (V2) or through its low rank (V3); the absorption GEMVs per
+    // head; YaRN; a dense first layer, then experts: V2's softmax router with unnormalized
+    // weights and two shared experts, V3's sigmoid router with its selection bias, normalized
+    // and scaled weights and expert groups (4 experts in 2 of 4 groups: every token takes all
+    // four of its groups' experts, so no routing near-tie can part the backends), a file with
+    // the older attn_kv_b. Prefill (24 tokens: the prefill kernels, per-head GEMVs over 96
+    // jobs), decode steps through a q8 seal, a fork (copy-on-write) and both in one batch.
+    const auto dir = std::filesystem::temp_directory_path();
+    struct Variant {
+        const char* name;
+        bool v3, legacy, wide;
+    };
+    for (const Variant& v :
+         {Variant{"v2", false, false, true}, Variant{"v3", true, false, true},
+          Variant{"v2 legacy", false, true, false}, Variant{"v3 narrow", true, false, false}})
+        for (auto [kt, vt] :
+             {std::pair{KvType::F16, KvType::F16}, std::pair{KvType::Q8, KvType::Q8},
+              std::pair{KvType::Q8, KvType::F16}}) {
+            CAPTURE(v.name);
+            CAPTURE(std::string(kv_type_name(kt)));
+            CAPTURE(std::string(kv_type_name(vt)));
+            SyntheticModelConfig c = synthetic_preset("tiny");
+            c.arch = "deepseek2";
+            c.n_layer = 3, c.n_layer_dense = 1, c.n_embd = 256, c.n_head = 4, c.n_head_kv = 4;
+            c.n_ff = 256;
+            c.mla_rank = v.wide ? 512 : 32, c.rope_dims = v.wide ? 64 : 8;
+            c.mla_nope = v.wide ? 128 : 16, c.mla_v = v.wide ? 128 : 24;
+            c.mla_legacy = v.legacy;
+            c.rope_scaling = "yarn", c.rope_factor = 4, c.rope_orig_ctx = 256;
+            c.yarn_log_mul = 0.707;
+            c.n_expert = 8, c.n_ff_exp = 256;
+            if (v.v3) {
+                c.mla_q_rank = 256, c.n_expert_used = 4, c.n_expert_shared = 1;
+                c.expert_gating = 2, c.expert_weights_norm = true, c.expert_weights_scale = 2.5;
+                c.n_group = 4, c.n_group_used = 2;
+            } else {
+                c.n_expert_used = 8, c.n_expert_shared = 2;
+                c.expert_gating = 1, c.expert_weights_norm = false;
+            }
+            c.weight_std = 0.06f;
+            synthetic_set_type(c, "Q4_K_M");
+            const auto path = dir / "kvrun-test-cuda-deepseek2.gguf";
+            synthetic_model_write(c, path.string());
+            GgufFile file = GgufFile::open(path.string());
+            BackendOptions o;
+            o.kv_block_size = 16;
+            o.n_kv_blocks = 8;
+            o.kv_type_k = kt, o.kv_type_v = vt;
+            auto cpu = make_cpu_backend(file, o);
+            auto gpu = make_cuda_backend(file, o, 0);
+            REQUIRE(gpu->config().mla());
+            CHECK(gpu->kv_block_io_bytes(KvPool::Main) == cpu->kv_block_io_bytes(KvPool::Main));
+            KvBlockTable table(8, 16, cpu->n_kv_stages());
+            const SeqId a = table.create_sequence();
+            int32_t next = check_prefill_decode(*cpu, *gpu, table, a, 12, logit_bound(kt));
+            const SeqId f = table.fork(a);
+            for (int i = 0; i < 3; ++i)
+                CHECK(compare(*cpu, *gpu,
+                              append_step(table, {{a, {next}}, {f, {TokenId((next + i) % 512)}}},
+                                          {cpu.get(), gpu.get()}),
+                              &next) < logit_bound(kt));
+            std::filesystem::remove(path);
+        }
+}
+
 TEST_CASE("cuda backend with a sliding-window pool matches the cpu backend past the window") {
     // Gemma 3 with an 8-token window on 5 of 6 layers, blocks of 4: the windowed layers live
     // in the window pool ((8 + 64 + 8) / 4 + 2 = 22 blocks) and drop their early blocks once

@@ -152,6 +152,61 @@ TEST_CASE("cuda mixture-of-experts ops: top-k, expert-indexed GEMVs, weighted su
         }
     }
 
+    // DeepSeek's expert groups: 40 experts in 8 groups of 5, the experts of the 3 (or 1)
+    // groups whose two best choice values sum highest; the choice within them as above.
+    // The host twin: cpu::limit_expert_groups on the choice values, then the same sort.
+    for (int variant = 0; variant < 4; ++variant) {
+        const bool sigmoid = variant % 2 == 0, biased = variant < 2;
+        const int n_used = variant == 3 ? 2 : 3;
+        const int64_t kk = variant == 3 ? 4 : k;  // within 2 groups of 5: at most 10
+        CAPTURE(variant);
+        DevBuf<float> sw(static_cast<size_t>(n_tok * kk));
+        DevBuf<int32_t> ssel(std::vector<int32_t>(static_cast<size_t>(n_tok * kk), -1));
+        MoeRouting r{sigmoid, biased ? dbias.get() : nullptr, true, 2.5f};
+        r.n_group = 8, r.n_group_used = n_used;
+        cuda_moe_topk(dl.get(), n_tok, n_expert, kk, ssel.get(), sw.get(), nullptr, r);
+        const std::vector<int32_t> ids = ssel.download();
+        const std::vector<float> w = sw.download();
+        for (int64_t t = 0; t < n_tok; ++t) {
+            CAPTURE(t);
+            std::vector<float> p(logits.begin() + t * n_expert,
+                                 logits.begin() + (t + 1) * n_expert);
+            if (sigmoid)
+                for (float& v : p) v = 1.0f / (1.0f + std::exp(-v));
+            else
+                cpu::softmax(p.data(), n_expert);
+            std::vector<float> sel(p);
+            for (int64_t e = 0; e < n_expert; ++e)
+                if (biased) sel[size_t(e)] += bias[size_t(e)];
+            cpu::limit_expert_groups(sel.data(), n_expert, 8, n_used);
+            std::vector<int32_t> order(static_cast<size_t>(n_expert));
+            std::iota(order.begin(), order.end(), 0);
+            std::stable_sort(order.begin(), order.end(),
+                             [&](int32_t a, int32_t b) { return sel[size_t(a)] > sel[size_t(b)]; });
+            double z = 0;
+            for (int64_t j = 0; j < kk; ++j) z += p[size_t(order[size_t(j)])];
+            std::vector<bool> groups(8, false);
+            for (int64_t j = 0; j < kk; ++j) {
+                CHECK(ids[size_t(t * kk + j)] == order[size_t(j)]);
+                groups[size_t(ids[size_t(t * kk + j)] / 5)] = true;
+                CHECK(w[size_t(t * kk + j)] ==
+                      doctest::Approx(p[size_t(order[size_t(j)])] / z * 2.5).epsilon(1e-5));
+            }
+            CHECK(std::count(groups.begin(), groups.end(), true) <= n_used);
+        }
+    }
+    {  // more groups than the kernel holds, or k past the kept experts: an error, not a guess
+        DevBuf<float> sw(static_cast<size_t>(n_tok * k));
+        DevBuf<int32_t> ssel(static_cast<size_t>(n_tok * k));
+        MoeRouting r;
+        r.n_group = 40, r.n_group_used = 2;
+        CHECK_THROWS_AS(
+            cuda_moe_topk(dl.get(), n_tok, n_expert, k, ssel.get(), sw.get(), nullptr, r), Error);
+        r.n_group = 8, r.n_group_used = 1;  // 5 experts kept, 6 asked for
+        CHECK_THROWS_AS(
+            cuda_moe_topk(dl.get(), n_tok, n_expert, k, ssel.get(), sw.get(), nullptr, r), Error);
+    }
+
     const int64_t dim = 300;
     const std::vector<float> rows = random_floats(static_cast<size_t>(n_tok * k * dim), 75);
     std::vector<float> want(static_cast<size_t>(n_tok * dim), 0.0f);

@@ -699,6 +699,39 @@ TEST_CASE("cuda gather_rows copies the logit rows in the given order") {
     CHECK(out.download() == want);
 }
 
+TEST_CASE("cuda copy_rows and mla_kv_rows (DeepSeek's latent attention) match the host") {
+    // Strided rows: columns 3..10 of 6 rows 20 wide into rows 12 wide at column 2.
+    const std::vector<float> x = random_floats(120, 52);
+    std::vector<float> want(72, -1.0f);
+    DevBuf<float> dx(x), out(want);
+    for (int64_t r = 0; r < 6; ++r)
+        for (int64_t c = 0; c < 8; ++c) want[size_t(r * 12 + 2 + c)] = x[size_t(r * 20 + 3 + c)];
+    cuda_copy_rows(out.get() + 2, 12, dx.get() + 3, 20, 6, 8, nullptr);
+    CHECK(out.download() == want);
+    CHECK_THROWS_AS(cuda_copy_rows(out.get(), 4, dx.get(), 20, 6, 8, nullptr), Error);
+
+    // The cached rows [k_pe | rmsnorm(c) * w] from [c | k_pe], as CpuBackend::mla_attention
+    // builds them: rank 512 + 64 RoPE'd dims (every DeepSeek), and a small shape.
+    for (auto [rank, rot] :
+         {std::pair{int64_t(512), int64_t(64)}, std::pair{int64_t(32), int64_t(8)}}) {
+        CAPTURE(rank);
+        const int64_t T = 5, D = rank + rot;
+        const std::vector<float> kv_a = random_floats(size_t(T * D), 53, 3.0f);
+        const std::vector<float> w = random_floats(size_t(rank), 54);
+        std::vector<float> ref(size_t(T * D));
+        for (int64_t t = 0; t < T; ++t) {
+            std::copy(kv_a.begin() + t * D + rank, kv_a.begin() + (t + 1) * D, ref.begin() + t * D);
+            cpu::rmsnorm(ref.data() + t * D + rot, kv_a.data() + t * D, w.data(), 1, rank, 1e-6f);
+        }
+        DevBuf<float> dkv(kv_a), dw(w), dk(size_t(T * D));
+        cuda_mla_kv_rows(dk.get(), dkv.get(), dw.get(), T, rank, rot, 1e-6f, nullptr);
+        const std::vector<float> k = dk.download();
+        CHECK(nmse(k, ref) < kExact);
+        for (int64_t t = 0; t < T; ++t)  // k_pe is copied as it is
+            CHECK(std::equal(k.begin() + t * D, k.begin() + t * D + rot, ref.begin() + t * D));
+    }
+}
+
 TEST_CASE("cuda scratch grows outside a graph capture and refuses to move during one") {
     CudaScratch scratch;
     cudaStream_t s;

@@ -27,7 +27,11 @@ namespace kvrun::cu {
 
 constexpr int kAttnWarps = 4;
 constexpr int kAttnTile = 32;     // keys per tile (= warp size)
-constexpr int kAttnMaxDim = 256;  // head_dim limit (8 dims per lane)
+constexpr int kAttnMaxDim = 256;  // head_dim limit of the decode and flash kernels
+// The tiled kernel's limit (18 dims per lane): DeepSeek's latent rows (64 RoPE'd dims + a
+// rank-512 latent). Heads wider than kAttnMaxDim take an instantiation of their own, so the
+// narrow heads keep their registers.
+constexpr int kAttnMaxDimWide = 576;
 
 struct AttnParams {
     float* out;      // [n_tokens][n_head][head_dim] (when part_o is null)
@@ -46,6 +50,9 @@ struct AttnParams {
     int64_t max_blocks_per_seq, n_tokens, n_blocks;
     int n_head, n_kv_head, group, heads_per_cta, n_head_sub, tokens_per_cta, head_dim;
     int block_size;
+    // V reads K's rows (KvLayerView::v_is_k: DeepSeek's latent rows): v, v_type, v_layout and
+    // v_stage are K's, and the tiled kernel uses its K tile as the V tile.
+    bool v_is_k;
     float scale;
     float softcap;       // > 0: scores become softcap * tanh(score / softcap)
     int64_t window;      // > 0: a token at slot s sees slots s - window + 1 .. s only
@@ -60,10 +67,11 @@ struct AttnParams {
     int xq_bytes;
 };
 
-// Dynamic shared memory of the kernel for `rows` query rows.
-inline size_t attn_smem_bytes(int rows, int head_dim) {
+// Dynamic shared memory of the kernel for `rows` query rows (one key tile when V is K's).
+inline size_t attn_smem_bytes(int rows, int head_dim, bool v_is_k = false) {
+    const size_t tiles = v_is_k ? 1 : 2;
     return sizeof(int32_t) * 3 * kAttnTile +
-           sizeof(float) * (size_t(rows) * head_dim + 2 * size_t(kAttnTile) * (head_dim + 1)) +
+           sizeof(float) * (size_t(rows) * head_dim + tiles * kAttnTile * (head_dim + 1)) +
            sizeof(int32_t) * 2 * rows;
 }
 
@@ -223,10 +231,12 @@ __device__ __forceinline__ void attn_load_tile(float* __restrict__ dst, const At
     }
 }
 
-template <int RPW>
+// MAXD: the widest head_dim the instantiation takes (kAttnMaxDim or kAttnMaxDimWide).
+template <int RPW, int MAXD>
 __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnParams p) {
     pdl_begin();
     constexpr int R = kAttnWarps * RPW;
+    constexpr int DPL = MAXD / 32;  // dims per lane in the P.V step
     constexpr unsigned kFull = 0xffffffffu;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int D = p.head_dim, Dp = D + 1;
@@ -234,7 +244,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
     const AttnTileRows tile{tile_meta, tile_meta + kAttnTile, tile_meta + 2 * kAttnTile};
     float* q_s = reinterpret_cast<float*>(tile_meta + 3 * kAttnTile);     // [R][D], scaled
     float* k_s = q_s + R * D;                                             // [32][D + 1]
-    float* v_s = k_s + kAttnTile * Dp;                                    // [32][D + 1]
+    float* v_s = p.v_is_k ? k_s : k_s + kAttnTile * Dp;                   // [32][D + 1]
     int32_t* tok_seq = reinterpret_cast<int32_t*>(v_s + kAttnTile * Dp);  // [R]
     int32_t* tok_slot = tok_seq + R;                                      // [R]
 
@@ -269,12 +279,12 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
         row_end[i] = valid ? min(int64_t(tok_slot[tl]) + 1, split_end) : 0;
         row_lo[i] = valid && p.window > 0 ? int64_t(tok_slot[tl]) - p.window + 1 : 0;
     }
-    float m[RPW], l[RPW], acc[RPW][kAttnMaxDim / 32];
+    float m[RPW], l[RPW], acc[RPW][DPL];
 #pragma unroll
     for (int i = 0; i < RPW; ++i) {
         m[i] = -INFINITY, l[i] = 0.0f;
 #pragma unroll
-        for (int k = 0; k < kAttnMaxDim / 32; ++k) acc[i][k] = 0.0f;
+        for (int k = 0; k < DPL; ++k) acc[i][k] = 0.0f;
     }
     const int dpl = (D + 31) / 32;
 
@@ -287,7 +297,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
             if (tid < kAttnTile) attn_tile_row(p, tile, sg, k0, tid);
             __syncthreads();
             attn_load_tile(k_s, p, p.k, p.k_stage, p.k_type, KvRole::K, p.k_layout, tile, kvh);
-            attn_load_tile(v_s, p, p.v, p.v_stage, p.v_type, KvRole::V, p.v_layout, tile, kvh);
+            if (!p.v_is_k)
+                attn_load_tile(v_s, p, p.v, p.v_stage, p.v_type, KvRole::V, p.v_layout, tile, kvh);
             __syncthreads();
 
             float s[RPW];
@@ -318,7 +329,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
                 pr[i] = ok ? expf(sv - m_new) : 0.0f;
                 l[i] = l[i] * corr + cu::warp_sum(pr[i]);
 #pragma unroll
-                for (int k = 0; k < kAttnMaxDim / 32; ++k) acc[i][k] *= corr;
+                for (int k = 0; k < DPL; ++k) acc[i][k] *= corr;
                 m[i] = m_new;
             }
             for (int j = 0; j < kAttnTile; ++j) {
@@ -327,7 +338,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
                 for (int i = 0; i < RPW; ++i) pj[i] = __shfl_sync(kFull, pr[i], j);
                 const float* vrow = v_s + j * Dp;
 #pragma unroll
-                for (int k = 0; k < kAttnMaxDim / 32; ++k) {
+                for (int k = 0; k < DPL; ++k) {
                     if (k >= dpl) break;
                     const int d = lane + 32 * k;
                     const float vd = d < D ? vrow[d] : 0.0f;
@@ -349,7 +360,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
         if (p.part_o) {
             const int64_t prow = int64_t(blockIdx.z) * p.n_tokens * p.n_head + row;
 #pragma unroll
-            for (int k = 0; k < kAttnMaxDim / 32; ++k) {
+            for (int k = 0; k < DPL; ++k) {
                 const int d = lane + 32 * k;
                 if (k < dpl && d < D) p.part_o[prow * D + d] = acc[i][k];
             }
@@ -360,7 +371,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
         } else {
             const float inv = attn_out_scale(m[i], l[i], p.sinks, h);
 #pragma unroll
-            for (int k = 0; k < kAttnMaxDim / 32; ++k) {
+            for (int k = 0; k < DPL; ++k) {
                 const int d = lane + 32 * k;
                 if (k < dpl && d < D) p.out[row * D + d] = acc[i][k] * inv;
             }
@@ -382,8 +393,10 @@ inline AttnParams attn_params(float* out, const float* q, const KvLayerView& kv,
                  "paged attention: soft cap and window must be >= 0");
     CUDA_REQUIRE(kv.n_kv_head > 0 && n_head > 0 && n_head % kv.n_kv_head == 0,
                  "paged attention: n_head must be a positive multiple of n_kv_head");
-    CUDA_REQUIRE(kv.head_dim > 0 && kv.head_dim <= kAttnMaxDim,
-                 "paged attention: head_dim must be in 1..256");
+    CUDA_REQUIRE(kv.head_dim > 0 && kv.head_dim <= kAttnMaxDimWide,
+                 "paged attention: head_dim must be in 1..576");
+    CUDA_REQUIRE(!kv.v_is_k || (kv.v == kv.k && kv.v_type == kv.k_type && kv.v_stage == kv.k_stage),
+                 "paged attention: a V that reads K's rows needs K's pool, type and stage");
     CUDA_REQUIRE(kv.block_size > 0 && kv.block_size <= INT32_MAX && kv.n_blocks > 0,
                  "paged attention: bad block_size / n_blocks");
     CUDA_REQUIRE(b.n_tokens >= 0 && b.max_blocks_per_seq > 0, "paged attention: bad batch");
@@ -403,7 +416,9 @@ inline AttnParams attn_params(float* out, const float* q, const KvLayerView& kv,
     p.k_type = kv.k_type;
     p.v_type = kv.v_type;
     p.k_layout = kv_head_layout(kv.k_type, KvRole::K, kv.block_size, kv.head_dim);
-    p.v_layout = kv_head_layout(kv.v_type, KvRole::V, kv.block_size, kv.head_dim);
+    p.v_is_k = kv.v_is_k;
+    p.v_layout =
+        kv.v_is_k ? p.k_layout : kv_head_layout(kv.v_type, KvRole::V, kv.block_size, kv.head_dim);
     const bool staged_view = kv.n_stages > 0;
     p.k_stage = staged_view ? static_cast<const __half*>(kv.k_stage) : nullptr;
     p.v_stage = staged_view ? static_cast<const __half*>(kv.v_stage) : nullptr;
@@ -435,24 +450,37 @@ inline AttnParams attn_params(float* out, const float* q, const KvLayerView& kv,
     return p;
 }
 
-// Launches paged_attention_kernel<RPW> over grid (token tiles, kv heads x head subgroups,
-// n_splits), opting into more than 48 KiB of shared memory when head_dim needs it.
-template <int RPW>
-void attn_launch(const AttnParams& p, int n_splits, cudaStream_t s) {
+// Launches paged_attention_kernel<RPW, MAXD> over grid (token tiles, kv heads x head
+// subgroups, n_splits), opting into more than 48 KiB of shared memory when head_dim needs it.
+template <int RPW, int MAXD>
+void attn_launch_dim(const AttnParams& p, int n_splits, cudaStream_t s) {
     const int rows = kAttnWarps * RPW;
-    const size_t smem = attn_smem_bytes(rows, p.head_dim);
+    const size_t smem = attn_smem_bytes(rows, p.head_dim, p.v_is_k);
     if (smem > 48 * 1024) {
         // Set outside graph capture only (an eager run of the same shape always comes first).
         cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
         CUDA_CHECK(cudaStreamIsCapturing(s, &status));
         if (status == cudaStreamCaptureStatusNone)
-            CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<RPW>,
+            CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<RPW, MAXD>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             int(smem)));
     }
     const dim3 grid(unsigned(ceil_div(p.n_tokens, p.tokens_per_cta)),
                     unsigned(p.n_kv_head * p.n_head_sub), unsigned(n_splits));
-    launch_pdl(paged_attention_kernel<RPW>, grid, kAttnWarps * 32, smem, s, p);
+    launch_pdl(paged_attention_kernel<RPW, MAXD>, grid, kAttnWarps * 32, smem, s, p);
+}
+
+// The instantiation for p.head_dim: up to kAttnMaxDim, or up to kAttnMaxDimWide with at most
+// 2 rows per warp (more would not fit an A100's shared memory, nor its registers).
+template <int RPW>
+void attn_launch(const AttnParams& p, int n_splits, cudaStream_t s) {
+    if (p.head_dim <= kAttnMaxDim) {
+        attn_launch_dim<RPW, kAttnMaxDim>(p, n_splits, s);
+    } else if constexpr (RPW <= 2) {
+        attn_launch_dim<RPW, kAttnMaxDimWide>(p, n_splits, s);
+    } else {
+        CUDA_REQUIRE(false, "paged attention: heads wider than 256 need 2 rows per warp");
+    }
 }
 
 }  // namespace kvrun::cu

@@ -34,7 +34,8 @@
 //    warps merged through shared memory with log-sum-exp weights, in a fixed order. The
 //    unsplit output is num * (1 / den), as merge_splits_kernel scales its sum, so a context
 //    inside one split gives the same bits through either path. Nothing reads another token.
-// head_dim % 8 != 0 (no 8-channel chunks) takes the tiled kernel. The environment variable
+// head_dim % 8 != 0 (no 8-channel chunks), heads wider than 256 and a V that reads K's rows
+// (DeepSeek's latent cache) take the tiled kernel. The environment variable
 // KVRUN_DECODE_ATTN=tiled (read once per process) makes every decode batch take the tiled
 // kernel, to A/B the two on a GPU: `KVRUN_DECODE_ATTN=tiled kvrun bench ...`; unset or
 // "auto" is the default choice, other values are an error.
@@ -383,10 +384,15 @@ bool decode_forced_tiled() {
     return tiled;
 }
 
-// The tiled kernel where head_dim % 8 != 0 or KVRUN_DECODE_ATTN=tiled, else
-// decode_attention_kernel.
+// Whether a decode batch takes the tiled kernel: head_dim % 8 != 0, heads wider than
+// kAttnMaxDim, V reading K's rows (DeepSeek's latent rows, 576 wide) or
+// KVRUN_DECODE_ATTN=tiled; else decode_attention_kernel.
+bool decode_tiled(const cu::AttnParams& p) {
+    return p.head_dim % 8 != 0 || p.head_dim > cu::kAttnMaxDim || p.v_is_k || decode_forced_tiled();
+}
+
 void decode_dispatch(const cu::AttnParams& p, int n_splits, cudaStream_t s) {
-    if (p.head_dim % 8 != 0 || decode_forced_tiled())
+    if (decode_tiled(p))
         cu::attn_launch<kDecodeRowsPerWarp>(p, n_splits, s);
     else
         decode_attention_launch(p, n_splits, s);
@@ -407,7 +413,7 @@ void cuda_paged_attention_decode(float* out, const float* q, const KvLayerView& 
     if (xq) {
         CUDA_REQUIRE(xq->x == out && (xq->elt_bytes == 1 || xq->elt_bytes == 2),
                      "cuda_paged_attention: xq must be made from out");
-        if (p.head_dim % 32 == 0 && !decode_forced_tiled()) {
+        if (p.head_dim % 32 == 0 && !decode_tiled(p)) {
             p.xq = xq->q;
             p.xd = xq->d;
             p.xq_bytes = xq->elt_bytes;

@@ -25,6 +25,10 @@ namespace kvrun {
 namespace {
 
 constexpr int kPrefillRowsPerWarp = 8;  // f32 kernel: 32 query rows per block
+// Heads wider than 256 (DeepSeek's 576): 8 rows per block, so that q and the K and V tiles
+// (166 KB; 95 KB when V reads K's rows) fit an A100's 163 KiB of shared memory, and the
+// accumulators (18 per lane and row) stay in registers.
+constexpr int kPrefillWideRowsPerWarp = 2;
 
 constexpr int kFlashWarps = 4;
 constexpr int kFlashRows = 16 * kFlashWarps;  // query rows per block
@@ -294,7 +298,7 @@ bool prefill_forced_f32() {
 
 bool cuda_flash_attention_supports(const KvLayerView& kv) {
     const bool dim = kv.head_dim == 64 || kv.head_dim == 96 || kv.head_dim == 128;
-    return dim && kv.k_type != KvType::F32 && kv.v_type != KvType::F32;
+    return dim && !kv.v_is_k && kv.k_type != KvType::F32 && kv.v_type != KvType::F32;
 }
 
 void cuda_paged_attention_flash(float* out, const float* q, const KvLayerView& kv,
@@ -321,11 +325,15 @@ void cuda_paged_attention_flash(float* out, const float* q, const KvLayerView& k
 void cuda_paged_attention_tiled(float* out, const float* q, const KvLayerView& kv,
                                 const KvBatchView& batch, int64_t n_head, float scale,
                                 cudaStream_t s, float softcap, int64_t window, const float* sinks) {
-    const cu::AttnParams p =
-        cu::attn_params(out, q, kv, batch, n_head, scale, cu::kAttnWarps * kPrefillRowsPerWarp,
-                        false, softcap, window, sinks);
+    const bool wide = kv.head_dim > cu::kAttnMaxDim;
+    const int rpw = wide ? kPrefillWideRowsPerWarp : kPrefillRowsPerWarp;
+    const cu::AttnParams p = cu::attn_params(out, q, kv, batch, n_head, scale,
+                                             cu::kAttnWarps * rpw, false, softcap, window, sinks);
     if (p.n_tokens == 0) return;
-    cu::attn_launch<kPrefillRowsPerWarp>(p, 1, s);
+    if (wide)
+        cu::attn_launch<kPrefillWideRowsPerWarp>(p, 1, s);
+    else
+        cu::attn_launch<kPrefillRowsPerWarp>(p, 1, s);
 }
 
 void cuda_paged_attention_prefill(float* out, const float* q, const KvLayerView& kv,

@@ -71,6 +71,9 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
         // output has a buffer of its own, as have their gate logits (Qwen2-MoE, [T]).
         const size_t TK = T * size_t(c.n_expert_used);
         const size_t ff = size_t(std::max(c.n_ff, c.n_ff_shexp));
+        // DeepSeek's latent attention (see mla_q_; empty otherwise).
+        const bool mla = c.mla();
+        const size_t TH = mla ? T * size_t(c.n_head) : 0;
         const size_t sizes[] = {T * size_t(c.n_embd),
                                 T * size_t(c.n_embd),
                                 T * size_t(c.q_dim()),
@@ -88,11 +91,18 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
                                 TK * size_t(c.n_ff_exp),
                                 2 * TK,
                                 c.n_ff_shexp > 0 ? T * size_t(c.n_embd) : 0,
-                                c.shexp_gate ? T : 0};
-        float *moe_ids = nullptr, *moe_map = nullptr;
-        float** ptrs[] = {&x_,     &xb_,      &q_,      &att_,        &k_,      &v_,
-                          &gate_,  &up_,      &xr_,     &moe_logits_, &moe_ids, &moe_w_,
-                          &moe_h_, &moe_out_, &moe_up_, &moe_map,     &shexp_,  &shexp_gate_};
+                                c.shexp_gate ? T : 0,
+                                TH * size_t(c.mla_nope + c.n_rot),
+                                mla ? T * size_t(c.mla_q_rank) : 0,
+                                mla ? T * size_t(c.mla_rank + c.n_rot) : 0,
+                                TH * size_t(std::max(c.mla_nope, c.mla_rank)),
+                                TH * size_t(std::max(c.mla_rank, c.mla_v)),
+                                TH};
+        float *moe_ids = nullptr, *moe_map = nullptr, *mla_ids = nullptr;
+        float** ptrs[] = {&x_,     &xb_,      &q_,      &att_,        &k_,       &v_,
+                          &gate_,  &up_,      &xr_,     &moe_logits_, &moe_ids,  &moe_w_,
+                          &moe_h_, &moe_out_, &moe_up_, &moe_map,     &shexp_,   &shexp_gate_,
+                          &mla_q_, &mla_qa_,  &mla_kv_, &mla_in_,     &mla_res_, &mla_ids};
         size_t total = 0;
         for (size_t s : sizes) total += align_up(s * sizeof(float));
         act_mem_ = DeviceMem();  // free first: the old buffers are no longer needed
@@ -104,6 +114,13 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
         }
         moe_ids_ = reinterpret_cast<int32_t*>(moe_ids);  // int32s in float-sized slots
         moe_map_ = reinterpret_cast<int32_t*>(moe_map);
+        mla_ids_ = reinterpret_cast<int32_t*>(mla_ids);
+        if (mla) {  // job j of the per-head GEMVs multiplies by head j % n_head's matrix
+            std::vector<int32_t> heads(TH);
+            for (size_t j = 0; j < TH; ++j) heads[j] = int32_t(j % size_t(c.n_head));
+            CUDA_CHECK(
+                cudaMemcpy(mla_ids_, heads.data(), TH * sizeof(int32_t), cudaMemcpyHostToDevice));
+        }
         grown = true;
     }
     if (n_rows > row_cap_) {
@@ -177,8 +194,9 @@ void CudaBackend::enqueue_moe_ffn(const DeviceLayer& w, int64_t T) {
     }
     cuda_matmul(moe_logits_, xb_, w.router, T, scratch_, s);
     if (w.router_b) cuda_add_bias(moe_logits_, w.router_b, T, c.n_expert, s);
-    cuda_moe_topk(moe_logits_, T, c.n_expert, K, moe_ids_, moe_w_, s,
-                  {c.moe_sigmoid, w.exp_probs_b, c.moe_norm, c.moe_scale});
+    MoeRouting routing{c.moe_sigmoid, w.exp_probs_b, c.moe_norm, c.moe_scale};
+    routing.n_group = int(c.n_group), routing.n_group_used = int(c.n_group_used);
+    cuda_moe_topk(moe_logits_, T, c.n_expert, K, moe_ids_, moe_w_, s, routing);
     if (T > kGraphMaxTokens) {  // prefill: tokens grouped by expert (syncs the stream)
         cuda_moe_ffn_grouped(xb_, xb_, moe_ids_, moe_w_, T, K, c.n_expert, ex,
                              {moe_out_, moe_h_, moe_up_, moe_map_}, scratch_, s);
@@ -222,6 +240,101 @@ void CudaBackend::enqueue_dense_ffn(const DeviceLayer& w, int64_t T, const CudaX
     observe({&w.w_down}, gate_, T);
     cuda_matmul(xb_, gate_, w.w_down, T, scratch_, s);
     add_lora(xb_, gate_, w.lora[kLoraDown], T);
+}
+
+// Layer l's attention on xb_'s T normed rows (xq: their quantized copy, or null), result
+// (after attn_output and its bias) in xb_; kb: the batch's view of the layer's pool.
+void CudaBackend::enqueue_attention(const DeviceLayer& w, int64_t l, int64_t T, const CudaXq* xq,
+                                    const KvBatchView& kb) {
+    const ModelConfig& c = config_;
+    const cudaStream_t s = stream_.get();
+    observe({&w.wq, &w.wk, &w.wv}, xb_, T);
+    cuda_matmul_qkv(q_, k_, v_, xb_, w.wq, w.wk, w.wv, T, scratch_, s, xq);
+    add_lora(q_, xb_, w.lora[kLoraQ], T);
+    add_lora(k_, xb_, w.lora[kLoraK], T);
+    add_lora(v_, xb_, w.lora[kLoraV], T);
+    if (w.bq) {
+        cuda_add_bias(q_, w.bq, T, c.q_dim(), s);
+        cuda_add_bias(k_, w.bk, T, c.kv_dim(), s);
+        cuda_add_bias(v_, w.bv, T, c.kv_dim(), s);
+    }
+    if (w.q_norm && c.qk_norm_full) {  // olmo2, olmoe: each token's whole Q and K
+        cuda_rmsnorm(q_, q_, w.q_norm, T, c.q_dim(), c.norm_eps, s);
+        cuda_rmsnorm(k_, k_, w.k_norm, T, c.kv_dim(), c.norm_eps, s);
+    } else if (w.q_norm) {  // qwen3: per-head RMSNorm of Q and K before RoPE (in place)
+        cuda_rmsnorm(q_, q_, w.q_norm, T * c.n_head, c.head_dim, c.norm_eps, s);
+        cuda_rmsnorm(k_, k_, w.k_norm, T * c.n_kv_head, c.head_dim, c.norm_eps, s);
+    }
+    const KvLayerView kv = kv_layer(l);
+    const RopeParams& rope = c.is_swa(l) ? rope_swa_ : rope_;
+    if (rotate_ || !c.uses_rope(l)) {  // unfused: a Hadamard rotation, or a NoPE layer
+        if (c.uses_rope(l)) {
+            cuda_rope(q_, d_pos_, T, c.n_head, c.head_dim, rope, s);
+            cuda_rope(k_, d_pos_, T, c.n_kv_head, c.head_dim, rope, s);
+        }
+        if (rotate_) {  // q.k unchanged; K's outlier channels spread (kv_rotation_enabled)
+            cuda_hadamard(q_, T * c.n_head, c.head_dim, s);
+            cuda_hadamard(k_, T * c.n_kv_head, c.head_dim, s);
+        }
+        cuda_kv_write(kv, kb, k_, v_, s, seals_);
+    } else {
+        cuda_rope_kv_write(q_, k_, v_, d_pos_, kv, kb, c.n_head, rope, s, seals_);
+    }
+    // The attention quantizes its output for the output projection's integer GEMV.
+    const CudaXq* att_xq =
+        xq_for(xq_att_, att_, c.q_dim() % 32 == 0 && cuda_gemv_int_type(w.wo.type), T);
+    cuda_paged_attention(att_, q_, kv, kb, c.n_head, c.attn_scale, scratch_, s, c.attn_softcap,
+                         c.window(l), w.sinks, att_xq);
+    observe({&w.wo}, att_, T);
+    cuda_matmul(xb_, att_, w.wo, T, scratch_, s, att_xq);
+    add_lora(xb_, att_, w.lora[kLoraO], T);
+    if (w.bo) cuda_add_bias(xb_, w.bo, T, c.n_embd, s);
+}
+
+void CudaBackend::enqueue_mla_attention(const DeviceLayer& w, int64_t l, int64_t T,
+                                        const KvBatchView& kb) {
+    const ModelConfig& c = config_;
+    const cudaStream_t s = stream_.get();
+    const KvLayerView kv = kv_layer(l);
+    const int64_t H = c.n_head, R = c.mla_rank, N = c.mla_nope, P = c.n_rot;
+    const int64_t D = c.head_dim;  // P + R: the latent row every head attends over
+    const int64_t QW = N + P;      // one head's query before absorption
+    if (w.wq_a.data) {             // Q through its low rank and an RMSNorm
+        observe({&w.wq_a, &w.wkv_a}, xb_, T);
+        cuda_matmul(mla_qa_, xb_, w.wq_a, T, scratch_, s);
+        cuda_rmsnorm(mla_qa_, mla_qa_, w.q_a_norm, T, c.mla_q_rank, c.norm_eps, s);
+        observe({&w.wq_b}, mla_qa_, T);
+        cuda_matmul(mla_q_, mla_qa_, w.wq_b, T, scratch_, s);
+    } else {
+        observe({&w.wq, &w.wkv_a}, xb_, T);
+        cuda_matmul(mla_q_, xb_, w.wq, T, scratch_, s);
+        add_lora(mla_q_, xb_, w.lora[kLoraQ], T);
+    }
+    // K = V = [k_pe | RMSNorm(compressed KV)] per token.
+    cuda_matmul(mla_kv_, xb_, w.wkv_a, T, scratch_, s);
+    cuda_mla_kv_rows(k_, mla_kv_, w.kv_a_norm, T, R, P, c.norm_eps, s);
+    // Each head's query: [q_pe | wk_b q_nope], so q.k = q_pe.k_pe + q_nope.(W_UK c). Job j of the
+    // GEMVs is (token j / H, head j % H).
+    cuda_copy_rows(q_, D, mla_q_ + N, QW, T * H, P, s);
+    cuda_copy_rows(mla_in_, N, mla_q_, QW, T * H, N, s);
+    cuda_gemv_experts(mla_res_, mla_in_, w.wk_b0, w.wk_b_bytes, mla_ids_, T * H, 1, s, &scratch_);
+    cuda_copy_rows(q_ + P, D, mla_res_, R, T * H, R, s);
+    if (!c.uses_rope(l)) {
+        cuda_kv_write(kv, kb, k_, k_, s, seals_);
+    } else if (kv.v_is_k) {  // K alone is stored: RoPE fused with its write
+        cuda_rope_kv_write(q_, k_, nullptr, d_pos_, kv, kb, H, rope_, s, seals_);
+    } else {  // V (a pool of its own) gets the rotated row too
+        cuda_rope(q_, d_pos_, T, H, D, rope_, s);
+        cuda_rope(k_, d_pos_, T, 1, D, rope_, s);
+        cuda_kv_write(kv, kb, k_, k_, s, seals_);
+    }
+    cuda_paged_attention(att_, q_, kv, kb, H, c.attn_scale, scratch_, s);
+    // Each head's latent output decompressed by its wv_b, then the output projection.
+    cuda_copy_rows(mla_in_, R, att_ + P, D, T * H, R, s);
+    cuda_gemv_experts(mla_res_, mla_in_, w.wv_b0, w.wv_b_bytes, mla_ids_, T * H, 1, s, &scratch_);
+    observe({&w.wo}, mla_res_, T);
+    cuda_matmul(xb_, mla_res_, w.wo, T, scratch_, s);
+    add_lora(xb_, mla_res_, w.lora[kLoraO], T);
 }
 
 // xq pointed at x's rows for the integer GEMV when it takes this step (T decode-size rows,
@@ -270,53 +383,18 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
     // Each residual add is fused with the RMSNorm that follows it (the first layer's attention
     // norm has no add before it), and each norm before a matmul that takes the integer GEMV
     // quantizes its rows for it (norm_xb).
-    const auto int_qkv = [&](int64_t l) { return cuda_gemv_int_type(layers_[size_t(l)].wq.type); };
+    // (DeepSeek's latent attention quantizes its inputs in its matmuls.)
+    const auto int_qkv = [&](int64_t l) {
+        return !c.mla() && cuda_gemv_int_type(layers_[size_t(l)].wq.type);
+    };
     const CudaXq* xq = norm_xb(layers_[0].attn_norm, false, int_qkv(0), T);
     for (int64_t l = 0; l < c.n_layer; ++l) {
         const DeviceLayer& w = layers_[size_t(l)];
         // Attention block (xb_ holds the normed input).
-        observe({&w.wq, &w.wk, &w.wv}, xb_, T);
-        cuda_matmul_qkv(q_, k_, v_, xb_, w.wq, w.wk, w.wv, T, scratch_, s, xq);
-        add_lora(q_, xb_, w.lora[kLoraQ], T);
-        add_lora(k_, xb_, w.lora[kLoraK], T);
-        add_lora(v_, xb_, w.lora[kLoraV], T);
-        if (w.bq) {
-            cuda_add_bias(q_, w.bq, T, c.q_dim(), s);
-            cuda_add_bias(k_, w.bk, T, c.kv_dim(), s);
-            cuda_add_bias(v_, w.bv, T, c.kv_dim(), s);
-        }
-        if (w.q_norm && c.qk_norm_full) {  // olmo2, olmoe: each token's whole Q and K
-            cuda_rmsnorm(q_, q_, w.q_norm, T, c.q_dim(), c.norm_eps, s);
-            cuda_rmsnorm(k_, k_, w.k_norm, T, c.kv_dim(), c.norm_eps, s);
-        } else if (w.q_norm) {  // qwen3: per-head RMSNorm of Q and K before RoPE (in place)
-            cuda_rmsnorm(q_, q_, w.q_norm, T * c.n_head, c.head_dim, c.norm_eps, s);
-            cuda_rmsnorm(k_, k_, w.k_norm, T * c.n_kv_head, c.head_dim, c.norm_eps, s);
-        }
-        const KvLayerView kv = kv_layer(l);
-        const KvBatchView& kb = in_window_pool(l) ? kb_window : kb_main;
-        const RopeParams& rope = c.is_swa(l) ? rope_swa_ : rope_;
-        if (rotate_ || !c.uses_rope(l)) {  // unfused: a Hadamard rotation, or a NoPE layer
-            if (c.uses_rope(l)) {
-                cuda_rope(q_, d_pos_, T, c.n_head, c.head_dim, rope, s);
-                cuda_rope(k_, d_pos_, T, c.n_kv_head, c.head_dim, rope, s);
-            }
-            if (rotate_) {  // q.k unchanged; K's outlier channels spread (kv_rotation_enabled)
-                cuda_hadamard(q_, T * c.n_head, c.head_dim, s);
-                cuda_hadamard(k_, T * c.n_kv_head, c.head_dim, s);
-            }
-            cuda_kv_write(kv, kb, k_, v_, s, seals_);
-        } else {
-            cuda_rope_kv_write(q_, k_, v_, d_pos_, kv, kb, c.n_head, rope, s, seals_);
-        }
-        // The attention quantizes its output for the output projection's integer GEMV.
-        const CudaXq* att_xq =
-            xq_for(xq_att_, att_, c.q_dim() % 32 == 0 && cuda_gemv_int_type(w.wo.type), T);
-        cuda_paged_attention(att_, q_, kv, kb, c.n_head, c.attn_scale, scratch_, s, c.attn_softcap,
-                             c.window(l), w.sinks, att_xq);
-        observe({&w.wo}, att_, T);
-        cuda_matmul(xb_, att_, w.wo, T, scratch_, s, att_xq);
-        add_lora(xb_, att_, w.lora[kLoraO], T);
-        if (w.bo) cuda_add_bias(xb_, w.bo, T, c.n_embd, s);
+        if (c.mla())
+            enqueue_mla_attention(w, l, T, kb_main);
+        else
+            enqueue_attention(w, l, T, xq, in_window_pool(l) ? kb_window : kb_main);
         if (w.attn_post_norm)  // gemma2/3: the block's output normed before the residual add
             cuda_rmsnorm(xb_, xb_, w.attn_post_norm, T, c.n_embd, c.norm_eps, s);
         if (c.residual_scale != 1.0f) cuda_scale(xb_, T * c.n_embd, c.residual_scale, s);

@@ -112,6 +112,12 @@ struct DeviceLayer {
     MoeExperts experts;
     const float* exp_probs_b = nullptr;
     WeightView gate_shexp, up_shexp, down_shexp, gate_inp_shexp;
+    // DeepSeek's latent attention (LayerWeights::wq_a ...; null data without): the low-rank Q
+    // (wq_a, its norm, wq_b; or wq), the compressed KV and k_pe (wkv_a, its norm), and each
+    // head's wk_b / wv_b, head h's matrix wk_b_bytes / wv_b_bytes after head 0's.
+    WeightView wq_a, wq_b, wkv_a, wk_b0, wv_b0;
+    const float *q_a_norm = nullptr, *kv_a_norm = nullptr;
+    size_t wk_b_bytes = 0, wv_b_bytes = 0;
     // LoRA updates (device views) of wq, wk, wv, wo, w_gate, w_up, w_down (kLoraLists order).
     std::vector<LoraDelta> lora[7];
 };
@@ -174,6 +180,14 @@ class CudaBackend final : public Backend {
     void enqueue_forward(int64_t n_tokens, int64_t n_rows, int64_t max_blocks);
     void enqueue_moe_ffn(const DeviceLayer& w, int64_t T);
     void enqueue_dense_ffn(const DeviceLayer& w, int64_t T, const CudaXq* xq);
+    // Layer l's attention on xb_'s T normed rows (xq: quantized by the norm, or null), result
+    // in xb_; kb: the batch's view of the layer's pool (main or window).
+    void enqueue_attention(const DeviceLayer& w, int64_t l, int64_t T, const CudaXq* xq,
+                           const KvBatchView& kb);
+    // DeepSeek's latent attention of layer l on xb_'s T normed rows, result (after attn_output)
+    // in xb_: CpuBackend::mla_attention's steps, each head's absorption GEMVs as expert-indexed
+    // GEMVs over (token, head) jobs.
+    void enqueue_mla_attention(const DeviceLayer& w, int64_t l, int64_t T, const KvBatchView& kb);
     void run_step(int64_t n_tokens, int64_t n_rows, int64_t max_blocks);
     int64_t launch(const ForwardBatch& b);  // validates, uploads and enqueues; returns rows
     KvLayerView kv_layer(int64_t l) const;
@@ -212,7 +226,8 @@ class CudaBackend final : public Backend {
     // Staging (quantized caches): [n_layer] of f16 [n_stages][n_kv_head][bs][hd]
     int64_t n_stages_ = 0;
     std::vector<uint8_t*> k_stage_, v_stage_;
-    bool rotate_ = false;  // Hadamard rotation of Q and K (kv_rotation_enabled)
+    bool rotate_ = false;      // Hadamard rotation of Q and K (kv_rotation_enabled)
+    bool v_shares_k_ = false;  // kv_v_shares_k: V reads K's pool (no V pool or stage)
 
     // Activations for up to token_cap_ tokens.
     int64_t token_cap_ = 0, row_cap_ = 0, table_cap_ = 0;
@@ -228,6 +243,13 @@ class CudaBackend final : public Backend {
     float* shexp_ = nullptr;       // [T][n_embd]: the shared experts' output (GLM 4.5)
     float* shexp_gate_ = nullptr;  // [T]: their gate logits (Qwen2-MoE), else null
     int32_t *moe_ids_ = nullptr, *moe_map_ = nullptr;
+    // DeepSeek's latent attention: Q before absorption [T][n_head][mla_nope + n_rot], Q's low
+    // rank [T][mla_q_rank], the compressed KV and k_pe [T][mla_rank + n_rot], the per-head GEMVs'
+    // inputs [T * n_head][max(mla_nope, mla_rank)] and outputs [T * n_head][max(mla_rank,
+    // mla_v)], and their head ids (job j: head j % n_head) [T * n_head].
+    float *mla_q_ = nullptr, *mla_qa_ = nullptr, *mla_kv_ = nullptr, *mla_in_ = nullptr,
+          *mla_res_ = nullptr;
+    int32_t* mla_ids_ = nullptr;
     // xb_'s rows quantized by the norm before the q/k/v and gate/up matmuls, and att_'s by the
     // attention before the output projection, when the integer GEMV is on (decode-size steps;
     // widths % 32 == 0): [kCudaGemvMaxRows][max(n_embd, q_dim)] int16s, then the scales; one

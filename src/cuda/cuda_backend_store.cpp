@@ -18,11 +18,7 @@ CudaBackend::CudaBackend(const GgufFile& file, const BackendOptions& options, in
     if (const std::string what = cuda_unsupported(config_); !what.empty())
         throw Error(fmt::format("{}: the CUDA backend does not run {} yet", file.path(), what),
                     "use --device cpu");
-    if (config_.head_dim > 256)
-        throw Error(fmt::format("{}: head_dim {} is larger than the CUDA attention kernels "
-                                "support (256)",
-                                file.path(), config_.head_dim),
-                    "use --device cpu");
+    v_shares_k_ = kv_v_shares_k(config_, options_.kv_type_k, options_.kv_type_v);
     if (options_.kv_block_size > 256)
         throw Error(fmt::format("--kv-block-size {} is larger than the CUDA kernels support (256)",
                                 options_.kv_block_size));
@@ -72,6 +68,15 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         size_t attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm, attn_post, ffn_post, router, gate_e,
             up_e, down_e, wq, wk, wv, wo, gate, up, down, bo, sinks, router_b, gate_b, up_b, down_b,
             exp_probs_b, gate_sh, up_sh, down_sh, gate_inp_sh;
+        // DeepSeek: SIZE_MAX without; wk_b / wv_b: head 0's item (the others follow it).
+        size_t wq_a = SIZE_MAX, wq_b = SIZE_MAX, wkv_a = SIZE_MAX, q_a_norm = SIZE_MAX,
+               kv_a_norm = SIZE_MAX, wk_b = SIZE_MAX, wv_b = SIZE_MAX;
+    };
+    // One item per head, each aligned: head h lies align_up(bytes of one) after head 0.
+    auto per_head = [&](const std::vector<WeightView>& heads, const std::string& what) {
+        const size_t first = add_matrix(heads[0], what);
+        for (size_t h = 1; h < heads.size(); ++h) add_matrix(heads[h], what);
+        return first;
     };
     std::vector<LayerItems> li(hw.layers.size());
     for (size_t l = 0; l < hw.layers.size(); ++l) {
@@ -93,6 +98,17 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         it.wk = add_matrix(w.wk, p + "attn_k.weight");
         it.wv = add_matrix(w.wv, p + "attn_v.weight");
         it.wo = add_matrix(w.wo, p + "attn_output.weight");
+        if (config_.mla()) {
+            if (w.wq_a.data) {
+                it.wq_a = add_matrix(w.wq_a, p + "attn_q_a.weight");
+                it.wq_b = add_matrix(w.wq_b, p + "attn_q_b.weight");
+                it.q_a_norm = add_vector(w.q_a_norm);
+            }
+            it.wkv_a = add_matrix(w.wkv_a, p + "attn_kv_a_mqa.weight");
+            it.kv_a_norm = add_vector(w.kv_a_norm);
+            it.wk_b = per_head(w.wk_b, p + "attn_k_b.weight");
+            it.wv_b = per_head(w.wv_b, p + "attn_v_b.weight");
+        }
         if (config_.moe_layer(int64_t(l))) {  // each stacked expert tensor as one item: experts
                                               // stay evenly spaced
             auto stacked = [&](const std::vector<WeightView>& e, const std::string& what) {
@@ -157,6 +173,19 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         d.wk = on_device(w.wk, it.wk);
         d.wv = on_device(w.wv, it.wv);
         d.wo = on_device(w.wo, it.wo);
+        if (config_.mla()) {
+            if (w.wq_a.data) {
+                d.wq_a = on_device(w.wq_a, it.wq_a);
+                d.wq_b = on_device(w.wq_b, it.wq_b);
+                d.q_a_norm = vec(it.q_a_norm);
+            }
+            d.wkv_a = on_device(w.wkv_a, it.wkv_a);
+            d.kv_a_norm = vec(it.kv_a_norm);
+            d.wk_b0 = on_device(w.wk_b[0], it.wk_b);
+            d.wv_b0 = on_device(w.wv_b[0], it.wv_b);
+            d.wk_b_bytes = align_up(w.wk_b[0].row_bytes * size_t(w.wk_b[0].n_out));
+            d.wv_b_bytes = align_up(w.wv_b[0].row_bytes * size_t(w.wv_b[0].n_out));
+        }
         if (config_.moe_layer(int64_t(l))) {
             d.router = on_device(w.router, it.router);
             d.experts.gate0 = on_device(w.gate_exps[0], it.gate_e);
@@ -252,15 +281,19 @@ void CudaBackend::allocate_kv() {
     n_stages_ = kv_stages_for(options_);
     k_block_bytes_ = kv_layer_block_bytes(options_.kv_type_k, KvRole::K, config_.n_kv_head,
                                           options_.kv_block_size, config_.head_dim);
-    v_block_bytes_ = kv_layer_block_bytes(options_.kv_type_v, KvRole::V, config_.n_kv_head,
-                                          options_.kv_block_size, config_.head_dim);
+    // (V reading K's rows: no V pool or stage.)
+    v_block_bytes_ = v_shares_k_
+                         ? 0
+                         : kv_layer_block_bytes(options_.kv_type_v, KvRole::V, config_.n_kv_head,
+                                                options_.kv_block_size, config_.head_dim);
     const size_t s_bytes = align_up(
         size_t(n_stages_ * config_.n_kv_head * options_.kv_block_size * config_.head_dim * 2));
+    const size_t v_s_bytes = v_shares_k_ ? 0 : s_bytes;
     // Per layer: K pool, V pool (of the main or the window pool's blocks), K and V stages.
     auto layer_bytes = [&](int64_t l) {
         const size_t n = size_t(pool_blocks(l));
         return align_up(n * size_t(k_block_bytes_)) + align_up(n * size_t(v_block_bytes_)) +
-               2 * s_bytes;
+               s_bytes + v_s_bytes;
     };
     size_t total = 0;
     for (int64_t l = 0; l < config_.n_layer; ++l) total += layer_bytes(l);
@@ -279,10 +312,10 @@ void CudaBackend::allocate_kv() {
         const size_t k_bytes = align_up(n * size_t(k_block_bytes_));
         const size_t v_bytes = align_up(n * size_t(v_block_bytes_));
         k_pool_.push_back(base);
-        v_pool_.push_back(base + k_bytes);
+        v_pool_.push_back(v_shares_k_ ? base : base + k_bytes);
         if (n_stages_ > 0) {
             k_stage_.push_back(base + k_bytes + v_bytes);
-            v_stage_.push_back(base + k_bytes + v_bytes + s_bytes);
+            v_stage_.push_back(v_shares_k_ ? k_stage_.back() : base + k_bytes + v_bytes + s_bytes);
         }
         base += layer_bytes(l);
     }
@@ -303,6 +336,7 @@ void CudaBackend::read_kv_block(KvPool pool, int64_t block, uint8_t* dst) {
         CUDA_CHECK(cudaMemcpyAsync(dst, k_pool_[size_t(l)] + block * k_block_bytes_,
                                    size_t(k_block_bytes_), cudaMemcpyDeviceToHost, stream_.get()));
         dst += k_block_bytes_;
+        if (v_shares_k_) continue;
         CUDA_CHECK(cudaMemcpyAsync(dst, v_pool_[size_t(l)] + block * v_block_bytes_,
                                    size_t(v_block_bytes_), cudaMemcpyDeviceToHost, stream_.get()));
         dst += v_block_bytes_;
@@ -317,6 +351,7 @@ void CudaBackend::write_kv_block(KvPool pool, int64_t block, const uint8_t* src)
         CUDA_CHECK(cudaMemcpyAsync(k_pool_[size_t(l)] + block * k_block_bytes_, src,
                                    size_t(k_block_bytes_), cudaMemcpyHostToDevice, stream_.get()));
         src += k_block_bytes_;
+        if (v_shares_k_) continue;
         CUDA_CHECK(cudaMemcpyAsync(v_pool_[size_t(l)] + block * v_block_bytes_, src,
                                    size_t(v_block_bytes_), cudaMemcpyHostToDevice, stream_.get()));
         src += v_block_bytes_;
@@ -335,6 +370,7 @@ KvLayerView CudaBackend::kv_layer(int64_t l) const {
     kv.n_kv_head = config_.n_kv_head;
     kv.block_size = options_.kv_block_size;
     kv.head_dim = config_.head_dim;
+    kv.v_is_k = v_shares_k_;  // (then v_pool_ and v_stage_ hold K's)
     if (n_stages_ > 0) {
         kv.k_stage = k_stage_[size_t(l)];
         kv.v_stage = v_stage_[size_t(l)];

@@ -269,6 +269,7 @@ struct RopeKvParams {
     void* k_dst;         // unstaged: pools [n_blocks][n_kv_head][block_size][head_dim] of
     void* v_dst;         //   f32 / f16; staged: f16 stages [n_stages][n_kv_head][bs][head_dim]
     bool k_f32, v_f32;   // element types of k_dst / v_dst (else f16)
+    bool write_v;        // false: V reads K's rows (KvLayerView::v_is_k)
     bool staged;
     const int32_t* token_seq;
     const int32_t* token_slot;
@@ -322,9 +323,9 @@ __global__ void rope_kv_write_kernel(RopeKvParams p) {
         rotated ? cu::rope_pair(j, p.rope.n_rot, p.rope.neox) : make_int2(2 * j, 2 * j + 1);
     // The loads before any store (which could alias them as far as the compiler knows).
     float* kh = p.k + th * D;
-    const float* vh = p.v + th * D;
+    const float* vh = p.write_v ? p.v + th * D : nullptr;
     float k0 = kh[ab.x], k1 = second ? kh[ab.y] : 0.0f;
-    const float v0 = vh[2 * j], v1 = second ? vh[2 * j + 1] : 0.0f;
+    const float v0 = vh ? vh[2 * j] : 0.0f, v1 = vh && second ? vh[2 * j + 1] : 0.0f;
     float* qh = p.q + th * int64_t(p.group) * D;  // query heads h * group ..
     float qa[kQChunk] = {}, qb[kQChunk] = {};
     if (rotated) load_q_pairs(qh, 0, p.group, D, ab, qa, qb);
@@ -350,11 +351,10 @@ __global__ void rope_kv_write_kernel(RopeKvParams p) {
     }
     if (row < 0) return;
     store_f32_or_f16(p.k_dst, p.k_f32, row + ab.x, k0);
+    if (second) store_f32_or_f16(p.k_dst, p.k_f32, row + ab.y, k1);
+    if (!p.write_v) return;
     store_f32_or_f16(p.v_dst, p.v_f32, row + 2 * j, v0);
-    if (second) {
-        store_f32_or_f16(p.k_dst, p.k_f32, row + ab.y, k1);
-        store_f32_or_f16(p.v_dst, p.v_f32, row + 2 * j + 1, v1);
-    }
+    if (second) store_f32_or_f16(p.v_dst, p.v_f32, row + 2 * j + 1, v1);
 }
 
 // Copy of rows [0, n_rows) into stage dst_stage, from stage src_stage or decoded from pool
@@ -394,8 +394,10 @@ void cuda_kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_s
     if (dst_stage < 0) {
         CUDA_REQUIRE(src_stage < 0, "cuda_kv_copy: a stage source needs a stage destination");
         if (src == dst) return;
-        for (auto [pool, type, role] :
-             {std::tuple{kv.k, kv.k_type, KvRole::K}, std::tuple{kv.v, kv.v_type, KvRole::V}}) {
+        const std::tuple<void*, KvType, KvRole> pools[] = {{kv.k, kv.k_type, KvRole::K},
+                                                           {kv.v, kv.v_type, KvRole::V}};
+        for (int i = 0; i < (kv.v_is_k ? 1 : 2); ++i) {
+            const auto [pool, type, role] = pools[i];
             const int64_t bytes =
                 kv.n_kv_head * kv_head_block_bytes(type, role, kv.block_size, kv.head_dim);
             auto* base = static_cast<uint8_t*>(pool);
@@ -424,7 +426,8 @@ void cuda_kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_s
     p.block_size = int(kv.block_size);
     p.head_dim = int(kv.head_dim);
     p.n_rows = int(n_rows);
-    cu::launch_pdl(stage_copy_kernel, dim3(unsigned(kv.n_kv_head), 2), 256, 0, s, p);
+    cu::launch_pdl(stage_copy_kernel, dim3(unsigned(kv.n_kv_head), kv.v_is_k ? 1 : 2), 256, 0, s,
+                   p);
 }
 
 void cuda_kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, const float* v,
@@ -441,21 +444,23 @@ void cuda_kv_write(const KvLayerView& kv, const KvBatchView& batch, const float*
         CUDA_REQUIRE(!kv_type_quantized(kv.k_type) && !kv_type_quantized(kv.v_type),
                      "cuda_kv_write: a quantized cache needs stage slots");
         write_pool(kv.k_type, kv.k, k, kv, batch, s);
-        write_pool(kv.v_type, kv.v, v, kv, batch, s);
+        if (!kv.v_is_k) write_pool(kv.v_type, kv.v, v, kv, batch, s);
         return;
     }
     CUDA_REQUIRE(kv.k_stage && kv.v_stage && batch.token_stage,
                  "cuda_kv_write: staged cache without stage pools or token stages");
     const int64_t n = batch.n_tokens * kv.n_kv_head * kv.head_dim;
     const unsigned blocks = unsigned(cu::ceil_div(n, 256));
-    for (auto [stage, src] : {std::pair{kv.k_stage, k}, std::pair{kv.v_stage, v}}) {
+    const std::pair<void*, const float*> rows[] = {{kv.k_stage, k}, {kv.v_stage, v}};
+    for (int i = 0; i < (kv.v_is_k ? 1 : 2); ++i) {  // (V reading K's rows: K alone)
+        const auto [stage, src] = rows[i];
         cu::launch_pdl(stage_write_kernel, blocks, 256, 0, s, static_cast<__half*>(stage), src,
                        batch.token_slot, batch.token_stage, batch.n_tokens, kv.n_stages,
                        kv.n_kv_head, kv.block_size, kv.head_dim);
     }
     if (!seal) return;
     seal_pool(kv.k_type, KvRole::K, kv.k, kv.k_stage, kv, batch, s);
-    seal_pool(kv.v_type, KvRole::V, kv.v, kv.v_stage, kv, batch, s);
+    if (!kv.v_is_k) seal_pool(kv.v_type, KvRole::V, kv.v, kv.v_stage, kv, batch, s);
 }
 
 void cuda_rope_kv_write(float* q, float* k, const float* v, const int32_t* pos,
@@ -491,6 +496,7 @@ void cuda_rope_kv_write(float* q, float* k, const float* v, const int32_t* pos,
     p.v_dst = staged ? kv.v_stage : kv.v;
     p.k_f32 = !staged && kv.k_type == KvType::F32;
     p.v_f32 = !staged && kv.v_type == KvType::F32;
+    p.write_v = !kv.v_is_k;
     p.staged = staged;
     p.token_seq = batch.token_seq;
     p.token_slot = batch.token_slot;
@@ -510,7 +516,12 @@ void cuda_rope_kv_write(float* q, float* k, const float* v, const int32_t* pos,
                  "cuda_rope_kv_write: too many tokens");
     cu::launch_pdl(rope_kv_write_kernel, unsigned(cu::ceil_div(n, kRopeKvThreads)), kRopeKvThreads,
                    0, s, p);
-    if (staged && seal) seal_pools(kv, batch, s);
+    if (staged && seal) {
+        if (kv.v_is_k)
+            seal_pool(kv.k_type, KvRole::K, kv.k, kv.k_stage, kv, batch, s);
+        else
+            seal_pools(kv, batch, s);
+    }
 }
 
 }  // namespace kvrun

@@ -31,9 +31,10 @@ __global__ void moe_topk_kernel(const float* __restrict__ logits, int n_expert, 
     const float* l = logits + t * n_expert;
     for (int e = lane; e < n_expert; e += kTopkThreads) taken[e] = 0;
     __syncwarp();
-    // The gate of expert e: its sigmoid, or (softmax with a selection bias or unnormalized) its
-    // probability.
-    const bool gated = r.sigmoid || r.select_bias || !r.norm;
+    // The gate of expert e: its sigmoid, or (softmax with a selection bias, unnormalized, or
+    // with expert groups, which sum probabilities) its probability.
+    const bool grouped = r.n_group > 1 && r.n_group_used < r.n_group;
+    const bool gated = r.sigmoid || r.select_bias || !r.norm || grouped;
     float mx = -INFINITY, z = 0.0f;
     if (!r.sigmoid && gated) {
         for (int e = lane; e < n_expert; e += kTopkThreads) mx = fmaxf(mx, l[e]);
@@ -44,12 +45,49 @@ __global__ void moe_topk_kernel(const float* __restrict__ logits, int n_expert, 
     auto gate = [&](int e) {
         return r.sigmoid ? 1.0f / (1.0f + expf(-l[e])) : expf(l[e] - mx) / z;
     };
+    auto choice = [&](int e) {
+        return gated ? gate(e) + (r.select_bias ? r.select_bias[e] : 0.0f) : l[e];
+    };
+    if (grouped) {
+        // Lane g scores group g by its two best choice values; the n_group_used best groups
+        // (ties: the lower group) stay, the experts of the others are taken out.
+        const int per = n_expert / r.n_group;
+        float score = -INFINITY;
+        if (lane < r.n_group) {
+            float best = -INFINITY, second = -INFINITY;
+            for (int e = lane * per; e < (lane + 1) * per; ++e) {
+                const float v = choice(e);
+                if (v > best)
+                    second = best, best = v;
+                else if (v > second)
+                    second = v;
+            }
+            score = per > 1 ? best + second : best;
+        }
+        unsigned keep = 0;
+        for (int i = 0; i < r.n_group_used; ++i) {
+            const bool out = ((keep >> lane) & 1u) != 0 || lane >= r.n_group;
+            float bv = out ? -INFINITY : score;
+            int bg = out ? kTopkThreads : lane;
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                const int og = __shfl_xor_sync(0xffffffffu, bg, o);
+                if (ov > bv || (ov == bv && og < bg)) bv = ov, bg = og;
+            }
+            if (bg == kTopkThreads)  // every score left is NaN: the lowest group not kept
+                bg = __ffs(~keep) - 1;
+            keep |= 1u << bg;
+        }
+        for (int e = lane; e < n_expert; e += kTopkThreads)
+            if (!((keep >> (e / per)) & 1u)) taken[e] = 1;
+        __syncwarp();
+    }
     float best_first = 0.0f, sum = 0.0f;
     for (int j = 0; j < k; ++j) {
         float bv = -INFINITY;
         int bi = n_expert;
         for (int e = lane; e < n_expert; e += kTopkThreads) {
-            const float v = gated ? gate(e) + (r.select_bias ? r.select_bias[e] : 0.0f) : l[e];
+            const float v = choice(e);
             if (!taken[e] && (v > bv || (v == bv && e < bi))) bv = v, bi = e;
         }
         for (int o = 16; o > 0; o >>= 1) {
@@ -95,6 +133,11 @@ void cuda_moe_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int6
                    float* weights, cudaStream_t s, const MoeRouting& r) {
     CUDA_REQUIRE(n_expert >= 1 && n_expert <= 4096 && k >= 1 && k <= n_expert,
                  "cuda_moe_topk: need 1 <= k <= n_expert <= 4096");
+    if (r.n_group > 1 && r.n_group_used < r.n_group)
+        CUDA_REQUIRE(r.n_group <= kCudaMoeMaxGroups && r.n_group_used >= 1 &&
+                         n_expert % r.n_group == 0 && k <= r.n_group_used * (n_expert / r.n_group),
+                     "cuda_moe_topk: expert groups need n_group <= 32 dividing n_expert and k "
+                     "experts in the groups used");
     if (n_tokens <= 0) return;
     cu::launch_pdl(moe_topk_kernel, unsigned(n_tokens), kTopkThreads, size_t(n_expert), s, logits,
                    int(n_expert), int(k), ids, weights, r);

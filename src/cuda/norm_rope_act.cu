@@ -296,6 +296,35 @@ __global__ void gather_rows_kernel(float* __restrict__ out, const float* __restr
     if (i < n_rows * dim) out[i] = x[int64_t(rows[i / dim]) * dim + i % dim];
 }
 
+// out row r (out + r * out_stride)[0, width) = x row r (x + r * x_stride)[0, width); one
+// thread per element.
+__global__ void copy_rows_kernel(float* __restrict__ out, int64_t out_stride,
+                                 const float* __restrict__ x, int64_t x_stride, int64_t n_rows,
+                                 int64_t width) {
+    cu::pdl_begin();
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_rows * width) return;
+    const int64_t r = i / width, c = i % width;
+    out[r * out_stride + c] = x[r * x_stride + c];
+}
+
+// DeepSeek's cached row of each token, one block per token: kv_a row [rank + n_rot] (the
+// compressed KV c, then k_pe) -> k row [n_rot + rank] = [k_pe | rmsnorm(c) * w], the norm
+// summed as rmsnorm_kernel sums it.
+__global__ void mla_kv_rows_kernel(float* __restrict__ k, const float* __restrict__ kv_a,
+                                   const float* __restrict__ w, int64_t rank, int64_t n_rot,
+                                   float eps) {
+    cu::pdl_begin();
+    __shared__ float scratch[32];
+    const float* src = kv_a + int64_t(blockIdx.x) * (rank + n_rot);
+    float* dst = k + int64_t(blockIdx.x) * (rank + n_rot);
+    for (int64_t i = threadIdx.x; i < n_rot; i += blockDim.x) dst[i] = src[rank + i];
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < rank; i += blockDim.x) ss += src[i] * src[i];
+    ss = cu::block_sum(ss, scratch);
+    scale_row(dst + n_rot, src, w, rank, rsqrtf(ss / float(rank) + eps));
+}
+
 // One block per row of x: [n_rows][n], n a power of two <= 1024: the butterflies of a fast
 // Walsh-Hadamard transform in shared memory (in hadamard_rows' order), then 1 / sqrt(n).
 __global__ void hadamard_kernel(float* __restrict__ x, int64_t n) {
@@ -332,6 +361,25 @@ void cuda_gather_rows(float* out, const float* x, const int32_t* rows, int64_t n
     if (n_rows <= 0 || dim <= 0) return;
     cu::launch_pdl(gather_rows_kernel, elt_blocks(n_rows * dim), kEltThreads, 0, s, out, x, rows,
                    n_rows, dim);
+}
+
+void cuda_copy_rows(float* out, int64_t out_stride, const float* x, int64_t x_stride,
+                    int64_t n_rows, int64_t width, cudaStream_t s) {
+    CUDA_REQUIRE(n_rows >= 0 && width >= 0 && out_stride >= width && x_stride >= width,
+                 "cuda_copy_rows: bad shape");
+    if (n_rows == 0 || width == 0) return;
+    cu::launch_pdl(copy_rows_kernel, elt_blocks(n_rows * width), kEltThreads, 0, s, out, out_stride,
+                   x, x_stride, n_rows, width);
+}
+
+void cuda_mla_kv_rows(float* k, const float* kv_a, const float* w, int64_t n_tokens, int64_t rank,
+                      int64_t n_rot, float eps, cudaStream_t s) {
+    CUDA_REQUIRE(n_tokens >= 0 && n_tokens <= INT32_MAX && rank > 0 && n_rot >= 0,
+                 "cuda_mla_kv_rows: bad shape");
+    CUDA_REQUIRE(k != kv_a, "cuda_mla_kv_rows: k must not alias kv_a");
+    if (n_tokens == 0) return;
+    cu::launch_pdl(mla_kv_rows_kernel, unsigned(n_tokens), kRowThreads, 0, s, k, kv_a, w, rank,
+                   n_rot, eps);
 }
 
 void cuda_rmsnorm(float* out, const float* x, const float* w, int64_t n_rows, int64_t dim,

@@ -93,6 +93,14 @@ void cuda_add_sigmoid_gated(float* x, const float* y, const float* g, int64_t n_
                             cudaStream_t s);
 // Numerically stable softmax in place over each row of x: [n_rows][n]
 void cuda_softmax(float* x, int64_t n_rows, int64_t n, cudaStream_t s);
+// Strided row copy: (out + r * out_stride)[0, width) = (x + r * x_stride)[0, width) for
+// r < n_rows (no overlap). DeepSeek's latent attention moves each head's slices with it.
+void cuda_copy_rows(float* out, int64_t out_stride, const float* x, int64_t x_stride,
+                    int64_t n_rows, int64_t width, cudaStream_t s);
+// DeepSeek's cached rows: kv_a [n_tokens][rank + n_rot] (the compressed KV c, then k_pe) ->
+// k [n_tokens][n_rot + rank] = [k_pe | rmsnorm(c) * w] (w: [rank]; k must not alias kv_a).
+void cuda_mla_kv_rows(float* k, const float* kv_a, const float* w, int64_t n_tokens, int64_t rank,
+                      int64_t n_rot, float eps, cudaStream_t s);
 // out[r][:] = x[rows[r]][:]; out: [n_rows][dim], rows: [n_rows] valid row ids (device).
 void cuda_gather_rows(float* out, const float* x, const int32_t* rows, int64_t n_rows, int64_t dim,
                       cudaStream_t s);
@@ -184,13 +192,17 @@ void cuda_gemv_experts_swiglu(float* out, const float* x, const WeightView& gate
 // How a router turns logits into choices and weights (ModelConfig's moe_*): a gate per expert,
 // its softmax probability or (GLM 4.5) its sigmoid; the
 // choice by gate + select_bias[e] (device, [n_expert], or null: ERNIE 4.5's and GLM's), the
-// weights the gates over their sum when norm; then times scale.
+// weights the gates over their sum when norm; then times scale. n_group > 1 (DeepSeek V3's
+// expert groups, cpu::limit_expert_groups): the choice only among the experts of the
+// n_group_used groups of n_expert / n_group whose two best choice values sum highest.
 struct MoeRouting {
     bool sigmoid = false;
     const float* select_bias = nullptr;
     bool norm = true;
     float scale = 1.0f;
+    int n_group = 0, n_group_used = 0;  // n_group <= kCudaMoeMaxGroups
 };
+constexpr int kCudaMoeMaxGroups = 32;
 // The router's choice per token (logits [n_tokens][n_expert]): the k largest (ties: the
 // lower id) into ids [n_tokens][k], in decreasing order, with weights [n_tokens][k] = their
 // softmax probabilities renormalized to sum 1 (or as `r` says).
@@ -254,7 +266,8 @@ void cuda_matmul_geglu(float* out, float* up_buf, const float* x, const WeightVi
 // written is sealed into the pool (same bytes as kv_encode_head_block). block_size <= 256.
 // seal = false: the caller knows that no token of the batch writes the last row of its block
 // (the CUDA backend checks its batch), and the seal launch is left out: a decode step of one
-// sequence needs it once in block_size steps.
+// sequence needs it once in block_size steps. kv.v_is_k: K alone is stored (v is ignored).
+// cuda_kv_copy and cuda_rope_kv_write likewise leave V to K under kv.v_is_k.
 void cuda_kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, const float* v,
                    cudaStream_t s, bool seal = true);
 // cuda_rope on q: [n_tokens][n_head][head_dim] and on k: [n_tokens][n_kv_head][head_dim]
@@ -274,8 +287,10 @@ void cuda_kv_copy(const KvLayerView& kv, int64_t src, int64_t dst, int64_t src_s
 void cuda_hadamard(float* x, int64_t n_rows, int64_t n, cudaStream_t s);
 // Paged causal attention, cpu::paged_attention's contract (f32/f16/q8/q4 pools; with
 // staging a token's own block comes from its stage). q, out: [n_tokens][n_head][head_dim].
-// head_dim <= 256, any block_size >= 1. Few tokens: one thread block per (token, KV head,
-// context split) with split-K merge; many tokens: flash-style query tiles. softcap > 0 and
+// head_dim <= 576, any block_size >= 1. Few tokens: one thread block per (token, KV head,
+// context split) with split-K merge; many tokens: flash-style query tiles. Heads wider than
+// 256 and a V that reads K's rows (kv.v_is_k: DeepSeek's latent rows) take the tiled kernel,
+// which then uses its K tile as the V tile. softcap > 0 and
 // window > 0 as in cpu::paged_attention (Gemma); the kernels skip tiles before the window.
 // sinks (device, [n_head], or null): gpt-oss's attention sinks, as in cpu::paged_attention.
 // With xq (its x must be out), out is also quantized there for the integer GEMV of the
