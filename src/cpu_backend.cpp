@@ -306,7 +306,7 @@ void CpuBackend::mla_attention(const LayerWeights& w, int64_t l, int64_t T, cons
             std::copy(qh, qh + N, mla_in_.data() + t * N);
             std::copy(qh + N, qh + QW, q_.data() + (t * H + h) * D);
         }
-        cpu::matmul(mla_res_.data(), mla_in_.data(), w.wk_b[size_t(h)], T);
+        mla_head_matmul(w, w.wk_b[size_t(h)], T);
         for (int64_t t = 0; t < T; ++t)
             std::copy(mla_res_.data() + t * R, mla_res_.data() + (t + 1) * R,
                       q_.data() + (t * H + h) * D + P);
@@ -326,7 +326,7 @@ void CpuBackend::mla_attention(const LayerWeights& w, int64_t l, int64_t T, cons
             const float* a = att_.data() + (t * H + h) * D + P;
             std::copy(a, a + R, mla_in_.data() + t * R);
         }
-        cpu::matmul(mla_res_.data(), mla_in_.data(), w.wv_b[size_t(h)], T);
+        mla_head_matmul(w, w.wv_b[size_t(h)], T);
         for (int64_t t = 0; t < T; ++t)
             std::copy(mla_res_.data() + t * V, mla_res_.data() + (t + 1) * V,
                       mla_out_.data() + (t * H + h) * V);

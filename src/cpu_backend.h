@@ -54,6 +54,14 @@ class CpuBackend final : public Backend {
     }
     // The mixture-of-experts FFN of layer w on xb_'s T normed rows, result in xb_.
     void moe_ffn(const LayerWeights& w, int64_t T);
+    // mla_res_ = one head's wk_b / wv_b times mla_in_'s T rows, shown to the observer (imatrix:
+    // attn_k_b / attn_v_b, one matrix per head) unless they come from a fused attn_kv_b.
+    void mla_head_matmul(const LayerWeights& w, const WeightView& head, int64_t T) {
+        if (w.kv_b_fused)
+            cpu::matmul(mla_res_.data(), mla_in_.data(), head, T);
+        else
+            matmul(mla_res_.data(), mla_in_.data(), head, T);
+    }
     // DeepSeek's latent attention, absorbed (ModelConfig::mla_rank): Q, the latent K/V rows
     // (written to the cache), attention over them and the per-head decompression into xb_.
     void mla_attention(const LayerWeights& w, int64_t l, int64_t T, const int32_t* pos,

@@ -142,6 +142,7 @@ void load_mla(const GgufFile& f, const ModelConfig& c, int64_t i, ModelWeights& 
             l.wk_b.push_back(k);
         }
         w.owned.push_back(std::move(t));
+        l.kv_b_fused = true;
         return;
     }
     const WeightView kb = load_matrix(f, name("attn_k_b.weight"), N, R, bytes, H);

@@ -65,6 +65,9 @@ struct LayerWeights {
     WeightView wq_a, wq_b, wkv_a;
     std::vector<float> q_a_norm, kv_a_norm;
     std::vector<WeightView> wk_b, wv_b;
+    // wk_b / wv_b come from an older file's attn_kv_b (wk_b transposed into F32): a matmul
+    // observer (imatrix) is not shown them, as attn_kv_b's input is the latent c, not theirs.
+    bool kv_b_fused = false;
     // LoRA adapters' updates of wq .. w_down (lora.h), in adapter order; empty without.
     std::vector<LoraDelta> lora_q, lora_k, lora_v, lora_o, lora_gate, lora_up, lora_down;
 };

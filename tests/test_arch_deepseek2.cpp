@@ -19,6 +19,7 @@
 #include "common.h"
 #include "cpu_ops.h"
 #include "gguf.h"
+#include "imatrix.h"
 #include "model_config.h"
 #include "synthetic_model.h"
 #include "test_util.h"
@@ -483,6 +484,80 @@ TEST_CASE("DeepSeek's shared K/V rows survive f16, q8 and a block copied through
     const double shared_q4 = rel_diff(run(KvType::Q4, true), ref);
     CHECK(shared_q4 < rel_diff(run(KvType::Q4, true, KvType::F16), ref) +
                           rel_diff(run(KvType::F16, true, KvType::Q4), ref));
+}
+
+TEST_CASE("an imatrix of DeepSeek sees attn_k_b and attn_v_b head by head") {
+    // The absorbed attention multiplies each head's q_nope by its attn_k_b and its latent
+    // output by its attn_v_b: the imatrix holds one matrix per head for each (as for experts),
+    // attn_k_b's fed layer 0's q_nope of that head. A file with the older attn_kv_b shows
+    // neither (attn_kv_b's own input, the latent c, is not what the absorbed heads multiply).
+    TempDir dir;
+    for (bool legacy : {false, true}) {
+        CAPTURE(legacy);
+        SyntheticModelConfig cfg = small_v2();
+        cfg.mla_legacy = legacy;
+        const std::string path = dir.file(legacy ? "legacy.gguf" : "v2.gguf");
+        synthetic_model_write(cfg, path);
+        GgufFile f = GgufFile::open(path);
+        const ModelConfig c = model_config_from_gguf(f);
+        BackendOptions o;
+        o.kv_block_size = 16;
+        o.n_kv_blocks = 2;
+        auto be = make_cpu_backend(f, o);
+        ImatrixCollector collector(f, false);
+        REQUIRE(be->set_matmul_observer([&](const void* w, int64_t n, const float* x,
+                                            int64_t rows) { collector.observe(w, n, x, rows); }));
+        ForwardBatch b;
+        for (size_t i = 0; i < kTokens.size(); ++i) {
+            b.tokens.push_back(kTokens[i]);
+            b.positions.push_back(int32_t(i));
+            b.seq_index.push_back(0);
+            b.slots.push_back(int32_t(i));
+        }
+        b.logit_rows = {int32_t(kTokens.size()) - 1};
+        b.block_tables = {{0}};
+        std::vector<float> logits(size_t(c.n_vocab));
+        be->forward(b, logits.data());
+        const Imatrix& im = collector.result();
+        CHECK(im.entries.count("blk.0.attn_q.weight") == 1);
+        CHECK(im.entries.count("blk.0.attn_kv_a_mqa.weight") == 1);
+        if (legacy) {
+            for (const auto& [name, e] : im.entries) {
+                CAPTURE(name);
+                CHECK(name.find("attn_kv_b") == std::string::npos);
+                CHECK(name.find("attn_k_b") == std::string::npos);
+            }
+            continue;
+        }
+        const double T = double(kTokens.size());
+        for (const char* t : {"attn_k_b", "attn_v_b"})
+            for (int64_t l = 0; l < c.n_layer; ++l) {
+                const std::string name = fmt::format("blk.{}.{}.weight", l, t);
+                CAPTURE(name);
+                REQUIRE(im.entries.count(name) == 1);
+                const Imatrix::Entry& e = im.entries.at(name);
+                CHECK(e.n_in == (std::string(t) == "attn_k_b" ? c.mla_nope : c.mla_rank));
+                CHECK(e.counts == std::vector<double>(size_t(c.n_head), T));
+            }
+        // Layer 0's q_nope by hand: the normed embeddings through attn_q.
+        const Mat emb = tensor(f, "token_embd.weight"), wq = tensor(f, "blk.0.attn_q.weight");
+        const Mat norm = tensor(f, "blk.0.attn_norm.weight");
+        const int64_t H = c.n_head, N = c.mla_nope, QW = c.mla_nope + c.n_rot;
+        std::vector<double> want(size_t(H * N), 0.0);
+        for (int32_t tok : kTokens) {
+            std::vector<float> x(emb.row(tok), emb.row(tok) + c.n_embd);
+            rms_normalize(x, 0, c.n_embd, norm.data, c.norm_eps);
+            const std::vector<float> q = matvec(wq, x);
+            for (int64_t h = 0; h < H; ++h)
+                for (int64_t n = 0; n < N; ++n)
+                    want[size_t(h * N + n)] +=
+                        double(q[size_t(h * QW + n)]) * q[size_t(h * QW + n)] / T;
+        }
+        const std::vector<float> got = im.mean_squares("blk.0.attn_k_b.weight");
+        REQUIRE(got.size() == want.size());
+        for (size_t i = 0; i < got.size(); ++i)
+            CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-4));
+    }
 }
 
 TEST_CASE("DeepSeek's router without expert_gating_func: softmax, but sigmoid for GLM 4.7 Flash") {
