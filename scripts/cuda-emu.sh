@@ -6,7 +6,7 @@
 #     ORDER  fwd (default) | rev | rand: order in which a CTA's threads run between
 #            synchronization points (rand: EMU_SEED=N picks the shuffle)
 #     TEST   test_cuda_kv_quant test_cuda_attention test_cuda_sampling test_cuda_ops test_cuda_moe
-#            test_cuda_invariance test_cuda_backend (default: all). Slow cases and one known
+#            test_cuda_invariance test_cuda_backend test_cuda_arch (default: all). Slow cases and one known
 #            tolerance failure are excluded with doctest filters (FILTERS below).
 #     DOCTEST-ARG  passed to each test as is, e.g. -- "-tc=cuda backend matches*"
 #   Environment: EMU_ASAN=1 builds with ASan+UBSan (into build-emu/asan),
@@ -18,7 +18,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ALL_TESTS=(test_cuda_kv_quant test_cuda_attention test_cuda_sampling test_cuda_ops test_cuda_moe
-    test_cuda_invariance test_cuda_backend)
+    test_cuda_invariance test_cuda_backend test_cuda_arch)
 
 order=fwd
 if [[ $# -gt 0 && ($1 == fwd || $1 == rev || $1 == rand) ]]; then
@@ -62,6 +62,7 @@ declare -A FILTERS=(
     # vocabulary (about 3.5 minutes), both pass. The rest (the q8 / q4 KV case included,
     # about 1 minute) takes about 2.5 minutes. EMU_FILTERS=0 runs them all.
     [test_cuda_backend]='-tce=cuda graph replay*,cuda forward_sample picks*'
+    [test_cuda_arch]=''
 )
 
 build="$ROOT/build-emu"

@@ -35,7 +35,7 @@ esac
 B=build-cuda
 [ -f $B/build.ninja ] || cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVRUN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 > /dev/null
-bins="kvrun make-synthetic-model server-load test_cuda_attention test_cuda_backend test_cuda_invariance
+bins="kvrun make-synthetic-model server-load test_cuda_arch test_cuda_attention test_cuda_backend test_cuda_invariance
       test_cuda_kv_quant test_cuda_moe test_cuda_ops test_cuda_sampling"
 ninja -C $B $bins > /dev/null
 rm -rf /tmp/kvrun-bin && mkdir -p /tmp/kvrun-bin/bin

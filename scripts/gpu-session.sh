@@ -54,7 +54,7 @@ if ! $B/kvrun --version > /dev/null 2>&1; then
   log "prebuilt binaries do not run here ($($B/kvrun --version 2>&1 | head -1)); building"
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DKVRUN_CUDA=ON \
     > "$OUT/build.log" 2>&1 && ninja -C $B -j16 kvrun make-synthetic-model server-load \
-    test_cuda_attention test_cuda_backend test_cuda_invariance test_cuda_kv_quant test_cuda_moe test_cuda_ops \
+    test_cuda_arch test_cuda_attention test_cuda_backend test_cuda_invariance test_cuda_kv_quant test_cuda_moe test_cuda_ops \
     test_cuda_sampling >> "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
 fi
 log "binaries ready"
@@ -159,7 +159,7 @@ if want test; then
   # prebuilt): one line each in cuda-tests.md, the full output in cuda-<name>.log.
   echo "| test | exit | doctest summary |" > "$OUT/cuda-tests.md"; echo "|---|---:|---|" >> "$OUT/cuda-tests.md"
   for t in test_cuda_ops test_cuda_moe test_cuda_attention test_cuda_kv_quant test_cuda_sampling \
-           test_cuda_invariance test_cuda_backend; do
+           test_cuda_invariance test_cuda_backend test_cuda_arch; do
     timeout 120 $B/$t > "$OUT/cuda-$t.log" 2>&1; rc=$?
     echo "| $t | $rc | $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/cuda-$t.log" | tr -s ' ' | tr '\n' ' ') |" \
       >> "$OUT/cuda-tests.md"
