@@ -33,7 +33,7 @@ flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undef
        -fno-sanitize-recover=undefined -Isrc)
 
 if [ "$target" = gguf ]; then
-    clang++ "${flags[@]}" fuzz/fuzz_gguf.cpp src/gguf.cpp src/gguf_writer.cpp src/quant.cpp src/quant_k.cpp src/quant_iq.cpp \
+    clang++ "${flags[@]}" fuzz/fuzz_gguf.cpp src/gguf.cpp src/gguf_writer.cpp src/quant.cpp src/quant_k.cpp src/quant_iq.cpp src/quant_ternary.cpp \
         src/model_config.cpp \
         -lfmt -o "$out/fuzz_gguf"
     KVRUN_FUZZ_WRITE_SEEDS="$corpus" "$out/fuzz_gguf"
@@ -46,13 +46,13 @@ if [ "$target" = gguf ]; then
 elif [ "$target" = grammar ]; then
     clang++ "${flags[@]}" fuzz/fuzz_grammar.cpp src/grammar.cpp src/grammar_match.cpp \
         src/tokenizer.cpp src/tokenizer_bpe.cpp src/tokenizer_spm.cpp src/pretokenizer.cpp \
-        src/unicode_text.cpp src/gguf.cpp src/quant.cpp src/quant_k.cpp src/quant_iq.cpp -lfmt -lpcre2-8 -o "$out/fuzz_grammar"
+        src/unicode_text.cpp src/gguf.cpp src/quant.cpp src/quant_k.cpp src/quant_iq.cpp src/quant_ternary.cpp -lfmt -lpcre2-8 -o "$out/fuzz_grammar"
     KVRUN_FUZZ_WRITE_SEEDS="$corpus" "$out/fuzz_grammar"
     max_len=4096
 elif [ "$target" = json_schema ]; then
     clang++ "${flags[@]}" fuzz/fuzz_json_schema.cpp src/json_schema*.cpp src/grammar.cpp \
         src/grammar_match.cpp src/tokenizer.cpp src/tokenizer_bpe.cpp src/tokenizer_spm.cpp \
-        src/pretokenizer.cpp src/unicode_text.cpp src/gguf.cpp src/quant.cpp src/quant_k.cpp src/quant_iq.cpp -lfmt -lpcre2-8 \
+        src/pretokenizer.cpp src/unicode_text.cpp src/gguf.cpp src/quant.cpp src/quant_k.cpp src/quant_iq.cpp src/quant_ternary.cpp -lfmt -lpcre2-8 \
         -o "$out/fuzz_json_schema"
     KVRUN_FUZZ_WRITE_SEEDS="$corpus" "$out/fuzz_json_schema"
     max_len=4096
@@ -78,7 +78,7 @@ else
     fi
     clang++ "${flags[@]}" fuzz/fuzz_tokenizer.cpp src/tokenizer.cpp src/tokenizer_bpe.cpp \
         src/tokenizer_spm.cpp src/pretokenizer.cpp src/unicode_text.cpp src/gguf.cpp \
-        src/quant.cpp src/quant_k.cpp src/quant_iq.cpp -lfmt -lpcre2-8 -o "$out/fuzz_tokenizer"
+        src/quant.cpp src/quant_k.cpp src/quant_iq.cpp src/quant_ternary.cpp -lfmt -lpcre2-8 -o "$out/fuzz_tokenizer"
     # Seeds: the vocabulary suites' test strings, one file each, for every vocabulary.
     python3 - "$shared/vocab" "$corpus" <<'PY'
 import pathlib, sys

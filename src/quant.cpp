@@ -213,7 +213,7 @@ struct TypeEntry {
     QuantFn quant = nullptr;
 };
 
-constexpr uint32_t kMaxTypeId = 40;
+constexpr uint32_t kMaxTypeId = 42;
 
 TypeEntry make(const char* name, int64_t elems, size_t bytes, DequantFn dq = nullptr,
                QuantFn q = nullptr) {
@@ -255,14 +255,16 @@ const std::array<TypeEntry, kMaxTypeId>& type_table() {
         set(GgmlType::IQ3_S, make("IQ3_S", 256, 110));
         set(GgmlType::IQ2_S, make("IQ2_S", 256, 82));
         set(GgmlType::IQ1_M, make("IQ1_M", 256, 56));
-        set(GgmlType::TQ1_0, make("TQ1_0", 256, 54));
-        set(GgmlType::TQ2_0, make("TQ2_0", 256, 66));
         set(GgmlType::I8, make("I8", 1, 1));
         set(GgmlType::I16, make("I16", 1, 2));
         set(GgmlType::I32, make("I32", 1, 4));
         set(GgmlType::I64, make("I64", 1, 8));
         set(GgmlType::F64, make("F64", 1, 8));
         set(GgmlType::MXFP4, make("MXFP4", 32, 17, dequant_mxfp4, quant_mxfp4));
+        set(GgmlType::NVFP4, make("NVFP4", 64, 36, dequant_nvfp4, quant_nvfp4));
+        set(GgmlType::TQ1_0, make("TQ1_0", 256, 54, dequant_tq1_0, quant_tq1_0));
+        set(GgmlType::TQ2_0, make("TQ2_0", 256, 66, dequant_tq2_0, quant_tq2_0));
+        set(GgmlType::Q1_0, make("Q1_0", 128, 18, dequant_q1_0, quant_q1_0));
         return t;
     }();
     return table;
@@ -311,7 +313,7 @@ const char* ggml_type_name(GgmlType t) {
 }
 
 std::optional<GgmlType> ggml_type_from_name(std::string_view name) {
-    for (uint32_t id = 0; id < uint32_t(GgmlType::TQ2_0) + 1; ++id) {
+    for (uint32_t id = 0; id < kMaxTypeId; ++id) {
         if (!ggml_type_known(id)) continue;
         const char* known = type_table()[id].traits.name;
         if (name.size() == std::strlen(known) &&

@@ -38,7 +38,8 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
 void quantize_row(GgmlType t, const float* src, void* dst, int64_t n);
 // The same, fitting each block to minimize the error weighted by importance[n] (an
 // importance matrix's entries for the row's columns: mean squared activations); nullptr is
-// quantize_row. Q4_0..Q5_1, the K-quants and IQ4 use the weights; the other types ignore them.
+// quantize_row. Q4_0..Q5_1, the K-quants, IQ4, MXFP4, NVFP4, TQ1_0, TQ2_0 and Q1_0 use the
+// weights; the other types ignore them.
 void quantize_row_weighted(GgmlType t, const float* src, const float* importance, void* dst,
                            int64_t n);
 // dot(row of type t with n elements, x[n]) in float32 accumulation; equal (to float

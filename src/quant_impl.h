@@ -1,6 +1,7 @@
 // Internal to the quant module: the per-type block codecs that quant.cpp dispatches to,
 // grouped by family (quant.cpp: float and legacy 32-blocks, quant_k.cpp: K-quants,
-// quant_iq.cpp: IQ4). Every function handles `nb` whole blocks.
+// quant_iq.cpp: IQ4 and FP4, quant_ternary.cpp: TQ1_0, TQ2_0, Q1_0). Every function handles
+// `nb` whole blocks.
 #pragma once
 
 #include <cmath>
@@ -28,6 +29,20 @@ inline constexpr int8_t kMxfp4Values[16] = {0, 1,  2,  3,  4,  6,  8,  12,
 // for every byte (the first two are float subnormals).
 inline float mxfp4_scale(uint8_t e) {
     const uint32_t bits = e < 2 ? 0x00200000u << e : uint32_t(e - 1) << 23;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// NVFP4's UE4M3 sub-block scale halved (for kMxfp4Values' doubled values): bits 6..3 the
+// exponent e (bias 7), bits 2..0 the mantissa m, so (1 + m/8) 2^(e-7) / 2, or m 2^-10 when
+// e is 0. Bit 7 is ignored, as the sign of the E4M3 byte it came from; 0x7f (E4M3's nan)
+// is 0, as in ggml.
+inline float nvfp4_scale(uint8_t b) {
+    const uint32_t e = (b >> 3) & 15, m = b & 7;
+    if ((b & 0x7f) == 0x7f) return 0.0f;
+    if (e == 0) return float(m) * 0x1p-10f;
+    const uint32_t bits = (e + 119) << 23 | m << 20;
     float f;
     std::memcpy(&f, &bits, 4);
     return f;
@@ -87,6 +102,15 @@ void quant_iq4_nl(const float* src, uint8_t* dst, int64_t nb, const float* w);
 void quant_iq4_xs(const float* src, uint8_t* dst, int64_t nb, const float* w);
 void dequant_mxfp4(const uint8_t* src, float* dst, int64_t nb);
 void quant_mxfp4(const float* src, uint8_t* dst, int64_t nb, const float* w);
+void dequant_nvfp4(const uint8_t* src, float* dst, int64_t nb);
+void quant_nvfp4(const float* src, uint8_t* dst, int64_t nb, const float* w);
+
+void dequant_tq1_0(const uint8_t* src, float* dst, int64_t nb);
+void dequant_tq2_0(const uint8_t* src, float* dst, int64_t nb);
+void dequant_q1_0(const uint8_t* src, float* dst, int64_t nb);
+void quant_tq1_0(const float* src, uint8_t* dst, int64_t nb, const float* w);
+void quant_tq2_0(const float* src, uint8_t* dst, int64_t nb, const float* w);
+void quant_q1_0(const float* src, uint8_t* dst, int64_t nb, const float* w);
 
 // Little-endian scalar loads/stores (blocks are byte-packed, so no aligned access).
 inline float load_f16(const uint8_t* p);  // defined below via quant.h's converters

@@ -7,8 +7,12 @@
 //          scales_h; x = d * (scale - 32) * kIq4Codebook[nibble].
 //   MXFP4  [u8 e][16 B nibbles]: 32 elements (OCP microscaling FP4, gpt-oss's experts),
 //          x = mxfp4_scale(e) * kMxfp4Values[nibble], nibbles laid out like IQ4_NL.
+//   NVFP4  [4 B UE4M3 scales][32 B nibbles]: 64 elements (NVIDIA's FP4, ModelOpt checkpoints)
+//          in four sub-blocks of 16; sub-block s is bytes 4 + 8s .. + 7, element j < 8 the
+//          low nibble of byte j, j + 8 its high nibble; x = nvfp4_scale(d[s]) * kMxfp4Values.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "quant.h"
 #include "quant_impl.h"
@@ -195,6 +199,74 @@ void quant_mxfp4(const float* src, uint8_t* dst, int64_t nb, const float* w) {
         dst[0] = uint8_t(best_e);
         for (int j = 0; j < 16; ++j) dst[1 + j] = uint8_t(best_idx[j] | best_idx[j + 16] << 4);
     }
+}
+
+void dequant_nvfp4(const uint8_t* src, float* dst, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, src += 36)
+        for (int s = 0; s < 4; ++s, dst += 16) {
+            const float d = nvfp4_scale(src[s]);
+            for (int j = 0; j < 8; ++j) {
+                const uint8_t q = src[4 + 8 * s + j];
+                dst[j] = d * float(kMxfp4Values[q & 0xf]);
+                dst[j + 8] = d * float(kMxfp4Values[q >> 4]);
+            }
+        }
+}
+
+namespace {
+
+// The UE4M3 byte of scale v (the E2M1 unit; nvfp4_scale decodes it halved), as ggml's
+// encoder rounds it: the fourth mantissa bit rounds half up, subnormals by v * 2^9 + 0.5;
+// 0 for v <= 0 or nan, 0x7e (the largest finite code) from 2^8 up.
+uint8_t ue4m3_byte(float v) {
+    if (!(v > 0.0f)) return 0;
+    v = std::min(v, 448.0f);
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    int e = int((bits >> 23) & 0xff) - 127 + 7;
+    if (e <= 0) return uint8_t(std::clamp(int(v * 512.0f + 0.5f), 0, 7));
+    int m = int((bits >> 20) & 7) + int((bits >> 19) & 1);
+    if (m > 7) m = 0, ++e;
+    return e >= 15 ? uint8_t(0x7e) : uint8_t(e << 3 | m);
+}
+
+// Weighted squared error of the 16 elements x coded with scale byte sb; writes the codes.
+float nvfp4_sub_error(const float* x, const float* w, uint8_t sb, uint8_t* idx) {
+    const float d = nvfp4_scale(sb), id = d != 0 ? 1.0f / d : 0.0f;
+    float err = 0;
+    for (int i = 0; i < 16; ++i) {
+        idx[i] = mxfp4_code(x[i] * id);
+        const float diff = d * float(kMxfp4Values[idx[i]]) - x[i];
+        err += (w ? w[i] : 1.0f) * diff * diff;
+    }
+    return err;
+}
+
+}  // namespace
+
+// Each sub-block's scale byte: ggml's (amax / 6, the largest E2M1 value, rounded), or the
+// neighbouring byte (two below, one above) whose codes leave the least weighted squared
+// error; ggml's wins ties.
+void quant_nvfp4(const float* src, uint8_t* dst, int64_t nb, const float* w) {
+    uint8_t idx[16], best_idx[16];
+    for (int64_t b = 0; b < nb; ++b, dst += 36)
+        for (int s = 0; s < 4; ++s, src += 16, w = w ? w + 16 : w) {
+            float amax = 0;
+            for (int i = 0; i < 16; ++i) amax = std::max(amax, std::fabs(src[i]));
+            const uint8_t b0 = std::isfinite(amax) ? ue4m3_byte(amax / 6.0f) : uint8_t(0x7e);
+            uint8_t best = b0;
+            float best_err = nvfp4_sub_error(src, w, b0, best_idx);
+            for (int delta : {-2, -1, 1}) {
+                const int c = int(b0) + delta;
+                if (b0 == 0 || c < 1 || c > 0x7e) continue;
+                const float err = nvfp4_sub_error(src, w, uint8_t(c), idx);
+                if (err < best_err)
+                    best_err = err, best = uint8_t(c), std::copy(idx, idx + 16, best_idx);
+            }
+            dst[s] = best;
+            for (int j = 0; j < 8; ++j)
+                dst[4 + 8 * s + j] = uint8_t(best_idx[j] | best_idx[j + 8] << 4);
+        }
 }
 
 }  // namespace kvrun::quant_detail

@@ -58,6 +58,8 @@ enum FileTypeId : uint32_t {
     kTQ1_0 = 36,
     kTQ2_0 = 37,
     kMXFP4_MOE = 38,
+    kNVFP4 = 39,
+    kQ1_0 = 40,
 };
 
 using T = GgmlType;
@@ -94,8 +96,13 @@ constexpr QuantFileType kFileTypes[] = {
     {"IQ3_XS", kIQ3_XS, T::IQ3_S, "3.3 bpw", kNoCodec},
     {"IQ3_S", kIQ3_S, T::IQ3_S, "3.44 bpw", kNoCodec},
     {"IQ3_M", kIQ3_M, T::IQ3_S, "3.66 bpw", kNoCodec},
-    {"TQ1_0", kTQ1_0, T::TQ1_0, "1.69 bpw ternary", kNoCodec},
-    {"TQ2_0", kTQ2_0, T::TQ2_0, "2.06 bpw ternary", kNoCodec},
+    {"TQ1_0", kTQ1_0, T::TQ1_0, "1.69 bpw ternary (models trained ternary: BitNet b1.58, TriLM)",
+     ""},
+    {"TQ2_0", kTQ2_0, T::TQ2_0, "2.06 bpw ternary, the faster layout of TQ1_0's values", ""},
+    {"Q1_0", kQ1_0, T::Q1_0, "1.125 bpw, a sign per weight and a scale per 128 (binary models)",
+     ""},
+    {"NVFP4", kNVFP4, T::NVFP4, "4.5 bpw FP4 (NVIDIA ModelOpt checkpoints, converted)",
+     "llama.cpp writes NVFP4 only when converting a ModelOpt checkpoint, never by quantizing"},
 };
 
 std::string upper(std::string_view s) {
@@ -178,7 +185,8 @@ GgmlType mix_type(const MixContext& m, const GgufTensorInfo& t, GgmlType type, i
         if (falcon || t.dims[0] % ggml_type_traits(type).block_elems != 0) return T::Q8_0;
         return type == T::Q8_0 ? type : T::Q6_K;
     }
-    if (n == "token_embd.weight") return type;
+    // The ternary files keep a 4-bit embedding (llama.cpp's rule; Q1_0 follows it here).
+    if (n == "token_embd.weight") return f == kTQ1_0 || f == kTQ2_0 || f == kQ1_0 ? T::Q4_K : type;
     if (contains(n, "attn_v.weight")) {
         if (f == kQ2_K)
             type = m.n_gqa >= 4 ? T::Q4_K : T::Q3_K;
@@ -255,6 +263,11 @@ GgmlType fallback_type(GgmlType t, int64_t width) {
             break;
         case T::Q6_K:
             f = T::Q8_0;
+            break;
+        case T::TQ1_0:
+        case T::TQ2_0:
+        case T::Q1_0:
+            f = T::Q4_0;
             break;
         default:
             f = T::F16;  // the 32-element types

@@ -140,6 +140,7 @@ struct Tables {
     CodeTable q2_min = make_grid_table(1.5, 1.5, 0, 3, 1.5);     // Q2_K
     CodeTable iq4 = make_book_table(quant_detail::kIq4Codebook, 127.0, 2.7);
     CodeTable mxfp4 = make_book_table(quant_detail::kMxfp4Values, 12.0, 2.7);
+    CodeTable ternary = make_grid_table(1.0, 1.0, 0, 2, 1.4);  // TQ1_0, TQ2_0: unit = code - 1
 };
 
 const Tables& tables() {
@@ -179,6 +180,47 @@ void block_mxfp4(uint8_t* dst, float sigma, Bits& b) {
     const double d = sigma / std::sqrt(t.rms2 * kBlockMul2) * b.block_mul();
     dst[0] = uint8_t(std::clamp<long>(128 + std::lround(std::log2(std::max(d, 1e-30))), 1, 254));
     for (int j = 0; j < 16; ++j) dst[1 + j] = uint8_t(c[j] | (c[j + 16] << 4));
+}
+
+// NVFP4: 4 UE4M3 bytes | qs[32]; sub-block k of 16 has x = nvfp4_scale(d[k]) * value[q]: the
+// byte whose scale is nearest below the wanted one (exponent from log2, then the mantissa).
+void block_nvfp4(uint8_t* dst, float sigma, Bits& b) {
+    const CodeTable& t = tables().mxfp4;
+    for (int k = 0; k < 4; ++k) {
+        uint8_t c[16];
+        b.codes(t, c, 16);
+        const double raw = 2.0 * sigma / std::sqrt(t.rms2 * kBlockMul2) * b.block_mul();
+        const int e = std::clamp(int(std::floor(std::log2(std::max(raw, 1e-30)))) + 7, 1, 15);
+        const int m = std::clamp(int((raw / std::ldexp(1.0, e - 7) - 1.0) * 8.0), 0, 7);
+        dst[k] = uint8_t(std::min(e << 3 | m, 0x7e));
+        for (int j = 0; j < 8; ++j) dst[4 + 8 * k + j] = uint8_t(c[j] | (c[j + 8] << 4));
+    }
+}
+
+// TQ1_0 / TQ2_0 (ternary codes) and Q1_0 (signs) times an f16 block scale: values on the
+// type's grid, written by its quantizer, which codes them exactly (its scale is their largest
+// magnitude, or for Q1_0 their mean magnitude).
+template <GgmlType kType>
+void block_lowbit(uint8_t* dst, float sigma, Bits& b) {
+    constexpr int n = kType == GgmlType::Q1_0 ? 128 : 256;
+    float x[n];
+    if constexpr (kType == GgmlType::Q1_0) {
+        const float d =
+            fp16_to_fp32(fp32_to_fp16(sigma * b.block_mul() / float(std::sqrt(kBlockMul2))));
+        for (int i = 0; i < n; i += 64) {
+            const uint64_t w = b.u64();
+            for (int j = 0; j < 64; ++j) x[i + j] = (w >> j) & 1 ? d : -d;
+        }
+    } else {
+        const CodeTable& t = tables().ternary;
+        const float d = fp16_to_fp32(
+            fp32_to_fp16(sigma / std::sqrt(float(t.rms2 * kBlockMul2)) * b.block_mul()));
+        uint8_t c[n];
+        b.codes(t, c, n);
+        c[0] = 2;  // one nonzero code, so the quantizer's scale (the largest |x|) is d
+        for (int i = 0; i < n; ++i) x[i] = d * float(int(c[i]) - 1);
+    }
+    quantize_row(kType, x, dst, n);
 }
 
 // Q4_1: f16 d | f16 m | qs[16]; x = d * q + m with m = -7.5 d (zero mean).
@@ -408,6 +450,14 @@ BlockWriter block_writer(GgmlType t) {
             return block_iq4_xs;
         case GgmlType::MXFP4:
             return block_mxfp4;
+        case GgmlType::NVFP4:
+            return block_nvfp4;
+        case GgmlType::TQ1_0:
+            return block_lowbit<GgmlType::TQ1_0>;
+        case GgmlType::TQ2_0:
+            return block_lowbit<GgmlType::TQ2_0>;
+        case GgmlType::Q1_0:
+            return block_lowbit<GgmlType::Q1_0>;
         default:
             return nullptr;
     }

@@ -233,6 +233,14 @@ uint32_t file_type_of(const SyntheticModelConfig& c) {
             return 32;
         case GgmlType::MXFP4:
             return 38;  // llama.cpp's MXFP4_MOE
+        case GgmlType::TQ1_0:
+            return 36;
+        case GgmlType::TQ2_0:
+            return 37;
+        case GgmlType::NVFP4:
+            return 39;
+        case GgmlType::Q1_0:
+            return 40;
         default:
             return 0;
     }
@@ -623,20 +631,22 @@ void synthetic_set_type(SyntheticModelConfig& cfg, std::string_view type_name) {
         up = up.substr(0, 4);
     }
     static const GgmlType kTypes[] = {
-        GgmlType::F32,  GgmlType::F16,    GgmlType::BF16,   GgmlType::Q8_0,
-        GgmlType::Q4_0, GgmlType::Q4_1,   GgmlType::Q5_0,   GgmlType::Q5_1,
-        GgmlType::Q2_K, GgmlType::Q3_K,   GgmlType::Q4_K,   GgmlType::Q5_K,
-        GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4};
+        GgmlType::F32,   GgmlType::F16,   GgmlType::BF16,  GgmlType::Q8_0,   GgmlType::Q4_0,
+        GgmlType::Q4_1,  GgmlType::Q5_0,  GgmlType::Q5_1,  GgmlType::Q2_K,   GgmlType::Q3_K,
+        GgmlType::Q4_K,  GgmlType::Q5_K,  GgmlType::Q6_K,  GgmlType::IQ4_NL, GgmlType::IQ4_XS,
+        GgmlType::MXFP4, GgmlType::NVFP4, GgmlType::TQ1_0, GgmlType::TQ2_0,  GgmlType::Q1_0};
     for (GgmlType t : kTypes) {
         if (up == ggml_type_name(t)) {
             cfg.type = t;
-            cfg.output_type = is_k_quant(t) ? GgmlType::Q6_K : t;
+            // The K-quant, ternary and binary files keep a Q6_K output (llama-quantize's rule).
+            const bool lowbit = t == GgmlType::TQ1_0 || t == GgmlType::TQ2_0 || t == GgmlType::Q1_0;
+            cfg.output_type = is_k_quant(t) || lowbit ? GgmlType::Q6_K : t;
             return;
         }
     }
     throw Error(fmt::format("unknown synthetic model type '{}'", type_name),
                 "use F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, "
-                "Q6_K, IQ4_NL, IQ4_XS, MXFP4, Q4_K_M or Q5_K_M");
+                "Q6_K, IQ4_NL, IQ4_XS, MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0, Q4_K_M or Q5_K_M");
 }
 
 void synthetic_validate(const SyntheticModelConfig& c) {

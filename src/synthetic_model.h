@@ -150,8 +150,9 @@ std::vector<std::string> synthetic_preset_names();
 SyntheticModelConfig synthetic_preset(std::string_view name);
 
 // Sets cfg.type, cfg.output_type and cfg.k_mix from a type name: a GGUF type (F32, F16, BF16,
-// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4; output in the
-// same type, except Q6_K for K-quants) or a mix (Q4_K_M, Q5_K_M). Case-insensitive.
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, NVFP4,
+// TQ1_0, TQ2_0, Q1_0; output in the same type, except Q6_K for K-quants and the ternary and
+// binary types) or a mix (Q4_K_M, Q5_K_M). Case-insensitive.
 void synthetic_set_type(SyntheticModelConfig& cfg, std::string_view type_name);
 
 // Checks shapes and types (head_dim, GQA ratio, block-size divisibility, ...); throws Error.

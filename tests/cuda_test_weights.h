@@ -1,7 +1,7 @@
 // Random weight matrices of every GGUF type the CUDA kernels handle, for the CUDA op tests:
 // float types from random values, block types from random bytes with sane f16 scales (so
-// every code pattern occurs; MXFP4: exponent bytes near 2^0), uploaded to the device next to the
-// host copy.
+// every code pattern occurs; MXFP4 / NVFP4: scale bytes near 2^0), uploaded to the device next to
+// the host copy.
 #pragma once
 
 #include <cstdint>
@@ -21,10 +21,10 @@ constexpr double kGemmF16 = 1e-5;  // activations and weights rounded to f16
 
 inline const std::vector<GgmlType>& cuda_weight_types() {
     static const std::vector<GgmlType> types = {
-        GgmlType::F32,  GgmlType::F16,    GgmlType::BF16,   GgmlType::Q4_0,
-        GgmlType::Q4_1, GgmlType::Q5_0,   GgmlType::Q5_1,   GgmlType::Q8_0,
-        GgmlType::Q2_K, GgmlType::Q3_K,   GgmlType::Q4_K,   GgmlType::Q5_K,
-        GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4};
+        GgmlType::F32,   GgmlType::F16,   GgmlType::BF16,  GgmlType::Q4_0,   GgmlType::Q4_1,
+        GgmlType::Q5_0,  GgmlType::Q5_1,  GgmlType::Q8_0,  GgmlType::Q2_K,   GgmlType::Q3_K,
+        GgmlType::Q4_K,  GgmlType::Q5_K,  GgmlType::Q6_K,  GgmlType::IQ4_NL, GgmlType::IQ4_XS,
+        GgmlType::MXFP4, GgmlType::NVFP4, GgmlType::TQ1_0, GgmlType::TQ2_0,  GgmlType::Q1_0};
     return types;
 }
 
@@ -42,6 +42,10 @@ inline std::vector<int> scale_offsets(GgmlType t) {
             return {108};
         case GgmlType::Q6_K:
             return {208};
+        case GgmlType::TQ1_0:
+            return {52};
+        case GgmlType::TQ2_0:
+            return {64};
         default:
             return {0};
     }
@@ -74,7 +78,11 @@ inline TestWeights make_weights(GgmlType t, int64_t n_out, int64_t n_in, uint32_
         std::uniform_int_distribution<int> exponent(118, 129);  // MXFP4's E8M0 byte: 2^-10..2^1
         for (size_t b = 0; b < w.bytes.size() && t == GgmlType::MXFP4; b += tr.block_bytes)
             w.bytes[b] = uint8_t(exponent(rng));
-        for (size_t b = 0; b < w.bytes.size() && t != GgmlType::MXFP4; b += tr.block_bytes)
+        std::uniform_int_distribution<int> ue4m3(0x10, 0x3f);  // NVFP4's scales: 2^-7..2^-1
+        for (size_t b = 0; b < w.bytes.size() && t == GgmlType::NVFP4; b += tr.block_bytes)
+            for (size_t k = 0; k < 4; ++k) w.bytes[b + k] = uint8_t(ue4m3(rng));
+        const bool f16_scales = t != GgmlType::MXFP4 && t != GgmlType::NVFP4;
+        for (size_t b = 0; b < w.bytes.size() && f16_scales; b += tr.block_bytes)
             for (size_t k = 0; k < offs.size(); ++k) {
                 // The first field is the scale (either sign for symmetric types); a second one
                 // is a min (Q4_1, Q5_1) or a positive min scale (K-quants).

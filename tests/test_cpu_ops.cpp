@@ -108,14 +108,16 @@ TEST_CASE("matmul gives the reference order's bits for every type, shape and bat
     // Row counts around the 4-row groups, token counts around the 16-token tiles, rows of
     // one span, of several spans with a short last one, and (float types) not a multiple
     // of 8. The decoders written for some types must equal dequantize_row exactly.
-    const GgmlType types[] = {GgmlType::F32,  GgmlType::F16,    GgmlType::BF16,   GgmlType::Q4_0,
-                              GgmlType::Q4_1, GgmlType::Q5_0,   GgmlType::Q5_1,   GgmlType::Q8_0,
-                              GgmlType::Q2_K, GgmlType::Q3_K,   GgmlType::Q4_K,   GgmlType::Q5_K,
-                              GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4};
+    const GgmlType types[] = {GgmlType::F32,   GgmlType::F16,    GgmlType::BF16,   GgmlType::Q4_0,
+                              GgmlType::Q4_1,  GgmlType::Q5_0,   GgmlType::Q5_1,   GgmlType::Q8_0,
+                              GgmlType::Q2_K,  GgmlType::Q3_K,   GgmlType::Q4_K,   GgmlType::Q5_K,
+                              GgmlType::Q6_K,  GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4,
+                              GgmlType::NVFP4, GgmlType::TQ1_0,  GgmlType::TQ2_0,  GgmlType::Q1_0};
     for (GgmlType type : types) {
         const int64_t block = ggml_type_traits(type).block_elems;
         std::vector<int64_t> widths = {256, 2304};
         if (block == 32) widths.push_back(544);
+        if (block == 64 || block == 128) widths.push_back(block * (512 / block + 1));
         if (block == 1) widths.insert(widths.end(), {70, 13});
         for (int64_t n_in : widths)
             for (int64_t n_out : {1, 7, 13})

@@ -208,7 +208,8 @@ TEST_CASE("cuda embed and f16 dequantization match dequantize_row for every weig
         const int64_t be = ggml_type_traits(t).block_elems;
         std::vector<int64_t> widths = be == 256  ? std::vector<int64_t>{256, 768}
                                       : be == 32 ? std::vector<int64_t>{96, 512}
-                                                 : std::vector<int64_t>{64, 172, 520};
+                                      : be == 1  ? std::vector<int64_t>{64, 172, 520}
+                                                 : std::vector<int64_t>{be, 5 * be};
         for (int64_t n_in : widths) {
             CAPTURE(n_in);
             const int64_t n_out = 37;
@@ -253,7 +254,8 @@ TEST_CASE("cuda gemv (fused dequantize x vector) matches cpu::matmul for every w
         const int64_t be = ggml_type_traits(t).block_elems;
         std::vector<int64_t> widths = be == 256  ? std::vector<int64_t>{256, 2048}
                                       : be == 32 ? std::vector<int64_t>{96, 2048}
-                                                 : std::vector<int64_t>{172, 2048};
+                                      : be == 1  ? std::vector<int64_t>{172, 2048}
+                                                 : std::vector<int64_t>{3 * be, 2048};
         for (int64_t n_in : widths)
             for (int64_t n_out : {37, 128}) {
                 TestWeights w = make_weights(t, n_out, n_in, 7 + uint32_t(n_in + n_out));

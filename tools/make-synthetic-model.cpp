@@ -65,7 +65,7 @@ int run(int argc, char** argv) {
                    "exaone4: a 64-layer model's window (default 4096)");
     app.add_option("-t,--type", type,
                    "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL "
-                   "IQ4_XS MXFP4 Q4_K_M Q5_K_M")
+                   "IQ4_XS MXFP4 NVFP4 TQ1_0 TQ2_0 Q1_0 Q4_K_M Q5_K_M")
         ->capture_default_str();
     app.add_option("--expert-type", expert_type,
                    "type of the experts' tensors (default: the preset's, else --type; "

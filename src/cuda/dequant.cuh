@@ -421,6 +421,107 @@ struct LoadMXFP4 {
     }
 };
 
+// NVFP4 [4 B UE4M3 scales][32 B nibbles], 36 B: sub-block k of 16 has scale
+// nvfp4_scale(d[k]) (quant_detail::nvfp4_scale: halved, bit 7 ignored, 0x7f is 0) and bytes
+// 4 + 8k .. + 7 (element j < 8 low nibble of byte j, j + 8 its high nibble). An item is two
+// sub-blocks.
+__device__ __forceinline__ float nvfp4_scale(uint32_t b) {
+    const uint32_t e = (b >> 3) & 15, m = b & 7;
+    if ((b & 0x7f) == 0x7f) return 0.0f;
+    return e == 0 ? float(m) * 0x1p-10f : __uint_as_float((e + 119) << 23 | m << 20);
+}
+
+struct LoadNVFP4 {
+    static constexpr int kItem = 32;
+    __device__ static void load(const uint8_t* row, int64_t it, float* v) {
+        const uint8_t* b = row + (it >> 1) * 36;
+        const int half = int(it & 1);
+        const uint32_t scales = *reinterpret_cast<const uint32_t*>(b);
+        uint32_t w[4];
+        load_words<4, 16>(b + 4 + 16 * half, w);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const float d = nvfp4_scale((scales >> (16 * half + 8 * k)) & 0xffu);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const uint32_t q = byte_at(w, 8 * k + j);
+                v[16 * k + j] = d * mxfp4_value(q & 0xf);
+                v[16 * k + j + 8] = d * mxfp4_value(q >> 4);
+            }
+        }
+    }
+};
+
+// ---- ternary and binary types (quant_ternary.cpp has the layouts) ---------------------------
+
+// TQ2_0 [64 B codes][f16 d], 66 B: sub-block s = 4h + l is bits 2l..2l+1 of bytes 32h ..
+// 32h + 31; x = d * (code - 1).
+struct LoadTQ2_0 {
+    static constexpr int kItem = 32;
+    __device__ static void load(const uint8_t* row, int64_t it, float* v) {
+        const uint8_t* b = row + (it >> 3) * 66;
+        const int s = int(it & 7), h = s >> 2, l = s & 3;
+        const float d = ld_f16(b + 64);
+        uint32_t w[8];
+        load_words<2, 32>(b + 32 * h, w);
+#pragma unroll
+        for (int m = 0; m < 32; ++m) v[m] = d * code_float<1>((byte_at(w, m) >> (2 * l)) & 3);
+    }
+};
+
+// Trit n of a TQ1_0 byte: ((b * 3^n) mod 256 * 3) >> 8.
+__device__ __forceinline__ uint32_t tq1_trit(uint32_t b, uint32_t pow3) {
+    return (((b * pow3) & 0xffu) * 3u) >> 8;
+}
+
+// TQ1_0 [48 B qs][4 B qh][f16 d], 54 B: sub-blocks 0..4 are trit s of qs[0..31]; 5 and 6
+// trits 0,1 and 2,3 of qs[32..47] (16 elements each); 7 trit 4 of qs[32..47], then trit n of
+// qh[m] at 16 + 4n + m. x = d * (trit - 1).
+struct LoadTQ1_0 {
+    static constexpr int kItem = 32;
+    __device__ static void load(const uint8_t* row, int64_t it, float* v) {
+        const uint8_t* b = row + (it >> 3) * 54;
+        const int s = int(it & 7);
+        const float d = ld_f16(b + 52);
+        if (s < 5) {
+            const uint32_t p = s == 0 ? 1u : s == 1 ? 3u : s == 2 ? 9u : s == 3 ? 27u : 81u;
+            uint32_t w[8];
+            load_words<2, 32>(b, w);
+#pragma unroll
+            for (int m = 0; m < 32; ++m) v[m] = d * code_float<1>(tq1_trit(byte_at(w, m), p));
+            return;
+        }
+        uint32_t w[4];
+        load_words<2, 16>(b + 32, w);
+        const uint32_t p0 = s == 5 ? 1u : s == 6 ? 9u : 81u, p1 = s == 5 ? 3u : 27u;
+#pragma unroll
+        for (int m = 0; m < 16; ++m) v[m] = d * code_float<1>(tq1_trit(byte_at(w, m), p0));
+        if (s < 7) {
+#pragma unroll
+            for (int m = 0; m < 16; ++m) v[16 + m] = d * code_float<1>(tq1_trit(byte_at(w, m), p1));
+            return;
+        }
+        const uint32_t qh = ld_u32_a2(b + 48);
+#pragma unroll
+        for (int n = 0, p = 1; n < 4; ++n, p *= 3)
+#pragma unroll
+            for (int m = 0; m < 4; ++m)
+                v[16 + 4 * n + m] = d * code_float<1>(tq1_trit((qh >> (8 * m)) & 0xffu, p));
+    }
+};
+
+// Q1_0 [f16 d][16 B bits], 18 B: sub-block s is bits 32s .. 32s + 31; a set bit is +d.
+struct LoadQ1_0 {
+    static constexpr int kItem = 32;
+    __device__ static void load(const uint8_t* row, int64_t it, float* v) {
+        const uint8_t* b = row + (it >> 2) * 18;
+        const float d = ld_f16(b);
+        const uint32_t bits = ld_u32_a2(b + 2 + 4 * (it & 3));
+#pragma unroll
+        for (int j = 0; j < 32; ++j) v[j] = (bits >> j) & 1 ? d : -d;
+    }
+};
+
 template <class L>
 struct LoaderTag {
     using type = L;
@@ -480,6 +581,18 @@ bool with_loader(GgmlType t, bool vec, F&& f) {
         case GgmlType::MXFP4:
             f(LoaderTag<LoadMXFP4>{});
             return true;
+        case GgmlType::NVFP4:
+            f(LoaderTag<LoadNVFP4>{});
+            return true;
+        case GgmlType::TQ1_0:
+            f(LoaderTag<LoadTQ1_0>{});
+            return true;
+        case GgmlType::TQ2_0:
+            f(LoaderTag<LoadTQ2_0>{});
+            return true;
+        case GgmlType::Q1_0:
+            f(LoaderTag<LoadQ1_0>{});
+            return true;
         default:
             return false;
     }
@@ -500,12 +613,18 @@ inline int64_t weight_block_elems(GgmlType t) {
         case GgmlType::IQ4_NL:
         case GgmlType::MXFP4:
             return 32;
+        case GgmlType::NVFP4:
+            return 64;
+        case GgmlType::Q1_0:
+            return 128;
         case GgmlType::Q2_K:
         case GgmlType::Q3_K:
         case GgmlType::Q4_K:
         case GgmlType::Q5_K:
         case GgmlType::Q6_K:
         case GgmlType::IQ4_XS:
+        case GgmlType::TQ1_0:
+        case GgmlType::TQ2_0:
             return 256;
         default:
             return 0;
@@ -534,6 +653,14 @@ inline size_t weight_block_bytes(GgmlType t) {
             return 18;
         case GgmlType::MXFP4:
             return 17;
+        case GgmlType::NVFP4:
+            return 36;
+        case GgmlType::TQ1_0:
+            return 54;
+        case GgmlType::TQ2_0:
+            return 66;
+        case GgmlType::Q1_0:
+            return 18;
         case GgmlType::Q2_K:
             return 84;
         case GgmlType::Q3_K:

@@ -108,7 +108,7 @@ void cuda_gather_rows(float* out, const float* x, const int32_t* rows, int64_t n
 // ---- weights (dequant.cu, gemv.cu, gemm.cu) ----------------------------------------------
 
 // Weight types the CUDA kernels compute with: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS.
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0.
 bool cuda_supports_weight_type(GgmlType t);
 
 // out[t][:] = dequantized row tokens[t] of the table; out: [n_tokens][n_embd], tokens on
