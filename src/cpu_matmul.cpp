@@ -352,6 +352,13 @@ KVRUN_SIMD_CLONES void rows_times_tile(const WeightView& w, const float* x, int6
 void matmul(float* out, const float* x, const WeightView& w, int64_t n_rows) {
     if (!w.data || w.n_in <= 0 || w.n_out <= 0)
         fail("matmul: empty weight view ({} x {})", w.n_out, w.n_in);
+    if (w.scale != 1.0f) {  // the rows' product, then the tensor's factor
+        WeightView rows = w;
+        rows.scale = 1.0f;
+        matmul(out, x, rows, n_rows);
+        for (int64_t i = 0; i < n_rows * w.n_out; ++i) out[i] *= w.scale;
+        return;
+    }
     if (llamacpp_rounding()) return llamacpp::matmul(out, x, w, n_rows);
     const int64_t n_groups = (w.n_out + kGroup - 1) / kGroup;
     cpu_thread_pool().parallel_for(n_groups, parallel_grain(kGroup * w.n_in * n_rows),

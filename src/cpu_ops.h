@@ -12,13 +12,16 @@
 namespace kvrun {
 
 // A 2-D weight matrix as stored in GGUF: n_out rows of n_in elements of `type`,
-// row r starting at data + r * row_bytes. (GGUF dims = {n_in, n_out}.)
+// row r starting at data + r * row_bytes. (GGUF dims = {n_in, n_out}.) The matrix is
+// `scale` times those rows: the per-tensor factor a converted NVFP4 checkpoint (and BitNet)
+// keeps beside the weight as NAME.scale; 1 otherwise.
 struct WeightView {
     GgmlType type = GgmlType::F32;
     int64_t n_in = 0;
     int64_t n_out = 0;
     size_t row_bytes = 0;
     const void* data = nullptr;
+    float scale = 1.0f;
 };
 
 // Storage type of one KV pool (K and V may differ); formats in kv_format.h.
@@ -67,7 +70,8 @@ void rmsnorm(float* out, const float* x, const float* w, int64_t n_rows, int64_t
 
 // out[r][o] = sum_i x[r][i] * W[o][i];  x: [n_rows][n_in], out: [n_rows][n_out]
 // (cpu_matmul.cpp). Each sum has one fixed float order (products added into lane i % 8 of
-// eight accumulators, the lanes combined pairwise), whatever n_rows, threads or CPU.
+// eight accumulators, the lanes combined pairwise), whatever n_rows, threads or CPU; then
+// times w.scale when it is not 1.
 void matmul(float* out, const float* x, const WeightView& w, int64_t n_rows);
 
 // Adds bias[n] to every row of x: [n_rows][n]

@@ -2,6 +2,8 @@
 // weights.h).
 #include "weights.h"
 
+#include <cmath>
+
 #include "common.h"
 #include "quant.h"
 
@@ -69,17 +71,45 @@ WeightView row_slice(const WeightView& w, int64_t r0, int64_t n) {
 
 namespace {
 
+// The factors in BASE.scale beside the matrix BASE.weight (`name`): one, or one per matrix
+// of a stack of n_stack; empty without the tensor. (llama.cpp's per-tensor scales: a
+// converted NVFP4 checkpoint's second-level scale, BitNet's weight scales.)
+std::vector<float> load_scales(const GgufFile& f, const std::string& name, int64_t n_stack) {
+    const std::string scale_name = name.substr(0, name.rfind(".weight")) + ".scale";
+    const GgufTensorInfo* t = f.find_tensor(scale_name);
+    if (!t) return {};
+    if (t->n_elements != 1 && t->n_elements != n_stack)
+        fail("{}: tensor '{}' has {} values; the scale of '{}' has 1{}", f.path(), scale_name,
+             t->n_elements, name, n_stack > 1 ? fmt::format(" or {}", n_stack) : std::string());
+    check_computable(f, *t, t->n_elements);
+    std::vector<float> v(size_t(t->n_elements));
+    dequantize_row(t->type, t->data, v.data(), t->n_elements);
+    for (float x : v)
+        if (!std::isfinite(x)) fail("{}: tensor '{}' holds {}", f.path(), scale_name, x);
+    return v;
+}
+
 // A 2-D weight: GGUF dims {n_in, n_out}; with n_stack > 1, n_stack such matrices stacked in
-// one 3-D tensor {n_in, n_out, n_stack} (experts), viewed as n_out * n_stack rows.
+// one 3-D tensor {n_in, n_out, n_stack} (experts), viewed as n_out * n_stack rows. Its
+// BASE.scale, when there is one, is the view's scale; a stack's per-matrix scales go to
+// *stack_scales (which a stack with such scales needs).
 WeightView load_matrix(const GgufFile& f, const std::string& name, int64_t n_in, int64_t n_out,
-                       uint64_t& total_bytes, int64_t n_stack = 1) {
+                       uint64_t& total_bytes, int64_t n_stack = 1,
+                       std::vector<float>* stack_scales = nullptr) {
     // (One row, [n_in, 1], is 1-D once squeezed.)
     const std::vector<int64_t> dims = n_stack > 1  ? std::vector<int64_t>{n_in, n_out, n_stack}
                                       : n_out == 1 ? std::vector<int64_t>{n_in}
                                                    : std::vector<int64_t>{n_in, n_out};
     const GgufTensorInfo& t = find_checked(f, name, dims);
-    const WeightView w = matrix_view(f, t, n_in, n_out * n_stack);
+    WeightView w = matrix_view(f, t, n_in, n_out * n_stack);
     total_bytes += w.row_bytes * uint64_t(w.n_out);
+    const std::vector<float> scales = load_scales(f, name, n_stack);
+    if (scales.size() == 1) {
+        w.scale = scales[0];
+    } else if (!scales.empty()) {
+        if (!stack_scales) fail("{}: per-matrix scales of '{}' are not supported", f.path(), name);
+        *stack_scales = scales;
+    }
     return w;
 }
 
@@ -157,6 +187,12 @@ void load_mla(const GgufFile& f, const ModelConfig& c, int64_t i, ModelWeights& 
 
 ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
     ModelWeights w;
+    // (llama.cpp scales neither the embedding lookup nor a tied output.)
+    for (const char* unsupported : {"token_embd.scale", "output.scale"})
+        if (f.find_tensor(unsupported) &&
+            (unsupported[0] == 't' || !f.find_tensor("output.weight")))
+            fail("{}: tensor '{}' is not supported (a scaled {})", f.path(), unsupported,
+                 unsupported[0] == 't' ? "token embedding" : "output tied to the embedding");
     w.token_embd = load_matrix(f, "token_embd.weight", c.n_embd, c.n_vocab, w.matrix_bytes);
     w.output_norm = load_vector(f, "output_norm.weight", c.n_embd);
     if (f.find_tensor("output.weight")) {
@@ -223,10 +259,14 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
         if (c.moe_layer(i)) {  // experts stacked in 3-D tensors: expert e is a contiguous slice
             l.router = load_matrix(f, name("ffn_gate_inp.weight"), c.n_embd, c.n_expert, bytes);
             auto experts = [&](const char* what, int64_t n_in, int64_t n_out) {
-                const WeightView all = load_matrix(f, name(what), n_in, n_out, bytes, c.n_expert);
+                std::vector<float> scales;
+                const WeightView all =
+                    load_matrix(f, name(what), n_in, n_out, bytes, c.n_expert, &scales);
                 std::vector<WeightView> v;
-                for (int64_t e = 0; e < c.n_expert; ++e)
+                for (int64_t e = 0; e < c.n_expert; ++e) {
                     v.push_back(row_slice(all, e * n_out, n_out));
+                    if (!scales.empty()) v.back().scale = scales[size_t(e)];
+                }
                 return v;
             };
             l.gate_exps = experts("ffn_gate_exps.weight", c.n_embd, c.n_ff_exp);

@@ -212,6 +212,39 @@ inline std::vector<uint8_t> gguf_rewritten(const GgufFile& f, const std::string&
     return w.to_bytes();
 }
 
+// `f` with llama.cpp's per-tensor scales on its F32 matrices (2-D and 3-D, the embedding and
+// routers excepted): NAME.scale after NAME.weight holds s, a power of two per tensor (for an
+// expert stack, per expert: they differ), and the weights are divided by it, so the model is
+// the same: the scaled products give the same bits wherever the weights stay normal floats.
+inline std::vector<uint8_t> gguf_with_scales(const GgufFile& f) {
+    GgufWriter w(uint32_t(f.alignment()));
+    for (const auto& [k, v] : f.metadata()) w.set_value(k, v);
+    int i = 0;
+    for (const GgufTensorInfo& t : f.tensors()) {
+        const bool matrix = t.type == GgmlType::F32 && t.dims.size() >= 2 &&
+                            t.name.ends_with(".weight") && t.name != "token_embd.weight" &&
+                            t.name.find("ffn_gate_inp") == std::string::npos;
+        if (!matrix) {
+            w.add_tensor(t.name, t.type, t.dims, t.data, t.n_bytes);
+            continue;
+        }
+        const int64_t n_stack = t.dims.size() >= 3 ? t.dims[2] : 1, per = t.n_elements / n_stack;
+        const float* src = reinterpret_cast<const float*>(t.data);
+        std::vector<float> data(static_cast<size_t>(t.n_elements)),
+            scales(static_cast<size_t>(n_stack));
+        for (int64_t e = 0; e < n_stack; ++e) {
+            scales[size_t(e)] = std::ldexp(1.0f, int((i + e) % 5) - 2);
+            for (int64_t j = e * per; j < (e + 1) * per; ++j)
+                data[size_t(j)] = src[j] / scales[size_t(e)];
+        }
+        ++i;
+        w.add_tensor(t.name, GgmlType::F32, t.dims, data.data(), data.size() * sizeof(float));
+        w.add_tensor(t.name.substr(0, t.name.size() - 7) + ".scale", GgmlType::F32, {n_stack},
+                     scales.data(), scales.size() * sizeof(float));
+    }
+    return w.to_bytes();
+}
+
 // The error that reading the config (config_only) or making a CPU backend from a GGUF's bytes
 // raises, or "" when none does.
 inline std::string load_error(const std::vector<uint8_t>& bytes, bool config_only = false) {

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "arch_test_util.h"
 #include "backend.h"
 #include "common.h"
 #include "cuda_backend_test_util.h"
@@ -91,6 +92,34 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
             check_prefill_decode(*cpu, *gpu, table, a, 12, logit_bound(kv));
             std::filesystem::remove(path);
         }
+}
+
+TEST_CASE("cuda backend applies per-tensor and per-expert scales (NAME.scale) as the cpu does") {
+    // F32 models whose weights are divided by powers of two that their .scale tensors multiply
+    // back (arch_test::gguf_with_scales; the experts' differ): the GEMV epilogue (decode, the
+    // experts by device-side ids), the GEMM's alpha and the grouped prefill's expert views.
+    const auto dir = std::filesystem::temp_directory_path();
+    for (const char* arch : {"llama", "qwen3moe"}) {
+        CAPTURE(arch);
+        SyntheticModelConfig c = synthetic_preset("tiny");
+        c.arch = arch;
+        c.weight_std = 0.06f;
+        // All 4 experts used: no routing near-tie can part the backends.
+        if (std::string(arch) == "qwen3moe") c.n_expert = 4, c.n_expert_used = 4, c.n_ff_exp = 256;
+        const auto path = dir / fmt::format("kvrun-test-cuda-scales-{}.gguf", arch);
+        synthetic_model_write(c, path.string());
+        const GgufFile plain = GgufFile::open(path.string());
+        const std::vector<uint8_t> bytes = arch_test::gguf_with_scales(plain);
+        const GgufFile file = GgufFile::from_memory(bytes.data(), bytes.size(), "scaled.gguf");
+        BackendOptions o;
+        o.kv_block_size = 16;
+        o.n_kv_blocks = 8;
+        auto cpu = make_cpu_backend(file, o);
+        auto gpu = make_cuda_backend(file, o, 0);
+        KvBlockTable table(8, 16, cpu->n_kv_stages());
+        check_prefill_decode(*cpu, *gpu, table, table.create_sequence(), 6, kLogitBound);
+        std::filesystem::remove(path);
+    }
 }
 
 TEST_CASE("cuda backend matches the cpu backend on DeepSeek's latent attention and expert groups") {

@@ -205,9 +205,9 @@ void CudaBackend::enqueue_moe_ffn(const DeviceLayer& w, int64_t T) {
         cuda_moe_combine(xb_, moe_out_, moe_w_, T, K, c.n_embd, s);
     } else {  // decode: expert GEMVs by device-side ids (capturable)
         cuda_gemv_experts_swiglu(moe_h_, xb_, ex.gate0, ex.up0, ex.expert_bytes, moe_ids_, T * K,
-                                 int(K), s, &scratch_);
+                                 int(K), s, &scratch_, ex.gate_s, ex.up_s);
         cuda_gemv_experts(moe_out_, moe_h_, ex.down0, ex.down_bytes, moe_ids_, T * K, 1, s,
-                          &scratch_);
+                          &scratch_, ex.down_s);
         cuda_moe_combine(xb_, moe_out_, moe_w_, T, K, c.n_embd, s);
     }
     if (shared && w.gate_inp_shexp.data)

@@ -2,6 +2,8 @@
 // adapters uploaded into device arenas, the paged K/V pools, block copies and block I/O.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -71,6 +73,20 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         // DeepSeek: SIZE_MAX without; wk_b / wv_b: head 0's item (the others follow it).
         size_t wq_a = SIZE_MAX, wq_b = SIZE_MAX, wkv_a = SIZE_MAX, q_a_norm = SIZE_MAX,
                kv_a_norm = SIZE_MAX, wk_b = SIZE_MAX, wv_b = SIZE_MAX;
+        // The experts' own scales (MoeExperts::gate_s ...): SIZE_MAX when they are all one.
+        size_t gate_s = SIZE_MAX, up_s = SIZE_MAX, down_s = SIZE_MAX;
+    };
+    // Per layer, the gate, up and down experts' scales when they differ (else empty); the
+    // upload reads them from here.
+    std::vector<std::array<std::vector<float>, 3>> expert_scales(hw.layers.size());
+    auto scales_of = [&](const std::vector<WeightView>& experts, std::vector<float>& keep) {
+        keep.clear();
+        for (const WeightView& e : experts) keep.push_back(e.scale);
+        if (std::all_of(keep.begin(), keep.end(), [&](float v) { return v == keep[0]; })) {
+            keep.clear();
+            return SIZE_MAX;
+        }
+        return add_vector(keep);
     };
     // One item per head, each aligned: head h lies align_up(bytes of one) after head 0.
     auto per_head = [&](const std::vector<WeightView>& heads, const std::string& what) {
@@ -120,6 +136,9 @@ void CudaBackend::upload_weights(const GgufFile& file) {
             it.gate_e = stacked(w.gate_exps, p + "ffn_gate_exps.weight");
             it.up_e = stacked(w.up_exps, p + "ffn_up_exps.weight");
             it.down_e = stacked(w.down_exps, p + "ffn_down_exps.weight");
+            it.gate_s = scales_of(w.gate_exps, expert_scales[l][0]);
+            it.up_s = scales_of(w.up_exps, expert_scales[l][1]);
+            it.down_s = scales_of(w.down_exps, expert_scales[l][2]);
             if (config_.n_ff_shexp > 0) {
                 it.gate_sh = add_matrix(w.gate_shexp, p + "ffn_gate_shexp.weight");
                 it.up_sh = add_matrix(w.up_shexp, p + "ffn_up_shexp.weight");
@@ -197,6 +216,12 @@ void CudaBackend::upload_weights(const GgufFile& file) {
             d.experts.gate_b = vec(it.gate_b);
             d.experts.up_b = vec(it.up_b);
             d.experts.down_b = vec(it.down_b);
+            d.experts.gate_s = vec(it.gate_s);
+            d.experts.up_s = vec(it.up_s);
+            d.experts.down_s = vec(it.down_s);
+            d.experts.gate_s_host = expert_scales[l][0];
+            d.experts.up_s_host = expert_scales[l][1];
+            d.experts.down_s_host = expert_scales[l][2];
             d.experts.swiglu_oai = config_.swiglu_oai;
             d.experts.alpha = config_.swiglu_alpha, d.experts.limit = config_.swiglu_limit;
             d.exp_probs_b = vec(it.exp_probs_b);

@@ -41,7 +41,7 @@ void cuda_gemm(float* out, const float* x, const WeightView& w, int64_t n_rows,
     if (n_rows == 0) return;
     auto handle = static_cast<cublasHandle_t>(scratch.cublas(s));
     const CublasLib& blas = cublas_lib();
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = w.scale, beta = 0.0f;  // (the matrix's factor, WeightView::scale)
     const int m_in = int(w.n_in), m_out = int(w.n_out), m_rows = int(n_rows);
     if (w.type == GgmlType::F32) {
         CUDA_REQUIRE(w.row_bytes == size_t(w.n_in) * 4, "cuda_gemm: F32 rows must be dense");

@@ -108,6 +108,10 @@ struct GemvMatrix {
     int64_t n_out;
     size_t row_bytes;
     unsigned blocks_end;
+    // The sums' factor (WeightView::scale), or for expert launches with expert_scale (device,
+    // [n_expert]) the job's expert's.
+    float scale = 1.0f;
+    const float* expert_scale = nullptr;
 };
 
 // Up to kMaxMatrices matrices of one weight type and n_in applied to the same x in one launch
@@ -159,6 +163,7 @@ struct WarpRows {
     int64_t x_row;  // x's row (from job.x) for expert launches, else 0 (the 8-bit x's too)
     float* out;
     int part;  // which of the job.split warps of the row pair this one is
+    float scale0, scale1;  // the factors of the two sums (swiglu: the gate's, the up's)
 };
 
 __device__ __forceinline__ WarpRows warp_rows(const GemvJob& job, int warp) {
@@ -183,8 +188,16 @@ __device__ __forceinline__ WarpRows warp_rows(const GemvJob& job, int warp) {
     w.x = job.x;
     w.x_row = 0;
     w.out = w.mat.out;
+    w.scale0 = w.mat.scale;
+    w.scale1 = job.swiglu ? job.m[1].scale : w.mat.scale;
     if (job.expert_ids) {  // this grid row's job: its expert, activation row and output row
-        const size_t e_off = size_t(job.expert_ids[blockIdx.y]) * job.expert_bytes;
+        const int32_t e = job.expert_ids[blockIdx.y];
+        if (w.mat.expert_scale) w.scale0 = w.mat.expert_scale[e];
+        if (!job.swiglu)
+            w.scale1 = w.scale0;
+        else if (job.m[1].expert_scale)
+            w.scale1 = job.m[1].expert_scale[e];
+        const size_t e_off = size_t(e) * job.expert_bytes;
         w_base += e_off;
         up_base += e_off;
         w.x_row = int64_t(blockIdx.y / unsigned(job.x_div));
@@ -250,8 +263,8 @@ __device__ __forceinline__ void write_rows(const GemvJob& job, const WarpRows& w
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        const float s0 = job.split > 1 ? acc[0][r] : cu::warp_sum(acc[0][r]);
-        const float s1 = job.split > 1 ? acc[1][r] : cu::warp_sum(acc[1][r]);
+        const float s0 = (job.split > 1 ? acc[0][r] : cu::warp_sum(acc[0][r])) * w.scale0;
+        const float s1 = (job.split > 1 ? acc[1][r] : cu::warp_sum(acc[1][r])) * w.scale1;
         if (lane == 0 && r < job.n_rows) {
             float* o = w.out + r * w.mat.n_out + w.o0;
             if (job.swiglu) {
@@ -747,8 +760,12 @@ void gemv_many(float* const* outs, const WeightView* const* ws, int n, const flo
     for (int i = 0; i < n; ++i) {
         check_gemv(*ws[i], x, n_rows);
         blocks += unsigned(cu::ceil_div(ws[i]->n_out, rows_per_block));
-        job.m[i] = {static_cast<const uint8_t*>(ws[i]->data), outs[i], ws[i]->n_out,
-                    ws[i]->row_bytes, blocks};
+        job.m[i] = {static_cast<const uint8_t*>(ws[i]->data),
+                    outs[i],
+                    ws[i]->n_out,
+                    ws[i]->row_bytes,
+                    blocks,
+                    ws[i]->scale};
     }
     if (n_rows == 0) return;
     if (q8 && with_int_loader(ws[0]->type, [&](auto tag) {
@@ -772,7 +789,7 @@ bool same_layout(const WeightView& a, const WeightView& b) {
 // swiglu, in grid chunks of at most 65535 jobs (whole x_div groups).
 void gemv_experts(float* out, const float* x, const WeightView& w0, const WeightView* up0,
                   size_t expert_bytes, const int32_t* ids, int64_t n_jobs, int x_div,
-                  cudaStream_t s, CudaScratch* q8) {
+                  cudaStream_t s, CudaScratch* q8, const float* scales, const float* up_scales) {
     CUDA_REQUIRE(x_div >= 1 && n_jobs >= 0, "cuda_gemv_experts: bad job count");
     CUDA_REQUIRE(expert_bytes % 16 == 0, "cuda_gemv_experts: experts must lie 16 bytes apart");
     check_gemv(w0, x, 1);
@@ -790,10 +807,21 @@ void gemv_experts(float* out, const float* x, const WeightView& w0, const Weight
     job.split = gemv_split(w0.n_out, job.swiglu);
     const int64_t rows_per_block = (job.swiglu ? kWarpsPerBlock : kRowsPerBlock) / job.split;
     const unsigned blocks = unsigned(cu::ceil_div(w0.n_out, rows_per_block));
-    job.m[0] = {static_cast<const uint8_t*>(w0.data), out, w0.n_out, w0.row_bytes, blocks};
+    job.m[0] = {static_cast<const uint8_t*>(w0.data),
+                out,
+                w0.n_out,
+                w0.row_bytes,
+                blocks,
+                w0.scale,
+                scales};
     if (up0)
-        job.m[1] = {static_cast<const uint8_t*>(up0->data), nullptr, up0->n_out, up0->row_bytes,
-                    blocks};
+        job.m[1] = {static_cast<const uint8_t*>(up0->data),
+                    nullptr,
+                    up0->n_out,
+                    up0->row_bytes,
+                    blocks,
+                    up0->scale,
+                    up_scales};
     job.expert_bytes = expert_bytes;
     job.x_div = x_div;
     const int64_t chunk = 65535 / x_div * x_div;
@@ -848,16 +876,17 @@ bool cuda_supports_weight_type(GgmlType t) {
 
 void cuda_gemv_experts(float* out, const float* x, const WeightView& expert0, size_t expert_bytes,
                        const int32_t* ids, int64_t n_jobs, int x_div, cudaStream_t s,
-                       CudaScratch* scratch) {
+                       CudaScratch* scratch, const float* scales) {
     gemv_experts(out, x, expert0, nullptr, expert_bytes, ids, n_jobs, x_div, s,
-                 scratch ? q8_scratch(*scratch) : nullptr);
+                 scratch ? q8_scratch(*scratch) : nullptr, scales, nullptr);
 }
 
 void cuda_gemv_experts_swiglu(float* out, const float* x, const WeightView& gate0,
                               const WeightView& up0, size_t expert_bytes, const int32_t* ids,
-                              int64_t n_jobs, int x_div, cudaStream_t s, CudaScratch* scratch) {
+                              int64_t n_jobs, int x_div, cudaStream_t s, CudaScratch* scratch,
+                              const float* gate_scales, const float* up_scales) {
     gemv_experts(out, x, gate0, &up0, expert_bytes, ids, n_jobs, x_div, s,
-                 scratch ? q8_scratch(*scratch) : nullptr);
+                 scratch ? q8_scratch(*scratch) : nullptr, gate_scales, up_scales);
 }
 
 void cuda_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows, cudaStream_t s) {

@@ -155,15 +155,15 @@ void cuda_moe_experts_biased(float* out, float* h, float* up, const float* x, co
                              int64_t n_jobs, int x_div, const MoeExperts& ex, cudaStream_t s) {
     CUDA_REQUIRE(ex.gate_b && ex.up_b && ex.down_b, "cuda_moe_experts_biased: missing biases");
     const int64_t D = ex.gate0.n_in, F = ex.gate0.n_out;
-    cuda_gemv_experts(h, x, ex.gate0, ex.expert_bytes, ids, n_jobs, x_div, s);
-    cuda_gemv_experts(up, x, ex.up0, ex.expert_bytes, ids, n_jobs, x_div, s);
+    cuda_gemv_experts(h, x, ex.gate0, ex.expert_bytes, ids, n_jobs, x_div, s, nullptr, ex.gate_s);
+    cuda_gemv_experts(up, x, ex.up0, ex.expert_bytes, ids, n_jobs, x_div, s, nullptr, ex.up_s);
     cuda_add_bias_rows(h, ex.gate_b, ids, n_jobs, F, s);
     cuda_add_bias_rows(up, ex.up_b, ids, n_jobs, F, s);
     if (ex.swiglu_oai)
         cuda_swiglu_oai(h, h, up, n_jobs * F, ex.alpha, ex.limit, s);
     else
         cuda_swiglu(h, h, up, n_jobs * F, s);
-    cuda_gemv_experts(out, h, ex.down0, ex.down_bytes, ids, n_jobs, 1, s);
+    cuda_gemv_experts(out, h, ex.down0, ex.down_bytes, ids, n_jobs, 1, s, nullptr, ex.down_s);
     cuda_add_bias_rows(out, ex.down_b, ids, n_jobs, D, s);
 }
 
@@ -204,16 +204,17 @@ void cuda_moe_ffn_grouped(float* out, const float* x, const int32_t* ids, const 
     for (int64_t e = 0; e < n_expert; ++e) {
         const int64_t i0 = first[size_t(e)], n = first[size_t(e + 1)] - i0;
         if (n == 0) continue;
-        auto expert = [e](WeightView w, size_t bytes) {
+        auto expert = [e](WeightView w, size_t bytes, const std::vector<float>& scales) {
             w.data = static_cast<const uint8_t*>(w.data) + size_t(e) * bytes;
+            if (!scales.empty()) w.scale = scales[size_t(e)];
             return w;
         };
         float* xs = buf.xs + i0 * D;
         float* h = buf.h + i0 * F;
         float* up = buf.up + i0 * F;
         if (ex.gate_b) {  // gpt-oss: biases between the products and the clamped activation
-            cuda_matmul(h, xs, expert(ex.gate0, ex.expert_bytes), n, scratch, s);
-            cuda_matmul(up, xs, expert(ex.up0, ex.expert_bytes), n, scratch, s);
+            cuda_matmul(h, xs, expert(ex.gate0, ex.expert_bytes, ex.gate_s_host), n, scratch, s);
+            cuda_matmul(up, xs, expert(ex.up0, ex.expert_bytes, ex.up_s_host), n, scratch, s);
             cuda_add_bias(h, ex.gate_b + e * F, n, F, s);
             cuda_add_bias(up, ex.up_b + e * F, n, F, s);
             if (ex.swiglu_oai)
@@ -221,12 +222,12 @@ void cuda_moe_ffn_grouped(float* out, const float* x, const int32_t* ids, const 
             else
                 cuda_swiglu(h, h, up, n * F, s);
         } else {
-            cuda_matmul_swiglu(h, up, xs, expert(ex.gate0, ex.expert_bytes),
-                               expert(ex.up0, ex.expert_bytes), n, scratch, s);
+            cuda_matmul_swiglu(h, up, xs, expert(ex.gate0, ex.expert_bytes, ex.gate_s_host),
+                               expert(ex.up0, ex.expert_bytes, ex.up_s_host), n, scratch, s);
         }
         // The expert's outputs replace its inputs (their last reader, the lines above, run
         // first on the stream).
-        cuda_matmul(xs, h, expert(ex.down0, ex.down_bytes), n, scratch, s);
+        cuda_matmul(xs, h, expert(ex.down0, ex.down_bytes, ex.down_s_host), n, scratch, s);
         if (ex.down_b) cuda_add_bias(xs, ex.down_b + e * D, n, D, s);
     }
     cuda_moe_combine(out, buf.xs, weights, n_tokens, k, D, s, buf.map + n_jobs);

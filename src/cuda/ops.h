@@ -181,14 +181,17 @@ void cuda_matmul_qkv(float* q, float* k, float* v, const float* x, const WeightV
 // stacked expert_bytes apart from expert0 (expert 0's view, device memory) into out row j
 // ([n_jobs][expert0.n_out]); the _swiglu form writes silu(x G^T) * (x U^T) for the gate
 // and up experts (same shape and stacking). Capturable: the ids are read on the device.
-// With a scratch buffer the 8-bit activation path (cuda_set_gemv_q8) may run there.
+// With a scratch buffer the 8-bit activation path (cuda_set_gemv_q8) may run there. Each
+// product is times the view's scale, or with scales (device, [n_expert]: per-expert
+// WeightView::scale) its expert's.
 void cuda_gemv_experts(float* out, const float* x, const WeightView& expert0, size_t expert_bytes,
                        const int32_t* ids, int64_t n_jobs, int x_div, cudaStream_t s,
-                       CudaScratch* scratch = nullptr);
+                       CudaScratch* scratch = nullptr, const float* scales = nullptr);
 void cuda_gemv_experts_swiglu(float* out, const float* x, const WeightView& gate0,
                               const WeightView& up0, size_t expert_bytes, const int32_t* ids,
                               int64_t n_jobs, int x_div, cudaStream_t s,
-                              CudaScratch* scratch = nullptr);
+                              CudaScratch* scratch = nullptr, const float* gate_scales = nullptr,
+                              const float* up_scales = nullptr);
 // How a router turns logits into choices and weights (ModelConfig's moe_*): a gate per expert,
 // its softmax probability or (GLM 4.5) its sigmoid; the
 // choice by gate + select_bias[e] (device, [n_expert], or null: ERNIE 4.5's and GLM's), the
@@ -222,6 +225,11 @@ struct MoeExperts {
     const float *gate_b = nullptr, *up_b = nullptr, *down_b = nullptr;
     bool swiglu_oai = false;
     float alpha = 1.702f, limit = 7.0f;
+    // Per-expert factors (each expert's WeightView::scale, when they differ: NVFP4
+    // checkpoints): device [n_expert] each, and their host copies for the grouped prefill;
+    // null / empty: every expert has its view's scale.
+    const float *gate_s = nullptr, *up_s = nullptr, *down_s = nullptr;
+    std::vector<float> gate_s_host, up_s_host, down_s_host;
 };
 // Decode-sized batches of biased experts (ex.gate_b set): out row j ([n_jobs][D]) = expert
 // ids[j]'s down(act(gate x + gate_b, up x + up_b)) + down_b for x row j / x_div, by
