@@ -221,6 +221,9 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
             cpu::paged_attention(att_.data(), q_.data(), kv, kbl, c.n_head, c.attn_scale,
                                  c.attn_softcap, c.window(l),
                                  w.sinks.empty() ? nullptr : w.sinks.data());
+            if (!w.attn_sub_norm.empty())  // BitNet: the attention's output normed
+                cpu::rmsnorm(att_.data(), att_.data(), w.attn_sub_norm.data(), T, c.q_dim(),
+                             c.norm_eps);
             matmul(xb_.data(), att_.data(), w.wo, T);
             add_lora(xb_.data(), att_.data(), w.lora_o, T, lora_user_);
             if (!w.bo.empty()) cpu::add_bias(xb_.data(), w.bo.data(), T, c.n_embd);
@@ -243,6 +246,9 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
                                 up_.data() + t * c.n_ff, c.n_ff);
             else
                 cpu::swiglu(gate_.data(), gate_.data(), up_.data(), T * c.n_ff);
+            if (!w.ffn_sub_norm.empty())  // BitNet: the gated product normed
+                cpu::rmsnorm(gate_.data(), gate_.data(), w.ffn_sub_norm.data(), T, c.n_ff,
+                             c.norm_eps);
             matmul(xb_.data(), gate_.data(), w.w_down, T);
             add_lora(xb_.data(), gate_.data(), w.lora_down, T, lora_user_);
         }

@@ -33,6 +33,7 @@ struct ArchTraits {
     bool exaone4 = false;    // EXAONE 4.0 (read_exaone4)
     bool qwen2moe = false;   // Qwen1.5-MoE / Qwen2-MoE (read_qwen2moe)
     bool deepseek2 = false;  // DeepSeek V2 / V3: latent attention (read_mla, read_deepseek2)
+    bool sub_norms = false;  // BitNet's norms inside the blocks (ModelConfig::sub_norms)
 };
 
 constexpr ArchTraits kArchs[] = {
@@ -56,6 +57,7 @@ constexpr ArchTraits kArchs[] = {
     {.name = "olmoe", .rope_neox = true, .experts = true, .olmoe = true},
     {.name = "exaone4", .rope_neox = true, .qk_norm = true, .exaone4 = true},
     {.name = "deepseek2", .experts = true, .deepseek2 = true},
+    {.name = "bitnet", .rope_neox = true, .sub_norms = true},
 };
 
 // A positive integer key, either a scalar or an array whose elements are all equal
@@ -410,17 +412,19 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
             fmt::format("{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, "
                         "qwen3moe, qwen2moe, phi3, gemma, gemma2, gemma3, granite, granitemoe, "
                         "smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe, "
-                        "exaone4, deepseek2)",
+                        "exaone4, deepseek2, bitnet)",
                         f.path(), c.arch),
             "kvrun runs llama-family models (Llama, Mistral, TinyLlama, SmolLM, Qwen2, Qwen3, "
             "Qwen3 MoE, Qwen2 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3, Granite 3, SmolLM3, "
-            "gpt-oss, GLM 4.5, ERNIE 4.5, OLMo 2, OLMo 3, OLMoE, EXAONE 4.0, DeepSeek V2 / V3)");
+            "gpt-oss, GLM 4.5, ERNIE 4.5, OLMo 2, OLMo 3, OLMoE, EXAONE 4.0, DeepSeek V2 / V3, "
+            "BitNet b1.58)");
     }
     c.rope_neox = traits->rope_neox;
     c.qkv_bias = traits->qkv_bias;
     c.qk_norm = traits->qk_norm;
     c.fused_gate_up = traits->fused_gate_up;
     c.nope_step = traits->nope_step;
+    c.sub_norms = traits->sub_norms;
 
     const std::string a = c.arch + ".";
     c.n_layer = read_count(f, a + "block_count", 0, true);

@@ -61,6 +61,10 @@ struct ModelConfig {
     float embd_scale = 1.0f;
     bool ffn_gelu = false;
     bool post_norms = false;
+    // BitNet: RMSNorms inside the blocks, of the attention's output ([q_dim]) before
+    // attn_output and of the gated FFN product ([n_ff]) before ffn_down (attn_sub_norm,
+    // ffn_sub_norm); the output is always the embedding's transpose, as in llama.cpp.
+    bool sub_norms = false;
     float attn_softcap = 0.0f, final_softcap = 0.0f;
     // Scale of q.k (1 / sqrt(head_dim), or what the architecture prescribes).
     float attn_scale = 0.0f;

@@ -129,6 +129,10 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
         }
         if (c.arch == "gemma2" || c.arch == "gemma3" || post_only)
             p.push_back({nm("post_attention_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
+        if (c.arch == "bitnet") {  // the norms inside the blocks
+            p.push_back({nm("attn_sub_norm"), GgmlType::F32, {n_embd_q}, kNormStd, 1});
+            p.push_back({nm("ffn_sub_norm"), GgmlType::F32, {c.n_ff}, kNormStd, 1});
+        }
         // gpt-oss and GLM 4.5 call the FFN's input norm post_attention_norm.
         if (!post_only)
             p.push_back({nm(oai || glm ? "post_attention_norm" : "ffn_norm"), GgmlType::F32,
@@ -193,7 +197,7 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
             p.push_back({nm("post_ffw_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
     }
     p.push_back({"output_norm.weight", GgmlType::F32, {c.n_embd}, kNormStd, 1});
-    if (!c.tied_output && !is_gemma(c))
+    if (!c.tied_output && !is_gemma(c) && c.arch != "bitnet")  // (BitNet's is always tied)
         p.push_back({"output.weight", c.output_type, {c.n_embd, n_vocab}, s, 0});
     return p;
 }
@@ -444,17 +448,41 @@ int64_t synthetic_head_dim(const SyntheticModelConfig& cfg) {
 }
 
 std::vector<std::string> synthetic_preset_names() {
-    return {"llama2-7b",        "llama3-8b",         "llama3.1-8b",
-            "llama-1b",         "qwen2.5-7b",        "qwen3-0.6b",
-            "qwen3-8b",         "qwen3-30b-a3b",     "mixtral-8x7b",
-            "phi3-mini",        "phi3-mini-128k",    "phi4",
-            "gemma2-2b",        "gemma3-1b",         "gemma3-4b",
-            "granite3-8b",      "granite3-3b-a800m", "smollm3-3b",
-            "phi4-mini",        "gpt-oss-20b",       "gpt-oss-120b",
-            "glm4.5-air",       "ernie4.5-0.3b",     "ernie4.5-21b-a3b",
-            "olmo2-7b",         "olmo3-7b",          "olmoe-1b-7b",
-            "exaone4-32b",      "qwen1.5-moe-a2.7b", "qwen2-57b-a14b",
-            "deepseek-v2-lite", "deepseek-v3",       "tiny"};
+    return {"llama2-7b",
+            "llama3-8b",
+            "llama3.1-8b",
+            "llama-1b",
+            "qwen2.5-7b",
+            "qwen3-0.6b",
+            "qwen3-8b",
+            "qwen3-30b-a3b",
+            "mixtral-8x7b",
+            "phi3-mini",
+            "phi3-mini-128k",
+            "phi4",
+            "gemma2-2b",
+            "gemma3-1b",
+            "gemma3-4b",
+            "granite3-8b",
+            "granite3-3b-a800m",
+            "smollm3-3b",
+            "phi4-mini",
+            "gpt-oss-20b",
+            "gpt-oss-120b",
+            "glm4.5-air",
+            "ernie4.5-0.3b",
+            "ernie4.5-21b-a3b",
+            "olmo2-7b",
+            "olmo3-7b",
+            "olmoe-1b-7b",
+            "exaone4-32b",
+            "qwen1.5-moe-a2.7b",
+            "qwen2-57b-a14b",
+            "deepseek-v2-lite",
+            "deepseek-v3",
+            "bitnet-b1.58-large",
+            "bitnet-b1.58-3b",
+            "tiny"};
 }
 
 SyntheticModelConfig synthetic_preset(std::string_view name) {
@@ -590,6 +618,12 @@ SyntheticModelConfig synthetic_preset(std::string_view name) {
         if (name == "olmo3-7b")  // on 3 layers of 4; YaRN x8 on the others
             c.sliding_window = 4096, c.n_ctx = 65536, c.rope_scaling = "yarn", c.rope_factor = 8,
             c.rope_orig_ctx = 8192;
+    } else if (name == "bitnet-b1.58-large" || name == "bitnet-b1.58-3b") {  // 1bitLLM's, MHA
+        const bool large = name == "bitnet-b1.58-large";
+        c.arch = "bitnet", c.tied_output = true;
+        c.n_layer = large ? 24 : 26, c.n_embd = large ? 1536 : 3200;
+        c.n_head = c.n_head_kv = large ? 16 : 32, c.n_ff = large ? 4096 : 8640;
+        c.n_vocab = 32002, c.rope_base = 10000, c.n_ctx = 2048, c.norm_eps = 1e-5;
     } else if (name == "olmoe-1b-7b") {  // 64 experts of width 1024, 8 per token, MHA
         c.arch = "olmoe";
         c.n_layer = 16, c.n_embd = 2048, c.n_head = 16, c.n_head_kv = 16, c.n_ff = 1024;
@@ -665,12 +699,13 @@ void synthetic_validate(const SyntheticModelConfig& c) {
         c.arch != "qwen2moe" && c.arch != "phi3" && !is_gemma(c) && c.arch != "granite" &&
         c.arch != "granitemoe" && c.arch != "smollm3" && c.arch != "gpt-oss" &&
         c.arch != "glm4moe" && c.arch != "ernie4_5" && c.arch != "ernie4_5-moe" &&
-        c.arch != "olmo2" && c.arch != "olmoe" && c.arch != "exaone4" && c.arch != "deepseek2")
+        c.arch != "olmo2" && c.arch != "olmoe" && c.arch != "exaone4" && c.arch != "deepseek2" &&
+        c.arch != "bitnet")
         fail(
             "synthetic model: architecture '{}' is not one of llama, qwen2, qwen3, qwen3moe, "
             "qwen2moe, phi3, "
             "gemma, gemma2, gemma3, granite, granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, "
-            "ernie4_5-moe, olmo2, olmoe, exaone4, deepseek2",
+            "ernie4_5-moe, olmo2, olmoe, exaone4, deepseek2, bitnet",
             c.arch);
     const bool moe_arch = c.arch == "qwen3moe" || c.arch == "qwen2moe" || c.arch == "granitemoe" ||
                           c.arch == "gpt-oss" || c.arch == "glm4moe" || c.arch == "ernie4_5-moe" ||

@@ -195,7 +195,7 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
                  unsupported[0] == 't' ? "token embedding" : "output tied to the embedding");
     w.token_embd = load_matrix(f, "token_embd.weight", c.n_embd, c.n_vocab, w.matrix_bytes);
     w.output_norm = load_vector(f, "output_norm.weight", c.n_embd);
-    if (f.find_tensor("output.weight")) {
+    if (f.find_tensor("output.weight") && !c.sub_norms) {  // (BitNet's is always tied)
         w.output = load_matrix(f, "output.weight", c.n_embd, c.n_vocab, w.matrix_bytes);
     } else {
         w.output = w.token_embd;
@@ -255,6 +255,10 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
         if (c.post_norms) {
             l.attn_post_norm = load_vector(f, name("post_attention_norm.weight"), c.n_embd);
             l.ffn_post_norm = load_vector(f, name("post_ffw_norm.weight"), c.n_embd);
+        }
+        if (c.sub_norms) {
+            l.attn_sub_norm = load_vector(f, name("attn_sub_norm.weight"), c.q_dim());
+            l.ffn_sub_norm = load_vector(f, name("ffn_sub_norm.weight"), c.n_ff);
         }
         if (c.moe_layer(i)) {  // experts stacked in 3-D tensors: expert e is a contiguous slice
             l.router = load_matrix(f, name("ffn_gate_inp.weight"), c.n_embd, c.n_expert, bytes);

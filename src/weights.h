@@ -41,6 +41,8 @@ struct LayerWeights {
     std::vector<float> ffn_norm;  // [n_embd]; empty without pre norms (olmo2)
     // [n_embd] each: RMSNorm weights of the attention and FFN outputs (gemma2/3), or empty.
     std::vector<float> attn_post_norm, ffn_post_norm;
+    // BitNet's norms inside the blocks (ModelConfig::sub_norms): [q_dim] and [n_ff], or empty.
+    std::vector<float> attn_sub_norm, ffn_sub_norm;
     WeightView w_gate, w_up, w_down;  // [n_ff][n_embd] x2, [n_embd][n_ff] (dense FFN layers)
     // Mixture of experts: the router [n_expert][n_embd] and each expert's views into the
     // stacked ffn_*_exps tensors ([n_ff_exp][n_embd] x2, [n_embd][n_ff_exp]).

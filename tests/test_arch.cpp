@@ -69,6 +69,9 @@ struct RefParts {
     int64_t n_rot = 0;  // dims of each head that rotate (Phi-4-mini: 3/4); 0: all
     // Control vectors: steer[l] (n_embd values, or empty) joins layer l's output.
     std::vector<std::vector<float>> steer;
+    // BitNet: RMSNorms of the attention's output before attn_output (attn_sub_norm) and of
+    // the gated product before ffn_down (ffn_sub_norm); the output is the embedding's.
+    bool sub_norms = false;
 };
 
 RefParts parts_of(bool biases, bool qk_norm, bool neox, bool fused = false) {
@@ -82,7 +85,8 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
                                                  const std::vector<int32_t>& tokens) {
     const int64_t T = int64_t(tokens.size()), hd = c.head_dim, group = c.n_head / c.n_kv_head;
     const Mat embd = tensor(f, "token_embd.weight");
-    const Mat out = f.find_tensor("output.weight") ? tensor(f, "output.weight") : embd;
+    const Mat out =
+        f.find_tensor("output.weight") && !parts.sub_norms ? tensor(f, "output.weight") : embd;
     const size_t nt = tokens.size();
     std::vector<std::vector<float>> x(nt), keys(nt), values(nt);
     for (int64_t t = 0; t < T; ++t) {
@@ -177,6 +181,9 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
                         att[size_t(hh * hd + i)] +=
                             float(score[size_t(u)] / z * values[size_t(u)][size_t(kvh * hd + i)]);
             }
+            if (parts.sub_norms)
+                rms_normalize(att, 0, int64_t(att.size()), w("attn_sub_norm.weight").data,
+                              c.norm_eps);
             std::vector<float> o = matvec(w("attn_output.weight"), att);
             if (parts.gemma >= 2) post_norm(o, l, "post_attention_norm.weight");
             add_residual(x[size_t(t)], o);
@@ -233,6 +240,8 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
                         : v / (1 + std::exp(-v));
                 g[i] = float(act * up[i]);
             }
+            if (parts.sub_norms)
+                rms_normalize(g, 0, int64_t(g.size()), w("ffn_sub_norm.weight").data, c.norm_eps);
             std::vector<float> d = matvec(w("ffn_down.weight"), g);
             if (parts.gemma >= 2) post_norm(d, l, "post_ffw_norm.weight");
             add_residual(x[size_t(t)], d);
@@ -352,6 +361,11 @@ TEST_CASE("each architecture matches the independent reference forward") {
         m.parts.nope_step = 4;
         cases.push_back(m);
     }
+    {  // BitNet b1.58: NeoX RoPE, norms inside both blocks, the embedding as the output
+        Case b{"bitnet", small("bitnet"), parts_of(false, false, true)};
+        b.parts.sub_norms = true;
+        cases.push_back(b);
+    }
     for (const Case& k : cases) {
         CAPTURE(k.what);
         const std::string path = dir.file(k.what + ".gguf");
@@ -383,6 +397,11 @@ TEST_CASE("each architecture matches the independent reference forward") {
             v.n_used = 1;
             CHECK(rel_diff(reference_logits(f, c, v, kTokens), want) > 1e-3);
             v.n_used = k.parts.n_expert;
+            CHECK(rel_diff(reference_logits(f, c, v, kTokens), want) > 1e-3);
+        }
+        if (k.parts.sub_norms) {  // BitNet's inner norms move the logits
+            RefParts v = k.parts;
+            v.sub_norms = false;
             CHECK(rel_diff(reference_logits(f, c, v, kTokens), want) > 1e-3);
         }
         if (k.parts.nope_step > 0) {  // rotating the NoPE layer too moves the logits

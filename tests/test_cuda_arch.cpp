@@ -44,9 +44,10 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
     // same heads.
     // K-quant weights, f16 and q8 KV (q8 with rotation: the unfused RoPE path).
     const auto dir = std::filesystem::temp_directory_path();
-    for (const char* arch : {"qwen3", "qwen3moe", "qwen2", "phi3", "gemma", "gemma2", "gemma3",
-                             "granite", "granitemoe", "smollm3", "gpt-oss", "glm4moe",
-                             "ernie4_5-moe", "olmo2", "olmoe", "exaone4", "qwen2moe", "llama"})
+    for (const char* arch :
+         {"qwen3", "qwen3moe", "qwen2", "phi3", "gemma", "gemma2", "gemma3", "granite",
+          "granitemoe", "smollm3", "gpt-oss", "glm4moe", "ernie4_5-moe", "olmo2", "olmoe",
+          "exaone4", "qwen2moe", "llama", "bitnet"})
         for (KvType kv : {KvType::F16, KvType::Q8}) {
             CAPTURE(arch);
             CAPTURE(std::string(kv_type_name(kv)));
@@ -72,7 +73,8 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
             c.granite_logit_scale = 3;
             // smollm3: layer 3 without RoPE; olmo2: layer 3 global
             if (std::string(arch) == "smollm3" || std::string(arch) == "olmo2") c.n_layer = 4;
-            synthetic_set_type(c, "Q4_K_M");
+            // (BitNet in its ternary type: TQ2_0 weights end to end.)
+            synthetic_set_type(c, std::string(arch) == "bitnet" ? "TQ2_0" : "Q4_K_M");
             const auto path = dir / fmt::format("kvrun-test-cuda-arch-{}.gguf", arch);
             synthetic_model_write(c, path.string());
             GgufFile file = GgufFile::open(path.string());

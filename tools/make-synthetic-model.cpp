@@ -32,14 +32,10 @@ int run(int argc, char** argv) {
     std::optional<std::string> rope_scaling;
     std::optional<int64_t> rope_orig_ctx;
     app.add_option("-o,--output", output, "output GGUF path")->required();
-    app.add_option("--preset", preset,
-                   "llama2-7b, llama3-8b, llama3.1-8b, llama-1b, qwen2.5-7b, qwen3-0.6b, "
-                   "qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, phi3-mini, phi3-mini-128k, phi4, "
-                   "gemma2-2b, gemma3-1b, gemma3-4b, granite3-8b, granite3-3b-a800m, smollm3-3b, "
-                   "phi4-mini, gpt-oss-20b, gpt-oss-120b, glm4.5-air, ernie4.5-0.3b, "
-                   "ernie4.5-21b-a3b, olmo2-7b, olmo3-7b, olmoe-1b-7b, exaone4-32b, "
-                   "qwen1.5-moe-a2.7b, qwen2-57b-a14b or tiny")
-        ->capture_default_str();
+    std::string preset_help;
+    for (const std::string& name : kvrun::synthetic_preset_names())
+        preset_help += (preset_help.empty() ? "" : ", ") + name;
+    app.add_option("--preset", preset, preset_help)->capture_default_str();
     app.add_option(
         "--arch", arch,
         "llama, qwen2 (Q/K/V biases), qwen3 (per-head Q/K norms), qwen3moe, qwen2moe "
@@ -52,8 +48,9 @@ int run(int argc, char** argv) {
         "router with a selection bias, shared experts), olmo2 (OLMo 2 / 3: post "
         "norms only, Q/K norms over all heads), olmoe (OLMo's Q/K norms, unnormalized "
         "softmax expert weights), exaone4 (EXAONE 4.0: post norms, per-"
-        "head Q/K norms, at 64 layers windows and global layers without RoPE); "
-        "default: the preset's");
+        "head Q/K norms, at 64 layers windows and global layers without RoPE), deepseek2 "
+        "(latent attention, shared experts), bitnet (BitNet b1.58: norms inside the blocks, "
+        "tied output); default: the preset's");
     app.add_option("--n-expert", n_expert,
                    "experts per layer (qwen3moe, qwen2moe, granitemoe, gpt-oss, glm4moe, "
                    "ernie4_5-moe, olmoe, llama = Mixtral)");

@@ -237,6 +237,8 @@ void CudaBackend::enqueue_dense_ffn(const DeviceLayer& w, int64_t T, const CudaX
     } else {
         cuda_matmul_swiglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s, xq);
     }
+    if (w.ffn_sub_norm)  // BitNet: the gated product normed
+        cuda_rmsnorm(gate_, gate_, w.ffn_sub_norm, T, c.n_ff, c.norm_eps, s);
     observe({&w.w_down}, gate_, T);
     cuda_matmul(xb_, gate_, w.w_down, T, scratch_, s);
     add_lora(xb_, gate_, w.lora[kLoraDown], T);
@@ -281,10 +283,12 @@ void CudaBackend::enqueue_attention(const DeviceLayer& w, int64_t l, int64_t T, 
         cuda_rope_kv_write(q_, k_, v_, d_pos_, kv, kb, c.n_head, rope, s, seals_);
     }
     // The attention quantizes its output for the output projection's integer GEMV.
-    const CudaXq* att_xq =
-        xq_for(xq_att_, att_, c.q_dim() % 32 == 0 && cuda_gemv_int_type(w.wo.type), T);
+    // (Not of an output that BitNet's norm changes first.)
+    const CudaXq* att_xq = xq_for(
+        xq_att_, att_, c.q_dim() % 32 == 0 && cuda_gemv_int_type(w.wo.type) && !w.attn_sub_norm, T);
     cuda_paged_attention(att_, q_, kv, kb, c.n_head, c.attn_scale, scratch_, s, c.attn_softcap,
                          c.window(l), w.sinks, att_xq);
+    if (w.attn_sub_norm) cuda_rmsnorm(att_, att_, w.attn_sub_norm, T, c.q_dim(), c.norm_eps, s);
     observe({&w.wo}, att_, T);
     cuda_matmul(xb_, att_, w.wo, T, scratch_, s, att_xq);
     add_lora(xb_, att_, w.lora[kLoraO], T);

@@ -101,6 +101,7 @@ struct DeviceLayer {
     // [head_dim] each (qwen3), [q_dim] and [kv_dim] (olmo2: all heads at once), or null
     const float *q_norm = nullptr, *k_norm = nullptr;
     const float *attn_post_norm = nullptr, *ffn_post_norm = nullptr;  // [n_embd] (gemma2/3)
+    const float *attn_sub_norm = nullptr, *ffn_sub_norm = nullptr;    // [q_dim], [n_ff] (BitNet)
     const float* bo = nullptr;        // [n_embd] attention output bias (gpt-oss) or null
     const float* sinks = nullptr;     // [n_head] attention sinks (gpt-oss) or null
     const float* router_b = nullptr;  // [n_expert] router bias (gpt-oss) or null

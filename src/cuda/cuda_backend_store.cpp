@@ -75,6 +75,7 @@ void CudaBackend::upload_weights(const GgufFile& file) {
                kv_a_norm = SIZE_MAX, wk_b = SIZE_MAX, wv_b = SIZE_MAX;
         // The experts' own scales (MoeExperts::gate_s ...): SIZE_MAX when they are all one.
         size_t gate_s = SIZE_MAX, up_s = SIZE_MAX, down_s = SIZE_MAX;
+        size_t attn_sub = SIZE_MAX, ffn_sub = SIZE_MAX;  // BitNet's norms
     };
     // Per layer, the gate, up and down experts' scales when they differ (else empty); the
     // upload reads them from here.
@@ -107,6 +108,7 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         it.bq = optional(w.bq), it.bk = optional(w.bk), it.bv = optional(w.bv);
         it.q_norm = optional(w.q_norm), it.k_norm = optional(w.k_norm);
         it.attn_post = optional(w.attn_post_norm), it.ffn_post = optional(w.ffn_post_norm);
+        it.attn_sub = optional(w.attn_sub_norm), it.ffn_sub = optional(w.ffn_sub_norm);
         it.bo = optional(w.bo), it.sinks = optional(w.sinks), it.router_b = optional(w.router_b);
         it.gate_b = optional(w.gate_exps_b), it.up_b = optional(w.up_exps_b);
         it.down_b = optional(w.down_exps_b), it.exp_probs_b = optional(w.exp_probs_b);
@@ -185,6 +187,7 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         d.q_norm = vec(it.q_norm);
         d.k_norm = vec(it.k_norm);
         d.attn_post_norm = vec(it.attn_post);
+        d.attn_sub_norm = vec(it.attn_sub), d.ffn_sub_norm = vec(it.ffn_sub);
         d.ffn_post_norm = vec(it.ffn_post);
         d.bo = vec(it.bo);
         d.sinks = vec(it.sinks);
