@@ -13,9 +13,9 @@
 // - the eight lanes of one dot are one 8-float vector (GCC/Clang vector extensions, plain
 //   SSE on the portable build, AVX2 in the x86-64-v3 clone of KVRUN_SIMD_CLONES), and the
 //   four rows' vectors are independent chains that keep the adders busy;
-// - F16, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, Q2_K..Q6_K, IQ4_NL/IQ4_XS and MXFP4 decode eight elements per
-//   vector operation; BF16 (whose generic decoder vectorizes as well) and F16 rows whose
-//   width is not a multiple of 8 go through dequantize_row.
+// - F16, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, Q2_K..Q6_K, IQ4_NL/IQ4_XS, MXFP4/NVFP4, TQ1_0/TQ2_0 and
+//   Q1_0 decode eight elements per vector operation; BF16 (whose generic decoder vectorizes
+//   as well) and F16 rows whose width is not a multiple of 8 go through dequantize_row.
 //
 // The build disables FP contraction, so every clone rounds alike.
 #include <algorithm>
@@ -160,6 +160,85 @@ template <bool kHasMin, bool kHasHigh>
     }
 }
 
+// NVFP4 [4 B UE4M3 scales][32 B], 64 elements: sub-block s of 16 is bytes 4 + 8s .. + 7
+// (low nibbles first), nvfp4_scale(byte s) * kMxfp4Values[nibble].
+// Two sub-blocks' 16 bytes at a time: their low nibbles' values (lo) and high nibbles' (hi)
+// by one byte shuffle each on GCC, as decode_iq4_32 does.
+[[gnu::always_inline]] inline void decode_nvfp4(const uint8_t* src, float* w, int64_t len) {
+    for (int64_t b = 0; b < len / 64; ++b, src += 36, w += 64)
+        for (int pair = 0; pair < 2; ++pair) {
+            const uint8_t* qs = src + 4 + 16 * pair;
+            int8_t lo[16], hi[16];
+#if defined(__GNUC__) && !defined(__clang__)
+            i8x16 lut;
+            std::memcpy(&lut, quant_detail::kMxfp4Values, 16);
+            u8x16 q;
+            std::memcpy(&q, qs, 16);
+            const i8x16 l = __builtin_shuffle(lut, q & 15), h = __builtin_shuffle(lut, q >> 4);
+            std::memcpy(lo, &l, 16);
+            std::memcpy(hi, &h, 16);
+#else
+            for (int j = 0; j < 16; ++j) {
+                lo[j] = quant_detail::kMxfp4Values[qs[j] & 15];
+                hi[j] = quant_detail::kMxfp4Values[qs[j] >> 4];
+            }
+#endif
+            for (int k = 0; k < 2; ++k) {  // sub-block 2 * pair + k: bytes 8k .. 8k + 7
+                const float d = quant_detail::nvfp4_scale(src[2 * pair + k]);
+                float* y = w + 32 * pair + 16 * k;
+                store8(y, d * __builtin_convertvector(widen8(lo + 8 * k), f32x8));
+                store8(y + 8, d * __builtin_convertvector(widen8(hi + 8 * k), f32x8));
+            }
+        }
+}
+
+// TQ2_0 [64 B codes][f16 d], 256 elements: element 128h + 32l + m is bits 2l..2l+1 of byte
+// 32h + m; d * (code - 1).
+[[gnu::always_inline]] inline void decode_tq2_0(const uint8_t* src, float* w) {
+    const float d = quant_detail::load_f16(src + 64);
+    for (int h = 0; h < 2; ++h)
+        for (int c = 0; c < 4; ++c) {  // bytes 32h + 8c .. + 7
+            const i32x8 q = widen8(src + 32 * h + 8 * c);
+            for (int l = 0; l < 4; ++l)
+                store8(w + 128 * h + 32 * l + 8 * c,
+                       d * __builtin_convertvector(((q >> (2 * l)) & 3) - 1, f32x8));
+        }
+}
+
+// TQ1_0 [48 B qs][4 B qh][f16 d], 256 elements (layout: quant_ternary.cpp): trit n of byte b
+// is ((b * 3^n mod 256) * 3) >> 8; d * (trit - 1).
+[[gnu::always_inline]] inline void decode_tq1_0(const uint8_t* src, float* w) {
+    const float d = quant_detail::load_f16(src + 52);
+    constexpr int kPow3[5] = {1, 3, 9, 27, 81};
+    auto value = [&](i32x8 b, int n) {
+        return d * __builtin_convertvector(((((b * kPow3[n]) & 255) * 3) >> 8) - 1, f32x8);
+    };
+    for (int c = 0; c < 4; ++c) {  // qs[8c .. 8c + 7]: elements 32n + 8c ..
+        const i32x8 b = widen8(src + 8 * c);
+        for (int n = 0; n < 5; ++n) store8(w + 32 * n + 8 * c, value(b, n));
+    }
+    for (int c = 0; c < 2; ++c) {  // qs[32 + 8c ..]: elements 160 + 16n + 8c ..
+        const i32x8 b = widen8(src + 32 + 8 * c);
+        for (int n = 0; n < 5; ++n) store8(w + 160 + 16 * n + 8 * c, value(b, n));
+    }
+    for (int n = 0; n < 4; ++n)  // qh[m]: elements 240 + 4n + m
+        for (int m = 0; m < 4; ++m)
+            w[240 + 4 * n + m] = d * float(((int(uint8_t(src[48 + m] * kPow3[n])) * 3) >> 8) - 1);
+}
+
+// Q1_0 [f16 d][16 B bits], 128 elements: bit j % 8 of byte j / 8 set is +d, clear -d.
+[[gnu::always_inline]] inline void decode_q1_0(const uint8_t* src, float* w, int64_t len) {
+    const i32x8 bit = {1, 2, 4, 8, 16, 32, 64, 128};
+    for (int64_t b = 0; b < len / 128; ++b, src += 18, w += 128) {
+        const float d = quant_detail::load_f16(src);
+        const f32x8 pos = f32x8{} + d, neg = f32x8{} - d;
+        for (int j = 0; j < 16; ++j) {
+            const i32x8 set = ((i32x8{} + src[2 + j]) & bit) != 0;  // all ones where set
+            store8(w + 8 * j, (f32x8)(((i32x8)pos & set) | ((i32x8)neg & ~set)));
+        }
+    }
+}
+
 // Q8_0 [f16 d][32 x int8]: d * q.
 [[gnu::always_inline]] inline void decode_q8_0(const uint8_t* src, float* w, int64_t len) {
     const f32x8 d = block_scales(src, len / 32, 34);
@@ -278,6 +357,12 @@ template <bool kHigh>
         case GgmlType::MXFP4:
             decode_mxfp4(src, w, len);
             break;
+        case GgmlType::NVFP4:
+            decode_nvfp4(src, w, len);
+            break;
+        case GgmlType::Q1_0:
+            decode_q1_0(src, w, len);
+            break;
         // The 256-element types: a span is one block.
         case GgmlType::IQ4_XS:
             decode_iq4_xs(src, w);
@@ -296,6 +381,12 @@ template <bool kHigh>
             break;
         case GgmlType::Q6_K:
             decode_q6_k(src, w);
+            break;
+        case GgmlType::TQ1_0:
+            decode_tq1_0(src, w);
+            break;
+        case GgmlType::TQ2_0:
+            decode_tq2_0(src, w);
             break;
         case GgmlType::F16:
             if (len % 8 == 0) {

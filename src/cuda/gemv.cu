@@ -574,22 +574,9 @@ bool with_int_loader(GgmlType t, F&& f) {
     }
 }
 
-// The GEMV switches (cuda_set_gemv_q8 / _q16, _prefetch, _split): -1 until first asked, then
-// from KVRUN_GEMV, KVRUN_GEMV_PREFETCH and KVRUN_GEMV_SPLIT.
-std::atomic<int> g_gemv_q8{-1};
-std::atomic<int> g_gemv_prefetch{-1};
+// The split switch (cuda_set_gemv_split): -1 until first asked, then from KVRUN_GEMV_SPLIT
+// (here, as its check needs kWarpsPerBlock; the other switches: gemv_switches.cu).
 std::atomic<int> g_gemv_split{-1};
-
-// The activation path, from g_gemv_q8: 0 f32, 1 8-bit, 2 16-bit activations.
-int gemv_x_mode() {
-    int v = g_gemv_q8.load();
-    if (v < 0) {
-        const std::string e = cuda_env_choice("KVRUN_GEMV", {"auto", "q8", "q16"});
-        v = e == "q8" ? 1 : e == "q16" ? 2 : 0;
-        g_gemv_q8 = v;
-    }
-    return v;
-}
 
 // One warp per 32-element block of x ([n_rows][n_in], n_in % 32 == 0): signed bytes
 // (XT = int8_t) or int16s (cu::quantize_x_store).
@@ -898,35 +885,6 @@ void cuda_gemv(float* out, const float* x, const WeightView& w, int64_t n_rows,
                CudaScratch& scratch, cudaStream_t s, const CudaXq* xq) {
     const WeightView* ws[] = {&w};
     gemv_many(&out, ws, 1, x, n_rows, false, s, false, q8_scratch(scratch), xq);
-}
-
-void cuda_set_gemv_q8(bool on) {
-    g_gemv_q8 = on ? 1 : 0;
-}
-
-void cuda_set_gemv_q16(bool on) {
-    g_gemv_q8 = on ? 2 : 0;
-}
-
-bool cuda_gemv_q8() {
-    return gemv_x_mode() != 0;  // the integer kernel, with 8- or 16-bit x
-}
-
-bool cuda_gemv_q16() {
-    return gemv_x_mode() == 2;
-}
-
-void cuda_set_gemv_prefetch(bool on) {
-    g_gemv_prefetch = on ? 1 : 0;
-}
-
-bool cuda_gemv_prefetch() {
-    int v = g_gemv_prefetch.load();
-    if (v < 0) {
-        v = cuda_env_switch("KVRUN_GEMV_PREFETCH", "on") ? 1 : 0;
-        g_gemv_prefetch = v;
-    }
-    return v == 1;
 }
 
 void cuda_set_gemv_split(int split) {
