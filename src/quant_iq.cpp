@@ -163,11 +163,12 @@ uint8_t mxfp4_code(float v) {
     return uint8_t(q | (v < 0 && q != 0 ? 8 : 0));
 }
 
-// Weighted squared error of x[32] coded with E8M0 byte e; writes the codes to idx.
-float mxfp4_block_error(const float* x, const float* w, int e, uint8_t* idx) {
-    const float d = mxfp4_scale(uint8_t(e)), id = 1.0f / d;
+// Weighted squared error of x[n] coded as FP4 values at scale d (MXFP4's or NVFP4's, in
+// kMxfp4Values' units; 0 codes everything 0); writes the codes to idx.
+float fp4_error(const float* x, const float* w, int n, float d, uint8_t* idx) {
+    const float id = d != 0 ? 1.0f / d : 0.0f;
     float err = 0;
-    for (int i = 0; i < 32; ++i) {
+    for (int i = 0; i < n; ++i) {
         idx[i] = mxfp4_code(x[i] * id);
         const float diff = d * float(kMxfp4Values[idx[i]]) - x[i];
         err += (w ? w[i] : 1.0f) * diff * diff;
@@ -192,7 +193,7 @@ void quant_mxfp4(const float* src, uint8_t* dst, int64_t nb, const float* w) {
             const int e0 = std::clamp(128 + int(std::ceil(std::log2(amax / 12.0f))), 1, 254);
             float best_err = INFINITY;
             for (int e : {e0, e0 - 1}) {
-                const float err = mxfp4_block_error(src, w, e, idx);
+                const float err = fp4_error(src, w, 32, mxfp4_scale(uint8_t(e)), idx);
                 if (err < best_err) best_err = err, best_e = e, std::copy(idx, idx + 32, best_idx);
             }
         }
@@ -230,18 +231,6 @@ uint8_t ue4m3_byte(float v) {
     return e >= 15 ? uint8_t(0x7e) : uint8_t(e << 3 | m);
 }
 
-// Weighted squared error of the 16 elements x coded with scale byte sb; writes the codes.
-float nvfp4_sub_error(const float* x, const float* w, uint8_t sb, uint8_t* idx) {
-    const float d = nvfp4_scale(sb), id = d != 0 ? 1.0f / d : 0.0f;
-    float err = 0;
-    for (int i = 0; i < 16; ++i) {
-        idx[i] = mxfp4_code(x[i] * id);
-        const float diff = d * float(kMxfp4Values[idx[i]]) - x[i];
-        err += (w ? w[i] : 1.0f) * diff * diff;
-    }
-    return err;
-}
-
 }  // namespace
 
 // Each sub-block's scale byte: ggml's (amax / 6, the largest E2M1 value, rounded), or the
@@ -255,11 +244,11 @@ void quant_nvfp4(const float* src, uint8_t* dst, int64_t nb, const float* w) {
             for (int i = 0; i < 16; ++i) amax = std::max(amax, std::fabs(src[i]));
             const uint8_t b0 = std::isfinite(amax) ? ue4m3_byte(amax / 6.0f) : uint8_t(0x7e);
             uint8_t best = b0;
-            float best_err = nvfp4_sub_error(src, w, b0, best_idx);
+            float best_err = fp4_error(src, w, 16, nvfp4_scale(b0), best_idx);
             for (int delta : {-2, -1, 1}) {
                 const int c = int(b0) + delta;
                 if (b0 == 0 || c < 1 || c > 0x7e) continue;
-                const float err = nvfp4_sub_error(src, w, uint8_t(c), idx);
+                const float err = fp4_error(src, w, 16, nvfp4_scale(uint8_t(c)), idx);
                 if (err < best_err)
                     best_err = err, best = uint8_t(c), std::copy(idx, idx + 16, best_idx);
             }
