@@ -1,7 +1,7 @@
 // Typed model hyperparameters read from GGUF metadata (`<arch>.*` keys) for the supported
 // architectures (llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gemma, gemma2, gemma3,
 // granite, granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe,
-// exaone4, deepseek2), validated so the forward pass can trust them.
+// exaone4, deepseek2, bitnet), validated so the forward pass can trust them.
 #pragma once
 
 #include <cstdint>

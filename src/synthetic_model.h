@@ -1,5 +1,6 @@
 // Synthetic llama-family models (llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gemma 1-3,
-// granite, smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe, exaone4, deepseek2):
+// granite, smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe, exaone4, deepseek2,
+// bitnet):
 // GGUF
 // files with real shapes (presets such as llama2-7b, llama3-8b) and random weights, generated
 // quickly and deterministically from a seed, for benchmarks and tests. Also cuts a model down to
