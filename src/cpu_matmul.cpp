@@ -210,16 +210,14 @@ template <bool kHasMin, bool kHasHigh>
 [[gnu::always_inline]] inline void decode_tq1_0(const uint8_t* src, float* w) {
     const float d = quant_detail::load_f16(src + 52);
     constexpr int kPow3[5] = {1, 3, 9, 27, 81};
-    auto value = [&](i32x8 b, int n) {
-        return d * __builtin_convertvector(((((b * kPow3[n]) & 255) * 3) >> 8) - 1, f32x8);
-    };
-    for (int c = 0; c < 4; ++c) {  // qs[8c .. 8c + 7]: elements 32n + 8c ..
+    for (int c = 0; c < 6; ++c) {  // qs[8c .. 8c + 7]: elements 32n + 8c .. (c < 4), else
+                                   // 160 + 16n + 8(c - 4) ..
         const i32x8 b = widen8(src + 8 * c);
-        for (int n = 0; n < 5; ++n) store8(w + 32 * n + 8 * c, value(b, n));
-    }
-    for (int c = 0; c < 2; ++c) {  // qs[32 + 8c ..]: elements 160 + 16n + 8c ..
-        const i32x8 b = widen8(src + 32 + 8 * c);
-        for (int n = 0; n < 5; ++n) store8(w + 160 + 16 * n + 8 * c, value(b, n));
+        for (int n = 0; n < 5; ++n) {
+            const i32x8 trit = ((((b * kPow3[n]) & 255) * 3) >> 8) - 1;
+            store8(w + (c < 4 ? 32 * n + 8 * c : 160 + 16 * n + 8 * (c - 4)),
+                   d * __builtin_convertvector(trit, f32x8));
+        }
     }
     for (int n = 0; n < 4; ++n)  // qh[m]: elements 240 + 4n + m
         for (int m = 0; m < 4; ++m)
