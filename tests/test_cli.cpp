@@ -10,9 +10,11 @@
 #include <set>
 #include <sstream>
 
+#include "arch_test_util.h"
 #include "cli_test_util.h"
 #include "gguf.h"
 #include "gguf_writer.h"
+#include "synthetic_model.h"
 #include "test_util.h"
 
 using kvrun::test::run_command;
@@ -54,6 +56,27 @@ TEST_CASE("bad flags and files give one clear line and exit 1") {
     check_one_clear_error(run_command(kvrun_cmd("info -m " + not_gguf)), "not a GGUF file");
     check_one_clear_error(run_command(kvrun_cmd("run -m " + not_gguf + " -p hi")),
                           "not a GGUF file");
+}
+
+TEST_CASE("info counts the matrices with a per-tensor scale (NAME.scale)") {
+    kvrun::test::TempDir dir;
+    kvrun::SyntheticModelConfig c = kvrun::synthetic_preset("tiny");
+    c.n_layer = 1;
+    const std::string plain = dir.file("plain.gguf"), scaled = dir.file("scaled.gguf");
+    kvrun::synthetic_model_write(c, plain);
+    const std::vector<uint8_t> bytes =
+        kvrun::arch_test::gguf_with_scales(kvrun::GgufFile::open(plain));
+    std::ofstream(scaled, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+    for (const auto& [path, n] : {std::pair{plain, 0}, std::pair{scaled, 8}}) {
+        CAPTURE(path);
+        const auto r = run_command(kvrun_cmd("info --json -m " + path));
+        REQUIRE(r.exit_code == 0);
+        CHECK(nlohmann::json::parse(r.out)["scaled_matrices"] == n);  // 7 in the layer, output
+        const auto table = run_command(kvrun_cmd("info -m " + path));
+        CHECK((table.out.find("8 matrices carry a NAME.scale factor") != std::string::npos) ==
+              (n > 0));
+    }
 }
 
 TEST_CASE("info reports stories260K's hyperparameters") {

@@ -259,7 +259,11 @@ int run_info(const InfoOptions& o) {
     std::map<std::string, std::pair<int64_t, uint64_t>> histogram;  // type -> (count, bytes)
     uint64_t weight_bytes = 0;
     int64_t n_params = 0;
+    int64_t n_scaled = 0;  // matrices with a NAME.scale factor (WeightView::scale)
     for (const auto& t : f.tensors()) {
+        if (t.name.ends_with(".scale") &&
+            f.find_tensor(t.name.substr(0, t.name.size() - 6) + ".weight"))
+            ++n_scaled;
         auto& e = histogram[ggml_type_name(t.type)];
         e.first += 1;
         e.second += t.n_bytes;
@@ -324,6 +328,7 @@ int run_info(const InfoOptions& o) {
         nlohmann::json types = nlohmann::json::object();
         for (auto& [name, e] : histogram) types[name] = {{"tensors", e.first}, {"bytes", e.second}};
         j["tensor_types"] = types;
+        j["scaled_matrices"] = n_scaled;
         j["n_tensors"] = f.tensors().size();
         j["n_params"] = n_params;
         j["weight_bytes"] = weight_bytes;
@@ -400,8 +405,13 @@ int run_info(const InfoOptions& o) {
     for (auto& [name, e] : histogram)
         fmt::print("                {:<8} {:>8} {:>14}\n", name, e.first,
                    human_bytes(double(e.second)));
-    fmt::print("weights         {} parameters, {}\n\n", n_params,
-               human_bytes(double(weight_bytes)));
+    fmt::print("weights         {} parameters, {}\n", n_params, human_bytes(double(weight_bytes)));
+    if (n_scaled > 0)
+        fmt::print(
+            "                {} matrices carry a NAME.scale factor (applied to their "
+            "products)\n",
+            n_scaled);
+    fmt::print("\n");
     fmt::print("KV cache        {:<8} {:>14} {:>16} {:>12}   (blocks of {} tokens)\n", "type",
                "bytes/token", "per 4096 tokens", "tokens/f16", o.kv_block_size);
     const double f16_bytes = kv_rows[1].bytes;
