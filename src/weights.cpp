@@ -187,15 +187,18 @@ void load_mla(const GgufFile& f, const ModelConfig& c, int64_t i, ModelWeights& 
 
 ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
     ModelWeights w;
-    // (llama.cpp scales neither the embedding lookup nor a tied output.)
-    for (const char* unsupported : {"token_embd.scale", "output.scale"})
-        if (f.find_tensor(unsupported) &&
-            (unsupported[0] == 't' || !f.find_tensor("output.weight")))
-            fail("{}: tensor '{}' is not supported (a scaled {})", f.path(), unsupported,
-                 unsupported[0] == 't' ? "token embedding" : "output tied to the embedding");
+    // BitNet's output is always the embedding's, as in llama.cpp. llama.cpp scales neither the
+    // embedding lookup nor a tied output.
+    const bool tied = !f.find_tensor("output.weight") || c.sub_norms;
+    if (f.find_tensor("token_embd.scale"))
+        fail("{}: tensor 'token_embd.scale' is not supported (a scaled token embedding)",
+             f.path());
+    if (tied && f.find_tensor("output.scale"))
+        fail("{}: tensor 'output.scale' is not supported (a scaled output tied to the embedding)",
+             f.path());
     w.token_embd = load_matrix(f, "token_embd.weight", c.n_embd, c.n_vocab, w.matrix_bytes);
     w.output_norm = load_vector(f, "output_norm.weight", c.n_embd);
-    if (f.find_tensor("output.weight") && !c.sub_norms) {  // (BitNet's is always tied)
+    if (!tied) {
         w.output = load_matrix(f, "output.weight", c.n_embd, c.n_vocab, w.matrix_bytes);
     } else {
         w.output = w.token_embd;
