@@ -34,6 +34,9 @@ struct ArchTraits {
     bool qwen2moe = false;   // Qwen1.5-MoE / Qwen2-MoE (read_qwen2moe)
     bool deepseek2 = false;  // DeepSeek V2 / V3: latent attention (read_mla, read_deepseek2)
     bool sub_norms = false;  // BitNet's norms inside the blocks (ModelConfig::sub_norms)
+    bool glm4 = false;       // GLM-4-0414 (read_glm4)
+    // The FFN's input norm is named post_attention_norm (ModelConfig::ffn_norm_post_attention).
+    bool ffn_norm_post_attention = false;
 };
 
 constexpr ArchTraits kArchs[] = {
@@ -58,6 +61,9 @@ constexpr ArchTraits kArchs[] = {
     {.name = "exaone4", .rope_neox = true, .qk_norm = true, .exaone4 = true},
     {.name = "deepseek2", .experts = true, .deepseek2 = true},
     {.name = "bitnet", .rope_neox = true, .sub_norms = true},
+    {.name = "glm4", .fused_gate_up = true, .glm4 = true},
+    // Seed-OSS: llama with NeoX pairs, optional Q/K/V (and output) biases.
+    {.name = "seed_oss", .rope_neox = true, .ffn_norm_post_attention = true},
 };
 
 // A positive integer key, either a scalar or an array whose elements are all equal
@@ -316,6 +322,24 @@ void read_exaone4(const GgufFile& f, const std::string& a, ModelConfig& c) {
     c.rope_swa_only = true;
 }
 
+// GLM-4-0414 and GLM-Z1 (glm4, dense): Gemma 2's post norms of each block's output before its
+// residual add, the gate's and up's rows in one ffn_up, RoPE on consecutive pairs of the first
+// rope.dimension_count dims of each head (half of them in the released models). A file with
+// M-RoPE sections (rope.dimension_sections: GLM-4.1V's language model) rotates NeoX pairs, as
+// llama.cpp's multi-section RoPE does; for text every section sees the same position, which
+// makes it plain NeoX RoPE. Trailing multi-token-prediction layers (nextn_predict_layers) are
+// not run, as in llama.cpp.
+void read_glm4(const GgufFile& f, const std::string& a, ModelConfig& c) {
+    c.post_norms = true;
+    if (const GgufValue* v = f.find(a + "rope.dimension_sections")) {
+        if (v->type != GgufValueType::ARRAY)
+            fail("{}: key '{}rope.dimension_sections' must be an integer array", f.path(), a);
+        for (const auto& item : v->as_array())
+            if (item.is_int() && item.as_int() > 0) c.rope_neox = true;
+    }
+    read_dense_lead(f, a, c);
+}
+
 // Qwen1.5-MoE and Qwen2-MoE (qwen2moe): Qwen2's attention (Q/K/V biases, NeoX RoPE); every
 // layer has a softmax router whose chosen probabilities weight the experts as they are (not
 // renormalized), and one shared expert of width expert_shared_feed_forward_length (absent:
@@ -412,12 +436,12 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
             fmt::format("{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, "
                         "qwen3moe, qwen2moe, phi3, gemma, gemma2, gemma3, granite, granitemoe, "
                         "smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe, "
-                        "exaone4, deepseek2, bitnet)",
+                        "exaone4, deepseek2, bitnet, glm4, seed_oss)",
                         f.path(), c.arch),
             "kvrun runs llama-family models (Llama, Mistral, TinyLlama, SmolLM, Qwen2, Qwen3, "
             "Qwen3 MoE, Qwen2 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3, Granite 3, SmolLM3, "
-            "gpt-oss, GLM 4.5, ERNIE 4.5, OLMo 2, OLMo 3, OLMoE, EXAONE 4.0, DeepSeek V2 / V3, "
-            "BitNet b1.58)");
+            "gpt-oss, GLM-4-0414, GLM 4.5, ERNIE 4.5, OLMo 2, OLMo 3, OLMoE, EXAONE 4.0, "
+            "DeepSeek V2 / V3, BitNet b1.58, Seed-OSS)");
     }
     c.rope_neox = traits->rope_neox;
     c.qkv_bias = traits->qkv_bias;
@@ -425,6 +449,7 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     c.fused_gate_up = traits->fused_gate_up;
     c.nope_step = traits->nope_step;
     c.sub_norms = traits->sub_norms;
+    c.ffn_norm_post_attention = traits->ffn_norm_post_attention;
 
     const std::string a = c.arch + ".";
     c.n_layer = read_count(f, a + "block_count", 0, true);
@@ -469,6 +494,7 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     if (traits->olmo2) read_olmo2(f, a, c);
     if (traits->exaone4) read_exaone4(f, a, c);
     if (traits->olmoe) read_olmoe(c);
+    if (traits->glm4) read_glm4(f, a, c);
     // Mixture of experts (some dense models say expert_count 0).
     const GgufValue* experts = f.find(a + "expert_count");
     if (experts && !(experts->is_int() && experts->as_int() == 0)) {

@@ -1,7 +1,7 @@
 // Typed model hyperparameters read from GGUF metadata (`<arch>.*` keys) for the supported
 // architectures (llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gemma, gemma2, gemma3,
 // granite, granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe,
-// exaone4, deepseek2, bitnet), validated so the forward pass can trust them.
+// exaone4, deepseek2, bitnet, glm4, seed_oss), validated so the forward pass can trust them.
 #pragma once
 
 #include <cstdint>
@@ -115,8 +115,8 @@ struct ModelConfig {
     // Trailing layers for multi-token prediction (nextn_predict_layers, GLM 4.5) are in the
     // file but not run: block_count minus n_nextn is n_layer.
     int64_t n_nextn = 0;
-    // The FFN's input norm is the tensor llama.cpp names post_attention_norm (gpt-oss, GLM 4.5:
-    // Hugging Face's post_attention_layernorm), not ffn_norm.
+    // The FFN's input norm is the tensor llama.cpp names post_attention_norm (gpt-oss, GLM 4.5,
+    // Seed-OSS: Hugging Face's post_attention_layernorm), not ffn_norm.
     bool ffn_norm_post_attention = false;
     // gpt-oss: each head's softmax has a learned sink logit (attn_sinks.weight; the mass it
     // takes goes to no token), and the experts use OpenAI's clamped SwiGLU

@@ -29,6 +29,11 @@ constexpr const char* kQwen2 =
     R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|)"
     R"(\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
+// Seed-Coder / Seed-OSS: as Qwen2, but a punctuation run takes no line breaks after it.
+constexpr const char* kSeedCoder =
+    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|)"
+    R"(\p{N}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 // CJK ideographs (+ Hangul) as one run, used by the DeepSeek pre-tokenizers.
 constexpr const char* kDeepseekCjk = R"([\x{4E00}-\x{9FA5}\x{800}-\x{4E00}\x{AC00}-\x{D7FF}]+)";
 
@@ -153,6 +158,8 @@ PreTokenizerSpec pretokenizer_spec(const std::string& pre) {
     } else if (name_in(pre, {"qwen2", "qwen2.5", "qwen-2.5", "deepseek-r1-qwen", "megrez",
                              "stablelm2"})) {
         s.regexes = {kQwen2};
+    } else if (pre == "seed-coder") {  // (Seed-OSS)
+        s.regexes = {kSeedCoder};
     } else if (name_in(pre, {"poro-chat", "bloom", "gpt3-finnish"})) {
         s.regexes = {kPoro};
     } else if (name_in(pre, {"chatglm-bpe", "glm4"})) {  // (GLM 4.x: no BOS of its own)

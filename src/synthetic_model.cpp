@@ -57,6 +57,7 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
     std::vector<TensorPlan> p;
     p.push_back({"token_embd.weight", c.type, {c.n_embd, n_vocab}, s, 0});
     const bool glm = c.arch == "glm4moe", ernie = c.arch == "ernie4_5-moe";
+    const bool glm4 = c.arch == "glm4";  // (dense: post norms, fused ffn_up)
     const bool ds2 = c.arch == "deepseek2";
     // A type whose blocks fit rows of n elements: `type`, else Q8_0, else F16.
     auto fit = [](GgmlType t, int64_t n) {
@@ -70,7 +71,7 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
         if (!glm && !ernie && !ds2) return true;
         return i >= c.n_layer_dense && (!ernie || (i + 1) % c.moe_step == 0);
     };
-    for (int64_t i = 0; i < c.n_layer + (glm ? c.n_nextn : 0); ++i) {
+    for (int64_t i = 0; i < c.n_layer + (glm || glm4 ? c.n_nextn : 0); ++i) {
         auto nm = [&](const char* what) { return fmt::format("blk.{}.{}.weight", i, what); };
         auto bias = [&](const char* what) { return fmt::format("blk.{}.{}.bias", i, what); };
         const GgmlType more =
@@ -97,8 +98,11 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
                 p.push_back({nm("attn_k_b"), fit(c.type, N), {N, R, H}, s, 0});
                 p.push_back({nm("attn_v_b"), fit(c.type, R), {R, c.mla_v, H}, s, 0});
             }
-        } else if (c.arch == "phi3") {  // Q, K and V rows in one tensor
+        } else if (c.arch == "phi3" || (glm4 && c.fused_qkv)) {  // Q, K and V rows in one tensor
             p.push_back({nm("attn_qkv"), c.type, {c.n_embd, n_embd_q + 2 * n_embd_kv}, s, 0});
+            if (glm4)
+                p.push_back(
+                    {bias("attn_qkv"), GgmlType::F32, {n_embd_q + 2 * n_embd_kv}, kBiasStd, 0});
         } else {
             p.push_back({nm("attn_q"), c.type, {c.n_embd, n_embd_q}, s, 0});
             p.push_back({nm("attn_k"), c.type, {c.n_embd, n_embd_kv}, s, 0});
@@ -107,7 +111,8 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
         const bool oai = c.arch == "gpt-oss";
         const bool qwen2moe = c.arch == "qwen2moe";
         // Biases of a few times the projections' output.
-        if (c.arch == "qwen2" || qwen2moe || oai || glm) {
+        const bool seed = c.arch == "seed_oss";  // (Q/K/V biases; the FFN's norm renamed)
+        if (c.arch == "qwen2" || qwen2moe || oai || glm || seed || (glm4 && !c.fused_qkv)) {
             p.push_back({bias("attn_q"), GgmlType::F32, {n_embd_q}, kBiasStd, 0});
             p.push_back({bias("attn_k"), GgmlType::F32, {n_embd_kv}, kBiasStd, 0});
             p.push_back({bias("attn_v"), GgmlType::F32, {n_embd_kv}, kBiasStd, 0});
@@ -127,16 +132,19 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
             p.push_back({bias("attn_output"), GgmlType::F32, {c.n_embd}, s_out, 0});
             p.push_back({nm("attn_sinks"), GgmlType::F32, {c.n_head}, 1.0f, 0});
         }
-        if (c.arch == "gemma2" || c.arch == "gemma3" || post_only)
+        if (c.arch == "gemma2" || c.arch == "gemma3" || post_only || glm4)
             p.push_back({nm("post_attention_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
         if (c.arch == "bitnet") {  // the norms inside the blocks
             p.push_back({nm("attn_sub_norm"), GgmlType::F32, {n_embd_q}, kNormStd, 1});
             p.push_back({nm("ffn_sub_norm"), GgmlType::F32, {c.n_ff}, kNormStd, 1});
         }
-        // gpt-oss and GLM 4.5 call the FFN's input norm post_attention_norm.
+        // gpt-oss, GLM 4.5 and Seed-OSS call the FFN's input norm post_attention_norm.
         if (!post_only)
-            p.push_back({nm(oai || glm ? "post_attention_norm" : "ffn_norm"), GgmlType::F32,
-                         {c.n_embd}, kNormStd, 1});
+            p.push_back({nm(oai || glm || seed ? "post_attention_norm" : "ffn_norm"),
+                         GgmlType::F32,
+                         {c.n_embd},
+                         kNormStd,
+                         1});
         if (experts_at(i)) {  // router and stacked experts
             const int64_t fe = c.n_ff_exp > 0 ? c.n_ff_exp : c.n_ff;
             const GgmlType te = c.expert_type != GgmlType::F32 ? c.expert_type : c.type;
@@ -183,7 +191,7 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
                 p.push_back({nm("ffn_down_shexp"), more, {fs, c.n_embd}, s_out, 0});
             }
         } else {
-            if (c.arch == "phi3") {  // the gate's rows, then up's, in ffn_up
+            if (c.arch == "phi3" || glm4) {  // the gate's rows, then up's, in ffn_up
                 p.push_back({nm("ffn_up"), c.type, {c.n_embd, 2 * c.n_ff}, s, 0});
             } else {
                 p.push_back({nm("ffn_gate"), c.type, {c.n_embd, c.n_ff}, s, 0});
@@ -193,7 +201,7 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
             p.push_back(
                 {nm("ffn_down"), ds2 ? fit(more, c.n_ff) : more, {c.n_ff, c.n_embd}, s_out, 0});
         }
-        if (c.arch == "gemma2" || c.arch == "gemma3" || post_only)
+        if (c.arch == "gemma2" || c.arch == "gemma3" || post_only || glm4)
             p.push_back({nm("post_ffw_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
     }
     p.push_back({"output_norm.weight", GgmlType::F32, {c.n_embd}, kNormStd, 1});
@@ -310,7 +318,8 @@ void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) 
     if (quantized) w.set_u32("general.quantization_version", 2);
     w.set_u32(a + "context_length", uint32_t(c.n_ctx));
     w.set_u32(a + "embedding_length", uint32_t(c.n_embd));
-    w.set_u32(a + "block_count", uint32_t(c.n_layer + (c.arch == "glm4moe" ? c.n_nextn : 0)));
+    const bool nextn = c.arch == "glm4moe" || c.arch == "glm4";
+    w.set_u32(a + "block_count", uint32_t(c.n_layer + (nextn ? c.n_nextn : 0)));
     w.set_u32(a + "feed_forward_length", uint32_t(c.n_ff));
     w.set_u32(a + "rope.dimension_count", uint32_t(c.rope_dims > 0 ? c.rope_dims : head_dim));
     w.set_u32(a + "attention.head_count", uint32_t(c.n_head));
@@ -390,6 +399,8 @@ void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) 
         w.set_u32(a + "expert_gating_func", 2);  // sigmoid
         w.set_u32(a + "nextn_predict_layers", uint32_t(c.n_nextn));
     }
+    if (c.arch == "glm4" && c.n_nextn > 0)
+        w.set_u32(a + "nextn_predict_layers", uint32_t(c.n_nextn));
     if (c.arch == "ernie4_5-moe") {
         w.set_u32(a + "leading_dense_block_count", uint32_t(c.n_layer_dense));
         w.set_u32(a + "interleave_moe_layer_step", uint32_t(c.moe_step));
@@ -482,6 +493,9 @@ std::vector<std::string> synthetic_preset_names() {
             "deepseek-v3",
             "bitnet-b1.58-large",
             "bitnet-b1.58-3b",
+            "glm4-9b",
+            "glm4-32b",
+            "seed-oss-36b",
             "tiny"};
 }
 
@@ -611,6 +625,16 @@ SyntheticModelConfig synthetic_preset(std::string_view name) {
         c.n_expert = 128, c.n_expert_used = 8, c.n_ff_exp = 1408, c.n_expert_shared = 1;
         c.expert_weights_scale = 1.0, c.expert_weights_norm = true;
         c.n_vocab = 151552, c.rope_base = 1000000, c.n_ctx = 131072, c.norm_eps = 1e-5;
+    } else if (name == "glm4-9b" || name == "glm4-32b") {  // GLM-4-0414: GQA 16:1 and 24:1
+        const bool small = name == "glm4-9b";
+        c.arch = "glm4", c.head_dim = 128, c.rope_dims = 64;
+        c.n_layer = small ? 40 : 61, c.n_embd = small ? 4096 : 6144, c.n_head = small ? 32 : 48;
+        c.n_head_kv = 2, c.n_ff = small ? 13696 : 23040;
+        c.n_vocab = 151552, c.rope_base = 10000, c.n_ctx = 32768, c.norm_eps = 1e-5;
+    } else if (name == "seed-oss-36b") {  // Seed-OSS-36B: 80 heads of 128 (wider than n_embd)
+        c.arch = "seed_oss", c.head_dim = 128;
+        c.n_layer = 64, c.n_embd = 5120, c.n_head = 80, c.n_head_kv = 8, c.n_ff = 27648;
+        c.n_vocab = 155136, c.rope_base = 10000000, c.n_ctx = 524288, c.norm_eps = 1e-6;
     } else if (name == "olmo2-7b" || name == "olmo3-7b") {  // MHA; OLMo 3: 4096-token windows
         c.arch = "olmo2";
         c.n_layer = 32, c.n_embd = 4096, c.n_head = 32, c.n_head_kv = 32, c.n_ff = 11008;
@@ -700,12 +724,12 @@ void synthetic_validate(const SyntheticModelConfig& c) {
         c.arch != "granitemoe" && c.arch != "smollm3" && c.arch != "gpt-oss" &&
         c.arch != "glm4moe" && c.arch != "ernie4_5" && c.arch != "ernie4_5-moe" &&
         c.arch != "olmo2" && c.arch != "olmoe" && c.arch != "exaone4" && c.arch != "deepseek2" &&
-        c.arch != "bitnet")
+        c.arch != "bitnet" && c.arch != "glm4" && c.arch != "seed_oss")
         fail(
             "synthetic model: architecture '{}' is not one of llama, qwen2, qwen3, qwen3moe, "
             "qwen2moe, phi3, "
             "gemma, gemma2, gemma3, granite, granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, "
-            "ernie4_5-moe, olmo2, olmoe, exaone4, deepseek2, bitnet",
+            "ernie4_5-moe, olmo2, olmoe, exaone4, deepseek2, bitnet, glm4, seed_oss",
             c.arch);
     const bool moe_arch = c.arch == "qwen3moe" || c.arch == "qwen2moe" || c.arch == "granitemoe" ||
                           c.arch == "gpt-oss" || c.arch == "glm4moe" || c.arch == "ernie4_5-moe" ||
@@ -739,6 +763,10 @@ void synthetic_validate(const SyntheticModelConfig& c) {
         fail(
             "synthetic model: glm4moe needs 0 <= dense layers <= n_layer, shared experts >= 0, "
             "0 <= nextn layers <= 8 and a positive expert weights scale");
+    if (c.arch == "glm4" && (c.n_nextn < 0 || c.n_nextn > 8))
+        fail("synthetic model: glm4 needs 0 <= nextn layers <= 8");
+    if (c.fused_qkv && c.arch != "glm4")
+        fail("synthetic model: fused Q/K/V biases are written for glm4 only (phi3 always fuses)");
     if (!(c.granite_embedding_scale > 0) || !(c.granite_residual_scale > 0) ||
         !(c.granite_logit_scale > 0) || !(c.granite_attention_scale >= 0))
         fail("synthetic model: Granite's multipliers must be positive");

@@ -219,9 +219,14 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
             l.wq = row_slice(qkv, 0, c.q_dim());
             l.wk = row_slice(qkv, c.q_dim(), c.kv_dim());
             l.wv = row_slice(qkv, c.q_dim() + c.kv_dim(), c.kv_dim());
-            if (f.find_tensor(name("attn_qkv.bias")))
-                fail("{}: tensor '{}' (fused Q/K/V bias) is not supported", f.path(),
-                     name("attn_qkv.bias"));
+            if (f.find_tensor(name("attn_qkv.bias"))) {  // (GLM-4 conversions that fuse them)
+                const std::vector<float> b =
+                    load_vector(f, name("attn_qkv.bias"), c.q_dim() + 2 * c.kv_dim());
+                const auto q_end = b.begin() + c.q_dim(), k_end = q_end + c.kv_dim();
+                l.bq.assign(b.begin(), q_end);
+                l.bk.assign(q_end, k_end);
+                l.bv.assign(k_end, b.end());
+            }
         } else {
             l.wq = load_matrix(f, name("attn_q.weight"), c.n_embd, c.q_dim(), bytes);
             l.wk = load_matrix(f, name("attn_k.weight"), c.n_embd, c.kv_dim(), bytes);
@@ -231,7 +236,7 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
                            c.n_embd, bytes);
         // Biases: required by qwen2, optional for llama (a few llama conversions have them).
         const bool has_bias = f.find_tensor(name("attn_q.bias")) != nullptr;
-        if (c.qkv_bias || has_bias) {
+        if ((c.qkv_bias || has_bias) && l.bq.empty()) {
             l.bq = load_vector(f, name("attn_q.bias"), c.q_dim());
             l.bk = load_vector(f, name("attn_k.bias"), c.kv_dim());
             l.bv = load_vector(f, name("attn_v.bias"), c.kv_dim());

@@ -6,7 +6,9 @@
 // pairs, a head size other than n_embd / n_head (Qwen3, Mistral Nemo), fused Q/K/V and
 // gate/up tensors (phi3) and Phi-3's LongRoPE, Gemma's embedding scale, GELU, post norms,
 // soft caps, sliding-window layers and per-layer RoPE (gemma, gemma2, gemma3), Granite's
-// multipliers (granite, granitemoe), SmolLM3's layers without RoPE, GQA, tied output.
+// multipliers (granite, granitemoe), SmolLM3's layers without RoPE, GLM-4's post norms with
+// fused gate/up and partial RoPE on consecutive pairs (glm4), Seed-OSS's renamed FFN norm,
+// GQA, tied output.
 // The CPU backend runs the prompt in pieces across KV blocks of 4 tokens, so prefill, decode
 // and the paged cache are all on the path. Also: qwen3 load errors, and the synthetic presets.
 #include <doctest/doctest.h>
@@ -47,7 +49,10 @@ std::vector<float> vector_or_empty(const GgufFile& f, const char* name) {
 // architecture's parts switched by the flags (so a test can also show each part matters).
 struct RefParts {
     bool biases = false, qk_norm = false, neox = false;
-    bool fused = false;               // Q/K/V in attn_qkv, gate then up in ffn_up (phi3)
+    bool fused = false;               // Q/K/V (and their biases) in attn_qkv (phi3)
+    bool fused_up = false;            // gate then up in ffn_up (phi3, glm4)
+    bool post_norms = false;          // each block's output normed before its add (glm4)
+    bool ffn_norm_renamed = false;    // the FFN's input norm is post_attention_norm (seed_oss)
     std::vector<float> rope_factors;  // per-pair divisors (LongRoPE), empty: none
     double rope_mscale = 1.0;         // rope.scaling.attn_factor
     int32_t pos0 = 0;                 // position of the first token
@@ -76,7 +81,7 @@ struct RefParts {
 
 RefParts parts_of(bool biases, bool qk_norm, bool neox, bool fused = false) {
     RefParts p;
-    p.biases = biases, p.qk_norm = qk_norm, p.neox = neox, p.fused = fused;
+    p.biases = biases, p.qk_norm = qk_norm, p.neox = neox, p.fused = p.fused_up = fused;
     return p;
 }
 
@@ -124,7 +129,8 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
             std::vector<float> h = x[size_t(t)];
             rms_normalize(h, 0, c.n_embd, w("attn_norm.weight").data, c.norm_eps);
             if (parts.fused) {  // one product, then cut into Q | K | V
-                const std::vector<float> all = matvec(w("attn_qkv.weight"), h);
+                std::vector<float> all = matvec(w("attn_qkv.weight"), h);
+                add_bias(all, "attn_qkv.bias");
                 const auto q_end = all.begin() + long(c.q_dim());
                 const auto k_end = q_end + long(c.kv_dim());
                 q[size_t(t)].assign(all.begin(), q_end);
@@ -134,10 +140,10 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
                 q[size_t(t)] = matvec(w("attn_q.weight"), h);
                 keys[size_t(t)] = matvec(w("attn_k.weight"), h);
                 values[size_t(t)] = matvec(w("attn_v.weight"), h);
+                add_bias(q[size_t(t)], "attn_q.bias");
+                add_bias(keys[size_t(t)], "attn_k.bias");
+                add_bias(values[size_t(t)], "attn_v.bias");
             }
-            add_bias(q[size_t(t)], "attn_q.bias");
-            add_bias(keys[size_t(t)], "attn_k.bias");
-            add_bias(values[size_t(t)], "attn_v.bias");
             if (parts.qk_norm) {
                 for (int64_t hh = 0; hh < c.n_head; ++hh)
                     rms_normalize(q[size_t(t)], hh * hd, hd, w("attn_q_norm.weight").data,
@@ -185,10 +191,14 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
                 rms_normalize(att, 0, int64_t(att.size()), w("attn_sub_norm.weight").data,
                               c.norm_eps);
             std::vector<float> o = matvec(w("attn_output.weight"), att);
-            if (parts.gemma >= 2) post_norm(o, l, "post_attention_norm.weight");
+            const bool post_norms = parts.gemma >= 2 || parts.post_norms;
+            if (post_norms) post_norm(o, l, "post_attention_norm.weight");
             add_residual(x[size_t(t)], o);
             std::vector<float> h = x[size_t(t)];
-            rms_normalize(h, 0, c.n_embd, w("ffn_norm.weight").data, c.norm_eps);
+            rms_normalize(
+                h, 0, c.n_embd,
+                w(parts.ffn_norm_renamed ? "post_attention_norm.weight" : "ffn_norm.weight").data,
+                c.norm_eps);
             if (parts.n_expert > 0) {
                 const Mat router = w("ffn_gate_inp.weight");
                 std::vector<float> logit = matvec(router, h);
@@ -223,7 +233,7 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
                 continue;
             }
             std::vector<float> g, up;
-            if (parts.fused) {
+            if (parts.fused_up) {
                 const std::vector<float> both = matvec(w("ffn_up.weight"), h);
                 g.assign(both.begin(), both.begin() + long(c.n_ff));
                 up.assign(both.begin() + long(c.n_ff), both.end());
@@ -243,7 +253,7 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
             if (parts.sub_norms)
                 rms_normalize(g, 0, int64_t(g.size()), w("ffn_sub_norm.weight").data, c.norm_eps);
             std::vector<float> d = matvec(w("ffn_down.weight"), g);
-            if (parts.gemma >= 2) post_norm(d, l, "post_ffw_norm.weight");
+            if (post_norms) post_norm(d, l, "post_ffw_norm.weight");
             add_residual(x[size_t(t)], d);
         }
         if (size_t(l) < parts.steer.size() && !parts.steer[size_t(l)].empty())
@@ -366,6 +376,21 @@ TEST_CASE("each architecture matches the independent reference forward") {
         b.parts.sub_norms = true;
         cases.push_back(b);
     }
+    // GLM-4-0414: Q/K/V biases, post norms, fused gate/up, RoPE on the first 8 of 16 dims in
+    // consecutive pairs, a multi-token-prediction layer in the file that is not run; also with
+    // Q/K/V and their biases fused in attn_qkv.
+    for (const bool fused_qkv : {false, true}) {
+        Case g{fused_qkv ? "glm4 fused qkv" : "glm4", small("glm4"), parts_of(true, false, false)};
+        g.cfg.rope_dims = 8, g.cfg.n_nextn = 1, g.cfg.fused_qkv = fused_qkv;
+        g.parts.fused = fused_qkv, g.parts.fused_up = g.parts.post_norms = true;
+        g.parts.n_rot = 8;
+        cases.push_back(g);
+    }
+    {  // Seed-OSS: Q/K/V biases, NeoX pairs, the FFN's norm named post_attention_norm
+        Case m{"seed_oss", small("seed_oss"), parts_of(true, false, true)};
+        m.parts.ffn_norm_renamed = true;
+        cases.push_back(m);
+    }
     for (const Case& k : cases) {
         CAPTURE(k.what);
         const std::string path = dir.file(k.what + ".gguf");
@@ -383,7 +408,9 @@ TEST_CASE("each architecture matches the independent reference forward") {
         if (k.parts.biases || k.parts.qk_norm || k.parts.neox) {  // (phi3: NeoX matters)
             RefParts plain;
             plain.neox = !k.parts.neox;
-            plain.fused = k.parts.fused;
+            plain.fused = k.parts.fused, plain.fused_up = k.parts.fused_up;
+            plain.post_norms = k.parts.post_norms, plain.n_rot = k.parts.n_rot;
+            plain.ffn_norm_renamed = k.parts.ffn_norm_renamed;
             plain.n_expert = k.parts.n_expert, plain.n_used = k.parts.n_used;
             CHECK(rel_diff(reference_logits(f, c, plain, kTokens), want) > 1e-2);
         }
@@ -402,6 +429,13 @@ TEST_CASE("each architecture matches the independent reference forward") {
         if (k.parts.sub_norms) {  // BitNet's inner norms move the logits
             RefParts v = k.parts;
             v.sub_norms = false;
+            CHECK(rel_diff(reference_logits(f, c, v, kTokens), want) > 1e-3);
+        }
+        if (k.parts.post_norms) {  // GLM-4's post norms and partial RoPE move the logits
+            RefParts v = k.parts;
+            v.post_norms = false;
+            CHECK(rel_diff(reference_logits(f, c, v, kTokens), want) > 1e-3);
+            v = k.parts, v.n_rot = 0;
             CHECK(rel_diff(reference_logits(f, c, v, kTokens), want) > 1e-3);
         }
         if (k.parts.nope_step > 0) {  // rotating the NoPE layer too moves the logits
@@ -463,7 +497,7 @@ TEST_CASE("phi3 LongRoPE: the long factors past the original context, the short 
         const double attn_factor = std::sqrt(1 + std::log(16.0) / std::log(512.0));
         CHECK(c.yarn_attn_factor == doctest::Approx(attn_factor).epsilon(1e-6));
         RefParts parts;
-        parts.neox = parts.fused = true;
+        parts.neox = parts.fused = parts.fused_up = true;
         parts.rope_mscale = attn_factor;
         parts.pos0 = 3000;
         parts.n_rot = rope_dims;
@@ -816,4 +850,62 @@ TEST_CASE("control vectors join each steered layer's output, as the reference do
     auto bad = kvrun::test::run_command(bin + " run" + args + " --control-vector " + path);
     CHECK(bad.exit_code == 1);
     CHECK(bad.err.find("is not a control vector") != std::string::npos);
+}
+
+TEST_CASE(
+    "glm4: config, M-RoPE sections as NeoX pairs, fused bias shape; glm4 and seed_oss presets") {
+    TempDir dir;
+    SyntheticModelConfig cfg = small("glm4");
+    cfg.rope_dims = 8, cfg.n_nextn = 1;
+    const std::string path = dir.file("glm4.gguf");
+    synthetic_model_write(cfg, path);
+    GgufFile f = GgufFile::open(path);
+    const ModelConfig c = model_config_from_gguf(f);
+    CHECK(c.n_layer == 2);  // (block_count 3: the multi-token-prediction layer is not run)
+    CHECK(c.n_nextn == 1);
+    CHECK(c.post_norms);
+    CHECK(c.fused_gate_up);
+    CHECK(!c.rope_neox);
+    CHECK(c.n_rot == 8);
+    // GLM-4.1V's language model carries M-RoPE sections; for text all sections see the same
+    // position, which is NeoX RoPE (as llama.cpp's multi-section RoPE rotates).
+    std::vector<GgufValue> sections;
+    for (int64_t v : {2, 1, 1, 0}) sections.push_back(gguf_make_int(GgufValueType::INT32, v));
+    const GgufValue arr = gguf_make_array(GgufValueType::INT32, sections);
+    const std::vector<uint8_t> bytes = gguf_rewritten(f, "glm4.rope.dimension_sections", &arr, "");
+    GgufFile m = GgufFile::from_memory(bytes.data(), bytes.size(), "glm4-mrope.gguf");
+    const ModelConfig cm = model_config_from_gguf(m);
+    CHECK(cm.rope_neox);
+    RefParts parts = parts_of(true, false, true);
+    parts.fused_up = parts.post_norms = true, parts.n_rot = 8;
+    const auto want = reference_logits(m, cm, parts, kTokens);
+    CHECK(rel_diff(backend_logits(m, kTokens, 9), want) < 2e-5);
+    parts.neox = false;
+    CHECK(rel_diff(reference_logits(m, cm, parts, kTokens), want) > 1e-2);
+    const GgufValue bad = gguf_make_int(GgufValueType::INT32, 4);
+    CHECK(load_error(gguf_rewritten(f, "glm4.rope.dimension_sections", &bad, ""), true)
+              .find("rope.dimension_sections' must be an integer array") != std::string::npos);
+    // A fused Q/K/V bias of the wrong length is refused, naming it.
+    cfg.fused_qkv = true;
+    synthetic_model_write(cfg, dir.file("fused.gguf"));
+    GgufFile fused = GgufFile::open(dir.file("fused.gguf"));
+    CHECK(load_error(gguf_rewritten(fused, "", nullptr, "blk.0.attn_qkv.bias", {16}))
+              .find("'blk.0.attn_qkv.bias' has shape [16], expected [128]") != std::string::npos);
+    // The presets: GLM-4-9B-0414 and GLM-4-32B-0414's published shapes.
+    for (const char* name : {"glm4-9b", "glm4-32b"}) {
+        CAPTURE(name);
+        const SyntheticModelConfig p = synthetic_preset(name);
+        CHECK(p.arch == "glm4");
+        CHECK(p.n_head_kv == 2);
+        CHECK(p.head_dim == 128);
+        CHECK(p.rope_dims == 64);
+        CHECK(p.n_vocab == 151552);
+        CHECK_NOTHROW(synthetic_validate(p));
+    }
+    CHECK(synthetic_preset("glm4-32b").n_layer == 61);
+    CHECK(synthetic_preset("glm4-9b").n_ff == 13696);
+    const SyntheticModelConfig seed = synthetic_preset("seed-oss-36b");
+    CHECK(seed.arch == "seed_oss");
+    CHECK(seed.n_head * seed.head_dim == 2 * seed.n_embd);
+    CHECK_NOTHROW(synthetic_validate(seed));
 }

@@ -4,6 +4,7 @@
 // sliding-window pool past its window. Exits 77 (skipped) without a GPU.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <utility>
@@ -40,15 +41,21 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
     // with its selection bias, two shared experts, consecutive-pair RoPE), olmo2 (no pre
     // norms, Q/K norms over all heads, OLMo 3's window on layers 0-2 of 4), olmoe (OLMo's Q/K
     // norms, unnormalized softmax weights), exaone4 (no pre norms, per-head Q/K norms), qwen2moe
-    // (biases, unnormalized softmax weights, the sigmoid-gated shared expert) and llama with the
-    // same heads.
+    // (biases, unnormalized softmax weights, the sigmoid-gated shared expert), glm4 (GLM-4-0414:
+    // biases fused in attn_qkv, post norms, fused gate/up, half of each head rotating in
+    // consecutive pairs, a multi-token-prediction layer left out), seed_oss (biases, the FFN's
+    // norm renamed), bitnet (TQ2_0 weights) and llama with the same heads.
     // K-quant weights, f16 and q8 KV (q8 with rotation: the unfused RoPE path).
     const auto dir = std::filesystem::temp_directory_path();
     for (const char* arch :
-         {"qwen3", "qwen3moe", "qwen2", "phi3", "gemma", "gemma2", "gemma3", "granite",
-          "granitemoe", "smollm3", "gpt-oss", "glm4moe", "ernie4_5-moe", "olmo2", "olmoe",
-          "exaone4", "qwen2moe", "llama", "bitnet"})
+         {"qwen3",   "qwen3moe",   "qwen2",    "phi3",    "gemma",   "gemma2",       "gemma3",
+          "granite", "granitemoe", "smollm3",  "gpt-oss", "glm4moe", "ernie4_5-moe", "olmo2",
+          "olmoe",   "exaone4",    "qwen2moe", "llama",   "bitnet",  "glm4",         "seed_oss"})
         for (KvType kv : {KvType::F16, KvType::Q8}) {
+            // KVRUN_TEST_ARCHS=a,b runs only those (the emulator is slow: a developer's filter).
+            const char* only = std::getenv("KVRUN_TEST_ARCHS");
+            if (only && !contains("," + std::string(only) + ",", "," + std::string(arch) + ","))
+                continue;
             CAPTURE(arch);
             CAPTURE(std::string(kv_type_name(kv)));
             SyntheticModelConfig c = synthetic_preset("tiny");
@@ -67,6 +74,7 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
             if (moe) c.n_expert = 4, c.n_expert_used = 4, c.n_ff_exp = 256;
             if (std::string(arch) == "glm4moe")
                 c.rope_dims = 64, c.n_nextn = 1, c.expert_weights_scale = 2.5;
+            if (std::string(arch) == "glm4") c.rope_dims = 64, c.n_nextn = 1, c.fused_qkv = true;
             if (std::string(arch) == "gpt-oss") c.expert_type = GgmlType::MXFP4;
             // Granite's multipliers, away from 1 (attention.scale: 1 / head_dim).
             c.granite_embedding_scale = 2, c.granite_residual_scale = 0.5;

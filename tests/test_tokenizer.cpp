@@ -415,6 +415,11 @@ TEST_CASE("pre-tokenizer regexes split like llama.cpp") {
     CHECK(llama3.split("").empty());
     RegexSplitter qwen2(pretokenizer_spec("qwen2").regexes);
     CHECK(qwen2.split("x 123") == Words{"x", " ", "1", "2", "3"});
+    CHECK(qwen2.split("x!\n\ny 12") == Words{"x", "!\n\n", "y", " ", "1", "2"});
+    // Seed-Coder / Seed-OSS: Qwen2's, except that line breaks after punctuation split off.
+    RegexSplitter seed(pretokenizer_spec("seed-coder").regexes);
+    CHECK(seed.split("x!\n\ny 12") == Words{"x", "!", "\n\n", "y", " ", "1", "2"});
+    CHECK(seed.split("It's ok.") == Words{"It", "'s", " ok", "."});
     RegexSplitter gpt2(pretokenizer_spec("gpt-2").regexes);
     // U+180E is not White_Space (PCRE2's own \s would say it is).
     CHECK(gpt2.split("a\xE1\xA0\x8E\xE1\xA0\x8E"

@@ -50,7 +50,8 @@ int run(int argc, char** argv) {
         "softmax expert weights), exaone4 (EXAONE 4.0: post norms, per-"
         "head Q/K norms, at 64 layers windows and global layers without RoPE), deepseek2 "
         "(latent attention, shared experts), bitnet (BitNet b1.58: norms inside the blocks, "
-        "tied output); default: the preset's");
+        "tied output), glm4 (GLM-4-0414: Q/K/V biases, post norms, fused gate/up), seed_oss "
+        "(Seed-OSS: Q/K/V biases); default: the preset's");
     app.add_option("--n-expert", n_expert,
                    "experts per layer (qwen3moe, qwen2moe, granitemoe, gpt-oss, glm4moe, "
                    "ernie4_5-moe, olmoe, llama = Mixtral)");
