@@ -327,7 +327,8 @@ if want extra; then
   for spec in "qwen3-8b Q4_K_M" "gemma3-4b Q4_K_M" "qwen3-30b-a3b Q4_K_M" "gpt-oss-20b Q8_0" \
               "glm4.5-air Q4_K_M --n-layer 12" "ernie4.5-21b-a3b Q4_K_M" \
               "deepseek-v2-lite Q4_K_M --n-layer 8" "bitnet-b1.58-large TQ2_0" \
-              "llama3-8b NVFP4"; do
+              "llama3-8b NVFP4" "llama4-scout Q4_K_M --n-layer 8" "glm4-9b Q4_K_M" \
+              "seed-oss-36b Q4_K_M --n-layer 16"; do
     set -- $spec
     [ "$(left)" -gt 60 ] || { log "extra: out of time before $1"; break; }
     name=$1-$2; [ $# -gt 3 ] && name=$1-L$4-$2

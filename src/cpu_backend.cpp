@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "attn_window.h"
 #include "common.h"
 #include "kv_format.h"
 #include "thread_pool.h"
@@ -210,6 +211,11 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
             if (c.uses_rope(l)) {  // SmolLM3's NoPE layers skip it
                 cpu::rope(q_.data(), b.positions.data(), T, c.n_head, c.head_dim, rope);
                 cpu::rope(k_.data(), b.positions.data(), T, c.n_kv_head, c.head_dim, rope);
+            } else if (c.attn_temp_scale > 0) {  // Llama 4's: the attention temperature
+                for (int64_t t = 0; t < T; ++t)
+                    cpu::scale(q_.data() + t * c.q_dim(), c.q_dim(),
+                               attn_temperature(b.positions[size_t(t)], c.attn_temp_scale,
+                                                c.attn_temp_floor));
             }
             if (rotate_) {  // q.k is unchanged; K's outlier channels spread over all channels
                 hadamard_rows(q_.data(), T * c.n_head, c.head_dim);
@@ -219,7 +225,7 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
             const KvBatchView& kbl = in_window_pool(l) ? kb_window : kb;
             cpu::kv_write(kv, kbl, k_.data(), v_.data());
             cpu::paged_attention(att_.data(), q_.data(), kv, kbl, c.n_head, c.attn_scale,
-                                 c.attn_softcap, c.window(l),
+                                 c.attn_softcap, c.attn_window(l),
                                  w.sinks.empty() ? nullptr : w.sinks.data());
             if (!w.attn_sub_norm.empty())  // BitNet: the attention's output normed
                 cpu::rmsnorm(att_.data(), att_.data(), w.attn_sub_norm.data(), T, c.q_dim(),
@@ -385,9 +391,12 @@ void CpuBackend::moe_ffn(const LayerWeights& w, int64_t T) {
         moe_gate_.resize(size_t(n * F));
         moe_up_.resize(size_t(n * F));
         moe_down_.resize(size_t(n * D));
-        for (int64_t i = 0; i < n; ++i)
+        for (int64_t i = 0; i < n; ++i) {
             std::memcpy(moe_in_.data() + i * D, xb_.data() + rows[size_t(i)].first * D,
                         size_t(D) * sizeof(float));
+            if (c.moe_weight_before)  // Llama 4: the weight scales the expert's input
+                cpu::scale(moe_in_.data() + i * D, D, rows[size_t(i)].second);
+        }
         matmul(moe_gate_.data(), moe_in_.data(), w.gate_exps[size_t(e)], n);
         matmul(moe_up_.data(), moe_in_.data(), w.up_exps[size_t(e)], n);
         const bool biased = !w.gate_exps_b.empty();
@@ -405,7 +414,7 @@ void CpuBackend::moe_ffn(const LayerWeights& w, int64_t T) {
         for (int64_t i = 0; i < n; ++i) {
             float* o = moe_out_.data() + rows[size_t(i)].first * D;
             const float* d = moe_down_.data() + i * D;
-            const float wt = rows[size_t(i)].second;
+            const float wt = c.moe_weight_before ? 1.0f : rows[size_t(i)].second;
             for (int64_t j = 0; j < D; ++j) o[j] += wt * d[j];
         }
     }

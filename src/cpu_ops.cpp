@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "attn_window.h"
 #include "common.h"
 #include "cpu_llamacpp.h"
 #include "kv_format.h"
@@ -430,8 +431,7 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
                      int64_t n_head, float scale, float softcap, int64_t window,
                      const float* sinks) {
     check_kv_view(kv);
-    if (!(softcap >= 0) || window < 0)
-        fail("paged_attention: soft cap {} and window {} must be >= 0", softcap, window);
+    if (!(softcap >= 0)) fail("paged_attention: soft cap {} must be >= 0", softcap);
     if (n_head <= 0 || n_head % kv.n_kv_head != 0)
         fail("paged_attention: {} query heads do not divide into {} KV heads", n_head,
              kv.n_kv_head);
@@ -444,11 +444,9 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
         max_slot = std::max<int64_t>(max_slot, batch.token_slot[t]);
         work += (batch.token_slot[t] + 1) * n_head * hd * 2;
     }
-    // First slot token t sees: with a window, the blocks before its block are never read (a
-    // paged cache may drop them), else 0.
-    auto first_visible = [&](int64_t t) {
-        return window > 0 ? std::max<int64_t>(0, batch.token_slot[t] + 1 - window) : int64_t(0);
-    };
+    // First slot token t sees (its window or chunk, attn_window.h): the blocks before its block
+    // are never read (a paged cache may drop them).
+    auto first_visible = [&](int64_t t) { return attn_first_slot(batch.token_slot[t], window); };
     // Validate every block id it reads (and stage) up front, so worker threads never meet bad
     // input.
     for (int64_t t = 0; t < batch.n_tokens; ++t) {
@@ -561,7 +559,8 @@ void paged_attention(float* out, const float* q, const KvLayerView& kv, const Kv
                 const int64_t n_slots = batch.token_slot[t] + 1;
                 float* o = out + (t * n_head + h0) * hd;  // [nh][head_dim]
                 std::fill(o, o + nh * hd, 0.0f);
-                // Gemma: soft cap, then the slots before the window drop out (exp(-inf) = 0).
+                // Gemma: soft cap, then the slots before the window (or chunk) drop out
+                // (exp(-inf) = 0).
                 const int64_t lo = first_visible(t);
                 for (int64_t h = 0; h < nh; ++h) {
                     float* p = scores_of(t) + h * n_max;

@@ -141,7 +141,8 @@ void kv_write(const KvLayerView& kv, const KvBatchView& batch, const float* k, c
 void paged_attention(float* out, const float* q, const KvLayerView& kv, const KvBatchView& batch,
                      int64_t n_head, float scale);
 // The same with Gemma's options: scores soft-capped, cap * tanh(score / cap), when
-// softcap > 0; a token at slot s sees slots s - window + 1 .. s only when window > 0; and
+// softcap > 0; a token at slot s sees slots s - window + 1 .. s only when window > 0 (its
+// chunk, floor(s / -window) * -window .. s, when window < 0: attn_window.h); and
 // gpt-oss's: with sinks ([n_head] logits, or null), head h's softmax is softmax_with_sink's
 // with sinks[h].
 void paged_attention(float* out, const float* q, const KvLayerView& kv, const KvBatchView& batch,

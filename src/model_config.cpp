@@ -35,6 +35,7 @@ struct ArchTraits {
     bool deepseek2 = false;  // DeepSeek V2 / V3: latent attention (read_mla, read_deepseek2)
     bool sub_norms = false;  // BitNet's norms inside the blocks (ModelConfig::sub_norms)
     bool glm4 = false;       // GLM-4-0414 (read_glm4)
+    bool llama4 = false;     // Llama 4 (read_llama4)
     // The FFN's input norm is named post_attention_norm (ModelConfig::ffn_norm_post_attention).
     bool ffn_norm_post_attention = false;
 };
@@ -64,6 +65,7 @@ constexpr ArchTraits kArchs[] = {
     {.name = "glm4", .fused_gate_up = true, .glm4 = true},
     // Seed-OSS: llama with NeoX pairs, optional Q/K/V (and output) biases.
     {.name = "seed_oss", .rope_neox = true, .ffn_norm_post_attention = true},
+    {.name = "llama4", .experts = true, .llama4 = true},
 };
 
 // A positive integer key, either a scalar or an array whose elements are all equal
@@ -340,6 +342,32 @@ void read_glm4(const GgufFile& f, const std::string& a, ModelConfig& c) {
     read_dense_lead(f, a, c);
 }
 
+// Llama 4 Scout / Maverick (llama4), as llama.cpp reads it: experts on every
+// interleave_moe_layer_step-th layer (Maverick: every other, the others dense), one chosen per
+// token by the largest router logit and weighted by its sigmoid, unnormalized, the weight
+// scaling the expert's input; one shared expert of the experts' width on every token. Three
+// layers of four rotate (with Llama 3's rope_freqs) and attend within 8192-token chunks
+// (attention.sliding_window, when given: the chunk; 0: no chunks, and then only the last
+// layer skips RoPE, as in llama.cpp); the fourth attends globally, without RoPE, with the
+// attention temperature. Scout's rotating layers RMS-normalize each head's Q and K (not
+// Maverick's, known by its 128 experts, as llama.cpp does). Read after the experts.
+void read_llama4(const GgufFile& f, const std::string& a, ModelConfig& c) {
+    c.moe_step = read_count(f, a + "interleave_moe_layer_step", 1, true);
+    c.moe_sigmoid = true, c.moe_norm = false, c.moe_weight_before = true;
+    c.n_expert_shared = 1, c.n_ff_shexp = c.n_ff_exp;
+    const GgufValue* v = f.find(a + "attention.sliding_window");
+    if (v && v->is_int() && v->as_int() == 0) {
+        c.nope_step = c.n_layer;
+    } else {
+        c.n_swa = v ? read_count(f, a + "attention.sliding_window", 0, true) : 8192;
+        c.swa_pattern = read_count(f, a + "attention.sliding_window_pattern", 4, false);
+        c.swa_chunked = true;
+        c.nope_step = 4;
+        c.attn_temp_scale = 0.1f, c.attn_temp_floor = 8192;
+    }
+    c.qk_l2_norm = c.n_expert != 128;
+}
+
 // Qwen1.5-MoE and Qwen2-MoE (qwen2moe): Qwen2's attention (Q/K/V biases, NeoX RoPE); every
 // layer has a softmax router whose chosen probabilities weight the experts as they are (not
 // renormalized), and one shared expert of width expert_shared_feed_forward_length (absent:
@@ -436,12 +464,12 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
             fmt::format("{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, "
                         "qwen3moe, qwen2moe, phi3, gemma, gemma2, gemma3, granite, granitemoe, "
                         "smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe, "
-                        "exaone4, deepseek2, bitnet, glm4, seed_oss)",
+                        "exaone4, deepseek2, bitnet, glm4, seed_oss, llama4)",
                         f.path(), c.arch),
             "kvrun runs llama-family models (Llama, Mistral, TinyLlama, SmolLM, Qwen2, Qwen3, "
             "Qwen3 MoE, Qwen2 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3, Granite 3, SmolLM3, "
             "gpt-oss, GLM-4-0414, GLM 4.5, ERNIE 4.5, OLMo 2, OLMo 3, OLMoE, EXAONE 4.0, "
-            "DeepSeek V2 / V3, BitNet b1.58, Seed-OSS)");
+            "DeepSeek V2 / V3, BitNet b1.58, Seed-OSS, Llama 4)");
     }
     c.rope_neox = traits->rope_neox;
     c.qkv_bias = traits->qkv_bias;
@@ -512,6 +540,7 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     if (traits->ernie_moe) read_ernie_moe(f, a, c);
     if (traits->qwen2moe) read_qwen2moe(f, a, c);
     if (traits->deepseek2) read_deepseek2(f, a, c);
+    if (traits->llama4) read_llama4(f, a, c);
     if (c.moe()) read_expert_groups(f, a, c);
     if (c.mla()) set_mla_attn_scale(c);
     return c;

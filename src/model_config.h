@@ -1,7 +1,8 @@
 // Typed model hyperparameters read from GGUF metadata (`<arch>.*` keys) for the supported
 // architectures (llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gemma, gemma2, gemma3,
 // granite, granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe,
-// exaone4, deepseek2, bitnet, glm4, seed_oss), validated so the forward pass can trust them.
+// exaone4, deepseek2, bitnet, glm4, seed_oss, llama4), validated so the forward pass can trust
+// them.
 #pragma once
 
 #include <cstdint>
@@ -154,6 +155,24 @@ struct ModelConfig {
         return n_swa > 0 && swa_pattern > 0 && l % swa_pattern < swa_pattern - 1;
     }
     int64_t window(int64_t l) const { return is_swa(l) ? n_swa : 0; }
+    // Llama 4's chunked attention (swa_chunked): a windowed layer's token at slot s sees the
+    // slots of its own n_swa-aligned chunk, floor(s / n_swa) * n_swa .. s, a subset of the last
+    // n_swa that the window pool keeps. attn_window(l) is what the attention ops take: the
+    // window, or -n_swa for a chunk (0: the whole context).
+    bool swa_chunked = false;
+    int64_t attn_window(int64_t l) const { return is_swa(l) && swa_chunked ? -n_swa : window(l); }
+    // Llama 4's attention temperature on its layers without RoPE: the queries of the token at
+    // position p are scaled by 1 + attn_temp_scale * ln(1 + floor((p + 1) / attn_temp_floor))
+    // (attn_temp_scale 0: none).
+    float attn_temp_scale = 0.0f;
+    int64_t attn_temp_floor = 8192;
+    // Llama 4 (not Maverick): Q and K of each head of the rotating layers are RMS-normalized
+    // without weights (llama.cpp's Llama4TextL2Norm after RoPE; the same before it, since
+    // RoPE keeps a head's norm). Loaded as unit q_norm / k_norm weights on those layers.
+    bool qk_l2_norm = false;
+    // Llama 4: each chosen expert's input is scaled by its router weight, and its output joins
+    // the sum unweighted (SwiGLU makes that differ from weighting the output).
+    bool moe_weight_before = false;
     // The RoPE of the sliding-window layers: rope(factors), or with rope_freq_base_swa > 0
     // that base, unscaled (gemma3).
     RopeParams rope_swa(const float* factors) const;

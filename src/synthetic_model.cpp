@@ -58,6 +58,7 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
     p.push_back({"token_embd.weight", c.type, {c.n_embd, n_vocab}, s, 0});
     const bool glm = c.arch == "glm4moe", ernie = c.arch == "ernie4_5-moe";
     const bool glm4 = c.arch == "glm4";  // (dense: post norms, fused ffn_up)
+    const bool llama4 = c.arch == "llama4";  // (experts every moe_step-th layer, a shared one)
     const bool ds2 = c.arch == "deepseek2";
     // A type whose blocks fit rows of n elements: `type`, else Q8_0, else F16.
     auto fit = [](GgmlType t, int64_t n) {
@@ -68,6 +69,7 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
     // Whether layer i has experts (the others a dense FFN).
     auto experts_at = [&](int64_t i) {
         if (c.n_expert == 0) return false;
+        if (llama4) return (i + 1) % c.moe_step == 0;
         if (!glm && !ernie && !ds2) return true;
         return i >= c.n_layer_dense && (!ernie || (i + 1) % c.moe_step == 0);
     };
@@ -163,6 +165,11 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
                 p.push_back({bias("ffn_up_exps"), GgmlType::F32, {fe, c.n_expert}, s, 0});
                 p.push_back(
                     {bias("ffn_down_exps"), GgmlType::F32, {c.n_embd, c.n_expert}, s_out, 0});
+            }
+            if (llama4) {  // one shared expert of the experts' width
+                p.push_back({nm("ffn_gate_shexp"), c.type, {c.n_embd, fe}, s, 0});
+                p.push_back({nm("ffn_up_shexp"), c.type, {c.n_embd, fe}, s, 0});
+                p.push_back({nm("ffn_down_shexp"), more, {fe, c.n_embd}, s_out, 0});
             }
             if (glm || ernie || ds2) {  // the router's selection bias; the shared experts
                 // (around the gates' own size: ERNIE's are probabilities, about 1 / n_expert)
@@ -399,6 +406,11 @@ void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) 
         w.set_u32(a + "expert_gating_func", 2);  // sigmoid
         w.set_u32(a + "nextn_predict_layers", uint32_t(c.n_nextn));
     }
+    if (c.arch == "llama4") {  // (sliding_window 0: the default chunk, 8192)
+        w.set_u32(a + "interleave_moe_layer_step", uint32_t(c.moe_step));
+        if (c.sliding_window > 0)
+            w.set_u32(a + "attention.sliding_window", uint32_t(c.sliding_window));
+    }
     if (c.arch == "glm4" && c.n_nextn > 0)
         w.set_u32(a + "nextn_predict_layers", uint32_t(c.n_nextn));
     if (c.arch == "ernie4_5-moe") {
@@ -459,44 +471,16 @@ int64_t synthetic_head_dim(const SyntheticModelConfig& cfg) {
 }
 
 std::vector<std::string> synthetic_preset_names() {
-    return {"llama2-7b",
-            "llama3-8b",
-            "llama3.1-8b",
-            "llama-1b",
-            "qwen2.5-7b",
-            "qwen3-0.6b",
-            "qwen3-8b",
-            "qwen3-30b-a3b",
-            "mixtral-8x7b",
-            "phi3-mini",
-            "phi3-mini-128k",
-            "phi4",
-            "gemma2-2b",
-            "gemma3-1b",
-            "gemma3-4b",
-            "granite3-8b",
-            "granite3-3b-a800m",
-            "smollm3-3b",
-            "phi4-mini",
-            "gpt-oss-20b",
-            "gpt-oss-120b",
-            "glm4.5-air",
-            "ernie4.5-0.3b",
-            "ernie4.5-21b-a3b",
-            "olmo2-7b",
-            "olmo3-7b",
-            "olmoe-1b-7b",
-            "exaone4-32b",
-            "qwen1.5-moe-a2.7b",
-            "qwen2-57b-a14b",
-            "deepseek-v2-lite",
-            "deepseek-v3",
-            "bitnet-b1.58-large",
-            "bitnet-b1.58-3b",
-            "glm4-9b",
-            "glm4-32b",
-            "seed-oss-36b",
-            "tiny"};
+    return {"llama2-7b",          "llama3-8b",       "llama3.1-8b",      "llama-1b",
+            "qwen2.5-7b",         "qwen3-0.6b",      "qwen3-8b",         "qwen3-30b-a3b",
+            "mixtral-8x7b",       "phi3-mini",       "phi3-mini-128k",   "phi4",
+            "gemma2-2b",          "gemma3-1b",       "gemma3-4b",        "granite3-8b",
+            "granite3-3b-a800m",  "smollm3-3b",      "phi4-mini",        "gpt-oss-20b",
+            "gpt-oss-120b",       "glm4.5-air",      "ernie4.5-0.3b",    "ernie4.5-21b-a3b",
+            "olmo2-7b",           "olmo3-7b",        "olmoe-1b-7b",      "exaone4-32b",
+            "qwen1.5-moe-a2.7b",  "qwen2-57b-a14b",  "deepseek-v2-lite", "deepseek-v3",
+            "bitnet-b1.58-large", "bitnet-b1.58-3b", "glm4-9b",          "glm4-32b",
+            "seed-oss-36b",       "llama4-scout",    "llama4-maverick",  "tiny"};
 }
 
 SyntheticModelConfig synthetic_preset(std::string_view name) {
@@ -631,6 +615,15 @@ SyntheticModelConfig synthetic_preset(std::string_view name) {
         c.n_layer = small ? 40 : 61, c.n_embd = small ? 4096 : 6144, c.n_head = small ? 32 : 48;
         c.n_head_kv = 2, c.n_ff = small ? 13696 : 23040;
         c.n_vocab = 151552, c.rope_base = 10000, c.n_ctx = 32768, c.norm_eps = 1e-5;
+    } else if (name == "llama4-scout" || name == "llama4-maverick") {  // 17B active, top-1
+        const bool scout = name == "llama4-scout";
+        c.arch = "llama4", c.head_dim = 128;
+        c.n_layer = 48, c.n_embd = 5120, c.n_head = 40, c.n_head_kv = 8, c.n_ff = 16384;
+        c.n_expert = scout ? 16 : 128, c.n_expert_used = 1, c.n_ff_exp = 8192;
+        c.moe_step = scout ? 1 : 2;  // (Maverick: experts on every other layer)
+        c.n_vocab = 202048, c.rope_base = 500000, c.norm_eps = 1e-5;
+        c.n_ctx = scout ? 10485760 : 1048576;
+        c.rope_scaling = "llama3", c.rope_factor = scout ? 16 : 8, c.rope_orig_ctx = 8192;
     } else if (name == "seed-oss-36b") {  // Seed-OSS-36B: 80 heads of 128 (wider than n_embd)
         c.arch = "seed_oss", c.head_dim = 128;
         c.n_layer = 64, c.n_embd = 5120, c.n_head = 80, c.n_head_kv = 8, c.n_ff = 27648;
@@ -724,20 +717,21 @@ void synthetic_validate(const SyntheticModelConfig& c) {
         c.arch != "granitemoe" && c.arch != "smollm3" && c.arch != "gpt-oss" &&
         c.arch != "glm4moe" && c.arch != "ernie4_5" && c.arch != "ernie4_5-moe" &&
         c.arch != "olmo2" && c.arch != "olmoe" && c.arch != "exaone4" && c.arch != "deepseek2" &&
-        c.arch != "bitnet" && c.arch != "glm4" && c.arch != "seed_oss")
+        c.arch != "bitnet" && c.arch != "glm4" && c.arch != "seed_oss" && c.arch != "llama4")
         fail(
             "synthetic model: architecture '{}' is not one of llama, qwen2, qwen3, qwen3moe, "
             "qwen2moe, phi3, "
             "gemma, gemma2, gemma3, granite, granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, "
-            "ernie4_5-moe, olmo2, olmoe, exaone4, deepseek2, bitnet, glm4, seed_oss",
+            "ernie4_5-moe, olmo2, olmoe, exaone4, deepseek2, bitnet, glm4, seed_oss, llama4",
             c.arch);
     const bool moe_arch = c.arch == "qwen3moe" || c.arch == "qwen2moe" || c.arch == "granitemoe" ||
                           c.arch == "gpt-oss" || c.arch == "glm4moe" || c.arch == "ernie4_5-moe" ||
-                          c.arch == "olmoe" || c.arch == "deepseek2";
+                          c.arch == "olmoe" || c.arch == "deepseek2" || c.arch == "llama4";
     if (moe_arch != (c.n_expert > 0) && c.arch != "llama")
         fail(
             "synthetic model: experts need arch qwen3moe, qwen2moe, granitemoe, gpt-oss, glm4moe, "
-            "ernie4_5-moe, olmoe, deepseek2 or llama (Mixtral), and those but llama need experts");
+            "ernie4_5-moe, olmoe, deepseek2, llama4 or llama (Mixtral), and those but llama need "
+            "experts");
     if (c.arch == "deepseek2" &&
         (c.mla_rank < 1 || c.mla_nope < 1 || c.mla_v < 1 || c.mla_q_rank < 0 || c.rope_dims < 2 ||
          c.rope_dims % 2 != 0 || c.n_layer_dense < 0 || c.n_layer_dense > c.n_layer ||
@@ -763,6 +757,8 @@ void synthetic_validate(const SyntheticModelConfig& c) {
         fail(
             "synthetic model: glm4moe needs 0 <= dense layers <= n_layer, shared experts >= 0, "
             "0 <= nextn layers <= 8 and a positive expert weights scale");
+    if (c.arch == "llama4" && c.moe_step < 1)
+        fail("synthetic model: llama4 needs a MoE layer step >= 1");
     if (c.arch == "glm4" && (c.n_nextn < 0 || c.n_nextn > 8))
         fail("synthetic model: glm4 needs 0 <= nextn layers <= 8");
     if (c.fused_qkv && c.arch != "glm4")

@@ -1,6 +1,6 @@
 // Synthetic llama-family models (llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gemma 1-3,
 // granite, smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe, exaone4, deepseek2,
-// bitnet, glm4, seed_oss):
+// bitnet, glm4, seed_oss, llama4):
 // GGUF
 // files with real shapes (presets such as llama2-7b, llama3-8b) and random weights, generated
 // quickly and deterministically from a seed, for benchmarks and tests. Also cuts a model down to
@@ -38,7 +38,9 @@ struct SyntheticModelConfig {
     // of width n_ff_shexp (0: n_ff) scaled by a sigmoid gate, ffn_gate_inp_shexp); glm4
     // (GLM-4-0414: Q/K/V biases, Gemma 2's post norms, gate and up fused in ffn_up; with
     // fused_qkv, Q/K/V and their biases in attn_qkv; n_nextn more layers at the end);
-    // seed_oss (Seed-OSS: Q/K/V biases, the FFN's norm named post_attention_norm).
+    // seed_oss (Seed-OSS: Q/K/V biases, the FFN's norm named post_attention_norm); llama4
+    // (Llama 4: experts on every moe_step-th layer, the others dense, one shared expert of the
+    // experts' width; sliding_window > 0: the attention chunk, else the default 8192).
     std::string arch = "llama";
     bool fused_qkv = false;
     // gemma2 / gemma3 / gpt-oss: attention.sliding_window (0: 4096 / 1024 / 128); olmo2: the
@@ -148,7 +150,8 @@ int64_t synthetic_head_dim(const SyntheticModelConfig& cfg);
 // gemma2-2b, gemma3-1b, gemma3-4b, granite3-8b, granite3-3b-a800m, smollm3-3b, phi4-mini,
 // gpt-oss-20b, gpt-oss-120b, glm4.5-air, ernie4.5-0.3b, ernie4.5-21b-a3b, olmo2-7b, olmo3-7b,
 // olmoe-1b-7b, exaone4-32b, qwen1.5-moe-a2.7b, qwen2-57b-a14b, deepseek-v2-lite, deepseek-v3,
-// bitnet-b1.58-large, bitnet-b1.58-3b, glm4-9b, glm4-32b, seed-oss-36b, tiny.
+// bitnet-b1.58-large, bitnet-b1.58-3b, glm4-9b, glm4-32b, seed-oss-36b, llama4-scout,
+// llama4-maverick, tiny.
 std::vector<std::string> synthetic_preset_names();
 // The hyperparameters of a preset (type F32, other fields default). Throws Error for an
 // unknown name, listing the known ones.

@@ -129,7 +129,8 @@ void Tokenizer::load_vocab(const GgufFile& f, const VocabDefaults& d) {
     // End of generation: end-of-turn-looking texts, FIM pad/repo/sep, EOS, EOT, EOM.
     eog_ids_.clear();
     for (const char* t : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                          "<|eom_id|>", "<EOT>", "_<EOT>", "<|return|>", "<|call|>"}) {
+                          "<|eom_id|>", "<EOT>", "_<EOT>", "<|return|>", "<|call|>", "<|eot|>",
+                          "<|eom|>"}) {  // (the last two: Llama 4)
         const TokenId id = find_token(t);
         if (id < 0) continue;
         eog_ids_.push_back(id);

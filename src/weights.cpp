@@ -250,6 +250,8 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
             l.q_norm = load_vector(f, name("attn_q_norm.weight"), c.head_dim);
             l.k_norm = load_vector(f, name("attn_k_norm.weight"), c.head_dim);
         }
+        if (c.qk_l2_norm && c.uses_rope(i))  // Llama 4: weightless, on the rotating layers
+            l.q_norm = l.k_norm = std::vector<float>(static_cast<size_t>(c.head_dim), 1.0f);
         if (c.attn_sinks || f.find_tensor(name("attn_output.bias")))
             l.bo = load_vector(f, name("attn_output.bias"), c.n_embd);
         if (c.attn_sinks) l.sinks = load_vector(f, name("attn_sinks.weight"), c.n_head);
@@ -290,8 +292,9 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
                 l.up_exps_b = load_vector(f, name("ffn_up_exps.bias"), c.n_ff_exp, c.n_expert);
                 l.down_exps_b = load_vector(f, name("ffn_down_exps.bias"), c.n_embd, c.n_expert);
             }
-            // (GLM's selection bias is required, as in llama.cpp; ERNIE's is there when it is.)
-            if (c.moe_sigmoid || f.find_tensor(name("exp_probs_b.bias")))
+            // (GLM's selection bias is required, as in llama.cpp; ERNIE's is there when it is;
+            // Llama 4's sigmoid router has none.)
+            if ((c.moe_sigmoid && !c.moe_weight_before) || f.find_tensor(name("exp_probs_b.bias")))
                 l.exp_probs_b = load_vector(f, name("exp_probs_b.bias"), c.n_expert);
             if (c.n_ff_shexp > 0) {
                 const int64_t fs = c.n_ff_shexp;

@@ -414,7 +414,7 @@ TEST_CASE("paged attention equals contiguous causal attention (GQA, any block si
     }
 }
 
-TEST_CASE("windowed paged attention never reads the blocks before the window") {
+TEST_CASE("windowed paged attention never reads the blocks before the window (or chunk)") {
     // Gemma's sliding window: the blocks wholly before every token's window are skipped, not
     // just masked, so a paged cache may drop them. Pointing them at a NaN block, or at no
     // block (-1), changes no bit; without the window -1 is refused.
@@ -447,6 +447,13 @@ TEST_CASE("windowed paged attention never reads the blocks before the window") {
             CHECK(attend(dropped, window) == want);
             if (gone < 0) CHECK_THROWS_AS(attend(dropped, 0), Error);
         }
+        // Llama 4's chunks (window -8): slots 17 .. 19 see their chunk's, 16 .. 19, in block 4
+        // alone, so the four blocks before it may go; a chunk is not a window of its length.
+        const std::vector<float> chunk = attend(table, -8);
+        CHECK(chunk != attend(table, 8));
+        std::vector<int32_t> dropped = table;
+        dropped[0] = dropped[1] = dropped[2] = dropped[3] = -1;
+        CHECK(attend(dropped, -8) == chunk);
     }
 }
 

@@ -44,13 +44,16 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
     // (biases, unnormalized softmax weights, the sigmoid-gated shared expert), glm4 (GLM-4-0414:
     // biases fused in attn_qkv, post norms, fused gate/up, half of each head rotating in
     // consecutive pairs, a multi-token-prediction layer left out), seed_oss (biases, the FFN's
-    // norm renamed), bitnet (TQ2_0 weights) and llama with the same heads.
+    // norm renamed), llama4 (8-token chunks on layers 0-2, layer 3 global without RoPE, the
+    // rotating layers' weightless Q/K norms, experts whose weights scale their inputs, a shared
+    // expert), bitnet (TQ2_0 weights) and llama with the same heads.
     // K-quant weights, f16 and q8 KV (q8 with rotation: the unfused RoPE path).
     const auto dir = std::filesystem::temp_directory_path();
     for (const char* arch :
-         {"qwen3",   "qwen3moe",   "qwen2",    "phi3",    "gemma",   "gemma2",       "gemma3",
-          "granite", "granitemoe", "smollm3",  "gpt-oss", "glm4moe", "ernie4_5-moe", "olmo2",
-          "olmoe",   "exaone4",    "qwen2moe", "llama",   "bitnet",  "glm4",         "seed_oss"})
+         {"qwen3",        "qwen3moe", "qwen2",      "phi3",    "gemma",    "gemma2",
+          "gemma3",       "granite",  "granitemoe", "smollm3", "gpt-oss",  "glm4moe",
+          "ernie4_5-moe", "olmo2",    "olmoe",      "exaone4", "qwen2moe", "llama",
+          "bitnet",       "glm4",     "seed_oss",   "llama4"})
         for (KvType kv : {KvType::F16, KvType::Q8}) {
             // KVRUN_TEST_ARCHS=a,b runs only those (the emulator is slow: a developer's filter).
             const char* only = std::getenv("KVRUN_TEST_ARCHS");
@@ -70,7 +73,7 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
             // qwen3moe: 4 experts of width 256, all of them used, so that no routing near-tie
             // can make the two backends pick different experts (top-k itself: test_cuda_ops).
             const bool moe = std::string(arch).find("moe") != std::string::npos ||
-                             std::string(arch) == "gpt-oss";
+                             std::string(arch) == "gpt-oss" || std::string(arch) == "llama4";
             if (moe) c.n_expert = 4, c.n_expert_used = 4, c.n_ff_exp = 256;
             if (std::string(arch) == "glm4moe")
                 c.rope_dims = 64, c.n_nextn = 1, c.expert_weights_scale = 2.5;
@@ -80,7 +83,9 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
             c.granite_embedding_scale = 2, c.granite_residual_scale = 0.5;
             c.granite_logit_scale = 3;
             // smollm3: layer 3 without RoPE; olmo2: layer 3 global
-            if (std::string(arch) == "smollm3" || std::string(arch) == "olmo2") c.n_layer = 4;
+            if (std::string(arch) == "smollm3" || std::string(arch) == "olmo2" ||
+                std::string(arch) == "llama4")
+                c.n_layer = 4;
             // (BitNet in its ternary type: TQ2_0 weights end to end.)
             synthetic_set_type(c, std::string(arch) == "bitnet" ? "TQ2_0" : "Q4_K_M");
             const auto path = dir / fmt::format("kvrun-test-cuda-arch-{}.gguf", arch);

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "attn_window.h"
 #include "common.h"
 #include "cpu_ops.h"
 #include "cuda_test_util.h"
@@ -219,14 +220,14 @@ void run_scenario(const AttnShape& sh, const Scenario& sc, uint32_t seed) {
         CAPTURE(err);
         CHECK(err < kFlashBound);
     }
-    if (sc.window > 0) {
-        // The blocks wholly before the window of every batch token of their sequence are
+    if (sc.window != 0) {
+        // The blocks wholly before the window (or chunk) of every batch token of their sequence are
         // never read (a paged cache may drop them): -1 there changes no bit in either kernel.
         std::vector<int32_t> dropped = table;
         std::vector<int64_t> first(table.size() / size_t(max_blocks), INT64_MAX);
         for (int64_t i = 0; i < nt; ++i) {
             int64_t& f = first[size_t(t_seq[size_t(i)])];
-            f = std::min(f, std::max<int64_t>(0, t_slot[size_t(i)] + 1 - sc.window));
+            f = std::min(f, attn_first_slot(t_slot[size_t(i)], sc.window));
         }
         int64_t n_dropped = 0;
         for (size_t sq = 0; sq < first.size(); ++sq)
@@ -447,8 +448,9 @@ TEST_CASE("cuda paged attention on DeepSeek's latent rows: 576 wide, V reading K
 
 TEST_CASE("cuda paged attention with Gemma's soft cap and sliding window matches the CPU") {
     // Windows shorter than a tile, than a block, than a decode split and longer than every
-    // context (no effect), with and without a soft cap; decode (both kernels: head_dim 36
-    // takes the tiled one), prefill and verification batches; f16 and staged q8/q4 caches.
+    // context (no effect), with and without a soft cap; Llama 4's chunks (negative windows) of
+    // the same lengths; decode (both kernels: head_dim 36 takes the tiled one), prefill and
+    // verification batches; f16 and staged q8/q4 caches.
     const AttnShape shapes[] = {
         {16, 2, 4, 64, KvType::F16, KvType::F16},
         {16, 1, 4, 256, KvType::Q8, KvType::Q4},   // Gemma's head size, quantized
@@ -456,7 +458,8 @@ TEST_CASE("cuda paged attention with Gemma's soft cap and sliding window matches
     };
     uint32_t seed = 1200;
     for (const AttnShape& sh : shapes)
-        for (int64_t window : {int64_t(1), int64_t(7), int64_t(40), int64_t(300), int64_t(5000)})
+        for (int64_t window : {int64_t(1), int64_t(7), int64_t(40), int64_t(300), int64_t(5000),
+                               int64_t(-7), int64_t(-40), int64_t(-300)})
             for (float softcap : {0.0f, 2.0f}) {
                 CAPTURE(sh.head_dim);
                 CAPTURE(window);

@@ -269,6 +269,27 @@ TEST_CASE("cuda grouped mixture-of-experts prefill matches the expert-indexed GE
             if (T <= kCudaGemvMaxRows)
                 CHECK(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0);
             CHECK(nmse(got, ref) < kGemmF16);
+            // Llama 4: the weights scale the experts' inputs and the sum is unweighted; the
+            // decode path's weighted rows (cuda_moe_weight_rows: row j is wts[j] * x[j / K])
+            // against the grouped path's.
+            DevBuf<float> xw(static_cast<size_t>(T * K * D));
+            cuda_moe_weight_rows(xw.get(), dx.get(), dw.get(), T * K, K, D, nullptr);
+            const std::vector<float> xw_host = xw.download();
+            for (int64_t j : {int64_t(0), T * K - 1})
+                CHECK(xw_host[size_t(j * D + 3)] == wts[size_t(j)] * x[size_t((j / K) * D + 3)]);
+            cuda_gemv_experts_swiglu(h.get(), xw.get(), ex.gate0, ex.up0, ex.expert_bytes,
+                                     dids.get(), T * K, 1, nullptr);
+            cuda_gemv_experts(rows.get(), h.get(), ex.down0, ex.down_bytes, dids.get(), T * K, 1,
+                              nullptr);
+            cuda_moe_combine(want.get(), rows.get(), nullptr, T, K, D, nullptr);
+            out.upload(x);
+            cuda_moe_ffn_grouped(out.get(), out.get(), dids.get(), dw.get(), T, K, E, ex, buf,
+                                 scratch, nullptr, true);
+            const std::vector<float> got_w = out.download(), ref_w = want.download();
+            if (T <= kCudaGemvMaxRows)
+                CHECK(std::memcmp(got_w.data(), ref_w.data(), got_w.size() * sizeof(float)) == 0);
+            CHECK(nmse(got_w, ref_w) < kGemmF16);
+            CHECK(nmse(ref_w, ref) > 1e-4);  // (not the output-weighted sum)
         }
     }
 }

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "attn_window.h"
 #include "common.h"
 #include "cpu_ops.h"
 #include "cuda_test_util.h"
@@ -81,6 +82,19 @@ TEST_CASE(
         acc.upload(x);
         cuda_scale(acc.get(), n, 48.0f, nullptr);
         CHECK(nmse(acc.download(), ref) < kExact);
+        // Llama 4's attention temperature, row by row from device positions (a floor of 7
+        // tokens: rows at positions 0 and 5 keep 1, the others grow with the position).
+        const std::vector<int32_t> pos = {0, 5, 6, 100, 8190};
+        DevBuf<int32_t> dpos(pos);
+        ref = x;
+        for (int64_t r = 0; r < rows; ++r)
+            cpu::scale(ref.data() + r * dim, dim, attn_temperature(pos[size_t(r)], 0.1f, 7));
+        acc.upload(x);
+        cuda_attn_temperature(acc.get(), dpos.get(), rows, dim, 0.1f, 7, nullptr);
+        CHECK(nmse(acc.download(), ref) < kExact);
+        CHECK(std::vector<float>(ref.begin(), ref.begin() + 2 * dim) ==
+              std::vector<float>(x.begin(), x.begin() + 2 * dim));
+        CHECK(attn_temperature(6, 0.1f, 7) == doctest::Approx(1 + 0.1 * std::log(2.0)));
         // LoRA's per-row scaled add: the same bits as the host (a row scale of 0 adds nothing).
         const std::vector<float> user = {0.5f, -2.0f, 0.0f, 1.0f, 3.25f};
         DevBuf<float> du(user);

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "attn_window.h"
 #include "cpu_ops.h"
 #include "cuda/common.cuh"
 #include "cuda/kv_format.cuh"
@@ -55,7 +56,8 @@ struct AttnParams {
     bool v_is_k;
     float scale;
     float softcap;       // > 0: scores become softcap * tanh(score / softcap)
-    int64_t window;      // > 0: a token at slot s sees slots s - window + 1 .. s only
+    int64_t window;      // > 0: a token at slot s sees slots s - window + 1 .. s only; < 0:
+                         // its chunk of -window slots (attn_first_slot)
     const float* sinks;  // [n_head] attention sink logits (gpt-oss), or null
     int64_t split_len;   // context slots per grid-z split
     float* part_o;       // split-K partials [n_splits][n_tokens][n_head][head_dim], or null
@@ -127,8 +129,10 @@ __device__ __forceinline__ AttnSegment attn_segment(const AttnParams& p, const i
     sg.end = se;
     sg.key_end = min(key_end, split_end);
     sg.key_begin = split_begin;
-    if (p.window > 0 && lo - p.window + 1 > sg.key_begin)
-        sg.key_begin = (lo - p.window + 1) / tile * tile;
+    // (The earliest slot's first visible key is the segment's: windows and chunks move
+    // forward with the slot.)
+    if (const int64_t first = attn_first_slot(lo, p.window); first > sg.key_begin)
+        sg.key_begin = first / tile * tile;
     sg.own_stage = staged ? p.token_stage[t0 + sb] : -1;
     return sg;
 }
@@ -270,14 +274,14 @@ __global__ void __launch_bounds__(kAttnWarps * 32) paged_attention_kernel(AttnPa
 
     int row_tok[RPW];      // local token of each owned row, -1 when the row is unused
     int64_t row_end[RPW];  // exclusive key limit: min(slot + 1, split_end)
-    int64_t row_lo[RPW];   // first visible key: slot - window + 1 (window > 0), else 0
+    int64_t row_lo[RPW];   // first visible key (attn_first_slot: window or chunk), else 0
 #pragma unroll
     for (int i = 0; i < RPW; ++i) {
         const int r = warp * RPW + i, tl = r / Gs, hg = hsub * Gs + r % Gs;
         const bool valid = tl < n_tok && hg < p.group;
         row_tok[i] = valid ? tl : -1;
         row_end[i] = valid ? min(int64_t(tok_slot[tl]) + 1, split_end) : 0;
-        row_lo[i] = valid && p.window > 0 ? int64_t(tok_slot[tl]) - p.window + 1 : 0;
+        row_lo[i] = valid ? attn_first_slot(tok_slot[tl], p.window) : 0;
     }
     float m[RPW], l[RPW], acc[RPW][DPL];
 #pragma unroll
@@ -389,8 +393,7 @@ inline AttnParams attn_params(float* out, const float* q, const KvLayerView& kv,
                               const KvBatchView& b, int64_t n_head, float scale, int rows,
                               bool one_token_per_cta, float softcap, int64_t window,
                               const float* sinks) {
-    CUDA_REQUIRE(softcap >= 0.0f && window >= 0,
-                 "paged attention: soft cap and window must be >= 0");
+    CUDA_REQUIRE(softcap >= 0.0f, "paged attention: the soft cap must be >= 0");
     CUDA_REQUIRE(kv.n_kv_head > 0 && n_head > 0 && n_head % kv.n_kv_head == 0,
                  "paged attention: n_head must be a positive multiple of n_kv_head");
     CUDA_REQUIRE(kv.head_dim > 0 && kv.head_dim <= kAttnMaxDimWide,

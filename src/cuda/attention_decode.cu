@@ -170,8 +170,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(cu::At
     const int seq = p.token_seq[t], slot = p.token_slot[t], bs = p.block_size;
     const int64_t begin = int64_t(blockIdx.z) * p.split_len;
     const int64_t end = min(int64_t(slot) + 1, begin + p.split_len);  // keys [begin, end)
-    // With a window, keys before lo are not visible, and the tiles before lo's are skipped.
-    const int64_t lo = p.window > 0 ? int64_t(slot) - p.window + 1 : 0;
+    // With a window (or chunk), keys before lo are not visible, and the tiles before lo's are
+    // skipped.
+    const int64_t lo = attn_first_slot(slot, p.window);
     const int64_t first = max(begin, lo > 0 ? lo / cu::kAttnTile * cu::kAttnTile : int64_t(0));
     // Staged caches: the token's own block comes from its stage (when the stage id is valid).
     int own_block = -1, own_stage = 0;

@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kFlashWarps * 32) flash_prefill_kernel(cu::Att
     // The lane's two rows: warp * 16 + g and that + 8 (fragment rows g and g + 8).
     int row_tok[2];      // local token, -1 when the row is unused
     int64_t row_end[2];  // exclusive key limit (slot + 1)
-    int64_t row_lo[2];   // first visible key (window), else 0
+    int64_t row_lo[2];   // first visible key (window or chunk), else 0
     int64_t row_out[2];  // row index into q / out: token * n_head + head
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kFlashWarps * 32) flash_prefill_kernel(cu::Att
         const bool valid = tl < n_tok && hg < p.group;
         row_tok[i] = valid ? tl : -1;
         row_end[i] = valid ? int64_t(tok_slot[tl]) + 1 : 0;
-        row_lo[i] = valid && p.window > 0 ? int64_t(tok_slot[tl]) - p.window + 1 : 0;
+        row_lo[i] = valid ? attn_first_slot(tok_slot[tl], p.window) : 0;
         row_out[i] = valid ? (t0 + tl) * p.n_head + int64_t(kvh) * p.group + hg : 0;
     }
     // Q fragments, scaled and rounded once: register e of step ks holds row (e & 1) and

@@ -199,10 +199,18 @@ void CudaBackend::enqueue_moe_ffn(const DeviceLayer& w, int64_t T) {
     cuda_moe_topk(moe_logits_, T, c.n_expert, K, moe_ids_, moe_w_, s, routing);
     if (T > kGraphMaxTokens) {  // prefill: tokens grouped by expert (syncs the stream)
         cuda_moe_ffn_grouped(xb_, xb_, moe_ids_, moe_w_, T, K, c.n_expert, ex,
-                             {moe_out_, moe_h_, moe_up_, moe_map_}, scratch_, s);
+                             {moe_out_, moe_h_, moe_up_, moe_map_}, scratch_, s,
+                             c.moe_weight_before);
     } else if (ex.gate_b) {  // decode, biased experts (gpt-oss)
         cuda_moe_experts_biased(moe_out_, moe_h_, moe_up_, xb_, moe_ids_, T * K, int(K), ex, s);
         cuda_moe_combine(xb_, moe_out_, moe_w_, T, K, c.n_embd, s);
+    } else if (c.moe_weight_before) {  // decode, Llama 4: each job's input row weighted
+        cuda_moe_weight_rows(moe_out_, xb_, moe_w_, T * K, K, c.n_embd, s);
+        cuda_gemv_experts_swiglu(moe_h_, moe_out_, ex.gate0, ex.up0, ex.expert_bytes, moe_ids_,
+                                 T * K, 1, s, &scratch_, ex.gate_s, ex.up_s);
+        cuda_gemv_experts(moe_out_, moe_h_, ex.down0, ex.down_bytes, moe_ids_, T * K, 1, s,
+                          &scratch_, ex.down_s);
+        cuda_moe_combine(xb_, moe_out_, nullptr, T, K, c.n_embd, s);
     } else {  // decode: expert GEMVs by device-side ids (capturable)
         cuda_gemv_experts_swiglu(moe_h_, xb_, ex.gate0, ex.up0, ex.expert_bytes, moe_ids_, T * K,
                                  int(K), s, &scratch_, ex.gate_s, ex.up_s);
@@ -273,6 +281,9 @@ void CudaBackend::enqueue_attention(const DeviceLayer& w, int64_t l, int64_t T, 
         if (c.uses_rope(l)) {
             cuda_rope(q_, d_pos_, T, c.n_head, c.head_dim, rope, s);
             cuda_rope(k_, d_pos_, T, c.n_kv_head, c.head_dim, rope, s);
+        } else if (c.attn_temp_scale > 0) {  // Llama 4's: the attention temperature
+            cuda_attn_temperature(q_, d_pos_, T, c.q_dim(), c.attn_temp_scale, c.attn_temp_floor,
+                                  s);
         }
         if (rotate_) {  // q.k unchanged; K's outlier channels spread (kv_rotation_enabled)
             cuda_hadamard(q_, T * c.n_head, c.head_dim, s);
@@ -287,7 +298,7 @@ void CudaBackend::enqueue_attention(const DeviceLayer& w, int64_t l, int64_t T, 
     const CudaXq* att_xq = xq_for(
         xq_att_, att_, c.q_dim() % 32 == 0 && cuda_gemv_int_type(w.wo.type) && !w.attn_sub_norm, T);
     cuda_paged_attention(att_, q_, kv, kb, c.n_head, c.attn_scale, scratch_, s, c.attn_softcap,
-                         c.window(l), w.sinks, att_xq);
+                         c.attn_window(l), w.sinks, att_xq);
     if (w.attn_sub_norm) cuda_rmsnorm(att_, att_, w.attn_sub_norm, T, c.q_dim(), c.norm_eps, s);
     observe({&w.wo}, att_, T);
     cuda_matmul(xb_, att_, w.wo, T, scratch_, s, att_xq);

@@ -122,12 +122,37 @@ __global__ void moe_combine_kernel(float* __restrict__ out, const float* __restr
     float acc = 0.0f;
     for (int j = 0; j < k; ++j) {
         const int64_t r = row_of ? int64_t(row_of[t * k + j]) : t * k + j;
-        acc = fmaf(weights[t * k + j], rows[r * dim + d], acc);
+        acc = fmaf(weights ? weights[t * k + j] : 1.0f, rows[r * dim + d], acc);
     }
     out[i] = acc;
 }
 
+// Llama 4's weighted expert inputs, one thread per element. Decode: out[j] = weights[j] *
+// x[j / k] (pos null); grouped: row pos[j] of out scaled by weights[j] in place.
+__global__ void moe_weight_rows_kernel(float* __restrict__ out, const float* __restrict__ x,
+                                       const float* __restrict__ weights,
+                                       const int32_t* __restrict__ pos, int64_t n, int k,
+                                       int64_t dim) {
+    cu::pdl_begin();
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int64_t j = i / dim, d = i % dim;
+    if (pos)
+        out[int64_t(pos[j]) * dim + d] *= weights[j];
+    else
+        out[i] = weights[j] * x[(j / k) * dim + d];
+}
+
 }  // namespace
+
+void cuda_moe_weight_rows(float* out, const float* x, const float* weights, int64_t n_jobs,
+                          int64_t k, int64_t dim, cudaStream_t s, const int32_t* pos) {
+    const int64_t n = n_jobs * dim;
+    if (n <= 0) return;
+    CUDA_REQUIRE(pos || (x && out != x), "cuda_moe_weight_rows: out must not alias x");
+    cu::launch_pdl(moe_weight_rows_kernel, unsigned(cu::ceil_div(n, 256)), 256, 0, s, out, x,
+                   weights, pos, n, int(k), dim);
+}
 
 void cuda_moe_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k, int32_t* ids,
                    float* weights, cudaStream_t s, const MoeRouting& r) {
@@ -169,7 +194,8 @@ void cuda_moe_experts_biased(float* out, float* h, float* up, const float* x, co
 
 void cuda_moe_ffn_grouped(float* out, const float* x, const int32_t* ids, const float* weights,
                           int64_t n_tokens, int64_t k, int64_t n_expert, const MoeExperts& ex,
-                          const MoeGroupedBuffers& buf, CudaScratch& scratch, cudaStream_t s) {
+                          const MoeGroupedBuffers& buf, CudaScratch& scratch, cudaStream_t s,
+                          bool weight_inputs) {
     CUDA_REQUIRE(n_expert >= 1 && k >= 1 && k <= n_expert, "cuda_moe_ffn_grouped: bad k");
     CUDA_REQUIRE(ex.down0.n_in == ex.gate0.n_out && ex.up0.n_out == ex.gate0.n_out &&
                      ex.up0.n_in == ex.gate0.n_in && ex.down0.n_out == ex.gate0.n_in,
@@ -201,6 +227,8 @@ void cuda_moe_ffn_grouped(float* out, const float* x, const int32_t* ids, const 
     CUDA_CHECK(cudaMemcpyAsync(buf.map, map.data(), map.size() * sizeof(int32_t),
                                cudaMemcpyHostToDevice, s));
     cuda_gather_rows(buf.xs, x, buf.map, n_jobs, D, s);
+    if (weight_inputs)
+        cuda_moe_weight_rows(buf.xs, nullptr, weights, n_jobs, k, D, s, buf.map + n_jobs);
     for (int64_t e = 0; e < n_expert; ++e) {
         const int64_t i0 = first[size_t(e)], n = first[size_t(e + 1)] - i0;
         if (n == 0) continue;
@@ -230,7 +258,8 @@ void cuda_moe_ffn_grouped(float* out, const float* x, const int32_t* ids, const 
         cuda_matmul(xs, h, expert(ex.down0, ex.down_bytes, ex.down_s_host), n, scratch, s);
         if (ex.down_b) cuda_add_bias(xs, ex.down_b + e * D, n, D, s);
     }
-    cuda_moe_combine(out, buf.xs, weights, n_tokens, k, D, s, buf.map + n_jobs);
+    cuda_moe_combine(out, buf.xs, weight_inputs ? nullptr : weights, n_tokens, k, D, s,
+                     buf.map + n_jobs);
 }
 
 }  // namespace kvrun

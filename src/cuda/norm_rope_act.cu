@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "attn_window.h"
 #include "cuda/common.cuh"
 #include "cuda/ops.h"
 #include "cuda/rope.cuh"
@@ -243,6 +244,13 @@ __global__ void scale_kernel(float* x, int64_t n, float f) {
     cu::pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= f;
+}
+
+__global__ void attn_temperature_kernel(float* x, const int32_t* __restrict__ pos, int64_t n,
+                                        int64_t width, float scale, int64_t floor_len) {
+    cu::pdl_begin();
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= attn_temperature(pos[i / width], scale, floor_len);
 }
 
 __global__ void add_scaled_rows_kernel(float* __restrict__ out, const float* __restrict__ y,
@@ -505,6 +513,15 @@ void cuda_softcap(float* x, int64_t n, float cap, cudaStream_t s) {
 void cuda_scale(float* x, int64_t n, float f, cudaStream_t s) {
     if (n <= 0) return;
     cu::launch_pdl(scale_kernel, elt_blocks(n), kEltThreads, 0, s, x, n, f);
+}
+
+void cuda_attn_temperature(float* q, const int32_t* pos, int64_t n_tokens, int64_t width,
+                           float scale, int64_t floor_len, cudaStream_t s) {
+    CUDA_REQUIRE(floor_len > 0, "cuda_attn_temperature: the floor length must be positive");
+    const int64_t n = n_tokens * width;
+    if (n <= 0) return;
+    cu::launch_pdl(attn_temperature_kernel, elt_blocks(n), kEltThreads, 0, s, q, pos, n, width,
+                   scale, floor_len);
 }
 
 void cuda_add_scaled_rows(float* out, const float* y, const float* user, int64_t n_rows, int64_t n,

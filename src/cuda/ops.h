@@ -83,6 +83,10 @@ void cuda_swiglu_oai(float* out, const float* gate, const float* up, int64_t n, 
 void cuda_geglu(float* out, const float* gate, const float* up, int64_t n, cudaStream_t s);
 void cuda_softcap(float* x, int64_t n, float cap, cudaStream_t s);
 void cuda_scale(float* x, int64_t n, float f, cudaStream_t s);
+// Llama 4's attention temperature on q: [n_tokens][width] in place, row t times
+// attn_temperature(pos[t], scale, floor_len) (attn_window.h; pos: device).
+void cuda_attn_temperature(float* q, const int32_t* pos, int64_t n_tokens, int64_t width,
+                           float scale, int64_t floor_len, cudaStream_t s);
 // cpu::add_scaled_rows on the device (user: [n_rows] device scales).
 void cuda_add_scaled_rows(float* out, const float* y, const float* user, int64_t n_rows, int64_t n,
                           double per_unit, cudaStream_t s);
@@ -212,7 +216,8 @@ constexpr int kCudaMoeMaxGroups = 32;
 void cuda_moe_topk(const float* logits, int64_t n_tokens, int64_t n_expert, int64_t k, int32_t* ids,
                    float* weights, cudaStream_t s, const MoeRouting& r = {});
 // out[t][:] = sum over j < k of weights[t][j] * rows[t * k + j][:] ([n_tokens][dim]); with
-// row_of (device, [n_tokens * k]) the row is rows[row_of[t * k + j]] instead.
+// row_of (device, [n_tokens * k]) the row is rows[row_of[t * k + j]] instead; weights null:
+// all 1 (Llama 4, whose weights scaled the inputs).
 void cuda_moe_combine(float* out, const float* rows, const float* weights, int64_t n_tokens,
                       int64_t k, int64_t dim, cudaStream_t s, const int32_t* row_of = nullptr);
 // One layer's experts: expert 0 of each stacked tensor (device memory), the others
@@ -251,9 +256,17 @@ struct MoeGroupedBuffers {
 // once (fused GEMV, same bits as the expert-indexed GEMVs, up to kCudaGemvMaxRows tokens) or
 // dequantized once for a tensor-core GEMM (more tokens) instead of once per token.
 // out may equal x. Synchronizes the stream (the ids are read on the host): not capturable.
+// weight_inputs (Llama 4): each job's weight scales its gathered input row instead of its
+// output (the sum is then unweighted).
 void cuda_moe_ffn_grouped(float* out, const float* x, const int32_t* ids, const float* weights,
                           int64_t n_tokens, int64_t k, int64_t n_expert, const MoeExperts& ex,
-                          const MoeGroupedBuffers& buf, CudaScratch& scratch, cudaStream_t s);
+                          const MoeGroupedBuffers& buf, CudaScratch& scratch, cudaStream_t s,
+                          bool weight_inputs = false);
+// Llama 4's weighted expert inputs: out[j][:] = weights[j] * x[j / k][:] for the n_jobs = n_tokens
+// * k jobs (out: [n_jobs][dim], not x); with pos (device, [n_jobs]) instead row pos[j] of out
+// is scaled by weights[j] in place (x unused: the grouped rows).
+void cuda_moe_weight_rows(float* out, const float* x, const float* weights, int64_t n_jobs,
+                          int64_t k, int64_t dim, cudaStream_t s, const int32_t* pos = nullptr);
 // out = silu(x W_gate^T) * (x W_up^T): [n_rows][gate.n_out]. Up to kCudaGemvMaxRows rows with
 // gate and up of one type and shape: one GEMV launch whose warps compute a gate row and the
 // matching up row and write the product (same bits as two cuda_matmul calls and

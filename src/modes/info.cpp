@@ -129,6 +129,19 @@ Hyper read_hyper(const GgufFile& f) {
         h.attention = fmt::format(
             "sliding window {} tokens on 3 of 4 layers (the others without RoPE)", h.n_swa);
     }
+    if (h.arch == "llama4") {  // (llama.cpp's reading: the chunk 8192 unless the key says 0)
+        h.experts += fmt::format(", 1 shared; sigmoid weights on the inputs; on every {} layer(s)",
+                                 f.get_int_or(a + "interleave_moe_layer_step", 1));
+        if (const int64_t chunk = f.get_int_or(a + "attention.sliding_window", 8192); chunk > 0) {
+            const int64_t p = f.get_int_or(a + "attention.sliding_window_pattern", 4);
+            h.n_swa = chunk;
+            for (int64_t l = 0; l < h.n_layer; ++l) h.n_swa_layers += p > 0 && l % p < p - 1;
+            h.attention = fmt::format(
+                "chunks of {} tokens on {} of {} layers (the others global, without RoPE, with "
+                "the attention temperature)",
+                chunk, p - 1, p);
+        }
+    }
     if (h.arch == "gpt-oss") {
         h.n_swa = f.get_int_or(a + "attention.sliding_window", 0);
         h.n_swa_layers = (h.n_layer + 1) / 2;
