@@ -26,7 +26,7 @@ struct ArchTraits {
     // fixes the step at 4, there is no GGUF key).
     int nope_step = 0;
     bool gpt_oss = false;    // OpenAI's gpt-oss (read_gpt_oss)
-    bool glm4moe = false;    // GLM 4.5 (read_glm4moe)
+    bool glm4moe = false;    // GLM 4.5 (read_shared_moe)
     bool ernie_moe = false;  // ERNIE 4.5 MoE (read_ernie_moe)
     bool olmo2 = false;      // OLMo 2 / OLMo 3 (read_olmo2)
     bool olmoe = false;      // OLMoE (read_olmoe)
@@ -36,6 +36,7 @@ struct ArchTraits {
     bool sub_norms = false;  // BitNet's norms inside the blocks (ModelConfig::sub_norms)
     bool glm4 = false;       // GLM-4-0414 (read_glm4)
     bool llama4 = false;     // Llama 4 (read_llama4)
+    bool dots1 = false;      // rednote's dots.llm1 (read_shared_moe)
     // The FFN's input norm is named post_attention_norm (ModelConfig::ffn_norm_post_attention).
     bool ffn_norm_post_attention = false;
 };
@@ -65,7 +66,10 @@ constexpr ArchTraits kArchs[] = {
     {.name = "glm4", .fused_gate_up = true, .glm4 = true},
     // Seed-OSS: llama with NeoX pairs, optional Q/K/V (and output) biases.
     {.name = "seed_oss", .rope_neox = true, .ffn_norm_post_attention = true},
+    // EXAONE 3.0 / 3.5: llama with NeoX pairs and optional biases.
+    {.name = "exaone", .rope_neox = true},
     {.name = "llama4", .experts = true, .llama4 = true},
+    {.name = "dots1", .rope_neox = true, .qk_norm = true, .experts = true, .dots1 = true},
 };
 
 // A positive integer key, either a scalar or an array whose elements are all equal
@@ -259,10 +263,10 @@ void read_dense_lead(const GgufFile& f, const std::string& a, ModelConfig& c) {
              f.path(), a);
 }
 
-// GLM 4.5 (glm4moe): leading dense layers, a sigmoid router with a selection bias, shared
-// experts, multi-token-prediction layers at the end that are not run. Read after the experts.
-void read_glm4moe(const GgufFile& f, const std::string& a, ModelConfig& c) {
-    c.ffn_norm_post_attention = true;
+// GLM 4.5 (glm4moe) and dots.llm1 (dots1): leading dense layers, a sigmoid router with a
+// selection bias, shared experts of the experts' width, multi-token-prediction layers at the
+// end that are not run (GLM). Read after the experts.
+void read_shared_moe(const GgufFile& f, const std::string& a, ModelConfig& c) {
     // (llama.cpp's defaults: no dense layer, weights unscaled and not normalized.)
     c.n_layer_dense = read_count0(f, a + "leading_dense_block_count", false);
     c.n_expert_shared = read_count0(f, a + "expert_shared_count", true);
@@ -464,12 +468,13 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
             fmt::format("{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, "
                         "qwen3moe, qwen2moe, phi3, gemma, gemma2, gemma3, granite, granitemoe, "
                         "smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe, "
-                        "exaone4, deepseek2, bitnet, glm4, seed_oss, llama4)",
+                        "exaone4, deepseek2, bitnet, glm4, seed_oss, llama4, dots1, "
+                        "exaone)",
                         f.path(), c.arch),
             "kvrun runs llama-family models (Llama, Mistral, TinyLlama, SmolLM, Qwen2, Qwen3, "
             "Qwen3 MoE, Qwen2 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3, Granite 3, SmolLM3, "
             "gpt-oss, GLM-4-0414, GLM 4.5, ERNIE 4.5, OLMo 2, OLMo 3, OLMoE, EXAONE 4.0, "
-            "DeepSeek V2 / V3, BitNet b1.58, Seed-OSS, Llama 4)");
+            "DeepSeek V2 / V3, BitNet b1.58, Seed-OSS, Llama 4, dots.llm1, EXAONE 3.x)");
     }
     c.rope_neox = traits->rope_neox;
     c.qkv_bias = traits->qkv_bias;
@@ -536,7 +541,8 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     } else if (traits->experts) {
         fail("{}: missing required key '{}expert_count'", f.path(), a);
     }
-    if (traits->glm4moe) read_glm4moe(f, a, c);
+    if (traits->glm4moe) c.ffn_norm_post_attention = true;
+    if (traits->glm4moe || traits->dots1) read_shared_moe(f, a, c);
     if (traits->ernie_moe) read_ernie_moe(f, a, c);
     if (traits->qwen2moe) read_qwen2moe(f, a, c);
     if (traits->deepseek2) read_deepseek2(f, a, c);

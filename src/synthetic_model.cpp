@@ -60,6 +60,7 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
     const bool glm4 = c.arch == "glm4";  // (dense: post norms, fused ffn_up)
     const bool llama4 = c.arch == "llama4";  // (experts every moe_step-th layer, a shared one)
     const bool ds2 = c.arch == "deepseek2";
+    const bool dots = c.arch == "dots1";  // (GLM 4.5's router and shared experts, no biases)
     // A type whose blocks fit rows of n elements: `type`, else Q8_0, else F16.
     auto fit = [](GgmlType t, int64_t n) {
         for (GgmlType u : {t, GgmlType::Q8_0, GgmlType::F16})
@@ -70,7 +71,7 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
     auto experts_at = [&](int64_t i) {
         if (c.n_expert == 0) return false;
         if (llama4) return (i + 1) % c.moe_step == 0;
-        if (!glm && !ernie && !ds2) return true;
+        if (!glm && !ernie && !ds2 && !dots) return true;
         return i >= c.n_layer_dense && (!ernie || (i + 1) % c.moe_step == 0);
     };
     for (int64_t i = 0; i < c.n_layer + (glm || glm4 ? c.n_nextn : 0); ++i) {
@@ -120,7 +121,7 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
             p.push_back({bias("attn_v"), GgmlType::F32, {n_embd_kv}, kBiasStd, 0});
         }
         if (c.arch == "qwen3" || c.arch == "qwen3moe" || c.arch == "gemma3" ||
-            c.arch == "exaone4" || (glm && c.glm_qk_norm)) {
+            c.arch == "exaone4" || dots || (glm && c.glm_qk_norm)) {
             p.push_back({nm("attn_q_norm"), GgmlType::F32, {head_dim}, kNormStd, 1});
             p.push_back({nm("attn_k_norm"), GgmlType::F32, {head_dim}, kNormStd, 1});
         }
@@ -171,7 +172,7 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
                 p.push_back({nm("ffn_up_shexp"), c.type, {c.n_embd, fe}, s, 0});
                 p.push_back({nm("ffn_down_shexp"), more, {fe, c.n_embd}, s_out, 0});
             }
-            if (glm || ernie || ds2) {  // the router's selection bias; the shared experts
+            if (glm || ernie || ds2 || dots) {  // the router's selection bias; the shared experts
                 // (around the gates' own size: ERNIE's are probabilities, about 1 / n_expert)
                 if (!ds2 || c.expert_gating == 2)
                     p.push_back({bias("exp_probs_b"),
@@ -398,7 +399,7 @@ void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) 
         // OLMo 3 (3 layers of 4); EXAONE 4.0 (read at 64 layers only)
         w.set_u32(a + "attention.sliding_window", uint32_t(c.sliding_window));
     }
-    if (c.arch == "glm4moe") {
+    if (c.arch == "glm4moe" || c.arch == "dots1") {
         w.set_u32(a + "leading_dense_block_count", uint32_t(c.n_layer_dense));
         w.set_u32(a + "expert_shared_count", uint32_t(c.n_expert_shared));
         w.set_f32(a + "expert_weights_scale", float(c.expert_weights_scale));
@@ -471,16 +472,48 @@ int64_t synthetic_head_dim(const SyntheticModelConfig& cfg) {
 }
 
 std::vector<std::string> synthetic_preset_names() {
-    return {"llama2-7b",          "llama3-8b",       "llama3.1-8b",      "llama-1b",
-            "qwen2.5-7b",         "qwen3-0.6b",      "qwen3-8b",         "qwen3-30b-a3b",
-            "mixtral-8x7b",       "phi3-mini",       "phi3-mini-128k",   "phi4",
-            "gemma2-2b",          "gemma3-1b",       "gemma3-4b",        "granite3-8b",
-            "granite3-3b-a800m",  "smollm3-3b",      "phi4-mini",        "gpt-oss-20b",
-            "gpt-oss-120b",       "glm4.5-air",      "ernie4.5-0.3b",    "ernie4.5-21b-a3b",
-            "olmo2-7b",           "olmo3-7b",        "olmoe-1b-7b",      "exaone4-32b",
-            "qwen1.5-moe-a2.7b",  "qwen2-57b-a14b",  "deepseek-v2-lite", "deepseek-v3",
-            "bitnet-b1.58-large", "bitnet-b1.58-3b", "glm4-9b",          "glm4-32b",
-            "seed-oss-36b",       "llama4-scout",    "llama4-maverick",  "tiny"};
+    return {"llama2-7b",
+            "llama3-8b",
+            "llama3.1-8b",
+            "llama-1b",
+            "qwen2.5-7b",
+            "qwen3-0.6b",
+            "qwen3-8b",
+            "qwen3-30b-a3b",
+            "mixtral-8x7b",
+            "phi3-mini",
+            "phi3-mini-128k",
+            "phi4",
+            "gemma2-2b",
+            "gemma3-1b",
+            "gemma3-4b",
+            "granite3-8b",
+            "granite3-3b-a800m",
+            "smollm3-3b",
+            "phi4-mini",
+            "gpt-oss-20b",
+            "gpt-oss-120b",
+            "glm4.5-air",
+            "ernie4.5-0.3b",
+            "ernie4.5-21b-a3b",
+            "olmo2-7b",
+            "olmo3-7b",
+            "olmoe-1b-7b",
+            "exaone4-32b",
+            "qwen1.5-moe-a2.7b",
+            "qwen2-57b-a14b",
+            "deepseek-v2-lite",
+            "deepseek-v3",
+            "bitnet-b1.58-large",
+            "bitnet-b1.58-3b",
+            "glm4-9b",
+            "glm4-32b",
+            "seed-oss-36b",
+            "llama4-scout",
+            "llama4-maverick",
+            "dots1",
+            "exaone3.5-7.8b",
+            "tiny"};
 }
 
 SyntheticModelConfig synthetic_preset(std::string_view name) {
@@ -624,6 +657,16 @@ SyntheticModelConfig synthetic_preset(std::string_view name) {
         c.n_vocab = 202048, c.rope_base = 500000, c.norm_eps = 1e-5;
         c.n_ctx = scout ? 10485760 : 1048576;
         c.rope_scaling = "llama3", c.rope_factor = scout ? 16 : 8, c.rope_orig_ctx = 8192;
+    } else if (name == "dots1") {  // dots.llm1: 128 experts of 1408, 6 per token, 2 shared
+        c.arch = "dots1", c.head_dim = 128;
+        c.n_layer = 62, c.n_layer_dense = 1, c.n_embd = 4096, c.n_head = 32, c.n_head_kv = 32;
+        c.n_ff = 10944, c.n_expert = 128, c.n_expert_used = 6, c.n_ff_exp = 1408;
+        c.n_expert_shared = 2, c.expert_weights_scale = 2.5, c.expert_weights_norm = true;
+        c.n_vocab = 152064, c.rope_base = 10000000, c.n_ctx = 32768, c.norm_eps = 1e-5;
+    } else if (name == "exaone3.5-7.8b") {  // EXAONE 3.5: llama with NeoX pairs
+        c.arch = "exaone";
+        c.n_layer = 32, c.n_embd = 4096, c.n_head = 32, c.n_head_kv = 8, c.n_ff = 14336;
+        c.n_vocab = 102400, c.rope_base = 1000000, c.n_ctx = 32768, c.norm_eps = 1e-5;
     } else if (name == "seed-oss-36b") {  // Seed-OSS-36B: 80 heads of 128 (wider than n_embd)
         c.arch = "seed_oss", c.head_dim = 128;
         c.n_layer = 64, c.n_embd = 5120, c.n_head = 80, c.n_head_kv = 8, c.n_ff = 27648;
@@ -717,20 +760,25 @@ void synthetic_validate(const SyntheticModelConfig& c) {
         c.arch != "granitemoe" && c.arch != "smollm3" && c.arch != "gpt-oss" &&
         c.arch != "glm4moe" && c.arch != "ernie4_5" && c.arch != "ernie4_5-moe" &&
         c.arch != "olmo2" && c.arch != "olmoe" && c.arch != "exaone4" && c.arch != "deepseek2" &&
-        c.arch != "bitnet" && c.arch != "glm4" && c.arch != "seed_oss" && c.arch != "llama4")
+        c.arch != "bitnet" && c.arch != "glm4" && c.arch != "seed_oss" && c.arch != "llama4" &&
+        c.arch != "dots1" && c.arch != "exaone")
         fail(
             "synthetic model: architecture '{}' is not one of llama, qwen2, qwen3, qwen3moe, "
             "qwen2moe, phi3, "
             "gemma, gemma2, gemma3, granite, granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, "
-            "ernie4_5-moe, olmo2, olmoe, exaone4, deepseek2, bitnet, glm4, seed_oss, llama4",
+            "ernie4_5-moe, olmo2, olmoe, exaone4, deepseek2, bitnet, glm4, seed_oss, llama4, "
+            "dots1, "
+            "exaone",
             c.arch);
     const bool moe_arch = c.arch == "qwen3moe" || c.arch == "qwen2moe" || c.arch == "granitemoe" ||
                           c.arch == "gpt-oss" || c.arch == "glm4moe" || c.arch == "ernie4_5-moe" ||
-                          c.arch == "olmoe" || c.arch == "deepseek2" || c.arch == "llama4";
+                          c.arch == "olmoe" || c.arch == "deepseek2" || c.arch == "llama4" ||
+                          c.arch == "dots1";
     if (moe_arch != (c.n_expert > 0) && c.arch != "llama")
         fail(
             "synthetic model: experts need arch qwen3moe, qwen2moe, granitemoe, gpt-oss, glm4moe, "
-            "ernie4_5-moe, olmoe, deepseek2, llama4 or llama (Mixtral), and those but llama need "
+            "ernie4_5-moe, olmoe, deepseek2, llama4, dots1 or llama (Mixtral), and those but llama "
+            "need "
             "experts");
     if (c.arch == "deepseek2" &&
         (c.mla_rank < 1 || c.mla_nope < 1 || c.mla_v < 1 || c.mla_q_rank < 0 || c.rope_dims < 2 ||

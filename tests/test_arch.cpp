@@ -386,6 +386,8 @@ TEST_CASE("each architecture matches the independent reference forward") {
         g.parts.n_rot = 8;
         cases.push_back(g);
     }
+    // EXAONE 3.x: llama with NeoX pairs.
+    cases.push_back({"exaone", small("exaone"), parts_of(false, false, true)});
     {  // Seed-OSS: Q/K/V biases, NeoX pairs, the FFN's norm named post_attention_norm
         Case m{"seed_oss", small("seed_oss"), parts_of(true, false, true)};
         m.parts.ffn_norm_renamed = true;
@@ -904,6 +906,7 @@ TEST_CASE(
     }
     CHECK(synthetic_preset("glm4-32b").n_layer == 61);
     CHECK(synthetic_preset("glm4-9b").n_ff == 13696);
+    CHECK_NOTHROW(synthetic_validate(synthetic_preset("exaone3.5-7.8b")));
     const SyntheticModelConfig seed = synthetic_preset("seed-oss-36b");
     CHECK(seed.arch == "seed_oss");
     CHECK(seed.n_head * seed.head_dim == 2 * seed.n_embd);

@@ -1,5 +1,5 @@
-// The mixtures of experts with shared experts, GLM 4.5 (glm4moe), ERNIE 4.5 (ernie4_5,
-// ernie4_5-moe) and Qwen2-MoE (qwen2moe), checked against an independent
+// The mixtures of experts with shared experts, GLM 4.5 (glm4moe), dots.llm1 (dots1), ERNIE 4.5
+// (ernie4_5, ernie4_5-moe) and Qwen2-MoE (qwen2moe), checked against an independent
 // forward pass written here from the models' definitions (plain float loops, one sequence, no
 // cache, nothing shared with the backends). GLM: Q/K/V biases, optional per-head Q/K norms,
 // NeoX RoPE on part of each head, the FFN's input norm named post_attention_norm, a dense
@@ -217,6 +217,42 @@ TEST_CASE("GLM 4.5 matches the independent reference forward, with and without Q
             CHECK(rel_diff(got, reference_logits(f, c, p, kTokens)) > 1e-3);
         }
     }
+}
+
+TEST_CASE("dots.llm1 matches the independent reference forward") {
+    // GLM 4.5's router, dense first layer and shared experts (two here), with per-head Q/K norms,
+    // no biases, the FFN's norm named ffn_norm, RoPE on every dim.
+    TempDir dir;
+    SyntheticModelConfig cfg = small_glm();
+    cfg.arch = "dots1", cfg.n_nextn = 0, cfg.rope_dims = 0, cfg.n_expert_shared = 2;
+    const std::string path = dir.file("dots1.gguf");
+    synthetic_model_write(cfg, path);
+    GgufFile f = GgufFile::open(path);
+    const ModelConfig c = model_config_from_gguf(f);
+    CHECK(c.n_layer == 3);
+    CHECK(c.qk_norm);
+    CHECK(!c.qkv_bias);
+    CHECK(!c.ffn_norm_post_attention);
+    CHECK(c.moe_sigmoid);
+    CHECK(c.n_ff_shexp == 64);
+    CHECK(c.n_rot == c.head_dim);
+    const auto want = reference_logits(f, c, for_config(c), kTokens);
+    const auto got = backend_logits(f, kTokens, 9);
+    CHECK(rel_diff(got, want) < 2e-5);
+    for (int part = 0; part < 4; ++part) {
+        CAPTURE(part);
+        Parts p = for_config(c);
+        if (part == 0) p.select_bias = false;
+        if (part == 1) p.sigmoid = false;
+        if (part == 2) p.scale = 1.0;  // (the model's is 2.5)
+        if (part == 3) p.shared = false;
+        CHECK(rel_diff(got, reference_logits(f, c, p, kTokens)) > 1e-3);
+    }
+    const SyntheticModelConfig preset = synthetic_preset("dots1");
+    CHECK(preset.n_expert == 128);
+    CHECK(preset.n_expert_used == 6);
+    CHECK(preset.n_expert_shared == 2);
+    CHECK_NOTHROW(synthetic_validate(preset));
 }
 
 TEST_CASE("GLM 4.5: unnormalized weights, and a draft cut from the model") {

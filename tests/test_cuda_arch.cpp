@@ -46,14 +46,15 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
     // consecutive pairs, a multi-token-prediction layer left out), seed_oss (biases, the FFN's
     // norm renamed), llama4 (8-token chunks on layers 0-2, layer 3 global without RoPE, the
     // rotating layers' weightless Q/K norms, experts whose weights scale their inputs, a shared
-    // expert), bitnet (TQ2_0 weights) and llama with the same heads.
+    // expert), dots1 (GLM 4.5's router and shared experts, per-head Q/K norms), exaone (NeoX
+    // pairs), bitnet (TQ2_0 weights) and llama with the same heads.
     // K-quant weights, f16 and q8 KV (q8 with rotation: the unfused RoPE path).
     const auto dir = std::filesystem::temp_directory_path();
     for (const char* arch :
          {"qwen3",        "qwen3moe", "qwen2",      "phi3",    "gemma",    "gemma2",
           "gemma3",       "granite",  "granitemoe", "smollm3", "gpt-oss",  "glm4moe",
           "ernie4_5-moe", "olmo2",    "olmoe",      "exaone4", "qwen2moe", "llama",
-          "bitnet",       "glm4",     "seed_oss",   "llama4"})
+          "bitnet",       "glm4",     "seed_oss",   "llama4",  "dots1",    "exaone"})
         for (KvType kv : {KvType::F16, KvType::Q8}) {
             // KVRUN_TEST_ARCHS=a,b runs only those (the emulator is slow: a developer's filter).
             const char* only = std::getenv("KVRUN_TEST_ARCHS");
@@ -73,7 +74,8 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
             // qwen3moe: 4 experts of width 256, all of them used, so that no routing near-tie
             // can make the two backends pick different experts (top-k itself: test_cuda_ops).
             const bool moe = std::string(arch).find("moe") != std::string::npos ||
-                             std::string(arch) == "gpt-oss" || std::string(arch) == "llama4";
+                             std::string(arch) == "gpt-oss" || std::string(arch) == "llama4" ||
+                             std::string(arch) == "dots1";
             if (moe) c.n_expert = 4, c.n_expert_used = 4, c.n_ff_exp = 256;
             if (std::string(arch) == "glm4moe")
                 c.rope_dims = 64, c.n_nextn = 1, c.expert_weights_scale = 2.5;
@@ -100,7 +102,8 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
             auto gpu = make_cuda_backend(file, o, 0);
             CHECK(gpu->config().qk_norm ==
                   (std::string(arch) == "qwen3" || std::string(arch) == "qwen3moe" ||
-                   std::string(arch) == "gemma3" || std::string(arch) == "exaone4"));
+                   std::string(arch) == "gemma3" || std::string(arch) == "exaone4" ||
+                   std::string(arch) == "dots1"));
             // A 24-token prompt, then decode steps (staged q8 blocks seal at 32 tokens).
             KvBlockTable table(8, 16, cpu->n_kv_stages());
             const SeqId a = table.create_sequence();

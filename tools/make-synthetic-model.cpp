@@ -52,7 +52,8 @@ int run(int argc, char** argv) {
         "(latent attention, shared experts), bitnet (BitNet b1.58: norms inside the blocks, "
         "tied output), glm4 (GLM-4-0414: Q/K/V biases, post norms, fused gate/up), seed_oss "
         "(Seed-OSS: Q/K/V biases), llama4 (Llama 4: top-1 sigmoid experts with a shared one, "
-        "chunked attention, no RoPE on every 4th layer); default: the preset's");
+        "chunked attention, no RoPE on every 4th layer), dots1 (glm4moe's experts with per-head "
+        "Q/K norms), exaone (EXAONE 3.x); default: the preset's");
     app.add_option("--n-expert", n_expert,
                    "experts per layer (qwen3moe, qwen2moe, granitemoe, gpt-oss, glm4moe, "
                    "ernie4_5-moe, olmoe, llama = Mixtral)");
