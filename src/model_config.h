@@ -1,8 +1,8 @@
 // Typed model hyperparameters read from GGUF metadata (`<arch>.*` keys) for the supported
 // architectures (llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gemma, gemma2, gemma3,
 // granite, granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe,
-// exaone4, deepseek2, bitnet, glm4, seed_oss, llama4), validated so the forward pass can trust
-// them.
+// exaone4, deepseek2, bitnet, glm4, seed_oss, llama4, dots1, exaone), validated so the forward
+// pass can trust them.
 #pragma once
 
 #include <cstdint>

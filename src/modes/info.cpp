@@ -130,8 +130,9 @@ Hyper read_hyper(const GgufFile& f) {
             "sliding window {} tokens on 3 of 4 layers (the others without RoPE)", h.n_swa);
     }
     if (h.arch == "llama4") {  // (llama.cpp's reading: the chunk 8192 unless the key says 0)
-        h.experts += fmt::format(", 1 shared; sigmoid weights on the inputs; on every {} layer(s)",
-                                 f.get_int_or(a + "interleave_moe_layer_step", 1));
+        const int64_t step = f.get_int_or(a + "interleave_moe_layer_step", 1);
+        h.experts += ", 1 shared; sigmoid weights on the inputs";
+        if (step > 1) h.experts += fmt::format("; on one layer in {}, the others dense", step);
         if (const int64_t chunk = f.get_int_or(a + "attention.sliding_window", 8192); chunk > 0) {
             const int64_t p = f.get_int_or(a + "attention.sliding_window_pattern", 4);
             h.n_swa = chunk;
