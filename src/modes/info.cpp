@@ -150,7 +150,7 @@ Hyper read_hyper(const GgufFile& f) {
             "sliding window {} tokens on every other layer, a learned sink per head", h.n_swa);
         h.experts += ", biases, clamped SwiGLU";
     }
-    if (h.arch == "glm4moe") {
+    if (h.arch == "glm4moe" || h.arch == "dots1") {  // (the same router and shared experts)
         h.experts += fmt::format(
             ", {} shared; sigmoid router with a selection bias, weights{} x{:g}; first {} "
             "layer(s) dense",
