@@ -15,11 +15,24 @@
 #include "gguf.h"
 #include "gguf_writer.h"
 #include "model_config.h"
+#include "synthetic_model.h"
 
 namespace kvrun::arch_test {
 
 // The token ids the architecture tests feed their small models (vocabularies of 300 and more).
 inline const std::vector<int32_t> kTokens = {1, 17, 250, 4, 99, 31, 7, 123, 88, 5, 260, 42, 3, 77};
+
+// The small F32 models the architecture tests build on: `tiny` cut to 2 layers of width 64
+// (4 heads over 2 KV heads, FFN 96, 300 tokens), weights large enough (std 0.15) that every part
+// visibly moves the logits; `seed` picks the weights.
+inline SyntheticModelConfig small_model(const std::string& arch, uint64_t seed) {
+    SyntheticModelConfig c = synthetic_preset("tiny");
+    c.arch = arch;
+    c.n_layer = 2, c.n_embd = 64, c.n_head = 4, c.n_head_kv = 2, c.n_ff = 96, c.n_vocab = 300;
+    c.weight_std = 0.15f;
+    c.seed = seed;
+    return c;
+}
 
 // A float view of one F32 tensor: rows of dims[0] elements.
 struct Mat {

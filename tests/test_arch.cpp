@@ -272,19 +272,7 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
     return logits;
 }
 
-SyntheticModelConfig small(const std::string& arch) {
-    SyntheticModelConfig c = synthetic_preset("tiny");
-    c.arch = arch;
-    c.n_layer = 2;
-    c.n_embd = 64;
-    c.n_head = 4;
-    c.n_head_kv = 2;
-    c.n_ff = 96;
-    c.n_vocab = 300;
-    c.weight_std = 0.15f;  // big enough that every part visibly moves the logits
-    c.seed = 11;
-    return c;
-}
+SyntheticModelConfig small(const std::string& arch) { return small_model(arch, 11); }
 
 std::vector<uint8_t> read_file_bytes(const std::string& path) {
     std::ifstream in(path, std::ios::binary);

@@ -138,19 +138,11 @@ std::vector<std::vector<float>> reference_logits(const GgufFile& f, const ModelC
 }
 
 SyntheticModelConfig small_llama4() {
-    SyntheticModelConfig c = synthetic_preset("tiny");
-    c.arch = "llama4";
+    SyntheticModelConfig c = small_model("llama4", 21);
     c.n_layer = 4;  // layers 0-2 rotate in chunks, layer 3 global without RoPE
-    c.n_embd = 64;
-    c.n_head = 4;
-    c.n_head_kv = 2;
-    c.n_ff = 96;
     c.n_expert = 4, c.n_expert_used = 1, c.n_ff_exp = 48;
     c.sliding_window = 5;  // chunks of 5 tokens: the 14 test tokens span three
-    c.n_vocab = 300;
     c.rope_scaling = "llama3", c.rope_factor = 8, c.rope_orig_ctx = 64;
-    c.weight_std = 0.15f;
-    c.seed = 21;
     return c;
 }
 

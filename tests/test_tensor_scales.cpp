@@ -22,10 +22,7 @@ using kvrun::test::TempDir;
 namespace {
 
 SyntheticModelConfig small_f32(const std::string& arch) {
-    SyntheticModelConfig c = synthetic_preset("tiny");
-    c.arch = arch;
-    c.n_layer = 2, c.n_embd = 64, c.n_head = 4, c.n_head_kv = 2, c.n_ff = 96, c.n_vocab = 300;
-    c.weight_std = 0.15f;
+    SyntheticModelConfig c = small_model(arch, synthetic_preset("tiny").seed);
     if (arch == "qwen3moe") c.n_expert = 4, c.n_expert_used = 2, c.n_ff_exp = 64;
     return c;
 }

@@ -39,6 +39,13 @@ struct Hyper {
     std::string experts;                  // mixture of experts, or empty
 };
 
+// How many of n_layer layers a windowed pattern of p covers (l % p < p - 1, ModelConfig::is_swa).
+int64_t pattern_layers(int64_t n_layer, int64_t p) {
+    int64_t n = 0;
+    for (int64_t l = 0; l < n_layer; ++l) n += p > 0 && l % p < p - 1;
+    return n;
+}
+
 Hyper read_hyper(const GgufFile& f) {
     Hyper h;
     h.arch = f.get_string_or("general.architecture", "");
@@ -119,7 +126,7 @@ Hyper read_hyper(const GgufFile& f) {
     if (h.arch == "olmo2" && f.get_int_or(a + "attention.sliding_window", 0) > 0) {  // OLMo 3
         const int64_t p = f.get_int_or(a + "attention.sliding_window_pattern", 4);
         h.n_swa = f.get_int_or(a + "attention.sliding_window", 0);
-        for (int64_t l = 0; l < h.n_layer; ++l) h.n_swa_layers += p > 0 && l % p < p - 1;
+        h.n_swa_layers = pattern_layers(h.n_layer, p);
         h.attention = fmt::format("sliding window {} tokens on {} of {} layers (RoPE unscaled)",
                                   h.n_swa, p - 1, p);
     }
@@ -136,7 +143,7 @@ Hyper read_hyper(const GgufFile& f) {
         if (const int64_t chunk = f.get_int_or(a + "attention.sliding_window", 8192); chunk > 0) {
             const int64_t p = f.get_int_or(a + "attention.sliding_window_pattern", 4);
             h.n_swa = chunk;
-            for (int64_t l = 0; l < h.n_layer; ++l) h.n_swa_layers += p > 0 && l % p < p - 1;
+            h.n_swa_layers = pattern_layers(h.n_layer, p);
             h.attention = fmt::format(
                 "chunks of {} tokens on {} of {} layers (the others global, without RoPE, with "
                 "the attention temperature)",
