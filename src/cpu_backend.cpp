@@ -1,7 +1,8 @@
 // The CPU reference forward pass (see cpu_backend.h):
 // embed -> per layer [rmsnorm, Q/K/V (+bias), RoPE, KV write, paged attention, output
 // projection, residual, rmsnorm, SwiGLU FFN, residual] -> final rmsnorm -> logits for the
-// requested rows only.
+// requested rows only; with the architectures' variations (LayerNorms, parallel blocks, plain
+// GELU FFNs, experts, latent attention ...) switched by ModelConfig.
 #include "cpu_backend.h"
 
 #include <algorithm>
@@ -183,7 +184,9 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
     for (int64_t l = 0; l < c.n_layer; ++l) {
         const LayerWeights& w = weights_.layers[l];
         // Attention block.
-        pre_norm(w.attn_norm, T);
+        pre_norm(w.attn_norm, w.attn_norm_b, T);
+        if (c.parallel_blocks)  // phi2, Cohere: the FFN reads the attention's input too
+            xn_.assign(xb_.begin(), xb_.begin() + T * c.n_embd);
         if (c.mla()) {
             mla_attention(w, l, T, b.positions.data(), kv_layer(l), kb);
         } else {
@@ -236,9 +239,20 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
         }
         add_block_output(w.attn_post_norm, T);
         // Feed-forward block.
-        pre_norm(w.ffn_norm, T);
+        if (c.parallel_blocks)
+            std::copy(xn_.begin(), xn_.end(), xb_.begin());
+        else
+            pre_norm(w.ffn_norm, w.ffn_norm_b, T);
         if (c.moe_layer(l)) {
             moe_ffn(w, T);
+        } else if (c.ffn_plain) {  // phi2, starcoder2: down(gelu(up x + b)) + b, no gate
+            matmul(up_.data(), xb_.data(), w.w_up, T);
+            add_lora(up_.data(), xb_.data(), w.lora_up, T, lora_user_);
+            if (!w.b_up.empty()) cpu::add_bias(up_.data(), w.b_up.data(), T, c.n_ff);
+            cpu::gelu(gate_.data(), up_.data(), T * c.n_ff);
+            matmul(xb_.data(), gate_.data(), w.w_down, T);
+            add_lora(xb_.data(), gate_.data(), w.lora_down, T, lora_user_);
+            if (!w.b_down.empty()) cpu::add_bias(xb_.data(), w.b_down.data(), T, c.n_embd);
         } else {
             matmul(gate_.data(), xb_.data(), w.w_gate, T);
             matmul(up_.data(), xb_.data(), w.w_up, T);
@@ -272,13 +286,14 @@ void CpuBackend::run(const ForwardBatch& b, float* logits, float* hidden) {
     for (int64_t r = 0; r < R; ++r)
         std::memcpy(xb_.data() + r * c.n_embd, x_.data() + int64_t(b.logit_rows[r]) * c.n_embd,
                     c.n_embd * sizeof(float));
-    cpu::rmsnorm(xb_.data(), xb_.data(), weights_.output_norm.data(), R, c.n_embd, c.norm_eps);
+    norm_rows(xb_.data(), xb_.data(), weights_.output_norm, weights_.output_norm_b, R);
     if (hidden) {
         std::memcpy(hidden, xb_.data(), size_t(R * c.n_embd) * sizeof(float));
         return;
     }
     matmul(logits, xb_.data(), weights_.output, R);
     add_lora(logits, xb_.data(), weights_.lora_output, R, lora_user_rows_);
+    if (!weights_.output_b.empty()) cpu::add_bias(logits, weights_.output_b.data(), R, c.n_vocab);
     if (c.logit_scale != 1.0f) cpu::scale(logits, R * c.n_vocab, c.logit_scale);
     if (c.final_softcap > 0) cpu::softcap(logits, R * c.n_vocab, c.final_softcap);
 }
@@ -438,12 +453,23 @@ void CpuBackend::moe_ffn(const LayerWeights& w, int64_t T) {
     std::copy(moe_out_.begin(), moe_out_.end(), xb_.begin());
 }
 
-void CpuBackend::pre_norm(const std::vector<float>& norm, int64_t T) {
+void CpuBackend::pre_norm(const std::vector<float>& norm, const std::vector<float>& bias,
+                          int64_t T) {
     const ModelConfig& c = config_;
     if (norm.empty())  // olmo2: the block reads the residual stream as it is
         std::copy(x_.begin(), x_.begin() + T * c.n_embd, xb_.begin());
     else
-        cpu::rmsnorm(xb_.data(), x_.data(), norm.data(), T, c.n_embd, c.norm_eps);
+        norm_rows(xb_.data(), x_.data(), norm, bias, T);
+}
+
+void CpuBackend::norm_rows(float* out, const float* x, const std::vector<float>& norm,
+                           const std::vector<float>& bias, int64_t n_rows) {
+    const ModelConfig& c = config_;
+    if (c.layer_norm)
+        cpu::layernorm(out, x, norm.data(), bias.empty() ? nullptr : bias.data(), n_rows, c.n_embd,
+                       c.norm_eps);
+    else
+        cpu::rmsnorm(out, x, norm.data(), n_rows, c.n_embd, c.norm_eps);
 }
 
 void CpuBackend::add_block_output(const std::vector<float>& post_norm, int64_t T,

@@ -66,8 +66,13 @@ class CpuBackend final : public Backend {
     // (written to the cache), attention over them and the per-head decompression into xb_.
     void mla_attention(const LayerWeights& w, int64_t l, int64_t T, const int32_t* pos,
                        const KvLayerView& kv, const KvBatchView& kb);
-    // xb_ = the block's input: RMSNorm(x_) with `norm`, or x_ itself when empty (olmo2).
-    void pre_norm(const std::vector<float>& norm, int64_t T);
+    // xb_ = the block's input: RMSNorm(x_) with `norm` (a LayerNorm with the bias `bias` when
+    // ModelConfig::layer_norm), or x_ itself when `norm` is empty (olmo2).
+    void pre_norm(const std::vector<float>& norm, const std::vector<float>& bias, int64_t T);
+    // out = the model's norm of rows x[n_rows][n_embd] (RMSNorm, or a LayerNorm with
+    // ModelConfig::layer_norm).
+    void norm_rows(float* out, const float* x, const std::vector<float>& norm,
+                   const std::vector<float>& bias, int64_t n_rows);
     // x_ += a block's output xb_[T][n_embd], after its post norm (when not empty) and
     // Granite's residual scale (plus steer[n_embd], a control vector, when not null).
     void add_block_output(const std::vector<float>& post_norm, int64_t T,
@@ -100,6 +105,7 @@ class CpuBackend final : public Backend {
     bool v_shares_k_ = false;       // kv_v_shares_k: V reads K's pool (no V pool)
     std::vector<float> x_;          // [n_tokens][n_embd] residual stream
     std::vector<float> xb_;         // [n_tokens][n_embd] normed input / projection output
+    std::vector<float> xn_;         // [n_tokens][n_embd] parallel blocks: the FFN's input
     std::vector<float> q_;          // [n_tokens][n_head][head_dim]
     std::vector<float> k_, v_;      // [n_tokens][n_kv_head][head_dim]
     std::vector<float> att_;        // [n_tokens][n_head][head_dim]

@@ -174,6 +174,29 @@ void rmsnorm(float* out, const float* x, const float* w, int64_t n_rows, int64_t
     }
 }
 
+void layernorm(float* out, const float* x, const float* w, const float* b, int64_t n_rows,
+               int64_t dim, float eps) {
+    // (ggml_norm's order: the mean and the centred sum of squares in double, the scale in
+    // float; then ggml_mul by w and ggml_add of b.)
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const float* xr = x + r * dim;
+        double sum = 0;
+        for (int64_t i = 0; i < dim; ++i) sum += double(xr[i]);
+        const float mean = float(sum / double(dim));
+        double sq = 0;
+        for (int64_t i = 0; i < dim; ++i) {
+            const float v = xr[i] - mean;
+            sq += double(v * v);
+        }
+        const float scale = 1.0f / std::sqrt(float(sq / double(dim)) + eps);
+        float* o = out + r * dim;
+        for (int64_t i = 0; i < dim; ++i) {
+            const float v = (xr[i] - mean) * scale * w[i];
+            o[i] = b ? v + b[i] : v;
+        }
+    }
+}
+
 void add_bias(float* x, const float* bias, int64_t n_rows, int64_t n) {
     for (int64_t r = 0; r < n_rows; ++r)
         for (int64_t i = 0; i < n; ++i) x[r * n + i] += bias[i];
@@ -246,12 +269,20 @@ void swiglu_oai(float* out, const float* gate, const float* up, int64_t n, float
     }
 }
 
-void geglu(float* out, const float* gate, const float* up, int64_t n) {
+namespace {
+// GELU's tanh approximation 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))).
+float gelu_tanh(float g) {
     constexpr float kSqrt2OverPi = 0.7978845608028654f;
-    for (int64_t i = 0; i < n; ++i) {
-        const float g = gate[i];
-        out[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * up[i];
-    }
+    return 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g)));
+}
+}  // namespace
+
+void geglu(float* out, const float* gate, const float* up, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = gelu_tanh(gate[i]) * up[i];
+}
+
+void gelu(float* out, const float* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = gelu_tanh(x[i]);
 }
 
 void softcap(float* x, int64_t n, float cap) {

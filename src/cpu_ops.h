@@ -68,6 +68,11 @@ namespace cpu {
 // out[r][i] = x[r][i] / sqrt(mean(x[r]^2) + eps) * w[i];  x,out: [n_rows][dim], w: [dim]
 void rmsnorm(float* out, const float* x, const float* w, int64_t n_rows, int64_t dim, float eps);
 
+// LayerNorm: out[r][i] = (x[r][i] - m) / sqrt(v + eps) * w[i] + b[i], m and v the mean and
+// variance of row r (sums in double; b may be null: no bias); out may equal x.
+void layernorm(float* out, const float* x, const float* w, const float* b, int64_t n_rows,
+               int64_t dim, float eps);
+
 // out[r][o] = sum_i x[r][i] * W[o][i];  x: [n_rows][n_in], out: [n_rows][n_out]
 // (cpu_matmul.cpp). Each sum has one fixed float order (products added into lane i % 8 of
 // eight accumulators, the lanes combined pairwise), whatever n_rows, threads or CPU; then
@@ -95,6 +100,9 @@ void swiglu_oai(float* out, const float* gate, const float* up, int64_t n, float
 // out[i] = gelu(gate[i]) * up[i] with GELU's tanh approximation
 // 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), n elements (Gemma's FFN).
 void geglu(float* out, const float* gate, const float* up, int64_t n);
+
+// out[i] = gelu(x[i]), geglu's GELU (out may equal x; phi2's and StarCoder2's FFN).
+void gelu(float* out, const float* x, int64_t n);
 
 // x[i] = cap * tanh(x[i] / cap), n elements (Gemma 2's logit soft cap); cap > 0.
 void softcap(float* x, int64_t n, float cap);

@@ -39,6 +39,10 @@ struct ArchTraits {
     bool dots1 = false;      // rednote's dots.llm1 (read_shared_moe)
     // The FFN's input norm is named post_attention_norm (ModelConfig::ffn_norm_post_attention).
     bool ffn_norm_post_attention = false;
+    bool layer_norm = false;       // LayerNorms (ModelConfig::layer_norm)
+    bool parallel_blocks = false;  // attention and FFN side by side (ModelConfig)
+    bool ffn_plain = false;        // a plain GELU FFN (ModelConfig::ffn_plain)
+    bool cohere = false;           // Cohere's Command-R and Command R7B / A (read_cohere)
 };
 
 constexpr ArchTraits kArchs[] = {
@@ -70,6 +74,16 @@ constexpr ArchTraits kArchs[] = {
     {.name = "exaone", .rope_neox = true},
     {.name = "llama4", .experts = true, .llama4 = true},
     {.name = "dots1", .rope_neox = true, .qk_norm = true, .experts = true, .dots1 = true},
+    // The LayerNorm architectures: Phi-2 (partial NeoX RoPE, biases everywhere); StarCoder2
+    // (sequential blocks); Command-R and Command R7B / A (no biases, SwiGLU, consecutive pairs).
+    {.name = "phi2",
+     .rope_neox = true,
+     .layer_norm = true,
+     .parallel_blocks = true,
+     .ffn_plain = true},
+    {.name = "starcoder2", .rope_neox = true, .layer_norm = true, .ffn_plain = true},
+    {.name = "command-r", .layer_norm = true, .parallel_blocks = true, .cohere = true},
+    {.name = "cohere2", .layer_norm = true, .parallel_blocks = true, .cohere = true},
 };
 
 // A positive integer key, either a scalar or an array whose elements are all equal
@@ -245,6 +259,7 @@ void read_routing(const GgufFile& f, const std::string& a, int64_t gating, Model
     if (gating != 1 && gating != 2)
         fail("{}: {}expert_gating_func {} is not 1 (softmax) or 2 (sigmoid)", f.path(), a, gating);
     c.moe_sigmoid = gating == 2;
+    c.moe_select_bias = c.moe_sigmoid;  // (a sigmoid router here has its selection bias)
 }
 
 // The trailing multi-token-prediction layers (nextn_predict_layers: in the file, not run) and
@@ -372,6 +387,21 @@ void read_llama4(const GgufFile& f, const std::string& a, ModelConfig& c) {
     c.qk_l2_norm = c.n_expert != 128;
 }
 
+// Cohere's Command-R (command-r) and Command R7B / Command A (cohere2): the logits times
+// logit_scale (required, as in llama.cpp). cohere2 attends within attention.sliding_window
+// (required) on three layers of four, and only those rotate: the global layers use no RoPE.
+void read_cohere(const GgufFile& f, const std::string& a, ModelConfig& c) {
+    if (!f.has(a + "logit_scale")) fail("{}: missing required key '{}logit_scale'", f.path(), a);
+    const double scale = f.get_float_or(a + "logit_scale", 0.0);
+    if (!(scale > 0) || !std::isfinite(scale))
+        fail("{}: {}logit_scale = {} must be positive", f.path(), a, scale);
+    c.logit_scale = float(scale);
+    if (c.arch != "cohere2") return;
+    c.n_swa = read_count(f, a + "attention.sliding_window", 0, true);
+    c.swa_pattern = 4;
+    c.rope_swa_only = true;
+}
+
 // Qwen1.5-MoE and Qwen2-MoE (qwen2moe): Qwen2's attention (Q/K/V biases, NeoX RoPE); every
 // layer has a softmax router whose chosen probabilities weight the experts as they are (not
 // renormalized), and one shared expert of width expert_shared_feed_forward_length (absent:
@@ -469,12 +499,13 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
                         "qwen3moe, qwen2moe, phi3, gemma, gemma2, gemma3, granite, granitemoe, "
                         "smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe, "
                         "exaone4, deepseek2, bitnet, glm4, seed_oss, llama4, dots1, "
-                        "exaone)",
+                        "exaone, phi2, starcoder2, command-r, cohere2)",
                         f.path(), c.arch),
             "kvrun runs llama-family models (Llama, Mistral, TinyLlama, SmolLM, Qwen2, Qwen3, "
             "Qwen3 MoE, Qwen2 MoE, Mixtral, Phi-3, Phi-4, Gemma 1-3, Granite 3, SmolLM3, "
             "gpt-oss, GLM-4-0414, GLM 4.5, ERNIE 4.5, OLMo 2, OLMo 3, OLMoE, EXAONE 4.0, "
-            "DeepSeek V2 / V3, BitNet b1.58, Seed-OSS, Llama 4, dots.llm1, EXAONE 3.x)");
+            "DeepSeek V2 / V3, BitNet b1.58, Seed-OSS, Llama 4, dots.llm1, EXAONE 3.x, Phi-2, "
+            "StarCoder2, Command-R, Command R7B, Command A)");
     }
     c.rope_neox = traits->rope_neox;
     c.qkv_bias = traits->qkv_bias;
@@ -483,6 +514,9 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     c.nope_step = traits->nope_step;
     c.sub_norms = traits->sub_norms;
     c.ffn_norm_post_attention = traits->ffn_norm_post_attention;
+    c.layer_norm = traits->layer_norm;
+    c.parallel_blocks = traits->parallel_blocks;
+    c.ffn_plain = traits->ffn_plain;
 
     const std::string a = c.arch + ".";
     c.n_layer = read_count(f, a + "block_count", 0, true);
@@ -503,7 +537,9 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
              v_dim, c.head_dim);
     c.n_rot = read_count(f, a + "rope.dimension_count", c.head_dim, false);
     c.n_ctx_train = f.has(a + "context_length") ? read_count(f, a + "context_length", 0, false) : 0;
-    c.norm_eps = float(f.get_float_or(a + "attention.layer_norm_rms_epsilon", 1e-5));
+    const std::string eps_key =
+        c.layer_norm ? "attention.layer_norm_epsilon" : "attention.layer_norm_rms_epsilon";
+    c.norm_eps = float(f.get_float_or(a + eps_key, 1e-5));
     c.rope_freq_base = float(f.get_float_or(a + "rope.freq_base", 10000.0));
 
     c.n_vocab = vocab_size(f);
@@ -516,7 +552,7 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
              c.n_rot, c.head_dim);
     if (c.n_vocab <= 0) fail("{}: empty vocabulary", f.path());
     if (!(c.norm_eps > 0) || !std::isfinite(c.norm_eps))
-        fail("{}: attention.layer_norm_rms_epsilon = {} must be positive", f.path(), c.norm_eps);
+        fail("{}: {} = {} must be positive", f.path(), eps_key, c.norm_eps);
     if (!(c.rope_freq_base > 0) || !std::isfinite(c.rope_freq_base))
         fail("{}: rope.freq_base = {} must be positive", f.path(), c.rope_freq_base);
     read_rope_scaling(f, a, c);
@@ -528,6 +564,7 @@ ModelConfig model_config_from_gguf(const GgufFile& f) {
     if (traits->exaone4) read_exaone4(f, a, c);
     if (traits->olmoe) read_olmoe(c);
     if (traits->glm4) read_glm4(f, a, c);
+    if (traits->cohere) read_cohere(f, a, c);
     // Mixture of experts (some dense models say expert_count 0).
     const GgufValue* experts = f.find(a + "expert_count");
     if (experts && !(experts->is_int() && experts->as_int() == 0)) {

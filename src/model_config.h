@@ -1,8 +1,8 @@
 // Typed model hyperparameters read from GGUF metadata (`<arch>.*` keys) for the supported
 // architectures (llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gemma, gemma2, gemma3,
 // granite, granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe,
-// exaone4, deepseek2, bitnet, glm4, seed_oss, llama4, dots1, exaone), validated so the forward
-// pass can trust them.
+// exaone4, deepseek2, bitnet, glm4, seed_oss, llama4, dots1, exaone, phi2, starcoder2, command-r,
+// cohere2), validated so the forward pass can trust them.
 #pragma once
 
 #include <cstdint>
@@ -66,6 +66,17 @@ struct ModelConfig {
     // attn_output and of the gated FFN product ([n_ff]) before ffn_down (attn_sub_norm,
     // ffn_sub_norm); the output is always the embedding's transpose, as in llama.cpp.
     bool sub_norms = false;
+    // LayerNorm instead of RMSNorm for the norms of the residual stream (attn_norm, ffn_norm,
+    // output_norm): x minus its mean, over its standard deviation, times the weight, plus the
+    // NAME.bias beside it when there is one (phi2, starcoder2, command-r, cohere2; norm_eps from
+    // attention.layer_norm_epsilon).
+    bool layer_norm = false;
+    // Parallel blocks (phi2, command-r, cohere2): the attention and the FFN both read the
+    // attention norm's output, and both outputs join the residual stream (there is no ffn_norm).
+    bool parallel_blocks = false;
+    // A plain FFN (phi2, starcoder2): down(gelu(up x + up_b)) + down_b, with no gate (GELU's tanh
+    // approximation; the biases when the file has them).
+    bool ffn_plain = false;
     float attn_softcap = 0.0f, final_softcap = 0.0f;
     // Scale of q.k (1 / sqrt(head_dim), or what the architecture prescribes).
     float attn_scale = 0.0f;
@@ -106,6 +117,9 @@ struct ModelConfig {
     // softmax router always renormalizes (moe_norm true).
     int64_t n_layer_dense = 0, moe_step = 1, n_expert_shared = 0, n_ff_shexp = 0;
     bool moe_sigmoid = false, moe_norm = true;
+    // The selection bias is required (GLM 4.5, dots1, DeepSeek V3's sigmoid router, as in
+    // llama.cpp); elsewhere it is applied when a layer has one (ERNIE 4.5).
+    bool moe_select_bias = false;
     // Qwen2-MoE: the shared expert's output is scaled, token by token, by
     // sigmoid(ffn_gate_inp_shexp · x) (x: the FFN's normed input) before it joins the experts'.
     bool shexp_gate = false;

@@ -2,6 +2,8 @@
 // parallel deterministic generation into a GgufWriter, and cutting a model to its first L layers.
 #include "synthetic_model.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cctype>
@@ -61,6 +63,11 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
     const bool llama4 = c.arch == "llama4";  // (experts every moe_step-th layer, a shared one)
     const bool ds2 = c.arch == "deepseek2";
     const bool dots = c.arch == "dots1";  // (GLM 4.5's router and shared experts, no biases)
+    // LayerNorms: with biases (phi2, starcoder2) or without (command-r, cohere2); parallel
+    // blocks (no ffn_norm); a plain FFN with biases (phi2, starcoder2).
+    const bool phi2 = c.arch == "phi2", sc2 = c.arch == "starcoder2";
+    const bool cohere = c.arch == "command-r" || c.arch == "cohere2";
+    const bool norm_bias = phi2 || sc2, parallel = phi2 || cohere, plain_ffn = phi2 || sc2;
     // A type whose blocks fit rows of n elements: `type`, else Q8_0, else F16.
     auto fit = [](GgmlType t, int64_t n) {
         for (GgmlType u : {t, GgmlType::Q8_0, GgmlType::F16})
@@ -83,6 +90,7 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
         const bool olmo2 = c.arch == "olmo2";  // post norms only, Q/K norms over all heads
         const bool post_only = olmo2 || c.arch == "exaone4";  // (EXAONE's Q/K norms per head)
         if (!post_only) p.push_back({nm("attn_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
+        if (norm_bias) p.push_back({bias("attn_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 0});
         const int64_t H = c.n_head, R = c.mla_rank, N = c.mla_nope, P = c.rope_dims;
         if (ds2) {  // latent attention
             const int64_t qw = H * (N + P);
@@ -101,9 +109,9 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
                 p.push_back({nm("attn_k_b"), fit(c.type, N), {N, R, H}, s, 0});
                 p.push_back({nm("attn_v_b"), fit(c.type, R), {R, c.mla_v, H}, s, 0});
             }
-        } else if (c.arch == "phi3" || (glm4 && c.fused_qkv)) {  // Q, K and V rows in one tensor
+        } else if (c.arch == "phi3" || ((glm4 || phi2) && c.fused_qkv)) {  // Q, K, V in one
             p.push_back({nm("attn_qkv"), c.type, {c.n_embd, n_embd_q + 2 * n_embd_kv}, s, 0});
-            if (glm4)
+            if (glm4 || phi2)
                 p.push_back(
                     {bias("attn_qkv"), GgmlType::F32, {n_embd_q + 2 * n_embd_kv}, kBiasStd, 0});
         } else {
@@ -115,7 +123,8 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
         const bool qwen2moe = c.arch == "qwen2moe";
         // Biases of a few times the projections' output.
         const bool seed = c.arch == "seed_oss";  // (Q/K/V biases; the FFN's norm renamed)
-        if (c.arch == "qwen2" || qwen2moe || oai || glm || seed || (glm4 && !c.fused_qkv)) {
+        if (c.arch == "qwen2" || qwen2moe || oai || glm || seed || sc2 ||
+            ((glm4 || phi2) && !c.fused_qkv)) {
             p.push_back({bias("attn_q"), GgmlType::F32, {n_embd_q}, kBiasStd, 0});
             p.push_back({bias("attn_k"), GgmlType::F32, {n_embd_kv}, kBiasStd, 0});
             p.push_back({bias("attn_v"), GgmlType::F32, {n_embd_kv}, kBiasStd, 0});
@@ -131,10 +140,10 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
         }
         const int64_t n_attn_out = ds2 ? H * c.mla_v : n_embd_q;
         p.push_back({nm("attn_output"), fit(c.type, n_attn_out), {n_attn_out, c.n_embd}, s_out, 0});
-        if (oai) {  // output bias, and sink logits about as large as the scores
+        if (oai || plain_ffn)  // output bias
             p.push_back({bias("attn_output"), GgmlType::F32, {c.n_embd}, s_out, 0});
+        if (oai)  // sink logits about as large as the scores
             p.push_back({nm("attn_sinks"), GgmlType::F32, {c.n_head}, 1.0f, 0});
-        }
         if (c.arch == "gemma2" || c.arch == "gemma3" || post_only || glm4)
             p.push_back({nm("post_attention_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
         if (c.arch == "bitnet") {  // the norms inside the blocks
@@ -142,12 +151,13 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
             p.push_back({nm("ffn_sub_norm"), GgmlType::F32, {c.n_ff}, kNormStd, 1});
         }
         // gpt-oss, GLM 4.5 and Seed-OSS call the FFN's input norm post_attention_norm.
-        if (!post_only)
+        if (!post_only && !parallel)
             p.push_back({nm(oai || glm || seed ? "post_attention_norm" : "ffn_norm"),
                          GgmlType::F32,
                          {c.n_embd},
                          kNormStd,
                          1});
+        if (sc2) p.push_back({bias("ffn_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 0});
         if (experts_at(i)) {  // router and stacked experts
             const int64_t fe = c.n_ff_exp > 0 ? c.n_ff_exp : c.n_ff;
             const GgmlType te = c.expert_type != GgmlType::F32 ? c.expert_type : c.type;
@@ -201,6 +211,10 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
         } else {
             if (c.arch == "phi3" || glm4) {  // the gate's rows, then up's, in ffn_up
                 p.push_back({nm("ffn_up"), c.type, {c.n_embd, 2 * c.n_ff}, s, 0});
+            } else if (plain_ffn) {  // no gate; biases
+                p.push_back({nm("ffn_up"), c.type, {c.n_embd, c.n_ff}, s, 0});
+                p.push_back({bias("ffn_up"), GgmlType::F32, {c.n_ff}, kBiasStd, 0});
+                p.push_back({bias("ffn_down"), GgmlType::F32, {c.n_embd}, s_out, 0});
             } else {
                 p.push_back({nm("ffn_gate"), c.type, {c.n_embd, c.n_ff}, s, 0});
                 p.push_back({nm("ffn_up"), c.type, {c.n_embd, c.n_ff}, s, 0});
@@ -213,8 +227,11 @@ std::vector<TensorPlan> make_plan(const SyntheticModelConfig& c, int64_t n_vocab
             p.push_back({nm("post_ffw_norm"), GgmlType::F32, {c.n_embd}, kNormStd, 1});
     }
     p.push_back({"output_norm.weight", GgmlType::F32, {c.n_embd}, kNormStd, 1});
-    if (!c.tied_output && !is_gemma(c) && c.arch != "bitnet")  // (BitNet's is always tied)
+    if (norm_bias) p.push_back({"output_norm.bias", GgmlType::F32, {c.n_embd}, kNormStd, 0});
+    // (BitNet's and Cohere's are always tied)
+    if (!c.tied_output && !is_gemma(c) && c.arch != "bitnet" && !cohere)
         p.push_back({"output.weight", c.output_type, {c.n_embd, n_vocab}, s, 0});
+    if (phi2) p.push_back({"output.bias", GgmlType::F32, {n_vocab}, kBiasStd, 0});
     return p;
 }
 
@@ -357,7 +374,11 @@ void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) 
         w.set_u32(a + "attention.value_length", uint32_t(head_dim));
     }
     w.set_f32(a + "rope.freq_base", float(c.rope_base));
-    w.set_f32(a + "attention.layer_norm_rms_epsilon", float(c.norm_eps));
+    const bool layer_norm =
+        c.arch == "phi2" || c.arch == "starcoder2" || c.arch == "command-r" || c.arch == "cohere2";
+    w.set_f32(
+        a + (layer_norm ? "attention.layer_norm_epsilon" : "attention.layer_norm_rms_epsilon"),
+        float(c.norm_eps));
     w.set_u32(a + "vocab_size", uint32_t(n_vocab));
     if (c.rope_scaling == "linear" || c.rope_scaling == "yarn") {
         w.set_string(a + "rope.scaling.type", c.rope_scaling);
@@ -412,6 +433,11 @@ void set_hparams(GgufWriter& w, const SyntheticModelConfig& c, int64_t n_vocab) 
         if (c.sliding_window > 0)
             w.set_u32(a + "attention.sliding_window", uint32_t(c.sliding_window));
     }
+    if (c.arch == "command-r" || c.arch == "cohere2")
+        w.set_f32(a + "logit_scale", 0.0625f);  // (Command-R's; it multiplies the logits)
+    if (c.arch == "cohere2")                    // on three layers of four
+        w.set_u32(a + "attention.sliding_window",
+                  uint32_t(c.sliding_window > 0 ? c.sliding_window : 4096));
     if (c.arch == "glm4" && c.n_nextn > 0)
         w.set_u32(a + "nextn_predict_layers", uint32_t(c.n_nextn));
     if (c.arch == "ernie4_5-moe") {
@@ -510,21 +536,15 @@ void synthetic_validate(const SyntheticModelConfig& c) {
     positive("n_ff", c.n_ff, 1 << 22);
     positive("n_ctx", c.n_ctx, int64_t(1) << 31);
     if (c.vocab_from.empty()) positive("n_vocab", c.n_vocab, int64_t(1) << 24);
-    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "qwen3moe" &&
-        c.arch != "qwen2moe" && c.arch != "phi3" && !is_gemma(c) && c.arch != "granite" &&
-        c.arch != "granitemoe" && c.arch != "smollm3" && c.arch != "gpt-oss" &&
-        c.arch != "glm4moe" && c.arch != "ernie4_5" && c.arch != "ernie4_5-moe" &&
-        c.arch != "olmo2" && c.arch != "olmoe" && c.arch != "exaone4" && c.arch != "deepseek2" &&
-        c.arch != "bitnet" && c.arch != "glm4" && c.arch != "seed_oss" && c.arch != "llama4" &&
-        c.arch != "dots1" && c.arch != "exaone")
-        fail(
-            "synthetic model: architecture '{}' is not one of llama, qwen2, qwen3, qwen3moe, "
-            "qwen2moe, phi3, "
-            "gemma, gemma2, gemma3, granite, granitemoe, smollm3, gpt-oss, glm4moe, ernie4_5, "
-            "ernie4_5-moe, olmo2, olmoe, exaone4, deepseek2, bitnet, glm4, seed_oss, llama4, "
-            "dots1, "
-            "exaone",
-            c.arch);
+    static const std::vector<std::string> kArchNames = {
+        "llama",   "qwen2",     "qwen3",    "qwen3moe",     "qwen2moe",   "phi3",
+        "gemma",   "gemma2",    "gemma3",   "granite",      "granitemoe", "smollm3",
+        "gpt-oss", "glm4moe",   "ernie4_5", "ernie4_5-moe", "olmo2",      "olmoe",
+        "exaone4", "deepseek2", "bitnet",   "glm4",         "seed_oss",   "llama4",
+        "dots1",   "exaone",    "phi2",     "starcoder2",   "command-r",  "cohere2"};
+    if (std::find(kArchNames.begin(), kArchNames.end(), c.arch) == kArchNames.end())
+        fail("synthetic model: architecture '{}' is not one of {}", c.arch,
+             fmt::join(kArchNames, ", "));
     const bool moe_arch = c.arch == "qwen3moe" || c.arch == "qwen2moe" || c.arch == "granitemoe" ||
                           c.arch == "gpt-oss" || c.arch == "glm4moe" || c.arch == "ernie4_5-moe" ||
                           c.arch == "olmoe" || c.arch == "deepseek2" || c.arch == "llama4" ||
@@ -564,8 +584,10 @@ void synthetic_validate(const SyntheticModelConfig& c) {
         fail("synthetic model: llama4 needs a MoE layer step >= 1");
     if (c.arch == "glm4" && (c.n_nextn < 0 || c.n_nextn > 8))
         fail("synthetic model: glm4 needs 0 <= nextn layers <= 8");
-    if (c.fused_qkv && c.arch != "glm4")
-        fail("synthetic model: fused Q/K/V biases are written for glm4 only (phi3 always fuses)");
+    if (c.fused_qkv && c.arch != "glm4" && c.arch != "phi2")
+        fail(
+            "synthetic model: fused Q/K/V biases are written for glm4 and phi2 only (phi3 always "
+            "fuses)");
     if (!(c.granite_embedding_scale > 0) || !(c.granite_residual_scale > 0) ||
         !(c.granite_logit_scale > 0) || !(c.granite_attention_scale >= 0))
         fail("synthetic model: Granite's multipliers must be positive");

@@ -1,6 +1,6 @@
 // Synthetic llama-family models (llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, gemma 1-3,
 // granite, smollm3, gpt-oss, glm4moe, ernie4_5, ernie4_5-moe, olmo2, olmoe, exaone4, deepseek2,
-// bitnet, glm4, seed_oss, llama4, dots1, exaone):
+// bitnet, glm4, seed_oss, llama4, dots1, exaone, phi2, starcoder2, command-r, cohere2):
 // GGUF
 // files with real shapes (presets such as llama2-7b, llama3-8b) and random weights, generated
 // quickly and deterministically from a seed, for benchmarks and tests. Also cuts a model down to
@@ -42,7 +42,13 @@ struct SyntheticModelConfig {
     // (Llama 4: experts on every moe_step-th layer, the others dense, one shared expert of the
     // experts' width; sliding_window > 0: the attention chunk, else the default 8192); dots1
     // (dots.llm1: glm4moe's router, dense lead and shared experts, with per-head Q/K norms and
-    // no biases); exaone (EXAONE 3.x: llama with NeoX pairs).
+    // no biases); exaone (EXAONE 3.x: llama with NeoX pairs); phi2 (Phi-2: LayerNorms with
+    // biases, parallel blocks, a plain GELU FFN with biases, Q/K/V and output biases, an output
+    // bias; with fused_qkv, Q/K/V and their biases in attn_qkv); starcoder2 (StarCoder2:
+    // LayerNorms with biases, sequential blocks, phi2's FFN and biases); command-r (Command-R:
+    // LayerNorms without biases, parallel blocks with a SwiGLU FFN, logit_scale 0.0625, a tied
+    // output); cohere2 (Command R7B / A: command-r with sliding_window (0: 4096) on three layers
+    // of four, the others without RoPE).
     std::string arch = "llama";
     bool fused_qkv = false;
     // gemma2 / gemma3 / gpt-oss: attention.sliding_window (0: 4096 / 1024 / 128); olmo2: the
@@ -153,7 +159,8 @@ int64_t synthetic_head_dim(const SyntheticModelConfig& cfg);
 // gpt-oss-20b, gpt-oss-120b, glm4.5-air, ernie4.5-0.3b, ernie4.5-21b-a3b, olmo2-7b, olmo3-7b,
 // olmoe-1b-7b, exaone4-32b, qwen1.5-moe-a2.7b, qwen2-57b-a14b, deepseek-v2-lite, deepseek-v3,
 // bitnet-b1.58-large, bitnet-b1.58-3b, glm4-9b, glm4-32b, seed-oss-36b, llama4-scout,
-// llama4-maverick, dots1, exaone3.5-7.8b, tiny.
+// llama4-maverick, dots1, exaone3.5-7.8b, phi2, starcoder2-3b, starcoder2-7b, command-r-35b,
+// command-r7b, tiny.
 std::vector<std::string> synthetic_preset_names();
 // The hyperparameters of a preset (type F32, other fields default). Throws Error for an
 // unknown name, listing the known ones.

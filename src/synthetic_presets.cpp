@@ -51,6 +51,11 @@ std::vector<std::string> synthetic_preset_names() {
             "llama4-maverick",
             "dots1",
             "exaone3.5-7.8b",
+            "phi2",
+            "starcoder2-3b",
+            "starcoder2-7b",
+            "command-r-35b",
+            "command-r7b",
             "tiny"};
 }
 
@@ -205,6 +210,26 @@ SyntheticModelConfig synthetic_preset(std::string_view name) {
         c.arch = "exaone";
         c.n_layer = 32, c.n_embd = 4096, c.n_head = 32, c.n_head_kv = 8, c.n_ff = 14336;
         c.n_vocab = 102400, c.rope_base = 1000000, c.n_ctx = 32768, c.norm_eps = 1e-5;
+    } else if (name == "phi2") {  // Phi-2 (2.7B): MHA heads of 80, 32 of them rotated
+        c.arch = "phi2", c.fused_qkv = true, c.rope_dims = 32;
+        c.n_layer = 32, c.n_embd = 2560, c.n_head = 32, c.n_head_kv = 32, c.n_ff = 10240;
+        c.n_vocab = 51200, c.rope_base = 10000, c.n_ctx = 2048, c.norm_eps = 1e-5;
+    } else if (name == "starcoder2-3b" || name == "starcoder2-7b") {  // GQA, 4096-token windows
+        // in the checkpoints, which llama.cpp does not apply (nor does kvrun)
+        const bool small = name == "starcoder2-3b";
+        c.arch = "starcoder2", c.tied_output = small;
+        c.n_layer = small ? 30 : 32, c.n_embd = small ? 3072 : 4608;
+        c.n_head = small ? 24 : 36, c.n_head_kv = small ? 2 : 4, c.n_ff = small ? 12288 : 18432;
+        c.n_vocab = 49152, c.rope_base = small ? 999999.4 : 1000000, c.n_ctx = 16384;
+        c.norm_eps = 1e-5;
+    } else if (name == "command-r-35b") {  // Command-R v01: MHA, a tied output
+        c.arch = "command-r";
+        c.n_layer = 40, c.n_embd = 8192, c.n_head = 64, c.n_head_kv = 64, c.n_ff = 22528;
+        c.n_vocab = 256000, c.rope_base = 8000000, c.n_ctx = 131072, c.norm_eps = 1e-5;
+    } else if (name == "command-r7b") {  // Command R7B (cohere2): 4096-token windows
+        c.arch = "cohere2", c.sliding_window = 4096;
+        c.n_layer = 32, c.n_embd = 4096, c.n_head = 32, c.n_head_kv = 8, c.n_ff = 14336;
+        c.n_vocab = 256000, c.rope_base = 50000, c.n_ctx = 131072, c.norm_eps = 1e-5;
     } else if (name == "seed-oss-36b") {  // Seed-OSS-36B: 80 heads of 128 (wider than n_embd)
         c.arch = "seed_oss", c.head_dim = 128;
         c.n_layer = 64, c.n_embd = 5120, c.n_head = 80, c.n_head_kv = 8, c.n_ff = 27648;

@@ -198,18 +198,30 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
              f.path());
     w.token_embd = load_matrix(f, "token_embd.weight", c.n_embd, c.n_vocab, w.matrix_bytes);
     w.output_norm = load_vector(f, "output_norm.weight", c.n_embd);
+    // A LayerNorm's bias beside its weight, when the file has one (Phi-2 and StarCoder2 have).
+    auto norm_bias = [&](const std::string& weight_name) {
+        const std::string b = weight_name.substr(0, weight_name.rfind(".weight")) + ".bias";
+        return c.layer_norm && f.find_tensor(b) ? load_vector(f, b, c.n_embd)
+                                                : std::vector<float>();
+    };
+    w.output_norm_b = norm_bias("output_norm.weight");
     if (!tied) {
         w.output = load_matrix(f, "output.weight", c.n_embd, c.n_vocab, w.matrix_bytes);
     } else {
         w.output = w.token_embd;
         w.output_tied = true;
     }
+    if (f.find_tensor("output.bias")) w.output_b = load_vector(f, "output.bias", c.n_vocab);
     w.layers.resize(c.n_layer);
     for (int64_t i = 0; i < c.n_layer; ++i) {
         LayerWeights& l = w.layers[i];
         auto name = [i](const char* what) { return fmt::format("blk.{}.{}", i, what); };
         uint64_t& bytes = w.matrix_bytes;
         if (c.pre_norms) l.attn_norm = load_vector(f, name("attn_norm.weight"), c.n_embd);
+        l.attn_norm_b = norm_bias(name("attn_norm.weight"));
+        if (c.layer_norm && f.find_tensor(name("attn_q_norm.weight")))
+            fail("{}: tensor '{}' (Command R+'s per-head LayerNorms of Q and K) is not supported",
+                 f.path(), name("attn_q_norm.weight"));
         if (c.mla()) {
             load_mla(f, c, i, w, l);
         } else if (f.find_tensor(
@@ -257,11 +269,12 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
         if (c.attn_sinks) l.sinks = load_vector(f, name("attn_sinks.weight"), c.n_head);
         // gpt-oss and GLM 4.5 name the FFN's input norm post_attention_norm (Gemma's is
         // another norm).
-        if (c.pre_norms)
+        if (c.pre_norms && !c.parallel_blocks)  // (parallel blocks: the attention's norm)
             l.ffn_norm = load_vector(
                 f,
                 name(c.ffn_norm_post_attention ? "post_attention_norm.weight" : "ffn_norm.weight"),
                 c.n_embd);
+        if (!c.parallel_blocks) l.ffn_norm_b = norm_bias(name("ffn_norm.weight"));
         if (c.post_norms) {
             l.attn_post_norm = load_vector(f, name("post_attention_norm.weight"), c.n_embd);
             l.ffn_post_norm = load_vector(f, name("post_ffw_norm.weight"), c.n_embd);
@@ -292,9 +305,8 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
                 l.up_exps_b = load_vector(f, name("ffn_up_exps.bias"), c.n_ff_exp, c.n_expert);
                 l.down_exps_b = load_vector(f, name("ffn_down_exps.bias"), c.n_embd, c.n_expert);
             }
-            // (GLM's selection bias is required, as in llama.cpp; ERNIE's is there when it is;
-            // Llama 4's sigmoid router has none.)
-            if ((c.moe_sigmoid && !c.moe_weight_before) || f.find_tensor(name("exp_probs_b.bias")))
+            // (GLM's selection bias is required, as in llama.cpp; ERNIE's is there when it is.)
+            if (c.moe_select_bias || f.find_tensor(name("exp_probs_b.bias")))
                 l.exp_probs_b = load_vector(f, name("exp_probs_b.bias"), c.n_expert);
             if (c.n_ff_shexp > 0) {
                 const int64_t fs = c.n_ff_shexp;
@@ -313,10 +325,15 @@ ModelWeights weights_load(const GgufFile& f, const ModelConfig& c) {
             l.w_gate = row_slice(both, 0, c.n_ff);
             l.w_up = row_slice(both, c.n_ff, c.n_ff);
         } else {
-            l.w_gate = load_matrix(f, name("ffn_gate.weight"), c.n_embd, c.n_ff, bytes);
+            if (!c.ffn_plain)
+                l.w_gate = load_matrix(f, name("ffn_gate.weight"), c.n_embd, c.n_ff, bytes);
             l.w_up = load_matrix(f, name("ffn_up.weight"), c.n_embd, c.n_ff, bytes);
         }
         l.w_down = load_matrix(f, name("ffn_down.weight"), c.n_ff, c.n_embd, bytes);
+        if (c.ffn_plain && f.find_tensor(name("ffn_up.bias")))
+            l.b_up = load_vector(f, name("ffn_up.bias"), c.n_ff);
+        if (c.ffn_plain && f.find_tensor(name("ffn_down.bias")))
+            l.b_down = load_vector(f, name("ffn_down.bias"), c.n_embd);
     }
     return w;
 }

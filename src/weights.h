@@ -30,6 +30,8 @@ struct LoraDelta {
 
 struct LayerWeights {
     std::vector<float> attn_norm;   // [n_embd]; empty without pre norms (olmo2)
+    // [n_embd] each: the LayerNorms' biases (ModelConfig::layer_norm; phi2, starcoder2), or empty.
+    std::vector<float> attn_norm_b, ffn_norm_b;
     WeightView wq, wk, wv, wo;      // [q_dim][n_embd], [kv_dim][n_embd] x2,
                                     // [n_embd][q_dim]
     std::vector<float> bq, bk, bv;  // [q_dim], [kv_dim], [kv_dim]; empty if none
@@ -44,6 +46,9 @@ struct LayerWeights {
     // BitNet's norms inside the blocks (ModelConfig::sub_norms): [q_dim] and [n_ff], or empty.
     std::vector<float> attn_sub_norm, ffn_sub_norm;
     WeightView w_gate, w_up, w_down;  // [n_ff][n_embd] x2, [n_embd][n_ff] (dense FFN layers)
+    // A plain FFN (ModelConfig::ffn_plain) has no w_gate (null data); its biases b_up [n_ff] and
+    // b_down [n_embd], or empty.
+    std::vector<float> b_up, b_down;
     // Mixture of experts: the router [n_expert][n_embd] and each expert's views into the
     // stacked ffn_*_exps tensors ([n_ff_exp][n_embd] x2, [n_embd][n_ff_exp]).
     WeightView router;
@@ -77,6 +82,8 @@ struct LayerWeights {
 struct ModelWeights {
     WeightView token_embd;           // [n_vocab][n_embd]
     std::vector<float> output_norm;  // [n_embd]
+    std::vector<float> output_norm_b;  // [n_embd] (a LayerNorm's bias: phi2, starcoder2) or empty
+    std::vector<float> output_b;       // [n_vocab] the output's bias (phi2) or empty
     WeightView output;               // [n_vocab][n_embd] (token_embd when tied)
     bool output_tied = false;
     std::vector<LayerWeights> layers;    // [n_layer]

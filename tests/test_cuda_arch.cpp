@@ -47,16 +47,21 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
     // norm renamed), llama4 (8-token chunks on layers 0-2, layer 3 global without RoPE, the
     // rotating layers' weightless Q/K norms, experts whose weights scale their inputs, a shared
     // expert), dots1 (GLM 4.5's router and shared experts, per-head Q/K norms), exaone (NeoX
-    // pairs), bitnet (TQ2_0 weights) and llama with the same heads.
+    // pairs), bitnet (TQ2_0 weights), phi2 (LayerNorms with biases, parallel blocks, the plain
+    // GELU FFN with biases, 64 of 128 dims rotating, Q/K/V fused with their bias, an output
+    // bias), starcoder2 (sequential blocks with LayerNorms and the plain FFN), command-r
+    // (LayerNorms without biases, parallel SwiGLU blocks, the logit scale), cohere2 (command-r
+    // with 8-token windows on layers 0-2, layer 3 global without RoPE) and llama with the same
+    // heads.
     // K-quant weights, f16 and q8 KV (q8 with rotation: the unfused RoPE path).
     const auto dir = std::filesystem::temp_directory_path();
     // KVRUN_TEST_ARCHS=a,b runs only those (the emulator is slow: a developer's filter).
     const char* only = std::getenv("KVRUN_TEST_ARCHS");
     for (const char* arch :
-         {"qwen3",        "qwen3moe", "qwen2",      "phi3",    "gemma",    "gemma2",
-          "gemma3",       "granite",  "granitemoe", "smollm3", "gpt-oss",  "glm4moe",
-          "ernie4_5-moe", "olmo2",    "olmoe",      "exaone4", "qwen2moe", "llama",
-          "bitnet",       "glm4",     "seed_oss",   "llama4",  "dots1",    "exaone"})
+         {"qwen3",   "qwen3moe",   "qwen2",    "phi3",    "gemma",      "gemma2",       "gemma3",
+          "granite", "granitemoe", "smollm3",  "gpt-oss", "glm4moe",    "ernie4_5-moe", "olmo2",
+          "olmoe",   "exaone4",    "qwen2moe", "llama",   "bitnet",     "glm4",         "seed_oss",
+          "llama4",  "dots1",      "exaone",   "phi2",    "starcoder2", "command-r",    "cohere2"})
         for (KvType kv : {KvType::F16, KvType::Q8}) {
             if (only && !contains("," + std::string(only) + ",", "," + std::string(arch) + ","))
                 continue;
@@ -80,13 +85,14 @@ TEST_CASE("cuda backend matches the cpu backend on qwen3, phi3, gemma and wide-h
             if (std::string(arch) == "glm4moe")
                 c.rope_dims = 64, c.n_nextn = 1, c.expert_weights_scale = 2.5;
             if (std::string(arch) == "glm4") c.rope_dims = 64, c.n_nextn = 1, c.fused_qkv = true;
+            if (std::string(arch) == "phi2") c.rope_dims = 64, c.fused_qkv = true;
             if (std::string(arch) == "gpt-oss") c.expert_type = GgmlType::MXFP4;
             // Granite's multipliers, away from 1 (attention.scale: 1 / head_dim).
             c.granite_embedding_scale = 2, c.granite_residual_scale = 0.5;
             c.granite_logit_scale = 3;
             // smollm3: layer 3 without RoPE; olmo2: layer 3 global
             if (std::string(arch) == "smollm3" || std::string(arch) == "olmo2" ||
-                std::string(arch) == "llama4")
+                std::string(arch) == "llama4" || std::string(arch) == "cohere2")
                 c.n_layer = 4;
             // (BitNet in its ternary type: TQ2_0 weights end to end.)
             synthetic_set_type(c, std::string(arch) == "bitnet" ? "TQ2_0" : "Q4_K_M");

@@ -156,6 +156,53 @@ TEST_CASE("cuda add_rmsnorm gives the bits of cuda_add then cuda_rmsnorm") {
                     Error);
 }
 
+TEST_CASE("cuda layernorm, add_layernorm and gelu match the CPU") {
+    for (int64_t dim : {64, 172, 4096, 8200}) {
+        CAPTURE(dim);
+        const int64_t rows = 5;
+        const size_t n = size_t(rows * dim);
+        // Inputs off centre, so that the mean matters.
+        std::vector<float> x = random_floats(n, 31, 2.0f), y = random_floats(n, 32);
+        for (float& v : x) v += 3.0f;
+        const std::vector<float> w = random_floats(size_t(dim), 33),
+                                 b = random_floats(size_t(dim), 34);
+        DevBuf<float> dw(w), db(b), dy(y);
+        for (bool bias : {false, true}) {
+            CAPTURE(bias);
+            std::vector<float> ref(n);
+            cpu::layernorm(ref.data(), x.data(), w.data(), bias ? b.data() : nullptr, rows, dim,
+                           1e-5f);
+            DevBuf<float> dx(x), dout(n);
+            cuda_layernorm(dout.get(), dx.get(), dw.get(), bias ? db.get() : nullptr, rows, dim,
+                           1e-5f, nullptr);
+            CHECK(nmse(dout.download(), ref) < kExact);
+            CHECK(same_bits(dx.download(), x));  // (x is only read)
+            // In place, and fused with the residual add (out may be y).
+            cuda_layernorm(dx.get(), dx.get(), dw.get(), bias ? db.get() : nullptr, rows, dim,
+                           1e-5f, nullptr);
+            CHECK(same_bits(dx.download(), dout.download()));
+            std::vector<float> hx = x;
+            cpu::add(hx.data(), y.data(), int64_t(n));
+            cpu::layernorm(ref.data(), hx.data(), w.data(), bias ? b.data() : nullptr, rows, dim,
+                           1e-5f);
+            DevBuf<float> fx(x), fy(y);
+            cuda_add_layernorm(fx.get(), fy.get(), fy.get(), dw.get(), bias ? db.get() : nullptr,
+                               rows, dim, 1e-5f, nullptr);
+            CHECK(nmse(fx.download(), hx) < kExact);
+            CHECK(nmse(fy.download(), ref) < kExact);
+        }
+        std::vector<float> g(n);
+        cpu::gelu(g.data(), x.data(), int64_t(n));
+        DevBuf<float> dx(x);
+        cuda_gelu(dx.get(), dx.get(), int64_t(n), nullptr);  // (in place)
+        CHECK(nmse(dx.download(), g) < kExact);
+    }
+    DevBuf<float> x(64), w(64);
+    CHECK_THROWS_AS(
+        cuda_add_layernorm(x.get(), w.get(), x.get(), w.get(), nullptr, 1, 64, 1e-5f, nullptr),
+        Error);
+}
+
 TEST_CASE("cuda rope matches the CPU (llama and neox pairs, partial rotation, long positions)") {
     const int64_t n_tokens = 9, n_heads = 4;
     std::vector<int32_t> pos = {0, 1, 2, 17, 255, 1000, 4095, 8191, 32767};

@@ -122,7 +122,7 @@ TEST_CASE("load errors name the problem") {
         "unsupported architecture 'gpt2' (supported: llama, qwen2, qwen3, qwen3moe, "
         "qwen2moe, phi3, gemma, gemma2, gemma3, granite, granitemoe, smollm3, gpt-oss, glm4moe, "
         "ernie4_5, ernie4_5-moe, olmo2, olmoe, exaone4, deepseek2, bitnet, glm4, seed_oss, "
-        "llama4, dots1, exaone)"));
+        "llama4, dots1, exaone, phi2, starcoder2, command-r, cohere2)"));
     std::string e = load_error(tiny_model("llama", "blk.0.ffn_up.weight"));
     CHECK(contains(e, "missing tensor 'blk.0.ffn_up.weight'"));
     e = load_error(tiny_model("llama", "", "blk.0.attn_k.weight"));

@@ -53,7 +53,10 @@ int run(int argc, char** argv) {
         "tied output), glm4 (GLM-4-0414: Q/K/V biases, post norms, fused gate/up), seed_oss "
         "(Seed-OSS: Q/K/V biases), llama4 (Llama 4: top-1 sigmoid experts with a shared one, "
         "chunked attention, no RoPE on every 4th layer), dots1 (glm4moe's experts with per-head "
-        "Q/K norms), exaone (EXAONE 3.x); default: the preset's");
+        "Q/K norms), exaone (EXAONE 3.x), phi2 (Phi-2: LayerNorms, parallel blocks, a plain "
+        "GELU FFN, biases), starcoder2 (StarCoder2: the same, sequential), command-r, cohere2 "
+        "(Cohere: LayerNorms, parallel SwiGLU blocks, a logit scale; cohere2: windows); "
+        "default: the preset's");
     app.add_option("--n-expert", n_expert,
                    "experts per layer (qwen3moe, qwen2moe, granitemoe, gpt-oss, glm4moe, "
                    "ernie4_5-moe, olmoe, llama = Mixtral)");
@@ -63,7 +66,7 @@ int run(int argc, char** argv) {
                    "gemma2/gemma3/gpt-oss: attention.sliding_window (default 4096 / 1024 / "
                    "128); olmo2: a window on three layers of four (OLMo 3; default none); "
                    "exaone4: a 64-layer model's window (default 4096); llama4: the attention "
-                   "chunk (default 8192)");
+                   "chunk (default 8192); cohere2: the window (default 4096)");
     app.add_option("-t,--type", type,
                    "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL "
                    "IQ4_XS MXFP4 NVFP4 TQ1_0 TQ2_0 Q1_0 Q4_K_M Q5_K_M")

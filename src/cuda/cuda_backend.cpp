@@ -97,12 +97,14 @@ void CudaBackend::ensure_capacity(int64_t n_tokens, int64_t n_rows, int64_t tabl
                                 mla ? T * size_t(c.mla_rank + c.n_rot) : 0,
                                 TH * size_t(std::max(c.mla_nope, c.mla_rank)),
                                 TH * size_t(std::max(c.mla_rank, c.mla_v)),
-                                TH};
+                                TH,
+                                c.parallel_blocks ? T * size_t(c.n_embd) : 0};
         float *moe_ids = nullptr, *moe_map = nullptr, *mla_ids = nullptr;
-        float** ptrs[] = {&x_,     &xb_,      &q_,      &att_,        &k_,       &v_,
-                          &gate_,  &up_,      &xr_,     &moe_logits_, &moe_ids,  &moe_w_,
-                          &moe_h_, &moe_out_, &moe_up_, &moe_map,     &shexp_,   &shexp_gate_,
-                          &mla_q_, &mla_qa_,  &mla_kv_, &mla_in_,     &mla_res_, &mla_ids};
+        float** ptrs[] = {&x_,      &xb_,     &q_,          &att_,     &k_,
+                          &v_,      &gate_,   &up_,         &xr_,      &moe_logits_,
+                          &moe_ids, &moe_w_,  &moe_h_,      &moe_out_, &moe_up_,
+                          &moe_map, &shexp_,  &shexp_gate_, &mla_q_,   &mla_qa_,
+                          &mla_kv_, &mla_in_, &mla_res_,    &mla_ids,  &xn_};
         size_t total = 0;
         for (size_t s : sizes) total += align_up(s * sizeof(float));
         act_mem_ = DeviceMem();  // free first: the old buffers are no longer needed
@@ -230,8 +232,14 @@ void CudaBackend::enqueue_moe_ffn(const DeviceLayer& w, int64_t T) {
 void CudaBackend::enqueue_dense_ffn(const DeviceLayer& w, int64_t T, const CudaXq* xq) {
     const ModelConfig& c = config_;
     const cudaStream_t s = stream_.get();
-    observe({&w.w_gate, &w.w_up}, xb_, T);
-    if (!w.lora[kLoraGate].empty() || !w.lora[kLoraUp].empty()) {
+    if (c.ffn_plain) {  // phi2, starcoder2: gelu(up x + b), no gate
+        observe({&w.w_up}, xb_, T);
+        cuda_matmul(up_, xb_, w.w_up, T, scratch_, s, xq);
+        add_lora(up_, xb_, w.lora[kLoraUp], T);
+        if (w.b_up) cuda_add_bias(up_, w.b_up, T, c.n_ff, s);
+        cuda_gelu(gate_, up_, T * c.n_ff, s);
+    } else if (!w.lora[kLoraGate].empty() || !w.lora[kLoraUp].empty()) {
+        observe({&w.w_gate, &w.w_up}, xb_, T);
         cuda_matmul(gate_, xb_, w.w_gate, T, scratch_, s);
         cuda_matmul(up_, xb_, w.w_up, T, scratch_, s);
         add_lora(gate_, xb_, w.lora[kLoraGate], T);
@@ -241,8 +249,10 @@ void CudaBackend::enqueue_dense_ffn(const DeviceLayer& w, int64_t T, const CudaX
         else
             cuda_swiglu(gate_, gate_, up_, T * c.n_ff, s);
     } else if (c.ffn_gelu) {
+        observe({&w.w_gate, &w.w_up}, xb_, T);
         cuda_matmul_geglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s, xq);
     } else {
+        observe({&w.w_gate, &w.w_up}, xb_, T);
         cuda_matmul_swiglu(gate_, up_, xb_, w.w_gate, w.w_up, T, scratch_, s, xq);
     }
     if (w.ffn_sub_norm)  // BitNet: the gated product normed
@@ -250,6 +260,7 @@ void CudaBackend::enqueue_dense_ffn(const DeviceLayer& w, int64_t T, const CudaX
     observe({&w.w_down}, gate_, T);
     cuda_matmul(xb_, gate_, w.w_down, T, scratch_, s);
     add_lora(xb_, gate_, w.lora[kLoraDown], T);
+    if (w.b_down) cuda_add_bias(xb_, w.b_down, T, c.n_embd, s);
 }
 
 // Layer l's attention on xb_'s T normed rows (xq: their quantized copy, or null), result
@@ -361,9 +372,16 @@ CudaXq* CudaBackend::xq_for(CudaXq& xq, const float* x, bool fuse, int64_t T) {
     return &xq;
 }
 
-const CudaXq* CudaBackend::norm_xb(const float* w, bool add, bool fuse, int64_t T) {
+const CudaXq* CudaBackend::norm_xb(const float* w, const float* b, bool add, bool fuse, int64_t T) {
     const ModelConfig& c = config_;
     const cudaStream_t s = stream_.get();
+    if (w && c.layer_norm) {  // (no fused quantization: the GEMV quantizes x itself)
+        if (add)
+            cuda_add_layernorm(x_, xb_, xb_, w, b, T, c.n_embd, c.norm_eps, s);
+        else
+            cuda_layernorm(xb_, x_, w, b, T, c.n_embd, c.norm_eps, s);
+        return nullptr;
+    }
     if (!w) {  // olmo2, exaone4: no norm; the block reads the residual stream as it is
         if (add) cuda_add(x_, xb_, T * c.n_embd, s);
         CUDA_CHECK(cudaMemcpyAsync(xb_, x_, size_t(T * c.n_embd) * sizeof(float),
@@ -402,9 +420,12 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
     const auto int_qkv = [&](int64_t l) {
         return !c.mla() && cuda_gemv_int_type(layers_[size_t(l)].wq.type);
     };
-    const CudaXq* xq = norm_xb(layers_[0].attn_norm, false, int_qkv(0), T);
+    const CudaXq* xq = norm_xb(layers_[0].attn_norm, layers_[0].attn_norm_b, false, int_qkv(0), T);
     for (int64_t l = 0; l < c.n_layer; ++l) {
         const DeviceLayer& w = layers_[size_t(l)];
+        const size_t row_bytes = size_t(T * c.n_embd) * sizeof(float);
+        if (c.parallel_blocks)  // phi2, Cohere: the FFN reads the attention's input too
+            CUDA_CHECK(cudaMemcpyAsync(xn_, xb_, row_bytes, cudaMemcpyDeviceToDevice, s));
         // Attention block (xb_ holds the normed input).
         if (c.mla())
             enqueue_mla_attention(w, l, T, kb_main);
@@ -414,7 +435,14 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
             cuda_rmsnorm(xb_, xb_, w.attn_post_norm, T, c.n_embd, c.norm_eps, s);
         if (c.residual_scale != 1.0f) cuda_scale(xb_, T * c.n_embd, c.residual_scale, s);
         const bool moe = c.moe_layer(l);
-        xq = norm_xb(w.ffn_norm, true, !moe && cuda_gemv_int_type(w.w_gate.type), T);
+        if (c.parallel_blocks) {  // the attention's output joins x_; the FFN reads xn_
+            cuda_add(x_, xb_, T * c.n_embd, s);
+            CUDA_CHECK(cudaMemcpyAsync(xb_, xn_, row_bytes, cudaMemcpyDeviceToDevice, s));
+            xq = nullptr;
+        } else {
+            xq = norm_xb(w.ffn_norm, w.ffn_norm_b, true, !moe && cuda_gemv_int_type(w.w_gate.type),
+                         T);
+        }
         // Feed-forward block.
         if (moe)
             enqueue_moe_ffn(w, T);
@@ -425,7 +453,8 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
         if (!cvec_layer_.empty() && cvec_layer_[size_t(l)])  // a control vector joins the output
             cuda_add_bias(xb_, cvec_layer_[size_t(l)], T, c.n_embd, s);
         if (l + 1 < c.n_layer)
-            xq = norm_xb(layers_[size_t(l + 1)].attn_norm, true, int_qkv(l + 1), T);
+            xq = norm_xb(layers_[size_t(l + 1)].attn_norm, layers_[size_t(l + 1)].attn_norm_b, true,
+                         int_qkv(l + 1), T);
         else
             cuda_add(x_, xb_, T * c.n_embd, s);
         if (layer_observer_) {  // x_ now holds the layer's output
@@ -439,11 +468,15 @@ void CudaBackend::enqueue_forward(int64_t T, int64_t R, int64_t max_blocks) {
     if (R == 0) return;
     // Final norm and output projection only for the rows that need logits.
     cuda_gather_rows(xr_, x_, d_rows_, R, c.n_embd, s);
-    cuda_rmsnorm(xr_, xr_, output_norm_, R, c.n_embd, c.norm_eps, s);
+    if (c.layer_norm)
+        cuda_layernorm(xr_, xr_, output_norm_, output_norm_b_, R, c.n_embd, c.norm_eps, s);
+    else
+        cuda_rmsnorm(xr_, xr_, output_norm_, R, c.n_embd, c.norm_eps, s);
     if (hidden_only_) return;  // forward_embeddings: the normed rows are the result
     observe({&output_}, xr_, R);
     cuda_matmul(logits_, xr_, output_, R, scratch_, s);
     add_lora(logits_, xr_, lora_output_, R, /*logit_rows=*/true);
+    if (output_b_) cuda_add_bias(logits_, output_b_, R, c.n_vocab, s);
     if (c.logit_scale != 1.0f) cuda_scale(logits_, R * c.n_vocab, c.logit_scale, s);
     if (c.final_softcap > 0) cuda_softcap(logits_, R * c.n_vocab, c.final_softcap, s);
 }

@@ -97,6 +97,11 @@ class Stream {
 struct DeviceLayer {
     const float* attn_norm = nullptr;                         // [n_embd]; null: none (olmo2)
     const float* ffn_norm = nullptr;                          // [n_embd]; null: none (olmo2)
+    // [n_embd] each: the LayerNorms' biases (phi2, starcoder2), or null.
+    const float *attn_norm_b = nullptr, *ffn_norm_b = nullptr;
+    // A plain FFN's biases (phi2, starcoder2): [n_ff], [n_embd], or null. (Its w_gate has null
+    // data.)
+    const float *b_up = nullptr, *b_down = nullptr;
     const float *bq = nullptr, *bk = nullptr, *bv = nullptr;  // [q_dim], [kv_dim] x2 or null
     // [head_dim] each (qwen3), [q_dim] and [kv_dim] (olmo2: all heads at once), or null
     const float *q_norm = nullptr, *k_norm = nullptr;
@@ -207,6 +212,8 @@ class CudaBackend final : public Backend {
     DeviceMem weight_mem_;  // every matrix and vector, 256-byte aligned
     WeightView token_embd_, output_;
     const float* output_norm_ = nullptr;
+    const float* output_norm_b_ = nullptr;  // [n_embd] its LayerNorm's bias, or null
+    const float* output_b_ = nullptr;       // [n_vocab] the output's bias (phi2), or null
     std::vector<DeviceLayer> layers_;
     // LoRA adapters: the files (lora_attach), their matrices on the device, the output's
     // updates, and the widest rank and update (layers; the output's are n_vocab wide).
@@ -238,6 +245,7 @@ class CudaBackend final : public Backend {
     float *q_ = nullptr, *att_ = nullptr;    // [T][q_dim]
     float *k_ = nullptr, *v_ = nullptr;      // [T][kv_dim]
     float *gate_ = nullptr, *up_ = nullptr;  // [T][n_ff]
+    float* xn_ = nullptr;                    // [T][n_embd]: parallel blocks' FFN input (else null)
     // Mixture of experts (see ensure_capacity).
     float *moe_logits_ = nullptr, *moe_w_ = nullptr, *moe_h_ = nullptr, *moe_out_ = nullptr,
           *moe_up_ = nullptr;
@@ -258,8 +266,9 @@ class CudaBackend final : public Backend {
     DeviceMem xq_mem_;
     // The norm before layer l's q/k/v (attn) or gate/up (ffn) GEMV: cuda_rmsnorm(_xq) /
     // cuda_add_rmsnorm(_xq) of xb_; returns the quantized rows for the matmul, or null. A null
-    // w (olmo2) adds and copies x_ into xb_ unnormed.
-    const CudaXq* norm_xb(const float* w, bool add, bool fuse, int64_t T);
+    // w (olmo2) adds and copies x_ into xb_ unnormed. With ModelConfig::layer_norm,
+    // cuda_(add_)layernorm with the bias b (or null), and null (the GEMV quantizes itself).
+    const CudaXq* norm_xb(const float* w, const float* b, bool add, bool fuse, int64_t T);
     static CudaXq* xq_for(CudaXq& xq, const float* x, bool fuse, int64_t T);
     CudaXq xq_{}, xq_att_{};
     DeviceMem lora_buf_;  // LoRA: A x [T][lora_rank_], B (A x) [max(T, R)][lora_width_]

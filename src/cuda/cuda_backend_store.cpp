@@ -64,6 +64,8 @@ void CudaBackend::upload_weights(const GgufFile& file) {
     const size_t i_embd = add_matrix(hw.token_embd, "token_embd.weight");
     const size_t i_out = hw.output_tied ? i_embd : add_matrix(hw.output, "output.weight");
     const size_t i_out_norm = add_vector(hw.output_norm);
+    const size_t i_out_norm_b = hw.output_norm_b.empty() ? SIZE_MAX : add_vector(hw.output_norm_b);
+    const size_t i_out_b = hw.output_b.empty() ? SIZE_MAX : add_vector(hw.output_b);
     const size_t i_rope =
         config_.rope_freq_factors.empty() ? SIZE_MAX : add_vector(config_.rope_freq_factors);
     struct LayerItems {
@@ -76,6 +78,8 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         // The experts' own scales (MoeExperts::gate_s ...): SIZE_MAX when they are all one.
         size_t gate_s = SIZE_MAX, up_s = SIZE_MAX, down_s = SIZE_MAX;
         size_t attn_sub = SIZE_MAX, ffn_sub = SIZE_MAX;  // BitNet's norms
+        // LayerNorm biases and a plain FFN's (no gate: gate stays SIZE_MAX).
+        size_t attn_norm_b = SIZE_MAX, ffn_norm_b = SIZE_MAX, b_up = SIZE_MAX, b_down = SIZE_MAX;
     };
     // Per layer, the gate, up and down experts' scales when they differ (else empty); the
     // upload reads them from here.
@@ -105,6 +109,8 @@ void CudaBackend::upload_weights(const GgufFile& file) {
             return v.empty() ? SIZE_MAX : add_vector(v);
         };
         it.attn_norm = optional(w.attn_norm), it.ffn_norm = optional(w.ffn_norm);  // (olmo2: none)
+        it.attn_norm_b = optional(w.attn_norm_b), it.ffn_norm_b = optional(w.ffn_norm_b);
+        it.b_up = optional(w.b_up), it.b_down = optional(w.b_down);
         it.bq = optional(w.bq), it.bk = optional(w.bk), it.bv = optional(w.bv);
         it.q_norm = optional(w.q_norm), it.k_norm = optional(w.k_norm);
         it.attn_post = optional(w.attn_post_norm), it.ffn_post = optional(w.ffn_post_norm);
@@ -150,7 +156,7 @@ void CudaBackend::upload_weights(const GgufFile& file) {
             }
             continue;
         }
-        it.gate = add_matrix(w.w_gate, p + "ffn_gate.weight");
+        it.gate = w.w_gate.data ? add_matrix(w.w_gate, p + "ffn_gate.weight") : SIZE_MAX;
         it.up = add_matrix(w.w_up, p + "ffn_up.weight");
         it.down = add_matrix(w.w_down, p + "ffn_down.weight");
     }
@@ -172,6 +178,8 @@ void CudaBackend::upload_weights(const GgufFile& file) {
     token_embd_ = on_device(hw.token_embd, i_embd);
     output_ = on_device(hw.output, i_out);
     output_norm_ = vec(i_out_norm);
+    output_norm_b_ = vec(i_out_norm_b);
+    output_b_ = vec(i_out_b);
     rope_ = config_.rope(vec(i_rope));
     rope_swa_ = config_.rope_swa(vec(i_rope));
     layers_.resize(hw.layers.size());
@@ -181,6 +189,8 @@ void CudaBackend::upload_weights(const GgufFile& file) {
         DeviceLayer& d = layers_[l];
         d.attn_norm = vec(it.attn_norm);
         d.ffn_norm = vec(it.ffn_norm);
+        d.attn_norm_b = vec(it.attn_norm_b), d.ffn_norm_b = vec(it.ffn_norm_b);
+        d.b_up = vec(it.b_up), d.b_down = vec(it.b_down);
         d.bq = vec(it.bq);
         d.bk = vec(it.bk);
         d.bv = vec(it.bv);
@@ -237,7 +247,7 @@ void CudaBackend::upload_weights(const GgufFile& file) {
             }
             continue;
         }
-        d.w_gate = on_device(w.w_gate, it.gate);
+        if (w.w_gate.data) d.w_gate = on_device(w.w_gate, it.gate);
         d.w_up = on_device(w.w_up, it.up);
         d.w_down = on_device(w.w_down, it.down);
     }

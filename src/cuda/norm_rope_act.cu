@@ -1,6 +1,6 @@
-// Small dense ops of the forward pass: RMSNorm, residual add + RMSNorm, softmax (one block
-// per row), RoPE (one thread per rotated pair), SwiGLU, GeGLU, soft cap, scale, residual add,
-// bias add and row gather (one thread per element).
+// Small dense ops of the forward pass: RMSNorm, residual add + RMSNorm, LayerNorm (with the
+// add), softmax (one block per row), RoPE (one thread per rotated pair), SwiGLU, GeGLU, soft cap,
+// scale, residual add, bias add and row gather (one thread per element).
 #include <algorithm>
 #include <cstdint>
 
@@ -106,6 +106,38 @@ __global__ void add_rmsnorm_kernel(float* x, const float* y, float* out,
     }
     ss = cu::block_sum(ss, scratch);
     scale_row(outr, xr, w, dim, rsqrtf(ss / float(dim) + eps));
+}
+
+// With y: x += y first (stored). Then out = (x - mean) / sqrt(var + eps) * w (+ b when b is not
+// null) over each row (x, y, out: [n_rows][dim]); one block per row, the mean and the centred
+// sum of squares each a block sum. A thread touches only its own elements, so out may equal y
+// (add) or x (no add).
+__global__ void layernorm_kernel(float* x, const float* y, float* out, const float* __restrict__ w,
+                                 const float* __restrict__ b, int64_t dim, float eps) {
+    cu::pdl_begin();
+    __shared__ float scratch[32];
+    float* xr = x + int64_t(blockIdx.x) * dim;
+    float* outr = out + int64_t(blockIdx.x) * dim;
+    float sum = 0.0f;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = xr[i];
+        if (y) {
+            v += y[int64_t(blockIdx.x) * dim + i];
+            xr[i] = v;
+        }
+        sum += v;
+    }
+    const float mean = cu::block_sum(sum, scratch) / float(dim);
+    float sq = 0.0f;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = xr[i] - mean;
+        sq += v * v;
+    }
+    const float inv = rsqrtf(cu::block_sum(sq, scratch) / float(dim) + eps);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = (xr[i] - mean) * inv * w[i];
+        outr[i] = b ? v + b[i] : v;
+    }
 }
 
 // Rows of up to kRegPer * 1024 elements (every decode-step norm of the supported models):
@@ -232,6 +264,14 @@ __global__ void geglu_kernel(float* out, const float* gate, const float* up, int
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n) return;
     out[i] = cu::gelu_mul(gate[i], up[i]);
+}
+
+// out may alias x (elementwise).
+__global__ void gelu_kernel(float* out, const float* x, int64_t n) {
+    cu::pdl_begin();
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    out[i] = cu::gelu_mul(x[i], 1.0f);
 }
 
 __global__ void softcap_kernel(float* x, int64_t n, float cap) {
@@ -420,6 +460,24 @@ void cuda_add_rmsnorm(float* x, const float* y, float* out, const float* w, int6
     cu::launch_pdl(add_rmsnorm_kernel, unsigned(n_rows), kRowThreads, 0, s, x, y, out, w, dim, eps);
 }
 
+void cuda_layernorm(float* out, const float* x, const float* w, const float* b, int64_t n_rows,
+                    int64_t dim, float eps, cudaStream_t s) {
+    CUDA_REQUIRE(n_rows >= 0 && n_rows <= INT32_MAX && dim > 0, "cuda_layernorm: bad shape");
+    if (n_rows == 0) return;
+    // (x is written only with an add.)
+    cu::launch_pdl(layernorm_kernel, unsigned(n_rows), kRowThreads, 0, s, const_cast<float*>(x),
+                   static_cast<const float*>(nullptr), out, w, b, dim, eps);
+}
+
+void cuda_add_layernorm(float* x, const float* y, float* out, const float* w, const float* b,
+                        int64_t n_rows, int64_t dim, float eps, cudaStream_t s) {
+    CUDA_REQUIRE(n_rows >= 0 && n_rows <= INT32_MAX && dim > 0, "cuda_add_layernorm: bad shape");
+    CUDA_REQUIRE(out != x && y != x, "cuda_add_layernorm: out and y must not alias x");
+    if (n_rows == 0) return;
+    cu::launch_pdl(layernorm_kernel, unsigned(n_rows), kRowThreads, 0, s, x, y, out, w, b, dim,
+                   eps);
+}
+
 namespace {
 
 // The _xq forms: the register kernel with the quantization when the row fits it, else the
@@ -502,6 +560,11 @@ void cuda_swiglu_oai(float* out, const float* gate, const float* up, int64_t n, 
 void cuda_geglu(float* out, const float* gate, const float* up, int64_t n, cudaStream_t s) {
     if (n <= 0) return;
     cu::launch_pdl(geglu_kernel, elt_blocks(n), kEltThreads, 0, s, out, gate, up, n);
+}
+
+void cuda_gelu(float* out, const float* x, int64_t n, cudaStream_t s) {
+    if (n <= 0) return;
+    cu::launch_pdl(gelu_kernel, elt_blocks(n), kEltThreads, 0, s, out, x, n);
 }
 
 void cuda_softcap(float* x, int64_t n, float cap, cudaStream_t s) {

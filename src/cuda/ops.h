@@ -49,6 +49,12 @@ void cuda_rmsnorm(float* out, const float* x, const float* w, int64_t n_rows, in
 // n_rows * dim) followed by cuda_rmsnorm(out, x, w, ...). out may equal y (not x).
 void cuda_add_rmsnorm(float* x, const float* y, float* out, const float* w, int64_t n_rows,
                       int64_t dim, float eps, cudaStream_t s);
+// cpu::layernorm on the device (b may be null), and the residual add fused with it as
+// cuda_add_rmsnorm fuses it: x += y, then out = layernorm(x) (out may equal y, not x).
+void cuda_layernorm(float* out, const float* x, const float* w, const float* b, int64_t n_rows,
+                    int64_t dim, float eps, cudaStream_t s);
+void cuda_add_layernorm(float* x, const float* y, float* out, const float* w, const float* b,
+                        int64_t n_rows, int64_t dim, float eps, cudaStream_t s);
 // Rows of x as the integer GEMV (cuda_gemv_q8) reads them: elements of elt_bytes (1, or 2
 // with cuda_gemv_q16) per 32 with one scale each, made from the f32 rows at x. A matmul given
 // one for other rows, or for another element width, quantizes its x itself.
@@ -79,8 +85,9 @@ void cuda_swiglu(float* out, const float* gate, const float* up, int64_t n, cuda
 // cpu::swiglu_oai on the device (gpt-oss's clamped SwiGLU).
 void cuda_swiglu_oai(float* out, const float* gate, const float* up, int64_t n, float alpha,
                      float limit, cudaStream_t s);
-// cpu::geglu, cpu::softcap (cap > 0) and cpu::scale on the device.
+// cpu::geglu, cpu::gelu, cpu::softcap (cap > 0) and cpu::scale on the device.
 void cuda_geglu(float* out, const float* gate, const float* up, int64_t n, cudaStream_t s);
+void cuda_gelu(float* out, const float* x, int64_t n, cudaStream_t s);
 void cuda_softcap(float* x, int64_t n, float cap, cudaStream_t s);
 void cuda_scale(float* x, int64_t n, float f, cudaStream_t s);
 // Llama 4's attention temperature on q: [n_tokens][width] in place, row t times

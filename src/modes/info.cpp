@@ -36,6 +36,8 @@ struct Hyper {
     std::string attention;     // sliding window, soft caps (Gemma), sinks (gpt-oss), or empty
     int64_t n_swa = 0, n_swa_layers = 0;  // the window and how many layers use it
     std::string multipliers;              // Granite's scales, or empty
+    std::string blocks;                   // LayerNorm architectures' block shape, or empty
+    bool layer_norm = false;              // norm_eps is a LayerNorm's (layer_norm_epsilon)
     std::string experts;                  // mixture of experts, or empty
 };
 
@@ -61,6 +63,11 @@ Hyper read_hyper(const GgufFile& f) {
     h.n_rot = f.get_int_or(a + "rope.dimension_count", h.head_dim);
     h.rope_base = f.get_float_or(a + "rope.freq_base", 10000.0);
     h.norm_eps = f.get_float_or(a + "attention.layer_norm_rms_epsilon", 0.0);
+    if (!f.has(a + "attention.layer_norm_rms_epsilon") &&
+        f.has(a + "attention.layer_norm_epsilon")) {
+        h.norm_eps = f.get_float_or(a + "attention.layer_norm_epsilon", 0.0);
+        h.layer_norm = true;
+    }
     const double factor =
         f.get_float_or(a + "rope.scaling.factor", f.get_float_or(a + "rope.scale_linear", 0.0));
     h.rope_scaling =
@@ -133,6 +140,23 @@ Hyper read_hyper(const GgufFile& f) {
     if (h.arch == "exaone4" && h.n_layer == 64) {  // EXAONE 4.0 32B (llama.cpp's rule)
         h.n_swa = f.get_int_or(a + "attention.sliding_window", 4096);
         h.n_swa_layers = 48;
+        h.attention = fmt::format(
+            "sliding window {} tokens on 3 of 4 layers (the others without RoPE)", h.n_swa);
+    }
+    if (h.arch == "phi2" || h.arch == "starcoder2" || h.arch == "command-r" ||
+        h.arch == "cohere2") {
+        const bool parallel = h.arch != "starcoder2",
+                   plain = h.arch == "phi2" || h.arch == "starcoder2";
+        h.blocks = fmt::format("LayerNorms{}, {}, {} FFN", plain ? " with biases" : "",
+                               parallel ? "attention and FFN in parallel" : "sequential",
+                               plain ? "GELU" : "SwiGLU");
+        if (f.find_tensor("output.bias")) h.blocks += ", an output bias";
+        if (h.arch == "command-r" || h.arch == "cohere2")
+            h.multipliers = fmt::format("logits x{:g}", f.get_float_or(a + "logit_scale", 0.0));
+    }
+    if (h.arch == "cohere2") {  // Command R7B / A (llama.cpp's rule: 3 of 4 layers)
+        h.n_swa = f.get_int_or(a + "attention.sliding_window", 0);
+        h.n_swa_layers = pattern_layers(h.n_layer, 4);
         h.attention = fmt::format(
             "sliding window {} tokens on 3 of 4 layers (the others without RoPE)", h.n_swa);
     }
@@ -334,6 +358,7 @@ int run_info(const InfoOptions& o) {
                                 {"rope_scaling", h.rope_scaling},
                                 {"attention", h.attention},
                                 {"multipliers", h.multipliers},
+                                {"blocks", h.blocks},
                                 {"experts", h.experts},
                                 {"rms_norm_eps", h.norm_eps},
                                 {"n_ctx_train", h.n_ctx_train}};
@@ -388,10 +413,12 @@ int run_info(const InfoOptions& o) {
     fmt::print("  n_embd        {:>10}    n_ff          {:>10}\n", h.n_embd, h.n_ff);
     fmt::print("  n_head        {:>10}    n_head_kv     {:>10}\n", h.n_head, h.n_head_kv);
     fmt::print("  head_dim      {:>10}    n_rot         {:>10}\n", h.head_dim, h.n_rot);
-    fmt::print("  rope_base     {:>10g}    rms_norm_eps  {:>10g}\n", h.rope_base, h.norm_eps);
+    fmt::print("  rope_base     {:>10g}    {}  {:>10g}\n", h.rope_base,
+               h.layer_norm ? "norm_eps    " : "rms_norm_eps", h.norm_eps);
     fmt::print("  rope_scaling  {}\n", h.rope_scaling);
     if (!h.attention.empty()) fmt::print("  attention     {}\n", h.attention);
     if (!h.multipliers.empty()) fmt::print("  multipliers   {}\n", h.multipliers);
+    if (!h.blocks.empty()) fmt::print("  blocks        {}\n", h.blocks);
     if (!h.experts.empty()) fmt::print("  experts       {}\n", h.experts);
     fmt::print("\n");
     const std::string pre = f.get_string_or("tokenizer.ggml.pre", "");
